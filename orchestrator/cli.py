@@ -1,0 +1,137 @@
+"""The ``ddp-orch`` command line. The only place that prints errors and exits.
+
+Library code raises typed errors (``errors.py``); ``main`` turns them into
+one clear message on stderr and an exit code (2 for bad input), with no
+traceback for user mistakes.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+import click
+import yaml
+
+from . import __version__
+from .console import Console
+from .errors import ConfigError, OrchestratorError
+from .loader import load_cluster_file
+from .localmode import local_spec
+from .plan import build_plan, resolve_plan
+from .render import render_json, render_shell, render_text
+from .runs import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
+from .spec import AUTO_PORT, DEFAULT_PORT
+
+
+def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OrchestratorError as exc:
+            click.echo(f"ddp-orch: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ddp-orch")
+def main() -> None:
+    """Launch PyTorch DDP jobs with torchrun on a few machines."""
+
+
+def _parse_args(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--arg epochs=2`` → {"epochs": 2}; values are read as YAML scalars."""
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"{pair!r} is not KEY=VALUE", path="--arg", source="command line")
+        try:
+            args[key] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            args[key] = raw
+    return args
+
+
+@main.command()
+@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the plan (ranks, env, commands); run nothing.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default="text",
+              show_default=True, help="Dry-run output: text, machine-readable json, or shell lines.")
+@click.option("--local", is_flag=True, help="Run on this machine only, without SSH.")
+@click.option("--workload", help="With --local: a built-in workload instead of the file's.")
+@click.option("--gpus", help="With --local: GPU indices, e.g. 0,1 (one process each).")
+@click.option("--procs", type=click.IntRange(1, 1024), help="With --local: N CPU processes.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
+              help="With --local: override the file's device.")
+@click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Workload argument, repeatable: --arg epochs=2.")
+@click.option("--run-id", help="Use this run id instead of a generated one.")
+@click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_default=True,
+              type=click.Path(file_okay=False), help="Where local run directories go.")
+@click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (logs keep all).")
+@click.option("--quiet", "-q", is_flag=True, help="Show only ddp-orch's messages and the summary.")
+@click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="Seconds a node gets to stop gracefully before it is killed.")
+@friendly_errors
+def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload: str | None,
+       gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
+       run_id: str | None, runs_dir: str, rank0_only: bool, quiet: bool, grace: float) -> None:
+    """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
+    spec = load_cluster_file(cluster_file) if cluster_file else None
+    args = _parse_args(arg_pairs)
+    if local:
+        spec = local_spec(spec, workload=workload, gpus=gpus, procs=procs, device=device, args=args)
+    elif spec is None:
+        raise ConfigError("give a cluster file, or --local to run on this machine",
+                          source="command line", hint="ddp-orch up cluster.yaml.example --dry-run")
+    elif workload or gpus or procs or device or args:
+        raise ConfigError("--workload, --gpus, --procs, --device and --arg go with --local",
+                          source="command line", hint="edit the cluster file for a cluster run")
+    if run_id is not None and not valid_run_id(run_id):
+        raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
+                          hint="letters, digits, '.', '_' and '-'")
+    if dry_run:
+        _dry_run(spec, run_id or new_run_id(spec.name), runs_dir, fmt)
+        return
+    from .session import up as launch_up  # the launch path loads more modules
+    from .summary import render_summary
+
+    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
+    outcome, run = launch_up(spec, runs_dir=runs_dir, console=console, run_id=run_id,
+                             grace_s=grace)
+    console.always(render_summary(outcome, run.path))
+    sys.exit(0 if outcome.ok else 130 if outcome.state == "interrupted" else 1)
+
+
+def _dry_run(spec: Any, run_id: str, runs_dir: str, fmt: str) -> None:
+    plan = build_plan(spec, run_id=run_id, local_run_dir=f"{runs_dir.rstrip('/')}/{run_id}")
+    if fmt == "json":
+        click.echo(render_json(plan), nl=False)
+    elif fmt == "shell":
+        if plan.master_port == AUTO_PORT:
+            plan = resolve_plan(plan, master_port=DEFAULT_PORT, homes={})
+        click.echo(render_shell(plan), nl=False)
+    else:
+        click.echo(render_text(plan, source=spec.source), nl=False)
+
+
+@main.command("workloads")
+def list_workloads() -> None:
+    """List the built-in workloads and their arguments."""
+    from workloads.catalog import CATALOG
+
+    for info in CATALOG.values():
+        click.echo(f"{info.name:<8} {info.summary}  (seed {info.seed}, python -m {info.module})")
+        for arg in info.args:
+            choices = f" [{'|'.join(map(str, arg.choices))}]" if arg.choices else ""
+            click.echo(f"    {arg.flag:<22} {arg.type.__name__:<5} default {arg.default!s:<8}"
+                       f" {arg.help}{choices}")
+        click.echo("")
+
+
+if __name__ == "__main__":
+    main()

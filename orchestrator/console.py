@@ -1,0 +1,41 @@
+"""What the user sees while a run goes: node output and ddp-orch's own lines.
+
+Node lines are prefixed with node rank and host; worker lines already
+carry torchrun's ``[rankN]:`` prefix. Views: ``all`` (default), ``rank0``
+(only rank 0's lines) and ``quiet`` (only ddp-orch's messages and the
+summary). Logs on disk always keep everything.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TextIO
+
+VIEWS = ("all", "rank0", "quiet")
+
+
+class Console:
+    def __init__(self, view: str = "all", stream: TextIO | None = None):
+        if view not in VIEWS:
+            raise ValueError(f"unknown view {view!r}")
+        self.view = view
+        self.stream = stream or sys.stdout
+        self._lock = threading.Lock()
+
+    def node_line(self, node_rank: int, host: str, line: str) -> None:
+        if self.view == "quiet" or (self.view == "rank0" and not line.startswith("[rank0]:")):
+            return
+        self._write(f"[node{node_rank} {host}] {line.rstrip()}\n")
+
+    def info(self, message: str) -> None:
+        if self.view != "quiet":
+            self._write(f"ddp-orch: {message}\n")
+
+    def always(self, text: str) -> None:
+        self._write(text if text.endswith("\n") else text + "\n")
+
+    def _write(self, text: str) -> None:
+        with self._lock:
+            self.stream.write(text)
+            self.stream.flush()

@@ -1,0 +1,51 @@
+"""Typed errors. The library raises these; only the CLI prints and exits.
+
+Every user-facing error says what was given and how to fix it, so the CLI
+can print ``str(error)`` and nothing else: no traceback for user mistakes.
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Base class: a problem the user can act on."""
+
+    exit_code = 1
+
+
+class ConfigError(OrchestratorError):
+    """A cluster file or command-line value is wrong.
+
+    ``source`` is the file (or "command line"), ``line`` its 1-based line
+    when known, ``path`` the field path such as ``nodes[1].gpus``.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, path: str = "", source: str = "",
+                 line: int | None = None, hint: str = ""):
+        self.message = message
+        self.path = path
+        self.source = source
+        self.line = line
+        self.hint = hint
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = self.source
+        if where and self.line is not None:
+            where = f"{where}:{self.line}"
+        head = ": ".join(part for part in (where, self.path, self.message) if part)
+        return head + (f"\n  hint: {self.hint}" if self.hint else "")
+
+
+class LaunchError(OrchestratorError):
+    """A run could not start (a node unreachable, a port busy, ...)."""
+
+
+class RunFailed(OrchestratorError):
+    """A run started but did not succeed; carries the collected outcome."""
+
+    def __init__(self, message: str, outcome: object = None):
+        self.outcome = outcome
+        super().__init__(message)

@@ -1,0 +1,147 @@
+"""One node of a running launch: its supervisor, output relay and outcome."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from . import supervisor
+from .console import Console
+from .plan import NodePlan
+from .runs import RunDir
+from .transport.base import ProcessHandle, Transport
+
+BUNDLE_NAME = "bundle.tar.gz"
+# Exit code ProcessHandle.poll gives when the connection died without a status.
+LOST = 255
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """How one node ended. ``state``: succeeded, failed, stopped, lost, not-started."""
+
+    node_rank: int
+    host: str
+    state: str
+    exit_code: int | None
+    reason: str
+    ended_at: float | None  # time.time() when the controller saw it end
+    failures: tuple[dict, ...] = ()
+
+    @property
+    def first_failure_ts(self) -> float | None:
+        stamps = [f["timestamp"] for f in self.failures if f.get("timestamp")]
+        return min(stamps) if stamps else self.ended_at
+
+
+def supervisor_spec(node: NodePlan, run_id: str, grace_s: float) -> dict:
+    """The JSON the node supervisor reads: the plan's env and argv, verbatim."""
+    return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
+            "argv": list(node.argv), "env": dict(node.env),
+            "unset_env": list(node.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s}
+
+
+class NodeHandle:
+    """Starts a node's supervisor through its transport and relays its output."""
+
+    def __init__(self, node: NodePlan, transport: Transport, run: RunDir, console: Console):
+        self.node = node
+        self.transport = transport
+        self.run = run
+        self.console = console
+        self.process: ProcessHandle | None = None
+        self.control: dict | None = None
+        self.stop_sent = False
+        self.ended_at: float | None = None
+        self._relay: threading.Thread | None = None
+
+    def prepare(self, bundle_path: str, run_id: str, grace_s: float) -> None:
+        """Upload the supervisor, the code bundle and the node's spec."""
+        spec_local = self.run.file(f"node-{self.node.node_rank}.spec.json")
+        fd = os.open(spec_local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(supervisor_spec(self.node, run_id, grace_s), fh)
+        put = self.transport.put_file
+        put(supervisor.__file__, f"{self.node.run_dir}/supervisor.py", 0o600)
+        put(bundle_path, f"{self.node.run_dir}/{BUNDLE_NAME}", 0o600)
+        put(spec_local, f"{self.node.run_dir}/spec.json", 0o600)
+        os.unlink(spec_local)  # it holds env values in clear; the node keeps its copy
+
+    def start(self) -> None:
+        run_dir = self.node.run_dir
+        self.process = self.transport.start(
+            [self.node.python, f"{run_dir}/supervisor.py", f"{run_dir}/spec.json"])
+        self._relay = threading.Thread(target=self._relay_output, daemon=True,
+                                       name=f"relay-node{self.node.node_rank}")
+        self._relay.start()
+
+    def _relay_output(self) -> None:
+        assert self.process is not None
+        prefix = supervisor.CONTROL_PREFIX.encode()
+        with open(self.run.node_log(self.node.node_rank), "ab") as log:
+            for raw in iter(self.process.stdout.readline, b""):
+                if raw.startswith(prefix):
+                    try:
+                        self.control = json.loads(raw[len(prefix):])
+                    except ValueError:
+                        pass
+                    continue
+                log.write(raw)
+                log.flush()
+                self.console.node_line(self.node.node_rank, self.node.host,
+                                       raw.decode("utf-8", "replace"))
+
+    def poll(self) -> int | None:
+        if self.process is None:
+            return None
+        code = self.process.poll()
+        if code is not None and self.ended_at is None:
+            self.ended_at = time.time()
+        return code
+
+    def stop(self) -> None:
+        """Ask the supervisor for a graceful teardown (it also stops on EOF)."""
+        if self.process is not None and self.poll() is None and not self.stop_sent:
+            self.stop_sent = True
+            self.process.send(b"stop\n")
+            self.process.close_stdin()
+
+    def abort(self) -> None:
+        if self.process is not None and self.poll() is None:
+            self.process.abort()
+
+    def finish(self, timeout: float = 5.0) -> NodeOutcome:
+        """Drain the relay and describe how the node ended."""
+        if self._relay is not None:
+            self._relay.join(timeout)
+        code = self.poll()
+        control = self.control or {}
+        failures = tuple(control.get("failures", ()))
+        if self.process is None:
+            state, reason = "not-started", "never started"
+        elif code is None:
+            state, reason = "lost", "still running when the controller gave up on it"
+        elif code == 0:
+            state, reason = "succeeded", "exited 0"
+        elif not control and code == LOST:
+            state, reason = "lost", "connection lost without an exit status"
+        elif self.stop_sent:
+            state, reason = "stopped", control.get("reason", "stopped by the controller")
+        else:
+            state, reason = "failed", _failure_reason(code, failures, self.node.first_rank)
+        return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
+                           self.ended_at, failures)
+
+
+def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int) -> str:
+    """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``"""
+    if not failures:
+        return f"torchrun exited {code}"
+    first = failures[0]
+    rank = first_rank + first["local_rank"]
+    message = first["message"].strip().splitlines()
+    return (f"torchrun exited {code}; rank {rank} (local rank {first['local_rank']}) failed: "
+            f"{message[-1] if message else '?'}")

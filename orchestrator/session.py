@@ -1,0 +1,91 @@
+"""``up``: from a validated spec to a finished run, with its records kept.
+
+This is the one function the CLI calls for a launch. It creates the run
+directory, resolves the launch-time facts (node homes, the master port),
+stores the resolved plan, launches, fetches rank 0's result and records
+the final state, closing every connection on the way out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable, Mapping
+
+from . import ports
+from .bundle import build_bundle
+from .console import Console
+from .launcher import Launch, RunOutcome, parallel
+from .plan import RunPlan, build_plan, resolve_plan
+from .render import plan_to_dict
+from .runs import RunDir, new_run_id
+from .spec import AUTO_PORT, ClusterSpec
+from .transport import Transport, transport_for
+
+TransportFactory = Callable[..., Transport]
+
+
+def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None = None,
+       grace_s: float = 10.0, make_transport: TransportFactory = transport_for) -> tuple[RunOutcome, RunDir]:
+    run = RunDir.create(runs_dir, run_id or new_run_id(spec.name))
+    run.write_text("cluster.yaml", spec.text)
+    plan = build_plan(spec, run_id=os.path.basename(run.path), local_run_dir=run.path)
+    transports = {node.node_rank: make_transport(node) for node in plan.nodes}
+    started = time.time()
+    _record(run, plan, "starting", started)
+    outcome = None
+    try:
+        plan = _resolve(plan, transports)
+        run.write_json("plan.json", plan_to_dict(plan))
+        _record(run, plan, "running", started)
+        build_bundle(run.file("bundle.tar.gz"), plan.script)
+        outcome = Launch(plan, run, transports, console,
+                         bundle_path=run.file("bundle.tar.gz"), grace_s=grace_s).run()
+        result = _fetch_result(plan, transports[0], run)
+        outcome = dataclasses.replace(outcome, result=result)
+        return outcome, run
+    finally:
+        _record(run, plan, outcome.state if outcome else "failed", started, outcome)
+        for transport in transports.values():
+            transport.close()
+
+
+def _resolve(plan: RunPlan, transports: Mapping[int, Transport]) -> RunPlan:
+    """Ask the nodes for their home directories and node 0 for the port."""
+    homes: dict[int, str] = {}
+
+    def ask_home(node_rank: int) -> None:
+        homes[node_rank] = transports[node_rank].home()
+
+    parallel(ask_home, [n.node_rank for n in plan.nodes], "connecting to the nodes",
+             lambda k: f"node {k} ({plan.nodes[k].host})")
+    node0 = plan.nodes[0]
+    if plan.master_port == AUTO_PORT:
+        port = ports.pick_free_port(transports[0], node0.python)
+    else:
+        port = int(plan.master_port)
+        ports.check_port_free(transports[0], node0.python, port)
+    return resolve_plan(plan, master_port=port, homes=homes)
+
+
+def _fetch_result(plan: RunPlan, node0: Transport, run: RunDir) -> dict | None:
+    if node0.get_file(plan.nodes[0].result_file, run.file("result.json")):
+        return run.read_json("result.json")
+    return None
+
+
+def _record(run: RunDir, plan: RunPlan, state: str, started: float,
+            outcome: RunOutcome | None = None) -> None:
+    """state.json: what `ddp-orch ps` reads; it survives a controller restart."""
+    payload = {
+        "run_id": plan.run_id, "state": state, "started": started,
+        "controller_pid": os.getpid(), "ended": time.time() if outcome else None,
+        "wall_s": outcome.wall_s if outcome else None,
+        "nodes": [{"node_rank": n.node_rank, "host": n.host, "run_dir": n.run_dir}
+                  for n in plan.nodes],
+    }
+    if outcome is not None:
+        payload["outcomes"] = [o.__dict__ for o in outcome.nodes]
+        payload["root_cause"] = outcome.root_cause.__dict__ if outcome.root_cause else None
+    run.write_json("state.json", payload)

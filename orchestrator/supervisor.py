@@ -1,0 +1,281 @@
+"""ddp-orch node supervisor: runs one node's torchrun and owns its teardown.
+
+Stdlib only, one file: the controller copies it to every node next to the
+run's code, so a node needs nothing but Python and torch. Usage::
+
+    python supervisor.py SPEC.json
+
+Why it exists: torchrun starts each worker in a session of its own, so
+killing torchrun's process group leaves workers running (and holding GPUs).
+The supervisor makes itself a child subreaper, so every process of the run
+stays its descendant even when orphaned, and it also finds the run's
+processes by the marker variables in their environment. It tears them all
+down (SIGTERM, a grace period, SIGKILL) when
+
+* the controller sends ``stop`` on stdin,
+* stdin reaches EOF: the controller died or the SSH connection dropped,
+* it gets SIGTERM, SIGINT or SIGHUP,
+* torchrun exits (leftover workers are removed).
+
+Its output is torchrun's output, then one control line starting with
+``CONTROL_PREFIX`` carrying the exit code, the reason and the root cause
+read from torchrun's error files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+CONTROL_PREFIX = "::ddp-orch::"
+STATE_FILE = "supervisor.json"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: supervisor.py SPEC.json", file=sys.stderr)
+        return 2
+    with open(argv[1], encoding="utf-8") as fh:
+        spec = json.load(fh)
+    return Supervisor(spec).run()
+
+
+class Supervisor:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.run_dir = spec["run_dir"]
+        self.marker = (f"DDP_ORCH_RUN_ID={spec['run_id']}",
+                       f"DDP_ORCH_NODE_RANK={spec['node_rank']}")
+        self.grace_s = float(spec.get("grace_s", 10.0))
+        self.stop_reason = ""
+        self.stop_requested = threading.Event()
+        self.out = sys.stdout.buffer
+        self.out_lock = threading.Lock()
+        self.torchrun_pid = -1
+
+    def run(self) -> int:
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chdir(self.run_dir)
+        if self.spec.get("bundle"):
+            _extract(self.spec["bundle"], self.run_dir)
+        _become_subreaper()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _f: self.request_stop(f"got {signal.Signals(signum).name}"))
+        threading.Thread(target=self.watch_stdin, daemon=True).start()
+        env = {k: v for k, v in os.environ.items() if k not in self.spec["unset_env"]}
+        env.update(self.spec["env"])
+        started = time.time()
+        child = subprocess.Popen(self.spec["argv"], env=env, cwd=self.run_dir,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self.torchrun_pid = child.pid
+        self.write_state(child.pid, started, None)
+        relay = threading.Thread(target=self.relay, args=(child.stdout,), daemon=True)
+        relay.start()
+        code = self.wait(child.pid)
+        if code is None:  # stop requested before torchrun finished
+            code = self.teardown(child.pid)
+            reason = self.stop_reason
+        else:
+            reason = "torchrun exited"
+            self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
+        relay.join(timeout=2.0)
+        self.write_state(child.pid, started, code)
+        self.emit({"event": "exit", "code": code, "reason": reason,
+                   "failures": self.failures(), "duration_s": round(time.time() - started, 3)})
+        return code
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop_requested.is_set():
+            self.stop_reason = reason
+            self.stop_requested.set()
+
+    def watch_stdin(self) -> None:
+        """``stop`` means stop; EOF means the controller is gone: stop too.
+
+        Raw ``os.read`` on fd 0, not ``sys.stdin``: a daemon thread blocked
+        in a buffered read aborts the interpreter at exit.
+        """
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(0, 4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.request_stop("lost the controller (stdin closed)")
+                return
+            pending += chunk
+            if b"stop" in pending.split(b"\n"):
+                self.request_stop("stopped by the controller")
+                return
+            pending = pending[-16:]
+
+    def relay(self, stream) -> None:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            with self.out_lock:
+                self.out.write(chunk)
+                self.out.flush()
+
+    def emit(self, payload: dict) -> None:
+        line = (CONTROL_PREFIX + " " + json.dumps(payload) + "\n").encode()
+        with self.out_lock:
+            self.out.write(line)
+            self.out.flush()
+
+    def wait(self, pid: int) -> int | None:
+        """torchrun's exit code, or None once a stop is requested. Reaps orphans."""
+        while True:
+            code = _reap(pid)
+            if code is not None:
+                return code
+            if self.stop_requested.wait(0.05):
+                return None
+
+    def teardown(self, pid: int, grace_s: float | None = None) -> int:
+        """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""
+        grace_s = self.grace_s if grace_s is None else grace_s
+        code = None
+        _signal_all(self.processes(), signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            code = code if code is not None else _reap(pid)
+            if not self.processes():
+                break
+            time.sleep(0.05)
+        for _ in range(50):  # SIGKILL until nothing is left (new forks included)
+            left = self.processes()
+            if not left:
+                break
+            _signal_all(left, signal.SIGKILL)
+            time.sleep(0.02)
+            code = code if code is not None else _reap(pid)
+        if code is None:
+            code = _reap(pid, block=True)
+        return code if code is not None else 128 + signal.SIGKILL
+
+    def processes(self) -> set[int]:
+        """Live processes of this run on this node: descendants and marked ones."""
+        me = os.getpid()
+        children: dict[int, list[int]] = {}
+        marked = set()
+        for pid, ppid, state in _proc_table():
+            if state == "Z":
+                if ppid == me and pid != self.torchrun_pid:
+                    _reap(pid)  # an orphan that re-parented to us (subreaper)
+                continue
+            children.setdefault(ppid, []).append(pid)
+            if pid != me and _has_marker(pid, self.marker):
+                marked.add(pid)
+        found, stack = set(), [me]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+        return found | marked
+
+    def failures(self) -> list[dict]:
+        """Worker failures from torchrun's error files, earliest first."""
+        out = []
+        pattern = os.path.join(self.run_dir, "torchrun", "*", "attempt_*", "*", "error.json")
+        for path in glob.glob(pattern):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    record = json.load(fh).get("message", {})
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(record, str):
+                record = {"message": record}
+            extra = record.get("extraInfo", {}) or {}
+            out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),
+                        "message": str(record.get("message", "")).strip()[-2000:],
+                        "timestamp": int(extra.get("timestamp", 0) or 0),
+                        "error_file": os.path.relpath(path, self.run_dir)})
+        return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
+
+    def write_state(self, child_pid: int, started: float, code: int | None) -> None:
+        state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
+                 "started": started, "exit_code": code, "run_id": self.spec["run_id"],
+                 "node_rank": self.spec["node_rank"]}
+        tmp = STATE_FILE + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(state, fh)
+        os.replace(tmp, STATE_FILE)
+
+
+def _extract(bundle: str, run_dir: str) -> None:
+    with tarfile.open(os.path.join(run_dir, bundle)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(run_dir, filter="data")
+        else:  # Python < 3.11.4: the bundle is ours, made by the controller
+            tar.extractall(run_dir)
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants re-parent to us instead of init (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the marker scan still finds the run's processes
+
+
+def _proc_table():
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        yield int(entry), int(fields[1]), fields[0]
+
+
+def _has_marker(pid: int, marker: tuple[str, ...]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            entries = set(fh.read().split(b"\0"))
+    except OSError:
+        return False
+    return all(m.encode() in entries for m in marker)
+
+
+def _signal_all(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _reap(pid: int, block: bool = False) -> int | None:
+    """Exit code of our child ``pid`` if it has exited, reaping it.
+
+    Death by signal N is reported the way shells do, as 128 + N.
+    """
+    try:
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if not done:
+        return None
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    exit_code = main(sys.argv)
+    sys.stdout.flush()
+    os._exit(exit_code)  # no interpreter teardown racing the stdin thread

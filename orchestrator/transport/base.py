@@ -1,0 +1,161 @@
+"""One interface for running commands on a node, whatever the node is.
+
+``LocalTransport`` (subprocess) and ``SshTransport`` (paramiko) implement it
+with the same signatures and the same result types, the way fabric's
+``Connection.run`` and ``local`` do. The launcher never knows which one it
+holds.
+
+Commands are argv tuples. They are turned into a shell string exactly once,
+by ``shell_command`` below, at the transport boundary; values are never
+concatenated into shell text anywhere else.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import BinaryIO, Mapping, Sequence
+
+
+class TransportError(Exception):
+    """A node could not be reached or a transfer failed; says which and why."""
+
+    def __init__(self, host: str, message: str, hint: str = ""):
+        self.host = host
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{host}: {message}" + (f" ({hint})" if hint else ""))
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The outcome of a command run to completion with ``Transport.run``."""
+
+    host: str
+    argv: tuple[str, ...]
+    exit_code: int
+    output: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class ProcessHandle(ABC):
+    """A command started with ``Transport.start`` and still owned by us.
+
+    ``stdout`` carries the command's stdout and stderr merged, as bytes, so
+    the relay keeps the order in which the program wrote its lines.
+    Closing stdin is the "controller is gone" signal the node supervisor
+    listens for.
+    """
+
+    stdout: BinaryIO
+
+    @abstractmethod
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin."""
+
+    @abstractmethod
+    def close_stdin(self) -> None:
+        """Signal end-of-input to the command."""
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """The exit code, or None while the command runs."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Cut the command off now: kill it (local) or drop its channel (SSH)."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit code; raise ``TimeoutError`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            code = self.poll()
+            if code is not None:
+                return code
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"still running after {timeout:.1f}s")
+            time.sleep(0.02)
+
+
+class Transport(ABC):
+    """Runs commands and moves files on one node."""
+
+    host: str
+
+    @abstractmethod
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None) -> ProcessHandle:
+        """Start ``argv`` on the node; ``env`` is added to the node's own."""
+
+    @abstractmethod
+    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
+        """Copy a local file to the node, creating parent directories."""
+
+    @abstractmethod
+    def get_file(self, remote_path: str, local_path: str) -> bool:
+        """Copy a file from the node; False if it does not exist there."""
+
+    @abstractmethod
+    def home(self) -> str:
+        """The absolute home directory of the user we run as on the node."""
+
+    def close(self) -> None:
+        """Release connections; the default has none."""
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+            cwd: str | None = None, timeout: float = 30.0) -> CommandResult:
+        """Run ``argv`` to completion and collect its merged output.
+
+        The output is drained on a thread so that a command that hangs
+        without closing its output still times out.
+        """
+        started = time.monotonic()
+        handle = self.start(argv, env=env, cwd=cwd)
+        handle.close_stdin()
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: chunks.append(handle.stdout.read()),
+                                  daemon=True)
+        reader.start()
+        try:
+            code = handle.wait(timeout)
+        except TimeoutError:
+            handle.abort()
+            raise TransportError(self.host, f"`{shlex.join(argv)}` timed out after {timeout:g}s")
+        reader.join(max(0.1, timeout - (time.monotonic() - started)))
+        return CommandResult(self.host, tuple(argv), code,
+                             b"".join(chunks).decode("utf-8", "replace"),
+                             time.monotonic() - started)
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  cwd: str | None = None) -> str:
+    """The one place where an argv becomes shell text (for SSH exec).
+
+    Every word is quoted with ``shlex.quote``; ``env`` is passed through
+    ``env(1)`` as NAME=VALUE words, so a value full of quotes, ``$()``,
+    backticks, ``;`` or newlines reaches the program verbatim and runs
+    nothing.
+    """
+    words = list(argv)
+    if env:
+        for name in env:
+            if not name or "=" in name or not name.replace("_", "a").isalnum():
+                raise ValueError(f"invalid environment variable name {name!r}")
+        words = ["env", *(f"{k}={v}" for k, v in env.items()), *words]
+    command = "exec " + shlex.join(words)
+    if cwd:
+        command = f"cd {shlex.quote(cwd)} && {command}"
+    return command

@@ -1,0 +1,30 @@
+"""Shared test setup: the repo on sys.path, helpers for running the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+for path in (ROOT, TESTS):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+def run_cli(*args: str, cwd: str | None = None, timeout: float = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m orchestrator`` as a user would, capturing its output."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = ROOT
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd or ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

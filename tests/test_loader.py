@@ -1,0 +1,156 @@
+"""Cluster-file validation: every error names the field path and the line."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.loader import load_cluster_file, load_cluster_text
+
+BASE = """\
+nodes:
+  - host: a
+    gpus: 0,1
+workload:
+  name: linear
+"""
+
+
+def load(text: str, base_dir: str = "."):
+    return load_cluster_text(textwrap.dedent(text), source="c.yaml", base_dir=base_dir)
+
+
+def error_of(text: str, base_dir: str = ".") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(text, base_dir)
+    return info.value
+
+
+def test_example_file_loads():
+    spec = load_cluster_file("cluster.yaml.example")
+    assert [n.gpus for n in spec.nodes] == [(3, 4, 5), (0, 1, 2, 3)]
+    assert spec.world_size == 7
+    assert spec.master_addr == "192.168.1.100" and spec.master_port == 29500
+    assert spec.nodes[0].ssh.user == "ubuntu" and spec.nodes[0].env == {"NCCL_DEBUG": "WARN"}
+    assert spec.workload.name == "linear" and spec.workload.args == {"epochs": 10}
+
+
+def test_defaults():
+    spec = load(BASE)
+    assert spec.master_addr is None and spec.master_port == "auto"
+    assert spec.device == "auto" and spec.workdir == "~/.ddp-orch"
+    assert spec.nodes[0].python == "python3" and spec.name == "linear"
+
+
+def test_gpu_forms_keep_user_order():
+    spec = load("""\
+        nodes:
+          - {host: a, gpus: "5, 3,4"}
+          - {host: b, gpus: [2, 0]}
+          - {host: c, gpus: 7}
+        workload: {name: linear}
+        """)
+    assert [n.gpus for n in spec.nodes] == [(5, 3, 4), (2, 0), (7,)]
+
+
+def test_per_node_overrides_merge():
+    spec = load("""\
+        ssh: {user: u, port: 2222}
+        env: {A: "1", B: x}
+        python: /usr/bin/python3
+        nodes:
+          - host: a
+            procs: 2
+            ssh: {port: 22}
+            env: {B: y, C: 3}
+            python: /opt/py
+          - host: b
+            procs: 1
+        workload: {name: linear}
+        device: cpu
+        """)
+    a, b = spec.nodes
+    assert (a.ssh.user, a.ssh.port, b.ssh.port) == ("u", 22, 2222)
+    assert a.env == {"A": "1", "B": "y", "C": "3"} and b.env == {"A": "1", "B": "x"}
+    assert (a.python, b.python) == ("/opt/py", "/usr/bin/python3")
+
+
+@pytest.mark.parametrize("text, line, path, words", [
+    ("nodes:\n  - host: a\n    gpus: 2,2\nworkload: {name: linear}\n", 3, "nodes[0].gpus",
+     'duplicate GPU 2 in "2,2"'.replace('"', "'")),
+    ("nodes:\n  - host: a\n    gpus: 3,,4\nworkload: {name: linear}\n", 3, "nodes[0].gpus",
+     "an empty entry"),
+    ("nodes:\n  - host: a\n    gpus: [-1]\nworkload: {name: linear}\n", 3, "nodes[0].gpus",
+     "out of range"),
+    ("nodes:\n  - host: a\n    gpus: a\nworkload: {name: linear}\n", 3, "nodes[0].gpus",
+     "'a' in 'a' is not a GPU index"),
+    ("nodes:\n  - host: a\n    gpu: 0\nworkload: {name: linear}\n", 3, "nodes[0].gpu",
+     "did you mean 'gpus'?"),
+    ("nodes:\n  - host: a\n    gpus: 0\n    procs: 2\nworkload: {name: linear}\n", 2, "nodes[0]",
+     "exactly one of 'gpus' or 'procs'"),
+    ("nodes:\n  - host: a\nworkload: {name: linear}\n", 2, "nodes[0]",
+     "exactly one of 'gpus' or 'procs'"),
+    ("nodes: []\nworkload: {name: linear}\n", 1, "nodes", "no nodes"),
+    ("master: {port: 70000}\n" + BASE, 1, "master.port", "out of range 1-65535"),
+    ("master: {port: 0}\n" + BASE, 1, "master.port", "out of range"),
+    ("ssh: {port: x}\n" + BASE, 1, "ssh.port", "expected a whole number"),
+    ("nodes:\n  - {host: a, gpus: '0,1'}\n  - {host: a, gpus: [1, 2]}\nworkload: {name: linear}\n",
+     3, "nodes[1].gpus", "GPU 1 of a is already used by nodes[0]"),
+    ("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linaer}\n", 3, "workload.name",
+     "did you mean 'linear'?"),
+    ("nodes:\n  - {host: a, gpus: 0}\nworkload: {script: nope.py}\n", 3, "workload.script",
+     "not found"),
+    ("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear, args: {epoch: 2}}\n", 3,
+     "workload.args.epoch", "did you mean 'epochs'?"),
+    ("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear, args: {epochs: many}}\n", 3,
+     "workload.args.epochs", "expected int"),
+    ("nodes:\n  - {host: a, gpus: 0}\n", 1, "", "missing 'workload'"),
+    ("devcie: cpu\n" + BASE, 1, "devcie", "did you mean 'device'?"),
+    ("device: gpu\n" + BASE, 1, "device", "'gpu' is not one of auto, cuda, cpu"),
+    ("env: {CUDA_VISIBLE_DEVICES: '0'}\n" + BASE, 1, "env.CUDA_VISIBLE_DEVICES", "gpus"),
+    ("workdir: runs\n" + BASE, 1, "workdir", "relative path"),
+    ("nodes:\n  - host: a\n    gpus: [0\n", 4, "", "YAML syntax error"),
+    ("nodes:\n  - {host: a, gpus: 99999999999999999999}\nworkload: {name: linear}\n", 2,
+     "nodes[0].gpus", "out of range"),
+    ("nodes:\n  - {host: a, procs: 0}\nworkload: {name: linear}\n", 2, "nodes[0].procs",
+     "out of range 1-1024"),
+    ("ssh: {strict_host_keys: no}\n" + BASE, 1, "ssh.strict_host_keys", "accept-new"),
+    ("ssh: {identity_file: /nonexistent/key}\n" + BASE, 1, "ssh.identity_file", "cannot read"),
+    ("ssh: {password: hunter2}\n" + BASE, 1, "ssh.password", "passwords are not accepted"),
+    ("device: cuda\nnodes:\n  - {host: a, procs: 2}\nworkload: {name: linear}\n", 1, "device",
+     "cannot join a CUDA job"),
+    ("master: {port: 29500}\nnodes:\n  - {host: localhost, procs: 1}\n  - {host: b, procs: 1}\n"
+     "workload: {name: linear}\n", 3, "nodes", "set master.addr"),
+])
+def test_rejections_name_field_and_line(text, line, path, words):
+    err = error_of(text)
+    assert err.line == line, str(err)
+    assert err.path == path, str(err)
+    assert words in str(err)
+    assert str(err).startswith(f"c.yaml:{line}: ")
+
+
+def test_empty_file():
+    err = error_of("")
+    assert "empty" in str(err) and err.line == 1
+
+
+def test_message_format_matches_the_issue():
+    err = error_of("nodes:\n  - host: a\n    gpus: 0\n  - host: b\n    gpus: 2,2\n"
+                   "workload: {name: linear}\n")
+    assert str(err) == "c.yaml:5: nodes[1].gpus: duplicate GPU 2 in '2,2'"
+
+
+def test_script_path_is_relative_to_the_file(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    spec = load("nodes:\n  - {host: a, gpus: 0}\nworkload: {script: train.py}\n",
+                base_dir=str(tmp_path))
+    assert spec.workload.script == str(tmp_path / "train.py")
+    assert spec.name == "train"
+
+
+def test_missing_file_is_a_config_error():
+    with pytest.raises(ConfigError, match="no such file"):
+        load_cluster_file("/nonexistent/cluster.yaml")

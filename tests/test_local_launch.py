@@ -1,0 +1,61 @@
+"""Real torchrun runs on this machine through `ddp-orch up` (local transport)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import ROOT, run_cli
+from procscan import wait_gone
+
+pytestmark = pytest.mark.live
+
+
+def test_linear_on_two_local_processes(tmp_path):
+    result = run_cli("up", "--local", "--workload", "linear", "--procs", "2",
+                     "--arg", "epochs=4", "--arg", "samples=4000",
+                     "--runs-dir", str(tmp_path), "--run-id", "lin2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = tmp_path / "lin2"
+    res = json.loads((run / "result.json").read_text())
+    assert res["world_size"] == 2
+    assert abs(res["metrics"]["w"] - 2) < 0.05 and abs(res["metrics"]["b"] - 3) < 0.05
+    assert "SUCCEEDED" in result.stdout and " w=" in result.stdout
+    assert {"cluster.yaml", "plan.json", "state.json", "node-0.log"} <= set(os.listdir(run))
+    assert json.loads((run / "state.json").read_text())["state"] == "succeeded"
+    assert "[rank0]:" in (run / "node-0.log").read_text()
+    assert oct(os.stat(run).st_mode & 0o777) == "0o700"
+
+
+def test_heterogeneous_local_nodes_get_the_planned_ranks(tmp_path):
+    cluster = tmp_path / "two-nodes.yaml"
+    cluster.write_text("name: hetero\nnodes:\n  - {host: localhost, procs: 1}\n"
+                       "  - {host: localhost, procs: 2}\n"
+                       "workload:\n  name: linear\n  args: {epochs: 1, samples: 600, global_batch_size: 30}\n")
+    result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"), "--run-id", "het",
+                     "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    res = json.loads((tmp_path / "runs" / "het" / "result.json").read_text())
+    table = sorted((r["rank"], r["node_rank"], r["local_rank"]) for r in res["rank_table"])
+    assert table == [(0, 0, 0), (1, 1, 0), (2, 1, 1)]
+    assert res["world_size"] == 3
+
+
+def test_a_failing_rank_stops_every_node_and_is_named(tmp_path):
+    shutil.copy(os.path.join(ROOT, "tests", "programs", "fail_on_rank.py"), tmp_path)
+    cluster = tmp_path / "fail.yaml"
+    cluster.write_text("nodes:\n  - {host: localhost, procs: 1}\n  - {host: localhost, procs: 2}\n"
+                       "workload:\n  script: fail_on_rank.py\n  args: {rank: 2}\n")
+    result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"),
+                     "--run-id", "failrun", "--grace", "3", timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout
+    assert "root cause: node 1 (localhost)" in result.stdout
+    assert "injected failure on rank 2" in result.stdout
+    state = json.loads((tmp_path / "runs" / "failrun" / "state.json").read_text())
+    assert state["state"] == "failed"
+    assert {o["node_rank"]: o["state"] for o in state["outcomes"]}[0] in ("stopped", "failed")
+    assert wait_gone("failrun", 10) == set()

@@ -1,0 +1,116 @@
+"""The rank plan: pure code from spec to per-node env and argv."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from orchestrator.loader import load_cluster_file, load_cluster_text
+from orchestrator.plan import build_plan, resolve_plan
+
+RUN = "demo-run"
+
+
+def plan_of(text: str):
+    spec = load_cluster_text(textwrap.dedent(text), source="c.yaml")
+    return build_plan(spec, run_id=RUN, local_run_dir=f"/tmp/runs/{RUN}")
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_seed_layout_ranks_are_prefix_sums():
+    spec = load_cluster_file("cluster.yaml.example")
+    plan = build_plan(spec, run_id=RUN, local_run_dir="runs/" + RUN)
+    assert plan.world_size == 7
+    assert [(r.rank, r.node_rank, r.local_rank, r.gpu) for r in plan.ranks] == [
+        (0, 0, 0, 3), (1, 0, 1, 4), (2, 0, 2, 5),
+        (3, 1, 0, 0), (4, 1, 1, 1), (5, 1, 2, 2), (6, 1, 3, 3)]
+    n0, n1 = plan.nodes
+    assert (list(n0.ranks), list(n1.ranks)) == ([0, 1, 2], [3, 4, 5, 6])
+    assert n0.env["CUDA_VISIBLE_DEVICES"] == "3,4,5"
+    assert n1.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    for k, node in enumerate(plan.nodes):
+        assert flag(node.argv, "--nnodes") == "2"
+        assert flag(node.argv, "--node-rank") == str(k)
+        assert flag(node.argv, "--nproc-per-node") == str(node.nproc)
+        assert flag(node.argv, "--master-addr") == "192.168.1.100"
+        assert flag(node.argv, "--master-port") == "29500"
+        assert flag(node.argv, "--rdzv-backend") == "static"
+        assert node.argv[:3] == ("python3", "-m", "torch.distributed.run")
+        assert node.argv[-4:] == ("-m", "workloads.linear", "--epochs", "10")
+
+
+def test_worker_identical_is_always_unset():
+    plan = plan_of("""\
+        env: {NCCL_DEBUG: INFO}
+        nodes:
+          - {host: a, gpus: [0]}
+          - {host: b, gpus: [0, 1]}
+        workload: {name: linear}
+        """)
+    for node in plan.nodes:
+        assert node.unset_env == ("TORCH_ELASTIC_WORKER_IDENTICAL",)
+        assert "TORCH_ELASTIC_WORKER_IDENTICAL" not in node.env
+        assert node.env["NCCL_DEBUG"] == "INFO"
+
+
+def test_master_defaults_to_first_host_and_port_auto():
+    plan = plan_of("nodes:\n  - {host: h0, gpus: 0}\n  - {host: h1, gpus: 0}\n"
+                   "workload: {name: linear}\n")
+    assert plan.master_addr == "h0" and plan.master_port == "auto"
+    assert not plan.resolved
+
+
+def test_procs_nodes_run_on_cpu_and_hide_gpus():
+    plan = plan_of("nodes:\n  - {host: localhost, procs: 1}\n  - {host: localhost, procs: 2}\n"
+                   "workload: {name: linear}\n")
+    assert plan.device == "cpu" and plan.master_addr == "127.0.0.1"
+    assert [n.env["DDP_ORCH_DEVICE"] for n in plan.nodes] == ["cpu", "cpu"]
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["", ""]
+    assert [n.run_dir for n in plan.nodes] == [f"/tmp/runs/{RUN}/node-0", f"/tmp/runs/{RUN}/node-1"]
+    assert [list(n.ranks) for n in plan.nodes] == [[0], [1, 2]]
+
+
+def test_env_marks_every_process_of_the_run():
+    plan = plan_of("nodes:\n  - {host: a, gpus: 0}\n  - {host: b, gpus: 1}\nworkload: {name: linear}\n")
+    for node in plan.nodes:
+        assert node.env["DDP_ORCH_RUN_ID"] == RUN
+        assert node.env["DDP_ORCH_NODE_RANK"] == str(node.node_rank)
+        assert node.env["DDP_ORCH_RESULT_FILE"] == f"{node.run_dir}/result.json"
+        assert node.env["PYTHONPATH"] == f"{node.run_dir}/code"
+        assert node.run_dir == f"~/.ddp-orch/runs/{RUN}/node-{node.node_rank}"
+
+
+def test_resolve_fills_port_and_home_only():
+    plan = plan_of("nodes:\n  - {host: a, gpus: 0}\n  - {host: b, gpus: 1}\nworkload: {name: linear}\n")
+    resolved = resolve_plan(plan, master_port=31337, homes={0: "/home/u", 1: "/root"})
+    assert resolved.resolved and resolved.master_port == 31337
+    n0, n1 = resolved.nodes
+    assert flag(n0.argv, "--master-port") == "31337"
+    assert n0.run_dir == f"/home/u/.ddp-orch/runs/{RUN}/node-0"
+    assert n1.env["PYTHONPATH"] == f"/root/.ddp-orch/runs/{RUN}/node-1/code"
+    assert flag(n1.argv, "--log-dir") == f"/root/.ddp-orch/runs/{RUN}/node-1/torchrun"
+    changed = [i for i, (a, b) in enumerate(zip(plan.nodes[0].argv, n0.argv)) if a != b]
+    assert [plan.nodes[0].argv[i - 1] for i in changed] == ["--master-port", "--log-dir"]
+    assert plan.nodes[0].env.keys() == n0.env.keys()
+
+
+def test_script_workload_runs_from_uploaded_dir(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    spec = load_cluster_text("nodes:\n  - {host: a, gpus: 0}\nworkload:\n  script: train.py\n"
+                             "  args: {lr: 0.1, amp: true, tags: [x, y]}\n",
+                             source="c.yaml", base_dir=str(tmp_path))
+    node = build_plan(spec, run_id=RUN, local_run_dir="r").nodes[0]
+    tail = node.argv[node.argv.index("--log-line-prefix-template") + 2:]
+    assert tail == (f"{node.run_dir}/script/train.py", "--lr", "0.1", "--amp", "--tags", "x", "y")
+
+
+def test_plan_is_frozen():
+    plan = plan_of("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear}\n")
+    with pytest.raises(Exception):
+        plan.nodes[0].argv = ()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        plan.nodes[0].env["X"] = "1"  # type: ignore[index]

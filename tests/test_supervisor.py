@@ -1,0 +1,83 @@
+"""The node supervisor tears down every process of a run, including workers
+that put themselves in sessions of their own (as torchrun's do)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from orchestrator import supervisor
+from orchestrator.transport.local import LocalTransport
+from procscan import marked_pids, wait_gone
+
+pytestmark = pytest.mark.live
+PROGRAM = os.path.join(ROOT, "tests", "programs", "escaping_workers.py")
+
+
+def start(tmp_path, run_id: str, *extra: str, grace_s: float = 1.0):
+    spec = {"run_id": run_id, "node_rank": 0, "run_dir": str(tmp_path / "node-0"),
+            "argv": [sys.executable, PROGRAM, *extra],
+            "env": {"DDP_ORCH_RUN_ID": run_id, "DDP_ORCH_NODE_RANK": "0"},
+            "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "bundle": None, "grace_s": grace_s}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    handle = LocalTransport().start([sys.executable, supervisor.__file__, str(spec_path)])
+    lines = []
+    while not any(l.startswith(b"worker up") for l in lines[-2:]) or \
+            sum(l.startswith(b"worker up") for l in lines) < 2:
+        line = handle.stdout.readline()
+        assert line, b"".join(lines)
+        lines.append(line)
+    return handle
+
+
+def control_of(handle) -> dict:
+    rest = handle.stdout.read().decode()
+    line = next(l for l in rest.splitlines() if l.startswith(supervisor.CONTROL_PREFIX))
+    return json.loads(line[len(supervisor.CONTROL_PREFIX):])
+
+
+def test_stop_kills_workers_in_their_own_sessions(tmp_path):
+    run_id = f"sup-stop-{os.getpid()}"
+    handle = start(tmp_path, run_id)
+    assert len(marked_pids(run_id)) == 3  # the program and its two workers
+    handle.send(b"stop\n")
+    code = handle.wait(timeout=20)
+    assert code == 128 + 9  # the program ignores SIGTERM, so it is killed
+    assert control_of(handle)["reason"] == "stopped by the controller"
+    assert wait_gone(run_id, 5) == set()
+
+
+def test_controller_gone_means_teardown(tmp_path):
+    """stdin EOF is what a killed controller or a dropped SSH link looks like."""
+    run_id = f"sup-eof-{os.getpid()}"
+    handle = start(tmp_path, run_id)
+    handle.close_stdin()
+    handle.wait(timeout=20)
+    assert control_of(handle)["reason"] == "lost the controller (stdin closed)"
+    assert wait_gone(run_id, 5) == set()
+
+
+def test_orphans_are_removed_when_the_launcher_exits(tmp_path):
+    run_id = f"sup-orphans-{os.getpid()}"
+    handle = start(tmp_path, run_id, "--exit")
+    assert handle.wait(timeout=20) == 3
+    control = control_of(handle)
+    assert control["code"] == 3 and control["reason"] == "torchrun exited"
+    assert wait_gone(run_id, 5) == set()
+    state = json.loads((tmp_path / "node-0" / "supervisor.json").read_text())
+    assert state["exit_code"] == 3
+
+
+def test_sigterm_to_the_supervisor_tears_down(tmp_path):
+    run_id = f"sup-term-{os.getpid()}"
+    handle = start(tmp_path, run_id)
+    os.kill(handle.pid, 15)
+    handle.wait(timeout=20)
+    assert control_of(handle)["reason"] == "got SIGTERM"
+    assert wait_gone(run_id, 5) == set()
