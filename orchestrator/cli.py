@@ -18,7 +18,7 @@ from . import __version__
 from .console import Console
 from .errors import ConfigError, OrchestratorError
 from .loader import load_cluster_file
-from .localmode import local_spec
+from .localmode import local_spec, with_args
 from .plan import build_plan, resolve_plan
 from .render import render_json, render_shell, render_text
 from .runs import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
@@ -68,7 +68,7 @@ def _parse_args(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
               help="With --local: override the file's device.")
 @click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
-              help="Workload argument, repeatable: --arg epochs=2.")
+              help="Workload argument over the file's, repeatable: --arg epochs=2.")
 @click.option("--run-id", help="Use this run id instead of a generated one.")
 @click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_default=True,
               type=click.Path(file_okay=False), help="Where local run directories go.")
@@ -88,9 +88,11 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload:
     elif spec is None:
         raise ConfigError("give a cluster file, or --local to run on this machine",
                           source="command line", hint="ddp-orch up cluster.yaml.example --dry-run")
-    elif workload or gpus or procs or device or args:
-        raise ConfigError("--workload, --gpus, --procs, --device and --arg go with --local",
+    elif workload or gpus or procs or device:
+        raise ConfigError("--workload, --gpus, --procs and --device go with --local",
                           source="command line", hint="edit the cluster file for a cluster run")
+    else:
+        spec = with_args(spec, args)
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
                           hint="letters, digits, '.', '_' and '-'")

@@ -34,7 +34,7 @@ def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | No
             raise ConfigError(exc.args[0], path="--gpus", source=CLI, hint=exc.args[1]) from None
     else:
         gpu_list, nproc = None, procs if procs is not None else _default_procs(base)
-    chosen = _workload(base, workload, args)
+    chosen = choose_workload(base, workload, args)
     python = base.nodes[0].python if base else "python3"
     env = dict(base.env) if base else {}
     node = NodeSpec(host="localhost", gpus=gpu_list, procs=nproc, ssh=SshSpec(),
@@ -63,7 +63,16 @@ def _local_python(python: str) -> str:
     return sys.executable if python == "python3" else python
 
 
-def _workload(base: ClusterSpec | None, name: str | None, args: Mapping[str, Any]) -> WorkloadSpec:
+def with_args(spec: ClusterSpec, args: Mapping[str, Any]) -> ClusterSpec:
+    """``spec`` with ``--arg`` values merged over its workload's args."""
+    if not args:
+        return spec
+    return dataclasses.replace(spec, workload=choose_workload(spec, None, args))
+
+
+def choose_workload(base: ClusterSpec | None, name: str | None,
+                    args: Mapping[str, Any]) -> WorkloadSpec:
+    """The file's workload (or the built-in ``name``) with ``args`` merged, checked."""
     if name is not None:
         if name not in CATALOG:
             raise ConfigError(f"unknown workload {name!r}", path="--workload", source=CLI,

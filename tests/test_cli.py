@@ -64,6 +64,7 @@ def test_bad_file_exits_2_with_one_message_and_no_traceback(tmp_path):
     (["up", "--local", "--workload", "linear", "--arg", "epoch=3"], "did you mean 'epochs'?"),
     (["up", "--local", "--workload", "linear", "--arg", "epochs"], "is not KEY=VALUE"),
     (["up", "cluster.yaml.example", "--procs", "2"], "go with --local"),
+    (["up", "cluster.yaml.example", "--arg", "epochs=x", "--dry-run"], "expected int"),
     (["up", "cluster.yaml.example", "--run-id", "../x", "--dry-run"], "not a valid run id"),
     (["up", "/nonexistent.yaml"], "no such file"),
 ])
@@ -91,6 +92,13 @@ def test_local_dry_run_shows_one_local_node():
     assert "node 0  localhost  ranks 0-2 (3 processes, local subprocess)" in result.stdout
     assert "--master-addr 127.0.0.1" in result.stdout
     assert "-m workloads.linear --epochs 2" in result.stdout
+
+
+def test_arg_overrides_the_file_in_a_cluster_dry_run():
+    result = run_cli("up", "cluster.yaml.example", "--dry-run", "--arg", "epochs=3",
+                     "--arg", "lr=0.5")
+    assert result.returncode == 0, result.stderr
+    assert "-m workloads.linear --epochs 3 --lr 0.5" in result.stdout
 
 
 def test_workloads_lists_the_catalog():
