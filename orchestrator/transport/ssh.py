@@ -1,0 +1,517 @@
+"""The transport for remote nodes: one paramiko SSH connection per node.
+
+Same signatures and result types as ``LocalTransport``. What SSH adds, and
+how this module handles it:
+
+* Settings are resolved once, up front (``orchestrator.sshconfig``): cluster
+  file values, then ``~/.ssh/config``, then defaults; ProxyJump is applied by
+  tunnelling a ``direct-tcpip`` channel through the jump host's connection.
+* Host keys are checked against known_hosts like OpenSSH does; unknown keys
+  are refused unless ``strict_host_keys="accept-new"``, changed keys always.
+* The connection is opened lazily on first use, shared by all threads, and
+  reopened on next use if it died. Keepalives plus ``TCP_USER_TIMEOUT`` make
+  a silently dead link fail within about three keepalive intervals.
+* Every failure a user can cause (unreachable, auth, host key, transfers)
+  becomes a ``TransportError`` naming the node and the fix, never a paramiko
+  traceback.
+
+Exit codes from ``SshProcessHandle.poll()``: the remote exit status (0-255);
+``-N`` if the remote command was killed by signal N (as ``subprocess``
+reports it); ``EXIT_ABORTED`` (-15) after ``abort()``; ``EXIT_CONNECTION_LOST``
+(255, what ``ssh`` itself exits with) when the channel closed without any
+status, i.e. the connection dropped. ``handle.connection_lost`` tells 255
+from a remote ``exit 255``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import threading
+import uuid
+from typing import Callable, Mapping, Sequence, TypeVar
+
+import paramiko
+from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST
+
+from ..sshconfig import DEFAULT_SSH_CONFIG, SshTarget, resolve_target
+from .base import ProcessHandle, Transport, TransportError, shell_command
+
+EXIT_CONNECTION_LOST = 255
+EXIT_ABORTED = -signal.SIGTERM
+DEFAULT_KEY_FILES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+_NETWORK_ERRORS = (paramiko.SSHException, EOFError, OSError)
+# sshd carries stdout and stderr as two streams read from two pipes, so merging
+# them on our side loses their relative order. This argv prefix makes the
+# remote command write both to one pipe, like LocalTransport's
+# stderr=STDOUT; it is still quoted by shell_command like any argv.
+_MERGE_STDERR = ("sh", "-c", 'exec "$@" 2>&1', "sh")
+_known_hosts_lock = threading.Lock()  # check-and-append must not interleave
+
+# paramiko logs failures (with tracebacks) from its own threads. Without any
+# handler Python's last-resort handler prints them on stderr, next to our own
+# TransportError; this keeps them out unless the application configures logging.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+T = TypeVar("T")
+
+
+def _handle_channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
+    """Record ``exit-signal``, which paramiko ignores, then let paramiko go on.
+
+    sshd sends ``exit-signal`` instead of ``exit-status`` when the command is
+    killed (OOM killer, ``kill -9``); without this, that looks exactly like a
+    dropped connection.
+    """
+    start = m.packet.tell()
+    if m.get_text() == "exit-signal":
+        m.get_boolean()
+        chan.ddp_exit_signal = m.get_text()  # e.g. "KILL"
+    m.packet.seek(start)
+    paramiko.Channel._handle_request(chan, m)
+
+
+_CHANNEL_HANDLERS = {**paramiko.Transport._channel_handler_table,
+                     MSG_CHANNEL_REQUEST: _handle_channel_request}
+
+
+class SshProcessHandle(ProcessHandle):
+    """A command running in one SSH session channel (no pty, stderr merged)."""
+
+    def __init__(self, channel: paramiko.Channel):
+        self._channel = channel
+        self._aborted = False
+        self.stdout = channel.makefile("rb")  # type: ignore[assignment]
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._channel.sendall(data)
+        except _NETWORK_ERRORS:
+            pass  # the command or the connection is gone; poll() tells which
+
+    def close_stdin(self) -> None:
+        """Send EOF: the remote command reads end-of-file on its stdin."""
+        try:
+            self._channel.shutdown_write()
+        except _NETWORK_ERRORS:
+            pass
+
+    def poll(self) -> int | None:
+        channel = self._channel
+        if not channel.exit_status_ready():
+            return None
+        if channel.exit_status >= 0:  # paramiko keeps -1 until exit-status arrives
+            return channel.exit_status
+        name = getattr(channel, "ddp_exit_signal", None)
+        if name and hasattr(signal, f"SIG{name}"):
+            return -getattr(signal, f"SIG{name}")
+        return EXIT_ABORTED if self._aborted else EXIT_CONNECTION_LOST
+
+    @property
+    def connection_lost(self) -> bool:
+        """True when the command ended because the connection dropped."""
+        return self.poll() == EXIT_CONNECTION_LOST and self._channel.exit_status < 0
+
+    def abort(self) -> None:
+        """Ask sshd to SIGTERM the command, then drop the channel.
+
+        Dropping the channel alone only closes the command's stdin/stdout
+        (EOF, then SIGPIPE on its next write); a command that does neither
+        would linger, so the RFC 4254 "signal" request comes first. It hits
+        the command (``exec``'d by the shell), not its children: a command
+        with children (the node supervisor) must clean them up on SIGTERM
+        or EOF. Servers that do not support "signal" ignore it.
+        """
+        self._aborted = True
+        channel = self._channel
+        try:
+            if not channel.closed:
+                message = paramiko.Message()
+                message.add_byte(cMSG_CHANNEL_REQUEST)
+                message.add_int(channel.remote_chanid)
+                message.add_string("signal")
+                message.add_boolean(False)
+                message.add_string("TERM")
+                channel.transport._send_user_message(message)
+        except _NETWORK_ERRORS:
+            pass
+        channel.close()
+
+
+class SshTransport(Transport):
+    """Runs commands and moves files on one node over SSH (paramiko).
+
+    Arguments are the cluster file's per-node SSH settings; ``None`` means
+    "not set here", so ``~/.ssh/config`` (``ssh_config``; ``None`` to ignore
+    it) and then the defaults apply. ``strict_host_keys`` is ``"yes"`` or
+    ``"accept-new"``; ``known_hosts`` is one path or several (the first one
+    receives keys accepted under accept-new). ``keepalive_s=0`` disables
+    keepalives. Construction does no I/O except reading the config file.
+    """
+
+    def __init__(self, host: str, *, user: str | None = None, port: int | None = None,
+                 identity_file: str | None = None, connect_timeout: float | None = None,
+                 strict_host_keys: str | None = None,
+                 known_hosts: str | Sequence[str] | None = None,
+                 ssh_config: str | None = DEFAULT_SSH_CONFIG,
+                 proxy_jump: str | None = None, keepalive_s: float = 15.0):
+        self.host = host
+        try:
+            self.target: SshTarget = resolve_target(
+                host, user=user, port=port, identity_file=identity_file,
+                connect_timeout=connect_timeout, strict_host_keys=strict_host_keys,
+                known_hosts=known_hosts, ssh_config=ssh_config, proxy_jump=proxy_jump)
+        except ValueError as exc:
+            raise TransportError(host, f"bad SSH settings: {exc}") from exc
+        self.keepalive_s = keepalive_s
+        self._lock = threading.Lock()       # guards connecting and the chain
+        self._sftp_lock = threading.Lock()  # one SFTP request at a time
+        self._chain: list[paramiko.Transport] = []  # jump hosts..., then the node
+        self._sftp: tuple[paramiko.Transport, paramiko.SFTPClient] | None = None
+
+    # -- Transport interface ----------------------------------------------
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None) -> SshProcessHandle:
+        command = shell_command([*_MERGE_STDERR, *argv], env=env, cwd=cwd)
+        connection = self._connection()
+        try:
+            channel = connection.open_session(timeout=self.target.connect_timeout)
+            channel.set_combine_stderr(True)  # the login shell's own errors (cd, env)
+            channel.exec_command(command)
+        except paramiko.ChannelException as exc:
+            raise self._error(f"sshd refused a new session: {exc.text}",
+                              "too many concurrent commands for its MaxSessions?") from None
+        except _NETWORK_ERRORS as exc:
+            raise self._error(f"connection lost while starting `{shlex.join(argv)}`: "
+                              f"{_describe(exc)}") from None
+        return SshProcessHandle(channel)
+
+    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
+        """Upload to a temp name, chmod before writing, then rename into place,
+        so the content is never readable with looser permissions and readers
+        never see half a file."""
+        def upload(sftp: paramiko.SFTPClient) -> None:
+            _sftp_makedirs(sftp, posixpath.dirname(remote_path))
+            partial = f"{remote_path}.part-{uuid.uuid4().hex[:8]}"
+            try:
+                with sftp.open(partial, "wb") as dst:
+                    dst.chmod(mode)
+                    dst.set_pipelined(True)
+                    shutil.copyfileobj(src, dst, 32768)
+                sftp.posix_rename(partial, remote_path)
+            except BaseException:
+                _ignore_errors(lambda: sftp.remove(partial))
+                raise
+
+        with open(local_path, "rb") as src:  # local errors stay plain OSErrors
+            self._with_sftp(f"upload {local_path} to {remote_path}", upload)
+
+    def get_file(self, remote_path: str, local_path: str) -> bool:
+        def download(sftp: paramiko.SFTPClient) -> bool:
+            try:
+                if not stat.S_ISREG(sftp.stat(remote_path).st_mode or 0):
+                    return False
+            except FileNotFoundError:
+                return False
+            os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
+            sftp.get(remote_path, local_path)
+            return True
+
+        return self._with_sftp(f"download {remote_path}", download)
+
+    def home(self) -> str:
+        return self._with_sftp("find the home directory", lambda sftp: sftp.normalize("."))
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    # -- connecting -------------------------------------------------------
+
+    def _connection(self) -> paramiko.Transport:
+        """The live connection to the node, opened (or reopened) on demand."""
+        with self._lock:
+            if not self._chain or not self._chain[-1].is_active():
+                self._close_locked()
+                self._chain = self._open(self.target)
+            return self._chain[-1]
+
+    def _close_locked(self) -> None:
+        if self._sftp:
+            _ignore_errors(self._sftp[1].close)
+            self._sftp = None
+        for connection in reversed(self._chain):
+            _ignore_errors(connection.close)
+        self._chain = []
+
+    def _open(self, target: SshTarget) -> list[paramiko.Transport]:
+        """Connect to ``target``, through its jump hosts; returns the whole chain."""
+        chain: list[paramiko.Transport] = []
+        if target.jump is None:
+            sock = self._tcp_connect(target)
+        else:
+            try:
+                chain = self._open(target.jump)
+            except TransportError as exc:
+                raise self._error(f"jump host {target.jump.describe()}: {exc.message}",
+                                  exc.hint) from None
+            try:
+                sock = chain[-1].open_channel("direct-tcpip", (target.hostname, target.port),
+                                              ("127.0.0.1", 0), timeout=target.connect_timeout)
+            except _NETWORK_ERRORS as exc:
+                _close_all(chain)
+                reason = exc.text if isinstance(exc, paramiko.ChannelException) else _describe(exc)
+                raise self._error(f"unreachable: jump host {target.jump.address} cannot "
+                                  f"connect to {target.address}: {reason}") from None
+        try:
+            chain.append(self._handshake(sock, target))
+        except BaseException:
+            _close_all(chain)
+            raise
+        return chain
+
+    def _tcp_connect(self, target: SshTarget) -> socket.socket:
+        try:
+            sock = socket.create_connection((target.hostname, target.port),
+                                            timeout=target.connect_timeout)
+        except socket.gaierror as exc:
+            raise self._error(f"unreachable: cannot resolve host name {target.hostname!r} "
+                              f"({exc.strerror})") from None
+        except TimeoutError:
+            raise self._error(f"unreachable: no answer from {target.address} within "
+                              f"{target.connect_timeout:g}s") from None
+        except ConnectionRefusedError:
+            raise self._error(f"unreachable: connection refused by {target.address}",
+                              "is sshd running there, on that port?") from None
+        except OSError as exc:
+            raise self._error(f"unreachable: cannot connect to {target.address}: "
+                              f"{exc.strerror or exc}") from None
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if self.keepalive_s and hasattr(socket, "TCP_USER_TIMEOUT"):
+            # Unacknowledged data (our keepalives) for this long kills the
+            # socket; otherwise a vanished peer takes ~15 min to notice.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                            int(self.keepalive_s * 3 * 1000))
+        return sock
+
+    def _handshake(self, sock, target: SshTarget) -> paramiko.Transport:
+        """SSH handshake, host key check and login on an open socket/channel."""
+        connection = paramiko.Transport(sock)
+        try:
+            connection._channel_handler_table = _CHANNEL_HANDLERS
+            connection.banner_timeout = connection.handshake_timeout = target.connect_timeout
+            known = _known_keys(target)
+            _prefer_key_types(connection, [key.get_name() for key, _ in known.values()])
+            try:
+                # start_client returns quietly (no exception) when its own
+                # timeout expires mid-handshake, hence the check after it.
+                connection.start_client(timeout=target.connect_timeout + 1)
+                if not (connection.is_active() and connection.initial_kex_done):
+                    raise paramiko.SSHException(
+                        f"no complete handshake within {target.connect_timeout:g}s")
+            except _NETWORK_ERRORS as exc:
+                raise self._error(f"unreachable: SSH handshake with {target.address} failed: "
+                                  f"{_describe(exc)}") from None
+            self._check_host_key(connection, target)
+            self._authenticate(connection, target)
+            if self.keepalive_s:
+                connection.set_keepalive(max(1, int(self.keepalive_s)))
+            return connection
+        except BaseException:
+            connection.close()
+            raise
+
+    def _check_host_key(self, connection: paramiko.Transport, target: SshTarget) -> None:
+        """OpenSSH's StrictHostKeyChecking=yes / accept-new, on ``[host]:port``."""
+        offered = connection.get_remote_server_key()
+        name = target.known_hosts_name
+        with _known_hosts_lock:
+            known = _known_keys(target)  # reread: another node may just have added it
+            if known:
+                match = known.get(offered.get_name())
+                if match and match[0].asbytes() == offered.asbytes():
+                    return
+                where = next(iter(known.values()))[1]
+                raise self._error(
+                    f"REFUSED: the host key of {name} has CHANGED: it offers "
+                    f"{offered.get_name()} {offered.fingerprint}, which does not match {where} "
+                    "(a reinstalled host, or a man-in-the-middle)",
+                    f"if the change is expected: ssh-keygen -R {shlex.quote(name)} -f "
+                    f"{shlex.quote(where)}, then connect again")
+            if target.strict_host_keys == "accept-new":
+                _append_known_host(target.known_hosts[0], name, offered)
+                return
+        keyscan = "ssh-keyscan " + ("" if target.port == 22 else f"-p {target.port} ")
+        raise self._error(
+            f"REFUSED: unknown host key for {name} ({offered.get_name()} {offered.fingerprint}); "
+            f"it is not in {', '.join(target.known_hosts) or 'any known_hosts file'}",
+            f"after checking the fingerprint, trust it with: {keyscan}"
+            f"{shlex.quote(target.hostname)} >> {shlex.quote(target.known_hosts[0])} "
+            "-- or set `ssh: {strict_host_keys: accept-new}` in the cluster file")
+
+    def _authenticate(self, connection: paramiko.Transport, target: SshTarget) -> None:
+        """Public-key login: identity files, then ssh-agent, then default keys."""
+        tried: list[str] = []
+        agent = None
+        try:
+            candidates = [(path, _load_key(path, tried)) for path in target.identity_files]
+            if not (target.identities_only and target.identity_files):
+                agent = _agent()
+                candidates += [(f"ssh-agent {key.get_name()} {key.fingerprint}", key)
+                               for key in (agent.get_keys() if agent else ())]
+                candidates += [(path, _load_key(path, tried))
+                               for path in map(os.path.expanduser, DEFAULT_KEY_FILES)
+                               if os.path.exists(path) and path not in target.identity_files]
+            seen: set[bytes] = set()
+            for label, key in candidates:
+                if key is None or key.asbytes() in seen:
+                    continue
+                seen.add(key.asbytes())
+                try:
+                    remaining = connection.auth_publickey(target.user, key)
+                except paramiko.BadAuthenticationType as exc:
+                    raise self._error(f"authentication failed for user {target.user!r}: "
+                                      f"{target.address} does not accept public keys "
+                                      f"(it allows: {', '.join(exc.allowed_types)})") from None
+                except paramiko.AuthenticationException:
+                    tried.append(f"{label} (rejected)")
+                    continue
+                except _NETWORK_ERRORS as exc:
+                    tried.append(f"{label} ({_describe(exc)})")
+                    break
+                if connection.is_authenticated():
+                    return
+                raise self._error(f"authentication for user {target.user!r} needs a further "
+                                  f"step ({', '.join(remaining)}), which is not supported")
+        finally:
+            if agent:
+                agent.close()
+        raise self._error(
+            f"authentication failed for user {target.user!r} on {target.address}; tried: "
+            + ("; ".join(tried) or "no keys (no identity file, ssh-agent or ~/.ssh/id_*)"),
+            f"is the public key in ~{target.user}/.ssh/authorized_keys there? "
+            "Or set ssh.identity_file / ssh.user in the cluster file")
+
+    # -- helpers ----------------------------------------------------------
+
+    def _with_sftp(self, what: str, operation: Callable[[paramiko.SFTPClient], T]) -> T:
+        """Run ``operation`` on the (lazily opened) SFTP session, mapping errors."""
+        with self._sftp_lock:
+            connection = self._connection()
+            try:
+                if self._sftp is None or self._sftp[0] is not connection:
+                    self._sftp = (connection, paramiko.SFTPClient.from_transport(connection))
+                return operation(self._sftp[1])
+            except (paramiko.SSHException, EOFError) as exc:
+                self._sftp = None
+                raise self._error(f"cannot {what}: {_describe(exc)}") from None
+            except OSError as exc:  # the SFTP server's answer: ENOENT, EACCES...
+                raise self._error(f"cannot {what}: {exc.strerror or exc}") from None
+
+    def _error(self, message: str, hint: str = "") -> TransportError:
+        return TransportError(self.host, message, hint)
+
+
+def _known_keys(target: SshTarget) -> dict[str, tuple[paramiko.PKey, str]]:
+    """Key type -> (recorded key, file) for ``target`` across its known_hosts files.
+
+    Loaded file by file so a mismatch can name the file to fix. paramiko
+    handles hashed names and ``[host]:port``; it skips ``@cert-authority``
+    and ``@revoked`` lines.
+    """
+    found: dict[str, tuple[paramiko.PKey, str]] = {}
+    for path in target.known_hosts:
+        if not os.path.isfile(path):
+            continue
+        keys = paramiko.HostKeys()
+        try:
+            keys.load(path)
+        except (OSError, UnicodeDecodeError):
+            continue
+        for key_type, key in (keys.lookup(target.known_hosts_name) or {}).items():
+            found.setdefault(key_type, (key, path))
+    return found
+
+
+def _append_known_host(path: str, name: str, key: paramiko.PKey) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        missing_newline = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+        line = f"{name} {key.get_name()} {key.get_base64()}\n"
+        f.write((("\n" if missing_newline else "") + line).encode())
+
+
+def _prefer_key_types(connection: paramiko.Transport, known_types: list[str]) -> None:
+    """Ask the server first for a host key type we already know (as OpenSSH and
+    paramiko's SSHClient do); otherwise a host with several keys may show one
+    we have no record of and look "changed"."""
+    wanted: list[str] = []
+    for key_type in known_types:
+        wanted += ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" \
+            else [key_type]
+    options = connection.get_security_options()
+    first = [t for t in wanted if t in options.key_types]
+    options.key_types = first + [t for t in options.key_types if t not in first]
+
+
+def _load_key(path: str, tried: list[str]) -> paramiko.PKey | None:
+    if not os.path.exists(path):
+        tried.append(f"{path} (missing)")
+        return None
+    try:
+        return paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        tried.append(f"{path} (passphrase-protected: load it into ssh-agent)")
+    except (paramiko.SSHException, OSError, ValueError) as exc:
+        tried.append(f"{path} (unusable: {_describe(exc)})")
+    return None
+
+
+def _agent() -> paramiko.Agent | None:
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return None
+    try:
+        return paramiko.Agent()
+    except paramiko.SSHException:
+        return None
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
+    """``mkdir -p`` with mode 0700 for what we create."""
+    if directory in ("", "/", "."):
+        return
+    try:
+        sftp.stat(directory)
+        return
+    except FileNotFoundError:
+        pass
+    _sftp_makedirs(sftp, posixpath.dirname(directory))
+    try:
+        sftp.mkdir(directory, 0o700)
+    except OSError:
+        sftp.stat(directory)  # fine if someone else just created it; else raise
+
+
+def _close_all(chain: list[paramiko.Transport]) -> None:
+    for connection in reversed(chain):
+        _ignore_errors(connection.close)
+
+
+def _ignore_errors(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except Exception:
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, paramiko.SSHException) else f"{type(exc).__name__}: {text}"

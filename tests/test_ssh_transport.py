@@ -1,0 +1,418 @@
+"""SshTransport against real sshd processes (the SSH lab), plus unit tests of
+the pure settings resolution in ``orchestrator.sshconfig``."""
+
+import ast
+import getpass
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
+
+from orchestrator.sshconfig import SshTarget, parse_jump_spec, resolve_target  # noqa: E402
+from orchestrator.transport.base import TransportError  # noqa: E402
+from orchestrator.transport.ssh import (  # noqa: E402
+    EXIT_ABORTED, EXIT_CONNECTION_LOST, SshTransport)
+
+live = pytest.mark.live
+
+# Prints what the remote program received, as bytes, for exact comparison.
+ECHO = ("import os, sys; sys.stdout.write(repr([os.fsencode(a) for a in sys.argv[1:]]"
+        " + [os.environb.get(b'PROBE')]))")
+NASTY = ["it's", '"double"', "$(touch {marker})", "`touch {marker}`", "; touch {marker}",
+         "a\nb", "tab\there", "  spaces  ", "ünïcødé ✓ 日本", "*", "~", "$HOME", "\\", "",
+         "-c", "--", "'; exit 7; '", "&& touch {marker}", "| touch {marker}", "\r\n"]
+
+
+def echo_probe(transport, args, env_value):
+    """Run ECHO remotely; returns (list of arg bytes, PROBE bytes)."""
+    result = transport.run([sys.executable, "-c", ECHO, *args],
+                           env={"PROBE": env_value}, timeout=30)
+    assert result.exit_code == 0, result.output
+    *got_args, got_env = ast.literal_eval(result.output)
+    return got_args, got_env
+
+
+@pytest.fixture(scope="module")
+def node0(ssh_lab):
+    with SshTransport("node0", ssh_config=ssh_lab.ssh_config) as transport:
+        yield transport
+
+
+def _transport(lab, host="node0", **kwargs):
+    kwargs.setdefault("ssh_config", lab.ssh_config)
+    return SshTransport(host, **kwargs)
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# -- running commands ------------------------------------------------------
+
+@live
+def test_run_returns_exit_code_and_merged_output_in_order(node0):
+    result = node0.run(["sh", "-c", "echo one; echo two >&2; echo three; exit 3"])
+    assert (result.host, result.exit_code, result.ok) == ("node0", 3, False)
+    assert result.output == "one\ntwo\nthree\n"
+
+
+@live
+def test_hostile_argv_and_env_arrive_verbatim_and_run_nothing(node0, tmp_path):
+    marker = tmp_path / "marker"
+    args = [a.format(marker=marker) for a in NASTY]
+    env_value = " ; ".join(args)
+    got_args, got_env = echo_probe(node0, args, env_value)
+    assert got_args == [a.encode() for a in args]
+    assert got_env == env_value.encode()
+    assert not marker.exists()
+
+
+@live
+def test_cwd_with_spaces_and_quotes(node0, tmp_path):
+    odd = tmp_path / "it's a $(dir)"
+    odd.mkdir()
+    assert node0.run(["pwd"], cwd=str(odd)).output == f"{odd}\n"
+
+
+@live
+@settings(max_examples=25, deadline=None)
+@given(args=st.lists(st.text(st.characters(blacklist_categories=("Cs",),
+                                           blacklist_characters="\x00"), max_size=30),
+                     max_size=4),
+       env_value=st.text(st.characters(blacklist_categories=("Cs",),
+                                       blacklist_characters="\x00"), max_size=30))
+def test_any_text_survives_the_ssh_path(node0, args, env_value):
+    got_args, got_env = echo_probe(node0, args, env_value)
+    assert got_args == [a.encode() for a in args]
+    assert got_env == env_value.encode()
+
+
+@live
+def test_closing_stdin_is_seen_as_eof(node0):
+    handle = node0.start([sys.executable, "-c",
+                          "import sys; print(len(sys.stdin.buffer.read()), flush=True)"])
+    handle.send(b"hello")
+    handle.close_stdin()
+    assert handle.wait(15) == 0
+    assert handle.stdout.read() == b"5\n"
+
+
+@live
+def test_readline_streams_output_while_the_command_runs(node0):
+    handle = node0.start(["sh", "-c", "echo first; read x; echo second"])
+    assert handle.stdout.readline() == b"first\n"
+    assert handle.poll() is None
+    handle.send(b"go\n")
+    assert handle.stdout.readline() == b"second\n"
+    assert handle.wait(15) == 0
+
+
+@live
+def test_abort_cuts_off_a_long_running_command(node0, tmp_path):
+    pidfile = tmp_path / "pid"
+    handle = node0.start(["sh", "-c", f'echo $$ > "{pidfile}"; '
+                                      "while :; do echo tick; sleep 0.1; done"])
+    assert handle.stdout.readline() == b"tick\n"
+    started = time.monotonic()
+    handle.abort()
+    assert handle.wait(2) == EXIT_ABORTED and time.monotonic() - started < 1
+    handle.stdout.read()  # ends instead of hanging
+    remote_pid = int(pidfile.read_text())
+    # no pty and no signal for root sessions: the loop dies of SIGPIPE
+    assert _wait_for(lambda: not os.path.exists(f"/proc/{remote_pid}"))
+
+
+@live
+def test_killed_by_signal_reports_minus_signum(node0):
+    assert node0.start(["sh", "-c", "kill -KILL $$"]).wait(15) == -9
+
+
+@live
+def test_dropped_connection_is_reported_and_the_next_call_reconnects(make_ssh_lab):
+    lab = make_ssh_lab(1)
+    with _transport(lab) as transport:
+        handle = transport.start(["cat"])  # ends by itself once its stdin is gone
+        assert _wait_for(lambda: lab.session_pids(0))
+        lab.kill_sessions(0)
+        assert handle.wait(10) == EXIT_CONNECTION_LOST and handle.connection_lost
+        assert transport.run(["echo", "back"]).output == "back\n"
+
+
+@live
+def test_one_connection_shared_by_many_threads(make_ssh_lab):
+    lab = make_ssh_lab(1)
+    outputs = []
+    with _transport(lab) as transport:
+        threads = [threading.Thread(target=lambda i=i: outputs.append(
+            transport.run(["echo", str(i)]).output)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(outputs) == sorted(f"{i}\n" for i in range(8))
+        assert len(lab.session_pids(0)) == 1  # one sshd session process: one connection
+
+
+@live
+def test_keepalive_makes_a_dead_link_fail_within_seconds_not_minutes(node0):
+    node0.run(["true"])
+    connection = node0._chain[-1]  # white-box: a silent peer cannot be faked on loopback
+    user_timeout = connection.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+    assert user_timeout == node0.keepalive_s * 3 * 1000
+
+
+# -- files ---------------------------------------------------------------
+
+@live
+def test_put_get_file_and_home(node0, tmp_path):
+    assert node0.home() == os.path.expanduser("~")
+    src = tmp_path / "src.bin"
+    src.write_bytes(bytes(range(256)) * 1000)
+    remote = tmp_path / "new" / "deep" / "dst.bin"
+    node0.put_file(str(src), str(remote), mode=0o640)
+    assert remote.read_bytes() == src.read_bytes()
+    assert stat.S_IMODE(remote.stat().st_mode) == 0o640
+    assert stat.S_IMODE(remote.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(remote.parent.parent.stat().st_mode) == 0o700
+    assert os.listdir(remote.parent) == ["dst.bin"]  # no leftover temp file
+
+    back = tmp_path / "back" / "copy.bin"
+    assert node0.get_file(str(remote), str(back)) is True
+    assert back.read_bytes() == src.read_bytes()
+    assert node0.get_file(str(tmp_path / "missing"), str(tmp_path / "x")) is False
+    assert not (tmp_path / "x").exists()
+
+
+@live
+def test_transfer_errors_are_transport_errors(node0, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(TransportError, match="cannot upload"):
+        node0.put_file(str(blocker), str(blocker / "below"))
+
+
+# -- host keys ------------------------------------------------------------
+
+@live
+def test_unknown_host_key_is_refused_with_the_fix(ssh_lab, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    host = ssh_lab.hosts[0]
+    with pytest.raises(TransportError) as caught:
+        _transport(ssh_lab, known_hosts=str(empty)).run(["true"])
+    text = str(caught.value)
+    assert "REFUSED: unknown host key" in text and host.known_hosts_name in text
+    assert f"ssh-keyscan -p {host.port} {host.addr} >> {empty}" in text
+    assert "strict_host_keys: accept-new" in text
+    assert empty.read_text() == ""
+
+
+@live
+def test_accept_new_records_the_key_in_openssh_format(ssh_lab, tmp_path):
+    known = tmp_path / "sub" / "known_hosts"
+    with _transport(ssh_lab, "node1", known_hosts=str(known),
+                    strict_host_keys="accept-new") as transport:
+        assert transport.run(["true"]).ok
+    host = ssh_lab.hosts[1]
+    assert known.read_text() == host.known_hosts_line + "\n"
+    found = subprocess.run(["ssh-keygen", "-F", host.known_hosts_name, "-f", str(known)],
+                           capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr  # OpenSSH finds it too
+    with _transport(ssh_lab, "node1", known_hosts=str(known)) as strict:  # now known
+        assert strict.run(["true"]).ok
+    assert known.read_text().count("\n") == 1
+
+
+@live
+def test_changed_host_key_is_refused_even_with_accept_new(ssh_lab):
+    wrong = ssh_lab.host_key_mismatch(0)
+    before = open(wrong).read()
+    for mode in ("yes", "accept-new"):
+        with pytest.raises(TransportError, match="has CHANGED.*ssh-keygen -R"):
+            _transport(ssh_lab, known_hosts=wrong, strict_host_keys=mode).run(["true"])
+    assert open(wrong).read() == before
+
+
+# -- failures to connect ----------------------------------------------------
+
+@live
+def test_dead_host_is_unreachable_fast():
+    port = _free_port("127.0.55.200")  # a lab address nothing listens on
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=rf"unreachable: connection refused by "
+                                             rf"127\.0\.55\.200:{port}") as caught:
+        SshTransport("127.0.55.200", port=port, ssh_config=None).run(["true"])
+    assert time.monotonic() - started < 2
+    assert caught.value.host == "127.0.55.200"
+
+
+@live
+def test_silent_server_times_out_within_connect_timeout():
+    with socket.socket() as silent:  # accepts TCP, never speaks SSH
+        silent.bind(("127.0.55.201", 0))
+        silent.listen()
+        started = time.monotonic()
+        with pytest.raises(TransportError, match="unreachable: SSH handshake"):
+            SshTransport("127.0.55.201", port=silent.getsockname()[1], ssh_config=None,
+                         connect_timeout=1).run(["true"])
+        assert time.monotonic() - started < 5
+
+
+@live
+def test_authentication_failure_names_user_and_keys(ssh_lab, tmp_path):
+    with pytest.raises(TransportError) as caught:
+        _transport(ssh_lab, user="nobody").run(["true"])
+    text = str(caught.value)
+    assert "authentication failed for user 'nobody'" in text
+    assert f"{ssh_lab.client_key} (rejected)" in text
+    missing = tmp_path / "no_such_key"
+    host = ssh_lab.hosts[0]
+    with pytest.raises(TransportError, match=rf"{missing} \(missing\)"):
+        SshTransport(host.addr, port=host.port, ssh_config=None, identity_file=str(missing),
+                     known_hosts=ssh_lab.known_hosts).run(["true"])
+
+
+# -- settings resolution, live -----------------------------------------------
+
+@live
+def test_ssh_config_alias_supplies_hostname_port_user_and_key(ssh_lab):
+    host = ssh_lab.hosts[1]
+    transport = _transport(ssh_lab, "node1")
+    assert (transport.target.hostname, transport.target.port, transport.target.user) == \
+        (host.addr, host.port, ssh_lab.user)
+    with transport:
+        result = transport.run(["sh", "-c", 'echo "$(id -un) $SSH_CONNECTION"'])
+    user, *connection = result.output.split()
+    assert user == ssh_lab.user and connection[2:] == [host.addr, str(host.port)]
+
+
+@live
+@pytest.mark.parametrize("how", ["cluster-file", "ssh-config"])
+def test_proxy_jump_tunnels_through_another_host(make_ssh_lab, tmp_path, how):
+    lab = make_ssh_lab(2)
+    target = lab.hosts[1]
+    if how == "cluster-file":
+        transport = _transport(lab, "node1", proxy_jump="node0")
+    else:
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host behind\n    HostName {target.addr}\n    Port {target.port}\n"
+                          "    ProxyJump node0\n    IdentityFile " + lab.client_key + "\n"
+                          f"    UserKnownHostsFile {lab.known_hosts}\n\n"
+                          + open(lab.ssh_config).read())
+        transport = SshTransport("behind", ssh_config=str(config))
+    assert transport.target.jump.hostname == lab.hosts[0].addr
+    with transport:
+        handle = transport.start(["cat"])  # ends by itself once its stdin is gone
+        assert lab.session_pids(0), "no session on the jump host"
+        lab.kill_sessions(0)  # cutting the jump host's side must cut the tunnel
+        assert handle.wait(10) == EXIT_CONNECTION_LOST
+
+
+@live
+def test_proxy_jump_failures_name_the_hop(ssh_lab):
+    dead_port = _free_port("127.0.55.202")
+    behind_dead = SshTransport("127.0.55.202", port=dead_port, ssh_config=ssh_lab.ssh_config,
+                               known_hosts=ssh_lab.known_hosts, proxy_jump="node0")
+    with pytest.raises(TransportError, match=rf"jump host \S+ cannot connect to "
+                                             rf"127\.0\.55\.202:{dead_port}"):
+        behind_dead.run(["true"])
+    via_dead = _transport(ssh_lab, "node1", proxy_jump=f"127.0.55.202:{dead_port}")
+    with pytest.raises(TransportError, match=r"jump host .*127\.0\.55\.202.*connection refused"):
+        via_dead.run(["true"])
+
+
+def _free_port(addr):
+    with socket.socket() as probe:
+        probe.bind((addr, 0))
+        return probe.getsockname()[1]
+
+
+# -- settings resolution, pure ------------------------------------------------
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "config"
+    path.write_text(
+        "Host web\n    HostName 10.1.2.3\n    Port 2200\n    User alice\n"
+        "    IdentityFile ~/.ssh/web_key\n    UserKnownHostsFile /etc/kh1 ~/kh2\n"
+        "    ProxyJump bob@bastion:2222,inner\n    ConnectTimeout 7\n\n"
+        "Host bastion\n    HostName 192.0.2.1\n    IdentityFile /keys/bastion\n\n"
+        "Host legacy\n    ProxyCommand nc %h %p\n\n"
+        "Host lax\n    StrictHostKeyChecking no\n\n"
+        "Host *\n    IdentityFile /keys/default\n")
+    return str(path)
+
+
+def test_resolve_applies_the_config_for_an_alias(config_file):
+    target = resolve_target("web", ssh_config=config_file)
+    home = os.path.expanduser("~")
+    assert (target.name, target.hostname, target.port, target.user) == \
+        ("web", "10.1.2.3", 2200, "alice")
+    assert target.identity_files == (f"{home}/.ssh/web_key", "/keys/default")
+    assert target.known_hosts == ("/etc/kh1", f"{home}/kh2")
+    assert target.connect_timeout == 7 and target.strict_host_keys == "yes"
+    assert target.known_hosts_name == "[10.1.2.3]:2200"
+    # "bob@bastion:2222,inner": bastion first, then inner through it
+    inner = target.jump
+    assert (inner.hostname, inner.port, inner.jump.hostname) == ("inner", 22, "192.0.2.1")
+    assert (inner.jump.user, inner.jump.port) == ("bob", 2222)
+    assert inner.jump.identity_files == ("/keys/bastion", "/keys/default")
+    assert inner.jump.jump is None
+
+
+def test_explicit_values_beat_the_config(config_file):
+    target = resolve_target("web", user="carol", port=22, identity_file="/k/explicit",
+                            connect_timeout=3, strict_host_keys="accept-new",
+                            known_hosts="/k/known", proxy_jump="none", ssh_config=config_file)
+    assert (target.user, target.port, target.connect_timeout) == ("carol", 22, 3)
+    assert target.identity_files[0] == "/k/explicit"
+    assert target.known_hosts == ("/k/known",) and target.jump is None
+    assert target.strict_host_keys == "accept-new" and target.known_hosts_name == "10.1.2.3"
+
+
+def test_defaults_without_any_config(tmp_path):
+    target = resolve_target("plain", ssh_config=str(tmp_path / "absent"))
+    assert target == SshTarget(
+        name="plain", hostname="plain", port=22, user=getpass.getuser(),
+        known_hosts=(os.path.expanduser("~/.ssh/known_hosts"),))
+
+
+def test_strict_host_key_checking_from_config_never_accepts_changed_keys(config_file):
+    assert resolve_target("lax", ssh_config=config_file).strict_host_keys == "accept-new"
+    with pytest.raises(ValueError, match="strict_host_keys"):
+        resolve_target("web", strict_host_keys="no", ssh_config=config_file)
+
+
+def test_unsupported_settings_are_clear_errors(config_file, tmp_path):
+    with pytest.raises(TransportError, match="legacy: bad SSH settings: ProxyCommand"):
+        SshTransport("legacy", ssh_config=config_file)
+    looping = tmp_path / "looping"
+    looping.write_text("Host a\n    ProxyJump b\nHost b\n    ProxyJump a\n")
+    with pytest.raises(ValueError, match="a loop"):
+        resolve_target("a", ssh_config=str(looping))
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("host", (None, "host", None)),
+    ("u@host:2200", ("u", "host", 2200)),
+    ("ssh://u@h", ("u", "h", None)),
+    ("[::1]:2222", (None, "::1", 2222)),
+    ("u@[fe80::1]", ("u", "fe80::1", None)),
+])
+def test_parse_jump_spec(spec, expected):
+    assert parse_jump_spec(spec) == expected
