@@ -22,7 +22,7 @@ from .localmode import local_spec, with_args
 from .plan import build_plan, resolve_plan
 from .render import render_json, render_shell, render_text
 from .runs import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
-from .spec import AUTO_PORT, DEFAULT_PORT
+from .spec import AUTO_PORT, DEFAULT_PORT, with_default_master
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -74,12 +74,18 @@ def _parse_args(pairs: tuple[str, ...]) -> dict[str, Any]:
               type=click.Path(file_okay=False), help="Where local run directories go.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (logs keep all).")
 @click.option("--quiet", "-q", is_flag=True, help="Show only ddp-orch's messages and the summary.")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust (and record) the key of a host seen for the first time; "
+                   "a changed key is still refused.")
+@click.option("--start-timeout", default=300.0, show_default=True, type=click.FloatRange(1, 86400),
+              help="Seconds for every node to join the rendezvous before the run fails.")
 @click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
               help="Seconds a node gets to stop gracefully before it is killed.")
 @friendly_errors
 def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload: str | None,
        gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
-       run_id: str | None, runs_dir: str, rank0_only: bool, quiet: bool, grace: float) -> None:
+       run_id: str | None, runs_dir: str, rank0_only: bool, quiet: bool,
+       accept_new_host_keys: bool, start_timeout: float, grace: float) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
     spec = load_cluster_file(cluster_file) if cluster_file else None
     args = _parse_args(arg_pairs)
@@ -96,15 +102,20 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload:
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
                           hint="letters, digits, '.', '_' and '-'")
+    spec = with_default_master(spec)
     if dry_run:
         _dry_run(spec, run_id or new_run_id(spec.name), runs_dir, fmt)
         return
     from .session import up as launch_up  # the launch path loads more modules
     from .summary import render_summary
+    from .transport import transport_for
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
     outcome, run = launch_up(spec, runs_dir=runs_dir, console=console, run_id=run_id,
-                             grace_s=grace)
+                             grace_s=grace, start_timeout_s=start_timeout,
+                             make_transport=functools.partial(
+                                 transport_for,
+                                 strict_host_keys="accept-new" if accept_new_host_keys else None))
     console.always(render_summary(outcome, run.path))
     sys.exit(0 if outcome.ok else 130 if outcome.state == "interrupted" else 1)
 

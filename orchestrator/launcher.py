@@ -10,7 +10,6 @@ connection is cut, which the supervisors also treat as "tear down".
 
 from __future__ import annotations
 
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,12 +59,14 @@ class Launch:
     """One launch of a resolved plan; ``run()`` returns its ``RunOutcome``."""
 
     def __init__(self, plan: RunPlan, run: RunDir, transports: Mapping[int, Transport],
-                 console: Console, *, bundle_path: str, grace_s: float = 10.0):
+                 console: Console, *, bundle_path: str, grace_s: float = 10.0,
+                 start_timeout_s: float = 300.0):
         self.plan = plan
         self.run_dir = run
         self.console = console
         self.bundle_path = bundle_path
         self.grace_s = grace_s
+        self.start_timeout_s = start_timeout_s
         self.handles = [NodeHandle(node, transports[node.node_rank], run, console)
                         for node in plan.nodes]
         self.interrupted = False
@@ -89,28 +90,40 @@ class Launch:
         return self._outcome(outcomes, time.monotonic() - started)
 
     def _watch(self) -> None:
-        """Wait for every node; on the first failure, stop the others."""
-        gang_stopped = False
+        """Wait for every node; on the first failure or a start timeout, ask
+        all to stop and return: ``_teardown`` enforces the deadline."""
+        deadline = time.monotonic() + self.start_timeout_s
         while True:
             codes = [h.poll() for h in self.handles]
             if all(code is not None for code in codes):
                 return
             failed = [h for h, code in zip(self.handles, codes) if code not in (None, 0)]
-            if failed and not gang_stopped:
-                gang_stopped = True
+            if failed:
                 first = failed[0]
-                self.console.info(f"node {first.node.node_rank} ({first.node.host}) failed "
-                                  f"(exit {first.poll()}); stopping the other nodes")
-                for handle in self.handles:
-                    handle.stop()
+                self._stop_all(f"node {first.node.node_rank} ({first.node.host}) failed "
+                               f"(exit {first.poll()})")
+                return
+            elif time.monotonic() > deadline and not all(h.started for h in self.handles):
+                missing = [h for h in self.handles if not h.joined] or \
+                    [h for h in self.handles if not h.started]
+                for handle in missing:
+                    handle.timed_out = True
+                names = ", ".join(_label(h) for h in missing)
+                self._stop_all(f"the rendezvous did not complete within "
+                               f"{self.start_timeout_s:g}s; not joined: {names}")
+                return
             time.sleep(0.05)
+
+    def _stop_all(self, why: str) -> None:
+        self.console.info(f"{why}; stopping every node")
+        for handle in self.handles:
+            handle.stop()
 
     def _teardown(self) -> None:
         """Stop what still runs: graceful first, then cut; a 2nd Ctrl-C cuts at once."""
         running = [h for h in self.handles if h.process is not None and h.poll() is None]
         if not running:
             return
-        previous = signal.getsignal(signal.SIGINT)
         try:
             for handle in running:
                 handle.stop()
@@ -122,7 +135,6 @@ class Launch:
         finally:
             for handle in running:
                 handle.abort()
-            signal.signal(signal.SIGINT, previous)
 
     def _outcome(self, outcomes: tuple[NodeOutcome, ...], wall_s: float) -> RunOutcome:
         failed = [o for o in outcomes if o.state in ("failed", "lost")]

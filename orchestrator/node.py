@@ -40,6 +40,7 @@ class NodeOutcome:
 def supervisor_spec(node: NodePlan, run_id: str, grace_s: float) -> dict:
     """The JSON the node supervisor reads: the plan's env and argv, verbatim."""
     return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
+            "master_port": node.argv[node.argv.index("--master-port") + 1],
             "argv": list(node.argv), "env": dict(node.env),
             "unset_env": list(node.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s}
 
@@ -55,6 +56,9 @@ class NodeHandle:
         self.process: ProcessHandle | None = None
         self.control: dict | None = None
         self.stop_sent = False
+        self.joined = False  # torchrun reached the rendezvous store on node 0
+        self.started = False  # torchrun spawned workers: the rendezvous completed
+        self.timed_out = False
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
 
@@ -84,15 +88,24 @@ class NodeHandle:
         with open(self.run.node_log(self.node.node_rank), "ab") as log:
             for raw in iter(self.process.stdout.readline, b""):
                 if raw.startswith(prefix):
-                    try:
-                        self.control = json.loads(raw[len(prefix):])
-                    except ValueError:
-                        pass
+                    self._on_event(raw[len(prefix):])
                     continue
                 log.write(raw)
                 log.flush()
                 self.console.node_line(self.node.node_rank, self.node.host,
                                        raw.decode("utf-8", "replace"))
+
+    def _on_event(self, payload: bytes) -> None:
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return
+        if event.get("event") == "joined":
+            self.joined = True
+        elif event.get("event") == "started":
+            self.joined = self.started = True
+        elif event.get("event") == "exit":
+            self.control = event
 
     def poll(self) -> int | None:
         if self.process is None:
@@ -126,6 +139,8 @@ class NodeHandle:
             state, reason = "lost", "still running when the controller gave up on it"
         elif code == 0:
             state, reason = "succeeded", "exited 0"
+        elif self.timed_out:
+            state, reason = "failed", "did not join the rendezvous before the start timeout"
         elif not control and code == LOST:
             state, reason = "lost", "connection lost without an exit status"
         elif self.stop_sent:

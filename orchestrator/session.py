@@ -20,14 +20,15 @@ from .launcher import Launch, RunOutcome, parallel
 from .plan import RunPlan, build_plan, resolve_plan
 from .render import plan_to_dict
 from .runs import RunDir, new_run_id
-from .spec import AUTO_PORT, ClusterSpec
+from .spec import AUTO_PORT, ClusterSpec, with_default_master
 from .transport import Transport, transport_for
 
 TransportFactory = Callable[..., Transport]
 
 
 def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None = None,
-       grace_s: float = 10.0, make_transport: TransportFactory = transport_for) -> tuple[RunOutcome, RunDir]:
+       grace_s: float = 10.0, start_timeout_s: float = 300.0, make_transport: TransportFactory = transport_for) -> tuple[RunOutcome, RunDir]:
+    spec = with_default_master(spec)
     run = RunDir.create(runs_dir, run_id or new_run_id(spec.name))
     run.write_text("cluster.yaml", spec.text)
     plan = build_plan(spec, run_id=os.path.basename(run.path), local_run_dir=run.path)
@@ -41,7 +42,8 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
         _record(run, plan, "running", started)
         build_bundle(run.file("bundle.tar.gz"), plan.script)
         outcome = Launch(plan, run, transports, console,
-                         bundle_path=run.file("bundle.tar.gz"), grace_s=grace_s).run()
+                         bundle_path=run.file("bundle.tar.gz"), grace_s=grace_s,
+                         start_timeout_s=start_timeout_s).run()
         result = _fetch_result(plan, transports[0], run)
         outcome = dataclasses.replace(outcome, result=result)
         return outcome, run

@@ -6,6 +6,7 @@ rank plan (``plan.py``) is computed from them by pure code.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -17,13 +18,14 @@ DEFAULT_PORT = 29500
 
 @dataclass(frozen=True)
 class SshSpec:
-    """SSH settings for one node; None means "ask ~/.ssh/config, then defaults"."""
+    """SSH settings for one node; None means "ask ~/.ssh/config, then defaults"
+    (host keys checked strictly, a 10 s connect timeout)."""
 
     user: str | None = None
     port: int | None = None
     identity_file: str | None = None
-    strict_host_keys: str = "yes"  # yes | accept-new
-    connect_timeout: float = 10.0
+    strict_host_keys: str | None = None  # yes | accept-new
+    connect_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,20 @@ class ClusterSpec:
     @property
     def world_size(self) -> int:
         return sum(node.nproc for node in self.nodes)
+
+
+def with_default_master(spec: ClusterSpec) -> ClusterSpec:
+    """Fill in ``master.addr`` from node 0 when the file leaves it out.
+
+    Node 0's host may be an alias from the controller's ``~/.ssh/config``
+    that the nodes cannot resolve, so the default is the ``HostName`` the
+    config gives it (reading a local file; no network). paramiko is
+    imported only in that case, so a dry-run with an explicit address stays
+    fast.
+    """
+    first = spec.nodes[0]
+    if spec.master_addr is not None or first.is_local:
+        return spec
+    from .sshconfig import config_hostname
+
+    return dataclasses.replace(spec, master_addr=config_hostname(first.host))

@@ -4,6 +4,7 @@ Stdlib only, one file: the controller copies it to every node next to the
 run's code, so a node needs nothing but Python and torch. Usage::
 
     python supervisor.py SPEC.json
+    python supervisor.py --down RUN_ID NODE_RANK GRACE_S   (used by `ddp-orch down`)
 
 Why it exists: torchrun starts each worker in a session of its own, so
 killing torchrun's process group leaves workers running (and holding GPUs).
@@ -41,8 +42,10 @@ PR_SET_CHILD_SUBREAPER = 36
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[1] == "--down":
+        return down(argv[2], argv[3], float(argv[4]))
     if len(argv) != 2:
-        print("usage: supervisor.py SPEC.json", file=sys.stderr)
+        print("usage: supervisor.py SPEC.json | --down RUN_ID NODE_RANK GRACE_S", file=sys.stderr)
         return 2
     with open(argv[1], encoding="utf-8") as fh:
         spec = json.load(fh)
@@ -133,56 +136,70 @@ class Supervisor:
             self.out.flush()
 
     def wait(self, pid: int) -> int | None:
-        """torchrun's exit code, or None once a stop is requested. Reaps orphans."""
+        """torchrun's exit code, or None once a stop is requested.
+
+        On the way it reports two milestones for the controller's start
+        timeout: ``joined`` once torchrun holds an established TCP connection
+        to the master port (its agent reached the rendezvous store), and
+        ``started`` once torchrun has spawned workers, which with the static
+        rendezvous happens only after every node has joined.
+        """
+        milestones = ["joined", "started"]
+        tick = 0
         while True:
+            tick += 1
             code = _reap(pid)
             if code is not None:
                 return code
+            if milestones and tick % 5 == 0:
+                self.check_milestones(pid, milestones)
             if self.stop_requested.wait(0.05):
                 return None
 
+    def check_milestones(self, pid: int, milestones: list[str]) -> None:
+        port = self.spec.get("master_port")
+        if milestones[0] == "joined" and port and _connected_to(pid, int(port)):
+            milestones.pop(0)
+            self.emit({"event": "joined"})
+        if milestones and milestones[0] == "started":
+            workers = [p for p, ppid, state in _proc_table() if ppid == pid and state != "Z"]
+            if workers:
+                milestones.pop(0)
+                self.emit({"event": "started", "workers": len(workers)})
+
     def teardown(self, pid: int, grace_s: float | None = None) -> int:
         """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""
-        grace_s = self.grace_s if grace_s is None else grace_s
-        code = None
-        _signal_all(self.processes(), signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            code = code if code is not None else _reap(pid)
-            if not self.processes():
-                break
-            time.sleep(0.05)
-        for _ in range(50):  # SIGKILL until nothing is left (new forks included)
-            left = self.processes()
-            if not left:
-                break
-            _signal_all(left, signal.SIGKILL)
-            time.sleep(0.02)
-            code = code if code is not None else _reap(pid)
-        if code is None:
+        codes: list[int] = []
+
+        def tick() -> None:
+            if not codes:
+                code = _reap(pid)
+                if code is not None:
+                    codes.append(code)
+
+        terminate(self.processes, self.grace_s if grace_s is None else grace_s, tick)
+        if not codes:
             code = _reap(pid, block=True)
-        return code if code is not None else 128 + signal.SIGKILL
+            codes.append(code if code is not None else 128 + signal.SIGKILL)
+        return codes[0]
 
     def processes(self) -> set[int]:
         """Live processes of this run on this node: descendants and marked ones."""
         me = os.getpid()
         children: dict[int, list[int]] = {}
-        marked = set()
         for pid, ppid, state in _proc_table():
             if state == "Z":
                 if ppid == me and pid != self.torchrun_pid:
                     _reap(pid)  # an orphan that re-parented to us (subreaper)
                 continue
             children.setdefault(ppid, []).append(pid)
-            if pid != me and _has_marker(pid, self.marker):
-                marked.add(pid)
         found, stack = set(), [me]
         while stack:
             for child in children.get(stack.pop(), ()):
                 if child not in found:
                     found.add(child)
                     stack.append(child)
-        return found | marked
+        return found | marked_processes(self.marker)
 
     def failures(self) -> list[dict]:
         """Worker failures from torchrun's error files, earliest first."""
@@ -211,6 +228,69 @@ class Supervisor:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(state, fh)
         os.replace(tmp, STATE_FILE)
+
+
+def terminate(find, grace_s: float, tick=lambda: None) -> set[int]:
+    """SIGTERM what ``find()`` returns, wait up to ``grace_s``, then SIGKILL
+    until nothing is left (new forks included). Returns every pid signalled."""
+    seen = set(find())
+    _signal_all(seen, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        tick()
+        left = find()
+        seen |= left
+        if not left:
+            return seen
+        time.sleep(0.05)
+    for _ in range(100):
+        left = find()
+        if not left:
+            break
+        seen |= left
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.02)
+        tick()
+    return seen
+
+
+def marked_processes(marker: tuple[str, ...]) -> set[int]:
+    """Live processes whose environment carries every ``NAME=value`` of ``marker``."""
+    me = os.getpid()
+    return {pid for pid, _ppid, state in _proc_table()
+            if state != "Z" and pid != me and _has_marker(pid, marker)}
+
+
+def down(run_id: str, node_rank: str, grace_s: float) -> int:
+    """``ddp-orch down``'s node side: end the run's processes found by marker."""
+    marker = (f"DDP_ORCH_RUN_ID={run_id}", f"DDP_ORCH_NODE_RANK={node_rank}")
+    killed = terminate(lambda: marked_processes(marker), grace_s)
+    print(json.dumps({"killed": sorted(killed)}))
+    return 0
+
+
+def _connected_to(pid: int, port: int) -> bool:
+    """Does ``pid`` hold an ESTABLISHED TCP connection to remote ``port``?"""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if fields[3] == "01" and remote_port == port and fields[9] in inodes:
+                return True
+    return False
 
 
 def _extract(bundle: str, run_dir: str) -> None:

@@ -28,3 +28,6 @@ def run_cli(*args: str, cwd: str | None = None, timeout: float = 300,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401  (fixtures for every test module)

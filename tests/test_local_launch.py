@@ -59,3 +59,17 @@ def test_a_failing_rank_stops_every_node_and_is_named(tmp_path):
     assert state["state"] == "failed"
     assert {o["node_rank"]: o["state"] for o in state["outcomes"]}[0] in ("stopped", "failed")
     assert wait_gone("failrun", 10) == set()
+
+
+def test_a_node_that_never_joins_is_named_after_the_start_timeout(tmp_path):
+    stuck = os.path.join(ROOT, "tests", "programs", "stuck-python")
+    cluster = tmp_path / "stuck.yaml"
+    cluster.write_text("nodes:\n  - {host: localhost, procs: 1}\n"
+                       f"  - {{host: localhost, procs: 1, python: {stuck}}}\n"
+                       "workload: {name: noop}\n")
+    result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"), "--run-id", "stuck",
+                     "--start-timeout", "8", "--grace", "1", timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "not joined: node 1 (localhost)" in result.stdout
+    assert "root cause: node 1 (localhost): did not join the rendezvous" in result.stdout
+    assert wait_gone("stuck", 10) == set()

@@ -24,4 +24,4 @@ def transport_for(node: NodePlan, *, strict_host_keys: str | None = None) -> Tra
         node.host, user=node.ssh.user, port=node.ssh.port,
         identity_file=node.ssh.identity_file,
         strict_host_keys=strict_host_keys or node.ssh.strict_host_keys,
-        connect_timeout=node.ssh.connect_timeout)
+        connect_timeout=node.ssh.connect_timeout)  # None: ~/.ssh/config, then defaults

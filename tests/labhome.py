@@ -1,0 +1,34 @@
+"""A throwaway $HOME whose ~/.ssh/config points at an SSH lab.
+
+The CLI then resolves lab hosts exactly as it would real ones: aliases,
+ports, users, keys and known_hosts all come from ~/.ssh/config.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from sshlab import SshLab
+
+
+def lab_home(lab: SshLab, root, *, omit_known: tuple = ()) -> dict[str, str]:
+    """Write ``root/home/.ssh/{config,known_hosts}``; return env for ``run_cli``."""
+    ssh_dir = root / "home" / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    known = lab.write_known_hosts(str(ssh_dir / "known_hosts"), omit=omit_known)
+    with open(lab.ssh_config, encoding="utf-8") as fh:
+        config = fh.read().replace(lab.known_hosts, known)
+    (ssh_dir / "config").write_text(config)
+    os.chmod(ssh_dir, 0o700)
+    return {"HOME": str(root / "home")}
+
+
+def lab_cluster(lab: SshLab, root, nodes: list[str], workload: str, *, extra: str = "",
+                name: str = "lab") -> str:
+    """A cluster file over lab aliases, with runs under ``root/remote``."""
+    text = (f"name: {name}\npython: {sys.executable}\nworkdir: {root / 'remote'}\n{extra}"
+            "nodes:\n" + "".join(f"  - {node}\n" for node in nodes) + workload)
+    path = root / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)

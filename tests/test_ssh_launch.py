@@ -1,0 +1,95 @@
+"""`ddp-orch up` across real sshd hosts on loopback (the SSH lab)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import ROOT, run_cli
+from labhome import lab_cluster, lab_home
+from procscan import wait_gone
+
+pytestmark = pytest.mark.live
+PROGRAMS = os.path.join(ROOT, "tests", "programs")
+HOSTILE = "it's \"quoted\" $(touch /tmp/ddp-orch-pwned) `id` ; rm -rf / \n second line \\ $HOME"
+
+
+@pytest.mark.parametrize("ssh_lab", [3], indirect=True)
+def test_seed_layout_over_two_ssh_hosts(ssh_lab, tmp_path):
+    """gpus 3,4,5 + 0,1,2,3 with device cpu: 7 processes, ranks as planned."""
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, gpus: '3,4,5'}",
+                                              "{host: node1, gpus: [0, 1, 2, 3]}"],
+                          "workload: {name: linear, args: {epochs: 1, samples: 700, "
+                          "global_batch_size: 35}}\n", extra="device: cpu\n", name="seed")
+    result = run_cli("up", cluster, "--run-id", "seed-layout", "--runs-dir", str(tmp_path / "runs"),
+                     env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    res = json.loads((tmp_path / "runs" / "seed-layout" / "result.json").read_text())
+    assert res["world_size"] == 7
+    table = sorted(res["rank_table"], key=lambda r: r["rank"])
+    assert [(r["rank"], r["node_rank"], r["local_rank"]) for r in table] == [
+        (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2), (6, 1, 3)]
+    assert {r["cuda_visible_devices"] for r in table[:3]} == {"3,4,5"}
+    assert {r["cuda_visible_devices"] for r in table[3:]} == {"0,1,2,3"}
+    assert "[node1 node1] [rank3]:" in result.stdout or "[node0 node0] [rank0]:" in result.stdout
+    assert (tmp_path / "remote" / "runs" / "seed-layout" / "node-1" / "code" / "workloads").is_dir()
+
+
+@pytest.mark.parametrize("ssh_lab", [3], indirect=True)
+def test_three_nodes_user_script_and_hostile_values_arrive_verbatim(ssh_lab, tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "echo_env.py"), tmp_path / "echo_env.py")
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(
+        ssh_lab, tmp_path, ["{host: node0, procs: 1}", "{host: node1, procs: 1}",
+                            "{host: node2, procs: 1}"],
+        "workload:\n  script: echo_env.py\n  args: {tag: " + json.dumps(HOSTILE) + "}\n",
+        extra="env:\n  HOSTILE: " + json.dumps(HOSTILE) + "\n", name="three")
+    if os.path.exists("/tmp/ddp-orch-pwned"):
+        os.unlink("/tmp/ddp-orch-pwned")
+    result = run_cli("up", cluster, "--run-id", "three", "--runs-dir", str(tmp_path / "runs"),
+                     env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    res = json.loads((tmp_path / "runs" / "three" / "result.json").read_text())
+    assert res["world_size"] == 3
+    for seen in res["ranks"]:
+        assert seen["hostile"] == HOSTILE
+        assert seen["argv"] == ["--tag", HOSTILE]
+        assert seen["node_rank"] == str(seen["rank"])
+    assert not os.path.exists("/tmp/ddp-orch-pwned")
+    summary = result.stdout.split("\nrun three: ")[1]
+    assert summary.startswith("SUCCEEDED")
+    for k in range(3):
+        assert f"  {k}     node{k}" in summary
+
+
+def test_unknown_host_key_is_refused_with_the_fix(ssh_lab, tmp_path):
+    env = lab_home(ssh_lab, tmp_path, omit_known=("node1",))
+    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 1}", "{host: node1, procs: 1}"],
+                          "workload: {name: noop}\n", name="hostkey")
+    result = run_cli("up", cluster, "--run-id", "hostkey", "--runs-dir", str(tmp_path / "runs"),
+                     env=env, timeout=120)
+    assert result.returncode == 1
+    assert "node 1 (node1)" in result.stderr and "host key" in result.stderr.lower()
+    assert "accept-new" in result.stderr and "Traceback" not in result.stderr
+    # nothing started anywhere: node 0 got no run directory
+    assert not (tmp_path / "remote" / "runs" / "hostkey" / "node-0" / "spec.json").exists()
+
+
+def test_a_worker_crash_on_node1_tears_down_node0(ssh_lab, tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "fail_on_rank.py"), tmp_path / "fail_on_rank.py")
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 2}", "{host: node1, procs: 1}"],
+                          "workload: {script: fail_on_rank.py, args: {rank: 2}}\n", name="crash")
+    result = run_cli("up", cluster, "--run-id", "crash", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", env=env, timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "root cause: node 1 (node1)" in result.stdout
+    assert "rank 2 (local rank 0) failed: RuntimeError: injected failure on rank 2" in result.stdout
+    assert wait_gone("crash", 15) == set()
+    state = json.loads((tmp_path / "runs" / "crash" / "state.json").read_text())
+    assert state["state"] == "failed"
+    assert (tmp_path / "runs" / "crash" / "node-0.log").stat().st_size > 0
