@@ -132,6 +132,36 @@ def _dry_run(spec: Any, run_id: str, runs_dir: str, fmt: str) -> None:
         click.echo(render_text(plan, source=spec.source), nl=False)
 
 
+@main.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(1, 3600),
+              help="Seconds each remote check may take.")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust (and record) the key of a host seen for the first time.")
+@friendly_errors
+def check(cluster_file: str, timeout: float, accept_new_host_keys: bool) -> None:
+    """Check every node of CLUSTER_FILE before a launch, in parallel.
+
+    SSH reach and auth, the python path, torch (and the same version
+    everywhere), the listed GPUs, a free master port on node 0, and a TCP
+    connection from every node to it. Exits 1 if anything fails.
+    """
+    from .preflight import run_checks
+    from .transport import transport_for
+
+    spec = with_default_master(load_cluster_file(cluster_file))
+    plan = build_plan(spec, run_id="check", local_run_dir="runs/check")
+    strict = "accept-new" if accept_new_host_keys else None
+    transports = {n.node_rank: transport_for(n, strict_host_keys=strict) for n in plan.nodes}
+    try:
+        report = run_checks(plan, transports, timeout)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    click.echo(report.render(), nl=False)
+    sys.exit(0 if report.ok else 1)
+
+
 @main.command("workloads")
 def list_workloads() -> None:
     """List the built-in workloads and their arguments."""

@@ -47,7 +47,9 @@ def parallel(fn: Callable[[T], object], items: Sequence[T], what: str,
     problems = []
     for item, future in futures:
         exc = future.exception()
-        if isinstance(exc, (LaunchError, TransportError, OSError)):
+        if isinstance(exc, TransportError):  # it names the host itself; the label does
+            problems.append(f"  {label(item)}: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
+        elif isinstance(exc, (LaunchError, OSError)):
             problems.append(f"  {label(item)}: {exc}")
         elif exc is not None:
             raise exc

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from . import supervisor
 from .console import Console
 from .plan import NodePlan
+from .render import scrub, secret_values
 from .runs import RunDir
 from .transport.base import ProcessHandle, Transport
 
@@ -85,11 +86,14 @@ class NodeHandle:
     def _relay_output(self) -> None:
         assert self.process is not None
         prefix = supervisor.CONTROL_PREFIX.encode()
+        secrets = secret_values(self.node.env)
         with open(self.run.node_log(self.node.node_rank), "ab") as log:
             for raw in iter(self.process.stdout.readline, b""):
                 if raw.startswith(prefix):
                     self._on_event(raw[len(prefix):])
                     continue
+                if secrets:
+                    raw = scrub(raw, secrets)
                 log.write(raw)
                 log.flush()
                 self.console.node_line(self.node.node_rank, self.node.host,

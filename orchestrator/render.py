@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from .plan import NodePlan, RunPlan
 from .spec import AUTO_PORT
+from .table import format_table
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 MASK = "********"
@@ -23,6 +24,18 @@ MASK = "********"
 def mask_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``env`` with the values of secret-looking names masked."""
     return {k: (MASK if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+def secret_values(env: Mapping[str, str]) -> tuple[bytes, ...]:
+    """The values to scrub from logs: those of secret-looking names, 4+ chars."""
+    return tuple(sorted({v.encode() for k, v in env.items()
+                         if SECRET_NAME.search(k) and len(v) >= 4}, key=len, reverse=True))
+
+
+def scrub(line: bytes, secrets: tuple[bytes, ...]) -> bytes:
+    for value in secrets:
+        line = line.replace(value, MASK.encode())
+    return line
 
 
 def shell_word(word: str) -> str:
@@ -94,9 +107,7 @@ def _rank_table(plan: RunPlan) -> str:
     rows = [("RANK", "NODE", "HOST", "LOCAL_RANK", "GPU")]
     rows += [(str(r.rank), str(r.node_rank), r.host, str(r.local_rank),
               "-" if r.gpu is None else str(r.gpu)) for r in plan.ranks]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-                     for row in rows)
+    return format_table(rows)
 
 
 def plan_to_dict(plan: RunPlan) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from .bundle import build_bundle
 from .console import Console
 from .launcher import Launch, RunOutcome, parallel
 from .plan import RunPlan, build_plan, resolve_plan
-from .render import plan_to_dict
+from .render import plan_to_dict, scrub, secret_values
 from .runs import RunDir, new_run_id
 from .spec import AUTO_PORT, ClusterSpec, with_default_master
-from .transport import Transport, transport_for
+from .transport import Transport, TransportError, transport_for
 
 TransportFactory = Callable[..., Transport]
 
@@ -30,7 +30,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
        grace_s: float = 10.0, start_timeout_s: float = 300.0, make_transport: TransportFactory = transport_for) -> tuple[RunOutcome, RunDir]:
     spec = with_default_master(spec)
     run = RunDir.create(runs_dir, run_id or new_run_id(spec.name))
-    run.write_text("cluster.yaml", spec.text)
+    run.write_text("cluster.yaml", _scrubbed_text(spec))
     plan = build_plan(spec, run_id=os.path.basename(run.path), local_run_dir=run.path)
     transports = {node.node_rank: make_transport(node) for node in plan.nodes}
     started = time.time()
@@ -45,12 +45,21 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
                          bundle_path=run.file("bundle.tar.gz"), grace_s=grace_s,
                          start_timeout_s=start_timeout_s).run()
         result = _fetch_result(plan, transports[0], run)
+        _fetch_error_files(plan, transports, outcome, run)
         outcome = dataclasses.replace(outcome, result=result)
         return outcome, run
     finally:
         _record(run, plan, outcome.state if outcome else "failed", started, outcome)
         for transport in transports.values():
             transport.close()
+
+
+def _scrubbed_text(spec: ClusterSpec) -> str:
+    """The cluster file as given, but with secret env values masked."""
+    secrets = set()
+    for node in spec.nodes:
+        secrets.update(secret_values(node.env))
+    return scrub(spec.text.encode(), tuple(sorted(secrets, key=len, reverse=True))).decode()
 
 
 def _resolve(plan: RunPlan, transports: Mapping[int, Transport]) -> RunPlan:
@@ -75,6 +84,20 @@ def _fetch_result(plan: RunPlan, node0: Transport, run: RunDir) -> dict | None:
     if node0.get_file(plan.nodes[0].result_file, run.file("result.json")):
         return run.read_json("result.json")
     return None
+
+
+def _fetch_error_files(plan: RunPlan, transports: Mapping[int, Transport], outcome: RunOutcome,
+                      run: RunDir) -> None:
+    """Copy torchrun's error files of failed nodes to errors/node-<k>/ (best effort)."""
+    for node_outcome in outcome.nodes:
+        node = plan.nodes[node_outcome.node_rank]
+        for failure in node_outcome.failures:
+            local = run.file(f"errors/node-{node.node_rank}/rank-"
+                             f"{node.first_rank + failure['local_rank']}.json")
+            try:
+                transports[node.node_rank].get_file(f"{node.run_dir}/{failure['error_file']}", local)
+            except (TransportError, OSError):
+                pass
 
 
 def _record(run: RunDir, plan: RunPlan, state: str, started: float,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .launcher import RunOutcome
+from .table import format_table
 
 _KEY_METRICS = 8
 
@@ -15,9 +16,7 @@ def render_summary(outcome: RunOutcome, run_path: str) -> str:
     for node in outcome.nodes:
         rows.append((str(node.node_rank), node.host, node.state,
                      "-" if node.exit_code is None else str(node.exit_code), node.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for row in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
+    lines.append(format_table(rows, indent="  "))
     root = outcome.root_cause
     if root is not None:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")

@@ -73,3 +73,17 @@ def test_a_node_that_never_joins_is_named_after_the_start_timeout(tmp_path):
     assert "not joined: node 1 (localhost)" in result.stdout
     assert "root cause: node 1 (localhost): did not join the rendezvous" in result.stdout
     assert wait_gone("stuck", 10) == set()
+
+
+def test_secret_values_are_masked_in_logs_output_and_stored_plan(tmp_path):
+    shutil.copy(os.path.join(ROOT, "tests", "programs", "print_secret.py"), tmp_path)
+    cluster = tmp_path / "secret.yaml"
+    cluster.write_text("env: {HF_TOKEN: hf_s3cr3t_value}\nnodes:\n  - {host: localhost, procs: 1}\n"
+                       "workload: {script: print_secret.py}\n")
+    result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"), "--run-id", "sec")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = tmp_path / "runs" / "sec"
+    assert "token is ********" in result.stdout
+    for name in ("node-0.log", "plan.json", "state.json", "cluster.yaml"):
+        assert "hf_s3cr3t_value" not in (run / name).read_text()
+    assert "token is ********" in (run / "node-0.log").read_text()

@@ -93,3 +93,5 @@ def test_a_worker_crash_on_node1_tears_down_node0(ssh_lab, tmp_path):
     state = json.loads((tmp_path / "runs" / "crash" / "state.json").read_text())
     assert state["state"] == "failed"
     assert (tmp_path / "runs" / "crash" / "node-0.log").stat().st_size > 0
+    error = json.loads((tmp_path / "runs" / "crash" / "errors" / "node-1" / "rank-2.json").read_text())
+    assert "injected failure on rank 2" in json.dumps(error)
