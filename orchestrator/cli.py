@@ -8,6 +8,7 @@ traceback for user mistakes.
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ import yaml
 
 from . import __version__
 from .console import Console
+from .cli_runs import COMMANDS
 from .errors import ConfigError, OrchestratorError
 from .loader import load_cluster_file
 from .localmode import local_spec, with_args
@@ -33,7 +35,16 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except OrchestratorError as exc:
             click.echo(f"ddp-orch: error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("ddp-orch: interrupted", err=True)
+            sys.exit(130)
     return wrapper
+
+
+def friendly_errors_command(command: click.Command) -> click.Command:
+    """Wrap an imported command's callback with ``friendly_errors``."""
+    command.callback = friendly_errors(command.callback)
+    return command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -111,6 +122,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload:
     from .transport import transport_for
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
+    signal.signal(signal.SIGTERM, _interrupt)  # `ddp-orch down`, kill: tear down like Ctrl-C
     outcome, run = launch_up(spec, runs_dir=runs_dir, console=console, run_id=run_id,
                              grace_s=grace, start_timeout_s=start_timeout,
                              make_transport=functools.partial(
@@ -118,6 +130,10 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload:
                                  strict_host_keys="accept-new" if accept_new_host_keys else None))
     console.always(render_summary(outcome, run.path))
     sys.exit(0 if outcome.ok else 130 if outcome.state == "interrupted" else 1)
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _dry_run(spec: Any, run_id: str, runs_dir: str, fmt: str) -> None:
@@ -175,6 +191,9 @@ def list_workloads() -> None:
                        f" {arg.help}{choices}")
         click.echo("")
 
+
+for _command in COMMANDS:
+    main.add_command(friendly_errors_command(_command))
 
 if __name__ == "__main__":
     main()

@@ -122,19 +122,21 @@ class Launch:
             handle.stop()
 
     def _teardown(self) -> None:
-        """Stop what still runs: graceful first, then cut; a 2nd Ctrl-C cuts at once."""
+        """Stop what still runs: gracefully, then SIGKILL through the
+        supervisors, then cut them off. A 2nd Ctrl-C skips the grace period."""
         running = [h for h in self.handles if h.process is not None and h.poll() is None]
         if not running:
             return
         try:
             for handle in running:
                 handle.stop()
-            deadline = time.monotonic() + self.grace_s + 5.0
-            while time.monotonic() < deadline and any(h.poll() is None for h in running):
-                time.sleep(0.05)
+            _wait_all(running, self.grace_s + 5.0)
         except KeyboardInterrupt:
             self.console.always("ddp-orch: second interrupt; killing now")
         finally:
+            for handle in running:
+                handle.kill()
+            _wait_all(running, 5.0)
             for handle in running:
                 handle.abort()
 
@@ -153,3 +155,9 @@ class Launch:
 
 def _label(handle: NodeHandle) -> str:
     return f"node {handle.node.node_rank} ({handle.node.host})"
+
+
+def _wait_all(handles: list[NodeHandle], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(h.poll() is None for h in handles):
+        time.sleep(0.05)

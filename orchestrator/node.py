@@ -120,13 +120,20 @@ class NodeHandle:
         return code
 
     def stop(self) -> None:
-        """Ask the supervisor for a graceful teardown (it also stops on EOF)."""
+        """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL)."""
         if self.process is not None and self.poll() is None and not self.stop_sent:
             self.stop_sent = True
             self.process.send(b"stop\n")
+
+    def kill(self) -> None:
+        """Ask the supervisor to SIGKILL the run now; closing stdin backs it up."""
+        if self.process is not None and self.poll() is None:
+            self.stop_sent = True
+            self.process.send(b"kill\n")
             self.process.close_stdin()
 
     def abort(self) -> None:
+        """Cut the supervisor off. Last resort: only it can reach the workers."""
         if self.process is not None and self.poll() is None:
             self.process.abort()
 

@@ -36,6 +36,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
     started = time.time()
     _record(run, plan, "starting", started)
     outcome = None
+    final_state = "failed"
     try:
         plan = _resolve(plan, transports)
         run.write_json("plan.json", plan_to_dict(plan))
@@ -47,9 +48,13 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
         result = _fetch_result(plan, transports[0], run)
         _fetch_error_files(plan, transports, outcome, run)
         outcome = dataclasses.replace(outcome, result=result)
+        final_state = outcome.state
         return outcome, run
+    except KeyboardInterrupt:
+        final_state = "interrupted"  # before the nodes started: nothing to tear down
+        raise
     finally:
-        _record(run, plan, outcome.state if outcome else "failed", started, outcome)
+        _record(run, plan, final_state, started, outcome)
         for transport in transports.values():
             transport.close()
 

@@ -61,6 +61,7 @@ class Supervisor:
         self.grace_s = float(spec.get("grace_s", 10.0))
         self.stop_reason = ""
         self.stop_requested = threading.Event()
+        self.hurry = threading.Event()  # skip the grace period: SIGKILL now
         self.out = sys.stdout.buffer
         self.out_lock = threading.Lock()
         self.torchrun_pid = -1
@@ -103,7 +104,8 @@ class Supervisor:
             self.stop_requested.set()
 
     def watch_stdin(self) -> None:
-        """``stop`` means stop; EOF means the controller is gone: stop too.
+        """``stop``: graceful teardown; ``kill``: no grace; EOF (the controller
+        is gone): graceful teardown too.
 
         Raw ``os.read`` on fd 0, not ``sys.stdin``: a daemon thread blocked
         in a buffered read aborts the interpreter at exit.
@@ -117,11 +119,14 @@ class Supervisor:
             if not chunk:
                 self.request_stop("lost the controller (stdin closed)")
                 return
-            pending += chunk
-            if b"stop" in pending.split(b"\n"):
-                self.request_stop("stopped by the controller")
-                return
-            pending = pending[-16:]
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in (l.strip() for l in lines):
+                if line == b"stop":
+                    self.request_stop("stopped by the controller")
+                elif line == b"kill":
+                    self.request_stop("killed by the controller")
+                    self.hurry.set()
+                    return
 
     def relay(self, stream) -> None:
         for chunk in iter(lambda: stream.read1(65536), b""):
@@ -177,7 +182,8 @@ class Supervisor:
                 if code is not None:
                     codes.append(code)
 
-        terminate(self.processes, self.grace_s if grace_s is None else grace_s, tick)
+        terminate(self.processes, self.grace_s if grace_s is None else grace_s, tick,
+                  hurry=self.hurry)
         if not codes:
             code = _reap(pid, block=True)
             codes.append(code if code is not None else 128 + signal.SIGKILL)
@@ -230,13 +236,15 @@ class Supervisor:
         os.replace(tmp, STATE_FILE)
 
 
-def terminate(find, grace_s: float, tick=lambda: None) -> set[int]:
-    """SIGTERM what ``find()`` returns, wait up to ``grace_s``, then SIGKILL
-    until nothing is left (new forks included). Returns every pid signalled."""
+def terminate(find, grace_s: float, tick=lambda: None,
+              hurry: threading.Event | None = None) -> set[int]:
+    """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (cut short when
+    ``hurry`` is set), then SIGKILL until nothing is left (new forks
+    included). Returns every pid signalled."""
     seen = set(find())
     _signal_all(seen, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (hurry and hurry.is_set()):
         tick()
         left = find()
         seen |= left
