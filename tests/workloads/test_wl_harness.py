@@ -1,0 +1,270 @@
+"""Unit tests of the harness pieces that need no process group."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from workloads.harness import data as hdata
+from workloads.harness import datasets
+from workloads.harness.context import ConfigError, read_context, resolve_device
+from workloads.harness.timing import CappedSeries, StepTimer
+
+TORCHRUN_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1",
+                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+                "CUDA_VISIBLE_DEVICES": "2,3", "DDP_ORCH_RUN_ID": "r-7",
+                "DDP_ORCH_RESULT_FILE": "/x/result.json"}
+
+
+def no_gpu() -> int:
+    return 0
+
+
+def two_gpus() -> int:
+    return 2
+
+
+def must_not_ask() -> int:
+    raise AssertionError("a cpu run must not query CUDA")
+
+
+# --- context ---------------------------------------------------------------
+
+def test_context_reads_torchrun_and_orchestrator_variables():
+    ctx = read_context(TORCHRUN_ENV, cuda_devices=two_gpus, hostname="h1")
+    assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.node_rank, ctx.local_world_size) \
+        == (3, 1, 4, 1, 2)
+    assert (ctx.device, ctx.backend) == ("cuda:1", "nccl")
+    assert ctx.launched and not ctx.is_rank0
+    assert ctx.cuda_visible_devices == "2,3" and ctx.run_id == "r-7"
+    assert ctx.result_file == "/x/result.json" and ctx.hostname == "h1"
+
+
+def test_context_device_cpu_ignores_visible_gpus():
+    env = {**TORCHRUN_ENV, "DDP_ORCH_DEVICE": "cpu"}
+    ctx = read_context(env, cuda_devices=must_not_ask)
+    assert (ctx.device, ctx.backend) == ("cpu", "gloo")
+    assert ctx.cuda_visible_devices == "2,3"  # still reported, just not used
+
+
+def test_device_flag_overrides_the_environment():
+    env = {**TORCHRUN_ENV, "DDP_ORCH_DEVICE": "cuda"}
+    assert read_context(env, "cpu", cuda_devices=must_not_ask).device == "cpu"
+
+
+def test_context_alone_is_a_job_of_one():
+    ctx = read_context({}, cuda_devices=no_gpu)
+    assert (ctx.rank, ctx.world_size, ctx.node_rank, ctx.launched) == (0, 1, 0, False)
+    assert ctx.is_rank0 and ctx.device == "cpu" and ctx.requested_device == "auto"
+    assert ctx.result_file is None and ctx.run_id is None
+
+
+def test_context_is_frozen():
+    ctx = read_context({}, cuda_devices=no_gpu)
+    with pytest.raises(AttributeError):
+        ctx.rank = 1  # type: ignore[misc]
+
+
+def test_read_context_does_not_touch_os_environ():
+    before = dict(os.environ)
+    read_context(TORCHRUN_ENV, cuda_devices=two_gpus)
+    assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize("requested,local_rank,gpus,expected", [
+    ("auto", 0, 0, ("cpu", "gloo")),
+    ("auto", 1, 2, ("cuda:1", "nccl")),
+    ("cuda", 0, 1, ("cuda:0", "nccl")),
+])
+def test_resolve_device(requested, local_rank, gpus, expected):
+    assert resolve_device(requested, local_rank, lambda: gpus) == expected
+
+
+@pytest.mark.parametrize("requested,local_rank,gpus,message", [
+    ("cuda", 0, 0, "no CUDA device"),
+    ("auto", 2, 2, "only 2 CUDA device"),
+    ("gpu", 0, 0, "device must be one of"),
+])
+def test_resolve_device_refuses_clearly(requested, local_rank, gpus, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_device(requested, local_rank, lambda: gpus)
+
+
+# --- data splitting and seeding ---------------------------------------------
+
+def test_global_batch_is_split_or_refused():
+    assert hdata.per_rank_batch(32, 2) == 16
+    assert hdata.per_rank_batch(32, 1) == 32
+    with pytest.raises(ConfigError, match="not divisible by the world size 3"):
+        hdata.per_rank_batch(32, 3)
+    with pytest.raises(ConfigError):
+        hdata.per_rank_batch(0, 1)
+
+
+def test_lr_scaling_is_explicit():
+    assert hdata.scaled_lr(0.01, "none", 4) == 0.01
+    assert hdata.scaled_lr(0.01, "linear", 4) == pytest.approx(0.04)
+    with pytest.raises(ConfigError):
+        hdata.scaled_lr(0.01, "sqrt", 4)
+
+
+def test_epoch_seeds_differ_per_rank_and_epoch_and_repeat():
+    seeds = {hdata.epoch_seed(42, r, e) for r in range(8) for e in range(50)}
+    assert len(seeds) == 400
+    assert hdata.epoch_seed(42, 1, 3) == hdata.epoch_seed(42, 1, 3)
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_shard_sampler_covers_each_index_exactly_once():
+    data = list(range(11))
+    shards = [list(hdata.ShardSampler(data, r, 4)) for r in range(4)]
+    assert sorted(i for s in shards for i in s) == data
+    assert [len(s) for s in shards] == [3, 3, 3, 2]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_distributed_shards_union_to_the_single_process_batches(shuffle):
+    """The property the DDP/single-process equivalence rests on."""
+    from torch.utils.data import DistributedSampler
+
+    n, world, batch = 24, 2, 4
+    single = list(DistributedSampler(range(n), num_replicas=1, rank=0, seed=5,
+                                     shuffle=shuffle))
+    shards = [list(DistributedSampler(range(n), num_replicas=world, rank=r, seed=5,
+                                      shuffle=shuffle)) for r in range(world)]
+    per = batch // world
+    for k in range(n // batch):
+        union = sorted(i for s in shards for i in s[k * per:(k + 1) * per])
+        assert union == sorted(single[k * batch:(k + 1) * batch])
+
+
+# --- timing -----------------------------------------------------------------
+
+def test_capped_series_strides_evenly_and_stays_bounded():
+    series = CappedSeries(cap=10)
+    for step in range(1000):
+        series.add(step, float(step))
+    rows = series.rows
+    assert 5 <= len(rows) <= 10
+    steps = [r[0] for r in rows]
+    assert steps[0] == 0 and len({b - a for a, b in zip(steps, steps[1:])}) == 1
+
+
+def test_step_timer_summary():
+    timer = StepTimer(cap=4)
+    for step in range(10):
+        timer.record(step, 0.01, 0.03)
+    s = timer.summary(global_samples=320)
+    assert s["steps"] == 10
+    assert s["avg_data_s"] == pytest.approx(0.01)
+    assert s["avg_compute_s"] == pytest.approx(0.03)
+    assert s["avg_batch_s"] == pytest.approx(0.04)
+    assert s["samples_per_s"] == pytest.approx(800)
+    assert len(s["series"]["rows"]) <= 4 and s["series"]["columns"][0] == "step"
+
+
+# --- datasets -----------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", [datasets.MNIST, datasets.CIFAR10])
+def test_synthetic_images_have_the_real_shape_and_are_deterministic(spec):
+    a = datasets.SyntheticImages(spec, 50, "train")
+    b = datasets.SyntheticImages(spec, 50, "train")
+    x, y = a[7]
+    assert tuple(x.shape) == spec.shape and 0 <= y < spec.num_classes
+    assert torch.equal(x, b[7][0]) and y == b[7][1]
+    assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+    assert not torch.equal(a[0][0], a[1][0])
+
+
+def test_synthetic_images_are_learnable():
+    """Nearest class mean (fitted on train) beats chance by far on test."""
+    spec = datasets.CIFAR10
+    train = datasets.SyntheticImages(spec, 300, "train")
+    test = datasets.SyntheticImages(spec, 100, "test")
+    xs = torch.stack([train[i][0] for i in range(len(train))]).flatten(1)
+    ys = torch.tensor([train[i][1] for i in range(len(train))])
+    means = torch.stack([xs[ys == c].mean(0) for c in range(10)])
+    xt = torch.stack([test[i][0] for i in range(len(test))]).flatten(1)
+    yt = torch.tensor([test[i][1] for i in range(len(test))])
+    accuracy = (torch.cdist(xt, means).argmin(1) == yt).float().mean().item()
+    assert accuracy > 0.5
+
+
+def test_pipeline_resizes_normalises_and_augments():
+    pipe = datasets.ImagePipeline(datasets.CIFAR10, image_size=16, augment=True)
+    out = pipe(torch.rand(3, 32, 32))
+    assert tuple(out.shape) == (3, 16, 16)
+    torch.manual_seed(0)
+    first = pipe(torch.rand(3, 32, 32))
+    assert torch.isfinite(first).all()
+
+
+def test_empty_data_dir_falls_back_to_labelled_synthetic(tmp_path):
+    d = datasets.load(datasets.MNIST, str(tmp_path), "auto", train_samples=30, test_samples=10)
+    assert d.data == "synthetic" and "SYNTHETIC" in d.source
+    assert (len(d.train), len(d.test)) == (30, 10)
+
+
+def test_data_real_without_files_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="--data real"):
+        datasets.load(datasets.CIFAR10, str(tmp_path), "real")
+
+
+def test_tiny_real_datasets_load_through_torchvision(tiny_data):
+    mnist = datasets.load(datasets.MNIST, tiny_data, "auto")
+    assert mnist.data == "real" and (len(mnist.train), len(mnist.test)) == (48, 20)
+    x, y = mnist.train[0]
+    assert tuple(x.shape) == (1, 28, 28) and isinstance(y, int)
+    cifar = datasets.load(datasets.CIFAR10, tiny_data, "real", image_size=24, train_samples=25)
+    assert cifar.data == "real" and cifar.verified is False and "NOT verified" in cifar.source
+    assert (len(cifar.train), len(cifar.test)) == (25, 20)
+    assert tuple(cifar.train[3][0].shape) == (3, 24, 24)
+
+
+def test_data_synthetic_ignores_present_files(tiny_data):
+    assert datasets.load(datasets.MNIST, tiny_data, "synthetic").data == "synthetic"
+
+
+def test_incomplete_cifar_folder_is_an_error_not_a_fallback(tiny_data, tmp_path):
+    import shutil
+
+    shutil.copytree(os.path.join(tiny_data, "cifar-10-batches-py"),
+                    tmp_path / "cifar-10-batches-py")
+    os.unlink(tmp_path / "cifar-10-batches-py" / "data_batch_3")
+    with pytest.raises(ConfigError, match="incomplete"):
+        datasets.load(datasets.CIFAR10, str(tmp_path), "auto")
+
+
+def test_unverified_cifar_reads_the_genuine_pickle_layout(tiny_data):
+    import pickle
+
+    from workloads.harness.vision import UnverifiedCIFAR10
+
+    ds = UnverifiedCIFAR10(tiny_data, train=False, download=False)
+    with open(os.path.join(tiny_data, "cifar-10-batches-py", "test_batch"), "rb") as fh:
+        raw = pickle.load(fh, encoding="latin1")
+    assert ds.targets == raw["labels"]
+    # channel-major rows -> HWC images, exactly as torchvision decodes the real files
+    assert (ds.data[0][..., 0].flatten() == raw["data"][0][:1024]).all()
+    assert ds.classes[0] == "airplane"
+
+
+def test_seed_epoch_gives_each_rank_its_own_repeatable_worker_stream():
+    """Seed 004's point: rank 0 and rank 1 must not draw the same augmentations."""
+    from torch.utils.data import TensorDataset
+
+    data = TensorDataset(torch.arange(8.0))
+
+    def worker_base_seed(rank: int, epoch: int) -> int:
+        env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)}
+        ctx = read_context(env, "cpu")
+        loader = hdata.train_loader(data, ctx, 2, seed=42)
+        hdata.seed_epoch(loader, ctx, seed=42, epoch=epoch)
+        # what DataLoader draws from the loader's generator to seed its workers
+        return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator))
+
+    assert worker_base_seed(0, 0) != worker_base_seed(1, 0)
+    assert worker_base_seed(0, 0) != worker_base_seed(0, 1)
+    assert worker_base_seed(1, 3) == worker_base_seed(1, 3)

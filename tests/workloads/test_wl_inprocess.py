@@ -1,0 +1,136 @@
+"""Harness behaviour inside a one-process gloo group (no torchrun, no subprocess)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.harness import data as hdata
+from workloads.harness.context import ConfigError, process_group, read_context
+from workloads.harness.report import RankZeroLog
+from workloads.harness.train import Trainer, evaluate, make_step, resolve_amp, wrap_ddp
+
+
+@pytest.fixture
+def ctx():
+    """A world of one on the CPU, with its process group open for the test."""
+    c = read_context({}, "cpu")
+    with process_group(c):
+        yield c
+
+
+def linear_data(n: int = 100):
+    from workloads.linear import make_dataset
+
+    return make_dataset(n, seed=0)
+
+
+def make_trainer(ctx, **kw) -> tuple[Trainer, nn.Module]:
+    torch.manual_seed(0)
+    model = nn.Linear(1, 1)
+    ddp = wrap_ddp(model, ctx)
+    loader = hdata.train_loader(linear_data(), ctx, 10, seed=1)
+    step = make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), nn.MSELoss())
+    return Trainer(ctx, loader, step, RankZeroLog(ctx, "t"), seed=1, **kw), model
+
+
+def test_trainer_runs_whole_epochs(ctx, capsys):
+    trainer, model = make_trainer(ctx, epochs=3)
+    trainer.run()
+    assert (trainer.step, trainer.epoch, trainer.epoch_complete) == (30, 3, True)
+    assert trainer.timer.steps == 30 and trainer.global_samples() == 300
+    assert len(trainer.loss_curve.rows) == 30  # curve every len(loader)//10 = 1 step
+    assert trainer.loss_curve.rows[-1][1] < trainer.loss_curve.rows[0][1]
+    lines = [l for l in capsys.readouterr().out.splitlines() if "epoch" in l]
+    assert len(lines) == 3 and lines[0].startswith("[t] epoch 1/3 step 10 loss")
+
+
+def test_trainer_stops_at_max_steps_mid_epoch(ctx):
+    trainer, _ = make_trainer(ctx, epochs=5, max_steps=15)
+    trainer.run()
+    assert trainer.stopped and trainer.step == 15
+    assert trainer.epoch == 1 and not trainer.epoch_complete  # only one full epoch done
+
+
+def test_trainer_log_every_prints_per_n_steps(ctx, capsys):
+    trainer, _ = make_trainer(ctx, epochs=1, log_every=4)
+    trainer.run()
+    steps = [l.split(" step ")[1].split()[0] for l in capsys.readouterr().out.splitlines()]
+    assert steps == ["4", "8", "10"]
+
+
+def test_trainer_resumes_step_and_epoch_counters(ctx):
+    trainer, _ = make_trainer(ctx, epochs=3, start_epoch=2, start_step=20)
+    trainer.run()
+    assert (trainer.step, trainer.epoch, trainer.timer.steps) == (30, 3, 10)
+
+
+def test_evaluate_counts_every_example_once(ctx):
+    from torch.utils.data import TensorDataset
+
+    x = torch.randn(11, 2)
+    y = (x[:, 0] > 0).long()
+    model = nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
+        model.bias.zero_()
+    ev = evaluate(ctx, model, hdata.eval_loader(TensorDataset(x, y), ctx, 4))
+    assert (ev["correct"], ev["total"], ev["accuracy"]) == (11, 11, 1.0)
+    assert model.training  # mode restored
+
+
+def test_amp_policy_on_cpu():
+    cpu = read_context({}, "cpu")
+    assert resolve_amp("auto", cpu).dtype is None
+    assert resolve_amp("off", cpu).scaler is None
+    assert resolve_amp("bf16", cpu).dtype is torch.bfloat16
+    with pytest.raises(ConfigError, match="fp16 needs CUDA"):
+        resolve_amp("fp16", cpu)
+
+
+def test_bf16_autocast_step_on_the_mnist_convnet(ctx):
+    from workloads.mnist import ConvNet
+
+    torch.manual_seed(0)
+    model = ConvNet()
+    ddp = wrap_ddp(model, ctx)
+    step = make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), F.cross_entropy,
+                     resolve_amp("bf16", ctx))
+    loss, out = step(torch.randn(4, 1, 28, 28), torch.tensor([0, 1, 2, 3]))
+    assert math.isfinite(loss.item()) and out.dtype == torch.bfloat16
+
+
+def test_sync_bn_is_cuda_only_with_a_reason():
+    from workloads.mnist import sync_bn_choice
+
+    use, reason = sync_bn_choice(read_context({}, "cpu"), True)
+    assert use is False and "CUDA" in reason
+    assert sync_bn_choice(read_context({}, "cpu"), False) == (False, "disabled by --no-sync-bn")
+
+
+def test_checkpoint_save_is_atomic_and_loads_back(ctx, tmp_path):
+    from workloads.mnist import load_checkpoint, save_checkpoint
+
+    path = str(tmp_path / "sub" / "ck.pt")
+    save_checkpoint(path, {"epoch": 1, "step": 5, "model": {"w": torch.ones(2)}})
+    assert os.listdir(tmp_path / "sub") == ["ck.pt"]  # no temp file left behind
+    state = load_checkpoint(ctx, path)
+    assert state["epoch"] == 1 and torch.equal(state["model"]["w"], torch.ones(2))
+    with pytest.raises(ConfigError, match="cannot resume"):
+        load_checkpoint(ctx, str(tmp_path / "missing.pt"))
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "world size 2"),
+    ({}, "at least 2 visible CUDA devices"),
+])
+def test_mlp_dp_mode_refuses_what_it_cannot_do(env, message):
+    from workloads.mlp import check_dp
+
+    with pytest.raises(ConfigError, match=message):
+        check_dp(read_context(env, "cpu"))

@@ -1,0 +1,170 @@
+"""Live runs: each workload under torchrun with 2 CPU processes, as ddp-orch launches it.
+
+Small on purpose (a few steps, tiny images): CI has two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from wl_support import (TIMEOUT_S, _finish, check_complete, free_port, run_alone,
+                        run_torchrun, workload_env)
+
+pytestmark = pytest.mark.live
+
+
+def test_noop_across_two_simulated_nodes_with_static_rendezvous(tmp_path):
+    """The exact launch ddp-orch uses, one torchrun per "node", device cpu."""
+    port = str(free_port())
+    result_file = str(tmp_path / "result.json")
+    procs = []
+    for node, gpus in ((0, "3"), (1, "0")):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--node-rank", str(node), "--nproc-per-node", "1",
+               "--master-addr", "127.0.0.1", "--master-port", port,
+               "--rdzv-backend", "static", "--max-restarts", "0",
+               "--log-dir", str(tmp_path / f"logs{node}"), "-m", "workloads.noop"]
+        env = workload_env(result_file if node == 0 else str(tmp_path / "node1.json"),
+                           CUDA_VISIBLE_DEVICES=gpus, DDP_ORCH_RUN_ID="run-42")
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"{out}\n{err[-3000:]}"
+    result = _finish(subprocess.CompletedProcess([], 0, outs[0][0], outs[0][1]),
+                     result_file).check()
+    check_complete(result, "noop", 2)
+    assert not os.path.exists(tmp_path / "node1.json")  # only global rank 0 writes
+    table = result["rank_table"]
+    assert [(r["node_rank"], r["local_rank"]) for r in table] == [(0, 0), (1, 0)]
+    assert [r["cuda_visible_devices"] for r in table] == ["3", "0"]
+    assert all(r["device"] == "cpu" for r in table)
+    assert result["metrics"]["all_reduce_value"] == 2.0
+    assert result["run_id"] == "run-42" and result["nodes"] == 2
+    assert result["data"] == "none" and result["backend"] == "gloo"
+    assert "[noop run-42] data=none" in outs[0][0]
+
+
+def test_noop_alone_only_prints_a_summary(tmp_path):
+    run = run_alone(tmp_path, "noop", name=None)
+    assert run.returncode == 0, run.stderr
+    assert "summary" in run.stdout and "no result file" in run.stdout
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_config_fails_fast_with_torchrun_error_files(tmp_path):
+    """@record puts the ConfigError's message in each rank's error file."""
+    import glob
+    import json
+
+    logs = tmp_path / "logs"
+    run = run_torchrun(tmp_path, "linear", "--global-batch-size", "3",
+                       launcher_args=("--log-dir", str(logs)))
+    assert run.returncode != 0 and run.result is None
+    files = sorted(glob.glob(str(logs / "**" / "error.json"), recursive=True))
+    # the first rank to fail gets the other one killed, possibly before it writes
+    assert 1 <= len(files) <= 2
+    for path in files:
+        with open(path, encoding="utf-8") as fh:
+            message = json.load(fh)["message"]["message"]
+        assert "ConfigError: --global-batch-size 3 is not divisible by the world size 2" in message
+
+
+def test_linear_converges_and_equals_a_single_process_run(tmp_path):
+    """Seed 001's averaging math: 2 ranks x batch 16 == 1 process x batch 32."""
+    args = ("--samples", "2000", "--epochs", "10", "--global-batch-size", "32")
+    ddp = run_torchrun(tmp_path, "linear", *args, name="ddp").check()
+    single = run_alone(tmp_path, "linear", *args, name="single").check()
+    check_complete(ddp, "linear", 2)
+    check_complete(single, "linear", 1)
+    w, b = ddp["metrics"]["w"], ddp["metrics"]["b"]
+    assert abs(w - 2) < 0.05 and abs(b - 3) < 0.05
+    assert ddp["metrics"]["per_rank_batch"] == 16 and single["metrics"]["per_rank_batch"] == 32
+    assert ddp["timing"]["steps"] == single["timing"]["steps"] == 630
+    assert abs(w - single["metrics"]["w"]) < 1e-5 and abs(b - single["metrics"]["b"]) < 1e-5
+    assert ddp["data"] == "generated" and ddp["init_replicas_identical"]
+    timing = ddp["timing"]
+    assert timing["samples"] == 20000 and timing["samples_per_s"] > 0
+    assert 0 < len(timing["series"]["rows"]) <= 1000
+    assert ddp["loss_curve"] and ddp["loss_curve"][-1][0] == 630
+
+
+def test_toy_accuracy_is_reduced_over_all_ranks(tmp_path):
+    result = run_torchrun(tmp_path, "toy").check()
+    check_complete(result, "toy", 2)
+    m = result["metrics"]
+    # every example counted once over both ranks, despite the sampler's padding
+    assert (m["train_total"], m["test_total"]) == (5, 2)
+    assert m["train_accuracy"] >= 0.8 and m["test_accuracy"] >= 0.5
+    assert m["train_correct"] == round(m["train_accuracy"] * 5)
+
+
+def test_mlp_on_tiny_real_cifar10(tmp_path, tiny_data):
+    result = run_torchrun(tmp_path, "mlp", "--data-dir", tiny_data, "--epochs", "2",
+                          "--global-batch-size", "8", "--num-workers", "0").check()
+    check_complete(result, "mlp", 2)
+    assert result["data"] == "real" and result["data_verified"] is False
+    assert result["mode"] == "ddp" and result["versions"]["torchvision"]
+    assert result["metrics"]["test_total"] == 20
+    assert len(result["test_curve"]) == 2
+
+
+def test_mlp_dp_mode_refuses_without_gpus(tmp_path):
+    run = run_alone(tmp_path, "mlp", "--mode", "dp")
+    assert run.returncode != 0 and run.result is None
+    assert "--mode dp needs at least 2 visible CUDA devices" in run.stderr
+
+
+def test_mnist_resume_continues_exactly(tmp_path, tiny_data):
+    common = ("--data-dir", tiny_data, "--global-batch-size", "8", "--lr", "0.01",
+              "--momentum", "0.9", "--num-workers", "1")
+    straight = run_torchrun(tmp_path, "mnist", *common, "--epochs", "2",
+                            "--checkpoint", "two.pt", name="two").check()
+    first = run_torchrun(tmp_path, "mnist", *common, "--epochs", "1",
+                         "--checkpoint", "split.pt", name="first").check()
+    resumed = run_torchrun(tmp_path, "mnist", *common, "--epochs", "2", "--resume",
+                           "--checkpoint", "split.pt", name="resumed").check()
+    for result in (straight, first, resumed):
+        check_complete(result, "mnist", 2)
+        assert result["data"] == "real"
+        assert result["sync_bn"] is False and "CUDA" in result["sync_bn_reason"]
+    per_epoch = first["metrics"]["end_step"]
+    assert per_epoch == 48 // 8
+    assert resumed["resumed"] and resumed["metrics"]["start_step"] == per_epoch
+    assert resumed["metrics"]["start_epoch"] == 1 and resumed["timing"]["steps"] == per_epoch
+    assert resumed["metrics"]["end_step"] == straight["metrics"]["end_step"] == 2 * per_epoch
+    assert resumed["checksum"] == straight["checksum"]
+    a = torch.load(tmp_path / "two.pt", weights_only=True)
+    b = torch.load(tmp_path / "split.pt", weights_only=True)
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 2 * per_epoch)
+    for key, tensor in a["model"].items():
+        assert torch.allclose(tensor.double(), b["model"][key].double(), atol=1e-6), key
+    for slot, state in a["optimizer"]["state"].items():
+        assert torch.allclose(state["momentum_buffer"],
+                              b["optimizer"]["state"][slot]["momentum_buffer"], atol=1e-6)
+    assert resumed["metrics"]["test_accuracy"] == straight["metrics"]["test_accuracy"]
+
+
+def test_resnet_on_synthetic_data_reports_the_time_breakdown(tmp_path):
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    run = run_torchrun(tmp_path, "resnet", "--data-dir", str(empty), "--image-size", "32",
+                       "--train-samples", "64", "--test-samples", "16",
+                       "--global-batch-size", "16", "--epochs", "1", "--num-workers", "0")
+    result = run.check()
+    check_complete(result, "resnet", 2)
+    assert result["data"] == "synthetic"
+    first = next(line for line in run.stdout.splitlines() if line.startswith("[resnet]"))
+    assert "data=synthetic" in first and "SYNTHETIC" in first
+    t = result["timing"]
+    assert t["steps"] == 4 and t["samples"] == 64
+    assert t["avg_batch_s"] == pytest.approx(t["avg_data_s"] + t["avg_compute_s"])
+    assert len(t["series"]["rows"]) == 4
+    assert result["metrics"]["lr"] == pytest.approx(0.02)  # linear scaling x2
+    assert result["metrics"]["test_total"] == 16 and len(result["test_curve"]) == 1
+    assert result["accuracy_curve"] and result["loss_curve"]

@@ -1,0 +1,104 @@
+"""Helpers for the workload tests: running workloads as ddp-orch would.
+
+Live tests start workloads the way ddp-orch does -- ``python -m
+torch.distributed.run ... -m workloads.X`` with PYTHONPATH pointing at the
+repo and the DDP_ORCH_* variables set -- in a fresh environment dict (a copy
+of ours plus additions; os.environ itself is never changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+REQUIRED_KEYS = ("workload", "config", "world_size", "data", "metrics", "timing",
+                 "rank_table", "checksum", "checksums", "replicas_identical",
+                 "versions", "loss_curve")
+TIMEOUT_S = 180
+
+
+@dataclass
+class Run:
+    """A finished workload process: exit status, output, parsed result (or None)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    result: dict | None
+
+    def check(self) -> dict:
+        assert self.returncode == 0, f"rc={self.returncode}\n{self.stdout}\n{self.stderr[-4000:]}"
+        assert self.result is not None, "no result.json written"
+        return self.result
+
+
+def workload_env(result_file: str | None, **extra: str) -> dict:
+    """A copy of os.environ plus what ddp-orch sets; one thread per process."""
+    env = dict(os.environ)
+    env.pop("DDP_ORCH_RESULT_FILE", None)
+    env.update({"PYTHONPATH": ROOT, "DDP_ORCH_DEVICE": "cpu", "OMP_NUM_THREADS": "1"})
+    if result_file:
+        env["DDP_ORCH_RESULT_FILE"] = result_file
+    env.update(extra)
+    return env
+
+
+def _finish(proc: subprocess.CompletedProcess, result_file: str | None) -> Run:
+    result = None
+    if result_file and os.path.exists(result_file):
+        with open(result_file, encoding="utf-8") as fh:
+            result = json.load(fh)
+    return Run(proc.returncode, proc.stdout, proc.stderr, result)
+
+
+def run_torchrun(tmp_path, module: str, *args: str, nproc: int = 2, name: str = "result",
+                 env_extra: dict | None = None, launcher_args: tuple = ()) -> Run:
+    """``torchrun --standalone --nproc-per-node N -m workloads.<module> args``."""
+    result_file = str(tmp_path / f"{name}.json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(nproc), *launcher_args, "-m", f"workloads.{module}", *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=workload_env(result_file, **(env_extra or {})),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return _finish(proc, result_file)
+
+
+def run_alone(tmp_path, module: str, *args: str, name: str | None = "result",
+              env_extra: dict | None = None) -> Run:
+    """``python -m workloads.<module> args``: one process, no torchrun."""
+    result_file = str(tmp_path / f"{name}.json") if name else None
+    proc = subprocess.run([sys.executable, "-m", f"workloads.{module}", *args], cwd=tmp_path,
+                          env=workload_env(result_file, **(env_extra or {})),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return _finish(proc, result_file)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_complete(result: dict, workload: str, world_size: int) -> None:
+    """The checks every live run gets: schema, world size, replica agreement."""
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    assert not missing, f"result lacks {missing}"
+    assert result["workload"] == workload
+    assert result["world_size"] == world_size
+    assert [r["rank"] for r in result["rank_table"]] == list(range(world_size))
+    assert len(result["checksums"]) == world_size
+    assert len(set(result["checksums"])) == 1
+    assert result["checksum"] == result["checksums"][0]
+    assert result["replicas_identical"] is True
+    assert result["versions"]["torch"]
+    for key in ("total_s", "steps"):
+        assert key in result["timing"]
+
+

@@ -1,0 +1,208 @@
+"""The built-in workloads and their arguments, as data.
+
+Stdlib-only: the controller reads this to validate ``workload.args`` in a
+cluster file and to list workloads, without importing torch. Each workload
+builds its own argparse parser from the same entry (``build_parser``), so
+the names, types and defaults shown by ``ddp-orch workloads`` are exactly
+the ones the program accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One command-line argument of a workload (``name`` is snake_case)."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    """A built-in workload: its CLI name, module, seed and arguments."""
+
+    name: str
+    module: str
+    summary: str
+    seed: str
+    args: tuple[ArgSpec, ...]
+
+    def arg(self, name: str) -> ArgSpec | None:
+        key = name.replace("-", "_")
+        return next((a for a in self.args if a.name == key), None)
+
+
+def _device() -> ArgSpec:
+    return ArgSpec("device", str, None,
+                   "auto, cuda or cpu (default: $DDP_ORCH_DEVICE, else auto); "
+                   "cpu uses gloo even where GPUs are visible",
+                   ("auto", "cuda", "cpu"))
+
+
+def _common(*, epochs: int, batch: int, lr: float, lr_scaling: str = "none",
+            num_workers: int = 0) -> tuple[ArgSpec, ...]:
+    """Arguments every training workload shares (see workloads/harness)."""
+    return (
+        ArgSpec("epochs", int, epochs, "passes over the training set"),
+        ArgSpec("global_batch_size", int, batch,
+                "samples per optimizer step, summed over all ranks "
+                "(must divide evenly by the world size)"),
+        ArgSpec("lr", float, lr, "base learning rate"),
+        ArgSpec("lr_scaling", str, lr_scaling,
+                "none: use --lr as is; linear: multiply it by the world size",
+                ("none", "linear")),
+        ArgSpec("seed", int, 42, "seed for model init (same on every rank) and data order"),
+        ArgSpec("max_steps", int, 0, "stop after this many steps (0: no limit)"),
+        ArgSpec("log_every", int, 0, "print progress every N steps (0: per epoch)"),
+        ArgSpec("shuffle", bool, True,
+                "shuffle the training set each epoch (one order shared by all ranks)"),
+        ArgSpec("num_workers", int, num_workers, "DataLoader worker processes per rank"),
+        _device(),
+    )
+
+
+def _image_data(train: str, test: str) -> tuple[ArgSpec, ...]:
+    """Where image workloads find their dataset, and how much of it to use."""
+    return (
+        ArgSpec("data_dir", str, "./data",
+                "torchvision dataset root (relative paths: from the working directory); "
+                "never downloaded"),
+        ArgSpec("data", str, "auto",
+                "auto: the real dataset when its folder exists, else a synthetic one of the "
+                "same shape; real: require it; synthetic: always synthetic",
+                ("auto", "real", "synthetic")),
+        ArgSpec("train_samples", int, 0, f"use the first N training samples (0: all, {train})"),
+        ArgSpec("test_samples", int, 0, f"use the first N test samples (0: all, {test})"),
+    )
+
+
+CATALOG: dict[str, WorkloadInfo] = {
+    "noop": WorkloadInfo(
+        name="noop",
+        module="workloads.noop",
+        summary="init the process group, one all_reduce, exit (launch overhead)",
+        seed="-",
+        args=(_device(),),
+    ),
+    "linear": WorkloadInfo(
+        name="linear",
+        module="workloads.linear",
+        summary="linear regression y = 2x + 3 + noise; learns w~2, b~3",
+        seed="000",
+        args=_common(epochs=10, batch=32, lr=0.01) + (
+            ArgSpec("samples", int, 10000, "size of the generated dataset"),
+        ),
+    ),
+    "toy": WorkloadInfo(
+        name="toy",
+        module="workloads.toy",
+        summary="2-feature, 2-class MLP (2-30-20-2); accuracy reduced over all ranks",
+        seed="003",
+        args=_common(epochs=3, batch=4, lr=0.5) + (
+            ArgSpec("dataset", str, "seed",
+                    "seed: the tutorial's 5 train / 2 test points; blobs: two generated "
+                    "Gaussian clusters", ("seed", "blobs")),
+            ArgSpec("samples", int, 200, "training points for --dataset blobs "
+                                         "(plus a quarter as many test points)"),
+        ),
+    ),
+    "mlp": WorkloadInfo(
+        name="mlp",
+        module="workloads.mlp",
+        summary="3072-512-10 MLP on CIFAR-10-shaped data; DDP, or DataParallel for comparison",
+        seed="002",
+        args=_common(epochs=1, batch=64, lr=0.01, num_workers=2) + (
+            ArgSpec("mode", str, "ddp",
+                    "ddp: one process per device; dp: one process driving every visible "
+                    "GPU with nn.DataParallel (needs >= 2 GPUs and world size 1)",
+                    ("ddp", "dp")),
+            ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
+        ) + _image_data("50000 for CIFAR-10", "10000"),
+    ),
+    "mnist": WorkloadInfo(
+        name="mnist",
+        module="workloads.mnist",
+        summary="ConvNet with (Sync)BatchNorm on MNIST; AMP, checkpoint and resume",
+        seed="004",
+        args=_common(epochs=3, batch=64, lr=1e-4, num_workers=2) + (
+            ArgSpec("momentum", float, 0.0, "SGD momentum (the tutorial uses plain SGD)"),
+            ArgSpec("amp", str, "auto",
+                    "mixed precision: auto (fp16 on CUDA, off on CPU), off, fp16 (CUDA "
+                    "only, with GradScaler) or bf16", ("auto", "off", "fp16", "bf16")),
+            ArgSpec("sync_bn", bool, True,
+                    "convert BatchNorm to SyncBatchNorm (CUDA only; on CPU plain "
+                    "BatchNorm is kept and the result says why)"),
+            ArgSpec("checkpoint", str, "",
+                    "rank 0 saves model/optimizer/scaler here after every epoch "
+                    "(empty: no checkpoint); relative to the working directory"),
+            ArgSpec("resume", bool, False,
+                    "continue from --checkpoint (read by rank 0, sent to all ranks)"),
+        ) + _image_data("60000 for MNIST", "10000"),
+    ),
+    "resnet": WorkloadInfo(
+        name="resnet",
+        module="workloads.resnet",
+        summary="torchvision ResNet-18 on CIFAR-10 with a data/compute time breakdown",
+        seed="001",
+        args=_common(epochs=1, batch=512, lr=0.01, lr_scaling="linear", num_workers=4) + (
+            ArgSpec("image_size", int, 224,
+                    "resize the 32x32 images to this size (224 makes it compute-bound)"),
+            ArgSpec("momentum", float, 0.9, "SGD momentum"),
+            ArgSpec("augment", bool, False,
+                    "random crop + horizontal flip (drawn per rank, see harness.data)"),
+            ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
+        ) + _image_data("50000 for CIFAR-10", "10000"),
+    ),
+}
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """An argparse parser for workload ``name``; bools get --x/--no-x."""
+    info = CATALOG[name]
+    parser = argparse.ArgumentParser(prog=info.module, description=info.summary)
+    for arg in info.args:
+        if arg.type is bool:
+            parser.add_argument(arg.flag, dest=arg.name, default=arg.default,
+                                action=argparse.BooleanOptionalAction, help=arg.help)
+        else:
+            parser.add_argument(arg.flag, dest=arg.name, type=arg.type,
+                                default=arg.default, help=arg.help,
+                                choices=arg.choices or None)
+    parser.add_argument("--result-file", default=None,
+                        help="where rank 0 writes its JSON result "
+                             "(default: $DDP_ORCH_RESULT_FILE, else none)")
+    return parser
+
+
+def args_to_argv(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """Render ``{epochs: 10, amp: true}`` as ``--epochs 10 --amp``.
+
+    Used for built-in workloads and user scripts alike. Booleans become
+    ``--x`` / ``--no-x``; a list passes each item as its own value after
+    one flag; ``None`` passes the bare flag.
+    """
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is None:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv.append(flag)
+            argv.extend(str(v) for v in value)
+        else:
+            argv.extend((flag, str(value)))
+    return tuple(argv)

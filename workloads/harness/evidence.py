@@ -1,0 +1,77 @@
+"""Evidence that the job ran as intended, gathered from every rank.
+
+* the rank table: what each process saw (rank, local rank, node, host,
+  CUDA_VISIBLE_DEVICES, device) -- proves placement, not just the count;
+* parameter checksums: DDP's promise is that all replicas hold identical
+  parameters after every step. Each rank hashes its own parameters
+  independently (sha256 of the float64 bytes, names included) and the
+  hashes are compared for exact equality. Nothing is synchronised before
+  hashing, so a divergence would show.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workloads.harness.context import DistContext
+
+
+def rank_row(ctx: DistContext) -> dict:
+    """This process's line of the rank table."""
+    return {
+        "rank": ctx.rank,
+        "local_rank": ctx.local_rank,
+        "node_rank": ctx.node_rank,
+        "hostname": ctx.hostname,
+        "pid": os.getpid(),
+        "cuda_visible_devices": ctx.cuda_visible_devices,
+        "device": ctx.device,
+    }
+
+
+def param_checksum(model: nn.Module) -> str:
+    """sha256 over the names and float64 values of ``model``'s parameters."""
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Make every rank hold rank 0's buffers (e.g. BatchNorm running stats).
+
+    DDP broadcasts buffers from rank 0 at the start of each forward, so after
+    the last step each rank's running stats reflect its own last batch. Rank 0's
+    are the ones a checkpoint keeps; copying them everywhere keeps evaluation
+    identical on all ranks. Parameters are never touched here.
+    """
+    for buf in model.buffers():
+        dist.broadcast(buf, src=0)
+
+
+def gather(ctx: DistContext, final_checksum: str, init_checksum: str | None = None) -> dict:
+    """All-gather the rank table and checksums; identical on every rank.
+
+    ``final_checksum`` is normally ``param_checksum`` of the trained model
+    (noop hashes its all_reduce result instead). Every rank must call this:
+    it is a collective.
+    """
+    mine = {"row": rank_row(ctx), "init": init_checksum, "final": final_checksum}
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)
+    finals = [e["final"] for e in everyone]
+    inits = [e["init"] for e in everyone]
+    return {
+        "rank_table": sorted((e["row"] for e in everyone), key=lambda r: r["rank"]),
+        "checksum": finals[0],
+        "checksums": finals,
+        "replicas_identical": len(set(finals)) == 1,
+        "init_checksums": inits,
+        "init_replicas_identical": len(set(inits)) == 1,
+    }

@@ -1,0 +1,61 @@
+"""The frame every workload runs in: parse, read the context, validate, run.
+
+``start`` does everything that can fail without talking to other ranks
+(argument parsing, device choice, batch split, lr scaling), so a bad
+configuration fails fast on every rank before any rendezvous. ``run_job``
+then opens the process group around the workload's ``train(job)``.
+
+Training lives in its own function, not in ``main``, for a reason: DDP's
+reducer, the loaders and pending gloo work hold references into the process
+group. Returning from ``train`` (plus a gc pass) releases them while the
+interpreter is fully alive, before the group is destroyed; objects left for
+interpreter finalization have been seen to abort the process at exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from dataclasses import dataclass
+from typing import Callable
+
+from workloads.catalog import build_parser
+from workloads.harness import data as hdata
+from workloads.harness.context import DistContext, context_from_environ, process_group
+from workloads.harness.report import RankZeroLog
+from workloads.harness.timing import now
+
+
+@dataclass(frozen=True)
+class Job:
+    """One workload run: its arguments, context, log and derived settings."""
+
+    name: str
+    args: argparse.Namespace
+    ctx: DistContext
+    log: RankZeroLog
+    started: float
+    batch: int  # per-rank batch (0 for workloads without one)
+    lr: float  # after --lr-scaling (0.0 for workloads without one)
+
+
+def start(name: str, argv: list[str] | None = None) -> Job:
+    """Parse ``argv`` for workload ``name`` and read this process's context."""
+    started = now()
+    args = build_parser(name).parse_args(argv)
+    ctx = context_from_environ(getattr(args, "device", None))
+    batch = lr = 0
+    if hasattr(args, "global_batch_size"):
+        batch = hdata.per_rank_batch(args.global_batch_size, ctx.world_size)
+        lr = hdata.scaled_lr(args.lr, args.lr_scaling, ctx.world_size)
+    return Job(name, args, ctx, RankZeroLog(ctx, name), started, batch, lr)
+
+
+def run_job(job: Job, train: Callable[[Job], dict]) -> dict:
+    """``train(job)`` inside the process group; everything it built is freed
+    before the group is destroyed (see module docstring)."""
+    with process_group(job.ctx):
+        try:
+            return train(job)
+        finally:
+            gc.collect()

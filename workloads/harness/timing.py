@@ -1,0 +1,79 @@
+"""Step clocks in the style of seed 001: data time, compute(+sync) time, batch time.
+
+For each step: *data* is the wait for the next batch from the loader,
+*compute* is host-to-device copy + forward + backward (with DDP's gradient
+all-reduce) + optimizer step, up to a device synchronise, and *batch* is the
+two together. Averages cover every step; the per-step series is kept at a
+bounded size (``CappedSeries``) so a long run does not bloat result.json.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class CappedSeries:
+    """Rows ``[step, ...]`` kept at most ``cap`` long by striding.
+
+    Every ``stride``-th row offered is kept; when more than ``cap`` are kept,
+    every other one is dropped and the stride doubles. The series thus always
+    spans the whole run evenly, whatever its length.
+    """
+
+    def __init__(self, cap: int = 1000):
+        self.cap = max(2, cap)
+        self.stride = 1
+        self.offered = 0
+        self._kept: list[tuple[int, list[float]]] = []  # (offer index, row)
+
+    def add(self, step: int, *values: float) -> None:
+        index, self.offered = self.offered, self.offered + 1
+        if index % self.stride:
+            return
+        self._kept.append((index, [step, *values]))
+        if len(self._kept) > self.cap:
+            self.stride *= 2
+            self._kept = [(i, r) for i, r in self._kept if i % self.stride == 0]
+
+    @property
+    def rows(self) -> list[list[float]]:
+        return [r for _, r in self._kept]
+
+
+class StepTimer:
+    """Sums and a capped series of the three per-step times (seconds)."""
+
+    def __init__(self, cap: int = 1000):
+        self.steps = 0
+        self.data_s = 0.0
+        self.compute_s = 0.0
+        self.series = CappedSeries(cap)
+
+    def record(self, step: int, data_s: float, compute_s: float) -> None:
+        self.steps += 1
+        self.data_s += data_s
+        self.compute_s += compute_s
+        self.series.add(step, data_s, compute_s, data_s + compute_s)
+
+    @property
+    def batch_s(self) -> float:
+        return self.data_s + self.compute_s
+
+    def summary(self, global_samples: int) -> dict:
+        """The ``timing`` fields of the result (``total_s`` is added by report)."""
+        n = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "samples": global_samples,
+            "train_s": self.batch_s,
+            "avg_batch_s": self.batch_s / n,
+            "avg_data_s": self.data_s / n,
+            "avg_compute_s": self.compute_s / n,
+            # global samples over the summed batch times, as in seed 001
+            "samples_per_s": global_samples / self.batch_s if self.batch_s > 0 else 0.0,
+            "series": {"columns": ["step", "data_s", "compute_s", "batch_s"],
+                       "stride": self.series.stride, "rows": self.series.rows},
+        }
+
+
+now = time.perf_counter

@@ -1,0 +1,276 @@
+"""The training loop shared by every workload, plus its small helpers.
+
+``Trainer`` owns the bookkeeping that each seed tutorial repeats by hand:
+``sampler.set_epoch`` and per-rank re-seeding every epoch, the step clocks,
+a loss (and accuracy) accumulated *on the device* and read only at log
+points -- a ``loss.item()`` per step would force a host sync per step and
+distort the very timings being measured -- and rank-0 progress lines. What a
+step does is the workload's ``step_fn`` (usually ``make_step``).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from workloads.harness.context import ConfigError, DistContext, synchronize
+from workloads.harness.data import seed_epoch
+from workloads.harness.evidence import broadcast_buffers
+from workloads.harness.report import RankZeroLog
+from workloads.harness.timing import CappedSeries, StepTimer, now
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext) -> DDP:
+    """DDP on this rank's device.
+
+    find_unused_parameters stays False: every parameter of these models gets
+    a gradient each step, and the option would make DDP traverse the autograd
+    graph after every forward to look for unused ones (pure overhead).
+    """
+    ids = [ctx.torch_device().index] if ctx.is_cuda else None
+    return DDP(model, device_ids=ids)
+
+
+@dataclass(frozen=True)
+class Amp:
+    """Mixed precision as resolved for this run: dtype None means off."""
+
+    mode: str  # off / fp16 / bf16
+    device_type: str
+    dtype: torch.dtype | None
+    scaler: torch.amp.GradScaler | None
+
+    def autocast(self):
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def resolve_amp(requested: str, ctx: DistContext) -> Amp:
+    """``--amp`` auto/off/fp16/bf16 for this device; refuses what cannot work.
+
+    auto is fp16 (+ GradScaler, as in seed 004) on CUDA and off on CPU. fp16 on
+    CPU is refused: CPU autocast is meant for bf16, and a GradScaler there
+    would only hide that.
+    """
+    dev = "cuda" if ctx.is_cuda else "cpu"
+    mode = requested if requested != "auto" else ("fp16" if ctx.is_cuda else "off")
+    if mode == "off":
+        return Amp("off", dev, None, None)
+    if mode == "fp16":
+        if not ctx.is_cuda:
+            raise ConfigError("--amp fp16 needs CUDA; on CPU use --amp bf16 or --amp off")
+        return Amp("fp16", dev, torch.float16, torch.amp.GradScaler("cuda"))
+    if mode == "bf16":
+        if ctx.is_cuda and not torch.cuda.is_bf16_supported():
+            raise ConfigError("--amp bf16: this GPU does not support bfloat16")
+        return Amp("bf16", dev, torch.bfloat16, None)
+    raise ConfigError(f"--amp must be auto, off, fp16 or bf16, got {requested!r}")
+
+
+def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+              loss_fn: Callable, amp: Amp | None = None) -> StepFn:
+    """One optimizer step on a batch; returns (loss, outputs), both on device."""
+    amp = amp or Amp("off", "cpu", None, None)
+
+    def step(inputs: torch.Tensor, targets: torch.Tensor):
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
+        if amp.scaler is not None:
+            amp.scaler.scale(loss).backward()
+            amp.scaler.step(optimizer)
+            amp.scaler.update()
+        else:
+            loss.backward()  # DDP all-reduces (averages) gradients here
+            optimizer.step()
+        return loss, outputs
+
+    return step
+
+
+class Trainer:
+    """Epochs of ``step_fn`` over ``loader`` with clocks, curves and logging.
+
+    All ranks run the same number of steps (DistributedSampler pads shards),
+    so the periodic all_reduce of the loss window is a well-formed collective.
+    ``epoch``/``step`` may start past zero when resuming from a checkpoint.
+    """
+
+    def __init__(self, ctx: DistContext, loader: DataLoader, step_fn: StepFn,
+                 log: RankZeroLog, *, epochs: int, seed: int, max_steps: int = 0,
+                 log_every: int = 0, classify: bool = False,
+                 start_epoch: int = 0, start_step: int = 0):
+        self.ctx, self.loader, self.step_fn, self.log = ctx, loader, step_fn, log
+        self.epochs, self.seed, self.max_steps = epochs, seed, max_steps
+        self.log_every, self.classify = log_every, classify
+        self.epoch, self.step = start_epoch, start_step
+        self.curve_every = log_every or max(1, len(loader) // 10)
+        self.timer = StepTimer()
+        self.loss_curve = CappedSeries()
+        self.acc_curve = CappedSeries()
+        self.local_samples = 0
+        self.stopped = False
+        self.epoch_complete = False  # did the last epoch run to its end?
+        self.last_loss = math.nan
+        self.last_acc: float | None = None
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._win = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        self._win_n = 0
+        self._win_steps = 0
+        self._win_t0 = self.timer.batch_s
+
+    def run(self, on_epoch_end: Callable[["Trainer"], None] | None = None) -> None:
+        """Train until ``epochs`` (or ``max_steps``); call the hook per epoch."""
+        for epoch in range(self.epoch, self.epochs):
+            if self.max_steps and self.step >= self.max_steps:
+                self.stopped = True
+                break
+            self.loader.sampler.set_epoch(epoch)  # same shuffle on all ranks
+            seed_epoch(self.loader, self.ctx, self.seed, epoch)
+            self.epoch_complete = self._run_epoch(epoch)
+            if self.epoch_complete:
+                self.epoch = epoch + 1  # epochs fully done (what a checkpoint records)
+            if on_epoch_end is not None:
+                on_epoch_end(self)
+            if self.stopped:
+                break
+
+    def _run_epoch(self, epoch: int) -> bool:
+        """One pass over this rank's shard; False if max_steps cut it short."""
+        dev = self.ctx.torch_device()
+        complete = True
+        t0, s0 = self.timer.batch_s, self.local_samples
+        t_end = now()
+        for batch_index, (inputs, targets) in enumerate(self.loader):
+            t_data = now()
+            inputs = inputs.to(dev, non_blocking=True)
+            targets = targets.to(dev, non_blocking=True)
+            loss, outputs = self.step_fn(inputs, targets)
+            self._accumulate(loss, outputs, targets)
+            synchronize(self.ctx)
+            t_done = now()
+            self.timer.record(self.step, t_data - t_end, t_done - t_data)
+            self.step += 1
+            if self._win_steps == self.curve_every:
+                self._flush(epoch, show=bool(self.log_every))
+            if self.max_steps and self.step >= self.max_steps:
+                self.stopped = True
+                complete = batch_index + 1 == len(self.loader)
+                break
+            t_end = now()
+        if self._win_steps:
+            self._flush(epoch, show=bool(self.log_every))
+        if not self.log_every:  # the one line per epoch
+            seconds = self.timer.batch_s - t0
+            samples = (self.local_samples - s0) * self.ctx.world_size  # equal shards
+            rate = samples / seconds if seconds > 0 else 0.0
+            acc = f" train_acc {self.last_acc:.4f}" if self.last_acc is not None else ""
+            self.log(f"epoch {epoch + 1}/{self.epochs} step {self.step} "
+                     f"loss {self.last_loss:.5f}{acc} samples/s {rate:.1f}")
+        return complete
+
+    def _accumulate(self, loss: torch.Tensor, outputs: torch.Tensor,
+                    targets: torch.Tensor) -> None:
+        n = targets.shape[0]
+        correct = ((outputs.argmax(1) == targets).sum() if self.classify
+                   else torch.zeros((), device=loss.device))
+        self._win += torch.stack([loss.detach().double() * n, correct.double()])
+        self._win_n += n
+        self._win_steps += 1
+        self.local_samples += n
+
+    def _flush(self, epoch: int, show: bool) -> None:
+        """Reduce the loss window over all ranks, record it, maybe print it."""
+        n_local = torch.tensor([float(self._win_n)], dtype=torch.float64,
+                               device=self.ctx.device)
+        totals = torch.cat([self._win, n_local])
+        dist.all_reduce(totals)
+        loss_sum, correct, n = totals.tolist()
+        seconds = self.timer.batch_s - self._win_t0
+        self.last_loss = loss_sum / n
+        self.loss_curve.add(self.step, self.last_loss)
+        acc_text = ""
+        if self.classify:
+            self.last_acc = correct / n
+            self.acc_curve.add(self.step, self.last_acc)
+            acc_text = f" train_acc {self.last_acc:.4f}"
+        self._reset_window()
+        if show:
+            rate = n / seconds if seconds > 0 else 0.0
+            self.log(f"epoch {epoch + 1}/{self.epochs} step {self.step} "
+                     f"loss {self.last_loss:.5f}{acc_text} samples/s {rate:.1f}")
+
+    def global_samples(self) -> int:
+        """Samples trained on by all ranks together (a collective)."""
+        t = torch.tensor([self.local_samples], dtype=torch.int64, device=self.ctx.device)
+        dist.all_reduce(t)
+        return int(t.item())
+
+
+@torch.no_grad()
+def evaluate(ctx: DistContext, module: nn.Module, loader: DataLoader,
+             amp: Amp | None = None) -> dict:
+    """Loss and accuracy over a dataset sharded with ``ShardSampler``.
+
+    Each rank counts its exact share; one all_reduce sums (loss, correct,
+    total), so the accuracy is over the whole set, each example once. Pass the
+    unwrapped module (``ddp.module``): shards may differ in length, and a DDP
+    forward could be a collective.
+    """
+    amp = amp or Amp("off", "cpu", None, None)
+    broadcast_buffers(module)  # everyone evaluates with rank 0's BatchNorm stats
+    was_training = module.training
+    module.eval()
+    dev = ctx.torch_device()
+    t = torch.zeros(3, dtype=torch.float64, device=dev)
+    for inputs, targets in loader:
+        inputs, targets = inputs.to(dev), targets.to(dev)
+        with amp.autocast():
+            out = module(inputs)
+        t[0] += F.cross_entropy(out.float(), targets, reduction="sum").double()
+        t[1] += (out.argmax(1) == targets).sum().double()
+        t[2] += targets.shape[0]
+    dist.all_reduce(t)
+    module.train(was_training)
+    loss_sum, correct, total = t.tolist()
+    return {"loss": loss_sum / total if total else math.nan,
+            "accuracy": correct / total if total else math.nan,
+            "correct": int(correct), "total": int(total)}
+
+
+class EpochEval:
+    """An ``on_epoch_end`` hook: test loss/accuracy over all ranks, as a curve."""
+
+    def __init__(self, ctx: DistContext, module: nn.Module, loader: DataLoader,
+                 log: RankZeroLog, amp: Amp | None = None):
+        self.ctx, self.module, self.loader, self.log, self.amp = ctx, module, loader, log, amp
+        self.curve: list[list[float]] = []  # [step, epoch, test_loss, test_accuracy]
+        self.last: dict | None = None
+
+    def __call__(self, trainer: Trainer) -> None:
+        ev = evaluate(self.ctx, self.module, self.loader, self.amp)
+        self.last = ev
+        self.curve.append([trainer.step, trainer.epoch, ev["loss"], ev["accuracy"]])
+        self.log(f"test after step {trainer.step}: loss {ev['loss']:.4f} accuracy "
+                 f"{ev['accuracy']:.4f} ({ev['correct']}/{ev['total']}, all ranks)")
+
+    def metrics(self) -> dict:
+        if self.last is None:
+            return {}
+        return {"test_loss": self.last["loss"], "test_accuracy": self.last["accuracy"],
+                "test_correct": self.last["correct"], "test_total": self.last["total"]}

@@ -1,0 +1,187 @@
+"""mnist (seed 004): a two-conv ConvNet with BatchNorm; SyncBN, AMP, checkpoint/resume.
+
+* SyncBatchNorm: on CUDA the BatchNorm layers are converted with
+  ``nn.SyncBatchNorm.convert_sync_batchnorm`` so batch statistics span all
+  ranks. On CPU that is impossible in torch 2.x -- DDP refuses a CPU module
+  holding SyncBatchNorm ("SyncBatchNorm layers only work with GPU modules")
+  and SyncBatchNorm's training forward demands a GPU tensor -- so plain
+  BatchNorm stays (DDP then broadcasts rank 0's running stats at each
+  forward) and the result carries ``sync_bn: false`` with the reason.
+* AMP: ``--amp`` auto/off/fp16/bf16 (harness.train.resolve_amp); fp16 uses
+  a GradScaler, whose state goes into the checkpoint.
+* Checkpoint: with ``--checkpoint PATH`` rank 0 writes model, optimizer,
+  scaler, completed epochs and step after every completed epoch, atomically
+  (temp file in the same directory, fsync, os.replace). No checkpoint by
+  default. ``--resume`` loads it on rank 0 and broadcasts it, so other nodes
+  need no copy of the file. Because checkpoints fall on epoch boundaries and
+  everything random is derived from (seed, rank, epoch) -- the sampler's
+  shuffle via set_epoch, the loader's worker seeds and the main-process RNG
+  via harness.data.seed_epoch -- no RNG state needs saving: 1 epoch + resume
+  for 1 more ends with the same parameters as 2 epochs straight.
+* Test accuracy is counted over the whole test set (exact shards, one
+  all_reduce), not per rank.
+"""
+
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from workloads.harness import data as hdata
+from workloads.harness import datasets
+from workloads.harness.context import ConfigError, DistContext
+from workloads.harness.evidence import param_checksum
+from workloads.harness.job import Job, run_job, start
+from workloads.harness.report import RankZeroLog, describe_start, finish
+from workloads.harness.train import Amp, EpochEval, Trainer, make_step, resolve_amp, wrap_ddp
+
+CPU_SYNC_BN_REASON = (
+    "SyncBatchNorm needs CUDA: DDP rejects it on CPU modules ('SyncBatchNorm layers only "
+    "work with GPU modules') and its training forward requires a GPU tensor; plain "
+    "BatchNorm kept, DDP broadcasts rank 0's running stats at each forward")
+
+
+class ConvNet(nn.Module):
+    """conv5x5(16)-BN-ReLU-pool, conv5x5(32)-BN-ReLU-pool, linear: 28x28 -> 10."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
+        self.fc = nn.Linear(7 * 7 * 32, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).flatten(1))
+
+
+def sync_bn_choice(ctx: DistContext, wanted: bool) -> tuple[bool, str | None]:
+    """(use SyncBatchNorm?, reason when not)."""
+    if not wanted:
+        return False, "disabled by --no-sync-bn"
+    if not ctx.is_cuda:
+        return False, CPU_SYNC_BN_REASON
+    return True, None
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """torch.save to a temp file beside ``path``, fsync, then rename over it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-ckpt-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(ctx: DistContext, path: str) -> dict:
+    """Rank 0 reads ``path``; every rank gets the state (or the same error)."""
+    payload: list = [None]
+    if ctx.is_rank0:
+        try:
+            payload[0] = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 -- any failure must reach the other ranks
+            payload[0] = {"error": f"cannot resume from {os.path.abspath(path)}: {err}"}
+    dist.broadcast_object_list(payload, src=0)
+    if "error" in payload[0]:
+        raise ConfigError(payload[0]["error"])
+    return payload[0]
+
+
+def checkpoint_hook(args, ctx: DistContext, model: nn.Module, optimizer, amp: Amp,
+                    log: RankZeroLog):
+    """An on_epoch_end piece: rank 0 saves after each *completed* epoch."""
+
+    def save(trainer: Trainer) -> None:
+        if not (args.checkpoint and trainer.epoch_complete and ctx.is_rank0):
+            return
+        save_checkpoint(args.checkpoint, {
+            "workload": "mnist", "epoch": trainer.epoch, "step": trainer.step,
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": amp.scaler.state_dict() if amp.scaler is not None else None,
+            "amp": amp.mode, "world_size": ctx.world_size, "seed": args.seed})
+        log(f"checkpoint (epoch {trainer.epoch}, step {trainer.step}) -> {args.checkpoint}")
+
+    return save
+
+
+def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> dict:
+    args, ctx, log = job.args, job.ctx, job.log
+    data = datasets.load(datasets.MNIST, args.data_dir, args.data,
+                         train_samples=args.train_samples, test_samples=args.test_samples)
+    log(describe_start(ctx, data.data, data.source))
+    log(f"global batch {args.global_batch_size} = {ctx.world_size} x {job.batch}, "
+        f"lr {job.lr}, amp {amp.mode}, sync_bn {use_sync_bn}"
+        + (f" ({sync_bn_reason})" if sync_bn_reason else ""))
+    loader = hdata.train_loader(data.train, ctx, job.batch, seed=args.seed,
+                                shuffle=args.shuffle, num_workers=args.num_workers)
+    torch.manual_seed(args.seed)
+    model = ConvNet().to(ctx.device)
+    if use_sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    init_checksum = param_checksum(model)
+    state = load_checkpoint(ctx, args.checkpoint) if args.resume else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+    ddp = wrap_ddp(model, ctx)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=job.lr, momentum=args.momentum)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        if amp.scaler is not None and state.get("scaler"):
+            amp.scaler.load_state_dict(state["scaler"])
+        log(f"resumed from {args.checkpoint}: epoch {state['epoch']}, step {state['step']}")
+        if (state.get("world_size"), state.get("seed")) != (ctx.world_size, args.seed):
+            log(f"note: checkpoint written with world size {state.get('world_size')} and seed "
+                f"{state.get('seed')}; this run differs, so it will not continue exactly "
+                "like an uninterrupted run")
+    start_epoch, start_step = (state["epoch"], state["step"]) if state else (0, 0)
+    trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy, amp), log,
+                      epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
+                      log_every=args.log_every, classify=True,
+                      start_epoch=start_epoch, start_step=start_step)
+    evaluator = EpochEval(ctx, model, hdata.eval_loader(data.test, ctx, 2 * job.batch,
+                                                        num_workers=args.num_workers),
+                          log, amp)
+    save = checkpoint_hook(args, ctx, model, optimizer, amp, log)
+
+    def on_epoch_end(t: Trainer) -> None:
+        evaluator(t)
+        save(t)
+
+    trainer.run(on_epoch_end)
+    metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
+               "lr": job.lr, "per_rank_batch": job.batch, "start_epoch": start_epoch,
+               "start_step": start_step, "end_epoch": trainer.epoch,
+               "end_step": trainer.step, **evaluator.metrics()}
+    return finish(job, trainer, model, data=data.data, metrics=metrics,
+                  init_checksum=init_checksum, sync_bn=use_sync_bn,
+                  sync_bn_reason=sync_bn_reason, amp=amp.mode,
+                  checkpoint=os.path.abspath(args.checkpoint) if args.checkpoint else None,
+                  resumed=state is not None, data_source=data.source,
+                  data_verified=data.verified, test_curve=evaluator.curve)
+
+
+@record
+def main(argv=None) -> dict:
+    job = start("mnist", argv)
+    if job.args.resume and not job.args.checkpoint:
+        raise ConfigError("--resume needs --checkpoint PATH")
+    amp = resolve_amp(job.args.amp, job.ctx)
+    use_sync_bn, reason = sync_bn_choice(job.ctx, job.args.sync_bn)
+    return run_job(job, lambda j: train(j, amp, use_sync_bn, reason))
+
+
+if __name__ == "__main__":
+    main()
