@@ -17,7 +17,7 @@ from workloads.catalog import CATALOG
 from .errors import ConfigError
 from .spec import (AUTO_PORT, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpec, NodeSpec,
                    SshSpec, WorkloadSpec)
-from .yamlsrc import Located, closest_hint, parse
+from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "nodes", "workload")
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
@@ -28,25 +28,39 @@ MAX_PROCS = 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.:%\[\]-]+$")
+_DIGITS_RE = re.compile(r"^[0-9]+$")  # ASCII only: "²".isdigit() is True, int("²") fails
 # Set by torchrun or by ddp-orch itself; a user value would be silently wrong.
 RESERVED_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCH_ELASTIC_WORKER_IDENTICAL",
-    "CUDA_VISIBLE_DEVICES", "PYTHONPATH",
+    "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONUNBUFFERED",
 })
 
 
 def load_cluster_file(path: str) -> ClusterSpec:
     """Read and validate a cluster file; raise ``ConfigError`` on any problem."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except FileNotFoundError:
         raise ConfigError(f"no such file: {path}",
                           hint="pass the path of a cluster file, e.g. cluster.yaml.example") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    text = _decode(data, path)
     return load_cluster_text(text, source=path, base_dir=os.path.dirname(os.path.abspath(path)))
+
+
+def _decode(data: bytes, path: str) -> str:
+    """The file as UTF-8 text; a binary or Latin-1 file is an error at its line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start].decode("utf-8")  # valid: the error is the first one
+        line = line_at(before, len(before))
+        raise ConfigError(f"not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be decoded",
+                          source=path, line=line,
+                          hint="save the file as UTF-8 (a cluster file is plain text)") from None
 
 
 def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".") -> ClusterSpec:
@@ -75,7 +89,11 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
 
 
 def _run_name(field: Located) -> str:
-    name = str(field.scalar())
+    value = field.scalar()
+    if value is None or isinstance(value, (bool, bytes)):
+        raise field.error(f"expected a run name, got {field.describe()}",
+                          hint="use letters, digits, '.', '_' or '-' (at most 64)")
+    name = str(value)
     if not _NAME_RE.match(name):
         raise field.error(f"{name!r} is not usable in a run id",
                           hint="use letters, digits, '.', '_' or '-' (at most 64)")
@@ -236,23 +254,30 @@ def parse_gpus(raw: Any) -> tuple[int, ...]:
     elif isinstance(raw, int) and not isinstance(raw, bool):
         parts = [raw]
     else:
-        raise ValueError(f"expected GPU indices like \"0,1\" or [0, 1], got {raw!r}", "")
+        raise ValueError(f"expected GPU indices like \"0,1\" or [0, 1], got {shown(raw)}", "")
     if not parts:
         raise ValueError("the GPU list is empty", "list GPU indices, or use `procs: N`")
     gpus: list[int] = []
     for part in parts:
-        if isinstance(part, str) and part.isdigit():
-            part = int(part)
-        if isinstance(part, bool) or not isinstance(part, int):
-            shown = "an empty entry" if part == "" else repr(part)
-            raise ValueError(f"{shown} in {raw!r} is not a GPU index",
-                             "GPU indices are whole numbers 0, 1, 2, ... as nvidia-smi lists them")
-        if not 0 <= part <= MAX_GPU_INDEX:
-            raise ValueError(f"GPU {part} in {raw!r} is out of range 0-{MAX_GPU_INDEX}", "")
-        if part in gpus:
-            raise ValueError(f"duplicate GPU {part} in {raw!r}", "")
-        gpus.append(part)
+        index = _gpu_index(part, raw)
+        if index in gpus:
+            raise ValueError(f"duplicate GPU {index} in {shown(raw)}", "")
+        gpus.append(index)
     return tuple(gpus)
+
+
+def _gpu_index(part: Any, raw: Any) -> int:
+    """One entry of a GPU list as an index 0..MAX_GPU_INDEX; ``ValueError`` as above."""
+    if isinstance(part, str) and _DIGITS_RE.match(part):
+        part = int(part) if len(part.lstrip("0")) <= 9 else part  # longer: shown as given
+    elif isinstance(part, bool) or not isinstance(part, int):
+        what = "an empty entry" if part == "" else shown(part)
+        raise ValueError(f"{what} in {shown(raw)} is not a GPU index",
+                         "GPU indices are whole numbers 0, 1, 2, ... as nvidia-smi lists them")
+    if isinstance(part, str) or not 0 <= part <= MAX_GPU_INDEX:
+        raise ValueError(f"GPU {part if isinstance(part, int) else shown(part)} in {shown(raw)} "
+                         f"is out of range 0-{MAX_GPU_INDEX}", "")
+    return part
 
 
 def _check_overlaps(items: list[Located], nodes: list[NodeSpec]) -> None:
@@ -326,9 +351,10 @@ def check_workload_args(name: str, args: Mapping[str, Any]) -> None:
             raise ValueError(key, f"workload {name!r} has no argument {key!r}",
                              close or ("it takes: " + ", ".join(known) if known else "it takes none"))
         if not _matches_type(spec.type, value):
-            raise ValueError(key, f"expected {spec.type.__name__}, got {value!r}", "")
+            raise ValueError(key, f"expected {spec.type.__name__}, got {shown(value)}", "")
         if spec.choices and value not in spec.choices:
-            raise ValueError(key, f"{value!r} is not one of {', '.join(map(str, spec.choices))}", "")
+            choices = ", ".join(map(str, spec.choices))
+            raise ValueError(key, f"{shown(value)} is not one of {choices}", "")
 
 
 def _matches_type(kind: type, value: Any) -> bool:
