@@ -13,7 +13,6 @@ import sys
 from typing import Any, Callable
 
 import click
-import yaml
 
 from . import __version__
 from .console import Console
@@ -25,6 +24,7 @@ from .plan import build_plan, resolve_plan
 from .render import render_json, render_shell, render_text
 from .runs import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
 from .spec import AUTO_PORT, DEFAULT_PORT, with_default_master
+from .yamlsrc import parse
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,23 +47,51 @@ def friendly_errors_command(command: click.Command) -> click.Command:
     return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class DdpOrchGroup(click.Group):
+    """click, with usage mistakes reported like every other bad input:
+    one ``ddp-orch: error:`` line and a hint, exit code 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "ddp-orch"
+            click.echo(f"ddp-orch: error: {exc.format_message()}\n"
+                       f"  hint: see `{where} --help`", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"ddp-orch: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("ddp-orch: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=DdpOrchGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ddp-orch")
 def main() -> None:
     """Launch PyTorch DDP jobs with torchrun on a few machines."""
 
 
 def _parse_args(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``--arg epochs=2`` → {"epochs": 2}; values are read as YAML scalars."""
+    """``--arg epochs=2`` → {"epochs": 2}; values are read as YAML scalars or lists.
+
+    A value YAML cannot read (or reads as a mapping) stays the plain string,
+    so ``--arg note=a: b`` passes through; the workload's argument check
+    then says whether the value fits.
+    """
     args: dict[str, Any] = {}
     for pair in pairs:
         key, eq, raw = pair.partition("=")
         if not eq or not key:
             raise ConfigError(f"{pair!r} is not KEY=VALUE", path="--arg", source="command line")
         try:
-            args[key] = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            args[key] = raw
+            value = parse(raw, "command line").value() if raw.strip() else raw
+        except ConfigError:
+            value = raw
+        args[key] = raw if isinstance(value, dict) else value
     return args
 
 

@@ -154,6 +154,9 @@ class NodeHandle:
             state, reason = "failed", "did not join the rendezvous before the start timeout"
         elif not control and code == LOST:
             state, reason = "lost", "connection lost without an exit status"
+        elif not control and code in (126, 127):
+            state, reason = "failed", (f"cannot run {self.node.python!r} on the node (exit {code}); "
+                                       "set `python:` to an interpreter that has torch")
         elif self.stop_sent:
             state, reason = "stopped", control.get("reason", "stopped by the controller")
         else:

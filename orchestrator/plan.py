@@ -116,6 +116,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str) -> RunPlan
         env[contract.NODE_RANK_ENV] = str(k)
         env[contract.RESULT_FILE_ENV] = f"{run_dir}/{contract.RESULT_FILE_NAME}"
         env["PYTHONPATH"] = f"{run_dir}/code"
+        env["PYTHONUNBUFFERED"] = "1"  # torchrun relays tee'd worker lines via print()
         argv = (node.python, *TORCHRUN,
                 "--nnodes", str(len(spec.nodes)), "--node-rank", str(k),
                 "--nproc-per-node", str(node.nproc),

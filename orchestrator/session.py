@@ -97,6 +97,8 @@ def _fetch_error_files(plan: RunPlan, transports: Mapping[int, Transport], outco
     for node_outcome in outcome.nodes:
         node = plan.nodes[node_outcome.node_rank]
         for failure in node_outcome.failures:
+            if not failure.get("error_file"):
+                continue
             local = run.file(f"errors/node-{node.node_rank}/rank-"
                              f"{node.first_rank + failure['local_rank']}.json")
             try:

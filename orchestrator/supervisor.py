@@ -25,10 +25,12 @@ read from torchrun's error files.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +67,7 @@ class Supervisor:
         self.out = sys.stdout.buffer
         self.out_lock = threading.Lock()
         self.torchrun_pid = -1
+        self.tail: collections.deque[str] = collections.deque(maxlen=200)
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -129,10 +132,14 @@ class Supervisor:
                     return
 
     def relay(self, stream) -> None:
+        """Copy torchrun's output to ours, keeping its last lines for ``failures``."""
+        partial = b""
         for chunk in iter(lambda: stream.read1(65536), b""):
             with self.out_lock:
                 self.out.write(chunk)
                 self.out.flush()
+            *lines, partial = (partial + chunk).split(b"\n")
+            self.tail.extend(line.decode("utf-8", "replace") for line in lines)
 
     def emit(self, payload: dict) -> None:
         line = (CONTROL_PREFIX + " " + json.dumps(payload) + "\n").encode()
@@ -224,6 +231,8 @@ class Supervisor:
                         "message": str(record.get("message", "")).strip()[-2000:],
                         "timestamp": int(extra.get("timestamp", 0) or 0),
                         "error_file": os.path.relpath(path, self.run_dir)})
+        if not out:  # e.g. a worker killed by a signal writes no error file
+            out = _root_cause_from_summary(list(self.tail))
         return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
 
     def write_state(self, child_pid: int, started: float, code: int | None) -> None:
@@ -299,6 +308,29 @@ def _connected_to(pid: int, port: int) -> bool:
             if fields[3] == "01" and remote_port == port and fields[9] in inodes:
                 return True
     return False
+
+
+def _root_cause_from_summary(lines: list[str]) -> list[dict]:
+    """The "Root Cause" block of torchrun's ChildFailedError summary, if printed."""
+    try:
+        start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
+    except ValueError:
+        return []
+    fields = {}
+    for line in lines[start + 1:start + 12]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("time", "rank", "exitcode", "traceback"):
+            fields[key.strip()] = value.strip()
+    match = re.search(r"local_rank:\s*(\d+)", fields.get("rank", ""))
+    if not match:
+        return []
+    try:
+        stamp = int(time.mktime(time.strptime(fields.get("time", ""), "%Y-%m-%d_%H:%M:%S")))
+    except ValueError:
+        stamp = 0
+    message = fields.get("traceback") or f"exitcode {fields.get('exitcode', '?')}"
+    return [{"local_rank": int(match.group(1)), "message": message, "timestamp": stamp,
+             "error_file": None}]
 
 
 def _extract(bundle: str, run_dir: str) -> None:

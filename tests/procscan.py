@@ -34,3 +34,32 @@ def wait_gone(run_id: str, timeout: float) -> set[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    return dict(entry.decode("utf-8", "replace").partition("=")[::2]
+                for entry in raw.split(b"\0") if entry)
+
+
+def workers(run_id: str, node_rank: int) -> dict[int, int]:
+    """{global rank: pid} of the run's worker processes on node ``node_rank``."""
+    out = {}
+    for pid in marked_pids(run_id):
+        env = environ_of(pid)
+        if env.get("DDP_ORCH_NODE_RANK") == str(node_rank) and "RANK" in env:
+            out[int(env["RANK"])] = pid
+    return out
+
+
+def agent(run_id: str, node_rank: int) -> int:
+    """The pid of the torchrun agent of ``node_rank`` (marked, but no RANK)."""
+    for pid in marked_pids(run_id):
+        env = environ_of(pid)
+        if env.get("DDP_ORCH_NODE_RANK") == str(node_rank) and "RANK" not in env:
+            return pid
+    raise LookupError(f"no torchrun agent of {run_id} node {node_rank}")

@@ -1,0 +1,177 @@
+"""Fault injection on the SSH lab: every fault ends with a clear message,
+the right exit code, nothing of the run left on any host, and the logs kept.
+
+(Faults 1 and 5, a raising worker and Ctrl-C, live in test_ssh_launch.py
+and test_lifecycle.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli
+from labhome import lab_cluster, lab_home
+from procscan import agent, marked_pids, wait_gone, workers
+
+pytestmark = pytest.mark.live
+PROGRAMS = os.path.join(ROOT, "tests", "programs")
+TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
+SLEEPER = "workload: {script: sleeper.py}\n"
+
+
+def setup_run(lab, tmp_path, name: str, nodes=TWO_NODES, workload=SLEEPER, extra=""):
+    shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), tmp_path)
+    env = lab_home(lab, tmp_path)
+    return env, lab_cluster(lab, tmp_path, nodes, workload, extra=extra, name=name)
+
+
+def start_up(cluster: str, env: dict, tmp_path, run_id: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "up", cluster, "--run-id", run_id,
+         "--runs-dir", str(tmp_path / "runs"), "--grace", "3", *extra],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_training(proc: subprocess.Popen, ranks: int = 3) -> str:
+    seen = ""
+    while seen.count("training") < ranks:
+        line = proc.stdout.readline()
+        assert line, seen
+        seen += line
+    return seen
+
+
+def finish(proc: subprocess.Popen, timeout: float = 90) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def state_of(tmp_path, run_id: str) -> dict:
+    return json.loads((tmp_path / "runs" / run_id / "state.json").read_text())
+
+
+def test_worker_sigkilled_on_node0(ssh_lab, tmp_path):
+    env, cluster = setup_run(ssh_lab, tmp_path, "w9")
+    proc = start_up(cluster, env, tmp_path, "w9")
+    wait_training(proc)
+    os.kill(workers("w9", 0)[1], signal.SIGKILL)
+    out = finish(proc)
+    assert proc.returncode == 1, out
+    assert "root cause: node 0 (node0)" in out and "rank 1 (local rank 1) failed" in out
+    assert "SIGKILL" in out
+    assert wait_gone("w9", 15) == set()
+    assert "training" in (tmp_path / "runs" / "w9" / "node-1.log").read_text()
+
+
+def test_torchrun_agent_sigkilled_on_node1(ssh_lab, tmp_path):
+    env, cluster = setup_run(ssh_lab, tmp_path, "a9")
+    proc = start_up(cluster, env, tmp_path, "a9")
+    wait_training(proc)
+    os.kill(agent("a9", 1), signal.SIGKILL)
+    out = finish(proc)
+    assert proc.returncode == 1, out
+    assert "root cause: node 1 (node1): torchrun exited 137" in out
+    assert wait_gone("a9", 15) == set()  # its orphaned worker too
+
+
+def test_ssh_connection_to_node1_drops(ssh_lab, tmp_path):
+    env, cluster = setup_run(ssh_lab, tmp_path, "drop")
+    proc = start_up(cluster, env, tmp_path, "drop")
+    wait_training(proc)
+    assert ssh_lab.kill_sessions("node1")
+    out = finish(proc)
+    assert proc.returncode == 1, out
+    assert "root cause: node 1 (node1)" in out and "connection lost" in out
+    assert wait_gone("drop", 20) == set()  # node 1's supervisor saw EOF and cleaned up
+
+
+def test_controller_sigkilled_nodes_clean_themselves_up(ssh_lab, tmp_path):
+    env, cluster = setup_run(ssh_lab, tmp_path, "ctl9")
+    proc = start_up(cluster, env, tmp_path, "ctl9")
+    wait_training(proc)
+    proc.kill()
+    proc.wait()
+    assert wait_gone("ctl9", 20) == set()
+    status = run_cli("status", "ctl9", "--runs-dir", str(tmp_path / "runs"))
+    assert "interrupted" in status.stdout
+
+
+def test_node_with_a_wrong_python_fails_fast_and_is_named(ssh_lab, tmp_path):
+    env, cluster = setup_run(ssh_lab, tmp_path, "nopy",
+                             nodes=["{host: node0, procs: 1}",
+                                    "{host: node1, procs: 1, python: /nonexistent/python3}"],
+                             workload="workload: {name: noop}\n")
+    result = run_cli("up", cluster, "--run-id", "nopy", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", "--start-timeout", "60", env=env, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "root cause: node 1 (node1): cannot run '/nonexistent/python3'" in result.stdout
+    assert wait_gone("nopy", 15) == set()
+
+
+def test_busy_master_port_auto_moves_explicit_fails_fast(ssh_lab, tmp_path):
+    busy = socket.socket()
+    busy.bind(("", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    nodes = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
+    noop = "workload: {name: noop}\n"
+    try:
+        env, explicit = setup_run(ssh_lab, tmp_path, "port", nodes, noop,
+                                  extra=f"master: {{port: {port}}}\n")
+        started = time.monotonic()
+        result = run_cli("up", explicit, "--run-id", "port", "--runs-dir", str(tmp_path / "runs"),
+                         env=env, timeout=120)
+        assert result.returncode == 1
+        assert time.monotonic() - started < 30
+        assert f"master port {port} on node0 (node 0) is already in use" in result.stderr
+        assert not marked_pids("port")
+        _, auto = setup_run(ssh_lab, tmp_path, "port-auto", nodes, noop)
+        result = run_cli("up", auto, "--run-id", "port-auto", "--runs-dir", str(tmp_path / "runs"),
+                         "--quiet", env=env, timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr
+        plan = json.loads((tmp_path / "runs" / "port-auto" / "plan.json").read_text())
+        assert plan["master_port"] != port
+    finally:
+        busy.close()
+
+
+def test_unreachable_node_fails_before_anything_starts(make_ssh_lab, tmp_path):
+    lab = make_ssh_lab(2)
+    env, cluster = setup_run(lab, tmp_path, "unreach", workload="workload: {name: noop}\n")
+    lab.stop_host("node1")
+    result = run_cli("up", cluster, "--run-id", "unreach", "--runs-dir", str(tmp_path / "runs"),
+                     env=env, timeout=120)
+    assert result.returncode == 1
+    assert "node 1 (node1): unreachable" in result.stderr
+    assert not (tmp_path / "remote" / "runs" / "unreach" / "node-0").exists()
+    assert state_of(tmp_path, "unreach")["state"] == "failed"
+
+
+def test_two_runs_on_the_same_hosts_and_down_of_one(ssh_lab, tmp_path):
+    env, cluster = setup_run(ssh_lab, tmp_path, "pair",
+                             nodes=["{host: node0, procs: 1}", "{host: node1, procs: 1}"])
+    first = start_up(cluster, env, tmp_path, "pair-a")
+    second = start_up(cluster, env, tmp_path, "pair-b")
+    try:
+        wait_training(first, 2)
+        wait_training(second, 2)
+        down = run_cli("down", "pair-a", "--runs-dir", str(tmp_path / "runs"), env=env, timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert wait_gone("pair-a", 15) == set()
+        finish(first)
+        assert len(marked_pids("pair-b")) == 4  # 2 agents + 2 workers, untouched
+        assert second.poll() is None
+    finally:
+        second.send_signal(signal.SIGINT)
+        finish(second)
+    assert wait_gone("pair-b", 15) == set()
