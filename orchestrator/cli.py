@@ -95,37 +95,128 @@ def _parse_args(pairs: tuple[str, ...]) -> dict[str, Any]:
     return args
 
 
+def _options(*decorators: Callable[..., Any]) -> Callable[..., Any]:
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+    return apply
+
+
+# What to run: shared by `up` and `compare`.
+job_options = _options(
+    click.option("--local", is_flag=True, help="Run on this machine only, without SSH."),
+    click.option("--workload", help="With --local: a built-in workload instead of the file's."),
+    click.option("--gpus", help="With --local: GPU indices, e.g. 0,1 (one process each)."),
+    click.option("--procs", type=click.IntRange(1, 1024), help="With --local: N CPU processes."),
+    click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
+                 help="With --local: override the file's device."),
+    click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
+                 help="Workload argument over the file's, repeatable: --arg epochs=2."),
+)
+
+# How to launch it: shared by `up` and `compare`.
+launch_options = _options(
+    click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_default=True,
+                 type=click.Path(file_okay=False), help="Where local run directories go."),
+    click.option("--accept-new-host-keys", is_flag=True,
+                 help="Trust (and record) the key of a host seen for the first time; "
+                      "a changed key is still refused."),
+    click.option("--start-timeout", default=300.0, show_default=True,
+                 type=click.FloatRange(1, 86400),
+                 help="Seconds for every node to join the rendezvous before the run fails."),
+    click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
+                 help="Seconds a node gets to stop gracefully before it is killed."),
+)
+
+
 @main.command()
 @click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the plan (ranks, env, commands); run nothing.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default="text",
               show_default=True, help="Dry-run output: text, machine-readable json, or shell lines.")
-@click.option("--local", is_flag=True, help="Run on this machine only, without SSH.")
-@click.option("--workload", help="With --local: a built-in workload instead of the file's.")
-@click.option("--gpus", help="With --local: GPU indices, e.g. 0,1 (one process each).")
-@click.option("--procs", type=click.IntRange(1, 1024), help="With --local: N CPU processes.")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
-              help="With --local: override the file's device.")
-@click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
-              help="Workload argument over the file's, repeatable: --arg epochs=2.")
+@job_options
 @click.option("--run-id", help="Use this run id instead of a generated one.")
-@click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_default=True,
-              type=click.Path(file_okay=False), help="Where local run directories go.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (logs keep all).")
 @click.option("--quiet", "-q", is_flag=True, help="Show only ddp-orch's messages and the summary.")
-@click.option("--accept-new-host-keys", is_flag=True,
-              help="Trust (and record) the key of a host seen for the first time; "
-                   "a changed key is still refused.")
-@click.option("--start-timeout", default=300.0, show_default=True, type=click.FloatRange(1, 86400),
-              help="Seconds for every node to join the rendezvous before the run fails.")
-@click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
-              help="Seconds a node gets to stop gracefully before it is killed.")
+@launch_options
 @friendly_errors
 def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload: str | None,
        gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
        run_id: str | None, runs_dir: str, rank0_only: bool, quiet: bool,
        accept_new_host_keys: bool, start_timeout: float, grace: float) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
+    spec = _spec_from_options(cluster_file, local, workload, gpus, procs, device, arg_pairs)
+    if run_id is not None and not valid_run_id(run_id):
+        raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
+                          hint="letters, digits, '.', '_' and '-'")
+    if dry_run:
+        _dry_run(spec, run_id or new_run_id(spec.name), runs_dir, fmt)
+        return
+    from .summary import render_summary
+
+    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
+    outcome, run = _launcher(runs_dir, console, grace, start_timeout, accept_new_host_keys)(
+        spec, run_id=run_id)
+    console.always(render_summary(outcome, run.path))
+    sys.exit(0 if outcome.ok else 130 if outcome.state == "interrupted" else 1)
+
+
+def _launcher(runs_dir: str, console: Console, grace: float, start_timeout: float,
+              accept_new_host_keys: bool) -> Callable[..., Any]:
+    """``launch(spec, run_id=None) -> (outcome, run)`` with the CLI's settings."""
+    from .session import up as launch_up  # the launch path loads more modules
+    from .transport import transport_for
+
+    signal.signal(signal.SIGTERM, _interrupt)  # `ddp-orch down`, kill: tear down like Ctrl-C
+    strict = "accept-new" if accept_new_host_keys else None
+    return functools.partial(launch_up, runs_dir=runs_dir, console=console, grace_s=grace,
+                             start_timeout_s=start_timeout,
+                             make_transport=functools.partial(transport_for,
+                                                              strict_host_keys=strict))
+
+
+@main.command()
+@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@job_options
+@click.option("--baseline-run", help="Use this finished run as the 1-process baseline.")
+@click.option("--ddp-run", help="Use this finished run as the DDP run.")
+@click.option("--show-output", is_flag=True, help="Show rank 0's output of the runs.")
+@launch_options
+@friendly_errors
+def compare(cluster_file: str | None, local: bool, workload: str | None, gpus: str | None,
+            procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
+            baseline_run: str | None, ddp_run: str | None, show_output: bool, runs_dir: str,
+            accept_new_host_keys: bool, start_timeout: float, grace: float) -> None:
+    """Run the job as 1 process and on the whole cluster; report the speed-up.
+
+    Same workload arguments for both (so the same global batch and samples).
+    Writes report.md, report.json and PNG plots into a new run directory.
+    """
+    from . import compare as cmp
+    from .runs import RunDir
+
+    spec = None
+    if baseline_run is None or ddp_run is None:
+        spec = _spec_from_options(cluster_file, local, workload, gpus, procs, device, arg_pairs)
+    console = Console("rank0" if show_output else "quiet")
+    launch = _launcher(runs_dir, console, grace, start_timeout, accept_new_host_keys)
+    base = cmp.run_or_load("baseline", spec and cmp.baseline_spec(spec), baseline_run,
+                           runs_dir=runs_dir, launch=launch)
+    ddp = cmp.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)
+    report = cmp.comparison(base, ddp)
+    out = RunDir.create(runs_dir, new_run_id("compare"))
+    plots, note = cmp.write_report(report, out.path)
+    click.echo(cmp.render_table(report), nl=False)
+    if note:
+        click.echo(f"note: {note}")
+    click.echo(f"report: {out.file('report.md')}")
+
+
+def _spec_from_options(cluster_file: str | None, local: bool, workload: str | None,
+                       gpus: str | None, procs: int | None, device: str | None,
+                       arg_pairs: tuple[str, ...]) -> Any:
+    """The spec ``up`` and ``compare`` run: the file, or --local's one node."""
     spec = load_cluster_file(cluster_file) if cluster_file else None
     args = _parse_args(arg_pairs)
     if local:
@@ -138,26 +229,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, local: bool, workload:
                           source="command line", hint="edit the cluster file for a cluster run")
     else:
         spec = with_args(spec, args)
-    if run_id is not None and not valid_run_id(run_id):
-        raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
-                          hint="letters, digits, '.', '_' and '-'")
-    spec = with_default_master(spec)
-    if dry_run:
-        _dry_run(spec, run_id or new_run_id(spec.name), runs_dir, fmt)
-        return
-    from .session import up as launch_up  # the launch path loads more modules
-    from .summary import render_summary
-    from .transport import transport_for
-
-    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
-    signal.signal(signal.SIGTERM, _interrupt)  # `ddp-orch down`, kill: tear down like Ctrl-C
-    outcome, run = launch_up(spec, runs_dir=runs_dir, console=console, run_id=run_id,
-                             grace_s=grace, start_timeout_s=start_timeout,
-                             make_transport=functools.partial(
-                                 transport_for,
-                                 strict_host_keys="accept-new" if accept_new_host_keys else None))
-    console.always(render_summary(outcome, run.path))
-    sys.exit(0 if outcome.ok else 130 if outcome.state == "interrupted" else 1)
+    return with_default_master(spec)
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
