@@ -287,7 +287,8 @@ def list_workloads() -> None:
         click.echo(f"{info.name:<8} {info.summary}  (seed {info.seed}, python -m {info.module})")
         for arg in info.args:
             choices = f" [{'|'.join(map(str, arg.choices))}]" if arg.choices else ""
-            click.echo(f"    {arg.flag:<22} {arg.type.__name__:<5} default {arg.default!s:<8}"
+            default = "-" if arg.default is None else str(arg.default)
+            click.echo(f"    {arg.flag:<22} {arg.type.__name__:<5} default {default:<8}"
                        f" {arg.help}{choices}")
         click.echo("")
 
