@@ -110,7 +110,7 @@ def render_table(report: dict[str, Any]) -> str:
 
 def render_markdown(report: dict[str, Any], plots: list[str]) -> str:
     base, ddp = report["baseline"], report["ddp"]
-    head = [f"# DDP scaling report", "",
+    head = ["# DDP scaling report", "",
             f"Baseline run `{base['run_id']}`, DDP run `{ddp['run_id']}`. Same workload "
             "arguments, so the same global batch and the same samples; time is the "
             "training loop's, per-step figures are averages over all steps.", ""]

@@ -160,15 +160,18 @@ class NodeHandle:
         elif self.stop_sent:
             state, reason = "stopped", control.get("reason", "stopped by the controller")
         else:
-            state, reason = "failed", _failure_reason(code, failures, self.node.first_rank)
+            state, reason = "failed", _failure_reason(code, failures, self.node.first_rank,
+                                                      control.get("last_lines") or [])
         return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
                            self.ended_at, failures)
 
 
-def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int) -> str:
-    """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``"""
+def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
+                    last_lines: list[str]) -> str:
+    """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``, or
+    with no worker failure on record, torchrun's own last line (say, no torch)."""
     if not failures:
-        return f"torchrun exited {code}"
+        return f"torchrun exited {code}" + (f": {last_lines[-1].strip()[-300:]}" if last_lines else "")
     first = failures[0]
     rank = first_rank + first["local_rank"]
     message = first["message"].strip().splitlines()

@@ -97,8 +97,9 @@ class Supervisor:
             self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
         relay.join(timeout=2.0)
         self.write_state(child.pid, started, code)
-        self.emit({"event": "exit", "code": code, "reason": reason,
-                   "failures": self.failures(), "duration_s": round(time.time() - started, 3)})
+        last = [line for line in self.tail if line.strip()][-5:] if code else []
+        self.emit({"event": "exit", "code": code, "reason": reason, "failures": self.failures(),
+                   "last_lines": last, "duration_s": round(time.time() - started, 3)})
         return code
 
     def request_stop(self, reason: str) -> None:

@@ -36,7 +36,10 @@ def test_seed_layout_over_two_ssh_hosts(ssh_lab, tmp_path):
     assert {r["cuda_visible_devices"] for r in table[:3]} == {"3,4,5"}
     assert {r["cuda_visible_devices"] for r in table[3:]} == {"0,1,2,3"}
     assert "[node1 node1] [rank3]:" in result.stdout or "[node0 node0] [rank0]:" in result.stdout
-    assert (tmp_path / "remote" / "runs" / "seed-layout" / "node-1" / "code" / "workloads").is_dir()
+    node1 = tmp_path / "remote" / "runs" / "seed-layout" / "node-1"
+    assert (node1 / "code" / "workloads").is_dir()
+    for private in (node1.parent, node1):
+        assert private.stat().st_mode & 0o777 == 0o700
 
 
 @pytest.mark.parametrize("ssh_lab", [3], indirect=True)

@@ -42,17 +42,16 @@ from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST
 
 from ..sshconfig import DEFAULT_SSH_CONFIG, SshTarget, resolve_target
 from .base import ProcessHandle, Transport, TransportError, shell_command
+from .sshauth import (NETWORK_ERRORS, authenticate, check_host_key, describe,
+                      prefer_known_key_types)
 
 EXIT_CONNECTION_LOST = 255
 EXIT_ABORTED = -signal.SIGTERM
-DEFAULT_KEY_FILES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
-_NETWORK_ERRORS = (paramiko.SSHException, EOFError, OSError)
 # sshd carries stdout and stderr as two streams read from two pipes, so merging
 # them on our side loses their relative order. This argv prefix makes the
 # remote command write both to one pipe, like LocalTransport's
 # stderr=STDOUT; it is still quoted by shell_command like any argv.
 _MERGE_STDERR = ("sh", "-c", 'exec "$@" 2>&1', "sh")
-_known_hosts_lock = threading.Lock()  # check-and-append must not interleave
 
 # paramiko logs failures (with tracebacks) from its own threads. Without any
 # handler Python's last-resort handler prints them on stderr, next to our own
@@ -91,14 +90,14 @@ class SshProcessHandle(ProcessHandle):
     def send(self, data: bytes) -> None:
         try:
             self._channel.sendall(data)
-        except _NETWORK_ERRORS:
+        except NETWORK_ERRORS:
             pass  # the command or the connection is gone; poll() tells which
 
     def close_stdin(self) -> None:
         """Send EOF: the remote command reads end-of-file on its stdin."""
         try:
             self._channel.shutdown_write()
-        except _NETWORK_ERRORS:
+        except NETWORK_ERRORS:
             pass
 
     def poll(self) -> int | None:
@@ -138,7 +137,7 @@ class SshProcessHandle(ProcessHandle):
                 message.add_boolean(False)
                 message.add_string("TERM")
                 channel.transport._send_user_message(message)
-        except _NETWORK_ERRORS:
+        except NETWORK_ERRORS:
             pass
         channel.close()
 
@@ -187,9 +186,9 @@ class SshTransport(Transport):
         except paramiko.ChannelException as exc:
             raise self._error(f"sshd refused a new session: {exc.text}",
                               "too many concurrent commands for its MaxSessions?") from None
-        except _NETWORK_ERRORS as exc:
+        except NETWORK_ERRORS as exc:
             raise self._error(f"connection lost while starting `{shlex.join(argv)}`: "
-                              f"{_describe(exc)}") from None
+                              f"{describe(exc)}") from None
         return SshProcessHandle(channel)
 
     def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
@@ -264,9 +263,9 @@ class SshTransport(Transport):
             try:
                 sock = chain[-1].open_channel("direct-tcpip", (target.hostname, target.port),
                                               ("127.0.0.1", 0), timeout=target.connect_timeout)
-            except _NETWORK_ERRORS as exc:
+            except NETWORK_ERRORS as exc:
                 _close_all(chain)
-                reason = exc.text if isinstance(exc, paramiko.ChannelException) else _describe(exc)
+                reason = exc.text if isinstance(exc, paramiko.ChannelException) else describe(exc)
                 raise self._error(f"unreachable: jump host {target.jump.address} cannot "
                                   f"connect to {target.address}: {reason}") from None
         try:
@@ -306,8 +305,7 @@ class SshTransport(Transport):
         try:
             connection._channel_handler_table = _CHANNEL_HANDLERS
             connection.banner_timeout = connection.handshake_timeout = target.connect_timeout
-            known = _known_keys(target)
-            _prefer_key_types(connection, [key.get_name() for key, _ in known.values()])
+            prefer_known_key_types(connection, target)
             try:
                 # start_client returns quietly (no exception) when its own
                 # timeout expires mid-handshake, hence the check after it.
@@ -315,88 +313,17 @@ class SshTransport(Transport):
                 if not (connection.is_active() and connection.initial_kex_done):
                     raise paramiko.SSHException(
                         f"no complete handshake within {target.connect_timeout:g}s")
-            except _NETWORK_ERRORS as exc:
+            except NETWORK_ERRORS as exc:
                 raise self._error(f"unreachable: SSH handshake with {target.address} failed: "
-                                  f"{_describe(exc)}") from None
-            self._check_host_key(connection, target)
-            self._authenticate(connection, target)
+                                  f"{describe(exc)}") from None
+            check_host_key(connection, target, self.host)
+            authenticate(connection, target, self.host)
             if self.keepalive_s:
                 connection.set_keepalive(max(1, int(self.keepalive_s)))
             return connection
         except BaseException:
             connection.close()
             raise
-
-    def _check_host_key(self, connection: paramiko.Transport, target: SshTarget) -> None:
-        """OpenSSH's StrictHostKeyChecking=yes / accept-new, on ``[host]:port``."""
-        offered = connection.get_remote_server_key()
-        name = target.known_hosts_name
-        with _known_hosts_lock:
-            known = _known_keys(target)  # reread: another node may just have added it
-            if known:
-                match = known.get(offered.get_name())
-                if match and match[0].asbytes() == offered.asbytes():
-                    return
-                where = next(iter(known.values()))[1]
-                raise self._error(
-                    f"REFUSED: the host key of {name} has CHANGED: it offers "
-                    f"{offered.get_name()} {offered.fingerprint}, which does not match {where} "
-                    "(a reinstalled host, or a man-in-the-middle)",
-                    f"if the change is expected: ssh-keygen -R {shlex.quote(name)} -f "
-                    f"{shlex.quote(where)}, then connect again")
-            if target.strict_host_keys == "accept-new":
-                _append_known_host(target.known_hosts[0], name, offered)
-                return
-        keyscan = "ssh-keyscan " + ("" if target.port == 22 else f"-p {target.port} ")
-        raise self._error(
-            f"REFUSED: unknown host key for {name} ({offered.get_name()} {offered.fingerprint}); "
-            f"it is not in {', '.join(target.known_hosts) or 'any known_hosts file'}",
-            f"after checking the fingerprint, trust it with: {keyscan}"
-            f"{shlex.quote(target.hostname)} >> {shlex.quote(target.known_hosts[0])} "
-            "-- or set `ssh: {strict_host_keys: accept-new}` in the cluster file")
-
-    def _authenticate(self, connection: paramiko.Transport, target: SshTarget) -> None:
-        """Public-key login: identity files, then ssh-agent, then default keys."""
-        tried: list[str] = []
-        agent = None
-        try:
-            candidates = [(path, _load_key(path, tried)) for path in target.identity_files]
-            if not (target.identities_only and target.identity_files):
-                agent = _agent()
-                candidates += [(f"ssh-agent {key.get_name()} {key.fingerprint}", key)
-                               for key in (agent.get_keys() if agent else ())]
-                candidates += [(path, _load_key(path, tried))
-                               for path in map(os.path.expanduser, DEFAULT_KEY_FILES)
-                               if os.path.exists(path) and path not in target.identity_files]
-            seen: set[bytes] = set()
-            for label, key in candidates:
-                if key is None or key.asbytes() in seen:
-                    continue
-                seen.add(key.asbytes())
-                try:
-                    remaining = connection.auth_publickey(target.user, key)
-                except paramiko.BadAuthenticationType as exc:
-                    raise self._error(f"authentication failed for user {target.user!r}: "
-                                      f"{target.address} does not accept public keys "
-                                      f"(it allows: {', '.join(exc.allowed_types)})") from None
-                except paramiko.AuthenticationException:
-                    tried.append(f"{label} (rejected)")
-                    continue
-                except _NETWORK_ERRORS as exc:
-                    tried.append(f"{label} ({_describe(exc)})")
-                    break
-                if connection.is_authenticated():
-                    return
-                raise self._error(f"authentication for user {target.user!r} needs a further "
-                                  f"step ({', '.join(remaining)}), which is not supported")
-        finally:
-            if agent:
-                agent.close()
-        raise self._error(
-            f"authentication failed for user {target.user!r} on {target.address}; tried: "
-            + ("; ".join(tried) or "no keys (no identity file, ssh-agent or ~/.ssh/id_*)"),
-            f"is the public key in ~{target.user}/.ssh/authorized_keys there? "
-            "Or set ssh.identity_file / ssh.user in the cluster file")
 
     # -- helpers ----------------------------------------------------------
 
@@ -410,78 +337,12 @@ class SshTransport(Transport):
                 return operation(self._sftp[1])
             except (paramiko.SSHException, EOFError) as exc:
                 self._sftp = None
-                raise self._error(f"cannot {what}: {_describe(exc)}") from None
+                raise self._error(f"cannot {what}: {describe(exc)}") from None
             except OSError as exc:  # the SFTP server's answer: ENOENT, EACCES...
                 raise self._error(f"cannot {what}: {exc.strerror or exc}") from None
 
     def _error(self, message: str, hint: str = "") -> TransportError:
         return TransportError(self.host, message, hint)
-
-
-def _known_keys(target: SshTarget) -> dict[str, tuple[paramiko.PKey, str]]:
-    """Key type -> (recorded key, file) for ``target`` across its known_hosts files.
-
-    Loaded file by file so a mismatch can name the file to fix. paramiko
-    handles hashed names and ``[host]:port``; it skips ``@cert-authority``
-    and ``@revoked`` lines.
-    """
-    found: dict[str, tuple[paramiko.PKey, str]] = {}
-    for path in target.known_hosts:
-        if not os.path.isfile(path):
-            continue
-        keys = paramiko.HostKeys()
-        try:
-            keys.load(path)
-        except (OSError, UnicodeDecodeError):
-            continue
-        for key_type, key in (keys.lookup(target.known_hosts_name) or {}).items():
-            found.setdefault(key_type, (key, path))
-    return found
-
-
-def _append_known_host(path: str, name: str, key: paramiko.PKey) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "rb+") as f:
-        f.seek(0, os.SEEK_END)
-        missing_newline = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
-        line = f"{name} {key.get_name()} {key.get_base64()}\n"
-        f.write((("\n" if missing_newline else "") + line).encode())
-
-
-def _prefer_key_types(connection: paramiko.Transport, known_types: list[str]) -> None:
-    """Ask the server first for a host key type we already know (as OpenSSH and
-    paramiko's SSHClient do); otherwise a host with several keys may show one
-    we have no record of and look "changed"."""
-    wanted: list[str] = []
-    for key_type in known_types:
-        wanted += ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" \
-            else [key_type]
-    options = connection.get_security_options()
-    first = [t for t in wanted if t in options.key_types]
-    options.key_types = first + [t for t in options.key_types if t not in first]
-
-
-def _load_key(path: str, tried: list[str]) -> paramiko.PKey | None:
-    if not os.path.exists(path):
-        tried.append(f"{path} (missing)")
-        return None
-    try:
-        return paramiko.PKey.from_path(path)
-    except paramiko.PasswordRequiredException:
-        tried.append(f"{path} (passphrase-protected: load it into ssh-agent)")
-    except (paramiko.SSHException, OSError, ValueError) as exc:
-        tried.append(f"{path} (unusable: {_describe(exc)})")
-    return None
-
-
-def _agent() -> paramiko.Agent | None:
-    if not os.environ.get("SSH_AUTH_SOCK"):
-        return None
-    try:
-        return paramiko.Agent()
-    except paramiko.SSHException:
-        return None
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
@@ -510,8 +371,3 @@ def _ignore_errors(action: Callable[[], object]) -> None:
         action()
     except Exception:
         pass
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, paramiko.SSHException) else f"{type(exc).__name__}: {text}"
