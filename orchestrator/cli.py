@@ -16,7 +16,6 @@ import click
 
 from . import __version__
 from .console import Console
-from .cli_runs import COMMANDS
 from .errors import ConfigError, OrchestratorError
 from .loader import load_cluster_file
 from .localmode import local_spec, with_args
@@ -49,7 +48,22 @@ def friendly_errors_command(command: click.Command) -> click.Command:
 
 class DdpOrchGroup(click.Group):
     """click, with usage mistakes reported like every other bad input:
-    one ``ddp-orch: error:`` line and a hint, exit code 2."""
+    one ``ddp-orch: error:`` line and a hint, exit code 2.
+
+    The run-management commands (``cli_runs``) load only when named, so
+    ``up`` and ``--dry-run`` do not pay for their imports.
+    """
+
+    LAZY = ("ps", "status", "logs", "down")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY and name not in self.commands:
+            from . import cli_runs
+            self.add_command(friendly_errors_command(getattr(cli_runs, name)), name)
+        return super().get_command(ctx, name)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
@@ -292,9 +306,6 @@ def list_workloads() -> None:
                        f" {arg.help}{choices}")
         click.echo("")
 
-
-for _command in COMMANDS:
-    main.add_command(friendly_errors_command(_command))
 
 if __name__ == "__main__":
     main()

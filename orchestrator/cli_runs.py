@@ -108,6 +108,3 @@ def down(run_id: str, grace: float, runs_dir: str) -> None:
     stopped, nodes = run_down(record, grace)
     click.echo(render_down(record, stopped, nodes), nl=False)
     sys.exit(1 if any(n.error for n in nodes) else 0)
-
-
-COMMANDS = (ps, status, logs, down)

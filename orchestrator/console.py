@@ -23,10 +23,17 @@ class Console:
         self.stream = stream or sys.stdout
         self._lock = threading.Lock()
 
-    def node_line(self, node_rank: int, host: str, line: str) -> None:
-        if self.view == "quiet" or (self.view == "rank0" and not line.startswith("[rank0]:")):
+    def node_lines(self, node_rank: int, host: str, text: str) -> None:
+        """A block of complete lines (what the relay read in one go), in one
+        write: a flush per line would cost more than the lines themselves."""
+        if self.view == "quiet":
             return
-        self._write(f"[node{node_rank} {host}] {line.rstrip()}\n")
+        lines = (text[:-1] if text.endswith("\n") else text).split("\n")
+        if self.view == "rank0":
+            lines = [line for line in lines if line.startswith("[rank0]:")]
+        if lines:
+            head = f"[node{node_rank} {host}] "
+            self._write("".join(f"{head}{line.rstrip()}\n" for line in lines))
 
     def info(self, message: str) -> None:
         if self.view != "quiet":

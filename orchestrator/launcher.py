@@ -10,6 +10,7 @@ connection is cut, which the supervisors also treat as "tear down".
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,7 +70,9 @@ class Launch:
         self.bundle_path = bundle_path
         self.grace_s = grace_s
         self.start_timeout_s = start_timeout_s
-        self.handles = [NodeHandle(node, transports[node.node_rank], run, console)
+        self._changed = threading.Event()  # some node's command ended
+        self.handles = [NodeHandle(node, transports[node.node_rank], run, console,
+                                   on_change=self._changed.set)
                         for node in plan.nodes]
         self.interrupted = False
 
@@ -96,6 +99,7 @@ class Launch:
         all to stop and return: ``_teardown`` enforces the deadline."""
         deadline = time.monotonic() + self.start_timeout_s
         while True:
+            self._changed.clear()
             codes = [h.poll() for h in self.handles]
             if all(code is not None for code in codes):
                 return
@@ -114,7 +118,7 @@ class Launch:
                 self._stop_all(f"the rendezvous did not complete within "
                                f"{self.start_timeout_s:g}s; not joined: {names}")
                 return
-            time.sleep(0.05)
+            self._changed.wait(0.5)  # woken at once when a node ends
 
     def _stop_all(self, why: str) -> None:
         self.console.info(f"{why}; stopping every node")

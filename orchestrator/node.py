@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from . import supervisor
 from .console import Console
@@ -49,8 +50,10 @@ def supervisor_spec(node: NodePlan, run_id: str, grace_s: float) -> dict:
 class NodeHandle:
     """Starts a node's supervisor through its transport and relays its output."""
 
-    def __init__(self, node: NodePlan, transport: Transport, run: RunDir, console: Console):
+    def __init__(self, node: NodePlan, transport: Transport, run: RunDir, console: Console,
+                 on_change: Callable[[], None] = lambda: None):
         self.node = node
+        self.on_change = on_change  # called once the node's command has ended
         self.transport = transport
         self.run = run
         self.console = console
@@ -84,20 +87,42 @@ class NodeHandle:
         self._relay.start()
 
     def _relay_output(self) -> None:
+        """Copy what the node prints to its log and the console; take out the
+        supervisor's control lines.
+
+        Whole blocks of lines at a time: one log write and one console write
+        per read, not per line. Per-line relaying cost seconds of controller
+        CPU on a chatty job (bench/log_relay.py). Control lines always start
+        a line of their own (the supervisor sees to it).
+        """
         assert self.process is not None
         prefix = supervisor.CONTROL_PREFIX.encode()
         secrets = secret_values(self.node.env)
         with open(self.run.node_log(self.node.node_rank), "ab") as log:
-            for raw in iter(self.process.stdout.readline, b""):
-                if raw.startswith(prefix):
-                    self._on_event(raw[len(prefix):])
-                    continue
+            for block in _line_blocks(self.process.read_chunk):
+                if prefix in block:
+                    block = self._take_events(block, prefix)
                 if secrets:
-                    raw = scrub(raw, secrets)
-                log.write(raw)
-                log.flush()
-                self.console.node_line(self.node.node_rank, self.node.host,
-                                       raw.decode("utf-8", "replace"))
+                    block = scrub(block, secrets)
+                if block:
+                    log.write(block)
+                    log.flush()
+                    self.console.node_lines(self.node.node_rank, self.node.host,
+                                            block.decode("utf-8", "replace"))
+        try:  # output ends just before the exit status arrives
+            self.process.wait(timeout=10.0)
+        except TimeoutError:
+            pass
+        self.on_change()
+
+    def _take_events(self, block: bytes, prefix: bytes) -> bytes:
+        kept = []
+        for line in block.splitlines(keepends=True):
+            if line.startswith(prefix):
+                self._on_event(line[len(prefix):])
+            else:
+                kept.append(line)
+        return b"".join(kept)
 
     def _on_event(self, payload: bytes) -> None:
         try:
@@ -177,3 +202,23 @@ def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
     message = first["message"].strip().splitlines()
     return (f"torchrun exited {code}; rank {rank} (local rank {first['local_rank']}) failed: "
             f"{message[-1] if message else '?'}")
+
+
+def _line_blocks(read: Callable[[int], bytes], size: int = 65536,
+                 max_line: int = 1 << 20) -> Iterator[bytes]:
+    """Blocks of complete lines from ``read(size)``; at EOF, whatever is left.
+
+    A "line" longer than ``max_line`` without a newline is passed on as is.
+    """
+    pending = b""
+    while chunk := read(size):
+        data = pending + chunk
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) < max_line:
+            pending = data
+            continue
+        cut = cut or len(data)
+        pending = data[cut:]
+        yield data[:cut]
+    if pending:
+        yield pending

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 def new_run_id(name: str, now: float | None = None) -> str:
     """``<name>-YYYYmmdd-HHMMSS-<4 hex>``: sortable, unique, safe in paths."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+    return f"{name}-{stamp}-{os.urandom(2).hex()}"
 
 
 def valid_run_id(run_id: str) -> bool:

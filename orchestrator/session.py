@@ -68,21 +68,30 @@ def _scrubbed_text(spec: ClusterSpec) -> str:
 
 
 def _resolve(plan: RunPlan, transports: Mapping[int, Transport]) -> RunPlan:
-    """Ask the nodes for their home directories and node 0 for the port."""
+    """Ask every node for its home directory and node 0 for the master port,
+    all at once: over SSH each question costs a remote command."""
     homes: dict[int, str] = {}
+    found: list[int] = []
 
-    def ask_home(node_rank: int) -> None:
-        homes[node_rank] = transports[node_rank].home()
+    def ask(job: tuple[str, int]) -> None:
+        what, k = job
+        if what == "home":
+            homes[k] = transports[k].home()
+        else:
+            found.append(_master_port(plan, transports[0]))
 
-    parallel(ask_home, [n.node_rank for n in plan.nodes], "connecting to the nodes",
-             lambda k: f"node {k} ({plan.nodes[k].host})")
-    node0 = plan.nodes[0]
+    jobs = [("home", n.node_rank) for n in plan.nodes] + [("port", 0)]
+    parallel(ask, jobs, "connecting to the nodes",
+             lambda job: f"node {job[1]} ({plan.nodes[job[1]].host})")
+    return resolve_plan(plan, master_port=found[0], homes=homes)
+
+
+def _master_port(plan: RunPlan, node0: Transport) -> int:
+    python = plan.nodes[0].python
     if plan.master_port == AUTO_PORT:
-        port = ports.pick_free_port(transports[0], node0.python)
-    else:
-        port = int(plan.master_port)
-        ports.check_port_free(transports[0], node0.python, port)
-    return resolve_plan(plan, master_port=port, homes=homes)
+        return ports.pick_free_port(node0, python)
+    ports.check_port_free(node0, python, int(plan.master_port))
+    return int(plan.master_port)
 
 
 def _fetch_result(plan: RunPlan, node0: Transport, run: RunDir) -> dict | None:

@@ -25,21 +25,21 @@ read from torchrun's error files.
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import glob
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 
 CONTROL_PREFIX = "::ddp-orch::"
 STATE_FILE = "supervisor.json"
+TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -62,12 +62,15 @@ class Supervisor:
                        f"DDP_ORCH_NODE_RANK={spec['node_rank']}")
         self.grace_s = float(spec.get("grace_s", 10.0))
         self.stop_reason = ""
-        self.stop_requested = threading.Event()
+        self.stop_requested = False
         self.hurry = threading.Event()  # skip the grace period: SIGKILL now
         self.out = sys.stdout.buffer
         self.out_lock = threading.Lock()
         self.torchrun_pid = -1
-        self.tail: collections.deque[str] = collections.deque(maxlen=200)
+        self.tail = b""  # torchrun's last output, split into lines only on failure
+        self.exited = threading.Event()
+        self.exit_code: int | None = None
+        self.wakeup = _Wakeup()  # torchrun exited or a stop was requested
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -85,6 +88,7 @@ class Supervisor:
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         self.torchrun_pid = child.pid
+        threading.Thread(target=self.reap_torchrun, args=(child.pid,), daemon=True).start()
         self.write_state(child.pid, started, None)
         relay = threading.Thread(target=self.relay, args=(child.stdout,), daemon=True)
         relay.start()
@@ -97,15 +101,16 @@ class Supervisor:
             self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
         relay.join(timeout=2.0)
         self.write_state(child.pid, started, code)
-        last = [line for line in self.tail if line.strip()][-5:] if code else []
+        last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
         self.emit({"event": "exit", "code": code, "reason": reason, "failures": self.failures(),
                    "last_lines": last, "duration_s": round(time.time() - started, 3)})
         return code
 
     def request_stop(self, reason: str) -> None:
-        if not self.stop_requested.is_set():
+        if not self.stop_requested:
             self.stop_reason = reason
-            self.stop_requested.set()
+            self.stop_requested = True
+            self.wakeup.set()
 
     def watch_stdin(self) -> None:
         """``stop``: graceful teardown; ``kill``: no grace; EOF (the controller
@@ -133,20 +138,43 @@ class Supervisor:
                     return
 
     def relay(self, stream) -> None:
-        """Copy torchrun's output to ours, keeping its last lines for ``failures``."""
-        partial = b""
+        """Copy torchrun's output to ours, whole lines at a time, so that a
+        control line from ``emit`` always starts a line of its own."""
+        pending = b""
         for chunk in iter(lambda: stream.read1(65536), b""):
-            with self.out_lock:
-                self.out.write(chunk)
-                self.out.flush()
-            *lines, partial = (partial + chunk).split(b"\n")
-            self.tail.extend(line.decode("utf-8", "replace") for line in lines)
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0 and len(data) < TAIL_BYTES:
+                pending = data
+                continue
+            if cut == 0:
+                cut = len(data)  # a huge line without a newline: pass it on anyway
+            self.write_out(data[:cut])
+            pending = data[cut:]
+        if pending:
+            self.write_out(pending + b"\n")
+
+    def write_out(self, data: bytes) -> None:
+        with self.out_lock:
+            self.out.write(data)
+            self.out.flush()
+        self.tail = (self.tail + data)[-TAIL_BYTES:]
+
+    def tail_lines(self) -> list[str]:
+        """torchrun's last (up to 200) lines."""
+        return self.tail.decode("utf-8", "replace").splitlines()[-200:]
 
     def emit(self, payload: dict) -> None:
         line = (CONTROL_PREFIX + " " + json.dumps(payload) + "\n").encode()
         with self.out_lock:
             self.out.write(line)
             self.out.flush()
+
+    def reap_torchrun(self, pid: int) -> None:
+        """Block until torchrun exits: the run's end is seen at once, no polling."""
+        self.exit_code = _reap(pid, block=True)
+        self.exited.set()
+        self.wakeup.set()
 
     def wait(self, pid: int) -> int | None:
         """torchrun's exit code, or None once a stop is requested.
@@ -158,16 +186,14 @@ class Supervisor:
         rendezvous happens only after every node has joined.
         """
         milestones = ["joined", "started"]
-        tick = 0
         while True:
-            tick += 1
-            code = _reap(pid)
-            if code is not None:
-                return code
-            if milestones and tick % 5 == 0:
-                self.check_milestones(pid, milestones)
-            if self.stop_requested.wait(0.05):
+            if self.exited.is_set():
+                return self.exit_code
+            if self.stop_requested:
                 return None
+            if milestones:
+                self.check_milestones(pid, milestones)
+            self.wakeup.wait(0.25 if milestones else None)
 
     def check_milestones(self, pid: int, milestones: list[str]) -> None:
         port = self.spec.get("master_port")
@@ -182,20 +208,9 @@ class Supervisor:
 
     def teardown(self, pid: int, grace_s: float | None = None) -> int:
         """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""
-        codes: list[int] = []
-
-        def tick() -> None:
-            if not codes:
-                code = _reap(pid)
-                if code is not None:
-                    codes.append(code)
-
-        terminate(self.processes, self.grace_s if grace_s is None else grace_s, tick,
-                  hurry=self.hurry)
-        if not codes:
-            code = _reap(pid, block=True)
-            codes.append(code if code is not None else 128 + signal.SIGKILL)
-        return codes[0]
+        terminate(self.processes, self.grace_s if grace_s is None else grace_s, hurry=self.hurry)
+        self.exited.wait(30.0)  # SIGKILL was sent: torchrun is gone or going
+        return self.exit_code if self.exit_code is not None else 128 + signal.SIGKILL
 
     def processes(self) -> set[int]:
         """Live processes of this run on this node: descendants and marked ones."""
@@ -233,7 +248,7 @@ class Supervisor:
                         "timestamp": int(extra.get("timestamp", 0) or 0),
                         "error_file": os.path.relpath(path, self.run_dir)})
         if not out:  # e.g. a worker killed by a signal writes no error file
-            out = _root_cause_from_summary(list(self.tail))
+            out = _root_cause_from_summary(self.tail_lines())
         return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
 
     def write_state(self, child_pid: int, started: float, code: int | None) -> None:
@@ -246,8 +261,35 @@ class Supervisor:
         os.replace(tmp, STATE_FILE)
 
 
-def terminate(find, grace_s: float, tick=lambda: None,
-              hurry: threading.Event | None = None) -> set[int]:
+class _Wakeup:
+    """Wakes the main thread, from other threads and from signal handlers.
+
+    A pipe, not a ``threading.Event``: signal handlers run on the main
+    thread, and setting an Event there deadlocks if the handler interrupted
+    that thread while it held the Event's lock.
+    """
+
+    def __init__(self):
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    def wait(self, timeout: float | None) -> None:
+        select.select([self._read], [], [], timeout)
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def terminate(find, grace_s: float, hurry: threading.Event | None = None) -> set[int]:
     """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (cut short when
     ``hurry`` is set), then SIGKILL until nothing is left (new forks
     included). Returns every pid signalled."""
@@ -255,7 +297,6 @@ def terminate(find, grace_s: float, tick=lambda: None,
     _signal_all(seen, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and not (hurry and hurry.is_set()):
-        tick()
         left = find()
         seen |= left
         if not left:
@@ -268,7 +309,6 @@ def terminate(find, grace_s: float, tick=lambda: None,
         seen |= left
         _signal_all(left, signal.SIGKILL)
         time.sleep(0.02)
-        tick()
     return seen
 
 
@@ -335,6 +375,8 @@ def _root_cause_from_summary(lines: list[str]) -> list[dict]:
 
 
 def _extract(bundle: str, run_dir: str) -> None:
+    import tarfile  # only here: it is a good part of the supervisor's start time
+
     with tarfile.open(os.path.join(run_dir, bundle)) as tar:
         if hasattr(tarfile, "data_filter"):
             tar.extractall(run_dir, filter="data")

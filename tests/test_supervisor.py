@@ -81,3 +81,20 @@ def test_sigterm_to_the_supervisor_tears_down(tmp_path):
     handle.wait(timeout=20)
     assert control_of(handle)["reason"] == "got SIGTERM"
     assert wait_gone(run_id, 5) == set()
+
+
+def test_control_line_starts_a_line_even_after_a_partial_one(tmp_path):
+    """The program's last line has no newline; the exit event must still be
+    a line of its own, or the controller would relay it as output."""
+    run_id = f"sup-partial-{os.getpid()}"
+    spec = {"run_id": run_id, "node_rank": 0, "run_dir": str(tmp_path / "node-0"),
+            "argv": [sys.executable, "-c", "import sys; sys.stdout.write('one\\ntwo, no newline')"],
+            "env": {}, "unset_env": [], "bundle": None, "grace_s": 1.0}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    handle = LocalTransport().start([sys.executable, supervisor.__file__, str(spec_path)])
+    assert handle.wait(timeout=20) == 0
+    lines = handle.stdout.read().decode().splitlines()
+    assert lines[:2] == ["one", "two, no newline"]
+    assert lines[2].startswith(supervisor.CONTROL_PREFIX) and len(lines) == 3
+    assert json.loads(lines[2][len(supervisor.CONTROL_PREFIX):])["code"] == 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 RESULT_FILE_ENV = "DDP_ORCH_RESULT_FILE"
@@ -40,6 +39,8 @@ def write_json_atomic(path: str, payload: Any) -> None:
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
+    import tempfile  # imported here: the controller loads this module, a dry run never writes
+
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -56,6 +56,13 @@ class ProcessHandle(ABC):
 
     stdout: BinaryIO
 
+    def read_chunk(self, size: int) -> bytes:
+        """Up to ``size`` bytes of output, as soon as any is there; b"" at EOF.
+
+        Use either this or ``stdout``, not both: they do not share a buffer.
+        """
+        return self.stdout.read1(size)
+
     @abstractmethod
     def send(self, data: bytes) -> None:
         """Write ``data`` to the command's stdin."""

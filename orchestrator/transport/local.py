@@ -36,6 +36,12 @@ class LocalProcessHandle(ProcessHandle):
     def poll(self) -> int | None:
         return self._popen.poll()
 
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"still running after {timeout:.1f}s") from None
+
     def abort(self) -> None:
         """SIGKILL the command's whole process group (it leads its own session)."""
         if self._popen.poll() is None:

@@ -87,6 +87,17 @@ class SshProcessHandle(ProcessHandle):
         self._aborted = False
         self.stdout = channel.makefile("rb")  # type: ignore[assignment]
 
+    def read_chunk(self, size: int) -> bytes:
+        """The channel's data as it arrives, straight from paramiko's buffer
+        (``stdout.readline`` would cost a Python loop per line)."""
+        return self._channel.recv(size)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block on paramiko's exit-status event instead of polling."""
+        if not self._channel.status_event.wait(timeout):
+            raise TimeoutError(f"still running after {timeout:.1f}s")
+        return super().wait(timeout=1.0)
+
     def send(self, data: bytes) -> None:
         try:
             self._channel.sendall(data)
