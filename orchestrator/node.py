@@ -42,6 +42,7 @@ class NodeOutcome:
 def supervisor_spec(node: NodePlan, run_id: str, grace_s: float) -> dict:
     """The JSON the node supervisor reads: the plan's env and argv, verbatim."""
     return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
+            "first_rank": node.first_rank, "nproc": node.nproc,
             "master_port": node.argv[node.argv.index("--master-port") + 1],
             "argv": list(node.argv), "env": dict(node.env),
             "unset_env": list(node.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s}

@@ -29,7 +29,6 @@ TORCHRUN = ("-m", "torch.distributed.run")
 # With it set, torchrun assumes every node has the same nproc and numbers
 # heterogeneous layouts wrongly, so it is removed from every node's env.
 UNSET_ENV = ("TORCH_ELASTIC_WORKER_IDENTICAL",)
-RANK_PREFIX = "[rank${rank}]: "  # torchrun expands ${rank} itself
 
 
 @dataclass(frozen=True)
@@ -116,14 +115,14 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str) -> RunPlan
         env[contract.NODE_RANK_ENV] = str(k)
         env[contract.RESULT_FILE_ENV] = f"{run_dir}/{contract.RESULT_FILE_NAME}"
         env["PYTHONPATH"] = f"{run_dir}/code"
-        env["PYTHONUNBUFFERED"] = "1"  # torchrun relays tee'd worker lines via print()
+        env["PYTHONUNBUFFERED"] = "1"  # worker lines reach their log files as printed
         argv = (node.python, *TORCHRUN,
                 "--nnodes", str(len(spec.nodes)), "--node-rank", str(k),
                 "--nproc-per-node", str(node.nproc),
                 "--master-addr", master_addr, "--master-port", str(spec.master_port),
                 "--rdzv-backend", "static", "--rdzv-id", run_id, "--max-restarts", "0",
-                "--log-dir", f"{run_dir}/torchrun", "--tee", "3",
-                "--log-line-prefix-template", RANK_PREFIX,
+                # Workers write to files; the supervisor relays them (WorkerLogs).
+                "--log-dir", f"{run_dir}/torchrun", "--redirects", "3",
                 *_entrypoint(spec, run_dir))
         nodes.append(NodePlan(
             node_rank=k, host=node.host, is_local=node.is_local, ssh=node.ssh,

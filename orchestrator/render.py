@@ -137,7 +137,9 @@ def render_shell(plan: RunPlan) -> str:
     out = [f"# {plan.run_id}: world size {plan.world_size}, master "
            f"{plan.master_addr}:{plan.master_port}",
            "# ddp-orch uploads the workload code into each run dir's code/ first;",
-           "# to start by hand, copy it there, then run each line on its node."]
+           "# to start by hand, copy it there, then run each line on its node.",
+           "# Worker output goes to files (--redirects 3), which ddp-orch relays;",
+           "# by hand: tail -F torchrun/*/attempt_0/*/std*.log in the run dir."]
     for node in plan.nodes:
         out += ["", f"# {_node_header(node)}", node_shell_line(node)]
     return "\n".join(out) + "\n"

@@ -18,9 +18,11 @@ down (SIGTERM, a grace period, SIGKILL) when
 * it gets SIGTERM, SIGINT or SIGHUP,
 * torchrun exits (leftover workers are removed).
 
-Its output is torchrun's output, then one control line starting with
-``CONTROL_PREFIX`` carrying the exit code, the reason and the root cause
-read from torchrun's error files.
+Its output is torchrun's own output and the workers' lines, each prefixed
+``[rankN]: `` (torchrun runs with ``--redirects 3``; ``WorkerLogs`` follows
+the files), then one control line starting with ``CONTROL_PREFIX`` carrying
+the exit code, the reason and the root cause read from torchrun's error
+files.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import time
 CONTROL_PREFIX = "::ddp-orch::"
 STATE_FILE = "supervisor.json"
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
+FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -71,6 +74,7 @@ class Supervisor:
         self.exited = threading.Event()
         self.exit_code: int | None = None
         self.wakeup = _Wakeup()  # torchrun exited or a stop was requested
+        self.workers_done = threading.Event()  # follow the worker logs to their end
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -92,6 +96,8 @@ class Supervisor:
         self.write_state(child.pid, started, None)
         relay = threading.Thread(target=self.relay, args=(child.stdout,), daemon=True)
         relay.start()
+        follower = threading.Thread(target=self.follow_workers, daemon=True)
+        follower.start()
         code = self.wait(child.pid)
         if code is None:  # stop requested before torchrun finished
             code = self.teardown(child.pid)
@@ -99,6 +105,8 @@ class Supervisor:
         else:
             reason = "torchrun exited"
             self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
+        self.workers_done.set()  # every worker is gone: what is in the files is all
+        follower.join(timeout=10.0)
         relay.join(timeout=2.0)
         self.write_state(child.pid, started, code)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
@@ -150,15 +158,30 @@ class Supervisor:
             if cut == 0:
                 cut = len(data)  # a huge line without a newline: pass it on anyway
             self.write_out(data[:cut])
+            self.tail = (self.tail + data[:cut])[-TAIL_BYTES:]
             pending = data[cut:]
         if pending:
             self.write_out(pending + b"\n")
+            self.tail = (self.tail + pending + b"\n")[-TAIL_BYTES:]
+
+    def follow_workers(self) -> None:
+        """Relay the workers' log files until every worker is gone."""
+        logs = WorkerLogs(self.run_dir, self.spec["run_id"], int(self.spec.get("first_rank", 0)),
+                          int(self.spec.get("nproc", 0)))
+        while not self.workers_done.is_set():
+            data = logs.read()
+            if data:
+                self.write_out(data)
+            else:
+                self.workers_done.wait(FOLLOW_POLL_S)
+        self.write_out(logs.read(final=True))
 
     def write_out(self, data: bytes) -> None:
-        with self.out_lock:
-            self.out.write(data)
-            self.out.flush()
-        self.tail = (self.tail + data)[-TAIL_BYTES:]
+        """Whole lines only (one writer at a time), so control lines stay whole."""
+        if data:
+            with self.out_lock:
+                self.out.write(data)
+                self.out.flush()
 
     def tail_lines(self) -> list[str]:
         """torchrun's last (up to 200) lines."""
@@ -259,6 +282,68 @@ class Supervisor:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(state, fh)
         os.replace(tmp, STATE_FILE)
+
+
+class WorkerLogs:
+    """Follows the per-rank stdout/stderr files of ``torchrun --redirects``
+    and returns their new lines, whole and prefixed with ``[rankN]: ``.
+
+    Instead of torchrun's ``--tee``: its tailer prints and flushes line by
+    line, and when it reads a file in the middle of a write it prints the
+    two halves of the line as two lines. Here a partial last line waits for
+    its newline, unless it stays partial for ``STALE_S`` (a progress bar
+    redrawn with ``\r``), and the prefix goes in with one ``bytes.replace``.
+    """
+
+    def __init__(self, run_dir: str, rdzv_id: str, first_rank: int, nproc: int):
+        # torchrun's layout: <log-dir>/<rdzv-id>_<random>/attempt_<n>/<local rank>/
+        self.pattern = os.path.join(run_dir, "torchrun", glob.escape(rdzv_id) + "_*", "attempt_0")
+        self.first_rank = first_rank
+        self.nproc = nproc
+        self.files: list[_FollowedFile] = []
+
+    def read(self, final: bool = False) -> bytes:
+        if not self.files and self.nproc:
+            found = glob.glob(self.pattern)
+            if not found:
+                return b""
+            self.files = [_FollowedFile(os.path.join(found[0], str(i), name),
+                                        f"[rank{self.first_rank + i}]: ".encode())
+                          for i in range(self.nproc) for name in ("stdout.log", "stderr.log")]
+        return b"".join(f.read(final) for f in self.files)
+
+
+class _FollowedFile:
+    STALE_S = 1.0
+    MAX_PARTIAL = 1 << 20
+
+    def __init__(self, path: str, prefix: bytes):
+        self.path = path
+        self.prefix = prefix
+        self.fh = None
+        self.partial = b""
+        self.partial_since = 0.0
+
+    def read(self, final: bool) -> bytes:
+        if self.fh is None:
+            try:
+                self.fh = open(self.path, "rb", buffering=0)
+            except FileNotFoundError:
+                return b""
+        data = self.partial + (self.fh.read(1 << 22) or b"")
+        cut = data.rfind(b"\n") + 1
+        now = time.monotonic()
+        if cut or not self.partial:
+            self.partial_since = now  # the bytes after ``cut`` are a new partial line
+        stale = now - self.partial_since >= self.STALE_S
+        if final or stale or len(data) - cut > self.MAX_PARTIAL:
+            cut = len(data)
+        block, self.partial = data[:cut], data[cut:]
+        if not block:
+            return b""
+        if not block.endswith(b"\n"):
+            block += b"\n"
+        return self.prefix + block[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n"
 
 
 class _Wakeup:

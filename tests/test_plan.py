@@ -104,7 +104,7 @@ def test_script_workload_runs_from_uploaded_dir(tmp_path):
                              "  args: {lr: 0.1, amp: true, tags: [x, y]}\n",
                              source="c.yaml", base_dir=str(tmp_path))
     node = build_plan(spec, run_id=RUN, local_run_dir="r").nodes[0]
-    tail = node.argv[node.argv.index("--log-line-prefix-template") + 2:]
+    tail = node.argv[node.argv.index("--redirects") + 2:]
     assert tail == (f"{node.run_dir}/script/train.py", "--lr", "0.1", "--amp", "--tags", "x", "y")
 
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from orchestrator import ports
+from orchestrator import ports, supervisor
 from orchestrator.console import Console
 from orchestrator.errors import LaunchError
 from orchestrator.node import _line_blocks
@@ -53,3 +53,35 @@ def test_local_port_checks_bind_in_process():
     free = ports.pick_free_port(LocalTransport(), "no-such-python")
     assert 0 < free < 65536
     ports.check_port_free(LocalTransport(), "no-such-python", free)
+
+
+def worker_files(tmp_path, nproc: int = 2):
+    attempt = tmp_path / "torchrun" / "run-1_ab12cd" / "attempt_0"
+    for i in range(nproc):
+        (attempt / str(i)).mkdir(parents=True)
+    return attempt
+
+
+def test_worker_logs_relay_whole_lines_with_the_global_rank(tmp_path):
+    logs = supervisor.WorkerLogs(str(tmp_path), "run-1", first_rank=3, nproc=2)
+    assert logs.read() == b""  # torchrun has not made its log dir yet
+    attempt = worker_files(tmp_path)
+    with open(attempt / "0" / "stdout.log", "ab", buffering=0) as out0, \
+            open(attempt / "1" / "stderr.log", "ab", buffering=0) as err1:
+        out0.write(b"step 1\nstep 2\nhalf a li")
+        err1.write(b"Traceback\n")
+        assert logs.read() == b"[rank3]: step 1\n[rank3]: step 2\n[rank4]: Traceback\n"
+        out0.write(b"ne\n")
+        assert logs.read() == b"[rank3]: half a line\n"  # never cut in two
+        out0.write(b"no newline at exit")
+        assert logs.read() == b""
+        assert logs.read(final=True) == b"[rank3]: no newline at exit\n"
+
+
+def test_a_partial_line_that_stays_partial_is_shown_anyway(tmp_path, monkeypatch):
+    """A progress bar redrawn with \\r never ends its line; it must not stay hidden."""
+    monkeypatch.setattr(supervisor._FollowedFile, "STALE_S", 0.0)
+    attempt = worker_files(tmp_path, nproc=1)
+    (attempt / "0" / "stderr.log").write_bytes(b" 10%|#   |\r 20%|##  |")
+    logs = supervisor.WorkerLogs(str(tmp_path), "run-1", first_rank=0, nproc=1)
+    assert logs.read() == b"[rank0]:  10%|#   |\r 20%|##  |\n"
