@@ -26,12 +26,11 @@ def start(tmp_path, run_id: str, *extra: str, grace_s: float = 1.0):
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     handle = LocalTransport().start([sys.executable, supervisor.__file__, str(spec_path)])
-    lines = []
-    while not any(l.startswith(b"worker up") for l in lines[-2:]) or \
-            sum(l.startswith(b"worker up") for l in lines) < 2:
+    seen = b""
+    while seen.count(b"worker up") < 2:  # counted, not matched per line: robust to interleaving
         line = handle.stdout.readline()
-        assert line, b"".join(lines)
-        lines.append(line)
+        assert line, seen
+        seen += line
     return handle
 
 

@@ -9,7 +9,10 @@ import subprocess
 import sys
 import time
 
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('worker up', flush=True); time.sleep(600)"
+# One os.write per line: with PYTHONUNBUFFERED, print() issues the text and the
+# newline as two writes, and two workers' lines can interleave on the pipe.
+STUBBORN = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "os.write(1, b'worker up\\n'); time.sleep(600)")
 
 children = [subprocess.Popen([sys.executable, "-c", STUBBORN], start_new_session=True)
             for _ in range(2)]
