@@ -80,6 +80,7 @@ if not os.path.isfile(script):
     print('{"killed": []}')
     sys.exit(0)
 sys.argv = [script, "--down"] + sys.argv[2:]
+sys.path.insert(0, os.path.dirname(script))  # the modules shipped next to it
 runpy.run_path(script, run_name="__main__")
 """
 

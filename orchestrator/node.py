@@ -74,7 +74,9 @@ class NodeHandle:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(supervisor_spec(self.node, run_id, grace_s), fh)
         put = self.transport.put_file
-        put(supervisor.__file__, f"{self.node.run_dir}/supervisor.py", 0o600)
+        here = os.path.dirname(supervisor.__file__)
+        for name in supervisor.SHIPPED:
+            put(os.path.join(here, name), f"{self.node.run_dir}/{name}", 0o600)
         put(bundle_path, f"{self.node.run_dir}/{BUNDLE_NAME}", 0o600)
         put(spec_local, f"{self.node.run_dir}/spec.json", 0o600)
         os.unlink(spec_local)  # it holds env values in clear; the node keeps its copy

@@ -1,7 +1,8 @@
 """ddp-orch node supervisor: runs one node's torchrun and owns its teardown.
 
-Stdlib only, one file: the controller copies it to every node next to the
-run's code, so a node needs nothing but Python and torch. Usage::
+Stdlib only: the controller copies it, with the two modules it imports
+(``SHIPPED``), to every node next to the run's code, so a node needs nothing
+but Python and torch. Usage::
 
     python supervisor.py SPEC.json
     python supervisor.py --down RUN_ID NODE_RANK GRACE_S   (used by `ddp-orch down`)
@@ -27,7 +28,6 @@ files.
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import json
 import os
@@ -39,11 +39,19 @@ import sys
 import threading
 import time
 
+try:  # imported by the controller, as part of the package
+    from . import nodeprocs as procs
+    from .workerlogs import WorkerLogs
+except ImportError:  # run as a script on a node, next to its shipped siblings
+    import nodeprocs as procs  # type: ignore[no-redef]
+    from workerlogs import WorkerLogs  # type: ignore[no-redef]
+
+# What the controller uploads into each node's run directory.
+SHIPPED = ("supervisor.py", "nodeprocs.py", "workerlogs.py")
 CONTROL_PREFIX = "::ddp-orch::"
 STATE_FILE = "supervisor.json"
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
-PR_SET_CHILD_SUBREAPER = 36
 
 
 def main(argv: list[str]) -> int:
@@ -81,7 +89,7 @@ class Supervisor:
         os.chdir(self.run_dir)
         if self.spec.get("bundle"):
             _extract(self.spec["bundle"], self.run_dir)
-        _become_subreaper()
+        procs.become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, _f: self.request_stop(f"got {signal.Signals(signum).name}"))
         threading.Thread(target=self.watch_stdin, daemon=True).start()
@@ -177,25 +185,30 @@ class Supervisor:
         self.write_out(logs.read(final=True))
 
     def write_out(self, data: bytes) -> None:
-        """Whole lines only (one writer at a time), so control lines stay whole."""
+        """Whole lines only (one writer at a time), so control lines stay whole.
+
+        A controller that is gone (killed, or its SSH link dropped) closes our
+        stdout: the output is dropped, the relay keeps draining torchrun so it
+        never blocks on a full pipe, and stdin EOF drives the teardown.
+        """
         if data:
             with self.out_lock:
-                self.out.write(data)
-                self.out.flush()
+                try:
+                    self.out.write(data)
+                    self.out.flush()
+                except (BrokenPipeError, ValueError):  # ValueError: stdout closed
+                    pass
 
     def tail_lines(self) -> list[str]:
         """torchrun's last (up to 200) lines."""
         return self.tail.decode("utf-8", "replace").splitlines()[-200:]
 
     def emit(self, payload: dict) -> None:
-        line = (CONTROL_PREFIX + " " + json.dumps(payload) + "\n").encode()
-        with self.out_lock:
-            self.out.write(line)
-            self.out.flush()
+        self.write_out((CONTROL_PREFIX + " " + json.dumps(payload) + "\n").encode())
 
     def reap_torchrun(self, pid: int) -> None:
         """Block until torchrun exits: the run's end is seen at once, no polling."""
-        self.exit_code = _reap(pid, block=True)
+        self.exit_code = procs.reap(pid, block=True)
         self.exited.set()
         self.wakeup.set()
 
@@ -220,18 +233,18 @@ class Supervisor:
 
     def check_milestones(self, pid: int, milestones: list[str]) -> None:
         port = self.spec.get("master_port")
-        if milestones[0] == "joined" and port and _connected_to(pid, int(port)):
+        if milestones[0] == "joined" and port and procs.connected_to(pid, int(port)):
             milestones.pop(0)
             self.emit({"event": "joined"})
         if milestones and milestones[0] == "started":
-            workers = [p for p, ppid, state in _proc_table() if ppid == pid and state != "Z"]
+            workers = [p for p, ppid, state in procs.proc_table() if ppid == pid and state != "Z"]
             if workers:
                 milestones.pop(0)
                 self.emit({"event": "started", "workers": len(workers)})
 
     def teardown(self, pid: int, grace_s: float | None = None) -> int:
         """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""
-        terminate(self.processes, self.grace_s if grace_s is None else grace_s, hurry=self.hurry)
+        procs.terminate(self.processes, self.grace_s if grace_s is None else grace_s, hurry=self.hurry)
         self.exited.wait(30.0)  # SIGKILL was sent: torchrun is gone or going
         return self.exit_code if self.exit_code is not None else 128 + signal.SIGKILL
 
@@ -239,10 +252,10 @@ class Supervisor:
         """Live processes of this run on this node: descendants and marked ones."""
         me = os.getpid()
         children: dict[int, list[int]] = {}
-        for pid, ppid, state in _proc_table():
+        for pid, ppid, state in procs.proc_table():
             if state == "Z":
                 if ppid == me and pid != self.torchrun_pid:
-                    _reap(pid)  # an orphan that re-parented to us (subreaper)
+                    procs.reap(pid)  # an orphan that re-parented to us (subreaper)
                 continue
             children.setdefault(ppid, []).append(pid)
         found, stack = set(), [me]
@@ -251,7 +264,7 @@ class Supervisor:
                 if child not in found:
                     found.add(child)
                     stack.append(child)
-        return found | marked_processes(self.marker)
+        return found | procs.marked_processes(self.marker)
 
     def failures(self) -> list[dict]:
         """Worker failures from torchrun's error files, earliest first."""
@@ -284,68 +297,6 @@ class Supervisor:
         os.replace(tmp, STATE_FILE)
 
 
-class WorkerLogs:
-    """Follows the per-rank stdout/stderr files of ``torchrun --redirects``
-    and returns their new lines, whole and prefixed with ``[rankN]: ``.
-
-    Instead of torchrun's ``--tee``: its tailer prints and flushes line by
-    line, and when it reads a file in the middle of a write it prints the
-    two halves of the line as two lines. Here a partial last line waits for
-    its newline, unless it stays partial for ``STALE_S`` (a progress bar
-    redrawn with ``\r``), and the prefix goes in with one ``bytes.replace``.
-    """
-
-    def __init__(self, run_dir: str, rdzv_id: str, first_rank: int, nproc: int):
-        # torchrun's layout: <log-dir>/<rdzv-id>_<random>/attempt_<n>/<local rank>/
-        self.pattern = os.path.join(run_dir, "torchrun", glob.escape(rdzv_id) + "_*", "attempt_0")
-        self.first_rank = first_rank
-        self.nproc = nproc
-        self.files: list[_FollowedFile] = []
-
-    def read(self, final: bool = False) -> bytes:
-        if not self.files and self.nproc:
-            found = glob.glob(self.pattern)
-            if not found:
-                return b""
-            self.files = [_FollowedFile(os.path.join(found[0], str(i), name),
-                                        f"[rank{self.first_rank + i}]: ".encode())
-                          for i in range(self.nproc) for name in ("stdout.log", "stderr.log")]
-        return b"".join(f.read(final) for f in self.files)
-
-
-class _FollowedFile:
-    STALE_S = 1.0
-    MAX_PARTIAL = 1 << 20
-
-    def __init__(self, path: str, prefix: bytes):
-        self.path = path
-        self.prefix = prefix
-        self.fh = None
-        self.partial = b""
-        self.partial_since = 0.0
-
-    def read(self, final: bool) -> bytes:
-        if self.fh is None:
-            try:
-                self.fh = open(self.path, "rb", buffering=0)
-            except FileNotFoundError:
-                return b""
-        data = self.partial + (self.fh.read(1 << 22) or b"")
-        cut = data.rfind(b"\n") + 1
-        now = time.monotonic()
-        if cut or not self.partial:
-            self.partial_since = now  # the bytes after ``cut`` are a new partial line
-        stale = now - self.partial_since >= self.STALE_S
-        if final or stale or len(data) - cut > self.MAX_PARTIAL:
-            cut = len(data)
-        block, self.partial = data[:cut], data[cut:]
-        if not block:
-            return b""
-        if not block.endswith(b"\n"):
-            block += b"\n"
-        return self.prefix + block[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n"
-
-
 class _Wakeup:
     """Wakes the main thread, from other threads and from signal handlers.
 
@@ -374,66 +325,12 @@ class _Wakeup:
             pass
 
 
-def terminate(find, grace_s: float, hurry: threading.Event | None = None) -> set[int]:
-    """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (cut short when
-    ``hurry`` is set), then SIGKILL until nothing is left (new forks
-    included). Returns every pid signalled."""
-    seen = set(find())
-    _signal_all(seen, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and not (hurry and hurry.is_set()):
-        left = find()
-        seen |= left
-        if not left:
-            return seen
-        time.sleep(0.05)
-    for _ in range(100):
-        left = find()
-        if not left:
-            break
-        seen |= left
-        _signal_all(left, signal.SIGKILL)
-        time.sleep(0.02)
-    return seen
-
-
-def marked_processes(marker: tuple[str, ...]) -> set[int]:
-    """Live processes whose environment carries every ``NAME=value`` of ``marker``."""
-    me = os.getpid()
-    return {pid for pid, _ppid, state in _proc_table()
-            if state != "Z" and pid != me and _has_marker(pid, marker)}
-
-
 def down(run_id: str, node_rank: str, grace_s: float) -> int:
     """``ddp-orch down``'s node side: end the run's processes found by marker."""
     marker = (f"DDP_ORCH_RUN_ID={run_id}", f"DDP_ORCH_NODE_RANK={node_rank}")
-    killed = terminate(lambda: marked_processes(marker), grace_s)
+    killed = procs.terminate(lambda: procs.marked_processes(marker), grace_s)
     print(json.dumps({"killed": sorted(killed)}))
     return 0
-
-
-def _connected_to(pid: int, port: int) -> bool:
-    """Does ``pid`` hold an ESTABLISHED TCP connection to remote ``port``?"""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
-        return False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii") as fh:
-                rows = fh.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            if fields[3] == "01" and remote_port == port and fields[9] in inodes:
-                return True
-    return False
 
 
 def _root_cause_from_summary(lines: list[str]) -> list[dict]:
@@ -469,61 +366,10 @@ def _extract(bundle: str, run_dir: str) -> None:
             tar.extractall(run_dir)
 
 
-def _become_subreaper() -> None:
-    """Orphaned descendants re-parent to us instead of init (Linux only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # the marker scan still finds the run's processes
-
-
-def _proc_table():
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        yield int(entry), int(fields[1]), fields[0]
-
-
-def _has_marker(pid: int, marker: tuple[str, ...]) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            entries = set(fh.read().split(b"\0"))
-    except OSError:
-        return False
-    return all(m.encode() in entries for m in marker)
-
-
-def _signal_all(pids: set[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _reap(pid: int, block: bool = False) -> int | None:
-    """Exit code of our child ``pid`` if it has exited, reaping it.
-
-    Death by signal N is reported the way shells do, as 128 + N.
-    """
-    try:
-        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-    except ChildProcessError:
-        return None
-    if not done:
-        return None
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
-
-
 if __name__ == "__main__":
     exit_code = main(sys.argv)
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the controller is gone; supervisor.json has the outcome
+        pass
     os._exit(exit_code)  # no interpreter teardown racing the stdin thread

@@ -1,0 +1,127 @@
+"""The processes of a run on one node, found through /proc and signalled.
+
+Used by the node supervisor (and ``supervisor.py --down``): torchrun puts
+each worker in a session of its own, so a process group does not reach
+them. A run's processes are found two ways, as descendants of the
+supervisor (a child subreaper, so orphans stay its descendants) and by the
+marker variables in their environment. Stdlib only, Linux; shipped to every
+node next to ``supervisor.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def terminate(find, grace_s: float, hurry: threading.Event | None = None) -> set[int]:
+    """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (cut short when
+    ``hurry`` is set), then SIGKILL until nothing is left (new forks
+    included). Returns every pid signalled."""
+    seen = set(find())
+    signal_all(seen, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not (hurry and hurry.is_set()):
+        left = find()
+        seen |= left
+        if not left:
+            return seen
+        time.sleep(0.05)
+    for _ in range(100):
+        left = find()
+        if not left:
+            break
+        seen |= left
+        signal_all(left, signal.SIGKILL)
+        time.sleep(0.02)
+    return seen
+
+
+def marked_processes(marker: tuple[str, ...]) -> set[int]:
+    """Live processes whose environment carries every ``NAME=value`` of ``marker``."""
+    me = os.getpid()
+    return {pid for pid, _ppid, state in proc_table()
+            if state != "Z" and pid != me and has_marker(pid, marker)}
+
+
+def connected_to(pid: int, port: int) -> bool:
+    """Does ``pid`` hold an ESTABLISHED TCP connection to remote ``port``?"""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if fields[3] == "01" and remote_port == port and fields[9] in inodes:
+                return True
+    return False
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants re-parent to us instead of init (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the marker scan still finds the run's processes
+
+
+def proc_table():
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        yield int(entry), int(fields[1]), fields[0]
+
+
+def has_marker(pid: int, marker: tuple[str, ...]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            entries = set(fh.read().split(b"\0"))
+    except OSError:
+        return False
+    return all(m.encode() in entries for m in marker)
+
+
+def signal_all(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def reap(pid: int, block: bool = False) -> int | None:
+    """Exit code of our child ``pid`` if it has exited, reaping it.
+
+    Death by signal N is reported the way shells do, as 128 + N.
+    """
+    try:
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if not done:
+        return None
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
