@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Multi-node launch overhead: `ddp-orch up` on 2 and 4 SSH lab hosts vs torchrun by hand.
+
+``noop`` with one process per node, on real sshd hosts on 127.0.55.x (the
+test lab, ``tests/sshlab.py``), compared with "the floor": the very same
+per-node torchrun command lines (taken from ``ddp-orch up FILE --dry-run
+--format shell``: static rendezvous, same env, same flags) started by hand,
+concurrently, with the system OpenSSH client, ``ssh -F <lab cfg> nodeK
+'<line>'``, with a fresh free master port each rep. The code is put on the
+nodes once beforehand for the floor (as someone launching by hand would
+have it); ddp-orch uploads it on every run, which is part of its cost.
+
+Target: ddp-orch/floor <= 1.2 at each host count (median wall time).
+
+    .venv/bin/python bench/multinode_launch.py [--reps 3] [--hosts 2,4]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_s,  # noqa: E402
+                     footer, free_port, header, lab, parser, print_table, ratio_range,
+                     result_line, run, samples_table, tempdir)
+
+TARGET = 1.2
+
+
+def cluster_file(root, n: int) -> str:
+    nodes = "".join(f"  - {{host: node{k}, procs: 1}}\n" for k in range(n))
+    path = root / f"noop{n}.yaml"
+    path.write_text(f"name: noop{n}\npython: {PYTHON}\nworkdir: {root / 'remote'}\n"
+                    f"device: cpu\nnodes:\n{nodes}workload: {{name: noop}}\n")
+    return str(path)
+
+
+def floor_lines(cluster: str, env: dict, run_id: str) -> list[str]:
+    """ddp-orch's own per-node command lines for ``run_id`` (``--format shell``)."""
+    proc = subprocess.run([DDP_ORCH, "up", cluster, "--dry-run", "--format", "shell",
+                           "--run-id", run_id], env=dict(BASE_ENV, **env),
+                          capture_output=True, text=True, check=True)  # the tree's own plan
+    return [l for l in proc.stdout.splitlines() if l and not l.startswith("#")]
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0], reps=3)
+    p.add_argument("--hosts", default="2,4", help="host counts (default 2,4)")
+    args = p.parse_args()
+    counts = [int(x) for x in args.hosts.split(",")]
+    header("multinode_launch: ddp-orch up (SSH lab, noop, 1 proc/node)  vs  "
+           "torchrun by hand over ssh", args)
+    with tempdir("bench-mn-", args.keep) as root, lab(max(counts), root) as L:
+        counter = iter(range(10**6))
+        timeline: dict[str, list[tuple]] = {}
+        variants = {}
+        for n in counts:
+            cluster = cluster_file(root, n)
+            floor_id = f"floor{n}"
+            lines = floor_lines(cluster, L.env, floor_id)
+            if len(lines) != n:
+                raise BenchError(f"expected {n} shell lines, got {lines}")
+            for k in range(n):  # the code, on the nodes once, where the lines expect it
+                code = root / "remote" / "runs" / floor_id / f"node-{k}" / "code"
+                shutil.copytree(os.path.join(REPO, "workloads"), code / "workloads",
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            print(f"   floor line for node 0 of {n}: {lines[0][:160]}...")
+
+            def ddp(n=n, cluster=cluster) -> float:
+                run_id = f"mn{n}-{next(counter)}"
+                t0 = time.time()
+                wall = run([DDP_ORCH, "up", cluster, "--runs-dir", str(root / "runs"),
+                            "--run-id", run_id], env=L.env, cwd=str(root))
+                result = json.loads((root / "runs" / run_id / "result.json").read_text())
+                if result.get("world_size") != n:
+                    raise BenchError(f"{run_id}: bad result {result}")
+                remote = root / "remote" / "runs" / run_id
+                sups = [json.loads((remote / f"node-{k}" / "supervisor.json").read_text())
+                        for k in range(n)]
+                t_started = max(s["started"] for s in sups)
+                t_result = os.path.getmtime(remote / "node-0" / "result.json")
+                t_exit = max(os.path.getmtime(remote / f"node-{k}" / "supervisor.json")
+                             for k in range(n))
+                timeline.setdefault(f"ddp-orch {n} hosts", []).append(
+                    (t_started - t0, t_result - t_started, t_exit - t_result, t0 + wall - t_exit))
+                return wall
+
+            def floor(n=n, lines=lines, floor_id=floor_id) -> float:
+                i = next(counter)
+                port = str(free_port(L.lab.hosts[0].addr))
+                result = root / "remote" / "runs" / floor_id / "node-0" / "result.json"
+                result.unlink(missing_ok=True)
+                cmds = [re.sub(r"--master-port \d+", f"--master-port {port}", line)
+                        .replace(f"--rdzv-id {floor_id} ", f"--rdzv-id {floor_id}-{i} ")
+                        for line in lines]
+                t0 = time.time()
+                tp = time.perf_counter()
+                procs = [subprocess.Popen(["ssh", "-F", L.ssh_config, f"node{k}", cmd],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, env=BASE_ENV)
+                         for k, cmd in enumerate(cmds)]
+                errs = [p.communicate()[1] for p in procs]
+                wall = time.perf_counter() - tp
+                bad = [(k, p.returncode, e[-500:]) for k, (p, e) in enumerate(zip(procs, errs))
+                       if p.returncode != 0]
+                if bad:
+                    raise BenchError(f"floor {n} hosts: {bad}")
+                if json.loads(result.read_text()).get("world_size") != n:
+                    raise BenchError("floor: bad result")
+                t_result = os.path.getmtime(result)
+                timeline.setdefault(f"floor {n} hosts", []).append(
+                    (None, t_result - t0, None, t0 + wall - t_result))
+                return wall
+
+            variants[f"ddp-orch {n} hosts"] = ddp
+            variants[f"floor {n} hosts"] = floor
+
+        res = compare(variants, args.reps, args.warmup)
+        print()
+        samples_table([res[k] for k in variants])
+        rows = [("VARIANT", "SPAWN->ALL TORCHRUNS", "->RESULT", "->ALL TORCHRUNS EXITED",
+                 "->RETURNED")]
+        for name, ps in timeline.items():
+            cols = []
+            for i in range(4):
+                vals = [q[i] for q in ps if q[i] is not None]
+                cols.append(fmt_s(statistics.median(vals)) if vals else "-")
+            rows.append((name, *cols))
+        print("\ntimeline, medians (file times; floor: spawn->result in column 3, "
+              "result->returned in column 5):")
+        print_table(rows)
+        print()
+        footer()
+        for n in counts:
+            a, b = res[f"ddp-orch {n} hosts"], res[f"floor {n} hosts"]
+            print(f"{n} hosts: ddp-orch overhead {fmt_s(a.median - b.median)}; {ratio_range(a, b)}")
+        for n in counts:
+            a, b = res[f"ddp-orch {n} hosts"], res[f"floor {n} hosts"]
+            result_line(f"multinode_launch[{n} hosts]", a.median / b.median, TARGET,
+                        f"ddp-orch {fmt_s(a.median)} vs floor {fmt_s(b.median)}")
+
+
+if __name__ == "__main__":
+    main()
