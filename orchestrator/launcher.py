@@ -1,7 +1,8 @@
 """Launch a resolved plan on its nodes and own the run until it is over.
 
 Lifecycle: every node is prepared (uploads) in parallel, then every node's
-supervisor starts in parallel. The launcher then watches them. When one
+supervisor starts in parallel (from the standby the session opened early,
+see ``node.STANDBY``). The launcher then watches them. When one
 node fails, the others are stopped at once (gang semantics). Whatever
 happens (success, failure, Ctrl-C, an exception), the ``finally`` block
 stops every node still running: ``stop`` on stdin, a deadline, then the
@@ -21,7 +22,7 @@ from .errors import LaunchError
 from .node import NodeHandle, NodeOutcome
 from .plan import RunPlan
 from .runs import RunDir
-from .transport.base import Transport, TransportError
+from .transport.base import ProcessHandle, Transport, TransportError
 
 T = TypeVar("T")
 
@@ -63,7 +64,8 @@ class Launch:
 
     def __init__(self, plan: RunPlan, run: RunDir, transports: Mapping[int, Transport],
                  console: Console, *, bundle_path: str, grace_s: float = 10.0,
-                 start_timeout_s: float = 300.0):
+                 start_timeout_s: float = 300.0,
+                 standbys: Mapping[int, ProcessHandle] | None = None):
         self.plan = plan
         self.run_dir = run
         self.console = console
@@ -71,8 +73,10 @@ class Launch:
         self.grace_s = grace_s
         self.start_timeout_s = start_timeout_s
         self._changed = threading.Event()  # some node's command ended
+        standbys = standbys or {}
         self.handles = [NodeHandle(node, transports[node.node_rank], run, console,
-                                   on_change=self._changed.set)
+                                   on_change=self._changed.set,
+                                   standby=standbys.get(node.node_rank))
                         for node in plan.nodes]
         self.interrupted = False
 
@@ -128,6 +132,8 @@ class Launch:
     def _teardown(self) -> None:
         """Stop what still runs: gracefully, then SIGKILL through the
         supervisors, then cut them off. A 2nd Ctrl-C skips the grace period."""
+        for handle in self.handles:  # those that never started (uploads failed)
+            handle.discard_standby()
         running = [h for h in self.handles if h.process is not None and h.poll() is None]
         if not running:
             return

@@ -20,6 +20,36 @@ BUNDLE_NAME = "bundle.tar.gz"
 # Exit code ProcessHandle.poll gives when the connection died without a status.
 LOST = 255
 
+# What a node runs first, while the controller still asks for its home and
+# uploads: it waits for one line, the supervisor's argv as JSON, then becomes
+# the supervisor (exec: same pid, a fresh interpreter). So the remote
+# command's start (over SSH: a session, the login shell, its ~/.bashrc)
+# overlaps that work instead of following it. EOF before that line means the
+# launch was abandoned; it exits having started nothing.
+STANDBY = """import json, os, sys
+line = b""
+while not line.endswith(b"\\n"):
+    byte = os.read(0, 1)  # unbuffered: the supervisor reads the rest of stdin
+    if not byte:
+        sys.exit(0)
+    line += byte
+os.execv(sys.executable, [sys.executable, *json.loads(line)])
+"""
+
+
+def open_standby(transport: Transport, python: str) -> ProcessHandle:
+    """Start a node's STANDBY; ``NodeHandle.start`` turns it into the supervisor."""
+    return transport.start([python, "-c", STANDBY])
+
+
+def discard_standby(standby: ProcessHandle) -> None:
+    """EOF to a standby that was never told to start: it exits at once."""
+    standby.close_stdin()
+    try:
+        standby.wait(timeout=5.0)
+    except TimeoutError:
+        standby.abort()
+
 
 @dataclass(frozen=True)
 class NodeOutcome:
@@ -52,9 +82,11 @@ class NodeHandle:
     """Starts a node's supervisor through its transport and relays its output."""
 
     def __init__(self, node: NodePlan, transport: Transport, run: RunDir, console: Console,
-                 on_change: Callable[[], None] = lambda: None):
+                 on_change: Callable[[], None] = lambda: None,
+                 standby: ProcessHandle | None = None):
         self.node = node
         self.on_change = on_change  # called once the node's command has ended
+        self.standby = standby  # from open_standby, if the caller started it early
         self.transport = transport
         self.run = run
         self.console = console
@@ -82,9 +114,13 @@ class NodeHandle:
         os.unlink(spec_local)  # it holds env values in clear; the node keeps its copy
 
     def start(self) -> None:
+        """Turn the standby into the supervisor. A standby that already died
+        (say, no such python) fails the node through the usual outcome."""
+        process = self.standby or open_standby(self.transport, self.node.python)
         run_dir = self.node.run_dir
-        self.process = self.transport.start(
-            [self.node.python, f"{run_dir}/supervisor.py", f"{run_dir}/spec.json"])
+        argv = [f"{run_dir}/supervisor.py", f"{run_dir}/spec.json"]
+        process.send((json.dumps(argv) + "\n").encode())
+        self.process = process
         self._relay = threading.Thread(target=self._relay_output, daemon=True,
                                        name=f"relay-node{self.node.node_rank}")
         self._relay.start()
@@ -159,6 +195,12 @@ class NodeHandle:
             self.stop_sent = True
             self.process.send(b"kill\n")
             self.process.close_stdin()
+
+    def discard_standby(self) -> None:
+        """The launch ended before this node started: let its standby go."""
+        if self.process is None and self.standby is not None:
+            standby, self.standby = self.standby, None
+            discard_standby(standby)
 
     def abort(self) -> None:
         """Cut the supervisor off. Last resort: only it can reach the workers."""

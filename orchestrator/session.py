@@ -11,17 +11,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from . import ports
 from .bundle import build_bundle
 from .console import Console
 from .launcher import Launch, RunOutcome, parallel
+from .node import discard_standby, open_standby
 from .plan import RunPlan, build_plan, resolve_plan
 from .render import plan_to_dict, scrub, secret_values
 from .runs import RunDir, new_run_id
 from .spec import AUTO_PORT, ClusterSpec, with_default_master
 from .transport import Transport, TransportError, transport_for
+from .transport.base import ProcessHandle
 
 TransportFactory = Callable[..., Transport]
 
@@ -33,18 +35,21 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
     run.write_text("cluster.yaml", _scrubbed_text(spec))
     plan = build_plan(spec, run_id=os.path.basename(run.path), local_run_dir=run.path)
     transports = {node.node_rank: make_transport(node) for node in plan.nodes}
+    standbys: dict[int, ProcessHandle] = {}
     started = time.time()
     _record(run, plan, "starting", started)
     outcome = None
     final_state = "failed"
     try:
-        plan = _resolve(plan, transports)
+        plan = _resolve(plan, transports, standbys)
         run.write_json("plan.json", plan_to_dict(plan))
         _record(run, plan, "running", started)
         build_bundle(run.file("bundle.tar.gz"), plan.script)
-        outcome = Launch(plan, run, transports, console,
-                         bundle_path=run.file("bundle.tar.gz"), grace_s=grace_s,
-                         start_timeout_s=start_timeout_s).run()
+        launch = Launch(plan, run, transports, console,
+                        bundle_path=run.file("bundle.tar.gz"), grace_s=grace_s,
+                        start_timeout_s=start_timeout_s, standbys=dict(standbys))
+        standbys.clear()  # the launch owns them now, and their teardown
+        outcome = launch.run()
         result = _fetch_result(plan, transports[0], run)
         _fetch_error_files(plan, transports, outcome, run)
         outcome = dataclasses.replace(outcome, result=result)
@@ -55,6 +60,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
         raise
     finally:
         _record(run, plan, final_state, started, outcome)
+        _release(standbys.values())
         for transport in transports.values():
             transport.close()
 
@@ -67,9 +73,11 @@ def _scrubbed_text(spec: ClusterSpec) -> str:
     return scrub(spec.text.encode(), tuple(sorted(secrets, key=len, reverse=True))).decode()
 
 
-def _resolve(plan: RunPlan, transports: Mapping[int, Transport]) -> RunPlan:
+def _resolve(plan: RunPlan, transports: Mapping[int, Transport],
+             standbys: dict[int, ProcessHandle]) -> RunPlan:
     """Ask every node for its home directory and node 0 for the master port,
-    all at once: over SSH each question costs a remote command."""
+    and start every node's standby (the supervisor-to-be), all at once: over
+    SSH each of these pays a remote command's start."""
     homes: dict[int, str] = {}
     found: list[int] = []
 
@@ -77,13 +85,22 @@ def _resolve(plan: RunPlan, transports: Mapping[int, Transport]) -> RunPlan:
         what, k = job
         if what == "home":
             homes[k] = transports[k].home()
+        elif what == "standby":
+            standbys[k] = open_standby(transports[k], plan.nodes[k].python)
         else:
             found.append(_master_port(plan, transports[0]))
 
-    jobs = [("home", n.node_rank) for n in plan.nodes] + [("port", 0)]
+    jobs = [(what, n.node_rank) for n in plan.nodes for what in ("home", "standby")] + \
+        [("port", 0)]
     parallel(ask, jobs, "connecting to the nodes",
              lambda job: f"node {job[1]} ({plan.nodes[job[1]].host})")
     return resolve_plan(plan, master_port=found[0], homes=homes)
+
+
+def _release(standbys: Iterable[ProcessHandle]) -> None:
+    """Standbys no launch took (resolve failed, or Ctrl-C came first)."""
+    for standby in standbys:
+        discard_standby(standby)
 
 
 def _master_port(plan: RunPlan, node0: Transport) -> int:
