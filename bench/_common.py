@@ -162,6 +162,20 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
+def median_columns(phases: Mapping[str, Sequence[Sequence[float | None]]],
+                   columns: int) -> list[tuple[str, ...]]:
+    """One row per variant: the median of each timeline column over its runs,
+    ``-`` where a variant has no such phase (None in every run)."""
+    rows = []
+    for name, runs in phases.items():
+        cells = []
+        for i in range(columns):
+            values = [run[i] for run in runs if run[i] is not None]
+            cells.append(fmt_s(statistics.median(values)) if values else "-")
+        rows.append((name, *cells))
+    return rows
+
+
 def samples_table(samples: Sequence[Samples], baseline: Samples | None = None) -> None:
     """One row per variant: median, min, max, and median/baseline-median."""
     rows = [("VARIANT", "N", "MEDIAN", "MIN", "MAX", "RATIO")]

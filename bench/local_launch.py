@@ -22,14 +22,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (LAST, BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_s,  # noqa: E402
-                     footer, free_port, header, parser, ratio_range, result_line, run,
-                     samples_table, tempdir)
+                     footer, free_port, header, median_columns, parser, print_table,
+                     ratio_range, result_line, run, samples_table, tempdir)
 
 TARGET = 1.05
 
@@ -123,16 +124,8 @@ def main() -> None:
         print(f"ddp-orch overhead: {fmt_s(a.median - b.median)} (median difference); "
               + ratio_range(a, b))
         print("\ntimeline, medians over the measured reps and the warm-up (from file times):")
-        import statistics
-        rows = [("VARIANT", "SPAWN->TORCHRUN", "->RESULT WRITTEN", "->TORCHRUN EXIT", "->RETURNED")]
-        for name, ps in phases.items():
-            cols = []
-            for i in range(4):
-                vals = [p[i] for p in ps if p[i] is not None]
-                cols.append(fmt_s(statistics.median(vals)) if vals else "-")
-            rows.append((name, *cols))
-        from _common import print_table
-        print_table(rows)
+        print_table([("VARIANT", "SPAWN->TORCHRUN", "->RESULT WRITTEN", "->TORCHRUN EXIT",
+                      "->RETURNED"), *median_columns(phases, 4)])
         print("(plain variants: SPAWN->RESULT in the 2nd column, RESULT->RETURNED in the 4th)")
         print("ddp-orch before torchrun starts, medians: " + ", ".join(
             f"{label} {fmt_s(statistics.median(p[i] for p in prelaunch))}" for i, label in enumerate(

@@ -21,14 +21,13 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_s,  # noqa: E402
-                     footer, free_port, header, lab, parser, print_table, ratio_range,
+                     footer, free_port, header, lab, median_columns, parser, print_table, ratio_range,
                      result_line, run, samples_table, tempdir)
 
 TARGET = 1.2
@@ -126,13 +125,7 @@ def main() -> None:
         print()
         samples_table([res[k] for k in variants])
         rows = [("VARIANT", "SPAWN->ALL TORCHRUNS", "->RESULT", "->ALL TORCHRUNS EXITED",
-                 "->RETURNED")]
-        for name, ps in timeline.items():
-            cols = []
-            for i in range(4):
-                vals = [q[i] for q in ps if q[i] is not None]
-                cols.append(fmt_s(statistics.median(vals)) if vals else "-")
-            rows.append((name, *cols))
+                 "->RETURNED"), *median_columns(timeline, 4)]
         print("\ntimeline, medians (file times; floor: spawn->result in column 3, "
               "result->returned in column 5):")
         print_table(rows)
