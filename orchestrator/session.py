@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 from . import ports
 from .bundle import build_bundle
@@ -60,7 +60,8 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console, run_id: str | None
         raise
     finally:
         _record(run, plan, final_state, started, outcome)
-        _release(standbys.values())
+        for standby in standbys.values():  # what no launch took: resolve failed, or Ctrl-C
+            discard_standby(standby)
         for transport in transports.values():
             transport.close()
 
@@ -95,12 +96,6 @@ def _resolve(plan: RunPlan, transports: Mapping[int, Transport],
     parallel(ask, jobs, "connecting to the nodes",
              lambda job: f"node {job[1]} ({plan.nodes[job[1]].host})")
     return resolve_plan(plan, master_port=found[0], homes=homes)
-
-
-def _release(standbys: Iterable[ProcessHandle]) -> None:
-    """Standbys no launch took (resolve failed, or Ctrl-C came first)."""
-    for standby in standbys:
-        discard_standby(standby)
 
 
 def _master_port(plan: RunPlan, node0: Transport) -> int:

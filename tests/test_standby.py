@@ -15,6 +15,7 @@ from orchestrator.console import Console
 from orchestrator.errors import LaunchError
 from orchestrator.loader import load_cluster_file
 from orchestrator.node import discard_standby, open_standby
+from orchestrator.nodeprocs import proc_table
 from orchestrator.session import up
 from orchestrator.transport.local import LocalTransport
 
@@ -44,17 +45,15 @@ def test_standby_leaves_on_eof_having_started_nothing():
 
 def _standbys_of_this_process() -> list[int]:
     found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    for pid, ppid, _state in proc_table():  # zombies too: a standby must be reaped
+        if ppid != os.getpid():
+            continue
         try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
-                stat = fh.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"os.execv(sys.executable" in fh.read():
+                    found.append(pid)
         except OSError:
             continue
-        ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-        if ppid == os.getpid() and b"os.execv(sys.executable" in cmdline:
-            found.append(int(entry))
     return found
 
 
