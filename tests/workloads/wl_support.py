@@ -59,14 +59,33 @@ def _finish(proc: subprocess.CompletedProcess, result_file: str | None) -> Run:
     return Run(proc.returncode, proc.stdout, proc.stderr, result)
 
 
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` with a timeout that ends the command with SIGTERM
+    before SIGKILL. torchrun stops its workers on SIGTERM; they sit in
+    sessions of their own, so a SIGKILLed torchrun leaves them running (a
+    hung test once left two ranks behind, for good)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, TIMEOUT_S, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_torchrun(tmp_path, module: str, *args: str, nproc: int = 2, name: str = "result",
                  env_extra: dict | None = None, launcher_args: tuple = ()) -> Run:
     """``torchrun --standalone --nproc-per-node N -m workloads.<module> args``."""
     result_file = str(tmp_path / f"{name}.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), *launcher_args, "-m", f"workloads.{module}", *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=workload_env(result_file, **(env_extra or {})),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = _run(cmd, cwd=tmp_path, env=workload_env(result_file, **(env_extra or {})))
     return _finish(proc, result_file)
 
 
@@ -74,9 +93,8 @@ def run_alone(tmp_path, module: str, *args: str, name: str | None = "result",
               env_extra: dict | None = None) -> Run:
     """``python -m workloads.<module> args``: one process, no torchrun."""
     result_file = str(tmp_path / f"{name}.json") if name else None
-    proc = subprocess.run([sys.executable, "-m", f"workloads.{module}", *args], cwd=tmp_path,
-                          env=workload_env(result_file, **(env_extra or {})),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = _run([sys.executable, "-m", f"workloads.{module}", *args], cwd=tmp_path,
+                env=workload_env(result_file, **(env_extra or {})))
     return _finish(proc, result_file)
 
 
