@@ -3,10 +3,10 @@
     python bench/_fanout_worker.py HOST...      (HOME pointing at the lab home)
 
 Connects to every host and runs ``true`` there, all at once, with the
-project's own code path: ``orchestrator.launcher.parallel`` (the helper the
-launcher uses to prepare and start nodes) over ``make_transport(host, False,
-SshSpec()).run(["true"])`` (paramiko; settings from ~/.ssh/config, strict
-host keys), connection setup included; then closes the connections. Prints
+project's own code path: ``orchestrator.backends.fanout.on_all`` (the helper
+launch, check and down use for every node at once) over
+``SshTransport(host).run(["true"])`` (paramiko; settings from ~/.ssh/config,
+strict host keys), connection setup included; then closes the connections. Prints
 one JSON line: import, fan-out and close times, peak RSS.
 """
 
@@ -18,9 +18,7 @@ import time
 
 T0 = time.perf_counter()
 
-from orchestrator.launcher import parallel  # noqa: E402
-from orchestrator.spec import SshSpec  # noqa: E402
-from orchestrator.transport import make_transport  # noqa: E402
+from orchestrator.backends.fanout import on_all  # noqa: E402
 
 T_IMPORTED = time.perf_counter()
 
@@ -34,9 +32,10 @@ def vm(field: str) -> int:
 
 
 def main(hosts: list[str]) -> None:
-    import paramiko  # noqa: F401  (imported lazily by make_transport; counted apart)
+    from orchestrator.transport.ssh import SshTransport  # paramiko: counted apart
+
     t_paramiko = time.perf_counter()
-    transports = {h: make_transport(h, False, SshSpec()) for h in hosts}
+    transports = {h: SshTransport(h) for h in hosts}
     failures = []
 
     def one(host: str) -> None:
@@ -45,7 +44,7 @@ def main(hosts: list[str]) -> None:
             failures.append((host, result.exit_code, result.output[-200:]))
 
     t1 = time.perf_counter()
-    parallel(one, hosts, "fan-out", str)
+    on_all(one, hosts).values("fan-out")
     t2 = time.perf_counter()
     for t in transports.values():
         t.close()

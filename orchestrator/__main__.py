@@ -1,3 +1,4 @@
 from .cli import main
 
-main(prog_name="ddp-orch")
+if __name__ == "__main__":
+    main(prog_name="ddp-orch")

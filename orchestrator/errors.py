@@ -39,6 +39,20 @@ class ConfigError(OrchestratorError):
         return head + (f"\n  hint: {self.hint}" if self.hint else "")
 
 
+class TransportError(OrchestratorError):
+    """A node could not be reached, or a command or transfer on it failed.
+
+    ``host`` names the node, ``message`` what happened, ``hint`` what to
+    enable or fix there.
+    """
+
+    def __init__(self, host: str, message: str, hint: str = ""):
+        self.host = host
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{host}: {message}" + (f" ({hint})" if hint else ""))
+
+
 class LaunchError(OrchestratorError):
     """A run could not start (a node unreachable, a port busy, ...)."""
 

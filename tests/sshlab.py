@@ -71,11 +71,15 @@ class SshLab:
     ``known_hosts``, ``ssh_config``.
     """
 
-    def __init__(self, n_hosts: int = 2, *, startup_timeout: float = 15.0):
+    def __init__(self, n_hosts: int = 2, *, startup_timeout: float = 15.0, sftp: bool = False,
+                 extra_sshd: tuple[str, ...] | list[str] = ()):
         if not 1 <= n_hosts <= 200:
             raise ValueError("n_hosts must be between 1 and 200")
         self.n_hosts = n_hosts
         self.startup_timeout = startup_timeout
+        # No SFTP subsystem by default, as on hardened hosts: ddp-orch must not need it.
+        self.sftp = sftp
+        self.extra_sshd = list(extra_sshd)  # more sshd_config lines for every host
         self.user = getpass.getuser()
         self.hosts: list[LabHost] = []
         self.dir = ""
@@ -270,8 +274,10 @@ class SshLab:
             "MaxAuthTries 20",
             "LoginGraceTime 30",
             "LogLevel VERBOSE",
-            "Subsystem sftp internal-sftp",
         ]
+        if self.sftp:
+            lines.append("Subsystem sftp internal-sftp")
+        lines += self.extra_sshd
         if with_penalties_off:
             # OpenSSH >= 9.8 penalises sources that crash sessions or fail auth;
             # our fault tests do both on purpose from 127.0.0.1.

@@ -162,7 +162,7 @@ def test_an_unreadable_identity_file_is_refused(tmp_path, kind):
 def test_a_key_file_without_read_permission_is_refused_even_as_root(tmp_path, monkeypatch):
     """The permission branch itself, in-process: ``os.access`` answers as it
     would for a user without read permission on the key file."""
-    from orchestrator import loader
+    from orchestrator.config import loader
     from orchestrator.errors import ConfigError
 
     key = tmp_path / "id_ed25519"

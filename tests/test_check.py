@@ -30,7 +30,7 @@ def test_healthy_cluster_passes_every_check(ssh_lab, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     table = rows(result.stdout)
     for node in ("0", "1"):
-        for check in ("ssh", "python", "torch", "reach-master"):
+        for check in ("reach", "python", "torch", "reach-master"):
             assert table[(node, check)] == "ok"
     assert table[("0", "master-port")] == "ok"
     assert "all checks passed" in result.stdout
@@ -54,7 +54,7 @@ def test_dead_host_and_busy_port_are_reported(make_ssh_lab, tmp_path):
         busy.close()
     assert result.returncode == 1, result.stdout + result.stderr
     table = rows(result.stdout)
-    assert table[("2", "ssh")] == "FAIL" and table[("0", "ssh")] == "ok"
+    assert table[("2", "reach")] == "FAIL" and table[("0", "reach")] == "ok"
     assert "unreachable" in result.stdout or "refused" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 

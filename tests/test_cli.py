@@ -36,7 +36,7 @@ def test_controller_never_imports_torch():
             "sys.argv = ['ddp-orch', 'up', 'cluster.yaml.example', '--dry-run']\n"
             "try:\n    runpy.run_module('orchestrator', run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
-            "import orchestrator.session, orchestrator.launcher, orchestrator.transport.local\n"
+            "import orchestrator.controller.session, orchestrator.backends.local, orchestrator.backends.ssh\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
             "print('no torch')\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

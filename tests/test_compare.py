@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import run_cli
-from orchestrator.compare import baseline_spec, comparison, render_table, summarize
-from orchestrator.loader import load_cluster_file
+from orchestrator.report.compare import baseline_spec, comparison, render_table, summarize
+from orchestrator.config.loader import load_cluster_file
 
 
 def fake_result(world: int, train_s: float, per_s: float, samples: int = 1000) -> dict:

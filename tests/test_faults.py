@@ -114,7 +114,12 @@ def test_node_with_a_wrong_python_fails_fast_and_is_named(ssh_lab, tmp_path):
     result = run_cli("up", cluster, "--run-id", "nopy", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", "--start-timeout", "60", env=env, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "root cause: node 1 (node1): cannot run '/nonexistent/python3'" in result.stdout
+    # Found while connecting, before anything starts anywhere (the agent needs it too).
+    assert "connecting to the nodes failed" in result.stderr
+    assert "node 1 (node1): cannot run '/nonexistent/python3' on the node (exit 127)" \
+        in result.stderr
+    assert "set `python:`" in result.stderr and "Traceback" not in result.stderr
+    assert "started" not in result.stdout
     assert wait_gone("nopy", 15) == set()
 
 

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.loader import load_cluster_file, load_cluster_text
+from orchestrator.config.loader import load_cluster_file, load_cluster_text
 
 BASE = """\
 nodes:

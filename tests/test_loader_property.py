@@ -20,11 +20,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
-from orchestrator.loader import (MAX_GPU_INDEX, NODE_KEYS, RESERVED_ENV, SSH_KEYS, TOP_KEYS,
+from orchestrator.config.loader import (MAX_GPU_INDEX, NODE_KEYS, RESERVED_ENV, SSH_KEYS, TOP_KEYS,
                                  load_cluster_text)
-from orchestrator.plan import build_plan
-from orchestrator.render import render_json, render_text
-from orchestrator.spec import ClusterSpec
+from orchestrator.backends.base import LaunchOptions
+from orchestrator.controller.session import prepare
+from orchestrator.plan.render import render_json, render_text
+from orchestrator.config.spec import ClusterSpec
 from workloads.catalog import CATALOG
 
 BASE = "@BASE@"  # replaced by the test's directory (a script and a key file live there)
@@ -58,9 +59,10 @@ def check(text: str, base_dir: str) -> None:
     # Any other exception escapes and fails the test. A spec that loads
     # must also survive what `up --dry-run` does with it.
     assert isinstance(spec, ClusterSpec)
-    plan = build_plan(spec, run_id="fuzz-run", local_run_dir="/tmp/fuzz-run")
-    render_text(plan, source=spec.source)
-    json.loads(render_json(plan))
+    _backend, info = prepare(spec, LaunchOptions(), run_id="fuzz-run",
+                             local_run_dir="/tmp/fuzz-run")
+    render_text(info)
+    json.loads(render_json(info))
 
 
 def laughs(levels: int) -> str:

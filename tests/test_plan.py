@@ -1,4 +1,4 @@
-"""The rank plan: pure code from spec to per-node env and argv."""
+"""The rank plan: pure code from spec to per-node facts, and the torchrun argv built from them."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import textwrap
 
 import pytest
 
-from orchestrator.loader import load_cluster_file, load_cluster_text
-from orchestrator.plan import build_plan, resolve_plan
+from orchestrator.config.loader import load_cluster_file, load_cluster_text
+from orchestrator.plan.build import build_plan, resolve_plan
+from orchestrator.plan.torchrun import torchrun_argv
 
 RUN = "demo-run"
 
@@ -33,14 +34,15 @@ def test_seed_layout_ranks_are_prefix_sums():
     assert n0.env["CUDA_VISIBLE_DEVICES"] == "3,4,5"
     assert n1.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     for k, node in enumerate(plan.nodes):
-        assert flag(node.argv, "--nnodes") == "2"
-        assert flag(node.argv, "--node-rank") == str(k)
-        assert flag(node.argv, "--nproc-per-node") == str(node.nproc)
-        assert flag(node.argv, "--master-addr") == "192.168.1.100"
-        assert flag(node.argv, "--master-port") == "29500"
-        assert flag(node.argv, "--rdzv-backend") == "static"
-        assert node.argv[:3] == ("python3", "-m", "torch.distributed.run")
-        assert node.argv[-4:] == ("-m", "workloads.linear", "--epochs", "10")
+        argv = torchrun_argv(plan, node)
+        assert flag(argv, "--nnodes") == "2"
+        assert flag(argv, "--node-rank") == str(k)
+        assert flag(argv, "--nproc-per-node") == str(node.nproc)
+        assert flag(argv, "--master-addr") == "192.168.1.100"
+        assert flag(argv, "--master-port") == "29500"
+        assert flag(argv, "--rdzv-backend") == "static"
+        assert argv[:3] == ("python3", "-m", "torch.distributed.run")
+        assert argv[-4:] == ("-m", "workloads.linear", "--epochs", "10")
 
 
 def test_worker_identical_is_always_unset():
@@ -89,12 +91,14 @@ def test_resolve_fills_port_and_home_only():
     resolved = resolve_plan(plan, master_port=31337, homes={0: "/home/u", 1: "/root"})
     assert resolved.resolved and resolved.master_port == 31337
     n0, n1 = resolved.nodes
-    assert flag(n0.argv, "--master-port") == "31337"
+    argv0, argv1 = (torchrun_argv(resolved, n) for n in resolved.nodes)
+    assert flag(argv0, "--master-port") == "31337"
     assert n0.run_dir == f"/home/u/.ddp-orch/runs/{RUN}/node-0"
     assert n1.env["PYTHONPATH"] == f"/root/.ddp-orch/runs/{RUN}/node-1/code"
-    assert flag(n1.argv, "--log-dir") == f"/root/.ddp-orch/runs/{RUN}/node-1/torchrun"
-    changed = [i for i, (a, b) in enumerate(zip(plan.nodes[0].argv, n0.argv)) if a != b]
-    assert [plan.nodes[0].argv[i - 1] for i in changed] == ["--master-port", "--log-dir"]
+    assert flag(argv1, "--log-dir") == f"/root/.ddp-orch/runs/{RUN}/node-1/torchrun"
+    before = torchrun_argv(plan, plan.nodes[0])
+    changed = [i for i, (a, b) in enumerate(zip(before, argv0)) if a != b]
+    assert [before[i - 1] for i in changed] == ["--master-port", "--log-dir"]
     assert plan.nodes[0].env.keys() == n0.env.keys()
 
 
@@ -103,14 +107,24 @@ def test_script_workload_runs_from_uploaded_dir(tmp_path):
     spec = load_cluster_text("nodes:\n  - {host: a, gpus: 0}\nworkload:\n  script: train.py\n"
                              "  args: {lr: 0.1, amp: true, tags: [x, y]}\n",
                              source="c.yaml", base_dir=str(tmp_path))
-    node = build_plan(spec, run_id=RUN, local_run_dir="r").nodes[0]
-    tail = node.argv[node.argv.index("--redirects") + 2:]
+    plan = build_plan(spec, run_id=RUN, local_run_dir="r")
+    node = plan.nodes[0]
+    argv = torchrun_argv(plan, node)
+    tail = argv[argv.index("--redirects") + 2:]
     assert tail == (f"{node.run_dir}/script/train.py", "--lr", "0.1", "--amp", "--tags", "x", "y")
 
 
 def test_plan_is_frozen():
     plan = plan_of("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear}\n")
     with pytest.raises(Exception):
-        plan.nodes[0].argv = ()  # type: ignore[misc]
+        plan.nodes[0].nproc = 9  # type: ignore[misc]
     with pytest.raises(TypeError):
         plan.nodes[0].env["X"] = "1"  # type: ignore[index]
+
+
+def test_the_plan_holds_facts_not_backend_settings():
+    """No SSH settings, no argv: a backend derives those from the plan."""
+    plan = plan_of("nodes:\n  - {host: a, gpus: 0, ssh: {user: u}}\nworkload: {name: linear}\n")
+    fields = set(type(plan.nodes[0]).__dataclass_fields__)
+    assert not fields & {"ssh", "argv", "is_local"}
+    assert plan.backend == "ssh"

@@ -1,4 +1,4 @@
-"""The controller's output relay and local port checks (fast, no processes)."""
+"""The output relay's framing and the agent's port checks (fast, no processes)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ import socket
 
 import pytest
 
-from orchestrator import ports, workerlogs
+from orchestrator.agent import probes, workerlogs
+from orchestrator.agent.protocol import line_blocks as _line_blocks
 from orchestrator.console import Console
-from orchestrator.errors import LaunchError
-from orchestrator.node import _line_blocks
-from orchestrator.transport.local import LocalTransport
 
 
 def reader(*chunks: bytes):
@@ -43,16 +41,32 @@ def test_console_views_filter_blocks(view, expected):
     assert out.getvalue() == expected
 
 
-def test_local_port_checks_bind_in_process():
+def test_port_probe_reports_a_busy_port_and_finds_a_free_one():
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(LaunchError, match=f"master port {port} on localhost .* in use"):
-            ports.check_port_free(LocalTransport(), "no-such-python", port)
-    free = ports.pick_free_port(LocalTransport(), "no-such-python")
-    assert 0 < free < 65536
-    ports.check_port_free(LocalTransport(), "no-such-python", free)
+        answer = probes.bind(port)
+        assert answer["ok"] is False and "in use" in answer["error"]
+    free = probes.bind(0)
+    assert free["ok"] and 0 < free["port"] < 65536
+    assert probes.bind(free["port"])["ok"]
+
+
+def test_a_port_left_in_time_wait_counts_as_free_as_it_does_for_torchrun():
+    """TCPStore sets SO_REUSEADDR, so a port a finished run used is free to it;
+    the probe must agree, or an explicit master.port fails for a minute."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = server.accept()
+    conn.close()  # the server side closes first: its end goes to TIME_WAIT
+    client.close()
+    server.close()
+    assert probes.bind(port)["ok"]
 
 
 def worker_files(tmp_path, nproc: int = 2):

@@ -1,5 +1,5 @@
 """SshTransport against real sshd processes (the SSH lab), plus unit tests of
-the pure settings resolution in ``orchestrator.sshconfig``."""
+the pure settings resolution in ``orchestrator.transport.sshconfig``."""
 
 import ast
 import getpass
@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import paramiko
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -18,8 +19,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
 
-from orchestrator.sshconfig import SshTarget, parse_jump_spec, resolve_target  # noqa: E402
-from orchestrator.transport.base import TransportError  # noqa: E402
+from orchestrator.transport.sshconfig import SshTarget, parse_jump_spec, resolve_target  # noqa: E402
+from orchestrator.errors import TransportError  # noqa: E402
 from orchestrator.transport.ssh import (  # noqa: E402
     EXIT_ABORTED, EXIT_CONNECTION_LOST, SshTransport)
 
@@ -176,34 +177,50 @@ def test_keepalive_makes_a_dead_link_fail_within_seconds_not_minutes(node0):
     assert user_timeout == node0.keepalive_s * 3 * 1000
 
 
-# -- files ---------------------------------------------------------------
+# -- files (over the agent's exec channel: the lab has no SFTP) ---------
 
 @live
-def test_put_get_file_and_home(node0, tmp_path):
-    assert node0.home() == os.path.expanduser("~")
-    src = tmp_path / "src.bin"
-    src.write_bytes(bytes(range(256)) * 1000)
-    remote = tmp_path / "new" / "deep" / "dst.bin"
-    node0.put_file(str(src), str(remote), mode=0o640)
-    assert remote.read_bytes() == src.read_bytes()
-    assert stat.S_IMODE(remote.stat().st_mode) == 0o640
-    assert stat.S_IMODE(remote.parent.stat().st_mode) == 0o700
-    assert stat.S_IMODE(remote.parent.parent.stat().st_mode) == 0o700
-    assert os.listdir(remote.parent) == ["dst.bin"]  # no leftover temp file
+def test_files_and_home_move_over_exec_without_sftp(node0, tmp_path):
+    from orchestrator.backends.agentlink import AgentHandle
 
-    back = tmp_path / "back" / "copy.bin"
-    assert node0.get_file(str(remote), str(back)) is True
-    assert back.read_bytes() == src.read_bytes()
-    assert node0.get_file(str(tmp_path / "missing"), str(tmp_path / "x")) is False
-    assert not (tmp_path / "x").exists()
+    with pytest.raises(paramiko.SSHException):  # the lab host really has no SFTP
+        paramiko.SFTPClient.from_transport(node0._connection())
+    agent = AgentHandle(node0, sys.executable)
+    try:
+        assert agent.home == os.path.expanduser("~")
+        data = bytes(range(256)) * 1000
+        remote = tmp_path / "new" / "deep" / "dst.bin"
+        agent.put(data, str(remote), mode=0o640)
+        assert remote.read_bytes() == data
+        assert stat.S_IMODE(remote.stat().st_mode) == 0o640
+        assert stat.S_IMODE(remote.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(remote.parent.parent.stat().st_mode) == 0o700
+        assert os.listdir(remote.parent) == ["dst.bin"]  # no leftover temp file
+        assert agent.get(str(remote), 1 << 20) == data
+        assert agent.get(str(tmp_path / "missing"), 100) is None
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        with pytest.raises(TransportError, match="upload to .* failed"):
+            agent.put(b"x", str(blocker / "below"))
+    finally:
+        agent.close()
 
 
 @live
-def test_transfer_errors_are_transport_errors(node0, tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(TransportError, match="cannot upload"):
-        node0.put_file(str(blocker), str(blocker / "below"))
+def test_a_host_that_refuses_exec_is_named_with_what_to_enable(make_ssh_lab, tmp_path):
+    """sshd with ForceCommand runs its own command for every session: the agent
+    never answers, and the error says exec sessions must be allowed."""
+    from orchestrator.backends.agentlink import AgentHandle
+
+    lab = make_ssh_lab(1, extra_sshd=["ForceCommand /bin/echo this host only runs its menu"])
+    transport = SshTransport(lab.hosts[0].alias, ssh_config=lab.ssh_config)
+    try:
+        with pytest.raises(TransportError, match="agent did not answer") as err:
+            AgentHandle(transport, sys.executable)
+        assert "this host only runs its menu" in str(err.value)
+        assert "exec sessions" in err.value.hint and "ForceCommand" in err.value.hint
+    finally:
+        transport.close()
 
 
 # -- host keys ------------------------------------------------------------

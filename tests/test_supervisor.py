@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from orchestrator import supervisor
+from orchestrator.agent.protocol import CONTROL_PREFIX, decode
 from orchestrator.transport.local import LocalTransport
 from procscan import marked_pids, wait_gone
 
@@ -25,7 +25,7 @@ def start(tmp_path, run_id: str, *extra: str, grace_s: float = 1.0):
             "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "bundle": None, "grace_s": grace_s}
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    handle = LocalTransport().start([sys.executable, supervisor.__file__, str(spec_path)])
+    handle = supervise(spec_path)
     seen = b""
     while seen.count(b"worker up") < 2:  # counted, not matched per line: robust to interleaving
         line = handle.stdout.readline()
@@ -34,10 +34,16 @@ def start(tmp_path, run_id: str, *extra: str, grace_s: float = 1.0):
     return handle
 
 
+def supervise(spec_path):
+    """The agent's supervisor, run from a spec file as one would by hand."""
+    return LocalTransport().start([sys.executable, "-m", "orchestrator.agent", "supervise",
+                                   str(spec_path)], env={"PYTHONPATH": ROOT})
+
+
 def control_of(handle) -> dict:
-    rest = handle.stdout.read().decode()
-    line = next(l for l in rest.splitlines() if l.startswith(supervisor.CONTROL_PREFIX))
-    return json.loads(line[len(supervisor.CONTROL_PREFIX):])
+    rest = handle.stdout.read()
+    line = next(l for l in rest.splitlines(keepends=True) if l.startswith(CONTROL_PREFIX))
+    return decode(line)
 
 
 def test_stop_kills_workers_in_their_own_sessions(tmp_path):
@@ -90,9 +96,9 @@ def test_control_line_starts_a_line_even_after_a_partial_one(tmp_path):
             "env": {}, "unset_env": [], "bundle": None, "grace_s": 1.0}
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    handle = LocalTransport().start([sys.executable, supervisor.__file__, str(spec_path)])
+    handle = supervise(spec_path)
     assert handle.wait(timeout=20) == 0
-    lines = handle.stdout.read().decode().splitlines()
-    assert lines[:2] == ["one", "two, no newline"]
-    assert lines[2].startswith(supervisor.CONTROL_PREFIX) and len(lines) == 3
-    assert json.loads(lines[2][len(supervisor.CONTROL_PREFIX):])["code"] == 0
+    lines = handle.stdout.read().splitlines(keepends=True)
+    assert lines[:2] == [b"one\n", b"two, no newline\n"]
+    assert lines[2].startswith(CONTROL_PREFIX) and len(lines) == 3
+    assert decode(lines[2])["code"] == 0

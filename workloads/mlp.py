@@ -18,7 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from workloads.harness import data as hdata
 from workloads.harness import datasets
-from workloads.harness.context import ConfigError, DistContext
+from workloads.harness.context import WorkloadError, DistContext
 from workloads.harness.evidence import param_checksum
 from workloads.harness.job import Job, run_job, start
 from workloads.harness.report import describe_start, finish
@@ -38,13 +38,13 @@ class MLP(nn.Module):
 def check_dp(ctx: DistContext) -> int:
     """Refuse --mode dp where it cannot mean anything; returns the GPU count."""
     if ctx.world_size > 1:
-        raise ConfigError(
+        raise WorkloadError(
             f"--mode dp is single-process nn.DataParallel but this job has world size "
             f"{ctx.world_size}; launch one process (e.g. --nproc-per-node 1, one node) "
             "that sees all GPUs, or use --mode ddp")
     gpus = torch.cuda.device_count() if ctx.is_cuda else 0
     if gpus < 2:
-        raise ConfigError(
+        raise WorkloadError(
             f"--mode dp needs at least 2 visible CUDA devices, found {gpus} "
             f"(device {ctx.device}, CUDA_VISIBLE_DEVICES={ctx.cuda_visible_devices!r}); "
             "DataParallel over fewer devices compares nothing")

@@ -33,7 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from workloads.harness import data as hdata
 from workloads.harness import datasets
-from workloads.harness.context import ConfigError, DistContext
+from workloads.harness.context import WorkloadError, DistContext
 from workloads.harness.evidence import param_checksum
 from workloads.harness.job import Job, run_job, start
 from workloads.harness.report import RankZeroLog, describe_start, finish
@@ -96,7 +96,7 @@ def load_checkpoint(ctx: DistContext, path: str) -> dict:
             payload[0] = {"error": f"cannot resume from {os.path.abspath(path)}: {err}"}
     dist.broadcast_object_list(payload, src=0)
     if "error" in payload[0]:
-        raise ConfigError(payload[0]["error"])
+        raise WorkloadError(payload[0]["error"])
     return payload[0]
 
 
@@ -177,7 +177,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
 def main(argv=None) -> dict:
     job = start("mnist", argv)
     if job.args.resume and not job.args.checkpoint:
-        raise ConfigError("--resume needs --checkpoint PATH")
+        raise WorkloadError("--resume needs --checkpoint PATH")
     amp = resolve_amp(job.args.amp, job.ctx)
     use_sync_bn, reason = sync_bn_choice(job.ctx, job.args.sync_bn)
     return run_job(job, lambda j: train(j, amp, use_sync_bn, reason))

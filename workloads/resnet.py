@@ -21,7 +21,7 @@ from torchvision.models import resnet18
 
 from workloads.harness import data as hdata
 from workloads.harness import datasets
-from workloads.harness.context import ConfigError
+from workloads.harness.context import WorkloadError
 from workloads.harness.evidence import param_checksum
 from workloads.harness.job import Job, run_job, start
 from workloads.harness.report import describe_start, finish
@@ -66,7 +66,7 @@ def train(job: Job) -> dict:
 def main(argv=None) -> dict:
     job = start("resnet", argv)
     if job.args.image_size < 8:
-        raise ConfigError(f"--image-size {job.args.image_size} is too small for ResNet-18 (>= 8)")
+        raise WorkloadError(f"--image-size {job.args.image_size} is too small for ResNet-18 (>= 8)")
     return run_job(job, train)
 
 

@@ -2,8 +2,8 @@
 
 ``LocalTransport`` (subprocess) and ``SshTransport`` (paramiko) implement it
 with the same signatures and the same result types, the way fabric's
-``Connection.run`` and ``local`` do. The launcher never knows which one it
-holds.
+``Connection.run`` and ``local`` do. The backends never know which one they
+hold.
 
 Commands are argv tuples. They are turned into a shell string exactly once,
 by ``shell_command`` below, at the transport boundary; values are never
@@ -19,15 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import BinaryIO, Mapping, Sequence
 
-
-class TransportError(Exception):
-    """A node could not be reached or a transfer failed; says which and why."""
-
-    def __init__(self, host: str, message: str, hint: str = ""):
-        self.host = host
-        self.message = message
-        self.hint = hint
-        super().__init__(f"{host}: {message}" + (f" ({hint})" if hint else ""))
+from ..errors import TransportError
 
 
 @dataclass(frozen=True)
@@ -92,7 +84,9 @@ class ProcessHandle(ABC):
 
 
 class Transport(ABC):
-    """Runs commands and moves files on one node."""
+    """Runs commands on one node. That is all a node must allow: files move
+    over a command's stdin and stdout (``backends.agentlink``), so no SFTP
+    or other file service is needed there."""
 
     host: str
 
@@ -100,18 +94,6 @@ class Transport(ABC):
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | None = None) -> ProcessHandle:
         """Start ``argv`` on the node; ``env`` is added to the node's own."""
-
-    @abstractmethod
-    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
-        """Copy a local file to the node, creating parent directories."""
-
-    @abstractmethod
-    def get_file(self, remote_path: str, local_path: str) -> bool:
-        """Copy a file from the node; False if it does not exist there."""
-
-    @abstractmethod
-    def home(self) -> str:
-        """The absolute home directory of the user we run as on the node."""
 
     def close(self) -> None:
         """Release connections; the default has none."""

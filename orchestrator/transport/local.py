@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 from typing import Mapping, Sequence
@@ -71,20 +70,3 @@ class LocalTransport(Transport):
         except OSError as exc:
             raise TransportError(self.host, f"cannot start {argv[0]!r}: {exc.strerror}") from exc
         return LocalProcessHandle(popen)
-
-    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(remote_path)), mode=0o700, exist_ok=True)
-        if os.path.abspath(local_path) != os.path.abspath(remote_path):
-            shutil.copyfile(local_path, remote_path)
-        os.chmod(remote_path, mode)
-
-    def get_file(self, remote_path: str, local_path: str) -> bool:
-        if not os.path.isfile(remote_path):
-            return False
-        if os.path.abspath(local_path) != os.path.abspath(remote_path):
-            os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
-            shutil.copyfile(remote_path, local_path)
-        return True
-
-    def home(self) -> str:
-        return os.path.expanduser("~")

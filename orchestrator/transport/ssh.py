@@ -11,7 +11,7 @@ how this module handles it:
 * The connection is opened lazily on first use, shared by all threads, and
   reopened on next use if it died. Keepalives plus ``TCP_USER_TIMEOUT`` make
   a silently dead link fail within about three keepalive intervals.
-* Every failure a user can cause (unreachable, auth, host key, transfers)
+* Every failure a user can cause (unreachable, auth, host key, no exec)
   becomes a ``TransportError`` naming the node and the fix, never a paramiko
   traceback.
 
@@ -27,21 +27,18 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 import shlex
-import shutil
 import signal
 import socket
-import stat
 import threading
-import uuid
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence
 
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST
 
-from ..sshconfig import DEFAULT_SSH_CONFIG, SshTarget, resolve_target
-from .base import ProcessHandle, Transport, TransportError, shell_command
+from ..errors import TransportError
+from .sshconfig import DEFAULT_SSH_CONFIG, SshTarget, resolve_target
+from .base import ProcessHandle, Transport, shell_command
 from .sshauth import (NETWORK_ERRORS, authenticate, check_host_key, describe,
                       prefer_known_key_types)
 
@@ -57,7 +54,6 @@ _MERGE_STDERR = ("sh", "-c", 'exec "$@" 2>&1', "sh")
 # handler Python's last-resort handler prints them on stderr, next to our own
 # TransportError; this keeps them out unless the application configures logging.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-T = TypeVar("T")
 
 
 def _handle_channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
@@ -180,9 +176,7 @@ class SshTransport(Transport):
             raise TransportError(host, f"bad SSH settings: {exc}") from exc
         self.keepalive_s = keepalive_s
         self._lock = threading.Lock()       # guards connecting and the chain
-        self._sftp_lock = threading.Lock()  # one SFTP request at a time
         self._chain: list[paramiko.Transport] = []  # jump hosts..., then the node
-        self._sftp: tuple[paramiko.Transport, paramiko.SFTPClient] | None = None
 
     # -- Transport interface ----------------------------------------------
 
@@ -193,50 +187,24 @@ class SshTransport(Transport):
         try:
             channel = connection.open_session(timeout=self.target.connect_timeout)
             channel.set_combine_stderr(True)  # the login shell's own errors (cd, env)
-            channel.exec_command(command)
         except paramiko.ChannelException as exc:
             raise self._error(f"sshd refused a new session: {exc.text}",
                               "too many concurrent commands for its MaxSessions?") from None
         except NETWORK_ERRORS as exc:
             raise self._error(f"connection lost while starting `{shlex.join(argv)}`: "
                               f"{describe(exc)}") from None
+        try:
+            channel.exec_command(command)
+        except NETWORK_ERRORS as exc:
+            channel.close()
+            if not connection.is_active():
+                raise self._error(f"connection lost while starting `{shlex.join(argv)}`: "
+                                  f"{describe(exc)}") from None
+            raise self._error(
+                f"sshd refused to run a command ({describe(exc)})",
+                "ddp-orch needs exec sessions on the node: allow them in its sshd_config "
+                "(no ForceCommand for this user) and in authorized_keys (no command=)") from None
         return SshProcessHandle(channel)
-
-    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
-        """Upload to a temp name, chmod before writing, then rename into place,
-        so the content is never readable with looser permissions and readers
-        never see half a file."""
-        def upload(sftp: paramiko.SFTPClient) -> None:
-            _sftp_makedirs(sftp, posixpath.dirname(remote_path))
-            partial = f"{remote_path}.part-{uuid.uuid4().hex[:8]}"
-            try:
-                with sftp.open(partial, "wb") as dst:
-                    dst.chmod(mode)
-                    dst.set_pipelined(True)
-                    shutil.copyfileobj(src, dst, 32768)
-                sftp.posix_rename(partial, remote_path)
-            except BaseException:
-                _ignore_errors(lambda: sftp.remove(partial))
-                raise
-
-        with open(local_path, "rb") as src:  # local errors stay plain OSErrors
-            self._with_sftp(f"upload {local_path} to {remote_path}", upload)
-
-    def get_file(self, remote_path: str, local_path: str) -> bool:
-        def download(sftp: paramiko.SFTPClient) -> bool:
-            try:
-                if not stat.S_ISREG(sftp.stat(remote_path).st_mode or 0):
-                    return False
-            except FileNotFoundError:
-                return False
-            os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
-            sftp.get(remote_path, local_path)
-            return True
-
-        return self._with_sftp(f"download {remote_path}", download)
-
-    def home(self) -> str:
-        return self._with_sftp("find the home directory", lambda sftp: sftp.normalize("."))
 
     def close(self) -> None:
         with self._lock:
@@ -253,9 +221,6 @@ class SshTransport(Transport):
             return self._chain[-1]
 
     def _close_locked(self) -> None:
-        if self._sftp:
-            _ignore_errors(self._sftp[1].close)
-            self._sftp = None
         for connection in reversed(self._chain):
             _ignore_errors(connection.close)
         self._chain = []
@@ -338,38 +303,8 @@ class SshTransport(Transport):
 
     # -- helpers ----------------------------------------------------------
 
-    def _with_sftp(self, what: str, operation: Callable[[paramiko.SFTPClient], T]) -> T:
-        """Run ``operation`` on the (lazily opened) SFTP session, mapping errors."""
-        with self._sftp_lock:
-            connection = self._connection()
-            try:
-                if self._sftp is None or self._sftp[0] is not connection:
-                    self._sftp = (connection, paramiko.SFTPClient.from_transport(connection))
-                return operation(self._sftp[1])
-            except (paramiko.SSHException, EOFError) as exc:
-                self._sftp = None
-                raise self._error(f"cannot {what}: {describe(exc)}") from None
-            except OSError as exc:  # the SFTP server's answer: ENOENT, EACCES...
-                raise self._error(f"cannot {what}: {exc.strerror or exc}") from None
-
     def _error(self, message: str, hint: str = "") -> TransportError:
         return TransportError(self.host, message, hint)
-
-
-def _sftp_makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
-    """``mkdir -p`` with mode 0700 for what we create."""
-    if directory in ("", "/", "."):
-        return
-    try:
-        sftp.stat(directory)
-        return
-    except FileNotFoundError:
-        pass
-    _sftp_makedirs(sftp, posixpath.dirname(directory))
-    try:
-        sftp.mkdir(directory, 0o700)
-    except OSError:
-        sftp.stat(directory)  # fine if someone else just created it; else raise
 
 
 def _close_all(chain: list[paramiko.Transport]) -> None:

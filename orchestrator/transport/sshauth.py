@@ -15,8 +15,8 @@ import threading
 
 import paramiko
 
-from ..sshconfig import SshTarget
-from .base import TransportError
+from ..errors import TransportError
+from .sshconfig import SshTarget
 
 DEFAULT_KEY_FILES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 NETWORK_ERRORS = (paramiko.SSHException, EOFError, OSError)

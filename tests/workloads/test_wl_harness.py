@@ -9,7 +9,7 @@ import torch
 
 from workloads.harness import data as hdata
 from workloads.harness import datasets
-from workloads.harness.context import ConfigError, read_context, resolve_device
+from workloads.harness.context import WorkloadError, read_context, resolve_device
 from workloads.harness.timing import CappedSeries, StepTimer
 
 TORCHRUN_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1",
@@ -88,7 +88,7 @@ def test_resolve_device(requested, local_rank, gpus, expected):
     ("gpu", 0, 0, "device must be one of"),
 ])
 def test_resolve_device_refuses_clearly(requested, local_rank, gpus, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(WorkloadError, match=message):
         resolve_device(requested, local_rank, lambda: gpus)
 
 
@@ -97,16 +97,16 @@ def test_resolve_device_refuses_clearly(requested, local_rank, gpus, message):
 def test_global_batch_is_split_or_refused():
     assert hdata.per_rank_batch(32, 2) == 16
     assert hdata.per_rank_batch(32, 1) == 32
-    with pytest.raises(ConfigError, match="not divisible by the world size 3"):
+    with pytest.raises(WorkloadError, match="not divisible by the world size 3"):
         hdata.per_rank_batch(32, 3)
-    with pytest.raises(ConfigError):
+    with pytest.raises(WorkloadError):
         hdata.per_rank_batch(0, 1)
 
 
 def test_lr_scaling_is_explicit():
     assert hdata.scaled_lr(0.01, "none", 4) == 0.01
     assert hdata.scaled_lr(0.01, "linear", 4) == pytest.approx(0.04)
-    with pytest.raises(ConfigError):
+    with pytest.raises(WorkloadError):
         hdata.scaled_lr(0.01, "sqrt", 4)
 
 
@@ -208,7 +208,7 @@ def test_empty_data_dir_falls_back_to_labelled_synthetic(tmp_path):
 
 
 def test_data_real_without_files_is_an_error(tmp_path):
-    with pytest.raises(ConfigError, match="--data real"):
+    with pytest.raises(WorkloadError, match="--data real"):
         datasets.load(datasets.CIFAR10, str(tmp_path), "real")
 
 
@@ -233,7 +233,7 @@ def test_incomplete_cifar_folder_is_an_error_not_a_fallback(tiny_data, tmp_path)
     shutil.copytree(os.path.join(tiny_data, "cifar-10-batches-py"),
                     tmp_path / "cifar-10-batches-py")
     os.unlink(tmp_path / "cifar-10-batches-py" / "data_batch_3")
-    with pytest.raises(ConfigError, match="incomplete"):
+    with pytest.raises(WorkloadError, match="incomplete"):
         datasets.load(datasets.CIFAR10, str(tmp_path), "auto")
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.harness import data as hdata
-from workloads.harness.context import ConfigError, process_group, read_context
+from workloads.harness.context import WorkloadError, process_group, read_context
 from workloads.harness.report import RankZeroLog
 from workloads.harness.train import Trainer, evaluate, make_step, resolve_amp, wrap_ddp
 
@@ -89,7 +89,7 @@ def test_amp_policy_on_cpu():
     assert resolve_amp("auto", cpu).dtype is None
     assert resolve_amp("off", cpu).scaler is None
     assert resolve_amp("bf16", cpu).dtype is torch.bfloat16
-    with pytest.raises(ConfigError, match="fp16 needs CUDA"):
+    with pytest.raises(WorkloadError, match="fp16 needs CUDA"):
         resolve_amp("fp16", cpu)
 
 
@@ -121,7 +121,7 @@ def test_checkpoint_save_is_atomic_and_loads_back(ctx, tmp_path):
     assert os.listdir(tmp_path / "sub") == ["ck.pt"]  # no temp file left behind
     state = load_checkpoint(ctx, path)
     assert state["epoch"] == 1 and torch.equal(state["model"]["w"], torch.ones(2))
-    with pytest.raises(ConfigError, match="cannot resume"):
+    with pytest.raises(WorkloadError, match="cannot resume"):
         load_checkpoint(ctx, str(tmp_path / "missing.pt"))
 
 
@@ -132,5 +132,5 @@ def test_checkpoint_save_is_atomic_and_loads_back(ctx, tmp_path):
 def test_mlp_dp_mode_refuses_what_it_cannot_do(env, message):
     from workloads.mlp import check_dp
 
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(WorkloadError, match=message):
         check_dp(read_context(env, "cpu"))

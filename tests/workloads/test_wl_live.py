@@ -58,7 +58,7 @@ def test_noop_alone_only_prints_a_summary(tmp_path):
 
 
 def test_bad_config_fails_fast_with_torchrun_error_files(tmp_path):
-    """@record puts the ConfigError's message in each rank's error file."""
+    """@record puts the WorkloadError's message in each rank's error file."""
     import glob
     import json
 
@@ -72,7 +72,7 @@ def test_bad_config_fails_fast_with_torchrun_error_files(tmp_path):
     for path in files:
         with open(path, encoding="utf-8") as fh:
             message = json.load(fh)["message"]["message"]
-        assert "ConfigError: --global-batch-size 3 is not divisible by the world size 2" in message
+        assert "WorkloadError: --global-batch-size 3 is not divisible by the world size 2" in message
 
 
 def test_linear_converges_and_equals_a_single_process_run(tmp_path):

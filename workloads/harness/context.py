@@ -28,7 +28,7 @@ import torch.distributed as dist
 from workloads.contract import DEVICE_CHOICES, DEVICE_ENV, RESULT_FILE_ENV, RUN_ID_ENV
 
 
-class ConfigError(ValueError):
+class WorkloadError(ValueError):
     """A workload was asked for something it cannot do; the message says why.
 
     A ValueError (not SystemExit) so that torchrun's ``@record`` writes it to
@@ -79,17 +79,17 @@ def resolve_device(requested: str, local_rank: int,
     never touches the CUDA runtime.
     """
     if requested not in DEVICE_CHOICES:
-        raise ConfigError(f"device must be one of {DEVICE_CHOICES}, got {requested!r}")
+        raise WorkloadError(f"device must be one of {DEVICE_CHOICES}, got {requested!r}")
     if requested == "cpu":
         return "cpu", "gloo"
     count = cuda_devices()
     if count == 0:
         if requested == "cuda":
-            raise ConfigError("device 'cuda' was requested but no CUDA device is visible "
+            raise WorkloadError("device 'cuda' was requested but no CUDA device is visible "
                               "to this process (check CUDA_VISIBLE_DEVICES and the driver)")
         return "cpu", "gloo"
     if local_rank >= count:
-        raise ConfigError(
+        raise WorkloadError(
             f"local rank {local_rank} needs its own GPU but only {count} CUDA device(s) "
             "are visible; start at most one process per GPU, or use device 'cpu'")
     return f"cuda:{local_rank}", "nccl"

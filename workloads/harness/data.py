@@ -24,7 +24,7 @@ from typing import Iterator, Sized
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from workloads.harness.context import ConfigError, DistContext
+from workloads.harness.context import WorkloadError, DistContext
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
@@ -34,9 +34,9 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
     averaged gradient, so it is an error, not a rounding.
     """
     if global_batch < 1:
-        raise ConfigError(f"--global-batch-size must be positive, got {global_batch}")
+        raise WorkloadError(f"--global-batch-size must be positive, got {global_batch}")
     if global_batch % world_size:
-        raise ConfigError(
+        raise WorkloadError(
             f"--global-batch-size {global_batch} is not divisible by the world size "
             f"{world_size}; pick a multiple of {world_size}")
     return global_batch // world_size
@@ -49,7 +49,7 @@ def scaled_lr(lr: float, scaling: str, world_size: int) -> float:
         return lr
     if scaling == "linear":
         return lr * world_size
-    raise ConfigError(f"--lr-scaling must be none or linear, got {scaling!r}")
+    raise WorkloadError(f"--lr-scaling must be none or linear, got {scaling!r}")
 
 
 def epoch_seed(seed: int, rank: int, epoch: int) -> int:

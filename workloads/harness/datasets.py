@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset
 
-from workloads.harness.context import ConfigError
+from workloads.harness.context import WorkloadError
 
 
 @dataclass(frozen=True)
@@ -131,9 +131,9 @@ def load(spec: Spec, data_dir: str, mode: str, *, train_samples: int = 0,
     root = os.path.abspath(data_dir)
     present = os.path.isdir(os.path.join(root, spec.folder))
     if mode == "real" and not present:
-        raise ConfigError(f"--data real: no {spec.name} at {os.path.join(root, spec.folder)}")
+        raise WorkloadError(f"--data real: no {spec.name} at {os.path.join(root, spec.folder)}")
     if mode not in ("auto", "real", "synthetic"):
-        raise ConfigError(f"--data must be auto, real or synthetic, got {mode!r}")
+        raise WorkloadError(f"--data must be auto, real or synthetic, got {mode!r}")
     train_tf = ImagePipeline(spec, image_size, augment)
     test_tf = ImagePipeline(spec, image_size, False)
     if mode == "synthetic" or not present:

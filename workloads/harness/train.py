@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from workloads.harness.context import ConfigError, DistContext, synchronize
+from workloads.harness.context import WorkloadError, DistContext, synchronize
 from workloads.harness.data import seed_epoch
 from workloads.harness.evidence import broadcast_buffers
 from workloads.harness.report import RankZeroLog
@@ -70,13 +70,13 @@ def resolve_amp(requested: str, ctx: DistContext) -> Amp:
         return Amp("off", dev, None, None)
     if mode == "fp16":
         if not ctx.is_cuda:
-            raise ConfigError("--amp fp16 needs CUDA; on CPU use --amp bf16 or --amp off")
+            raise WorkloadError("--amp fp16 needs CUDA; on CPU use --amp bf16 or --amp off")
         return Amp("fp16", dev, torch.float16, torch.amp.GradScaler("cuda"))
     if mode == "bf16":
         if ctx.is_cuda and not torch.cuda.is_bf16_supported():
-            raise ConfigError("--amp bf16: this GPU does not support bfloat16")
+            raise WorkloadError("--amp bf16: this GPU does not support bfloat16")
         return Amp("bf16", dev, torch.bfloat16, None)
-    raise ConfigError(f"--amp must be auto, off, fp16 or bf16, got {requested!r}")
+    raise WorkloadError(f"--amp must be auto, off, fp16 or bf16, got {requested!r}")
 
 
 def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -11,7 +11,7 @@ import os
 
 from torchvision import datasets, transforms
 
-from workloads.harness.context import ConfigError
+from workloads.harness.context import WorkloadError
 from workloads.harness.datasets import CIFAR10, MNIST, ImagePipeline, Spec
 
 
@@ -42,7 +42,7 @@ def _cifar10(root: str, train: bool, tf) -> tuple[datasets.CIFAR10, bool]:
         missing = [n for n in names + ["batches.meta"]
                    if not os.path.isfile(os.path.join(folder, n))]
         if missing:
-            raise ConfigError(f"CIFAR-10 at {folder} is incomplete (missing {missing})") \
+            raise WorkloadError(f"CIFAR-10 at {folder} is incomplete (missing {missing})") \
                 from official
         return UnverifiedCIFAR10(root, train=train, transform=tf, download=False), False
 
@@ -56,11 +56,11 @@ def load_real(spec: Spec, root: str, train_tf: ImagePipeline, test_tf: ImagePipe
             train = datasets.MNIST(root, train=True, transform=to_train, download=False)
             test = datasets.MNIST(root, train=False, transform=to_test, download=False)
         except RuntimeError as err:
-            raise ConfigError(f"MNIST under {root}/{spec.folder} is incomplete: {err}") from err
+            raise WorkloadError(f"MNIST under {root}/{spec.folder} is incomplete: {err}") from err
         # torchvision checks MNIST's raw files for presence only (no md5)
         return train, test, None
     if spec is CIFAR10:
         train, ok_train = _cifar10(root, True, to_train)
         test, ok_test = _cifar10(root, False, to_test)
         return train, test, ok_train and ok_test
-    raise ConfigError(f"no real loader for {spec.name}")
+    raise WorkloadError(f"no real loader for {spec.name}")

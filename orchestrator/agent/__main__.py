@@ -1,0 +1,36 @@
+"""``python -m orchestrator.agent serve`` (or ``ddp_orch_agent`` on a node).
+
+``serve`` is what the controller runs (see ``serve.py``);
+``supervise SPEC.json`` runs a node supervisor from a spec file directly,
+for tests and for starting a node by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["serve"]:
+        from .serve import serve
+
+        code = serve()
+    elif len(argv) == 2 and argv[0] == "supervise":
+        from .supervisor import Supervisor
+
+        with open(argv[1], encoding="utf-8") as fh:
+            code = Supervisor(json.load(fh)).run()
+    else:
+        print("usage: ddp_orch_agent serve | supervise SPEC.json", file=sys.stderr)
+        return 2
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the controller is gone; supervisor.json has the outcome
+        pass
+    os._exit(code)  # no interpreter teardown racing the stdin thread
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

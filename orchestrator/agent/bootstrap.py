@@ -1,0 +1,91 @@
+"""How the agent reaches a node: a few lines of Python, then the package over stdin.
+
+The controller runs ``python -c BOOT`` on the node through its transport
+(an exec channel, or a local subprocess) and writes ``payload(argv)`` to
+its stdin: one header line, then this package's source, compressed. BOOT
+checks the checksum, imports the package from memory under the name
+``ddp_orch_agent`` and runs its ``main(argv)`` in the same process. Nothing
+is written to the node's disk and nothing needs to be installed there, and
+the process that waits for the upload is the one that then serves it, so a
+remote shell's start overlaps the controller's other work.
+
+BOOT reads stdin with raw ``os.read``, the header byte by byte and the
+source to its exact size, so the agent finds the rest of stdin (its
+requests) untouched. EOF before the source arrives means the launch was
+abandoned: BOOT exits 0 having done nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+from .protocol import digest
+
+PACKAGE = "ddp_orch_agent"
+
+BOOT = r"""import hashlib, importlib.abc, importlib.util, json, linecache, os, sys, zlib
+def take(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+head = b""
+while not head.endswith(b"\n"):
+    head += take(1)
+head = json.loads(head)
+blob = take(head["size"])
+if hashlib.sha256(blob).hexdigest() != head["sha256"]:
+    sys.exit("ddp-orch: the agent arrived corrupted (checksum mismatch)")
+SOURCES = json.loads(zlib.decompress(blob))
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in SOURCES:
+            return importlib.util.spec_from_loader(name, self, is_package="." not in name)
+    def exec_module(self, module):
+        name = "<ddp-orch agent>/" + module.__name__.replace(".", "/") + ".py"
+        source = SOURCES[module.__name__]
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        exec(compile(source, name, "exec"), module.__dict__)
+sys.meta_path.insert(0, Finder())
+from ddp_orch_agent.__main__ import main
+sys.exit(main(head["argv"]))
+"""
+
+_cache: dict[str, bytes] = {}
+
+
+def sources() -> dict[str, str]:
+    """This package's modules, by the names they get on the node."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = {}
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            module = name[:-3]
+            with open(os.path.join(here, name), encoding="utf-8") as fh:
+                out[PACKAGE if module == "__init__" else f"{PACKAGE}.{module}"] = fh.read()
+    return out
+
+
+def payload(argv: list[str]) -> bytes:
+    """What to write to BOOT's stdin to run the agent with ``argv``."""
+    if "blob" not in _cache:
+        _cache["blob"] = zlib.compress(json.dumps(sources()).encode(), 6)
+    blob = _cache["blob"]
+    head = {"size": len(blob), "sha256": digest(blob), "argv": argv}
+    return json.dumps(head).encode() + b"\n" + blob
+
+
+def command(python: str) -> list[str]:
+    """The argv that starts BOOT with ``python`` on a node.
+
+    ``-I -S``: no site-packages, no ``PYTHON*`` variables, no current
+    directory on the path. The agent needs only the standard library, so a
+    node's sitecustomize, a stray ``PYTHONPATH`` or a package that shadows a
+    stdlib module cannot change what it does.
+    """
+    return [python, "-I", "-S", "-c", BOOT]

@@ -1,0 +1,191 @@
+"""The wire between the controller and a node agent; both sides import it.
+
+One exec channel per node carries everything, so a node needs nothing but
+``sshd`` (or a local subprocess) and Python: no SFTP subsystem, no agent
+installed. On that channel:
+
+* **stdin, controller to agent**: request lines, ``{"op": ...}`` as one JSON
+  object per line, each followed by exactly ``size`` bytes of payload when
+  it says so (``put``). Once the agent supervises a run, the lines are just
+  ``stop`` and ``kill``.
+* **stdout, agent to controller**: control lines, ``CONTROL_PREFIX`` and a
+  JSON object, each a line of its own, followed by ``size`` payload bytes
+  when a reply says so (``get``). Everything else on stdout is node output
+  (torchrun and its workers), relayed to the user.
+
+Every control message is checked against ``MESSAGES`` before anyone acts on
+it: a node is not trusted to send well-formed data.
+
+Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Callable, Iterator
+
+CONTROL_PREFIX = b"::ddp-orch:: "
+MAX_CONTROL_LINE = 1 << 20  # a longer control line is a broken or hostile node
+MAX_TRANSFER = 1 << 30  # no single put/get is larger (bundles are capped far below)
+
+# What each control message must carry: field -> accepted types.
+_NUM = (int, float)
+MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
+    "hello": {"home": (str,), "pid": (int,), "python": (str,)},
+    "reply": {"ok": (bool,)},
+    "joined": {},
+    "started": {"workers": (int,)},
+    "exit": {"code": (int,), "reason": (str,), "failures": (list,), "last_lines": (list,),
+             "duration_s": _NUM},
+}
+FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
+    "local_rank": (int,), "message": (str,), "timestamp": _NUM,
+    "error_file": (str, type(None)),
+}
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this protocol."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One control line (the caller writes any payload right after it)."""
+    return CONTROL_PREFIX + json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """A control line's message, checked against ``MESSAGES``; else ProtocolError."""
+    if not line.startswith(CONTROL_PREFIX):
+        raise ProtocolError("not a control line")
+    if len(line) > MAX_CONTROL_LINE:
+        raise ProtocolError(f"control line of {len(line)} bytes")
+    try:
+        message = json.loads(line[len(CONTROL_PREFIX):])
+    except ValueError as exc:
+        raise ProtocolError(f"control line is not JSON: {exc}") from None
+    return validate(message)
+
+
+def validate(message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict) or message.get("event") not in MESSAGES:
+        raise ProtocolError(f"unknown control message: {str(message)[:200]}")
+    for name, types in MESSAGES[message["event"]].items():
+        if not isinstance(message.get(name), types) or isinstance(message.get(name), bool) \
+                and bool not in types:
+            raise ProtocolError(f"{message['event']} message: bad or missing {name!r}")
+    if message["event"] == "reply" and "size" in message:
+        size = message["size"]
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_TRANSFER:
+            raise ProtocolError(f"reply announces {size!r} payload bytes")
+    if message["event"] == "exit":
+        for failure in message["failures"]:
+            if not isinstance(failure, dict) or any(
+                    not isinstance(failure.get(k), t) for k, t in FAILURE_FIELDS.items()):
+                raise ProtocolError(f"exit message: bad failure record {str(failure)[:200]}")
+        if not all(isinstance(line, str) for line in message["last_lines"]):
+            raise ProtocolError("exit message: last_lines must be strings")
+    return message
+
+
+def request(op: str, **fields: Any) -> bytes:
+    """One request line for the agent's ``serve`` loop."""
+    return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class LineBuffer:
+    """Turns a byte stream into blocks of whole lines.
+
+    ``feed`` returns every complete line received so far, as one block (one
+    write downstream instead of one per line); a partial last line waits for
+    its newline, unless it grows past ``max_line``, when it is passed on as
+    is. ``flush`` returns what is left at the end of the stream.
+    """
+
+    def __init__(self, max_line: int = 1 << 20):
+        self.max_line = max_line
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self.pending + chunk
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) < self.max_line:
+            self.pending = data
+            return b""
+        cut = cut or len(data)
+        self.pending = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        rest, self.pending = self.pending, b""
+        return rest
+
+
+def line_blocks(read: Callable[[int], bytes], size: int = 65536,
+                max_line: int = 1 << 20) -> Iterator[bytes]:
+    """Blocks of complete lines from ``read(size)``; at EOF, whatever is left."""
+    buffer = LineBuffer(max_line)
+    while chunk := read(size):
+        if block := buffer.feed(chunk):
+            yield block
+    if rest := buffer.flush():
+        yield rest
+
+
+def split_control(block: bytes) -> tuple[bytes, list[bytes]]:
+    """A block of lines without its control lines, and those lines."""
+    if CONTROL_PREFIX not in block:
+        return block, []
+    kept, control = [], []
+    for line in block.splitlines(keepends=True):
+        (control if line.startswith(CONTROL_PREFIX) else kept).append(line)
+    return b"".join(kept), control
+
+
+class Reader:
+    """Buffered reads from a file descriptor, by line or by exact size.
+
+    Both sides read requests and replies this way, so a payload is never
+    split from its header however the bytes arrive. ``fd`` is read with raw
+    ``os.read`` (never a buffered file object), so whoever reads the same fd
+    next, through this reader, misses nothing.
+    """
+
+    def __init__(self, read: Callable[[int], bytes] | int):
+        self._read = read if callable(read) else (lambda n, fd=read: os.read(fd, n))
+        self.buffer = b""
+        self.eof = False
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self._read(65536)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buffer += chunk
+        return True
+
+    def readline(self, limit: int = MAX_CONTROL_LINE) -> bytes:
+        """One line with its newline; b"" at EOF (a partial last line is dropped)."""
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > limit:
+                raise ProtocolError(f"line longer than {limit} bytes")
+            if not self._fill():
+                return b""
+        cut = self.buffer.index(b"\n") + 1
+        line, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return line
+
+    def read_exact(self, size: int) -> bytes:
+        """Exactly ``size`` bytes; ProtocolError if the stream ends first."""
+        while len(self.buffer) < size:
+            if not self._fill():
+                raise ProtocolError(f"stream ended {size - len(self.buffer)} bytes early")
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data

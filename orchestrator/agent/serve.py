@@ -1,0 +1,111 @@
+"""The agent's request loop: what a node does for the controller, on one channel.
+
+It starts by saying hello (the node's home, pid and Python), then answers
+requests (``protocol.request``) one at a time until stdin closes:
+
+=============  ==============================================================
+``put``        receive a file (size and SHA-256 checked), write it atomically
+``get``        send a regular file back, size-capped
+``bind``       can the master port be bound here (0: pick a free one)
+``probe``      Python, torch and GPUs, for ``ddp-orch check``
+``listen``     hold a test listener on the master port until stdin closes
+``connect``    open a TCP connection to the master, for ``ddp-orch check``
+``down``       end a run's processes here, found by their marker variables
+``supervise``  become the run's node supervisor; the reply is its output
+=============  ==============================================================
+
+EOF before ``supervise`` means the controller is done with this node, or
+gave up on the launch: the agent exits having started nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+from . import files, probes, procs
+from .protocol import ProtocolError, Reader, digest, encode
+
+_LOCK = threading.Lock()
+
+
+def reply(payload: bytes = b"", **fields) -> None:
+    """One reply control line, and its payload right after it."""
+    message = {"event": "reply", **fields}
+    if payload:
+        message["size"] = len(payload)
+    with _LOCK:
+        out = sys.stdout.buffer
+        out.write(encode(message) + payload)
+        out.flush()
+
+
+def serve() -> int:
+    stdin = Reader(0)
+    with _LOCK:
+        sys.stdout.buffer.write(encode({"event": "hello", "home": probes.home(),
+                                        "pid": os.getpid(), "python": sys.executable}))
+        sys.stdout.buffer.flush()
+    while True:
+        line = stdin.readline()
+        if not line:
+            return 0
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            reply(ok=False, error=f"bad request: {exc}")
+            continue
+        op = request.get("op")
+        if op == "supervise":
+            from .supervisor import Supervisor
+
+            return Supervisor(request["spec"], stdin).run()
+        try:
+            _answer(op, request, stdin)
+        except (files.TransferError, ProtocolError, OSError, KeyError, TypeError,
+                ValueError) as exc:
+            reply(ok=False, error=str(exc) or type(exc).__name__)
+
+
+def _answer(op: str, request: dict, stdin: Reader) -> None:
+    if op == "put":
+        data = stdin.read_exact(int(request["size"]))
+        path = files.put(request["path"], data, size=int(request["size"]),
+                         sha256=str(request["sha256"]), mode=int(request.get("mode", 0o600)))
+        reply(ok=True, path=path)
+    elif op == "get":
+        data = files.get(request["path"], int(request["max"]))
+        if data is None:
+            reply(ok=False, missing=True, error=f"{request['path']}: no such file")
+        else:
+            reply(data, ok=True, size=len(data), sha256=digest(data))
+    elif op == "bind":
+        reply(**probes.bind(int(request["port"])))
+    elif op == "probe":
+        reply(**probes.probe(bool(request.get("gpus"))))
+    elif op == "listen":
+        sock = probes.listener(int(request["port"]))
+        reply(ok=True)
+        stop = threading.Event()
+        threading.Thread(target=lambda: (_drain(stdin), stop.set()), daemon=True).start()
+        probes.serve_listener(sock, float(request.get("timeout", 120)), stop)
+    elif op == "connect":
+        reply(**probes.connect(str(request["addr"]), int(request["port"]),
+                               float(request.get("timeout", 5))))
+    elif op == "down":
+        marker = (f"DDP_ORCH_RUN_ID={request['run_id']}",
+                  f"DDP_ORCH_NODE_RANK={request['node_rank']}")
+        killed = procs.terminate(lambda: procs.marked_processes(marker),
+                                 float(request.get("grace_s", 5)))
+        reply(ok=True, killed=sorted(killed))
+    else:
+        reply(ok=False, error=f"unknown request {op!r}")
+
+
+def _drain(stdin: Reader) -> None:
+    while stdin.readline():
+        pass

@@ -1,0 +1,331 @@
+"""ddp-orch node supervisor: runs one node's torchrun and owns its teardown.
+
+Part of the agent package (stdlib only), which the controller ships to every
+node with each run (``bootstrap.py``), so a node needs nothing but Python
+and torch. The agent's ``serve`` loop becomes the supervisor when the
+controller sends ``supervise`` with the node's spec.
+
+Why it exists: torchrun starts each worker in a session of its own, so
+killing torchrun's process group leaves workers running (and holding GPUs).
+The supervisor makes itself a child subreaper, so every process of the run
+stays its descendant even when orphaned, and it also finds the run's
+processes by the marker variables in their environment. It tears them all
+down (SIGTERM, a grace period, SIGKILL) when
+
+* the controller sends ``stop`` on stdin,
+* stdin reaches EOF: the controller died or the SSH connection dropped,
+* it gets SIGTERM, SIGINT or SIGHUP,
+* torchrun exits (leftover workers are removed).
+
+Its output is torchrun's own output and the workers' lines, each prefixed
+``[rankN]: `` (torchrun runs with ``--redirects 3``; ``WorkerLogs`` follows
+the files), then one control line (``protocol.encode``) carrying
+the exit code, the reason and the root cause read from torchrun's error
+files.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import procs
+from .protocol import LineBuffer, Reader, encode
+from .workerlogs import WorkerLogs
+
+STATE_FILE = "supervisor.json"
+TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
+FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
+
+
+class Supervisor:
+    def __init__(self, spec: dict, stdin: Reader | None = None):
+        self.spec = spec
+        self.stdin = stdin or Reader(0)  # what serve left of stdin, if it read ahead
+        self.run_dir = spec["run_dir"]
+        self.marker = (f"DDP_ORCH_RUN_ID={spec['run_id']}",
+                       f"DDP_ORCH_NODE_RANK={spec['node_rank']}")
+        self.grace_s = float(spec.get("grace_s", 10.0))
+        self.stop_reason = ""
+        self.stop_requested = False
+        self.hurry = threading.Event()  # skip the grace period: SIGKILL now
+        self.out = sys.stdout.buffer
+        self.out_lock = threading.Lock()
+        self.torchrun_pid = -1
+        self.tail = b""  # torchrun's last output, split into lines only on failure
+        self.exited = threading.Event()
+        self.exit_code: int | None = None
+        self.wakeup = _Wakeup()  # torchrun exited or a stop was requested
+        self.workers_done = threading.Event()  # follow the worker logs to their end
+
+    def run(self) -> int:
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chdir(self.run_dir)
+        if self.spec.get("bundle"):
+            _extract(self.spec["bundle"], self.run_dir)
+        procs.become_subreaper()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _f: self.request_stop(f"got {signal.Signals(signum).name}"))
+        threading.Thread(target=self.watch_stdin, daemon=True).start()
+        env = {k: v for k, v in os.environ.items() if k not in self.spec["unset_env"]}
+        env.update(self.spec["env"])
+        started = time.time()
+        child = subprocess.Popen(self.spec["argv"], env=env, cwd=self.run_dir,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self.torchrun_pid = child.pid
+        threading.Thread(target=self.reap_torchrun, args=(child.pid,), daemon=True).start()
+        self.write_state(child.pid, started, None)
+        relay = threading.Thread(target=self.relay, args=(child.stdout,), daemon=True)
+        relay.start()
+        follower = threading.Thread(target=self.follow_workers, daemon=True)
+        follower.start()
+        code = self.wait(child.pid)
+        if code is None:  # stop requested before torchrun finished
+            code = self.teardown(child.pid)
+            reason = self.stop_reason
+        else:
+            reason = "torchrun exited"
+            self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
+        self.workers_done.set()  # every worker is gone: what is in the files is all
+        follower.join(timeout=10.0)
+        relay.join(timeout=2.0)
+        self.write_state(child.pid, started, code)
+        last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
+        self.emit({"event": "exit", "code": code, "reason": reason, "failures": self.failures(),
+                   "last_lines": last, "duration_s": round(time.time() - started, 3)})
+        return code
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop_requested:
+            self.stop_reason = reason
+            self.stop_requested = True
+            self.wakeup.set()
+
+    def watch_stdin(self) -> None:
+        """``stop``: graceful teardown; ``kill``: no grace; EOF (the controller
+        is gone): graceful teardown too.
+
+        Raw reads on fd 0 (``protocol.Reader``), not ``sys.stdin``: a daemon
+        thread blocked in a buffered read aborts the interpreter at exit.
+        """
+        while True:
+            try:
+                line = self.stdin.readline().strip()
+            except (OSError, ValueError):
+                line = b""
+            if not line and self.stdin.eof:
+                self.request_stop("lost the controller (stdin closed)")
+                return
+            if line == b"stop":
+                self.request_stop("stopped by the controller")
+            elif line == b"kill":
+                self.request_stop("killed by the controller")
+                self.hurry.set()
+                return
+
+    def relay(self, stream) -> None:
+        """Copy torchrun's output to ours, whole lines at a time, so that a
+        control line from ``emit`` always starts a line of its own."""
+        lines = LineBuffer(max_line=TAIL_BYTES)
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            self.keep(lines.feed(chunk))
+        rest = lines.flush()
+        self.keep(rest + b"\n" if rest else b"")
+
+    def keep(self, block: bytes) -> None:
+        self.write_out(block)
+        self.tail = (self.tail + block)[-TAIL_BYTES:]
+
+    def follow_workers(self) -> None:
+        """Relay the workers' log files until every worker is gone."""
+        logs = WorkerLogs(self.run_dir, self.spec["run_id"], int(self.spec.get("first_rank", 0)),
+                          int(self.spec.get("nproc", 0)))
+        while not self.workers_done.is_set():
+            data = logs.read()
+            if data:
+                self.write_out(data)
+            else:
+                self.workers_done.wait(FOLLOW_POLL_S)
+        self.write_out(logs.read(final=True))
+
+    def write_out(self, data: bytes) -> None:
+        """Whole lines only (one writer at a time), so control lines stay whole.
+
+        A controller that is gone (killed, or its SSH link dropped) closes our
+        stdout: the output is dropped, the relay keeps draining torchrun so it
+        never blocks on a full pipe, and stdin EOF drives the teardown.
+        """
+        if data:
+            with self.out_lock:
+                try:
+                    self.out.write(data)
+                    self.out.flush()
+                except (BrokenPipeError, ValueError):  # ValueError: stdout closed
+                    pass
+
+    def tail_lines(self) -> list[str]:
+        """torchrun's last (up to 200) lines."""
+        return self.tail.decode("utf-8", "replace").splitlines()[-200:]
+
+    def emit(self, payload: dict) -> None:
+        self.write_out(encode(payload))
+
+    def reap_torchrun(self, pid: int) -> None:
+        """Block until torchrun exits: the run's end is seen at once, no polling."""
+        self.exit_code = procs.reap(pid, block=True)
+        self.exited.set()
+        self.wakeup.set()
+
+    def wait(self, pid: int) -> int | None:
+        """torchrun's exit code, or None once a stop is requested.
+
+        On the way it reports two milestones for the controller's start
+        timeout: ``joined`` once torchrun holds an established TCP connection
+        to the master port (its agent reached the rendezvous store), and
+        ``started`` once torchrun has spawned workers, which with the static
+        rendezvous happens only after every node has joined.
+        """
+        milestones = ["joined", "started"]
+        while True:
+            if self.exited.is_set():
+                return self.exit_code
+            if self.stop_requested:
+                return None
+            if milestones:
+                self.check_milestones(pid, milestones)
+            self.wakeup.wait(0.25 if milestones else None)
+
+    def check_milestones(self, pid: int, milestones: list[str]) -> None:
+        port = self.spec.get("master_port")
+        if milestones[0] == "joined" and port and procs.connected_to(pid, int(port)):
+            milestones.pop(0)
+            self.emit({"event": "joined"})
+        if milestones and milestones[0] == "started":
+            workers = [p for p, ppid, state in procs.proc_table() if ppid == pid and state != "Z"]
+            if workers:
+                milestones.pop(0)
+                self.emit({"event": "started", "workers": len(workers)})
+
+    def teardown(self, pid: int, grace_s: float | None = None) -> int:
+        """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""
+        procs.terminate(self.processes, self.grace_s if grace_s is None else grace_s, hurry=self.hurry)
+        self.exited.wait(30.0)  # SIGKILL was sent: torchrun is gone or going
+        return self.exit_code if self.exit_code is not None else 128 + signal.SIGKILL
+
+    def processes(self) -> set[int]:
+        """Live processes of this run on this node: descendants and marked ones."""
+        me = os.getpid()
+        children: dict[int, list[int]] = {}
+        for pid, ppid, state in procs.proc_table():
+            if state == "Z":
+                if ppid == me and pid != self.torchrun_pid:
+                    procs.reap(pid)  # an orphan that re-parented to us (subreaper)
+                continue
+            children.setdefault(ppid, []).append(pid)
+        found, stack = set(), [me]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+        return found | procs.marked_processes(self.marker)
+
+    def failures(self) -> list[dict]:
+        """Worker failures from torchrun's error files, earliest first."""
+        out = []
+        pattern = os.path.join(self.run_dir, "torchrun", "*", "attempt_*", "*", "error.json")
+        for path in glob.glob(pattern):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    record = json.load(fh).get("message", {})
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(record, str):
+                record = {"message": record}
+            extra = record.get("extraInfo", {}) or {}
+            out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),
+                        "message": str(record.get("message", "")).strip()[-2000:],
+                        "timestamp": int(extra.get("timestamp", 0) or 0),
+                        "error_file": os.path.relpath(path, self.run_dir)})
+        if not out:  # e.g. a worker killed by a signal writes no error file
+            out = _root_cause_from_summary(self.tail_lines())
+        return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
+
+    def write_state(self, child_pid: int, started: float, code: int | None) -> None:
+        state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
+                 "started": started, "exit_code": code, "run_id": self.spec["run_id"],
+                 "node_rank": self.spec["node_rank"]}
+        tmp = STATE_FILE + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(state, fh)
+        os.replace(tmp, STATE_FILE)
+
+
+class _Wakeup:
+    """Wakes the main thread, from other threads and from signal handlers.
+
+    A pipe, not a ``threading.Event``: signal handlers run on the main
+    thread, and setting an Event there deadlocks if the handler interrupted
+    that thread while it held the Event's lock.
+    """
+
+    def __init__(self):
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    def wait(self, timeout: float | None) -> None:
+        select.select([self._read], [], [], timeout)
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def _root_cause_from_summary(lines: list[str]) -> list[dict]:
+    """The "Root Cause" block of torchrun's ChildFailedError summary, if printed."""
+    try:
+        start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
+    except ValueError:
+        return []
+    fields = {}
+    for line in lines[start + 1:start + 12]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("time", "rank", "exitcode", "traceback"):
+            fields[key.strip()] = value.strip()
+    match = re.search(r"local_rank:\s*(\d+)", fields.get("rank", ""))
+    if not match:
+        return []
+    try:
+        stamp = int(time.mktime(time.strptime(fields.get("time", ""), "%Y-%m-%d_%H:%M:%S")))
+    except ValueError:
+        stamp = 0
+    message = fields.get("traceback") or f"exitcode {fields.get('exitcode', '?')}"
+    return [{"local_rank": int(match.group(1)), "message": message, "timestamp": stamp,
+             "error_file": None}]
+
+
+def _extract(bundle: str, run_dir: str) -> None:
+    import tarfile  # only here: it is a good part of the supervisor's start time
+
+    with tarfile.open(os.path.join(run_dir, bundle)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(run_dir, filter="data")
+        else:  # Python < 3.11.4: the bundle is ours, made by the controller
+            tar.extractall(run_dir)

@@ -1,0 +1,207 @@
+"""What the local and SSH backends share: nodes reached through a transport,
+each running the node agent.
+
+A subclass says only how to reach a node (``transport``) and how to show it
+(``where``); everything else is here: connecting to every node at once
+(the agent's hello gives each node's home), choosing the master port on
+node 0, the resolved dry-run, uploads, the gang, fetching rank 0's result
+and the error files, ``check`` and ``down``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import abstractmethod
+from typing import Any, Mapping
+
+from ..console import Console
+from ..errors import TransportError
+from ..plan.build import resolve_plan
+from ..plan.dryrun import DryRun, NodeLaunch
+from ..plan.model import NodePlan, RunPlan
+from ..plan.torchrun import torchrun_argv
+from ..records.outcome import NodeOutcome, NodeState, RunOutcome, gang_outcome
+from ..records.rundir import RunDir
+from ..records.store import NodeRecord, RunRecord
+from ..transport.base import Transport
+from .agentlink import AgentHandle, open_agents
+from .base import CancelResult, LaunchBackend, OnRunning, Preflight
+from .bundle import build_bundle
+from .fanout import on_all
+from .gang import Gang
+from .preflight import master_port, run_checks
+
+MAX_RESULT_BYTES = 16 << 20  # rank 0's result.json
+MAX_ERROR_FILE_BYTES = 1 << 20  # one torchrun error file
+
+
+class AgentBackend(LaunchBackend):
+    """A backend whose nodes run ``orchestrator.agent`` through a ``Transport``."""
+
+    @abstractmethod
+    def transport(self, node_rank: int, host: str, connection: Mapping[str, Any]) -> Transport:
+        """How to reach a node; ``connection`` is what ``connection()`` recorded."""
+
+    @abstractmethod
+    def where(self, node: NodePlan) -> str:
+        """How the dry-run names the way a node is reached."""
+
+    def connection(self, node_rank: int) -> dict[str, Any]:
+        """What this backend needs to reach the node again later (``down``)."""
+        return {}
+
+    # -- the interface -------------------------------------------------------
+
+    def dryrun(self, plan: RunPlan) -> DryRun:
+        nodes = tuple(NodeLaunch(node=node, where=self.where(node), env=node.env,
+                                 unset_env=node.unset_env, argv=torchrun_argv(plan, node),
+                                 connection=self.connection(node.node_rank))
+                      for node in plan.nodes)
+        return DryRun(backend=self.name, plan=plan, nodes=nodes,
+                      source=self.spec.source if self.spec else "")
+
+    def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
+        return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.python,
+                                self.connection(n.node_rank)) for n in plan.nodes)
+
+    def launch(self, info: DryRun, run: RunDir, console: Console,
+               on_running: OnRunning = lambda info: None) -> RunOutcome:
+        plan = info.plan
+        transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}
+        agents: dict[int, AgentHandle] = {}
+        label = _labeller(plan)
+        try:
+            opened, started = open_agents(transports, {n.node_rank: n.python for n in plan.nodes},
+                                          self.options.start_timeout_s)
+            agents.update(started)
+            hung = [k for k, exc in opened.failed.items() if isinstance(exc, TimeoutError)]
+            if hung and len(hung) == len(opened.failed):
+                return self._not_joined(info, hung, console)
+            opened.values("connecting to the nodes", label)
+            port = master_port(plan, agents[0])
+            resolved = self.dryrun(resolve_plan(
+                plan, master_port=port, homes={k: a.home for k, a in agents.items()}))
+            on_running(resolved)
+            bundle = run.file("bundle.tar.gz")
+            build_bundle(bundle, plan.script)
+            with open(bundle, "rb") as fh:
+                gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
+                            start_timeout_s=self.options.start_timeout_s)
+                outcome = gang.run(fh.read())
+            agents.clear()  # each ended with its supervisor
+            result = self._fetch(resolved, transports, outcome, run)
+            return RunOutcome(outcome.run_id, outcome.state, outcome.wall_s, outcome.nodes,
+                              outcome.root_cause, result)
+        finally:
+            on_all(lambda k: agents[k].close(), list(agents))  # never started: EOF, gone
+            for transport in transports.values():
+                transport.close()
+
+    def cancel(self, record: RunRecord) -> list[CancelResult]:
+        def down(k: int) -> CancelResult:
+            node = record.nodes[k]
+            transport = self.transport(node.node_rank, node.host, node.connection)
+            try:
+                agent = AgentHandle(transport, node.python)
+                try:
+                    reply = agent.call("down", run_id=record.run_id, node_rank=node.node_rank,
+                                       grace_s=self.options.grace_s)
+                finally:
+                    agent.close()
+            finally:
+                transport.close()
+            return CancelResult(node.node_rank, node.host, tuple(reply.get("killed") or ()),
+                                "" if reply["ok"] else str(reply.get("error")))
+
+        done = on_all(down, range(len(record.nodes)), timeout_s=self.options.grace_s + 90)
+        return [done.succeeded.get(k) or CancelResult(
+            k, record.nodes[k].host, (), _message(done.failed[k]))
+            for k in range(len(record.nodes))]
+
+    def check(self, plan: RunPlan) -> Preflight:
+        transports: list[Transport] = []
+
+        def open_agent(node: NodePlan, wait: bool = True) -> AgentHandle:
+            transport = self._node_transport(node)
+            transports.append(transport)
+            return AgentHandle(transport, node.python, wait=wait)
+
+        try:
+            return run_checks(plan, open_agent, self.where, self.options.check_timeout_s)
+        finally:
+            for transport in transports:
+                transport.close()
+
+    # -- helpers ------------------------------------------------------------
+
+    def _not_joined(self, info: DryRun, hung: list[int], console: Console) -> RunOutcome:
+        """Nodes whose agent never answered within the start timeout (a hung
+        interpreter, a login that never finishes) fail the run as not joined."""
+        label = _labeller(info.plan)
+        timeout = self.options.start_timeout_s
+        console.info(f"the rendezvous did not complete within {timeout:g}s; not joined: "
+                     + ", ".join(label(k) for k in hung) + "; stopping every node")
+        now = time.time()
+        nodes = tuple(
+            NodeOutcome(n.node_rank, n.host, NodeState.FAILED, None,
+                        f"did not join the rendezvous before the start timeout (no answer "
+                        f"from the node within {timeout:g}s)", now)
+            if n.node_rank in hung else
+            NodeOutcome(n.node_rank, n.host, NodeState.NOT_STARTED, None, "never started", None)
+            for n in info.plan.nodes)
+        return gang_outcome(info.plan.run_id, nodes, timeout, interrupted=False)
+
+    def _node_transport(self, node: NodePlan) -> Transport:
+        return self.transport(node.node_rank, node.host, self.connection(node.node_rank))
+
+    def _fetch(self, info: DryRun, transports: Mapping[int, Transport], outcome: RunOutcome,
+               run: RunDir) -> dict | None:
+        """Rank 0's result and the error files of failed ranks, over a fresh
+        agent per node (the run's agents ended with it). Best effort for the
+        error files; a node that cannot be reached leaves a note in its log."""
+        wanted: dict[int, list[tuple[str, str, int]]] = {0: [(
+            info.plan.nodes[0].result_file, "result.json", MAX_RESULT_BYTES)]}
+        for node_outcome in outcome.nodes:
+            node = info.plan.nodes[node_outcome.node_rank]
+            for failure in node_outcome.failures:
+                if failure.get("error_file"):
+                    rank = node.first_rank + int(failure["local_rank"])
+                    wanted.setdefault(node.node_rank, []).append((
+                        f"{node.run_dir}/{failure['error_file']}",
+                        f"errors/node-{node.node_rank}/rank-{rank}.json", MAX_ERROR_FILE_BYTES))
+
+        def fetch(k: int) -> None:
+            agent = AgentHandle(transports[k], info.plan.nodes[k].python)
+            try:
+                for remote, local, limit in wanted[k]:
+                    try:
+                        data = agent.get(remote, limit)
+                    except TransportError as exc:
+                        _note(run, k, f"not fetched: {exc.message}")
+                        continue
+                    if data is not None:
+                        path = run.file(local)
+                        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                        with open(path, "wb") as fh:
+                            fh.write(data)
+            finally:
+                agent.close()
+
+        for k, exc in on_all(fetch, wanted, timeout_s=120).failed.items():
+            _note(run, k, f"fetching results failed: {_message(exc)}")
+        result = run.read_json("result.json")
+        return result if isinstance(result, dict) else None
+
+
+def _labeller(plan: RunPlan):
+    return lambda k: f"node {k} ({plan.nodes[k].host})"
+
+
+def _message(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+
+
+def _note(run: RunDir, node_rank: int, text: str) -> None:
+    with open(run.node_log(node_rank), "a", encoding="utf-8") as fh:
+        fh.write(f"ddp-orch: {text}\n")

@@ -1,0 +1,162 @@
+"""The controller's end of a node agent: one exec channel, requests and replies.
+
+``AgentHandle`` starts the agent through a node's transport (``python -c
+BOOT``, then the package on stdin; see ``orchestrator.agent.bootstrap``),
+waits for its hello (which carries the node's home directory), and then
+sends requests and reads the replies with the framing both sides import
+from ``orchestrator.agent.protocol``. Files move over the same channel,
+checked by size and SHA-256 on both ends, so a node needs no SFTP. After
+``supervise`` the channel carries the supervisor's output, which
+``NodeHandle`` relays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..agent import bootstrap
+from ..agent.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, digest, request
+from ..errors import TransportError
+from ..transport.base import ProcessHandle, Transport
+from .fanout import GroupResult, on_all
+
+_PYTHON_HINT = "set `python:` to an interpreter that has torch"
+NOISE_KEPT = 20  # lines a node printed before its agent spoke, kept for the error
+
+
+class AgentHandle:
+    """A running agent on one node (``serve``), owned by the controller."""
+
+    def __init__(self, transport: Transport, python: str, *, wait: bool = True):
+        """Start the agent; with ``wait``, also wait for its hello (``await_hello``)."""
+        self.transport = transport
+        self.host = transport.host
+        self.python = python
+        try:
+            self.process: ProcessHandle = transport.start(bootstrap.command(python))
+        except TransportError as exc:  # a local node with no such python
+            raise TransportError(self.host, exc.message, exc.hint or _PYTHON_HINT) from None
+        self.process.send(bootstrap.payload(["serve"]))
+        self.reader = Reader(self.process.read_chunk)
+        self.noise: list[str] = []
+        self.hello: dict = {}
+        if wait:
+            self.await_hello()
+
+    def await_hello(self) -> "AgentHandle":
+        """Block until the agent runs (it arrives and says hello); returns self."""
+        self.hello = self._message("hello")
+        return self
+
+    @property
+    def home(self) -> str:
+        return self.hello["home"]
+
+    # -- requests -----------------------------------------------------------
+
+    def call(self, op: str, payload: bytes = b"", **fields: Any) -> dict:
+        """Send one request (and its payload); its reply, with ``data`` when
+        the reply carries bytes (checked against its SHA-256)."""
+        self.process.send(request(op, **fields) + payload)
+        reply = self._message("reply")
+        if "size" in reply and reply["size"]:
+            try:
+                reply["data"] = self.reader.read_exact(reply["size"])
+            except ProtocolError as exc:
+                raise self._gone(f"the agent's {op} reply broke off: {exc}") from None
+            if reply.get("sha256") not in (None, digest(reply["data"])):
+                raise TransportError(self.host, f"{op}: the data arrived corrupted "
+                                                "(checksum mismatch)")
+        return reply
+
+    def put(self, data: bytes, path: str, mode: int = 0o600) -> str:
+        """Write ``data`` to ``path`` on the node; returns the absolute path."""
+        reply = self.call("put", data, path=path, size=len(data), sha256=digest(data), mode=mode)
+        if not reply["ok"]:
+            raise TransportError(self.host, f"upload to {path} failed: {reply.get('error')}")
+        return str(reply.get("path", path))
+
+    def get(self, path: str, max_bytes: int) -> bytes | None:
+        """The regular file at ``path`` on the node, or None if there is none."""
+        reply = self.call("get", path=path, max=max_bytes)
+        if reply["ok"]:
+            return reply.get("data", b"")
+        if reply.get("missing"):
+            return None
+        raise TransportError(self.host, str(reply.get("error")))
+
+    def supervise(self, spec: dict) -> None:
+        """Make the agent the node's supervisor; its output follows (``read_chunk``)."""
+        self.process.send(request("supervise", spec=spec))
+
+    def read_chunk(self, size: int) -> bytes:
+        """The channel's output, starting with whatever the reader holds."""
+        if self.reader.buffer:
+            data, self.reader.buffer = self.reader.buffer, b""
+            return data
+        return self.process.read_chunk(size)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """EOF to the agent: it exits (a supervisor tears its run down first)."""
+        self.process.close_stdin()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except TimeoutError:
+            self.process.abort()
+
+    # -- replies ------------------------------------------------------------
+
+    def _message(self, expected: str) -> dict:
+        """The next control message, which must be ``expected``; what the node
+        prints besides (a login shell's warnings) is kept for errors."""
+        while True:
+            try:
+                line = self.reader.readline()
+            except ProtocolError as exc:
+                raise self._gone(str(exc)) from None
+            if not line:
+                raise self._gone()
+            if not line.startswith(CONTROL_PREFIX):
+                self.noise = (self.noise + [line.decode("utf-8", "replace").rstrip()])[-NOISE_KEPT:]
+                continue
+            try:
+                message = decode(line)
+            except ProtocolError as exc:
+                raise TransportError(self.host, f"the agent sent a malformed message: {exc}") \
+                    from None
+            if message["event"] != expected:
+                raise TransportError(self.host, f"expected the agent's {expected}, got "
+                                                f"{message['event']}")
+            return message
+
+    def _gone(self, why: str = "") -> TransportError:
+        """Why the agent's output ended: no such Python, no exec, or its last words."""
+        try:
+            code = self.process.wait(timeout=5.0)
+        except TimeoutError:
+            code = None
+        said = " | ".join(line for line in self.noise if line)[-400:]
+        if code in (126, 127):
+            return TransportError(self.host, f"cannot run {self.python!r} on the node "
+                                             f"(exit {code}){': ' + said if said else ''}",
+                                  _PYTHON_HINT)
+        detail = why or (f"exit {code}" if code is not None else "no exit status")
+        return TransportError(self.host, f"the ddp-orch agent did not answer ({detail})"
+                                         f"{': ' + said if said else ''}",
+                              "the node must run commands over SSH (exec sessions, "
+                              f"no ForceCommand) and have a working {self.python!r}")
+
+
+def open_agents(transports: Mapping[int, Transport], pythons: Mapping[int, str],
+                timeout_s: float) -> tuple[GroupResult, dict[int, AgentHandle]]:
+    """Start an agent on every node at once and wait up to ``timeout_s`` for
+    their hellos. Returns the group result and every agent that was started,
+    answering or not, so the caller can close them all (a hung node's
+    process included)."""
+    started: dict[int, AgentHandle] = {}
+
+    def open_one(k: int) -> AgentHandle:
+        started[k] = AgentHandle(transports[k], pythons[k], wait=False)
+        return started[k].await_hello()
+
+    return on_all(open_one, transports, timeout_s=timeout_s), started

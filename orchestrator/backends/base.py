@@ -1,0 +1,134 @@
+"""The launch backend interface: one per way of starting nodes.
+
+torchx's ``Scheduler`` is the model: ``submit = schedule(submit_dryrun(...))``.
+A backend turns a plan into a ``DryRun`` with no I/O (what ``--dry-run``
+prints), and ``launch`` runs exactly that object. Everything a backend does
+goes through these five methods, so the controller, the CLI and the run
+records never know which backend they hold.
+
+=================================  ===========================================
+``dryrun(plan) -> DryRun``         pure: each node's env and exact command
+``launch(info, run, console)``     blocks; owns gang teardown; brings results home
+``cancel(record)``                 ``ddp-orch down``: end what still runs
+``check(plan) -> Preflight``       ``ddp-orch check``: what would break a launch
+``describe(record)``               ``ddp-orch status``: the run as it is now
+=================================  ===========================================
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from ..config.spec import ClusterSpec
+from ..console import Console
+from ..errors import LaunchError
+from ..plan.build import build_plan
+from ..plan.dryrun import DryRun
+from ..plan.model import RunPlan
+from ..records.outcome import NodeOutcome, RunOutcome, RunState
+from ..records.rundir import RunDir
+from ..records.store import NodeRecord, RunRecord
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to launch, from the command line; the same for every backend."""
+
+    grace_s: float = 10.0  # SIGTERM to SIGKILL on the nodes
+    start_timeout_s: float = 300.0  # for every node to join the rendezvous
+    accept_new_host_keys: bool = False
+    check_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    node_rank: int
+    host: str
+    check: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Preflight:
+    results: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What ``down`` did on one node."""
+
+    node_rank: int
+    host: str
+    killed: tuple[int, ...]
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """A run as its backend sees it now (``ddp-orch status``)."""
+
+    state: RunState
+    nodes: tuple[NodeOutcome, ...]
+    root_cause: NodeOutcome | None
+    detail: str = ""
+
+
+OnRunning = Callable[[DryRun], None]
+
+
+class LaunchBackend(ABC):
+    """One way of starting a run's nodes. ``spec`` is None when the backend
+    only serves a recorded run (``cancel``, ``describe``)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, options: LaunchOptions, spec: ClusterSpec | None = None):
+        self.options = options
+        self.spec = spec
+
+    def plan(self, run_id: str, local_run_dir: str) -> RunPlan:
+        """The rank plan of ``self.spec`` under this backend (pure)."""
+        return build_plan(self.require_spec(), run_id=run_id, local_run_dir=local_run_dir,
+                          master_addr=self.default_master_addr())
+
+    def default_master_addr(self) -> str | None:
+        """The master address for a file that gives none (None: node 0's host)."""
+        return None
+
+    def require_spec(self) -> ClusterSpec:
+        if self.spec is None:
+            raise LaunchError(f"the {self.name} backend needs a cluster file for this")
+        return self.spec
+
+    @abstractmethod
+    def dryrun(self, plan: RunPlan) -> DryRun:
+        """Each node's environment and exact command; no I/O."""
+
+    @abstractmethod
+    def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
+        """What ``state.json`` keeps so that ``cancel`` can find the nodes again."""
+
+    @abstractmethod
+    def launch(self, info: DryRun, run: RunDir, console: Console,
+               on_running: OnRunning = lambda info: None) -> RunOutcome:
+        """Run ``info`` to its end; ``on_running`` gets the resolved dry-run
+        once every node has its launch-time facts (port, home)."""
+
+    @abstractmethod
+    def cancel(self, record: RunRecord) -> list[CancelResult]:
+        """End whatever of a recorded run still runs; harmless when repeated."""
+
+    @abstractmethod
+    def check(self, plan: RunPlan) -> Preflight:
+        """Every check a launch depends on, on every node, without launching."""
+
+    def describe(self, record: RunRecord) -> RunDescription:
+        """The run's state from its records; backends with a scheduler ask it."""
+        return RunDescription(record.state, record.outcomes, record.root_cause)

@@ -1,0 +1,124 @@
+"""Run a resolved dry-run on its nodes as one gang, and own it until it is over.
+
+Lifecycle: every node gets the code bundle (in parallel), then every
+node's agent becomes its supervisor (in parallel). The gang then watches
+them. When one node fails, the others are stopped at once. Whatever
+happens (success, failure, Ctrl-C, an exception), the ``finally`` block
+stops every node still running: ``stop`` on stdin, a deadline, ``kill``,
+then the channel is cut, which the supervisors also treat as "tear down".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Mapping
+
+from ..console import Console
+from ..plan.dryrun import DryRun
+from ..records.outcome import RunOutcome, gang_outcome
+from ..records.rundir import RunDir
+from .agentlink import AgentHandle
+from .fanout import on_all
+from .nodehandle import NodeHandle, supervisor_spec
+
+
+class Gang:
+    """One launch of a resolved ``DryRun``; ``run()`` returns its ``RunOutcome``."""
+
+    def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
+                 console: Console, *, grace_s: float = 10.0, start_timeout_s: float = 300.0):
+        self.info = info
+        self.plan = info.plan
+        self.run_dir = run
+        self.console = console
+        self.grace_s = grace_s
+        self.start_timeout_s = start_timeout_s
+        self._changed = threading.Event()  # some node's command ended
+        self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
+                                   on_change=self._changed.set) for launch in info.nodes]
+        self.interrupted = False
+
+    def run(self, bundle: bytes) -> RunOutcome:
+        started = time.monotonic()
+        by_rank = {h.node.node_rank: h for h in self.handles}
+        try:
+            on_all(lambda k: by_rank[k].prepare(bundle), by_rank).values(
+                "uploading to the nodes", self._label)
+            port = int(self.plan.master_port)
+            on_all(lambda k: by_rank[k].start(
+                supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),
+                by_rank).values("starting the nodes", self._label)
+            self.console.info(f"started {self.plan.world_size} processes on "
+                              f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
+            self._watch()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.console.always("ddp-orch: interrupted; stopping every node "
+                                "(press Ctrl-C again to kill at once)")
+        finally:
+            self._teardown()
+        outcomes = tuple(h.finish() for h in self.handles)
+        return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,
+                            interrupted=self.interrupted)
+
+    def _label(self, node_rank: int) -> str:
+        return f"node {node_rank} ({self.plan.nodes[node_rank].host})"
+
+    def _watch(self) -> None:
+        """Wait for every node; on the first failure or a start timeout, ask
+        all to stop and return: ``_teardown`` enforces the deadline."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            self._changed.clear()
+            codes = [h.poll() for h in self.handles]
+            if all(code is not None for code in codes):
+                return
+            failed = [h for h, code in zip(self.handles, codes) if code not in (None, 0)]
+            if failed:
+                first = failed[0]
+                self._stop_all(f"{self._label(first.node.node_rank)} failed "
+                               f"(exit {first.poll()})")
+                return
+            elif time.monotonic() > deadline and not all(h.started for h in self.handles):
+                missing = [h for h in self.handles if not h.joined] or \
+                    [h for h in self.handles if not h.started]
+                for handle in missing:
+                    handle.timed_out = True
+                names = ", ".join(self._label(h.node.node_rank) for h in missing)
+                self._stop_all(f"the rendezvous did not complete within "
+                               f"{self.start_timeout_s:g}s; not joined: {names}")
+                return
+            self._changed.wait(0.5)  # woken at once when a node ends
+
+    def _stop_all(self, why: str) -> None:
+        self.console.info(f"{why}; stopping every node")
+        for handle in self.handles:
+            handle.stop()
+
+    def _teardown(self) -> None:
+        """Stop what still runs: gracefully, then SIGKILL through the
+        supervisors, then cut them off. A 2nd Ctrl-C skips the grace period."""
+        running = [h for h in self.handles if h.supervising and h.poll() is None]
+        if not running:
+            return
+        try:
+            for handle in running:
+                handle.stop()
+            _wait_all(running, self.grace_s + 5.0)
+        except KeyboardInterrupt:
+            self.console.always("ddp-orch: second interrupt; killing now")
+        finally:
+            for handle in running:
+                handle.kill()
+            _wait_all(running, 5.0)
+            for handle in running:
+                handle.abort()
+
+
+def _wait_all(handles: list[NodeHandle], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(h.poll() is None for h in handles):
+        time.sleep(0.05)
+
+

@@ -1,0 +1,25 @@
+"""The local backend: every node is a subprocess on this machine.
+
+``up --local`` and cluster files whose hosts are all ``localhost`` use it.
+It runs the same agent, gang and records as the SSH backend, so a
+heterogeneous layout can be rehearsed on one machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..plan.model import NodePlan
+from ..transport.base import Transport
+from ..transport.local import LocalTransport
+from .agentbackend import AgentBackend
+
+
+class Backend(AgentBackend):
+    name = "local"
+
+    def transport(self, node_rank: int, host: str, connection: Mapping[str, Any]) -> Transport:
+        return LocalTransport(host)
+
+    def where(self, node: NodePlan) -> str:
+        return "local subprocess"

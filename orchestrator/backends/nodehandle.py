@@ -1,0 +1,166 @@
+"""One node of a running launch: its supervisor's output, control events and outcome."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from ..agent.protocol import ProtocolError, decode, line_blocks, split_control
+from ..console import Console
+from ..plan.dryrun import NodeLaunch
+from ..plan.secrets import scrub, secret_values
+from ..records.outcome import NodeOutcome, NodeState
+from ..records.rundir import RunDir
+from .agentlink import AgentHandle
+
+BUNDLE_NAME = "bundle.tar.gz"
+# Exit code ProcessHandle.poll gives when the connection died without a status.
+LOST = 255
+
+
+def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int, grace_s: float) -> dict:
+    """What the node supervisor runs: the dry-run's env and argv, verbatim."""
+    node = launch.node
+    return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
+            "first_rank": node.first_rank, "nproc": node.nproc, "master_port": master_port,
+            "argv": list(launch.argv), "env": dict(launch.env),
+            "unset_env": list(launch.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s}
+
+
+class NodeHandle:
+    """Turns a node's agent into its supervisor and relays what it prints."""
+
+    def __init__(self, launch: NodeLaunch, agent: AgentHandle, run: RunDir, console: Console,
+                 on_change: Callable[[], None] = lambda: None):
+        self.launch = launch
+        self.node = launch.node
+        self.agent = agent
+        self.on_change = on_change  # called once the node's command has ended
+        self.run = run
+        self.console = console
+        self.supervising = False
+        self.control: dict | None = None
+        self.stop_sent = False
+        self.joined = False  # torchrun reached the rendezvous store on node 0
+        self.started = False  # torchrun spawned workers: the rendezvous completed
+        self.timed_out = False
+        self.ended_at: float | None = None
+        self._relay: threading.Thread | None = None
+
+    def prepare(self, bundle: bytes) -> None:
+        """Upload the code bundle into the node's run directory."""
+        self.agent.put(bundle, f"{self.node.run_dir}/{BUNDLE_NAME}")
+
+    def start(self, spec: dict) -> None:
+        self.agent.supervise(spec)
+        self.supervising = True
+        self._relay = threading.Thread(target=self._relay_output, daemon=True,
+                                       name=f"relay-node{self.node.node_rank}")
+        self._relay.start()
+
+    def _relay_output(self) -> None:
+        """Copy what the node prints to its log and the console; take out the
+        supervisor's control lines.
+
+        Whole blocks of lines at a time: one log write and one console write
+        per read, not per line. Per-line relaying cost seconds of controller
+        CPU on a chatty job (bench/log_relay.py). Control lines always start
+        a line of their own (the supervisor sees to it).
+        """
+        secrets = secret_values(self.launch.env)
+        with open(self.run.node_log(self.node.node_rank), "ab") as log:
+            for block in line_blocks(self.agent.read_chunk):
+                block, control = split_control(block)
+                for line in control:
+                    block += self._on_event(line)
+                if secrets:
+                    block = scrub(block, secrets)
+                if block:
+                    log.write(block)
+                    log.flush()
+                    self.console.node_lines(self.node.node_rank, self.node.host,
+                                            block.decode("utf-8", "replace"))
+        try:  # output ends just before the exit status arrives
+            self.agent.process.wait(timeout=10.0)
+        except TimeoutError:
+            pass
+        self.on_change()
+
+    def _on_event(self, line: bytes) -> bytes:
+        """Act on a control line; a malformed one is logged, never trusted."""
+        try:
+            event = decode(line)
+        except ProtocolError as exc:
+            return f"ddp-orch: ignored a malformed control line from the node: {exc}\n".encode()
+        if event["event"] == "joined":
+            self.joined = True
+        elif event["event"] == "started":
+            self.joined = self.started = True
+        elif event["event"] == "exit":
+            self.control = event
+        return b""
+
+    def poll(self) -> int | None:
+        if not self.supervising:
+            return None
+        code = self.agent.process.poll()
+        if code is not None and self.ended_at is None:
+            self.ended_at = time.time()
+        return code
+
+    def stop(self) -> None:
+        """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL)."""
+        if self.supervising and self.poll() is None and not self.stop_sent:
+            self.stop_sent = True
+            self.agent.process.send(b"stop\n")
+
+    def kill(self) -> None:
+        """Ask the supervisor to SIGKILL the run now; closing stdin backs it up."""
+        if self.supervising and self.poll() is None:
+            self.stop_sent = True
+            self.agent.process.send(b"kill\n")
+            self.agent.process.close_stdin()
+
+    def abort(self) -> None:
+        """Cut the supervisor off. Last resort: only it can reach the workers."""
+        if self.supervising and self.poll() is None:
+            self.agent.process.abort()
+
+    def finish(self, timeout: float = 5.0) -> NodeOutcome:
+        """Drain the relay and describe how the node ended."""
+        if self._relay is not None:
+            self._relay.join(timeout)
+        code = self.poll()
+        control = self.control or {}
+        failures = tuple(control.get("failures", ()))
+        if not self.supervising:
+            state, reason = NodeState.NOT_STARTED, "never started"
+        elif code is None:
+            state, reason = NodeState.LOST, "still running when the controller gave up on it"
+        elif code == 0:
+            state, reason = NodeState.SUCCEEDED, "exited 0"
+        elif self.timed_out:
+            state, reason = NodeState.FAILED, "did not join the rendezvous before the start timeout"
+        elif not control and code == LOST:
+            state, reason = NodeState.LOST, "connection lost without an exit status"
+        elif self.stop_sent:
+            state, reason = NodeState.STOPPED, control.get("reason", "stopped by the controller")
+        else:
+            state, reason = NodeState.FAILED, _failure_reason(
+                code, failures, self.node.first_rank, control.get("last_lines") or [])
+        return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
+                           self.ended_at, failures)
+
+
+def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
+                    last_lines: list[str]) -> str:
+    """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``, or
+    with no worker failure on record, torchrun's own last line (say, no torch)."""
+    if not failures:
+        return f"torchrun exited {code}" + (f": {last_lines[-1].strip()[-300:]}" if last_lines else "")
+    first = failures[0]
+    rank = first_rank + first["local_rank"]
+    message = first["message"].strip().splitlines()
+    return (f"torchrun exited {code}; rank {rank} (local rank {first['local_rank']}) failed: "
+            f"{message[-1] if message else '?'}")

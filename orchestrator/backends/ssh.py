@@ -1,0 +1,55 @@
+"""The SSH backend: one connection per node (paramiko), the agent over exec.
+
+Nodes need sshd (exec sessions; no SFTP subsystem) and Python with torch.
+``localhost`` nodes in an SSH cluster (a rehearsal with node 0 on this
+machine) run as local subprocesses. SSH settings come from the cluster
+file's ``ssh:``, then ``~/.ssh/config``, then defaults; they are recorded
+per node so that ``down`` can reach the nodes again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from ..config.spec import SshSpec
+from ..plan.model import NodePlan
+from ..transport.base import Transport
+from ..transport.local import LocalTransport
+from .agentbackend import AgentBackend
+
+
+class Backend(AgentBackend):
+    name = "ssh"
+
+    def default_master_addr(self) -> str | None:
+        """Node 0's ``HostName`` from ``~/.ssh/config``: its host may be an alias
+        that the other nodes cannot resolve. Reads a local file, no network;
+        paramiko is imported only when needed, to keep dry-runs fast."""
+        first = self.require_spec().nodes[0]
+        if self.spec.master_addr is not None or first.is_local:
+            return None
+        from ..transport.sshconfig import config_hostname
+
+        return config_hostname(first.host)
+
+    def connection(self, node_rank: int) -> dict[str, Any]:
+        return {"ssh": dataclasses.asdict(self.require_spec().nodes[node_rank].ssh)}
+
+    def transport(self, node_rank: int, host: str, connection: Mapping[str, Any]) -> Transport:
+        if host == "localhost":
+            return LocalTransport(host)
+        from ..transport.ssh import SshTransport
+
+        ssh = SshSpec(**connection.get("ssh", {}))
+        strict = "accept-new" if self.options.accept_new_host_keys else ssh.strict_host_keys
+        return SshTransport(host, user=ssh.user, port=ssh.port, identity_file=ssh.identity_file,
+                            strict_host_keys=strict, connect_timeout=ssh.connect_timeout)
+
+    def where(self, node: NodePlan) -> str:
+        if node.is_local:
+            return "local subprocess"
+        ssh = self.require_spec().nodes[node.node_rank].ssh
+        user = f"{ssh.user}@" if ssh.user else ""
+        port = f":{ssh.port}" if ssh.port else ""
+        return f"ssh {user}{node.host}{port}"

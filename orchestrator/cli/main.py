@@ -1,0 +1,334 @@
+"""The ``ddp-orch`` command line. The only place that prints errors and exits.
+
+Library code raises typed errors (``errors.py``); ``main`` turns them into
+one clear message on stderr and an exit code (2 for bad input), with no
+traceback for user mistakes.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+from typing import Any, Callable
+
+import click
+
+from .. import __version__
+from ..backends.base import LaunchOptions
+from ..config.loader import load_cluster_file
+from ..config.localmode import local_spec, with_args
+from ..config.spec import AUTO_PORT, BACKENDS, DEFAULT_PORT
+from ..config.yamlsrc import parse
+from ..console import Console
+from ..errors import ConfigError, OrchestratorError
+from ..records.rundir import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
+
+
+def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OrchestratorError as exc:
+            click.echo(f"ddp-orch: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("ddp-orch: interrupted", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+def friendly_errors_command(command: click.Command) -> click.Command:
+    """Wrap an imported command's callback with ``friendly_errors``."""
+    command.callback = friendly_errors(command.callback)
+    return command
+
+
+class DdpOrchGroup(click.Group):
+    """click, with usage mistakes reported like every other bad input:
+    one ``ddp-orch: error:`` line and a hint, exit code 2.
+
+    The run-management commands (``runs.py``) load only when named, so
+    ``up`` and ``--dry-run`` do not pay for their imports.
+    """
+
+    LAZY = ("ps", "status", "logs", "down")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY and name not in self.commands:
+            from . import runs
+            self.add_command(friendly_errors_command(getattr(runs, name)), name)
+        return super().get_command(ctx, name)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "ddp-orch"
+            click.echo(f"ddp-orch: error: {exc.format_message()}\n"
+                       f"  hint: see `{where} --help`", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"ddp-orch: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("ddp-orch: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=DdpOrchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ddp-orch")
+def main() -> None:
+    """Launch PyTorch DDP jobs with torchrun on a few machines."""
+
+
+def _parse_args(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--arg epochs=2`` → {"epochs": 2}; values are read as YAML scalars or lists.
+
+    A value YAML cannot read (or reads as a mapping) stays the plain string,
+    so ``--arg note=a: b`` passes through; the workload's argument check
+    then says whether the value fits.
+    """
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"{pair!r} is not KEY=VALUE", path="--arg", source="command line")
+        try:
+            value = parse(raw, "command line").value() if raw.strip() else raw
+        except ConfigError:
+            value = raw
+        args[key] = raw if isinstance(value, dict) else value
+    return args
+
+
+def _options(*decorators: Callable[..., Any]) -> Callable[..., Any]:
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+    return apply
+
+
+backend_option = click.option(
+    "--backend", type=click.Choice(BACKENDS),
+    help="Launch backend, over the file's `backend:` (default: local when every host "
+         "is localhost, else ssh).")
+
+# What to run: shared by `up` and `compare`.
+job_options = _options(
+    backend_option,
+    click.option("--local", is_flag=True, help="Run on this machine only, without SSH."),
+    click.option("--workload", help="With --local: a built-in workload instead of the file's."),
+    click.option("--gpus", help="With --local: GPU indices, e.g. 0,1 (one process each)."),
+    click.option("--procs", type=click.IntRange(1, 1024), help="With --local: N CPU processes."),
+    click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
+                 help="With --local: override the file's device."),
+    click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
+                 help="Workload argument over the file's, repeatable: --arg epochs=2."),
+)
+
+# How to launch it: shared by `up` and `compare`.
+launch_options = _options(
+    click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_default=True,
+                 type=click.Path(file_okay=False), help="Where local run directories go."),
+    click.option("--accept-new-host-keys", is_flag=True,
+                 help="Trust (and record) the key of a host seen for the first time; "
+                      "a changed key is still refused."),
+    click.option("--start-timeout", default=300.0, show_default=True,
+                 type=click.FloatRange(1, 86400),
+                 help="Seconds for every node to join the rendezvous before the run fails."),
+    click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
+                 help="Seconds a node gets to stop gracefully before it is killed."),
+)
+
+
+@main.command()
+@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the plan (ranks, env, commands); run nothing.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default="text",
+              show_default=True, help="Dry-run output: text, machine-readable json, or shell lines.")
+@job_options
+@click.option("--run-id", help="Use this run id instead of a generated one.")
+@click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (logs keep all).")
+@click.option("--quiet", "-q", is_flag=True, help="Show only ddp-orch's messages and the summary.")
+@launch_options
+@friendly_errors
+def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, local: bool,
+       workload: str | None, gpus: str | None, procs: int | None, device: str | None,
+       arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str, rank0_only: bool,
+       quiet: bool, accept_new_host_keys: bool, start_timeout: float, grace: float) -> None:
+    """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
+    spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
+                              arg_pairs)
+    if run_id is not None and not valid_run_id(run_id):
+        raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
+                          hint="letters, digits, '.', '_' and '-'")
+    options = LaunchOptions(grace_s=grace, start_timeout_s=start_timeout,
+                            accept_new_host_keys=accept_new_host_keys)
+    if dry_run:
+        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
+        return
+    from ..report.summary import render_summary
+
+    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
+    outcome, run = _launcher(runs_dir, console, options)(spec, run_id=run_id)
+    console.always(render_summary(outcome, run.path))
+    sys.exit(0 if outcome.ok else 130 if outcome.state.value == "interrupted" else 1)
+
+
+def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callable[..., Any]:
+    """``launch(spec, run_id=None) -> (outcome, run)`` with the CLI's settings."""
+    from ..controller.session import up as launch_up  # the launch path loads more modules
+
+    signal.signal(signal.SIGTERM, _interrupt)  # `ddp-orch down`, kill: tear down like Ctrl-C
+    return functools.partial(launch_up, runs_dir=runs_dir, console=console, options=options)
+
+
+@main.command()
+@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@job_options
+@click.option("--baseline-run", help="Use this finished run as the 1-process baseline.")
+@click.option("--ddp-run", help="Use this finished run as the DDP run.")
+@click.option("--show-output", is_flag=True, help="Show rank 0's output of the runs.")
+@launch_options
+@friendly_errors
+def compare(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
+            gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
+            baseline_run: str | None, ddp_run: str | None, show_output: bool, runs_dir: str,
+            accept_new_host_keys: bool, start_timeout: float, grace: float) -> None:
+    """Run the job as 1 process and on the whole cluster; report the speed-up.
+
+    Same workload arguments for both (so the same global batch and samples).
+    Writes report.md, report.json and PNG plots into a new run directory.
+    """
+    from ..records.rundir import RunDir
+    from ..report import compare as cmp
+
+    spec = None
+    if baseline_run is None or ddp_run is None:
+        spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
+                                  arg_pairs)
+    console = Console("rank0" if show_output else "quiet")
+    launch = _launcher(runs_dir, console, LaunchOptions(
+        grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys))
+    base = cmp.run_or_load("baseline", spec and cmp.baseline_spec(spec), baseline_run,
+                           runs_dir=runs_dir, launch=launch)
+    ddp = cmp.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)
+    report = cmp.comparison(base, ddp)
+    out = RunDir.create(runs_dir, new_run_id("compare"))
+    plots, note = cmp.write_report(report, out.path)
+    click.echo(cmp.render_table(report), nl=False)
+    if note:
+        click.echo(f"note: {note}")
+    click.echo(f"report: {out.file('report.md')}")
+
+
+def _spec_from_options(cluster_file: str | None, backend: str | None, local: bool,
+                       workload: str | None, gpus: str | None, procs: int | None,
+                       device: str | None, arg_pairs: tuple[str, ...]) -> Any:
+    """The spec ``up`` and ``compare`` run: the file, or --local's one node."""
+    spec = load_cluster_file(cluster_file) if cluster_file else None
+    args = _parse_args(arg_pairs)
+    if local:
+        spec = local_spec(spec, workload=workload, gpus=gpus, procs=procs, device=device, args=args)
+    elif spec is None:
+        raise ConfigError("give a cluster file, or --local to run on this machine",
+                          source="command line", hint="ddp-orch up cluster.yaml.example --dry-run")
+    elif workload or gpus or procs or device:
+        raise ConfigError("--workload, --gpus, --procs and --device go with --local",
+                          source="command line", hint="edit the cluster file for a cluster run")
+    else:
+        spec = with_args(spec, args)
+    return _with_backend(spec, backend)
+
+
+def _with_backend(spec: Any, backend: str | None) -> Any:
+    """``--backend`` over the file's choice; a local spec stays local."""
+    if backend is None or backend == spec.backend:
+        return spec
+    if backend == "local" and not all(node.is_local for node in spec.nodes):
+        raise ConfigError("--backend local runs every node on this machine, but the file "
+                          "lists remote hosts", path="--backend", source="command line",
+                          hint="use --local to run the file's workload here")
+    import dataclasses
+
+    return dataclasses.replace(spec, backend=backend)
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt: str) -> None:
+    from ..controller.session import prepare
+    from ..plan.build import resolve_plan
+    from ..plan.render import render
+
+    backend, info = prepare(spec, options, run_id=run_id,
+                            local_run_dir=f"{runs_dir.rstrip('/')}/{run_id}")
+    if fmt == "shell" and info.plan.master_port == AUTO_PORT:
+        info = backend.dryrun(resolve_plan(info.plan, master_port=DEFAULT_PORT, homes={}))
+    click.echo(render(info, fmt), nl=False)
+
+
+@main.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@backend_option
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(1, 3600),
+              help="Seconds each remote check may take.")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust (and record) the key of a host seen for the first time.")
+@friendly_errors
+def check(cluster_file: str, backend: str | None, timeout: float,
+          accept_new_host_keys: bool) -> None:
+    """Check every node of CLUSTER_FILE before a launch, in parallel.
+
+    Reach (SSH) and the node agent, the python path, torch (and the same
+    version everywhere), the listed GPUs, a free master port on node 0, and a
+    TCP connection from every node to it. Exits 1 if anything fails.
+    """
+    from ..backends import backend_for
+    from ..report.runs import render_check
+
+    spec = _with_backend(load_cluster_file(cluster_file), backend)
+    chosen = backend_for(spec, LaunchOptions(accept_new_host_keys=accept_new_host_keys,
+                                              check_timeout_s=timeout))
+    report = chosen.check(chosen.plan("check", "runs/check"))
+    click.echo(render_check(report), nl=False)
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema of the cluster file (for editors: yaml-language-server)."""
+    import json
+
+    from ..config.schema import cluster_schema
+
+    click.echo(json.dumps(cluster_schema(), indent=2))
+
+
+@main.command("workloads")
+def list_workloads() -> None:
+    """List the built-in workloads and their arguments."""
+    from workloads.catalog import CATALOG
+
+    for info in CATALOG.values():
+        click.echo(f"{info.name:<8} {info.summary}  (seed {info.seed}, python -m {info.module})")
+        for arg in info.args:
+            choices = f" [{'|'.join(map(str, arg.choices))}]" if arg.choices else ""
+            default = "-" if arg.default is None else str(arg.default)
+            click.echo(f"    {arg.flag:<22} {arg.type.__name__:<5} default {default:<8}"
+                       f" {arg.help}{choices}")
+        click.echo("")
+
+
+if __name__ == "__main__":
+    main()

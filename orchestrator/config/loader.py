@@ -1,0 +1,393 @@
+"""Cluster file → ``ClusterSpec``, with every error pointing at its line.
+
+The schema lives here, as code that reads one field at a time; each reader
+names the field path it is reading, so an error in ``nodes[1].gpus`` says
+so, with the line, what was given and how to fix it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any, Mapping
+
+from workloads.catalog import CATALOG
+
+from ..errors import ConfigError
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpec, NodeSpec,
+                   SshSpec, WorkloadSpec, default_backend)
+from .yamlsrc import Located, closest_hint, line_at, parse, shown
+
+TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "nodes", "workload")
+NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
+SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeout")
+MAX_GPU_INDEX = 1023
+MAX_PROCS = 1024
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.:%\[\]-]+$")
+_DIGITS_RE = re.compile(r"^[0-9]+$")  # ASCII only: "²".isdigit() is True, int("²") fails
+# Set by torchrun or by ddp-orch itself; a user value would be silently wrong.
+RESERVED_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCH_ELASTIC_WORKER_IDENTICAL",
+    "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONUNBUFFERED",
+})
+
+
+def load_cluster_file(path: str) -> ClusterSpec:
+    """Read and validate a cluster file; raise ``ConfigError`` on any problem."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"no such file: {path}",
+                          hint="pass the path of a cluster file, e.g. cluster.yaml.example") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    text = _decode(data, path)
+    return load_cluster_text(text, source=path, base_dir=os.path.dirname(os.path.abspath(path)))
+
+
+def _decode(data: bytes, path: str) -> str:
+    """The file as UTF-8 text; a binary or Latin-1 file is an error at its line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start].decode("utf-8")  # valid: the error is the first one
+        line = line_at(before, len(before))
+        raise ConfigError(f"not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be decoded",
+                          source=path, line=line,
+                          hint="save the file as UTF-8 (a cluster file is plain text)") from None
+
+
+def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".") -> ClusterSpec:
+    """Validate cluster-file ``text``; relative script paths resolve from ``base_dir``."""
+    root = parse(text, source)
+    top = root.mapping(TOP_KEYS)
+    ssh_default = _ssh(top["ssh"], SshSpec()) if "ssh" in top else SshSpec()
+    python = _python(top["python"]) if "python" in top else None
+    env = _env(top["env"]) if "env" in top else {}
+    if "nodes" not in top:
+        raise root.error("missing 'nodes'", hint="list at least one node with host and gpus")
+    nodes = _nodes(top["nodes"], ssh_default, python, env)
+    if "workload" not in top:
+        raise root.error("missing 'workload'",
+                         hint="add `workload: {name: linear}` (see `ddp-orch workloads`)")
+    workload = _workload(top["workload"], base_dir)
+    master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
+    device = _choice(top["device"], ("auto", "cuda", "cpu")) if "device" in top else "auto"
+    backend = _choice(top["backend"], BACKENDS) if "backend" in top else \
+        default_backend([node.host for node in nodes])
+    spec = ClusterSpec(
+        name=_run_name(top["name"]) if "name" in top else _default_name(workload),
+        backend=backend,
+        master_addr=master_addr, master_port=master_port,
+        workdir=_workdir(top["workdir"]) if "workdir" in top else DEFAULT_WORKDIR,
+        device=device, env=env, nodes=nodes, workload=workload, source=source, text=text)
+    _check_layout(spec, top)
+    return spec
+
+
+def _run_name(field: Located) -> str:
+    value = field.scalar()
+    if value is None or isinstance(value, (bool, bytes)):
+        raise field.error(f"expected a run name, got {field.describe()}",
+                          hint="use letters, digits, '.', '_' or '-' (at most 64)")
+    name = str(value)
+    if not _NAME_RE.match(name):
+        raise field.error(f"{name!r} is not usable in a run id",
+                          hint="use letters, digits, '.', '_' or '-' (at most 64)")
+    return name
+
+
+def _default_name(workload: WorkloadSpec) -> str:
+    stem = workload.name or os.path.splitext(os.path.basename(workload.script or "run"))[0]
+    return re.sub(r"[^A-Za-z0-9._-]", "-", stem)[:64] or "run"
+
+
+def _choice(field: Located, choices: tuple[str, ...]) -> str:
+    value = field.scalar()
+    if value not in choices:
+        raise field.error(f"{value!r} is not one of {', '.join(choices)}",
+                          hint=closest_hint(str(value), choices))
+    return value
+
+
+def _port(field: Located) -> int:
+    return field.integer(1, 65535)
+
+
+def _master(field: Located) -> tuple[str | None, int | str]:
+    entries = field.mapping(("addr", "port"))
+    addr = _host(entries["addr"]) if "addr" in entries else None
+    port: int | str = AUTO_PORT
+    if "port" in entries:
+        port = AUTO_PORT if entries["port"].scalar() == AUTO_PORT else _port(entries["port"])
+    return addr, port
+
+
+def _host(field: Located) -> str:
+    host = field.string()
+    if not _HOST_RE.match(host):
+        raise field.error(f"{host!r} is not a host name or address")
+    return host
+
+
+def _python(field: Located) -> str:
+    python = field.string()
+    if any(ch.isspace() for ch in python):
+        raise field.error(f"{python!r} contains spaces",
+                          hint="give one interpreter path, e.g. /opt/conda/bin/python")
+    return python
+
+
+def _workdir(field: Located) -> str:
+    workdir = field.string()
+    if not (workdir.startswith("/") or workdir == "~" or workdir.startswith("~/")):
+        raise field.error(f"{workdir!r} is a relative path",
+                          hint="use an absolute path or one under ~/, e.g. ~/.ddp-orch")
+    return workdir.rstrip("/") or "/"
+
+
+def _env(field: Located, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(base or {})
+    for name, value_field in field.mapping(None).items():
+        if not _ENV_RE.match(name):
+            raise value_field.error("not a valid environment variable name")
+        if name in RESERVED_ENV or name.startswith("DDP_ORCH_"):
+            hint = "set GPUs with `gpus:`" if name == "CUDA_VISIBLE_DEVICES" else \
+                "ddp-orch and torchrun set it for every process"
+            raise value_field.error(f"{name} cannot be set here", hint=hint)
+        value = value_field.scalar()
+        if value is None or isinstance(value, (dict, list)):
+            raise value_field.error(f"expected a string or number, got {value_field.describe()}")
+        env[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return env
+
+
+def _ssh(field: Located, base: SshSpec) -> SshSpec:
+    entries = field.mapping(SSH_KEYS + ("password",))
+    if "password" in entries:
+        raise entries["password"].error(
+            "passwords are not accepted in a cluster file",
+            hint="use an SSH key: identity_file, ssh-agent or ~/.ssh/config")
+    values: dict[str, Any] = {}
+    if "user" in entries:
+        values["user"] = entries["user"].string()
+    if "port" in entries:
+        values["port"] = _port(entries["port"])
+    if "identity_file" in entries:
+        values["identity_file"] = _identity_file(entries["identity_file"])
+    if "strict_host_keys" in entries:
+        values["strict_host_keys"] = _strict(entries["strict_host_keys"])
+    if "connect_timeout" in entries:
+        values["connect_timeout"] = float(entries["connect_timeout"].integer(1, 600))
+    return SshSpec(**{**base.__dict__, **values})
+
+
+def _strict(field: Located) -> str:
+    value = field.scalar()
+    if value is True or value == "yes":
+        return "yes"
+    if value == "accept-new":
+        return "accept-new"
+    raise field.error(f"{value!r} is not yes or accept-new",
+                      hint="host keys are always checked; accept-new trusts a host's first key")
+
+
+def _identity_file(field: Located) -> str:
+    raw = field.string()
+    path = os.path.expanduser(raw)
+    if not os.path.isabs(path):
+        raise field.error(f"{raw!r} is a relative path",
+                          hint="use an absolute path or one under ~/, e.g. ~/.ssh/id_ed25519")
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise field.error(f"cannot read the key file {raw!r}",
+                          hint="check the path and its permissions, or leave it out to use ssh-agent")
+    return path
+
+
+def _nodes(field: Located, ssh: SshSpec, python: str | None,
+           env: Mapping[str, str]) -> tuple[NodeSpec, ...]:
+    items = field.sequence()
+    if not items:
+        raise field.error("no nodes are listed", hint="add at least one node with host and gpus")
+    nodes = []
+    for item in items:
+        entries = item.mapping(NODE_KEYS)
+        if "host" not in entries:
+            raise item.error("missing 'host'", hint="every node needs `host: NAME-OR-ADDRESS`")
+        if ("gpus" in entries) == ("procs" in entries):
+            raise item.error("give exactly one of 'gpus' or 'procs'",
+                             hint="gpus: 0,1 runs one process per GPU; procs: N runs N CPU processes")
+        host = _host(entries["host"])
+        default_python = python or (sys.executable if host in LOCAL_HOSTS else "python3")
+        nodes.append(NodeSpec(
+            host=host,
+            gpus=_gpus(entries["gpus"]) if "gpus" in entries else None,
+            procs=entries["procs"].integer(1, MAX_PROCS) if "procs" in entries else None,
+            ssh=_ssh(entries["ssh"], ssh) if "ssh" in entries else ssh,
+            python=_python(entries["python"]) if "python" in entries else default_python,
+            env=_env(entries["env"], env) if "env" in entries else dict(env),
+            line=item.line,
+        ))
+    _check_overlaps(items, nodes)
+    return tuple(nodes)
+
+
+def _gpus(field: Located) -> tuple[int, ...]:
+    try:
+        return parse_gpus(field.value())
+    except ValueError as exc:
+        message, hint = exc.args
+        raise field.error(message, hint) from None
+
+
+def parse_gpus(raw: Any) -> tuple[int, ...]:
+    """``"3,4,5"``, ``[3, 4, 5]`` or ``3`` → (3, 4, 5), in the user's order.
+
+    Raises ``ValueError(message, hint)``; callers add the field and line.
+    """
+    if isinstance(raw, str):
+        parts: list[Any] = [p.strip() for p in raw.split(",")]
+    elif isinstance(raw, list):
+        parts = raw
+    elif isinstance(raw, int) and not isinstance(raw, bool):
+        parts = [raw]
+    else:
+        raise ValueError(f"expected GPU indices like \"0,1\" or [0, 1], got {shown(raw)}", "")
+    if not parts:
+        raise ValueError("the GPU list is empty", "list GPU indices, or use `procs: N`")
+    gpus: list[int] = []
+    for part in parts:
+        index = _gpu_index(part, raw)
+        if index in gpus:
+            raise ValueError(f"duplicate GPU {index} in {shown(raw)}", "")
+        gpus.append(index)
+    return tuple(gpus)
+
+
+def _gpu_index(part: Any, raw: Any) -> int:
+    """One entry of a GPU list as an index 0..MAX_GPU_INDEX; ``ValueError`` as above."""
+    if isinstance(part, str) and _DIGITS_RE.match(part):
+        part = int(part) if len(part.lstrip("0")) <= 9 else part  # longer: shown as given
+    elif isinstance(part, bool) or not isinstance(part, int):
+        what = "an empty entry" if part == "" else shown(part)
+        raise ValueError(f"{what} in {shown(raw)} is not a GPU index",
+                         "GPU indices are whole numbers 0, 1, 2, ... as nvidia-smi lists them")
+    if isinstance(part, str) or not 0 <= part <= MAX_GPU_INDEX:
+        raise ValueError(f"GPU {part if isinstance(part, int) else shown(part)} in {shown(raw)} "
+                         f"is out of range 0-{MAX_GPU_INDEX}", "")
+    return part
+
+
+def _check_overlaps(items: list[Located], nodes: list[NodeSpec]) -> None:
+    """Two entries for the same host must not claim the same GPU."""
+    for j, node in enumerate(nodes):
+        for i in range(j):
+            other = nodes[i]
+            if other.host != node.host or node.gpus is None or other.gpus is None:
+                continue
+            shared = sorted(set(node.gpus) & set(other.gpus))
+            if shared:
+                raise _gpu_field(items[j]).error(
+                    f"GPU {shared[0]} of {node.host} is already used by nodes[{i}]",
+                    hint="a host may be listed twice only with disjoint GPUs")
+
+
+def _gpu_field(item: Located) -> Located:
+    return item.mapping(NODE_KEYS)["gpus"]
+
+
+def _workload(field: Located, base_dir: str) -> WorkloadSpec:
+    entries = field.mapping(("name", "script", "args"))
+    if ("name" in entries) == ("script" in entries):
+        raise field.error("give exactly one of 'name' (a built-in workload) or 'script' (your file)",
+                          hint="built-in workloads: " + ", ".join(CATALOG))
+    args = _args(entries["args"]) if "args" in entries else {}
+    if "name" in entries:
+        name = entries["name"].string()
+        if name not in CATALOG:
+            close = closest_hint(name, CATALOG)
+            raise entries["name"].error(f"unknown workload {name!r}",
+                                        hint=close or "built-in workloads: " + ", ".join(CATALOG))
+        _check_builtin_args(name, entries["args"] if "args" in entries else None, args)
+        return WorkloadSpec(name=name, script=None, args=args)
+    raw = entries["script"].string()
+    script = os.path.normpath(os.path.join(base_dir, os.path.expanduser(raw)))
+    if not os.path.isfile(script):
+        raise entries["script"].error(f"script {raw!r} not found (looked for {script})",
+                                      hint="script paths are relative to the cluster file")
+    return WorkloadSpec(name=None, script=script, args=args)
+
+
+def _args(field: Located) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    for key, value_field in field.mapping(None).items():
+        value = value_field.value()
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in items):
+            raise value_field.error(f"expected a value or a list of values, got {value_field.describe()}")
+        args[key] = value
+    return args
+
+
+def _check_builtin_args(name: str, field: Located | None, args: Mapping[str, Any]) -> None:
+    entries = field.mapping(None) if field is not None else {}
+    try:
+        check_workload_args(name, args)
+    except ValueError as exc:
+        key, message, hint = exc.args
+        raise entries[key].error(message, hint) from None
+
+
+def check_workload_args(name: str, args: Mapping[str, Any]) -> None:
+    """Check ``args`` against the catalog; ``ValueError(key, message, hint)``."""
+    info = CATALOG[name]
+    for key, value in args.items():
+        spec = info.arg(key)
+        if spec is None:
+            known = [a.name for a in info.args]
+            close = closest_hint(key.replace("-", "_"), known)
+            raise ValueError(key, f"workload {name!r} has no argument {key!r}",
+                             close or ("it takes: " + ", ".join(known) if known else "it takes none"))
+        if not _matches_type(spec.type, value):
+            raise ValueError(key, f"expected {spec.type.__name__}, got {shown(value)}", "")
+        if spec.choices and value not in spec.choices:
+            choices = ", ".join(map(str, spec.choices))
+            raise ValueError(key, f"{shown(value)} is not one of {choices}", "")
+
+
+def _matches_type(kind: type, value: Any) -> bool:
+    """YAML's value fits an argument of ``kind`` (an int is a fine float)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    if kind is int:
+        return isinstance(value, int)
+    return isinstance(value, (str, int, float))
+
+
+def _check_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
+    """Rules that involve several fields at once."""
+    has_cpu_nodes = any(node.procs is not None for node in spec.nodes)
+    if spec.device == "cuda" and has_cpu_nodes:
+        raise top["device"].error("a `procs:` node has no GPUs and cannot join a CUDA job",
+                                  hint="use `device: cpu` or give that node `gpus:`")
+    if spec.backend == "local":
+        remote = [node for node in spec.nodes if not node.is_local]
+        if remote:
+            raise top["backend"].error(
+                f"the local backend runs every node on this machine, but node "
+                f"{spec.nodes.index(remote[0])} is {remote[0].host!r}",
+                hint="use `backend: ssh` for remote hosts, or `host: localhost`")
+    mixed = spec.nodes[0].is_local and not all(node.is_local for node in spec.nodes)
+    if mixed and spec.master_addr is None:
+        raise top["nodes"].error("node 0 is localhost but other nodes are remote",
+                                 hint="set master.addr to this machine's address as the other nodes see it")

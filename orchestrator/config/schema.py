@@ -1,0 +1,251 @@
+"""The cluster file as a JSON Schema (Draft 2020-12), for editors.
+
+``ddp-orch schema`` prints it and ``schema/cluster.schema.json`` is a
+checked-in copy, so yaml-language-server can complete keys and flag
+mistakes as the file is typed (see the modeline on the first line of
+``cluster.yaml.example``).
+
+The loader (``loader.py``) stays the authority: it reports every error with
+its line and a hint, and checks what a schema cannot. The schema checks each
+value on its own (keys, types, ranges, patterns, choices) and which keys a
+mapping needs; rules that relate two fields (overlapping GPUs, ``device:
+cuda`` with a ``procs:`` node, workload arguments per workload), look at the
+disk (key files, scripts) or concern YAML itself (duplicate keys, anchors)
+are left to the loader.
+
+Key lists, choices, limits and name patterns come from the loader, ``spec``
+and the workload catalog, so the two cannot drift apart. Stdlib and project
+imports only: the controller never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from workloads.catalog import CATALOG
+
+from .loader import (_ENV_RE, _HOST_RE, _NAME_RE, MAX_GPU_INDEX, MAX_PROCS, NODE_KEYS,
+                     RESERVED_ENV, SSH_KEYS, TOP_KEYS)
+from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+SCHEMA_ID = "urn:ddp-orch:schema:cluster"
+# The loader spells these inline (``_master``, ``_workload``, ``load_cluster_text``,
+# ``_ssh``); tests/test_schema.py checks them against its error messages.
+MASTER_KEYS = ("addr", "port")
+WORKLOAD_KEYS = ("name", "script", "args")
+DEVICES = ("auto", "cuda", "cpu")
+MAX_CONNECT_TIMEOUT = 600
+
+_NON_BLANK = r"\S"  # loader's Located.string(): a string with something besides spaces
+_SCALAR = {"type": ["string", "number", "boolean", "null"]}
+
+
+def index_regex(top: int) -> str:
+    """A regex (no anchors) for the whole numbers 0..``top``, leading zeros allowed.
+
+    ``index_regex(1023)`` -> ``0*(?:[0-9]{1,3}|10[0-1][0-9]|102[0-2]|1023)``.
+    """
+    digits = str(top)
+    shorter = len(digits) - 1
+    parts = [] if not shorter else ["[0-9]"] if shorter == 1 else [f"[0-9]{{1,{shorter}}}"]
+    for i, digit in enumerate(digits):
+        first = 1 if i == 0 and len(digits) > 1 else 0  # a leading 0 is covered by 0*
+        if int(digit) > first:
+            low = f"[{first}-{int(digit) - 1}]" if int(digit) - 1 > first else str(first)
+            rest = len(digits) - i - 1
+            parts.append(digits[:i] + low + (f"[0-9]{{{rest}}}" if rest > 1 else
+                                             "[0-9]" if rest == 1 else ""))
+    parts.append(digits)
+    return "0*(?:" + "|".join(parts) + ")"
+
+
+_GPU_INDEX = index_regex(MAX_GPU_INDEX)
+GPU_STRING_PATTERN = rf"^\s*{_GPU_INDEX}\s*(?:,\s*{_GPU_INDEX}\s*)*$"
+GPU_ITEM_PATTERN = rf"^{_GPU_INDEX}$"
+
+
+def _keyed(keys: Iterable[str], table: Mapping[str, dict[str, Any]], level: str) -> dict[str, Any]:
+    """``properties`` in the loader's key order; a key without a schema (or a
+    schema without a key) is a programming error, raised on every call."""
+    keys = tuple(keys)
+    if set(keys) != set(table):
+        raise RuntimeError(f"{level}: schema keys {sorted(table)} differ from the loader's "
+                           f"{sorted(keys)}")
+    return {key: table[key] for key in keys}
+
+
+def _mapping(keys: Iterable[str], table: Mapping[str, dict[str, Any]], level: str,
+             description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "description": description,
+            "properties": _keyed(keys, table, level), "additionalProperties": False, **extra}
+
+
+def _port(description: str) -> dict[str, Any]:
+    return {"type": "integer", "minimum": 1, "maximum": 65535, "description": description}
+
+
+def _ssh() -> dict[str, Any]:
+    return _mapping(SSH_KEYS, {
+        "user": {"type": "string", "pattern": _NON_BLANK,
+                 "description": "SSH user name; default: ~/.ssh/config, then your local "
+                                "user name."},
+        "port": _port("SSH port; default: ~/.ssh/config, then 22."),
+        "identity_file": {
+            "type": "string", "pattern": r"^[/~]",
+            "description": "Private key file, an absolute path or one under ~/ (e.g. "
+                           "~/.ssh/id_ed25519); default: ~/.ssh/config, then ssh-agent and "
+                           "~/.ssh/id_*. Passwords are never accepted."},
+        "strict_host_keys": {
+            "enum": ["yes", "accept-new", True],
+            "description": "yes (the default): an unknown host key is refused; accept-new: "
+                           "trust a host's first key. Checking cannot be turned off."},
+        "connect_timeout": {"type": "integer", "minimum": 1, "maximum": MAX_CONNECT_TIMEOUT,
+                            "description": "Seconds to wait for an SSH connection (default 10)."},
+    }, "ssh", "SSH settings. At the top: defaults for every node; in a node: overrides "
+              "for that node. Anything not given comes from ~/.ssh/config.")
+
+
+def _env() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Environment variables exported on every node (a node's own `env:` "
+                       "merges over the top-level one). Variables that torchrun or ddp-orch "
+                       "set (RANK, MASTER_ADDR, CUDA_VISIBLE_DEVICES, DDP_ORCH_*, ...) cannot "
+                       "be set here.",
+        "propertyNames": {
+            "pattern": _ENV_RE.pattern,
+            "not": {"anyOf": [{"enum": sorted(RESERVED_ENV)}, {"pattern": "^DDP_ORCH_"}]},
+        },
+        "additionalProperties": {
+            "type": ["string", "number", "boolean"],
+            "description": "The value (true/false become 1/0).",
+        },
+    }
+
+
+def _python() -> dict[str, Any]:
+    return {"type": "string", "pattern": r"^\S+$",
+            "description": "Python interpreter on the nodes, with torch installed (one path, no "
+                           "arguments); default: python3, and for localhost nodes the Python "
+                           "running ddp-orch."}
+
+
+def _gpus() -> dict[str, Any]:
+    return {
+        "description": "GPU indices as nvidia-smi lists them, \"3,4,5\" or [3, 4, 5]: one "
+                       "process per GPU, exported as CUDA_VISIBLE_DEVICES. Give gpus or procs.",
+        "oneOf": [
+            {"type": "string", "pattern": GPU_STRING_PATTERN,
+             "description": "Comma-separated GPU indices, e.g. \"0,1\"."},
+            {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX,
+             "description": "One GPU index."},
+            {"type": "array", "minItems": 1, "uniqueItems": True,
+             "description": "A list of distinct GPU indices, e.g. [0, 1].",
+             "items": {"oneOf": [
+                 {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX},
+                 {"type": "string", "pattern": GPU_ITEM_PATTERN},
+             ]}},
+        ],
+    }
+
+
+def _node() -> dict[str, Any]:
+    return _mapping(NODE_KEYS, {
+        "host": {"type": "string", "pattern": _HOST_RE.pattern,
+                 "description": "Host name (or ~/.ssh/config alias) or address; localhost runs "
+                                "the node on this machine."},
+        "gpus": _gpus(),
+        "procs": {"type": "integer", "minimum": 1, "maximum": MAX_PROCS,
+                  "description": "A node without GPUs: this many CPU processes (the job then "
+                                 "runs on CPU). Give gpus or procs."},
+        "ssh": {"$ref": "#/$defs/ssh"},
+        "python": {"$ref": "#/$defs/python"},
+        "env": {"$ref": "#/$defs/env"},
+    }, "nodes[]", "One machine: its host and either gpus or procs, plus optional "
+                  "python, env and ssh overrides.",
+        required=["host"],
+        oneOf=[{"required": ["gpus"]}, {"required": ["procs"]}])
+
+
+def _master() -> dict[str, Any]:
+    return _mapping(MASTER_KEYS, {
+        "addr": {"type": "string", "pattern": _HOST_RE.pattern,
+                 "description": "Address the other nodes reach global rank 0 at; default: the "
+                                "first node's host (its HostName in ~/.ssh/config)."},
+        "port": {
+            "description": f"Rendezvous port, e.g. {DEFAULT_PORT}; default: {AUTO_PORT} (a free "
+                           "port on node 0, picked at launch).",
+            "default": AUTO_PORT,
+            "oneOf": [_port("A fixed port."),
+                      {"const": AUTO_PORT,
+                       "description": "A free port on node 0, picked at launch."}],
+        },
+    }, "master", "Where torchrun's static rendezvous listens (global rank 0).")
+
+
+def _workload() -> dict[str, Any]:
+    return _mapping(WORKLOAD_KEYS, {
+        "name": {"enum": list(CATALOG),
+                 "description": "A built-in workload (`ddp-orch workloads` lists them and their "
+                                "arguments)."},
+        "script": {"type": "string", "pattern": _NON_BLANK,
+                   "description": "Your own torchrun script, relative to this file; its "
+                                  "directory is uploaded to every node."},
+        "args": {
+            "type": "object",
+            "description": "Arguments passed to the program: epochs: 10 -> --epochs 10; true/false "
+                           "-> --x/--no-x; a list -> one flag, several values; null -> the bare "
+                           "flag. A built-in workload's arguments are checked by ddp-orch.",
+            "propertyNames": {"minLength": 1},
+            "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
+        },
+    }, "workload", "What to run: a built-in workload (name) or your script (script), with args.",
+        oneOf=[{"required": ["name"]}, {"required": ["script"]}])
+
+
+def cluster_schema() -> dict[str, Any]:
+    """The JSON Schema of a cluster file (a fresh dict on every call)."""
+    top = _keyed(TOP_KEYS, {
+        "name": {"type": ["string", "number"], "pattern": _NAME_RE.pattern,
+                 "description": "Run name, used in run ids (letters, digits, '.', '_' or '-'; "
+                                "at most 64); default: the workload's name."},
+        "master": {"$ref": "#/$defs/master"},
+        "ssh": {"$ref": "#/$defs/ssh"},
+        "python": {"$ref": "#/$defs/python"},
+        "workdir": {"type": "string", "pattern": r"^(?:/|~(?:/|$))", "default": DEFAULT_WORKDIR,
+                    "description": "Where runs live on the nodes: an absolute path or one "
+                                   f"under ~/ (default {DEFAULT_WORKDIR})."},
+        "env": {"$ref": "#/$defs/env"},
+        "device": {"enum": list(DEVICES), "default": "auto",
+                   "description": "auto | cuda | cpu. cpu: gloo on the CPU, each listed GPU index "
+                                  "becomes one CPU process (handy for rehearsals)."},
+        "backend": {"enum": list(BACKENDS),
+                    "description": "How nodes are launched: local (every node on this machine) "
+                                   "or ssh; default: local when every host is localhost, "
+                                   "else ssh."},
+        "nodes": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/node"},
+                  "description": "The machines, in node-rank order; global ranks are prefix "
+                                 "sums of their process counts."},
+        "workload": {"$ref": "#/$defs/workload"},
+    }, "top level")
+    return {
+        "$schema": SCHEMA_DIALECT,
+        "$id": SCHEMA_ID,
+        "title": "ddp-orch cluster file",
+        "description": "One DDP job on a few machines: its nodes and workload (both required), "
+                       "and optional run name, rendezvous, SSH, Python, environment and device "
+                       "settings. See cluster.yaml.example.",
+        "type": "object",
+        "properties": top,
+        "additionalProperties": False,
+        "required": ["nodes", "workload"],
+        "$defs": {
+            "master": _master(),
+            "ssh": _ssh(),
+            "python": _python(),
+            "env": _env(),
+            "node": _node(),
+            "workload": _workload(),
+        },
+    }

@@ -1,0 +1,89 @@
+"""What the user asked for: the validated contents of a cluster file.
+
+``*Spec`` objects are user input after validation, nothing derived. The
+rank plan (``plan.py``) is computed from them by pure code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+AUTO_PORT = "auto"
+LOCAL_HOSTS = frozenset({"localhost"})
+DEFAULT_WORKDIR = "~/.ddp-orch"
+DEFAULT_PORT = 29500
+# The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
+BACKENDS = ("local", "ssh")
+
+
+def default_backend(hosts: "tuple[str, ...] | list[str]") -> str:
+    """``local`` when every node is this machine, ``ssh`` otherwise."""
+    return "local" if all(host in LOCAL_HOSTS for host in hosts) else "ssh"
+
+
+@dataclass(frozen=True)
+class SshSpec:
+    """SSH settings for one node; None means "ask ~/.ssh/config, then defaults"
+    (host keys checked strictly, a 10 s connect timeout)."""
+
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    strict_host_keys: str | None = None  # yes | accept-new
+    connect_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One machine: its host and either GPU indices or a CPU process count."""
+
+    host: str
+    gpus: tuple[int, ...] | None
+    procs: int | None
+    ssh: SshSpec
+    python: str
+    env: Mapping[str, str]
+    line: int | None = None
+
+    @property
+    def nproc(self) -> int:
+        return len(self.gpus) if self.gpus is not None else int(self.procs or 0)
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in LOCAL_HOSTS
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A built-in workload by ``name`` or the user's ``script`` (absolute path)."""
+
+    name: str | None
+    script: str | None
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.script or "?"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A whole validated cluster file."""
+
+    name: str
+    backend: str  # one of BACKENDS
+    master_addr: str | None
+    master_port: int | str  # an int, or AUTO_PORT
+    workdir: str
+    device: str  # auto | cuda | cpu
+    env: Mapping[str, str]
+    nodes: tuple[NodeSpec, ...]
+    workload: WorkloadSpec
+    source: str = "<memory>"
+    text: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return sum(node.nproc for node in self.nodes)

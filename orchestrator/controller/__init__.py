@@ -1,0 +1,1 @@
+"""The controller's lifecycle: prepare (dry-run), up (launch and record), down."""

@@ -1,0 +1,107 @@
+"""The rank plan: pure code from a ``ClusterSpec`` to what every node runs.
+
+No I/O happens here. ``build_plan`` is what ``--dry-run`` renders, and
+``resolve_plan`` fills in the two things only a launch can know (a free
+master port and each node's home directory) and returns the same
+structure, which the backend then consumes. torchx's
+``schedule(submit_dryrun(...))`` is the model.
+
+Rank layout: nodes in file order get node ranks 0..N-1; global ranks are
+prefix sums of the per-node process counts (3 + 4 -> ranks 0-2 and 3-6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from types import MappingProxyType
+from typing import Mapping
+
+from workloads import contract
+from workloads.catalog import CATALOG, args_to_argv
+
+from ..config.spec import ClusterSpec
+from .model import Entrypoint, NodePlan, RankPlan, RunPlan
+
+# With it set, torchrun assumes every node has the same nproc and numbers
+# heterogeneous layouts wrongly, so it is removed from every node's env.
+UNSET_ENV = ("TORCH_ELASTIC_WORKER_IDENTICAL",)
+
+
+def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: str) -> str:
+    """Local nodes live inside the local run directory; remote ones under workdir.
+
+    Each node gets its own directory even on a shared host or file system,
+    so two "nodes" on one machine never write over each other.
+    """
+    if spec.nodes[node_rank].is_local:
+        return f"{local_run_dir}/node-{node_rank}"
+    return f"{spec.workdir}/runs/{run_id}/node-{node_rank}"
+
+
+def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
+               master_addr: str | None = None) -> RunPlan:
+    """The rank plan for ``spec``; pure, so dry-run and launch agree.
+
+    ``master_addr`` is the backend's default for a file without one (node
+    0's address as the nodes see it).
+    """
+    master_addr = spec.master_addr or master_addr or _default_master(spec)
+    device = "cpu" if any(n.procs is not None for n in spec.nodes) else spec.device
+    starts = [0, *itertools.accumulate(node.nproc for node in spec.nodes)]
+    nodes = []
+    for k, node in enumerate(spec.nodes):
+        run_dir = node_run_dir(spec, k, run_id, local_run_dir)
+        env = dict(node.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus)) if node.gpus is not None else ""
+        env[contract.DEVICE_ENV] = device
+        env[contract.RUN_ID_ENV] = run_id
+        env[contract.NODE_RANK_ENV] = str(k)
+        env[contract.RESULT_FILE_ENV] = f"{run_dir}/{contract.RESULT_FILE_NAME}"
+        env["PYTHONPATH"] = f"{run_dir}/code"
+        env["PYTHONUNBUFFERED"] = "1"  # worker lines reach their log files as printed
+        nodes.append(NodePlan(
+            node_rank=k, host=node.host, python=node.python, gpus=node.gpus,
+            first_rank=starts[k], nproc=node.nproc, run_dir=run_dir,
+            env=MappingProxyType(dict(sorted(env.items()))), unset_env=UNSET_ENV))
+    ranks = tuple(
+        RankPlan(rank=n.first_rank + i, node_rank=n.node_rank, host=n.host, local_rank=i,
+                 gpu=n.gpus[i] if n.gpus is not None else None)
+        for n in nodes for i in range(n.nproc))
+    workload = spec.workload
+    script_name = workload.script.rsplit("/", 1)[-1] if workload.script else None
+    entrypoint = Entrypoint(
+        module=CATALOG[workload.name].module if workload.name is not None else None,
+        script=script_name, args=tuple(args_to_argv(workload.args)))
+    return RunPlan(run_id=run_id, name=spec.name, backend=spec.backend,
+                   world_size=spec.world_size, master_addr=master_addr,
+                   master_port=spec.master_port, device=device,
+                   workload=workload.name or script_name or "?", script=workload.script,
+                   entrypoint=entrypoint, nodes=tuple(nodes), ranks=ranks)
+
+
+def _default_master(spec: ClusterSpec) -> str:
+    """Node 0's host; an all-local job uses the IPv4 loopback explicitly."""
+    first = spec.nodes[0]
+    return "127.0.0.1" if first.is_local else first.host
+
+
+def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str]) -> RunPlan:
+    """Fill in the launch-time facts: the master port and each node's ``~``.
+
+    Pure as well: the backend finds the port and the home directories.
+    Every path and env value is rewritten the same way, so nothing the
+    dry-run showed changes except those two facts.
+    """
+    def fix(value: str, home: str) -> str:
+        if value == "~" or value.startswith("~/"):
+            return home + value[1:]
+        return value
+
+    nodes = []
+    for node in plan.nodes:
+        home = homes.get(node.node_rank, "~")
+        nodes.append(dataclasses.replace(
+            node, run_dir=fix(node.run_dir, home),
+            env=MappingProxyType({k: fix(v, home) for k, v in node.env.items()})))
+    return dataclasses.replace(plan, master_port=master_port, nodes=tuple(nodes))

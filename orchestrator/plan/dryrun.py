@@ -1,0 +1,50 @@
+"""What a backend will run, before it runs it: the dry-run is this object.
+
+A backend's ``dryrun(plan)`` builds a ``DryRun``; ``--dry-run`` renders it
+(``render.py``) and ``launch`` consumes the same object, so what the user
+previewed is what runs. (torchx calls it ``AppDryRunInfo``.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .model import NodePlan, RunPlan
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """One node's command as its backend will start it."""
+
+    node: NodePlan
+    where: str  # how the backend reaches it: "local subprocess", "ssh user@host:22"
+    env: Mapping[str, str]
+    unset_env: tuple[str, ...]
+    argv: tuple[str, ...]
+    connection: Mapping[str, Any] = field(default_factory=dict)  # the backend's settings
+
+    @property
+    def node_rank(self) -> int:
+        return self.node.node_rank
+
+    @property
+    def host(self) -> str:
+        return self.node.host
+
+    @property
+    def run_dir(self) -> str:
+        return self.node.run_dir
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """A backend's request for a whole run; ``extras`` holds what only that
+    backend has (a batch script, say), rendered after the nodes."""
+
+    backend: str
+    plan: RunPlan
+    nodes: tuple[NodeLaunch, ...]
+    source: str = ""
+    notes: tuple[str, ...] = ()
+    extras: Mapping[str, str] = field(default_factory=dict)

@@ -1,0 +1,94 @@
+"""The rank plan's types: frozen facts about a run, with no backend in them.
+
+``*Plan`` objects are derived data. They say who runs what (ranks, hosts,
+devices, environment, rendezvous endpoint, entrypoint), never how a
+backend reaches a node: SSH settings, batch scripts and transports belong
+to the backends, which turn a plan into a ``DryRun`` (``dryrun.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from workloads import contract
+
+from ..config.spec import AUTO_PORT
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    """What every worker runs: ``python -m module ARGS`` or ``python script ARGS``.
+
+    ``script`` is the script's file name; its directory is uploaded to each
+    node's ``script/`` (``script_dir``).
+    """
+
+    module: str | None
+    script: str | None
+    args: tuple[str, ...]
+
+    def argv(self, script_dir: str) -> tuple[str, ...]:
+        head = ("-m", self.module) if self.module is not None else (f"{script_dir}/{self.script}",)
+        return (*head, *self.args)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    node_rank: int
+    host: str
+    local_rank: int
+    gpu: int | None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node: where, how many processes on which devices, with which env."""
+
+    node_rank: int
+    host: str
+    python: str
+    gpus: tuple[int, ...] | None
+    first_rank: int
+    nproc: int
+    run_dir: str
+    env: Mapping[str, str]
+    unset_env: tuple[str, ...]
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+    @property
+    def is_local(self) -> bool:
+        return self.host == "localhost"
+
+    @property
+    def code_dir(self) -> str:
+        return f"{self.run_dir}/code"
+
+    @property
+    def result_file(self) -> str:
+        return self.env[contract.RESULT_FILE_ENV]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_id: str
+    name: str
+    backend: str
+    world_size: int
+    master_addr: str
+    master_port: int | str  # AUTO_PORT until resolve_plan
+    device: str
+    workload: str  # a built-in name, or the script's file name
+    script: str | None  # the user's script on this machine, if any
+    entrypoint: Entrypoint
+    nodes: tuple[NodePlan, ...]
+    ranks: tuple[RankPlan, ...]
+
+    @property
+    def resolved(self) -> bool:
+        return self.master_port != AUTO_PORT and not any(
+            node.run_dir.startswith("~") for node in self.nodes)

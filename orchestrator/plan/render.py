@@ -1,0 +1,133 @@
+"""Renderings of a ``DryRun``: text (dry-run), json, and shell lines.
+
+All three read the ``DryRun`` a backend built, the same object its launch
+consumes. Secret-looking env values are masked (``secrets.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from ..config.spec import AUTO_PORT
+from ..report.table import format_table
+from .dryrun import DryRun, NodeLaunch
+from .model import RunPlan
+from .secrets import mask_env
+
+def shell_word(word: str) -> str:
+    """``shlex.quote``, except a leading ``~/`` stays expandable by the shell.
+
+    ``'~/x'`` would reach the program as a literal tilde; ``"$HOME"/'x'``
+    is what the user meant. ``NAME=~/x`` (an env word) is handled the same.
+    """
+    name, eq, value = word.partition("=")
+    if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and value.startswith("~/"):
+        return f"{name}=" + shell_word(value)
+    if word == "~" or word.startswith("~/"):
+        rest = word[2:]
+        return '"$HOME"' + (("/" + shlex.quote(rest)) if rest else "")
+    return shlex.quote(word)
+
+
+def shell_join(words: list[str] | tuple[str, ...]) -> str:
+    return " ".join(shell_word(w) for w in words)
+
+
+def node_shell_line(node: NodeLaunch) -> str:
+    """One copy-pasteable line that starts this node by hand."""
+    env_words = ["env", *(w for name in node.unset_env for w in ("-u", name)),
+                 *(f"{k}={v}" for k, v in mask_env(node.env).items())]
+    return (f"mkdir -p {shell_word(node.run_dir)} && cd {shell_word(node.run_dir)} && "
+            + shell_join([*env_words, *node.argv]))
+
+
+def _port_text(plan: RunPlan) -> str:
+    if plan.master_port == AUTO_PORT:
+        return "auto (a free port on node 0, chosen at launch)"
+    return str(plan.master_port)
+
+
+def render(info: DryRun, fmt: str) -> str:
+    """``--dry-run --format FMT``: text, json or shell."""
+    return {"text": render_text, "json": render_json, "shell": render_shell}[fmt](info)
+
+
+def render_text(info: DryRun) -> str:
+    """The human dry-run: rank table, then each node's env and command."""
+    plan = info.plan
+    out = [
+        f"run        {plan.run_id}",
+        f"backend    {info.backend}",
+        f"cluster    {info.source or '-'}: {len(plan.nodes)} node(s), world size "
+        f"{plan.world_size}, device {plan.device}",
+        f"master     {plan.master_addr}:{_port_text(plan)} (torchrun static rendezvous)",
+        f"workload   {plan.workload}",
+        *info.notes,
+        "",
+        _rank_table(plan),
+    ]
+    for node in info.nodes:
+        out += ["", _node_header(node), f"  run dir  {node.run_dir}", "  env"]
+        out += [f"    {k}={v}" for k, v in mask_env(node.env).items()]
+        out += [f"  unset    {' '.join(node.unset_env)}", "  command",
+                f"    {shell_join(node.argv)}"]
+    for title, text in info.extras.items():
+        out += ["", title] + [f"  {line}".rstrip() for line in text.splitlines()]
+    return "\n".join(out) + "\n"
+
+
+def _node_header(node: NodeLaunch) -> str:
+    plan = node.node
+    last = plan.first_rank + plan.nproc - 1
+    return (f"node {plan.node_rank}  {plan.host}  ranks {plan.first_rank}-{last} "
+            f"({plan.nproc} process{'es' if plan.nproc != 1 else ''}, {node.where})")
+
+
+def _rank_table(plan: RunPlan) -> str:
+    rows = [("RANK", "NODE", "HOST", "LOCAL_RANK", "GPU")]
+    rows += [(str(r.rank), str(r.node_rank), r.host, str(r.local_rank),
+              "-" if r.gpu is None else str(r.gpu)) for r in plan.ranks]
+    return format_table(rows)
+
+
+def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
+    """A JSON-ready dict of the dry-run (secret env values masked)."""
+    plan = info.plan
+    return {
+        "backend": info.backend,
+        "run_id": plan.run_id, "name": plan.name, "world_size": plan.world_size,
+        "master_addr": plan.master_addr, "master_port": plan.master_port,
+        "device": plan.device, "workload": plan.workload,
+        "ranks": [vars(r) for r in plan.ranks],
+        "nodes": [{
+            "node_rank": n.node_rank, "host": n.host, "where": n.where,
+            "connection": dict(n.connection),
+            "python": n.node.python,
+            "gpus": list(n.node.gpus) if n.node.gpus is not None else None,
+            "ranks": [n.node.first_rank, n.node.first_rank + n.node.nproc - 1],
+            "nproc": n.node.nproc, "run_dir": n.run_dir, "env": mask_env(n.env),
+            "unset_env": list(n.unset_env), "argv": list(n.argv),
+        } for n in info.nodes],
+        **({"extras": dict(info.extras)} if info.extras else {}),
+    }
+
+
+def render_json(info: DryRun) -> str:
+    return json.dumps(dryrun_to_dict(info), indent=2) + "\n"
+
+
+def render_shell(info: DryRun) -> str:
+    """Per-node lines to start the job by hand, like the manual two-machine launch."""
+    plan = info.plan
+    out = [f"# {plan.run_id}: world size {plan.world_size}, master "
+           f"{plan.master_addr}:{plan.master_port}, backend {info.backend}",
+           "# ddp-orch uploads the workload code into each run dir's code/ first;",
+           "# to start by hand, copy it there, then run each line on its node.",
+           "# Worker output goes to files (--redirects 3), which ddp-orch relays;",
+           "# by hand: tail -F torchrun/*/attempt_0/*/std*.log in the run dir."]
+    for node in info.nodes:
+        out += ["", f"# {_node_header(node)}", node_shell_line(node)]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,28 @@
+"""The torchrun command line, built from plan facts in this one place.
+
+Nothing reads an argv back: whoever needs the port, the run directory or
+the process count reads the plan.
+"""
+
+from __future__ import annotations
+
+from .model import NodePlan, RunPlan
+
+TORCHRUN = ("-m", "torch.distributed.run")
+
+
+def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
+    """``python -m torch.distributed.run ...`` for ``node``, static rendezvous.
+
+    Each node passes its own ``--node-rank`` and ``--nproc-per-node``, which
+    is what makes heterogeneous layouts (3 + 4) number their ranks as prefix
+    sums. Workers write to files (``--redirects 3``), which the node agent
+    follows and relays as whole, rank-prefixed lines.
+    """
+    return (node.python, *TORCHRUN,
+            "--nnodes", str(len(plan.nodes)), "--node-rank", str(node.node_rank),
+            "--nproc-per-node", str(node.nproc),
+            "--master-addr", plan.master_addr, "--master-port", str(plan.master_port),
+            "--rdzv-backend", "static", "--rdzv-id", plan.run_id, "--max-restarts", "0",
+            "--log-dir", f"{node.run_dir}/torchrun", "--redirects", "3",
+            *plan.entrypoint.argv(f"{node.run_dir}/script"))

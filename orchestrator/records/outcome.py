@@ -1,0 +1,106 @@
+"""How a run and its nodes ended: one vocabulary, used everywhere.
+
+``RunState`` and ``NodeState`` are the only words for states: the backends
+produce them, ``state.json`` stores them (``store.py``), and ``ps``,
+``status``, ``logs``, ``down`` and the summary read them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+
+class RunState(str, Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def live(self) -> bool:
+        return self in (RunState.STARTING, RunState.RUNNING)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class NodeState(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # stopped by the controller because another node failed
+    LOST = "lost"  # the connection or the agent went away without a status
+    NOT_STARTED = "not-started"
+
+    @property
+    def failed(self) -> bool:
+        return self in (NodeState.FAILED, NodeState.LOST)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """How one node ended, and the worker failures its agent reported."""
+
+    node_rank: int
+    host: str
+    state: NodeState
+    exit_code: int | None
+    reason: str
+    ended_at: float | None  # time.time() when the controller saw it end
+    failures: tuple[dict, ...] = ()
+
+    @property
+    def first_failure_ts(self) -> float | None:
+        stamps = [f["timestamp"] for f in self.failures if f.get("timestamp")]
+        return min(stamps) if stamps else self.ended_at
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["state"] = self.state.value
+        out["failures"] = list(self.failures)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "NodeOutcome":
+        return cls(node_rank=int(data["node_rank"]), host=str(data["host"]),
+                   state=NodeState(data["state"]), exit_code=data.get("exit_code"),
+                   reason=str(data.get("reason", "")), ended_at=data.get("ended_at"),
+                   failures=tuple(data.get("failures") or ()))
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: str
+    state: RunState
+    wall_s: float
+    nodes: tuple[NodeOutcome, ...]
+    root_cause: NodeOutcome | None
+    result: dict | None
+
+    @property
+    def ok(self) -> bool:
+        return self.state is RunState.SUCCEEDED
+
+
+def gang_outcome(run_id: str, nodes: tuple[NodeOutcome, ...], wall_s: float, *,
+                 interrupted: bool) -> RunOutcome:
+    """The run's state and root cause from its nodes' outcomes.
+
+    The root cause is the earliest failure: by the first worker error's
+    timestamp where a node has one, else by when the node was seen to end.
+    """
+    failed = [o for o in nodes if o.state.failed]
+    root = min(failed, key=lambda o: (o.first_failure_ts or float("inf"), o.node_rank),
+               default=None)
+    if interrupted:
+        state = RunState.INTERRUPTED
+    elif root is not None or any(o.state is not NodeState.SUCCEEDED for o in nodes):
+        state = RunState.FAILED
+    else:
+        state = RunState.SUCCEEDED
+    return RunOutcome(run_id, state, wall_s, nodes, root, None)

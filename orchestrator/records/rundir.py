@@ -1,0 +1,69 @@
+"""The local run directory: the record of one launch on the controller.
+
+Layout of ``<runs-dir>/<run-id>/`` (created 0700)::
+
+    cluster.yaml     the cluster file as given
+    plan.json        the resolved plan (secret env values masked)
+    state.json       the run's state and each node's outcome (``store.py``)
+    node-<k>.log     everything node k printed
+    result.json      rank 0's result, fetched from node 0
+    bundle.tar.gz    the code shipped to every node
+    node-<k>/        node k's own run directory, for nodes on this machine
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from workloads.contract import write_json_atomic
+
+DEFAULT_RUNS_DIR = "runs"
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def new_run_id(name: str, now: float | None = None) -> str:
+    """``<name>-YYYYmmdd-HHMMSS-<4 hex>``: sortable, unique, safe in paths."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{name}-{stamp}-{os.urandom(2).hex()}"
+
+
+def valid_run_id(run_id: str) -> bool:
+    return bool(_RUN_ID_RE.match(run_id))
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: str
+
+    @classmethod
+    def create(cls, runs_dir: str, run_id: str) -> "RunDir":
+        path = os.path.abspath(os.path.join(runs_dir, run_id))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path, mode=0o700)  # fails if the id is already taken
+        os.chmod(path, 0o700)
+        return cls(path)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def node_log(self, node_rank: int) -> str:
+        return self.file(f"node-{node_rank}.log")
+
+    def write_text(self, name: str, text: str) -> None:
+        with open(self.file(name), "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+    def write_json(self, name: str, payload: Any) -> None:
+        write_json_atomic(self.file(name), payload)
+
+    def read_json(self, name: str) -> Any:
+        try:
+            with open(self.file(name), encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None

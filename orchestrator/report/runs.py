@@ -1,0 +1,62 @@
+"""Text for recorded runs: ``ps``, ``status``, ``down`` and ``check`` reports."""
+
+from __future__ import annotations
+
+import time
+
+from ..backends.base import CancelResult, Preflight, RunDescription
+from ..records.store import RunRecord
+from .table import format_table
+
+
+def render_ps(records: list[RunRecord]) -> str:
+    rows = [("RUN", "BACKEND", "STATE", "STARTED", "DURATION", "NODES", "EXIT CODES")]
+    for r in records:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else "-"
+        duration = f"{r.wall_s:.1f}s" if r.wall_s is not None else "-"
+        codes = ",".join("-" if c is None else str(c) for c in r.exit_codes) or "-"
+        rows.append((r.run_id, r.backend, r.state.value, started, duration,
+                     ",".join(r.hosts) or "-", codes))
+    return format_table(rows) + "\n"
+
+
+def render_status(record: RunRecord, described: RunDescription) -> str:
+    lines = [render_ps([record]).rstrip("\n")]
+    if described.detail:
+        lines.append(described.detail)
+    for outcome in described.nodes:
+        lines.append(f"  node {outcome.node_rank} ({outcome.host}): {outcome.state.value}, "
+                     f"exit {outcome.exit_code}: {outcome.reason}")
+    root = described.root_cause
+    if root:
+        lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
+    result = record.run.read_json("result.json")
+    if isinstance(result, dict):
+        lines.append(f"result: {record.run.file('result.json')}")
+        lines += [f"  {key} = {value}" for key, value in (result.get("metrics") or {}).items()]
+    lines.append(f"run directory: {record.run.path}")
+    return "\n".join(lines) + "\n"
+
+
+def render_down(record: RunRecord, stopped_controller: bool, nodes: list[CancelResult]) -> str:
+    lines = [f"run {record.run_id}:"]
+    if stopped_controller:
+        lines.append(f"  asked its controller (pid {record.controller_pid}) to stop")
+    for node in nodes:
+        if node.error:
+            lines.append(f"  node {node.node_rank} ({node.host}): could not check: {node.error}")
+        elif node.killed:
+            lines.append(f"  node {node.node_rank} ({node.host}): ended {len(node.killed)} "
+                         f"process(es): {' '.join(map(str, node.killed))}")
+        else:
+            lines.append(f"  node {node.node_rank} ({node.host}): nothing left running")
+    return "\n".join(lines) + "\n"
+
+
+def render_check(report: Preflight) -> str:
+    rows = [("NODE", "HOST", "CHECK", "STATUS", "DETAIL")]
+    rows += [(str(r.node_rank), r.host, r.check, "ok" if r.ok else "FAIL", r.detail)
+             for r in report.results]
+    verdict = "all checks passed" if report.ok else \
+        f"{sum(not r.ok for r in report.results)} check(s) failed"
+    return format_table(rows) + "\n" + verdict + "\n"

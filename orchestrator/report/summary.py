@@ -1,0 +1,44 @@
+"""The end-of-run summary: per-node status, wall time, root cause, key metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..records.outcome import RunOutcome
+from .table import format_table
+
+_KEY_METRICS = 8
+
+
+def render_summary(outcome: RunOutcome, run_path: str) -> str:
+    lines = ["", f"run {outcome.run_id}: {outcome.state.value.upper()} in {outcome.wall_s:.1f}s"]
+    rows = [("NODE", "HOST", "STATUS", "EXIT", "DETAIL")]
+    for node in outcome.nodes:
+        rows.append((str(node.node_rank), node.host, node.state,
+                     "-" if node.exit_code is None else str(node.exit_code), node.reason))
+    lines.append(format_table(rows, indent="  "))
+    root = outcome.root_cause
+    if root is not None:
+        lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
+    if outcome.result:
+        lines.append("result: " + _metrics_line(outcome.result))
+    lines.append(f"run directory: {run_path}")
+    return "\n".join(lines) + "\n"
+
+
+def _metrics_line(result: dict[str, Any]) -> str:
+    parts = [f"world_size={result.get('world_size', '?')}"]
+    metrics = result.get("metrics") or {}
+    for key, value in list(metrics.items())[:_KEY_METRICS]:
+        if isinstance(value, float):
+            parts.append(f"{key}={_number(value)}")
+        elif isinstance(value, (int, str)):
+            parts.append(f"{key}={value}")
+    timing = result.get("timing") or {}
+    if "samples_per_s" in timing:
+        parts.append(f"samples/s={_number(timing['samples_per_s'])}")
+    return " ".join(parts)
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"

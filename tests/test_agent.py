@@ -1,0 +1,117 @@
+"""The node agent over a real channel: bootstrap from memory, requests and
+replies, checked file transfer, and nothing left behind by a failed launch."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import sys
+
+import pytest
+
+from orchestrator.agent.procs import proc_table
+from orchestrator.agent.protocol import CONTROL_PREFIX
+from orchestrator.backends.agentlink import AgentHandle
+from orchestrator.config.loader import load_cluster_file
+from orchestrator.console import Console
+from orchestrator.controller.session import up
+from orchestrator.errors import LaunchError, TransportError
+from orchestrator.transport.local import LocalTransport
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture
+def agent():
+    handle = AgentHandle(LocalTransport(), sys.executable)
+    yield handle
+    handle.close()
+
+
+def test_the_agent_starts_from_memory_and_says_hello(agent):
+    assert agent.home == os.path.expanduser("~")
+    assert agent.hello["pid"] == agent.process.pid  # BOOT itself serves: no extra process
+    assert agent.hello["python"] == sys.executable
+
+
+def test_put_and_get_move_bytes_exactly_with_their_mode(agent, tmp_path):
+    data = bytes(range(256)) * 1000 + CONTROL_PREFIX + b"\n not a control line\n"
+    path = tmp_path / "deep" / "er" / "file.bin"
+    assert agent.put(data, str(path), mode=0o640) == str(path)
+    assert path.read_bytes() == data
+    assert (path.stat().st_mode & 0o777) == 0o640
+    assert (path.parent.stat().st_mode & 0o777) == 0o700
+    assert agent.get(str(path), 1 << 20) == data
+    assert agent.get(str(tmp_path / "missing"), 100) is None
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert agent.get(str(empty), 10) == b""
+
+
+def test_a_corrupted_upload_is_refused_and_not_written(agent, tmp_path):
+    path = tmp_path / "f"
+    reply = agent.call("put", b"abcd", path=str(path), size=4, sha256="0" * 64)
+    assert reply["ok"] is False and "corrupted" in reply["error"]
+    assert not path.exists() and os.listdir(tmp_path) == []
+    agent.put(b"still serving", str(path))  # the channel is still in step
+    assert path.read_bytes() == b"still serving"
+
+
+def test_get_refuses_symlinks_devices_and_oversized_files(agent, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("key")
+    (tmp_path / "link").symlink_to(secret)
+    with pytest.raises(TransportError, match="not fetched"):
+        agent.get(str(tmp_path / "link"), 100)
+    with pytest.raises(TransportError, match="not a regular file"):
+        agent.get("/dev/zero", 100)
+    with pytest.raises(TransportError, match="more than the 2 accepted"):
+        agent.get(str(secret), 2)
+
+
+def test_no_such_python_names_the_fix():
+    with pytest.raises(TransportError, match=r"cannot start '/no/such/python'") as err:
+        AgentHandle(LocalTransport(), "/no/such/python")
+    assert "set `python:`" in err.value.hint
+
+
+def test_eof_before_the_agent_arrives_exits_having_done_nothing():
+    from orchestrator.agent.bootstrap import command
+
+    handle = LocalTransport().start(command(sys.executable))
+    handle.close_stdin()
+    assert handle.wait(timeout=30) == 0
+    assert handle.stdout.read() == b""
+
+
+def _agents_of_this_process() -> list[int]:
+    found = []
+    for pid, ppid, _state in proc_table():  # zombies too: an agent must be reaped
+        if ppid != os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"ddp_orch_agent" in fh.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_launch_that_fails_before_starting_releases_its_agents(tmp_path):
+    busy = socket.socket()
+    busy.bind(("", 0))
+    busy.listen(1)
+    try:
+        cluster = tmp_path / "c.yaml"
+        cluster.write_text(f"master: {{port: {busy.getsockname()[1]}}}\n"
+                           "nodes:\n  - {host: localhost, procs: 1}\n"
+                           "  - {host: localhost, procs: 1}\n"
+                           "workload: {name: noop}\n")
+        with pytest.raises(LaunchError, match="already in use"):
+            up(load_cluster_file(str(cluster)), runs_dir=str(tmp_path / "runs"),
+               console=Console(stream=io.StringIO()))
+    finally:
+        busy.close()
+    assert _agents_of_this_process() == []

@@ -1,0 +1,372 @@
+"""The cluster file's JSON Schema (for editors) agrees with the loader.
+
+The loader is the authority; the schema must accept what it accepts and
+reject, on its own, every bad input whose fault is one value or one mapping
+(unknown keys, types, ranges, patterns, choices, required and exclusive
+keys). What it leaves to the loader is listed below with the reason.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import ROOT
+from orchestrator.config import loader
+from orchestrator.config.loader import load_cluster_text
+from orchestrator.config.schema import (GPU_ITEM_PATTERN, GPU_STRING_PATTERN, MASTER_KEYS,
+                                        WORKLOAD_KEYS, cluster_schema, index_regex)
+from orchestrator.config.spec import BACKENDS
+from orchestrator.errors import ConfigError
+from workloads.catalog import CATALOG
+
+SCHEMA_FILE = os.path.join(ROOT, "schema", "cluster.schema.json")
+EXAMPLE = os.path.join(ROOT, "cluster.yaml.example")
+CORPUS_DIR = os.path.join(ROOT, "tests", "bad_inputs")
+CORPUS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CORPUS_DIR, "*.yaml")))
+VALIDATOR = jsonschema.Draft202012Validator(cluster_schema())
+
+# Bad inputs that yaml.safe_load cannot turn into data at all, so there is
+# nothing for a schema to check (an editor reports these as YAML errors).
+UNLOADABLE = {
+    "01-yaml-unclosed-flow-list.yaml": "YAML syntax error",
+    "02-yaml-tab-indent.yaml": "YAML syntax error (tab)",
+    "03-yaml-bad-indent.yaml": "YAML syntax error (indentation)",
+    "11-non-string-key.yaml": "a list as a mapping key is unhashable",
+    "29-procs-5000-digits.yaml": "past Python's 4300-digit int conversion limit",
+    "54-name-impossible-date.yaml": "YAML reads a date that does not exist",
+    "55-unknown-tag.yaml": "unknown YAML tag",
+    "65-alias-undefined.yaml": "undefined YAML alias",
+    "67-alias-duplicate-anchor.yaml": "duplicate YAML anchor",
+    "69-two-documents.yaml": "two YAML documents",
+}
+
+# Bad inputs that load and are valid as far as the schema can tell: their
+# fault relates two fields, depends on the disk, or is in the YAML itself.
+# The loader alone rejects them (tests/test_bad_inputs.py).
+SEMANTIC_ONLY = {
+    "10-duplicate-key.yaml": "YAML: safe_load keeps the last of two equal keys",
+    "20-gpus-duplicate-string.yaml": "duplicate index inside a \"0, 1, 1\" string",
+    "26-gpus-overlap.yaml": "two nodes on one host share a GPU",
+    "40-identity-file-unreadable.yaml": "the key file is not readable (a directory)",
+    "45-device-cuda-with-procs.yaml": "device: cuda and a procs node (two fields)",
+    "46-localhost-with-remote.yaml": "localhost node 0 with remote nodes and no master.addr",
+    "61-workload-script-not-found.yaml": "the script file does not exist",
+    "62-workload-arg-unknown.yaml": "workload args are checked per workload by the loader",
+    "63-workload-arg-wrong-type.yaml": "workload args are checked per workload by the loader",
+    "64-workload-arg-wrong-choice.yaml": "workload args are checked per workload by the loader",
+    "66-alias-merge-key.yaml": "YAML: safe_load applies the << merge key the loader refuses",
+}
+SCHEMA_CHECKED = [name for name in CORPUS if name not in UNLOADABLE and name not in SEMANTIC_ONLY]
+
+REGENERATE = ".venv/bin/python -m orchestrator schema > schema/cluster.schema.json"
+
+
+def errors(doc) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message[:200]}"
+            for e in VALIDATOR.iter_errors(doc)]
+
+
+def load_text(text: str) -> None:
+    """The loader's verdict on ``text`` (raises ConfigError)."""
+    load_cluster_text(text, source="t.yaml", base_dir=ROOT)
+
+
+# the schema itself ----------------------------------------------------------
+
+
+def test_ddp_orch_schema_prints_the_checked_in_file_byte_for_byte():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "schema"], cwd=ROOT, env=env,
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    with open(SCHEMA_FILE, "rb") as fh:
+        checked_in = fh.read()
+    assert result.stdout == checked_in, (
+        f"schema/cluster.schema.json is out of date; regenerate it with `{REGENERATE}`")
+    assert checked_in == (json.dumps(cluster_schema(), indent=2) + "\n").encode()
+
+
+def test_the_schema_is_valid_draft_2020_12():
+    schema = cluster_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["$id"] and schema["title"]
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_the_example_names_the_schema_on_its_first_line():
+    with open(EXAMPLE, encoding="utf-8") as fh:
+        first = fh.readline()
+    assert first == "# yaml-language-server: $schema=./schema/cluster.schema.json\n"
+    assert os.path.isfile(os.path.join(ROOT, "schema", "cluster.schema.json"))
+
+
+def _levels(schema: dict) -> dict[str, dict]:
+    defs = schema["$defs"]
+    return {"top": schema, "master": defs["master"], "ssh": defs["ssh"], "node": defs["node"],
+            "workload": defs["workload"]}
+
+
+def test_every_mapping_level_is_closed_and_every_property_described():
+    schema = cluster_schema()
+    for level, sub in _levels(schema).items():
+        assert sub["type"] == "object" and sub["additionalProperties"] is False, level
+        for key, prop in sub["properties"].items():
+            target = prop
+            if "$ref" in prop:
+                target = schema["$defs"][prop["$ref"].rsplit("/", 1)[-1]]
+            assert target.get("description"), f"{level}.{key} has no description"
+
+
+def _loader_allowed_keys(text: str) -> list[str]:
+    """The keys the loader allows at one level, read off its unknown-key hint."""
+    with pytest.raises(ConfigError) as info:
+        load_text(text)
+    hint = info.value.hint
+    assert "unknown key 'zzzzzzzz'" in str(info.value) and hint.startswith("allowed keys: "), hint
+    return hint[len("allowed keys: "):].split(", ")
+
+
+NODE = "nodes:\n  - host: a\n    gpus: 0\n"
+WORKLOAD = "workload: {name: linear}\n"
+
+
+def test_property_names_per_level_equal_the_loaders_keys():
+    levels = {level: list(sub["properties"]) for level, sub in _levels(cluster_schema()).items()}
+    assert levels["top"] == list(loader.TOP_KEYS)
+    assert levels["node"] == list(loader.NODE_KEYS)
+    assert levels["ssh"] == list(loader.SSH_KEYS)
+    assert levels["master"] == list(MASTER_KEYS)
+    assert levels["workload"] == list(WORKLOAD_KEYS)
+    # the loader's own lists, as its error hints give them (master and workload
+    # have no constants; ssh also reads `password`, only to refuse it)
+    seen = {
+        "top": _loader_allowed_keys("zzzzzzzz: 1\n" + NODE + WORKLOAD),
+        "master": _loader_allowed_keys("master: {zzzzzzzz: 1}\n" + NODE + WORKLOAD),
+        "ssh": _loader_allowed_keys("ssh: {zzzzzzzz: 1}\n" + NODE + WORKLOAD),
+        "node": _loader_allowed_keys("nodes:\n  - {host: a, gpus: 0, zzzzzzzz: 1}\n" + WORKLOAD),
+        "workload": _loader_allowed_keys(NODE + "workload: {name: linear, zzzzzzzz: 1}\n"),
+    }
+    assert seen.pop("ssh") == levels.pop("ssh") + ["password"]
+    assert seen == levels
+
+
+def test_enums_come_from_spec_catalog_and_the_loader():
+    schema = cluster_schema()
+    top = schema["properties"]
+    assert top["backend"]["enum"] == list(BACKENDS)
+    assert schema["$defs"]["workload"]["properties"]["name"]["enum"] == list(CATALOG)
+    for field, enum in (("device", top["device"]["enum"]), ("backend", top["backend"]["enum"])):
+        with pytest.raises(ConfigError) as info:
+            load_text(f"{field}: zzzzzzzz\n" + NODE + WORKLOAD)
+        assert str(info.value).endswith("'zzzzzzzz' is not one of " + ", ".join(enum)), info.value
+
+
+def test_the_gpu_index_regex_is_exactly_0_to_max():
+    for top in (0, 1, 7, 9, 10, 19, 99, 100, 1010, loader.MAX_GPU_INDEX):
+        rx = re.compile(index_regex(top))
+        assert [n for n in range(top * 2 + 20) if rx.fullmatch(str(n))] == list(range(top + 1))
+        assert rx.fullmatch("00" + str(top)) and not rx.fullmatch("")
+    assert re.search(GPU_STRING_PATTERN, " 3, 4 ,5 ") and re.search(GPU_ITEM_PATTERN, "007")
+    for bad in ("", "3,,4", "1024", "-1", "a", "²", "1.5", "3,"):
+        assert not re.search(GPU_STRING_PATTERN, bad), bad
+
+
+# good files -------------------------------------------------------------------
+
+GOOD = {
+    "procs-nodes": """
+        nodes:
+          - {host: localhost, procs: 2}
+          - {host: localhost, procs: 1024}
+        workload: {name: noop}
+        """,
+    "gpus-list-and-string": """
+        nodes:
+          - host: 192.168.1.100
+            gpus: [0, 1, 1023]
+          - host: gpu-box
+            gpus: " 3, 4,5"
+          - host: "::1"
+            gpus: 7
+          - host: other-box
+            gpus: ["0", "02"]
+        workload: {name: linear}
+        """,
+    "script-workload-with-args": """
+        name: my.run_1
+        nodes:
+          - {host: localhost, procs: 1}
+        workload:
+          script: tests/conftest.py
+          args: {epochs: 2, lr: 0.5, amp: true, note: hi, layers: [1, 2], dry: null}
+        """,
+    "backend-local": """
+        backend: local
+        device: cpu
+        nodes:
+          - {host: localhost, gpus: "0,1"}
+        workload: {name: toy, args: {dataset: blobs}}
+        """,
+    "backend-ssh-per-node-ssh-and-env": """
+        name: 2024
+        backend: ssh
+        python: /opt/conda/bin/python
+        workdir: /scratch/ddp
+        ssh: {user: ubuntu, port: 2222, strict_host_keys: accept-new, connect_timeout: 600}
+        env: {NCCL_DEBUG: WARN, OMP_NUM_THREADS: 4, NCCL_P2P_DISABLE: true, EMPTY: ""}
+        nodes:
+          - host: a
+            gpus: 0
+            ssh: {user: root, port: 22, strict_host_keys: yes,
+                  identity_file: @ROOT@/pyproject.toml}
+            env: {NCCL_DEBUG: INFO}
+            python: python3
+          - host: b
+            procs: 1
+        workload: {name: mnist, args: {epochs: 1, amp: bf16}}
+        """,
+    "master-port-auto": """
+        master: {addr: 10.0.0.1, port: auto}
+        workdir: "~"
+        device: auto
+        nodes:
+          - {host: localhost, gpus: 0}
+          - {host: b, gpus: 0}
+        workload: {name: resnet}
+        """,
+    "master-port-number": """
+        master: {port: 65535}
+        nodes: [{host: a, gpus: 0}]
+        workload: {name: mlp}
+        """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOOD))
+def test_good_files_pass_schema_and_loader(name):
+    text = textwrap.dedent(GOOD[name]).replace("@ROOT@", ROOT)  # a readable "key" file
+    load_text(text)  # a good file is good for the loader first
+    assert errors(yaml.safe_load(text)) == []
+
+
+def test_the_example_passes_the_schema():
+    with open(EXAMPLE, encoding="utf-8") as fh:
+        assert errors(yaml.safe_load(fh)) == []
+
+
+# boundaries: the schema and the loader agree value by value -------------------------
+
+AGREEMENT = [
+    # (one changed line or key, both accept?)
+    ("nodes: [{host: a, procs: 1}]", True), ("nodes: [{host: a, procs: 0}]", False),
+    ("nodes: [{host: a, procs: 1024}]", True), ("nodes: [{host: a, procs: 1025}]", False),
+    ("nodes: [{host: a, procs: '2'}]", False), ("nodes: [{host: a, procs: true}]", False),
+    ("nodes: [{host: a, gpus: 1023}]", True), ("nodes: [{host: a, gpus: 1024}]", False),
+    ("nodes: [{host: a, gpus: '0,1023'}]", True), ("nodes: [{host: a, gpus: '0,1024'}]", False),
+    ("nodes: [{host: a, gpus: [1024]}]", False), ("nodes: [{host: a, gpus: [' 1']}]", False),
+    ("nodes: [{host: a, gpus: null}]", False), ("nodes: [{host: a}]", False),
+    ("nodes: [{host: 'a b', gpus: 0}]", False), ("nodes: [{host: 5, gpus: 0}]", False),
+    ("nodes: {host: a, gpus: 0}", False),
+    ("master: {port: 1}", True), ("master: {port: 0}", False), ("master: {port: AUTO}", False),
+    ("master: {addr: ''}", False), ("master: {addr: host.example}", True),
+    ("ssh: {port: 65535}", True), ("ssh: {port: 65536}", False),
+    ("ssh: {connect_timeout: 1}", True), ("ssh: {connect_timeout: 601}", False),
+    ("ssh: {strict_host_keys: 'yes'}", True), ("ssh: {strict_host_keys: true}", True),
+    ("ssh: {strict_host_keys: accept-new}", True), ("ssh: {strict_host_keys: 'no'}", False),
+    ("ssh: {user: '  '}", False), ("ssh: {identity_file: ~}", False),
+    ("ssh: {identity_file: ~/nonexistent-key}", False),  # unreadable: loader only
+    ("python: ''", False), ("python: [a]", False),
+    ("workdir: /", True), ("workdir: ~/x", True), ("workdir: ~x", False), ("workdir: x/", False),
+    ("env: {A_1: 1.5}", True), ("env: {_X: false}", True), ("env: {1X: a}", False),
+    ("env: {X: null}", False), ("env: {X: [1]}", False), ("env: {WORLD_SIZE: '2'}", False),
+    ("env: {DDP_ORCH_: a}", False), ("env: {DDP_ORCHESTRA: a}", True),
+    ("name: a" + "b" * 63, True), ("name: a" + "b" * 64, False), ("name: -x", False),
+    ("name: 7", True), ("name: true", False), ("name: x y", False),
+    ("device: cuda", True), ("device: CPU", False), ("backend: slurm", False),
+    ("workload: {name: linear, args: {epochs: 3}}", True),
+    ("workload: {script: tests/conftest.py, args: {x: {y: 1}}}", False),
+    ("workload: {script: tests/conftest.py, args: {x: [[1]]}}", False),
+    ("workload: {script: ' '}", False), ("workload: {name: 3}", False),
+    ("workload: {}", False), ("workload: linear", False),
+]
+
+
+def _agreement_doc(line: str) -> str:
+    key = line.split(":", 1)[0]
+    base = {"nodes": "nodes: [{host: a, gpus: 0}]", "workload": "workload: {name: linear}"}
+    base[key] = line
+    return "\n".join(base.values()) + "\n"
+
+
+@pytest.mark.parametrize("line, ok", AGREEMENT, ids=[line for line, _ in AGREEMENT])
+def test_schema_and_loader_agree_at_the_edges(line, ok):
+    text = _agreement_doc(line)
+    found = errors(yaml.safe_load(text))
+    if ok:
+        load_text(text)
+        assert found == []
+    else:
+        with pytest.raises(ConfigError):
+            load_text(text)
+        if "nonexistent-key" not in line:  # the schema cannot know what is on disk
+            assert found, f"the schema accepts {line!r}; the loader does not"
+
+
+# the bad-input corpus ------------------------------------------------------------
+
+
+def test_the_classified_corpus_files_exist():
+    assert len(CORPUS) >= 69
+    listed = set(UNLOADABLE) | set(SEMANTIC_ONLY)
+    assert not set(UNLOADABLE) & set(SEMANTIC_ONLY)
+    missing = sorted(listed - set(CORPUS))
+    assert not missing, f"listed in test_schema.py but not in tests/bad_inputs: {missing}"
+    assert len(SCHEMA_CHECKED) >= 45
+
+
+@pytest.mark.parametrize("name", sorted(UNLOADABLE))
+def test_unloadable_corpus_files_do_not_load(name):
+    with open(os.path.join(CORPUS_DIR, name), encoding="utf-8") as fh:
+        with pytest.raises((yaml.YAMLError, ValueError)):
+            yaml.safe_load(fh)
+
+
+@pytest.mark.parametrize("name", sorted(SEMANTIC_ONLY))
+def test_semantic_only_corpus_files_pass_the_schema(name):
+    # if one starts failing, the schema learnt to catch it: move it to SCHEMA_CHECKED
+    with open(os.path.join(CORPUS_DIR, name), encoding="utf-8") as fh:
+        assert errors(yaml.safe_load(fh)) == [], f"{name}: {SEMANTIC_ONLY[name]}"
+
+
+def _loader_path(name: str) -> list:
+    """The file's ``# expect-path:`` as JSON path parts: nodes[1].gpus → [nodes, 1, gpus]."""
+    with open(os.path.join(CORPUS_DIR, name), encoding="utf-8") as fh:
+        path = next(line for line in fh if line.startswith("# expect-path:")).split(":", 1)[1]
+    path = path.strip()
+    if path == "(none)":
+        return []
+    return [int(part[1:-1]) if part.startswith("[") else part
+            for part in re.findall(r"\[\d+\]|[^.\[\]]+", path)]
+
+
+@pytest.mark.parametrize("name", SCHEMA_CHECKED)
+def test_schema_rejects_the_bad_input_where_the_loader_does(name):
+    with open(os.path.join(CORPUS_DIR, name), encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+    found = list(VALIDATOR.iter_errors(doc))
+    assert found, f"{name} passes the schema but the loader rejects it"
+    # at the loader's field, or at the mapping holding it (an unknown key, a
+    # missing one, a reserved env name is the mapping's error in a schema)
+    want = _loader_path(name)
+    paths = [list(error.absolute_path) for error in found]
+    assert any(want[:len(path)] == path for path in paths), (want, errors(doc))
