@@ -22,12 +22,16 @@ from .yamlsrc import Located, closest_hint, line_at, parse, shown
 TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "nodes", "workload")
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
 SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeout")
+MASTER_KEYS = ("addr", "port")
+WORKLOAD_KEYS = ("name", "script", "args")
+DEVICES = ("auto", "cuda", "cpu")
+MAX_CONNECT_TIMEOUT = 600
 MAX_GPU_INDEX = 1023
 MAX_PROCS = 1024
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HOST_RE = re.compile(r"^[A-Za-z0-9_.:%\[\]-]+$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOST_RE = re.compile(r"^[A-Za-z0-9_.:%\[\]-]+$")
 _DIGITS_RE = re.compile(r"^[0-9]+$")  # ASCII only: "²".isdigit() is True, int("²") fails
 # Set by torchrun or by ddp-orch itself; a user value would be silently wrong.
 RESERVED_ENV = frozenset({
@@ -78,7 +82,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
                          hint="add `workload: {name: linear}` (see `ddp-orch workloads`)")
     workload = _workload(top["workload"], base_dir)
     master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
-    device = _choice(top["device"], ("auto", "cuda", "cpu")) if "device" in top else "auto"
+    device = _choice(top["device"], DEVICES) if "device" in top else "auto"
     backend = _choice(top["backend"], BACKENDS) if "backend" in top else \
         default_backend([node.host for node in nodes])
     spec = ClusterSpec(
@@ -97,7 +101,7 @@ def _run_name(field: Located) -> str:
         raise field.error(f"expected a run name, got {field.describe()}",
                           hint="use letters, digits, '.', '_' or '-' (at most 64)")
     name = str(value)
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise field.error(f"{name!r} is not usable in a run id",
                           hint="use letters, digits, '.', '_' or '-' (at most 64)")
     return name
@@ -121,7 +125,7 @@ def _port(field: Located) -> int:
 
 
 def _master(field: Located) -> tuple[str | None, int | str]:
-    entries = field.mapping(("addr", "port"))
+    entries = field.mapping(MASTER_KEYS)
     addr = _host(entries["addr"]) if "addr" in entries else None
     port: int | str = AUTO_PORT
     if "port" in entries:
@@ -131,7 +135,7 @@ def _master(field: Located) -> tuple[str | None, int | str]:
 
 def _host(field: Located) -> str:
     host = field.string()
-    if not _HOST_RE.match(host):
+    if not HOST_RE.match(host):
         raise field.error(f"{host!r} is not a host name or address")
     return host
 
@@ -155,7 +159,7 @@ def _workdir(field: Located) -> str:
 def _env(field: Located, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(base or {})
     for name, value_field in field.mapping(None).items():
-        if not _ENV_RE.match(name):
+        if not ENV_NAME_RE.match(name):
             raise value_field.error("not a valid environment variable name")
         if name in RESERVED_ENV or name.startswith("DDP_ORCH_"):
             hint = "set GPUs with `gpus:`" if name == "CUDA_VISIBLE_DEVICES" else \
@@ -184,7 +188,7 @@ def _ssh(field: Located, base: SshSpec) -> SshSpec:
     if "strict_host_keys" in entries:
         values["strict_host_keys"] = _strict(entries["strict_host_keys"])
     if "connect_timeout" in entries:
-        values["connect_timeout"] = float(entries["connect_timeout"].integer(1, 600))
+        values["connect_timeout"] = float(entries["connect_timeout"].integer(1, MAX_CONNECT_TIMEOUT))
     return SshSpec(**{**base.__dict__, **values})
 
 
@@ -303,7 +307,7 @@ def _gpu_field(item: Located) -> Located:
 
 
 def _workload(field: Located, base_dir: str) -> WorkloadSpec:
-    entries = field.mapping(("name", "script", "args"))
+    entries = field.mapping(WORKLOAD_KEYS)
     if ("name" in entries) == ("script" in entries):
         raise field.error("give exactly one of 'name' (a built-in workload) or 'script' (your file)",
                           hint="built-in workloads: " + ", ".join(CATALOG))

@@ -24,18 +24,13 @@ from typing import Any, Iterable, Mapping
 
 from workloads.catalog import CATALOG
 
-from .loader import (_ENV_RE, _HOST_RE, _NAME_RE, MAX_GPU_INDEX, MAX_PROCS, NODE_KEYS,
-                     RESERVED_ENV, SSH_KEYS, TOP_KEYS)
+from .loader import (DEVICES, ENV_NAME_RE, HOST_RE, MASTER_KEYS, MAX_CONNECT_TIMEOUT,
+                     MAX_GPU_INDEX, MAX_PROCS, NAME_RE, NODE_KEYS, RESERVED_ENV, SSH_KEYS,
+                     TOP_KEYS, WORKLOAD_KEYS)
 from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:ddp-orch:schema:cluster"
-# The loader spells these inline (``_master``, ``_workload``, ``load_cluster_text``,
-# ``_ssh``); tests/test_schema.py checks them against its error messages.
-MASTER_KEYS = ("addr", "port")
-WORKLOAD_KEYS = ("name", "script", "args")
-DEVICES = ("auto", "cuda", "cpu")
-MAX_CONNECT_TIMEOUT = 600
 
 _NON_BLANK = r"\S"  # loader's Located.string(): a string with something besides spaces
 _SCALAR = {"type": ["string", "number", "boolean", "null"]}
@@ -114,7 +109,7 @@ def _env() -> dict[str, Any]:
                        "set (RANK, MASTER_ADDR, CUDA_VISIBLE_DEVICES, DDP_ORCH_*, ...) cannot "
                        "be set here.",
         "propertyNames": {
-            "pattern": _ENV_RE.pattern,
+            "pattern": ENV_NAME_RE.pattern,
             "not": {"anyOf": [{"enum": sorted(RESERVED_ENV)}, {"pattern": "^DDP_ORCH_"}]},
         },
         "additionalProperties": {
@@ -152,7 +147,7 @@ def _gpus() -> dict[str, Any]:
 
 def _node() -> dict[str, Any]:
     return _mapping(NODE_KEYS, {
-        "host": {"type": "string", "pattern": _HOST_RE.pattern,
+        "host": {"type": "string", "pattern": HOST_RE.pattern,
                  "description": "Host name (or ~/.ssh/config alias) or address; localhost runs "
                                 "the node on this machine."},
         "gpus": _gpus(),
@@ -170,7 +165,7 @@ def _node() -> dict[str, Any]:
 
 def _master() -> dict[str, Any]:
     return _mapping(MASTER_KEYS, {
-        "addr": {"type": "string", "pattern": _HOST_RE.pattern,
+        "addr": {"type": "string", "pattern": HOST_RE.pattern,
                  "description": "Address the other nodes reach global rank 0 at; default: the "
                                 "first node's host (its HostName in ~/.ssh/config)."},
         "port": {
@@ -207,7 +202,7 @@ def _workload() -> dict[str, Any]:
 def cluster_schema() -> dict[str, Any]:
     """The JSON Schema of a cluster file (a fresh dict on every call)."""
     top = _keyed(TOP_KEYS, {
-        "name": {"type": ["string", "number"], "pattern": _NAME_RE.pattern,
+        "name": {"type": ["string", "number"], "pattern": NAME_RE.pattern,
                  "description": "Run name, used in run ids (letters, digits, '.', '_' or '-'; "
                                 "at most 64); default: the workload's name."},
         "master": {"$ref": "#/$defs/master"},
