@@ -13,6 +13,12 @@ import threading
 from typing import TextIO
 
 VIEWS = ("all", "rank0", "quiet")
+# Control characters from a node are shown, not obeyed: an escape sequence in
+# a worker's output must not move the cursor, retitle or reprogram the
+# terminal. Tab and newline pass; everything else in C0, DEL and C1 becomes
+# visible text like ``\x1b``. The logs on disk keep the bytes as they came.
+_VISIBLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))
+            if c not in (0x09, 0x0a)}
 
 
 class Console:
@@ -33,7 +39,8 @@ class Console:
             lines = [line for line in lines if line.startswith("[rank0]:")]
         if lines:
             head = f"[node{node_rank} {host}] "
-            self._write("".join(f"{head}{line.rstrip()}\n" for line in lines))
+            self._write("".join(f"{head}{line.rstrip().translate(_VISIBLE)}\n"
+                                for line in lines))
 
     def info(self, message: str) -> None:
         if self.view != "quiet":

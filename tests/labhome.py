@@ -13,15 +13,20 @@ from sshlab import SshLab
 
 
 def lab_home(lab: SshLab, root, *, omit_known: tuple = ()) -> dict[str, str]:
-    """Write ``root/home/.ssh/{config,known_hosts}``; return env for ``run_cli``."""
-    ssh_dir = root / "home" / ".ssh"
+    """Write ``<root>-home/.ssh/{config,known_hosts}``; return env for ``run_cli``.
+
+    The home lies beside ``root``, not in it: ``root`` holds the test's
+    scripts, and a script directory that contains the home directory is
+    refused (it would upload the keys in it)."""
+    home = root.parent / f"{root.name}-home"
+    ssh_dir = home / ".ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     known = lab.write_known_hosts(str(ssh_dir / "known_hosts"), omit=omit_known)
     with open(lab.ssh_config, encoding="utf-8") as fh:
         config = fh.read().replace(lab.known_hosts, known)
     (ssh_dir / "config").write_text(config)
     os.chmod(ssh_dir, 0o700)
-    return {"HOME": str(root / "home")}
+    return {"HOME": str(home)}
 
 
 def lab_cluster(lab: SshLab, root, nodes: list[str], workload: str, *, extra: str = "",

@@ -95,6 +95,27 @@ def test_ssh_connection_to_node1_drops(ssh_lab, tmp_path):
     assert wait_gone("drop", 20) == set()  # node 1's supervisor saw EOF and cleaned up
 
 
+def supervisor_pid(tmp_path, run_id: str, node_rank: int) -> int:
+    state = tmp_path / "remote" / "runs" / run_id / f"node-{node_rank}" / "supervisor.json"
+    return json.loads(state.read_text())["supervisor_pid"]
+
+
+def test_supervisor_sigkilled_on_node1_leaves_nothing_within_30s(ssh_lab, tmp_path):
+    """Nothing of the supervisor runs to tear down: its guardian does, on node
+    1, and the controller sees the agent vanish and stops node 0."""
+    env, cluster = setup_run(ssh_lab, tmp_path, "sup9")
+    proc = start_up(cluster, env, tmp_path, "sup9")
+    wait_training(proc)
+    killed_at = time.monotonic()
+    os.kill(supervisor_pid(tmp_path, "sup9", 1), signal.SIGKILL)
+    out = finish(proc)
+    assert proc.returncode == 1, out
+    assert "root cause: node 1 (node1): the node agent ended without reporting " \
+           "(killed by signal 9)" in out
+    assert wait_gone("sup9", 30 - (time.monotonic() - killed_at)) == set()
+    assert "leftover process" in (tmp_path / "runs" / "sup9" / "node-1.log").read_text()
+
+
 def test_controller_sigkilled_nodes_clean_themselves_up(ssh_lab, tmp_path):
     env, cluster = setup_run(ssh_lab, tmp_path, "ctl9")
     proc = start_up(cluster, env, tmp_path, "ctl9")

@@ -57,7 +57,8 @@ def test_a_failing_rank_stops_every_node_and_is_named(tmp_path):
     assert "injected failure on rank 2" in result.stdout
     state = json.loads((tmp_path / "runs" / "failrun" / "state.json").read_text())
     assert state["state"] == "failed"
-    assert {o["node_rank"]: o["state"] for o in state["outcomes"]}[0] in ("stopped", "failed")
+    # Rank 0 only sleeps: it did not fail, the controller stopped it.
+    assert {o["node_rank"]: o["state"] for o in state["outcomes"]}[0] == "stopped"
     assert wait_gone("failrun", 10) == set()
 
 
@@ -87,3 +88,28 @@ def test_secret_values_are_masked_in_logs_output_and_stored_plan(tmp_path):
     for name in ("node-0.log", "plan.json", "state.json", "cluster.yaml"):
         assert "hf_s3cr3t_value" not in (run / name).read_text()
     assert "token is ********" in (run / "node-0.log").read_text()
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_the_originating_rank_is_the_root_cause_not_its_cascade(tmp_path, how):
+    """Rank 2 (node 1) crashes; ranks 0-1 (node 0) then fail inside all_reduce
+    on their own. Both nodes failed, and node 1 is the root cause."""
+    shutil.copy(os.path.join(ROOT, "tests", "programs", "collective_crash.py"), tmp_path)
+    cluster = tmp_path / "cascade.yaml"
+    cluster.write_text("nodes:\n  - {host: localhost, procs: 2}\n  - {host: localhost, procs: 1}\n"
+                       "workload:\n  script: collective_crash.py\n"
+                       f"  args: {{rank: 2, how: {how}}}\n")
+    run_id = f"cascade-{how}"
+    result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"),
+                     "--run-id", run_id, "--grace", "3", timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    state = json.loads((tmp_path / "runs" / run_id / "state.json").read_text())
+    states = {o["node_rank"]: o["state"] for o in state["outcomes"]}
+    assert states[1] == "failed"
+    assert states[0] == "failed", state["outcomes"][0]  # its own failure, not "stopped"
+    assert state["root_cause"]["node_rank"] == 1, state["root_cause"]
+    root_line = next(l for l in result.stdout.splitlines() if l.startswith("root cause:"))
+    assert root_line.startswith("root cause: node 1 (localhost): ")
+    expected = "planned crash on rank 2" if how == "raise" else "SIGKILL"
+    assert expected in root_line, root_line
+    assert wait_gone(run_id, 10) == set()

@@ -81,6 +81,9 @@ class FakeAgent:
     def supervise(self, spec):
         pass
 
+    def unread(self, data):
+        self.left = data
+
     def read_chunk(self, size):
         return self.data.read(7)  # tiny reads: framing must not depend on chunking
 
@@ -99,3 +102,41 @@ def test_a_malformed_control_line_is_logged_and_the_relay_goes_on(tmp_path):
     assert log.count("ignored a malformed control line") == 2 and "worker line" in log
     assert outcome.state is NodeState.FAILED and "RuntimeError: x" in outcome.reason
     assert json.dumps(EXIT) not in out.getvalue()
+
+
+class LyingProcess:
+    """A node whose agent says hello, then announces far more than asked."""
+
+    def __init__(self):
+        self.data = io.BytesIO(
+            encode({"event": "hello", "home": "/h", "pid": 1, "python": "p"})
+            + encode({"event": "reply", "ok": True, "size": 50 << 20}) + b"x" * 1000)
+        self.aborted = False
+
+    def send(self, data):
+        pass
+
+    def read_chunk(self, size):
+        return self.data.read(size)
+
+    def abort(self):
+        self.aborted = True
+
+
+class LyingTransport:
+    host = "evil"
+
+    def start(self, argv, **kwargs):
+        self.process = LyingProcess()
+        return self.process
+
+
+def test_a_node_announcing_more_than_asked_is_cut_off_unread():
+    from orchestrator.backends.agentlink import AgentHandle
+    from orchestrator.errors import TransportError
+
+    transport = LyingTransport()
+    agent = AgentHandle(transport, "python3")
+    with pytest.raises(TransportError, match="more than the 100 asked for"):
+        agent.get("/r/result.json", 100)
+    assert transport.process.aborted

@@ -99,3 +99,9 @@ def test_a_partial_line_that_stays_partial_is_shown_anyway(tmp_path, monkeypatch
     (attempt / "0" / "stderr.log").write_bytes(b" 10%|#   |\r 20%|##  |")
     logs = workerlogs.WorkerLogs(str(tmp_path), "run-1", first_rank=0, nproc=1)
     assert logs.read() == b"[rank0]:  10%|#   |\r 20%|##  |\n"
+
+
+def test_escape_sequences_from_a_node_are_shown_not_obeyed():
+    out = io.StringIO()
+    Console("all", out).node_lines(0, "h", "[rank0]: \x1b[2J\x1b]0;owned\x07 \x9b6n done\tok\n")
+    assert out.getvalue() == "[node0 h] [rank0]: \\x1b[2J\\x1b]0;owned\\x07 \\x9b6n done\tok\n"

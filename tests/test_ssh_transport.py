@@ -265,6 +265,107 @@ def test_changed_host_key_is_refused_even_with_accept_new(ssh_lab):
     assert open(wrong).read() == before
 
 
+def _hashed_known_hosts_line(tmp_path, line):
+    """``line`` with its host name hashed by OpenSSH's own ``ssh-keygen -H``."""
+    plain = tmp_path / "to_hash"
+    plain.write_text(line + "\n")
+    subprocess.run(["ssh-keygen", "-H", "-f", str(plain)], check=True, capture_output=True)
+    hashed = plain.read_text().strip()
+    assert hashed.startswith("|1|"), hashed
+    return hashed
+
+
+@live
+@pytest.mark.parametrize("hashed", [False, True], ids=["plain-name", "hashed-name"])
+def test_revoked_host_key_is_refused_even_with_accept_new(ssh_lab, tmp_path, hashed):
+    """paramiko skips @revoked lines: without our own check the host would look
+    unknown, and accept-new would record (trust) the revoked key."""
+    host = ssh_lab.hosts[0]
+    line = _hashed_known_hosts_line(tmp_path, host.known_hosts_line) if hashed \
+        else host.known_hosts_line
+    known = tmp_path / "known_hosts"
+    known.write_text("# retired after the breach\n@revoked " + line + " old key\n")
+    before = known.read_text()
+    for mode in ("accept-new", "yes"):
+        with pytest.raises(TransportError) as caught:
+            _transport(ssh_lab, known_hosts=str(known), strict_host_keys=mode).run(["true"])
+        text = str(caught.value)
+        assert "REVOKED" in text and f"{known}:2" in text and host.known_hosts_name in text
+        assert "must be replaced" in caught.value.hint
+    assert known.read_text() == before  # not appended as a new key
+    # OpenSSH agrees that this host must be refused
+    refused = subprocess.run([
+        "ssh", "-F", ssh_lab.ssh_config, "-o", f"UserKnownHostsFile={known}",
+        "-o", "StrictHostKeyChecking=accept-new", host.alias, "true"],
+        capture_output=True, text=True, timeout=30)
+    assert refused.returncode != 0 and "REVOKED" in refused.stderr
+
+
+@live
+def test_a_revoked_key_of_another_host_or_another_key_does_not_block(ssh_lab, tmp_path):
+    host, other = ssh_lab.hosts[0], ssh_lab.hosts[1]
+    known = tmp_path / "known_hosts"
+    # host 1's key revoked for host 0's name (not the key host 0 offers), and host 0's
+    # key revoked only under another name: neither is about this host's key
+    known.write_text(f"@revoked {host.known_hosts_name} {other.host_public_key}\n"
+                     f"@revoked {other.known_hosts_name},*.example {host.host_public_key}\n"
+                     f"@revoked *,!{host.known_hosts_name} {host.host_public_key}\n"
+                     + host.known_hosts_line + "\n")
+    with _transport(ssh_lab, known_hosts=str(known)) as transport:
+        assert transport.run(["true"]).ok
+
+
+@pytest.mark.parametrize("patterns, name, expected", [
+    ("[10.0.0.1]:2222", "[10.0.0.1]:2222", True),   # brackets are literal, not a class
+    ("[10.0.0.1]:2222", "1", False),
+    ("[10.0.0.1]:2222", "[10.0.0.1]:22", False),
+    ("10.0.0.1", "[10.0.0.1]:2222", False),           # a port-22 entry is not any port
+    ("*", "[10.0.0.1]:2222", True),
+    ("[10.0.0.1]:*", "[10.0.0.1]:2222", True),
+    ("web?.example.com", "web1.example.com", True),
+    ("web?.example.com", "web10.example.com", False),
+    ("a.example.com,b.example.com", "b.example.com", True),
+    ("WEB.Example.COM", "web.example.com", True),     # case-insensitive
+    ("web.example.com", "WEB.EXAMPLE.COM", True),
+    ("*.example.com,!bad.example.com", "bad.example.com", False),  # negation vetoes
+    ("!bad.example.com,*.example.com", "bad.example.com", False),  # in any position
+    ("*.example.com,!bad.example.com", "good.example.com", True),
+    ("!bad.example.com", "good.example.com", False),  # negation alone matches nothing
+    ("", "host", False),
+    ("a,,b", "b", True),
+])
+def test_known_hosts_pattern_matching(patterns, name, expected):
+    from orchestrator.transport.sshauth import host_pattern_matches
+    assert host_pattern_matches(patterns, name) is expected
+
+
+def test_hashed_known_hosts_names_match_only_their_host():
+    from orchestrator.transport.sshauth import host_pattern_matches
+    hashed = paramiko.HostKeys.hash_host("[10.0.0.1]:2222")
+    assert host_pattern_matches(hashed, "[10.0.0.1]:2222")
+    assert host_pattern_matches(hashed, "[10.0.0.1]:2222".upper())
+    assert not host_pattern_matches(hashed, "[10.0.0.1]:2223")
+    for broken in ("|1|", "|1|notbase64!|x", "|1|c2hvcnQ=|x", "|2|abc|def"):
+        assert not host_pattern_matches(broken, "[10.0.0.1]:2222")
+
+
+def test_revoked_entry_reads_only_revoked_lines_for_the_offered_key(tmp_path):
+    from orchestrator.transport.sshauth import revoked_entry
+    key = paramiko.RSAKey.generate(1024)
+    other = paramiko.RSAKey.generate(1024)
+    first, second = tmp_path / "kh1", tmp_path / "kh2"
+    first.write_text(f"host {key.get_name()} {key.get_base64()}\n"       # plain: trusted
+                     f"@cert-authority host {key.get_name()} {key.get_base64()}\n"
+                     f"@revoked host {other.get_name()} {other.get_base64()}\n"
+                     "@revoked host ssh-ed25519 !!!notbase64\n@revoked\n")
+    second.write_bytes(b"\xff\xfe junk\n  @revoked other,host " +
+                       f"{key.get_name()} {key.get_base64()} comment here\n".encode())
+    paths = [str(tmp_path / "missing"), str(tmp_path), str(first), str(second)]
+    assert revoked_entry(paths, "host", key) == (str(second), 2)
+    assert revoked_entry(paths[:3], "host", key) is None
+    assert revoked_entry(paths, "elsewhere", key) is None
+
+
 # -- failures to connect ----------------------------------------------------
 
 @live

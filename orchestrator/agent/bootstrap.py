@@ -25,7 +25,7 @@ from .protocol import digest
 
 PACKAGE = "ddp_orch_agent"
 
-BOOT = r"""import hashlib, importlib.abc, importlib.util, json, linecache, os, sys, zlib
+BOOT = r"""import hashlib, importlib.machinery, json, linecache, os, sys, zlib
 def take(n):
     data = b""
     while len(data) < n:
@@ -42,10 +42,14 @@ blob = take(head["size"])
 if hashlib.sha256(blob).hexdigest() != head["sha256"]:
     sys.exit("ddp-orch: the agent arrived corrupted (checksum mismatch)")
 SOURCES = json.loads(zlib.decompress(blob))
-class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class Finder:
     def find_spec(self, name, path=None, target=None):
         if name in SOURCES:
-            return importlib.util.spec_from_loader(name, self, is_package="." not in name)
+            return importlib.machinery.ModuleSpec(name, self, is_package="." not in name)
+    def create_module(self, spec):
+        return None
+    def get_source(self, name):
+        return SOURCES[name]
     def exec_module(self, module):
         name = "<ddp-orch agent>/" + module.__name__.replace(".", "/") + ".py"
         source = SOURCES[module.__name__]

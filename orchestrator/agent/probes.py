@@ -7,11 +7,8 @@ stdlib-only, and a torch that crashes on import cannot take it down.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 
@@ -37,6 +34,10 @@ def bind(port: int) -> dict:
 
 def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
     """This Python, its torch, and (when asked) the GPUs nvidia-smi lists."""
+    import json
+    import shutil
+    import subprocess  # here: only `check` probes, a launch does not pay for them
+
     out: dict = {"ok": True, "python": sys.executable,
                  "python_version": sys.version.split()[0]}
     try:

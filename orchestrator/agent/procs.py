@@ -10,7 +10,6 @@ node next to ``supervisor.py``.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import threading
@@ -76,6 +75,8 @@ def connected_to(pid: int, port: int) -> bool:
 def become_subreaper() -> None:
     """Orphaned descendants re-parent to us instead of init (Linux only)."""
     try:
+        import ctypes  # here: its import is a good part of the agent's start
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):

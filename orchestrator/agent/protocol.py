@@ -24,9 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterator
 
 CONTROL_PREFIX = b"::ddp-orch:: "
+# The exit event's reason when torchrun ended before any stop request: the
+# node's own outcome, which no later stop may relabel as "stopped".
+ENDED_ON_ITS_OWN = "torchrun exited"
 MAX_CONTROL_LINE = 1 << 20  # a longer control line is a broken or hostile node
 MAX_TRANSFER = 1 << 30  # no single put/get is larger (bundles are capped far below)
 
@@ -86,6 +88,9 @@ def validate(message: Any) -> dict[str, Any]:
                 raise ProtocolError(f"exit message: bad failure record {str(failure)[:200]}")
         if not all(isinstance(line, str) for line in message["last_lines"]):
             raise ProtocolError("exit message: last_lines must be strings")
+        stopped = message.get("stopped_at")
+        if stopped is not None and (not isinstance(stopped, _NUM) or isinstance(stopped, bool)):
+            raise ProtocolError("exit message: stopped_at must be a time or null")
     return message
 
 

@@ -15,7 +15,9 @@ requests (``protocol.request``) one at a time until stdin closes:
 =============  ==============================================================
 
 EOF before ``supervise`` means the controller is done with this node, or
-gave up on the launch: the agent exits having started nothing.
+gave up on the launch: the agent exits having started nothing. After the
+supervisor's exit event, the controller sends ``done`` and may then ``get``
+files over the same channel; the agent exits with torchrun's code at EOF.
 """
 
 from __future__ import annotations
@@ -63,11 +65,28 @@ def serve() -> int:
         if op == "supervise":
             from .supervisor import Supervisor
 
-            return Supervisor(request["spec"], stdin).run()
+            supervisor = Supervisor(request["spec"], stdin)
+            code = supervisor.run()
+            supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
+            _serve_after(stdin)
+            return code
         try:
             _answer(op, request, stdin)
         except (files.TransferError, ProtocolError, OSError, KeyError, TypeError,
                 ValueError) as exc:
+            reply(ok=False, error=str(exc) or type(exc).__name__)
+
+
+def _serve_after(stdin: Reader) -> None:
+    """After the run: answer ``get`` (rank 0's result, error files) on the
+    same channel until stdin closes, so nothing needs a second connection."""
+    while line := stdin.readline():
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict) or request.get("op") != "get":
+                raise ValueError("after a run only `get` is served")
+            _answer("get", request, stdin)
+        except (files.TransferError, OSError, KeyError, TypeError, ValueError) as exc:
             reply(ok=False, error=str(exc) or type(exc).__name__)
 
 

@@ -26,10 +26,8 @@ files.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 import select
 import signal
 import subprocess
@@ -37,8 +35,8 @@ import sys
 import threading
 import time
 
-from . import procs
-from .protocol import LineBuffer, Reader, encode
+from . import failures, guardian, procs
+from .protocol import ENDED_ON_ITS_OWN, LineBuffer, Reader, encode
 from .workerlogs import WorkerLogs
 
 STATE_FILE = "supervisor.json"
@@ -56,6 +54,8 @@ class Supervisor:
         self.grace_s = float(spec.get("grace_s", 10.0))
         self.stop_reason = ""
         self.stop_requested = False
+        self.stopped_at: float | None = None  # when a stop was asked for, if ever
+        self.guardian = None  # guardian.start(): ends the run if we die first
         self.hurry = threading.Event()  # skip the grace period: SIGKILL now
         self.out = sys.stdout.buffer
         self.out_lock = threading.Lock()
@@ -72,9 +72,11 @@ class Supervisor:
         if self.spec.get("bundle"):
             _extract(self.spec["bundle"], self.run_dir)
         procs.become_subreaper()
+        self.guardian = guardian.start(self.marker, self.grace_s)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, _f: self.request_stop(f"got {signal.Signals(signum).name}"))
-        threading.Thread(target=self.watch_stdin, daemon=True).start()
+        self.watcher = threading.Thread(target=self.watch_stdin, daemon=True)
+        self.watcher.start()
         env = {k: v for k, v in os.environ.items() if k not in self.spec["unset_env"]}
         env.update(self.spec["env"])
         started = time.time()
@@ -93,26 +95,31 @@ class Supervisor:
             code = self.teardown(child.pid)
             reason = self.stop_reason
         else:
-            reason = "torchrun exited"
+            reason = ENDED_ON_ITS_OWN
             self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
+        guardian.release(self.guardian)  # the run is torn down: nothing left to guard
         self.workers_done.set()  # every worker is gone: what is in the files is all
         follower.join(timeout=10.0)
         relay.join(timeout=2.0)
         self.write_state(child.pid, started, code)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
-        self.emit({"event": "exit", "code": code, "reason": reason, "failures": self.failures(),
-                   "last_lines": last, "duration_s": round(time.time() - started, 3)})
+        self.emit({"event": "exit", "code": code, "reason": reason,
+                   "failures": failures.collect(self.run_dir, self.tail_lines()),
+                   "stopped_at": self.stopped_at, "last_lines": last,
+                   "duration_s": round(time.time() - started, 3)})
         return code
 
     def request_stop(self, reason: str) -> None:
         if not self.stop_requested:
+            self.stopped_at = time.time()
             self.stop_reason = reason
             self.stop_requested = True
             self.wakeup.set()
 
     def watch_stdin(self) -> None:
         """``stop``: graceful teardown; ``kill``: no grace; EOF (the controller
-        is gone): graceful teardown too.
+        is gone): graceful teardown too; ``done`` (the controller has the exit
+        event): stop reading, the channel goes back to the ``serve`` loop.
 
         Raw reads on fd 0 (``protocol.Reader``), not ``sys.stdin``: a daemon
         thread blocked in a buffered read aborts the interpreter at exit.
@@ -124,6 +131,8 @@ class Supervisor:
                 line = b""
             if not line and self.stdin.eof:
                 self.request_stop("lost the controller (stdin closed)")
+                return
+            if line == b"done":
                 return
             if line == b"stop":
                 self.request_stop("stopped by the controller")
@@ -232,33 +241,14 @@ class Supervisor:
                 continue
             children.setdefault(ppid, []).append(pid)
         found, stack = set(), [me]
+        if self.guardian is not None:  # it outlives us on purpose; released, it leaves
+            children[me] = [p for p in children.get(me, []) if p != self.guardian.pid]
         while stack:
             for child in children.get(stack.pop(), ()):
                 if child not in found:
                     found.add(child)
                     stack.append(child)
         return found | procs.marked_processes(self.marker)
-
-    def failures(self) -> list[dict]:
-        """Worker failures from torchrun's error files, earliest first."""
-        out = []
-        pattern = os.path.join(self.run_dir, "torchrun", "*", "attempt_*", "*", "error.json")
-        for path in glob.glob(pattern):
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    record = json.load(fh).get("message", {})
-            except (OSError, ValueError, AttributeError):
-                continue
-            if isinstance(record, str):
-                record = {"message": record}
-            extra = record.get("extraInfo", {}) or {}
-            out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),
-                        "message": str(record.get("message", "")).strip()[-2000:],
-                        "timestamp": int(extra.get("timestamp", 0) or 0),
-                        "error_file": os.path.relpath(path, self.run_dir)})
-        if not out:  # e.g. a worker killed by a signal writes no error file
-            out = _root_cause_from_summary(self.tail_lines())
-        return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
 
     def write_state(self, child_pid: int, started: float, code: int | None) -> None:
         state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
@@ -296,29 +286,6 @@ class _Wakeup:
                 pass
         except BlockingIOError:
             pass
-
-
-def _root_cause_from_summary(lines: list[str]) -> list[dict]:
-    """The "Root Cause" block of torchrun's ChildFailedError summary, if printed."""
-    try:
-        start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
-    except ValueError:
-        return []
-    fields = {}
-    for line in lines[start + 1:start + 12]:
-        key, sep, value = line.partition(":")
-        if sep and key.strip() in ("time", "rank", "exitcode", "traceback"):
-            fields[key.strip()] = value.strip()
-    match = re.search(r"local_rank:\s*(\d+)", fields.get("rank", ""))
-    if not match:
-        return []
-    try:
-        stamp = int(time.mktime(time.strptime(fields.get("time", ""), "%Y-%m-%d_%H:%M:%S")))
-    except ValueError:
-        stamp = 0
-    message = fields.get("traceback") or f"exitcode {fields.get('exitcode', '?')}"
-    return [{"local_rank": int(match.group(1)), "message": message, "timestamp": stamp,
-             "error_file": None}]
 
 
 def _extract(bundle: str, run_dir: str) -> None:

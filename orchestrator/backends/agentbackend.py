@@ -27,7 +27,7 @@ from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
 from .base import CancelResult, LaunchBackend, OnRunning, Preflight
-from .bundle import build_bundle
+from .bundle import build_bundle, scan_script_dir
 from .fanout import on_all
 from .gang import Gang
 from .preflight import master_port, run_checks
@@ -58,7 +58,8 @@ class AgentBackend(LaunchBackend):
                                  unset_env=node.unset_env, argv=torchrun_argv(plan, node),
                                  connection=self.connection(node.node_rank))
                       for node in plan.nodes)
-        return DryRun(backend=self.name, plan=plan, nodes=nodes,
+        notes = (scan_script_dir(os.path.dirname(plan.script)).summary(),) if plan.script else ()
+        return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
                       source=self.spec.source if self.spec else "")
 
     def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
@@ -89,12 +90,15 @@ class AgentBackend(LaunchBackend):
                 gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
                             start_timeout_s=self.options.start_timeout_s)
                 outcome = gang.run(fh.read())
-            agents.clear()  # each ended with its supervisor
-            result = self._fetch(resolved, transports, outcome, run)
+            # Agents whose run ended cleanly serve the fetch on the same channel.
+            reusable = {h.node.node_rank: agent for h in gang.handles
+                        if (agent := h.release()) is not None}
+            result = self._fetch(resolved, transports, outcome, run, reusable)
+            self._sweep_lost(resolved, transports, outcome, run)
             return RunOutcome(outcome.run_id, outcome.state, outcome.wall_s, outcome.nodes,
                               outcome.root_cause, result)
         finally:
-            on_all(lambda k: agents[k].close(), list(agents))  # never started: EOF, gone
+            on_all(lambda k: agents[k].close(), list(agents))  # EOF: each agent exits
             for transport in transports.values():
                 transport.close()
 
@@ -155,11 +159,32 @@ class AgentBackend(LaunchBackend):
     def _node_transport(self, node: NodePlan) -> Transport:
         return self.transport(node.node_rank, node.host, self.connection(node.node_rank))
 
+    def _sweep_lost(self, info: DryRun, transports: Mapping[int, Transport],
+                    outcome: RunOutcome, run: RunDir) -> None:
+        """A node whose agent vanished may still run the job: end what is left
+        there over a fresh connection (its guardian should have; this checks)."""
+        lost = [o.node_rank for o in outcome.nodes if o.state is NodeState.LOST]
+
+        def sweep(k: int) -> None:
+            agent = AgentHandle(transports[k], info.plan.nodes[k].python)
+            try:
+                reply = agent.call("down", run_id=info.plan.run_id, node_rank=k,
+                                   grace_s=self.options.grace_s)
+            finally:
+                agent.close()
+            killed = reply.get("killed") or []
+            _note(run, k, f"node lost; down ended {len(killed)} leftover process(es)"
+                  + (f": {' '.join(map(str, killed))}" if killed else ""))
+
+        for k, exc in on_all(sweep, lost, timeout_s=self.options.grace_s + 60).failed.items():
+            _note(run, k, f"node lost, and it cannot be reached to clean up: {_message(exc)}; "
+                          f"run `ddp-orch down {info.plan.run_id}` once it is back")
+
     def _fetch(self, info: DryRun, transports: Mapping[int, Transport], outcome: RunOutcome,
-               run: RunDir) -> dict | None:
-        """Rank 0's result and the error files of failed ranks, over a fresh
-        agent per node (the run's agents ended with it). Best effort for the
-        error files; a node that cannot be reached leaves a note in its log."""
+               run: RunDir, reusable: Mapping[int, AgentHandle]) -> dict | None:
+        """Rank 0's result and the error files of failed ranks: over the run's
+        own channel where it is still open, else over a fresh agent. Best
+        effort; a node that cannot be reached leaves a note in its log."""
         wanted: dict[int, list[tuple[str, str, int]]] = {0: [(
             info.plan.nodes[0].result_file, "result.json", MAX_RESULT_BYTES)]}
         for node_outcome in outcome.nodes:
@@ -172,7 +197,7 @@ class AgentBackend(LaunchBackend):
                         f"errors/node-{node.node_rank}/rank-{rank}.json", MAX_ERROR_FILE_BYTES))
 
         def fetch(k: int) -> None:
-            agent = AgentHandle(transports[k], info.plan.nodes[k].python)
+            agent = reusable.get(k) or AgentHandle(transports[k], info.plan.nodes[k].python)
             try:
                 for remote, local, limit in wanted[k]:
                     try:
@@ -186,7 +211,8 @@ class AgentBackend(LaunchBackend):
                         with open(path, "wb") as fh:
                             fh.write(data)
             finally:
-                agent.close()
+                if k not in reusable:
+                    agent.close()
 
         for k, exc in on_all(fetch, wanted, timeout_s=120).failed.items():
             _note(run, k, f"fetching results failed: {_message(exc)}")

@@ -54,11 +54,17 @@ class AgentHandle:
 
     # -- requests -----------------------------------------------------------
 
-    def call(self, op: str, payload: bytes = b"", **fields: Any) -> dict:
+    def call(self, op: str, payload: bytes = b"", *, max_reply: int = 1 << 20,
+             **fields: Any) -> dict:
         """Send one request (and its payload); its reply, with ``data`` when
-        the reply carries bytes (checked against its SHA-256)."""
+        the reply carries bytes (at most ``max_reply``, checked against its
+        SHA-256). A node that announces more is cut off, not read."""
         self.process.send(request(op, **fields) + payload)
         reply = self._message("reply")
+        if reply.get("size", 0) > max_reply:
+            self.process.abort()
+            raise TransportError(self.host, f"{op}: the node announced {reply['size']} bytes, "
+                                            f"more than the {max_reply} asked for; cut off")
         if "size" in reply and reply["size"]:
             try:
                 reply["data"] = self.reader.read_exact(reply["size"])
@@ -78,7 +84,7 @@ class AgentHandle:
 
     def get(self, path: str, max_bytes: int) -> bytes | None:
         """The regular file at ``path`` on the node, or None if there is none."""
-        reply = self.call("get", path=path, max=max_bytes)
+        reply = self.call("get", path=path, max=max_bytes, max_reply=max_bytes)
         if reply["ok"]:
             return reply.get("data", b"")
         if reply.get("missing"):
@@ -95,6 +101,10 @@ class AgentHandle:
             data, self.reader.buffer = self.reader.buffer, b""
             return data
         return self.process.read_chunk(size)
+
+    def unread(self, data: bytes) -> None:
+        """Put back what the relay read past the supervisor's exit event."""
+        self.reader.buffer = data + self.reader.buffer
 
     def close(self, timeout_s: float = 5.0) -> None:
         """EOF to the agent: it exits (a supervisor tears its run down first)."""

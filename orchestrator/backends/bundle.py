@@ -5,12 +5,67 @@ run directory::
 
     code/workloads/...   the built-in workloads package (and the contract)
     script/...           the directory of the user's ``script:``, if any
+
+What of the script's directory is uploaded
+------------------------------------------
+
+The script's directory goes to *every* node, so it is filtered, in this
+order, for each path relative to it (``scan_script_dir`` does the walk, and
+``build_bundle`` adds exactly the files it lists):
+
+1. Never: ``.git``, virtualenvs, caches and the like (``_SKIP_DIRS``,
+   ``*.pyc``), anything that is not a regular file (symlinks, devices,
+   sockets; a symlinked directory is not followed), and the control files
+   ``.gitignore``, ``.ddp-orch-ignore`` and ``.ddp-orch-include`` at the top.
+   Nothing re-admits these.
+2. Ignored: what ``.gitignore`` or ``.ddp-orch-ignore`` at the top of the
+   script directory matches (their patterns are read in that order, the last
+   match wins, so ``!name`` in ``.ddp-orch-ignore`` un-ignores what
+   ``.gitignore`` ignores). An ignored directory is not entered.
+3. Skipped as secret-looking, unless ``.ddp-orch-include`` names it: any path
+   with a component starting with ``.`` (``.ssh/id_ed25519``, ``.env``,
+   ``.aws/credentials``) and files named like keys or credentials
+   (``_SECRET_NAMES``: ``*.pem``, ``*.key``, ``id_rsa*``, ``credentials`` ...,
+   case-insensitive). Including a directory includes what is in it (minus
+   1 and 2); a later ``!pattern`` in the include file takes a path back out.
+   These paths are listed in ``ScriptDirScan.skipped`` and in the dry-run.
+4. Everything else is uploaded; the total is capped at
+   ``MAX_SCRIPT_DIR_BYTES``.
+
+A script directory that is the filesystem root, the user's home directory or
+a directory above it is refused outright.
+
+Pattern syntax (a subset of gitignore, matched with ``fnmatch``)
+----------------------------------------------------------------
+
+* one pattern per line; blank lines and lines starting with ``#`` are
+  ignored; trailing spaces are stripped; ``\\#`` and ``\\!`` start a pattern
+  with a literal ``#`` or ``!``;
+* ``!pattern`` negates: a path it matches is not ignored (not included, in
+  ``.ddp-orch-include``); the last matching line decides. As in git, nothing
+  under an ignored directory can be un-ignored, since it is never entered;
+* a trailing ``/`` makes the pattern match directories only;
+* a pattern with a ``/`` elsewhere (leading or in the middle) is anchored to
+  the script directory: ``/build`` is the top ``build`` only, ``docs/*.md``
+  only files directly in the top ``docs``;
+* ``**`` as a whole path component matches any number of directories:
+  ``**/tmp/*.log``, ``a/**/b``; a trailing ``/**`` matches everything inside;
+* otherwise the pattern matches the base name at any depth (``*.ckpt``,
+  ``data/``);
+* within a component, ``*``, ``?`` and ``[...]`` are ``fnmatch``'s (case
+  sensitive); ``*`` never crosses a ``/``.
+
+Not supported: ``.gitignore`` files below the top, the global git excludes
+and ``.git/info/exclude``, and escaped trailing spaces.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import stat
 import tarfile
+from dataclasses import dataclass
 
 import workloads
 
@@ -20,6 +75,18 @@ MAX_SCRIPT_DIR_BYTES = 64 * 1024 * 1024
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", "node_modules",
               "runs", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}
 
+# Read from the top of the script directory; never uploaded themselves.
+IGNORE_FILES = (".gitignore", ".ddp-orch-ignore")
+INCLUDE_FILE = ".ddp-orch-include"
+_CONTROL_FILES = set(IGNORE_FILES) | {INCLUDE_FILE}
+
+# Base names (lower-cased, fnmatch) of files that hold keys or credentials.
+_SECRET_NAMES = (
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk", "*.kdbx",
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+    "credentials", "credentials.json", "client_secret*.json",
+    ".netrc", "_netrc", ".pgpass", ".htpasswd", ".env", "*.env",
+)
 
 # Part of the workloads package, but for developers on this machine only.
 _DEV_ONLY = {"code/workloads/make_tiny_datasets.py"}
@@ -37,26 +104,242 @@ def _skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return info
 
 
+# --- patterns -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Pattern:
+    parts: tuple[str, ...]   # the pattern split on "/"; one part when unanchored
+    negated: bool
+    dir_only: bool
+    anchored: bool
+
+    def matches(self, rel: str, is_dir: bool) -> bool:
+        if self.dir_only and not is_dir:
+            return False
+        segments = rel.split("/")
+        if not self.anchored:
+            return fnmatch.fnmatchcase(segments[-1], self.parts[0])
+        return _match_parts(self.parts, tuple(segments))
+
+
+def _match_parts(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not path
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        if not rest:                      # "a/**": everything inside a, not a
+            return len(path) >= 1
+        return any(_match_parts(rest, path[i:]) for i in range(len(path) + 1))
+    return bool(path) and fnmatch.fnmatchcase(path[0], head) and _match_parts(rest, path[1:])
+
+
+def parse_patterns(text: str) -> tuple[_Pattern, ...]:
+    """The patterns of one ignore/include file (the subset in the module doc)."""
+    patterns = []
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        if negated:
+            line = line[1:]
+        elif line.startswith(("\\#", "\\!")):
+            line = line[1:]
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        if not line:
+            continue
+        anchored = "/" in line
+        parts = tuple(p for p in line.lstrip("/").split("/") if p)
+        if not parts:
+            continue
+        if not anchored and parts[0] == "**":
+            parts = ("*",)
+        patterns.append(_Pattern(parts, negated, dir_only, anchored))
+    return tuple(patterns)
+
+
+def _last_match(patterns: tuple[_Pattern, ...], rel: str, is_dir: bool) -> bool | None:
+    """True if the last pattern matching ``rel`` is positive, False if negated, None if none."""
+    for pattern in reversed(patterns):
+        if pattern.matches(rel, is_dir):
+            return not pattern.negated
+    return None
+
+
+def _read_patterns(directory: str, names: tuple[str, ...]) -> tuple[_Pattern, ...]:
+    patterns: list[_Pattern] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):  # follows a link: the user's own config
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                patterns.extend(parse_patterns(fh.read()))
+        except OSError as exc:
+            raise LaunchError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return tuple(patterns)
+
+
+def _secret_looking(name: str) -> bool:
+    lowered = name.lower()
+    return name.startswith(".") or any(fnmatch.fnmatchcase(lowered, p) for p in _SECRET_NAMES)
+
+
+# --- the scan -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScriptDirScan:
+    """What of a script directory goes to every node.
+
+    ``files``: (relative posix path, size in bytes) of each file uploaded,
+    sorted by path; ``total_bytes`` their sum; ``skipped``: relative paths
+    held back as dotfiles or secret-looking (not ignore-file matches,
+    caches, links or devices).
+    """
+
+    directory: str
+    files: tuple[tuple[str, int], ...]
+    total_bytes: int
+    skipped: tuple[str, ...]
+
+    def summary(self, max_names: int = 10) -> str:
+        """One line for the dry-run, e.g. ``script dir /x: 12 files, 3.4 MiB
+        uploaded to each node; 2 skipped as secret-looking: .ssh/id_ed25519, .env``."""
+        count = len(self.files)
+        line = (f"script dir {self.directory}: {count} file{'' if count == 1 else 's'}, "
+                f"{_human(self.total_bytes)} uploaded to each node")
+        if self.skipped:
+            names = ", ".join(self.skipped[:max_names])
+            more = len(self.skipped) - max_names
+            if more > 0:
+                names += f" and {more} more"
+            line += f"; {len(self.skipped)} skipped as secret-looking: {names}"
+        return line
+
+    def largest(self, n: int = 10) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted(self.files, key=lambda f: (-f[1], f[0]))[:n])
+
+    def check_size(self) -> None:
+        """Raise LaunchError if more than ``MAX_SCRIPT_DIR_BYTES`` would be uploaded."""
+        if self.total_bytes <= MAX_SCRIPT_DIR_BYTES:
+            return
+        rows = "\n".join(f"  {_human(size):>10}  {rel}" for rel, size in self.largest(10))
+        raise LaunchError(
+            f"the script's directory {self.directory} holds {_human(self.total_bytes)} "
+            f"({self.total_bytes} bytes) in {len(self.files)} files to upload, more than the "
+            f"{_human(MAX_SCRIPT_DIR_BYTES)} cap ({MAX_SCRIPT_DIR_BYTES} bytes), and all of it would go to every node; "
+            "move the script into a directory of its own and read data from --data-dir, "
+            f"or list what it does not need in {IGNORE_FILES[1]} there.\n"
+            f"the largest files:\n{rows}")
+
+
+def render_scan(scan: ScriptDirScan) -> str:
+    """The dry-run line for ``scan`` (same as ``scan.summary()``)."""
+    return scan.summary()
+
+
+def _human(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _refuse_broad(directory: str) -> None:
+    real = os.path.realpath(directory)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if os.path.dirname(real) == real:
+        why = "is the filesystem root"
+    elif real == home:
+        why = "is your home directory"
+    elif os.path.commonpath([real, home]) == real:
+        why = f"contains your home directory {home}"
+    else:
+        return
+    raise LaunchError(
+        f"the script's directory {directory} {why}; all of it would be uploaded to every "
+        "node (keys and credentials included); move the script into a directory of its own")
+
+
+def scan_script_dir(directory: str) -> ScriptDirScan:
+    """Walk ``directory`` once under the rules in the module doc.
+
+    Raises LaunchError for the filesystem root or a directory that is or holds
+    the user's home; the size cap is ``ScriptDirScan.check_size``'s.
+    """
+    directory = os.path.abspath(directory)
+    _refuse_broad(directory)
+    ignore = _read_patterns(directory, IGNORE_FILES)
+    include = _read_patterns(directory, (INCLUDE_FILE,))
+    files: list[tuple[str, int]] = []
+    skipped: list[str] = []
+
+    def walk(path: str, prefix: str, included: bool, secret: bool) -> None:
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            return  # unreadable: as os.walk does, leave it out
+        for entry in entries:
+            name = entry.name
+            rel = prefix + name
+            if name in _SKIP_DIRS or (not prefix and name in _CONTROL_FILES
+                                      and not _last_match(include, rel, False)):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if not is_dir and (not stat.S_ISREG(st.st_mode) or name.endswith((".pyc", ".pyo"))):
+                continue  # links, devices, sockets, fifos; bytecode
+            if _last_match(ignore, rel, is_dir):
+                continue
+            inc = _last_match(include, rel, is_dir)
+            now_included = included if inc is None else inc
+            now_secret = secret or (_secret_looking(name) if not is_dir else name.startswith("."))
+            if is_dir:
+                walk(entry.path, rel + "/", now_included, now_secret)
+            elif now_secret and not now_included:
+                skipped.append(rel)
+            else:
+                files.append((rel, st.st_size))
+
+    walk(directory, "", False, False)
+    return ScriptDirScan(directory=directory, files=tuple(files),
+                         total_bytes=sum(size for _, size in files), skipped=tuple(skipped))
+
+
+# --- the bundle ---------------------------------------------------------------
+
+def _normalize(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    if not info.isfile():
+        return None  # it changed since the scan: a link now, say
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
 def build_bundle(path: str, script: str | None = None) -> int:
     """Write the bundle to ``path``; returns its size in bytes."""
     package_dir = os.path.dirname(os.path.abspath(workloads.__file__))
+    scan = None
     if script is not None:
-        _check_size(os.path.dirname(script))
+        scan = scan_script_dir(os.path.dirname(os.path.abspath(script)))
+        scan.check_size()
     with tarfile.open(path, "w:gz", compresslevel=3) as tar:
         tar.add(package_dir, arcname="code/workloads", filter=_skip)
-        if script is not None:
-            tar.add(os.path.dirname(script), arcname="script", filter=_skip)
+        if scan is not None:
+            for rel, _size in scan.files:
+                source = os.path.join(scan.directory, *rel.split("/"))
+                try:
+                    tar.add(source, arcname=f"script/{rel}", recursive=False, filter=_normalize)
+                except OSError as exc:
+                    raise LaunchError(
+                        f"cannot read {source} for the code bundle: {exc.strerror or exc}; "
+                        f"make it readable or list it in {IGNORE_FILES[1]}") from exc
     return os.path.getsize(path)
-
-
-def _check_size(directory: str) -> None:
-    total = 0
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files
-                     if os.path.isfile(os.path.join(root, f)))
-        if total > MAX_SCRIPT_DIR_BYTES:
-            raise LaunchError(
-                f"the script's directory {directory} holds more than "
-                f"{MAX_SCRIPT_DIR_BYTES // 2**20} MiB, all of which would be uploaded to every node; "
-                "move the script into a directory of its own and read data from --data-dir")

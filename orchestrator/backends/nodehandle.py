@@ -6,7 +6,8 @@ import threading
 import time
 from typing import Callable
 
-from ..agent.protocol import ProtocolError, decode, line_blocks, split_control
+from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, LineBuffer, ProtocolError,
+                              decode)
 from ..console import Console
 from ..plan.dryrun import NodeLaunch
 from ..plan.secrets import scrub, secret_values
@@ -42,6 +43,7 @@ class NodeHandle:
         self.supervising = False
         self.control: dict | None = None
         self.stop_sent = False
+        self.killed = False  # kill closed stdin: the channel cannot be reused
         self.joined = False  # torchrun reached the rendezvous store on node 0
         self.started = False  # torchrun spawned workers: the rendezvous completed
         self.timed_out = False
@@ -60,32 +62,56 @@ class NodeHandle:
         self._relay.start()
 
     def _relay_output(self) -> None:
-        """Copy what the node prints to its log and the console; take out the
-        supervisor's control lines.
+        """Copy what the node prints to its log and the console; act on the
+        supervisor's control lines, up to its exit event.
 
         Whole blocks of lines at a time: one log write and one console write
         per read, not per line. Per-line relaying cost seconds of controller
         CPU on a chatty job (bench/log_relay.py). Control lines always start
-        a line of their own (the supervisor sees to it).
+        a line of their own (the supervisor sees to it). After the exit event
+        the channel is the agent's again (``release``); whatever followed it
+        goes back to the agent's reader.
         """
         secrets = secret_values(self.launch.env)
+        lines = LineBuffer()
         with open(self.run.node_log(self.node.node_rank), "ab") as log:
-            for block in line_blocks(self.agent.read_chunk):
-                block, control = split_control(block)
-                for line in control:
-                    block += self._on_event(line)
+            while self.control is None:
+                chunk = self.agent.read_chunk(65536)
+                block = lines.feed(chunk) if chunk else lines.flush()
+                kept, rest = self._take_control(block)
                 if secrets:
-                    block = scrub(block, secrets)
-                if block:
-                    log.write(block)
+                    kept = scrub(kept, secrets)
+                if kept:
+                    log.write(kept)
                     log.flush()
                     self.console.node_lines(self.node.node_rank, self.node.host,
-                                            block.decode("utf-8", "replace"))
-        try:  # output ends just before the exit status arrives
-            self.agent.process.wait(timeout=10.0)
-        except TimeoutError:
-            pass
+                                            kept.decode("utf-8", "replace"))
+                if not chunk:
+                    break
+            if self.control is not None:
+                self.agent.unread(rest + lines.flush())
+            else:  # the channel closed without an exit event: wait for its status
+                try:
+                    self.agent.process.wait(timeout=10.0)
+                except TimeoutError:
+                    pass
         self.on_change()
+
+    def _take_control(self, block: bytes) -> tuple[bytes, bytes]:
+        """Output lines of ``block`` (with notes about bad control lines) and
+        what follows the exit event, if it is in ``block``."""
+        if CONTROL_PREFIX not in block:
+            return block, b""
+        kept = []
+        lines = block.splitlines(keepends=True)
+        for i, line in enumerate(lines):
+            if not line.startswith(CONTROL_PREFIX):
+                kept.append(line)
+                continue
+            kept.append(self._on_event(line))
+            if self.control is not None:
+                return b"".join(kept), b"".join(lines[i + 1:])
+        return b"".join(kept), b""
 
     def _on_event(self, line: bytes) -> bytes:
         """Act on a control line; a malformed one is logged, never trusted."""
@@ -102,9 +128,11 @@ class NodeHandle:
         return b""
 
     def poll(self) -> int | None:
+        """torchrun's exit code once the node's run is over (its exit event,
+        or the channel's own status when it ended without one)."""
         if not self.supervising:
             return None
-        code = self.agent.process.poll()
+        code = self.control["code"] if self.control is not None else self.agent.process.poll()
         if code is not None and self.ended_at is None:
             self.ended_at = time.time()
         return code
@@ -121,6 +149,15 @@ class NodeHandle:
             self.stop_sent = True
             self.agent.process.send(b"kill\n")
             self.agent.process.close_stdin()
+            self.killed = True
+
+    def release(self) -> AgentHandle | None:
+        """After the exit event: give the channel back to the agent, for
+        fetching files. None when the channel is gone or was cut."""
+        if self.control is None or self.agent.process.poll() is not None or self.killed:
+            return None
+        self.agent.process.send(b"done\n")
+        return self.agent
 
     def abort(self) -> None:
         """Cut the supervisor off. Last resort: only it can reach the workers."""
@@ -144,13 +181,30 @@ class NodeHandle:
             state, reason = NodeState.FAILED, "did not join the rendezvous before the start timeout"
         elif not control and code == LOST:
             state, reason = NodeState.LOST, "connection lost without an exit status"
-        elif self.stop_sent:
+        elif not control:  # the agent itself died (SIGKILL, OOM killer) before reporting
+            how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+            state, reason = NodeState.LOST, (f"the node agent ended without reporting ({how}); "
+                                             "its guardian tears the run down there")
+        elif self.stop_sent and not _failed_on_its_own(control):
             state, reason = NodeState.STOPPED, control.get("reason", "stopped by the controller")
         else:
             state, reason = NodeState.FAILED, _failure_reason(
                 code, failures, self.node.first_rank, control.get("last_lines") or [])
         return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
                            self.ended_at, failures)
+
+
+def _failed_on_its_own(control: dict) -> bool:
+    """Did the node fail before anyone asked it to stop? Then it is a
+    failure of its own, whatever the stop did next. A whole-second time
+    ``t`` means "during [t, t + 1)": only a second wholly before the stop counts."""
+    if control.get("reason") == ENDED_ON_ITS_OWN:
+        return True
+    stopped_at = control.get("stopped_at")
+    if stopped_at is None:
+        return False
+    return any(f["timestamp"] + (1 if float(f["timestamp"]).is_integer() else 0) <= stopped_at
+               for f in control.get("failures", ()))
 
 
 def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,

@@ -104,6 +104,7 @@ def down(run_id: str, grace: float, runs_dir: str) -> None:
     from ..report.runs import render_down
 
     record = find_run(runs_dir, run_id)
-    stopped, nodes = run_down(record, grace)
+    stopped, nodes = run_down(record, grace,
+                              note=lambda text: click.echo(f"ddp-orch down: {text}", err=True))
     click.echo(render_down(record, stopped, nodes), nl=False)
     sys.exit(1 if any(n.error for n in nodes) else 0)

@@ -4,31 +4,93 @@ A live controller of the run is asked to stop first (SIGTERM, which ``up``
 turns into its graceful teardown); then the run's backend cancels what is
 left on the nodes (``LaunchBackend.cancel``), never by process name.
 Running it twice is harmless: the second time there is nothing left.
+
+The controller is signalled only if it still is the recorded process
+(``records.store.controller_alive``: same host, boot, start time and
+command line), never just because its pid is alive: after a reboot, or
+long after the run, that pid is someone else's. Where the kernel has pidfds
+(Linux >= 5.3), the process is pinned with ``pidfd_open`` before the check,
+so the pid cannot be reused between check and signal.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
+from typing import Callable
 
 from ..backends import get_backend
 from ..backends.base import CancelResult, LaunchOptions
-from ..records.store import RunRecord, process_alive
+from ..records.store import RunRecord, controller_alive, recorded_elsewhere
+
+Note = Callable[[str], None]
 
 
-def down(record: RunRecord, grace_s: float = 5.0) -> tuple[bool, list[CancelResult]]:
-    """Stop the run's controller (if alive) and its processes on every node."""
-    stopped_controller = _stop_controller(record.controller_pid, grace_s + 15)
+def down(record: RunRecord, grace_s: float = 5.0,
+         note: Note | None = None) -> tuple[bool, list[CancelResult]]:
+    """Stop the run's controller (if alive) and its processes on every node.
+
+    ``note`` gets a line for what could not be done about the controller
+    (the CLI prints it); the nodes are cancelled either way.
+    """
+    stopped_controller = _stop_controller(record, grace_s + 15, note or (lambda _: None))
     backend = get_backend(record.backend, LaunchOptions(grace_s=grace_s))
     return stopped_controller, backend.cancel(record)
 
 
-def _stop_controller(pid: int | None, timeout_s: float) -> bool:
-    if pid is None or pid == os.getpid() or not process_alive(pid):
+def _stop_controller(record: RunRecord, timeout_s: float, note: Note = lambda _: None) -> bool:
+    """SIGTERM the run's controller if it still is the recorded process, then wait
+    up to ``timeout_s`` for it to end. True if it was signalled."""
+    pid = record.controller_pid
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
-    os.kill(pid, signal.SIGTERM)
+    if recorded_elsewhere(record):
+        if record.live:
+            note(f"its controller (pid {pid}) runs on {record.controller.get('host')}, "
+                 "not here: stop it there, or run `ddp-orch down` on that host")
+        return False
+    pidfd = _pidfd_open(pid)
+    try:
+        # with a pidfd, the check is about the very process the signal goes to
+        if not controller_alive(record):
+            return False
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            else:
+                os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return False  # it ended meanwhile
+        except PermissionError:
+            note(f"not allowed to signal its controller (pid {pid}, another user's "
+                 "process): stop it as that user")
+            return False
+        _wait_gone(record, pidfd, timeout_s)
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _pidfd_open(pid: int) -> int | None:
+    """A pidfd for ``pid``, or None (no such process, or no pidfd support)."""
+    if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # gone (then the check says so), or ENOSYS / a seccomp filter
+        return None
+
+
+def _wait_gone(record: RunRecord, pidfd: int | None, timeout_s: float) -> None:
+    if pidfd is not None:
+        poller = select.poll()  # a pidfd turns readable when its process ends
+        poller.register(pidfd, select.POLLIN)
+        poller.poll(max(0, int(timeout_s * 1000)))
+        return
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process_alive(pid):
+    while time.monotonic() < deadline and controller_alive(record):
         time.sleep(0.1)
-    return True
+

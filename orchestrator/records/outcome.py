@@ -7,6 +7,7 @@ produce them, ``state.json`` stores them (``store.py``), and ``ps``,
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -87,16 +88,39 @@ class RunOutcome:
         return self.state is RunState.SUCCEEDED
 
 
+# What a rank says when it fails because a peer went away: the cascade of a
+# failure elsewhere, never its cause while an original failure is on record.
+CASCADE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+    r"remote process exited|NCCL communicator was aborted|DistNetworkError|"
+    r"Socket Timeout|Signal 15 \(SIGTERM\)", re.IGNORECASE)
+
+
+def is_cascade(outcome: NodeOutcome) -> bool:
+    """Every worker failure the node reported is a peer-loss cascade."""
+    return bool(outcome.failures) and all(CASCADE.search(str(f.get("message", "")))
+                                          for f in outcome.failures)
+
+
 def gang_outcome(run_id: str, nodes: tuple[NodeOutcome, ...], wall_s: float, *,
                  interrupted: bool) -> RunOutcome:
     """The run's state and root cause from its nodes' outcomes.
 
-    The root cause is the earliest failure: by the first worker error's
-    timestamp where a node has one, else by when the node was seen to end.
+    The root cause is the originating failure, by the best evidence there is,
+    in this order:
+
+    1. a node whose failures are not all peer-loss cascades (``CASCADE``:
+       a gloo "Connection closed by peer" after another rank died) comes
+       before one whose failures all are;
+    2. then the earliest failure time: the worker's error file or traceback
+       as written (sub-second), or torchrun's whole-second time rounded down
+       (a rank killed by a signal), or, for a node with no worker failure
+       (lost, not joined), when the controller last heard from it;
+    3. then the lower node rank.
     """
     failed = [o for o in nodes if o.state.failed]
-    root = min(failed, key=lambda o: (o.first_failure_ts or float("inf"), o.node_rank),
-               default=None)
+    root = min(failed, key=lambda o: (is_cascade(o), o.first_failure_ts or float("inf"),
+                                      o.node_rank), default=None)
     if interrupted:
         state = RunState.INTERRUPTED
     elif root is not None or any(o.state is not NodeState.SUCCEEDED for o in nodes):

@@ -6,13 +6,22 @@ controller restart and there is one vocabulary (``outcome.RunState``). A run
 recorded as live whose controller process is gone is shown as
 ``interrupted``: its agents saw the controller's connection close and tore
 their nodes down.
+
+"Gone" is judged by the controller's identity, not its pid alone
+(``controller_alive``): a pid is reused after a reboot or once the
+controller exits, so ``write_state`` records the controller's host, boot id,
+process start time and command line too. A run recorded by another host
+(a runs directory shared between machines) cannot be judged from here, and
+keeps its recorded state. Records from before this (no ``controller``)
+fall back to "is the pid alive".
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import ConfigError
@@ -20,6 +29,9 @@ from .outcome import NodeOutcome, RunOutcome, RunState
 from .rundir import RunDir, valid_run_id
 
 STATE_FILE = "state.json"
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+# what must match, besides the host, for a live pid to still be the controller
+IDENTITY_KEYS = ("boot_id", "start_time", "cmdline")
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class RunRecord:
     outcomes: tuple[NodeOutcome, ...]
     root_cause: NodeOutcome | None
     controller_pid: int | None
+    # the controller's identity (``process_identity``); empty in old records
+    controller: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -63,7 +77,10 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
                 nodes: Sequence[NodeRecord], outcome: RunOutcome | None = None) -> None:
     payload: dict[str, Any] = {
         "run_id": run_id, "backend": backend, "state": state.value, "started": started,
-        "controller_pid": os.getpid(), "ended": time.time() if outcome else None,
+        "controller_pid": os.getpid(),
+        "controller": process_identity(os.getpid()) or {"pid": os.getpid(),
+                                                         "host": socket.gethostname()},
+        "ended": time.time() if outcome else None,
         "wall_s": outcome.wall_s if outcome else None,
         "nodes": [{"node_rank": n.node_rank, "host": n.host, "run_dir": n.run_dir,
                    "python": n.python, "connection": dict(n.connection)} for n in nodes],
@@ -86,30 +103,106 @@ def process_alive(pid: int | None) -> bool:
     return True
 
 
+def process_identity(pid: int) -> dict[str, Any] | None:
+    """What tells process ``pid`` apart from a later one with the same pid:
+    ``{"pid", "host", "boot_id", "start_time", "cmdline"}``, or None when
+    there is no such process or /proc does not show it.
+
+    ``start_time`` is field 22 of ``/proc/<pid>/stat`` (clock ticks since
+    boot), ``cmdline`` the NUL-split ``/proc/<pid>/cmdline``.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        # the command name, field 2, is in parentheses and may hold anything
+        start_time = int(stat.rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    args = cmdline.split(b"\0")
+    if args[-1] == b"":  # each argument ends in a NUL
+        args.pop()
+    return {"pid": pid, "host": socket.gethostname(), "boot_id": _boot_id(),
+            "start_time": start_time, "cmdline": [a.decode("utf-8", "replace") for a in args]}
+
+
+def _boot_id() -> str | None:
+    try:
+        with open(BOOT_ID_FILE, encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def recorded_elsewhere(record: RunRecord) -> bool:
+    """Whether the run's controller ran on another host than this one."""
+    host = record.controller.get("host")
+    return host is not None and host != socket.gethostname()
+
+
+def controller_alive(record: RunRecord) -> bool:
+    """Whether the run's controller is still running, here.
+
+    True only if its pid is alive on this host, since the same boot, with
+    the same start time and command line as recorded. Old records without
+    ``controller`` fall back to ``process_alive(controller_pid)``.
+    """
+    return _controller_alive(record.controller_pid, record.controller)
+
+
+def same_controller(recorded: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+    """Whether ``current`` (``process_identity``) is the process ``recorded``."""
+    if not current or recorded.get("host") != current.get("host"):
+        return False
+    return all(recorded[key] == current.get(key) for key in IDENTITY_KEYS if key in recorded)
+
+
+def _controller_alive(pid: Any, info: Mapping[str, Any]) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if not info:
+        return process_alive(pid)  # a record from before identities were kept
+    if not process_alive(pid):
+        return False
+    if not any(key in info for key in IDENTITY_KEYS):  # written where /proc was missing
+        return info.get("host") == socket.gethostname()
+    return same_controller(info, process_identity(pid))
+
+
 def read_record(run: RunDir) -> RunRecord | None:
-    """The run's record, or None when ``state.json`` is missing or unreadable."""
+    """The run's record, or None when ``state.json`` is missing or unreadable.
+
+    A live run whose controller is gone (``controller_alive``) reads as
+    ``interrupted``; one whose controller ran on another host keeps its
+    recorded state, since from here we cannot tell.
+    """
     data = run.read_json(STATE_FILE)
     if not isinstance(data, dict):
         return None
     try:
         state = RunState(data.get("state"))
         pid = data.get("controller_pid")
-        if state.live and not process_alive(pid):
-            state = RunState.INTERRUPTED
+        controller = data.get("controller")
+        controller = controller if isinstance(controller, dict) else {}
         started = data.get("started")
-        wall = data.get("wall_s")
-        if wall is None and started and state.live:
-            wall = time.time() - started
         root = data.get("root_cause")
-        return RunRecord(
+        record = RunRecord(
             run_id=os.path.basename(run.path), run=run, state=state,
-            backend=str(data.get("backend", "ssh")), started=started, wall_s=wall,
+            backend=str(data.get("backend", "ssh")), started=started,
+            wall_s=data.get("wall_s"),
             nodes=tuple(NodeRecord(int(n["node_rank"]), str(n["host"]), str(n["run_dir"]),
                                    str(n.get("python", "python3")), n.get("connection") or {})
                         for n in data.get("nodes", [])),
             outcomes=tuple(NodeOutcome.from_dict(o) for o in data.get("outcomes") or []),
             root_cause=NodeOutcome.from_dict(root) if root else None,
-            controller_pid=pid)
+            controller_pid=pid, controller=controller)
+        if state.live and not recorded_elsewhere(record) and not controller_alive(record):
+            state = RunState.INTERRUPTED
+        wall = record.wall_s
+        if wall is None and started and state.live:
+            wall = time.time() - started
+        return replace(record, state=state, wall_s=wall)
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -3,12 +3,18 @@
 * Host keys: checked against every known_hosts file of the target under
   ``[host]:port``; an unknown key is refused unless ``accept-new`` (then it
   is recorded), a changed key always, each with the command that fixes it.
+  A key marked ``@revoked`` for the host is refused always, before all else.
+  known_hosts lines are parsed here, not by paramiko's ``HostKeys`` (which
+  fails on marker lines and knows no wildcards), with OpenSSH's name matching.
 * Login: public keys only, in OpenSSH's order: identity files, then the
   ssh-agent, then ``~/.ssh/id_*``; the error lists every key tried.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import fnmatch
 import os
 import shlex
 import threading
@@ -33,6 +39,16 @@ def check_host_key(connection: paramiko.Transport, target: SshTarget, host: str)
     offered = connection.get_remote_server_key()
     name = target.known_hosts_name
     with _known_hosts_lock:
+        revoked = revoked_entry(target.known_hosts, name, offered)
+        if revoked:  # first, and in every mode: OpenSSH refuses these outright
+            where, line = revoked
+            raise TransportError(host,
+                f"REFUSED: the host key of {name} is REVOKED: it offers "
+                f"{offered.get_name()} {offered.fingerprint}, which {where}:{line} marks "
+                "@revoked (a compromised or retired key)",
+                "the host's key must be replaced: generate a new host key on it "
+                "(its admin: ssh-keygen -A after removing the old one), check the new "
+                "fingerprint and record it in known_hosts; accept-new does not override this")
         known = _known_keys(target)  # reread: another node may just have added it
         if known:
             match = known.get(offered.get_name())
@@ -100,25 +116,96 @@ def authenticate(connection: paramiko.Transport, target: SshTarget, host: str) -
         "Or set ssh.identity_file / ssh.user in the cluster file")
 
 
+def revoked_entry(paths, name: str, key: paramiko.PKey) -> tuple[str, int] | None:
+    """(file, line number) of the first ``@revoked`` line for host ``name`` whose
+    key is ``key``, across known_hosts ``paths``; None if there is none.
+
+    Line format: ``@revoked <hostpatterns> <keytype> <base64> [comment]``.
+    Unreadable files and malformed lines are skipped, like OpenSSH does.
+    """
+    blob = key.asbytes()
+    for path in paths:
+        for number, fields in _known_hosts_entries(path):
+            if len(fields) < 4 or fields[0] != "@revoked":
+                continue
+            try:
+                recorded = base64.b64decode(fields[3], validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            if recorded == blob and host_pattern_matches(fields[1], name):
+                return path, number
+    return None
+
+
+def host_pattern_matches(patterns: str, name: str) -> bool:
+    """Whether ``name`` (``host`` or ``[host]:port``) matches a known_hosts host field.
+
+    As OpenSSH's ``match_hostname``: a hashed field (``|1|salt|hash``) is a
+    single name compared by hash; otherwise a comma list of patterns with
+    ``*`` and ``?`` wildcards (brackets are literal, for ``[host]:port``),
+    case-insensitive, where any matching ``!pattern`` vetoes the whole field.
+    """
+    name = name.lower()
+    if patterns.startswith("|"):
+        try:
+            return paramiko.HostKeys.hash_host(name, patterns) == patterns
+        except (AssertionError, binascii.Error, ValueError, IndexError, TypeError):
+            return False  # not a well-formed |1|salt|hash entry
+    positive = False
+    for pattern in patterns.lower().split(","):
+        negated = pattern.startswith("!")
+        pattern = pattern[1:] if negated else pattern
+        if not pattern:
+            continue
+        # fnmatch knows [seq] classes; OpenSSH has none, so make [ literal
+        if fnmatch.fnmatchcase(name, pattern.replace("[", "[[]")):
+            if negated:
+                return False
+            positive = True
+    return positive
+
+
 def _known_keys(target: SshTarget) -> dict[str, tuple[paramiko.PKey, str]]:
     """Key type -> (recorded key, file) for ``target`` across its known_hosts files.
 
-    Loaded file by file so a mismatch can name the file to fix. paramiko
-    handles hashed names and ``[host]:port``; it skips ``@cert-authority``
-    and ``@revoked`` lines.
+    Loaded file by file so a mismatch can name the file to fix. We parse the
+    lines ourselves: paramiko's ``HostKeys.load`` gives up on a whole file at
+    the first ``@revoked``/``@cert-authority`` line (``InvalidHostKey``), and
+    knows no wildcards or negations. Marker lines and lines we cannot parse
+    are skipped; hashed names and ``[host]:port`` match as in OpenSSH.
     """
     found: dict[str, tuple[paramiko.PKey, str]] = {}
+    name = target.known_hosts_name
     for path in target.known_hosts:
-        if not os.path.isfile(path):
-            continue
-        keys = paramiko.HostKeys()
-        try:
-            keys.load(path)
-        except (OSError, UnicodeDecodeError):
-            continue
-        for key_type, key in (keys.lookup(target.known_hosts_name) or {}).items():
-            found.setdefault(key_type, (key, path))
+        for _, fields in _known_hosts_entries(path):
+            if fields[0].startswith("@") or len(fields) < 3 \
+                    or not host_pattern_matches(fields[0], name):
+                continue
+            key = _parse_public_key(fields[1], fields[2])
+            if key is not None:
+                found.setdefault(key.get_name(), (key, path))
     return found
+
+
+def _known_hosts_entries(path: str):
+    """(line number, whitespace-split fields) of each non-comment line of ``path``;
+    nothing if it cannot be read (missing, a directory, no permission)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read().decode("utf-8", "surrogateescape")
+    except OSError:
+        return
+    for number, line in enumerate(data.splitlines(), 1):
+        fields = line.split()
+        if fields and not fields[0].startswith("#"):
+            yield number, fields
+
+
+def _parse_public_key(key_type: str, blob: str) -> paramiko.PKey | None:
+    try:
+        return paramiko.PKey.from_type_string(key_type, base64.b64decode(blob, validate=True))
+    except Exception:  # bad base64, unknown or corrupt key: OpenSSH skips the line too
+        return None
 
 
 def _append_known_host(path: str, name: str, key: paramiko.PKey) -> None:

@@ -1,0 +1,106 @@
+"""A node's worker failures, from what torchrun leaves: error files, its
+summary, and each rank's own stderr.
+
+torchrun writes an error file only for scripts decorated with ``@record``,
+which few are; otherwise its summary names one failed rank with a useless
+"To enable traceback see ..." and a whole-second time. So each failure is
+refined from the failing rank's ``stderr.log``: its last exception line as
+the message, and the file's modification time (sub-second: when the
+traceback was written) as the time. A rank killed by a signal writes no
+traceback; it keeps the summary's time, rounded down, which is never later
+than the real death. ``records/outcome.py`` orders failures by these times.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import time
+
+_EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)"
+                             r"(?::.*)?)$")
+_FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_UNHELPFUL = ("To enable traceback", "exitcode", "")
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")  # torch prefixes redirected lines
+STDERR_TAIL = 65536
+
+
+def collect(run_dir: str, torchrun_tail: list[str]) -> list[dict]:
+    """Worker failures, earliest first: ``local_rank``, ``message``,
+    ``timestamp`` (float), ``error_file`` (relative to ``run_dir``, or None)."""
+    out = []
+    pattern = os.path.join(run_dir, "torchrun", "*", "attempt_*", "*", "error.json")
+    for path in glob.glob(pattern):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                record = json.load(fh).get("message", {})
+            stamp = os.stat(path).st_mtime
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(record, str):
+            record = {"message": record}
+        out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),
+                    "message": str(record.get("message", "")).strip()[-2000:],
+                    "timestamp": stamp, "error_file": os.path.relpath(path, run_dir)})
+    if not out:  # no @record: torchrun's summary names the first failure
+        out = [_refine(run_dir, f) for f in _root_cause_from_summary(torchrun_tail)]
+    return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
+
+
+def _refine(run_dir: str, failure: dict) -> dict:
+    """The exception and its time from the rank's own stderr, when it wrote one."""
+    if not failure["message"].startswith(_UNHELPFUL[:2]) and failure["message"]:
+        return failure
+    found = glob.glob(os.path.join(run_dir, "torchrun", "*", "attempt_*",
+                                   str(failure["local_rank"]), "stderr.log"))
+    if not found:
+        return failure
+    try:
+        with open(found[0], "rb") as fh:
+            fh.seek(max(0, os.path.getsize(found[0]) - STDERR_TAIL))
+            lines = [_RANK_PREFIX.sub("", line, count=1)
+                     for line in fh.read().decode("utf-8", "replace").splitlines()]
+        stamp = os.stat(found[0]).st_mtime
+    except OSError:
+        return failure
+    exception = next((i for i in range(len(lines) - 1, -1, -1)
+                      if _EXCEPTION_LINE.match(lines[i])), None)
+    if exception is None:
+        return failure
+    frames = [m for m in map(_FRAME_LINE.match, lines[:exception]) if m]
+    # The user's frame: the innermost one outside installed packages and the stdlib.
+    own = [m for m in frames if not re.search(r"/(site|dist)-packages/|/lib/python3", m.group(1))]
+    where = (own or frames or [None])[-1]
+    message = lines[exception].strip()
+    if where:
+        message += f" ({os.path.basename(where.group(1))}:{where.group(2)})"
+    # The traceback's write time, unless the file is stale (then it is not
+    # this failure's): torchrun noticed the failure after it, within seconds.
+    if stamp < failure["timestamp"] - 5:
+        stamp = failure["timestamp"]
+    return {**failure, "message": message[-2000:], "timestamp": stamp}
+
+
+def _root_cause_from_summary(lines: list[str]) -> list[dict]:
+    """The "Root Cause" block of torchrun's ChildFailedError summary, if printed."""
+    try:
+        start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
+    except ValueError:
+        return []
+    fields = {}
+    for line in lines[start + 1:start + 12]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("time", "rank", "exitcode", "traceback"):
+            fields[key.strip()] = value.strip()
+    match = re.search(r"local_rank:\s*(\d+)", fields.get("rank", ""))
+    if not match:
+        return []
+    try:
+        stamp = int(time.mktime(time.strptime(fields.get("time", ""), "%Y-%m-%d_%H:%M:%S")))
+    except ValueError:
+        stamp = 0
+    message = fields.get("traceback") or f"exitcode {fields.get('exitcode', '?')}"
+    return [{"local_rank": int(match.group(1)), "message": message, "timestamp": stamp,
+             "error_file": None}]
