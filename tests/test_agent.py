@@ -115,3 +115,26 @@ def test_a_launch_that_fails_before_starting_releases_its_agents(tmp_path):
     finally:
         busy.close()
     assert _agents_of_this_process() == []
+
+
+def test_the_run_directory_is_new_and_its_root_ours_alone(agent, tmp_path):
+    root = tmp_path / "work"
+    made = agent.call("mkrun", run_dir=str(root / "runs" / "r1" / "node-0"), root=str(root))
+    assert made["ok"], made
+    for d in (root, root / "runs", root / "runs" / "r1", root / "runs" / "r1" / "node-0"):
+        assert (d.stat().st_mode & 0o777) == 0o700
+    again = agent.call("mkrun", run_dir=str(root / "runs" / "r1" / "node-0"), root=str(root))
+    assert again["ok"] is False and "already exists" in again["error"]
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)  # a workdir anyone could have prepared
+    refused = agent.call("mkrun", run_dir=str(shared / "runs" / "r2" / "node-0"), root=str(shared))
+    assert refused["ok"] is False and "not ours alone" in refused["error"]
+    assert "chmod go-w" in refused["error"] and not (shared / "runs").exists()
+    (tmp_path / "w2").mkdir(mode=0o700)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "w2" / "runs").symlink_to(tmp_path / "elsewhere")  # planted on the way
+    planted = agent.call("mkrun", run_dir=str(tmp_path / "w2" / "runs" / "r3" / "node-0"),
+                         root=str(tmp_path / "w2"))
+    assert planted["ok"] is False and "a link or a file" in planted["error"]
+    assert os.listdir(tmp_path / "elsewhere") == []

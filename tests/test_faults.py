@@ -116,6 +116,34 @@ def test_supervisor_sigkilled_on_node1_leaves_nothing_within_30s(ssh_lab, tmp_pa
     assert "leftover process" in (tmp_path / "runs" / "sup9" / "node-1.log").read_text()
 
 
+def test_a_frozen_link_is_noticed_on_both_sides_within_60s(make_ssh_lab, tmp_path):
+    """node1's sshd is frozen (SIGSTOP), listener and sessions alike: no FIN,
+    no RST, the kernel still ACKs, so TCP alone would notice nothing for
+    minutes. The controller notices the missing heartbeats and stops the
+    rest; node1's supervisor notices the missing pings and tears its run
+    down by itself (no one can reach it to help)."""
+    lab = make_ssh_lab(2)
+    env, cluster = setup_run(lab, tmp_path, "frz")
+    proc = start_up(cluster, env, tmp_path, "frz")
+    wait_training(proc)
+    frozen = [lab.listener_pid("node1"), *lab.session_pids("node1")]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        assert wait_gone("frz", 60) == set()  # node 0 by the controller, node 1 by itself
+        gone_s = time.monotonic() - frozen_at
+        out = finish(proc, timeout=120)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 1, out
+    assert "node 1 (node1) silent for 30s; stopping every node" in out
+    assert "root cause: node 1 (node1): nothing from the node for 30s" in out
+    assert gone_s < 60
+    print(f"frozen link: every process of the run gone {gone_s:.1f}s after the freeze")
+
+
 def test_controller_sigkilled_nodes_clean_themselves_up(ssh_lab, tmp_path):
     env, cluster = setup_run(ssh_lab, tmp_path, "ctl9")
     proc = start_up(cluster, env, tmp_path, "ctl9")

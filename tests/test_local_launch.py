@@ -76,18 +76,46 @@ def test_a_node_that_never_joins_is_named_after_the_start_timeout(tmp_path):
     assert wait_gone("stuck", 10) == set()
 
 
-def test_secret_values_are_masked_in_logs_output_and_stored_plan(tmp_path):
-    shutil.copy(os.path.join(ROOT, "tests", "programs", "print_secret.py"), tmp_path)
-    cluster = tmp_path / "secret.yaml"
-    cluster.write_text("env: {HF_TOKEN: hf_s3cr3t_value}\nnodes:\n  - {host: localhost, procs: 1}\n"
-                       "workload: {script: print_secret.py}\n")
+def every_file_holding(root, secret: str) -> list[str]:
+    """Every file under ``root`` whose bytes hold ``secret`` (gzip members unpacked)."""
+    import gzip
+
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            if path.suffix == ".gz":
+                data = gzip.decompress(data)
+            if secret.encode() in data:
+                found.append(str(path.relative_to(root)))
+    return found
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_no_stored_file_and_no_output_holds_a_secret(tmp_path, fail):
+    """The value is spelt with a YAML escape in the file, printed by the
+    script, and (failing) raised in its error message: every file the run
+    leaves (the nodes' own directories are inside it here) and everything
+    printed show it masked."""
+    job = tmp_path / "job"
+    job.mkdir()
+    shutil.copy(os.path.join(ROOT, "tests", "programs", "print_secret.py"), job)
+    cluster = job / "secret.yaml"
+    cluster.write_text('env: {HF_TOKEN: "hf_s3cr\\u0033t_value"}\n'
+                       "nodes:\n  - {host: localhost, procs: 1}\n  - {host: localhost, procs: 1}\n"
+                       "workload:\n  script: print_secret.py\n"
+                       + ("  args: {fail: true}\n" if fail else ""))
     result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"), "--run-id", "sec")
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == (1 if fail else 0), result.stdout + result.stderr
     run = tmp_path / "runs" / "sec"
     assert "token is ********" in result.stdout
-    for name in ("node-0.log", "plan.json", "state.json", "cluster.yaml"):
-        assert "hf_s3cr3t_value" not in (run / name).read_text()
+    assert "hf_s3cr3t_value" not in result.stdout + result.stderr
+    assert every_file_holding(run, "hf_s3cr3t_value") == []
     assert "token is ********" in (run / "node-0.log").read_text()
+    assert '"********"' in (run / "cluster.yaml").read_text()
+    if fail:
+        assert "could not log in with ********" in result.stdout
+        assert "could not log in with ********" in (run / "state.json").read_text()
 
 
 @pytest.mark.parametrize("how", ["raise", "kill"])

@@ -39,6 +39,40 @@ def private_dirs(directory: str) -> None:
             pass
 
 
+def make_run_dir(run_dir: str, root: str) -> str:
+    """Create ``run_dir`` (0700) under ``root``, refusing what another user could
+    have prepared: an existing run directory (a run id used twice, or planted),
+    and a ``root`` or directory between that is not ours alone (another owner,
+    or group/world-writable): in a shared ``workdir`` such as ``/tmp/x``, whoever
+    owns a directory on the way can swap what the run executes."""
+    run_dir, root = expand(run_dir).rstrip("/"), expand(root).rstrip("/")
+    if not run_dir.startswith(root + "/"):
+        raise TransferError(f"{run_dir} is not under {root}")
+    parts = run_dir[len(root) + 1:].split("/")
+    here = root
+    for part in [None, *parts[:-1]]:
+        here = here if part is None else f"{here}/{part}"
+        try:
+            os.mkdir(here, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(here)
+        if not stat.S_ISDIR(info.st_mode):
+            raise TransferError(f"{here} is not a directory (a link or a file); "
+                                "remove it or choose another workdir")
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise TransferError(
+                f"{here} is not ours alone (owner uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(info.st_mode):o}); another user could change what runs: "
+                f"chmod go-w {here} if it is yours, or choose another workdir")
+    try:
+        os.mkdir(run_dir, 0o700)
+    except FileExistsError:
+        raise TransferError(f"{run_dir} already exists on the node: a run id used twice, or "
+                            "a directory someone else prepared; choose another --run-id") from None
+    return run_dir
+
+
 def put(path: str, data: bytes, *, size: int, sha256: str, mode: int = 0o600) -> str:
     """Write ``data`` to ``path`` atomically after checking it; returns the path."""
     if len(data) != size or digest(data) != sha256:
@@ -83,3 +117,30 @@ def get(path: str, max_bytes: int = MAX_TRANSFER) -> bytes | None:
             raise TransferError(f"{path}: not fetched: {info.st_size} bytes, "
                                 f"more than the {max_bytes} accepted")
         return fh.read(max_bytes + 1)[:max_bytes]
+
+
+def scrub_tree(directory: str, secrets: list[str], mask: bytes = b"********") -> int:
+    """Mask ``secrets`` in every regular file under ``directory`` (torchrun's
+    per-rank logs and error files), so a run directory keeps no secret in
+    clear, a localhost node's inside the controller's run directory included.
+    Returns how many files changed."""
+    values = sorted({s.encode() for s in secrets if s}, key=len, reverse=True)
+    changed = 0
+    for root, _dirs, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                continue
+            masked = data
+            for value in values:
+                masked = masked.replace(value, mask)
+            if masked != data:
+                put(path, masked, size=len(masked), sha256=digest(masked),
+                    mode=stat.S_IMODE(os.stat(path).st_mode))
+                changed += 1
+    return changed

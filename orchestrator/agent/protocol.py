@@ -7,7 +7,7 @@ installed. On that channel:
 * **stdin, controller to agent**: request lines, ``{"op": ...}`` as one JSON
   object per line, each followed by exactly ``size`` bytes of payload when
   it says so (``put``). Once the agent supervises a run, the lines are just
-  ``stop`` and ``kill``.
+  ``ping`` (every ``HEARTBEAT_S``), ``stop``, ``kill`` and ``done``.
 * **stdout, agent to controller**: control lines, ``CONTROL_PREFIX`` and a
   JSON object, each a line of its own, followed by ``size`` payload bytes
   when a reply says so (``get``). Everything else on stdout is node output
@@ -29,6 +29,13 @@ CONTROL_PREFIX = b"::ddp-orch:: "
 # The exit event's reason when torchrun ended before any stop request: the
 # node's own outcome, which no later stop may relabel as "stopped".
 ENDED_ON_ITS_OWN = "torchrun exited"
+# Liveness while a run is attached: each side sends something at least every
+# HEARTBEAT_S (the controller ``ping``, the supervisor a heartbeat event); the
+# other side gives up after PEER_TIMEOUT_S of silence. A partition that sends
+# no FIN or RST (a pulled cable, a frozen sshd) is so noticed within 30 s on
+# both sides, where TCP alone takes 15 minutes to hours.
+HEARTBEAT_S = 5.0
+PEER_TIMEOUT_S = 30.0
 MAX_CONTROL_LINE = 1 << 20  # a longer control line is a broken or hostile node
 MAX_TRANSFER = 1 << 30  # no single put/get is larger (bundles are capped far below)
 
@@ -38,6 +45,7 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"home": (str,), "pid": (int,), "python": (str,)},
     "reply": {"ok": (bool,)},
     "joined": {},
+    "heartbeat": {},
     "started": {"workers": (int,)},
     "exit": {"code": (int,), "reason": (str,), "failures": (list,), "last_lines": (list,),
              "duration_s": _NUM},

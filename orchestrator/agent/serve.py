@@ -4,6 +4,7 @@ It starts by saying hello (the node's home, pid and Python), then answers
 requests (``protocol.request``) one at a time until stdin closes:
 
 =============  ==============================================================
+``mkrun``      create the run directory, refusing one that exists or a root not ours
 ``put``        receive a file (size and SHA-256 checked), write it atomically
 ``get``        send a regular file back, size-capped
 ``bind``       can the master port be bound here (0: pick a free one)
@@ -96,6 +97,8 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         path = files.put(request["path"], data, size=int(request["size"]),
                          sha256=str(request["sha256"]), mode=int(request.get("mode", 0o600)))
         reply(ok=True, path=path)
+    elif op == "mkrun":
+        reply(ok=True, path=files.make_run_dir(str(request["run_dir"]), str(request["root"])))
     elif op == "get":
         data = files.get(request["path"], int(request["max"]))
         if data is None:

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from . import failures, guardian, procs
+from . import failures, files, guardian, procs
 from .protocol import ENDED_ON_ITS_OWN, LineBuffer, Reader, encode
 from .workerlogs import WorkerLogs
 
@@ -56,6 +56,8 @@ class Supervisor:
         self.stop_requested = False
         self.stopped_at: float | None = None  # when a stop was asked for, if ever
         self.guardian = None  # guardian.start(): ends the run if we die first
+        self.last_heard = time.monotonic()  # the controller's last line (a ping at least)
+        self.controller_lost = False
         self.hurry = threading.Event()  # skip the grace period: SIGKILL now
         self.out = sys.stdout.buffer
         self.out_lock = threading.Lock()
@@ -90,6 +92,7 @@ class Supervisor:
         relay.start()
         follower = threading.Thread(target=self.follow_workers, daemon=True)
         follower.start()
+        threading.Thread(target=self.send_heartbeats, daemon=True).start()
         code = self.wait(child.pid)
         if code is None:  # stop requested before torchrun finished
             code = self.teardown(child.pid)
@@ -101,6 +104,8 @@ class Supervisor:
         self.workers_done.set()  # every worker is gone: what is in the files is all
         follower.join(timeout=10.0)
         relay.join(timeout=2.0)
+        if self.spec.get("secrets"):  # the logs are complete: mask what they hold
+            files.scrub_tree(os.path.join(self.run_dir, "torchrun"), self.spec["secrets"])
         self.write_state(child.pid, started, code)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
         self.emit({"event": "exit", "code": code, "reason": reason,
@@ -129,6 +134,7 @@ class Supervisor:
                 line = self.stdin.readline().strip()
             except (OSError, ValueError):
                 line = b""
+            self.last_heard = time.monotonic()
             if not line and self.stdin.eof:
                 self.request_stop("lost the controller (stdin closed)")
                 return
@@ -171,15 +177,22 @@ class Supervisor:
 
         A controller that is gone (killed, or its SSH link dropped) closes our
         stdout: the output is dropped, the relay keeps draining torchrun so it
-        never blocks on a full pipe, and stdin EOF drives the teardown.
+        never blocks on a full pipe, and stdin EOF drives the teardown. One
+        that went silent (no FIN, no RST) is noticed by its missing pings
+        (``wait``), and from then on output is dropped too.
         """
-        if data:
-            with self.out_lock:
-                try:
-                    self.out.write(data)
-                    self.out.flush()
-                except (BrokenPipeError, ValueError):  # ValueError: stdout closed
-                    pass
+        if data and not self.controller_lost:
+            # A write blocks while a partitioned controller's pipe is full; the
+            # lock's timeout keeps the teardown and the exit event from waiting on it.
+            if not self.out_lock.acquire(timeout=5.0):
+                return
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (BrokenPipeError, ValueError):  # ValueError: stdout closed
+                pass
+            finally:
+                self.out_lock.release()
 
     def tail_lines(self) -> list[str]:
         """torchrun's last (up to 200) lines."""
@@ -211,7 +224,19 @@ class Supervisor:
                 return None
             if milestones:
                 self.check_milestones(pid, milestones)
-            self.wakeup.wait(0.25 if milestones else None)
+            timeout = self.spec.get("peer_timeout_s")
+            if timeout and time.monotonic() - self.last_heard > timeout:
+                self.controller_lost = True
+                self.request_stop(f"lost the controller (nothing from it for {timeout:g}s)")
+                continue
+            self.wakeup.wait(0.25 if milestones else 1.0)
+
+    def send_heartbeats(self) -> None:
+        """A heartbeat event every ``heartbeat_s`` while torchrun runs, so the
+        controller can tell a quiet run from a silent partition."""
+        every = self.spec.get("heartbeat_s")
+        while every and not self.exited.wait(every):
+            self.emit({"event": "heartbeat"})
 
     def check_milestones(self, pid: int, milestones: list[str]) -> None:
         port = self.spec.get("master_port")

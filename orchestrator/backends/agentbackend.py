@@ -20,6 +20,7 @@ from ..errors import TransportError
 from ..plan.build import resolve_plan
 from ..plan.dryrun import DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
+from ..plan.secrets import scrub, secret_values
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, gang_outcome
 from ..records.rundir import RunDir
@@ -89,7 +90,7 @@ class AgentBackend(LaunchBackend):
             with open(bundle, "rb") as fh:
                 gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
                             start_timeout_s=self.options.start_timeout_s)
-                outcome = gang.run(fh.read())
+                outcome = gang.run(fh.read(), {n.node_rank: self._root(n) for n in resolved.plan.nodes})
             # Agents whose run ended cleanly serve the fetch on the same channel.
             reusable = {h.node.node_rank: agent for h in gang.handles
                         if (agent := h.release()) is not None}
@@ -156,6 +157,11 @@ class AgentBackend(LaunchBackend):
             for n in info.plan.nodes)
         return gang_outcome(info.plan.run_id, nodes, timeout, interrupted=False)
 
+    def _root(self, node: NodePlan) -> str:
+        """Where a node's run directory may be created: the workdir, or for a
+        node on this machine, the local run directory it lives in."""
+        return os.path.dirname(node.run_dir) if node.is_local else self.require_spec().workdir
+
     def _node_transport(self, node: NodePlan) -> Transport:
         return self.transport(node.node_rank, node.host, self.connection(node.node_rank))
 
@@ -206,6 +212,7 @@ class AgentBackend(LaunchBackend):
                         _note(run, k, f"not fetched: {exc.message}")
                         continue
                     if data is not None:
+                        data = scrub(data, secret_values(info.nodes[k].env))
                         path = run.file(local)
                         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
                         with open(path, "wb") as fh:

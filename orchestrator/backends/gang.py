@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Mapping
 
+from ..agent.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
 from ..plan.dryrun import DryRun
 from ..records.outcome import RunOutcome, gang_outcome
@@ -35,15 +36,18 @@ class Gang:
         self.grace_s = grace_s
         self.start_timeout_s = start_timeout_s
         self._changed = threading.Event()  # some node's command ended
+        self._over = threading.Event()  # the gang is done: stop pinging
         self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
                                    on_change=self._changed.set) for launch in info.nodes]
         self.interrupted = False
 
-    def run(self, bundle: bytes) -> RunOutcome:
+    def run(self, bundle: bytes, roots: Mapping[int, str]) -> RunOutcome:
+        """Upload ``bundle`` into each node's new run directory under its
+        ``roots`` entry, start every node, watch them, tear down."""
         started = time.monotonic()
         by_rank = {h.node.node_rank: h for h in self.handles}
         try:
-            on_all(lambda k: by_rank[k].prepare(bundle), by_rank).values(
+            on_all(lambda k: by_rank[k].prepare(bundle, roots[k]), by_rank).values(
                 "uploading to the nodes", self._label)
             port = int(self.plan.master_port)
             on_all(lambda k: by_rank[k].start(
@@ -51,12 +55,14 @@ class Gang:
                 by_rank).values("starting the nodes", self._label)
             self.console.info(f"started {self.plan.world_size} processes on "
                               f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
+            threading.Thread(target=self._ping, daemon=True, name="gang-ping").start()
             self._watch()
         except KeyboardInterrupt:
             self.interrupted = True
             self.console.always("ddp-orch: interrupted; stopping every node "
                                 "(press Ctrl-C again to kill at once)")
         finally:
+            self._over.set()
             self._teardown()
         outcomes = tuple(h.finish() for h in self.handles)
         return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,
@@ -73,6 +79,14 @@ class Gang:
             self._changed.clear()
             codes = [h.poll() for h in self.handles]
             if all(code is not None for code in codes):
+                return
+            silent = [h for h in self.handles if h.silent]
+            if silent:
+                for handle in silent:
+                    handle.partitioned = True
+                    handle.abort()  # it cannot hear a stop; its agent gives up on us too
+                self._stop_all(", ".join(self._label(h.node.node_rank) for h in silent)
+                               + f" silent for {PEER_TIMEOUT_S:g}s")
                 return
             failed = [h for h, code in zip(self.handles, codes) if code not in (None, 0)]
             if failed:
@@ -91,6 +105,12 @@ class Gang:
                 return
             self._changed.wait(0.5)  # woken at once when a node ends
 
+    def _ping(self) -> None:
+        """``ping`` every node while the gang runs (see ``protocol.HEARTBEAT_S``)."""
+        while not self._over.wait(HEARTBEAT_S):
+            for handle in self.handles:
+                handle.ping()
+
     def _stop_all(self, why: str) -> None:
         self.console.info(f"{why}; stopping every node")
         for handle in self.handles:
@@ -99,7 +119,8 @@ class Gang:
     def _teardown(self) -> None:
         """Stop what still runs: gracefully, then SIGKILL through the
         supervisors, then cut them off. A 2nd Ctrl-C skips the grace period."""
-        running = [h for h in self.handles if h.supervising and h.poll() is None]
+        running = [h for h in self.handles
+                   if h.supervising and not h.partitioned and h.poll() is None]
         if not running:
             return
         try:

@@ -6,9 +6,10 @@ import threading
 import time
 from typing import Callable
 
-from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, LineBuffer, ProtocolError,
-                              decode)
+from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
+                              LineBuffer, ProtocolError, decode)
 from ..console import Console
+from ..errors import TransportError
 from ..plan.dryrun import NodeLaunch
 from ..plan.secrets import scrub, secret_values
 from ..records.outcome import NodeOutcome, NodeState
@@ -26,7 +27,9 @@ def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int, grace_s: 
     return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
             "first_rank": node.first_rank, "nproc": node.nproc, "master_port": master_port,
             "argv": list(launch.argv), "env": dict(launch.env),
-            "unset_env": list(launch.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s}
+            "unset_env": list(launch.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s,
+            "heartbeat_s": HEARTBEAT_S, "peer_timeout_s": PEER_TIMEOUT_S,
+            "secrets": [value.decode() for value in secret_values(launch.env)]}
 
 
 class NodeHandle:
@@ -44,14 +47,21 @@ class NodeHandle:
         self.control: dict | None = None
         self.stop_sent = False
         self.killed = False  # kill closed stdin: the channel cannot be reused
+        self.last_heard = time.monotonic()  # the node's last bytes (a heartbeat at least)
+        self.secrets = secret_values(launch.env)
+        self.partitioned = False  # silent for PEER_TIMEOUT_S: given up on
         self.joined = False  # torchrun reached the rendezvous store on node 0
         self.started = False  # torchrun spawned workers: the rendezvous completed
         self.timed_out = False
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
 
-    def prepare(self, bundle: bytes) -> None:
-        """Upload the code bundle into the node's run directory."""
+    def prepare(self, bundle: bytes, root: str) -> None:
+        """Create the node's run directory under ``root`` (the workdir), then
+        upload the code bundle into it."""
+        reply = self.agent.call("mkrun", run_dir=self.node.run_dir, root=root)
+        if not reply["ok"]:
+            raise TransportError(self.node.host, str(reply.get("error")))
         self.agent.put(bundle, f"{self.node.run_dir}/{BUNDLE_NAME}")
 
     def start(self, spec: dict) -> None:
@@ -72,11 +82,12 @@ class NodeHandle:
         the channel is the agent's again (``release``); whatever followed it
         goes back to the agent's reader.
         """
-        secrets = secret_values(self.launch.env)
+        secrets = self.secrets
         lines = LineBuffer()
         with open(self.run.node_log(self.node.node_rank), "ab") as log:
             while self.control is None:
                 chunk = self.agent.read_chunk(65536)
+                self.last_heard = time.monotonic()
                 block = lines.feed(chunk) if chunk else lines.flush()
                 kept, rest = self._take_control(block)
                 if secrets:
@@ -114,9 +125,10 @@ class NodeHandle:
         return b"".join(kept), b""
 
     def _on_event(self, line: bytes) -> bytes:
-        """Act on a control line; a malformed one is logged, never trusted."""
+        """Act on a control line; a malformed one is logged, never trusted.
+        Secret values are masked in it before anything keeps or shows it."""
         try:
-            event = decode(line)
+            event = decode(scrub(line, self.secrets) if self.secrets else line)
         except ProtocolError as exc:
             return f"ddp-orch: ignored a malformed control line from the node: {exc}\n".encode()
         if event["event"] == "joined":
@@ -151,6 +163,16 @@ class NodeHandle:
             self.agent.process.close_stdin()
             self.killed = True
 
+    @property
+    def silent(self) -> bool:
+        """Nothing from the node for PEER_TIMEOUT_S while its run goes on."""
+        return self.poll() is None and time.monotonic() - self.last_heard > PEER_TIMEOUT_S
+
+    def ping(self) -> None:
+        """Tell the node's supervisor the controller is still there."""
+        if self.supervising and self.control is None and not self.killed:
+            self.agent.process.send(b"ping\n")
+
     def release(self) -> AgentHandle | None:
         """After the exit event: give the channel back to the agent, for
         fetching files. None when the channel is gone or was cut."""
@@ -173,6 +195,10 @@ class NodeHandle:
         failures = tuple(control.get("failures", ()))
         if not self.supervising:
             state, reason = NodeState.NOT_STARTED, "never started"
+        elif self.partitioned:
+            state, reason = NodeState.LOST, (
+                f"nothing from the node for {PEER_TIMEOUT_S:g}s (a silent partition or a frozen "
+                f"node); its agent tears the run down after {PEER_TIMEOUT_S:g}s without us")
         elif code is None:
             state, reason = NodeState.LOST, "still running when the controller gave up on it"
         elif code == 0:

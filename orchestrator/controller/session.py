@@ -18,7 +18,7 @@ from ..config.spec import ClusterSpec
 from ..console import Console
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
-from ..plan.secrets import scrub, secret_values
+from ..plan.secrets import mask_cluster_text, scrub, secret_values
 from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir, new_run_id
 from ..records.store import write_state
@@ -67,8 +67,10 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
 
 
 def scrubbed_text(spec: ClusterSpec) -> str:
-    """The cluster file as given, but with secret env values masked."""
+    """The cluster file as given, but with secret env values masked: by
+    their place in the YAML, and by value wherever else they appear."""
     secrets = set()
     for node in spec.nodes:
         secrets.update(secret_values(node.env))
-    return scrub(spec.text.encode(), tuple(sorted(secrets, key=len, reverse=True))).decode()
+    masked = mask_cluster_text(spec.text)
+    return scrub(masked.encode(), tuple(sorted(secrets, key=len, reverse=True))).decode()

@@ -30,3 +30,44 @@ def scrub(line: bytes, secrets: tuple[bytes, ...]) -> bytes:
     for value in secrets:
         line = line.replace(value, MASK.encode())
     return line
+
+
+def mask_cluster_text(text: str) -> str:
+    """The cluster file's text with the values of secret-looking ``env``
+    entries replaced, wherever and however the YAML spells them.
+
+    Masking by value misses what the text spells differently from the value
+    (``"s3cr\\u0065t"``, a hex integer, a folded block), so the spans of the
+    values come from the YAML nodes themselves: the top-level ``env`` and
+    every node's. An alias points at its anchor's node, so the anchored
+    original is masked too. Values are then also masked wherever they
+    appear verbatim (a comment, another key).
+    """
+    import yaml  # only here: a dry run never stores the file
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return text  # the loader accepted it; this cannot happen, and masks by value below
+    spans: list[tuple[int, int]] = []
+
+    def env_spans(mapping: object) -> None:
+        if isinstance(mapping, yaml.MappingNode):
+            spans.extend((value.start_mark.index, value.end_mark.index)
+                         for key, value in mapping.value
+                         if isinstance(key, yaml.ScalarNode) and SECRET_NAME.search(str(key.value)))
+
+    def entry(mapping: object, name: str) -> object:
+        if isinstance(mapping, yaml.MappingNode):
+            return next((v for k, v in mapping.value
+                         if isinstance(k, yaml.ScalarNode) and k.value == name), None)
+        return None
+
+    env_spans(entry(root, "env"))
+    nodes = entry(root, "nodes")
+    for node in nodes.value if isinstance(nodes, yaml.SequenceNode) else ():
+        env_spans(entry(node, "env"))
+    for start, end in sorted(set(spans), reverse=True):
+        end -= len(text[start:end]) - len(text[start:end].rstrip())  # a block keeps its line end
+        text = text[:start] + f'"{MASK}"' + text[end:]
+    return text

@@ -1,4 +1,9 @@
-"""Prints the secret it was given, as careless training scripts do."""
+"""Prints the secret it was given, as careless training scripts do, and with
+--fail raises it in an exception, as careless error messages do."""
 import os
+import sys
 
-print("token is", os.environ["HF_TOKEN"], flush=True)
+token = os.environ["HF_TOKEN"]
+print("token is", token, flush=True)
+if "--fail" in sys.argv:
+    raise RuntimeError(f"could not log in with {token}")
