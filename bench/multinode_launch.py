@@ -10,7 +10,7 @@ concurrently, with the system OpenSSH client, ``ssh -F <lab cfg> nodeK
 nodes once beforehand for the floor (as someone launching by hand would
 have it); ddp-orch uploads it on every run, which is part of its cost.
 
-Target: ddp-orch/floor <= 1.2 at each host count (median wall time).
+Target: ddp-orch/floor <= 1.05 at each host count (median wall time).
 
     .venv/bin/python bench/multinode_launch.py [--reps 3] [--hosts 2,4]
 """
@@ -30,7 +30,7 @@ from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_
                      footer, free_port, header, lab, median_columns, parser, print_table, ratio_range,
                      result_line, run, samples_table, tempdir)
 
-TARGET = 1.2
+TARGET = 1.05
 
 
 def cluster_file(root, n: int) -> str:

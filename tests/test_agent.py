@@ -138,3 +138,44 @@ def test_the_run_directory_is_new_and_its_root_ours_alone(agent, tmp_path):
                          root=str(tmp_path / "w2"))
     assert planted["ok"] is False and "a link or a file" in planted["error"]
     assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_what_teardown_cannot_end_is_reported_by_pid_and_command():
+    """A process teardown cannot end (uninterruptible sleep, not ours to
+    signal) is named with its command, not silently left behind. Standing in
+    for "cannot": a check that says the pid is no longer ours, so no signal is
+    sent, as for a pid reused between the /proc scan and the signal."""
+    import signal
+    import subprocess
+
+    from orchestrator.agent import procs
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        signalled, survivors = procs.terminate(lambda: {sleeper.pid}, grace_s=0,
+                                               still_ours=lambda pid: False)
+        assert signalled == {sleeper.pid}
+        assert survivors == {sleeper.pid: "sleep 30"}
+        assert sleeper.poll() is None  # it really was never signalled
+    finally:
+        sleeper.send_signal(signal.SIGKILL)
+        sleeper.wait()
+
+
+def test_uploads_pipelined_behind_a_refused_run_directory_do_not_land(tmp_path):
+    """The controller sends mkrun and the bundle in one go; when mkrun is
+    refused, the bundle behind it must not be written."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    agent = AgentHandle(LocalTransport(), sys.executable, wait=False)
+    try:
+        run_dir = shared / "runs" / "r" / "node-0"
+        agent.send("mkrun", run_dir=str(run_dir), root=str(shared))
+        agent.send_put(b"code", str(run_dir / "bundle.tar.gz"))
+        assert agent.reply("mkrun")["ok"] is False
+        with pytest.raises(TransportError, match="run directory was refused"):
+            agent.put_done(str(run_dir / "bundle.tar.gz"))
+        assert not (shared / "runs").exists()
+    finally:
+        agent.close()

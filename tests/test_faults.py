@@ -116,6 +116,23 @@ def test_supervisor_sigkilled_on_node1_leaves_nothing_within_30s(ssh_lab, tmp_pa
     assert "leftover process" in (tmp_path / "runs" / "sup9" / "node-1.log").read_text()
 
 
+def test_losing_node0_ends_with_the_summary_not_a_traceback(make_ssh_lab, tmp_path):
+    """Node 0 holds rank 0's result; when its host goes away, fetching it
+    fails, and that must be a line in the summary, not a crash."""
+    lab = make_ssh_lab(2)
+    env, cluster = setup_run(lab, tmp_path, "lost0")
+    proc = start_up(cluster, env, tmp_path, "lost0")
+    wait_training(proc)
+    lab.stop_host("node0")  # its sshd and every session: the host is gone
+    out = finish(proc)
+    assert proc.returncode == 1, out
+    ours = [line for line in out.splitlines() if not line.startswith("[node")]  # not relayed
+    assert not [line for line in ours if "Traceback" in line], out
+    assert "root cause: node 0 (node0)" in out and "FAILED" in out
+    assert "cannot be reached to clean up" in (tmp_path / "runs" / "lost0" / "node-0.log").read_text()
+    assert wait_gone("lost0", 20) == set()  # node 0's supervisor saw its channel close
+
+
 def test_a_frozen_link_is_noticed_on_both_sides_within_60s(make_ssh_lab, tmp_path):
     """node1's sshd is frozen (SIGSTOP), listener and sessions alike: no FIN,
     no RST, the kernel still ACKs, so TCP alone would notice nothing for

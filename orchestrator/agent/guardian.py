@@ -31,7 +31,9 @@ def _guard():
     while b"done" not in heard:
         chunk = os.read(0, 64)
         if not chunk:  # the supervisor is gone without its teardown
-            terminate(lambda: marked_processes(tuple(sys.argv[1:3])), float(sys.argv[3]))
+            marker = tuple(sys.argv[1:3])
+            terminate(lambda: marked_processes(marker), float(sys.argv[3]),
+                      still_ours=lambda pid: has_marker(pid, marker))
             return
         heard += chunk
 

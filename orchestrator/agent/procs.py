@@ -18,27 +18,39 @@ import time
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def terminate(find, grace_s: float, hurry: threading.Event | None = None) -> set[int]:
+def terminate(find, grace_s: float, hurry: threading.Event | None = None,
+              still_ours=None) -> tuple[set[int], dict[int, str]]:
     """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (cut short when
     ``hurry`` is set), then SIGKILL until nothing is left (new forks
-    included). Returns every pid signalled."""
+    included). Returns every pid signalled, and the survivors, by pid with
+    their command line: what would not die (a process in uninterruptible
+    sleep, one we may not signal, a fork loop faster than us), so that they
+    are reported instead of silently left behind."""
     seen = set(find())
-    signal_all(seen, signal.SIGTERM)
+    signal_all(seen, signal.SIGTERM, still_ours)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and not (hurry and hurry.is_set()):
         left = find()
         seen |= left
         if not left:
-            return seen
+            return seen, {}
         time.sleep(0.05)
     for _ in range(100):
         left = find()
         if not left:
-            break
+            return seen, {}
         seen |= left
-        signal_all(left, signal.SIGKILL)
+        signal_all(left, signal.SIGKILL, still_ours)
         time.sleep(0.02)
-    return seen
+    return seen, {pid: command_line(pid) for pid in sorted(find())}
+
+
+def command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    except OSError:
+        return "?"
 
 
 def marked_processes(marker: tuple[str, ...]) -> set[int]:
@@ -105,12 +117,47 @@ def has_marker(pid: int, marker: tuple[str, ...]) -> bool:
     return all(m.encode() in entries for m in marker)
 
 
-def signal_all(pids: set[int], sig: int) -> None:
+def signal_all(pids: set[int], sig: int, still_ours=None) -> None:
+    """Send ``sig`` to ``pids``. Where the kernel has pidfds, each process is
+    pinned first and ``still_ours(pid)`` checked after, so a pid that ended
+    and was reused between the /proc scan and the signal is never hit."""
     for pid in pids:
+        fd = None
         try:
-            os.kill(pid, sig)
+            if hasattr(os, "pidfd_open"):
+                fd = os.pidfd_open(pid)
+            if still_ours is not None and not still_ours(pid):
+                continue
+            if fd is not None:
+                signal.pidfd_send_signal(fd, sig)
+            else:
+                os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        except OSError:  # pidfds unsupported here (ENOSYS): plain kill
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Is ``ancestor`` on ``pid``'s parent chain (read now, from /proc)?"""
+    for _ in range(64):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            return False
+        pid = int(stat[stat.rfind(")") + 2:].split()[1])
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
 def reap(pid: int, block: bool = False) -> int | None:

@@ -96,6 +96,11 @@ def validate(message: Any) -> dict[str, Any]:
                 raise ProtocolError(f"exit message: bad failure record {str(failure)[:200]}")
         if not all(isinstance(line, str) for line in message["last_lines"]):
             raise ProtocolError("exit message: last_lines must be strings")
+        survivors = message.get("survivors", [])
+        if not isinstance(survivors, list) or not all(
+                isinstance(x, dict) and isinstance(x.get("pid"), int)
+                and isinstance(x.get("cmd"), str) for x in survivors):
+            raise ProtocolError("exit message: survivors must be {pid, cmd} records")
         stopped = message.get("stopped_at")
         if stopped is not None and (not isinstance(stopped, _NUM) or isinstance(stopped, bool)):
             raise ProtocolError("exit message: stopped_at must be a time or null")

@@ -47,6 +47,7 @@ def reply(payload: bytes = b"", **fields) -> None:
 
 def serve() -> int:
     stdin = Reader(0)
+    refused = False
     with _LOCK:
         sys.stdout.buffer.write(encode({"event": "hello", "home": probes.home(),
                                         "pid": os.getpid(), "python": sys.executable}))
@@ -72,9 +73,13 @@ def serve() -> int:
             _serve_after(stdin)
             return code
         try:
+            if op == "put" and refused:
+                stdin.read_exact(int(request["size"]))
+                raise files.TransferError("not written: the run directory was refused")
             _answer(op, request, stdin)
         except (files.TransferError, ProtocolError, OSError, KeyError, TypeError,
                 ValueError) as exc:
+            refused = refused or op == "mkrun"  # pipelined uploads behind it must not land
             reply(ok=False, error=str(exc) or type(exc).__name__)
 
 
@@ -121,9 +126,11 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
     elif op == "down":
         marker = (f"DDP_ORCH_RUN_ID={request['run_id']}",
                   f"DDP_ORCH_NODE_RANK={request['node_rank']}")
-        killed = procs.terminate(lambda: procs.marked_processes(marker),
-                                 float(request.get("grace_s", 5)))
-        reply(ok=True, killed=sorted(killed))
+        killed, survivors = procs.terminate(lambda: procs.marked_processes(marker),
+                                            float(request.get("grace_s", 5)),
+                                            still_ours=lambda pid: procs.has_marker(pid, marker))
+        reply(ok=True, killed=sorted(killed),
+              survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])
     else:
         reply(ok=False, error=f"unknown request {op!r}")
 

@@ -58,6 +58,7 @@ class Supervisor:
         self.guardian = None  # guardian.start(): ends the run if we die first
         self.last_heard = time.monotonic()  # the controller's last line (a ping at least)
         self.controller_lost = False
+        self.survivors: dict[int, str] = {}  # pid -> command line of what would not die
         self.hurry = threading.Event()  # skip the grace period: SIGKILL now
         self.out = sys.stdout.buffer
         self.out_lock = threading.Lock()
@@ -111,6 +112,7 @@ class Supervisor:
         self.emit({"event": "exit", "code": code, "reason": reason,
                    "failures": failures.collect(self.run_dir, self.tail_lines()),
                    "stopped_at": self.stopped_at, "last_lines": last,
+                   "survivors": [{"pid": p, "cmd": c} for p, c in self.survivors.items()],
                    "duration_s": round(time.time() - started, 3)})
         return code
 
@@ -251,7 +253,11 @@ class Supervisor:
 
     def teardown(self, pid: int, grace_s: float | None = None) -> int:
         """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""
-        procs.terminate(self.processes, self.grace_s if grace_s is None else grace_s, hurry=self.hurry)
+        me = os.getpid()
+        _, survivors = procs.terminate(
+            self.processes, self.grace_s if grace_s is None else grace_s, hurry=self.hurry,
+            still_ours=lambda p: procs.has_marker(p, self.marker) or procs.descends_from(p, me))
+        self.survivors.update(survivors)
         self.exited.wait(30.0)  # SIGKILL was sent: torchrun is gone or going
         return self.exit_code if self.exit_code is not None else 128 + signal.SIGKILL
 

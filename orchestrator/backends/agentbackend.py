@@ -15,6 +15,7 @@ import time
 from abc import abstractmethod
 from typing import Any, Mapping
 
+from ..config.spec import AUTO_PORT
 from ..console import Console
 from ..errors import TransportError
 from ..plan.build import resolve_plan
@@ -31,7 +32,8 @@ from .base import CancelResult, LaunchBackend, OnRunning, Preflight
 from .bundle import build_bundle, scan_script_dir
 from .fanout import on_all
 from .gang import Gang
-from .preflight import master_port, run_checks
+from .nodehandle import BUNDLE_NAME, describe_survivors
+from .preflight import master_port_from, run_checks
 
 MAX_RESULT_BYTES = 16 << 20  # rank 0's result.json
 MAX_ERROR_FILE_BYTES = 1 << 20  # one torchrun error file
@@ -74,23 +76,24 @@ class AgentBackend(LaunchBackend):
         agents: dict[int, AgentHandle] = {}
         label = _labeller(plan)
         try:
-            opened, started = open_agents(transports, {n.node_rank: n.python for n in plan.nodes},
-                                          self.options.start_timeout_s)
+            build_bundle(run.file("bundle.tar.gz"), plan.script)
+            with open(run.file("bundle.tar.gz"), "rb") as fh:
+                bundle = fh.read()
+            opened, started = open_agents(
+                transports, {n.node_rank: n.python for n in plan.nodes},
+                self.options.start_timeout_s,
+                first=lambda k, agent: self._prepare(plan, k, agent, bundle))
             agents.update(started)
             hung = [k for k, exc in opened.failed.items() if isinstance(exc, TimeoutError)]
             if hung and len(hung) == len(opened.failed):
                 return self._not_joined(info, hung, console)
-            opened.values("connecting to the nodes", label)
-            port = master_port(plan, agents[0])
+            port = opened.values("connecting to the nodes", label)[0]
             resolved = self.dryrun(resolve_plan(
                 plan, master_port=port, homes={k: a.home for k, a in agents.items()}))
             on_running(resolved)
-            bundle = run.file("bundle.tar.gz")
-            build_bundle(bundle, plan.script)
-            with open(bundle, "rb") as fh:
-                gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
-                            start_timeout_s=self.options.start_timeout_s)
-                outcome = gang.run(fh.read(), {n.node_rank: self._root(n) for n in resolved.plan.nodes})
+            gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
+                        start_timeout_s=self.options.start_timeout_s)
+            outcome = gang.run()
             # Agents whose run ended cleanly serve the fetch on the same channel.
             reusable = {h.node.node_rank: agent for h in gang.handles
                         if (agent := h.release()) is not None}
@@ -117,7 +120,8 @@ class AgentBackend(LaunchBackend):
             finally:
                 transport.close()
             return CancelResult(node.node_rank, node.host, tuple(reply.get("killed") or ()),
-                                "" if reply["ok"] else str(reply.get("error")))
+                                "" if reply["ok"] else str(reply.get("error")),
+                                tuple(reply.get("survivors") or ()))
 
         done = on_all(down, range(len(record.nodes)), timeout_s=self.options.grace_s + 90)
         return [done.succeeded.get(k) or CancelResult(
@@ -157,6 +161,22 @@ class AgentBackend(LaunchBackend):
             for n in info.plan.nodes)
         return gang_outcome(info.plan.run_id, nodes, timeout, interrupted=False)
 
+    def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle, bundle: bytes) -> int | None:
+        """Everything a node needs before its supervisor starts, sent in one go
+        behind the agent itself (no round trip waits on the node's shell):
+        its new run directory, the code bundle, and on node 0 the master port
+        check. Returns the port (node 0) or None."""
+        node = plan.nodes[k]
+        agent.send("mkrun", run_dir=node.run_dir, root=self._root(node))
+        agent.send_put(bundle, f"{node.run_dir}/{BUNDLE_NAME}")
+        if k == 0:
+            agent.send("bind", port=0 if plan.master_port == AUTO_PORT else int(plan.master_port))
+        made = agent.reply("mkrun")
+        if not made["ok"]:
+            raise TransportError(agent.host, str(made.get("error")))
+        agent.put_done(f"{node.run_dir}/{BUNDLE_NAME}")
+        return master_port_from(plan, agent.reply("bind")) if k == 0 else None
+
     def _root(self, node: NodePlan) -> str:
         """Where a node's run directory may be created: the workdir, or for a
         node on this machine, the local run directory it lives in."""
@@ -180,7 +200,9 @@ class AgentBackend(LaunchBackend):
                 agent.close()
             killed = reply.get("killed") or []
             _note(run, k, f"node lost; down ended {len(killed)} leftover process(es)"
-                  + (f": {' '.join(map(str, killed))}" if killed else ""))
+                  + (f": {' '.join(map(str, killed))}" if killed else "")
+                  + (f"; {describe_survivors(reply['survivors'])}" if reply.get("survivors")
+                     else ""))
 
         for k, exc in on_all(sweep, lost, timeout_s=self.options.grace_s + 60).failed.items():
             _note(run, k, f"node lost, and it cannot be reached to clean up: {_message(exc)}; "

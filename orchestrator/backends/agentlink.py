@@ -12,7 +12,7 @@ checked by size and SHA-256 on both ends, so a node needs no SFTP. After
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..agent import bootstrap
 from ..agent.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, digest, request
@@ -56,10 +56,22 @@ class AgentHandle:
 
     def call(self, op: str, payload: bytes = b"", *, max_reply: int = 1 << 20,
              **fields: Any) -> dict:
-        """Send one request (and its payload); its reply, with ``data`` when
-        the reply carries bytes (at most ``max_reply``, checked against its
-        SHA-256). A node that announces more is cut off, not read."""
+        """Send one request (and its payload) and return its reply."""
+        self.send(op, payload, **fields)
+        return self.reply(op, max_reply=max_reply)
+
+    def send(self, op: str, payload: bytes = b"", **fields: Any) -> None:
+        """Send a request without waiting: the agent answers requests in order,
+        so several can be in flight (before its hello, too: they wait in the
+        channel while the node's shell and Python start)."""
         self.process.send(request(op, **fields) + payload)
+
+    def reply(self, op: str, *, max_reply: int = 1 << 20) -> dict:
+        """The next reply, with ``data`` when it carries bytes (at most
+        ``max_reply``, checked against its SHA-256). A node that announces
+        more is cut off, not read."""
+        if not self.hello:
+            self.await_hello()
         reply = self._message("reply")
         if reply.get("size", 0) > max_reply:
             self.process.abort()
@@ -77,7 +89,14 @@ class AgentHandle:
 
     def put(self, data: bytes, path: str, mode: int = 0o600) -> str:
         """Write ``data`` to ``path`` on the node; returns the absolute path."""
-        reply = self.call("put", data, path=path, size=len(data), sha256=digest(data), mode=mode)
+        self.send_put(data, path, mode)
+        return self.put_done(path)
+
+    def send_put(self, data: bytes, path: str, mode: int = 0o600) -> None:
+        self.send("put", data, path=path, size=len(data), sha256=digest(data), mode=mode)
+
+    def put_done(self, path: str) -> str:
+        reply = self.reply("put")
         if not reply["ok"]:
             raise TransportError(self.host, f"upload to {path} failed: {reply.get('error')}")
         return str(reply.get("path", path))
@@ -158,15 +177,21 @@ class AgentHandle:
 
 
 def open_agents(transports: Mapping[int, Transport], pythons: Mapping[int, str],
-                timeout_s: float) -> tuple[GroupResult, dict[int, AgentHandle]]:
+                timeout_s: float, first: Callable[[int, "AgentHandle"], Any] | None = None
+                ) -> tuple[GroupResult, dict[int, AgentHandle]]:
     """Start an agent on every node at once and wait up to ``timeout_s`` for
-    their hellos. Returns the group result and every agent that was started,
-    answering or not, so the caller can close them all (a hung node's
-    process included)."""
+    each to answer. ``first(k, agent)``, if given, runs as soon as node k's
+    agent is started, before its hello: it may send requests (they are
+    pipelined behind the agent's own upload) and collect their replies; its
+    value is the node's result. Returns the group result and every agent
+    that was started, answering or not, so the caller can close them all (a
+    hung node's process included)."""
     started: dict[int, AgentHandle] = {}
 
-    def open_one(k: int) -> AgentHandle:
+    def open_one(k: int) -> Any:
         started[k] = AgentHandle(transports[k], pythons[k], wait=False)
+        if first is not None:
+            return first(k, started[k])
         return started[k].await_hello()
 
     return on_all(open_one, transports, timeout_s=timeout_s), started

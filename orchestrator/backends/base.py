@@ -68,6 +68,7 @@ class CancelResult:
     host: str
     killed: tuple[int, ...]
     error: str = ""
+    survivors: tuple[dict, ...] = ()  # {pid, cmd} of what would not die
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Run a resolved dry-run on its nodes as one gang, and own it until it is over.
 
-Lifecycle: every node gets the code bundle (in parallel), then every
-node's agent becomes its supervisor (in parallel). The gang then watches
+Lifecycle: every node's agent, which has the code already (see
+``AgentBackend.launch``), becomes its supervisor, all in parallel. The gang then watches
 them. When one node fails, the others are stopped at once. Whatever
 happens (success, failure, Ctrl-C, an exception), the ``finally`` block
 stops every node still running: ``stop`` on stdin, a deadline, ``kill``,
@@ -41,14 +41,12 @@ class Gang:
                                    on_change=self._changed.set) for launch in info.nodes]
         self.interrupted = False
 
-    def run(self, bundle: bytes, roots: Mapping[int, str]) -> RunOutcome:
-        """Upload ``bundle`` into each node's new run directory under its
-        ``roots`` entry, start every node, watch them, tear down."""
+    def run(self) -> RunOutcome:
+        """Start every node (their agents have the code already), watch them,
+        tear down."""
         started = time.monotonic()
         by_rank = {h.node.node_rank: h for h in self.handles}
         try:
-            on_all(lambda k: by_rank[k].prepare(bundle, roots[k]), by_rank).values(
-                "uploading to the nodes", self._label)
             port = int(self.plan.master_port)
             on_all(lambda k: by_rank[k].start(
                 supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),

@@ -9,7 +9,6 @@ from typing import Callable
 from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
                               LineBuffer, ProtocolError, decode)
 from ..console import Console
-from ..errors import TransportError
 from ..plan.dryrun import NodeLaunch
 from ..plan.secrets import scrub, secret_values
 from ..records.outcome import NodeOutcome, NodeState
@@ -55,14 +54,6 @@ class NodeHandle:
         self.timed_out = False
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
-
-    def prepare(self, bundle: bytes, root: str) -> None:
-        """Create the node's run directory under ``root`` (the workdir), then
-        upload the code bundle into it."""
-        reply = self.agent.call("mkrun", run_dir=self.node.run_dir, root=root)
-        if not reply["ok"]:
-            raise TransportError(self.node.host, str(reply.get("error")))
-        self.agent.put(bundle, f"{self.node.run_dir}/{BUNDLE_NAME}")
 
     def start(self, spec: dict) -> None:
         self.agent.supervise(spec)
@@ -216,8 +207,17 @@ class NodeHandle:
         else:
             state, reason = NodeState.FAILED, _failure_reason(
                 code, failures, self.node.first_rank, control.get("last_lines") or [])
+        if control.get("survivors"):
+            reason += "; " + describe_survivors(control["survivors"])
         return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
                            self.ended_at, failures)
+
+
+def describe_survivors(survivors: list[dict]) -> str:
+    """``2 process(es) survived the teardown: pid 12 (python x.py), ...``"""
+    shown = ", ".join(f"pid {s['pid']} ({s['cmd'][:80]})" for s in survivors[:5])
+    more = f" and {len(survivors) - 5} more" if len(survivors) > 5 else ""
+    return f"{len(survivors)} process(es) survived the teardown: {shown}{more}"
 
 
 def _failed_on_its_own(control: dict) -> bool:

@@ -102,12 +102,16 @@ def _torch_versions(results: list[CheckResult]) -> list[CheckResult]:
 
 def master_port(plan: RunPlan, agent: AgentHandle) -> int:
     """A free master port on node 0 (``auto``), or the given one if it is free."""
-    wanted = 0 if plan.master_port == AUTO_PORT else int(plan.master_port)
-    reply = agent.call("bind", port=wanted)
+    return master_port_from(plan, agent.call("bind", port=0 if plan.master_port == AUTO_PORT
+                                             else int(plan.master_port)))
+
+
+def master_port_from(plan: RunPlan, reply: dict) -> int:
+    """The port node 0's ``bind`` reply found, or why the given one is not free."""
     if reply["ok"]:
         return int(reply["port"])
     raise LaunchError(
-        f"master port {wanted} on {plan.nodes[0].host} (node 0) is already in use "
+        f"master port {plan.master_port} on {plan.nodes[0].host} (node 0) is already in use "
         f"({reply.get('error')}); pick another `master.port`, or use `port: auto`")
 
 

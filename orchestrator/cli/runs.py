@@ -107,4 +107,4 @@ def down(run_id: str, grace: float, runs_dir: str) -> None:
     stopped, nodes = run_down(record, grace,
                               note=lambda text: click.echo(f"ddp-orch down: {text}", err=True))
     click.echo(render_down(record, stopped, nodes), nl=False)
-    sys.exit(1 if any(n.error for n in nodes) else 0)
+    sys.exit(1 if any(n.error or n.survivors for n in nodes) else 0)

@@ -45,6 +45,10 @@ def render_down(record: RunRecord, stopped_controller: bool, nodes: list[CancelR
     for node in nodes:
         if node.error:
             lines.append(f"  node {node.node_rank} ({node.host}): could not check: {node.error}")
+        elif node.survivors:
+            lines.append(f"  node {node.node_rank} ({node.host}): could NOT end "
+                         + ", ".join(f"pid {s['pid']} ({s['cmd'][:80]})" for s in node.survivors)
+                         + " (uninterruptible, or not ours to signal: check that node)")
         elif node.killed:
             lines.append(f"  node {node.node_rank} ({node.host}): ended {len(node.killed)} "
                          f"process(es): {' '.join(map(str, node.killed))}")
