@@ -46,6 +46,8 @@ def collect(run_dir: str, torchrun_tail: list[str]) -> list[dict]:
                     "timestamp": stamp, "error_file": os.path.relpath(path, run_dir)})
     if not out:  # no @record: torchrun's summary names the first failure
         out = [_refine(run_dir, f) for f in _root_cause_from_summary(torchrun_tail)]
+    if not out:  # no summary either (torchrun was stopped mid-way): the ranks' own words
+        out = _from_stderr(run_dir)
     return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
 
 
@@ -55,20 +57,45 @@ def _refine(run_dir: str, failure: dict) -> dict:
         return failure
     found = glob.glob(os.path.join(run_dir, "torchrun", "*", "attempt_*",
                                    str(failure["local_rank"]), "stderr.log"))
-    if not found:
+    traceback = _last_exception(found[0]) if found else None
+    if traceback is None:
         return failure
+    message, stamp = traceback
+    # The traceback's write time, unless the file is stale (then it is not
+    # this failure's): torchrun noticed the failure after it, within seconds.
+    if stamp < failure["timestamp"] - 5:
+        stamp = failure["timestamp"]
+    return {**failure, "message": message, "timestamp": stamp}
+
+
+def _from_stderr(run_dir: str) -> list[dict]:
+    """Every rank that ended on an exception, from its stderr alone: for when
+    torchrun left neither error files nor a summary (it was stopped while
+    handling its workers' failure)."""
+    out = []
+    for path in glob.glob(os.path.join(run_dir, "torchrun", "*", "attempt_*", "*", "stderr.log")):
+        traceback = _last_exception(path)
+        if traceback is not None:
+            out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),
+                        "message": traceback[0], "timestamp": traceback[1], "error_file": None})
+    return out
+
+
+def _last_exception(path: str) -> tuple[str, float] | None:
+    """The last exception line of a rank's stderr, with the user's frame
+    (``RuntimeError: boom (train.py:42)``), and the file's write time."""
     try:
-        with open(found[0], "rb") as fh:
-            fh.seek(max(0, os.path.getsize(found[0]) - STDERR_TAIL))
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - STDERR_TAIL))
             lines = [_RANK_PREFIX.sub("", line, count=1)
                      for line in fh.read().decode("utf-8", "replace").splitlines()]
-        stamp = os.stat(found[0]).st_mtime
+        stamp = os.stat(path).st_mtime
     except OSError:
-        return failure
+        return None
     exception = next((i for i in range(len(lines) - 1, -1, -1)
                       if _EXCEPTION_LINE.match(lines[i])), None)
     if exception is None:
-        return failure
+        return None
     frames = [m for m in map(_FRAME_LINE.match, lines[:exception]) if m]
     # The user's frame: the innermost one outside installed packages and the stdlib.
     own = [m for m in frames if not re.search(r"/(site|dist)-packages/|/lib/python3", m.group(1))]
@@ -76,11 +103,7 @@ def _refine(run_dir: str, failure: dict) -> dict:
     message = lines[exception].strip()
     if where:
         message += f" ({os.path.basename(where.group(1))}:{where.group(2)})"
-    # The traceback's write time, unless the file is stale (then it is not
-    # this failure's): torchrun noticed the failure after it, within seconds.
-    if stamp < failure["timestamp"] - 5:
-        stamp = failure["timestamp"]
-    return {**failure, "message": message[-2000:], "timestamp": stamp}
+    return message[-2000:], stamp
 
 
 def _root_cause_from_summary(lines: list[str]) -> list[dict]:

@@ -5,6 +5,7 @@ requests (``protocol.request``) one at a time until stdin closes:
 
 =============  ==============================================================
 ``mkrun``      create the run directory, refusing one that exists or a root not ours
+``discard``    remove the run directories this agent created (a launch abandoned)
 ``put``        receive a file (size and SHA-256 checked), write it atomically
 ``get``        send a regular file back, size-capped
 ``bind``       can the master port be bound here (0: pick a free one)
@@ -32,6 +33,7 @@ from . import files, probes, procs
 from .protocol import ProtocolError, Reader, digest, encode
 
 _LOCK = threading.Lock()
+_made: list[str] = []  # run directories this agent created (for ``discard``)
 
 
 def reply(payload: bytes = b"", **fields) -> None:
@@ -103,7 +105,15 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
                          sha256=str(request["sha256"]), mode=int(request.get("mode", 0o600)))
         reply(ok=True, path=path)
     elif op == "mkrun":
-        reply(ok=True, path=files.make_run_dir(str(request["run_dir"]), str(request["root"])))
+        _made.append(files.make_run_dir(str(request["run_dir"]), str(request["root"])))
+        reply(ok=True, path=_made[-1])
+    elif op == "discard":
+        import shutil
+
+        for path in _made:  # only what this channel created: the launch was abandoned
+            shutil.rmtree(path, ignore_errors=True)
+        reply(ok=True, removed=list(_made))
+        _made.clear()
     elif op == "get":
         data = files.get(request["path"], int(request["max"]))
         if data is None:

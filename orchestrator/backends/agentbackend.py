@@ -85,6 +85,9 @@ class AgentBackend(LaunchBackend):
                 first=lambda k, agent: self._prepare(plan, k, agent, bundle))
             agents.update(started)
             hung = [k for k, exc in opened.failed.items() if isinstance(exc, TimeoutError)]
+            if not opened.ok:  # nothing starts: take back what was prepared where we can
+                on_all(lambda k: agents[k].call("discard"), [k for k in agents if k not in hung],
+                       timeout_s=30)
             if hung and len(hung) == len(opened.failed):
                 return self._not_joined(info, hung, console)
             port = opened.values("connecting to the nodes", label)[0]
