@@ -31,3 +31,18 @@ def cli():
 
 
 from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401  (fixtures for every test module)
+
+
+def every_file_holding(root, secret: str) -> list[str]:
+    """Every file under ``root`` whose bytes hold ``secret`` (gzip members unpacked)."""
+    import gzip
+
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            if path.suffix == ".gz":
+                data = gzip.decompress(data)
+            if secret.encode() in data:
+                found.append(str(path.relative_to(root)))
+    return found

@@ -113,6 +113,8 @@ def test_supervisor_sigkilled_on_node1_leaves_nothing_within_30s(ssh_lab, tmp_pa
     assert "root cause: node 1 (node1): the node agent ended without reporting " \
            "(killed by signal 9)" in out
     assert wait_gone("sup9", 30 - (time.monotonic() - killed_at)) == set()
+    print(f"supervisor SIGKILL: every process of the run gone "
+          f"{time.monotonic() - killed_at:.1f}s after the kill")
     assert "leftover process" in (tmp_path / "runs" / "sup9" / "node-1.log").read_text()
 
 
@@ -151,6 +153,7 @@ def test_a_frozen_link_is_noticed_on_both_sides_within_60s(make_ssh_lab, tmp_pat
         assert wait_gone("frz", 60) == set()  # node 0 by the controller, node 1 by itself
         gone_s = time.monotonic() - frozen_at
         out = finish(proc, timeout=120)
+        exited_s = time.monotonic() - frozen_at
     finally:
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
@@ -158,7 +161,8 @@ def test_a_frozen_link_is_noticed_on_both_sides_within_60s(make_ssh_lab, tmp_pat
     assert "node 1 (node1) silent for 30s; stopping every node" in out
     assert "root cause: node 1 (node1): nothing from the node for 30s" in out
     assert gone_s < 60
-    print(f"frozen link: every process of the run gone {gone_s:.1f}s after the freeze")
+    print(f"frozen link: every process of the run gone {gone_s:.1f}s after the freeze; "
+          f"the controller exited after {exited_s:.1f}s")
 
 
 def test_controller_sigkilled_nodes_clean_themselves_up(ssh_lab, tmp_path):

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, every_file_holding, run_cli
 from procscan import wait_gone
 
 pytestmark = pytest.mark.live
@@ -74,21 +74,6 @@ def test_a_node_that_never_joins_is_named_after_the_start_timeout(tmp_path):
     assert "not joined: node 1 (localhost)" in result.stdout
     assert "root cause: node 1 (localhost): did not join the rendezvous" in result.stdout
     assert wait_gone("stuck", 10) == set()
-
-
-def every_file_holding(root, secret: str) -> list[str]:
-    """Every file under ``root`` whose bytes hold ``secret`` (gzip members unpacked)."""
-    import gzip
-
-    found = []
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            if path.suffix == ".gz":
-                data = gzip.decompress(data)
-            if secret.encode() in data:
-                found.append(str(path.relative_to(root)))
-    return found
 
 
 @pytest.mark.parametrize("fail", [False, True])

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, every_file_holding, run_cli
 from labhome import lab_cluster, lab_home
 from procscan import wait_gone
 
@@ -98,3 +98,25 @@ def test_a_worker_crash_on_node1_tears_down_node0(ssh_lab, tmp_path):
     assert (tmp_path / "runs" / "crash" / "node-0.log").stat().st_size > 0
     error = json.loads((tmp_path / "runs" / "crash" / "errors" / "node-1" / "rank-2.json").read_text())
     assert "injected failure on rank 2" in json.dumps(error)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_no_file_on_the_controller_or_the_nodes_holds_a_secret(ssh_lab, tmp_path, fail):
+    """Over SSH: the run directory here and each node's own, searched file by
+    file (see the local twin in test_local_launch.py)."""
+    shutil.copy(os.path.join(PROGRAMS, "print_secret.py"), tmp_path)
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 1}", "{host: node1, procs: 1}"],
+                          "workload:\n  script: print_secret.py\n"
+                          + ("  args: {fail: true}\n" if fail else ""),
+                          extra='env: {HF_TOKEN: "hf_s3cr\\u0033t_value"}\n', name="sshsec")
+    run_id = f"sshsec-{fail}".lower()
+    result = run_cli("up", cluster, "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"),
+                     env=env, timeout=180)
+    assert result.returncode == (1 if fail else 0), result.stdout + result.stderr
+    assert "hf_s3cr3t_value" not in result.stdout + result.stderr
+    assert every_file_holding(tmp_path / "runs" / run_id, "hf_s3cr3t_value") == []
+    assert every_file_holding(tmp_path / "remote" / "runs" / run_id, "hf_s3cr3t_value") == []
+    assert "token is ********" in (tmp_path / "runs" / run_id / "node-1.log").read_text()
+    if fail:
+        assert "could not log in with ********" in result.stdout

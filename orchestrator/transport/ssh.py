@@ -26,7 +26,6 @@ from a remote ``exit 255``.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import signal
 import socket
