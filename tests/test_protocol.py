@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from orchestrator.agent.protocol import (CONTROL_PREFIX, ProtocolError, Reader, decode, encode,
-                                         split_control)
+from orchestrator.agent.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, encode
 from orchestrator.backends.nodehandle import NodeHandle
 from orchestrator.console import Console
 from orchestrator.plan.dryrun import NodeLaunch
@@ -56,11 +55,6 @@ def test_reader_keeps_payloads_whole_whatever_the_chunking():
     assert reader.readline() == b""
     with pytest.raises(ProtocolError, match="ended 3 bytes early"):
         reader.read_exact(3)
-
-
-def test_control_lines_are_split_from_output():
-    block = b"a\n" + encode({"event": "joined"}) + b"b\n"
-    assert split_control(block) == (b"a\nb\n", [encode({"event": "joined"})])
 
 
 class FakeProcess:

@@ -8,22 +8,24 @@ import socket
 import pytest
 
 from orchestrator.agent import probes, workerlogs
-from orchestrator.agent.protocol import line_blocks as _line_blocks
+from orchestrator.agent.protocol import LineBuffer
 from orchestrator.console import Console
 
 
-def reader(*chunks: bytes):
-    it = iter(chunks)
-    return lambda size: next(it, b"")
+def _line_blocks(chunks, max_line: int = 1 << 20) -> list[bytes]:
+    """What the relay writes downstream for ``chunks``: blocks of whole lines, then the rest."""
+    lines = LineBuffer(max_line)
+    blocks = [block for chunk in chunks if (block := lines.feed(chunk))]
+    return blocks + ([rest] if (rest := lines.flush()) else [])
 
 
 def test_blocks_end_at_newlines_and_keep_the_rest_for_later():
-    blocks = list(_line_blocks(reader(b"ab", b"c\nde", b"f\ng\n", b"tail")))
+    blocks = _line_blocks([b"ab", b"c\nde", b"f\ng\n", b"tail"])
     assert blocks == [b"abc\n", b"def\ng\n", b"tail"]
 
 
 def test_a_line_longer_than_the_limit_is_passed_on_unsplit_by_newlines():
-    blocks = list(_line_blocks(reader(b"x" * 6, b"y" * 6, b"\n"), max_line=10))
+    blocks = _line_blocks([b"x" * 6, b"y" * 6, b"\n"], max_line=10)
     assert blocks == [b"x" * 6 + b"y" * 6, b"\n"]
     assert b"".join(blocks) == b"x" * 6 + b"y" * 6 + b"\n"
 

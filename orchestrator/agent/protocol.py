@@ -144,27 +144,6 @@ class LineBuffer:
         return rest
 
 
-def line_blocks(read: Callable[[int], bytes], size: int = 65536,
-                max_line: int = 1 << 20) -> Iterator[bytes]:
-    """Blocks of complete lines from ``read(size)``; at EOF, whatever is left."""
-    buffer = LineBuffer(max_line)
-    while chunk := read(size):
-        if block := buffer.feed(chunk):
-            yield block
-    if rest := buffer.flush():
-        yield rest
-
-
-def split_control(block: bytes) -> tuple[bytes, list[bytes]]:
-    """A block of lines without its control lines, and those lines."""
-    if CONTROL_PREFIX not in block:
-        return block, []
-    kept, control = [], []
-    for line in block.splitlines(keepends=True):
-        (control if line.startswith(CONTROL_PREFIX) else kept).append(line)
-    return b"".join(kept), control
-
-
 class Reader:
     """Buffered reads from a file descriptor, by line or by exact size.
 

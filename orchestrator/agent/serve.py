@@ -50,6 +50,7 @@ def reply(payload: bytes = b"", **fields) -> None:
 def serve() -> int:
     stdin = Reader(0)
     refused = False
+    code = None  # torchrun's exit code, once this agent has supervised a run
     with _LOCK:
         sys.stdout.buffer.write(encode({"event": "hello", "home": probes.home(),
                                         "pid": os.getpid(), "python": sys.executable}))
@@ -57,7 +58,7 @@ def serve() -> int:
     while True:
         line = stdin.readline()
         if not line:
-            return 0
+            return code or 0
         try:
             request = json.loads(line)
             if not isinstance(request, dict):
@@ -66,15 +67,16 @@ def serve() -> int:
             reply(ok=False, error=f"bad request: {exc}")
             continue
         op = request.get("op")
-        if op == "supervise":
+        if op == "supervise" and code is None:
             from .supervisor import Supervisor
 
             supervisor = Supervisor(request["spec"], stdin)
             code = supervisor.run()
             supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
-            _serve_after(stdin)
-            return code
+            continue
         try:
+            if code is not None and op != "get":
+                raise ValueError("after a run only `get` is served")
             if op == "put" and refused:
                 stdin.read_exact(int(request["size"]))
                 raise files.TransferError("not written: the run directory was refused")
@@ -82,19 +84,6 @@ def serve() -> int:
         except (files.TransferError, ProtocolError, OSError, KeyError, TypeError,
                 ValueError) as exc:
             refused = refused or op == "mkrun"  # pipelined uploads behind it must not land
-            reply(ok=False, error=str(exc) or type(exc).__name__)
-
-
-def _serve_after(stdin: Reader) -> None:
-    """After the run: answer ``get`` (rank 0's result, error files) on the
-    same channel until stdin closes, so nothing needs a second connection."""
-    while line := stdin.readline():
-        try:
-            request = json.loads(line)
-            if not isinstance(request, dict) or request.get("op") != "get":
-                raise ValueError("after a run only `get` is served")
-            _answer("get", request, stdin)
-        except (files.TransferError, OSError, KeyError, TypeError, ValueError) as exc:
             reply(ok=False, error=str(exc) or type(exc).__name__)
 
 

@@ -132,17 +132,11 @@ class AgentBackend(LaunchBackend):
             for k in range(len(record.nodes))]
 
     def check(self, plan: RunPlan) -> Preflight:
-        transports: list[Transport] = []
-
-        def open_agent(node: NodePlan, wait: bool = True) -> AgentHandle:
-            transport = self._node_transport(node)
-            transports.append(transport)
-            return AgentHandle(transport, node.python, wait=wait)
-
+        transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}
         try:
-            return run_checks(plan, open_agent, self.where, self.options.check_timeout_s)
+            return run_checks(plan, transports, self.where, self.options.check_timeout_s)
         finally:
-            for transport in transports:
+            for transport in transports.values():
                 transport.close()
 
     # -- helpers ------------------------------------------------------------

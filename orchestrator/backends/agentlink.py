@@ -112,7 +112,7 @@ class AgentHandle:
 
     def supervise(self, spec: dict) -> None:
         """Make the agent the node's supervisor; its output follows (``read_chunk``)."""
-        self.process.send(request("supervise", spec=spec))
+        self.send("supervise", spec=spec)
 
     def read_chunk(self, size: int) -> bytes:
         """The channel's output, starting with whatever the reader holds."""

@@ -14,26 +14,21 @@ from typing import Callable, Mapping
 from ..config.spec import AUTO_PORT
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
-from .agentlink import AgentHandle
+from ..transport.base import Transport
+from .agentlink import AgentHandle, open_agents
 from .base import CheckResult, Preflight
 from .fanout import on_all
 
-OpenAgent = Callable[..., AgentHandle]  # (node, wait=True) -> a started agent
-
-
-def run_checks(plan: RunPlan, open_agent: OpenAgent, reach_label: Callable[[NodePlan], str],
-               timeout_s: float = 60.0) -> Preflight:
+def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
+               reach_label: Callable[[NodePlan], str], timeout_s: float = 60.0) -> Preflight:
     """All checks; a node that cannot be reached is skipped for the rest."""
     agents: dict[int, AgentHandle] = {}
     started: dict[int, AgentHandle] = {}  # answering or not: all are closed at the end
     results: list[CheckResult] = []
-
-    def open_one(k: int) -> AgentHandle:
-        started[k] = open_agent(plan.nodes[k], wait=False)
-        return started[k].await_hello()
-
     try:
-        opened = on_all(open_one, range(len(plan.nodes)), timeout_s=timeout_s)
+        opened, opening = open_agents(transports, {n.node_rank: n.python for n in plan.nodes},
+                                      timeout_s)
+        started.update(opening)
         agents.update(opened.succeeded)
         for node in plan.nodes:
             k = node.node_rank
@@ -50,7 +45,7 @@ def run_checks(plan: RunPlan, open_agent: OpenAgent, reach_label: Callable[[Node
                 k, plan.nodes[k].host, "python", False, _describe(probes.failed[k]))])
         results.extend(_torch_versions(results))
         if len(agents) == len(plan.nodes):
-            results.extend(_master_checks(plan, agents, open_agent, timeout_s))
+            results.extend(_master_checks(plan, agents, transports, timeout_s))
     finally:
         on_all(lambda k: started[k].close(), list(started))
     return Preflight(tuple(results))
@@ -115,8 +110,8 @@ def master_port_from(plan: RunPlan, reply: dict) -> int:
         f"({reply.get('error')}); pick another `master.port`, or use `port: auto`")
 
 
-def _master_checks(plan: RunPlan, agents: dict[int, AgentHandle], open_agent: OpenAgent,
-                   timeout_s: float) -> list[CheckResult]:
+def _master_checks(plan: RunPlan, agents: dict[int, AgentHandle],
+                   transports: Mapping[int, Transport], timeout_s: float) -> list[CheckResult]:
     """The master port is free on node 0, and every node can connect to it."""
     host0 = plan.nodes[0].host
     try:
@@ -130,7 +125,7 @@ def _master_checks(plan: RunPlan, agents: dict[int, AgentHandle], open_agent: Op
         if not listener.call("listen", port=port, timeout=timeout_s + 30)["ok"]:
             return results + [CheckResult(0, host0, "reach-master", False,
                                           "could not start a test listener on node 0")]
-        reach = on_all(lambda k: _connect(plan, k, agents, open_agent, port),
+        reach = on_all(lambda k: _connect(plan, k, agents, transports, port),
                        range(len(plan.nodes)),
                        timeout_s=timeout_s)
         return results + [reach.succeeded.get(k) or CheckResult(
@@ -140,12 +135,12 @@ def _master_checks(plan: RunPlan, agents: dict[int, AgentHandle], open_agent: Op
         listener.close()
 
 
-def _connect(plan: RunPlan, k: int, agents: Mapping[int, AgentHandle], open_agent: OpenAgent,
-             port: int) -> CheckResult:
+def _connect(plan: RunPlan, k: int, agents: Mapping[int, AgentHandle],
+             transports: Mapping[int, Transport], port: int) -> CheckResult:
     node, addr = plan.nodes[k], plan.master_addr
     agent = agents.get(k)
     if agent is None:  # node 0: its first agent holds the listener; ask a second one
-        second = open_agent(node)
+        second = AgentHandle(transports[k], node.python)
         try:
             reply = second.call("connect", addr=addr, port=port, timeout=5)
         finally:

@@ -175,12 +175,13 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
         return
+    from ..records.outcome import RunState
     from ..report.summary import render_summary
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
     outcome, run = _launcher(runs_dir, console, options)(spec, run_id=run_id)
     console.always(render_summary(outcome, run.path))
-    sys.exit(0 if outcome.ok else 130 if outcome.state.value == "interrupted" else 1)
+    sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 
 def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callable[..., Any]:
