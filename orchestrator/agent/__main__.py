@@ -2,7 +2,9 @@
 
 ``serve`` is what the controller runs (see ``serve.py``);
 ``supervise SPEC.json`` runs a node supervisor from a spec file directly,
-for tests and for starting a node by hand.
+for tests and for starting a node by hand; ``job JOB.json`` is one node of
+a Slurm job (``jobnode.py``), run from the zipapp the controller writes
+into the job's shared run directory.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ def main(argv: list[str]) -> int:
 
         with open(argv[1], encoding="utf-8") as fh:
             code = Supervisor(json.load(fh)).run()
+    elif len(argv) == 2 and argv[0] == "job":
+        from .jobnode import run
+
+        code = run(argv[1])
     else:
-        print("usage: ddp_orch_agent serve | supervise SPEC.json", file=sys.stderr)
+        print("usage: ddp_orch_agent serve | supervise SPEC.json | job JOB.json", file=sys.stderr)
         return 2
     try:
         sys.stdout.flush()

@@ -84,6 +84,30 @@ def payload(argv: list[str]) -> bytes:
     return json.dumps(head).encode() + b"\n" + blob
 
 
+ZIPAPP_MAIN = "from ddp_orch_agent.__main__ import main\nimport sys\nmain(sys.argv[1:])\n"
+
+
+def zipapp(path: str) -> str:
+    """Write this package as a zipapp (``python agent.pyz job JOB.json``), for
+    nodes that a scheduler starts from a shared directory. Written whole to a
+    temporary name, then renamed. Returns its SHA-256."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, source in sources().items():
+            parts = name.split(".")
+            inner = "/".join(parts) + ("/__init__.py" if len(parts) == 1 else ".py")
+            zf.writestr(zipfile.ZipInfo(inner, (1980, 1, 1, 0, 0, 0)), source)
+        zf.writestr(zipfile.ZipInfo("__main__.py", (1980, 1, 1, 0, 0, 0)), ZIPAPP_MAIN)
+    data = buffer.getvalue()
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(data)
+    os.replace(path + ".tmp", path)
+    return digest(data)
+
+
 def command(python: str) -> list[str]:
     """The argv that starts BOOT with ``python`` on a node.
 

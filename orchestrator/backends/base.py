@@ -40,6 +40,7 @@ class LaunchOptions:
     start_timeout_s: float = 300.0  # for every node to join the rendezvous
     accept_new_host_keys: bool = False
     check_timeout_s: float = 60.0
+    queue_timeout_s: float | None = None  # a scheduler's queue: how long a job may wait
 
 
 @dataclass(frozen=True)

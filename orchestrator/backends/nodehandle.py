@@ -202,7 +202,7 @@ class NodeHandle:
             how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
             state, reason = NodeState.LOST, (f"the node agent ended without reporting ({how}); "
                                              "its guardian tears the run down there")
-        elif self.stop_sent and not _failed_on_its_own(control):
+        elif (self.stop_sent or _signalled(control)) and not _failed_on_its_own(control):
             state, reason = NodeState.STOPPED, control.get("reason", "stopped by the controller")
         else:
             state, reason = NodeState.FAILED, _failure_reason(
@@ -218,6 +218,12 @@ def describe_survivors(survivors: list[dict]) -> str:
     shown = ", ".join(f"pid {s['pid']} ({s['cmd'][:80]})" for s in survivors[:5])
     more = f" and {len(survivors) - 5} more" if len(survivors) > 5 else ""
     return f"{len(survivors)} process(es) survived the teardown: {shown}{more}"
+
+
+def _signalled(control: dict) -> bool:
+    """The supervisor was told to stop by a signal (``got SIGTERM``): the
+    scheduler's teardown (scancel, srun --kill-on-bad-exit) or an operator's."""
+    return str(control.get("reason", "")).startswith("got SIG")
 
 
 def _failed_on_its_own(control: dict) -> bool:

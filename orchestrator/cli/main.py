@@ -143,7 +143,11 @@ launch_options = _options(
                       "a changed key is still refused."),
     click.option("--start-timeout", default=300.0, show_default=True,
                  type=click.FloatRange(1, 86400),
-                 help="Seconds for every node to join the rendezvous before the run fails."),
+                 help="Seconds for every node to join the rendezvous before the run fails "
+                      "(under Slurm: from the moment the job runs)."),
+    click.option("--queue-timeout", type=click.FloatRange(1, 30 * 86400), default=None,
+                 help="Slurm: seconds the job may wait in the queue before it is cancelled "
+                      "(default: no limit)."),
     click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
                  help="Seconds a node gets to stop gracefully before it is killed."),
 )
@@ -163,7 +167,8 @@ launch_options = _options(
 def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, local: bool,
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str, rank0_only: bool,
-       quiet: bool, accept_new_host_keys: bool, start_timeout: float, grace: float) -> None:
+       quiet: bool, accept_new_host_keys: bool, start_timeout: float,
+       queue_timeout: float | None, grace: float) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs)
@@ -171,7 +176,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
                           hint="letters, digits, '.', '_' and '-'")
     options = LaunchOptions(grace_s=grace, start_timeout_s=start_timeout,
-                            accept_new_host_keys=accept_new_host_keys)
+                            accept_new_host_keys=accept_new_host_keys,
+                            queue_timeout_s=queue_timeout)
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
         return
@@ -203,7 +209,8 @@ def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callab
 def compare(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
             gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
             baseline_run: str | None, ddp_run: str | None, show_output: bool, runs_dir: str,
-            accept_new_host_keys: bool, start_timeout: float, grace: float) -> None:
+            accept_new_host_keys: bool, start_timeout: float, queue_timeout: float | None,
+            grace: float) -> None:
     """Run the job as 1 process and on the whole cluster; report the speed-up.
 
     Same workload arguments for both (so the same global batch and samples).
@@ -218,7 +225,8 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
                                   arg_pairs)
     console = Console("rank0" if show_output else "quiet")
     launch = _launcher(runs_dir, console, LaunchOptions(
-        grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys))
+        grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
+        queue_timeout_s=queue_timeout))
     base = cmp.run_or_load("baseline", spec and cmp.baseline_spec(spec), baseline_run,
                            runs_dir=runs_dir, launch=launch)
     ddp = cmp.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)

@@ -16,11 +16,15 @@ from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpec, NodeSpec,
-                   SshSpec, WorkloadSpec, default_backend)
+                   SlurmSpec, SshSpec, WorkloadSpec, default_backend, placed_host)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
-TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "nodes", "workload")
+TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "slurm",
+            "nodes", "workload")
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
+COUNT_KEYS = ("count", "gpus", "procs")  # nodes: {count: N, gpus: G} (Slurm places them)
+SLURM_KEYS = ("partition", "account", "time", "qos", "extra")
+MAX_NODES = 4096
 SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeout")
 MASTER_KEYS = ("addr", "port")
 WORKLOAD_KEYS = ("name", "script", "args")
@@ -32,6 +36,17 @@ MAX_PROCS = 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOST_RE = re.compile(r"^[A-Za-z0-9_.:%\[\]-]+$")
+SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
+SLURM_TIME_RE = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,2}"
+                           r"|UNLIMITED|INFINITE|infinite|unlimited)$")
+SLURM_OPTION_RE = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(?:=[^\s]+)?$")
+# Options the Slurm backend sets itself: a second value would fight it.
+SLURM_OWN_OPTIONS = frozenset({
+    "nodes", "nodelist", "ntasks", "ntasks-per-node", "output", "error", "parsable", "wrap",
+    "job-name", "chdir", "gres", "gpus", "gpus-per-node", "cpus-per-task", "partition",
+    "account", "time", "qos", "wait", "array", "hold",
+})
 _DIGITS_RE = re.compile(r"^[0-9]+$")  # ASCII only: "²".isdigit() is True, int("²") fails
 # Set by torchrun or by ddp-orch itself; a user value would be silently wrong.
 RESERVED_ENV = frozenset({
@@ -76,22 +91,38 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     env = _env(top["env"]) if "env" in top else {}
     if "nodes" not in top:
         raise root.error("missing 'nodes'", hint="list at least one node with host and gpus")
-    nodes = _nodes(top["nodes"], ssh_default, python, env)
+    placed = isinstance(top["nodes"].value(), dict)
+    nodes = _placed_nodes(top["nodes"], python, env) if placed else \
+        _nodes(top["nodes"], ssh_default, python, env)
     if "workload" not in top:
         raise root.error("missing 'workload'",
                          hint="add `workload: {name: linear}` (see `ddp-orch workloads`)")
     workload = _workload(top["workload"], base_dir)
     master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
     device = _choice(top["device"], DEVICES) if "device" in top else "auto"
-    backend = _choice(top["backend"], BACKENDS) if "backend" in top else \
-        default_backend([node.host for node in nodes])
+    if "backend" in top:
+        backend = _choice(top["backend"], BACKENDS)
+    elif placed or "slurm" in top:
+        backend = "slurm"
+    else:
+        backend = default_backend([node.host for node in nodes])
     spec = ClusterSpec(
         name=_run_name(top["name"]) if "name" in top else _default_name(workload),
         backend=backend,
         master_addr=master_addr, master_port=master_port,
         workdir=_workdir(top["workdir"]) if "workdir" in top else DEFAULT_WORKDIR,
-        device=device, env=env, nodes=nodes, workload=workload, source=source, text=text)
+        device=device, env=env, nodes=nodes, workload=workload, source=source, text=text,
+        slurm=_slurm(top["slurm"]) if "slurm" in top else (SlurmSpec() if backend == "slurm"
+                                                            else None),
+        placed=placed)
+    if backend == "slurm":
+        _check_slurm_layout(spec, top)
     _check_layout(spec, top)
+    if backend != "slurm" and ("slurm" in top or placed):
+        where = top["slurm"] if "slurm" in top else top["nodes"]
+        what = "slurm: settings" if "slurm" in top else "nodes: {count: N} (Slurm places the nodes)"
+        raise where.error(f"{what} need backend: slurm, but the backend is {backend}",
+                          hint="set `backend: slurm`, or list the nodes with their hosts")
     return spec
 
 
@@ -212,6 +243,89 @@ def _identity_file(field: Located) -> str:
         raise field.error(f"cannot read the key file {raw!r}",
                           hint="check the path and its permissions, or leave it out to use ssh-agent")
     return path
+
+
+def _slurm(field: Located) -> SlurmSpec:
+    entries = field.mapping(SLURM_KEYS)
+    values: dict[str, Any] = {}
+    for key in ("partition", "account", "qos"):
+        if key in entries:
+            name = entries[key].string()
+            if not SLURM_NAME_RE.match(name):
+                raise entries[key].error(f"{name!r} is not a Slurm {key} name",
+                                         hint="letters, digits, '_', '.' or '-'")
+            values[key] = name
+    if "time" in entries:
+        raw = entries["time"].scalar()
+        text = str(raw) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else ""
+        if not SLURM_TIME_RE.match(text):
+            raise entries["time"].error(
+                f"{shown(raw)} is not a Slurm time limit",
+                hint='quote it, e.g. "04:00:00", "90" (minutes) or "1-12:00:00" (days-hours)')
+        values["time"] = text
+    if "extra" in entries:
+        values["extra"] = tuple(_slurm_option(item) for item in entries["extra"].sequence())
+    return SlurmSpec(**values)
+
+
+def _slurm_option(field: Located) -> str:
+    option = field.string()
+    if not SLURM_OPTION_RE.match(option):
+        raise field.error(f"{option!r} is not an sbatch option",
+                          hint='each entry is one long option, "--name" or "--name=value", '
+                               'with no spaces; it is passed to sbatch, never to a shell')
+    name = option[2:].split("=", 1)[0]
+    if name in SLURM_OWN_OPTIONS:
+        hint = (f"use `slurm: {{{name}: ...}}`" if name in SLURM_KEYS else
+                "ddp-orch sets it from the nodes: list")
+        raise field.error(f"--{name} is set by ddp-orch", hint=hint)
+    return option
+
+
+def _placed_nodes(field: Located, python: str | None,
+                  env: Mapping[str, str]) -> tuple[NodeSpec, ...]:
+    """``nodes: {count: N, gpus: G}`` or ``{count: N, procs: P}``: N nodes that
+    Slurm chooses, each running G GPU processes (from its GRES) or P CPU ones."""
+    entries = field.mapping(COUNT_KEYS)
+    if "count" not in entries:
+        raise field.error("missing 'count'", hint="nodes: {count: 2, gpus: 8} lets Slurm choose "
+                                                  "2 nodes; or list the nodes with their hosts")
+    if ("gpus" in entries) == ("procs" in entries):
+        raise field.error("give exactly one of 'gpus' or 'procs'",
+                          hint="gpus: G runs G processes per node on G GPUs from Slurm's "
+                               "GRES; procs: P runs P CPU processes per node")
+    count = entries["count"].integer(1, MAX_NODES)
+    gpus = entries["gpus"].integer(1, MAX_GPU_INDEX + 1) if "gpus" in entries else None
+    procs = entries["procs"].integer(1, MAX_PROCS) if "procs" in entries else None
+    return tuple(NodeSpec(host=placed_host(k), gpus=None, procs=procs, ssh=SshSpec(),
+                          python=python or "python3", env=dict(env), line=field.line,
+                          gpu_count=gpus) for k in range(count))
+
+
+def _check_slurm_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
+    """Rules of the Slurm backend: one agent per Slurm node, no SSH."""
+    if "ssh" in top:
+        raise top["ssh"].error("ssh: settings do not apply to backend: slurm",
+                               hint="Slurm starts the nodes; remove the ssh: block")
+    if spec.placed:
+        return
+    items = top["nodes"].sequence()
+    seen: dict[str, int] = {}
+    for k, (item, node) in enumerate(zip(items, spec.nodes)):
+        entries = item.mapping(NODE_KEYS)
+        if "ssh" in entries:
+            raise entries["ssh"].error("ssh: settings do not apply to backend: slurm",
+                                       hint="Slurm starts the nodes; remove the ssh: block")
+        if node.is_local:
+            raise entries["host"].error(
+                "with backend: slurm a host is a Slurm node name, not localhost",
+                hint="use the names `sinfo -N` lists, or `nodes: {count: N, ...}`")
+        if node.host in seen:
+            raise entries["host"].error(
+                f"{node.host} is already nodes[{seen[node.host]}]",
+                hint="under Slurm each node runs one agent: list a Slurm node once, "
+                     "with all its GPUs")
+        seen[node.host] = k
 
 
 def _nodes(field: Located, ssh: SshSpec, python: str | None,

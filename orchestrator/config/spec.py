@@ -14,12 +14,30 @@ LOCAL_HOSTS = frozenset({"localhost"})
 DEFAULT_WORKDIR = "~/.ddp-orch"
 DEFAULT_PORT = 29500
 # The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
-BACKENDS = ("local", "ssh")
+BACKENDS = ("local", "ssh", "slurm")
 
 
 def default_backend(hosts: "tuple[str, ...] | list[str]") -> str:
     """``local`` when every node is this machine, ``ssh`` otherwise."""
     return "local" if all(host in LOCAL_HOSTS for host in hosts) else "ssh"
+
+
+def placed_host(node_rank: int) -> str:
+    """The host of a node that Slurm places (``nodes: {count: N}``), until the
+    job starts and the allocation names it."""
+    return f"<slurm node {node_rank}>"
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """``slurm:`` settings, each an ``sbatch`` option; None leaves it to the
+    cluster's defaults. ``extra`` holds more options, each ``--name[=value]``."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    qos: str | None = None
+    extra: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,9 +63,12 @@ class NodeSpec:
     python: str
     env: Mapping[str, str]
     line: int | None = None
+    gpu_count: int | None = None  # placed by Slurm: this many GPUs from its GRES
 
     @property
     def nproc(self) -> int:
+        if self.gpu_count is not None:
+            return self.gpu_count
         return len(self.gpus) if self.gpus is not None else int(self.procs or 0)
 
     @property
@@ -83,6 +104,12 @@ class ClusterSpec:
     workload: WorkloadSpec
     source: str = "<memory>"
     text: str = ""
+    slurm: SlurmSpec | None = None  # with backend slurm
+    placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
+
+    @property
+    def uses_gpus(self) -> bool:
+        return all(node.procs is None for node in self.nodes)
 
     @property
     def world_size(self) -> int:

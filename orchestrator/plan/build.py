@@ -28,32 +28,38 @@ from .model import Entrypoint, NodePlan, RankPlan, RunPlan
 UNSET_ENV = ("TORCH_ELASTIC_WORKER_IDENTICAL",)
 
 
-def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: str) -> str:
-    """Local nodes live inside the local run directory; remote ones under workdir.
+def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: str,
+                 shared: bool = False) -> str:
+    """Local nodes live inside the local run directory; remote ones under
+    workdir, unless the nodes share the local run directory (``shared``:
+    Slurm's compute nodes see the submit host's file system).
 
     Each node gets its own directory even on a shared host or file system,
     so two "nodes" on one machine never write over each other.
     """
-    if spec.nodes[node_rank].is_local:
+    if shared or spec.nodes[node_rank].is_local:
         return f"{local_run_dir}/node-{node_rank}"
     return f"{spec.workdir}/runs/{run_id}/node-{node_rank}"
 
 
 def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
-               master_addr: str | None = None) -> RunPlan:
+               master_addr: str | None = None, shared_run_dir: bool = False) -> RunPlan:
     """The rank plan for ``spec``; pure, so dry-run and launch agree.
 
     ``master_addr`` is the backend's default for a file without one (node
-    0's address as the nodes see it).
+    0's address as the nodes see it); ``shared_run_dir`` puts every node's
+    run directory inside the local one (see ``node_run_dir``).
     """
     master_addr = spec.master_addr or master_addr or _default_master(spec)
     device = "cpu" if any(n.procs is not None for n in spec.nodes) else spec.device
     starts = [0, *itertools.accumulate(node.nproc for node in spec.nodes)]
     nodes = []
     for k, node in enumerate(spec.nodes):
-        run_dir = node_run_dir(spec, k, run_id, local_run_dir)
+        run_dir = node_run_dir(spec, k, run_id, local_run_dir, shared_run_dir)
         env = dict(node.env)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus)) if node.gpus is not None else ""
+        if node.gpu_count is None:  # else the scheduler's GRES allocation sets it
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus)) if node.gpus is not None \
+                else ""
         env[contract.DEVICE_ENV] = device
         env[contract.RUN_ID_ENV] = run_id
         env[contract.NODE_RANK_ENV] = str(k)
@@ -86,12 +92,16 @@ def _default_master(spec: ClusterSpec) -> str:
     return "127.0.0.1" if first.is_local else first.host
 
 
-def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str]) -> RunPlan:
-    """Fill in the launch-time facts: the master port and each node's ``~``.
+def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
+                 hosts: Mapping[int, str] | None = None,
+                 master_addr: str | None = None) -> RunPlan:
+    """Fill in the launch-time facts: the master port and each node's ``~``;
+    under a scheduler that places the nodes, also their hosts and the
+    master address, which are known only once the job runs.
 
-    Pure as well: the backend finds the port and the home directories.
-    Every path and env value is rewritten the same way, so nothing the
-    dry-run showed changes except those two facts.
+    Pure as well: the backend finds these facts. Every path and env value
+    is rewritten the same way, so nothing the dry-run showed changes except
+    those facts.
     """
     def fix(value: str, home: str) -> str:
         if value == "~" or value.startswith("~/"):
@@ -102,6 +112,9 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str]) -
     for node in plan.nodes:
         home = homes.get(node.node_rank, "~")
         nodes.append(dataclasses.replace(
-            node, run_dir=fix(node.run_dir, home),
+            node, host=(hosts or {}).get(node.node_rank, node.host),
+            run_dir=fix(node.run_dir, home),
             env=MappingProxyType({k: fix(v, home) for k, v in node.env.items()})))
-    return dataclasses.replace(plan, master_port=master_port, nodes=tuple(nodes))
+    ranks = tuple(dataclasses.replace(r, host=nodes[r.node_rank].host) for r in plan.ranks)
+    return dataclasses.replace(plan, master_port=master_port, nodes=tuple(nodes), ranks=ranks,
+                               master_addr=master_addr or plan.master_addr)

@@ -1,0 +1,152 @@
+"""The agent on a node that a scheduler started: one task of a Slurm step.
+
+Under Slurm nobody opens a channel to the node. ``srun`` starts one agent
+per node (``python agent.pyz job JOB.json``), and everything the
+controller would have sent lives in the job's run directory, on a file
+system that the login host and the compute nodes share:
+
+* ``JOB.json``: every node's supervisor spec, as the controller built it;
+* ``rendezvous.json``: written here, by node 0, once it has a free port;
+* ``node-K/agent.out``: this node's output and control lines, which the
+  controller tails exactly as it reads an SSH channel (``protocol``).
+
+Which entry of the plan is this node: the one whose host is the Slurm node
+name (``SLURMD_NODENAME``) when the file pinned the hosts, else the node's
+index in the allocation (``SLURM_NODEID``), which is how Slurm numbers the
+hosts it chose.
+
+The master address and port are known only inside the job. The argv the
+controller built carries two exact placeholder words for them (``ADDR_SLOT``,
+``PORT_SLOT``); they are replaced word for word, nothing else is parsed.
+
+Liveness is Slurm's: there is no controller on stdin, so stdin EOF is not a
+reason to stop. ``scancel`` (SIGTERM to every task), ``srun
+--kill-on-bad-exit`` (the same when a node fails) and the supervisor's own
+teardown end the run. Secret env values never touch the shared disk: they
+reach the job through sbatch's environment (``SECRET_PREFIX``) and are moved
+into the node's spec here, out of the workers' environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+from .protocol import encode
+
+ADDR_SLOT = "<slurm node 0>"
+PORT_SLOT = "<free port on slurm node 0>"
+RENDEZVOUS_FILE = "rendezvous.json"
+STREAM_FILE = "agent.out"
+SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
+POLL_S = 0.05
+
+
+class JobNodeError(Exception):
+    """This node cannot take part (not in the plan, no rendezvous)."""
+
+
+def secret_variable(node_rank: int, name: str) -> str:
+    return f"{SECRET_PREFIX}{node_rank}_{name}"
+
+
+def node_rank_here(job: dict, environ: dict) -> int:
+    """This node's rank in the plan, from what Slurm set for the task."""
+    if job.get("placed"):
+        node_id = environ.get("SLURM_NODEID", "")
+        if not node_id.isdigit() or int(node_id) >= len(job["nodes"]):
+            raise JobNodeError(f"SLURM_NODEID={node_id!r} is not a node of this "
+                               f"{len(job['nodes'])}-node job")
+        return int(node_id)
+    name = environ.get("SLURMD_NODENAME", "")
+    hosts = [node["host"] for node in job["nodes"]]
+    if name not in hosts:
+        raise JobNodeError(f"this is Slurm node {name!r}, which is not in the plan "
+                           f"({', '.join(hosts)})")
+    return hosts.index(name)
+
+
+def publish_rendezvous(job_dir: str, addr: str | None, port: int | None) -> dict:
+    """Node 0: choose the address and a free port, and tell the others."""
+    from .probes import bind
+
+    if not port:
+        found = bind(0)
+        if not found["ok"]:
+            raise JobNodeError(f"no free port for the rendezvous: {found['error']}")
+        port = found["port"]
+    where = {"addr": addr or socket.gethostname(), "port": int(port),
+             "node": os.environ.get("SLURMD_NODENAME", "")}
+    path = os.path.join(job_dir, RENDEZVOUS_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(where, fh)
+    os.replace(path + ".tmp", path)
+    return where
+
+
+def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
+    """Every other node: node 0's address and port, once it has published them."""
+    path = os.path.join(job_dir, RENDEZVOUS_FILE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                where = json.load(fh)
+            if isinstance(where.get("addr"), str) and isinstance(where.get("port"), int):
+                return where
+        except (FileNotFoundError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise JobNodeError(f"node 0 did not publish the rendezvous ({path}) within "
+                               f"{timeout_s:g}s")
+        time.sleep(POLL_S)
+
+
+def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> dict:
+    """The supervisor spec of this node, with the master filled in and the
+    secrets taken from the environment sbatch passed on."""
+    spec = dict(job["nodes"][node_rank]["spec"])
+    slots = {ADDR_SLOT: where["addr"], PORT_SLOT: str(where["port"])}
+    spec["argv"] = [slots.get(word, word) for word in spec["argv"]]
+    spec["master_port"] = where["port"]
+    env = dict(spec["env"])
+    for name in job["nodes"][node_rank].get("secret_env", ()):
+        env[name] = environ.get(secret_variable(node_rank, name), "")
+    spec["env"] = env
+    spec["secrets"] = sorted({v for n, v in env.items()
+                              if n in job["nodes"][node_rank].get("secret_env", ()) and v})
+    spec["unset_env"] = list(spec["unset_env"]) + sorted(
+        name for name in environ if name.startswith(SECRET_PREFIX))
+    spec["watch_stdin"] = False  # liveness is Slurm's; stdin is /dev/null
+    spec["peer_timeout_s"] = None
+    return spec
+
+
+def run(job_path: str) -> int:
+    """One node of the job, start to end; the exit code is torchrun's."""
+    with open(job_path, encoding="utf-8") as fh:
+        job = json.load(fh)
+    environ = dict(os.environ)
+    node_rank = node_rank_here(job, environ)  # an error here reaches the job's output
+    spec = job["nodes"][node_rank]["spec"]
+    os.makedirs(spec["run_dir"], mode=0o700, exist_ok=True)
+    out = os.open(os.path.join(spec["run_dir"], STREAM_FILE),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    try:
+        if node_rank == 0:
+            where = publish_rendezvous(job["job_dir"], job.get("master_addr"),
+                                       job.get("master_port"))
+        else:
+            where = await_rendezvous(job["job_dir"], float(job["start_timeout_s"]))
+    except JobNodeError as exc:
+        os.write(1, encode({"event": "exit", "code": 1, "reason": str(exc), "failures": [],
+                            "last_lines": [f"ddp-orch: {exc}"], "duration_s": 0}))
+        return 1
+    from .supervisor import Supervisor
+
+    return Supervisor(node_spec(job, node_rank, where, environ)).run()

@@ -1,0 +1,534 @@
+"""The Slurm backend: ``sbatch`` one job, ``srun`` one node agent per node.
+
+Slurm places, starts, signals and accounts for the nodes; we never imitate
+it. The controller runs where ``sbatch`` works (a login or submit host) and
+writes everything the job needs into the run directory, which must be on a
+file system that the compute nodes share (``shared_dir_problem``):
+
+* ``agent.pyz``: the node agent (stdlib only), as a zipapp;
+* ``bundle.tar.gz``: the workload code, unpacked by each node's agent;
+* ``job.json``: every node's supervisor spec, secrets left out;
+* ``job.sbatch``: the batch script, ``exec srun ... agent.pyz job job.json``.
+
+It submits with ``sbatch --parsable``, shows the job pending with Slurm's
+reason, and once it runs reads every node's ``node-K/agent.out`` as it
+grows (``slurmjob.py``), so the gang, the output, the root cause and the
+summary are the same as over SSH. Teardown is ``scancel``: SIGTERM to every
+agent, whose supervisor tears its torchrun down, Slurm's KillWait, SIGKILL.
+``srun --kill-on-bad-exit`` stops the other nodes when one fails even if
+the controller is gone.
+
+Node ranks: a pinned node list keeps the file's order, and each agent finds
+its entry by its Slurm node name; with ``nodes: {count: N}`` node K is the
+allocation's K-th host (``SLURM_NODEID``). The master is node 0, whose agent
+publishes its address and a free port in ``rendezvous.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import posixpath
+import socket
+import time
+from ..agent import bootstrap
+from ..agent.jobnode import ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE, secret_variable
+from ..config.spec import AUTO_PORT, SlurmSpec
+from ..console import Console
+from ..errors import LaunchError
+from ..plan.build import build_plan, resolve_plan
+from ..plan.dryrun import DryRun, NodeLaunch
+from ..plan.model import NodePlan, RunPlan
+from ..plan.render import shell_join
+from ..plan.secrets import SECRET_NAME, scrub, secret_values
+from ..plan.torchrun import torchrun_argv
+from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
+from ..records.rundir import RunDir
+from ..records.store import NodeRecord, RunRecord
+from . import slurmctl
+from .base import (CancelResult, CheckResult, LaunchBackend, OnRunning, Preflight,
+                   RunDescription)
+from .bundle import build_bundle, scan_script_dir
+from .gang import Gang
+from .nodehandle import BUNDLE_NAME, supervisor_spec
+from .slurmjob import JobStream, SlurmJob
+
+AGENT_FILE = "agent.pyz"
+JOB_FILE = "job.json"
+SCRIPT_FILE = "job.sbatch"
+MAX_RESULT_BYTES = 16 << 20
+MAX_ERROR_FILE_BYTES = 1 << 20
+# File systems every node of a cluster sees the same way.
+SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs",
+                       "fuse.glusterfs", "panfs", "wekafs", "pvfs2", "orangefs", "fuse.beegfs",
+                       "fuse.sshfs", "virtiofs", "9p", "afs", "smb3", "cifs", "fuse.juicefs"})
+
+
+def job_dir(plan: RunPlan) -> str:
+    """The job's shared directory: the local run directory, which holds every
+    node's run directory (``build_plan(..., shared_run_dir=True)``)."""
+    return posixpath.dirname(plan.nodes[0].run_dir)
+
+
+class Backend(LaunchBackend):
+    name = "slurm"
+    job_id: str | None = None
+
+    # -- the plan and its dry-run (pure) -------------------------------------
+
+    def plan(self, run_id: str, local_run_dir: str) -> RunPlan:
+        spec = self.require_spec()
+        return build_plan(spec, run_id=run_id, local_run_dir=local_run_dir,
+                          master_addr=spec.master_addr or ADDR_SLOT, shared_run_dir=True)
+
+    def where(self, node: NodePlan) -> str:
+        if self.require_spec().placed and node.host.startswith("<"):
+            return f"srun task on the allocation's node {node.node_rank}"
+        return f"srun task on Slurm node {node.host}"
+
+    def dryrun(self, plan: RunPlan) -> DryRun:
+        # Until the job runs, the master is two placeholder words that node 0's
+        # agent fills in (``agent/jobnode.py``); the rest is the real argv.
+        shown = plan if plan.master_port != AUTO_PORT else \
+            dataclasses.replace(plan, master_port=PORT_SLOT)
+        nodes = tuple(NodeLaunch(node=n, where=self.where(n), env=n.env, unset_env=n.unset_env,
+                                 argv=torchrun_argv(shown, n)) for n in plan.nodes)
+        notes = []
+        if plan.script:
+            notes.append(scan_script_dir(os.path.dirname(plan.script)).summary())
+        if self.require_spec().placed:
+            notes.append("hosts      chosen by Slurm when the job starts"
+                         + ("; GPUs from its GRES allocation (CUDA_VISIBLE_DEVICES set by Slurm)"
+                            if plan.device != "cpu" and plan.nodes[0].gpus is None
+                            and "CUDA_VISIBLE_DEVICES" not in plan.nodes[0].env else ""))
+        directory = job_dir(plan)
+        extras = {
+            f"sbatch (from {directory})": shell_join(self.sbatch_argv(plan)),
+            f"batch script ({directory}/{SCRIPT_FILE})": self.batch_script(plan),
+        }
+        return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=tuple(notes),
+                      source=self.spec.source if self.spec else "", extras=extras)
+
+    def sbatch_argv(self, plan: RunPlan) -> list[str]:
+        """``sbatch --parsable ...``: every option as one argv word, never shell text."""
+        spec = self.require_spec()
+        slurm = spec.slurm or SlurmSpec()
+        directory = job_dir(plan)
+        argv = ["sbatch", "--parsable", f"--job-name=ddp-orch-{plan.name}",
+                f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
+                f"--output={directory}/slurm-%j.out", f"--chdir={directory}"]
+        if not spec.placed:
+            argv.append("--nodelist=" + ",".join(n.host for n in plan.nodes))
+        gpus = _gres_gpus(spec)
+        if gpus:
+            argv.append(f"--gres=gpu:{gpus}")
+        cpu_procs = [n.procs for n in spec.nodes if n.procs is not None]
+        if cpu_procs:
+            argv.append(f"--cpus-per-task={max(cpu_procs)}")
+        for key in ("partition", "account", "time", "qos"):
+            value = getattr(slurm, key)
+            if value is not None:
+                argv.append(f"--{key}={value}")
+        argv += list(slurm.extra)
+        argv.append(f"{directory}/{SCRIPT_FILE}")
+        return argv
+
+    def batch_script(self, plan: RunPlan) -> str:
+        directory = job_dir(plan)
+        srun = ["srun", f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=1", plan.nodes[0].python, "-I", "-S",
+                f"{directory}/{AGENT_FILE}", "job", f"{directory}/{JOB_FILE}"]
+        return (f"#!/bin/sh\n"
+                f"# ddp-orch run {plan.run_id}: {plan.world_size} processes on "
+                f"{len(plan.nodes)} node(s).\n"
+                f"# One node agent per node. Each finds its node in {JOB_FILE}, starts torchrun\n"
+                f"# for it, and writes its output to node-K/{STREAM_FILE} in this directory.\n"
+                f"exec {shell_join(srun)}\n")
+
+    def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
+        connection = {"slurm_job": self.job_id} if self.job_id else {}
+        return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.python, connection)
+                     for n in plan.nodes)
+
+    # -- launch --------------------------------------------------------------
+
+    def launch(self, info: DryRun, run: RunDir, console: Console,
+               on_running: OnRunning = lambda info: None) -> RunOutcome:
+        plan = info.plan
+        started = time.monotonic()
+        problems = [r for r in self._checks(plan) if not r.ok]
+        if problems:
+            raise LaunchError("the job cannot run as planned; nothing was submitted:\n"
+                              + "\n".join(f"  {r.host}: {r.check}: {r.detail}" for r in problems))
+        env = self._write_job(info, run)
+        self.job_id = slurmctl.submit(self.sbatch_argv(plan), env)
+        console.info(f"submitted Slurm job {self.job_id}; run directory {run.path}")
+        on_running(info)  # records the job id, for `down` while it waits
+        job = SlurmJob(self.job_id)
+        try:
+            return self._follow(info, run, console, on_running, job, started)
+        finally:
+            if not job.ended:  # whatever happened here, nothing of it stays queued
+                job.cancel()
+                job.wait_ended(self.options.grace_s + 60)
+            job.close()
+
+    def _follow(self, info: DryRun, run: RunDir, console: Console, on_running: OnRunning,
+                job: SlurmJob, started: float) -> RunOutcome:
+        plan = info.plan
+        try:
+            waited = self._await_running(job, console)
+        except KeyboardInterrupt:
+            console.always(f"ddp-orch: interrupted; cancelling Slurm job {job.job_id}")
+            job.cancel()
+            return _not_run(plan, "cancelled while queued (Ctrl-C)", started, interrupted=True)
+        if waited:
+            return _not_run(plan, waited, started)
+        streams = {n.node_rank: JobStream(posixpath.join(n.run_dir, STREAM_FILE), job, n.host)
+                   for n in plan.nodes}
+        try:
+            resolved = self._resolve(info, job)
+        except KeyboardInterrupt:
+            job.cancel()
+            return _not_run(plan, "cancelled while starting (Ctrl-C)", started, interrupted=True)
+        if resolved is None:
+            return self._ended_early(plan, run, job, started)
+        on_running(resolved)
+        gang = Gang(resolved, run, streams, console, grace_s=self.options.grace_s,
+                    start_timeout_s=self.options.start_timeout_s)
+        outcome = gang.run()
+        if not job.wait_ended(self.options.grace_s + 30):
+            job.cancel()
+            job.wait_ended(30)
+        for stream in streams.values():
+            stream.close()
+        nodes = tuple(self._explain(o, job) for o in outcome.nodes)
+        outcome = gang_outcome(plan.run_id, nodes, time.monotonic() - started,
+                               interrupted=outcome.state is RunState.INTERRUPTED)
+        result = self._collect(resolved, outcome, run)
+        return dataclasses.replace(outcome, result=result)
+
+    def _await_running(self, job: SlurmJob, console: Console) -> str:
+        """Wait while the job is queued, showing Slurm's reason; "" once it
+        runs (or ended: the streams tell), else why it never ran."""
+        shown = None
+        limit = self.options.queue_timeout_s
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            state = job.state
+            if job.ended or (state is not None and state.running):
+                return ""
+            if state is not None and (state.state, state.reason) != shown:
+                shown = (state.state, state.reason)
+                console.info(f"Slurm job {job.job_id} {state.state.lower()}"
+                             + (f" ({state.reason})" if state.reason else ""))
+            if deadline is not None and time.monotonic() > deadline:
+                reason = f" ({state.reason})" if state and state.reason else ""
+                console.info(f"Slurm job {job.job_id} still queued after {limit:g}s{reason}; "
+                             "cancelling it")
+                job.cancel()
+                job.wait_ended(30)
+                return (f"the Slurm job was still queued after the queue timeout of {limit:g}s"
+                        f"{reason}; it was cancelled and never ran")
+            time.sleep(0.2)
+
+    def _resolve(self, info: DryRun, job: SlurmJob) -> DryRun | None:
+        """The dry-run with the allocation's hosts and node 0's rendezvous, once
+        node 0's agent has published it; None if the job ended first."""
+        plan = info.plan
+        hosts: dict[int, str] = {}
+        if self.require_spec().placed:
+            state = job.state or job.refresh()
+            if state is None or not state.nodelist or state.nodelist.startswith("("):
+                return None
+            hosts = dict(enumerate(slurmctl.hostnames(state.nodelist)))
+        path = posixpath.join(job_dir(plan), RENDEZVOUS_FILE)
+        deadline = time.monotonic() + self.options.start_timeout_s
+        while True:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    where = json.load(fh)
+                break
+            except (FileNotFoundError, ValueError):
+                if job.ended or time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
+        port, addr = int(where["port"]), str(where["addr"])
+        return self.dryrun(resolve_plan(plan, master_port=port, homes={}, hosts=hosts,
+                                        master_addr=addr if plan.master_addr == ADDR_SLOT
+                                        else None))
+
+    def _ended_early(self, plan: RunPlan, run: RunDir, job: SlurmJob,
+                     started: float) -> RunOutcome:
+        """The job ended, or never got node 0 going, before any rendezvous."""
+        if not job.ended:
+            job.cancel()
+            job.wait_ended(self.options.grace_s + 30)
+        state = job.state.state if job.state else "gone"
+        wrote = [n.node_rank for n in plan.nodes
+                 if os.path.exists(posixpath.join(n.run_dir, STREAM_FILE))]
+        output = _tail(run.file(f"slurm-{job.job_id}.out"))
+        if not wrote:
+            why = (f"the Slurm job ended ({state}) before any node wrote to {job_dir(plan)}: "
+                   "the compute nodes must see the run directory (a shared file system), "
+                   "and the node's python must run the agent")
+        else:
+            why = f"the Slurm job ended ({state}) before node 0 published the rendezvous"
+        if output:
+            why += f"; the job's output: {output}"
+        for node in plan.nodes:
+            _copy_stream(node, run)
+        return _not_run(plan, why, started)
+
+    def _explain(self, outcome: NodeOutcome, job: SlurmJob) -> NodeOutcome:
+        """Slurm's words for a node that ended without a report of its own."""
+        if outcome.state is not NodeState.LOST or outcome.failures:
+            return outcome
+        state = job.state.state if job.state else "no longer listed"
+        reason = (f"the Slurm job ended ({state}) without a report from this node's agent "
+                  f"(killed, or the node failed)")
+        return dataclasses.replace(outcome, reason=reason)
+
+    def _write_job(self, info: DryRun, run: RunDir) -> dict[str, str]:
+        """agent.pyz, the bundle, job.json and the batch script, in the run
+        directory; returns sbatch's environment, which carries the secrets."""
+        plan = info.plan
+        bootstrap.zipapp(run.file(AGENT_FILE))
+        build_bundle(run.file(BUNDLE_NAME), plan.script)
+        env = dict(os.environ)
+        nodes = []
+        for launch in info.nodes:
+            spec = supervisor_spec(launch, plan.run_id, 0, self.options.grace_s)
+            hidden = sorted(name for name in spec["env"] if SECRET_NAME.search(name))
+            for name in hidden:
+                env[secret_variable(launch.node_rank, name)] = spec["env"].pop(name)
+            spec["secrets"] = []
+            spec["bundle"] = run.file(BUNDLE_NAME)
+            nodes.append({"host": launch.host, "spec": spec, "secret_env": hidden})
+        spec = self.require_spec()
+        job = {"run_id": plan.run_id, "job_dir": job_dir(plan), "placed": spec.placed,
+               "master_addr": None if plan.master_addr == ADDR_SLOT else plan.master_addr,
+               "master_port": None if plan.master_port == AUTO_PORT else int(plan.master_port),
+               "start_timeout_s": self.options.start_timeout_s, "nodes": nodes}
+        run.write_json(JOB_FILE, job)
+        run.write_text(SCRIPT_FILE, self.batch_script(plan))
+        os.chmod(run.file(SCRIPT_FILE), 0o700)
+        return env
+
+    def _collect(self, info: DryRun, outcome: RunOutcome, run: RunDir) -> dict | None:
+        """Rank 0's result and failed ranks' error files, read from the shared
+        run directory with size caps, and secrets masked."""
+        plan = info.plan
+        secrets = secret_values(info.nodes[0].env)
+        wanted = [(plan.nodes[0].result_file, "result.json", MAX_RESULT_BYTES, secrets)]
+        for node_outcome in outcome.nodes:
+            node = plan.nodes[node_outcome.node_rank]
+            for failure in node_outcome.failures:
+                if failure.get("error_file"):
+                    rank = node.first_rank + int(failure["local_rank"])
+                    wanted.append((posixpath.join(node.run_dir, failure["error_file"]),
+                                   f"errors/node-{node.node_rank}/rank-{rank}.json",
+                                   MAX_ERROR_FILE_BYTES,
+                                   secret_values(info.nodes[node.node_rank].env)))
+        for source, name, limit, node_secrets in wanted:
+            data = _read_capped(source, limit)
+            if data is not None:
+                path = run.file(name)
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                with open(path, "wb") as fh:
+                    fh.write(scrub(data, node_secrets) if node_secrets else data)
+        result = run.read_json("result.json")
+        return result if isinstance(result, dict) else None
+
+    # -- down, status, check ---------------------------------------------------
+
+    def cancel(self, record: RunRecord) -> list[CancelResult]:
+        job_id = _job_of(record)
+        if job_id is None:
+            return [CancelResult(n.node_rank, n.host, (), "no Slurm job on record (never "
+                                 "submitted)") for n in record.nodes]
+        job = SlurmJob(job_id)
+        try:
+            job.cancel()
+            ended = job.wait_ended(self.options.grace_s + 60)
+        finally:
+            job.close()
+        error = "" if ended else f"Slurm job {job_id} is still listed after scancel"
+        return [CancelResult(n.node_rank, n.host, (), error) for n in record.nodes]
+
+    def describe(self, record: RunRecord) -> RunDescription:
+        job_id = _job_of(record)
+        if job_id is None:
+            return RunDescription(record.state, record.outcomes, record.root_cause)
+        state = slurmctl.job_state(job_id)
+        if state is not None and not state.ended:
+            where = f" on {state.nodelist}" if state.running else ""
+            reason = f" ({state.reason})" if state.reason else ""
+            live = RunState.RUNNING if record.state.live else record.state
+            return RunDescription(live, record.outcomes, record.root_cause,
+                                  f"Slurm job {job_id}: {state.state}{reason}{where}")
+        accounted = slurmctl.accounting(job_id)
+        if state is not None:
+            detail = f"Slurm job {job_id}: {state.state}"
+        elif accounted is not None:
+            detail = f"Slurm job {job_id}: {accounted[0]} (exit {accounted[1]}, from sacct)"
+        else:
+            detail = f"Slurm job {job_id}: no longer listed by Slurm"
+        if record.state.live:  # the controller is gone: the agents' records say how it ended
+            return _from_agents(record, detail)
+        return RunDescription(record.state, record.outcomes, record.root_cause, detail)
+
+    def check(self, plan: RunPlan) -> Preflight:
+        return Preflight(tuple(self._checks(plan)))
+
+    def _checks(self, plan: RunPlan) -> list[CheckResult]:
+        """What would make Slurm refuse the job, or the job fail at once,
+        found with sinfo alone (no job is started)."""
+        spec = self.require_spec()
+        here = "slurm"
+        if not slurmctl.available("sbatch"):
+            return [CheckResult(-1, here, "sbatch", False, "sbatch is not found on this machine; "
+                                "run ddp-orch on a login or submit host of the cluster")]
+        out = [CheckResult(-1, here, "sbatch", True, "found")]
+        partition = (spec.slurm or SlurmSpec()).partition
+        if partition is not None:
+            known = slurmctl.partitions()
+            out.append(CheckResult(-1, here, "partition", partition in known,
+                                   "exists" if partition in known else
+                                   f"no partition {partition!r}; Slurm has "
+                                   f"{', '.join(known) or 'none'}"))
+        if spec.placed:
+            infos = slurmctl.nodes(partition=partition)
+        else:
+            infos = slurmctl.nodes([n.host for n in plan.nodes])
+            out += [self._node_check(k, node, infos.get(node.host))
+                    for k, node in enumerate(spec.nodes)]
+        problem = shared_dir_problem(job_dir(plan), infos.values())
+        out.append(CheckResult(-1, here, "run directory", problem is None,
+                               problem or f"{job_dir(plan)} is seen by the compute nodes"))
+        return out
+
+    def _node_check(self, k: int, node, info: slurmctl.NodeInfo | None) -> CheckResult:
+        host = node.host
+        if info is None:
+            return CheckResult(k, host, "node", False,
+                               f"Slurm has no node {host!r} (`sinfo -N` lists them)")
+        if not info.usable:
+            return CheckResult(k, host, "node", False, f"{host} is {info.state}; pick another "
+                               f"node or ask the admins to resume it")
+        if node.gpus is not None and max(node.gpus) >= info.gpus:
+            return CheckResult(k, host, "gpus", False,
+                               f"GPU {max(node.gpus)} is not on {host}: its GRES has "
+                               f"{info.gpus} GPU(s) (indices 0-{info.gpus - 1})"
+                               if info.gpus else f"{host} has no GPUs in its GRES")
+        if node.procs is not None and node.procs > info.cpus:
+            return CheckResult(k, host, "cpus", False,
+                               f"{node.procs} processes but {host} has {info.cpus} CPUs")
+        return CheckResult(k, host, "node", True, f"{info.state}, {info.cpus} CPUs, "
+                           f"{info.gpus} GPU(s)")
+
+
+def shared_dir_problem(path: str, nodes) -> str | None:
+    """Why the compute nodes may not see ``path``, or None.
+
+    It is seen when every node is this very machine, or when it is on a
+    network or cluster file system. A local disk or tmpfs (``/tmp``) on a
+    submit host is invisible to the compute nodes.
+    """
+    this_host = socket.gethostname().split(".")[0]
+    nodes = list(nodes)
+    if nodes and all(n.hostname.split(".")[0] == this_host for n in nodes):
+        return None
+    mount, fstype = _mount_of(path)
+    if fstype in SHARED_FS:
+        return None
+    return (f"{path} is on a {fstype or 'local'} file system ({mount}), which the compute "
+            f"nodes do not share; run ddp-orch from the cluster's shared file system, or "
+            f"pass --runs-dir DIR on it")
+
+
+def _mount_of(path: str) -> tuple[str, str]:
+    """The mount point and file system type that hold ``path``."""
+    path = os.path.abspath(path)
+    best = ("/", "")
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best[0]):
+                    best = (mount, fields[2])
+    except OSError:
+        pass
+    return best
+
+
+def _gres_gpus(spec) -> int:
+    """GPUs to ask Slurm for on each node: the count, or enough for the highest
+    pinned index (CUDA_VISIBLE_DEVICES then names the user's GPUs in that set)."""
+    if any(n.gpu_count for n in spec.nodes):
+        return max(n.gpu_count or 0 for n in spec.nodes)
+    pinned = [max(n.gpus) + 1 for n in spec.nodes if n.gpus]
+    return max(pinned, default=0)
+
+
+def _job_of(record: RunRecord) -> str | None:
+    for node in record.nodes:
+        job_id = node.connection.get("slurm_job")
+        if job_id:
+            return str(job_id)
+    return None
+
+
+def _from_agents(record: RunRecord, detail: str) -> RunDescription:
+    """The agents' own records (``node-K/supervisor.json``) of a run whose
+    controller did not live to record its end."""
+    nodes = []
+    for node in record.nodes:
+        try:
+            with open(posixpath.join(node.run_dir, "supervisor.json"), encoding="utf-8") as fh:
+                code = json.load(fh).get("exit_code")
+        except (OSError, ValueError):
+            code = None
+        state = (NodeState.NOT_STARTED if code is None and not os.path.isdir(node.run_dir)
+                 else NodeState.LOST if code is None
+                 else NodeState.SUCCEEDED if code == 0 else NodeState.FAILED)
+        nodes.append(NodeOutcome(node.node_rank, node.host, state, code,
+                                 f"torchrun exited {code}" if code is not None else
+                                 "no exit status on record", None))
+    outcome = gang_outcome(record.run_id, tuple(nodes), 0.0, interrupted=False)
+    return RunDescription(outcome.state, outcome.nodes, outcome.root_cause, detail)
+
+
+def _not_run(plan: RunPlan, why: str, started: float, *, interrupted: bool = False) -> RunOutcome:
+    state = NodeState.NOT_STARTED if interrupted else NodeState.FAILED
+    nodes = tuple(NodeOutcome(n.node_rank, n.host, state, None, why, None) for n in plan.nodes)
+    return gang_outcome(plan.run_id, nodes, time.monotonic() - started, interrupted=interrupted)
+
+
+def _read_capped(path: str, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    data = _read_capped(path, 1 << 20) or b""
+    kept = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    return " | ".join(kept[-lines:])
+
+
+def _copy_stream(node: NodePlan, run: RunDir) -> None:
+    """What a node wrote before the job ended early, into its node log."""
+    data = _read_capped(posixpath.join(node.run_dir, STREAM_FILE), 1 << 20)
+    if data:
+        with open(run.node_log(node.node_rank), "ab") as fh:
+            fh.write(data)
+
