@@ -30,7 +30,8 @@ def cli():
     return run_cli
 
 
-from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401  (fixtures for every test module)
+from slurmlab import slurm_lab  # noqa: E402,F401  (fixtures for every test module)
+from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
 
 
 def every_file_holding(root, secret: str) -> list[str]:

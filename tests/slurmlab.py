@@ -189,7 +189,12 @@ PartitionName=solo Nodes={self.nodes[0]} MaxTime=INFINITE State=UP
         os.makedirs(run_dir, exist_ok=True)
         shutil.chown(run_dir, "munge", "munge")
         os.chmod(self.root, 0o755)
-        argv = ["runuser", "-u", "munge", "--", MUNGED, "--foreground",
+        key = os.path.join(run_dir, "munge.key")  # our own: no dependence on /etc/munge
+        with open(key, "wb") as fh:
+            fh.write(os.urandom(1024))
+        os.chmod(key, 0o600)
+        shutil.chown(key, "munge", "munge")
+        argv = ["runuser", "-u", "munge", "--", MUNGED, "--foreground", f"--key-file={key}",
                 f"--socket={self.munge_socket}", f"--pid-file={run_dir}/munged.pid",
                 f"--log-file={run_dir}/munged.log", f"--seed-file={run_dir}/munged.seed"]
         self._spawn(argv, "munged.out")

@@ -84,7 +84,7 @@ def payload(argv: list[str]) -> bytes:
     return json.dumps(head).encode() + b"\n" + blob
 
 
-ZIPAPP_MAIN = "from ddp_orch_agent.__main__ import main\nimport sys\nmain(sys.argv[1:])\n"
+ZIPAPP_MAIN = "from ddp_orch_agent.__main__ import main\nimport sys\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def zipapp(path: str) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 
 from .protocol import encode
@@ -129,7 +130,11 @@ def run(job_path: str) -> int:
     with open(job_path, encoding="utf-8") as fh:
         job = json.load(fh)
     environ = dict(os.environ)
-    node_rank = node_rank_here(job, environ)  # an error here reaches the job's output
+    try:
+        node_rank = node_rank_here(job, environ)
+    except JobNodeError as exc:  # before any stream: srun's output file (slurm-JOBID.out)
+        print(f"ddp-orch agent: {exc}", file=sys.stderr)
+        return 1
     spec = job["nodes"][node_rank]["spec"]
     os.makedirs(spec["run_dir"], mode=0o700, exist_ok=True)
     out = os.open(os.path.join(spec["run_dir"], STREAM_FILE),

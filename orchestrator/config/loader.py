@@ -91,7 +91,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     env = _env(top["env"]) if "env" in top else {}
     if "nodes" not in top:
         raise root.error("missing 'nodes'", hint="list at least one node with host and gpus")
-    placed = isinstance(top["nodes"].value(), dict)
+    placed = top["nodes"].has_key("count")  # nodes: {count: N, ...}: Slurm places them
     nodes = _placed_nodes(top["nodes"], python, env) if placed else \
         _nodes(top["nodes"], ssh_default, python, env)
     if "workload" not in top:

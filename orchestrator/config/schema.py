@@ -24,9 +24,10 @@ from typing import Any, Iterable, Mapping
 
 from workloads.catalog import CATALOG
 
-from .loader import (DEVICES, ENV_NAME_RE, HOST_RE, MASTER_KEYS, MAX_CONNECT_TIMEOUT,
-                     MAX_GPU_INDEX, MAX_PROCS, NAME_RE, NODE_KEYS, RESERVED_ENV, SSH_KEYS,
-                     TOP_KEYS, WORKLOAD_KEYS)
+from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, MASTER_KEYS,
+                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_NODES, MAX_PROCS, NAME_RE, NODE_KEYS,
+                     RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
+                     SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -163,6 +164,34 @@ def _node() -> dict[str, Any]:
         oneOf=[{"required": ["gpus"]}, {"required": ["procs"]}])
 
 
+def _placed() -> dict[str, Any]:
+    return _mapping(COUNT_KEYS, {
+        "count": {"type": "integer", "minimum": 1, "maximum": MAX_NODES,
+                  "description": "How many nodes Slurm chooses (backend: slurm)."},
+        "gpus": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_INDEX + 1,
+                 "description": "GPUs per node from Slurm's GRES; one process each."},
+        "procs": {"type": "integer", "minimum": 1, "maximum": MAX_PROCS,
+                  "description": "CPU processes per node (the job runs on CPU)."},
+    }, "nodes", "Nodes that Slurm places: a count, and gpus or procs per node.",
+        required=["count"], oneOf=[{"required": ["gpus"]}, {"required": ["procs"]}])
+
+
+def _slurm() -> dict[str, Any]:
+    name = {"type": "string", "pattern": SLURM_NAME_RE.pattern}
+    return _mapping(SLURM_KEYS, {
+        "partition": {**name, "description": "sbatch --partition."},
+        "account": {**name, "description": "sbatch --account."},
+        "time": {"type": ["string", "integer"], "pattern": SLURM_TIME_RE.pattern,
+                 "description": 'sbatch --time, e.g. "04:00:00" or "1-12:00:00".'},
+        "qos": {**name, "description": "sbatch --qos."},
+        "extra": {"type": "array",
+                  "items": {"type": "string", "pattern": SLURM_OPTION_RE.pattern,
+                            "not": {"pattern": "^--(?:" + "|".join(
+                                sorted(SLURM_OWN_OPTIONS)) + ")(?:=|$)"}},
+                  "description": 'More sbatch options, each "--name" or "--name=value".'},
+    }, "slurm", "sbatch settings for backend: slurm; each is optional.")
+
+
 def _master() -> dict[str, Any]:
     return _mapping(MASTER_KEYS, {
         "addr": {"type": "string", "pattern": HOST_RE.pattern,
@@ -216,12 +245,18 @@ def cluster_schema() -> dict[str, Any]:
                    "description": "auto | cuda | cpu. cpu: gloo on the CPU, each listed GPU index "
                                   "becomes one CPU process (handy for rehearsals)."},
         "backend": {"enum": list(BACKENDS),
-                    "description": "How nodes are launched: local (every node on this machine) "
-                                   "or ssh; default: local when every host is localhost, "
-                                   "else ssh."},
-        "nodes": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/node"},
-                  "description": "The machines, in node-rank order; global ranks are prefix "
-                                 "sums of their process counts."},
+                    "description": "How nodes are launched: local (every node on this machine), "
+                                   "ssh, or slurm (sbatch from a login host); default: slurm "
+                                   "with a slurm: block or a node count, else local when every "
+                                   "host is localhost, else ssh."},
+        "slurm": {"$ref": "#/$defs/slurm"},
+        "nodes": {"description": "The machines in node-rank order (a list), or, under "
+                                 "backend: slurm, a count of nodes that Slurm chooses.",
+                  "oneOf": [
+            {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/node"},
+             "description": "The machines, in node-rank order; global ranks are prefix "
+                            "sums of their process counts."},
+            {"$ref": "#/$defs/placed"}]},
         "workload": {"$ref": "#/$defs/workload"},
     }, "top level")
     return {
@@ -241,6 +276,8 @@ def cluster_schema() -> dict[str, Any]:
             "python": _python(),
             "env": _env(),
             "node": _node(),
+            "placed": _placed(),
+            "slurm": _slurm(),
             "workload": _workload(),
         },
     }

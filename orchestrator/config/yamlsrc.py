@@ -71,6 +71,11 @@ class Located:
             out[key] = self._child(value_node, key)
         return out
 
+    def has_key(self, key: str) -> bool:
+        """A mapping with ``key`` (checked without reading any value)."""
+        return isinstance(self.node, yaml.MappingNode) and any(
+            isinstance(k, yaml.ScalarNode) and k.value == key for k, _ in self.node.value)
+
     def sequence(self) -> list["Located"]:
         if not isinstance(self.node, yaml.SequenceNode):
             raise self.error(f"expected a list, got {self.describe()}")

@@ -1,0 +1,220 @@
+"""`ddp-orch up` with backend: slurm, against a real slurmctld and slurmd (tests/slurmlab.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli
+from procscan import marked_pids, wait_gone
+
+pytestmark = pytest.mark.live
+PROGRAMS = os.path.join(ROOT, "tests", "programs")
+PYTHON = sys.executable
+
+
+def cluster(tmp_path, name: str, nodes: str, workload: str, extra: str = "") -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nbackend: slurm\npython: {PYTHON}\n{extra}"
+                    f"nodes: {nodes}\n{workload}")
+    return str(path)
+
+
+def up(slurm_lab, tmp_path, cluster_file: str, run_id: str, *extra: str, timeout: float = 180):
+    return run_cli("up", cluster_file, "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"),
+                   "--grace", "3", *extra, env=slurm_lab.env(), timeout=timeout)
+
+
+def start_up(slurm_lab, tmp_path, cluster_file: str, run_id: str, *extra: str):
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "up", cluster_file, "--run-id", run_id,
+         "--runs-dir", str(tmp_path / "runs"), "--grace", "3", *extra],
+        cwd=ROOT, env={**slurm_lab.env(), "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for(proc: subprocess.Popen, text: str, count: int = 1) -> str:
+    seen = ""
+    while seen.count(text) < count:
+        line = proc.stdout.readline()
+        assert line, seen
+        seen += line
+    return seen
+
+
+def state_of(tmp_path, run_id: str) -> dict:
+    return json.loads((tmp_path / "runs" / run_id / "state.json").read_text())
+
+
+def test_seed_layout_on_two_slurm_nodes(slurm_lab, tmp_path):
+    """3,4,5 + 0,1,2,3: world size 7, the ranks where the plan puts them, and
+    CUDA_VISIBLE_DEVICES in the user's order inside Slurm's GRES allocation."""
+    path = cluster(tmp_path, "seed", "[{host: node1, gpus: '3,4,5'}, {host: node2, gpus: [0, 1, 2, 3]}]",
+                   "workload: {name: linear, args: {epochs: 1, samples: 560, "
+                   "global_batch_size: 28}}\n", extra="device: cpu\n")
+    result = up(slurm_lab, tmp_path, path, "seed", timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = tmp_path / "runs" / "seed"
+    res = json.loads((run / "result.json").read_text())
+    plan = json.loads((run / "plan.json").read_text())
+    table = sorted(res["rank_table"], key=lambda r: r["rank"])
+    assert res["world_size"] == 7 == plan["world_size"]
+    assert [(r["rank"], r["node_rank"], r["local_rank"]) for r in table] == [
+        (p["rank"], p["node_rank"], p["local_rank"]) for p in plan["ranks"]]
+    assert [p["host"] for p in plan["ranks"]] == ["node1"] * 3 + ["node2"] * 4
+    assert {r["cuda_visible_devices"] for r in table[:3]} == {"3,4,5"}
+    assert {r["cuda_visible_devices"] for r in table[3:]} == {"0,1,2,3"}
+    assert "[node0 node1] [rank0]:" in result.stdout
+    assert "sbatch" not in result.stderr
+    assert slurm_lab.wait_queue_empty() == []
+    job = json.loads((run / "job.json").read_text())
+    assert "secrets" not in json.dumps(job) or all(not n["spec"]["secrets"] for n in job["nodes"])
+
+
+def test_count_mode_with_cpu_processes(slurm_lab, tmp_path):
+    """nodes: {count: 2, procs: 2}: Slurm picks the hosts; the record names them."""
+    path = cluster(tmp_path, "count", "{count: 2, procs: 2}", "workload: {name: noop}\n",
+                   extra="env: {API_TOKEN: s3cr3t-t0ken-value}\n")
+    dry = run_cli("up", path, "--dry-run", "--run-id", "count-dry", env=slurm_lab.env())
+    assert "<slurm node 0>" in dry.stdout and "chosen by Slurm" in dry.stdout
+    result = up(slurm_lab, tmp_path, path, "count")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = tmp_path / "runs" / "count"
+    plan = json.loads((run / "plan.json").read_text())
+    hosts = [n["host"] for n in plan["nodes"]]
+    assert len(set(hosts)) == 2 and all(h in slurm_lab.nodes for h in hosts)
+    assert plan["world_size"] == 4
+    assert isinstance(plan["master_port"], int)
+    assert json.loads((run / "result.json").read_text())["world_size"] == 4
+    assert [n["host"] for n in state_of(tmp_path, "count")["nodes"]] == hosts
+    # The secret reached the job through sbatch's environment, not the shared disk.
+    for name in ("job.json", "job.sbatch", "plan.json", "state.json"):
+        assert "s3cr3t-t0ken-value" not in (run / name).read_text(), name
+
+
+def test_a_rank_that_raises_is_the_root_cause_and_nothing_stays_queued(slurm_lab, tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "fail_on_rank.py"), tmp_path)
+    path = cluster(tmp_path, "raise", "[{host: node1, procs: 1}, {host: node2, procs: 2}]",
+                   "workload: {script: fail_on_rank.py, args: {rank: 2}}\n")
+    result = up(slurm_lab, tmp_path, path, "raise")
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = result.stdout.split("\nrun raise: ")[1]
+    assert summary.startswith("FAILED")
+    assert "root cause: node 1 (node2)" in summary
+    assert "rank 2" in summary and "injected failure on rank 2" in summary
+    assert slurm_lab.wait_queue_empty() == []
+    assert wait_gone("raise", 15) == set()
+    assert (tmp_path / "runs" / "raise" / "errors" / "node-1" / "rank-2.json").exists()
+
+
+def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), tmp_path)
+    path = cluster(tmp_path, "ctrlc", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+                   "workload: {script: sleeper.py}\n")
+    proc = start_up(slurm_lab, tmp_path, path, "ctrlc")
+    try:
+        wait_for(proc, "training", 2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted" in out.lower()
+    assert slurm_lab.wait_queue_empty() == []
+    assert wait_gone("ctrlc", 15) == set()
+    assert state_of(tmp_path, "ctrlc")["state"] == "interrupted"
+
+
+def test_down_of_a_running_job_and_status_and_logs(slurm_lab, tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), tmp_path)
+    path = cluster(tmp_path, "down", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+                   "workload: {script: sleeper.py}\n")
+    proc = start_up(slurm_lab, tmp_path, path, "down")
+    runs = str(tmp_path / "runs")
+    try:
+        wait_for(proc, "training", 2)
+        status = run_cli("status", "down", "--runs-dir", runs, env=slurm_lab.env())
+        assert status.returncode == 0, status.stderr
+        assert "RUNNING" in status.stdout and "Slurm job" in status.stdout
+        logs = run_cli("logs", "down", "--runs-dir", runs, env=slurm_lab.env())
+        assert "training" in logs.stdout
+        ps = run_cli("ps", "--runs-dir", runs, env=slurm_lab.env())
+        assert "down" in ps.stdout and "slurm" in ps.stdout
+        down = run_cli("down", "down", "--runs-dir", runs, env=slurm_lab.env(), timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert slurm_lab.wait_queue_empty() == []
+        assert wait_gone("down", 15) == set()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (1, 130), out  # down stops the controller too
+    assert marked_pids("down") == set()
+
+
+def test_pending_job_shows_its_reason_and_the_queue_timeout_ends_it(slurm_lab, tmp_path):
+    """The one-node partition is full: the job waits (Resources), then is cancelled."""
+    blocker = slurm_lab.run("sbatch", "--parsable", "--partition=solo", "--exclusive",
+                            "--output=/dev/null", "--wrap=sleep 120").strip()
+    try:
+        path = cluster(tmp_path, "pending", "[{host: node1, procs: 1}]",
+                       "workload: {name: noop}\n", extra="slurm: {partition: solo}\n")
+        started = time.monotonic()
+        result = up(slurm_lab, tmp_path, path, "pending", "--queue-timeout", "4")
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert time.monotonic() - started < 60
+        assert "pending (Resources)" in result.stdout + result.stderr or \
+            "pending (Priority)" in result.stdout + result.stderr
+        assert "queue timeout" in result.stdout
+        assert slurm_lab.wait_queue_empty(keep=(blocker,)) == []
+        assert state_of(tmp_path, "pending")["state"] == "failed"
+    finally:
+        slurm_lab.run("scancel", blocker, check=False)
+
+
+@pytest.mark.parametrize("problem, needle", [
+    ("nodes: [{host: node9, procs: 1}]\n", "Slurm has no node 'node9'"),
+    ("slurm: {partition: nosuch}\nnodes: [{host: node1, procs: 1}]\n", "no partition 'nosuch'"),
+    ("nodes: [{host: node1, gpus: '7,8'}]\n", "GPU 8 is not on node1"),
+    ("nodes: [{host: node1, procs: 9}]\n", "9 processes but node1 has 8 CPUs"),
+])
+def test_bad_input_is_named_and_nothing_is_queued(slurm_lab, tmp_path, problem, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"backend: slurm\npython: {PYTHON}\n{problem}workload: {{name: noop}}\n")
+    before = slurm_lab.queue()
+    result = up(slurm_lab, tmp_path, str(path), "bad")
+    assert result.returncode == 1
+    assert needle in result.stderr and "nothing was submitted" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert set(slurm_lab.queue()) <= set(before)  # nothing new (an old job may be ending)
+    check = run_cli("check", str(path), env=slurm_lab.env())
+    assert check.returncode == 1 and needle in check.stdout
+
+
+def test_slurm_rejection_is_shown_and_check_passes_on_a_good_file(slurm_lab, tmp_path):
+    path = cluster(tmp_path, "reject", "[{host: node1, procs: 1}]", "workload: {name: noop}\n",
+                   extra="slurm: {extra: ['--constraint=nosuchfeature']}\n")
+    result = up(slurm_lab, tmp_path, path, "reject")
+    assert result.returncode == 1
+    assert "Slurm rejected the job" in result.stderr and "Traceback" not in result.stderr
+    good = cluster(tmp_path, "good", "[{host: node1, gpus: '0,1'}, {host: node2, procs: 2}]",
+                   "workload: {name: noop}\n", extra="device: cpu\nslurm: {partition: debug}\n")
+    check = run_cli("check", good, env=slurm_lab.env())
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "partition" in check.stdout and "run directory" in check.stdout
+
+
+def test_sbatch_missing_is_named(tmp_path):
+    path = cluster(tmp_path, "nosbatch", "[{host: node1, procs: 1}]", "workload: {name: noop}\n")
+    env = {"PATH": "/nonexistent"}
+    result = run_cli("up", path, "--runs-dir", str(tmp_path / "runs"), env=env)
+    assert result.returncode == 1
+    assert "sbatch is not found" in result.stderr and "login or submit host" in result.stderr

@@ -1,0 +1,195 @@
+"""The Slurm backend without a Slurm: the cluster file, the dry-run, the job files
+and the agent's job mode (unit tests; the live ones are test_slurm_launch.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cli
+from orchestrator.agent import bootstrap
+from orchestrator.agent.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
+                                        node_spec, secret_variable)
+from orchestrator.backends import slurmctl
+from orchestrator.backends.base import LaunchOptions
+from orchestrator.backends.slurm import Backend, shared_dir_problem
+from orchestrator.config.loader import load_cluster_text
+from orchestrator.errors import ConfigError
+
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+
+
+def load(text: str):
+    return load_cluster_text(text, source="c.yaml")
+
+
+def error_of(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(text)
+    return info.value
+
+
+def test_dry_run_of_a_slurm_file_matches_golden_word_for_word():
+    result = run_cli("up", "tests/golden/slurm.yaml", "--dry-run", "--run-id", "slurm-golden")
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(GOLDEN, "slurm.text.txt"), encoding="utf-8") as fh:
+        assert result.stdout == fh.read()
+
+
+def test_json_dry_run_keeps_the_seed_layout_and_shows_the_batch_script():
+    plan = json.loads(run_cli("up", "tests/golden/slurm.yaml", "--dry-run", "--format",
+                              "json").stdout)
+    assert plan["backend"] == "slurm" and plan["world_size"] == 7
+    assert [n["ranks"] for n in plan["nodes"]] == [[0, 2], [3, 6]]
+    assert [n["env"]["CUDA_VISIBLE_DEVICES"] for n in plan["nodes"]] == ["3,4,5", "0,1,2,3"]
+    assert [n["host"] for n in plan["nodes"]] == ["node1", "node2"]
+    script = next(v for k, v in plan["extras"].items() if k.startswith("batch script"))
+    assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in script
+    assert "not-a-real-key" not in json.dumps(plan)
+
+
+def test_slurm_block_and_count_mode_are_read():
+    spec = load("slurm: {partition: gpu, qos: high, time: 90, extra: ['--exclusive', "
+                "'--constraint=a100']}\nnodes: {count: 4, gpus: 8}\nworkload: {name: noop}\n")
+    assert spec.backend == "slurm" and spec.placed
+    assert spec.slurm.partition == "gpu" and spec.slurm.time == "90"
+    assert spec.slurm.extra == ("--exclusive", "--constraint=a100")
+    assert spec.world_size == 32 and [n.nproc for n in spec.nodes] == [8] * 4
+    backend = Backend(LaunchOptions(), spec)
+    plan = backend.plan("r", "/shared/runs/r")
+    argv = backend.sbatch_argv(plan)
+    assert "--nodes=4" in argv and "--gres=gpu:8" in argv and "--qos=high" in argv
+    assert not any(a.startswith("--nodelist") for a in argv)
+    assert all("CUDA_VISIBLE_DEVICES" not in n.env for n in plan.nodes)  # Slurm's GRES sets it
+    assert [n.run_dir for n in plan.nodes] == [f"/shared/runs/r/node-{k}" for k in range(4)]
+
+
+def test_cpu_processes_ask_for_cpus_and_pinned_gpus_for_enough_gres():
+    cpu = load("backend: slurm\nnodes: [{host: a, procs: 3}, {host: b, procs: 5}]\n"
+               "workload: {name: noop}\n")
+    argv = Backend(LaunchOptions(), cpu).sbatch_argv(Backend(LaunchOptions(), cpu).plan("r", "/s"))
+    assert "--cpus-per-task=5" in argv and "--nodelist=a,b" in argv
+    assert not any(a.startswith("--gres") for a in argv)
+    gpu = load("backend: slurm\nnodes: [{host: a, gpus: '3,4,5'}, {host: b, gpus: 1}]\n"
+               "workload: {name: noop}\n")
+    backend = Backend(LaunchOptions(), gpu)
+    assert "--gres=gpu:6" in backend.sbatch_argv(backend.plan("r", "/s"))
+
+
+@pytest.mark.parametrize("text, where, needle", [
+    ("nodes: {count: 0, procs: 1}\n", "c.yaml:1: nodes.count", "0 is out of range 1-4096"),
+    ("slurm: {extra: [exclusive]}\nnodes: {count: 1, procs: 1}\n", "c.yaml:1: slurm.extra[0]",
+     "not an sbatch option"),
+    ("slurm: {extra: ['--nodes=3']}\nnodes: {count: 1, procs: 1}\n", "slurm.extra[0]",
+     "--nodes is set by ddp-orch"),
+    ("slurm: {extra: ['--partition=x']}\nnodes: {count: 1, procs: 1}\n", "slurm.extra[0]",
+     "use `slurm: {partition: ...}`"),
+    ("slurm: {partiton: gpu}\nnodes: {count: 1, procs: 1}\n", "slurm.partiton",
+     "did you mean 'partition'"),
+    ("slurm: {time: four hours}\nnodes: {count: 1, procs: 1}\n", "slurm.time",
+     "not a Slurm time limit"),
+    ("backend: slurm\nssh: {user: me}\nnodes: [{host: a, procs: 1}]\n", "c.yaml:2: ssh",
+     "do not apply to backend: slurm"),
+    ("backend: slurm\nnodes: [{host: a, procs: 1, ssh: {port: 2}}]\n", "nodes[0].ssh",
+     "do not apply to backend: slurm"),
+    ("backend: ssh\nslurm: {partition: gpu}\nnodes: [{host: a, procs: 1}]\n", "c.yaml:2: slurm",
+     "need backend: slurm"),
+    ("backend: ssh\nnodes: {count: 2, procs: 1}\n", "nodes", "need backend: slurm"),
+    ("backend: slurm\nnodes: [{host: a, gpus: 0}, {host: a, gpus: 1}]\n", "nodes[1].host",
+     "list a Slurm node once"),
+    ("backend: slurm\nnodes: [{host: localhost, procs: 1}]\n", "nodes[0].host",
+     "a Slurm node name, not localhost"),
+    ("nodes: {count: 2, gpus: 1, procs: 1}\n", "nodes", "exactly one of 'gpus' or 'procs'"),
+])
+def test_slurm_mistakes_name_the_field_and_the_fix(text, where, needle):
+    error = error_of(text + "workload: {name: noop}\n")
+    assert where in str(error) and needle in str(error), str(error)
+
+
+def test_the_job_files_hold_no_secret_and_sbatch_carries_it(tmp_path, monkeypatch):
+    from orchestrator.controller.session import prepare
+    from orchestrator.records.rundir import RunDir
+
+    spec = load("backend: slurm\nenv: {HF_TOKEN: hf-s3cret-value, PLAIN: x}\n"
+                "nodes: [{host: a, procs: 1}, {host: b, procs: 1}]\nworkload: {name: noop}\n")
+    run = RunDir.create(str(tmp_path), "r")
+    backend, info = prepare(spec, LaunchOptions(), run_id="r", local_run_dir=run.path)
+    env = backend._write_job(info, run)
+    assert env[secret_variable(1, "HF_TOKEN")] == "hf-s3cret-value"
+    for name in os.listdir(run.path):
+        path = os.path.join(run.path, name)
+        if os.path.isfile(path) and not name.endswith((".gz", ".pyz")):
+            with open(path, encoding="utf-8") as fh:
+                assert "hf-s3cret-value" not in fh.read(), name
+    job = json.loads(open(run.file("job.json")).read())
+    assert job["nodes"][0]["secret_env"] == ["HF_TOKEN"]
+    assert job["nodes"][0]["spec"]["env"]["PLAIN"] == "x"
+
+
+def _job(placed: bool = False) -> dict:
+    spec = {"argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
+                     "--device", "auto", "<slurm node 0>x"],
+            "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r"}
+    return {"placed": placed, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
+                                        {"host": "n2", "spec": dict(spec), "secret_env": ["K"]}]}
+
+
+def test_a_node_finds_its_entry_by_slurm_name_or_allocation_index():
+    assert node_rank_here(_job(), {"SLURMD_NODENAME": "n2"}) == 1
+    assert node_rank_here(_job(placed=True), {"SLURM_NODEID": "0"}) == 0
+    with pytest.raises(JobNodeError, match="Slurm node 'n9', which is not in the plan"):
+        node_rank_here(_job(), {"SLURMD_NODENAME": "n9"})
+    with pytest.raises(JobNodeError, match="not a node of this 2-node job"):
+        node_rank_here(_job(placed=True), {"SLURM_NODEID": "2"})
+
+
+def test_the_master_slots_are_replaced_word_for_word_and_secrets_come_from_sbatch():
+    environ = {secret_variable(1, "K"): "v4lue", "DDP_ORCH_SECRET_0_OTHER": "z"}
+    spec = node_spec(_job(), 1, {"addr": "host0", "port": 12345}, environ)
+    assert spec["argv"] == ["python3", "--master-addr", "host0", "--master-port", "12345",
+                            "--device", "auto", "<slurm node 0>x"]
+    assert spec["master_port"] == 12345 and spec["env"]["K"] == "v4lue"
+    assert spec["secrets"] == ["v4lue"]
+    assert set(environ) <= set(spec["unset_env"])  # not passed on to the workers
+    assert spec["watch_stdin"] is False
+
+
+def test_the_agent_zipapp_runs_with_the_standard_library_alone(tmp_path):
+    pyz = str(tmp_path / "agent.pyz")
+    bootstrap.zipapp(pyz)
+    usage = subprocess.run([sys.executable, "-I", "-S", pyz], capture_output=True, text=True)
+    assert usage.returncode == 2 and "job JOB.json" in usage.stderr
+    job = _job()
+    job["nodes"][0]["spec"]["run_dir"] = str(tmp_path / "node-0")
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    wrong = subprocess.run([sys.executable, "-I", "-S", pyz, "job", str(tmp_path / "job.json")],
+                           capture_output=True, text=True, env={"SLURMD_NODENAME": "n7"})
+    assert wrong.returncode != 0 and "Slurm node 'n7', which is not in the plan" in wrong.stderr
+
+
+@pytest.mark.parametrize("gres, count", [("gpu:8", 8), ("gpu:a100:4(S:0-1)", 4), ("(null)", 0),
+                                         ("gpu:2,gpu:tesla:2", 4), ("mps:100", 0)])
+def test_gpus_are_counted_from_gres(gres, count):
+    assert slurmctl.gpu_count(gres) == count
+
+
+def test_node_states_that_cannot_take_a_job():
+    def node(state):
+        return slurmctl.NodeInfo("n", "n", state, 8, 0)
+
+    assert node("idle").usable and node("mixed").usable and node("allocated").usable
+    assert not any(node(s).usable for s in ("down*", "drained", "draining", "idle*", "fail"))
+
+
+def test_a_run_directory_is_shared_when_the_nodes_are_this_machine_or_on_a_network_fs():
+    import socket
+
+    this = slurmctl.NodeInfo("n1", socket.gethostname(), "idle", 8, 0)
+    other = slurmctl.NodeInfo("n2", "elsewhere", "idle", 8, 0)
+    assert shared_dir_problem("/tmp/x", [this]) is None
+    problem = shared_dir_problem("/tmp/x", [this, other])
+    assert problem is not None and "--runs-dir" in problem and "do not share" in problem
