@@ -50,6 +50,7 @@ class SlurmLab:
 
     def __init__(self, n_nodes: int = 2, *, root: str | None = None):
         self.n_nodes = n_nodes
+        self._own_root = root is None  # removed by stop()
         self.root = root or tempfile.mkdtemp(prefix="ddp-slurmlab-")
         self.hostname = socket.gethostname().split(".")[0]
         self.nodes = [f"node{k + 1}" for k in range(n_nodes)]
@@ -90,6 +91,8 @@ class SlurmLab:
         for proc in reversed(self.procs):  # slurmd first, munged last
             _terminate(proc)
         self.procs.clear()
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def env(self, base: dict | None = None) -> dict[str, str]:
         """An environment in which the Slurm clients talk to this lab."""

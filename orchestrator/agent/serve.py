@@ -72,7 +72,8 @@ def serve() -> int:
 
             supervisor = Supervisor(request["spec"], stdin)
             code = supervisor.run()
-            supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
+            if supervisor.watcher.is_alive():
+                supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
             continue
         try:
             if code is not None and op != "get":

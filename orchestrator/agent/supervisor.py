@@ -78,8 +78,9 @@ class Supervisor:
         self.guardian = guardian.start(self.marker, self.grace_s)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, _f: self.request_stop(f"got {signal.Signals(signum).name}"))
+        self.watcher = threading.Thread(target=self.watch_stdin, daemon=True)
         if self.spec.get("watch_stdin", True):  # not under Slurm: no controller there
-            threading.Thread(target=self.watch_stdin, daemon=True).start()
+            self.watcher.start()
         env = {k: v for k, v in os.environ.items() if k not in self.spec["unset_env"]}
         env.update(self.spec["env"])
         started = time.time()

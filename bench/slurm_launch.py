@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Slurm launch overhead: `ddp-orch up` (backend slurm, noop, 2 nodes) vs a hand-written sbatch.
+
+Both run ``workloads.noop`` (torch import, static rendezvous, one
+all_reduce, rank 0 writes its result) with one CPU process on each of two
+Slurm nodes of a real Slurm (``tests/slurmlab.py``: munged, slurmctld and
+two slurmd on this machine):
+
+* ddp-orch: ``ddp-orch up cluster.yaml --quiet`` with ``backend: slurm``
+  (checks with sinfo, job files, sbatch, squeue while queued, node agents
+  under srun, the rendezvous file, output streams, result collection, and
+  waiting until the job has left the queue);
+* floor:    the batch script a user would write by hand: ``srun`` runs
+  torchrun on both nodes with the same static rendezvous (node 0's host
+  name, a fixed free port, ``--node-rank $SLURM_NODEID``), submitted and
+  waited on with ``sbatch --wait``.
+
+Target: ddp-orch/floor <= 1.05 (median wall time). No assertion: a missed
+target prints MISS, and the exit code is 0.
+
+    .venv/bin/python bench/slurm_launch.py [--reps 5]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_s,  # noqa: E402
+                     footer, free_port, header, parser, ratio_range, result_line, run,
+                     samples_table, tempdir)
+
+from slurmlab import SlurmLab  # noqa: E402  (tests/ is on the path through _common)
+
+TARGET = 1.05
+
+FLOOR_SCRIPT = """#!/bin/sh
+# The hand-written floor: torchrun on every node through srun, static rendezvous.
+export PYTHONPATH={repo} DDP_ORCH_DEVICE=cpu OMP_NUM_THREADS=1 DDP_ORCH_RESULT_FILE={result}
+exec srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c '{python} -m torch.distributed.run \\
+  --nnodes 2 --node-rank $SLURM_NODEID --nproc-per-node 1 --master-addr $(hostname) \\
+  --master-port {port} --rdzv-backend static --rdzv-id floor-{n} --max-restarts 0 -m workloads.noop'
+"""
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0], reps=5)
+    args = p.parse_args()
+    header("slurm_launch: ddp-orch up (slurm, noop, 2 nodes)  vs  sbatch --wait of srun torchrun",
+           args)
+    with tempdir("bench-slurm-", args.keep) as tmp, SlurmLab(2) as lab:
+        env = lab.env(BASE_ENV)
+        cluster = tmp / "cluster.yaml"
+        cluster.write_text(f"backend: slurm\npython: {PYTHON}\n"
+                           "nodes: [{host: node1, procs: 1}, {host: node2, procs: 1}]\n"
+                           "workload: {name: noop}\n")
+        counter = iter(range(10**6))
+
+        def ddp_orch() -> float:
+            run_id = f"bench-slurm-{next(counter)}"
+            wall = run([DDP_ORCH, "up", str(cluster), "--quiet", "--runs-dir", str(tmp / "runs"),
+                        "--run-id", run_id], cwd=str(tmp), env=env)
+            result = json.loads((tmp / "runs" / run_id / "result.json").read_text())
+            if result.get("world_size") != 2:
+                raise BenchError(f"ddp-orch run {run_id}: unexpected result {result}")
+            return wall
+
+        def floor() -> float:
+            n = next(counter)
+            result = tmp / f"floor-{n}.json"
+            script = tmp / f"floor-{n}.sbatch"
+            script.write_text(FLOOR_SCRIPT.format(repo=REPO, result=result, python=PYTHON,
+                                                  port=free_port(), n=n))
+            started = time.monotonic()
+            run(["sbatch", "--wait", "--parsable", "--nodes=2", "--ntasks-per-node=1",
+                 "--nodelist=node1,node2", f"--output={tmp}/floor-{n}.out", str(script)],
+                cwd=str(tmp), env=env)
+            wall = time.monotonic() - started
+            if json.loads(result.read_text()).get("world_size") != 2:
+                raise BenchError("floor: unexpected result")
+            return wall
+
+        res = compare({"ddp-orch up (slurm)": ddp_orch, "sbatch --wait (floor)": floor},
+                      args.reps, args.warmup)
+        a, b = res["ddp-orch up (slurm)"], res["sbatch --wait (floor)"]
+        print()
+        samples_table([b, a], baseline=b)
+        print(f"ddp-orch overhead: {fmt_s(a.median - b.median)} (median difference); "
+              + ratio_range(a, b))
+        left = lab.queue()
+        if left:
+            raise BenchError(f"jobs left in the queue: {left}")
+        result_line("slurm_launch", a.median / b.median, TARGET)
+    footer()
+
+
+if __name__ == "__main__":
+    main()
