@@ -218,3 +218,22 @@ def test_sbatch_missing_is_named(tmp_path):
     result = run_cli("up", path, "--runs-dir", str(tmp_path / "runs"), env=env)
     assert result.returncode == 1
     assert "sbatch is not found" in result.stderr and "login or submit host" in result.stderr
+
+
+def test_pinned_gpus_that_another_job_holds_are_refused_by_name(slurm_lab, tmp_path):
+    """Another job holds GPUs 0-1 of node1, so Slurm gives this job 2-4 there:
+    the pinned GPU 1 is not ours, and the node says so instead of using it."""
+    blocker = slurm_lab.run("sbatch", "--parsable", "--nodelist=node1", "--gres=gpu:2",
+                            "--output=/dev/null", "--wrap=sleep 120").strip()
+    try:
+        path = cluster(tmp_path, "held", "[{host: node1, gpus: '1,2'}, {host: node2, gpus: 0}]",
+                       "workload: {name: noop}\n", extra="device: cpu\n")
+        result = up(slurm_lab, tmp_path, path, "held")
+        assert result.returncode == 1, result.stdout + result.stderr
+        summary = result.stdout.split("\nrun held: ")[1]
+        assert "root cause: node 0 (node1): GPU 1 is not among the GPUs Slurm allocated" in summary
+        assert "node2  stopped" in summary
+        assert slurm_lab.wait_queue_empty(keep=(blocker,)) == []
+        assert wait_gone("held", 15) == set()
+    finally:
+        slurm_lab.run("scancel", blocker, check=False)

@@ -104,6 +104,14 @@ def test_cpu_processes_ask_for_cpus_and_pinned_gpus_for_enough_gres():
     ("backend: slurm\nnodes: [{host: localhost, procs: 1}]\n", "nodes[0].host",
      "a Slurm node name, not localhost"),
     ("nodes: {count: 2, gpus: 1, procs: 1}\n", "nodes", "exactly one of 'gpus' or 'procs'"),
+    ("slurm: {time: 12:00:00}\nnodes: {count: 1, procs: 1}\n", "slurm.time",
+     "was read as the number 43200"),
+    ("slurm: {extra: ['--out=/tmp/x']}\nnodes: {count: 1, procs: 1}\n", "slurm.extra[0]",
+     "--out (--output) is set by ddp-orch"),
+    ("slurm: {extra: ['--requeue']}\nnodes: {count: 1, procs: 1}\n", "slurm.extra[0]",
+     "--requeue is set by ddp-orch"),
+    ("backend: slurm\nnodes: [{host: a, procs: 1, python: /x/python}]\n", "nodes[0].python",
+     "one python runs the whole job"),
 ])
 def test_slurm_mistakes_name_the_field_and_the_fix(text, where, needle):
     error = error_of(text + "workload: {name: noop}\n")
@@ -130,6 +138,79 @@ def test_the_job_files_hold_no_secret_and_sbatch_carries_it(tmp_path, monkeypatc
     assert job["nodes"][0]["spec"]["env"]["PLAIN"] == "x"
 
 
+def test_extra_options_that_only_look_like_ours_pass():
+    spec = load("slurm: {extra: ['--mem=0', '--gres-flags=enforce-binding', '--exclusive']}\n"
+                "nodes: {count: 1, procs: 1}\nworkload: {name: noop}\n")
+    assert spec.slurm.extra == ("--mem=0", "--gres-flags=enforce-binding", "--exclusive")
+
+
+def test_a_step_asks_for_the_cpus_of_a_cpu_job_and_the_job_is_never_requeued():
+    spec = load("nodes: {count: 2, procs: 3}\nworkload: {name: noop}\n")
+    backend = Backend(LaunchOptions(), spec)
+    plan = backend.plan("r", "/s/r")
+    assert "--no-requeue" in backend.sbatch_argv(plan)
+    assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=3 " in backend.batch_script(plan)
+
+
+def test_error_files_named_by_a_node_must_be_inside_its_run_directory(tmp_path):
+    from orchestrator.backends.slurm import _inside
+
+    (tmp_path / "node-0" / "torchrun").mkdir(parents=True)
+    (tmp_path / "node-0" / "torchrun" / "error.json").write_text("{}")
+    assert _inside(str(tmp_path / "node-0"), "torchrun/error.json") == \
+        str(tmp_path / "node-0" / "torchrun" / "error.json")
+    for hostile in ("/etc/passwd", "../../etc/passwd", "", None, 7):
+        assert _inside(str(tmp_path / "node-0"), hostile) is None
+
+
+def test_a_stream_reads_what_arrives_after_the_job_ended_and_stops_when_closed(tmp_path,
+                                                                                monkeypatch):
+    import threading
+
+    from orchestrator.backends import slurmjob
+
+    monkeypatch.setattr(slurmjob, "SETTLE_S", 0.5)
+    job = slurmjob.SlurmJob("1", poll=False)
+    job.gone = True  # Slurm has forgotten it: the job is over
+    path = tmp_path / "agent.out"
+    stream = slurmjob.JobStream(str(path), job, "n1")
+    threading.Timer(0.2, lambda: path.write_bytes(b"late line\n")).start()
+    assert stream.read_chunk(100) == b"late line\n"  # shown late, as over NFS
+    assert stream.read_chunk(100) == b""  # then nothing for SETTLE_S: the end
+    live = slurmjob.SlurmJob("2", poll=False)  # not ended: would wait for ever
+    waiting = slurmjob.JobStream(str(tmp_path / "none.out"), live, "n2")
+    threading.Timer(0.2, waiting.close).start()
+    assert waiting.read_chunk(100) == b""
+
+
+def test_a_cancel_that_fails_is_not_counted_as_sent(monkeypatch):
+    from orchestrator.backends import slurmjob
+
+    calls = []
+
+    def cancel(job_id, signal=None):
+        calls.append(signal)
+        if len(calls) == 1:
+            raise slurmctl.SlurmError("scancel", "slurmctld is busy")
+
+    monkeypatch.setattr(slurmctl, "cancel", cancel)
+    job = slurmjob.SlurmJob("3", poll=False)
+    with pytest.raises(slurmctl.SlurmError):
+        job.cancel()
+    job.cancel()
+    job.cancel()  # sent once already: not again
+    assert calls == [None, None]
+
+
+def test_pinned_gpus_outside_slurms_allocation_are_refused():
+    from orchestrator.agent.jobnode import check_gpus
+
+    check_gpus("3,4,5", "0,1,2,3,4,5")
+    check_gpus("3,4,5", None)  # no GRES on record: nothing to compare with
+    with pytest.raises(JobNodeError, match="GPU 5 is not among the GPUs Slurm allocated"):
+        check_gpus("3,4,5", "0,1,2,3,4,6")
+
+
 def _job(placed: bool = False) -> dict:
     spec = {"argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
                      "--device", "auto", "<slurm node 0>x"],
@@ -148,6 +229,8 @@ def test_a_node_finds_its_entry_by_slurm_name_or_allocation_index():
 
 
 def test_the_master_slots_are_replaced_word_for_word_and_secrets_come_from_sbatch():
+    with pytest.raises(JobNodeError, match="K did not reach the job"):
+        node_spec(_job(), 1, {"addr": "host0", "port": 1}, {})
     environ = {secret_variable(1, "K"): "v4lue", "DDP_ORCH_SECRET_0_OTHER": "z"}
     spec = node_spec(_job(), 1, {"addr": "host0", "port": 12345}, environ)
     assert spec["argv"] == ["python3", "--master-addr", "host0", "--master-port", "12345",

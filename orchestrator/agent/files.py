@@ -119,7 +119,18 @@ def get(path: str, max_bytes: int = MAX_TRANSFER) -> bytes | None:
         return fh.read(max_bytes + 1)[:max_bytes]
 
 
-def scrub_tree(directory: str, secrets: list[str], mask: bytes = b"********") -> int:
+MASK = b"********"
+
+
+def mask(data: bytes, values: list[bytes]) -> bytes:
+    """``data`` with each of ``values`` (longest first) replaced by MASK."""
+    for value in sorted(values, key=len, reverse=True):
+        if value:
+            data = data.replace(value, MASK)
+    return data
+
+
+def scrub_tree(directory: str, secrets: list[str], mask: bytes = MASK) -> int:
     """Mask ``secrets`` in every regular file under ``directory`` (torchrun's
     per-rank logs and error files), so a run directory keeps no secret in
     clear, a localhost node's inside the controller's run directory included.

@@ -114,15 +114,35 @@ def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> dict:
     spec["master_port"] = where["port"]
     env = dict(spec["env"])
     for name in job["nodes"][node_rank].get("secret_env", ()):
-        env[name] = environ.get(secret_variable(node_rank, name), "")
+        if secret_variable(node_rank, name) not in environ:
+            raise JobNodeError(f"{name} did not reach the job (sbatch passes it in the "
+                               f"environment); is SBATCH_EXPORT or a site policy limiting "
+                               f"--export=ALL?")
+        env[name] = environ[secret_variable(node_rank, name)]
     spec["env"] = env
     spec["secrets"] = sorted({v for n, v in env.items()
                               if n in job["nodes"][node_rank].get("secret_env", ()) and v})
     spec["unset_env"] = list(spec["unset_env"]) + sorted(
         name for name in environ if name.startswith(SECRET_PREFIX))
+    check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get("SLURM_STEP_GPUS"))
     spec["watch_stdin"] = False  # liveness is Slurm's; stdin is /dev/null
     spec["peer_timeout_s"] = None
     return spec
+
+
+def check_gpus(pinned: str | None, allocated: str | None) -> None:
+    """The user's GPU indices must be among those Slurm gave the job on this
+    node (``SLURM_STEP_GPUS``: physical indices, per node; ``SLURM_JOB_GPUS``
+    is the batch node's on every node), or they may be another job's."""
+    if not pinned or allocated is None:
+        return
+    mine = set(allocated.split(","))
+    outside = [gpu for gpu in pinned.split(",") if gpu not in mine]
+    if outside:
+        raise JobNodeError(f"GPU {','.join(outside)} is not among the GPUs Slurm allocated to "
+                           f"this job here ({allocated}); another job may hold it. Ask for the "
+                           f"node whole (slurm: {{extra: [--exclusive]}}) or list GPUs by count "
+                           f"(nodes: {{count: N, gpus: G}})")
 
 
 def run(job_path: str) -> int:
@@ -148,10 +168,11 @@ def run(job_path: str) -> int:
                                        job.get("master_port"))
         else:
             where = await_rendezvous(job["job_dir"], float(job["start_timeout_s"]))
+        spec = node_spec(job, node_rank, where, environ)
     except JobNodeError as exc:
         os.write(1, encode({"event": "exit", "code": 1, "reason": str(exc), "failures": [],
                             "last_lines": [f"ddp-orch: {exc}"], "duration_s": 0}))
         return 1
     from .supervisor import Supervisor
 
-    return Supervisor(node_spec(job, node_rank, where, environ)).run()
+    return Supervisor(spec).run()

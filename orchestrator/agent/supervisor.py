@@ -68,6 +68,10 @@ class Supervisor:
         self.exit_code: int | None = None
         self.wakeup = _Wakeup()  # torchrun exited or a stop was requested
         self.workers_done = threading.Event()  # follow the worker logs to their end
+        # Masked in our own output too where it goes to a file (a Slurm job's
+        # agent.out); over a channel the controller masks what it receives.
+        self.masks = [v.encode() for v in spec.get("secrets", ())] \
+            if not spec.get("watch_stdin", True) else []
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -184,6 +188,8 @@ class Supervisor:
         that went silent (no FIN, no RST) is noticed by its missing pings
         (``wait``), and from then on output is dropped too.
         """
+        if data and self.masks:
+            data = files.mask(data, self.masks)
         if data and not self.controller_lost:
             # A write blocks while a partitioned controller's pipe is full; the
             # lock's timeout keeps the teardown and the exit event from waiting on it.

@@ -28,13 +28,17 @@ class Gang:
     """One launch of a resolved ``DryRun``; ``run()`` returns its ``RunOutcome``."""
 
     def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
-                 console: Console, *, grace_s: float = 10.0, start_timeout_s: float = 300.0):
+                 console: Console, *, grace_s: float = 10.0, start_timeout_s: float = 300.0,
+                 watch_silence: bool = True):
         self.info = info
         self.plan = info.plan
         self.run_dir = run
         self.console = console
         self.grace_s = grace_s
         self.start_timeout_s = start_timeout_s
+        # A node silent for PEER_TIMEOUT_S is given up on, unless the nodes'
+        # liveness is someone else's (Slurm's).
+        self.watch_silence = watch_silence
         self._changed = threading.Event()  # some node's command ended
         self._over = threading.Event()  # the gang is done: stop pinging
         self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
@@ -78,7 +82,7 @@ class Gang:
             codes = [h.poll() for h in self.handles]
             if all(code is not None for code in codes):
                 return
-            silent = [h for h in self.handles if h.silent]
+            silent = [h for h in self.handles if h.silent] if self.watch_silence else []
             if silent:
                 for handle in silent:
                     handle.partitioned = True

@@ -16,6 +16,7 @@ from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 
 BUNDLE_NAME = "bundle.tar.gz"
+AGENT_SAYS = "ddp-orch: "  # a last line of the agent's own, not torchrun's
 # Exit code ProcessHandle.poll gives when the connection died without a status.
 LOST = 255
 
@@ -243,6 +244,8 @@ def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
                     last_lines: list[str]) -> str:
     """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``, or
     with no worker failure on record, torchrun's own last line (say, no torch)."""
+    if not failures and last_lines and last_lines[-1].startswith(AGENT_SAYS):
+        return last_lines[-1][len(AGENT_SAYS):].strip()[-500:]  # torchrun never ran
     if not failures:
         return f"torchrun exited {code}" + (f": {last_lines[-1].strip()[-300:]}" if last_lines else "")
     first = failures[0]

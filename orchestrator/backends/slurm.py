@@ -59,6 +59,7 @@ JOB_FILE = "job.json"
 SCRIPT_FILE = "job.sbatch"
 MAX_RESULT_BYTES = 16 << 20
 MAX_ERROR_FILE_BYTES = 1 << 20
+SQUEUE_GIVE_UP_S = 120.0  # squeue failing that long while queued: give up (and scancel)
 # File systems every node of a cluster sees the same way.
 SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs",
                        "fuse.glusterfs", "panfs", "wekafs", "pvfs2", "orangefs", "fuse.beegfs",
@@ -115,17 +116,18 @@ class Backend(LaunchBackend):
         spec = self.require_spec()
         slurm = spec.slurm or SlurmSpec()
         directory = job_dir(plan)
+        # --no-requeue: a requeued job would rerun over this run's files.
         argv = ["sbatch", "--parsable", f"--job-name=ddp-orch-{plan.name}",
-                f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
+                f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1", "--no-requeue",
+                "--export=ALL",
                 f"--output={directory}/slurm-%j.out", f"--chdir={directory}"]
         if not spec.placed:
             argv.append("--nodelist=" + ",".join(n.host for n in plan.nodes))
         gpus = _gres_gpus(spec)
         if gpus:
             argv.append(f"--gres=gpu:{gpus}")
-        cpu_procs = [n.procs for n in spec.nodes if n.procs is not None]
-        if cpu_procs:
-            argv.append(f"--cpus-per-task={max(cpu_procs)}")
+        if self._cpu_procs():
+            argv.append(f"--cpus-per-task={self._cpu_procs()}")
         for key in ("partition", "account", "time", "qos"):
             value = getattr(slurm, key)
             if value is not None:
@@ -134,9 +136,17 @@ class Backend(LaunchBackend):
         argv.append(f"{directory}/{SCRIPT_FILE}")
         return argv
 
+    def _cpu_procs(self) -> int:
+        """CPUs per node a CPU-process job asks for (0: a GPU job)."""
+        return max((n.procs for n in self.require_spec().nodes if n.procs is not None),
+                   default=0)
+
     def batch_script(self, plan: RunPlan) -> str:
         directory = job_dir(plan)
+        cpus = self._cpu_procs()
         srun = ["srun", f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
+                # since 22.05 a step does not inherit the job's --cpus-per-task
+                *([f"--cpus-per-task={cpus}"] if cpus else []),
                 "--kill-on-bad-exit=1", plan.nodes[0].python, "-I", "-S",
                 f"{directory}/{AGENT_FILE}", "job", f"{directory}/{JOB_FILE}"]
         return (f"#!/bin/sh\n"
@@ -163,13 +173,14 @@ class Backend(LaunchBackend):
                               + "\n".join(f"  {r.host}: {r.check}: {r.detail}" for r in problems))
         env = self._write_job(info, run)
         self.job_id = slurmctl.submit(self.sbatch_argv(plan), env)
-        console.info(f"submitted Slurm job {self.job_id}; run directory {run.path}")
-        on_running(info)  # records the job id, for `down` while it waits
-        job = SlurmJob(self.job_id)
-        try:
+        job = SlurmJob(self.job_id, poll=False)
+        try:  # from here on, whatever happens, nothing of the job stays queued
+            console.info(f"submitted Slurm job {self.job_id}; run directory {run.path}")
+            on_running(info)  # records the job id, for `down` while it waits
+            job.start_polling()
             return self._follow(info, run, console, on_running, job, started)
         finally:
-            if not job.ended:  # whatever happened here, nothing of it stays queued
+            if not job.ended:
                 job.cancel()
                 job.wait_ended(self.options.grace_s + 60)
             job.close()
@@ -195,15 +206,17 @@ class Backend(LaunchBackend):
         if resolved is None:
             return self._ended_early(plan, run, job, started)
         on_running(resolved)
+        # No silence check: liveness is Slurm's, and a shared file system may
+        # hold a node's bytes back for as long as that check would wait.
         gang = Gang(resolved, run, streams, console, grace_s=self.options.grace_s,
-                    start_timeout_s=self.options.start_timeout_s)
+                    start_timeout_s=self.options.start_timeout_s, watch_silence=False)
         outcome = gang.run()
         if not job.wait_ended(self.options.grace_s + 30):
             job.cancel()
             job.wait_ended(30)
         for stream in streams.values():
             stream.close()
-        nodes = tuple(self._explain(o, job) for o in outcome.nodes)
+        nodes = tuple(self._explain(o, outcome.nodes, job) for o in outcome.nodes)
         outcome = gang_outcome(plan.run_id, nodes, time.monotonic() - started,
                                interrupted=outcome.state is RunState.INTERRUPTED)
         result = self._collect(resolved, outcome, run)
@@ -219,6 +232,9 @@ class Backend(LaunchBackend):
             state = job.state
             if job.ended or (state is not None and state.running):
                 return ""
+            if job.failing_for > SQUEUE_GIVE_UP_S:
+                raise slurmctl.SlurmError("squeue", f"cannot follow job {job.job_id} for "
+                                          f"{job.failing_for:.0f}s: {job.error}")
             if state is not None and (state.state, state.reason) != shown:
                 shown = (state.state, state.reason)
                 console.info(f"Slurm job {job.job_id} {state.state.lower()}"
@@ -269,7 +285,9 @@ class Backend(LaunchBackend):
         wrote = [n.node_rank for n in plan.nodes
                  if os.path.exists(posixpath.join(n.run_dir, STREAM_FILE))]
         output = _tail(run.file(f"slurm-{job.job_id}.out"))
-        if not wrote:
+        if not wrote and state == "CANCELLED":
+            why = "the Slurm job was cancelled (scancel) before its nodes started"
+        elif not wrote:
             why = (f"the Slurm job ended ({state}) before any node wrote to {job_dir(plan)}: "
                    "the compute nodes must see the run directory (a shared file system), "
                    "and the node's python must run the agent")
@@ -281,10 +299,19 @@ class Backend(LaunchBackend):
             _copy_stream(node, run)
         return _not_run(plan, why, started)
 
-    def _explain(self, outcome: NodeOutcome, job: SlurmJob) -> NodeOutcome:
-        """Slurm's words for a node that ended without a report of its own."""
+    def _explain(self, outcome: NodeOutcome, nodes: tuple[NodeOutcome, ...],
+                 job: SlurmJob) -> NodeOutcome:
+        """Slurm's words for a node that ended without a report of its own:
+        stopped by srun --kill-on-bad-exit (SIGKILL) when another node failed,
+        or lost with the job."""
         if outcome.state is not NodeState.LOST or outcome.failures:
             return outcome
+        failed = [o for o in nodes if o.state is NodeState.FAILED]
+        if failed:
+            return dataclasses.replace(
+                outcome, state=NodeState.STOPPED,
+                reason=f"ended by Slurm when node {failed[0].node_rank} failed "
+                       "(srun --kill-on-bad-exit)")
         state = job.state.state if job.state else "no longer listed"
         reason = (f"the Slurm job ended ({state}) without a report from this node's agent "
                   f"(killed, or the node failed)")
@@ -325,9 +352,11 @@ class Backend(LaunchBackend):
         for node_outcome in outcome.nodes:
             node = plan.nodes[node_outcome.node_rank]
             for failure in node_outcome.failures:
-                if failure.get("error_file"):
-                    rank = node.first_rank + int(failure["local_rank"])
-                    wanted.append((posixpath.join(node.run_dir, failure["error_file"]),
+                source = _inside(node.run_dir, failure.get("error_file"))
+                local_rank = failure.get("local_rank")
+                if source and isinstance(local_rank, int) and 0 <= local_rank < node.nproc:
+                    rank = node.first_rank + local_rank
+                    wanted.append((source,
                                    f"errors/node-{node.node_rank}/rank-{rank}.json",
                                    MAX_ERROR_FILE_BYTES,
                                    secret_values(info.nodes[node.node_rank].env)))
@@ -508,6 +537,16 @@ def _not_run(plan: RunPlan, why: str, started: float, *, interrupted: bool = Fal
     state = NodeState.NOT_STARTED if interrupted else NodeState.FAILED
     nodes = tuple(NodeOutcome(n.node_rank, n.host, state, None, why, None) for n in plan.nodes)
     return gang_outcome(plan.run_id, nodes, time.monotonic() - started, interrupted=interrupted)
+
+
+def _inside(directory: str, name: object) -> str | None:
+    """``directory/name`` if it really is inside ``directory`` (a node's
+    report names the file; it must not name one elsewhere)."""
+    if not isinstance(name, str) or not name:
+        return None
+    path = os.path.realpath(posixpath.join(directory, name))
+    root = os.path.realpath(directory)
+    return path if path.startswith(root + os.sep) else None
 
 
 def _read_capped(path: str, limit: int) -> bytes | None:

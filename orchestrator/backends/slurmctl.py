@@ -80,11 +80,16 @@ def run(argv: list[str], *, env: Mapping[str, str] | None = None,
                          hint="run ddp-orch where sbatch works: a login or submit host of the "
                               "cluster (or install slurm-client and point SLURM_CONF at it)")
     try:
-        return subprocess.run(argv, env=None if env is None else dict(env), capture_output=True,
+        done = subprocess.run(argv, env=None if env is None else dict(env), capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise SlurmError(argv[0], f"no answer within {timeout:g}s",
                          hint="is slurmctld up? `scontrol ping` tells") from None
+    if done.returncode != 0 and "Could not establish a configuration source" in done.stderr:
+        raise SlurmError(argv[0], "this machine has no Slurm configuration",
+                         hint="run ddp-orch on a login or submit host of the cluster, or set "
+                              "SLURM_CONF to its slurm.conf")
+    return done
 
 
 def _said(done: subprocess.CompletedProcess) -> str:

@@ -15,7 +15,6 @@ ends when its file has no more bytes and the job is over.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -24,23 +23,39 @@ from .nodehandle import LOST
 
 POLL_S = 0.1  # how often a quiet stream file is looked at
 STATE_POLL_S = 1.0  # how often squeue is asked
+# After the job has ended, how long a stream still waits for bytes to show up:
+# a network file system may show a file's last writes to other hosts late.
+SETTLE_S = 5.0
 
 
 class SlurmJob:
     """One job id; ``state`` is refreshed in the background until ``close``."""
 
-    def __init__(self, job_id: str):
+    def __init__(self, job_id: str, *, poll: bool = True):
         self.job_id = job_id
         self.state: slurmctl.JobState | None = None
         self.gone = False  # Slurm no longer lists it
-        self.error = ""  # the last squeue failure, if it keeps failing
+        self.error = ""  # the last squeue failure, while it keeps failing
+        self._failing_since: float | None = None
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        if poll:
+            self.start_polling()
+
+    def start_polling(self) -> None:
+        """Ask squeue now, then every STATE_POLL_S on a thread of its own."""
         self.refresh()
         self._thread = threading.Thread(target=self._poll, daemon=True,
-                                        name=f"slurm-job-{job_id}")
+                                        name=f"slurm-job-{self.job_id}")
         self._thread.start()
+
+    @property
+    def failing_for(self) -> float:
+        """Seconds squeue has failed in a row (0 when its last answer was good)."""
+        since = self._failing_since
+        return 0.0 if since is None else time.monotonic() - since
 
     @property
     def ended(self) -> bool:
@@ -51,8 +66,10 @@ class SlurmJob:
             state = slurmctl.job_state(self.job_id)
         except slurmctl.SlurmError as exc:
             self.error = str(exc)
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
             return self.state
-        self.error = ""
+        self.error, self._failing_since = "", None
         if state is None:
             self.gone = True
         else:
@@ -73,11 +90,11 @@ class SlurmJob:
     def cancel(self, signal: str | None = None) -> None:
         """``scancel`` once per kind (plain, or a signal), whoever asks."""
         kind = signal or "TERM"
-        with self._lock:
+        with self._lock:  # held across scancel: a second caller waits, then skips
             if kind in self._cancelled or self.ended:
                 return
-            self._cancelled.add(kind)
-        slurmctl.cancel(self.job_id, signal)
+            slurmctl.cancel(self.job_id, signal)
+            self._cancelled.add(kind)  # only once it was sent
 
     @property
     def cancelled(self) -> bool:
@@ -125,31 +142,45 @@ class JobStream:
         self.job = job
         self.process = JobProcess(job)
         self.seen = False  # the node has written its stream at all
-        self._fh = None
+        self.offset = 0
+        self._closed = False
 
     def supervise(self, spec: dict) -> None:
         """The agent was started by srun with its spec (``job.json``)."""
 
     def read_chunk(self, size: int) -> bytes:
-        """The next bytes of the file; b"" once the job is over and all is read."""
-        while True:
-            if self._fh is None and os.path.exists(self.path):
-                self._fh = open(self.path, "rb")
-                self.seen = True
-            if self._fh is not None:
-                data = self._fh.read(size)
-                if data:
-                    return data
+        """The next bytes of the file; b"" once the job is over and nothing
+        more has appeared for SETTLE_S, or once the stream is closed.
+
+        The file is opened afresh for every look: on NFS, an open is what
+        makes another host's writes visible (close-to-open consistency).
+        """
+        quiet_since = None
+        while not self._closed:
+            data = self._read(size)
+            if data:
+                return data
             if self.job.ended:
-                if self._fh is not None:
-                    return self._fh.read(size)  # written just before the end
-                return b""
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > SETTLE_S:
+                    return b""
             time.sleep(POLL_S)
+        return b""
+
+    def _read(self, size: int) -> bytes:
+        try:
+            with open(self.path, "rb") as fh:
+                self.seen = True
+                fh.seek(self.offset)
+                data = fh.read(size)
+        except FileNotFoundError:
+            return b""
+        self.offset += len(data)
+        return data
 
     def unread(self, data: bytes) -> None:
         """Nothing reads the stream after the exit event."""
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """A reader still in ``read_chunk`` gets b"" at its next look."""
+        self._closed = True

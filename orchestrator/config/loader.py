@@ -42,10 +42,13 @@ SLURM_TIME_RE = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,
                            r"|UNLIMITED|INFINITE|infinite|unlimited)$")
 SLURM_OPTION_RE = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(?:=[^\s]+)?$")
 # Options the Slurm backend sets itself: a second value would fight it.
+# sbatch also takes any unique prefix of a long option (--out= is --output=),
+# so a prefix of one of these is refused as well.
 SLURM_OWN_OPTIONS = frozenset({
     "nodes", "nodelist", "ntasks", "ntasks-per-node", "output", "error", "parsable", "wrap",
-    "job-name", "chdir", "gres", "gpus", "gpus-per-node", "cpus-per-task", "partition",
-    "account", "time", "qos", "wait", "array", "hold",
+    "job-name", "chdir", "gres", "gpus", "gpus-per-node", "gpus-per-task", "cpus-per-task",
+    "cpus-per-gpu", "ntasks-per-gpu", "partition", "account", "time", "qos", "wait", "array",
+    "hold", "export", "requeue", "test-only", "open-mode", "input",
 })
 _DIGITS_RE = re.compile(r"^[0-9]+$")  # ASCII only: "²".isdigit() is True, int("²") fails
 # Set by torchrun or by ddp-orch itself; a user value would be silently wrong.
@@ -257,6 +260,10 @@ def _slurm(field: Located) -> SlurmSpec:
             values[key] = name
     if "time" in entries:
         raw = entries["time"].scalar()
+        if isinstance(raw, int) and ":" in str(entries["time"].node.value):
+            raise entries["time"].error(
+                f"{entries['time'].node.value} was read as the number {raw} (YAML reads "
+                "h:m:s as base 60)", hint='quote it: time: "12:00:00"')
         text = str(raw) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else ""
         if not SLURM_TIME_RE.match(text):
             raise entries["time"].error(
@@ -275,10 +282,13 @@ def _slurm_option(field: Located) -> str:
                           hint='each entry is one long option, "--name" or "--name=value", '
                                'with no spaces; it is passed to sbatch, never to a shell')
     name = option[2:].split("=", 1)[0]
-    if name in SLURM_OWN_OPTIONS:
-        hint = (f"use `slurm: {{{name}: ...}}`" if name in SLURM_KEYS else
-                "ddp-orch sets it from the nodes: list")
-        raise field.error(f"--{name} is set by ddp-orch", hint=hint)
+    own = sorted(o for o in SLURM_OWN_OPTIONS if o == name or o.startswith(name))
+    if own:
+        full = name if name in own else own[0]
+        hint = (f"use `slurm: {{{full}: ...}}`" if full in SLURM_KEYS else
+                "ddp-orch sets it from the nodes: list and the run")
+        shown_as = f"--{name}" + (f" (--{full})" if full != name else "")
+        raise field.error(f"{shown_as} is set by ddp-orch", hint=hint)
     return option
 
 
@@ -316,6 +326,11 @@ def _check_slurm_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
         if "ssh" in entries:
             raise entries["ssh"].error("ssh: settings do not apply to backend: slurm",
                                        hint="Slurm starts the nodes; remove the ssh: block")
+        if "python" in entries:
+            raise entries["python"].error(
+                "under backend: slurm one python runs the whole job",
+                hint="set the top-level `python:` (a path every node has, e.g. on the "
+                     "shared file system)")
         if node.is_local:
             raise entries["host"].error(
                 "with backend: slurm a host is a Slurm node name, not localhost",

@@ -41,9 +41,11 @@ class RunSummary:
 def baseline_spec(spec: ClusterSpec) -> ClusterSpec:
     """The same job as one process on node 0's first GPU (or one CPU process)."""
     first = spec.nodes[0]
+    on_gpu = first.gpus is not None or first.gpu_count is not None
     single: NodeSpec = dataclasses.replace(
         first, gpus=first.gpus[:1] if first.gpus is not None else None,
-        procs=None if first.gpus is not None else 1)
+        gpu_count=1 if first.gpu_count is not None else None,
+        procs=None if on_gpu else 1)
     return dataclasses.replace(spec, nodes=(single,), name=f"{spec.name}-baseline")
 
 
