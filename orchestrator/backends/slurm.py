@@ -429,14 +429,31 @@ class Backend(LaunchBackend):
                                    f"{', '.join(known) or 'none'}"))
         if spec.placed:
             infos = slurmctl.nodes(partition=partition)
+            out.append(self._count_check(infos, partition))
         else:
             infos = slurmctl.nodes([n.host for n in plan.nodes])
             out += [self._node_check(k, node, infos.get(node.host))
                     for k, node in enumerate(spec.nodes)]
-        problem = shared_dir_problem(job_dir(plan), infos.values())
+        runs = posixpath.dirname(job_dir(plan))
+        problem = shared_dir_problem(runs, infos.values())
         out.append(CheckResult(-1, here, "run directory", problem is None,
-                               problem or f"{job_dir(plan)} is seen by the compute nodes"))
+                               problem or f"{runs} is seen by the compute nodes"))
         return out
+
+    def _count_check(self, infos: dict, partition: str | None) -> CheckResult:
+        """Enough usable nodes, each with the GPUs or CPUs a node of the job needs."""
+        spec = self.require_spec()
+        node = spec.nodes[0]
+        fits = [i for i in infos.values() if i.usable
+                and (node.gpu_count is None or i.gpus >= node.gpu_count)
+                and (node.procs is None or i.cpus >= node.procs)]
+        need = (f"{node.gpu_count} GPU(s)" if node.gpu_count is not None
+                else f"{node.procs} CPU(s)")
+        where = f"partition {partition}" if partition else "the cluster"
+        ok = len(fits) >= len(spec.nodes)
+        return CheckResult(-1, "slurm", "nodes", ok,
+                           f"{len(fits)} usable node(s) in {where} with {need} each; "
+                           f"the job needs {len(spec.nodes)}")
 
     def _node_check(self, k: int, node, info: slurmctl.NodeInfo | None) -> CheckResult:
         host = node.host

@@ -8,6 +8,7 @@ traceback for user mistakes.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from typing import Any, Callable
@@ -309,7 +310,8 @@ def check(cluster_file: str, backend: str | None, timeout: float,
     spec = _with_backend(load_cluster_file(cluster_file), backend)
     chosen = backend_for(spec, LaunchOptions(accept_new_host_keys=accept_new_host_keys,
                                               check_timeout_s=timeout))
-    report = chosen.check(chosen.plan("check", "runs/check"))
+    report = chosen.check(chosen.plan("check", os.path.abspath(
+        os.path.join(DEFAULT_RUNS_DIR, "check"))))
     click.echo(render_check(report), nl=False)
     sys.exit(0 if report.ok else 1)
 

@@ -59,7 +59,8 @@ def render_down(record: RunRecord, stopped_controller: bool, nodes: list[CancelR
 
 def render_check(report: Preflight) -> str:
     rows = [("NODE", "HOST", "CHECK", "STATUS", "DETAIL")]
-    rows += [(str(r.node_rank), r.host, r.check, "ok" if r.ok else "FAIL", r.detail)
+    rows += [(str(r.node_rank) if r.node_rank >= 0 else "-", r.host, r.check,
+              "ok" if r.ok else "FAIL", r.detail)
              for r in report.results]
     verdict = "all checks passed" if report.ok else \
         f"{sum(not r.ok for r in report.results)} check(s) failed"
