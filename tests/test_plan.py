@@ -111,7 +111,8 @@ def test_script_workload_runs_from_uploaded_dir(tmp_path):
     node = plan.nodes[0]
     argv = torchrun_argv(plan, node)
     tail = argv[argv.index("--redirects") + 2:]
-    assert tail == (f"{node.run_dir}/script/train.py", "--lr", "0.1", "--amp", "--tags", "x", "y")
+    assert tail == ("-m", "ddp_orch_shim", f"{node.run_dir}/script/train.py",
+                    "--lr", "0.1", "--amp", "--tags", "x", "y")  # through the worker shim
 
 
 def test_plan_is_frozen():

@@ -120,3 +120,22 @@ def test_no_file_on_the_controller_or_the_nodes_holds_a_secret(ssh_lab, tmp_path
     assert "token is ********" in (tmp_path / "runs" / run_id / "node-1.log").read_text()
     if fail:
         assert "could not log in with ********" in result.stdout
+
+
+@pytest.mark.parametrize("ssh_lab", [2], indirect=True)
+def test_an_exception_without_record_is_quoted_as_the_root_cause(ssh_lab, tmp_path):
+    """No @record in the script: the worker shim writes torchrun's error file,
+    so the root cause quotes the exception with its file and line."""
+    shutil.copy(os.path.join(PROGRAMS, "plain_raise.py"), tmp_path)
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 1}", "{host: node1, procs: 2}"],
+                          "workload: {script: plain_raise.py}\n", name="plain")
+    result = run_cli("up", cluster, "--run-id", "plain", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", env=env, timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = result.stdout.split("\nrun plain: ")[1]
+    assert ("root cause: node 1 (node1): torchrun exited 1; rank 2 (local rank 1) failed: "
+            "RuntimeError: planned crash on rank 2 (plain_raise.py:10)") in summary
+    fetched = json.loads((tmp_path / "runs" / "plain" / "errors" / "node-1" / "rank-2.json")
+                         .read_text())
+    assert fetched["message"]["message"] == "RuntimeError: planned crash on rank 2"

@@ -41,8 +41,13 @@ def collect(run_dir: str, torchrun_tail: list[str]) -> list[dict]:
             continue
         if isinstance(record, str):
             record = {"message": record}
+        message = str(record.get("message", "")).strip()
+        extra = record.get("extraInfo") if isinstance(record.get("extraInfo"), dict) else {}
+        where = _user_frame(str(extra.get("py_callstack", "")).splitlines())
+        if where and where not in message:
+            message += f" ({where})"
         out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),
-                    "message": str(record.get("message", "")).strip()[-2000:],
+                    "message": message[-2000:],
                     "timestamp": stamp, "error_file": os.path.relpath(path, run_dir)})
     if not out:  # no @record: torchrun's summary names the first failure
         out = [_refine(run_dir, f) for f in _root_cause_from_summary(torchrun_tail)]
@@ -96,14 +101,20 @@ def _last_exception(path: str) -> tuple[str, float] | None:
                       if _EXCEPTION_LINE.match(lines[i])), None)
     if exception is None:
         return None
-    frames = [m for m in map(_FRAME_LINE.match, lines[:exception]) if m]
-    # The user's frame: the innermost one outside installed packages and the stdlib.
-    own = [m for m in frames if not re.search(r"/(site|dist)-packages/|/lib/python3", m.group(1))]
-    where = (own or frames or [None])[-1]
+    where = _user_frame(lines[:exception])
     message = lines[exception].strip()
     if where:
-        message += f" ({os.path.basename(where.group(1))}:{where.group(2)})"
+        message += f" ({where})"
     return message[-2000:], stamp
+
+
+def _user_frame(traceback_lines: list[str]) -> str:
+    """``train.py:42``: the innermost frame outside installed packages and
+    the stdlib (else the innermost frame at all), or ""."""
+    frames = [m for m in map(_FRAME_LINE.match, traceback_lines) if m]
+    own = [m for m in frames if not re.search(r"/(site|dist)-packages/|/lib/python3", m.group(1))]
+    where = (own or frames or [None])[-1]
+    return f"{os.path.basename(where.group(1))}:{where.group(2)}" if where else ""
 
 
 def _root_cause_from_summary(lines: list[str]) -> list[dict]:

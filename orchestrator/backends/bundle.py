@@ -69,7 +69,9 @@ from dataclasses import dataclass
 
 import workloads
 
+from ..agent import shim
 from ..errors import LaunchError
+from ..plan.torchrun import SHIM
 
 MAX_SCRIPT_DIR_BYTES = 64 * 1024 * 1024
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", "node_modules",
@@ -333,6 +335,7 @@ def build_bundle(path: str, script: str | None = None) -> int:
         scan.check_size()
     with tarfile.open(path, "w:gz", compresslevel=3) as tar:
         tar.add(package_dir, arcname="code/workloads", filter=_skip)
+        tar.add(shim.__file__, arcname=f"code/{SHIM}.py", filter=_normalize)
         if scan is not None:
             for rel, _size in scan.files:
                 source = os.path.join(scan.directory, *rel.split("/"))

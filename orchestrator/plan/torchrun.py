@@ -9,6 +9,9 @@ from __future__ import annotations
 from .model import NodePlan, RunPlan
 
 TORCHRUN = ("-m", "torch.distributed.run")
+# Every rank runs the user's program through the worker shim (agent/shim.py,
+# shipped in the bundle as code/ddp_orch_shim.py): error files and stack dumps.
+SHIM = "ddp_orch_shim"
 
 
 def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
@@ -17,7 +20,8 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
     Each node passes its own ``--node-rank`` and ``--nproc-per-node``, which
     is what makes heterogeneous layouts (3 + 4) number their ranks as prefix
     sums. Workers write to files (``--redirects 3``), which the node agent
-    follows and relays as whole, rank-prefixed lines.
+    follows and relays as whole, rank-prefixed lines. Each worker runs the
+    user's program through the shim (``SHIM``), transparently.
     """
     return (node.python, *TORCHRUN,
             "--nnodes", str(len(plan.nodes)), "--node-rank", str(node.node_rank),
@@ -25,4 +29,4 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
             "--master-addr", plan.master_addr, "--master-port", str(plan.master_port),
             "--rdzv-backend", "static", "--rdzv-id", plan.run_id, "--max-restarts", "0",
             "--log-dir", f"{node.run_dir}/torchrun", "--redirects", "3",
-            *plan.entrypoint.argv(f"{node.run_dir}/script"))
+            "-m", SHIM, *plan.entrypoint.argv(f"{node.run_dir}/script"))

@@ -1,0 +1,131 @@
+"""The worker shim: every rank runs the user's program through this module.
+
+torchrun starts ``python -m ddp_orch_shim <script.py | -m module> ARGS``
+(the bundle ships this file as ``code/ddp_orch_shim.py``). The shim runs
+the program as ``__main__`` (a module with ``runpy``, a script as Python
+itself does), so ``sys.argv``, ``__file__``, ``sys.path[0]`` and relative
+imports are what plain ``python script.py`` or ``python -m module`` would
+give (``tests/test_shim.py`` compares them), and it adds two things no user
+script has to ask for:
+
+* an uncaught exception is written to torchrun's error file
+  (``TORCHELASTIC_ERROR_FILE``) in torchrun's own format (type and message,
+  traceback, timestamp), as ``@record`` would, then reported and the process
+  ends with exit code 1, as Python does; the traceback it prints starts at
+  the user's first frame, not at this module's;
+* ``faulthandler`` is registered on ``STACK_SIGNAL`` for all threads,
+  writing to ``stacks/rank-<RANK>.txt`` in the node's run directory: a
+  Python stack dump that works even while the rank is blocked inside a C
+  call such as a gloo or NCCL collective (``ddp-orch stacks``).
+
+Standard library only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+
+STACK_SIGNAL = signal.SIGUSR2  # SIGUSR1 is what Slurm and Lightning use for preemption
+STACKS_DIR = "stacks"
+
+
+def stacks_file(run_dir: str, rank: str) -> str:
+    return os.path.join(run_dir, STACKS_DIR, f"rank-{rank}.txt")
+
+
+def _arm_stack_dumps() -> None:
+    """faulthandler on STACK_SIGNAL, into this rank's stacks file (kept open)."""
+    rank = os.environ.get("RANK")
+    if rank is None:
+        return
+    path = stacks_file(os.getcwd(), rank)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
+    except OSError:
+        return
+    faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True, chain=False)
+    _arm_stack_dumps.handle = handle  # type: ignore[attr-defined]  (never closed)
+
+
+def _user_frames(tb):
+    """The traceback from the first frame that is not this module's or runpy's."""
+    def ours(filename: str) -> bool:
+        return filename in (__file__, os.path.abspath(__file__), runpy.__file__) or \
+            filename.startswith("<frozen runpy")
+
+    while tb is not None and ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+def record_error(exc: BaseException, tb) -> None:
+    """torchrun's error-file format (``torch.distributed.elastic``'s
+    ``ErrorHandler.record_exception``), so torchrun's summary and ddp-orch's
+    root cause quote the exception."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {
+        "message": f"{type(exc).__name__}: {exc}",
+        "extraInfo": {"py_callstack": "".join(traceback.format_exception(type(exc), exc, tb)),
+                      "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+    except OSError:
+        pass
+
+
+def _run_script(given: str, args: list[str]) -> None:
+    """What ``python script.py ARGS`` does: ``sys.argv[0]`` as given, an
+    absolute ``__file__``, the script's directory first on ``sys.path``, and
+    a fresh ``__main__`` module (``runpy.run_path`` would make argv[0] the
+    absolute path too)."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    script = os.path.abspath(given)
+    with open(script, "rb") as fh:
+        source = fh.read()
+    sys.argv = [given, *args]
+    sys.path[0] = os.path.dirname(script)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=script, __cached__=None, __builtins__=builtins,
+                           __loader__=importlib.machinery.SourceFileLoader("__main__", script))
+    sys.modules["__main__"] = module
+    exec(compile(source, script, "exec"), module.__dict__)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv == ["-m"]:
+        print("usage: python -m ddp_orch_shim (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
+        return 2
+    _arm_stack_dumps()
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            _run_script(argv[0], argv[1:])
+    except (SystemExit, KeyboardInterrupt):
+        raise  # exit codes and SIGINT's own ending, unchanged
+    except BaseException as exc:  # noqa: BLE001 (reported, then the process ends with 1)
+        tb = _user_frames(exc.__traceback__)
+        exc = exc.with_traceback(tb)  # what Python would have printed: the user's frames
+        record_error(exc, tb)
+        sys.excepthook(type(exc), exc, tb)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,126 @@
+"""The worker shim is transparent: the same program behaves the same through it.
+
+Each case runs a small program twice, as ``python script.py`` (or ``python
+-m pkg.main``) and through ``python -m ddp_orch_shim``, and compares what the
+program saw and how it ended. No torch: the shim is standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+SHIM_SOURCE = os.path.join(ROOT, "orchestrator", "agent", "shim.py")
+
+PROBE = """\
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "file": __file__, "name": __name__,
+                  "path0": sys.path[0], "spec": repr(__spec__)}))
+"""
+
+PACKAGE_MAIN = """\
+import json, sys
+from .helper import VALUE
+print(json.dumps({"argv0": sys.argv[0], "rest": sys.argv[1:], "name": __name__,
+                  "package": __package__, "file": __file__, "value": VALUE}))
+"""
+
+
+@pytest.fixture
+def shim_dir(tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(SHIM_SOURCE, code / "ddp_orch_shim.py")
+    (tmp_path / "probe.py").write_text(PROBE)
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("VALUE = 42\n")
+    (pkg / "main.py").write_text(PACKAGE_MAIN)
+    return tmp_path
+
+
+def run(shim_dir, argv, *, shim: bool, env=None, **kwargs):
+    full = [sys.executable, *(("-m", "ddp_orch_shim") if shim else ()), *argv]
+    path = os.pathsep.join([str(shim_dir / "code"), str(shim_dir)])
+    return subprocess.run(full, cwd=shim_dir, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path, **(env or {})}, **kwargs)
+
+
+def test_a_script_sees_the_same_argv_file_name_and_path(shim_dir):
+    argv = ["probe.py", "--lr", "0.1", "-m", "x y"]
+    plain, shimmed = (run(shim_dir, argv, shim=s) for s in (False, True))
+    assert plain.returncode == shimmed.returncode == 0, shimmed.stderr
+    seen, expected = json.loads(shimmed.stdout), json.loads(plain.stdout)
+    for key in ("argv", "file", "name", "path0"):
+        assert seen[key] == expected[key], key
+    assert seen["name"] == "__main__" and seen["argv"][1:] == ["--lr", "0.1", "-m", "x y"]
+
+
+def test_a_module_keeps_its_package_and_relative_imports(shim_dir):
+    argv = ["-m", "pkg.main", "--epochs", "3"]
+    plain, shimmed = (run(shim_dir, argv, shim=s) for s in (False, True))
+    assert plain.returncode == shimmed.returncode == 0, shimmed.stderr
+    assert json.loads(shimmed.stdout) == json.loads(plain.stdout)
+    assert json.loads(shimmed.stdout)["value"] == 42
+
+
+@pytest.mark.parametrize("body, code", [
+    ("import sys; sys.exit(3)", 3),
+    ("import sys; sys.exit('bad input')", 1),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM),
+    ("raise KeyboardInterrupt", -signal.SIGINT),
+    ("pass", 0),
+])
+def test_exit_codes_are_unchanged(shim_dir, body, code):
+    (shim_dir / "ends.py").write_text(body + "\n")
+    plain, shimmed = (run(shim_dir, ["ends.py"], shim=s) for s in (False, True))
+    assert plain.returncode == shimmed.returncode == code, shimmed.stderr
+
+
+def test_an_uncaught_exception_goes_to_torchruns_error_file_and_prints_as_usual(shim_dir):
+    (shim_dir / "boom.py").write_text("def f():\n    raise RuntimeError('planned crash')\n\nf()\n")
+    error_file = shim_dir / "error.json"
+    plain = run(shim_dir, ["boom.py"], shim=False)
+    shimmed = run(shim_dir, ["boom.py"], shim=True, env={"TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert plain.returncode == shimmed.returncode == 1
+    assert shimmed.stderr == plain.stderr  # the user's frames only, as plain Python prints
+    record = json.loads(error_file.read_text())["message"]
+    assert record["message"] == "RuntimeError: planned crash"
+    assert 'boom.py", line 2, in f' in record["extraInfo"]["py_callstack"]
+    assert abs(int(record["extraInfo"]["timestamp"]) - time.time()) < 60
+
+
+def test_the_stack_signal_dumps_every_thread_to_the_ranks_file(shim_dir):
+    (shim_dir / "waits.py").write_text(
+        "import sys, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_orch_shim", "waits.py"], cwd=shim_dir,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(shim_dir / "code"), "RANK": "5"})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGUSR2)
+        dump = shim_dir / "stacks" / "rank-5.txt"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "waits.py" not in (
+                dump.read_text() if dump.exists() else ""):
+            time.sleep(0.05)
+        text = dump.read_text()
+        assert 'waits.py", line 4 in <module>' in text
+        assert text.count("hread 0x") == 2  # both threads ("Current thread", "Thread")
+        assert proc.poll() is None  # a dump does not end the rank
+    finally:
+        proc.kill()
+        proc.wait()
