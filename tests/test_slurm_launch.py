@@ -237,3 +237,22 @@ def test_pinned_gpus_that_another_job_holds_are_refused_by_name(slurm_lab, tmp_p
         assert wait_gone("held", 15) == set()
     finally:
         slurm_lab.run("scancel", blocker, check=False)
+
+
+def test_stacks_of_a_slurm_run_come_from_a_step_in_the_job(slurm_lab, tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
+    path = cluster(tmp_path, "stk", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
+                   "workload: {script: hang_rank2.py}\n")
+    proc = start_up(slurm_lab, tmp_path, path, "stk")
+    try:
+        wait_for(proc, "training", 3)
+        result = run_cli("stacks", "stk", "--runs-dir", str(tmp_path / "runs"),
+                         env=slurm_lab.env(), timeout=90)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "ranks 0-1 (node1): all_reduce <- hang_rank2.py:" in result.stdout
+        assert "! rank 2 (node2): <module> (hang_rank2.py:" in result.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=90)
+    assert slurm_lab.wait_queue_empty() == []
+    assert wait_gone("stk", 15) == set()

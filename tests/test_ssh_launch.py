@@ -139,3 +139,37 @@ def test_an_exception_without_record_is_quoted_as_the_root_cause(ssh_lab, tmp_pa
     fetched = json.loads((tmp_path / "runs" / "plain" / "errors" / "node-1" / "rank-2.json")
                          .read_text())
     assert fetched["message"]["message"] == "RuntimeError: planned crash on rank 2"
+
+
+@pytest.mark.parametrize("ssh_lab", [2], indirect=True)
+def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
+    """Three ranks on two lab hosts, one of them hung elsewhere: every rank is
+    listed with a frame of the user's script, and rank 2 is marked."""
+    import subprocess
+    import sys
+
+    from procscan import wait_gone
+
+    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 2}", "{host: node1, procs: 1}"],
+                          "workload: {script: hang_rank2.py}\n", name="stk")
+    runs = str(tmp_path / "runs")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "up", cluster, "--run-id", "stk",
+                             "--runs-dir", runs, "--grace", "3"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = ""
+        while seen.count("training") < 3:
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        result = run_cli("stacks", "stk", "--runs-dir", runs, env=env, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "ranks 0-1 (node0): all_reduce <- hang_rank2.py:" in result.stdout
+        assert "! rank 2 (node1): <module> (hang_rank2.py:" in result.stdout
+    finally:
+        proc.send_signal(2)
+        proc.communicate(timeout=60)
+    assert wait_gone("stk", 15) == set()

@@ -28,8 +28,13 @@ def main(argv: list[str]) -> int:
         from .jobnode import run
 
         code = run(argv[1])
+    elif len(argv) >= 3 and argv[0] == "stacks":  # stacks JOB.json OUT [--native]: srun
+        from .jobnode import stacks
+
+        code = stacks(argv[1], argv[2], native="--native" in argv[3:])
     else:
-        print("usage: ddp_orch_agent serve | supervise SPEC.json | job JOB.json", file=sys.stderr)
+        print("usage: ddp_orch_agent serve | supervise SPEC.json | job JOB.json | "
+              "stacks JOB.json OUT_PREFIX [--native]", file=sys.stderr)
         return 2
     try:
         sys.stdout.flush()

@@ -176,3 +176,21 @@ def run(job_path: str) -> int:
     from .supervisor import Supervisor
 
     return Supervisor(spec).run()
+
+
+def stacks(job_path: str, out_prefix: str, native: bool = False) -> int:
+    """``ddp-orch stacks`` on a Slurm node (an ``srun --overlap`` step in the
+    job): dump this node's ranks into ``OUT_PREFIX-node-K.json`` (a file in
+    the shared directory, not stdout, where srun may interleave the nodes'
+    long lines)."""
+    from .stacks import dump
+
+    with open(job_path, encoding="utf-8") as fh:
+        job = json.load(fh)
+    node_rank = node_rank_here(job, dict(os.environ))
+    ranks = dump(job["run_id"], {node_rank: job["nodes"][node_rank]["spec"]["run_dir"]}, native)
+    path = f"{out_prefix}-node-{node_rank}.json"
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump({"host": socket.gethostname(), "ranks": ranks}, fh)
+    os.replace(path + ".tmp", path)
+    return 0

@@ -123,6 +123,13 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
     elif op == "connect":
         reply(**probes.connect(str(request["addr"]), int(request["port"]),
                                float(request.get("timeout", 5))))
+    elif op == "stacks":
+        from . import stacks
+
+        dirs = {int(k): str(v) for k, v in dict(request.get("run_dirs") or {}).items()}
+        reply(ok=True, ranks=stacks.dump(str(request["run_id"]), dirs,
+                                         bool(request.get("native")),
+                                         float(request.get("timeout", 5))))
     elif op == "down":
         marker = (f"DDP_ORCH_RUN_ID={request['run_id']}",
                   f"DDP_ORCH_NODE_RANK={request['node_rank']}")

@@ -28,7 +28,8 @@ from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
-from .base import CancelResult, LaunchBackend, OnRunning, Preflight
+from .base import (CancelResult, LaunchBackend, OnRunning, Preflight, RankStack,
+                   StacksResult)
 from .bundle import build_bundle, scan_script_dir
 from .fanout import on_all
 from .gang import Gang
@@ -37,6 +38,7 @@ from .preflight import master_port_from, run_checks
 
 MAX_RESULT_BYTES = 16 << 20  # rank 0's result.json
 MAX_ERROR_FILE_BYTES = 1 << 20  # one torchrun error file
+STACKS_TIMEOUT_S = 5.0  # for every rank on a node to write its dump
 
 
 class AgentBackend(LaunchBackend):
@@ -130,6 +132,36 @@ class AgentBackend(LaunchBackend):
         return [done.succeeded.get(k) or CancelResult(
             k, record.nodes[k].host, (), _message(done.failed[k]))
             for k in range(len(record.nodes))]
+
+    def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
+        """One agent per host (a host may hold several nodes), all at once; each
+        dumps the run's ranks there (``agent/stacks.py``)."""
+        hosts: dict[str, list[int]] = {}
+        for node in record.nodes:
+            hosts.setdefault(node.host, []).append(node.node_rank)
+
+        def ask(host: str) -> list[dict]:
+            first = record.nodes[hosts[host][0]]
+            transport = self.transport(first.node_rank, first.host, first.connection)
+            try:
+                agent = AgentHandle(transport, first.python)
+                try:
+                    reply = agent.call("stacks", run_id=record.run_id, native=native,
+                                       timeout=STACKS_TIMEOUT_S, max_reply=64 << 20,
+                                       run_dirs={k: record.nodes[k].run_dir for k in hosts[host]})
+                finally:
+                    agent.close()
+            finally:
+                transport.close()
+            return list(reply.get("ranks") or ())
+
+        done = on_all(ask, list(hosts), timeout_s=STACKS_TIMEOUT_S + 60)
+        ranks = [RankStack(int(r["rank"]), int(r["node_rank"]), host, str(r["how"]),
+                           str(r["text"]), str(r.get("error") or ""))
+                 for host, found in done.succeeded.items() for r in found]
+        unreachable = [(k, host, _message(exc)) for host, exc in done.failed.items()
+                       for k in hosts[host]]
+        return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), tuple(unreachable))
 
     def check(self, plan: RunPlan) -> Preflight:
         transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}

@@ -3,7 +3,7 @@
 torchx's ``Scheduler`` is the model: ``submit = schedule(submit_dryrun(...))``.
 A backend turns a plan into a ``DryRun`` with no I/O (what ``--dry-run``
 prints), and ``launch`` runs exactly that object. Everything a backend does
-goes through these five methods, so the controller, the CLI and the run
+goes through these methods, so the controller, the CLI and the run
 records never know which backend they hold.
 
 =================================  ===========================================
@@ -12,6 +12,7 @@ records never know which backend they hold.
 ``cancel(record)``                 ``ddp-orch down``: end what still runs
 ``check(plan) -> Preflight``       ``ddp-orch check``: what would break a launch
 ``describe(record)``               ``ddp-orch status``: the run as it is now
+``stacks(record)``                 ``ddp-orch stacks``: every rank's stack now
 =================================  ===========================================
 """
 
@@ -82,6 +83,25 @@ class RunDescription:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class RankStack:
+    """One rank's stack dump (``ddp-orch stacks``): ``how`` is py-spy or
+    faulthandler; ``error`` says why ``text`` is empty."""
+
+    rank: int
+    node_rank: int
+    host: str
+    how: str
+    text: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StacksResult:
+    ranks: tuple[RankStack, ...]
+    unreachable: tuple[tuple[int, str, str], ...] = ()  # (node rank, host, why)
+
+
 OnRunning = Callable[[DryRun], None]
 
 
@@ -130,6 +150,10 @@ class LaunchBackend(ABC):
     @abstractmethod
     def check(self, plan: RunPlan) -> Preflight:
         """Every check a launch depends on, on every node, without launching."""
+
+    def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
+        """Every live rank's stack, from every node at once (``ddp-orch stacks``)."""
+        raise LaunchError(f"the {self.name} backend cannot dump stacks")
 
     def describe(self, record: RunRecord) -> RunDescription:
         """The run's state from its records; backends with a scheduler ask it."""

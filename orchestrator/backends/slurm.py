@@ -47,8 +47,8 @@ from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from . import slurmctl
-from .base import (CancelResult, CheckResult, LaunchBackend, OnRunning, Preflight,
-                   RunDescription)
+from .base import (CancelResult, CheckResult, LaunchBackend, OnRunning, Preflight, RankStack,
+                   RunDescription, StacksResult)
 from .bundle import build_bundle, scan_script_dir
 from .gang import Gang
 from .nodehandle import BUNDLE_NAME, supervisor_spec
@@ -59,6 +59,7 @@ JOB_FILE = "job.json"
 SCRIPT_FILE = "job.sbatch"
 MAX_RESULT_BYTES = 16 << 20
 MAX_ERROR_FILE_BYTES = 1 << 20
+STACKS_TIMEOUT_S = 5.0  # the agent's own wait for the ranks' dumps
 SQUEUE_GIVE_UP_S = 120.0  # squeue failing that long while queued: give up (and scancel)
 # File systems every node of a cluster sees the same way.
 SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs",
@@ -385,6 +386,41 @@ class Backend(LaunchBackend):
             job.close()
         error = "" if ended else f"Slurm job {job_id} is still listed after scancel"
         return [CancelResult(n.node_rank, n.host, (), error) for n in record.nodes]
+
+    def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
+        """One more step in the running job (``srun --overlap``), one task per
+        node: each node's agent dumps its ranks and prints them as JSON."""
+        job_id = _job_of(record)
+        if job_id is None:
+            raise LaunchError(f"run {record.run_id} has no Slurm job on record")
+        directory = posixpath.dirname(record.nodes[0].run_dir)
+        hosts = [n.host for n in record.nodes]
+        prefix = f"{directory}/stacks-step-{os.getpid()}-{int(time.time() * 1000)}"
+        argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}",
+                "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", "--quiet",
+                record.nodes[0].python, "-I", "-S", f"{directory}/{AGENT_FILE}", "stacks",
+                f"{directory}/{JOB_FILE}", prefix, *(["--native"] if native else [])]
+        done = slurmctl.run(argv, timeout=STACKS_TIMEOUT_S + 60)
+        ranks, seen = [], set()
+        for node in record.nodes:
+            path = f"{prefix}-node-{node.node_rank}.json"
+            data = _read_capped(path, 64 << 20)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            try:
+                report = json.loads(data or b"")
+            except ValueError:
+                continue
+            for r in report.get("ranks", ()):
+                node = record.nodes[int(r["node_rank"])]
+                ranks.append(RankStack(int(r["rank"]), node.node_rank, node.host, str(r["how"]),
+                                       str(r["text"]), str(r.get("error") or "")))
+                seen.add(node.node_rank)
+        missing = tuple((n.node_rank, n.host, (done.stderr.strip()[-300:] or "no answer"))
+                        for n in record.nodes if done.returncode != 0 and n.node_rank not in seen)
+        return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), missing)
 
     def describe(self, record: RunRecord) -> RunDescription:
         job_id = _job_of(record)

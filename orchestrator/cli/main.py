@@ -54,7 +54,7 @@ class DdpOrchGroup(click.Group):
     ``up`` and ``--dry-run`` do not pay for their imports.
     """
 
-    LAZY = ("ps", "status", "logs", "down")
+    LAZY = ("ps", "status", "logs", "down", "stacks")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})

@@ -1,7 +1,8 @@
-"""Commands about recorded runs: ``ps``, ``status``, ``logs``, ``down``."""
+"""Commands about recorded runs: ``ps``, ``status``, ``logs``, ``down``, ``stacks``."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -108,3 +109,46 @@ def down(run_id: str, grace: float, runs_dir: str) -> None:
                               note=lambda text: click.echo(f"ddp-orch down: {text}", err=True))
     click.echo(render_down(record, stopped, nodes), nl=False)
     sys.exit(1 if any(n.error or n.survivors for n in nodes) else 0)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--native", is_flag=True, help="With py-spy on the nodes: C/C++ frames too.")
+@click.option("--json", "as_json", is_flag=True, help="The raw per-rank stacks as JSON.")
+@runs_dir_option
+def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
+    """Dump the Python stack of every rank of a live run, on every node at once.
+
+    Uses py-spy where a node has it on its PATH, else the worker shim's
+    faulthandler. Ranks are grouped by where their main thread is; ranks
+    outside the largest group are marked with `!`. Every dump is kept in
+    the run directory under stacks/<time>/.
+    """
+    import dataclasses
+    import json
+
+    from ..backends import get_backend
+    from ..backends.base import LaunchOptions
+    from ..report.stacks import render_stacks
+
+    record = find_run(runs_dir, run_id)
+    if not record.state.live:
+        raise ConfigError(f"run {record.run_id} is {record.state}: no rank is running",
+                          hint="stacks are dumped from a live run; see `ddp-orch status`")
+    result = get_backend(record.backend, LaunchOptions()).stacks(record, native=native)
+    saved = record.run.file(os.path.join("stacks", time.strftime("%Y%m%d-%H%M%S")))
+    os.makedirs(saved, mode=0o700, exist_ok=True)
+    for stack in result.ranks:
+        with open(os.path.join(saved, f"rank-{stack.rank}.txt"), "w", encoding="utf-8") as fh:
+            fh.write(stack.text or f"(no dump: {stack.error})\n")
+    text = render_stacks(result, record.run_id, saved)
+    with open(os.path.join(saved, "summary.txt"), "w", encoding="utf-8") as fh:
+        fh.write(text)
+    if as_json:
+        click.echo(json.dumps({"run_id": record.run_id, "saved_in": saved,
+                               "ranks": [dataclasses.asdict(s) for s in result.ranks],
+                               "unreachable": [list(u) for u in result.unreachable]}, indent=2))
+    else:
+        click.echo(text, nl=False)
+    if result.unreachable or not result.ranks:
+        sys.exit(1)

@@ -1,0 +1,124 @@
+"""Stack dumps of a run's ranks on this node (``ddp-orch stacks``).
+
+Each worker of the run is found by its marker variables and its ``RANK``.
+Where ``py-spy`` is on the PATH it dumps every rank (``--native`` when
+asked: C++ frames too). Otherwise each rank is sent ``shim.STACK_SIGNAL``:
+the worker shim's ``faulthandler`` writes all its threads to
+``stacks/rank-<RANK>.txt`` in the node's run directory, which works while
+the rank is blocked inside a C call such as a collective. All ranks are
+asked at once and read back within ``timeout_s``.
+
+Standard library only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+from . import procs
+from .shim import STACK_SIGNAL, stacks_file
+
+SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
+MAX_DUMP = 1 << 20  # bytes kept of one rank's dump
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            entries = fh.read().split(b"\0")
+    except OSError:
+        return {}
+    out = {}
+    for entry in entries:
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            out[name.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def workers(run_id: str) -> dict[int, tuple[int, int]]:
+    """{global rank: (pid, node rank)} of the run's worker processes here."""
+    found: dict[int, tuple[int, int]] = {}
+    for pid in procs.marked_processes((f"DDP_ORCH_RUN_ID={run_id}",)):
+        env = environ_of(pid)
+        rank, node = env.get("RANK", ""), env.get("DDP_ORCH_NODE_RANK", "")
+        if rank.isdigit() and node.isdigit() and "ddp_orch_shim" in procs.command_line(pid):
+            found.setdefault(int(rank), (pid, int(node)))
+    return found
+
+
+def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
+         timeout_s: float = 5.0) -> list[dict]:
+    """Every rank of the run on this node: ``rank``, ``node_rank``, ``pid``,
+    ``how`` (py-spy or faulthandler), ``text``, ``error``. ``run_dirs`` maps
+    node rank to its run directory: the nodes asked for here (a host may hold
+    several nodes, and one host may be asked for each of its nodes apart)."""
+    found = {rank: v for rank, v in workers(run_id).items() if v[1] in run_dirs}
+    py_spy = shutil.which("py-spy")
+    results: dict[int, dict] = {}
+    if py_spy:
+        def spy(rank: int) -> None:
+            pid, node = found[rank]
+            argv = [py_spy, "dump", "--pid", str(pid), *(["--native"] if native else [])]
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+                text, error = done.stdout[-MAX_DUMP:], done.stderr.strip()[-500:] \
+                    if done.returncode else ""
+            except subprocess.TimeoutExpired:
+                text, error = "", f"py-spy took more than {timeout_s:g}s"
+            results[rank] = {"rank": rank, "node_rank": node, "pid": pid, "how": "py-spy",
+                             "text": text, "error": error}
+
+        threads = [threading.Thread(target=spy, args=(rank,)) for rank in found]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout_s + 5)
+        return [results[rank] for rank in sorted(results)]
+    paths, sizes = {}, {}
+    for rank, (pid, node) in found.items():
+        paths[rank] = stacks_file(run_dirs.get(node, ""), str(rank))
+        sizes[rank] = _size(paths[rank])
+    procs.signal_all({pid for pid, _node in found.values()}, STACK_SIGNAL,
+                     still_ours=lambda pid: procs.has_marker(pid, (f"DDP_ORCH_RUN_ID={run_id}",)))
+    deadline = time.monotonic() + timeout_s
+    pending = set(found)
+    last_growth = {rank: time.monotonic() for rank in found}
+    seen = dict(sizes)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for rank in list(pending):
+            size = _size(paths[rank])
+            if size != seen[rank]:
+                seen[rank], last_growth[rank] = size, time.monotonic()
+            elif size > sizes[rank] and time.monotonic() - last_growth[rank] > SETTLE_S:
+                pending.discard(rank)
+    out = []
+    for rank in sorted(found):
+        pid, node = found[rank]
+        text = _read_from(paths[rank], sizes[rank])
+        out.append({"rank": rank, "node_rank": node, "pid": pid, "how": "faulthandler",
+                    "text": text, "error": "" if text else
+                    f"no dump within {timeout_s:g}s (the rank may be stopped, or not started "
+                    f"through the worker shim)"})
+    return out
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(MAX_DUMP).decode("utf-8", "replace")
+    except OSError:
+        return ""

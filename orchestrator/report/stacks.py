@@ -1,0 +1,131 @@
+"""``ddp-orch stacks``: every rank's stack, grouped, with the odd ones marked.
+
+A rank's dump (faulthandler's or py-spy's text) is reduced to its main
+thread's frames. Ranks whose main threads stand at the same place (the
+innermost frame and the innermost frame of the user's own code) form a
+group; the largest group is what most ranks are doing, and every other
+group is marked as the odd one out, which in a hang is usually the rank
+that stopped calling collectives::
+
+    ranks 0-1 (lab0, lab1): all_reduce <- train.py:42
+  ! rank 2 (lab1): sleep <- train.py:17
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ..backends.base import RankStack, StacksResult
+
+# faulthandler: `  File "/x/train.py", line 42 in main`
+_FAULTHANDLER_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')
+# py-spy: `    all_reduce (torch/distributed/distributed_c10d.py:2050)`
+_PY_SPY_FRAME = re.compile(r"^\s+(\S.*?) \((.+):(\d+)\)$")
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3|^<frozen |ddp_orch_shim\.py$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int
+
+    @property
+    def own(self) -> bool:
+        """The user's code: not an installed package, the stdlib or the shim.
+        py-spy shows installed code by package-relative paths
+        (``torch/distributed/...``), the user's by full path or bare name."""
+        if _LIBRARY.search(self.file):
+            return False
+        return self.file.startswith("/") or "/" not in self.file
+
+    def __str__(self) -> str:
+        return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
+
+
+def main_thread(stack: RankStack) -> list[Frame]:
+    """The frames of the main thread, innermost first."""
+    blocks, current = [], None
+    for line in stack.text.splitlines():
+        if stack.how == "py-spy":
+            if line.startswith("Thread "):
+                current = (line, [])
+                blocks.append(current)
+            elif current and (m := _PY_SPY_FRAME.match(line)):
+                current[1].append(Frame(m.group(1), m.group(2), int(m.group(3))))
+        else:
+            if "hread 0x" in line:  # "Current thread 0x..." / "Thread 0x..."
+                current = (line, [])
+                blocks.append(current)
+            elif current and (m := _FAULTHANDLER_FRAME.match(line)):
+                current[1].append(Frame(m.group(3), m.group(1), int(m.group(2))))
+    if not blocks:
+        return []
+    # The signal handler runs on the main thread ("Current thread"); py-spy names it.
+    main = next((b for b in blocks if b[0].startswith("Current thread") or "MainThread" in b[0]),
+                blocks[0])
+    return main[1]
+
+
+def where(frames: list[Frame]) -> str:
+    """``all_reduce <- train.py:42``: the innermost call, and the user's line."""
+    if not frames:
+        return "(no stack)"
+    own = next((f for f in frames if f.own), None)
+    top = frames[0].function
+    if own is None or own is frames[0]:
+        return f"{top} ({os.path.basename(frames[0].file)}:{frames[0].line})"
+    return f"{top} <- {os.path.basename(own.file)}:{own.line}"
+
+
+def groups(result: StacksResult) -> list[tuple[str, list[RankStack]]]:
+    """(where, ranks) by group, the largest first (ties: the lowest rank)."""
+    by_place: dict[str, list[RankStack]] = {}
+    for stack in result.ranks:
+        place = where(main_thread(stack)) if stack.text else f"(no dump: {stack.error})"
+        by_place.setdefault(place, []).append(stack)
+    return sorted(by_place.items(), key=lambda item: (-len(item[1]), item[1][0].rank))
+
+
+def odd_ranks(result: StacksResult) -> list[RankStack]:
+    """The ranks outside the largest group (none when all agree, or with one rank)."""
+    found = groups(result)
+    return [s for _place, members in found[1:] for s in members] if len(found) > 1 else []
+
+
+def rank_span(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "ranks 0-2, 5"; [3] -> "rank 3"."""
+    ranks = sorted(ranks)
+    parts, start = [], None
+    for i, rank in enumerate(ranks):
+        if start is None:
+            start = rank
+        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
+            parts.append(str(start) if start == rank else f"{start}-{rank}")
+            start = None
+    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(parts)
+
+
+def render_stacks(result: StacksResult, run_id: str, saved_in: str = "") -> str:
+    found = groups(result)
+    hows = sorted({s.how for s in result.ranks})
+    lines = [f"stacks of run {run_id}: {len(result.ranks)} rank(s), "
+             f"{len({s.node_rank for s in result.ranks})} node(s), by {', '.join(hows) or '-'}"
+             + (f"; kept in {saved_in}" if saved_in else "")]
+    for i, (place, members) in enumerate(found):
+        hosts = ", ".join(dict.fromkeys(s.host for s in members))
+        mark = "  " if i == 0 or len(found) == 1 else "! "
+        lines.append(f"{mark}{rank_span([s.rank for s in members])} ({hosts}): {place}")
+        frames = main_thread(members[0])
+        for frame in reversed(frames):  # outermost first, as a traceback reads
+            if frame.own or frame is frames[0]:
+                lines.append(f"      {frame}")
+    for node_rank, host, why in result.unreachable:
+        lines.append(f"  node {node_rank} ({host}): no stacks: {why}")
+    if not result.ranks and not result.unreachable:
+        lines.append("  no rank of this run is running")
+    elif len(found) > 1:
+        lines.append("(! marks ranks that are not where most ranks are)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,114 @@
+"""`ddp-orch stacks`: the grouping (unit) and live runs on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cli
+from orchestrator.backends.base import RankStack, StacksResult
+from orchestrator.report.stacks import groups, main_thread, odd_ranks, rank_span, render_stacks
+from procscan import wait_gone
+
+PROGRAMS = os.path.join(ROOT, "tests", "programs")
+SITE = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+WAITING = f'''Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1000 in _bootstrap
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "{SITE}", line 3913 in all_reduce
+  File "/run/node-0/script/train.py", line 7 in wait_for_peers
+  File "/run/node-0/script/train.py", line 42 in <module>
+  File "/run/node-0/code/ddp_orch_shim.py", line 105 in _run_script
+'''
+SLEEPING = '''Current thread 0x00007f0000000003 (most recent call first):
+  File "/run/node-1/script/train.py", line 17 in <module>
+  File "/run/node-1/code/ddp_orch_shim.py", line 105 in _run_script
+'''
+PY_SPY = '''Process 123: python -m ddp_orch_shim train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 123 (idle): "MainThread"
+    <module> (train.py:17)
+    _run_script (ddp_orch_shim.py:105)
+'''
+PY_SPY_WAITING = '''Thread 124 (active): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2050)
+    wait_for_peers (/run/node-0/script/train.py:7)
+    <module> (/run/node-0/script/train.py:42)
+'''
+
+
+def stack(rank, node, text, how="faulthandler"):
+    return RankStack(rank, node, f"lab{node}", how, text)
+
+
+def test_ranks_are_grouped_by_where_their_main_thread_is_and_the_odd_one_is_named():
+    result = StacksResult((stack(0, 0, WAITING), stack(1, 0, WAITING), stack(2, 1, SLEEPING)))
+    found = groups(result)
+    assert [(place, [s.rank for s in members]) for place, members in found] == [
+        ("all_reduce <- train.py:7", [0, 1]), ("<module> (train.py:17)", [2])]
+    assert [s.rank for s in odd_ranks(result)] == [2]
+    text = render_stacks(result, "r1")
+    assert "  ranks 0-1 (lab0): all_reduce <- train.py:7" in text
+    assert "! rank 2 (lab1): <module> (train.py:17)" in text
+    assert "wait_for_peers (train.py:7)" in text
+
+
+def test_py_spy_dumps_are_read_too():
+    frames = main_thread(stack(2, 1, PY_SPY, how="py-spy"))
+    assert [f.function for f in frames] == ["<module>", "_run_script"]
+    result = StacksResult((stack(0, 0, PY_SPY_WAITING, how="py-spy"),
+                           stack(1, 0, WAITING), stack(2, 1, PY_SPY, how="py-spy")))
+    text = render_stacks(result, "r")
+    assert "ranks 0-1 (lab0): all_reduce <- train.py:7" in text  # both tools agree
+    assert "! rank 2 (lab1): <module> (train.py:17)" in text
+
+
+def test_rank_spans_read_like_a_person_writes_them():
+    assert rank_span([3]) == "rank 3"
+    assert rank_span([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
+
+
+@pytest.mark.live
+def test_stacks_of_a_real_hang_name_the_rank_that_went_elsewhere(tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
+    (tmp_path / "hang.yaml").write_text(
+        "nodes: [{host: localhost, procs: 2}, {host: localhost, procs: 1}]\n"
+        "workload: {script: hang_rank2.py}\n")
+    runs = str(tmp_path / "runs")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "up", str(tmp_path / "hang.yaml"), "--run-id",
+         "hang", "--runs-dir", runs, "--grace", "3"], cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = ""
+        while seen.count("training") < 3:
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        result = run_cli("stacks", "hang", "--runs-dir", runs, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "ranks 0-1 (localhost): all_reduce <- hang_rank2.py:" in result.stdout
+        assert "! rank 2 (localhost): <module> (hang_rank2.py:" in result.stdout
+        raw = json.loads(run_cli("stacks", "hang", "--json", "--runs-dir", runs).stdout)
+        assert sorted(r["rank"] for r in raw["ranks"]) == [0, 1, 2]
+        assert all("hang_rank2.py" in r["text"] for r in raw["ranks"])
+        kept = os.listdir(os.path.join(runs, "hang", "stacks"))
+        assert len(kept) >= 1
+        assert sorted(os.listdir(os.path.join(runs, "hang", "stacks", kept[0]))) == [
+            "rank-0.txt", "rank-1.txt", "rank-2.txt", "summary.txt"]
+    finally:
+        proc.send_signal(2)
+        proc.communicate(timeout=60)
+    assert wait_gone("hang", 15) == set()
+    done = run_cli("stacks", "hang", "--runs-dir", runs)
+    assert done.returncode == 2 and "no rank is running" in done.stderr
