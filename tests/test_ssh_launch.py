@@ -173,3 +173,21 @@ def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
         proc.send_signal(2)
         proc.communicate(timeout=60)
     assert wait_gone("stk", 15) == set()
+
+
+@pytest.mark.parametrize("ssh_lab", [2], indirect=True)
+def test_a_hang_across_two_hosts_is_caught_and_rank2_named(ssh_lab, tmp_path):
+    from procscan import wait_gone
+
+    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 2}", "{host: node1, procs: 1}"],
+                          "workload: {script: hang_rank2.py}\n", extra="hang_timeout: 10\n",
+                          name="hung")
+    result = run_cli("up", cluster, "--run-id", "hung", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", env=env, timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ("root cause: node 1 (node1): hang: no progress for 1" in result.stdout
+            and "rank 2 is elsewhere: <module> (hang_rank2.py:14)" in result.stdout)
+    assert (tmp_path / "runs" / "hung" / "stacks").is_dir()
+    assert wait_gone("hung", 15) == set()

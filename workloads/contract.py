@@ -14,6 +14,9 @@ too, or simply follow the same rules:
   process of the run on a node, so the node supervisor can find them all.
 * ``DDP_ORCH_DEVICE``: ``auto``, ``cuda`` or ``cpu``, from the cluster file.
   ``cpu`` means gloo on the CPU even where GPUs are visible.
+* ``heartbeat(step)``: a rank's sign of progress for ddp-orch's hang
+  watchdog (``up --hang-timeout``). The built-in workloads call it every
+  step; a user script may too. Without ddp-orch it does nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +32,30 @@ DEVICE_ENV = "DDP_ORCH_DEVICE"
 
 RESULT_FILE_NAME = "result.json"
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
+PROGRESS_DIR = "progress"  # in the node's run directory: rank-<RANK> holds "<step> <time>"
+HEARTBEAT_EVERY_S = 1.0
+_last_heartbeat = [0.0]
+
+
+def heartbeat(step: int) -> None:
+    """Record that this rank reached ``step``. At most one small file write
+    per HEARTBEAT_EVERY_S, so calling it every step costs nothing; the node
+    agent reads these files and reports each rank's last step and its age."""
+    import time  # here: the controller imports this module and never calls this
+
+    now = time.monotonic()
+    if now - _last_heartbeat[0] < HEARTBEAT_EVERY_S or RESULT_FILE_ENV not in os.environ:
+        return
+    _last_heartbeat[0] = now
+    directory = os.path.join(os.path.dirname(os.environ[RESULT_FILE_ENV]), PROGRESS_DIR)
+    path = os.path.join(directory, f"rank-{os.environ.get('RANK', '0')}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(f"{int(step)} {time.time():.3f}\n")
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # progress reports are best effort; training goes on
 
 
 def write_json_atomic(path: str, payload: Any) -> None:

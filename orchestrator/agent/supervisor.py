@@ -245,7 +245,28 @@ class Supervisor:
         controller can tell a quiet run from a silent partition."""
         every = self.spec.get("heartbeat_s")
         while every and not self.exited.wait(every):
-            self.emit({"event": "heartbeat"})
+            self.emit({"event": "heartbeat", "progress": self.progress()})
+
+    def progress(self) -> dict:
+        """{rank: [last step, seconds since]} from the ranks' heartbeat files
+        (``workloads.contract.heartbeat``); the age is this node's own clock."""
+        directory = os.path.join(self.run_dir, "progress")
+        out = {}
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return out
+        now = time.time()
+        for name in names:
+            if not name.startswith("rank-") or not name[5:].isdigit():
+                continue
+            try:
+                with open(os.path.join(directory, name), encoding="utf-8") as fh:
+                    step, stamp = fh.read(64).split()
+                out[name[5:]] = [int(step), round(max(0.0, now - float(stamp)), 3)]
+            except (OSError, ValueError):
+                continue
+        return out
 
     def check_milestones(self, pid: int, milestones: list[str]) -> None:
         port = self.spec.get("master_port")

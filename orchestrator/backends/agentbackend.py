@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from abc import abstractmethod
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..config.spec import AUTO_PORT
 from ..console import Console
@@ -39,6 +39,7 @@ from .preflight import master_port_from, run_checks
 MAX_RESULT_BYTES = 16 << 20  # rank 0's result.json
 MAX_ERROR_FILE_BYTES = 1 << 20  # one torchrun error file
 STACKS_TIMEOUT_S = 5.0  # for every rank on a node to write its dump
+MAX_FLIGHT_RECORD_BYTES = 64 << 20  # one rank's NCCL flight recorder dump
 
 
 class AgentBackend(LaunchBackend):
@@ -96,8 +97,11 @@ class AgentBackend(LaunchBackend):
             resolved = self.dryrun(resolve_plan(
                 plan, master_port=port, homes={k: a.home for k, a in agents.items()}))
             on_running(resolved)
+            records = self.node_records(resolved.plan)
             gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
-                        start_timeout_s=self.options.start_timeout_s)
+                        start_timeout_s=self.options.start_timeout_s,
+                        hang_timeout_s=self.options.hang_timeout_s,
+                        dump_stacks=lambda: self._stacks(plan.run_id, records))
             outcome = gang.run()
             # Agents whose run ended cleanly serve the fetch on the same channel.
             reusable = {h.node.node_rank: agent for h in gang.handles
@@ -134,21 +138,25 @@ class AgentBackend(LaunchBackend):
             for k in range(len(record.nodes))]
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
+        return self._stacks(record.run_id, record.nodes, native)
+
+    def _stacks(self, run_id: str, nodes: Sequence[NodeRecord],
+                native: bool = False) -> StacksResult:
         """One agent per host (a host may hold several nodes), all at once; each
         dumps the run's ranks there (``agent/stacks.py``)."""
         hosts: dict[str, list[int]] = {}
-        for node in record.nodes:
+        for node in nodes:
             hosts.setdefault(node.host, []).append(node.node_rank)
 
         def ask(host: str) -> list[dict]:
-            first = record.nodes[hosts[host][0]]
+            first = nodes[hosts[host][0]]
             transport = self.transport(first.node_rank, first.host, first.connection)
             try:
                 agent = AgentHandle(transport, first.python)
                 try:
-                    reply = agent.call("stacks", run_id=record.run_id, native=native,
+                    reply = agent.call("stacks", run_id=run_id, native=native,
                                        timeout=STACKS_TIMEOUT_S, max_reply=64 << 20,
-                                       run_dirs={k: record.nodes[k].run_dir for k in hosts[host]})
+                                       run_dirs={k: nodes[k].run_dir for k in hosts[host]})
                 finally:
                     agent.close()
             finally:
@@ -246,6 +254,8 @@ class AgentBackend(LaunchBackend):
             info.plan.nodes[0].result_file, "result.json", MAX_RESULT_BYTES)]}
         for node_outcome in outcome.nodes:
             node = info.plan.nodes[node_outcome.node_rank]
+            if node_outcome.state is not NodeState.SUCCEEDED:
+                wanted.setdefault(node.node_rank, []).extend(flight_recorder_files(node))
             for failure in node_outcome.failures:
                 if failure.get("error_file"):
                     rank = node.first_rank + int(failure["local_rank"])
@@ -276,6 +286,17 @@ class AgentBackend(LaunchBackend):
             _note(run, k, f"fetching results failed: {_message(exc)}")
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
+
+
+def flight_recorder_files(node: NodePlan) -> list[tuple[str, str, int]]:
+    """(remote, local, limit) of the NCCL flight recorder's dumps a failed GPU
+    node may have left (``plan.build.flight_recorder_env``); a missing one is
+    simply not there."""
+    prefix = node.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if not prefix:
+        return []
+    return [(f"{prefix}{rank}", f"nccl_trace/node-{node.node_rank}/rank-{rank}",
+             MAX_FLIGHT_RECORD_BYTES) for rank in node.ranks]
 
 
 def _labeller(plan: RunPlan):

@@ -42,6 +42,7 @@ class LaunchOptions:
     accept_new_host_keys: bool = False
     check_timeout_s: float = 60.0
     queue_timeout_s: float | None = None  # a scheduler's queue: how long a job may wait
+    hang_timeout_s: float | None = None  # no rank's progress this long: a hang (off: None)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..agent.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
@@ -21,6 +21,8 @@ from ..records.outcome import RunOutcome, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
+from ..report.stacks import hang_summary, keep, odd_ranks, render_stacks
+from .base import StacksResult
 from .nodehandle import NodeHandle, supervisor_spec
 
 
@@ -29,7 +31,8 @@ class Gang:
 
     def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
                  console: Console, *, grace_s: float = 10.0, start_timeout_s: float = 300.0,
-                 watch_silence: bool = True):
+                 watch_silence: bool = True, hang_timeout_s: float | None = None,
+                 dump_stacks: Callable[[], StacksResult] | None = None):
         self.info = info
         self.plan = info.plan
         self.run_dir = run
@@ -39,10 +42,17 @@ class Gang:
         # A node silent for PEER_TIMEOUT_S is given up on, unless the nodes'
         # liveness is someone else's (Slurm's).
         self.watch_silence = watch_silence
+        # The hang watchdog: no rank's progress (a heartbeat or a line) for this
+        # long once every node has started -> dump stacks, name the odd rank, stop.
+        self.hang_timeout_s = hang_timeout_s
+        self.dump_stacks = dump_stacks
+        self.all_started_at: float | None = None
         self._changed = threading.Event()  # some node's command ended
         self._over = threading.Event()  # the gang is done: stop pinging
         self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
                                    on_change=self._changed.set) for launch in info.nodes]
+        for handle in self.handles:
+            handle.watch_output = hang_timeout_s is not None
         self.interrupted = False
 
     def run(self) -> RunOutcome:
@@ -96,6 +106,8 @@ class Gang:
                 self._stop_all(f"{self._label(first.node.node_rank)} failed "
                                f"(exit {first.poll()})")
                 return
+            elif self._hung():
+                return
             elif time.monotonic() > deadline and not all(h.started for h in self.handles):
                 missing = [h for h in self.handles if not h.joined] or \
                     [h for h in self.handles if not h.started]
@@ -106,6 +118,37 @@ class Gang:
                                f"{self.start_timeout_s:g}s; not joined: {names}")
                 return
             self._changed.wait(0.5)  # woken at once when a node ends
+
+    def _hung(self) -> bool:
+        """The hang watchdog; True once it has found a hang and stopped the gang."""
+        if self.hang_timeout_s is None or not all(h.started for h in self.handles):
+            return False
+        now = time.monotonic()
+        if self.all_started_at is None:
+            self.all_started_at = now
+        seen = {rank: at for h in self.handles for rank, (_step, at) in h.progress.items()}
+        idle = now - max([self.all_started_at, *seen.values()])
+        if idle <= self.hang_timeout_s:
+            return False
+        quiet_first = min(seen, key=seen.get) if seen else None
+        result = None
+        if self.dump_stacks is not None:
+            try:
+                result = self.dump_stacks()
+            except Exception as exc:  # noqa: BLE001 (the hang is still the cause)
+                self.console.info(f"could not dump the ranks' stacks: {exc}")
+        why = hang_summary(result, idle, quiet_first)
+        if result is not None and result.ranks:
+            saved = keep(self.run_dir.path, result, render_stacks(result, self.plan.run_id))
+            self.console.info(f"stacks of every rank kept in {saved}")
+        odd = {s.node_rank for s in odd_ranks(result)} if result is not None else set()
+        if not odd and quiet_first is not None:
+            odd = {h.node.node_rank for h in self.handles if quiet_first in h.node.ranks}
+        for handle in self.handles:
+            if handle.node.node_rank in (odd or {h.node.node_rank for h in self.handles}):
+                handle.hung_reason = why
+        self._stop_all(why)
+        return True
 
     def _ping(self) -> None:
         """``ping`` every node while the gang runs (see ``protocol.HEARTBEAT_S``)."""

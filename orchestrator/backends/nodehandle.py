@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Callable
@@ -16,6 +17,7 @@ from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 
 BUNDLE_NAME = "bundle.tar.gz"
+_RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # torchrun's prefix
 AGENT_SAYS = "ddp-orch: "  # a last line of the agent's own, not torchrun's
 # Exit code ProcessHandle.poll gives when the connection died without a status.
 LOST = 255
@@ -55,6 +57,11 @@ class NodeHandle:
         self.timed_out = False
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
+        # Per global rank: (last step, monotonic time of its last progress): a
+        # heartbeat (workloads.contract.heartbeat) or, with watch_output, a line.
+        self.progress: dict[int, tuple[int | None, float]] = {}
+        self.watch_output = False  # count output lines as progress (hang watchdog)
+        self.hung_reason = ""  # set by the hang watchdog on the odd rank's node
 
     def start(self, spec: dict) -> None:
         self.agent.supervise(spec)
@@ -82,6 +89,11 @@ class NodeHandle:
                 self.last_heard = time.monotonic()
                 block = lines.feed(chunk) if chunk else lines.flush()
                 kept, rest = self._take_control(block)
+                if self.watch_output and kept:
+                    now = time.monotonic()
+                    for rank in set(_RANK_LINE.findall(kept)):
+                        step = self.progress.get(int(rank), (None, 0.0))[0]
+                        self.progress[int(rank)] = (step, now)
                 if secrets:
                     kept = scrub(kept, secrets)
                 if kept:
@@ -129,7 +141,23 @@ class NodeHandle:
             self.joined = self.started = True
         elif event["event"] == "exit":
             self.control = event
+        elif event["event"] == "heartbeat":
+            self._on_progress(event.get("progress"))
         return b""
+
+    def _on_progress(self, progress: object) -> None:
+        """A heartbeat's {rank: [step, age_s]} (the node's own clock for the age)."""
+        if not isinstance(progress, dict):
+            return
+        now = time.monotonic()
+        for key, value in list(progress.items())[:4096]:
+            if not (isinstance(key, str) and key.isdigit() and isinstance(value, list)
+                    and len(value) == 2 and isinstance(value[0], int)
+                    and isinstance(value[1], (int, float)) and value[1] >= 0):
+                continue
+            rank, seen_at = int(key), now - float(value[1])
+            if seen_at > self.progress.get(rank, (None, float("-inf")))[1]:
+                self.progress[rank] = (value[0], seen_at)
 
     def poll(self) -> int | None:
         """torchrun's exit code once the node's run is over (its exit event,
@@ -187,6 +215,8 @@ class NodeHandle:
         failures = tuple(control.get("failures", ()))
         if not self.supervising:
             state, reason = NodeState.NOT_STARTED, "never started"
+        elif self.hung_reason:
+            state, reason = NodeState.FAILED, self.hung_reason
         elif self.partitioned:
             state, reason = NodeState.LOST, (
                 f"nothing from the node for {PEER_TIMEOUT_S:g}s (a silent partition or a frozen "

@@ -209,8 +209,11 @@ class Backend(LaunchBackend):
         on_running(resolved)
         # No silence check: liveness is Slurm's, and a shared file system may
         # hold a node's bytes back for as long as that check would wait.
+        records = self.node_records(resolved.plan)
         gang = Gang(resolved, run, streams, console, grace_s=self.options.grace_s,
-                    start_timeout_s=self.options.start_timeout_s, watch_silence=False)
+                    start_timeout_s=self.options.start_timeout_s, watch_silence=False,
+                    hang_timeout_s=self.options.hang_timeout_s,
+                    dump_stacks=lambda: self._stacks(job.job_id, records))
         outcome = gang.run()
         if not job.wait_ended(self.options.grace_s + 30):
             job.cancel()
@@ -388,21 +391,24 @@ class Backend(LaunchBackend):
         return [CancelResult(n.node_rank, n.host, (), error) for n in record.nodes]
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
-        """One more step in the running job (``srun --overlap``), one task per
-        node: each node's agent dumps its ranks and prints them as JSON."""
         job_id = _job_of(record)
         if job_id is None:
             raise LaunchError(f"run {record.run_id} has no Slurm job on record")
-        directory = posixpath.dirname(record.nodes[0].run_dir)
-        hosts = [n.host for n in record.nodes]
+        return self._stacks(job_id, record.nodes, native)
+
+    def _stacks(self, job_id: str, nodes, native: bool = False) -> StacksResult:
+        """One more step in the running job (``srun --overlap``), one task per
+        node: each node's agent dumps its ranks into the shared directory."""
+        directory = posixpath.dirname(nodes[0].run_dir)
+        hosts = [n.host for n in nodes]
         prefix = f"{directory}/stacks-step-{os.getpid()}-{int(time.time() * 1000)}"
         argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}",
                 "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", "--quiet",
-                record.nodes[0].python, "-I", "-S", f"{directory}/{AGENT_FILE}", "stacks",
+                nodes[0].python, "-I", "-S", f"{directory}/{AGENT_FILE}", "stacks",
                 f"{directory}/{JOB_FILE}", prefix, *(["--native"] if native else [])]
         done = slurmctl.run(argv, timeout=STACKS_TIMEOUT_S + 60)
         ranks, seen = [], set()
-        for node in record.nodes:
+        for node in nodes:
             path = f"{prefix}-node-{node.node_rank}.json"
             data = _read_capped(path, 64 << 20)
             try:
@@ -414,12 +420,12 @@ class Backend(LaunchBackend):
             except ValueError:
                 continue
             for r in report.get("ranks", ()):
-                node = record.nodes[int(r["node_rank"])]
+                node = nodes[int(r["node_rank"])]
                 ranks.append(RankStack(int(r["rank"]), node.node_rank, node.host, str(r["how"]),
                                        str(r["text"]), str(r.get("error") or "")))
                 seen.add(node.node_rank)
         missing = tuple((n.node_rank, n.host, (done.stderr.strip()[-300:] or "no answer"))
-                        for n in record.nodes if done.returncode != 0 and n.node_rank not in seen)
+                        for n in nodes if done.returncode != 0 and n.node_rank not in seen)
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), missing)
 
     def describe(self, record: RunRecord) -> RunDescription:

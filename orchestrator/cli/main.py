@@ -17,7 +17,7 @@ import click
 
 from .. import __version__
 from ..backends.base import LaunchOptions
-from ..config.loader import load_cluster_file
+from ..config.loader import MAX_HANG_TIMEOUT, MIN_HANG_TIMEOUT, load_cluster_file
 from ..config.localmode import local_spec, with_args
 from ..config.spec import AUTO_PORT, BACKENDS, DEFAULT_PORT
 from ..config.yamlsrc import parse
@@ -149,6 +149,12 @@ launch_options = _options(
     click.option("--queue-timeout", type=click.FloatRange(1, 30 * 86400), default=None,
                  help="Slurm: seconds the job may wait in the queue before it is cancelled "
                       "(default: no limit)."),
+    click.option("--hang-timeout", type=click.FloatRange(MIN_HANG_TIMEOUT, MAX_HANG_TIMEOUT),
+                 default=None,
+                 help="Seconds without progress from any rank (a line of output, or a "
+                      "step heartbeat) after which the run counts as hung: every rank's "
+                      "stack is dumped, the odd rank named, the run stopped (default: "
+                      "the file's hang_timeout, else off)."),
     click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
                  help="Seconds a node gets to stop gracefully before it is killed."),
 )
@@ -169,7 +175,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str, rank0_only: bool,
        quiet: bool, accept_new_host_keys: bool, start_timeout: float,
-       queue_timeout: float | None, grace: float) -> None:
+       queue_timeout: float | None, hang_timeout: float | None, grace: float) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs)
@@ -178,7 +184,9 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
                           hint="letters, digits, '.', '_' and '-'")
     options = LaunchOptions(grace_s=grace, start_timeout_s=start_timeout,
                             accept_new_host_keys=accept_new_host_keys,
-                            queue_timeout_s=queue_timeout)
+                            queue_timeout_s=queue_timeout,
+                            hang_timeout_s=hang_timeout if hang_timeout is not None
+                            else spec.hang_timeout)
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
         return
@@ -211,7 +219,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
             gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
             baseline_run: str | None, ddp_run: str | None, show_output: bool, runs_dir: str,
             accept_new_host_keys: bool, start_timeout: float, queue_timeout: float | None,
-            grace: float) -> None:
+            hang_timeout: float | None, grace: float) -> None:
     """Run the job as 1 process and on the whole cluster; report the speed-up.
 
     Same workload arguments for both (so the same global batch and samples).
@@ -227,7 +235,9 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     console = Console("rank0" if show_output else "quiet")
     launch = _launcher(runs_dir, console, LaunchOptions(
         grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
-        queue_timeout_s=queue_timeout))
+        queue_timeout_s=queue_timeout,
+        hang_timeout_s=hang_timeout if hang_timeout is not None or spec is None
+        else spec.hang_timeout))
     base = cmp.run_or_load("baseline", spec and cmp.baseline_spec(spec), baseline_run,
                            runs_dir=runs_dir, launch=launch)
     ddp = cmp.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)

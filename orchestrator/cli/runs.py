@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -129,21 +128,15 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
 
     from ..backends import get_backend
     from ..backends.base import LaunchOptions
-    from ..report.stacks import render_stacks
+    from ..report.stacks import keep, render_stacks
 
     record = find_run(runs_dir, run_id)
     if not record.state.live:
         raise ConfigError(f"run {record.run_id} is {record.state}: no rank is running",
                           hint="stacks are dumped from a live run; see `ddp-orch status`")
     result = get_backend(record.backend, LaunchOptions()).stacks(record, native=native)
-    saved = record.run.file(os.path.join("stacks", time.strftime("%Y%m%d-%H%M%S")))
-    os.makedirs(saved, mode=0o700, exist_ok=True)
-    for stack in result.ranks:
-        with open(os.path.join(saved, f"rank-{stack.rank}.txt"), "w", encoding="utf-8") as fh:
-            fh.write(stack.text or f"(no dump: {stack.error})\n")
+    saved = keep(record.run.path, result, render_stacks(result, record.run_id))
     text = render_stacks(result, record.run_id, saved)
-    with open(os.path.join(saved, "summary.txt"), "w", encoding="utf-8") as fh:
-        fh.write(text)
     if as_json:
         click.echo(json.dumps({"run_id": record.run_id, "saved_in": saved,
                                "ranks": [dataclasses.asdict(s) for s in result.ranks],

@@ -20,7 +20,11 @@ from .spec import (AUTO_PORT, BACKENDS, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpe
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "slurm",
-            "nodes", "workload")
+            "hang_timeout", "nodes", "workload")
+# Progress reaches the controller with the agents' heartbeats (every 5 s), so a
+# shorter hang timeout would take a quiet but healthy run for a hung one.
+MIN_HANG_TIMEOUT = 10
+MAX_HANG_TIMEOUT = 7 * 86400
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
 COUNT_KEYS = ("count", "gpus", "procs")  # nodes: {count: N, gpus: G} (Slurm places them)
 SLURM_KEYS = ("partition", "account", "time", "qos", "extra")
@@ -117,7 +121,9 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         device=device, env=env, nodes=nodes, workload=workload, source=source, text=text,
         slurm=_slurm(top["slurm"]) if "slurm" in top else (SlurmSpec() if backend == "slurm"
                                                             else None),
-        placed=placed)
+        placed=placed,
+        hang_timeout=float(top["hang_timeout"].integer(MIN_HANG_TIMEOUT, MAX_HANG_TIMEOUT))
+        if "hang_timeout" in top else None)
     if backend == "slurm":
         _check_slurm_layout(spec, top)
     _check_layout(spec, top)

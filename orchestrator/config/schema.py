@@ -25,7 +25,8 @@ from typing import Any, Iterable, Mapping
 from workloads.catalog import CATALOG
 
 from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, MASTER_KEYS,
-                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_NODES, MAX_PROCS, NAME_RE, NODE_KEYS,
+                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_NODES,
+                     MIN_HANG_TIMEOUT, MAX_PROCS, NAME_RE, NODE_KEYS,
                      RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
                      SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
@@ -250,6 +251,12 @@ def cluster_schema() -> dict[str, Any]:
                                    "with a slurm: block or a node count, else local when every "
                                    "host is localhost, else ssh."},
         "slurm": {"$ref": "#/$defs/slurm"},
+        "hang_timeout": {"type": "integer", "minimum": MIN_HANG_TIMEOUT,
+                         "maximum": MAX_HANG_TIMEOUT,
+                         "description": "Seconds without progress from any rank (output or a "
+                                        "step heartbeat) after which the run counts as hung: "
+                                        "stacks are dumped, the odd rank named, the run "
+                                        "stopped; default off. `up --hang-timeout` overrides."},
         "nodes": {"description": "The machines in node-rank order (a list), or, under "
                                  "backend: slurm, a count of nodes that Slurm chooses.",
                   "oneOf": [

@@ -104,6 +104,7 @@ class ClusterSpec:
     workload: WorkloadSpec
     source: str = "<memory>"
     text: str = ""
+    hang_timeout: float | None = None  # seconds without progress: a hang (None: off)
     slurm: SlurmSpec | None = None  # with backend slurm
     placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
 

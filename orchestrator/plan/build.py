@@ -26,6 +26,15 @@ from .model import Entrypoint, NodePlan, RankPlan, RunPlan
 # With it set, torchrun assumes every node has the same nproc and numbers
 # heterogeneous layouts wrongly, so it is removed from every node's env.
 UNSET_ENV = ("TORCH_ELASTIC_WORKER_IDENTICAL",)
+# PyTorch's NCCL flight recorder: on a collective timeout each rank dumps its
+# recent collectives to <run dir>/nccl_trace_rank_<RANK>, fetched with the run
+# (``NCCL_TRACE_PREFIX``). Set for GPU runs unless the user set them.
+NCCL_TRACE_PREFIX = "nccl_trace_rank_"
+
+
+def flight_recorder_env(run_dir: str) -> dict[str, str]:
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}"}
 
 
 def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: str,
@@ -57,6 +66,8 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
     for k, node in enumerate(spec.nodes):
         run_dir = node_run_dir(spec, k, run_id, local_run_dir, shared_run_dir)
         env = dict(node.env)
+        if device != "cpu":
+            env = {**flight_recorder_env(run_dir), **env}  # the user's values win
         if node.gpu_count is None:  # else the scheduler's GRES allocation sets it
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus)) if node.gpus is not None \
                 else ""

@@ -129,3 +129,39 @@ def render_stacks(result: StacksResult, run_id: str, saved_in: str = "") -> str:
     elif len(found) > 1:
         lines.append("(! marks ranks that are not where most ranks are)")
     return "\n".join(lines) + "\n"
+
+
+def hang_summary(result: StacksResult | None, idle_s: float,
+                 quiet_first: int | None = None) -> str:
+    """The root cause of a hang: ``hang: no progress for 20s; ranks 0-1 wait in
+    all_reduce <- train.py:42; rank 2 is elsewhere: sleep <- train.py:17``.
+    Without an odd group, the rank that went quiet first is named."""
+    head = f"hang: no progress for {idle_s:.0f}s"
+    found = groups(result) if result is not None and result.ranks else []
+    if not found:
+        tail = f"; rank {quiet_first} went quiet first" if quiet_first is not None else ""
+        return head + tail + "; no stacks could be dumped"
+    place, members = found[0]
+    verb = "wait in" if len(members) > 1 else "waits in"
+    parts = [f"{rank_span([s.rank for s in members])} {verb} {place}"]
+    for other, odd in found[1:]:
+        verb = "are" if len(odd) > 1 else "is"
+        parts.append(f"{rank_span([s.rank for s in odd])} {verb} elsewhere: {other}")
+    if len(found) == 1 and quiet_first is not None:
+        parts.append(f"rank {quiet_first} went quiet first")
+    return head + "; " + "; ".join(parts)
+
+
+def keep(run_path: str, result: StacksResult, text: str) -> str:
+    """Write each rank's dump and the summary under ``stacks/<time>/`` of the
+    run directory; returns that directory."""
+    import time
+
+    saved = os.path.join(run_path, "stacks", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(saved, mode=0o700, exist_ok=True)
+    for stack in result.ranks:
+        with open(os.path.join(saved, f"rank-{stack.rank}.txt"), "w", encoding="utf-8") as fh:
+            fh.write(stack.text or f"(no dump: {stack.error})\n")
+    with open(os.path.join(saved, "summary.txt"), "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return saved

@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from workloads.contract import heartbeat
 from torch.utils.data import DataLoader
 
 from workloads.harness.context import WorkloadError, DistContext, synchronize
@@ -166,6 +168,7 @@ class Trainer:
             t_done = now()
             self.timer.record(self.step, t_data - t_end, t_done - t_data)
             self.step += 1
+            heartbeat(self.step)  # the hang watchdog's sign of progress (a no-op alone)
             if self._win_steps == self.curve_every:
                 self._flush(epoch, show=bool(self.log_every))
             if self.max_steps and self.step >= self.max_steps:

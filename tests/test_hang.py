@@ -1,0 +1,100 @@
+"""The hang watchdog (`up --hang-timeout`), the step heartbeat and the NCCL
+flight recorder's settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli
+from orchestrator.backends.agentbackend import flight_recorder_files
+from orchestrator.config.loader import load_cluster_text
+from orchestrator.errors import ConfigError
+from orchestrator.plan.build import build_plan
+from procscan import wait_gone
+from workloads import contract
+
+PROGRAMS = os.path.join(ROOT, "tests", "programs")
+
+
+def plan_of(text: str):
+    return build_plan(load_cluster_text(text, source="c.yaml"), run_id="r", local_run_dir="/l")
+
+
+def test_gpu_runs_get_the_nccl_flight_recorder_unless_the_file_sets_it():
+    plan = plan_of("nodes: [{host: a, gpus: '0,1'}, {host: b, gpus: 2}]\n"
+                   "env: {TORCH_NCCL_TRACE_BUFFER_SIZE: '100'}\nworkload: {name: noop}\n")
+    node = plan.nodes[1]
+    assert node.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert node.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "100"  # the user's value
+    prefix = f"{node.run_dir}/nccl_trace_rank_"
+    assert node.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert flight_recorder_files(node) == [
+        (f"{prefix}2", "nccl_trace/node-1/rank-2", 64 << 20)]
+    cpu = plan_of("nodes: [{host: a, procs: 2}]\nworkload: {name: noop}\n")
+    assert not any(k.startswith("TORCH_NCCL") for k in cpu.nodes[0].env)
+    assert flight_recorder_files(cpu.nodes[0]) == []
+
+
+def test_hang_timeout_in_the_file_and_its_floor():
+    spec = load_cluster_text("hang_timeout: 30\nnodes: [{host: a, procs: 1}]\n"
+                             "workload: {name: noop}\n")
+    assert spec.hang_timeout == 30.0
+    with pytest.raises(ConfigError, match="hang_timeout: 5 is out of range 10-"):
+        load_cluster_text("hang_timeout: 5\nnodes: [{host: a, procs: 1}]\nworkload: {name: noop}\n")
+
+
+def test_the_heartbeat_writes_the_ranks_step_at_most_once_a_second(tmp_path, monkeypatch):
+    monkeypatch.setenv(contract.RESULT_FILE_ENV, str(tmp_path / "result.json"))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setattr(contract, "_last_heartbeat", [0.0])
+    contract.heartbeat(7)
+    contract.heartbeat(8)  # within the second: not written
+    step, stamp = (tmp_path / "progress" / "rank-3").read_text().split()
+    assert step == "7" and abs(float(stamp) - time.time()) < 5
+    monkeypatch.delenv(contract.RESULT_FILE_ENV)
+    monkeypatch.setattr(contract, "_last_heartbeat", [0.0])
+    contract.heartbeat(9)  # not under ddp-orch: nothing happens
+    assert (tmp_path / "progress" / "rank-3").read_text().split()[0] == "7"
+
+
+@pytest.mark.live
+def test_a_real_hang_is_caught_and_the_odd_rank_named(tmp_path):
+    """Rank 2 sleeps while ranks 0-1 wait in gloo's all_reduce: after 10 s
+    without progress every rank's stack is dumped, rank 2 is named, and the
+    run ends with nothing left."""
+    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
+    (tmp_path / "hang.yaml").write_text(
+        "nodes: [{host: localhost, procs: 2}, {host: localhost, procs: 1}]\n"
+        "workload: {script: hang_rank2.py}\n")
+    started = time.monotonic()
+    result = run_cli("up", str(tmp_path / "hang.yaml"), "--run-id", "hung", "--runs-dir",
+                     str(tmp_path / "runs"), "--hang-timeout", "10", "--grace", "3", timeout=180)
+    took = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = result.stdout.split("\nrun hung: ")[1]
+    assert ("root cause: node 1 (localhost): hang: no progress for 1" in summary
+            and "ranks 0-1 wait in all_reduce <- hang_rank2.py:8; rank 2 is elsewhere: "
+                "<module> (hang_rank2.py:14)" in summary), summary
+    assert took < 60, took  # start (torch imports) + 10 s + the dump and teardown
+    kept = os.listdir(tmp_path / "runs" / "hung" / "stacks")
+    assert sorted(os.listdir(tmp_path / "runs" / "hung" / "stacks" / kept[0])) == [
+        "rank-0.txt", "rank-1.txt", "rank-2.txt", "summary.txt"]
+    assert wait_gone("hung", 15) == set()
+
+
+@pytest.mark.live
+def test_a_quiet_run_with_step_heartbeats_is_not_a_hang(tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "quiet_steps.py"), tmp_path)
+    (tmp_path / "quiet.yaml").write_text(
+        "hang_timeout: 10\nnodes: [{host: localhost, procs: 2}]\n"
+        "workload: {script: quiet_steps.py}\n")
+    result = run_cli("up", str(tmp_path / "quiet.yaml"), "--run-id", "quiet", "--runs-dir",
+                     str(tmp_path / "runs"), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    state = json.loads((tmp_path / "runs" / "quiet" / "state.json").read_text())
+    assert state["state"] == "succeeded"
