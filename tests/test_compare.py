@@ -59,7 +59,9 @@ def test_local_compare_writes_report_and_plots_and_reuses_runs(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["baseline"]["world_size"] == 1 and report["ddp"]["world_size"] == 2
     assert report["speedup"] == pytest.approx(report["baseline"]["train_s"] / report["ddp"]["train_s"])
-    for name in ("time_and_throughput.png", "time_breakdown.png", "loss_curves.png"):
+    assert [r["rank"] for r in report["ddp"]["rank_step_times"]] == [0, 1]
+    for name in ("time_and_throughput.png", "time_breakdown.png", "loss_curves.png",
+                 "rank_step_times.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{name}]({name})" in (out / "report.md").read_text()
     again = run_cli("compare", "--baseline-run", report["baseline"]["run_id"],

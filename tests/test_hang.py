@@ -88,13 +88,35 @@ def test_a_real_hang_is_caught_and_the_odd_rank_named(tmp_path):
 
 
 @pytest.mark.live
-def test_a_quiet_run_with_step_heartbeats_is_not_a_hang(tmp_path):
+def test_a_quiet_run_with_step_heartbeats_is_not_a_hang_and_shows_its_progress(tmp_path):
+    """No output for 20 s, but step heartbeats: not a hang; `status` shows
+    each rank's step, and `up --quiet` prints a progress line per node."""
+    import subprocess
+    import sys
+
     shutil.copy(os.path.join(PROGRAMS, "quiet_steps.py"), tmp_path)
     (tmp_path / "quiet.yaml").write_text(
         "hang_timeout: 10\nnodes: [{host: localhost, procs: 2}]\n"
         "workload: {script: quiet_steps.py}\n")
-    result = run_cli("up", str(tmp_path / "quiet.yaml"), "--run-id", "quiet", "--runs-dir",
-                     str(tmp_path / "runs"), timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
+    runs = str(tmp_path / "runs")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "up", str(tmp_path / "quiet.yaml"), "--run-id",
+         "quiet", "--runs-dir", runs, "--quiet"], cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(runs, "quiet", "progress.json")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        status = run_cli("status", "quiet", "--runs-dir", runs)
+        assert "rank 0 (node 0, localhost): step " in status.stdout, status.stdout
+        assert "rank 1 (node 0, localhost): step " in status.stdout
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "node 0 (localhost): 2 rank(s) at step " in out, out
     state = json.loads((tmp_path / "runs" / "quiet" / "state.json").read_text())
     assert state["state"] == "succeeded"

@@ -26,6 +26,10 @@ from .base import StacksResult
 from .nodehandle import NodeHandle, supervisor_spec
 
 
+PROGRESS_WRITE_S = 2.0  # progress.json at most this often
+QUIET_PROGRESS_S = 15.0  # with --quiet, a progress line per node at most this often
+
+
 class Gang:
     """One launch of a resolved ``DryRun``; ``run()`` returns its ``RunOutcome``."""
 
@@ -47,6 +51,7 @@ class Gang:
         self.hang_timeout_s = hang_timeout_s
         self.dump_stacks = dump_stacks
         self.all_started_at: float | None = None
+        self._progress_written = self._progress_shown = time.monotonic()
         self._changed = threading.Event()  # some node's command ended
         self._over = threading.Event()  # the gang is done: stop pinging
         self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
@@ -117,7 +122,36 @@ class Gang:
                 self._stop_all(f"the rendezvous did not complete within "
                                f"{self.start_timeout_s:g}s; not joined: {names}")
                 return
+            self._report_progress()
             self._changed.wait(0.5)  # woken at once when a node ends
+
+    def _report_progress(self) -> None:
+        """Each rank's last step and progress time into ``progress.json`` (for
+        ``status`` of a live run), and with ``--quiet`` one line per node now
+        and then, so a long quiet run still shows it is alive."""
+        now = time.monotonic()
+        if now - self._progress_written < PROGRESS_WRITE_S:
+            return
+        self._progress_written = now
+        wall = time.time()
+        ranks = {rank: {"node_rank": h.node.node_rank, "host": h.node.host, "step": step,
+                        "last_progress": round(wall - (now - at), 3)}
+                 for h in self.handles for rank, (step, at) in sorted(h.progress.items())}
+        if not ranks:
+            return
+        self.run_dir.write_json("progress.json", {"updated": wall, "ranks": ranks})
+        if self.console.view == "quiet" and now - self._progress_shown >= QUIET_PROGRESS_S:
+            self._progress_shown = now
+            for h in self.handles:
+                mine = [ranks[r] for r in h.node.ranks if r in ranks]
+                if mine:
+                    steps = sorted(r["step"] for r in mine if r["step"] is not None)
+                    at = f" at step {steps[0]}" + (f"-{steps[-1]}" if steps[-1] != steps[0]
+                                                    else "") if steps else ""
+                    age = wall - max(r["last_progress"] for r in mine)
+                    self.console.always(f"ddp-orch: node {h.node.node_rank} ({h.node.host}): "
+                                        f"{len(mine)} rank(s){at}, last progress "
+                                        f"{age:.0f}s ago\n")
 
     def _hung(self) -> bool:
         """The hang watchdog; True once it has found a hang and stopped the gang."""

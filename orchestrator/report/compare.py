@@ -36,6 +36,7 @@ class RunSummary:
     final_loss: float | None
     accuracy: float | None
     loss_curve: tuple[tuple[float, float], ...]
+    rank_step_times: tuple[dict, ...] = ()  # per rank: rank, node_rank, host, mean_s, p50_s, p95_s
 
 
 def baseline_spec(spec: ClusterSpec) -> ClusterSpec:
@@ -68,7 +69,9 @@ def summarize(label: str, run_id: str, result: dict[str, Any]) -> RunSummary:
         samples_per_s=float(timing["samples_per_s"]), steps=int(timing.get("steps", 0)),
         samples=int(timing.get("samples", 0)), final_loss=metrics.get("final_loss"),
         accuracy=accuracy,
-        loss_curve=tuple((float(s), float(l)) for s, l in result.get("loss_curve") or ()))
+        loss_curve=tuple((float(s), float(l)) for s, l in result.get("loss_curve") or ()),
+        rank_step_times=tuple(r for r in result.get("rank_step_times") or ()
+                              if isinstance(r, dict)))
 
 
 def comparison(base: RunSummary, ddp: RunSummary) -> dict[str, Any]:

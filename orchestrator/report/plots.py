@@ -13,7 +13,8 @@ COLORS = ("#4C72B0", "#DD8452")
 
 
 def write_plots(report: dict[str, Any], directory: str) -> list[str]:
-    """Write the three figures into ``directory``; returns their file names."""
+    """Write the figures into ``directory`` (three, and the per-rank step times
+    when the DDP run reported them); returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
@@ -53,6 +54,20 @@ def write_plots(report: dict[str, Any], directory: str) -> list[str]:
     ax.set_title("loss")
     ax.legend()
     names.append(_save(fig, directory, "loss_curves.png"))
+
+    ranks = ddp.get("rank_step_times") or []
+    if ranks:  # stragglers: each rank's mean step time, p95 as a whisker
+        fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ranks) + 2), 3.6))
+        means = [r["mean_s"] * 1000 for r in ranks]
+        p95 = [max(0.0, r["p95_s"] * 1000 - m) for r, m in zip(ranks, means)]
+        slowest = max(range(len(ranks)), key=lambda i: means[i])
+        colors = [COLORS[1] if i == slowest else COLORS[0] for i in range(len(ranks))]
+        ax.bar([f"{r['rank']}\nn{r['node_rank']}" for r in ranks], means, color=colors,
+               yerr=[[0] * len(ranks), p95], capsize=3)
+        ax.set_xlabel("rank (node)")
+        ax.set_ylabel("ms per step (mean; whisker: p95)")
+        ax.set_title(f"step time per rank (slowest: rank {ranks[slowest]['rank']})")
+        names.append(_save(fig, directory, "rank_step_times.png"))
     return names
 
 

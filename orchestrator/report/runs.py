@@ -27,6 +27,14 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     for outcome in described.nodes:
         lines.append(f"  node {outcome.node_rank} ({outcome.host}): {outcome.state.value}, "
                      f"exit {outcome.exit_code}: {outcome.reason}")
+    progress = record.run.read_json("progress.json") if record.state.live else None
+    if isinstance(progress, dict) and isinstance(progress.get("ranks"), dict):
+        now = time.time()
+        for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
+            step = "-" if seen.get("step") is None else seen.get("step")
+            lines.append(f"  rank {rank} (node {seen.get('node_rank')}, {seen.get('host')}): "
+                         f"step {step}, last progress "
+                         f"{now - float(seen.get('last_progress', now)):.0f}s ago")
     root = described.root_cause
     if root:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")

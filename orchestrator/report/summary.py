@@ -22,6 +22,12 @@ def render_summary(outcome: RunOutcome, run_path: str) -> str:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
     if outcome.result:
         lines.append("result: " + _metrics_line(outcome.result))
+        slowest = outcome.result.get("slowest_rank")
+        if isinstance(slowest, dict) and len(outcome.result.get("rank_step_times") or ()) > 1:
+            lines.append(f"slowest rank: rank {slowest.get('rank')} (node "
+                         f"{slowest.get('node_rank')}, {slowest.get('host')}), "
+                         f"{_number(float(slowest.get('mean_s', 0)) * 1000)} ms/step, "
+                         f"{float(slowest.get('vs_median', 1)):.2f}x the median rank")
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
 

@@ -268,3 +268,29 @@ def test_seed_epoch_gives_each_rank_its_own_repeatable_worker_stream():
     assert worker_base_seed(0, 0) != worker_base_seed(1, 0)
     assert worker_base_seed(0, 0) != worker_base_seed(0, 1)
     assert worker_base_seed(1, 3) == worker_base_seed(1, 3)
+
+
+def test_the_slowest_rank_is_named_with_its_node_and_host():
+    from orchestrator.records.outcome import RunOutcome, RunState
+    from orchestrator.report.summary import render_summary
+    from workloads.harness.evidence import straggler_report
+    from workloads.harness.timing import StepTimer
+
+    timers = []
+    for rank, slow in enumerate((0.010, 0.011, 0.030)):
+        timer = StepTimer()
+        for step in range(20):
+            timer.record(step, 0.001, slow)
+        timers.append(timer)
+    everyone = [{"row": {"rank": r, "node_rank": r // 2, "hostname": f"lab{r // 2}"},
+                 "steps": t.rank_stats()} for r, t in enumerate(timers)]
+    report = straggler_report(everyone)
+    assert [r["rank"] for r in report["rank_step_times"]] == [0, 1, 2]
+    assert abs(report["rank_step_times"][2]["p95_s"] - 0.031) < 1e-9
+    slowest = report["slowest_rank"]
+    assert (slowest["rank"], slowest["node_rank"], slowest["host"]) == (2, 1, "lab1")
+    assert abs(slowest["vs_median"] - 0.031 / 0.012) < 1e-6
+    outcome = RunOutcome("r", RunState.SUCCEEDED, 1.0, (), None,
+                         {"world_size": 3, "metrics": {}, **report})
+    assert "slowest rank: rank 2 (node 1, lab1), 31 ms/step, 2.58x the median rank" in \
+        render_summary(outcome, "/runs/r")

@@ -55,19 +55,23 @@ def broadcast_buffers(model: nn.Module) -> None:
         dist.broadcast(buf, src=0)
 
 
-def gather(ctx: DistContext, final_checksum: str, init_checksum: str | None = None) -> dict:
+def gather(ctx: DistContext, final_checksum: str, init_checksum: str | None = None,
+           step_stats: dict | None = None) -> dict:
     """All-gather the rank table and checksums; identical on every rank.
 
     ``final_checksum`` is normally ``param_checksum`` of the trained model
     (noop hashes its all_reduce result instead). Every rank must call this:
     it is a collective.
     """
-    mine = {"row": rank_row(ctx), "init": init_checksum, "final": final_checksum}
+    mine = {"row": rank_row(ctx), "init": init_checksum, "final": final_checksum,
+            "steps": step_stats}
     everyone: list = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)
     finals = [e["final"] for e in everyone]
     inits = [e["init"] for e in everyone]
+    stragglers = straggler_report(everyone) if step_stats is not None else {}
     return {
+        **stragglers,
         "rank_table": sorted((e["row"] for e in everyone), key=lambda r: r["rank"]),
         "checksum": finals[0],
         "checksums": finals,
@@ -75,3 +79,19 @@ def gather(ctx: DistContext, final_checksum: str, init_checksum: str | None = No
         "init_checksums": inits,
         "init_replicas_identical": len(set(inits)) == 1,
     }
+
+
+def straggler_report(everyone: list[dict]) -> dict:
+    """Each rank's step time (mean, p50, p95) and the slowest rank, named by
+    node and host, against the median rank's mean (heterogeneous nodes show
+    their slow rank here first)."""
+    rows = sorted(({"rank": e["row"]["rank"], "node_rank": e["row"]["node_rank"],
+                    "host": e["row"]["hostname"], **e["steps"]} for e in everyone),
+                  key=lambda r: r["rank"])
+    means = sorted(r["mean_s"] for r in rows)
+    median = means[len(means) // 2]
+    slowest = max(rows, key=lambda r: r["mean_s"])
+    return {"rank_step_times": rows,
+            "slowest_rank": {"rank": slowest["rank"], "node_rank": slowest["node_rank"],
+                             "host": slowest["host"], "mean_s": slowest["mean_s"],
+                             "vs_median": slowest["mean_s"] / median if median > 0 else 1.0}}

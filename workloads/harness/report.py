@@ -115,7 +115,8 @@ def finish(job: Any, trainer: Any, model: Any, *, data: str, metrics: dict,
     from workloads.harness.evidence import gather, param_checksum
 
     ctx = job.ctx
-    evidence = gather(ctx, param_checksum(model), init_checksum)
+    evidence = gather(ctx, param_checksum(model), init_checksum,
+                      step_stats=trainer.timer.rank_stats())
     timing = trainer.timer.summary(trainer.global_samples())
     result = build_result(ctx, job.args, workload=job.name, data=data, metrics=metrics,
                           timing=timing, evidence=evidence,

@@ -59,6 +59,19 @@ class StepTimer:
     def batch_s(self) -> float:
         return self.data_s + self.compute_s
 
+    def rank_stats(self) -> dict:
+        """This rank's step time: mean over all steps, p50 and p95 over the kept
+        series (at most ``cap`` evenly spaced steps), in seconds."""
+        times = sorted(row[3] for row in self.series.rows)
+        if not times:
+            return {"steps": self.steps, "mean_s": 0.0, "p50_s": 0.0, "p95_s": 0.0}
+
+        def pick(q: float) -> float:
+            return times[min(len(times) - 1, int(q * (len(times) - 1) + 0.5))]
+
+        return {"steps": self.steps, "mean_s": self.batch_s / max(self.steps, 1),
+                "p50_s": pick(0.50), "p95_s": pick(0.95)}
+
     def summary(self, global_samples: int) -> dict:
         """The ``timing`` fields of the result (``total_s`` is added by report)."""
         n = max(self.steps, 1)
