@@ -60,11 +60,9 @@ def main() -> None:
             t_end = t0 + wall
             rd = runs_dir / run_id
             mt = lambda name: os.path.getmtime(rd / name)  # noqa: E731
-            prelaunch.append((mt("cluster.yaml") - t0, mt("plan.json") - mt("cluster.yaml"),
-                              mt("bundle.tar.gz") - mt("plan.json"),
-                              mt("node-0/spec.json") - mt("bundle.tar.gz"),
+            prelaunch.append((mt("cluster.yaml") - t0, mt("bundle.tar.gz") - mt("cluster.yaml"),
                               json.loads((rd / "node-0" / "supervisor.json").read_text())["started"]
-                              - mt("node-0/spec.json")))
+                              - mt("bundle.tar.gz")))
             result = json.loads((rd / "result.json").read_text())
             if result.get("world_size") != 2:
                 raise BenchError(f"ddp-orch run {run_id}: unexpected result {result}")
@@ -130,9 +128,8 @@ def main() -> None:
         print("ddp-orch before torchrun starts, medians: " + ", ".join(
             f"{label} {fmt_s(statistics.median(p[i] for p in prelaunch))}" for i, label in enumerate(
                 ["controller start+imports+load (spawn->run dir)",
-                 "resolve: node home + port pick on the node (->plan.json)",
-                 "code bundle (->bundle.tar.gz)", "uploads (->spec.json)",
-                 "supervisor start+unpack (->torchrun spawned)"])))
+                 "code bundle (->bundle.tar.gz)",
+                 "agent start, run dir, upload, port, supervisor, unpack (->torchrun spawned)"])))
         print("CPU time (user+sys) of the whole process tree, median: " + "; ".join(
             f"{k} {statistics.median(v):.2f}s" for k, v in cpu.items())
             + " (less sensitive to the other jobs on the box than wall time)")
