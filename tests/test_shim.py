@@ -87,6 +87,25 @@ def test_exit_codes_are_unchanged(shim_dir, body, code):
     assert plain.returncode == shimmed.returncode == code, shimmed.stderr
 
 
+def test_future_imports_of_the_shim_do_not_leak_into_the_program(shim_dir):
+    (shim_dir / "annot.py").write_text("def f(x: int) -> int: return x\n"
+                                       "print(f.__annotations__['x'] is int)\n")
+    plain, shimmed = (run(shim_dir, ["annot.py"], shim=s) for s in (False, True))
+    assert plain.stdout == shimmed.stdout == "True\n"
+
+
+def test_main_stays_the_programs_module_after_it_returns(shim_dir):
+    """An atexit handler pickling a __main__ class still finds it (python -m)."""
+    (shim_dir / "pkg" / "keeps.py").write_text(
+        "import atexit, pickle, sys\n"
+        "class Config: pass\n"
+        "atexit.register(lambda: print(len(pickle.dumps(Config())) > 0, "
+        "sys.modules['__main__'].__name__))\n")
+    plain, shimmed = (run(shim_dir, ["-m", "pkg.keeps"], shim=s) for s in (False, True))
+    assert plain.returncode == shimmed.returncode == 0, shimmed.stderr
+    assert plain.stdout == shimmed.stdout == "True __main__\n"
+
+
 def test_an_uncaught_exception_goes_to_torchruns_error_file_and_prints_as_usual(shim_dir):
     (shim_dir / "boom.py").write_text("def f():\n    raise RuntimeError('planned crash')\n\nf()\n")
     error_file = shim_dir / "error.json"
@@ -111,7 +130,13 @@ def test_the_stack_signal_dumps_every_thread_to_the_ranks_file(shim_dir):
                             env={**os.environ, "PYTHONPATH": str(shim_dir / "code"), "RANK": "5"})
     try:
         assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGUSR2)
+        from orchestrator.agent.shim import STACK_SIGNAL
+        from orchestrator.agent.stacks import armed
+
+        deadline = time.monotonic() + 10
+        while not armed(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(STACK_SIGNAL)
         dump = shim_dir / "stacks" / "rank-5.txt"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and "waits.py" not in (

@@ -62,6 +62,17 @@ def test_ranks_are_grouped_by_where_their_main_thread_is_and_the_odd_one_is_name
     assert "wait_for_peers (train.py:7)" in text
 
 
+def test_two_ranks_in_two_places_have_no_majority_to_differ_from():
+    from orchestrator.report.stacks import hang_summary
+
+    result = StacksResult((stack(0, 0, WAITING), stack(1, 1, SLEEPING)))
+    assert odd_ranks(result) == []
+    assert "!" not in render_stacks(result, "r")
+    why = hang_summary(result, 12.0, quiet_first=1)
+    assert why == ("hang: no progress for 12s; rank 0 waits in all_reduce <- train.py:7; "
+                   "rank 1 waits in <module> (train.py:17); rank 1 went quiet first")
+
+
 def test_py_spy_dumps_are_read_too():
     frames = main_thread(stack(2, 1, PY_SPY, how="py-spy"))
     assert [f.function for f in frames] == ["<module>", "_run_script"]

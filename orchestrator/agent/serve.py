@@ -127,9 +127,10 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         from . import stacks
 
         dirs = {int(k): str(v) for k, v in dict(request.get("run_dirs") or {}).items()}
-        reply(ok=True, ranks=stacks.dump(str(request["run_id"]), dirs,
-                                         bool(request.get("native")),
-                                         float(request.get("timeout", 5))))
+        ranks = stacks.dump(str(request["run_id"]), dirs, bool(request.get("native")),
+                            float(request.get("timeout", 5)))
+        data = json.dumps(ranks).encode()  # a payload: dumps outgrow a control line
+        reply(data, ok=True, sha256=digest(data))
     elif op == "down":
         marker = (f"DDP_ORCH_RUN_ID={request['run_id']}",
                   f"DDP_ORCH_NODE_RANK={request['node_rank']}")

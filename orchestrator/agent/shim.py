@@ -2,8 +2,7 @@
 
 torchrun starts ``python -m ddp_orch_shim <script.py | -m module> ARGS``
 (the bundle ships this file as ``code/ddp_orch_shim.py``). The shim runs
-the program as ``__main__`` (a module with ``runpy``, a script as Python
-itself does), so ``sys.argv``, ``__file__``, ``sys.path[0]`` and relative
+the program as a fresh ``__main__``, as Python itself does, so ``sys.argv``, ``__file__``, ``sys.path[0]`` and relative
 imports are what plain ``python script.py`` or ``python -m module`` would
 give (``tests/test_shim.py`` compares them), and it adds two things no user
 script has to ask for:
@@ -13,7 +12,7 @@ script has to ask for:
   traceback, timestamp), as ``@record`` would, then reported and the process
   ends with exit code 1, as Python does; the traceback it prints starts at
   the user's first frame, not at this module's;
-* ``faulthandler`` is registered on ``STACK_SIGNAL`` for all threads,
+* ``faulthandler`` is registered on ``STACK_SIGNAL`` (a real-time signal) for all threads,
   writing to ``stacks/rank-<RANK>.txt`` in the node's run directory: a
   Python stack dump that works even while the rank is blocked inside a C
   call such as a gloo or NCCL collective (``ddp-orch stacks``).
@@ -32,7 +31,9 @@ import sys
 import time
 import traceback
 
-STACK_SIGNAL = signal.SIGUSR2  # SIGUSR1 is what Slurm and Lightning use for preemption
+# A real-time signal: SIGUSR1/SIGUSR2 are what Slurm, Lightning and submitit
+# use for preemption and requeueing, and a user's handler must not fire on a dump.
+STACK_SIGNAL = signal.SIGRTMIN + 7
 STACKS_DIR = "stacks"
 
 
@@ -102,7 +103,31 @@ def _run_script(given: str, args: list[str]) -> None:
     module.__dict__.update(__file__=script, __cached__=None, __builtins__=builtins,
                            __loader__=importlib.machinery.SourceFileLoader("__main__", script))
     sys.modules["__main__"] = module
-    exec(compile(source, script, "exec"), module.__dict__)
+    exec(compile(source, script, "exec", dont_inherit=True), module.__dict__)
+
+
+def _run_module(name: str, args: list[str]) -> None:
+    """What ``python -m name ARGS`` does: the module (a package's
+    ``__main__``) runs as a fresh ``__main__`` that stays in ``sys.modules``
+    (``runpy.run_module`` would put the shim back when it returns, and a
+    later pickle of a ``__main__`` class, in an atexit handler say, would
+    fail), with ``sys.argv[0]`` its file."""
+    import builtins
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(f"{name}.__main__")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"No module named {name}")
+    code = spec.loader.get_code(spec.name)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=spec.origin, __cached__=spec.cached, __loader__=spec.loader,
+                           __spec__=spec, __package__=spec.parent, __builtins__=builtins)
+    sys.argv = [spec.origin or name, *args]
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
 
 
 def main(argv: list[str]) -> int:
@@ -112,8 +137,7 @@ def main(argv: list[str]) -> int:
     _arm_stack_dumps()
     try:
         if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            _run_module(argv[1], argv[2:])
         else:
             _run_script(argv[0], argv[1:])
     except (SystemExit, KeyboardInterrupt):

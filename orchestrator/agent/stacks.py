@@ -41,14 +41,32 @@ def environ_of(pid: int) -> dict[str, str]:
 
 
 def workers(run_id: str) -> dict[int, tuple[int, int]]:
-    """{global rank: (pid, node rank)} of the run's worker processes here."""
-    found: dict[int, tuple[int, int]] = {}
+    """{global rank: (pid, node rank)} of the run's worker processes here.
+
+    A rank's forked children (DataLoader workers) share its environment and
+    command line: of the candidates for one rank, the one whose parent is not
+    itself a candidate is the rank."""
+    candidates: dict[int, tuple[int, int]] = {}
+    parents = {pid: ppid for pid, ppid, _state in procs.proc_table()}
     for pid in procs.marked_processes((f"DDP_ORCH_RUN_ID={run_id}",)):
         env = environ_of(pid)
         rank, node = env.get("RANK", ""), env.get("DDP_ORCH_NODE_RANK", "")
         if rank.isdigit() and node.isdigit() and "ddp_orch_shim" in procs.command_line(pid):
-            found.setdefault(int(rank), (pid, int(node)))
-    return found
+            candidates[pid] = (int(rank), int(node))
+    return {rank: (pid, node) for pid, (rank, node) in candidates.items()
+            if parents.get(pid) not in candidates}
+
+
+def armed(pid: int) -> bool:
+    """Does ``pid`` catch STACK_SIGNAL (the shim's faulthandler is in place)?
+    Sent to a process that does not, the signal would end it."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            caught = next((int(line.split()[1], 16) for line in fh
+                           if line.startswith("SigCgt:")), 0)
+    except (OSError, ValueError):
+        return False
+    return bool(caught >> (int(STACK_SIGNAL) - 1) & 1)
 
 
 def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
@@ -60,7 +78,7 @@ def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
     found = {rank: v for rank, v in workers(run_id).items() if v[1] in run_dirs}
     py_spy = shutil.which("py-spy")
     results: dict[int, dict] = {}
-    if py_spy:
+    if py_spy:  # ranks it cannot read (ptrace not allowed) fall back to faulthandler
         def spy(rank: int) -> None:
             pid, node = found[rank]
             argv = [py_spy, "dump", "--pid", str(pid), *(["--native"] if native else [])]
@@ -78,15 +96,27 @@ def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
             thread.start()
         for thread in threads:
             thread.join(timeout_s + 5)
-        return [results[rank] for rank in sorted(results)]
+        spied = {rank: r for rank, r in results.items() if r["text"]}
+        rest = {rank: v for rank, v in found.items() if rank not in spied}
+        return sorted([*spied.values(), *_faulthandler(run_id, rest, run_dirs, timeout_s)],
+                      key=lambda r: r["rank"])
+    return _faulthandler(run_id, found, run_dirs, timeout_s)
+
+
+def _faulthandler(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict[int, str],
+                  timeout_s: float) -> list[dict]:
+    """STACK_SIGNAL to every armed rank at once; their dumps, once they settle."""
+    unarmed = {rank for rank, (pid, _node) in found.items() if not armed(pid)}
     paths, sizes = {}, {}
     for rank, (pid, node) in found.items():
         paths[rank] = stacks_file(run_dirs.get(node, ""), str(rank))
         sizes[rank] = _size(paths[rank])
-    procs.signal_all({pid for pid, _node in found.values()}, STACK_SIGNAL,
-                     still_ours=lambda pid: procs.has_marker(pid, (f"DDP_ORCH_RUN_ID={run_id}",)))
+    procs.signal_all({pid for rank, (pid, _node) in found.items() if rank not in unarmed},
+                     STACK_SIGNAL,
+                     still_ours=lambda pid: procs.has_marker(pid, (f"DDP_ORCH_RUN_ID={run_id}",))
+                     and armed(pid))
     deadline = time.monotonic() + timeout_s
-    pending = set(found)
+    pending = set(found) - unarmed
     last_growth = {rank: time.monotonic() for rank in found}
     seen = dict(sizes)
     while pending and time.monotonic() < deadline:
@@ -100,11 +130,12 @@ def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
     out = []
     for rank in sorted(found):
         pid, node = found[rank]
-        text = _read_from(paths[rank], sizes[rank])
+        text = "" if rank in unarmed else _read_from(paths[rank], sizes[rank])
+        error = ("its stack dump handler is not in place (still starting, or its stacks "
+                 "file could not be opened): not signalled" if rank in unarmed else
+                 "" if text else f"no dump within {timeout_s:g}s (the rank may be stopped)")
         out.append({"rank": rank, "node_rank": node, "pid": pid, "how": "faulthandler",
-                    "text": text, "error": "" if text else
-                    f"no dump within {timeout_s:g}s (the rank may be stopped, or not started "
-                    f"through the worker shim)"})
+                    "text": text, "error": error})
     return out
 
 

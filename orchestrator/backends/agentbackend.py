@@ -10,6 +10,7 @@ and the error files, ``check`` and ``down``.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from abc import abstractmethod
@@ -39,6 +40,7 @@ from .preflight import master_port_from, run_checks
 MAX_RESULT_BYTES = 16 << 20  # rank 0's result.json
 MAX_ERROR_FILE_BYTES = 1 << 20  # one torchrun error file
 STACKS_TIMEOUT_S = 5.0  # for every rank on a node to write its dump
+MAX_STACK_BYTES = 1 << 20  # one rank's dump, as the agent caps it too
 MAX_FLIGHT_RECORD_BYTES = 64 << 20  # one rank's NCCL flight recorder dump
 
 
@@ -144,9 +146,10 @@ class AgentBackend(LaunchBackend):
                 native: bool = False) -> StacksResult:
         """One agent per host (a host may hold several nodes), all at once; each
         dumps the run's ranks there (``agent/stacks.py``)."""
-        hosts: dict[str, list[int]] = {}
+        hosts: dict[str, list[int]] = {}  # one agent per way of reaching a host
         for node in nodes:
-            hosts.setdefault(node.host, []).append(node.node_rank)
+            key = f"{node.host} {json.dumps(dict(node.connection), sort_keys=True)}"
+            hosts.setdefault(key, []).append(node.node_rank)
 
         def ask(host: str) -> list[dict]:
             first = nodes[hosts[host][0]]
@@ -155,19 +158,25 @@ class AgentBackend(LaunchBackend):
                 agent = AgentHandle(transport, first.python)
                 try:
                     reply = agent.call("stacks", run_id=run_id, native=native,
-                                       timeout=STACKS_TIMEOUT_S, max_reply=64 << 20,
+                                       timeout=STACKS_TIMEOUT_S, max_reply=256 << 20,
                                        run_dirs={k: nodes[k].run_dir for k in hosts[host]})
                 finally:
                     agent.close()
             finally:
                 transport.close()
-            return list(reply.get("ranks") or ())
+            if not reply.get("ok"):
+                raise TransportError(first.host, str(reply.get("error")))
+            found = json.loads(reply.get("data") or b"[]")
+            return found if isinstance(found, list) else []
 
         done = on_all(ask, list(hosts), timeout_s=STACKS_TIMEOUT_S + 60)
-        ranks = [RankStack(int(r["rank"]), int(r["node_rank"]), host, str(r["how"]),
-                           str(r["text"]), str(r.get("error") or ""))
-                 for host, found in done.succeeded.items() for r in found]
-        unreachable = [(k, host, _message(exc)) for host, exc in done.failed.items()
+        ranks = [RankStack(int(r["rank"]), int(r["node_rank"]), nodes[int(r["node_rank"])].host,
+                           str(r["how"]), str(r["text"])[:MAX_STACK_BYTES],
+                           str(r.get("error") or ""))
+                 for found in done.succeeded.values() for r in found
+                 if isinstance(r, dict) and str(r.get("node_rank")).isdigit()
+                 and int(r["node_rank"]) < len(nodes)]
+        unreachable = [(k, nodes[k].host, _message(exc)) for host, exc in done.failed.items()
                        for k in hosts[host]]
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), tuple(unreachable))
 

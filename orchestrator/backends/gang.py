@@ -136,7 +136,7 @@ class Gang:
         wall = time.time()
         ranks = {rank: {"node_rank": h.node.node_rank, "host": h.node.host, "step": step,
                         "last_progress": round(wall - (now - at), 3)}
-                 for h in self.handles for rank, (step, at) in sorted(h.progress.items())}
+                 for h in self.handles for rank, (step, at) in sorted(dict(h.progress).items())}
         if not ranks:
             return
         self.run_dir.write_json("progress.json", {"updated": wall, "ranks": ranks})
@@ -160,7 +160,10 @@ class Gang:
         now = time.monotonic()
         if self.all_started_at is None:
             self.all_started_at = now
-        seen = {rank: at for h in self.handles for rank, (_step, at) in h.progress.items()}
+        # Only nodes still running: one that ended (say, exited 0 while rank 0
+        # writes a last checkpoint) is not hung. dict(): the relay adds ranks.
+        running = [h for h in self.handles if h.poll() is None]
+        seen = {rank: at for h in running for rank, (_step, at) in dict(h.progress).items()}
         idle = now - max([self.all_started_at, *seen.values()])
         if idle <= self.hang_timeout_s:
             return False
@@ -177,9 +180,9 @@ class Gang:
             self.console.info(f"stacks of every rank kept in {saved}")
         odd = {s.node_rank for s in odd_ranks(result)} if result is not None else set()
         if not odd and quiet_first is not None:
-            odd = {h.node.node_rank for h in self.handles if quiet_first in h.node.ranks}
-        for handle in self.handles:
-            if handle.node.node_rank in (odd or {h.node.node_rank for h in self.handles}):
+            odd = {h.node.node_rank for h in running if quiet_first in h.node.ranks}
+        for handle in running:
+            if handle.node.node_rank in (odd or {h.node.node_rank for h in running}):
                 handle.hung_reason = why
         self._stop_all(why)
         return True

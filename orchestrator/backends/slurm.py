@@ -419,13 +419,13 @@ class Backend(LaunchBackend):
                 report = json.loads(data or b"")
             except ValueError:
                 continue
+            seen.add(node.node_rank)
             for r in report.get("ranks", ()):
                 node = nodes[int(r["node_rank"])]
                 ranks.append(RankStack(int(r["rank"]), node.node_rank, node.host, str(r["how"]),
                                        str(r["text"]), str(r.get("error") or "")))
-                seen.add(node.node_rank)
-        missing = tuple((n.node_rank, n.host, (done.stderr.strip()[-300:] or "no answer"))
-                        for n in nodes if done.returncode != 0 and n.node_rank not in seen)
+        why = done.stderr.strip()[-300:] or "its agent wrote no dump into the shared directory"
+        missing = tuple((n.node_rank, n.host, why) for n in nodes if n.node_rank not in seen)
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), missing)
 
     def describe(self, record: RunRecord) -> RunDescription:

@@ -90,9 +90,12 @@ def groups(result: StacksResult) -> list[tuple[str, list[RankStack]]]:
 
 
 def odd_ranks(result: StacksResult) -> list[RankStack]:
-    """The ranks outside the largest group (none when all agree, or with one rank)."""
+    """The ranks outside the largest group; none when all agree, and none when
+    the largest groups tie (two ranks in two places: no majority to differ from)."""
     found = groups(result)
-    return [s for _place, members in found[1:] for s in members] if len(found) > 1 else []
+    if len(found) < 2 or len(found[0][1]) == len(found[1][1]):
+        return []
+    return [s for _place, members in found[1:] for s in members]
 
 
 def rank_span(ranks: list[int]) -> str:
@@ -114,9 +117,10 @@ def render_stacks(result: StacksResult, run_id: str, saved_in: str = "") -> str:
     lines = [f"stacks of run {run_id}: {len(result.ranks)} rank(s), "
              f"{len({s.node_rank for s in result.ranks})} node(s), by {', '.join(hows) or '-'}"
              + (f"; kept in {saved_in}" if saved_in else "")]
-    for i, (place, members) in enumerate(found):
+    odd = {s.rank for s in odd_ranks(result)}
+    for place, members in found:
         hosts = ", ".join(dict.fromkeys(s.host for s in members))
-        mark = "  " if i == 0 or len(found) == 1 else "! "
+        mark = "! " if members[0].rank in odd else "  "
         lines.append(f"{mark}{rank_span([s.rank for s in members])} ({hosts}): {place}")
         frames = main_thread(members[0])
         for frame in reversed(frames):  # outermost first, as a traceback reads
@@ -126,7 +130,7 @@ def render_stacks(result: StacksResult, run_id: str, saved_in: str = "") -> str:
         lines.append(f"  node {node_rank} ({host}): no stacks: {why}")
     if not result.ranks and not result.unreachable:
         lines.append("  no rank of this run is running")
-    elif len(found) > 1:
+    elif odd:
         lines.append("(! marks ranks that are not where most ranks are)")
     return "\n".join(lines) + "\n"
 
@@ -142,12 +146,17 @@ def hang_summary(result: StacksResult | None, idle_s: float,
         tail = f"; rank {quiet_first} went quiet first" if quiet_first is not None else ""
         return head + tail + "; no stacks could be dumped"
     place, members = found[0]
+    tie = len(found) > 1 and len(found[1][1]) == len(members)
     verb = "wait in" if len(members) > 1 else "waits in"
     parts = [f"{rank_span([s.rank for s in members])} {verb} {place}"]
     for other, odd in found[1:]:
-        verb = "are" if len(odd) > 1 else "is"
-        parts.append(f"{rank_span([s.rank for s in odd])} {verb} elsewhere: {other}")
-    if len(found) == 1 and quiet_first is not None:
+        if tie:
+            verb = "wait in" if len(odd) > 1 else "waits in"
+            parts.append(f"{rank_span([s.rank for s in odd])} {verb} {other}")
+        else:
+            verb = "are" if len(odd) > 1 else "is"
+            parts.append(f"{rank_span([s.rank for s in odd])} {verb} elsewhere: {other}")
+    if (len(found) == 1 or tie) and quiet_first is not None:
         parts.append(f"rank {quiet_first} went quiet first")
     return head + "; " + "; ".join(parts)
 
