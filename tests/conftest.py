@@ -25,6 +25,25 @@ def run_cli(*args: str, cwd: str | None = None, timeout: float = 300,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """``python -m orchestrator ARGS`` in the background (its own session),
+    stdout and stderr together, for tests that act while it runs."""
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def wait_for_lines(proc: subprocess.Popen, text: str, count: int = 1) -> str:
+    """Read ``proc``'s output until ``text`` has appeared ``count`` times."""
+    seen = ""
+    while seen.count(text) < count:
+        line = proc.stdout.readline()
+        assert line, seen
+        seen += line
+    return seen
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, start_cli
 from orchestrator.backends.agentbackend import flight_recorder_files
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
@@ -91,19 +91,13 @@ def test_a_real_hang_is_caught_and_the_odd_rank_named(tmp_path):
 def test_a_quiet_run_with_step_heartbeats_is_not_a_hang_and_shows_its_progress(tmp_path):
     """No output for 20 s, but step heartbeats: not a hang; `status` shows
     each rank's step, and `up --quiet` prints a progress line per node."""
-    import subprocess
-    import sys
-
     shutil.copy(os.path.join(PROGRAMS, "quiet_steps.py"), tmp_path)
     (tmp_path / "quiet.yaml").write_text(
         "hang_timeout: 10\nnodes: [{host: localhost, procs: 2}]\n"
         "workload: {script: quiet_steps.py}\n")
     runs = str(tmp_path / "runs")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "up", str(tmp_path / "quiet.yaml"), "--run-id",
-         "quiet", "--runs-dir", runs, "--quiet"], cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = start_cli("up", str(tmp_path / "quiet.yaml"), "--run-id", "quiet", "--runs-dir", runs,
+                     "--quiet")
     try:
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(runs, "quiet", "progress.json")):

@@ -6,13 +6,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, start_cli, wait_for_lines
 from procscan import marked_pids, wait_gone
 
 pytestmark = pytest.mark.live
@@ -33,20 +32,8 @@ def up(slurm_lab, tmp_path, cluster_file: str, run_id: str, *extra: str, timeout
 
 
 def start_up(slurm_lab, tmp_path, cluster_file: str, run_id: str, *extra: str):
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "up", cluster_file, "--run-id", run_id,
-         "--runs-dir", str(tmp_path / "runs"), "--grace", "3", *extra],
-        cwd=ROOT, env={**slurm_lab.env(), "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def wait_for(proc: subprocess.Popen, text: str, count: int = 1) -> str:
-    seen = ""
-    while seen.count(text) < count:
-        line = proc.stdout.readline()
-        assert line, seen
-        seen += line
-    return seen
+    return start_cli("up", cluster_file, "--run-id", run_id, "--runs-dir",
+                     str(tmp_path / "runs"), "--grace", "3", *extra, env=slurm_lab.env())
 
 
 def state_of(tmp_path, run_id: str) -> dict:
@@ -120,7 +107,7 @@ def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
                    "workload: {script: sleeper.py}\n")
     proc = start_up(slurm_lab, tmp_path, path, "ctrlc")
     try:
-        wait_for(proc, "training", 2)
+        wait_for_lines(proc, "training", 2)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -140,7 +127,7 @@ def test_down_of_a_running_job_and_status_and_logs(slurm_lab, tmp_path):
     proc = start_up(slurm_lab, tmp_path, path, "down")
     runs = str(tmp_path / "runs")
     try:
-        wait_for(proc, "training", 2)
+        wait_for_lines(proc, "training", 2)
         status = run_cli("status", "down", "--runs-dir", runs, env=slurm_lab.env())
         assert status.returncode == 0, status.stderr
         assert "RUNNING" in status.stdout and "Slurm job" in status.stdout
@@ -245,7 +232,7 @@ def test_stacks_of_a_slurm_run_come_from_a_step_in_the_job(slurm_lab, tmp_path):
                    "workload: {script: hang_rank2.py}\n")
     proc = start_up(slurm_lab, tmp_path, path, "stk")
     try:
-        wait_for(proc, "training", 3)
+        wait_for_lines(proc, "training", 3)
         result = run_cli("stacks", "stk", "--runs-dir", str(tmp_path / "runs"),
                          env=slurm_lab.env(), timeout=90)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, every_file_holding, run_cli
+from conftest import ROOT, every_file_holding, run_cli, start_cli, wait_for_lines
 from labhome import lab_cluster, lab_home
 from procscan import wait_gone
 
@@ -145,9 +145,6 @@ def test_an_exception_without_record_is_quoted_as_the_root_cause(ssh_lab, tmp_pa
 def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
     """Three ranks on two lab hosts, one of them hung elsewhere: every rank is
     listed with a frame of the user's script, and rank 2 is marked."""
-    import subprocess
-    import sys
-
     from procscan import wait_gone
 
     shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
@@ -155,16 +152,9 @@ def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
     cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 2}", "{host: node1, procs: 1}"],
                           "workload: {script: hang_rank2.py}\n", name="stk")
     runs = str(tmp_path / "runs")
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "up", cluster, "--run-id", "stk",
-                             "--runs-dir", runs, "--grace", "3"], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": ROOT, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = start_cli("up", cluster, "--run-id", "stk", "--runs-dir", runs, "--grace", "3", env=env)
     try:
-        seen = ""
-        while seen.count("training") < 3:
-            line = proc.stdout.readline()
-            assert line, seen
-            seen += line
+        wait_for_lines(proc, "training", 3)
         result = run_cli("stacks", "stk", "--runs-dir", runs, env=env, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "ranks 0-1 (node0): all_reduce <- hang_rank2.py:" in result.stdout

@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, start_cli, wait_for_lines
 from orchestrator.backends.base import RankStack, StacksResult
 from orchestrator.report.stacks import groups, main_thread, odd_ranks, rank_span, render_stacks
 from procscan import wait_gone
@@ -95,17 +92,10 @@ def test_stacks_of_a_real_hang_name_the_rank_that_went_elsewhere(tmp_path):
         "nodes: [{host: localhost, procs: 2}, {host: localhost, procs: 1}]\n"
         "workload: {script: hang_rank2.py}\n")
     runs = str(tmp_path / "runs")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "up", str(tmp_path / "hang.yaml"), "--run-id",
-         "hang", "--runs-dir", runs, "--grace", "3"], cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = start_cli("up", str(tmp_path / "hang.yaml"), "--run-id", "hang", "--runs-dir", runs,
+                     "--grace", "3")
     try:
-        seen = ""
-        while seen.count("training") < 3:
-            line = proc.stdout.readline()
-            assert line, seen
-            seen += line
+        wait_for_lines(proc, "training", 3)
         result = run_cli("stacks", "hang", "--runs-dir", runs, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "ranks 0-1 (localhost): all_reduce <- hang_rank2.py:" in result.stdout
