@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import ROOT, run_cli, start_cli
-from orchestrator.backends.agentbackend import flight_recorder_files
+from orchestrator.backends.results import WantedFile, flight_recorder_files
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
@@ -34,7 +34,7 @@ def test_gpu_runs_get_the_nccl_flight_recorder_unless_the_file_sets_it():
     prefix = f"{node.run_dir}/nccl_trace_rank_"
     assert node.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
     assert flight_recorder_files(node) == [
-        (f"{prefix}2", "nccl_trace/node-1/rank-2", 64 << 20)]
+        WantedFile(f"{prefix}2", "nccl_trace/node-1/rank-2", 64 << 20)]
     cpu = plan_of("nodes: [{host: a, procs: 2}]\nworkload: {name: noop}\n")
     assert not any(k.startswith("TORCH_NCCL") for k in cpu.nodes[0].env)
     assert flight_recorder_files(cpu.nodes[0]) == []

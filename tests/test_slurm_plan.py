@@ -16,7 +16,8 @@ from orchestrator.agent.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node
                                         node_spec, secret_variable)
 from orchestrator.backends import slurmctl
 from orchestrator.backends.base import LaunchOptions
-from orchestrator.backends.slurm import Backend, shared_dir_problem
+from orchestrator.backends.slurm import Backend
+from orchestrator.backends.slurmcheck import shared_dir_problem
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
 
@@ -153,7 +154,7 @@ def test_a_step_asks_for_the_cpus_of_a_cpu_job_and_the_job_is_never_requeued():
 
 
 def test_error_files_named_by_a_node_must_be_inside_its_run_directory(tmp_path):
-    from orchestrator.backends.slurm import _inside
+    from orchestrator.backends.results import inside as _inside
 
     (tmp_path / "node-0" / "torchrun").mkdir(parents=True)
     (tmp_path / "node-0" / "torchrun" / "error.json").write_text("{}")

@@ -2,9 +2,10 @@
 
 torchrun starts ``python -m ddp_orch_shim <script.py | -m module> ARGS``
 (the bundle ships this file as ``code/ddp_orch_shim.py``). The shim runs
-the program as a fresh ``__main__``, as Python itself does, so ``sys.argv``, ``__file__``, ``sys.path[0]`` and relative
-imports are what plain ``python script.py`` or ``python -m module`` would
-give (``tests/test_shim.py`` compares them), and it adds two things no user
+the program as a fresh ``__main__``, as Python itself does, so
+``sys.argv``, ``__file__``, ``sys.path[0]`` and relative imports are what
+plain ``python script.py`` or ``python -m module`` would give
+(``tests/test_shim.py`` compares them), and it adds two things no user
 script has to ask for:
 
 * an uncaught exception is written to torchrun's error file
@@ -12,10 +13,10 @@ script has to ask for:
   traceback, timestamp), as ``@record`` would, then reported and the process
   ends with exit code 1, as Python does; the traceback it prints starts at
   the user's first frame, not at this module's;
-* ``faulthandler`` is registered on ``STACK_SIGNAL`` (a real-time signal) for all threads,
-  writing to ``stacks/rank-<RANK>.txt`` in the node's run directory: a
-  Python stack dump that works even while the rank is blocked inside a C
-  call such as a gloo or NCCL collective (``ddp-orch stacks``).
+* ``faulthandler`` is registered on ``STACK_SIGNAL`` (a real-time signal)
+  for all threads, writing to ``stacks/rank-<RANK>.txt`` in the node's run
+  directory: a Python stack dump that works even while the rank is blocked
+  inside a C call such as a gloo or NCCL collective (``ddp-orch stacks``).
 
 Standard library only, like the rest of the agent package.
 """

@@ -47,11 +47,15 @@ def workers(run_id: str) -> dict[int, tuple[int, int]]:
     command line: of the candidates for one rank, the one whose parent is not
     itself a candidate is the rank."""
     candidates: dict[int, tuple[int, int]] = {}
-    parents = {pid: ppid for pid, ppid, _state in procs.proc_table()}
-    for pid in procs.marked_processes((f"DDP_ORCH_RUN_ID={run_id}",)):
+    parents = {}
+    for pid, ppid, state in procs.proc_table():  # one scan: the parents and the candidates
+        parents[pid] = ppid
+        if state == "Z":
+            continue
         env = environ_of(pid)
         rank, node = env.get("RANK", ""), env.get("DDP_ORCH_NODE_RANK", "")
-        if rank.isdigit() and node.isdigit() and "ddp_orch_shim" in procs.command_line(pid):
+        if env.get("DDP_ORCH_RUN_ID") == run_id and rank.isdigit() and node.isdigit() \
+                and "ddp_orch_shim" in procs.command_line(pid):
             candidates[pid] = (int(rank), int(node))
     return {rank: (pid, node) for pid, (rank, node) in candidates.items()
             if parents.get(pid) not in candidates}

@@ -22,26 +22,21 @@ from ..errors import TransportError
 from ..plan.build import resolve_plan
 from ..plan.dryrun import DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
-from ..plan.secrets import scrub, secret_values
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, gang_outcome
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
-from .base import (CancelResult, LaunchBackend, OnRunning, Preflight, RankStack,
-                   StacksResult)
+from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
+                   StacksResult, rank_stacks)
 from .bundle import build_bundle, scan_script_dir
 from .fanout import on_all
 from .gang import Gang
 from .nodehandle import BUNDLE_NAME, describe_survivors
 from .preflight import master_port_from, run_checks
+from .results import keep, wanted_files
 
-MAX_RESULT_BYTES = 16 << 20  # rank 0's result.json
-MAX_ERROR_FILE_BYTES = 1 << 20  # one torchrun error file
-STACKS_TIMEOUT_S = 5.0  # for every rank on a node to write its dump
-MAX_STACK_BYTES = 1 << 20  # one rank's dump, as the agent caps it too
-MAX_FLIGHT_RECORD_BYTES = 64 << 20  # one rank's NCCL flight recorder dump
 
 
 class AgentBackend(LaunchBackend):
@@ -166,16 +161,10 @@ class AgentBackend(LaunchBackend):
                 transport.close()
             if not reply.get("ok"):
                 raise TransportError(first.host, str(reply.get("error")))
-            found = json.loads(reply.get("data") or b"[]")
-            return found if isinstance(found, list) else []
+            return rank_stacks(json.loads(reply.get("data") or b"[]"), nodes)
 
         done = on_all(ask, list(hosts), timeout_s=STACKS_TIMEOUT_S + 60)
-        ranks = [RankStack(int(r["rank"]), int(r["node_rank"]), nodes[int(r["node_rank"])].host,
-                           str(r["how"]), str(r["text"])[:MAX_STACK_BYTES],
-                           str(r.get("error") or ""))
-                 for found in done.succeeded.values() for r in found
-                 if isinstance(r, dict) and str(r.get("node_rank")).isdigit()
-                 and int(r["node_rank"]) < len(nodes)]
+        ranks = [stack for found in done.succeeded.values() for stack in found]
         unreachable = [(k, nodes[k].host, _message(exc)) for host, exc in done.failed.items()
                        for k in hosts[host]]
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), tuple(unreachable))
@@ -245,67 +234,41 @@ class AgentBackend(LaunchBackend):
             finally:
                 agent.close()
             killed = reply.get("killed") or []
-            _note(run, k, f"node lost; down ended {len(killed)} leftover process(es)"
+            run.note(k, f"node lost; down ended {len(killed)} leftover process(es)"
                   + (f": {' '.join(map(str, killed))}" if killed else "")
                   + (f"; {describe_survivors(reply['survivors'])}" if reply.get("survivors")
                      else ""))
 
         for k, exc in on_all(sweep, lost, timeout_s=self.options.grace_s + 60).failed.items():
-            _note(run, k, f"node lost, and it cannot be reached to clean up: {_message(exc)}; "
+            run.note(k, f"node lost, and it cannot be reached to clean up: {_message(exc)}; "
                           f"run `ddp-orch down {info.plan.run_id}` once it is back")
 
     def _fetch(self, info: DryRun, transports: Mapping[int, Transport], outcome: RunOutcome,
                run: RunDir, reusable: Mapping[int, AgentHandle]) -> dict | None:
-        """Rank 0's result and the error files of failed ranks: over the run's
+        """What the run brings home (``results.wanted_files``): over the run's
         own channel where it is still open, else over a fresh agent. Best
         effort; a node that cannot be reached leaves a note in its log."""
-        wanted: dict[int, list[tuple[str, str, int]]] = {0: [(
-            info.plan.nodes[0].result_file, "result.json", MAX_RESULT_BYTES)]}
-        for node_outcome in outcome.nodes:
-            node = info.plan.nodes[node_outcome.node_rank]
-            if node_outcome.state is not NodeState.SUCCEEDED:
-                wanted.setdefault(node.node_rank, []).extend(flight_recorder_files(node))
-            for failure in node_outcome.failures:
-                if failure.get("error_file"):
-                    rank = node.first_rank + int(failure["local_rank"])
-                    wanted.setdefault(node.node_rank, []).append((
-                        f"{node.run_dir}/{failure['error_file']}",
-                        f"errors/node-{node.node_rank}/rank-{rank}.json", MAX_ERROR_FILE_BYTES))
+        wanted = wanted_files(info, outcome)
 
         def fetch(k: int) -> None:
             agent = reusable.get(k) or AgentHandle(transports[k], info.plan.nodes[k].python)
             try:
-                for remote, local, limit in wanted[k]:
+                for file in wanted[k]:
                     try:
-                        data = agent.get(remote, limit)
+                        data = agent.get(file.remote, file.limit)
                     except TransportError as exc:
-                        _note(run, k, f"not fetched: {exc.message}")
+                        run.note(k, f"not fetched: {exc.message}")
                         continue
                     if data is not None:
-                        data = scrub(data, secret_values(info.nodes[k].env))
-                        path = run.file(local)
-                        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-                        with open(path, "wb") as fh:
-                            fh.write(data)
+                        keep(run, info, k, file, data)
             finally:
                 if k not in reusable:
                     agent.close()
 
         for k, exc in on_all(fetch, wanted, timeout_s=120).failed.items():
-            _note(run, k, f"fetching results failed: {_message(exc)}")
+            run.note(k, f"fetching results failed: {_message(exc)}")
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
-
-
-def flight_recorder_files(node: NodePlan) -> list[tuple[str, str, int]]:
-    """(remote, local, limit) of the NCCL flight recorder's dumps a failed GPU
-    node may have left (``plan.build.flight_recorder_env``); a missing one is
-    simply not there."""
-    prefix = node.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-    if not prefix:
-        return []
-    return [(f"{prefix}{rank}", f"nccl_trace/node-{node.node_rank}/rank-{rank}",
-             MAX_FLIGHT_RECORD_BYTES) for rank in node.ranks]
 
 
 def _labeller(plan: RunPlan):
@@ -314,8 +277,3 @@ def _labeller(plan: RunPlan):
 
 def _message(exc: BaseException) -> str:
     return getattr(exc, "message", None) or str(exc) or type(exc).__name__
-
-
-def _note(run: RunDir, node_rank: int, text: str) -> None:
-    with open(run.node_log(node_rank), "a", encoding="utf-8") as fh:
-        fh.write(f"ddp-orch: {text}\n")

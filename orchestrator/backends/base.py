@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 from ..config.spec import ClusterSpec
 from ..console import Console
@@ -84,6 +84,10 @@ class RunDescription:
     detail: str = ""
 
 
+STACKS_TIMEOUT_S = 5.0  # how long a node's agent waits for its ranks' dumps
+MAX_STACK_BYTES = 1 << 20  # one rank's dump, as the agent caps it too
+
+
 @dataclass(frozen=True)
 class RankStack:
     """One rank's stack dump (``ddp-orch stacks``): ``how`` is py-spy or
@@ -101,6 +105,20 @@ class RankStack:
 class StacksResult:
     ranks: tuple[RankStack, ...]
     unreachable: tuple[tuple[int, str, str], ...] = ()  # (node rank, host, why)
+
+
+def rank_stacks(reported: object, nodes: Sequence[NodeRecord]) -> list[RankStack]:
+    """The agent's per-rank dumps (``agent/stacks.py``) as ``RankStack``s:
+    checked, with each text capped, and each rank's host from the records."""
+    out = []
+    for r in reported if isinstance(reported, list) else ():
+        if not (isinstance(r, dict) and isinstance(r.get("rank"), int)
+                and isinstance(r.get("node_rank"), int) and 0 <= r["node_rank"] < len(nodes)):
+            continue
+        out.append(RankStack(r["rank"], r["node_rank"], nodes[r["node_rank"]].host,
+                             str(r.get("how")), str(r.get("text") or "")[:MAX_STACK_BYTES],
+                             str(r.get("error") or "")))
+    return out
 
 
 OnRunning = Callable[[DryRun], None]

@@ -21,7 +21,7 @@ from ..records.outcome import RunOutcome, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
-from ..report.stacks import hang_summary, keep, odd_ranks, render_stacks
+from ..report.stacks import hang_summary, keep, odd_ranks
 from .base import StacksResult
 from .nodehandle import NodeHandle, supervisor_spec
 
@@ -176,7 +176,7 @@ class Gang:
                 self.console.info(f"could not dump the ranks' stacks: {exc}")
         why = hang_summary(result, idle, quiet_first)
         if result is not None and result.ranks:
-            saved = keep(self.run_dir.path, result, render_stacks(result, self.plan.run_id))
+            saved, _text = keep(self.run_dir.path, result, self.plan.run_id)
             self.console.info(f"stacks of every rank kept in {saved}")
         odd = {s.node_rank for s in odd_ranks(result)} if result is not None else set()
         if not odd and quiet_first is not None:

@@ -3,7 +3,7 @@
 Slurm places, starts, signals and accounts for the nodes; we never imitate
 it. The controller runs where ``sbatch`` works (a login or submit host) and
 writes everything the job needs into the run directory, which must be on a
-file system that the compute nodes share (``shared_dir_problem``):
+file system that the compute nodes share (``slurmcheck.shared_dir_problem``):
 
 * ``agent.pyz``: the node agent (stdlib only), as a zipapp;
 * ``bundle.tar.gz``: the workload code, unpacked by each node's agent;
@@ -30,9 +30,8 @@ import dataclasses
 import json
 import os
 import posixpath
-import socket
 import time
-from ..agent import bootstrap
+from ..agent import bootstrap, files
 from ..agent.jobnode import ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE, secret_variable
 from ..config.spec import AUTO_PORT, SlurmSpec
 from ..console import Console
@@ -41,30 +40,25 @@ from ..plan.build import build_plan, resolve_plan
 from ..plan.dryrun import DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
 from ..plan.render import shell_join
-from ..plan.secrets import SECRET_NAME, scrub, secret_values
+from ..plan.secrets import SECRET_NAME
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from . import slurmctl
-from .base import (CancelResult, CheckResult, LaunchBackend, OnRunning, Preflight, RankStack,
-                   RunDescription, StacksResult)
+from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
+                   RunDescription, StacksResult, rank_stacks)
 from .bundle import build_bundle, scan_script_dir
 from .gang import Gang
 from .nodehandle import BUNDLE_NAME, supervisor_spec
+from .results import keep, wanted_files
+from .slurmcheck import slurm_checks
 from .slurmjob import JobStream, SlurmJob
 
 AGENT_FILE = "agent.pyz"
 JOB_FILE = "job.json"
 SCRIPT_FILE = "job.sbatch"
-MAX_RESULT_BYTES = 16 << 20
-MAX_ERROR_FILE_BYTES = 1 << 20
-STACKS_TIMEOUT_S = 5.0  # the agent's own wait for the ranks' dumps
 SQUEUE_GIVE_UP_S = 120.0  # squeue failing that long while queued: give up (and scancel)
-# File systems every node of a cluster sees the same way.
-SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs",
-                       "fuse.glusterfs", "panfs", "wekafs", "pvfs2", "orangefs", "fuse.beegfs",
-                       "fuse.sshfs", "virtiofs", "9p", "afs", "smb3", "cifs", "fuse.juicefs"})
 
 
 def job_dir(plan: RunPlan) -> str:
@@ -168,7 +162,7 @@ class Backend(LaunchBackend):
                on_running: OnRunning = lambda info: None) -> RunOutcome:
         plan = info.plan
         started = time.monotonic()
-        problems = [r for r in self._checks(plan) if not r.ok]
+        problems = [r for r in slurm_checks(self.require_spec(), plan, job_dir(plan)) if not r.ok]
         if problems:
             raise LaunchError("the job cannot run as planned; nothing was submitted:\n"
                               + "\n".join(f"  {r.host}: {r.check}: {r.detail}" for r in problems))
@@ -348,29 +342,21 @@ class Backend(LaunchBackend):
         return env
 
     def _collect(self, info: DryRun, outcome: RunOutcome, run: RunDir) -> dict | None:
-        """Rank 0's result and failed ranks' error files, read from the shared
-        run directory with size caps, and secrets masked."""
-        plan = info.plan
-        secrets = secret_values(info.nodes[0].env)
-        wanted = [(plan.nodes[0].result_file, "result.json", MAX_RESULT_BYTES, secrets)]
-        for node_outcome in outcome.nodes:
-            node = plan.nodes[node_outcome.node_rank]
-            for failure in node_outcome.failures:
-                source = _inside(node.run_dir, failure.get("error_file"))
-                local_rank = failure.get("local_rank")
-                if source and isinstance(local_rank, int) and 0 <= local_rank < node.nproc:
-                    rank = node.first_rank + local_rank
-                    wanted.append((source,
-                                   f"errors/node-{node.node_rank}/rank-{rank}.json",
-                                   MAX_ERROR_FILE_BYTES,
-                                   secret_values(info.nodes[node.node_rank].env)))
-        for source, name, limit, node_secrets in wanted:
-            data = _read_capped(source, limit)
-            if data is not None:
-                path = run.file(name)
-                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-                with open(path, "wb") as fh:
-                    fh.write(scrub(data, node_secrets) if node_secrets else data)
+        """What the run brings home (``results.wanted_files``), read from the
+        shared run directory: no symlink, no file larger than its cap, and
+        nothing whose real path leaves the node's run directory."""
+        for k, wanted in wanted_files(info, outcome).items():
+            root = os.path.realpath(info.plan.nodes[k].run_dir)
+            for file in wanted:
+                if not os.path.realpath(file.remote).startswith(root + os.sep):
+                    continue
+                try:
+                    data = files.get(file.remote, file.limit)
+                except files.TransferError as exc:
+                    run.note(k, str(exc))
+                    continue
+                if data is not None:
+                    keep(run, info, k, file, data)
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
 
@@ -420,10 +406,7 @@ class Backend(LaunchBackend):
             except ValueError:
                 continue
             seen.add(node.node_rank)
-            for r in report.get("ranks", ()):
-                node = nodes[int(r["node_rank"])]
-                ranks.append(RankStack(int(r["rank"]), node.node_rank, node.host, str(r["how"]),
-                                       str(r["text"]), str(r.get("error") or "")))
+            ranks += rank_stacks(report.get("ranks") if isinstance(report, dict) else None, nodes)
         why = done.stderr.strip()[-300:] or "its agent wrote no dump into the shared directory"
         missing = tuple((n.node_rank, n.host, why) for n in nodes if n.node_rank not in seen)
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), missing)
@@ -451,109 +434,7 @@ class Backend(LaunchBackend):
         return RunDescription(record.state, record.outcomes, record.root_cause, detail)
 
     def check(self, plan: RunPlan) -> Preflight:
-        return Preflight(tuple(self._checks(plan)))
-
-    def _checks(self, plan: RunPlan) -> list[CheckResult]:
-        """What would make Slurm refuse the job, or the job fail at once,
-        found with sinfo alone (no job is started)."""
-        spec = self.require_spec()
-        here = "slurm"
-        if not slurmctl.available("sbatch"):
-            return [CheckResult(-1, here, "sbatch", False, "sbatch is not found on this machine; "
-                                "run ddp-orch on a login or submit host of the cluster")]
-        out = [CheckResult(-1, here, "sbatch", True, "found")]
-        partition = (spec.slurm or SlurmSpec()).partition
-        if partition is not None:
-            known = slurmctl.partitions()
-            out.append(CheckResult(-1, here, "partition", partition in known,
-                                   "exists" if partition in known else
-                                   f"no partition {partition!r}; Slurm has "
-                                   f"{', '.join(known) or 'none'}"))
-        if spec.placed:
-            infos = slurmctl.nodes(partition=partition)
-            out.append(self._count_check(infos, partition))
-        else:
-            infos = slurmctl.nodes([n.host for n in plan.nodes])
-            out += [self._node_check(k, node, infos.get(node.host))
-                    for k, node in enumerate(spec.nodes)]
-        runs = posixpath.dirname(job_dir(plan))
-        problem = shared_dir_problem(runs, infos.values())
-        out.append(CheckResult(-1, here, "run directory", problem is None,
-                               problem or f"{runs} is seen by the compute nodes"))
-        return out
-
-    def _count_check(self, infos: dict, partition: str | None) -> CheckResult:
-        """Enough usable nodes, each with the GPUs or CPUs a node of the job needs."""
-        spec = self.require_spec()
-        node = spec.nodes[0]
-        fits = [i for i in infos.values() if i.usable
-                and (node.gpu_count is None or i.gpus >= node.gpu_count)
-                and (node.procs is None or i.cpus >= node.procs)]
-        need = (f"{node.gpu_count} GPU(s)" if node.gpu_count is not None
-                else f"{node.procs} CPU(s)")
-        where = f"partition {partition}" if partition else "the cluster"
-        ok = len(fits) >= len(spec.nodes)
-        return CheckResult(-1, "slurm", "nodes", ok,
-                           f"{len(fits)} usable node(s) in {where} with {need} each; "
-                           f"the job needs {len(spec.nodes)}")
-
-    def _node_check(self, k: int, node, info: slurmctl.NodeInfo | None) -> CheckResult:
-        host = node.host
-        if info is None:
-            return CheckResult(k, host, "node", False,
-                               f"Slurm has no node {host!r} (`sinfo -N` lists them)")
-        if not info.usable:
-            return CheckResult(k, host, "node", False, f"{host} is {info.state}; pick another "
-                               f"node or ask the admins to resume it")
-        if node.gpus is not None and max(node.gpus) >= info.gpus:
-            return CheckResult(k, host, "gpus", False,
-                               f"GPU {max(node.gpus)} is not on {host}: its GRES has "
-                               f"{info.gpus} GPU(s) (indices 0-{info.gpus - 1})"
-                               if info.gpus else f"{host} has no GPUs in its GRES")
-        if node.procs is not None and node.procs > info.cpus:
-            return CheckResult(k, host, "cpus", False,
-                               f"{node.procs} processes but {host} has {info.cpus} CPUs")
-        return CheckResult(k, host, "node", True, f"{info.state}, {info.cpus} CPUs, "
-                           f"{info.gpus} GPU(s)")
-
-
-def shared_dir_problem(path: str, nodes) -> str | None:
-    """Why the compute nodes may not see ``path``, or None.
-
-    It is seen when every node is this very machine, or when it is on a
-    network or cluster file system. A local disk or tmpfs (``/tmp``) on a
-    submit host is invisible to the compute nodes.
-    """
-    this_host = socket.gethostname().split(".")[0]
-    nodes = list(nodes)
-    if nodes and all(n.hostname.split(".")[0] == this_host for n in nodes):
-        return None
-    mount, fstype = _mount_of(path)
-    if fstype in SHARED_FS:
-        return None
-    return (f"{path} is on a {fstype or 'local'} file system ({mount}), which the compute "
-            f"nodes do not share; run ddp-orch from the cluster's shared file system, or "
-            f"pass --runs-dir DIR on it")
-
-
-def _mount_of(path: str) -> tuple[str, str]:
-    """The mount point and file system type that hold ``path``."""
-    path = os.path.abspath(path)
-    best = ("/", "")
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best[0]):
-                    best = (mount, fields[2])
-    except OSError:
-        pass
-    return best
-
+        return Preflight(tuple(slurm_checks(self.require_spec(), plan, job_dir(plan))))
 
 def _gres_gpus(spec) -> int:
     """GPUs to ask Slurm for on each node: the count, or enough for the highest
@@ -596,16 +477,6 @@ def _not_run(plan: RunPlan, why: str, started: float, *, interrupted: bool = Fal
     state = NodeState.NOT_STARTED if interrupted else NodeState.FAILED
     nodes = tuple(NodeOutcome(n.node_rank, n.host, state, None, why, None) for n in plan.nodes)
     return gang_outcome(plan.run_id, nodes, time.monotonic() - started, interrupted=interrupted)
-
-
-def _inside(directory: str, name: object) -> str | None:
-    """``directory/name`` if it really is inside ``directory`` (a node's
-    report names the file; it must not name one elsewhere)."""
-    if not isinstance(name, str) or not name:
-        return None
-    path = os.path.realpath(posixpath.join(directory, name))
-    root = os.path.realpath(directory)
-    return path if path.startswith(root + os.sep) else None
 
 
 def _read_capped(path: str, limit: int) -> bytes | None:

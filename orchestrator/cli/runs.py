@@ -128,15 +128,14 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
 
     from ..backends import get_backend
     from ..backends.base import LaunchOptions
-    from ..report.stacks import keep, render_stacks
+    from ..report.stacks import keep
 
     record = find_run(runs_dir, run_id)
     if not record.state.live:
         raise ConfigError(f"run {record.run_id} is {record.state}: no rank is running",
                           hint="stacks are dumped from a live run; see `ddp-orch status`")
     result = get_backend(record.backend, LaunchOptions()).stacks(record, native=native)
-    saved = keep(record.run.path, result, render_stacks(result, record.run_id))
-    text = render_stacks(result, record.run_id, saved)
+    saved, text = keep(record.run.path, result, record.run_id)
     if as_json:
         click.echo(json.dumps({"run_id": record.run_id, "saved_in": saved,
                                "ranks": [dataclasses.asdict(s) for s in result.ranks],

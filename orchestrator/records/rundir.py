@@ -54,6 +54,11 @@ class RunDir:
     def node_log(self, node_rank: int) -> str:
         return self.file(f"node-{node_rank}.log")
 
+    def note(self, node_rank: int, text: str) -> None:
+        """A line of ddp-orch's own in a node's log (what it could not fetch, say)."""
+        with open(self.node_log(node_rank), "a", encoding="utf-8") as fh:
+            fh.write(f"ddp-orch: {text}\n")
+
     def write_text(self, name: str, text: str) -> None:
         with open(self.file(name), "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -161,9 +161,9 @@ def hang_summary(result: StacksResult | None, idle_s: float,
     return head + "; " + "; ".join(parts)
 
 
-def keep(run_path: str, result: StacksResult, text: str) -> str:
+def keep(run_path: str, result: StacksResult, run_id: str) -> tuple[str, str]:
     """Write each rank's dump and the summary under ``stacks/<time>/`` of the
-    run directory; returns that directory."""
+    run directory; returns that directory and the summary (which names it)."""
     import time
 
     saved = os.path.join(run_path, "stacks", time.strftime("%Y%m%d-%H%M%S"))
@@ -171,6 +171,7 @@ def keep(run_path: str, result: StacksResult, text: str) -> str:
     for stack in result.ranks:
         with open(os.path.join(saved, f"rank-{stack.rank}.txt"), "w", encoding="utf-8") as fh:
             fh.write(stack.text or f"(no dump: {stack.error})\n")
+    text = render_stacks(result, run_id, saved)
     with open(os.path.join(saved, "summary.txt"), "w", encoding="utf-8") as fh:
         fh.write(text)
-    return saved
+    return saved, text
