@@ -79,7 +79,7 @@ def worker_files(tmp_path, nproc: int = 2):
 
 
 def test_worker_logs_relay_whole_lines_with_the_global_rank(tmp_path):
-    logs = workerlogs.WorkerLogs(str(tmp_path), "run-1", first_rank=3, nproc=2)
+    logs = workerlogs.WorkerLogs(str(tmp_path / "torchrun"), "run-1", first_rank=3, nproc=2)
     assert logs.read() == b""  # torchrun has not made its log dir yet
     attempt = worker_files(tmp_path)
     with open(attempt / "0" / "stdout.log", "ab", buffering=0) as out0, \
@@ -99,7 +99,7 @@ def test_a_partial_line_that_stays_partial_is_shown_anyway(tmp_path, monkeypatch
     monkeypatch.setattr(workerlogs._FollowedFile, "STALE_S", 0.0)
     attempt = worker_files(tmp_path, nproc=1)
     (attempt / "0" / "stderr.log").write_bytes(b" 10%|#   |\r 20%|##  |")
-    logs = workerlogs.WorkerLogs(str(tmp_path), "run-1", first_rank=0, nproc=1)
+    logs = workerlogs.WorkerLogs(str(tmp_path / "torchrun"), "run-1", first_rank=0, nproc=1)
     assert logs.read() == b"[rank0]:  10%|#   |\r 20%|##  |\n"
 
 

@@ -73,6 +73,19 @@ def _common(*, epochs: int, batch: int, lr: float, lr_scaling: str = "none",
     )
 
 
+def _checkpointing() -> tuple[ArgSpec, ...]:
+    """The checkpoint arguments of the workloads that resume after a restart."""
+    return (
+        ArgSpec("checkpoint", str, "",
+                "rank 0 saves model/optimizer/scaler here after every epoch, atomically "
+                "(empty: checkpoint.pt under ddp-orch, else none); relative to the "
+                "working directory"),
+        ArgSpec("resume", bool, False,
+                "continue from the checkpoint (read by rank 0, sent to all ranks); "
+                "automatic after a gang restart (DDP_ORCH_RESTART_COUNT > 0)"),
+    )
+
+
 def _image_data(train: str, test: str) -> tuple[ArgSpec, ...]:
     """Where image workloads find their dataset, and how much of it to use."""
     return (
@@ -144,12 +157,7 @@ CATALOG: dict[str, WorkloadInfo] = {
             ArgSpec("sync_bn", bool, True,
                     "convert BatchNorm to SyncBatchNorm (CUDA only; on CPU plain "
                     "BatchNorm is kept and the result says why)"),
-            ArgSpec("checkpoint", str, "",
-                    "rank 0 saves model/optimizer/scaler here after every epoch "
-                    "(empty: no checkpoint); relative to the working directory"),
-            ArgSpec("resume", bool, False,
-                    "continue from --checkpoint (read by rank 0, sent to all ranks)"),
-        ) + _image_data("60000 for MNIST", "10000"),
+        ) + _checkpointing() + _image_data("60000 for MNIST", "10000"),
     ),
     "resnet": WorkloadInfo(
         name="resnet",
@@ -163,7 +171,7 @@ CATALOG: dict[str, WorkloadInfo] = {
             ArgSpec("augment", bool, False,
                     "random crop + horizontal flip (drawn per rank, see harness.data)"),
             ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
-        ) + _image_data("50000 for CIFAR-10", "10000"),
+        ) + _checkpointing() + _image_data("50000 for CIFAR-10", "10000"),
     ),
 }
 

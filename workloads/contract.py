@@ -14,6 +14,10 @@ too, or simply follow the same rules:
   process of the run on a node, so the node supervisor can find them all.
 * ``DDP_ORCH_DEVICE``: ``auto``, ``cuda`` or ``cpu``, from the cluster file.
   ``cpu`` means gloo on the CPU even where GPUs are visible.
+* ``DDP_ORCH_RESTART_COUNT``: which attempt of the run this is (0, then
+  1, 2, ... after each whole-gang restart, ``up --max-restarts``). A program
+  that checkpoints resumes from its latest checkpoint when it is above 0
+  (``restart_count``); the built-in workloads do (``harness/checkpoint.py``).
 * ``heartbeat(step)``: a rank's sign of progress for ddp-orch's hang
   watchdog (``up --hang-timeout``). The built-in workloads call it every
   step; a user script may too. Without ddp-orch it does nothing.
@@ -29,6 +33,7 @@ RESULT_FILE_ENV = "DDP_ORCH_RESULT_FILE"
 RUN_ID_ENV = "DDP_ORCH_RUN_ID"
 NODE_RANK_ENV = "DDP_ORCH_NODE_RANK"
 DEVICE_ENV = "DDP_ORCH_DEVICE"
+RESTART_COUNT_ENV = "DDP_ORCH_RESTART_COUNT"
 
 RESULT_FILE_NAME = "result.json"
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
@@ -56,6 +61,12 @@ def heartbeat(step: int) -> None:
         os.replace(path + ".tmp", path)
     except OSError:
         pass  # progress reports are best effort; training goes on
+
+
+def restart_count() -> int:
+    """This attempt's number (0 without ddp-orch, or before any restart)."""
+    value = os.environ.get(RESTART_COUNT_ENV, "0")
+    return int(value) if value.isdigit() else 0
 
 
 def write_json_atomic(path: str, payload: Any) -> None:

@@ -9,11 +9,12 @@
   forward) and the result carries ``sync_bn: false`` with the reason.
 * AMP: ``--amp`` auto/off/fp16/bf16 (harness.train.resolve_amp); fp16 uses
   a GradScaler, whose state goes into the checkpoint.
-* Checkpoint: with ``--checkpoint PATH`` rank 0 writes model, optimizer,
-  scaler, completed epochs and step after every completed epoch, atomically
-  (temp file in the same directory, fsync, os.replace). No checkpoint by
-  default. ``--resume`` loads it on rank 0 and broadcasts it, so other nodes
-  need no copy of the file. Because checkpoints fall on epoch boundaries and
+* Checkpoint (``harness/checkpoint.py``): rank 0 writes model, optimizer,
+  scaler, completed epochs and step after every completed epoch, atomically,
+  to ``--checkpoint PATH`` (under ddp-orch, ``checkpoint.pt`` in the run
+  directory by default). ``--resume``, or a whole-gang restart
+  (``DDP_ORCH_RESTART_COUNT`` > 0), loads it on rank 0 and broadcasts it, so
+  other nodes need no copy of the file. Because checkpoints fall on epoch boundaries and
   everything random is derived from (seed, rank, epoch) -- the sampler's
   shuffle via set_epoch, the loader's worker seeds and the main-process RNG
   via harness.data.seed_epoch -- no RNG state needs saving: 1 epoch + resume
@@ -23,20 +24,18 @@
 """
 
 import os
-import tempfile
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from workloads.harness import checkpoint, datasets
 from workloads.harness import data as hdata
-from workloads.harness import datasets
-from workloads.harness.context import WorkloadError, DistContext
+from workloads.harness.context import DistContext, WorkloadError
 from workloads.harness.evidence import param_checksum
 from workloads.harness.job import Job, run_job, start
-from workloads.harness.report import RankZeroLog, describe_start, finish
+from workloads.harness.report import describe_start, finish
 from workloads.harness.train import Amp, EpochEval, Trainer, make_step, resolve_amp, wrap_ddp
 
 CPU_SYNC_BN_REASON = (
@@ -68,55 +67,6 @@ def sync_bn_choice(ctx: DistContext, wanted: bool) -> tuple[bool, str | None]:
     return True, None
 
 
-def save_checkpoint(path: str, state: dict) -> None:
-    """torch.save to a temp file beside ``path``, fsync, then rename over it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-ckpt-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def load_checkpoint(ctx: DistContext, path: str) -> dict:
-    """Rank 0 reads ``path``; every rank gets the state (or the same error)."""
-    payload: list = [None]
-    if ctx.is_rank0:
-        try:
-            payload[0] = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 -- any failure must reach the other ranks
-            payload[0] = {"error": f"cannot resume from {os.path.abspath(path)}: {err}"}
-    dist.broadcast_object_list(payload, src=0)
-    if "error" in payload[0]:
-        raise WorkloadError(payload[0]["error"])
-    return payload[0]
-
-
-def checkpoint_hook(args, ctx: DistContext, model: nn.Module, optimizer, amp: Amp,
-                    log: RankZeroLog):
-    """An on_epoch_end piece: rank 0 saves after each *completed* epoch."""
-
-    def save(trainer: Trainer) -> None:
-        if not (args.checkpoint and trainer.epoch_complete and ctx.is_rank0):
-            return
-        save_checkpoint(args.checkpoint, {
-            "workload": "mnist", "epoch": trainer.epoch, "step": trainer.step,
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scaler": amp.scaler.state_dict() if amp.scaler is not None else None,
-            "amp": amp.mode, "world_size": ctx.world_size, "seed": args.seed})
-        log(f"checkpoint (epoch {trainer.epoch}, step {trainer.step}) -> {args.checkpoint}")
-
-    return save
-
-
 def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     data = datasets.load(datasets.MNIST, args.data_dir, args.data,
@@ -132,21 +82,11 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
     if use_sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     init_checksum = param_checksum(model)
-    state = load_checkpoint(ctx, args.checkpoint) if args.resume else None
-    if state is not None:
-        model.load_state_dict(state["model"])
     ddp = wrap_ddp(model, ctx)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=job.lr, momentum=args.momentum)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        if amp.scaler is not None and state.get("scaler"):
-            amp.scaler.load_state_dict(state["scaler"])
-        log(f"resumed from {args.checkpoint}: epoch {state['epoch']}, step {state['step']}")
-        if (state.get("world_size"), state.get("seed")) != (ctx.world_size, args.seed):
-            log(f"note: checkpoint written with world size {state.get('world_size')} and seed "
-                f"{state.get('seed')}; this run differs, so it will not continue exactly "
-                "like an uninterrupted run")
-    start_epoch, start_step = (state["epoch"], state["step"]) if state else (0, 0)
+    state = checkpoint.resume_state(ctx, args, log)
+    start_epoch, start_step = checkpoint.restore(state, model, optimizer, amp.scaler, ctx, args,
+                                                 log) if state else (0, 0)
     trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy, amp), log,
                       epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
                       log_every=args.log_every, classify=True,
@@ -154,7 +94,8 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
     evaluator = EpochEval(ctx, model, hdata.eval_loader(data.test, ctx, 2 * job.batch,
                                                         num_workers=args.num_workers),
                           log, amp)
-    save = checkpoint_hook(args, ctx, model, optimizer, amp, log)
+    save = checkpoint.epoch_saver(args, ctx, "mnist", model, optimizer, amp.scaler, log,
+                                  amp=amp.mode)
 
     def on_epoch_end(t: Trainer) -> None:
         evaluator(t)
@@ -168,7 +109,8 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
     return finish(job, trainer, model, data=data.data, metrics=metrics,
                   init_checksum=init_checksum, sync_bn=use_sync_bn,
                   sync_bn_reason=sync_bn_reason, amp=amp.mode,
-                  checkpoint=os.path.abspath(args.checkpoint) if args.checkpoint else None,
+                  checkpoint=os.path.abspath(checkpoint.checkpoint_path(args))
+                  if checkpoint.checkpoint_path(args) else None,
                   resumed=state is not None, data_source=data.source,
                   data_verified=data.verified, test_curve=evaluator.curve)
 
@@ -176,7 +118,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
 @record
 def main(argv=None) -> dict:
     job = start("mnist", argv)
-    if job.args.resume and not job.args.checkpoint:
+    if job.args.resume and not checkpoint.checkpoint_path(job.args):
         raise WorkloadError("--resume needs --checkpoint PATH")
     amp = resolve_amp(job.args.amp, job.ctx)
     use_sync_bn, reason = sync_bn_choice(job.ctx, job.args.sync_bn)

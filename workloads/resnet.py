@@ -7,7 +7,8 @@ momentum 0.9, learning rate scaled linearly with the world size by default
 (``--lr-scaling linear``, explicit in the config). The result carries what
 the tutorial plots: average data-loading vs compute(+gradient sync) time
 per step, their totals, throughput in images/s, and loss / train-accuracy /
-test-accuracy curves.
+test-accuracy curves. Rank 0 checkpoints every epoch and a gang restart
+resumes from it (``harness/checkpoint.py``), as in mnist.
 
 DDP is built WITHOUT find_unused_parameters=True (the tutorial sets it):
 ResNet-18 uses every parameter in every forward, so the flag finds nothing
@@ -19,8 +20,8 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torchvision.models import resnet18
 
+from workloads.harness import checkpoint, datasets
 from workloads.harness import data as hdata
-from workloads.harness import datasets
 from workloads.harness.context import WorkloadError
 from workloads.harness.evidence import param_checksum
 from workloads.harness.job import Job, run_job, start
@@ -44,27 +45,42 @@ def train(job: Job) -> dict:
     init_checksum = param_checksum(model)
     ddp = wrap_ddp(model, ctx)  # no find_unused_parameters: see module docstring
     optimizer = torch.optim.SGD(ddp.parameters(), lr=job.lr, momentum=args.momentum)
+    state = checkpoint.resume_state(ctx, args, log)
+    start_epoch, start_step = checkpoint.restore(state, model, optimizer, None, ctx, args,
+                                                 log) if state else (0, 0)
     trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy), log,
                       epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
-                      log_every=args.log_every, classify=True)
+                      log_every=args.log_every, classify=True,
+                      start_epoch=start_epoch, start_step=start_step)
     evaluator = EpochEval(ctx, model, hdata.eval_loader(data.test, ctx, job.batch,
                                                         num_workers=args.num_workers), log)
-    trainer.run(evaluator if args.eval else None)
+    save = checkpoint.epoch_saver(args, ctx, "resnet", model, optimizer, None, log)
+
+    def on_epoch_end(t: Trainer) -> None:
+        if args.eval:
+            evaluator(t)
+        save(t)
+
+    trainer.run(on_epoch_end)
     t = trainer.timer
     compute_fraction = t.compute_s / t.batch_s if t.batch_s else 0.0
     log(f"per step: data {t.data_s / max(t.steps, 1):.4f}s + compute/sync "
         f"{t.compute_s / max(t.steps, 1):.4f}s; compute share {compute_fraction:.1%}")
     metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "image_size": args.image_size,
-               "compute_fraction": compute_fraction, **evaluator.metrics()}
+               "compute_fraction": compute_fraction, "start_epoch": start_epoch,
+               "end_epoch": trainer.epoch, **evaluator.metrics()}
     return finish(job, trainer, model, data=data.data, metrics=metrics,
-                  init_checksum=init_checksum, data_source=data.source,
+                  init_checksum=init_checksum, resumed=state is not None,
+                  data_source=data.source,
                   data_verified=data.verified, test_curve=evaluator.curve)
 
 
 @record
 def main(argv=None) -> dict:
     job = start("resnet", argv)
+    if job.args.resume and not checkpoint.checkpoint_path(job.args):
+        raise WorkloadError("--resume needs --checkpoint PATH")
     if job.args.image_size < 8:
         raise WorkloadError(f"--image-size {job.args.image_size} is too small for ResNet-18 (>= 8)")
     return run_job(job, train)

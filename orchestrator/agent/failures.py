@@ -27,11 +27,13 @@ _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")  # torch prefixes red
 STDERR_TAIL = 65536
 
 
-def collect(run_dir: str, torchrun_tail: list[str]) -> list[dict]:
+def collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None = None) -> list[dict]:
     """Worker failures, earliest first: ``local_rank``, ``message``,
-    ``timestamp`` (float), ``error_file`` (relative to ``run_dir``, or None)."""
+    ``timestamp`` (float), ``error_file`` (relative to ``run_dir``, or None).
+    ``log_dir`` is torchrun's (default ``RUN_DIR/torchrun``)."""
     out = []
-    pattern = os.path.join(run_dir, "torchrun", "*", "attempt_*", "*", "error.json")
+    log_dir = log_dir or os.path.join(run_dir, "torchrun")
+    pattern = os.path.join(log_dir, "*", "attempt_*", "*", "error.json")
     for path in glob.glob(pattern):
         try:
             with open(path, encoding="utf-8") as fh:
@@ -50,17 +52,17 @@ def collect(run_dir: str, torchrun_tail: list[str]) -> list[dict]:
                     "message": message[-2000:],
                     "timestamp": stamp, "error_file": os.path.relpath(path, run_dir)})
     if not out:  # no @record: torchrun's summary names the first failure
-        out = [_refine(run_dir, f) for f in _root_cause_from_summary(torchrun_tail)]
+        out = [_refine(log_dir, f) for f in _root_cause_from_summary(torchrun_tail)]
     if not out:  # no summary either (torchrun was stopped mid-way): the ranks' own words
-        out = _from_stderr(run_dir)
+        out = _from_stderr(log_dir)
     return sorted(out, key=lambda f: (f["timestamp"], f["local_rank"]))
 
 
-def _refine(run_dir: str, failure: dict) -> dict:
+def _refine(log_dir: str, failure: dict) -> dict:
     """The exception and its time from the rank's own stderr, when it wrote one."""
     if not failure["message"].startswith(_UNHELPFUL[:2]) and failure["message"]:
         return failure
-    found = glob.glob(os.path.join(run_dir, "torchrun", "*", "attempt_*",
+    found = glob.glob(os.path.join(log_dir, "*", "attempt_*",
                                    str(failure["local_rank"]), "stderr.log"))
     traceback = _last_exception(found[0]) if found else None
     if traceback is None:
@@ -73,12 +75,12 @@ def _refine(run_dir: str, failure: dict) -> dict:
     return {**failure, "message": message, "timestamp": stamp}
 
 
-def _from_stderr(run_dir: str) -> list[dict]:
+def _from_stderr(log_dir: str) -> list[dict]:
     """Every rank that ended on an exception, from its stderr alone: for when
     torchrun left neither error files nor a summary (it was stopped while
     handling its workers' failure)."""
     out = []
-    for path in glob.glob(os.path.join(run_dir, "torchrun", "*", "attempt_*", "*", "stderr.log")):
+    for path in glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "stderr.log")):
         traceback = _last_exception(path)
         if traceback is not None:
             out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),

@@ -45,6 +45,16 @@ def terminate(find, grace_s: float, hurry: threading.Event | None = None,
     return seen, {pid: command_line(pid) for pid in sorted(find())}
 
 
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot): tells a process
+    from a later one that got the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def command_line(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:

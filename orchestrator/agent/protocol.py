@@ -49,6 +49,16 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "started": {"workers": (int,)},
     "exit": {"code": (int,), "reason": (str,), "failures": (list,), "last_lines": (list,),
              "duration_s": _NUM},
+    # A kept run (``keeper.py``): its node's stream (``agent.out``) marks each
+    # attempt and ends with ``finished``; node 0's carries the gang's attempts.
+    "attempt": {"attempt": (int,), "master_port": (int,)},
+    "finished": {"code": (int,), "state": (str,)},
+    # Between the keepers of a kept run, over node 0's gang port (``peers.py``).
+    "gang-hello": {"node_rank": (int,), "token": (str,)},
+    "gang-start": {"attempt": (int,), "master_port": (int,)},
+    "gang-stop": {"attempt": (int,), "reason": (str,), "final": (bool,)},
+    "gang-ended": {"attempt": (int,), "exit": (dict,)},
+    "gang-finish": {"state": (str,)},
 }
 FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
     "local_rank": (int,), "message": (str,), "timestamp": _NUM,

@@ -14,6 +14,9 @@ requests (``protocol.request``) one at a time until stdin closes:
 ``connect``    open a TCP connection to the master, for ``ddp-orch check``
 ``down``       end a run's processes here, found by their marker variables
 ``supervise``  become the run's node supervisor; the reply is its output
+``detach``     start the node's keeper of a kept run, as a daemon (``daemon.py``)
+``follow``     stream a kept run's ``agent.out``; the agent's last request
+``keeper``     a kept run's ``keeper.json`` here, and whether its keeper runs
 =============  ==============================================================
 
 EOF before ``supervise`` means the controller is done with this node, or
@@ -67,6 +70,13 @@ def serve() -> int:
             reply(ok=False, error=f"bad request: {exc}")
             continue
         op = request.get("op")
+        if op == "follow":
+            from . import daemon
+
+            daemon.follow(str(request["run_dir"]), stdin, offset=int(request.get("offset", 0)),
+                          lines=None if request.get("lines") is None else int(request["lines"]),
+                          attached=bool(request.get("attached")))
+            return code or 0
         if op == "supervise" and code is None:
             from .supervisor import Supervisor
 
@@ -131,12 +141,25 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
                             float(request.get("timeout", 5)))
         data = json.dumps(ranks).encode()  # a payload: dumps outgrow a control line
         reply(data, ok=True, sha256=digest(data))
+    elif op == "keeper":
+        from . import daemon
+
+        reply(**daemon.state(str(request["run_dir"])))
+    elif op == "detach":
+        from . import daemon
+
+        reply(**daemon.start(dict(request["spec"]), bool(request.get("listen"))))
     elif op == "down":
+        from . import daemon
+
+        keeper = daemon.stop(str(request["run_dir"]), float(request.get("grace_s", 5)) + 15) \
+            if request.get("run_dir") else None
         marker = (f"DDP_ORCH_RUN_ID={request['run_id']}",
                   f"DDP_ORCH_NODE_RANK={request['node_rank']}")
         killed, survivors = procs.terminate(lambda: procs.marked_processes(marker),
                                             float(request.get("grace_s", 5)),
                                             still_ours=lambda pid: procs.has_marker(pid, marker))
+        killed |= {keeper} if keeper else set()
         reply(ok=True, killed=sorted(killed),
               survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])
     else:

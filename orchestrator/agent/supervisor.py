@@ -49,6 +49,9 @@ class Supervisor:
         self.spec = spec
         self.stdin = stdin or Reader(0)  # what serve left of stdin, if it read ahead
         self.run_dir = spec["run_dir"]
+        # torchrun's --log-dir: each attempt of a kept run has its own (keeper.py)
+        self.log_dir = spec.get("log_dir") or os.path.join(self.run_dir, "torchrun")
+        self.last_exit: dict | None = None  # the exit event, once emitted
         self.marker = (f"DDP_ORCH_RUN_ID={spec['run_id']}",
                        f"DDP_ORCH_NODE_RANK={spec['node_rank']}")
         self.grace_s = float(spec.get("grace_s", 10.0))
@@ -80,8 +83,10 @@ class Supervisor:
             _extract(self.spec["bundle"], self.run_dir)
         procs.become_subreaper()
         self.guardian = guardian.start(self.marker, self.grace_s)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda signum, _f: self.request_stop(f"got {signal.Signals(signum).name}"))
+        if self.spec.get("own_signals", True):  # a keeper (keeper.py) handles them itself
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, lambda signum, _f: self.request_stop(
+                    f"got {signal.Signals(signum).name}"))
         self.watcher = threading.Thread(target=self.watch_stdin, daemon=True)
         if self.spec.get("watch_stdin", True):  # not under Slurm: no controller there
             self.watcher.start()
@@ -111,14 +116,15 @@ class Supervisor:
         follower.join(timeout=10.0)
         relay.join(timeout=2.0)
         if self.spec.get("secrets"):  # the logs are complete: mask what they hold
-            files.scrub_tree(os.path.join(self.run_dir, "torchrun"), self.spec["secrets"])
+            files.scrub_tree(self.log_dir, self.spec["secrets"])
         self.write_state(child.pid, started, code)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
-        self.emit({"event": "exit", "code": code, "reason": reason,
-                   "failures": failures.collect(self.run_dir, self.tail_lines()),
+        self.last_exit = {"event": "exit", "code": code, "reason": reason,
+                   "failures": failures.collect(self.run_dir, self.tail_lines(), self.log_dir),
                    "stopped_at": self.stopped_at, "last_lines": last,
                    "survivors": [{"pid": p, "cmd": c} for p, c in self.survivors.items()],
-                   "duration_s": round(time.time() - started, 3)})
+                   "duration_s": round(time.time() - started, 3)}
+        self.emit(self.last_exit)
         return code
 
     def request_stop(self, reason: str) -> None:
@@ -169,7 +175,7 @@ class Supervisor:
 
     def follow_workers(self) -> None:
         """Relay the workers' log files until every worker is gone."""
-        logs = WorkerLogs(self.run_dir, self.spec["run_id"], int(self.spec.get("first_rank", 0)),
+        logs = WorkerLogs(self.log_dir, self.spec["run_id"], int(self.spec.get("first_rank", 0)),
                           int(self.spec.get("nproc", 0)))
         while not self.workers_done.is_set():
             data = logs.read()

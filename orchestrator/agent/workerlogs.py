@@ -22,9 +22,9 @@ class WorkerLogs:
     redrawn with ``\r``), and the prefix goes in with one ``bytes.replace``.
     """
 
-    def __init__(self, run_dir: str, rdzv_id: str, first_rank: int, nproc: int):
+    def __init__(self, log_dir: str, rdzv_id: str, first_rank: int, nproc: int):
         # torchrun's layout: <log-dir>/<rdzv-id>_<random>/attempt_<n>/<local rank>/
-        self.pattern = os.path.join(run_dir, "torchrun", glob.escape(rdzv_id) + "_*", "attempt_0")
+        self.pattern = os.path.join(log_dir, glob.escape(rdzv_id) + "_*", "attempt_0")
         self.first_rank = first_rank
         self.nproc = nproc
         self.files: list[_FollowedFile] = []

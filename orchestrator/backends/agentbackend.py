@@ -10,6 +10,7 @@ and the error files, ``check`` and ``down``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -18,21 +19,23 @@ from typing import Any, Mapping, Sequence
 
 from ..config.spec import AUTO_PORT
 from ..console import Console
-from ..errors import TransportError
+from ..errors import LaunchError, TransportError
 from ..plan.build import resolve_plan
 from ..plan.dryrun import DryRun, NodeLaunch
+from ..plan.render import dryrun_from_dict
 from ..plan.model import NodePlan, RunPlan
 from ..plan.torchrun import torchrun_argv
-from ..records.outcome import NodeOutcome, NodeState, RunOutcome, gang_outcome
+from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
-                   StacksResult, rank_stacks)
+                   RunDescription, StacksResult, rank_stacks)
 from .bundle import build_bundle, scan_script_dir
 from .fanout import on_all
 from .gang import Gang
+from .keptgang import ATTACHED, DETACHED, KeptGang, attempt_outcomes
 from .nodehandle import BUNDLE_NAME, describe_survivors
 from .preflight import master_port_from, run_checks
 from .results import keep, wanted_files
@@ -63,7 +66,9 @@ class AgentBackend(LaunchBackend):
                       for node in plan.nodes)
         notes = (scan_script_dir(os.path.dirname(plan.script)).summary(),) if plan.script else ()
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
-                      source=self.spec.source if self.spec else "")
+                      source=self.spec.source if self.spec else "",
+                      liveness="detached" if self.options.detach else "attached",
+                      max_restarts=self.options.max_restarts)
 
     def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
         return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.python,
@@ -95,18 +100,25 @@ class AgentBackend(LaunchBackend):
                 plan, master_port=port, homes={k: a.home for k, a in agents.items()}))
             on_running(resolved)
             records = self.node_records(resolved.plan)
-            gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
-                        start_timeout_s=self.options.start_timeout_s,
-                        hang_timeout_s=self.options.hang_timeout_s,
-                        dump_stacks=lambda: self._stacks(plan.run_id, records))
+            if self.options.kept:
+                gang = KeptGang(resolved, run, agents, console, grace_s=self.options.grace_s,
+                                start_timeout_s=self.options.start_timeout_s, start=True,
+                                detach=self.options.detach, max_restarts=self.options.max_restarts,
+                                rule=DETACHED if self.options.detach else ATTACHED)
+            else:
+                gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
+                            start_timeout_s=self.options.start_timeout_s,
+                            hang_timeout_s=self.options.hang_timeout_s,
+                            dump_stacks=lambda: self._stacks(plan.run_id, records))
             outcome = gang.run()
+            if outcome.state is RunState.RUNNING:  # detached: the nodes own it now
+                return outcome
             # Agents whose run ended cleanly serve the fetch on the same channel.
             reusable = {h.node.node_rank: agent for h in gang.handles
                         if (agent := h.release()) is not None}
             result = self._fetch(resolved, transports, outcome, run, reusable)
             self._sweep_lost(resolved, transports, outcome, run)
-            return RunOutcome(outcome.run_id, outcome.state, outcome.wall_s, outcome.nodes,
-                              outcome.root_cause, result)
+            return dataclasses.replace(outcome, result=result)
         finally:
             on_all(lambda k: agents[k].close(), list(agents))  # EOF: each agent exits
             for transport in transports.values():
@@ -120,7 +132,7 @@ class AgentBackend(LaunchBackend):
                 agent = AgentHandle(transport, node.python)
                 try:
                     reply = agent.call("down", run_id=record.run_id, node_rank=node.node_rank,
-                                       grace_s=self.options.grace_s)
+                                       run_dir=node.run_dir, grace_s=self.options.grace_s)
                 finally:
                     agent.close()
             finally:
@@ -133,6 +145,80 @@ class AgentBackend(LaunchBackend):
         return [done.succeeded.get(k) or CancelResult(
             k, record.nodes[k].host, (), _message(done.failed[k]))
             for k in range(len(record.nodes))]
+
+    def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
+               ) -> RunOutcome:
+        info = recorded_dryrun(record)
+        transports = {n.node_rank: self.transport(n.node_rank, n.host, n.connection)
+                      for n in record.nodes}
+        agents: dict[int, AgentHandle] = {}
+        try:
+            opened, started = open_agents(transports, {n.node_rank: n.python for n in record.nodes},
+                                          self.options.start_timeout_s)
+            agents.update(started)
+            opened.values("connecting to the nodes", _labeller(info.plan))
+            gang = KeptGang(info, record.run, agents, console, grace_s=self.options.grace_s,
+                            start=False, detach=False, rule=DETACHED, lines=lines)
+            outcome = gang.run()
+            if outcome.state is RunState.RUNNING:
+                return outcome
+            result = self._fetch(info, transports, outcome, record.run, {})
+            return dataclasses.replace(outcome, result=result)
+        finally:
+            on_all(lambda k: agents[k].close(), list(agents))
+            for transport in transports.values():
+                transport.close()
+
+    def describe(self, record: RunRecord) -> RunDescription:
+        """A detached run's state is its nodes': node 0's keeper records every
+        attempt once the run is over; until then each keeper says how far it is."""
+        if record.rule != DETACHED or not record.live:
+            return super().describe(record)
+        info = recorded_dryrun(record)
+
+        def ask(k: int) -> dict:
+            node = record.nodes[k]
+            transport = self.transport(node.node_rank, node.host, node.connection)
+            try:
+                agent = AgentHandle(transport, node.python)
+                try:
+                    reply = agent.call("keeper", run_dir=node.run_dir)
+                finally:
+                    agent.close()
+            finally:
+                transport.close()
+            if not reply.get("ok"):
+                raise TransportError(node.host, str(reply.get("error")))
+            return reply
+
+        done = on_all(ask, range(len(record.nodes)), timeout_s=self.options.check_timeout_s)
+        head = (done.succeeded.get(0) or {}).get("keeper") or {}
+        if head.get("state") not in (None, "running") and isinstance(head.get("attempts"), list):
+            attempts = attempt_outcomes(info.plan, head["attempts"])
+            ran = gang_outcome(record.run_id, attempts[-1][1] if attempts else (), 0.0,
+                               interrupted=head["state"] == "interrupted")
+            return RunDescription(ran.state, ran.nodes, ran.root_cause,
+                                  f"ended {_when(head.get('updated'))}, as node 0's keeper "
+                                  f"recorded", tuple(a for a, _ in attempts))
+        lines, lost = [], []
+        for k, node in enumerate(record.nodes):
+            reply = done.succeeded.get(k)
+            kept = (reply or {}).get("keeper") or {}
+            if reply is None:
+                lines.append(f"  node {k} ({node.host}): cannot be reached: "
+                             f"{_message(done.failed[k])}")
+            elif reply.get("alive"):
+                lines.append(f"  node {k} ({node.host}): running, attempt {kept.get('attempt', 0)}")
+            else:
+                lost.append(NodeOutcome(k, node.host, NodeState.LOST, kept.get("code"),
+                                        "its keeper is gone without finishing (killed?)",
+                                        kept.get("updated")))
+                lines.append(f"  node {k} ({node.host}): {kept.get('state') or 'no keeper'}")
+        alive = any((done.succeeded.get(k) or {}).get("alive") for k in range(len(record.nodes)))
+        state = RunState.RUNNING if alive else RunState.FAILED
+        return RunDescription(state, () if alive else tuple(lost),
+                              None if alive else (lost[0] if lost else None),
+                              "the nodes say:\n" + "\n".join(lines))
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
         return self._stacks(record.run_id, record.nodes, native)
@@ -230,6 +316,7 @@ class AgentBackend(LaunchBackend):
             agent = AgentHandle(transports[k], info.plan.nodes[k].python)
             try:
                 reply = agent.call("down", run_id=info.plan.run_id, node_rank=k,
+                                   run_dir=info.plan.nodes[k].run_dir,
                                    grace_s=self.options.grace_s)
             finally:
                 agent.close()
@@ -269,6 +356,22 @@ class AgentBackend(LaunchBackend):
             run.note(k, f"fetching results failed: {_message(exc)}")
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
+
+
+def recorded_dryrun(record: RunRecord) -> DryRun:
+    """The resolved dry-run a recorded run was launched with (``plan.json``)."""
+    data = record.run.read_json("plan.json")
+    try:
+        return dryrun_from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LaunchError(f"run {record.run_id} has no readable plan.json ({exc}); it never "
+                          f"started, or its directory is damaged") from None
+
+
+def _when(stamp: object) -> str:
+    if not isinstance(stamp, (int, float)):
+        return "at an unknown time"
+    return "at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
 
 def _labeller(plan: RunPlan):

@@ -13,6 +13,7 @@ records never know which backend they hold.
 ``check(plan) -> Preflight``       ``ddp-orch check``: what would break a launch
 ``describe(record)``               ``ddp-orch status``: the run as it is now
 ``stacks(record)``                 ``ddp-orch stacks``: every rank's stack now
+``attach(record, console)``        ``ddp-orch attach``: follow a kept run to its end
 =================================  ===========================================
 """
 
@@ -28,7 +29,7 @@ from ..errors import LaunchError
 from ..plan.build import build_plan
 from ..plan.dryrun import DryRun
 from ..plan.model import RunPlan
-from ..records.outcome import NodeOutcome, RunOutcome, RunState
+from ..records.outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 
@@ -43,6 +44,13 @@ class LaunchOptions:
     check_timeout_s: float = 60.0
     queue_timeout_s: float | None = None  # a scheduler's queue: how long a job may wait
     hang_timeout_s: float | None = None  # no rank's progress this long: a hang (off: None)
+    detach: bool = False  # the nodes keep the run; launch returns once every node started
+    max_restarts: int = 0  # whole-gang restarts after a failure (agent/restarts.py's rule)
+
+    @property
+    def kept(self) -> bool:
+        """Do the nodes' keepers hold the gang (agent/keeper.py), not the controller?"""
+        return self.detach or self.max_restarts > 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class RunDescription:
     nodes: tuple[NodeOutcome, ...]
     root_cause: NodeOutcome | None
     detail: str = ""
+    attempts: tuple[AttemptOutcome, ...] = ()
 
 
 STACKS_TIMEOUT_S = 5.0  # how long a node's agent waits for its ranks' dumps
@@ -174,6 +183,14 @@ class LaunchBackend(ABC):
         """Every live rank's stack, from every node at once (``ddp-orch stacks``)."""
         raise LaunchError(f"the {self.name} backend cannot dump stacks")
 
+    def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
+               ) -> RunOutcome:
+        """Follow a detached run from its nodes until it ends (or Ctrl-C),
+        bringing its results home; ``lines``: from the last N lines (None:
+        from the start)."""
+        raise LaunchError(f"the {self.name} backend cannot attach to a run")
+
     def describe(self, record: RunRecord) -> RunDescription:
         """The run's state from its records; backends with a scheduler ask it."""
-        return RunDescription(record.state, record.outcomes, record.root_cause)
+        return RunDescription(record.state, record.outcomes, record.root_cause,
+                              attempts=record.attempts)

@@ -11,6 +11,7 @@ from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEE
                               LineBuffer, ProtocolError, decode)
 from ..console import Console
 from ..plan.dryrun import NodeLaunch
+from ..plan.model import NodePlan
 from ..plan.secrets import scrub, secret_values
 from ..records.outcome import NodeOutcome, NodeState
 from ..records.rundir import RunDir
@@ -62,6 +63,21 @@ class NodeHandle:
         self.progress: dict[int, tuple[int | None, float]] = {}
         self.watch_output = False  # count output lines as progress (hang watchdog)
         self.hung_reason = ""  # set by the hang watchdog on the odd rank's node
+        # A kept run (agent/keeper.py): the stream holds every attempt; its
+        # end is the keeper's ``finished`` event, not one attempt's ``exit``.
+        self.kept = False
+        self.attempt = 0
+        self.exits: list[dict] = []  # each attempt's exit event, in a kept run
+        self.log_mode = "ab"  # "wb": the stream is the node's whole log (attach from the start)
+
+    def follow(self, **request) -> None:
+        """Relay a kept run's stream (``agent/daemon.follow``) from this channel."""
+        self.kept = True
+        self.agent.send("follow", **request)
+        self.supervising = True
+        self._relay = threading.Thread(target=self._relay_output, daemon=True,
+                                       name=f"follow-node{self.node.node_rank}")
+        self._relay.start()
 
     def start(self, spec: dict) -> None:
         self.agent.supervise(spec)
@@ -83,7 +99,7 @@ class NodeHandle:
         """
         secrets = self.secrets
         lines = LineBuffer()
-        with open(self.run.node_log(self.node.node_rank), "ab") as log:
+        with open(self.run.node_log(self.node.node_rank), self.log_mode) as log:
             while self.control is None:
                 chunk = self.agent.read_chunk(65536)
                 self.last_heard = time.monotonic()
@@ -139,8 +155,16 @@ class NodeHandle:
             self.joined = True
         elif event["event"] == "started":
             self.joined = self.started = True
-        elif event["event"] == "exit":
+        elif event["event"] == "exit" and self.kept:
+            self.exits.append(event)
+        elif event["event"] in ("exit", "finished"):
             self.control = event
+        elif event["event"] == "attempt":
+            self.attempt = event["attempt"]
+            if event["attempt"]:
+                self.joined = self.started = False
+                return (f"{AGENT_SAYS}attempt {event['attempt']} (master port "
+                        f"{event['master_port']})\n").encode()
         elif event["event"] == "heartbeat":
             self._on_progress(event.get("progress"))
         return b""
@@ -195,8 +219,9 @@ class NodeHandle:
 
     def release(self) -> AgentHandle | None:
         """After the exit event: give the channel back to the agent, for
-        fetching files. None when the channel is gone or was cut."""
-        if self.control is None or self.agent.process.poll() is not None or self.killed:
+        fetching files. None when the channel is gone or was cut (or was
+        a kept run's follower, which ends with the stream)."""
+        if self.kept or self.control is None or self.agent.process.poll() is not None or self.killed:
             return None
         self.agent.process.send(b"done\n")
         return self.agent
@@ -233,15 +258,30 @@ class NodeHandle:
             how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
             state, reason = NodeState.LOST, (f"the node agent ended without reporting ({how}); "
                                              "its guardian tears the run down there")
-        elif (self.stop_sent or _signalled(control)) and not _failed_on_its_own(control):
-            state, reason = NodeState.STOPPED, control.get("reason", "stopped by the controller")
         else:
-            state, reason = NodeState.FAILED, _failure_reason(
-                code, failures, self.node.first_rank, control.get("last_lines") or [])
+            return exit_outcome(self.node, control, self.stop_sent, self.ended_at)
         if control.get("survivors"):
             reason += "; " + describe_survivors(control["survivors"])
         return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
                            self.ended_at, failures)
+
+
+def exit_outcome(node: NodePlan, control: dict, stop_sent: bool,
+                 ended_at: float | None) -> NodeOutcome:
+    """How a node ended, from its supervisor's exit event: succeeded, stopped
+    (asked to, and not failed before that), or failed with the first failure."""
+    code = int(control.get("code", 1))
+    failures = tuple(control.get("failures", ()))
+    if code == 0:
+        state, reason = NodeState.SUCCEEDED, "exited 0"
+    elif (stop_sent or _signalled(control)) and not _failed_on_its_own(control):
+        state, reason = NodeState.STOPPED, control.get("reason", "stopped by the controller")
+    else:
+        state, reason = NodeState.FAILED, _failure_reason(
+            code, failures, node.first_rank, control.get("last_lines") or [])
+    if control.get("survivors"):
+        reason += "; " + describe_survivors(control["survivors"])
+    return NodeOutcome(node.node_rank, node.host, state, code, reason, ended_at, failures)
 
 
 def describe_survivors(survivors: list[dict]) -> str:

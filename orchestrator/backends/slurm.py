@@ -104,7 +104,8 @@ class Backend(LaunchBackend):
             f"batch script ({directory}/{SCRIPT_FILE})": self.batch_script(plan),
         }
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=tuple(notes),
-                      source=self.spec.source if self.spec else "", extras=extras)
+                      source=self.spec.source if self.spec else "", extras=extras,
+                      liveness="slurm")
 
     def sbatch_argv(self, plan: RunPlan) -> list[str]:
         """``sbatch --parsable ...``: every option as one argv word, never shell text."""

@@ -17,7 +17,7 @@ import click
 
 from .. import __version__
 from ..backends.base import LaunchOptions
-from ..config.loader import MAX_HANG_TIMEOUT, MIN_HANG_TIMEOUT, load_cluster_file
+from ..config.loader import MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT, load_cluster_file
 from ..config.localmode import local_spec, with_args
 from ..config.spec import AUTO_PORT, BACKENDS, DEFAULT_PORT
 from ..config.yamlsrc import parse
@@ -54,7 +54,7 @@ class DdpOrchGroup(click.Group):
     ``up`` and ``--dry-run`` do not pay for their imports.
     """
 
-    LAZY = ("ps", "status", "logs", "down", "stacks")
+    LAZY = ("ps", "status", "logs", "down", "stacks", "attach")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -169,13 +169,21 @@ launch_options = _options(
 @click.option("--run-id", help="Use this run id instead of a generated one.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (logs keep all).")
 @click.option("--quiet", "-q", is_flag=True, help="Show only ddp-orch's messages and the summary.")
+@click.option("--detach", "-d", is_flag=True,
+              help="Return once every node has started; the nodes keep the run (and its "
+                   "gang) without this controller. Follow it with `ddp-orch attach RUN`.")
+@click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), default=None,
+              help="Restart the whole gang this many times after a failure, on a fresh "
+                   "port, with DDP_ORCH_RESTART_COUNT raised (default: the file's "
+                   "max_restarts, else 0). Not after an error that recurs, down or Ctrl-C.")
 @launch_options
 @friendly_errors
 def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, local: bool,
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str, rank0_only: bool,
-       quiet: bool, accept_new_host_keys: bool, start_timeout: float,
-       queue_timeout: float | None, hang_timeout: float | None, grace: float) -> None:
+       quiet: bool, detach: bool, max_restarts: int | None, accept_new_host_keys: bool,
+       start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
+       grace: float) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs)
@@ -186,7 +194,18 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
                             accept_new_host_keys=accept_new_host_keys,
                             queue_timeout_s=queue_timeout,
                             hang_timeout_s=hang_timeout if hang_timeout is not None
-                            else spec.hang_timeout)
+                            else spec.hang_timeout, detach=detach,
+                            max_restarts=max_restarts if max_restarts is not None
+                            else spec.max_restarts)
+    if options.kept and spec.backend == "slurm":
+        raise ConfigError("--detach and --max-restarts are for the local and ssh backends",
+                          path="--detach" if detach else "--max-restarts", source="command line",
+                          hint="a Slurm job is detached already: `up` can be interrupted "
+                               "with the job queued, and sbatch's --requeue restarts jobs")
+    if options.kept and options.hang_timeout_s is not None:
+        raise ConfigError("the hang watchdog runs in an attached controller; a kept run "
+                          "(--detach, --max-restarts) has none yet", path="--hang-timeout",
+                          source="command line", hint="drop --hang-timeout (or hang_timeout:)")
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
         return
@@ -195,6 +214,11 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
     outcome, run = _launcher(runs_dir, console, options)(spec, run_id=run_id)
+    if outcome.state is RunState.RUNNING:
+        from ..report.runs import render_detached
+
+        console.always(render_detached(outcome, run.path))
+        sys.exit(0)
     console.always(render_summary(outcome, run.path))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 

@@ -1,4 +1,4 @@
-"""Commands about recorded runs: ``ps``, ``status``, ``logs``, ``down``, ``stacks``."""
+"""Commands about recorded runs: ``ps``, ``status``, ``logs``, ``down``, ``stacks``, ``attach``."""
 
 from __future__ import annotations
 
@@ -22,11 +22,40 @@ runs_dir_option = click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_defa
 @runs_dir_option
 def ps(runs_dir: str) -> None:
     """List the runs recorded in the runs directory, newest first."""
-    records = list(list_runs(runs_dir))
+    records = [_settled(r) if r.rule == "detached" and r.live else r
+               for r in list_runs(runs_dir)]
     if not records:
         click.echo(f"no runs in {runs_dir}")
         return
     click.echo(render_ps(records), nl=False)
+
+
+def _described(record):
+    from ..backends import get_backend
+    from ..backends.base import LaunchOptions
+
+    return get_backend(record.backend, LaunchOptions()).describe(record)
+
+
+def _settled(record, described=None):
+    """A detached run as its nodes say it is now; once they say it is over,
+    that is recorded in ``state.json``, so the nodes are asked only once."""
+    from ..errors import OrchestratorError
+    from ..records.outcome import RunOutcome
+    from ..records.store import write_state
+
+    try:
+        described = described or _described(record)
+    except OrchestratorError:
+        return record
+    if described.state.live:
+        return record
+    wall = (time.time() - record.started) if record.started else 0.0
+    write_state(record.run, run_id=record.run_id, backend=record.backend, state=described.state,
+                started=record.started or time.time(), nodes=record.nodes, rule=record.rule,
+                outcome=RunOutcome(record.run_id, described.state, wall, described.nodes,
+                                   described.root_cause, None, described.attempts))
+    return read_record(record.run) or record
 
 
 @click.command()
@@ -40,6 +69,8 @@ def status(run_id: str, runs_dir: str) -> None:
 
     record = find_run(runs_dir, run_id)
     described = get_backend(record.backend, LaunchOptions()).describe(record)
+    if record.rule == "detached" and record.live:
+        record = _settled(record, described)
     click.echo(render_status(record, described), nl=False)
 
 
@@ -51,6 +82,13 @@ def status(run_id: str, runs_dir: str) -> None:
 def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str) -> None:
     """Print a run's stored node logs (prefixed by node when there are several)."""
     record = find_run(runs_dir, run_id)
+    if follow and record.rule == "detached" and record.live:  # the nodes have the live log
+        from ..backends import get_backend
+        from ..backends.base import LaunchOptions
+        from ..console import Console
+
+        get_backend(record.backend, LaunchOptions()).attach(record, Console("all"))
+        return
     nodes = list(range(len(record.hosts)))
     if node_rank is not None:
         if node_rank not in nodes:
@@ -144,3 +182,53 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
         click.echo(text, nl=False)
     if result.unreachable or not result.ranks:
         sys.exit(1)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--lines", "-n", type=click.IntRange(0, 100000), default=None,
+              help="Start from the last N lines of each node (default: from the start).")
+@click.option("--rank0-only", is_flag=True, help="Show only rank 0's output.")
+@click.option("--quiet", "-q", is_flag=True, help="Show only ddp-orch's messages and the summary.")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust (and record) the key of a host seen for the first time.")
+@runs_dir_option
+def attach(run_id: str, lines: int | None, rank0_only: bool, quiet: bool,
+           accept_new_host_keys: bool, runs_dir: str) -> None:
+    """Follow a detached run (`up --detach`) from its nodes until it ends.
+
+    Streams every node's output, then brings the results home and prints the
+    summary, exiting with the run's code. Ctrl-C leaves the run running;
+    `ddp-orch down RUN` stops it.
+    """
+    import dataclasses
+
+    from ..backends import get_backend
+    from ..backends.base import LaunchOptions
+    from ..console import Console
+    from ..records.outcome import RunState
+    from ..report.runs import render_detached
+    from ..report.summary import render_summary
+
+    record = find_run(runs_dir, run_id)
+    if record.rule != "detached":
+        raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
+                          source="command line",
+                          hint=f"`ddp-orch logs {record.run_id}` shows what it printed")
+    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
+    backend = get_backend(record.backend, LaunchOptions(
+        accept_new_host_keys=accept_new_host_keys))
+    outcome = backend.attach(record, console, lines=lines)
+    if outcome.state is RunState.RUNNING:
+        console.always(f"ddp-orch: left run {record.run_id}; it goes on on its nodes\n"
+                       + render_detached(outcome, record.run.path))
+        sys.exit(130)
+    from ..records.store import write_state
+
+    write_state(record.run, run_id=record.run_id, backend=record.backend, state=outcome.state,
+                started=record.started or time.time(), nodes=record.nodes, rule=record.rule,
+                outcome=dataclasses.replace(outcome, wall_s=time.time() - (record.started
+                                                                         or time.time())))
+    console.always(render_summary(dataclasses.replace(outcome, wall_s=time.time() - (
+        record.started or time.time())), record.run.path))
+    sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)

@@ -20,11 +20,12 @@ from .spec import (AUTO_PORT, BACKENDS, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpe
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "slurm",
-            "hang_timeout", "nodes", "workload")
+            "hang_timeout", "max_restarts", "nodes", "workload")
 # Progress reaches the controller with the agents' heartbeats (every 5 s), so a
 # shorter hang timeout would take a quiet but healthy run for a hung one.
 MIN_HANG_TIMEOUT = 10
 MAX_HANG_TIMEOUT = 7 * 86400
+MAX_RESTARTS = 100  # whole-gang restarts of one run
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
 COUNT_KEYS = ("count", "gpus", "procs")  # nodes: {count: N, gpus: G} (Slurm places them)
 SLURM_KEYS = ("partition", "account", "time", "qos", "extra")
@@ -123,7 +124,8 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
                                                             else None),
         placed=placed,
         hang_timeout=float(top["hang_timeout"].integer(MIN_HANG_TIMEOUT, MAX_HANG_TIMEOUT))
-        if "hang_timeout" in top else None)
+        if "hang_timeout" in top else None,
+        max_restarts=top["max_restarts"].integer(0, MAX_RESTARTS) if "max_restarts" in top else 0)
     if backend == "slurm":
         _check_slurm_layout(spec, top)
     _check_layout(spec, top)

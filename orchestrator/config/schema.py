@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 from workloads.catalog import CATALOG
 
 from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, MASTER_KEYS,
-                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_NODES,
+                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_NODES, MAX_RESTARTS,
                      MIN_HANG_TIMEOUT, MAX_PROCS, NAME_RE, NODE_KEYS,
                      RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
                      SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
@@ -257,6 +257,13 @@ def cluster_schema() -> dict[str, Any]:
                                         "step heartbeat) after which the run counts as hung: "
                                         "stacks are dumped, the odd rank named, the run "
                                         "stopped; default off. `up --hang-timeout` overrides."},
+        "max_restarts": {"type": "integer", "minimum": 0, "maximum": MAX_RESTARTS,
+                         "description": "Whole-gang restarts after a failure, for the whole "
+                                        "job (not per node): every node stops, and the job "
+                                        "starts again on a fresh port with "
+                                        "DDP_ORCH_RESTART_COUNT raised; not after an error "
+                                        "that recurs, down or Ctrl-C. Default 0. "
+                                        "`up --max-restarts` overrides."},
         "nodes": {"description": "The machines in node-rank order (a list), or, under "
                                  "backend: slurm, a count of nodes that Slurm chooses.",
                   "oneOf": [

@@ -42,9 +42,11 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     nodes = backend.node_records(info.plan)
     started = time.time()
 
+    rule = info.liveness  # attached, detached, or a scheduler's
+
     def record(state: RunState, outcome: RunOutcome | None = None) -> None:
         write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
-                    started=started, nodes=nodes, outcome=outcome)
+                    started=started, nodes=nodes, outcome=outcome, rule=rule)
 
     def on_running(resolved: DryRun) -> None:
         nonlocal nodes

@@ -75,6 +75,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
         env[contract.RUN_ID_ENV] = run_id
         env[contract.NODE_RANK_ENV] = str(k)
         env[contract.RESULT_FILE_ENV] = f"{run_dir}/{contract.RESULT_FILE_NAME}"
+        env[contract.RESTART_COUNT_ENV] = "0"  # a kept run's keeper raises it per attempt
         env["PYTHONPATH"] = f"{run_dir}/code"
         env["PYTHONUNBUFFERED"] = "1"  # worker lines reach their log files as printed
         nodes.append(NodePlan(

@@ -48,3 +48,14 @@ class DryRun:
     source: str = ""
     notes: tuple[str, ...] = ()
     extras: Mapping[str, str] = field(default_factory=dict)
+    # Who keeps the run alive (``LIVENESS``), and its whole-gang restarts.
+    liveness: str = "attached"
+    max_restarts: int = 0
+
+
+LIVENESS = {
+    "attached": "the nodes stop when this controller goes (Ctrl-C, kill, a lost link)",
+    "detached": "the nodes' agents keep the run and its gang without a controller; "
+                "`ddp-orch attach RUN` follows it",
+    "slurm": "Slurm keeps the job; Ctrl-C on `up` cancels it",
+}

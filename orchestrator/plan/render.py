@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config.spec import AUTO_PORT
 from ..report.table import format_table
-from .dryrun import DryRun, NodeLaunch
+from .dryrun import LIVENESS, DryRun, NodeLaunch
 from .model import RunPlan
 from .secrets import mask_env
 
@@ -65,6 +65,9 @@ def render_text(info: DryRun) -> str:
         f"{plan.world_size}, device {plan.device}",
         f"master     {plan.master_addr}:{_port_text(plan)} (torchrun static rendezvous)",
         f"workload   {plan.workload}",
+        f"liveness   {info.liveness}: {LIVENESS.get(info.liveness, '?')}",
+        *([f"restarts   up to {info.max_restarts} whole-gang restart(s) after a failure"]
+          if info.max_restarts else []),
         *info.notes,
         "",
         _rank_table(plan),
@@ -97,7 +100,8 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
     """A JSON-ready dict of the dry-run (secret env values masked)."""
     plan = info.plan
     return {
-        "backend": info.backend,
+        "backend": info.backend, "liveness": info.liveness,
+        "max_restarts": info.max_restarts,
         "run_id": plan.run_id, "name": plan.name, "world_size": plan.world_size,
         "master_addr": plan.master_addr, "master_port": plan.master_port,
         "device": plan.device, "workload": plan.workload,
@@ -131,3 +135,33 @@ def render_shell(info: DryRun) -> str:
     for node in info.nodes:
         out += ["", f"# {_node_header(node)}", node_shell_line(node)]
     return "\n".join(out) + "\n"
+
+
+def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
+    """A recorded run's dry-run (``plan.json``, from ``dryrun_to_dict``), read
+    back for ``attach``: the nodes' argv are recorded whole, so the entrypoint
+    is not rebuilt; masked env values stay masked. Raises KeyError,
+    TypeError or ValueError on a record that does not fit."""
+    from .model import Entrypoint, NodePlan, RankPlan, RunPlan
+
+    nodes = []
+    for n in data["nodes"]:
+        node = NodePlan(node_rank=int(n["node_rank"]), host=str(n["host"]),
+                        python=str(n["python"]),
+                        gpus=tuple(map(int, n["gpus"])) if n.get("gpus") is not None else None,
+                        first_rank=int(n["ranks"][0]), nproc=int(n["nproc"]),
+                        run_dir=str(n["run_dir"]), env=dict(n["env"]),
+                        unset_env=tuple(n["unset_env"]))
+        nodes.append(NodeLaunch(node=node, where=str(n["where"]), env=node.env,
+                                unset_env=node.unset_env, argv=tuple(map(str, n["argv"])),
+                                connection=dict(n.get("connection") or {})))
+    plan = RunPlan(run_id=str(data["run_id"]), name=str(data["name"]),
+                   backend=str(data["backend"]), world_size=int(data["world_size"]),
+                   master_addr=str(data["master_addr"]), master_port=data["master_port"],
+                   device=str(data["device"]), workload=str(data["workload"]), script=None,
+                   entrypoint=Entrypoint(None, None, ()), nodes=tuple(n.node for n in nodes),
+                   ranks=tuple(RankPlan(**r) for r in data["ranks"]))
+    return DryRun(backend=plan.backend, plan=plan, nodes=tuple(nodes),
+                  extras=dict(data.get("extras") or {}),
+                  liveness=str(data.get("liveness", "attached")),
+                  max_restarts=int(data.get("max_restarts", 0)))

@@ -75,6 +75,28 @@ class NodeOutcome:
 
 
 @dataclass(frozen=True)
+class AttemptOutcome:
+    """One attempt of a run with gang restarts (``--max-restarts``)."""
+
+    attempt: int
+    master_port: int
+    state: RunState
+    root_cause: NodeOutcome | None
+    note: str = ""  # "restarting", or why there was no restart
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "master_port": self.master_port,
+                "state": self.state.value, "note": self.note,
+                "root_cause": self.root_cause.to_dict() if self.root_cause else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AttemptOutcome":
+        root = data.get("root_cause")
+        return cls(int(data["attempt"]), int(data["master_port"]), RunState(data["state"]),
+                   NodeOutcome.from_dict(root) if root else None, str(data.get("note", "")))
+
+
+@dataclass(frozen=True)
 class RunOutcome:
     run_id: str
     state: RunState
@@ -82,6 +104,7 @@ class RunOutcome:
     nodes: tuple[NodeOutcome, ...]
     root_cause: NodeOutcome | None
     result: dict | None
+    attempts: tuple[AttemptOutcome, ...] = ()  # a kept run's attempts, first to last
 
     @property
     def ok(self) -> bool:

@@ -5,7 +5,8 @@ Everything about recorded runs (``ps``, ``status``, ``logs``, ``down``,
 controller restart and there is one vocabulary (``outcome.RunState``). A run
 recorded as live whose controller process is gone is shown as
 ``interrupted``: its agents saw the controller's connection close and tore
-their nodes down.
+their nodes down. A detached run (``rule``) is the nodes' to keep: its state
+comes from them (``LaunchBackend.describe``), not from a controller.
 
 "Gone" is judged by the controller's identity, not its pid alone
 (``controller_alive``): a pid is reused after a reboot or once the
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import ConfigError
-from .outcome import NodeOutcome, RunOutcome, RunState
+from .outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
 from .rundir import RunDir, valid_run_id
 
 STATE_FILE = "state.json"
@@ -59,6 +60,10 @@ class RunRecord:
     controller_pid: int | None
     # the controller's identity (``process_identity``); empty in old records
     controller: Mapping[str, Any] = field(default_factory=dict)
+    # who keeps the run alive: "attached" (the controller: it ends with it) or
+    # "detached" (the nodes' keepers: ``up --detach``)
+    rule: str = "attached"
+    attempts: tuple[AttemptOutcome, ...] = ()
 
     @property
     def live(self) -> bool:
@@ -74,18 +79,22 @@ class RunRecord:
 
 
 def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, started: float,
-                nodes: Sequence[NodeRecord], outcome: RunOutcome | None = None) -> None:
+                nodes: Sequence[NodeRecord], outcome: RunOutcome | None = None,
+                rule: str = "attached") -> None:
     payload: dict[str, Any] = {
         "run_id": run_id, "backend": backend, "state": state.value, "started": started,
+        "rule": rule,
         "controller_pid": os.getpid(),
         "controller": process_identity(os.getpid()) or {"pid": os.getpid(),
                                                          "host": socket.gethostname()},
-        "ended": time.time() if outcome else None,
-        "wall_s": outcome.wall_s if outcome else None,
+        "ended": time.time() if outcome and not state.live else None,
+        "wall_s": outcome.wall_s if outcome and not state.live else None,
         "nodes": [{"node_rank": n.node_rank, "host": n.host, "run_dir": n.run_dir,
                    "python": n.python, "connection": dict(n.connection)} for n in nodes],
     }
-    if outcome is not None:
+    if outcome is not None and outcome.attempts:
+        payload["attempts"] = [a.to_dict() for a in outcome.attempts]
+    if outcome is not None and not state.live:
         payload["outcomes"] = [o.to_dict() for o in outcome.nodes]
         payload["root_cause"] = outcome.root_cause.to_dict() if outcome.root_cause else None
     run.write_json(STATE_FILE, payload)
@@ -196,8 +205,11 @@ def read_record(run: RunDir) -> RunRecord | None:
                         for n in data.get("nodes", [])),
             outcomes=tuple(NodeOutcome.from_dict(o) for o in data.get("outcomes") or []),
             root_cause=NodeOutcome.from_dict(root) if root else None,
-            controller_pid=pid, controller=controller)
-        if state.live and not recorded_elsewhere(record) and not controller_alive(record):
+            controller_pid=pid, controller=controller,
+            rule=str(data.get("rule") or "attached"),
+            attempts=tuple(AttemptOutcome.from_dict(a) for a in data.get("attempts") or []))
+        if state.live and record.rule != "detached" and not recorded_elsewhere(record) \
+                and not controller_alive(record):
             state = RunState.INTERRUPTED
         wall = record.wall_s
         if wall is None and started and state.live:

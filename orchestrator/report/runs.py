@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from ..backends.base import CancelResult, Preflight, RunDescription
+from ..records.outcome import RunOutcome
 from ..records.store import RunRecord
 from .table import format_table
 
@@ -38,12 +39,34 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     root = described.root_cause
     if root:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
+    if described.attempts and (len(described.attempts) > 1 or described.attempts[0].state
+                               is not described.state):
+        from .summary import render_attempts
+
+        lines += render_attempts(described.attempts)
+    if record.rule == "detached":
+        lines.append("liveness: detached (the nodes' agents keep the run; "
+                     f"`ddp-orch attach {record.run_id}` follows it)")
     result = record.run.read_json("result.json")
     if isinstance(result, dict):
         lines.append(f"result: {record.run.file('result.json')}")
         lines += [f"  {key} = {value}" for key, value in (result.get("metrics") or {}).items()]
     lines.append(f"run directory: {record.run.path}")
     return "\n".join(lines) + "\n"
+
+
+def render_detached(outcome: RunOutcome, run_path: str) -> str:
+    """What ``up --detach`` prints once every node has started (or what
+    ``attach`` prints when it leaves a run that goes on)."""
+    run = outcome.run_id
+    hosts = ", ".join(f"node {n.node_rank} ({n.host})" for n in outcome.nodes)
+    return (f"\nrun {run} is running on {hosts}, kept by the nodes' agents; this "
+            f"controller can go.\n"
+            f"  follow it:   ddp-orch attach {run}   (--lines N: from the last N lines)\n"
+            f"  its state:   ddp-orch status {run}\n"
+            f"  its logs:    ddp-orch logs {run} --follow\n"
+            f"  stop it:     ddp-orch down {run}\n"
+            f"run directory: {run_path}\n")
 
 
 def render_down(record: RunRecord, stopped_controller: bool, nodes: list[CancelResult]) -> str:

@@ -20,6 +20,8 @@ def render_summary(outcome: RunOutcome, run_path: str) -> str:
     root = outcome.root_cause
     if root is not None:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
+    if len(outcome.attempts) > 1 or any(a.state is not outcome.state for a in outcome.attempts):
+        lines += render_attempts(outcome.attempts)
     if outcome.result:
         lines.append("result: " + _metrics_line(outcome.result))
         slowest = outcome.result.get("slowest_rank")
@@ -30,6 +32,18 @@ def render_summary(outcome: RunOutcome, run_path: str) -> str:
                          f"{float(slowest.get('vs_median', 1)):.2f}x the median rank")
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
+
+
+def render_attempts(attempts) -> list[str]:
+    """``attempts: 2`` and one line per attempt: its state, root cause and
+    what followed (a restart, or why there was none)."""
+    out = [f"attempts: {len(attempts)}"]
+    for a in attempts:
+        cause = (f": node {a.root_cause.node_rank} ({a.root_cause.host}): {a.root_cause.reason}"
+                 if a.root_cause is not None else "")
+        then = f" -> {a.note}" if a.note else ""
+        out.append(f"  attempt {a.attempt} (port {a.master_port}): {a.state.value}{cause}{then}")
+    return out
 
 
 def _metrics_line(result: dict[str, Any]) -> str:

@@ -114,7 +114,8 @@ def test_sync_bn_is_cuda_only_with_a_reason():
 
 
 def test_checkpoint_save_is_atomic_and_loads_back(ctx, tmp_path):
-    from workloads.mnist import load_checkpoint, save_checkpoint
+    from workloads.harness.checkpoint import load as load_checkpoint
+    from workloads.harness.checkpoint import save as save_checkpoint
 
     path = str(tmp_path / "sub" / "ck.pt")
     save_checkpoint(path, {"epoch": 1, "step": 5, "model": {"w": torch.ones(2)}})

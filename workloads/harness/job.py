@@ -19,6 +19,7 @@ import gc
 from dataclasses import dataclass
 from typing import Callable
 
+from workloads import contract
 from workloads.catalog import build_parser
 from workloads.harness import data as hdata
 from workloads.harness.context import DistContext, context_from_environ, process_group
@@ -48,7 +49,11 @@ def start(name: str, argv: list[str] | None = None) -> Job:
     if hasattr(args, "global_batch_size"):
         batch = hdata.per_rank_batch(args.global_batch_size, ctx.world_size)
         lr = hdata.scaled_lr(args.lr, args.lr_scaling, ctx.world_size)
-    return Job(name, args, ctx, RankZeroLog(ctx, name), started, batch, lr)
+    job = Job(name, args, ctx, RankZeroLog(ctx, name), started, batch, lr)
+    if contract.restart_count() and not hasattr(args, "checkpoint"):
+        job.log(f"restart {contract.restart_count()}: {name} keeps no checkpoint, so "
+                "training starts again from scratch")
+    return job
 
 
 def run_job(job: Job, train: Callable[[Job], dict]) -> dict:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from workloads import contract
 from workloads.contract import write_json_atomic
 from workloads.harness.context import DistContext
 from workloads.harness.timing import now
@@ -92,6 +93,7 @@ def build_result(ctx: DistContext, args: Any, *, workload: str, data: str,
         "world_size": ctx.world_size,
         "nodes": len({r["node_rank"] for r in evidence["rank_table"]}),
         "run_id": ctx.run_id,
+        "restart_count": contract.restart_count(),
         "device": ctx.device,
         "backend": ctx.backend,
         "data": data,

@@ -1,0 +1,219 @@
+"""The agent's side of a kept run's channel: start the keeper, follow it, stop it.
+
+``start`` (``serve``'s ``detach``) makes the node's keeper (``keeper.py``)
+a daemon: forked twice, in a session of its own, stdin from /dev/null and
+everything it writes going to ``agent.out`` in its run directory, so no
+SSH channel, terminal or controller holds it. Forked, not started afresh:
+the agent package lives only in this process's memory (``bootstrap``).
+
+``follow`` (``serve``'s ``follow``) streams ``agent.out`` to the
+controller from an offset, or its last N lines, until the keeper has
+ended and every byte is sent. On the same channel the controller sends
+``ping``, ``stop`` (SIGTERM to the keeper: the gang stops) and ``kill``
+(a second SIGTERM: no grace period). For a run whose rule is ``attached``,
+losing the controller (EOF, or no ping for ``PEER_TIMEOUT_S``) stops the
+keeper too; for a ``detached`` run the follower just leaves.
+
+``signal_keeper`` is ``down``'s way in: the keeper is found by the pid and
+start time it records in ``keeper.json``, never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from . import peers
+from .procs import start_time
+from .protocol import HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
+
+STATE_FILE = "keeper.json"
+STREAM_FILE = "agent.out"
+FOLLOW_POLL_S = 0.05
+FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
+
+
+def start(spec: dict, listen: bool) -> dict:
+    """Fork the keeper off as a daemon; its pid, and node 0's gang port."""
+    run_dir = spec["supervisor"]["run_dir"]
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    sock = peers.listener() if listen else None
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (runs in the forked children)
+        code = 1
+        try:
+            os.close(read_end)
+            os.setsid()
+            if os.fork() > 0:
+                os._exit(0)
+            _become_daemon(run_dir, keep={write_end, sock.fileno() if sock else -1})
+            os.write(write_end, str(os.getpid()).encode())
+            os.close(write_end)
+            from .keeper import Keeper
+
+            code = Keeper(spec, sock).run()
+        except BaseException as exc:  # noqa: BLE001 (a daemon reports, then ends)
+            os.write(2, f"ddp-orch: keeper failed to start: {exc!r}\n".encode())
+        os._exit(code)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    with os.fdopen(read_end, "rb") as fh:
+        said = fh.read()
+    if sock is not None:
+        port = sock.getsockname()[1]
+        sock.close()  # the keeper holds its own copy
+    else:
+        port = None
+    if not said.isdigit():
+        return {"ok": False, "error": "the keeper did not start; see agent.out in the run "
+                                      "directory"}
+    return {"ok": True, "pid": int(said), "gang_port": port}
+
+
+def _become_daemon(run_dir: str, keep: set[int]) -> None:
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    out = os.open(os.path.join(run_dir, STREAM_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                  0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the keeper installs its own
+
+
+def keeper_pid(run_dir: str) -> int | None:
+    """The run's keeper here, if it still runs (pid and start time as recorded)."""
+    try:
+        with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as fh:
+            state = json.load(fh)
+        pid = int(state["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if state.get("start_time") is None or start_time(pid) != state.get("start_time"):
+        return None
+    return pid
+
+
+def state(run_dir: str) -> dict:
+    """``serve``'s ``keeper``: the keeper's record here and whether it still runs."""
+    try:
+        with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as fh:
+            recorded = json.load(fh)
+    except FileNotFoundError:
+        recorded = None
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": f"{STATE_FILE}: {exc}"}
+    return {"ok": True, "keeper": recorded, "alive": keeper_pid(run_dir) is not None}
+
+
+def signal_keeper(run_dir: str, sig: int = signal.SIGTERM) -> int | None:
+    pid = keeper_pid(run_dir)
+    if pid is not None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return None
+    return pid
+
+
+def stop(run_dir: str, wait_s: float) -> int | None:
+    """SIGTERM the keeper and wait for it to tear its node down (``down``)."""
+    pid = signal_keeper(run_dir)
+    deadline = time.monotonic() + wait_s
+    while pid is not None and keeper_pid(run_dir) == pid and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return pid
+
+
+def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = None,
+           attached: bool = False) -> None:
+    """Stream ``agent.out`` from ``offset`` (or its last ``lines`` lines)
+    until the keeper is gone and the file is drained, or the controller goes."""
+    path = os.path.join(run_dir, STREAM_FILE)
+    deadline = time.monotonic() + FIND_KEEPER_S
+    pid = keeper_pid(run_dir)
+    while pid is None and time.monotonic() < deadline and not _ended(run_dir):
+        time.sleep(FOLLOW_POLL_S)
+        pid = keeper_pid(run_dir)
+    gone = threading.Event()
+    heard = [time.monotonic()]
+
+    def listen() -> None:
+        while True:
+            try:
+                line = stdin.readline().strip()
+            except (OSError, ValueError):
+                line = b""
+            heard[0] = time.monotonic()
+            if not line and stdin.eof:
+                if attached:
+                    signal_keeper(run_dir)
+                gone.set()
+                return
+            if line == b"stop":
+                signal_keeper(run_dir)
+            elif line == b"kill":  # a second signal: the keeper skips the grace period
+                signal_keeper(run_dir)
+                time.sleep(0.1)
+                signal_keeper(run_dir)
+
+    threading.Thread(target=listen, daemon=True).start()
+    out = sys.stdout.buffer
+    sent_at, whole = time.monotonic(), True  # whole: what was sent ends a line
+    with open(path, "rb") as fh:
+        fh.seek(_offset_of_last_lines(fh, lines) if lines is not None else offset)
+        while not gone.is_set():
+            alive = keeper_pid(run_dir) is not None
+            data = fh.read(1 << 20)
+            if not data and whole and time.monotonic() - sent_at > HEARTBEAT_S:
+                data = encode({"event": "heartbeat"})  # the controller hears us between attempts
+            if data:
+                try:
+                    out.write(data)
+                    out.flush()
+                except (BrokenPipeError, ValueError):
+                    if attached:
+                        signal_keeper(run_dir)
+                    return
+                sent_at, whole = time.monotonic(), data.endswith(b"\n")
+                continue
+            if not alive:
+                return
+            if attached and time.monotonic() - heard[0] > PEER_TIMEOUT_S:
+                signal_keeper(run_dir)  # the controller went silent: the attached rule
+                return
+            gone.wait(FOLLOW_POLL_S * 4)
+
+
+def _ended(run_dir: str) -> bool:
+    try:
+        with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as fh:
+            return json.load(fh).get("state") not in ("running", None)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _offset_of_last_lines(fh, lines: int) -> int:
+    """Where the last ``lines`` lines of the file begin (looking back 8 MiB at most)."""
+    end = fh.seek(0, os.SEEK_END)
+    start = max(0, end - (8 << 20))
+    fh.seek(start)
+    data = fh.read()
+    cut = len(data)
+    for _ in range(max(0, lines) + 1):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return start
+    return start + cut + 1

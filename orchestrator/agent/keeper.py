@@ -1,0 +1,372 @@
+"""A node's side of a kept run: one that needs no controller to stay a gang.
+
+``up --detach`` and ``up --max-restarts N`` start a keeper on every node
+instead of a supervisor on the controller's channel (``serve``'s
+``detach``): a daemon in a session of its own, writing everything it has
+to say into ``agent.out`` in its run directory, so the controller may go
+away and come back (``attach``, ``logs --follow``, ``status``).
+
+The keepers hold the gang among themselves (``peers.py``): node 0 is the
+head; every other node links to it. An attempt is one torchrun per node
+(a ``Supervisor`` each, as in an attached run). The head:
+
+* starts each attempt on every node (``gang-start``, with the attempt's
+  master port: the controller's for attempt 0, a freshly bound one after);
+* on the first node whose torchrun fails, or whose link is lost, tells
+  every other node to stop (``gang-stop``), which each does at once
+  (SIGTERM, the grace period, SIGKILL);
+* once every node has ended, starts the next attempt if the run failed,
+  restarts are left and ``restarts.will_recur`` sees no reason against it;
+  else ends the run (``gang-finish``) and records every attempt.
+
+A node that loses its head stops too: so however one node goes (its rank
+fails, its keeper is SIGKILLed, its host freezes), every other node starts
+its teardown within ``peers.GANG_TIMEOUT_S`` (at once when the link
+closes) and is gone a grace period later: at most 10 s + the grace
+period (10 s by default), 20 s in all.
+
+The liveness rule (``rule``): ``detached``: the nodes own the run, and the
+controller's channel (``serve``'s ``follow``) may come and go; ``attached``
+(``--max-restarts`` without ``--detach``): the follower that loses its
+controller signals the keeper, which stops the gang, as an attached run does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import threading
+import time
+
+from . import peers
+from .daemon import STATE_FILE
+from .procs import start_time
+from .protocol import encode
+from .restarts import will_recur
+from .supervisor import Supervisor
+
+ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
+
+
+def attempt_spec(spec: dict, attempt: int, master_port: int) -> dict:
+    """The supervisor spec of one attempt: the dry-run's for attempt 0; later,
+    the fresh master port, a torchrun log directory of the attempt's own (the
+    run directory keeps every attempt's) and ``DDP_ORCH_RESTART_COUNT``.
+    The argv is the dry-run's with exactly two values swapped, by flag."""
+    out = dict(spec)
+    log_dir = os.path.join(spec["run_dir"], "torchrun" if attempt == 0 else
+                           f"torchrun.attempt-{attempt}")
+    swap = {"--master-port": str(master_port), "--log-dir": log_dir}
+    argv = list(spec["argv"])
+    for i, word in enumerate(argv[:-1]):
+        if word in swap and not argv[i + 1].startswith("-"):
+            argv[i + 1] = swap[word]
+    out.update(argv=argv, master_port=master_port, log_dir=log_dir, own_signals=False,
+               watch_stdin=False, peer_timeout_s=None,
+               env={**spec["env"], "DDP_ORCH_RESTART_COUNT": str(attempt)})
+    return out
+
+
+class Keeper:
+    """One node's keeper; ``run()`` returns the node's last torchrun code."""
+
+    def __init__(self, spec: dict, listener: socket.socket | None = None):
+        self.spec = spec
+        self.sup_spec = spec["supervisor"]
+        self.node_rank = int(self.sup_spec["node_rank"])
+        self.nnodes = int(spec["nnodes"])
+        self.run_dir = self.sup_spec["run_dir"]
+        self.listener = listener
+        self.lock = threading.Condition()
+        self.supervisor: Supervisor | None = None
+        self.final = ""  # why the run stops for good (a signal, a peer's signal)
+        self.signals = 0
+        self.attempts: list[dict] = []
+        self.stop_for: dict[int, str] = {}  # attempt -> why it stops (maybe before it starts)
+        self.current = 0
+        self.finishing = False  # gang-finish sent: links closing now are no loss
+
+    # -- shared ---------------------------------------------------------------
+
+    def run(self) -> int:
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chdir(self.run_dir)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        self.write_state("running")
+        try:
+            if self.node_rank == 0:
+                code, state = self.lead()
+            else:
+                code, state = self.follow_head()
+        except Exception as exc:  # noqa: BLE001 (recorded, then the keeper ends)
+            self.say(f"ddp-orch: keeper failed: {type(exc).__name__}: {exc}")
+            code, state = 1, "failed"
+        self.emit({"event": "finished", "code": code, "state": state,
+                   **({"attempts": self.attempts} if self.node_rank == 0 else {})})
+        self.write_state(state, code)
+        return code
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        """``down`` (SIGTERM), Ctrl-C on a foreground run, a hangup: stop the
+        run for good; a second signal skips the grace period."""
+        self.signals += 1
+        name = signal.Signals(signum).name
+        self.final = self.final or f"got {name} on node {self.node_rank}"
+        sup = self.supervisor
+        if sup is not None:
+            sup.request_stop(f"got {name}")
+            if self.signals > 1:
+                sup.hurry.set()
+        threading.Thread(target=self.on_local_stop, daemon=True).start()
+
+    def on_local_stop(self) -> None:
+        """Tell the rest of the gang: the head stops everyone, a node tells the head."""
+        if self.node_rank == 0:
+            with self.lock:
+                self._stop_all(self.final)
+                self.lock.notify_all()
+        elif getattr(self, "head", None) is not None:
+            self.head.send({"event": "gang-stop", "attempt": self.current,
+                            "reason": self.final, "final": True})
+
+    def run_attempt(self, attempt: int, port: int) -> dict:
+        """This node's torchrun for one attempt; its exit event."""
+        spec = attempt_spec(self.sup_spec, attempt, port)
+        if attempt:
+            shutil.rmtree(os.path.join(self.run_dir, "progress"), ignore_errors=True)
+        self.emit({"event": "attempt", "attempt": attempt, "master_port": port})
+        with self.lock:
+            self.current = attempt
+            why = self.final or self.stop_for.get(attempt)
+            if why:  # stopped before it started: nothing to run
+                return {"code": 128 + signal.SIGTERM, "reason": why, "failures": [],
+                        "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
+            self.supervisor = sup = Supervisor(spec)
+        sup.run()
+        with self.lock:
+            self.supervisor = None
+        event = dict(sup.last_exit or {})
+        event["stepped"] = any(step is not None and step >= 0
+                               for step, _age in sup.progress().values())
+        return event
+
+    def emit(self, message: dict) -> None:
+        os.write(1, encode(message))
+
+    def say(self, text: str) -> None:
+        os.write(1, text.encode("utf-8", "replace") + b"\n")
+
+    def write_state(self, state: str, code: int | None = None) -> None:
+        payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
+                   "node_rank": self.node_rank, "run_id": self.sup_spec["run_id"],
+                   "rule": self.spec.get("rule"), "state": state, "code": code,
+                   "attempt": len(self.attempts), "updated": time.time()}
+        if self.node_rank == 0 and self.attempts:
+            payload["attempts"] = self.attempts
+        path = os.path.join(self.run_dir, STATE_FILE)
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(payload, fh)
+        os.replace(path + ".tmp", path)
+
+    # -- node 0 ---------------------------------------------------------------
+
+    def lead(self) -> tuple[int, str]:
+        self.links: dict[int, peers.Link] = {}
+        self.lost: dict[int, str] = {}
+        self.ended: dict[int, dict] = {}
+        self.stop_asked: set[int] = set()
+        threading.Thread(target=self._accept, daemon=True, name="gang-accept").start()
+        deadline = time.monotonic() + float(self.spec["start_timeout_s"])
+        with self.lock:
+            while len(self.links) + len(self.lost) < self.nnodes - 1 and not self.final:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.lock.wait(left)
+            missing = [k for k in range(1, self.nnodes) if k not in self.links]
+        if missing or self.final:
+            why = self.final or ("node(s) " + ", ".join(map(str, missing)) +
+                                 " never joined the gang's port")
+            self.say(f"ddp-orch: {why}")
+            self.finishing = True
+            self._broadcast({"event": "gang-finish", "state": "failed"})
+            return 1, "interrupted" if self.final else "failed"
+        restarts = int(self.spec.get("max_restarts", 0))
+        port = int(self.sup_spec["master_port"])
+        for attempt in range(restarts + 1):
+            if attempt:
+                port = _free_port()
+            with self.lock:
+                self.current, self.ended, self.stop_asked = attempt, {}, set()
+            self._broadcast({"event": "gang-start", "attempt": attempt, "master_port": port})
+            mine = self.run_attempt(attempt, port)
+            with self.lock:
+                self.ended[0] = mine
+                if mine.get("code") and attempt not in self.stop_for:
+                    self._stop_all(f"node 0 failed (exit {mine.get('code')})")
+                deadline = None
+                while len(self.ended) < self.nnodes:
+                    for k, why in self.lost.items():
+                        self.ended.setdefault(k, {"lost": why})
+                    if len(self.ended) >= self.nnodes:
+                        break
+                    if attempt in self.stop_for and deadline is None:
+                        deadline = time.monotonic() + float(self.sup_spec.get("grace_s", 10)) \
+                            + ENDED_WAIT_S
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        for k in range(self.nnodes):
+                            self.ended.setdefault(k, {"lost": "never reported its end"})
+                        break
+                    self.lock.wait(left if left is not None else 1.0)
+                ended = dict(self.ended)
+            codes = [e.get("code") for e in ended.values()]
+            record = {"attempt": attempt, "master_port": port,
+                      "stop_reason": self.stop_for.get(attempt, ""),
+                      "nodes": {str(k): {**e, "stop_asked": k in self.stop_asked}
+                                for k, e in sorted(ended.items())}}
+            if all(c == 0 for c in codes):
+                record["state"] = "succeeded"
+                self.attempts.append(record)
+                self.finishing = True
+                self._broadcast({"event": "gang-finish", "state": "succeeded"})
+                return 0, "succeeded"
+            why_not = self._why_no_restart(ended)
+            record["state"] = "interrupted" if self.final else "failed"
+            record["restart"] = "" if why_not or attempt == restarts else "restarting"
+            record["no_restart"] = why_not if attempt < restarts else ""
+            self.attempts.append(record)
+            self.write_state("running")
+            if why_not or attempt == restarts:
+                break
+            self.say(f"ddp-orch: attempt {attempt} failed ({record['stop_reason']}); restarting the whole gang "
+                     f"({attempt + 1} of {restarts} restart(s))")
+        state = "interrupted" if self.final else "failed"
+        self.finishing = True
+        self._broadcast({"event": "gang-finish", "state": state})
+        return int(self.ended.get(0, {}).get("code") or 1), state
+
+    def _why_no_restart(self, ended: dict[int, dict]) -> str:
+        if self.final:
+            return f"stopped on purpose ({self.final})"
+        lost = [k for k, e in ended.items() if "lost" in e]
+        if lost:
+            return f"node(s) {', '.join(map(str, lost))} lost: a restart needs every node"
+        return will_recur({k: e for k, e in ended.items() if "lost" not in e},
+                          any(e.get("stepped") for e in ended.values()))
+
+    def _accept(self) -> None:
+        token = self.spec["gang"]["token"]
+        while True:
+            try:
+                conn, _addr = self.listener.accept()
+            except OSError:
+                return
+            try:
+                k, rest = peers.accept_hello(conn, token, self.nnodes)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            with self.lock:
+                if k in self.links:
+                    conn.close()
+                    continue
+                self.links[k] = peers.Link(
+                    conn, lambda msg, k=k: self._from_peer(k, msg),
+                    lambda why, k=k: self._peer_lost(k, why), first=rest).start()
+                self.lock.notify_all()
+
+    def _from_peer(self, k: int, message: dict) -> None:
+        with self.lock:
+            if message["event"] == "gang-ended" and message["attempt"] == self.current:
+                self.ended[k] = message["exit"]
+                code = message["exit"].get("code")
+                if code and self.current not in self.stop_for:
+                    self._stop_all(f"node {k} failed (exit {code})")
+            elif message["event"] == "gang-stop":
+                self.final = self.final or message["reason"]
+                self._stop_all(message["reason"])
+            self.lock.notify_all()
+
+    def _peer_lost(self, k: int, why: str) -> None:
+        with self.lock:
+            if self.finishing:
+                return
+            self.lost[k] = why
+            if k not in self.ended:
+                self.say(f"ddp-orch: lost node {k}: {why}")
+                self._stop_all(f"lost node {k} ({why})")
+            self.lock.notify_all()
+
+    def _stop_all(self, reason: str) -> None:
+        """Every node that has not ended stops (called holding the lock)."""
+        self.stop_for.setdefault(self.current, reason)
+        for k in range(self.nnodes):
+            if k not in self.ended:
+                self.stop_asked.add(k)
+        self._broadcast({"event": "gang-stop", "attempt": self.current, "reason": reason,
+                         "final": bool(self.final)})
+        if self.supervisor is not None:
+            self.supervisor.request_stop(reason)
+
+    def _broadcast(self, message: dict) -> None:
+        for link in list(self.links.values()):
+            link.send(message)
+
+    # -- every other node -----------------------------------------------------
+
+    def follow_head(self) -> tuple[int, str]:
+        gang = self.spec["gang"]
+        self.inbox: queue.Queue = queue.Queue()
+        deadline = time.monotonic() + float(self.spec["start_timeout_s"])
+        sock = peers.connect(gang["addr"], int(gang["port"]), self.node_rank, gang["token"],
+                             deadline)
+        self.head = peers.Link(sock, self._from_head, self._head_lost).start()
+        code, state = 1, "failed"
+        while True:
+            message = self.inbox.get()
+            if message is None:
+                return code, "failed" if not self.final else "interrupted"
+            if message["event"] == "gang-finish":
+                self.finishing = True
+                self.head.close()
+                return code, message["state"]
+            if message["event"] == "gang-start":
+                event = self.run_attempt(message["attempt"], message["master_port"])
+                code = int(event.get("code") or 0)
+                self.head.send({"event": "gang-ended", "attempt": message["attempt"],
+                                "exit": event})
+
+    def _from_head(self, message: dict) -> None:
+        if message["event"] == "gang-stop":
+            with self.lock:
+                self.stop_for.setdefault(message["attempt"], message["reason"])
+                if self.supervisor is not None and self.current == message["attempt"]:
+                    self.supervisor.request_stop(f"stopped by the gang: {message['reason']}")
+            return
+        self.inbox.put(message)
+
+    def _head_lost(self, why: str) -> None:
+        why = f"lost the gang's head, node 0 ({why})"
+        with self.lock:
+            self.final = self.final or why
+            if self.supervisor is not None:
+                self.supervisor.request_stop(why)
+        self.say(f"ddp-orch: {why}; stopping this node")
+        self.inbox.put(None)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def run_daemon(spec: dict, listener: socket.socket | None) -> int:
+    """The keeper process's body (``serve``'s ``detach`` made it a daemon)."""
+    return Keeper(spec, listener).run()

@@ -1,0 +1,50 @@
+"""When a failed attempt of a run is worth starting again (``--max-restarts``).
+
+A gang restart costs a whole teardown and a new rendezvous, and pays off
+only when the next attempt can get further: a crashed rank, an OOM-killed
+process, a node that dropped out of NCCL. It cannot when the program
+itself is wrong in a way the next attempt meets again at the same place.
+
+The rule, stated once here and used by the head keeper: **no restart**
+when
+
+* the run was stopped on purpose (``down``, Ctrl-C, a signal), or
+* a node was lost (its keeper is gone, so it cannot take part again), or
+* a failing rank raised an error that will recur (``RECURRING``: an
+  import or syntax error, a name that does not exist) or exited with a
+  usage error (exit code 2, as ``argparse`` exits), **before any rank of
+  that attempt reported its first step** (``workloads.contract.heartbeat``).
+  After a step, the same exception is data- or state-dependent, and a
+  restart from a checkpoint may get past it.
+
+Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import re
+
+RECURRING = ("ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError",
+             "NameError")
+_RECURRING = re.compile(r"(?:^|[\s.:])(" + "|".join(RECURRING) + r")\b")
+USAGE_EXIT = 2
+
+
+def will_recur(ended: dict[int, dict], stepped: bool) -> str:
+    """Why restarting this attempt would fail the same way ("" if it would not).
+
+    ``ended``: each node's supervisor exit event; ``stepped``: did any rank
+    report a step in this attempt."""
+    if stepped:
+        return ""
+    for node_rank in sorted(ended):
+        for failure in ended[node_rank].get("failures") or ():
+            message = str(failure.get("message", ""))
+            found = _RECURRING.search(message)
+            if found:
+                return (f"node {node_rank} failed with {found.group(1)} before the first step, "
+                        f"which a restart meets again")
+            if message.strip() in (f"exitcode {USAGE_EXIT}", f"exit code {USAGE_EXIT}"):
+                return (f"node {node_rank} exited with a usage error (exit {USAGE_EXIT}) before "
+                        f"the first step, which a restart meets again")
+    return ""

@@ -1,0 +1,120 @@
+"""Checkpoints at epoch boundaries, and resuming from them after a restart.
+
+Rank 0 saves after every completed epoch: model, optimizer, GradScaler,
+the epoch and step counters, and the sampler epoch (which, with the seed,
+fixes the data order of every later epoch: ``harness.data.seed_epoch``, so
+no RNG state needs saving). It writes a temp file beside the target,
+fsyncs it and renames it over, so a crash mid-save leaves the previous
+checkpoint whole. Resuming, rank 0 reads the file and broadcasts it, so
+other nodes need no copy.
+
+Where: ``--checkpoint PATH``; under ddp-orch, by default ``checkpoint.pt``
+in the node's run directory (the working directory), so a whole-gang
+restart (``DDP_ORCH_RESTART_COUNT`` > 0) finds it. When: ``--resume``, or
+any restart whose checkpoint exists. A resumed run continues exactly as
+an uninterrupted one with the same seed and world size.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from workloads import contract
+from workloads.harness.context import DistContext, WorkloadError
+
+DEFAULT_NAME = "checkpoint.pt"
+
+
+def checkpoint_path(args: Any) -> str:
+    """``--checkpoint``, else the default under ddp-orch, else "" (none)."""
+    if args.checkpoint:
+        return args.checkpoint
+    return DEFAULT_NAME if contract.RESTART_COUNT_ENV in os.environ else ""
+
+
+def save(path: str, state: dict) -> None:
+    """torch.save to a temp file beside ``path``, fsync, then rename over it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-ckpt-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(ctx: DistContext, path: str) -> dict:
+    """Rank 0 reads ``path``; every rank gets the state (or the same error)."""
+    payload: list = [None]
+    if ctx.is_rank0:
+        try:
+            payload[0] = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 -- any failure must reach the other ranks
+            payload[0] = {"error": f"cannot resume from {os.path.abspath(path)}: {err}"}
+    dist.broadcast_object_list(payload, src=0)
+    if "error" in payload[0]:
+        raise WorkloadError(payload[0]["error"])
+    return payload[0]
+
+
+def resume_state(ctx: DistContext, args: Any, log: Callable[[str], None]) -> dict | None:
+    """The state to continue from: ``--resume``, or after a gang restart the
+    latest checkpoint if there is one (every rank agrees: rank 0 decides)."""
+    path = checkpoint_path(args)
+    restart = contract.restart_count()
+    if args.resume:
+        return load(ctx, path)
+    if not (restart and path):
+        return None
+    found = [os.path.exists(path) if ctx.is_rank0 else False]
+    dist.broadcast_object_list(found, src=0)
+    if not found[0]:
+        log(f"restart {restart}: no checkpoint at {path} yet; training starts from scratch")
+        return None
+    state = load(ctx, path)
+    log(f"restart {restart}: resuming from {path} (epoch {state['epoch']}, step {state['step']})")
+    return state
+
+
+def epoch_saver(args: Any, ctx: DistContext, workload: str, model, optimizer, scaler,
+                log: Callable[[str], None], **extra) -> Callable[[Any], None]:
+    """An on_epoch_end piece: rank 0 saves after each *completed* epoch."""
+    path = checkpoint_path(args)
+
+    def save_epoch(trainer) -> None:
+        if not (path and trainer.epoch_complete and ctx.is_rank0):
+            return
+        save(path, {"workload": workload, "epoch": trainer.epoch, "step": trainer.step,
+                    "sampler_epoch": trainer.epoch, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict() if scaler is not None else None,
+                    "world_size": ctx.world_size, "seed": args.seed, **extra})
+        log(f"checkpoint (epoch {trainer.epoch}, step {trainer.step}) -> {path}")
+
+    return save_epoch
+
+
+def restore(state: dict, model, optimizer, scaler, ctx: DistContext, args: Any,
+            log: Callable[[str], None]) -> tuple[int, int]:
+    """Load ``state`` into the model, optimizer and scaler; (epoch, step) to start at."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    if (state.get("world_size"), state.get("seed")) != (ctx.world_size, args.seed):
+        log(f"note: checkpoint written with world size {state.get('world_size')} and seed "
+            f"{state.get('seed')}; this run differs, so it will not continue exactly "
+            "like an uninterrupted run")
+    return int(state["epoch"]), int(state["step"])
