@@ -198,7 +198,8 @@ def attempt_outcomes(plan, recorded: list) -> list[tuple[AttemptOutcome, tuple[N
                                           part.get("stopped_at")))
         ran = gang_outcome(plan.run_id, tuple(nodes), 0.0,
                            interrupted=entry.get("state") == "interrupted")
-        note = "restarting" if entry.get("restart") else str(entry.get("no_restart") or "")
+        note = "restarting" if entry.get("restart") else \
+            f"no restart: {entry['no_restart']}" if entry.get("no_restart") else ""
         out.append((AttemptOutcome(int(entry.get("attempt", len(out))),
                                    int(entry.get("master_port", 0)), ran.state,
                                    ran.root_cause, note), tuple(nodes)))

@@ -39,14 +39,14 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     root = described.root_cause
     if root:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
-    if described.attempts and (len(described.attempts) > 1 or described.attempts[0].state
-                               is not described.state):
+    if len(described.attempts) > 1 or any(a.note for a in described.attempts):
         from .summary import render_attempts
 
         lines += render_attempts(described.attempts)
     if record.rule == "detached":
-        lines.append("liveness: detached (the nodes' agents keep the run; "
-                     f"`ddp-orch attach {record.run_id}` follows it)")
+        lines.append("liveness: detached (the nodes' agents keep the run"
+                     + (f"; `ddp-orch attach {record.run_id}` follows it)" if described.state.live
+                        else ")"))
     result = record.run.read_json("result.json")
     if isinstance(result, dict):
         lines.append(f"result: {record.run.file('result.json')}")

@@ -20,7 +20,7 @@ def render_summary(outcome: RunOutcome, run_path: str) -> str:
     root = outcome.root_cause
     if root is not None:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
-    if len(outcome.attempts) > 1 or any(a.state is not outcome.state for a in outcome.attempts):
+    if len(outcome.attempts) > 1 or any(a.note for a in outcome.attempts):
         lines += render_attempts(outcome.attempts)
     if outcome.result:
         lines.append("result: " + _metrics_line(outcome.result))
