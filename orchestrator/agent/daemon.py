@@ -90,6 +90,9 @@ def _become_daemon(run_dir: str, keep: set[int]) -> None:
                 os.close(fd)
             except OSError:
                 pass
+    # Whatever sys.stdout was (a test harness's capture, say), it is fd 1 now.
+    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the keeper installs its own
 
 
@@ -172,7 +175,13 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
     threading.Thread(target=listen, daemon=True).start()
     out = sys.stdout.buffer
     sent_at, whole = time.monotonic(), True  # whole: what was sent ends a line
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:  # the channel ends without a finished event: "lost contact"
+        out.write(f"ddp-orch: no stream to follow here: {exc}\n".encode())
+        out.flush()
+        return
+    with fh:
         fh.seek(_offset_of_last_lines(fh, lines) if lines is not None else offset)
         while not gone.is_set():
             alive = keeper_pid(run_dir) is not None

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 
-from . import peers
+from . import files, peers
 from .daemon import STATE_FILE
 from .procs import start_time
 from .protocol import encode
@@ -89,6 +89,12 @@ class Keeper:
         self.stop_for: dict[int, str] = {}  # attempt -> why it stops (maybe before it starts)
         self.current = 0
         self.finishing = False  # gang-finish sent: links closing now are no loss
+        # Secret env values, as they appear raw and inside JSON strings: masked
+        # in what this keeper writes or sends (its agent.out, keeper.json, the
+        # gang link), at the source.
+        secrets = [v for v in self.sup_spec.get("secrets", ()) if v]
+        self.masks = [v.encode() for v in secrets] + [json.dumps(v)[1:-1].encode()
+                                                      for v in secrets]
 
     # -- shared ---------------------------------------------------------------
 
@@ -150,16 +156,21 @@ class Keeper:
         sup.run()
         with self.lock:
             self.supervisor = None
-        event = dict(sup.last_exit or {})
+        event = self.masked(dict(sup.last_exit or {}))
         event["stepped"] = any(step is not None and step >= 0
                                for step, _age in sup.progress().values())
         return event
 
+    def masked(self, message: dict) -> dict:
+        if not self.masks:
+            return message
+        return json.loads(files.mask(json.dumps(message).encode(), self.masks))
+
     def emit(self, message: dict) -> None:
-        os.write(1, encode(message))
+        os.write(1, files.mask(encode(message), self.masks))
 
     def say(self, text: str) -> None:
-        os.write(1, text.encode("utf-8", "replace") + b"\n")
+        os.write(1, files.mask(text.encode("utf-8", "replace") + b"\n", self.masks))
 
     def write_state(self, state: str, code: int | None = None) -> None:
         payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
@@ -169,8 +180,8 @@ class Keeper:
         if self.node_rank == 0 and self.attempts:
             payload["attempts"] = self.attempts
         path = os.path.join(self.run_dir, STATE_FILE)
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(payload, fh)
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(files.mask(json.dumps(payload).encode(), self.masks))
         os.replace(path + ".tmp", path)
 
     # -- node 0 ---------------------------------------------------------------
