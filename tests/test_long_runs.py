@@ -230,3 +230,41 @@ def test_mnist_resumed_after_a_restart_ends_where_an_uninterrupted_run_does(ssh_
     assert reference["resumed"] is False
     assert resumed["checksum"] == reference["checksum"]
     assert resumed["replicas_identical"] and reference["replicas_identical"]
+
+
+def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab, tmp_path):
+    """--max-restarts alone keeps the attached rule: the followers lose their
+    controller, and each stops its keeper."""
+    from conftest import start_cli, wait_for_lines
+
+    env, cluster = setup(ssh_lab, tmp_path, "att", "{steps: 4000, sleep: 0.1}")
+    proc = start_cli("up", cluster, "--run-id", "att", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", "--max-restarts", "2", env=env)
+    wait_for_lines(proc, "step 3 attempt 0", 3)
+    assert json.loads((tmp_path / "runs" / "att" / "plan.json").read_text())["liveness"] \
+        == "attached"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    nothing_left(tmp_path, "att", 2, BOUND_S)
+    assert keeper(tmp_path, "att", 0)["state"] == "interrupted"
+    assert len(keeper(tmp_path, "att", 0)["attempts"]) == 1  # and no restart
+
+
+def test_ctrl_c_on_attach_leaves_the_run_and_logs_follow_it(ssh_lab, tmp_path):
+    from conftest import start_cli, wait_for_lines
+
+    env, cluster = setup(ssh_lab, tmp_path, "cc", "{steps: 60, sleep: 0.2}")
+    assert up(env, tmp_path, cluster, "cc", "--detach").returncode == 0
+    proc = start_cli("attach", "cc", "--lines", "2", "--runs-dir", str(tmp_path / "runs"),
+                     env=env)
+    wait_for_lines(proc, "attempt 0", 4)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "left run cc; it goes on on its nodes" in out
+    assert marked_pids("cc")
+    follow = cli(env, tmp_path, "logs", "cc", "--follow")
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert "[node1 node1] [rank2]: rank 2 step 59 attempt 0" in follow.stdout
+    nothing_left(tmp_path, "cc", 2, 15)
+    assert "rank 2 step 59" in (tmp_path / "runs" / "cc" / "node-1.log").read_text()

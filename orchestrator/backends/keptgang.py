@@ -119,13 +119,16 @@ class KeptGang(Gang):
             silent = [h for h in self.handles if h.silent]
             if gone or silent:
                 names = ", ".join(self._label(h.node.node_rank) for h in gone + silent)
-                self.console.info(f"lost contact with {names}; the run itself goes on "
-                                  f"there under its keepers"
-                                  + ("" if self.detach or not self.start else
-                                     " until they notice (attached rule)"))
-                for handle in silent:
+                for handle in gone + silent:
                     handle.partitioned = True
-                self.left = True
+                if self.detach or not self.start:  # the nodes own the run: leave it to them
+                    self.console.info(f"lost contact with {names}; the run goes on there "
+                                      f"under its keepers")
+                    self.left = True
+                    return
+                # The attached rule: that node's follower stops its keeper; stop the rest.
+                self._stop_all(f"lost contact with {names}")
+                self._await_finish()
                 return
             if self.detach and all(h.started for h in self.handles):
                 self.left = True
@@ -157,9 +160,12 @@ class KeptGang(Gang):
             if handle._relay is not None and handle.control is not None:
                 handle._relay.join(5.0)
         head = self.handles[0].control if self.handles else None
-        if self.left or head is None:
+        if self.left:
             nodes = tuple(self._so_far(h) for h in self.handles)
             return RunOutcome(self.plan.run_id, RunState.RUNNING, wall_s, nodes, None, None)
+        if head is None:  # node 0 is out of reach: what each node said, or lost
+            return gang_outcome(self.plan.run_id, tuple(self._so_far(h) for h in self.handles),
+                                wall_s, interrupted=self.interrupted)
         attempts = attempt_outcomes(self.plan, head.get("attempts") or [])
         last = attempts[-1][1] if attempts else tuple(self._so_far(h) for h in self.handles)
         outcome = gang_outcome(self.plan.run_id, last, wall_s,
@@ -170,6 +176,10 @@ class KeptGang(Gang):
     def _so_far(self, handle) -> NodeOutcome:
         if handle.exits and handle.control is not None:
             return exit_outcome(handle.node, handle.exits[-1], handle.stop_sent, handle.ended_at)
+        if handle.partitioned:
+            return NodeOutcome(handle.node.node_rank, handle.node.host, NodeState.LOST, None,
+                               "lost contact with the node's follower (a dropped connection "
+                               "or a silent partition); its keeper stops on its own", None)
         state = "started" if handle.started else "joined" if handle.joined else "starting"
         return NodeOutcome(handle.node.node_rank, handle.node.host, NodeState.NOT_STARTED
                            if not handle.supervising else NodeState.STOPPED, None,
