@@ -270,3 +270,24 @@ def test_the_recorded_attempts_read_back_as_outcomes():
     assert nodes[1].state is NodeState.LOST and "the link closed" in nodes[1].reason
     assert attempt.root_cause.node_rank == 0
     assert json.loads(json.dumps(attempt.to_dict()))["root_cause"]["node_rank"] == 0
+
+
+@pytest.mark.live  # real daemons; about 12 s: the link timeout is the point
+def test_a_frozen_keeper_is_given_up_on_after_the_link_timeout(tmp_path):
+    """SIGSTOP: the keeper's socket stays open (no FIN, no RST), so only the
+    missing heartbeats tell; once thawed, it finds its head gone and stops."""
+    specs = keeper_specs(tmp_path, 3, env={"SLEEP": "60"})
+    replies = start_all(specs)
+    time.sleep(1.5)
+    os.kill(replies[2]["pid"], signal.SIGSTOP)
+    began = time.monotonic()
+    try:
+        wait_ended(specs[:2], timeout=peers.GANG_TIMEOUT_S + 10)
+        took = time.monotonic() - began
+        assert peers.GANG_TIMEOUT_S - 1 < took < peers.GANG_TIMEOUT_S + 8, took
+    finally:
+        os.kill(replies[2]["pid"], signal.SIGCONT)
+    (thawed,) = wait_ended(specs[2:], timeout=15)
+    assert thawed["state"] in ("failed", "interrupted")
+    attempt = daemon.state(specs[0]["supervisor"]["run_dir"])["keeper"]["attempts"][0]
+    assert attempt["nodes"]["2"]["lost"] == f"nothing on the link for {peers.GANG_TIMEOUT_S:g}s"

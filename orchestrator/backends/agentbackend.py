@@ -197,9 +197,10 @@ class AgentBackend(LaunchBackend):
             attempts = attempt_outcomes(info.plan, head["attempts"])
             ran = gang_outcome(record.run_id, attempts[-1][1] if attempts else (), 0.0,
                                interrupted=head["state"] == "interrupted")
+            ended = head.get("updated") if isinstance(head.get("updated"), (int, float)) else None
             return RunDescription(ran.state, ran.nodes, ran.root_cause,
-                                  f"ended {_when(head.get('updated'))}, as node 0's keeper "
-                                  f"recorded", tuple(a for a, _ in attempts))
+                                  f"ended {_when(ended)}, as node 0's keeper recorded",
+                                  tuple(a for a, _ in attempts), ended)
         lines, lost = [], []
         for k, node in enumerate(record.nodes):
             reply = done.succeeded.get(k)

@@ -91,6 +91,7 @@ class RunDescription:
     root_cause: NodeOutcome | None
     detail: str = ""
     attempts: tuple[AttemptOutcome, ...] = ()
+    ended: float | None = None  # when the nodes say the run ended (time.time())
 
 
 STACKS_TIMEOUT_S = 5.0  # how long a node's agent waits for its ranks' dumps

@@ -50,7 +50,7 @@ def _settled(record, described=None):
         return record
     if described.state.live:
         return record
-    wall = (time.time() - record.started) if record.started else 0.0
+    wall = ((described.ended or time.time()) - record.started) if record.started else 0.0
     write_state(record.run, run_id=record.run_id, backend=record.backend, state=described.state,
                 started=record.started or time.time(), nodes=record.nodes, rule=record.rule,
                 outcome=RunOutcome(record.run_id, described.state, wall, described.nodes,
@@ -89,6 +89,10 @@ def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str) -> Non
 
         get_backend(record.backend, LaunchOptions()).attach(record, Console("all"))
         return
+    if record.rule == "detached" and record.live:
+        click.echo(f"ddp-orch logs: run {record.run_id} is detached: these logs end where a "
+                   f"controller last followed it; `ddp-orch logs {record.run_id} --follow` "
+                   f"streams it from its nodes", err=True)
     nodes = list(range(len(record.hosts)))
     if node_rank is not None:
         if node_rank not in nodes:
