@@ -244,9 +244,9 @@ def test_follow_streams_from_the_last_lines(tmp_path):
     with open(tmp_path / "f", "wb") as fh:
         fh.write(b"a\nb\nc\nd\n")
     with open(tmp_path / "f", "rb") as fh:
-        assert daemon._offset_of_last_lines(fh, 2) == 4
-        assert daemon._offset_of_last_lines(fh, 0) == 8
-        assert daemon._offset_of_last_lines(fh, 10) == 0
+        assert daemon.offset_of_last_lines(fh, 2) == 4
+        assert daemon.offset_of_last_lines(fh, 0) == 8
+        assert daemon.offset_of_last_lines(fh, 10) == 0
 
 
 def _plan(nnodes: int):

@@ -243,3 +243,25 @@ def test_stacks_of_a_slurm_run_come_from_a_step_in_the_job(slurm_lab, tmp_path):
         proc.communicate(timeout=90)
     assert slurm_lab.wait_queue_empty() == []
     assert wait_gone("stk", 15) == set()
+
+
+def test_detach_leaves_the_job_to_slurm_and_attach_follows_it_to_the_result(slurm_lab, tmp_path):
+    shutil.copy(os.path.join(PROGRAMS, "steps.py"), tmp_path)
+    path = cluster(tmp_path, "sdet", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
+                   "workload: {script: steps.py, args: {steps: 40, sleep: 0.25}}\n")
+    started = up(slurm_lab, tmp_path, path, "sdet", "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "run sdet is running on node 0 (node1), node 1 (node2)" in started.stdout
+    assert slurm_lab.queue(), "the job was cancelled with its controller"
+    assert state_of(tmp_path, "sdet")["rule"] == "detached"
+    status = run_cli("status", "sdet", "--runs-dir", str(tmp_path / "runs"), env=slurm_lab.env())
+    assert " running " in status.stdout.splitlines()[1], status.stdout
+    attached = run_cli("attach", "sdet", "--runs-dir", str(tmp_path / "runs"),
+                       env=slurm_lab.env(), timeout=120)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert "[node0 node1] [rank0]: rank 0 step 0 attempt 0" in attached.stdout
+    assert "[node1 node2] [rank2]: rank 2 step 39 attempt 0" in attached.stdout
+    assert "run sdet: SUCCEEDED" in attached.stdout
+    assert "result: world_size=3 restart_count=0 steps=40" in attached.stdout
+    assert slurm_lab.wait_queue_empty() == []
+    assert state_of(tmp_path, "sdet")["state"] == "succeeded"

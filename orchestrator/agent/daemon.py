@@ -182,7 +182,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
         out.flush()
         return
     with fh:
-        fh.seek(_offset_of_last_lines(fh, lines) if lines is not None else offset)
+        fh.seek(offset_of_last_lines(fh, lines) if lines is not None else offset)
         while not gone.is_set():
             alive = keeper_pid(run_dir) is not None
             data = fh.read(1 << 20)
@@ -214,7 +214,7 @@ def _ended(run_dir: str) -> bool:
         return False
 
 
-def _offset_of_last_lines(fh, lines: int) -> int:
+def offset_of_last_lines(fh, lines: int) -> int:
     """Where the last ``lines`` lines of the file begin (looking back 8 MiB at most)."""
     end = fh.seek(0, os.SEEK_END)
     start = max(0, end - (8 << 20))

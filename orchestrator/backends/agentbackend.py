@@ -19,10 +19,9 @@ from typing import Any, Mapping, Sequence
 
 from ..config.spec import AUTO_PORT
 from ..console import Console
-from ..errors import LaunchError, TransportError
+from ..errors import TransportError
 from ..plan.build import resolve_plan
 from ..plan.dryrun import DryRun, NodeLaunch
-from ..plan.render import dryrun_from_dict
 from ..plan.model import NodePlan, RunPlan
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
@@ -30,7 +29,7 @@ from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
-from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
+from .base import (STACKS_TIMEOUT_S, CancelResult, recorded_dryrun, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks)
 from .bundle import build_bundle, scan_script_dir
 from .fanout import on_all
@@ -357,16 +356,6 @@ class AgentBackend(LaunchBackend):
             run.note(k, f"fetching results failed: {_message(exc)}")
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
-
-
-def recorded_dryrun(record: RunRecord) -> DryRun:
-    """The resolved dry-run a recorded run was launched with (``plan.json``)."""
-    data = record.run.read_json("plan.json")
-    try:
-        return dryrun_from_dict(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise LaunchError(f"run {record.run_id} has no readable plan.json ({exc}); it never "
-                          f"started, or its directory is damaged") from None
 
 
 def _when(stamp: object) -> str:

@@ -28,6 +28,7 @@ from ..console import Console
 from ..errors import LaunchError
 from ..plan.build import build_plan
 from ..plan.dryrun import DryRun
+from ..plan.render import dryrun_from_dict
 from ..plan.model import RunPlan
 from ..records.outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
 from ..records.rundir import RunDir
@@ -129,6 +130,16 @@ def rank_stacks(reported: object, nodes: Sequence[NodeRecord]) -> list[RankStack
                              str(r.get("how")), str(r.get("text") or "")[:MAX_STACK_BYTES],
                              str(r.get("error") or "")))
     return out
+
+
+def recorded_dryrun(record: RunRecord) -> DryRun:
+    """The resolved dry-run a recorded run was launched with (``plan.json``)."""
+    data = record.run.read_json("plan.json")
+    try:
+        return dryrun_from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LaunchError(f"run {record.run_id} has no readable plan.json ({exc}); it never "
+                          f"started, or its directory is damaged") from None
 
 
 OnRunning = Callable[[DryRun], None]

@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 from ..agent.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
 from ..plan.dryrun import DryRun
-from ..records.outcome import RunOutcome, gang_outcome
+from ..records.outcome import RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
@@ -36,7 +36,8 @@ class Gang:
     def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
                  console: Console, *, grace_s: float = 10.0, start_timeout_s: float = 300.0,
                  watch_silence: bool = True, hang_timeout_s: float | None = None,
-                 dump_stacks: Callable[[], StacksResult] | None = None):
+                 dump_stacks: Callable[[], StacksResult] | None = None,
+                 leave_when_started: bool = False, observe: bool = False):
         self.info = info
         self.plan = info.plan
         self.run_dir = run
@@ -59,6 +60,12 @@ class Gang:
         for handle in self.handles:
             handle.watch_output = hang_timeout_s is not None
         self.interrupted = False
+        # A scheduler's job outlives us (Slurm): ``leave_when_started`` returns
+        # once every node runs (``up --detach``); ``observe`` follows a job we
+        # did not start (``attach``) and never stops it: Ctrl-C just leaves.
+        self.leave_when_started = leave_when_started
+        self.observe = observe
+        self.left = False
 
     def run(self) -> RunOutcome:
         """Start every node (their agents have the code already), watch them,
@@ -70,17 +77,25 @@ class Gang:
             on_all(lambda k: by_rank[k].start(
                 supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),
                 by_rank).values("starting the nodes", self._label)
-            self.console.info(f"started {self.plan.world_size} processes on "
-                              f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
+            if not self.observe:
+                self.console.info(f"started {self.plan.world_size} processes on "
+                                  f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
             threading.Thread(target=self._ping, daemon=True, name="gang-ping").start()
             self._watch()
         except KeyboardInterrupt:
-            self.interrupted = True
-            self.console.always("ddp-orch: interrupted; stopping every node "
-                                "(press Ctrl-C again to kill at once)")
+            if self.observe:
+                self.left = True
+            else:
+                self.interrupted = True
+                self.console.always("ddp-orch: interrupted; stopping every node "
+                                    "(press Ctrl-C again to kill at once)")
         finally:
             self._over.set()
-            self._teardown()
+            if not (self.left or self.observe):
+                self._teardown()
+        if self.left:
+            return RunOutcome(self.plan.run_id, RunState.RUNNING, time.monotonic() - started,
+                              tuple(h.finish(timeout=0.1) for h in self.handles), None, None)
         outcomes = tuple(h.finish() for h in self.handles)
         return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,
                             interrupted=self.interrupted)
@@ -97,6 +112,13 @@ class Gang:
             codes = [h.poll() for h in self.handles]
             if all(code is not None for code in codes):
                 return
+            if self.leave_when_started and all(h.started for h in self.handles):
+                self.left = True
+                return
+            if self.observe:  # someone else's job: watch it end, stop nothing
+                self._report_progress()
+                self._changed.wait(0.5)
+                continue
             silent = [h for h in self.handles if h.silent] if self.watch_silence else []
             if silent:
                 for handle in silent:

@@ -32,6 +32,7 @@ import os
 import posixpath
 import time
 from ..agent import bootstrap, files
+from ..agent.daemon import offset_of_last_lines
 from ..agent.jobnode import ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE, secret_variable
 from ..config.spec import AUTO_PORT, SlurmSpec
 from ..console import Console
@@ -46,7 +47,7 @@ from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from . import slurmctl
-from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
+from .base import (STACKS_TIMEOUT_S, recorded_dryrun, CancelResult, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks)
 from .bundle import build_bundle, scan_script_dir
 from .gang import Gang
@@ -70,6 +71,7 @@ def job_dir(plan: RunPlan) -> str:
 class Backend(LaunchBackend):
     name = "slurm"
     job_id: str | None = None
+    _detached = False  # `up --detach` left the running job to Slurm: no scancel
 
     # -- the plan and its dry-run (pure) -------------------------------------
 
@@ -105,7 +107,7 @@ class Backend(LaunchBackend):
         }
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=tuple(notes),
                       source=self.spec.source if self.spec else "", extras=extras,
-                      liveness="slurm")
+                      liveness="detached" if self.options.detach else "slurm")
 
     def sbatch_argv(self, plan: RunPlan) -> list[str]:
         """``sbatch --parsable ...``: every option as one argv word, never shell text."""
@@ -176,7 +178,7 @@ class Backend(LaunchBackend):
             job.start_polling()
             return self._follow(info, run, console, on_running, job, started)
         finally:
-            if not job.ended:
+            if not job.ended and not self._detached:
                 job.cancel()
                 job.wait_ended(self.options.grace_s + 60)
             job.close()
@@ -208,8 +210,19 @@ class Backend(LaunchBackend):
         gang = Gang(resolved, run, streams, console, grace_s=self.options.grace_s,
                     start_timeout_s=self.options.start_timeout_s, watch_silence=False,
                     hang_timeout_s=self.options.hang_timeout_s,
-                    dump_stacks=lambda: self._stacks(job.job_id, records))
+                    dump_stacks=lambda: self._stacks(job.job_id, records),
+                    leave_when_started=self.options.detach)
         outcome = gang.run()
+        if outcome.state is RunState.RUNNING:  # --detach: the job is Slurm's now
+            self._detached = True
+            return outcome
+        return self._ended(resolved, run, job, streams, outcome, started)
+
+    def _ended(self, resolved: DryRun, run: RunDir, job: SlurmJob, streams: dict,
+               outcome: RunOutcome, started: float) -> RunOutcome:
+        """Once the gang is over: the job gone from the queue, each node's end
+        explained with Slurm's view, the results collected."""
+        plan = resolved.plan
         if not job.wait_ended(self.options.grace_s + 30):
             job.cancel()
             job.wait_ended(30)
@@ -363,6 +376,30 @@ class Backend(LaunchBackend):
 
     # -- down, status, check ---------------------------------------------------
 
+    def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
+               ) -> RunOutcome:
+        """Follow a detached job's node streams (``agent.out`` in the shared run
+        directory) until the job ends; Ctrl-C leaves it to Slurm."""
+        job_id = _job_of(record)
+        if job_id is None:
+            raise LaunchError(f"run {record.run_id} has no Slurm job on record")
+        resolved = recorded_dryrun(record)
+        started = time.monotonic()
+        job = SlurmJob(job_id)
+        streams = {n.node_rank: JobStream(posixpath.join(n.run_dir, STREAM_FILE), job, n.host)
+                   for n in resolved.plan.nodes}
+        if lines is not None:
+            for stream in streams.values():
+                stream.offset = _offset_of_last_lines(stream.path, lines)
+        try:
+            outcome = Gang(resolved, record.run, streams, console, grace_s=self.options.grace_s,
+                           watch_silence=False, observe=True).run()
+            if outcome.state is RunState.RUNNING:
+                return outcome
+            return self._ended(resolved, record.run, job, streams, outcome, started)
+        finally:
+            job.close()
+
     def cancel(self, record: RunRecord) -> list[CancelResult]:
         job_id = _job_of(record)
         if job_id is None:
@@ -444,6 +481,14 @@ def _gres_gpus(spec) -> int:
         return max(n.gpu_count or 0 for n in spec.nodes)
     pinned = [max(n.gpus) + 1 for n in spec.nodes if n.gpus]
     return max(pinned, default=0)
+
+
+def _offset_of_last_lines(path: str, lines: int) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return offset_of_last_lines(fh, lines)
+    except FileNotFoundError:
+        return 0
 
 
 def _job_of(record: RunRecord) -> str | None:

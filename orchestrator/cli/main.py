@@ -197,11 +197,11 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
                             else spec.hang_timeout, detach=detach,
                             max_restarts=max_restarts if max_restarts is not None
                             else spec.max_restarts)
-    if options.kept and spec.backend == "slurm":
-        raise ConfigError("--detach and --max-restarts are for the local and ssh backends",
-                          path="--detach" if detach else "--max-restarts", source="command line",
-                          hint="a Slurm job is detached already: `up` can be interrupted "
-                               "with the job queued, and sbatch's --requeue restarts jobs")
+    if options.max_restarts and spec.backend == "slurm":
+        raise ConfigError("gang restarts are for the local and ssh backends",
+                          path="--max-restarts", source="command line",
+                          hint="under Slurm, resubmit (the built-in workloads resume from "
+                               "--checkpoint with --resume), or use sbatch's --requeue")
     if options.kept and options.hang_timeout_s is not None:
         raise ConfigError("the hang watchdog runs in an attached controller; a kept run "
                           "(--detach, --max-restarts) has none yet", path="--hang-timeout",
