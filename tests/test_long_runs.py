@@ -268,3 +268,17 @@ def test_ctrl_c_on_attach_leaves_the_run_and_logs_follow_it(ssh_lab, tmp_path):
     assert "[node1 node1] [rank2]: rank 2 step 59 attempt 0" in follow.stdout
     nothing_left(tmp_path, "cc", 2, 15)
     assert "rank 2 step 59" in (tmp_path / "runs" / "cc" / "node-1.log").read_text()
+
+
+def test_restarts_happen_without_a_controller_and_attach_shows_them(ssh_lab, tmp_path):
+    env, cluster = setup(ssh_lab, tmp_path, "dre",
+                         "{steps: 30, sleep: 0.2, fail_rank: 2, fail_step: 3}")
+    assert up(env, tmp_path, cluster, "dre", "--detach", "--max-restarts", "1").returncode == 0
+    assert json.loads((tmp_path / "runs" / "dre" / "plan.json").read_text())["max_restarts"] == 1
+    attached = cli(env, tmp_path, "attach", "dre", "--from-start")
+    out = attached.stdout
+    assert attached.returncode == 0, out + attached.stderr
+    assert "ddp-orch: attempt 1 (master port" in out and "rank 2 step 29 attempt 1" in out
+    assert "attempts: 2" in out and "-> restarting" in out
+    assert "result: world_size=3 restart_count=1 steps=30" in out
+    nothing_left(tmp_path, "dre", 2, 15)

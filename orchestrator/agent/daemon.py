@@ -10,9 +10,12 @@ the agent package lives only in this process's memory (``bootstrap``).
 controller from an offset, or its last N lines, until the keeper has
 ended and every byte is sent. On the same channel the controller sends
 ``ping``, ``stop`` (SIGTERM to the keeper: the gang stops) and ``kill``
-(a second SIGTERM: no grace period). For a run whose rule is ``attached``,
-losing the controller (EOF, or no ping for ``PEER_TIMEOUT_S``) stops the
-keeper too; for a ``detached`` run the follower just leaves.
+(a second SIGTERM: no grace period). Losing the controller (EOF, or no
+ping for ``PEER_TIMEOUT_S``) ends the follower; for a run whose rule is
+``attached`` it stops the keeper first, for a ``detached`` one it just
+leaves. While the file is quiet the follower sends a heartbeat of its own
+every ``HEARTBEAT_S``, so the controller can tell a quiet node from a
+silent link.
 
 ``signal_keeper`` is ``down``'s way in: the keeper is found by the pid and
 start time it records in ``keeper.json``, never by name.
@@ -172,7 +175,18 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
                 time.sleep(0.1)
                 signal_keeper(run_dir)
 
+    def watchdog() -> None:
+        """A controller silent for PEER_TIMEOUT_S (a frozen link: a write to it
+        may block forever) ends this follower, and under the attached rule
+        its keeper too."""
+        while not gone.wait(1.0):
+            if time.monotonic() - heard[0] > PEER_TIMEOUT_S:
+                if attached:
+                    signal_keeper(run_dir)
+                os._exit(0)
+
     threading.Thread(target=listen, daemon=True).start()
+    threading.Thread(target=watchdog, daemon=True).start()
     out = sys.stdout.buffer
     sent_at, whole = time.monotonic(), True  # whole: what was sent ends a line
     try:
@@ -199,9 +213,6 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
                 sent_at, whole = time.monotonic(), data.endswith(b"\n")
                 continue
             if not alive:
-                return
-            if attached and time.monotonic() - heard[0] > PEER_TIMEOUT_S:
-                signal_keeper(run_dir)  # the controller went silent: the attached rule
                 return
             gone.wait(FOLLOW_POLL_S * 4)
 

@@ -190,14 +190,16 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
 
 @click.command()
 @click.argument("run_id")
+@click.option("--from-start", is_flag=True,
+              help="Stream each node's output from its start (the default).")
 @click.option("--lines", "-n", type=click.IntRange(0, 100000), default=None,
-              help="Start from the last N lines of each node (default: from the start).")
+              help="Start from the last N lines of each node instead.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output.")
 @click.option("--quiet", "-q", is_flag=True, help="Show only ddp-orch's messages and the summary.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust (and record) the key of a host seen for the first time.")
 @runs_dir_option
-def attach(run_id: str, lines: int | None, rank0_only: bool, quiet: bool,
+def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, quiet: bool,
            accept_new_host_keys: bool, runs_dir: str) -> None:
     """Follow a detached run (`up --detach`) from its nodes until it ends.
 
@@ -214,6 +216,9 @@ def attach(run_id: str, lines: int | None, rank0_only: bool, quiet: bool,
     from ..report.runs import render_detached
     from ..report.summary import render_summary
 
+    if from_start and lines is not None:
+        raise ConfigError("--from-start and --lines are two places to start; give one",
+                          path="--lines", source="command line")
     record = find_run(runs_dir, run_id)
     if record.rule != "detached":
         raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
