@@ -30,6 +30,10 @@ HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 @pytest.fixture
 def sleeper():
     child = subprocess.Popen(["sleep", "60"])
+    deadline = time.monotonic() + 10  # until it has exec'd: before, it is a copy of us
+    while (process_identity(child.pid) or {}).get("cmdline") != ["sleep", "60"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     yield child
     if child.poll() is None:
         child.kill()

@@ -243,6 +243,8 @@ def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab
     wait_for_lines(proc, "step 3 attempt 0", 3)
     assert json.loads((tmp_path / "runs" / "att" / "plan.json").read_text())["liveness"] \
         == "attached"
+    time.sleep(35)  # past PEER_TIMEOUT_S: the controller's pings keep the followers content
+    assert keeper(tmp_path, "att", 0)["state"] == "running" and marked_pids("att")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     nothing_left(tmp_path, "att", 2, BOUND_S)

@@ -78,8 +78,8 @@ def _checkpointing() -> tuple[ArgSpec, ...]:
     return (
         ArgSpec("checkpoint", str, "",
                 "rank 0 saves model/optimizer/scaler here after every epoch, atomically "
-                "(empty: checkpoint.pt under ddp-orch, else none); relative to the "
-                "working directory"),
+                "(empty: checkpoint.pt when ddp-orch may restart the run, else none); "
+                "relative to the working directory"),
         ArgSpec("resume", bool, False,
                 "continue from the checkpoint (read by rank 0, sent to all ranks); "
                 "automatic after a gang restart (DDP_ORCH_RESTART_COUNT > 0)"),

@@ -18,6 +18,8 @@ too, or simply follow the same rules:
   1, 2, ... after each whole-gang restart, ``up --max-restarts``). A program
   that checkpoints resumes from its latest checkpoint when it is above 0
   (``restart_count``); the built-in workloads do (``harness/checkpoint.py``).
+  ``DDP_ORCH_MAX_RESTARTS``, set when a run may restart at all, tells a
+  program that it should checkpoint.
 * ``heartbeat(step)``: a rank's sign of progress for ddp-orch's hang
   watchdog (``up --hang-timeout``). The built-in workloads call it every
   step; a user script may too. Without ddp-orch it does nothing.
@@ -34,6 +36,7 @@ RUN_ID_ENV = "DDP_ORCH_RUN_ID"
 NODE_RANK_ENV = "DDP_ORCH_NODE_RANK"
 DEVICE_ENV = "DDP_ORCH_DEVICE"
 RESTART_COUNT_ENV = "DDP_ORCH_RESTART_COUNT"
+MAX_RESTARTS_ENV = "DDP_ORCH_MAX_RESTARTS"  # set when the run may restart (up --max-restarts)
 
 RESULT_FILE_NAME = "result.json"
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
@@ -66,6 +69,12 @@ def heartbeat(step: int) -> None:
 def restart_count() -> int:
     """This attempt's number (0 without ddp-orch, or before any restart)."""
     value = os.environ.get(RESTART_COUNT_ENV, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def max_restarts() -> int:
+    """How many whole-gang restarts this run may have (0 without ddp-orch)."""
+    value = os.environ.get(MAX_RESTARTS_ENV, "0")
     return int(value) if value.isdigit() else 0
 
 

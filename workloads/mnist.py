@@ -11,8 +11,8 @@
   a GradScaler, whose state goes into the checkpoint.
 * Checkpoint (``harness/checkpoint.py``): rank 0 writes model, optimizer,
   scaler, completed epochs and step after every completed epoch, atomically,
-  to ``--checkpoint PATH`` (under ddp-orch, ``checkpoint.pt`` in the run
-  directory by default). ``--resume``, or a whole-gang restart
+  to ``--checkpoint PATH`` (when the run may restart, ``checkpoint.pt`` in
+  the run directory by default). ``--resume``, or a whole-gang restart
   (``DDP_ORCH_RESTART_COUNT`` > 0), loads it on rank 0 and broadcasts it, so
   other nodes need no copy of the file. Because checkpoints fall on epoch boundaries and
   everything random is derived from (seed, rank, epoch) -- the sampler's
@@ -86,7 +86,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
     optimizer = torch.optim.SGD(ddp.parameters(), lr=job.lr, momentum=args.momentum)
     state = checkpoint.resume_state(ctx, args, log)
     start_epoch, start_step = checkpoint.restore(state, model, optimizer, amp.scaler, ctx, args,
-                                                 log) if state else (0, 0)
+                                                 log, "mnist") if state else (0, 0)
     trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy, amp), log,
                       epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
                       log_every=args.log_every, classify=True,

@@ -47,7 +47,7 @@ def train(job: Job) -> dict:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=job.lr, momentum=args.momentum)
     state = checkpoint.resume_state(ctx, args, log)
     start_epoch, start_step = checkpoint.restore(state, model, optimizer, None, ctx, args,
-                                                 log) if state else (0, 0)
+                                                 log, "resnet") if state else (0, 0)
     trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy), log,
                       epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
                       log_every=args.log_every, classify=True,

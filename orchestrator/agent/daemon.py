@@ -44,7 +44,7 @@ def start(spec: dict, listen: bool) -> dict:
     """Fork the keeper off as a daemon; its pid, and node 0's gang port."""
     run_dir = spec["supervisor"]["run_dir"]
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    sock = peers.listener() if listen else None
+    sock = peers.listener(avoid=int(spec["supervisor"]["master_port"])) if listen else None
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     child = os.fork()

@@ -130,6 +130,21 @@ def mask(data: bytes, values: list[bytes]) -> bytes:
     return data
 
 
+def mask_strings(value, secrets: list[str]):
+    """``value`` (JSON-like: dicts, lists, strings) with each secret masked in
+    every string in it; keys and other values as they were."""
+    if isinstance(value, str):
+        for secret in sorted(secrets, key=len, reverse=True):
+            if secret:
+                value = value.replace(secret, MASK.decode())
+        return value
+    if isinstance(value, dict):
+        return {k: mask_strings(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_strings(v, secrets) for v in value]
+    return value
+
+
 def scrub_tree(directory: str, secrets: list[str], mask: bytes = MASK) -> int:
     """Mask ``secrets`` in every regular file under ``directory`` (torchrun's
     per-rank logs and error files), so a run directory keeps no secret in

@@ -47,23 +47,31 @@ from .daemon import STATE_FILE
 from .procs import start_time
 from .protocol import encode
 from .restarts import will_recur
+from .shim import SHIM_MODULE
 from .supervisor import Supervisor
 
 ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
+# What one node's exit record may hold in the attempts that node 0 keeps and
+# sends: ``finished`` is one control line, and a run may have many attempts.
+MAX_FAILURES, MAX_MESSAGE, MAX_LAST_LINES, MAX_LINE = 3, 500, 3, 300
+FULL_ATTEMPTS = 16  # older attempts keep only the records of nodes that failed
 
 
 def attempt_spec(spec: dict, attempt: int, master_port: int) -> dict:
     """The supervisor spec of one attempt: the dry-run's for attempt 0; later,
     the fresh master port, a torchrun log directory of the attempt's own (the
     run directory keeps every attempt's) and ``DDP_ORCH_RESTART_COUNT``.
-    The argv is the dry-run's with exactly two values swapped, by flag."""
+    The argv is the dry-run's with exactly two values of torchrun's own
+    options swapped, by flag; nothing after ``-m ddp_orch_shim`` (the user's
+    program and its arguments) is touched."""
     out = dict(spec)
     log_dir = os.path.join(spec["run_dir"], "torchrun" if attempt == 0 else
                            f"torchrun.attempt-{attempt}")
     swap = {"--master-port": str(master_port), "--log-dir": log_dir}
     argv = list(spec["argv"])
-    for i, word in enumerate(argv[:-1]):
-        if word in swap and not argv[i + 1].startswith("-"):
+    own = argv.index(SHIM_MODULE) - 1 if SHIM_MODULE in argv else len(argv)
+    for i, word in enumerate(argv[:own - 1]):
+        if word in swap:
             argv[i + 1] = swap[word]
     out.update(argv=argv, master_port=master_port, log_dir=log_dir, own_signals=False,
                watch_stdin=False, peer_timeout_s=None,
@@ -89,18 +97,21 @@ class Keeper:
         self.stop_for: dict[int, str] = {}  # attempt -> why it stops (maybe before it starts)
         self.current = 0
         self.finishing = False  # gang-finish sent: links closing now are no loss
-        # Secret env values, as they appear raw and inside JSON strings: masked
-        # in what this keeper writes or sends (its agent.out, keeper.json, the
-        # gang link), at the source.
-        secrets = [v for v in self.sup_spec.get("secrets", ()) if v]
-        self.masks = [v.encode() for v in secrets] + [json.dumps(v)[1:-1].encode()
-                                                      for v in secrets]
+        # Secret env values: masked in every string this keeper writes or sends
+        # (its agent.out, keeper.json, the gang link), at the source, value by
+        # value, before anything is serialized (masking serialized JSON could
+        # break it: a "secret" may read "false").
+        self.secrets = [v for v in self.sup_spec.get("secrets", ()) if v]
+        self.head: peers.Link | None = None
+        self.lost: dict[int, str] = {}
+        self._signalled = os.pipe()  # the signal handler's only act: a byte here
 
     # -- shared ---------------------------------------------------------------
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
         os.chdir(self.run_dir)
+        threading.Thread(target=self._on_signals, daemon=True, name="keeper-signals").start()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         self.write_state("running")
@@ -114,21 +125,31 @@ class Keeper:
             code, state = 1, "failed"
         self.emit({"event": "finished", "code": code, "state": state,
                    **({"attempts": self.attempts} if self.node_rank == 0 else {})})
-        self.write_state(state, code)
+        try:
+            self.write_state(state, code)
+        except OSError as exc:  # a full disk: the stream above still says how it ended
+            self.say(f"ddp-orch: cannot record the end in {STATE_FILE}: {exc}")
         return code
 
     def _on_signal(self, signum: int, _frame) -> None:
         """``down`` (SIGTERM), Ctrl-C on a foreground run, a hangup: stop the
-        run for good; a second signal skips the grace period."""
-        self.signals += 1
-        name = signal.Signals(signum).name
-        self.final = self.final or f"got {name} on node {self.node_rank}"
-        sup = self.supervisor
-        if sup is not None:
-            sup.request_stop(f"got {name}")
-            if self.signals > 1:
-                sup.hurry.set()
-        threading.Thread(target=self.on_local_stop, daemon=True).start()
+        run for good; a second signal skips the grace period. A handler may
+        run between any two bytecodes of the main thread, even inside a lock,
+        so it only writes a byte; ``_on_signals`` acts on it."""
+        os.write(self._signalled[1], bytes([signum]))
+
+    def _on_signals(self) -> None:
+        while True:
+            signum = os.read(self._signalled[0], 1)[0]
+            self.signals += 1
+            name = signal.Signals(signum).name
+            self.final = self.final or f"got {name} on node {self.node_rank}"
+            sup = self.supervisor
+            if sup is not None:
+                sup.request_stop(f"got {name}")
+                if self.signals > 1:
+                    sup.hurry.set()
+            self.on_local_stop()
 
     def on_local_stop(self) -> None:
         """Tell the rest of the gang: the head stops everyone, a node tells the head."""
@@ -136,7 +157,7 @@ class Keeper:
             with self.lock:
                 self._stop_all(self.final)
                 self.lock.notify_all()
-        elif getattr(self, "head", None) is not None:
+        elif self.head is not None:  # else follow_head tells the head once linked
             self.head.send({"event": "gang-stop", "attempt": self.current,
                             "reason": self.final, "final": True})
 
@@ -153,24 +174,32 @@ class Keeper:
                 return {"code": 128 + signal.SIGTERM, "reason": why, "failures": [],
                         "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
             self.supervisor = sup = Supervisor(spec)
+            # The gang hears of a failure when torchrun exits, not after this
+            # node's teardown, log draining and failure collection.
+            sup.on_torchrun_exit = lambda code: code and self.on_own_failure(attempt, code)
         sup.run()
         with self.lock:
             self.supervisor = None
-        event = self.masked(dict(sup.last_exit or {}))
+        event = self.masked(compact(dict(sup.last_exit or {})))
         event["stepped"] = any(step is not None and step >= 0
                                for step, _age in sup.progress().values())
         return event
 
-    def masked(self, message: dict) -> dict:
-        if not self.masks:
-            return message
-        return json.loads(files.mask(json.dumps(message).encode(), self.masks))
+    def masked(self, message):
+        """``message`` with every secret value masked in every string in it."""
+        return files.mask_strings(message, self.secrets)
 
     def emit(self, message: dict) -> None:
-        os.write(1, files.mask(encode(message), self.masks))
+        try:
+            os.write(1, encode(self.masked(message)))
+        except OSError:
+            pass  # a full disk must not stop a teardown; the state is in memory
 
     def say(self, text: str) -> None:
-        os.write(1, files.mask(text.encode("utf-8", "replace") + b"\n", self.masks))
+        try:
+            os.write(1, self.masked(text).encode("utf-8", "replace") + b"\n")
+        except OSError:
+            pass
 
     def write_state(self, state: str, code: int | None = None) -> None:
         payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
@@ -180,15 +209,14 @@ class Keeper:
         if self.node_rank == 0 and self.attempts:
             payload["attempts"] = self.attempts
         path = os.path.join(self.run_dir, STATE_FILE)
-        with open(path + ".tmp", "wb") as fh:
-            fh.write(files.mask(json.dumps(payload).encode(), self.masks))
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(self.masked(payload), fh)
         os.replace(path + ".tmp", path)
 
     # -- node 0 ---------------------------------------------------------------
 
     def lead(self) -> tuple[int, str]:
         self.links: dict[int, peers.Link] = {}
-        self.lost: dict[int, str] = {}
         self.ended: dict[int, dict] = {}
         self.stop_asked: set[int] = set()
         threading.Thread(target=self._accept, daemon=True, name="gang-accept").start()
@@ -252,6 +280,7 @@ class Keeper:
             record["restart"] = "" if why_not or attempt == restarts else "restarting"
             record["no_restart"] = why_not if attempt < restarts else ""
             self.attempts.append(record)
+            self._compact_old_attempts()
             self.write_state("running")
             if why_not or attempt == restarts:
                 break
@@ -262,43 +291,59 @@ class Keeper:
         self._broadcast({"event": "gang-finish", "state": state})
         return int(self.ended.get(0, {}).get("code") or 1), state
 
+    def _compact_old_attempts(self) -> None:
+        """Past ``FULL_ATTEMPTS``, an attempt keeps the records of the nodes
+        that failed on their own only (the root cause is among them)."""
+        for record in self.attempts[:-FULL_ATTEMPTS]:
+            record["nodes"] = {k: e for k, e in record["nodes"].items()
+                               if e.get("code") not in (0, None) and not e.get("stop_asked")
+                               or "lost" in e}
+
     def _why_no_restart(self, ended: dict[int, dict]) -> str:
         if self.final:
             return f"stopped on purpose ({self.final})"
-        lost = [k for k, e in ended.items() if "lost" in e]
+        lost = sorted(set(self.lost) | {k for k, e in ended.items() if "lost" in e})
         if lost:
             return f"node(s) {', '.join(map(str, lost))} lost: a restart needs every node"
         return will_recur({k: e for k, e in ended.items() if "lost" not in e},
                           any(e.get("stepped") for e in ended.values()))
 
     def _accept(self) -> None:
-        token = self.spec["gang"]["token"]
         while True:
             try:
                 conn, _addr = self.listener.accept()
             except OSError:
                 return
-            try:
-                k, rest = peers.accept_hello(conn, token, self.nnodes)
-            except (OSError, ValueError):
+            threading.Thread(target=self._admit, args=(conn,), daemon=True,
+                             name="gang-admit").start()
+
+    def _admit(self, conn: socket.socket) -> None:
+        """One connection's hello, in a thread of its own: a slow or hostile
+        client holds up nobody (``accept_hello`` has a deadline)."""
+        try:
+            k, rest = peers.accept_hello(conn, self.spec["gang"]["token"], self.nnodes)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        with self.lock:
+            if k in self.links or self.finishing:
                 conn.close()
-                continue
-            with self.lock:
-                if k in self.links:
-                    conn.close()
-                    continue
-                self.links[k] = peers.Link(
-                    conn, lambda msg, k=k: self._from_peer(k, msg),
-                    lambda why, k=k: self._peer_lost(k, why), first=rest).start()
-                self.lock.notify_all()
+                return
+            self.links[k] = peers.Link(
+                conn, lambda msg, k=k: self._from_peer(k, msg),
+                lambda why, k=k: self._peer_lost(k, why), first=rest).start()
+            self.lock.notify_all()
 
     def _from_peer(self, k: int, message: dict) -> None:
         with self.lock:
             if message["event"] == "gang-ended" and message["attempt"] == self.current:
-                self.ended[k] = message["exit"]
+                self.ended[k] = compact(message["exit"])
                 code = message["exit"].get("code")
                 if code and self.current not in self.stop_for:
                     self._stop_all(f"node {k} failed (exit {code})")
+            elif message["event"] == "gang-failing" and message["attempt"] == self.current:
+                if self.current not in self.stop_for:
+                    self._stop_all(f"node {k} failed (exit {message['code']})")
             elif message["event"] == "gang-stop":
                 self.final = self.final or message["reason"]
                 self._stop_all(message["reason"])
@@ -308,11 +353,21 @@ class Keeper:
         with self.lock:
             if self.finishing:
                 return
-            self.lost[k] = why
+            self.lost[k] = why  # no later attempt: it cannot take part again
             if k not in self.ended:
-                self.say(f"ddp-orch: lost node {k}: {why}")
                 self._stop_all(f"lost node {k} ({why})")
             self.lock.notify_all()
+        self.say(f"ddp-orch: lost node {k}: {why}")
+
+    def on_own_failure(self, attempt: int, code: int) -> None:
+        """This node's torchrun exited non-zero (called from its reaper thread)."""
+        if self.node_rank == 0:
+            with self.lock:
+                if attempt == self.current and attempt not in self.stop_for:
+                    self._stop_all(f"node 0 failed (exit {code})")
+                    self.lock.notify_all()
+        elif self.head is not None:
+            self.head.send({"event": "gang-failing", "attempt": attempt, "code": code})
 
     def _stop_all(self, reason: str) -> None:
         """Every node that has not ended stops (called holding the lock)."""
@@ -338,13 +393,14 @@ class Keeper:
         sock = peers.connect(gang["addr"], int(gang["port"]), self.node_rank, gang["token"],
                              deadline)
         self.head = peers.Link(sock, self._from_head, self._head_lost).start()
-        code, state = 1, "failed"
+        if self.final:  # signalled while connecting
+            self.on_local_stop()
+        code = 1
         while True:
             message = self.inbox.get()
             if message is None:
                 return code, "failed" if not self.final else "interrupted"
             if message["event"] == "gang-finish":
-                self.finishing = True
                 self.head.close()
                 return code, message["state"]
             if message["event"] == "gang-start":
@@ -354,6 +410,8 @@ class Keeper:
                                 "exit": event})
 
     def _from_head(self, message: dict) -> None:
+        if message["event"] == "gang-finish":
+            self.finishing = True  # the link closing next is no loss
         if message["event"] == "gang-stop":
             with self.lock:
                 self.stop_for.setdefault(message["attempt"], message["reason"])
@@ -363,13 +421,28 @@ class Keeper:
         self.inbox.put(message)
 
     def _head_lost(self, why: str) -> None:
+        if self.finishing:
+            return
         why = f"lost the gang's head, node 0 ({why})"
         with self.lock:
             self.final = self.final or why
             if self.supervisor is not None:
                 self.supervisor.request_stop(why)
-        self.say(f"ddp-orch: {why}; stopping this node")
         self.inbox.put(None)
+        self.say(f"ddp-orch: {why}; stopping this node")
+
+
+def compact(event: dict) -> dict:
+    """A node's exit record, capped (``MAX_*``) for the attempts node 0 keeps."""
+    out = dict(event)
+    out["failures"] = [dict(f, message=str(f.get("message", ""))[-MAX_MESSAGE:])
+                       for f in list(event.get("failures") or [])[:MAX_FAILURES]
+                       if isinstance(f, dict)]
+    out["last_lines"] = [str(line)[-MAX_LINE:]
+                         for line in list(event.get("last_lines") or [])[-MAX_LAST_LINES:]]
+    out["survivors"] = list(event.get("survivors") or [])[:5]
+    out["reason"] = str(event.get("reason", ""))[:MAX_MESSAGE]
+    return out
 
 
 def _free_port() -> int:

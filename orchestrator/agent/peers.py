@@ -97,22 +97,32 @@ class Link:
             self.on_lost(why)
 
 
-def listener() -> socket.socket:
-    """Node 0's gang port: any free port, on every interface (the peers reach
-    node 0 at the run's master address)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("", 0))
-    sock.listen(64)
-    return sock
+def listener(avoid: int | None = None) -> socket.socket:
+    """Node 0's gang port: any free port but ``avoid``, on every interface
+    (the peers reach node 0 at the run's master address). ``avoid`` is the
+    master port: it was only probed, so it is free, and the kernel may well
+    hand it out again, right before torchrun's store needs it."""
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", 0))
+        if sock.getsockname()[1] != avoid:
+            sock.listen(64)
+            return sock
+        sock.close()
 
 
 def accept_hello(conn: socket.socket, token: str, nnodes: int) -> tuple[int, bytes]:
     """The node rank a new connection says it is, once its ``gang-hello``
-    carries the run's token; raises ProtocolError otherwise."""
-    conn.settimeout(GANG_TIMEOUT_S)
+    carries the run's token, within ``GANG_TIMEOUT_S`` in all; raises
+    ProtocolError (or socket.timeout) otherwise."""
+    deadline = time.monotonic() + GANG_TIMEOUT_S
     data = b""
     while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ProtocolError("no hello in time")
+        conn.settimeout(left)
         chunk = conn.recv(4096)
         if not chunk or len(data) > 4096:
             raise ProtocolError("no hello")

@@ -58,6 +58,7 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "gang-start": {"attempt": (int,), "master_port": (int,)},
     "gang-stop": {"attempt": (int,), "reason": (str,), "final": (bool,)},
     "gang-ended": {"attempt": (int,), "exit": (dict,)},
+    "gang-failing": {"attempt": (int,), "code": (int,)},
     "gang-finish": {"state": (str,)},
 }
 FAILURE_FIELDS: dict[str, tuple[type, ...]] = {

@@ -159,7 +159,10 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         killed, survivors = procs.terminate(lambda: procs.marked_processes(marker),
                                             float(request.get("grace_s", 5)),
                                             still_ours=lambda pid: procs.has_marker(pid, marker))
-        killed |= {keeper} if keeper else set()
+        if keeper:  # it tore its node down and ended, or it would not
+            killed.add(keeper)
+            if daemon.keeper_pid(str(request["run_dir"])) == keeper:
+                survivors[keeper] = procs.command_line(keeper) + " (the run's keeper)"
         reply(ok=True, killed=sorted(killed),
               survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])
     else:

@@ -20,7 +20,7 @@ import threading
 import time
 
 from . import procs
-from .shim import STACK_SIGNAL, stacks_file
+from .shim import SHIM_MODULE, STACK_SIGNAL, stacks_file
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
 MAX_DUMP = 1 << 20  # bytes kept of one rank's dump
@@ -55,7 +55,7 @@ def workers(run_id: str) -> dict[int, tuple[int, int]]:
         env = environ_of(pid)
         rank, node = env.get("RANK", ""), env.get("DDP_ORCH_NODE_RANK", "")
         if env.get("DDP_ORCH_RUN_ID") == run_id and rank.isdigit() and node.isdigit() \
-                and "ddp_orch_shim" in procs.command_line(pid):
+                and SHIM_MODULE in procs.command_line(pid):
             candidates[pid] = (int(rank), int(node))
     return {rank: (pid, node) for pid, (rank, node) in candidates.items()
             if parents.get(pid) not in candidates}

@@ -52,6 +52,9 @@ class Supervisor:
         # torchrun's --log-dir: each attempt of a kept run has its own (keeper.py)
         self.log_dir = spec.get("log_dir") or os.path.join(self.run_dir, "torchrun")
         self.last_exit: dict | None = None  # the exit event, once emitted
+        # Called with torchrun's exit code as soon as it is reaped (a keeper
+        # tells the gang at once; keeper.py).
+        self.on_torchrun_exit = lambda code: None
         self.marker = (f"DDP_ORCH_RUN_ID={spec['run_id']}",
                        f"DDP_ORCH_NODE_RANK={spec['node_rank']}")
         self.grace_s = float(spec.get("grace_s", 10.0))
@@ -72,9 +75,12 @@ class Supervisor:
         self.wakeup = _Wakeup()  # torchrun exited or a stop was requested
         self.workers_done = threading.Event()  # follow the worker logs to their end
         # Masked in our own output too where it goes to a file (a Slurm job's
-        # agent.out); over a channel the controller masks what it receives.
-        self.masks = [v.encode() for v in spec.get("secrets", ())] \
+        # or a keeper's agent.out); over a channel the controller masks what
+        # it receives. Output is masked as bytes; control lines string by
+        # string before they are encoded, so they stay valid JSON.
+        self.secrets = [v for v in spec.get("secrets", ()) if v] \
             if not spec.get("watch_stdin", True) else []
+        self.masks = [v.encode() for v in self.secrets]
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -185,7 +191,7 @@ class Supervisor:
                 self.workers_done.wait(FOLLOW_POLL_S)
         self.write_out(logs.read(final=True))
 
-    def write_out(self, data: bytes) -> None:
+    def write_out(self, data: bytes, control: bool = False) -> None:
         """Whole lines only (one writer at a time), so control lines stay whole.
 
         A controller that is gone (killed, or its SSH link dropped) closes our
@@ -194,7 +200,7 @@ class Supervisor:
         that went silent (no FIN, no RST) is noticed by its missing pings
         (``wait``), and from then on output is dropped too.
         """
-        if data and self.masks:
+        if data and self.masks and not control:
             data = files.mask(data, self.masks)
         if data and not self.controller_lost:
             # A write blocks while a partitioned controller's pipe is full; the
@@ -214,13 +220,18 @@ class Supervisor:
         return self.tail.decode("utf-8", "replace").splitlines()[-200:]
 
     def emit(self, payload: dict) -> None:
-        self.write_out(encode(payload))
+        self.write_out(encode(files.mask_strings(payload, self.secrets)), control=True)
 
     def reap_torchrun(self, pid: int) -> None:
         """Block until torchrun exits: the run's end is seen at once, no polling."""
         self.exit_code = procs.reap(pid, block=True)
         self.exited.set()
         self.wakeup.set()
+        if not self.stop_requested:
+            try:
+                self.on_torchrun_exit(self.exit_code)
+            except Exception:  # noqa: BLE001 (a gang notice must not break the teardown)
+                pass
 
     def wait(self, pid: int) -> int | None:
         """torchrun's exit code, or None once a stop is requested.

@@ -17,9 +17,11 @@ import time
 from abc import abstractmethod
 from typing import Any, Mapping, Sequence
 
+from workloads.contract import MAX_RESTARTS_ENV
+
 from ..config.spec import AUTO_PORT
 from ..console import Console
-from ..errors import TransportError
+from ..errors import LaunchError, TransportError
 from ..plan.build import resolve_plan
 from ..plan.dryrun import DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
@@ -59,7 +61,10 @@ class AgentBackend(LaunchBackend):
     # -- the interface -------------------------------------------------------
 
     def dryrun(self, plan: RunPlan) -> DryRun:
-        nodes = tuple(NodeLaunch(node=node, where=self.where(node), env=node.env,
+        restarts = {MAX_RESTARTS_ENV: str(self.options.max_restarts)} \
+            if self.options.max_restarts else {}
+        nodes = tuple(NodeLaunch(node=node, where=self.where(node),
+                                 env=dict(sorted({**node.env, **restarts}.items())),
                                  unset_env=node.unset_env, argv=torchrun_argv(plan, node),
                                  connection=self.connection(node.node_rank))
                       for node in plan.nodes)
@@ -159,6 +164,10 @@ class AgentBackend(LaunchBackend):
             gang = KeptGang(info, record.run, agents, console, grace_s=self.options.grace_s,
                             start=False, detach=False, rule=DETACHED, lines=lines)
             outcome = gang.run()
+            if gang.lost_contact:
+                raise LaunchError(f"{gang.lost_contact}; run {record.run_id} goes on there "
+                                  f"(`ddp-orch status {record.run_id}` asks the nodes; attach "
+                                  f"again once they are reachable)")
             if outcome.state is RunState.RUNNING:
                 return outcome
             result = self._fetch(info, transports, outcome, record.run, {})
@@ -200,7 +209,7 @@ class AgentBackend(LaunchBackend):
             return RunDescription(ran.state, ran.nodes, ran.root_cause,
                                   f"ended {_when(ended)}, as node 0's keeper recorded",
                                   tuple(a for a, _ in attempts), ended)
-        lines, lost = [], []
+        lines, gone = [], []
         for k, node in enumerate(record.nodes):
             reply = done.succeeded.get(k)
             kept = (reply or {}).get("keeper") or {}
@@ -209,16 +218,19 @@ class AgentBackend(LaunchBackend):
                              f"{_message(done.failed[k])}")
             elif reply.get("alive"):
                 lines.append(f"  node {k} ({node.host}): running, attempt {kept.get('attempt', 0)}")
-            else:
-                lost.append(NodeOutcome(k, node.host, NodeState.LOST, kept.get("code"),
+            elif kept.get("state") not in (None, "running"):
+                lines.append(f"  node {k} ({node.host}): {kept['state']} "
+                             f"(exit {kept.get('code')})")
+            else:  # recorded as running, but its keeper is not: killed
+                gone.append(NodeOutcome(k, node.host, NodeState.LOST, kept.get("code"),
                                         "its keeper is gone without finishing (killed?)",
                                         kept.get("updated")))
-                lines.append(f"  node {k} ({node.host}): {kept.get('state') or 'no keeper'}")
-        alive = any((done.succeeded.get(k) or {}).get("alive") for k in range(len(record.nodes)))
-        state = RunState.RUNNING if alive else RunState.FAILED
-        return RunDescription(state, () if alive else tuple(lost),
-                              None if alive else (lost[0] if lost else None),
-                              "the nodes say:\n" + "\n".join(lines))
+                lines.append(f"  node {k} ({node.host}): its keeper is gone without finishing")
+        detail = "the nodes say:\n" + "\n".join(lines)
+        # Over only on firm ground: every node answered and no keeper runs.
+        if done.failed or any(r.get("alive") for r in done.succeeded.values()):
+            return RunDescription(RunState.RUNNING, (), None, detail)
+        return RunDescription(RunState.FAILED, tuple(gone), gone[0] if gone else None, detail)
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
         return self._stacks(record.run_id, record.nodes, native)

@@ -22,6 +22,7 @@ Ctrl-C in ``attach`` only leaves it.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from typing import Mapping
 
@@ -56,19 +57,24 @@ class KeptGang(Gang):
         self.offset = offset
         self.lines = lines
         self.left = False  # the controller left a running run (detached, or attach Ctrl-C)
+        self.keepers_started: set[int] = set()
+        self.lost_contact = ""  # why the controller left, when it was not asked to
 
     def run(self) -> RunOutcome:
         began = time.monotonic()
         by_rank = {h.node.node_rank: h for h in self.handles}
         try:
-            if self.start:
-                self._start_keepers(by_rank)
-            for handle in self.handles:  # from the start, the stream is the whole log
-                handle.log_mode = "ab" if self.start or self.lines is not None else "wb"
-            on_all(lambda k: by_rank[k].follow(
-                run_dir=by_rank[k].node.run_dir, attached=self.rule == ATTACHED and not self.detach,
-                **({"lines": self.lines} if self.lines is not None else {"offset": self.offset})),
-                by_rank).values("following the nodes", self._label)
+            self._begin(by_rank)
+        except BaseException:
+            if self.start:  # keepers that nobody follows must not run on: end them
+                self._down_started(by_rank)
+            for handle in self.handles:
+                handle.agent.close(timeout_s=2.0)
+            raise
+        try:
+            # The followers hear us (``ping``): an attached run's follower stops
+            # its keeper after PEER_TIMEOUT_S of silence.
+            threading.Thread(target=self._ping, daemon=True, name="kept-ping").start()
             self._watch()
         except KeyboardInterrupt:
             if self.start and not self.detach:  # the attached rule: Ctrl-C stops the run
@@ -86,6 +92,30 @@ class KeptGang(Gang):
                     handle.agent.close(timeout_s=2.0)  # the follower leaves; the run goes on
         return self._outcome(time.monotonic() - began)
 
+    def _begin(self, by_rank: Mapping) -> None:
+        """Start the keepers (unless attaching), then follow every node."""
+        if self.start:
+            self._start_keepers(by_rank)
+        for handle in self.handles:  # from the start, the stream is the whole log
+            handle.log_mode = "ab" if self.start or self.lines is not None else "wb"
+        on_all(lambda k: by_rank[k].follow(
+            run_dir=by_rank[k].node.run_dir, attached=self.rule == ATTACHED and not self.detach,
+            **({"lines": self.lines} if self.lines is not None else {"offset": self.offset})),
+            by_rank).values("following the nodes", self._label)
+
+    def _down_started(self, by_rank: Mapping) -> None:
+        """``down`` on every node whose keeper was started, over the channel
+        that started it (still answering requests: no ``follow`` was sent)."""
+        def down(k: int) -> None:
+            node = by_rank[k].node
+            by_rank[k].agent.call("down", run_id=self.plan.run_id, node_rank=k,
+                                  run_dir=node.run_dir, grace_s=self.grace_s)
+
+        done = on_all(down, sorted(self.keepers_started), timeout_s=self.grace_s + 45)
+        for k, exc in done.failed.items():
+            self.run_dir.note(k, f"could not end the keeper after a failed start: {exc}; "
+                                 f"run `ddp-orch down {self.plan.run_id}`")
+
     def _start_keepers(self, by_rank: Mapping) -> None:
         token = secrets.token_hex(16)
         port = int(self.plan.master_port)
@@ -100,6 +130,7 @@ class KeptGang(Gang):
             if not reply.get("ok"):
                 raise TransportError(by_rank[k].node.host, f"the keeper did not start: "
                                                            f"{reply.get('error')}")
+            self.keepers_started.add(k)
             return int(reply.get("gang_port") or 0)
 
         gang_port = start(0, 0)
@@ -122,9 +153,10 @@ class KeptGang(Gang):
                 for handle in gone + silent:
                     handle.partitioned = True
                 if self.detach or not self.start:  # the nodes own the run: leave it to them
-                    self.console.info(f"lost contact with {names}; the run goes on there "
-                                      f"under its keepers")
                     self.left = True
+                    self.lost_contact = f"lost contact with {names}"
+                    self.console.info(f"{self.lost_contact}; the run goes on there under "
+                                      f"its keepers")
                     return
                 # The attached rule: that node's follower stops its keeper; stop the rest.
                 self._stop_all(f"lost contact with {names}")

@@ -6,12 +6,13 @@ the process count reads the plan.
 
 from __future__ import annotations
 
+from ..agent.shim import SHIM_MODULE
 from .model import NodePlan, RunPlan
 
 TORCHRUN = ("-m", "torch.distributed.run")
 # Every rank runs the user's program through the worker shim (agent/shim.py,
 # shipped in the bundle as code/ddp_orch_shim.py): error files and stack dumps.
-SHIM = "ddp_orch_shim"
+SHIM = SHIM_MODULE
 
 
 def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:

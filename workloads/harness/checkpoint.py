@@ -8,9 +8,10 @@ fsyncs it and renames it over, so a crash mid-save leaves the previous
 checkpoint whole. Resuming, rank 0 reads the file and broadcasts it, so
 other nodes need no copy.
 
-Where: ``--checkpoint PATH``; under ddp-orch, by default ``checkpoint.pt``
-in the node's run directory (the working directory), so a whole-gang
-restart (``DDP_ORCH_RESTART_COUNT`` > 0) finds it. When: ``--resume``, or
+Where: ``--checkpoint PATH``; when the run may restart (ddp-orch sets
+``DDP_ORCH_MAX_RESTARTS``), by default ``checkpoint.pt`` in the node's run
+directory (the working directory), so a whole-gang restart
+(``DDP_ORCH_RESTART_COUNT`` > 0) finds it. When: ``--resume``, or
 any restart whose checkpoint exists. A resumed run continues exactly as
 an uninterrupted one with the same seed and world size.
 """
@@ -31,10 +32,10 @@ DEFAULT_NAME = "checkpoint.pt"
 
 
 def checkpoint_path(args: Any) -> str:
-    """``--checkpoint``, else the default under ddp-orch, else "" (none)."""
+    """``--checkpoint``, else the default when the run may restart, else "" (none)."""
     if args.checkpoint:
         return args.checkpoint
-    return DEFAULT_NAME if contract.RESTART_COUNT_ENV in os.environ else ""
+    return DEFAULT_NAME if contract.max_restarts() > 0 else ""
 
 
 def save(path: str, state: dict) -> None:
@@ -107,8 +108,11 @@ def epoch_saver(args: Any, ctx: DistContext, workload: str, model, optimizer, sc
 
 
 def restore(state: dict, model, optimizer, scaler, ctx: DistContext, args: Any,
-            log: Callable[[str], None]) -> tuple[int, int]:
+            log: Callable[[str], None], workload: str) -> tuple[int, int]:
     """Load ``state`` into the model, optimizer and scaler; (epoch, step) to start at."""
+    if state.get("workload") not in (None, workload):
+        raise WorkloadError(f"{checkpoint_path(args)} is a checkpoint of {state['workload']}, "
+                            f"not of {workload}; give --checkpoint a path of its own")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state.get("scaler"):
