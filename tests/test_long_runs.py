@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, start_cli, wait_for_lines
 from labhome import lab_cluster, lab_home
 from procscan import marked_pids, wait_gone
 
@@ -235,7 +235,6 @@ def test_mnist_resumed_after_a_restart_ends_where_an_uninterrupted_run_does(ssh_
 def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab, tmp_path):
     """--max-restarts alone keeps the attached rule: the followers lose their
     controller, and each stops its keeper."""
-    from conftest import start_cli, wait_for_lines
 
     env, cluster = setup(ssh_lab, tmp_path, "att", "{steps: 4000, sleep: 0.1}")
     proc = start_cli("up", cluster, "--run-id", "att", "--runs-dir", str(tmp_path / "runs"),
@@ -253,7 +252,6 @@ def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab
 
 
 def test_ctrl_c_on_attach_leaves_the_run_and_logs_follow_it(ssh_lab, tmp_path):
-    from conftest import start_cli, wait_for_lines
 
     env, cluster = setup(ssh_lab, tmp_path, "cc", "{steps: 60, sleep: 0.2}")
     assert up(env, tmp_path, cluster, "cc", "--detach").returncode == 0

@@ -12,6 +12,7 @@ checked by size and SHA-256 on both ends, so a node needs no SFTP. After
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Mapping
 
 from ..agent import bootstrap
@@ -126,8 +127,19 @@ class AgentHandle:
         self.reader.buffer = data + self.reader.buffer
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """EOF to the agent: it exits (a supervisor tears its run down first)."""
-        self.process.close_stdin()
+        """EOF to the agent: it exits (a supervisor tears its run down first).
+
+        A node that never reads its stdin (a hung interpreter) leaves a send
+        blocked on a full pipe, holding the stream's lock, and the EOF would
+        wait on that lock forever: after ``timeout_s`` the command is aborted
+        instead, which also ends the blocked send."""
+        closer = threading.Thread(target=self.process.close_stdin, daemon=True,
+                                  name=f"close-{self.host}")
+        closer.start()
+        closer.join(timeout_s)
+        if closer.is_alive():
+            self.process.abort()
+            return
         try:
             self.process.wait(timeout=timeout_s)
         except TimeoutError:
