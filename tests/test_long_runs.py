@@ -150,12 +150,17 @@ def test_down_stops_a_detached_run(ssh_lab, tmp_path):
     assert "-> stopped on purpose" not in out  # one attempt: no restart line
 
 
+def up_with_restarts(lab, tmp_path, run_id: str, args: str, restarts: int, code: int) -> str:
+    """``up --max-restarts`` of steps.py to its end; its output."""
+    env, cluster = setup(lab, tmp_path, run_id, args)
+    done = up(env, tmp_path, cluster, run_id, "--max-restarts", str(restarts))
+    assert done.returncode == code, done.stdout + done.stderr
+    return done.stdout
+
+
 def test_max_restarts_recovers_a_failure_of_the_first_attempt(ssh_lab, tmp_path):
-    env, cluster = setup(ssh_lab, tmp_path, "re1",
-                         "{steps: 4, fail_rank: 1, fail_step: 1}")
-    done = up(env, tmp_path, cluster, "re1", "--max-restarts", "1")
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
+    out = up_with_restarts(ssh_lab, tmp_path, "re1", "{steps: 4, fail_rank: 1, fail_step: 1}",
+                           1, 0)
     assert "attempts: 2" in out
     assert "attempt 0 (port " in out and "RuntimeError: planned failure at step 1 of attempt " \
            "0 (steps.py:" in out and "-> restarting" in out
@@ -175,11 +180,8 @@ def test_max_restarts_recovers_a_failure_of_the_first_attempt(ssh_lab, tmp_path)
 
 
 def test_a_recurring_failure_stops_after_n_restarts(ssh_lab, tmp_path):
-    env, cluster = setup(ssh_lab, tmp_path, "re3",
-                         "{steps: 4, fail_rank: 2, fail_step: 1, fail_attempts: 9}")
-    done = up(env, tmp_path, cluster, "re3", "--max-restarts", "2")
-    out = done.stdout
-    assert done.returncode == 1, out + done.stderr
+    out = up_with_restarts(ssh_lab, tmp_path, "re3",
+                           "{steps: 4, fail_rank: 2, fail_step: 1, fail_attempts: 9}", 2, 1)
     assert "attempts: 3" in out, out
     assert out.count("-> restarting") == 2
     assert "attempt 2 (port " in out and "planned failure at step 1 of attempt 2" in out

@@ -131,16 +131,8 @@ class AgentBackend(LaunchBackend):
     def cancel(self, record: RunRecord) -> list[CancelResult]:
         def down(k: int) -> CancelResult:
             node = record.nodes[k]
-            transport = self.transport(node.node_rank, node.host, node.connection)
-            try:
-                agent = AgentHandle(transport, node.python)
-                try:
-                    reply = agent.call("down", run_id=record.run_id, node_rank=node.node_rank,
-                                       run_dir=node.run_dir, grace_s=self.options.grace_s)
-                finally:
-                    agent.close()
-            finally:
-                transport.close()
+            reply = self._ask(node, "down", run_id=record.run_id, node_rank=node.node_rank,
+                              run_dir=node.run_dir, grace_s=self.options.grace_s)
             return CancelResult(node.node_rank, node.host, tuple(reply.get("killed") or ()),
                                 "" if reply["ok"] else str(reply.get("error")),
                                 tuple(reply.get("survivors") or ()))
@@ -186,15 +178,7 @@ class AgentBackend(LaunchBackend):
 
         def ask(k: int) -> dict:
             node = record.nodes[k]
-            transport = self.transport(node.node_rank, node.host, node.connection)
-            try:
-                agent = AgentHandle(transport, node.python)
-                try:
-                    reply = agent.call("keeper", run_dir=node.run_dir)
-                finally:
-                    agent.close()
-            finally:
-                transport.close()
+            reply = self._ask(node, "keeper", run_dir=node.run_dir)
             if not reply.get("ok"):
                 raise TransportError(node.host, str(reply.get("error")))
             return reply
@@ -246,17 +230,9 @@ class AgentBackend(LaunchBackend):
 
         def ask(host: str) -> list[dict]:
             first = nodes[hosts[host][0]]
-            transport = self.transport(first.node_rank, first.host, first.connection)
-            try:
-                agent = AgentHandle(transport, first.python)
-                try:
-                    reply = agent.call("stacks", run_id=run_id, native=native,
-                                       timeout=STACKS_TIMEOUT_S, max_reply=256 << 20,
-                                       run_dirs={k: nodes[k].run_dir for k in hosts[host]})
-                finally:
-                    agent.close()
-            finally:
-                transport.close()
+            reply = self._ask(first, "stacks", run_id=run_id, native=native,
+                              timeout=STACKS_TIMEOUT_S, max_reply=256 << 20,
+                              run_dirs={k: nodes[k].run_dir for k in hosts[host]})
             if not reply.get("ok"):
                 raise TransportError(first.host, str(reply.get("error")))
             return rank_stacks(json.loads(reply.get("data") or b"[]"), nodes)
@@ -276,6 +252,19 @@ class AgentBackend(LaunchBackend):
                 transport.close()
 
     # -- helpers ------------------------------------------------------------
+
+    def _ask(self, node: NodeRecord, op: str, **fields: Any) -> dict:
+        """One request to a recorded node over a fresh agent, which then exits
+        (``down``, ``status``, ``stacks``: commands about a run, not in it)."""
+        transport = self.transport(node.node_rank, node.host, node.connection)
+        try:
+            agent = AgentHandle(transport, node.python)
+            try:
+                return agent.call(op, **fields)
+            finally:
+                agent.close()
+        finally:
+            transport.close()
 
     def _not_joined(self, info: DryRun, hung: list[int], console: Console) -> RunOutcome:
         """Nodes whose agent never answered within the start timeout (a hung

@@ -48,15 +48,10 @@ class KeptGang(Gang):
 
     def __init__(self, *args, start: bool, detach: bool, rule: str, max_restarts: int = 0,
                  offset: int = 0, lines: int | None = None, **kwargs):
-        kwargs.setdefault("watch_silence", True)
         super().__init__(*args, **kwargs)
-        self.start = start
-        self.detach = detach
-        self.rule = rule
+        self.start, self.detach, self.rule = start, detach, rule
         self.max_restarts = max_restarts
-        self.offset = offset
-        self.lines = lines
-        self.left = False  # the controller left a running run (detached, or attach Ctrl-C)
+        self.offset, self.lines = offset, lines  # where to follow from (attach)
         self.keepers_started: set[int] = set()
         self.lost_contact = ""  # why the controller left, when it was not asked to
 
