@@ -31,11 +31,11 @@ import threading
 import time
 
 from . import peers
+from .jobnode import STREAM_FILE  # a node's stream, under Slurm and kept alike
 from .procs import start_time
 from .protocol import HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
 
 STATE_FILE = "keeper.json"
-STREAM_FILE = "agent.out"
 FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
 
@@ -99,29 +99,46 @@ def _become_daemon(run_dir: str, keep: set[int]) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the keeper installs its own
 
 
-def keeper_pid(run_dir: str) -> int | None:
-    """The run's keeper here, if it still runs (pid and start time as recorded)."""
+def _recorded(run_dir: str) -> dict | None:
+    """The keeper's ``keeper.json`` here (None: there is none); OSError or
+    ValueError when it cannot be read."""
     try:
         with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as fh:
-            state = json.load(fh)
-        pid = int(state["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+            recorded = json.load(fh)
+    except FileNotFoundError:
         return None
-    if state.get("start_time") is None or start_time(pid) != state.get("start_time"):
+    if not isinstance(recorded, dict):
+        raise ValueError("not a JSON object")
+    return recorded
+
+
+def _live_pid(recorded: dict | None) -> int | None:
+    """The recorded keeper's pid, if that very process still runs (pid and
+    start time as recorded)."""
+    try:
+        pid = int(recorded["pid"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if recorded.get("start_time") is None or start_time(pid) != recorded.get("start_time"):
         return None
     return pid
+
+
+def keeper_pid(run_dir: str) -> int | None:
+    """The run's keeper here, if it still runs."""
+    try:
+        return _live_pid(_recorded(run_dir))
+    except (OSError, ValueError):
+        return None
 
 
 def state(run_dir: str) -> dict:
     """``serve``'s ``keeper``: the keeper's record here and whether it still runs."""
     try:
-        with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as fh:
-            recorded = json.load(fh)
-    except FileNotFoundError:
-        recorded = None
+        recorded = _recorded(run_dir)
     except (OSError, ValueError) as exc:
         return {"ok": False, "error": f"{STATE_FILE}: {exc}"}
-    return {"ok": True, "keeper": recorded, "alive": keeper_pid(run_dir) is not None}
+    return {"ok": True, "keeper": recorded, "alive": _live_pid(recorded) is not None}
 
 
 def signal_keeper(run_dir: str, sig: int = signal.SIGTERM) -> int | None:
@@ -219,9 +236,8 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
 
 def _ended(run_dir: str) -> bool:
     try:
-        with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as fh:
-            return json.load(fh).get("state") not in ("running", None)
-    except (OSError, ValueError, AttributeError):
+        return (_recorded(run_dir) or {}).get("state") not in ("running", None)
+    except (OSError, ValueError):
         return False
 
 

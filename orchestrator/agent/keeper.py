@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 
-from . import files, peers
+from . import files, peers, probes
 from .daemon import STATE_FILE
 from .procs import start_time
 from .protocol import encode
@@ -102,8 +102,12 @@ class Keeper:
         # value, before anything is serialized (masking serialized JSON could
         # break it: a "secret" may read "false").
         self.secrets = [v for v in self.sup_spec.get("secrets", ()) if v]
-        self.head: peers.Link | None = None
+        self.head: peers.Link | None = None  # a node's link to node 0
+        # node 0's view of the gang: the links, and per attempt who ended how
+        self.links: dict[int, peers.Link] = {}
         self.lost: dict[int, str] = {}
+        self.ended: dict[int, dict] = {}
+        self.stop_asked: set[int] = set()
         self._signalled = os.pipe()  # the signal handler's only act: a byte here
 
     # -- shared ---------------------------------------------------------------
@@ -216,9 +220,6 @@ class Keeper:
     # -- node 0 ---------------------------------------------------------------
 
     def lead(self) -> tuple[int, str]:
-        self.links: dict[int, peers.Link] = {}
-        self.ended: dict[int, dict] = {}
-        self.stop_asked: set[int] = set()
         threading.Thread(target=self._accept, daemon=True, name="gang-accept").start()
         deadline = time.monotonic() + float(self.spec["start_timeout_s"])
         with self.lock:
@@ -239,31 +240,11 @@ class Keeper:
         port = int(self.sup_spec["master_port"])
         for attempt in range(restarts + 1):
             if attempt:
-                port = _free_port()
+                port = _fresh_port()
             with self.lock:
                 self.current, self.ended, self.stop_asked = attempt, {}, set()
             self._broadcast({"event": "gang-start", "attempt": attempt, "master_port": port})
-            mine = self.run_attempt(attempt, port)
-            with self.lock:
-                self.ended[0] = mine
-                if mine.get("code") and attempt not in self.stop_for:
-                    self._stop_all(f"node 0 failed (exit {mine.get('code')})")
-                deadline = None
-                while len(self.ended) < self.nnodes:
-                    for k, why in self.lost.items():
-                        self.ended.setdefault(k, {"lost": why})
-                    if len(self.ended) >= self.nnodes:
-                        break
-                    if attempt in self.stop_for and deadline is None:
-                        deadline = time.monotonic() + float(self.sup_spec.get("grace_s", 10)) \
-                            + ENDED_WAIT_S
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        for k in range(self.nnodes):
-                            self.ended.setdefault(k, {"lost": "never reported its end"})
-                        break
-                    self.lock.wait(left if left is not None else 1.0)
-                ended = dict(self.ended)
+            ended = self._await_ended(attempt, self.run_attempt(attempt, port))
             codes = [e.get("code") for e in ended.values()]
             record = {"attempt": attempt, "master_port": port,
                       "stop_reason": self.stop_for.get(attempt, ""),
@@ -284,12 +265,36 @@ class Keeper:
             self.write_state("running")
             if why_not or attempt == restarts:
                 break
-            self.say(f"ddp-orch: attempt {attempt} failed ({record['stop_reason']}); restarting the whole gang "
-                     f"({attempt + 1} of {restarts} restart(s))")
+            self.say(f"ddp-orch: attempt {attempt} failed ({record['stop_reason']}); "
+                     f"restarting the whole gang ({attempt + 1} of {restarts} restart(s))")
         state = "interrupted" if self.final else "failed"
         self.finishing = True
         self._broadcast({"event": "gang-finish", "state": state})
         return int(self.ended.get(0, {}).get("code") or 1), state
+
+    def _await_ended(self, attempt: int, mine: dict) -> dict[int, dict]:
+        """Every node's end of ``attempt``, node 0's being ``mine``: its exit
+        event, or ``{"lost": why}`` for a node whose link is gone, or that has
+        not reported ``ENDED_WAIT_S`` past the grace period once stopped."""
+        with self.lock:
+            self.ended[0] = mine
+            if mine.get("code") and attempt not in self.stop_for:
+                self._stop_all(f"node 0 failed (exit {mine.get('code')})")
+            deadline = None
+            while True:
+                for k, why in self.lost.items():
+                    self.ended.setdefault(k, {"lost": why})
+                if len(self.ended) >= self.nnodes:
+                    return dict(self.ended)
+                if attempt in self.stop_for and deadline is None:
+                    deadline = time.monotonic() + float(self.sup_spec.get("grace_s", 10)) \
+                        + ENDED_WAIT_S
+                if deadline is not None and time.monotonic() >= deadline:
+                    for k in range(self.nnodes):
+                        self.ended.setdefault(k, {"lost": "never reported its end"})
+                    return dict(self.ended)
+                self.lock.wait(1.0 if deadline is None
+                               else max(0.01, deadline - time.monotonic()))
 
     def _compact_old_attempts(self) -> None:
         """Past ``FULL_ATTEMPTS``, an attempt keeps the records of the nodes
@@ -445,12 +450,9 @@ def compact(event: dict) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-def run_daemon(spec: dict, listener: socket.socket | None) -> int:
-    """The keeper process's body (``serve``'s ``detach`` made it a daemon)."""
-    return Keeper(spec, listener).run()
+def _fresh_port() -> int:
+    """A free port for the next attempt's rendezvous, as ``bind`` checks it."""
+    found = probes.bind(0)
+    if not found["ok"]:
+        raise OSError(f"no free port for the next attempt: {found['error']}")
+    return found["port"]

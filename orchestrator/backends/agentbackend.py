@@ -31,8 +31,8 @@ from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
-from .base import (STACKS_TIMEOUT_S, CancelResult, recorded_dryrun, LaunchBackend, OnRunning, Preflight,
-                   RunDescription, StacksResult, rank_stacks)
+from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
+                   RunDescription, StacksResult, rank_stacks, recorded_dryrun)
 from .bundle import build_bundle, scan_script_dir
 from .fanout import on_all
 from .gang import Gang
@@ -258,11 +258,7 @@ class AgentBackend(LaunchBackend):
         (``down``, ``status``, ``stacks``: commands about a run, not in it)."""
         transport = self.transport(node.node_rank, node.host, node.connection)
         try:
-            agent = AgentHandle(transport, node.python)
-            try:
-                return agent.call(op, **fields)
-            finally:
-                agent.close()
+            return _call(transport, node.python, op, **fields)
         finally:
             transport.close()
 
@@ -314,13 +310,9 @@ class AgentBackend(LaunchBackend):
         lost = [o.node_rank for o in outcome.nodes if o.state is NodeState.LOST]
 
         def sweep(k: int) -> None:
-            agent = AgentHandle(transports[k], info.plan.nodes[k].python)
-            try:
-                reply = agent.call("down", run_id=info.plan.run_id, node_rank=k,
-                                   run_dir=info.plan.nodes[k].run_dir,
-                                   grace_s=self.options.grace_s)
-            finally:
-                agent.close()
+            node = info.plan.nodes[k]
+            reply = _call(transports[k], node.python, "down", run_id=info.plan.run_id,
+                          node_rank=k, run_dir=node.run_dir, grace_s=self.options.grace_s)
             killed = reply.get("killed") or []
             run.note(k, f"node lost; down ended {len(killed)} leftover process(es)"
                   + (f": {' '.join(map(str, killed))}" if killed else "")
@@ -357,6 +349,15 @@ class AgentBackend(LaunchBackend):
             run.note(k, f"fetching results failed: {_message(exc)}")
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
+
+
+def _call(transport: Transport, python: str, op: str, **fields: Any) -> dict:
+    """One request over a fresh agent on ``transport``, which then exits."""
+    agent = AgentHandle(transport, python)
+    try:
+        return agent.call(op, **fields)
+    finally:
+        agent.close()
 
 
 def _when(stamp: object) -> str:

@@ -136,16 +136,21 @@ class Gang:
             elif self._hung():
                 return
             elif time.monotonic() > deadline and not all(h.started for h in self.handles):
-                missing = [h for h in self.handles if not h.joined] or \
-                    [h for h in self.handles if not h.started]
-                for handle in missing:
-                    handle.timed_out = True
-                names = ", ".join(self._label(h.node.node_rank) for h in missing)
-                self._stop_all(f"the rendezvous did not complete within "
-                               f"{self.start_timeout_s:g}s; not joined: {names}")
+                self._give_up_start()
                 return
             self._report_progress()
             self._changed.wait(0.5)  # woken at once when a node ends
+
+    def _give_up_start(self) -> None:
+        """The start timeout passed before every node started: name the nodes
+        that have not joined (else those not started), and stop every node."""
+        missing = [h for h in self.handles if not h.joined] or \
+            [h for h in self.handles if not h.started]
+        for handle in missing:
+            handle.timed_out = True
+        names = ", ".join(self._label(h.node.node_rank) for h in missing)
+        self._stop_all(f"the rendezvous did not complete within {self.start_timeout_s:g}s; "
+                       f"not joined: {names}")
 
     def _report_progress(self) -> None:
         """Each rank's last step and progress time into ``progress.json`` (for
@@ -230,18 +235,18 @@ class Gang:
         try:
             for handle in running:
                 handle.stop()
-            _wait_all(running, self.grace_s + 5.0)
+            wait_all(running, self.grace_s + 5.0)
         except KeyboardInterrupt:
             self.console.always("ddp-orch: second interrupt; killing now")
         finally:
             for handle in running:
                 handle.kill()
-            _wait_all(running, 5.0)
+            wait_all(running, 5.0)
             for handle in running:
                 handle.abort()
 
 
-def _wait_all(handles: list[NodeHandle], timeout_s: float) -> None:
+def wait_all(handles: list[NodeHandle], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(h.poll() is None for h in handles):
         time.sleep(0.05)

@@ -30,7 +30,7 @@ from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
     gang_outcome
 from .fanout import on_all
-from .gang import Gang
+from .gang import Gang, wait_all
 from .nodehandle import exit_outcome, supervisor_spec
 
 DETACHED, ATTACHED = "detached", "attached"  # the liveness rules of a kept run
@@ -162,23 +162,16 @@ class KeptGang(Gang):
                 return
             if self.start and not all(h.started for h in self.handles) and \
                     time.monotonic() > deadline and all(h.attempt == 0 for h in self.handles):
-                missing = [h for h in self.handles if not h.started]
-                for handle in missing:
-                    handle.timed_out = True
-                self._stop_all(f"the rendezvous did not complete within "
-                               f"{self.start_timeout_s:g}s; not joined: "
-                               + ", ".join(self._label(h.node.node_rank) for h in missing))
+                self._give_up_start()
                 self._await_finish()
                 return
             self._report_progress()
             self._changed.wait(0.5)
 
     def _await_finish(self) -> None:
-        """Until every keeper has finished, bounded by the grace period."""
-        deadline = time.monotonic() + self.grace_s + 30.0
-        while time.monotonic() < deadline and any(h.control is None and h.poll() is None
-                                                  for h in self.handles):
-            time.sleep(0.1)
+        """Until every keeper has finished (``poll`` gives the code of its
+        ``finished`` event), bounded by the grace period."""
+        wait_all(self.handles, self.grace_s + 30.0)
 
     def _outcome(self, wall_s: float) -> RunOutcome:
         """From node 0's record of every attempt (its ``finished`` event), or

@@ -221,7 +221,8 @@ class NodeHandle:
         """After the exit event: give the channel back to the agent, for
         fetching files. None when the channel is gone or was cut (or was
         a kept run's follower, which ends with the stream)."""
-        if self.kept or self.control is None or self.agent.process.poll() is not None or self.killed:
+        if self.kept or self.control is None or self.killed \
+                or self.agent.process.poll() is not None:
             return None
         self.agent.process.send(b"done\n")
         return self.agent

@@ -47,8 +47,8 @@ from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from . import slurmctl
-from .base import (STACKS_TIMEOUT_S, recorded_dryrun, CancelResult, LaunchBackend, OnRunning, Preflight,
-                   RunDescription, StacksResult, rank_stacks)
+from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
+                   RunDescription, StacksResult, rank_stacks, recorded_dryrun)
 from .bundle import build_bundle, scan_script_dir
 from .gang import Gang
 from .nodehandle import BUNDLE_NAME, supervisor_spec

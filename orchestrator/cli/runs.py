@@ -42,7 +42,7 @@ def _settled(record, described=None):
     that is recorded in ``state.json``, so the nodes are asked only once."""
     from ..errors import OrchestratorError
     from ..records.outcome import RunOutcome
-    from ..records.store import write_state
+    from ..records.store import record_end
 
     try:
         described = described or _described(record)
@@ -50,12 +50,15 @@ def _settled(record, described=None):
         return record
     if described.state.live:
         return record
-    wall = ((described.ended or time.time()) - record.started) if record.started else 0.0
-    write_state(record.run, run_id=record.run_id, backend=record.backend, state=described.state,
-                started=record.started or time.time(), nodes=record.nodes, rule=record.rule,
-                outcome=RunOutcome(record.run_id, described.state, wall, described.nodes,
-                                   described.root_cause, None, described.attempts))
+    record_end(record, RunOutcome(record.run_id, described.state,
+                                  _since_start(record, described.ended), described.nodes,
+                                  described.root_cause, None, described.attempts))
     return read_record(record.run) or record
+
+
+def _since_start(record, until: float | None = None) -> float:
+    """A recorded run's wall time, to ``until`` (default: now)."""
+    return ((until or time.time()) - record.started) if record.started else 0.0
 
 
 @click.command()
@@ -63,12 +66,10 @@ def _settled(record, described=None):
 @runs_dir_option
 def status(run_id: str, runs_dir: str) -> None:
     """Show one run: state, per-node outcomes, root cause and result."""
-    from ..backends import get_backend
-    from ..backends.base import LaunchOptions
     from ..report.runs import render_status
 
     record = find_run(runs_dir, run_id)
-    described = get_backend(record.backend, LaunchOptions()).describe(record)
+    described = _described(record)
     if record.rule == "detached" and record.live:
         record = _settled(record, described)
     click.echo(render_status(record, described), nl=False)
@@ -232,12 +233,9 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
         console.always(f"ddp-orch: left run {record.run_id}; it goes on on its nodes\n"
                        + render_detached(outcome, record.run.path))
         sys.exit(130)
-    from ..records.store import write_state
+    from ..records.store import record_end
 
-    write_state(record.run, run_id=record.run_id, backend=record.backend, state=outcome.state,
-                started=record.started or time.time(), nodes=record.nodes, rule=record.rule,
-                outcome=dataclasses.replace(outcome, wall_s=time.time() - (record.started
-                                                                         or time.time())))
-    console.always(render_summary(dataclasses.replace(outcome, wall_s=time.time() - (
-        record.started or time.time())), record.run.path))
+    outcome = dataclasses.replace(outcome, wall_s=_since_start(record))  # not just attach's
+    record_end(record, outcome)
+    console.always(render_summary(outcome, record.run.path))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)

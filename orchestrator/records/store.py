@@ -100,6 +100,14 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
     run.write_json(STATE_FILE, payload)
 
 
+def record_end(record: RunRecord, outcome: RunOutcome) -> None:
+    """Write how a recorded run ended, learnt after its controller left (a
+    detached run: ``status`` asked its nodes, or ``attach`` followed it)."""
+    write_state(record.run, run_id=record.run_id, backend=record.backend, state=outcome.state,
+                started=record.started or time.time(), nodes=record.nodes, outcome=outcome,
+                rule=record.rule)
+
+
 def process_alive(pid: int | None) -> bool:
     if not pid:
         return False
