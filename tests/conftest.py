@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -42,6 +43,16 @@ def wait_for_lines(proc: subprocess.Popen, text: str, count: int = 1) -> str:
         assert line, seen
         seen += line
     return seen
+
+
+def local_job(tmp_path, name: str, program: str, nodes: str, extra: str = "") -> str:
+    """``tests/programs/PROGRAM`` as a cluster file for this machine: the
+    program copied beside ``NAME.yaml``, ``nodes`` as YAML flow text, and
+    ``extra`` top-level lines first. Returns the file's path."""
+    shutil.copy(os.path.join(TESTS, "programs", program), tmp_path)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"{extra}nodes: {nodes}\nworkload: {{script: {program}}}\n")
+    return str(path)
 
 
 @pytest.fixture

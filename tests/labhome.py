@@ -7,9 +7,12 @@ ports, users, keys and known_hosts all come from ~/.ssh/config.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 from sshlab import SshLab
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
 
 
 def lab_home(lab: SshLab, root, *, omit_known: tuple = ()) -> dict[str, str]:
@@ -37,3 +40,13 @@ def lab_cluster(lab: SshLab, root, nodes: list[str], workload: str, *, extra: st
     path = root / f"{name}.yaml"
     path.write_text(text)
     return str(path)
+
+
+def lab_job(lab: SshLab, root, name: str, program: str, nodes: list[str], *,
+            args: str = "", extra: str = "") -> tuple[dict[str, str], str]:
+    """``tests/programs/PROGRAM`` copied into ``root`` and run on the lab's
+    ``nodes``: the env of a home for the lab (``lab_home``) and the cluster
+    file (``lab_cluster``, its workload ``{script: PROGRAM[, args: ARGS]}``)."""
+    shutil.copy(os.path.join(PROGRAMS, program), root)
+    workload = f"workload: {{script: {program}" + (f", args: {args}" if args else "") + "}\n"
+    return lab_home(lab, root), lab_cluster(lab, root, nodes, workload, extra=extra, name=name)

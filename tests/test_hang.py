@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import pytest
 
-from conftest import ROOT, run_cli, start_cli
+from conftest import local_job, run_cli, start_cli
 from orchestrator.backends.results import WantedFile, flight_recorder_files
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
 from procscan import wait_gone
 from workloads import contract
-
-PROGRAMS = os.path.join(ROOT, "tests", "programs")
 
 
 def plan_of(text: str):
@@ -67,12 +64,10 @@ def test_a_real_hang_is_caught_and_the_odd_rank_named(tmp_path):
     """Rank 2 sleeps while ranks 0-1 wait in gloo's all_reduce: after 10 s
     without progress every rank's stack is dumped, rank 2 is named, and the
     run ends with nothing left."""
-    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
-    (tmp_path / "hang.yaml").write_text(
-        "nodes: [{host: localhost, procs: 2}, {host: localhost, procs: 1}]\n"
-        "workload: {script: hang_rank2.py}\n")
+    cluster = local_job(tmp_path, "hang", "hang_rank2.py",
+                        "[{host: localhost, procs: 2}, {host: localhost, procs: 1}]")
     started = time.monotonic()
-    result = run_cli("up", str(tmp_path / "hang.yaml"), "--run-id", "hung", "--runs-dir",
+    result = run_cli("up", cluster, "--run-id", "hung", "--runs-dir",
                      str(tmp_path / "runs"), "--hang-timeout", "10", "--grace", "3", timeout=180)
     took = time.monotonic() - started
     assert result.returncode == 1, result.stdout + result.stderr
@@ -91,13 +86,10 @@ def test_a_real_hang_is_caught_and_the_odd_rank_named(tmp_path):
 def test_a_quiet_run_with_step_heartbeats_is_not_a_hang_and_shows_its_progress(tmp_path):
     """No output for 20 s, but step heartbeats: not a hang; `status` shows
     each rank's step, and `up --quiet` prints a progress line per node."""
-    shutil.copy(os.path.join(PROGRAMS, "quiet_steps.py"), tmp_path)
-    (tmp_path / "quiet.yaml").write_text(
-        "hang_timeout: 10\nnodes: [{host: localhost, procs: 2}]\n"
-        "workload: {script: quiet_steps.py}\n")
+    cluster = local_job(tmp_path, "quiet", "quiet_steps.py", "[{host: localhost, procs: 2}]",
+                        extra="hang_timeout: 10\n")
     runs = str(tmp_path / "runs")
-    proc = start_cli("up", str(tmp_path / "quiet.yaml"), "--run-id", "quiet", "--runs-dir", runs,
-                     "--quiet")
+    proc = start_cli("up", cluster, "--run-id", "quiet", "--runs-dir", runs, "--quiet")
     try:
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(runs, "quiet", "progress.json")):

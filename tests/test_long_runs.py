@@ -10,28 +10,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 
 import pytest
 
-from conftest import ROOT, run_cli, start_cli, wait_for_lines
-from labhome import lab_cluster, lab_home
+from conftest import run_cli, start_cli, wait_for_lines
+from labhome import lab_cluster, lab_home, lab_job
 from procscan import marked_pids, wait_gone
 
 pytestmark = pytest.mark.live
-PROGRAMS = os.path.join(ROOT, "tests", "programs")
 TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
 BOUND_S = 30.0
 
 
 def setup(lab, tmp_path, name: str, args: str, program: str = "steps.py",
           nodes=TWO_NODES, extra: str = ""):
-    shutil.copy(os.path.join(PROGRAMS, program), tmp_path)
-    env = lab_home(lab, tmp_path)
-    workload = f"workload: {{script: {program}, args: {args}}}\n"
-    return env, lab_cluster(lab, tmp_path, nodes, workload, name=name, extra=extra)
+    return lab_job(lab, tmp_path, name, program, nodes, args=args, extra=extra)
 
 
 def cli(env: dict, tmp_path, *args: str, timeout: float = 180):

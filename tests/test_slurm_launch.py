@@ -19,7 +19,11 @@ PROGRAMS = os.path.join(ROOT, "tests", "programs")
 PYTHON = sys.executable
 
 
-def cluster(tmp_path, name: str, nodes: str, workload: str, extra: str = "") -> str:
+def cluster(tmp_path, name: str, nodes: str, workload: str, extra: str = "",
+            program: str = "") -> str:
+    """``NAME.yaml`` for the lab's Slurm; ``program``: copy it from tests/programs too."""
+    if program:
+        shutil.copy(os.path.join(PROGRAMS, program), tmp_path)
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"name: {name}\nbackend: slurm\npython: {PYTHON}\n{extra}"
                     f"nodes: {nodes}\n{workload}")
@@ -87,9 +91,9 @@ def test_count_mode_with_cpu_processes(slurm_lab, tmp_path):
 
 
 def test_a_rank_that_raises_is_the_root_cause_and_nothing_stays_queued(slurm_lab, tmp_path):
-    shutil.copy(os.path.join(PROGRAMS, "fail_on_rank.py"), tmp_path)
     path = cluster(tmp_path, "raise", "[{host: node1, procs: 1}, {host: node2, procs: 2}]",
-                   "workload: {script: fail_on_rank.py, args: {rank: 2}}\n")
+                   "workload: {script: fail_on_rank.py, args: {rank: 2}}\n",
+                   program="fail_on_rank.py")
     result = up(slurm_lab, tmp_path, path, "raise")
     assert result.returncode == 1, result.stdout + result.stderr
     summary = result.stdout.split("\nrun raise: ")[1]
@@ -102,9 +106,8 @@ def test_a_rank_that_raises_is_the_root_cause_and_nothing_stays_queued(slurm_lab
 
 
 def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
-    shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), tmp_path)
     path = cluster(tmp_path, "ctrlc", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
-                   "workload: {script: sleeper.py}\n")
+                   "workload: {script: sleeper.py}\n", program="sleeper.py")
     proc = start_up(slurm_lab, tmp_path, path, "ctrlc")
     try:
         wait_for_lines(proc, "training", 2)
@@ -121,9 +124,8 @@ def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
 
 
 def test_down_of_a_running_job_and_status_and_logs(slurm_lab, tmp_path):
-    shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), tmp_path)
     path = cluster(tmp_path, "down", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
-                   "workload: {script: sleeper.py}\n")
+                   "workload: {script: sleeper.py}\n", program="sleeper.py")
     proc = start_up(slurm_lab, tmp_path, path, "down")
     runs = str(tmp_path / "runs")
     try:
@@ -227,9 +229,8 @@ def test_pinned_gpus_that_another_job_holds_are_refused_by_name(slurm_lab, tmp_p
 
 
 def test_stacks_of_a_slurm_run_come_from_a_step_in_the_job(slurm_lab, tmp_path):
-    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
     path = cluster(tmp_path, "stk", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
-                   "workload: {script: hang_rank2.py}\n")
+                   "workload: {script: hang_rank2.py}\n", program="hang_rank2.py")
     proc = start_up(slurm_lab, tmp_path, path, "stk")
     try:
         wait_for_lines(proc, "training", 3)
@@ -246,9 +247,9 @@ def test_stacks_of_a_slurm_run_come_from_a_step_in_the_job(slurm_lab, tmp_path):
 
 
 def test_detach_leaves_the_job_to_slurm_and_attach_follows_it_to_the_result(slurm_lab, tmp_path):
-    shutil.copy(os.path.join(PROGRAMS, "steps.py"), tmp_path)
     path = cluster(tmp_path, "sdet", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
-                   "workload: {script: steps.py, args: {steps: 40, sleep: 0.25}}\n")
+                   "workload: {script: steps.py, args: {steps: 40, sleep: 0.25}}\n",
+                   program="steps.py")
     started = up(slurm_lab, tmp_path, path, "sdet", "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
     assert "run sdet is running on node 0 (node1), node 1 (node2)" in started.stdout

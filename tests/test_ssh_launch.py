@@ -9,11 +9,12 @@ import shutil
 import pytest
 
 from conftest import ROOT, every_file_holding, run_cli, start_cli, wait_for_lines
-from labhome import lab_cluster, lab_home
+from labhome import lab_cluster, lab_home, lab_job
 from procscan import wait_gone
 
 pytestmark = pytest.mark.live
 PROGRAMS = os.path.join(ROOT, "tests", "programs")
+TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
 HOSTILE = "it's \"quoted\" $(touch /tmp/ddp-orch-pwned) `id` ; rm -rf / \n second line \\ $HOME"
 
 
@@ -83,10 +84,8 @@ def test_unknown_host_key_is_refused_with_the_fix(ssh_lab, tmp_path):
 
 
 def test_a_worker_crash_on_node1_tears_down_node0(ssh_lab, tmp_path):
-    shutil.copy(os.path.join(PROGRAMS, "fail_on_rank.py"), tmp_path / "fail_on_rank.py")
-    env = lab_home(ssh_lab, tmp_path)
-    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 2}", "{host: node1, procs: 1}"],
-                          "workload: {script: fail_on_rank.py, args: {rank: 2}}\n", name="crash")
+    env, cluster = lab_job(ssh_lab, tmp_path, "crash", "fail_on_rank.py", TWO_NODES,
+                           args="{rank: 2}")
     result = run_cli("up", cluster, "--run-id", "crash", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", env=env, timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -126,10 +125,8 @@ def test_no_file_on_the_controller_or_the_nodes_holds_a_secret(ssh_lab, tmp_path
 def test_an_exception_without_record_is_quoted_as_the_root_cause(ssh_lab, tmp_path):
     """No @record in the script: the worker shim writes torchrun's error file,
     so the root cause quotes the exception with its file and line."""
-    shutil.copy(os.path.join(PROGRAMS, "plain_raise.py"), tmp_path)
-    env = lab_home(ssh_lab, tmp_path)
-    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 1}", "{host: node1, procs: 2}"],
-                          "workload: {script: plain_raise.py}\n", name="plain")
+    env, cluster = lab_job(ssh_lab, tmp_path, "plain", "plain_raise.py",
+                           ["{host: node0, procs: 1}", "{host: node1, procs: 2}"])
     result = run_cli("up", cluster, "--run-id", "plain", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", env=env, timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -147,10 +144,7 @@ def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
     listed with a frame of the user's script, and rank 2 is marked."""
     from procscan import wait_gone
 
-    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
-    env = lab_home(ssh_lab, tmp_path)
-    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 2}", "{host: node1, procs: 1}"],
-                          "workload: {script: hang_rank2.py}\n", name="stk")
+    env, cluster = lab_job(ssh_lab, tmp_path, "stk", "hang_rank2.py", TWO_NODES)
     runs = str(tmp_path / "runs")
     proc = start_cli("up", cluster, "--run-id", "stk", "--runs-dir", runs, "--grace", "3", env=env)
     try:
@@ -169,11 +163,8 @@ def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
 def test_a_hang_across_two_hosts_is_caught_and_rank2_named(ssh_lab, tmp_path):
     from procscan import wait_gone
 
-    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
-    env = lab_home(ssh_lab, tmp_path)
-    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 2}", "{host: node1, procs: 1}"],
-                          "workload: {script: hang_rank2.py}\n", extra="hang_timeout: 10\n",
-                          name="hung")
+    env, cluster = lab_job(ssh_lab, tmp_path, "hung", "hang_rank2.py", TWO_NODES,
+                           extra="hang_timeout: 10\n")
     result = run_cli("up", cluster, "--run-id", "hung", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", env=env, timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import pytest
 
-from conftest import ROOT, run_cli, start_cli, wait_for_lines
+from conftest import local_job, run_cli, start_cli, wait_for_lines
 from orchestrator.backends.base import RankStack, StacksResult
 from orchestrator.report.stacks import groups, main_thread, odd_ranks, rank_span, render_stacks
 from procscan import wait_gone
 
-PROGRAMS = os.path.join(ROOT, "tests", "programs")
 SITE = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
 WAITING = f'''Thread 0x00007f0000000002 (most recent call first):
@@ -87,13 +85,10 @@ def test_rank_spans_read_like_a_person_writes_them():
 
 @pytest.mark.live
 def test_stacks_of_a_real_hang_name_the_rank_that_went_elsewhere(tmp_path):
-    shutil.copy(os.path.join(PROGRAMS, "hang_rank2.py"), tmp_path)
-    (tmp_path / "hang.yaml").write_text(
-        "nodes: [{host: localhost, procs: 2}, {host: localhost, procs: 1}]\n"
-        "workload: {script: hang_rank2.py}\n")
+    cluster = local_job(tmp_path, "hang", "hang_rank2.py",
+                        "[{host: localhost, procs: 2}, {host: localhost, procs: 1}]")
     runs = str(tmp_path / "runs")
-    proc = start_cli("up", str(tmp_path / "hang.yaml"), "--run-id", "hang", "--runs-dir", runs,
-                     "--grace", "3")
+    proc = start_cli("up", cluster, "--run-id", "hang", "--runs-dir", runs, "--grace", "3")
     try:
         wait_for_lines(proc, "training", 3)
         result = run_cli("stacks", "hang", "--runs-dir", runs, timeout=60)
