@@ -22,9 +22,10 @@ from orchestrator.agent.restarts import will_recur
 from orchestrator.backends.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
 
-# A node's "torchrun": says its attempt, and exits at once with the code the
-# test asks for on that node and attempt (CODES="node:attempt:code,..."), or
-# with 0 after SLEEP seconds.
+# A node's "torchrun": says its attempt, and exits after 0.5 s with the code
+# the test asks for on that node and attempt (CODES="node:attempt:code,...")
+# (the half second lets every node say its line before the gang is stopped),
+# or with 0 after SLEEP seconds.
 PROGRAM = """
 import os, sys, time
 k, attempt = sys.argv[1], os.environ["DDP_ORCH_RESTART_COUNT"]
@@ -32,8 +33,9 @@ print(f"node {k} attempt {attempt} port {sys.argv[3]} secret {os.environ.get('TO
 codes = dict((c.rsplit(":", 1)[0], int(c.rsplit(":", 1)[1]))
              for c in os.environ.get("CODES", "").split(",") if c)
 if f"{k}:{attempt}" in codes:
+    time.sleep(0.5)
     sys.exit(codes[f"{k}:{attempt}"])
-time.sleep(float(os.environ.get("SLEEP", "1.5")))
+time.sleep(float(os.environ.get("SLEEP", "2")))
 """
 
 
