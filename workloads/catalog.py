@@ -16,13 +16,18 @@ from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class ArgSpec:
-    """One command-line argument of a workload (``name`` is snake_case)."""
+    """One command-line argument of a workload (``name`` is snake_case).
+
+    ``minimum``: the smallest value the workload accepts, checked by the
+    controller too, so a dry-run refuses what every rank would refuse.
+    """
 
     name: str
     type: type
     default: Any
     help: str
     choices: tuple = ()
+    minimum: int | None = None
 
     @property
     def flag(self) -> str:
@@ -53,12 +58,18 @@ def _device() -> ArgSpec:
 
 def _common(*, epochs: int, batch: int, lr: float, lr_scaling: str = "none",
             num_workers: int = 0) -> tuple[ArgSpec, ...]:
-    """Arguments every training workload shares (see workloads/harness)."""
+    """Arguments every training workload shares (see workloads/harness).
+
+    ``--global-batch-size`` works on every layout (the rule is
+    ``harness.data.BatchSplit``'s): the tutorials' layouts such as 3 + 4
+    GPUs have world sizes that divide no default batch here.
+    """
     return (
         ArgSpec("epochs", int, epochs, "passes over the training set"),
         ArgSpec("global_batch_size", int, batch,
-                "samples per optimizer step, summed over all ranks "
-                "(must divide evenly by the world size)"),
+                "samples per optimizer step over all ranks, on any world size (32 on 7 "
+                "ranks: 5,5,5,5,4,4,4, each rank's loss weighted by its share)",
+                minimum=1),
         ArgSpec("lr", float, lr, "base learning rate"),
         ArgSpec("lr_scaling", str, lr_scaling,
                 "none: use --lr as is; linear: multiply it by the world size",

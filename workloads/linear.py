@@ -1,13 +1,13 @@
 """linear (seed 000): fit y = 2x + 3 + 0.1*noise with nn.Linear(1, 1).
 
 The smallest real DDP job: every rank generates the same dataset from
---seed (so nothing has to be shipped), trains on its DistributedSampler
-shard with MSE + SGD, and must end near w=2, b=3. w and b are reported as
+--seed (so nothing has to be shipped), trains on its share of each global
+batch with MSE + SGD, and must end near w=2, b=3. w and b are reported as
 full-precision floats (Python's repr round-trips float32 values exactly),
 which lets the tests compare DDP with a one-process run: a W-rank run with
 global batch B takes the same steps as one process with batch B over the
-same data order (see harness.data.train_loader), so w and b agree to float
-rounding (in practice exactly).
+same data order, for any W (harness.data.BatchSplit), so w and b agree to
+float rounding (in practice exactly when W divides B and the last batch).
 """
 
 import torch
@@ -33,10 +33,10 @@ def make_dataset(samples: int, seed: int) -> TensorDataset:
 def train(job: Job) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     log(describe_start(ctx, "generated", f"{args.samples} points of y = 2x + 3 + 0.1*noise"))
-    log(f"global batch {args.global_batch_size} = {ctx.world_size} x {job.batch}, lr {job.lr}")
-    loader = hdata.train_loader(make_dataset(args.samples, args.seed), ctx, job.batch,
-                                seed=args.seed, shuffle=args.shuffle,
-                                num_workers=args.num_workers)
+    log(f"global batch {job.split}, lr {job.lr}")
+    loader = hdata.train_loader(make_dataset(args.samples, args.seed), ctx,
+                                args.global_batch_size, seed=args.seed,
+                                shuffle=args.shuffle, num_workers=args.num_workers)
     torch.manual_seed(args.seed)  # same init on every rank
     model = nn.Linear(1, 1).to(ctx.device)
     init_checksum = param_checksum(model)

@@ -57,9 +57,8 @@ def train(job: Job, dp_gpus: int) -> dict:
                          train_samples=args.train_samples, test_samples=args.test_samples)
     log(describe_start(ctx, data.data, data.source))
     log(f"mode {args.mode}" + (f" over {dp_gpus} GPUs" if dp_gpus else "")
-        + f", global batch {args.global_batch_size} = {ctx.world_size} x {job.batch}, "
-        f"lr {job.lr}")
-    loader = hdata.train_loader(data.train, ctx, job.batch, seed=args.seed,
+        + f", global batch {job.split}, lr {job.lr}")
+    loader = hdata.train_loader(data.train, ctx, args.global_batch_size, seed=args.seed,
                                 shuffle=args.shuffle, num_workers=args.num_workers)
     torch.manual_seed(args.seed)
     model = MLP().to(ctx.device)

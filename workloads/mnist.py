@@ -72,10 +72,10 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
     data = datasets.load(datasets.MNIST, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples)
     log(describe_start(ctx, data.data, data.source))
-    log(f"global batch {args.global_batch_size} = {ctx.world_size} x {job.batch}, "
+    log(f"global batch {job.split}, "
         f"lr {job.lr}, amp {amp.mode}, sync_bn {use_sync_bn}"
         + (f" ({sync_bn_reason})" if sync_bn_reason else ""))
-    loader = hdata.train_loader(data.train, ctx, job.batch, seed=args.seed,
+    loader = hdata.train_loader(data.train, ctx, args.global_batch_size, seed=args.seed,
                                 shuffle=args.shuffle, num_workers=args.num_workers)
     torch.manual_seed(args.seed)
     model = ConvNet().to(ctx.device)

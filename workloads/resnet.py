@@ -36,9 +36,9 @@ def train(job: Job) -> dict:
                          image_size=args.image_size, augment=args.augment)
     log(describe_start(ctx, data.data, data.source))
     log(f"ResNet-18 at {args.image_size}x{args.image_size}, global batch "
-        f"{args.global_batch_size} = {ctx.world_size} x {job.batch}, lr {job.lr} "
+        f"{job.split}, lr {job.lr} "
         f"({args.lr_scaling} scaling), momentum {args.momentum}")
-    loader = hdata.train_loader(data.train, ctx, job.batch, seed=args.seed,
+    loader = hdata.train_loader(data.train, ctx, args.global_batch_size, seed=args.seed,
                                 shuffle=args.shuffle, num_workers=args.num_workers)
     torch.manual_seed(args.seed)
     model = resnet18(weights=None, num_classes=10).to(ctx.device)

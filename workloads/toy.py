@@ -65,7 +65,8 @@ def train(job: Job) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     train_ds, test_ds, desc = make_datasets(args.dataset, args.samples)
     log(describe_start(ctx, "generated", desc))
-    loader = hdata.train_loader(train_ds, ctx, job.batch, seed=args.seed,
+    log(f"global batch {job.split}, lr {job.lr}")
+    loader = hdata.train_loader(train_ds, ctx, args.global_batch_size, seed=args.seed,
                                 shuffle=args.shuffle, num_workers=args.num_workers)
     torch.manual_seed(args.seed)
     model = ToyNet().to(ctx.device)

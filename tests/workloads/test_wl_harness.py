@@ -94,13 +94,40 @@ def test_resolve_device_refuses_clearly(requested, local_rank, gpus, message):
 
 # --- data splitting and seeding ---------------------------------------------
 
-def test_global_batch_is_split_or_refused():
-    assert hdata.per_rank_batch(32, 2) == 16
-    assert hdata.per_rank_batch(32, 1) == 32
-    with pytest.raises(WorkloadError, match="not divisible by the world size 3"):
-        hdata.per_rank_batch(32, 3)
-    with pytest.raises(WorkloadError):
-        hdata.per_rank_batch(0, 1)
+def test_global_batch_is_dealt_to_any_world_size():
+    """The rule: rank r takes every W-th sample of the global batch from r."""
+    assert hdata.split_batch(32, 2).shares == [16, 16]
+    assert hdata.split_batch(32, 1).shares == [32]
+    assert hdata.split_batch(32, 7).shares == [5, 5, 5, 5, 4, 4, 4]
+    assert hdata.split_batch(4, 7).shares == [1, 1, 1, 1, 0, 0, 0]
+    assert (str(hdata.split_batch(32, 2)), str(hdata.split_batch(32, 7))) \
+        == ("32 = 2 x 16", "32 = 4 x 5 + 3 x 4")
+    assert hdata.split_batch(32, 7).largest == 5 and hdata.split_batch(4, 7).largest == 1
+    assert hdata.split_batch(32, 2).loss_weight(16, 32) == 1.0
+    with pytest.raises(WorkloadError, match="must be positive"):
+        hdata.split_batch(0, 1)
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_weighted_rank_gradients_average_to_the_global_batch_gradient(world):
+    """What DDP computes -- the mean over ranks of each rank's gradient of its
+    weighted mean loss -- is the gradient of the mean loss over the batch."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model, loss_fn = nn.Linear(3, 1), nn.MSELoss()
+    x, y = torch.randn(11, 3), torch.randn(11, 1)
+    split = hdata.split_batch(11, world)
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    whole = grads(loss_fn(model(x), y))
+    ranks = [grads(loss_fn(model(x[r::world]), y[r::world])
+                   * split.loss_weight(split.share(r), 11)) for r in range(world)]
+    assert torch.allclose(torch.stack(ranks).mean(0), whole, atol=1e-6)
 
 
 def test_lr_scaling_is_explicit():
@@ -124,20 +151,50 @@ def test_shard_sampler_covers_each_index_exactly_once():
     assert [len(s) for s in shards] == [3, 3, 3, 2]
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_distributed_shards_union_to_the_single_process_batches(shuffle):
-    """The property the DDP/single-process equivalence rests on."""
+def test_rank_batches_union_to_the_single_process_batches(shuffle, world):
+    """The property the DDP/single-process equivalence rests on, for any world
+    size: same steps, each step's union is the one-process batch, no padding."""
+    n, batch = 23, 5
+    one = hdata.split_batch(batch, 1)
+    single = hdata.GlobalBatchSampler(n, one, 0, shuffle=shuffle, seed=5)
+    split = hdata.split_batch(batch, world)
+    ranks = [hdata.GlobalBatchSampler(n, split, r, shuffle=shuffle, seed=5)
+             for r in range(world)]
+    for sampler in (single, *ranks):
+        sampler.set_epoch(3)
+    steps = [list(s) for s in ranks]
+    assert {len(s) for s in steps} == {len(single)} == {5}
+    for k, whole in enumerate(single):
+        union = [i for s in steps for i in s[k]]
+        assert sorted(union) == sorted(whole)
+        assert [len(s[k]) for s in steps] == [split.share(r, len(whole)) for r in range(world)]
+        assert ranks[0].global_size(k) == len(whole)
+    assert sorted(i for s in steps for b in s for i in b) == list(range(n))
+    assert [s.has_empty_share() for s in ranks] == [r >= 3 for r in range(world)]
+
+
+def test_distributed_sampler_is_the_even_case():
+    """When W divides the batch and the data, a rank's batches are its
+    DistributedSampler shard, batched: the old even split, unchanged."""
     from torch.utils.data import DistributedSampler
 
-    n, world, batch = 24, 2, 4
-    single = list(DistributedSampler(range(n), num_replicas=1, rank=0, seed=5,
-                                     shuffle=shuffle))
-    shards = [list(DistributedSampler(range(n), num_replicas=world, rank=r, seed=5,
-                                      shuffle=shuffle)) for r in range(world)]
-    per = batch // world
-    for k in range(n // batch):
-        union = sorted(i for s in shards for i in s[k * per:(k + 1) * per])
-        assert union == sorted(single[k * batch:(k + 1) * batch])
+    split = hdata.split_batch(8, 2)
+    for rank in range(2):
+        ours = [i for b in hdata.GlobalBatchSampler(24, split, rank, shuffle=True, seed=5)
+                for i in b]
+        assert ours == list(DistributedSampler(range(24), num_replicas=2, rank=rank, seed=5))
+
+
+def test_an_empty_share_collates_to_zero_rows():
+    from torch.utils.data import TensorDataset
+
+    data = TensorDataset(torch.randn(5, 2), torch.arange(5))
+    ctx = read_context({"RANK": "6", "WORLD_SIZE": "7", "LOCAL_RANK": "6"}, "cpu")
+    shapes = [(tuple(x.shape), tuple(y.shape))
+              for x, y in hdata.train_loader(data, ctx, 4, seed=1, shuffle=False)]
+    assert shapes == [((0, 2), (0,)), ((0, 2), (0,))]
 
 
 # --- timing -----------------------------------------------------------------

@@ -105,6 +105,22 @@ def test_bf16_autocast_step_on_the_mnist_convnet(ctx):
     assert math.isfinite(loss.item()) and out.dtype == torch.bfloat16
 
 
+def test_an_empty_share_steps_with_zero_gradients_on_the_mnist_convnet(ctx):
+    """A rank with no samples in a step (4 over 7 ranks) still joins DDP's
+    all-reduce with a zero gradient for every parameter, and reports no loss."""
+    from workloads.mnist import ConvNet
+
+    torch.manual_seed(0)
+    model = ConvNet()
+    before = [p.detach().clone() for p in model.parameters()]
+    ddp = wrap_ddp(model, ctx)
+    step = make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), F.cross_entropy)
+    loss, out = step(torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long), 0.0)
+    assert loss.item() == 0.0 and tuple(out.shape) == (0, 10)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_sync_bn_is_cuda_only_with_a_reason():
     from workloads.mnist import sync_bn_choice
 

@@ -63,7 +63,7 @@ def test_bad_config_fails_fast_with_torchrun_error_files(tmp_path):
     import json
 
     logs = tmp_path / "logs"
-    run = run_torchrun(tmp_path, "linear", "--global-batch-size", "3",
+    run = run_torchrun(tmp_path, "linear", "--global-batch-size", "0",
                        launcher_args=("--log-dir", str(logs)))
     assert run.returncode != 0 and run.result is None
     files = sorted(glob.glob(str(logs / "**" / "error.json"), recursive=True))
@@ -72,7 +72,7 @@ def test_bad_config_fails_fast_with_torchrun_error_files(tmp_path):
     for path in files:
         with open(path, encoding="utf-8") as fh:
             message = json.load(fh)["message"]["message"]
-        assert "WorkloadError: --global-batch-size 3 is not divisible by the world size 2" in message
+        assert "WorkloadError: --global-batch-size must be positive, got 0" in message
 
 
 def test_linear_converges_and_equals_a_single_process_run(tmp_path):
@@ -94,11 +94,27 @@ def test_linear_converges_and_equals_a_single_process_run(tmp_path):
     assert ddp["loss_curve"] and ddp["loss_curve"][-1][0] == 630
 
 
+def test_linear_on_an_uneven_world_equals_a_single_process_run(tmp_path):
+    """3 ranks, global batch 32 dealt 11,11,10 (last batch of each epoch: 8
+    as 3,3,2), losses weighted by share: the one-process steps, to float
+    rounding, and every sample once per epoch (no padding)."""
+    args = ("--samples", "1000", "--epochs", "2", "--global-batch-size", "32", "--lr", "0.1")
+    ddp = run_torchrun(tmp_path, "linear", *args, nproc=3, name="ddp").check()
+    single = run_alone(tmp_path, "linear", *args, name="single").check()
+    check_complete(ddp, "linear", 3)
+    assert ddp["batch_split"] == [11, 11, 10] and ddp["metrics"]["per_rank_batch"] == 11
+    assert ddp["timing"]["steps"] == single["timing"]["steps"] == 2 * 32
+    assert ddp["timing"]["samples"] == single["timing"]["samples"] == 2000
+    for key in ("w", "b", "final_loss"):
+        assert ddp["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5), key
+    assert abs(ddp["metrics"]["w"] - 2) < 0.05 and abs(ddp["metrics"]["b"] - 3) < 0.05
+
+
 def test_toy_accuracy_is_reduced_over_all_ranks(tmp_path):
     result = run_torchrun(tmp_path, "toy").check()
     check_complete(result, "toy", 2)
     m = result["metrics"]
-    # every example counted once over both ranks, despite the sampler's padding
+    # every example counted once over both ranks (exact shards, no padding)
     assert (m["train_total"], m["test_total"]) == (5, 2)
     assert m["train_accuracy"] >= 0.8 and m["test_accuracy"] >= 0.5
     assert m["train_correct"] == round(m["train_accuracy"] * 5)

@@ -12,34 +12,95 @@ Seeding follows two rules (seed 004 explains the second):
   a run resumed at an epoch boundary continues exactly as if uninterrupted.
 
 The shuffle order itself must be the same on all ranks: that is
-DistributedSampler's job (its permutation depends on seed + epoch only, hence
-``set_epoch`` every epoch).
+GlobalBatchSampler's job (its permutation depends on seed + epoch only, hence
+``set_epoch`` every epoch). How a global batch is dealt to the ranks, and
+why any world size trains like one process, is ``BatchSplit``'s docstring.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-from typing import Iterator, Sized
+from dataclasses import dataclass
+from typing import Any, Iterator, Sized
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.dataloader import default_collate
 
 from workloads.harness.context import WorkloadError, DistContext
 
 
-def per_rank_batch(global_batch: int, world_size: int) -> int:
-    """The per-rank batch for ``--global-batch-size``; refuses uneven splits.
+def split_batch(global_batch: int, world_size: int) -> BatchSplit:
+    """``--global-batch-size`` dealt over ``world_size`` ranks; any world size.
 
-    An uneven split would make ranks weigh their samples differently in the
-    averaged gradient, so it is an error, not a rounding.
+    Only a batch below one sample is refused (the controller's dry-run refuses
+    it too, from the catalog's minimum).
     """
     if global_batch < 1:
         raise WorkloadError(f"--global-batch-size must be positive, got {global_batch}")
-    if global_batch % world_size:
-        raise WorkloadError(
-            f"--global-batch-size {global_batch} is not divisible by the world size "
-            f"{world_size}; pick a multiple of {world_size}")
-    return global_batch // world_size
+    if world_size < 1:
+        raise WorkloadError(f"world size must be positive, got {world_size}")
+    return BatchSplit(global_batch, world_size)
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """The batch rule: a global batch of ``size`` samples, dealt to the ranks.
+
+    The rule, the same for every built-in workload and every layout:
+
+    * a step trains on ``size`` consecutive samples of the epoch's order,
+      whatever the world size: the global batch is the workload's argument
+      and the world size only decides who computes what;
+    * rank r takes positions r, r+W, r+2W, ... of that global batch, so rank
+      r gets ``size // W`` samples, plus one when ``r < size % W``
+      (32 over 7 ranks: 5,5,5,5,4,4,4; 4 over 7: 1,1,1,1,0,0,0);
+    * the last global batch of an epoch is the remainder, dealt the same way.
+      Nothing is padded (nor dropped, unless ``drop_last``): each sample is
+      used once per epoch;
+    * a rank holding n of a global batch of N samples scales its mean loss by
+      ``n * W / N`` (``loss_weight``). DDP averages gradients over the W
+      ranks, so the update is sum_r (n_r / N) * grad(mean_r) = grad of the
+      mean loss over all N samples: the single-process gradient over the
+      global batch, whether the split is even (every weight is 1) or not.
+
+    Hence a W-rank run takes the same steps as one process with the same
+    ``--global-batch-size``: equal to float rounding, and bit for bit in
+    practice when every split is even. A rank whose share is empty runs
+    the step on an empty batch (its gradient is zero; DDP needs every rank in
+    every step's all-reduce). What is not equivalent is per-rank state a
+    model keeps: plain BatchNorm normalises over each rank's own samples.
+    """
+
+    size: int
+    world_size: int
+
+    def share(self, rank: int, batch: int | None = None) -> int:
+        """Rank ``rank``'s samples of a global batch of ``batch`` (default: full)."""
+        batch = self.size if batch is None else batch
+        return len(range(rank, batch, self.world_size))
+
+    @property
+    def shares(self) -> list[int]:
+        """Every rank's share of a full global batch, by rank."""
+        return [self.share(r) for r in range(self.world_size)]
+
+    @property
+    def largest(self) -> int:
+        """Rank 0's share, the largest (at least 1): sizes eval batches."""
+        return self.share(0)
+
+    def loss_weight(self, local: int, batch: int) -> float:
+        """Factor on a rank's mean loss when it holds ``local`` of ``batch``
+        samples, so that DDP's average is the global batch's mean gradient."""
+        return local * self.world_size / batch
+
+    def __str__(self) -> str:
+        """``32 = 2 x 16``, or ``32 = 4 x 5 + 3 x 4`` for an uneven split."""
+        counts: dict[int, int] = {}
+        for n in self.shares:
+            counts[n] = counts.get(n, 0) + 1
+        return f"{self.size} = " + " + ".join(f"{k} x {n}" for n, k in counts.items())
 
 
 def scaled_lr(lr: float, scaling: str, world_size: int) -> float:
@@ -112,24 +173,102 @@ def _worker_context(dataset: Dataset, num_workers: int):
     return context
 
 
-def train_loader(dataset: Dataset, ctx: DistContext, batch_size: int, *, seed: int,
+class GlobalBatchSampler(Sampler[list[int]]):
+    """Yields this rank's share of each global batch (see ``BatchSplit``).
+
+    The epoch's order is the same on every rank: ``range(len)``, or with
+    shuffle on a permutation drawn from ``seed + epoch`` alone, the one
+    DistributedSampler draws (hence ``set_epoch`` every epoch). Global batch
+    k is positions kG .. kG+G-1 of that order and rank r takes every W-th of
+    them from r, so the union of the ranks' step-k batches is the step-k
+    batch of a one-process run. When G and the length divide by W this is
+    exactly DistributedSampler's shard, batched; unlike it, nothing is padded,
+    so no sample counts twice. Every rank yields the same number of batches
+    (some possibly empty), as it must: each step is a collective.
+    """
+
+    def __init__(self, length: int, split: BatchSplit, rank: int, *, shuffle: bool,
+                 seed: int, drop_last: bool = False):
+        self.length, self.split, self.rank = length, split, rank
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def global_size(self, step: int) -> int:
+        """How many samples global batch ``step`` of an epoch holds."""
+        return min(self.split.size, self.length - step * self.split.size)
+
+    def has_empty_share(self) -> bool:
+        """Whether this rank ever gets an empty share: when a global batch (a
+        full one, or the epoch's last, the smallest) holds at most ``rank``."""
+        return len(self) > 0 and self.global_size(len(self) - 1) <= self.rank
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.length))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.length, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order, size, world = self._order(), self.split.size, self.split.world_size
+        for step in range(len(self)):
+            start = step * size
+            yield order[start + self.rank:start + self.global_size(step):world]
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.length, self.split.size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+
+class Collate:
+    """``default_collate``, plus empty batches of the dataset's shape.
+
+    A rank with an empty share still runs the step, through the model, so it
+    needs tensors with zero rows; ``template`` is one collated sample (made
+    only when this rank can get an empty share), cut to zero rows.
+    """
+
+    def __init__(self, template: Any = None):
+        self.empty = _zero_rows(template) if template is not None else None
+
+    def __call__(self, batch: list) -> Any:
+        if batch:
+            return default_collate(batch)
+        if self.empty is None:
+            raise RuntimeError("an empty batch where the sampler promised none")
+        return self.empty
+
+
+def _zero_rows(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_zero_rows(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _zero_rows(v) for k, v in batch.items()}
+    return batch
+
+
+def train_loader(dataset: Dataset, ctx: DistContext, global_batch: int, *, seed: int,
                  shuffle: bool = True, num_workers: int = 0,
                  drop_last: bool = False) -> DataLoader:
-    """A loader over this rank's DistributedSampler shard.
+    """A loader over this rank's share of every global batch of ``dataset``.
 
-    The sampler pads shards to equal length, so every rank runs the same
-    number of steps (a must: each step is a collective). With shuffle off,
-    rank r sees indices r, r+W, ...; with it on, the same positions of one
-    permutation shared by all ranks -- either way the union of the ranks'
-    step-k batches is the step-k batch of a one-process run over the same
-    data, which is what makes DDP equivalent to single-process training.
+    ``global_batch`` is the workload's ``--global-batch-size``; the rule is
+    ``BatchSplit``'s, the sampler ``GlobalBatchSampler`` (the Trainer reads
+    both back from ``loader.batch_sampler`` to weight each step's loss).
+    ``drop_last`` drops an epoch's last global batch when it is short.
     """
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+    split = split_batch(global_batch, ctx.world_size)
+    sampler = GlobalBatchSampler(len(dataset), split, ctx.rank, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+    template = default_collate([dataset[0]]) if sampler.has_empty_share() else None
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(template),
                       num_workers=num_workers, pin_memory=ctx.is_cuda,
-                      drop_last=drop_last, generator=torch.Generator(),
-                      persistent_workers=False,
+                      generator=torch.Generator(), persistent_workers=False,
                       multiprocessing_context=_worker_context(dataset, num_workers))
 
 

@@ -36,8 +36,13 @@ class Job:
     ctx: DistContext
     log: RankZeroLog
     started: float
-    batch: int  # per-rank batch (0 for workloads without one)
+    split: hdata.BatchSplit | None  # --global-batch-size over the ranks (None: no batch)
     lr: float  # after --lr-scaling (0.0 for workloads without one)
+
+    @property
+    def batch(self) -> int:
+        """The largest per-rank batch, rank 0's (0 for workloads without one)."""
+        return self.split.largest if self.split else 0
 
 
 def start(name: str, argv: list[str] | None = None) -> Job:
@@ -45,11 +50,11 @@ def start(name: str, argv: list[str] | None = None) -> Job:
     started = now()
     args = build_parser(name).parse_args(argv)
     ctx = context_from_environ(getattr(args, "device", None))
-    batch = lr = 0
+    split, lr = None, 0.0
     if hasattr(args, "global_batch_size"):
-        batch = hdata.per_rank_batch(args.global_batch_size, ctx.world_size)
+        split = hdata.split_batch(args.global_batch_size, ctx.world_size)
         lr = hdata.scaled_lr(args.lr, args.lr_scaling, ctx.world_size)
-    job = Job(name, args, ctx, RankZeroLog(ctx, name), started, batch, lr)
+    job = Job(name, args, ctx, RankZeroLog(ctx, name), started, split, lr)
     if contract.restart_count() and not hasattr(args, "checkpoint"):
         job.log(f"restart {contract.restart_count()}: {name} keeps no checkpoint, so "
                 "training starts again from scratch")

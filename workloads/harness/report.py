@@ -112,11 +112,14 @@ def finish(job: Any, trainer: Any, model: Any, *, data: str, metrics: dict,
     """End of a training workload, on every rank: gather, assemble, emit.
 
     Collectives (checksums, rank table, sample count) run on all ranks in the
-    same order; then rank 0 writes. ``model`` is the unwrapped module.
+    same order; then rank 0 writes. ``model`` is the unwrapped module. The
+    result's ``batch_split`` is each rank's share of a full global batch.
     """
     from workloads.harness.evidence import gather, param_checksum
 
     ctx = job.ctx
+    if getattr(job, "split", None) is not None:
+        extra = {"batch_split": job.split.shares, **extra}
     evidence = gather(ctx, param_checksum(model), init_checksum,
                       step_stats=trainer.timer.rank_stats())
     timing = trainer.timer.summary(trainer.global_samples())

@@ -30,7 +30,8 @@ from workloads.harness.evidence import broadcast_buffers
 from workloads.harness.report import RankZeroLog
 from workloads.harness.timing import CappedSeries, StepTimer, now
 
-StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# step_fn(inputs, targets, loss_weight) -> (mean loss over the batch, outputs)
+StepFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 def wrap_ddp(model: nn.Module, ctx: DistContext) -> DDP:
@@ -83,20 +84,30 @@ def resolve_amp(requested: str, ctx: DistContext) -> Amp:
 
 def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,
               loss_fn: Callable, amp: Amp | None = None) -> StepFn:
-    """One optimizer step on a batch; returns (loss, outputs), both on device."""
+    """One optimizer step on a batch; returns (loss, outputs), both on device.
+
+    ``loss_fn`` returns the mean over the batch's samples. The gradient is
+    taken of that mean times ``weight``, this rank's share of the global
+    batch relative to an even one (``BatchSplit.loss_weight``; 1 when the
+    split is even), so DDP's average is the global batch's mean gradient. An
+    empty batch backpropagates a zero through the model instead of a mean
+    over nothing (NaN): every parameter still gets its (zero) gradient, as
+    DDP's all-reduce needs, and the returned loss is 0 over 0 samples.
+    """
     amp = amp or Amp("off", "cpu", None, None)
 
-    def step(inputs: torch.Tensor, targets: torch.Tensor):
+    def step(inputs: torch.Tensor, targets: torch.Tensor, weight: float = 1.0):
         optimizer.zero_grad(set_to_none=True)
         with amp.autocast():
             outputs = model(inputs)
-            loss = loss_fn(outputs, targets)
+            loss = loss_fn(outputs, targets) if len(targets) else outputs.sum()
+            objective = loss if weight == 1.0 else loss * weight
         if amp.scaler is not None:
-            amp.scaler.scale(loss).backward()
+            amp.scaler.scale(objective).backward()
             amp.scaler.step(optimizer)
             amp.scaler.update()
         else:
-            loss.backward()  # DDP all-reduces (averages) gradients here
+            objective.backward()  # DDP all-reduces (averages) gradients here
             optimizer.step()
         return loss, outputs
 
@@ -106,8 +117,11 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,
 class Trainer:
     """Epochs of ``step_fn`` over ``loader`` with clocks, curves and logging.
 
-    All ranks run the same number of steps (DistributedSampler pads shards),
-    so the periodic all_reduce of the loss window is a well-formed collective.
+    ``loader`` comes from ``harness.data.train_loader``: its batch sampler
+    deals every global batch to all ranks, so all run the same number of
+    steps (the periodic all_reduce of the loss window is a well-formed
+    collective), and it says each step's global batch, which weights this
+    rank's loss (``BatchSplit.loss_weight``).
     ``epoch``/``step`` may start past zero when resuming from a checkpoint.
     """
 
@@ -142,7 +156,7 @@ class Trainer:
             if self.max_steps and self.step >= self.max_steps:
                 self.stopped = True
                 break
-            self.loader.sampler.set_epoch(epoch)  # same shuffle on all ranks
+            self.loader.batch_sampler.set_epoch(epoch)  # same shuffle on all ranks
             seed_epoch(self.loader, self.ctx, self.seed, epoch)
             self.epoch_complete = self._run_epoch(epoch)
             if self.epoch_complete:
@@ -155,14 +169,18 @@ class Trainer:
     def _run_epoch(self, epoch: int) -> bool:
         """One pass over this rank's shard; False if max_steps cut it short."""
         dev = self.ctx.torch_device()
+        sampler = self.loader.batch_sampler
         complete = True
-        t0, s0 = self.timer.batch_s, self.local_samples
+        t0, samples = self.timer.batch_s, 0
         t_end = now()
         for batch_index, (inputs, targets) in enumerate(self.loader):
             t_data = now()
             inputs = inputs.to(dev, non_blocking=True)
             targets = targets.to(dev, non_blocking=True)
-            loss, outputs = self.step_fn(inputs, targets)
+            global_n = sampler.global_size(batch_index)
+            weight = sampler.split.loss_weight(targets.shape[0], global_n)
+            loss, outputs = self.step_fn(inputs, targets, weight)
+            samples += global_n
             self._accumulate(loss, outputs, targets)
             synchronize(self.ctx)
             t_done = now()
@@ -180,8 +198,7 @@ class Trainer:
             self._flush(epoch, show=bool(self.log_every))
         if not self.log_every:  # the one line per epoch
             seconds = self.timer.batch_s - t0
-            samples = (self.local_samples - s0) * self.ctx.world_size  # equal shards
-            rate = samples / seconds if seconds > 0 else 0.0
+            rate = samples / seconds if seconds > 0 else 0.0  # global samples
             acc = f" train_acc {self.last_acc:.4f}" if self.last_acc is not None else ""
             self.log(f"epoch {epoch + 1}/{self.epochs} step {self.step} "
                      f"loss {self.last_loss:.5f}{acc} samples/s {rate:.1f}")
