@@ -21,6 +21,14 @@ _VISIBLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))
             if c not in (0x09, 0x0a)}
 
 
+def visible(text: str) -> str:
+    """``text`` as a terminal may show it: control characters as visible
+    text, tab and newline as they are. Every line of ddp-orch's output goes
+    through it (node lines, the summary, ``status``, ``logs``, ``down``):
+    much of what those show came from a node."""
+    return text.translate(_VISIBLE)
+
+
 class Console:
     def __init__(self, view: str = "all", stream: TextIO | None = None):
         if view not in VIEWS:
@@ -39,8 +47,7 @@ class Console:
             lines = [line for line in lines if line.startswith("[rank0]:")]
         if lines:
             head = f"[node{node_rank} {host}] "
-            self._write("".join(f"{head}{line.rstrip().translate(_VISIBLE)}\n"
-                                for line in lines))
+            self._write("".join(f"{head}{line.rstrip()}\n" for line in lines))
 
     def info(self, message: str) -> None:
         if self.view != "quiet":
@@ -50,6 +57,7 @@ class Console:
         self._write(text if text.endswith("\n") else text + "\n")
 
     def _write(self, text: str) -> None:
+        text = visible(text)
         with self._lock:
             self.stream.write(text)
             self.stream.flush()

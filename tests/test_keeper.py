@@ -21,15 +21,29 @@ from orchestrator.agent.protocol import ProtocolError, decode, encode
 from orchestrator.agent.restarts import will_recur
 from orchestrator.backends.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
+from procscan import marked_pids
 
-# A node's "torchrun": says its attempt, and exits after 0.5 s with the code
-# the test asks for on that node and attempt (CODES="node:attempt:code,...")
-# (the half second lets every node say its line before the gang is stopped),
-# or with 0 after SLEEP seconds.
+# A node's "torchrun": says its attempt, starts a "worker" (a child, as
+# torchrun does once every node has joined; not on the node:attempt pairs in
+# NO_WORKERS), and exits after 0.5 s with the code the test asks for on that
+# node and attempt (CODES="node:attempt:code,...") (the half second lets
+# every node say its line before the gang is stopped), or with 0 after SLEEP
+# seconds. UNKILLABLE="node:attempt:seconds" adds a worker that ignores
+# SIGTERM and lives that long (tests make SIGKILL miss it).
 PROGRAM = """
-import os, sys, time
+import os, subprocess, sys, time
+SURVIVOR = ("# unkillable-rank\\nimport signal, sys, time; signal.signal(signal.SIGTERM, "
+            "signal.SIG_IGN); time.sleep(float(sys.argv[1])); "
+            "open(sys.argv[2], 'w').write(repr(time.time()))")
 k, attempt = sys.argv[1], os.environ["DDP_ORCH_RESTART_COUNT"]
-print(f"node {k} attempt {attempt} port {sys.argv[3]} secret {os.environ.get('TOKEN')}", flush=True)
+print(f"node {k} attempt {attempt} port {sys.argv[3]} secret {os.environ.get('TOKEN')} "
+      f"at {time.time()}", flush=True)
+if f"{k}:{attempt}" not in os.environ.get("NO_WORKERS", "").split(","):
+    subprocess.Popen(["sleep", "3600"])
+for spec in os.environ.get("UNKILLABLE", "").split(","):
+    if spec.startswith(f"{k}:{attempt}:"):
+        subprocess.Popen([sys.executable, "-c", SURVIVOR, spec.rsplit(":", 1)[1],
+                          os.environ["GONE_FILE"]])
 codes = dict((c.rsplit(":", 1)[0], int(c.rsplit(":", 1)[1]))
              for c in os.environ.get("CODES", "").split(",") if c)
 if f"{k}:{attempt}" in codes:
@@ -79,7 +93,8 @@ def wait_ended(specs: list[dict], timeout: float = 30) -> list[dict]:
         run_dir = spec["supervisor"]["run_dir"]
         while True:
             state = daemon.state(run_dir)
-            if state["keeper"] and state["keeper"]["state"] != "running" and not state["alive"]:
+            if state.get("keeper") and state["keeper"]["state"] != "running" \
+                    and not state["alive"]:
                 states.append(state["keeper"])
                 break
             assert time.monotonic() < deadline, f"{run_dir}: {state}"
@@ -293,3 +308,371 @@ def test_a_frozen_keeper_is_given_up_on_after_the_link_timeout(tmp_path):
     assert thawed["state"] in ("failed", "interrupted")
     attempt = daemon.state(specs[0]["supervisor"]["run_dir"])["keeper"]["attempts"][0]
     assert attempt["nodes"]["2"]["lost"] == f"nothing on the link for {peers.GANG_TIMEOUT_S:g}s"
+
+
+# -- the gang port (issue 19, item 2) -------------------------------------------
+
+def fds(pid: int) -> list[str]:
+    out = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            pass
+    return out
+
+
+def refused(addr: str, port: int) -> bool:
+    try:
+        socket.create_connection((addr, port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.mark.live  # real daemons: seconds each
+def test_the_gang_port_listens_on_the_master_address_caps_a_flood_and_closes_once_joined(
+        tmp_path):
+    specs = keeper_specs(tmp_path, 3, env={"SLEEP": "4"})
+    head = daemon.start(specs[0], listen=True)
+    port = head["gang_port"]
+    assert refused("127.0.0.2", port)  # not every interface: only 127.0.0.1, the gang's addr
+    flood = []
+    for i in range(300):  # idle connections, and garbage that would crash a parser
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 10 == 0:
+            sock.sendall(b"::ddp-orch:: " + b"[" * 4000 + b"\n")
+        flood.append(sock)
+    time.sleep(0.5)
+    held = [f for f in fds(head["pid"]) if f.startswith("socket:")]
+    assert len(held) <= peers.MAX_PENDING + 3, len(held)  # the port, the cap, a wake-up pair
+    for spec in specs[1:]:  # the real nodes still join, behind the flood
+        spec["gang"]["port"] = port
+        daemon.start(spec, listen=False)
+    deadline = time.monotonic() + 15
+    while "node 2 attempt 0" not in stream(specs[2]):
+        assert time.monotonic() < deadline, stream(specs[0])
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert refused("127.0.0.1", port)  # every node has joined: no port any more
+    states = wait_ended(specs)
+    for sock in flood:
+        sock.close()
+    assert [s["state"] for s in states] == ["succeeded"] * 3
+    assert "Traceback" not in stream(specs[0])
+
+
+@pytest.mark.live  # real daemons: seconds each
+def test_a_run_of_one_node_opens_no_gang_port(tmp_path):
+    (spec,) = keeper_specs(tmp_path, 1, env={"SLEEP": "2"})
+    head = daemon.start(spec, listen=True)
+    assert head["ok"] and head["gang_port"] is None
+    time.sleep(0.5)
+    assert not [f for f in fds(head["pid"]) if f.startswith("socket:")]
+    assert [s["state"] for s in wait_ended([spec])] == ["succeeded"]
+
+
+def test_the_gang_port_takes_the_master_address_or_says_why_not():
+    sock, note = peers.listener("127.0.0.1", avoid=None)
+    with sock:
+        assert sock.getsockname()[0] == "127.0.0.1" and note == ""
+    sock, note = peers.listener("localhost", avoid=None)
+    with sock:
+        assert ipaddress_is_loopback(sock.getsockname()[0]) and note == ""
+    sock, note = peers.listener("192.0.2.1", avoid=None)  # TEST-NET: not this host's
+    with sock:
+        assert sock.getsockname()[0] == "0.0.0.0"
+        assert "every interface" in note and "192.0.2.1" in note
+
+
+def ipaddress_is_loopback(addr: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(addr).is_loopback
+
+
+def fake_node(port: int, token: str, node_rank: int) -> socket.socket:
+    """A node of the gang played by the test: it says its hello, and reads
+    until the head starts attempt 0."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(encode({"event": "gang-hello", "node_rank": node_rank, "token": token}))
+    data = b""
+    while b"gang-start" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, data
+        data += chunk
+    return sock
+
+
+@pytest.mark.live  # real daemons: seconds each
+def test_a_malformed_line_on_a_link_is_that_node_lost_not_a_dead_reader(tmp_path):
+    specs = keeper_specs(tmp_path, 2, env={"SLEEP": "60"})
+    head = daemon.start(specs[0], listen=True)
+    with fake_node(head["gang_port"], specs[0]["gang"]["token"], 1) as sock:
+        sock.sendall(b"::ddp-orch:: " + b"[" * 4000 + b"\n")
+        (state,) = wait_ended(specs[:1], timeout=20)
+    assert state["state"] == "failed"
+    lost = state["attempts"][0]["nodes"]["1"]["lost"]
+    assert lost.startswith("a malformed message"), lost
+    assert "Traceback" not in stream(specs[0])
+
+
+# -- records that fit their lines (item 4) ------------------------------------------
+
+def realistic_exit(k: int, attempt: int, own: bool) -> dict:
+    """A failed node's exit event as a supervisor sends it: 8 ranks'
+    failures with long, non-ASCII messages (JSON escapes them 6 bytes a
+    character), long error file paths, torchrun's last lines, survivors."""
+    text = "RuntimeError: CUDA error: an illegal memory access — ünïcödé 数据 " * 40
+    return {"event": "exit", "code": 1 if own else 143,
+            "reason": "torchrun exited" if own else "stopped by the gang: node 5 failed (exit 1)",
+            "failures": [{"local_rank": r, "message": text + f" (train.py:{88 + r})",
+                          "timestamp": 1.7e9 + attempt * 100 + (0 if own else 5) + r,
+                          "error_file": f"/home/u/.ddp-orch/runs/r/node-{k}/" + "d" * 300}
+                         for r in range(8)],
+            "stopped_at": None if own else 1.7e9 + attempt * 100 + 1,
+            "last_lines": [f"[rank{r}]: " + text for r in range(5)],
+            "survivors": [], "duration_s": 12.5, "stepped": True}
+
+
+def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_path):
+    from orchestrator.agent.keeper import Keeper, compact
+    from orchestrator.agent.protocol import MAX_CONTROL_LINE
+
+    nnodes, attempts = 128, 10
+    spec = keeper_specs(tmp_path, nnodes)[0]
+    os.makedirs(spec["supervisor"]["run_dir"])
+    keeper = Keeper(spec)
+    for a in range(attempts):
+        # every node is asked to stop, node 5 too (its torchrun failed first)
+        nodes = {str(k): {**compact(realistic_exit(k, a, k == 5)), "stop_asked": True}
+                 for k in range(nnodes)}
+        keeper.attempts.append({
+            "attempt": a, "master_port": 40000 + a, "stop_reason": "node 5 failed (exit 1)",
+            "nodes": nodes, "state": "failed",
+            "restart": "restarting" if a < attempts - 1 else "", "no_restart": ""})
+        keeper._compact_old_attempts()
+    # keeper.json, and the `keeper` reply that carries it (status, ps)
+    keeper.write_state("failed", 1)
+    reply = encode({"event": "reply", **daemon.state(spec["supervisor"]["run_dir"])})
+    assert len(reply) < MAX_CONTROL_LINE, len(reply)
+    recorded = decode(reply)["keeper"]["attempts"]
+    # the `finished` line (attach)
+    line = encode(keeper.masked(keeper.finished_message(1, "failed")))
+    assert len(line) < MAX_CONTROL_LINE, len(line)
+    finished = decode(line)
+    for kept in (recorded, finished["attempts"]):
+        assert [a["attempt"] for a in kept] == list(range(attempts))
+        outcomes = attempt_outcomes(_plan(nnodes), kept)
+        for attempt, nodes in outcomes:
+            assert attempt.state is RunState.FAILED and attempt.root_cause.node_rank == 5
+            assert "RuntimeError: CUDA error" in attempt.root_cause.reason
+        last_nodes = outcomes[-1][1]  # the last attempt keeps every node
+        assert {n.state for n in last_nodes} == {NodeState.FAILED, NodeState.STOPPED}
+
+
+def test_a_very_long_run_drops_its_oldest_attempts_first():
+    from orchestrator.agent.keeper import fit_attempts
+
+    records = [{"attempt": a, "master_port": a, "state": "failed", "stop_reason": "x" * 400,
+                "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": []}}}
+               for a in range(5000)]
+    kept, omitted = fit_attempts(records, budget=100_000)
+    assert len(json.dumps(kept, separators=(",", ":"))) <= 100_000
+    assert omitted == 5000 - len(kept) and kept[-1]["attempt"] == 4999
+    assert [a["attempt"] for a in kept] == list(range(omitted, 5000))
+
+
+# -- an attached kept run watches its follower (item 5) ------------------------------
+
+FOLLOWER = ("import sys; from orchestrator.agent import daemon; "
+            "from orchestrator.agent.protocol import Reader; "
+            "daemon.follow(sys.argv[1], Reader(0), attached=True)")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.live  # real daemons and followers: seconds each
+def test_an_attached_kept_run_stops_when_its_follower_is_killed(tmp_path):
+    import subprocess
+
+    specs = keeper_specs(tmp_path, 2, restarts=2, env={"SLEEP": "60"})
+    for spec in specs:
+        spec["rule"] = "attached"
+        spec["start_timeout_s"] = 8  # a keeper that never saw its follower stops then
+    start_all(specs)
+    followers = [subprocess.Popen([sys.executable, "-c", FOLLOWER, spec["supervisor"]["run_dir"]],
+                                  cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+                 for spec in specs]
+    try:
+        deadline = time.monotonic() + 10
+        while not all(daemon.follower_present(s["supervisor"]["run_dir"]) for s in specs):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(2.5)  # the keepers have seen them (they look every second)
+        began = time.monotonic()
+        for follower in followers:  # kill -9: nobody tells the keepers anything
+            follower.kill()
+            follower.wait()
+        states = wait_ended(specs, timeout=20)
+    finally:
+        for follower in followers:
+            follower.kill()
+    assert time.monotonic() - began < 15
+    assert [s["state"] for s in states] == ["interrupted", "interrupted"]
+    assert len(states[0]["attempts"]) == 1  # and no restart
+    said = stream(specs[0]) + stream(specs[1])
+    assert "follower on node" in said or "no controller followed" in said
+
+
+# -- restarts and what would not die (item 7) ---------------------------------------
+
+def _sigkill_misses_the_unkillable(monkeypatch):
+    """SIGKILL does not end a process in uninterruptible sleep (a GPU driver
+    still releasing it, a hung file system): here, the keepers' SIGKILL
+    skips the worker named ``unkillable-rank`` (the keepers are forked from
+    this process, so they inherit the patch); it ignores SIGTERM itself."""
+    from orchestrator.agent import procs
+
+    real = procs.signal_all
+
+    def signal_all(pids, sig, still_ours=None):
+        if sig == signal.SIGKILL:
+            pids = {p for p in pids if "unkillable-rank" not in procs.command_line(p)}
+        real(pids, sig, still_ours)
+
+    monkeypatch.setattr(procs, "signal_all", signal_all)
+
+
+@pytest.mark.live  # real daemons: about 15 s
+def test_a_restart_waits_until_what_would_not_die_is_gone(tmp_path, monkeypatch):
+    _sigkill_misses_the_unkillable(monkeypatch)
+    gone_file = tmp_path / "gone"
+    specs = keeper_specs(tmp_path, 2, restarts=1, env={
+        "CODES": "1:0:3", "UNKILLABLE": "1:0:12", "GONE_FILE": str(gone_file), "SLEEP": "0.5"})
+    start_all(specs)
+    states = wait_ended(specs, timeout=40)
+    assert [s["state"] for s in states] == ["succeeded", "succeeded"]
+    gone_at = float(gone_file.read_text())
+    started = [float(line.rsplit(" at ", 1)[1]) for line in stream(specs[1]).splitlines()
+               if line.startswith("node 1 attempt 1 ")]
+    assert started and started[0] > gone_at  # not on top of the survivor
+    attempts = states[0]["attempts"]
+    assert attempts[0]["restart"] == "restarting"
+    assert attempts[0]["nodes"]["1"].get("survivors_gone") is True  # there were some
+    assert "would not die; waiting" in stream(specs[1])
+
+
+@pytest.mark.live  # real daemons: about 10 s
+def test_no_restart_on_top_of_what_would_not_die(tmp_path, monkeypatch):
+    from orchestrator.agent import keeper
+
+    _sigkill_misses_the_unkillable(monkeypatch)
+    monkeypatch.setattr(keeper, "SURVIVOR_WAIT_S", 2.0)
+    specs = keeper_specs(tmp_path, 2, restarts=2, env={
+        "CODES": "1:0:3", "UNKILLABLE": "1:0:120", "GONE_FILE": str(tmp_path / "gone"),
+        "SLEEP": "0.5"})
+    start_all(specs)
+    try:
+        states = wait_ended(specs, timeout=30)
+    finally:
+        for pid in marked_pids(specs[0]["supervisor"]["run_id"]):
+            os.kill(pid, signal.SIGKILL)
+    assert [s["state"] for s in states] == ["failed", "failed"]
+    (attempt,) = states[0]["attempts"]
+    assert attempt["restart"] == ""
+    assert attempt["no_restart"].startswith("node 1: 1 process(es) of the attempt would not die")
+    assert "unkillable-rank" in attempt["no_restart"]
+    outcome = attempt_outcomes(_plan(2), states[0]["attempts"])[0][0]
+    assert outcome.note.startswith("no restart: node 1: 1 process(es)")
+
+
+def test_the_restart_backoff_is_short_and_bounded():
+    from orchestrator.agent.keeper import restart_backoff
+
+    assert [restart_backoff(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+# -- every attempt has a start timeout; a node lost between attempts (item 8) ----------
+
+@pytest.mark.live  # real daemons: about 10 s
+def test_a_later_attempt_that_never_starts_is_stopped_by_the_start_timeout(tmp_path):
+    specs = keeper_specs(tmp_path, 2, restarts=1, env={
+        "CODES": "1:0:3", "NO_WORKERS": "0:1,1:1", "SLEEP": "60"})
+    for spec in specs:
+        spec["start_timeout_s"] = 5
+    start_all(specs)
+    states = wait_ended(specs, timeout=25)
+    assert [s["state"] for s in states] == ["failed", "failed"]
+    attempts = states[0]["attempts"]
+    assert len(attempts) == 2
+    assert attempts[1]["stop_reason"].startswith("attempt 1 did not start within 5s")
+
+
+@pytest.mark.live  # real daemons: about 8 s
+def test_a_node_lost_between_attempts_ends_the_run_without_starting_the_next(
+        tmp_path, monkeypatch):
+    from orchestrator.agent import keeper
+
+    monkeypatch.setattr(keeper, "restart_backoff", lambda n: 5.0)  # a window to lose it in
+    specs = keeper_specs(tmp_path, 3, restarts=1, env={"CODES": "1:0:3", "SLEEP": "60"})
+    replies = start_all(specs)
+    deadline = time.monotonic() + 20
+    while "restarting the whole gang in" not in stream(specs[0]):
+        assert time.monotonic() < deadline, stream(specs[0])
+        time.sleep(0.05)
+    began = time.monotonic()
+    os.kill(replies[2]["pid"], signal.SIGKILL)  # after the decision, before the restart
+    states = wait_ended(specs[:2], timeout=15)
+    assert time.monotonic() - began < 4  # not after the backoff, not after a start timeout
+    assert [s["state"] for s in states] == ["failed", "failed"]
+    (attempt,) = states[0]["attempts"]  # attempt 1 never started
+    assert attempt["restart"] == "" and "lost before the restart" in attempt["no_restart"]
+    assert "node 0 attempt 1" not in stream(specs[0])
+
+
+# -- file descriptors and symlinks (item 10) ----------------------------------------
+
+SUPERVISE_THRICE = """
+import json, os, sys
+from orchestrator.agent.supervisor import Supervisor
+spec = json.loads(sys.argv[1])
+counts = []
+for i in range(4):
+    Supervisor(dict(spec)).run()
+    counts.append(len(os.listdir("/proc/self/fd")))
+print("FDS", json.dumps(counts))
+"""
+
+
+@pytest.mark.live  # real supervisors: a few seconds
+def test_a_supervisor_leaves_no_file_descriptor_behind(tmp_path):
+    import subprocess
+
+    spec = keeper_specs(tmp_path, 1)[0]["supervisor"]
+    spec.update(argv=[sys.executable, "-c", "pass"], watch_stdin=False, own_signals=False)
+    ran = subprocess.run([sys.executable, "-c", SUPERVISE_THRICE, json.dumps(spec)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    counts = json.loads(ran.stdout.rsplit("FDS ", 1)[1])
+    assert counts[1:] == counts[:1] * 3, counts  # one run per attempt: none grows
+
+
+@pytest.mark.live  # real daemons: seconds each
+def test_the_keeper_writes_through_no_symlink(tmp_path):
+    (spec,) = keeper_specs(tmp_path, 1, env={"SLEEP": "0.2"})
+    run_dir = spec["supervisor"]["run_dir"]
+    os.makedirs(run_dir)
+    target = tmp_path / "target"
+    target.write_text("mine\n")
+    for name in ("keeper.json", "supervisor.json"):  # written beside, then renamed over
+        os.symlink(target, os.path.join(run_dir, name))
+    daemon.start(spec, listen=True)
+    wait_ended([spec])
+    assert target.read_text() == "mine\n"
+    assert not os.path.islink(os.path.join(run_dir, "keeper.json"))
+    assert not os.path.islink(os.path.join(run_dir, "supervisor.json"))
+    (other,) = keeper_specs(tmp_path / "b", 1, env={"SLEEP": "0.2"})
+    os.makedirs(other["supervisor"]["run_dir"])
+    os.symlink(target, os.path.join(other["supervisor"]["run_dir"], "agent.out"))
+    reply = daemon.start(other, listen=True)
+    assert not reply["ok"]  # refused, not written through
+    assert target.read_text() == "mine\n"

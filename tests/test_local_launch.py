@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, every_file_holding, run_cli
+from conftest import ROOT, every_file_holding, local_job, run_cli
 from procscan import wait_gone
 
 pytestmark = pytest.mark.live
@@ -76,17 +76,19 @@ def test_a_node_that_never_joins_is_named_after_the_start_timeout(tmp_path):
     assert wait_gone("stuck", 10) == set()
 
 
-@pytest.mark.parametrize("fail", [False, True])
-def test_no_stored_file_and_no_output_holds_a_secret(tmp_path, fail):
-    """The value is spelt with a YAML escape in the file, printed by the
-    script, and (failing) raised in its error message: every file the run
-    leaves (the nodes' own directories are inside it here) and everything
-    printed show it masked."""
+@pytest.mark.parametrize("fail,spelt", [(False, "hf_s3cr3t_value"),
+                                        (True, "hf_s3cr\\u0033t_value")])
+def test_no_stored_file_and_no_output_holds_a_secret(tmp_path, fail, spelt):
+    """The value is spelt as it is, or with a YAML escape, in a cluster file
+    that lies beside the script (so the script's directory, uploaded, holds
+    it), printed by the script, and (failing) raised in its error message:
+    every file the run leaves (the nodes' own directories and the bundle are
+    inside it here) and everything printed show it masked."""
     job = tmp_path / "job"
     job.mkdir()
     shutil.copy(os.path.join(ROOT, "tests", "programs", "print_secret.py"), job)
     cluster = job / "secret.yaml"
-    cluster.write_text('env: {HF_TOKEN: "hf_s3cr\\u0033t_value"}\n'
+    cluster.write_text(f'env: {{HF_TOKEN: "{spelt}"}}\n'
                        "nodes:\n  - {host: localhost, procs: 1}\n  - {host: localhost, procs: 1}\n"
                        "workload:\n  script: print_secret.py\n"
                        + ("  args: {fail: true}\n" if fail else ""))
@@ -98,9 +100,35 @@ def test_no_stored_file_and_no_output_holds_a_secret(tmp_path, fail):
     assert every_file_holding(run, "hf_s3cr3t_value") == []
     assert "token is ********" in (run / "node-0.log").read_text()
     assert '"********"' in (run / "cluster.yaml").read_text()
+    shipped = run / "node-0" / "script" / "secret.yaml"  # the uploaded copy, masked
+    assert shipped.read_text() == (run / "cluster.yaml").read_text()
     if fail:
         assert "could not log in with ********" in result.stdout
         assert "could not log in with ********" in (run / "state.json").read_text()
+
+
+def test_settings_that_read_false_are_not_secrets_in_a_kept_run(tmp_path):
+    """``TOKENIZERS_PARALLELISM: "false"`` (a secret-looking name, an
+    ordinary value) beside a real token, in a kept run (``--max-restarts``):
+    the run ends SUCCEEDED with exit 0, node 0's ``finished`` record (JSON
+    booleans inside) is read, lines that print ``false`` are shown as
+    printed, and the token is still masked everywhere."""
+    cluster = local_job(tmp_path, "hf", "hf_style.py",
+                        "[{host: localhost, procs: 1}, {host: localhost, procs: 1}]",
+                        extra='env: {TOKENIZERS_PARALLELISM: "false", '
+                              'HF_TOKEN: hf_realtoken_1234}\n')
+    result = run_cli("up", cluster, "--runs-dir", str(tmp_path / "runs"), "--run-id", "hf",
+                     "--max-restarts", "1")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "SUCCEEDED" in out and "FAILED" not in out
+    assert "rank 0: shuffle=false tokenizers=false" in out
+    assert "rank 1: shuffle=false tokenizers=false" in out
+    assert "logged in with ********" in out and "hf_realtoken_1234" not in out
+    run = tmp_path / "runs" / "hf"
+    assert json.loads((run / "state.json").read_text())["state"] == "succeeded"
+    assert every_file_holding(run, "hf_realtoken_1234") == []
+    assert "TOKENIZERS_PARALLELISM: \"false\"" in (run / "cluster.yaml").read_text()
 
 
 @pytest.mark.parametrize("how", ["raise", "kill"])

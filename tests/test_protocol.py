@@ -45,6 +45,21 @@ def test_malformed_messages_are_refused(line):
         decode(line)
 
 
+@pytest.mark.parametrize("line", [
+    CONTROL_PREFIX + b"[" * 4000 + b"\n",  # RecursionError in the parser
+    CONTROL_PREFIX + b'{"event": "exit", "failures": ' + b"[" * 100000 + b"\n",
+    CONTROL_PREFIX + b'{"event": "gang-hello", "node_rank": 1, "token": "\\ud800"}\n',
+    CONTROL_PREFIX + b'{"event": "reply", "ok": true, "n": 1' + b"0" * 5000 + b"}\n",
+])
+def test_any_parse_failure_is_a_protocol_error(line):
+    """Whatever a line does to the parser (a stack exhausted by nesting, a
+    number too long to convert), the reader sees one malformed line."""
+    try:
+        decode(line)
+    except ProtocolError:
+        pass  # or it decodes: never another exception
+
+
 def test_reader_keeps_payloads_whole_whatever_the_chunking():
     stream = encode({"event": "reply", "ok": True, "size": 5}) + b"ab\ncd" + b"next line\n"
     chunks = iter([stream[i:i + 3] for i in range(0, len(stream), 3)])

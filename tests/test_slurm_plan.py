@@ -123,7 +123,8 @@ def test_the_job_files_hold_no_secret_and_sbatch_carries_it(tmp_path, monkeypatc
     from orchestrator.controller.session import prepare
     from orchestrator.records.rundir import RunDir
 
-    spec = load("backend: slurm\nenv: {HF_TOKEN: hf-s3cret-value, PLAIN: x}\n"
+    spec = load("backend: slurm\nenv: {HF_TOKEN: hf-s3cret-value, PLAIN: x, "
+                "TOKENIZERS_PARALLELISM: 'false', CACHE_KEY: abc}\n"
                 "nodes: [{host: a, procs: 1}, {host: b, procs: 1}]\nworkload: {name: noop}\n")
     run = RunDir.create(str(tmp_path), "r")
     backend, info = prepare(spec, LaunchOptions(), run_id="r", local_run_dir=run.path)
@@ -135,8 +136,12 @@ def test_the_job_files_hold_no_secret_and_sbatch_carries_it(tmp_path, monkeypatc
             with open(path, encoding="utf-8") as fh:
                 assert "hf-s3cret-value" not in fh.read(), name
     job = json.loads(open(run.file("job.json")).read())
+    # The one rule (plan/secrets.py), as on the SSH path: settings and short
+    # values are no secrets, so the node agent masks exactly what SSH nodes do.
     assert job["nodes"][0]["secret_env"] == ["HF_TOKEN"]
-    assert job["nodes"][0]["spec"]["env"]["PLAIN"] == "x"
+    node_env = job["nodes"][0]["spec"]["env"]
+    assert (node_env["PLAIN"], node_env["TOKENIZERS_PARALLELISM"], node_env["CACHE_KEY"]) \
+        == ("x", "false", "abc")
 
 
 def test_extra_options_that_only_look_like_ours_pass():

@@ -17,12 +17,21 @@ leaves. While the file is quiet the follower sends a heartbeat of its own
 every ``HEARTBEAT_S``, so the controller can tell a quiet node from a
 silent link.
 
+An attached follower holds a shared lock on ``follower.lock`` in the run
+directory for as long as it runs; the kernel drops it however the follower
+ends (``kill -9`` included), so the keeper of an attached run sees its
+follower go (``follower_present``) and stops the gang itself.
+
 ``signal_keeper`` is ``down``'s way in: the keeper is found by the pid and
 start time it records in ``keeper.json``, never by name.
+
+Files here are opened with ``O_NOFOLLOW``: a symlink planted in the run
+directory is refused, never written through.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -36,15 +45,23 @@ from .procs import start_time
 from .protocol import HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
 
 STATE_FILE = "keeper.json"
+FOLLOWER_LOCK = "follower.lock"  # held (shared) by every attached follower
 FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
 
 
 def start(spec: dict, listen: bool) -> dict:
-    """Fork the keeper off as a daemon; its pid, and node 0's gang port."""
+    """Fork the keeper off as a daemon; its pid, and node 0's gang port
+    (none for a run of one node: there is nobody to link to it). The port
+    listens on the address the other nodes reach node 0 at, the gang's
+    ``addr`` (the run's master address; ``peers.listener``)."""
     run_dir = spec["supervisor"]["run_dir"]
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    sock = peers.listener(avoid=int(spec["supervisor"]["master_port"])) if listen else None
+    sock = None
+    if listen and int(spec.get("nnodes", 1)) > 1:
+        sock, note = peers.listener(str(spec["gang"]["addr"]),
+                                    avoid=int(spec["supervisor"]["master_port"]))
+        spec = {**spec, "gang": {**spec["gang"], "listen_note": note}}
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     child = os.fork()
@@ -82,8 +99,8 @@ def start(spec: dict, listen: bool) -> dict:
 def _become_daemon(run_dir: str, keep: set[int]) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    out = os.open(os.path.join(run_dir, STREAM_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                  0o600)
+    out = os.open(os.path.join(run_dir, STREAM_FILE),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
     for name in os.listdir("/proc/self/fd"):
@@ -103,7 +120,8 @@ def _recorded(run_dir: str) -> dict | None:
     """The keeper's ``keeper.json`` here (None: there is none); OSError or
     ValueError when it cannot be read."""
     try:
-        with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as fh:
+        fd = os.open(os.path.join(run_dir, STATE_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, encoding="utf-8") as fh:
             recorded = json.load(fh)
     except FileNotFoundError:
         return None
@@ -141,6 +159,28 @@ def state(run_dir: str) -> dict:
     return {"ok": True, "keeper": recorded, "alive": _live_pid(recorded) is not None}
 
 
+def _open_lock(run_dir: str) -> int:
+    return os.open(os.path.join(run_dir, FOLLOWER_LOCK),
+                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def follower_present(run_dir: str) -> bool:
+    """Does an attached follower (``follow``) run for this run directory now?"""
+    try:
+        fd = _open_lock(run_dir)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True  # a follower holds it
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # and with it the lock, if we took it
+    return False
+
+
 def signal_keeper(run_dir: str, sig: int = signal.SIGTERM) -> int | None:
     pid = keeper_pid(run_dir)
     if pid is not None:
@@ -165,6 +205,13 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
     """Stream ``agent.out`` from ``offset`` (or its last ``lines`` lines)
     until the keeper is gone and the file is drained, or the controller goes."""
     path = os.path.join(run_dir, STREAM_FILE)
+    held = None
+    if attached:  # the keeper watches this lock: it goes with us, however we go
+        try:
+            held = _open_lock(run_dir)
+            fcntl.flock(held, fcntl.LOCK_SH)
+        except OSError:
+            pass
     deadline = time.monotonic() + FIND_KEEPER_S
     pid = keeper_pid(run_dir)
     while pid is None and time.monotonic() < deadline and not _ended(run_dir):

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import time
+from typing import Callable
 
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)"
                              r"(?::.*)?)$")
@@ -25,12 +26,21 @@ _FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+)')
 _UNHELPFUL = ("To enable traceback", "exitcode", "")
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")  # torch prefixes redirected lines
 STDERR_TAIL = 65536
+MAX_MESSAGE = 2000  # characters of a failure's message kept: its end, where the error is
 
 
-def collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None = None) -> list[dict]:
+def collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None = None,
+            mask: Callable[[str], str] = lambda text: text) -> list[dict]:
     """Worker failures, earliest first: ``local_rank``, ``message``,
     ``timestamp`` (float), ``error_file`` (relative to ``run_dir``, or None).
-    ``log_dir`` is torchrun's (default ``RUN_DIR/torchrun``)."""
+    ``log_dir`` is torchrun's (default ``RUN_DIR/torchrun``). Each message
+    is masked (``mask``) *before* it is cut to ``MAX_MESSAGE``: a secret
+    that straddled the cut would otherwise keep its tail in clear."""
+    found = _collect(run_dir, torchrun_tail, log_dir)
+    return [dict(f, message=mask(f["message"])[-MAX_MESSAGE:]) for f in found]
+
+
+def _collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None) -> list[dict]:
     out = []
     log_dir = log_dir or os.path.join(run_dir, "torchrun")
     pattern = os.path.join(log_dir, "*", "attempt_*", "*", "error.json")
@@ -49,7 +59,7 @@ def collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None = None) 
         if where and where not in message:
             message += f" ({where})"
         out.append({"local_rank": int(os.path.basename(os.path.dirname(path))),
-                    "message": message[-2000:],
+                    "message": message,
                     "timestamp": stamp, "error_file": os.path.relpath(path, run_dir)})
     if not out:  # no @record: torchrun's summary names the first failure
         out = [_refine(log_dir, f) for f in _root_cause_from_summary(torchrun_tail)]
@@ -107,7 +117,7 @@ def _last_exception(path: str) -> tuple[str, float] | None:
     message = lines[exception].strip()
     if where:
         message += f" ({where})"
-    return message[-2000:], stamp
+    return message, stamp
 
 
 def _user_frame(traceback_lines: list[str]) -> str:

@@ -10,10 +10,12 @@ controller accepts.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
 from .protocol import MAX_TRANSFER, digest
+from .scrub import MASK, scrub_tree  # noqa: F401 (the agent's one place for both)
 
 
 class TransferError(Exception):
@@ -96,6 +98,13 @@ def put(path: str, data: bytes, *, size: int, sha256: str, mode: int = 0o600) ->
     return path
 
 
+def put_json(path: str, value: object) -> str:
+    """Write ``value`` as JSON to ``path`` atomically, through no symlink
+    (``put``): the records a node keeps (``supervisor.json``, ``keeper.json``)."""
+    data = json.dumps(value).encode()
+    return put(path, data, size=len(data), sha256=digest(data))
+
+
 def get(path: str, max_bytes: int = MAX_TRANSFER) -> bytes | None:
     """The bytes of the regular file at ``path``; None if there is none.
 
@@ -119,7 +128,6 @@ def get(path: str, max_bytes: int = MAX_TRANSFER) -> bytes | None:
         return fh.read(max_bytes + 1)[:max_bytes]
 
 
-MASK = b"********"
 
 
 def mask(data: bytes, values: list[bytes]) -> bytes:
@@ -143,30 +151,3 @@ def mask_strings(value, secrets: list[str]):
     if isinstance(value, list):
         return [mask_strings(v, secrets) for v in value]
     return value
-
-
-def scrub_tree(directory: str, secrets: list[str], mask: bytes = MASK) -> int:
-    """Mask ``secrets`` in every regular file under ``directory`` (torchrun's
-    per-rank logs and error files), so a run directory keeps no secret in
-    clear, a localhost node's inside the controller's run directory included.
-    Returns how many files changed."""
-    values = sorted({s.encode() for s in secrets if s}, key=len, reverse=True)
-    changed = 0
-    for root, _dirs, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(root, name)
-            try:
-                if not stat.S_ISREG(os.lstat(path).st_mode):
-                    continue
-                with open(path, "rb") as fh:
-                    data = fh.read()
-            except OSError:
-                continue
-            masked = data
-            for value in values:
-                masked = masked.replace(value, mask)
-            if masked != data:
-                put(path, masked, size=len(masked), sha256=digest(masked),
-                    mode=stat.S_IMODE(os.stat(path).st_mode))
-                changed += 1
-    return changed

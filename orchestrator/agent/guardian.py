@@ -3,39 +3,55 @@
 The supervisor can be killed with SIGKILL (the OOM killer, an operator), and
 then nothing of it runs to tear the run down: torchrun and its workers,
 each in a session of its own, train on. So the supervisor starts a guardian
-first: a tiny interpreter in a session of its own, running ``procs`` and
-the few lines below, whose stdin is a pipe that only the supervisor holds.
-When the supervisor ends, however it ends, the kernel closes that pipe. A
-supervisor that finished its own teardown writes ``done`` first and the
-guardian leaves; otherwise the guardian finds the run's processes by their
-marker variables and ends them (SIGTERM, the grace period, SIGKILL).
+first: a tiny interpreter in a session of its own, running ``procs``,
+``scrub`` and the few lines below, whose stdin is a pipe that only the
+supervisor holds. Its first line there is the guardian's orders (``arm``):
+the torchrun log directory and the secrets to mask in it, which never go
+on a command line (``ps`` shows those to everyone). When the supervisor
+ends, however it ends, the kernel closes that pipe. A supervisor that
+finished its own teardown writes ``done`` first and the guardian leaves;
+otherwise the guardian finds the run's processes by their marker
+variables and ends them (SIGTERM, the grace period, SIGKILL), then masks
+the secrets in the logs they left, as the supervisor would have.
 
-It needs no files: its source is this package's ``procs`` module, read
-through the module's loader (from memory on a node), and ``_MAIN``.
+It needs no files: its source is this package's ``procs`` and ``scrub``
+modules, read through the modules' loader (from memory on a node), and
+``_MAIN``.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
-from . import procs
+from . import procs, scrub
 
 _MAIN = """
 
 def _guard():
-    import signal
+    import json, signal
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the supervisor's teardown is not ours to die in
-    heard = b""
-    while b"done" not in heard:
-        chunk = os.read(0, 64)
+    orders, pending = {}, b""
+    while True:
+        chunk = os.read(0, 65536)
         if not chunk:  # the supervisor is gone without its teardown
-            marker = tuple(sys.argv[1:3])
-            terminate(lambda: marked_processes(marker), float(sys.argv[3]),
-                      still_ours=lambda pid: has_marker(pid, marker))
-            return
-        heard += chunk
+            break
+        pending += chunk
+        while b"\\n" in pending:
+            line, pending = pending.split(b"\\n", 1)
+            if line == b"done":
+                return
+            try:
+                orders = json.loads(line)
+            except ValueError:
+                pass
+    marker = tuple(sys.argv[1:3])
+    terminate(lambda: marked_processes(marker), float(sys.argv[3]),
+              still_ours=lambda pid: has_marker(pid, marker))
+    if orders.get("log_dir") and orders.get("secrets"):
+        scrub_tree(orders["log_dir"], orders["secrets"])
 
 import sys
 _guard()
@@ -43,12 +59,25 @@ _guard()
 
 
 def start(marker: tuple[str, str], grace_s: float) -> subprocess.Popen:
-    """The guardian for the run marked ``marker``; write ``done`` to its stdin
-    (``release``) once the supervisor has torn the run down itself."""
-    source = procs.__loader__.get_source(procs.__name__) + _MAIN
+    """The guardian for the run marked ``marker``; ``arm`` it, and write
+    ``done`` to it (``release``) once the supervisor has torn the run down
+    itself."""
+    future = "from __future__ import annotations\n"
+    source = future + "\n".join(module.__loader__.get_source(module.__name__).replace(future, "")
+                                for module in (procs, scrub)) + _MAIN
     return subprocess.Popen([sys.executable, "-I", "-S", "-c", source, *marker, str(grace_s)],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def arm(guardian: subprocess.Popen, log_dir: str, secrets: list[str]) -> None:
+    """Tell the guardian where torchrun's logs are and what to mask in them."""
+    try:
+        guardian.stdin.write(json.dumps({"log_dir": log_dir, "secrets": secrets}).encode()
+                             + b"\n")
+        guardian.stdin.flush()
+    except OSError:
+        pass  # it is gone: the supervisor's own teardown is all there is
 
 
 def release(guardian: subprocess.Popen) -> None:

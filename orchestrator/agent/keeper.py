@@ -16,8 +16,22 @@ head; every other node links to it. An attempt is one torchrun per node
   every other node to stop (``gang-stop``), which each does at once
   (SIGTERM, the grace period, SIGKILL);
 * once every node has ended, starts the next attempt if the run failed,
-  restarts are left and ``restarts.will_recur`` sees no reason against it;
-  else ends the run (``gang-finish``) and records every attempt.
+  restarts are left and ``restarts`` sees no reason against it (no process
+  of the last attempt is left on any node: each node waits up to
+  ``SURVIVOR_WAIT_S`` for what would not die), after a backoff of
+  ``restart_backoff(n)`` seconds (1 s before the first restart, doubling,
+  at most ``MAX_BACKOFF_S``) and a last check that every node is still
+  linked; else ends the run (``gang-finish``) and records every attempt.
+
+Every attempt has a start timeout (the run's ``start_timeout_s``): a node
+whose torchrun has spawned no worker by then (with torchrun's static
+rendezvous, a node of the gang is missing) stops the attempt.
+
+What node 0 records of the attempts is bounded by construction: each
+node's exit record is capped field by field (``compact``), and what one
+``finished`` line or one ``keeper.json`` (the ``keeper`` reply) carries is
+cut to ``ATTEMPTS_BUDGET`` bytes, the oldest detail first
+(``fit_attempts``).
 
 A node that loses its head stops too: so however one node goes (its rank
 fails, its keeper is SIGKILLed, its host freezes), every other node starts
@@ -28,7 +42,10 @@ period (10 s by default), 20 s in all.
 The liveness rule (``rule``): ``detached``: the nodes own the run, and the
 controller's channel (``serve``'s ``follow``) may come and go; ``attached``
 (``--max-restarts`` without ``--detach``): the follower that loses its
-controller signals the keeper, which stops the gang, as an attached run does.
+controller signals the keeper, which stops the gang, as an attached run does;
+and the keeper watches its follower (``daemon.follower_present``): one that
+is gone however it went (``kill -9`` included), or that never came within
+the start timeout, stops the gang too.
 """
 
 from __future__ import annotations
@@ -42,11 +59,11 @@ import socket
 import threading
 import time
 
-from . import files, peers, probes
+from . import daemon, files, peers, probes, procs
 from .daemon import STATE_FILE
 from .procs import start_time
-from .protocol import encode
-from .restarts import will_recur
+from .protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, encode
+from .restarts import survivors_left, will_recur
 from .shim import SHIM_MODULE
 from .supervisor import Supervisor
 
@@ -55,6 +72,18 @@ ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
 # sends: ``finished`` is one control line, and a run may have many attempts.
 MAX_FAILURES, MAX_MESSAGE, MAX_LAST_LINES, MAX_LINE = 3, 500, 3, 300
 FULL_ATTEMPTS = 16  # older attempts keep only the records of nodes that failed
+MAX_SURVIVORS, MAX_CMD, BRIEF_TEXT = 5, 200, 200
+# What one ``finished`` line or one keeper.json (the ``keeper`` reply) may
+# carry of the attempts: half a control line, so the envelope always fits.
+ATTEMPTS_BUDGET = MAX_CONTROL_LINE // 2
+SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
+MAX_BACKOFF_S = 30.0
+FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
+
+
+def restart_backoff(restart: int) -> float:
+    """Seconds before restart number ``restart`` (1, 2, ...): 1, 2, 4, ... 30."""
+    return min(MAX_BACKOFF_S, 2.0 ** (restart - 1))
 
 
 def attempt_spec(spec: dict, attempt: int, master_port: int) -> dict:
@@ -94,9 +123,11 @@ class Keeper:
         self.final = ""  # why the run stops for good (a signal, a peer's signal)
         self.signals = 0
         self.attempts: list[dict] = []
+        self.shrunk = 0  # node 0: how many of the oldest attempts hold less detail
         self.stop_for: dict[int, str] = {}  # attempt -> why it stops (maybe before it starts)
         self.current = 0
         self.finishing = False  # gang-finish sent: links closing now are no loss
+        self.joining_over = False  # node 0: every node joined, or the start timed out
         # Secret env values: masked in every string this keeper writes or sends
         # (its agent.out, keeper.json, the gang link), at the source, value by
         # value, before anything is serialized (masking serialized JSON could
@@ -109,6 +140,7 @@ class Keeper:
         self.ended: dict[int, dict] = {}
         self.stop_asked: set[int] = set()
         self._signalled = os.pipe()  # the signal handler's only act: a byte here
+        self.over = threading.Event()  # the run has ended here
 
     # -- shared ---------------------------------------------------------------
 
@@ -119,6 +151,9 @@ class Keeper:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         self.write_state("running")
+        if self.spec.get("rule") == "attached":
+            threading.Thread(target=self._watch_follower, daemon=True,
+                             name="keeper-follower").start()
         try:
             if self.node_rank == 0:
                 code, state = self.lead()
@@ -127,8 +162,8 @@ class Keeper:
         except Exception as exc:  # noqa: BLE001 (recorded, then the keeper ends)
             self.say(f"ddp-orch: keeper failed: {type(exc).__name__}: {exc}")
             code, state = 1, "failed"
-        self.emit({"event": "finished", "code": code, "state": state,
-                   **({"attempts": self.attempts} if self.node_rank == 0 else {})})
+        self.over.set()
+        self.emit(self.finished_message(code, state))
         try:
             self.write_state(state, code)
         except OSError as exc:  # a full disk: the stream above still says how it ended
@@ -147,13 +182,37 @@ class Keeper:
             signum = os.read(self._signalled[0], 1)[0]
             self.signals += 1
             name = signal.Signals(signum).name
-            self.final = self.final or f"got {name} on node {self.node_rank}"
-            sup = self.supervisor
-            if sup is not None:
-                sup.request_stop(f"got {name}")
-                if self.signals > 1:
-                    sup.hurry.set()
-            self.on_local_stop()
+            self.stop_for_good(f"got {name} on node {self.node_rank}", f"got {name}",
+                               hurry=self.signals > 1)
+
+    def stop_for_good(self, why: str, short: str = "", hurry: bool = False) -> None:
+        """Stop the run, with no restart: this node's attempt and the gang's."""
+        self.final = self.final or why
+        sup = self.supervisor
+        if sup is not None:
+            sup.request_stop(short or why)
+            if hurry:
+                sup.hurry.set()
+        with self.lock:
+            self.lock.notify_all()  # a backoff waiting for a restart ends now
+        self.on_local_stop()
+
+    def _watch_follower(self) -> None:
+        """The attached rule, held by the keeper itself: once its follower
+        (the controller's channel, ``daemon.follow``) is gone, however it went,
+        or if none came within the start timeout, the run stops."""
+        deadline = time.monotonic() + float(self.spec["start_timeout_s"])
+        seen = False
+        while not self.over.wait(FOLLOWER_POLL_S):
+            if daemon.follower_present(self.run_dir):
+                seen = True
+            elif seen or time.monotonic() > deadline:
+                why = (f"the controller's follower on node {self.node_rank} is gone"
+                       if seen else f"no controller followed node {self.node_rank} within "
+                                    f"{float(self.spec['start_timeout_s']):g}s")
+                self.say(f"ddp-orch: {why} (an attached run); stopping the run")
+                self.stop_for_good(why)
+                return
 
     def on_local_stop(self) -> None:
         """Tell the rest of the gang: the head stops everyone, a node tells the head."""
@@ -181,13 +240,67 @@ class Keeper:
             # The gang hears of a failure when torchrun exits, not after this
             # node's teardown, log draining and failure collection.
             sup.on_torchrun_exit = lambda code: code and self.on_own_failure(attempt, code)
+        threading.Thread(target=self._watch_start, args=(sup, attempt), daemon=True,
+                         name="keeper-start").start()
         sup.run()
+        self._await_survivors(sup)
         with self.lock:
             self.supervisor = None
-        event = self.masked(compact(dict(sup.last_exit or {})))
+        event = compact(self.masked(dict(sup.last_exit or {})))  # mask, then cut
         event["stepped"] = any(step is not None and step >= 0
                                for step, _age in sup.progress().values())
         return event
+
+    def _watch_start(self, sup: Supervisor, attempt: int) -> None:
+        """The start timeout, on every attempt: a torchrun that has spawned no
+        worker within ``start_timeout_s`` (with the static rendezvous: some
+        node of the gang is missing, say one lost between two attempts)
+        stops this attempt, and node 0 the gang's."""
+        timeout = float(self.spec["start_timeout_s"])
+        deadline = time.monotonic() + timeout
+        while not sup.exited.wait(min(1.0, max(0.05, deadline - time.monotonic()))):
+            if sup.stop_requested:
+                return
+            pid = sup.torchrun_pid
+            if pid > 0 and any(ppid == pid and state != "Z"
+                               for _p, ppid, state in procs.proc_table()):
+                return  # its workers run: every node has joined the rendezvous
+            if time.monotonic() >= deadline:
+                why = (f"attempt {attempt} did not start within {timeout:g}s on node "
+                       f"{self.node_rank} (a node of the gang is missing)")
+                self.say(f"ddp-orch: {why}; stopping it")
+                sup.request_stop(why)
+                if self.node_rank == 0:
+                    with self.lock:
+                        if attempt == self.current and attempt not in self.stop_for:
+                            self._stop_all(why)
+                        self.lock.notify_all()
+                elif self.head is not None:  # the head stops the attempt (not the run)
+                    self.head.send({"event": "gang-stop", "attempt": attempt, "reason": why,
+                                    "final": False})
+                return
+
+    def _await_survivors(self, sup: Supervisor) -> None:
+        """Processes of the attempt that would not die (``procs.terminate``'s
+        survivors: uninterruptible sleep, a GPU's driver still releasing
+        them): wait up to ``SURVIVOR_WAIT_S`` for them to go; the exit record
+        keeps those still there, which rules out a restart
+        (``restarts.survivors_left``)."""
+        last = sup.last_exit
+        if not last or not last.get("survivors"):
+            return
+        deadline = time.monotonic() + SURVIVOR_WAIT_S
+        left = list(last["survivors"])
+        self.say(f"ddp-orch: {len(left)} process(es) of this attempt would not die; waiting "
+                 f"up to {SURVIVOR_WAIT_S:g}s for them to go")
+        while True:
+            left = [s for s in left if _still_there(s)]
+            if not left or time.monotonic() >= deadline or self.final:
+                break
+            time.sleep(0.2)
+        last["survivors"] = left
+        if not left:
+            last["survivors_gone"] = True
 
     def masked(self, message):
         """``message`` with every secret value masked in every string in it."""
@@ -205,22 +318,36 @@ class Keeper:
         except OSError:
             pass
 
+    def fitted_attempts(self) -> dict:
+        """``{"attempts": [...]}`` (node 0; masked, and cut to
+        ``ATTEMPTS_BUDGET``), with ``attempts_omitted`` when the oldest
+        records had to go; ``{}`` elsewhere."""
+        if self.node_rank != 0 or not self.attempts:
+            return {}
+        attempts, omitted = fit_attempts(self.masked(self.attempts))
+        return {"attempts": attempts, **({"attempts_omitted": omitted} if omitted else {})}
+
+    def finished_message(self, code: int, state: str) -> dict:
+        """The stream's last line; one control line, however many attempts."""
+        return {"event": "finished", "code": code, "state": state,
+                **(self.fitted_attempts() if self.node_rank == 0 else {})}
+
     def write_state(self, state: str, code: int | None = None) -> None:
         payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
                    "node_rank": self.node_rank, "run_id": self.sup_spec["run_id"],
                    "rule": self.spec.get("rule"), "state": state, "code": code,
-                   "attempt": len(self.attempts), "updated": time.time()}
-        if self.node_rank == 0 and self.attempts:
-            payload["attempts"] = self.attempts
-        path = os.path.join(self.run_dir, STATE_FILE)
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(self.masked(payload), fh)
-        os.replace(path + ".tmp", path)
+                   "attempt": len(self.attempts), "updated": time.time(),
+                   **self.fitted_attempts()}
+        files.put_json(os.path.join(self.run_dir, STATE_FILE), self.masked(payload))
 
     # -- node 0 ---------------------------------------------------------------
 
     def lead(self) -> tuple[int, str]:
-        threading.Thread(target=self._accept, daemon=True, name="gang-accept").start()
+        gang = self.spec.get("gang") or {}
+        if gang.get("listen_note"):
+            self.say(f"ddp-orch: {gang['listen_note']}")
+        gate = peers.Gate(self.listener, gang["token"], self.nnodes, self._joined).start() \
+            if self.listener is not None else None
         deadline = time.monotonic() + float(self.spec["start_timeout_s"])
         with self.lock:
             while len(self.links) + len(self.lost) < self.nnodes - 1 and not self.final:
@@ -229,6 +356,9 @@ class Keeper:
                     break
                 self.lock.wait(left)
             missing = [k for k in range(1, self.nnodes) if k not in self.links]
+            self.joining_over = True
+        if gate is not None:  # every node has joined, or never will: no port from here on
+            gate.close()
         if missing or self.final:
             why = self.final or ("node(s) " + ", ".join(map(str, missing)) +
                                  " never joined the gang's port")
@@ -240,16 +370,21 @@ class Keeper:
         port = int(self.sup_spec["master_port"])
         for attempt in range(restarts + 1):
             if attempt:
-                port = _fresh_port()
+                why_not = self._back_off(attempt)
+                if why_not:  # between the decision and now: a node lost, a signal
+                    self.attempts[-1].update(restart="", no_restart=why_not)
+                    self.say(f"ddp-orch: no restart after all: {why_not}")
+                    break
+                port = _fresh_port((self.spec.get("gang") or {}).get("addr"))
             with self.lock:
                 self.current, self.ended, self.stop_asked = attempt, {}, set()
+                if self.lost:  # lost after the check above: this attempt cannot start
+                    self._stop_all(f"lost node(s) {', '.join(map(str, sorted(self.lost)))} "
+                                   f"before attempt {attempt} started")
             self._broadcast({"event": "gang-start", "attempt": attempt, "master_port": port})
             ended = self._await_ended(attempt, self.run_attempt(attempt, port))
             codes = [e.get("code") for e in ended.values()]
-            record = {"attempt": attempt, "master_port": port,
-                      "stop_reason": self.stop_for.get(attempt, ""),
-                      "nodes": {str(k): {**e, "stop_asked": k in self.stop_asked}
-                                for k, e in sorted(ended.items())}}
+            record = self._record(attempt, port, ended)
             if all(c == 0 for c in codes):
                 record["state"] = "succeeded"
                 self.attempts.append(record)
@@ -266,11 +401,37 @@ class Keeper:
             if why_not or attempt == restarts:
                 break
             self.say(f"ddp-orch: attempt {attempt} failed ({record['stop_reason']}); "
-                     f"restarting the whole gang ({attempt + 1} of {restarts} restart(s))")
+                     f"restarting the whole gang in {restart_backoff(attempt + 1):g}s "
+                     f"({attempt + 1} of {restarts} restart(s))")
         state = "interrupted" if self.final else "failed"
         self.finishing = True
         self._broadcast({"event": "gang-finish", "state": state})
         return int(self.ended.get(0, {}).get("code") or 1), state
+
+    def _record(self, attempt: int, port: int, ended: dict[int, dict]) -> dict:
+        """Node 0's record of one attempt: each node's (``compact``) exit
+        record, ``stop_asked`` when the head stopped it."""
+        return {"attempt": attempt, "master_port": port,
+                "stop_reason": str(self.stop_for.get(attempt, ""))[:MAX_MESSAGE],
+                "nodes": {str(k): {**e, "stop_asked": k in self.stop_asked}
+                          for k, e in sorted(ended.items())}}
+
+    def _back_off(self, attempt: int) -> str:
+        """Wait ``restart_backoff(attempt)`` before restarting (cut short by a
+        stop), then check again that a restart may go ahead: why not, or ""."""
+        until = time.monotonic() + restart_backoff(attempt)
+        with self.lock:
+            while not self.final and not self.lost:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self.lock.wait(left)
+            if self.final:
+                return f"stopped on purpose ({self.final})"
+            if self.lost:
+                return (f"node(s) {', '.join(map(str, sorted(self.lost)))} lost before the "
+                        f"restart: a restart needs every node")
+        return ""
 
     def _await_ended(self, attempt: int, mine: dict) -> dict[int, dict]:
         """Every node's end of ``attempt``, node 0's being ``mine``: its exit
@@ -297,12 +458,12 @@ class Keeper:
                                else max(0.01, deadline - time.monotonic()))
 
     def _compact_old_attempts(self) -> None:
-        """Past ``FULL_ATTEMPTS``, an attempt keeps the records of the nodes
-        that failed on their own only (the root cause is among them)."""
-        for record in self.attempts[:-FULL_ATTEMPTS]:
-            record["nodes"] = {k: e for k, e in record["nodes"].items()
-                               if e.get("code") not in (0, None) and not e.get("stop_asked")
-                               or "lost" in e}
+        """Past ``FULL_ATTEMPTS``, an attempt keeps the nodes that failed by
+        themselves or were lost (the root cause is among them) in brief,
+        the others bare (``_shrink``): the memory a long run holds is bounded."""
+        while self.shrunk < len(self.attempts) - FULL_ATTEMPTS:
+            self.attempts[self.shrunk] = _shrink(self.attempts[self.shrunk], 2)
+            self.shrunk += 1
 
     def _why_no_restart(self, ended: dict[int, dict]) -> str:
         if self.final:
@@ -310,28 +471,16 @@ class Keeper:
         lost = sorted(set(self.lost) | {k for k, e in ended.items() if "lost" in e})
         if lost:
             return f"node(s) {', '.join(map(str, lost))} lost: a restart needs every node"
+        left = survivors_left(ended)
+        if left:
+            return left
         return will_recur({k: e for k, e in ended.items() if "lost" not in e},
                           any(e.get("stepped") for e in ended.values()))
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _addr = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._admit, args=(conn,), daemon=True,
-                             name="gang-admit").start()
-
-    def _admit(self, conn: socket.socket) -> None:
-        """One connection's hello, in a thread of its own: a slow or hostile
-        client holds up nobody (``accept_hello`` has a deadline)."""
-        try:
-            k, rest = peers.accept_hello(conn, self.spec["gang"]["token"], self.nnodes)
-        except (OSError, ValueError):
-            conn.close()
-            return
+    def _joined(self, k: int, conn: socket.socket, rest: bytes) -> None:
+        """A node said its hello with the run's token (``peers.Gate``)."""
         with self.lock:
-            if k in self.links or self.finishing:
+            if k in self.links or self.finishing or self.joining_over:
                 conn.close()
                 return
             self.links[k] = peers.Link(
@@ -342,16 +491,19 @@ class Keeper:
     def _from_peer(self, k: int, message: dict) -> None:
         with self.lock:
             if message["event"] == "gang-ended" and message["attempt"] == self.current:
-                self.ended[k] = compact(message["exit"])
+                self.ended[k] = compact(self.masked(message["exit"]))  # mask, then cut
                 code = message["exit"].get("code")
                 if code and self.current not in self.stop_for:
                     self._stop_all(f"node {k} failed (exit {code})")
             elif message["event"] == "gang-failing" and message["attempt"] == self.current:
                 if self.current not in self.stop_for:
                     self._stop_all(f"node {k} failed (exit {message['code']})")
-            elif message["event"] == "gang-stop":
+            elif message["event"] == "gang-stop" and message["final"]:
                 self.final = self.final or message["reason"]
                 self._stop_all(message["reason"])
+            elif message["event"] == "gang-stop":  # this attempt only (its start timeout)
+                if message["attempt"] == self.current and self.current not in self.stop_for:
+                    self._stop_all(message["reason"])
             self.lock.notify_all()
 
     def _peer_lost(self, k: int, why: str) -> None:
@@ -438,21 +590,176 @@ class Keeper:
 
 
 def compact(event: dict) -> dict:
-    """A node's exit record, capped (``MAX_*``) for the attempts node 0 keeps."""
-    out = dict(event)
-    out["failures"] = [dict(f, message=str(f.get("message", ""))[-MAX_MESSAGE:])
-                       for f in list(event.get("failures") or [])[:MAX_FAILURES]
-                       if isinstance(f, dict)]
-    out["last_lines"] = [str(line)[-MAX_LINE:]
-                         for line in list(event.get("last_lines") or [])[-MAX_LAST_LINES:]]
-    out["survivors"] = list(event.get("survivors") or [])[:5]
+    """A node's exit record, capped (``MAX_*``) for the attempts node 0 keeps:
+    only the fields the outcome is built from, each of a known type and
+    size, so one record is bounded whatever a node sent."""
+    out: dict = {} if _int(event.get("code")) is None else {"code": event["code"]}
+    out["duration_s"] = _num(event.get("duration_s")) or 0
+    if _num(event.get("stopped_at")) is not None:
+        out["stopped_at"] = event["stopped_at"]
+    for key in ("stepped", "stop_asked", "survivors_gone"):
+        if isinstance(event.get(key), bool):
+            out[key] = event[key]
     out["reason"] = str(event.get("reason", ""))[:MAX_MESSAGE]
+    out["failures"] = [_failure(f, MAX_MESSAGE) for f in _list(event.get("failures"))
+                       if isinstance(f, dict)][:MAX_FAILURES]
+    out["last_lines"] = [str(line)[-MAX_LINE:]
+                         for line in _list(event.get("last_lines"))[-MAX_LAST_LINES:]]
+    out["survivors"] = [{"pid": _int(s.get("pid")) or 0, "cmd": str(s.get("cmd", ""))[:MAX_CMD]}
+                        for s in _list(event.get("survivors")) if isinstance(s, dict)
+                        ][:MAX_SURVIVORS]
+    if "lost" in event:
+        out = {"lost": str(event["lost"])[:MAX_MESSAGE]}
     return out
 
 
-def _fresh_port() -> int:
-    """A free port for the next attempt's rendezvous, as ``bind`` checks it."""
-    found = probes.bind(0)
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _failure(failure: dict, size: int) -> dict:
+    stamp = failure.get("timestamp")
+    path = failure.get("error_file")
+    return {"local_rank": _int(failure.get("local_rank")) or 0,
+            "message": str(failure.get("message", ""))[-size:],
+            "timestamp": stamp if isinstance(stamp, (int, float))
+            and not isinstance(stamp, bool) else 0,
+            "error_file": str(path)[-size:] if path is not None else None}
+
+
+def _failed_itself(entry: dict) -> bool:
+    """A node record that may be the root cause: lost, or failed before it
+    was asked to stop (the controller's rule, ``exit_outcome``: torchrun
+    ended on its own, or a failure is stamped before the stop)."""
+    if "lost" in entry:
+        return True
+    if entry.get("code") in (0, None):
+        return False
+    if not entry.get("stop_asked") or entry.get("reason") == ENDED_ON_ITS_OWN:
+        return True
+    stopped = _num(entry.get("stopped_at"))
+    stamps = [_num(f.get("timestamp")) for f in _list(entry.get("failures"))
+              if isinstance(f, dict)]
+    return stopped is not None and any(
+        t is not None and t + (1 if float(t).is_integer() else 0) <= stopped for t in stamps)
+
+
+def _brief(entry: dict, failures: int = 1, text: int = BRIEF_TEXT) -> dict:
+    """A node record with its detail dropped, still a whole exit record (the
+    controller checks it as one): the outcome, and ``failures`` failures."""
+    if "lost" in entry:
+        return {"lost": str(entry["lost"])[:text]}
+    out = {k: entry[k] for k in ("code", "stop_asked", "stopped_at", "stepped",
+                                 "survivors_gone") if k in entry}
+    out.update(reason=str(entry.get("reason", ""))[:text], last_lines=[],
+               duration_s=_num(entry.get("duration_s")) or 0,
+               failures=[_failure(f, text) for f in _list(entry.get("failures"))
+                         if isinstance(f, dict)][:failures],
+               survivors=[{"pid": _int(s.get("pid")) or 0, "cmd": str(s.get("cmd", ""))[:80]}
+                          for s in _list(entry.get("survivors")) if isinstance(s, dict)
+                          ][:failures])
+    return out
+
+
+def _shrink(record: dict, level: int) -> dict:
+    """An attempt's record with less detail: level 1, every node's record
+    brief; level 2, the nodes that failed by themselves or were lost (the
+    root cause is among them) brief, the others bare (their outcome only);
+    level 3, only the nodes that failed by themselves or were lost."""
+    nodes = dict(record.get("nodes") or {})
+    kept = {k: _brief(e) if level == 1 or _failed_itself(e) else _brief(e, 0, 80)
+            for k, e in nodes.items() if level < 3 or _failed_itself(e)}
+    out = {**record, "nodes": kept}
+    if len(kept) < len(nodes):
+        out["nodes_omitted"] = int(record.get("nodes_omitted", 0)) + len(nodes) - len(kept)
+    return out
+
+
+def _size(value) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def fit_attempts(attempts: list[dict], budget: int = ATTEMPTS_BUDGET) -> tuple[list[dict], int]:
+    """The attempts' records, cut to ``budget`` bytes of JSON, the oldest
+    detail first; and how many of the oldest records had to go entirely.
+
+    In order, until they fit: every attempt but the last with brief node
+    records, oldest first; then with only the nodes that failed by
+    themselves or were lost in detail and the others bare; then the last
+    attempt (the run's outcome, node by node) brief; then the oldest
+    attempts dropped; then the last attempt at less detail, then with only
+    its failed and lost nodes, then without its nodes from the highest rank
+    down (``nodes_omitted`` counts them)."""
+    out = list(attempts)
+    sizes = [_size(a) for a in out]
+
+    def fits() -> bool:
+        return sum(sizes) + len(sizes) + 1 <= budget
+
+    def shrink(i: int, level: int) -> None:
+        out[i] = _shrink(out[i], level)
+        sizes[i] = _size(out[i])
+
+    for level in (1, 2):
+        for i in range(len(out) - 1):
+            if fits():
+                return out, 0
+            shrink(i, level)
+    if not out or fits():
+        return out, 0
+    shrink(-1, 1)
+    omitted = 0
+    while len(out) > 1 and not fits():
+        out.pop(0)
+        sizes.pop(0)
+        omitted += 1
+    for level in (2, 3):
+        if not fits():
+            shrink(-1, level)
+    if not fits():
+        last = dict(out[-1])
+        nodes = dict(last.get("nodes") or {})
+        over = sum(sizes) + len(sizes) + 1 - budget
+        for k in sorted(nodes, key=lambda k: -int(k) if k.lstrip("-").isdigit() else 0):
+            if over <= 0:
+                break
+            over -= _size({k: nodes.pop(k)})
+            last["nodes_omitted"] = int(last.get("nodes_omitted", 0)) + 1
+        out[-1] = {**last, "nodes": nodes}
+    return out, omitted
+
+
+def _still_there(survivor: dict) -> bool:
+    """Is a survivor (``{pid, cmd}``) still that process? A zombie of ours
+    (we are a subreaper) is reaped on the way."""
+    pid = survivor.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        if int(fields[1]) == os.getpid():
+            procs.reap(pid)
+        return False
+    return procs.command_line(pid) == survivor.get("cmd")
+
+
+def _fresh_port(master_addr: str | None = None) -> int:
+    """A free port for the next attempt's rendezvous, as ``bind`` checks it,
+    in the family of the master address (an IPv6 master gets an IPv6 port)."""
+    found = probes.bind(0, master_addr)
     if not found["ok"]:
         raise OSError(f"no free port for the next attempt: {found['error']}")
     return found["port"]

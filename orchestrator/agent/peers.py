@@ -12,22 +12,39 @@ within ``GANG_TIMEOUT_S``, and the run's teardown starts there.
 Messages are the control lines of ``protocol`` (the same framing, the same
 checks); the first line on a link must be ``gang-hello`` with the run's
 token, which the controller sent to every node over its own channel, so
-nobody else on the network can join the gang or stop it.
+nobody else on the network can join the gang or stop it. Any line that does
+not decode (``protocol.decode`` turns every parse failure into
+ProtocolError) ends its link as lost, "a malformed message".
+
+The gang port is exposed as little as the run allows (``listener``,
+``Gate``): it exists only when there is more than one node, it listens
+only on the address the other nodes use to reach node 0 (the run's master
+address), it is closed once every node has joined, and until then the
+connections waiting for their hello are few (``MAX_PENDING``; the oldest
+gives way to a new one) and are read by one thread, so a flood of idle or
+hostile connections costs neither threads nor file descriptors beyond that
+cap, and an ``accept`` error (EMFILE, ECONNABORTED) only pauses accepting.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import select
 import socket
 import threading
 import time
 from typing import Callable
 
+from .probes import hostport
 from .protocol import LineBuffer, ProtocolError, decode, encode
 
 GANG_HEARTBEAT_S = 2.0
 GANG_TIMEOUT_S = 10.0
 MAX_LINE = 1 << 20
+MAX_PENDING = 16  # connections waiting for their hello at once; the oldest gives way
+MAX_HELLO = 4096  # a hello is one short line
+ACCEPT_PAUSE_S = 0.1  # after an accept error (EMFILE...), before accepting again
 
 
 class Link:
@@ -92,24 +109,178 @@ class Link:
             why = f"a malformed message: {exc}"
         except OSError as exc:
             why = f"the link broke: {exc}"
+        except Exception as exc:  # noqa: BLE001 (a message we could not act on)
+            # Never a reader that dies quietly: its link would look alive.
+            why = f"a malformed message: {type(exc).__name__}: {exc}"[:300]
         if not self.closed.is_set():
             self.close()
             self.on_lost(why)
 
 
-def listener(avoid: int | None = None) -> socket.socket:
-    """Node 0's gang port: any free port but ``avoid``, on every interface
-    (the peers reach node 0 at the run's master address). ``avoid`` is the
-    master port: it was only probed, so it is free, and the kernel may well
-    hand it out again, right before torchrun's store needs it."""
+def listener(addr: str, avoid: int | None = None) -> tuple[socket.socket, str]:
+    """Node 0's gang port, on ``addr`` (the run's master address: where the
+    other nodes reach node 0), on any free port but ``avoid``; and a note
+    (empty, or why it listens elsewhere). ``avoid`` is the master port: it
+    was only probed, so it is free, and the kernel may well hand it out
+    again, right before torchrun's store needs it.
+
+    ``addr`` is resolved here, on node 0, and the first of its addresses
+    that this host has is used. Where it has none of them (node 0 is
+    reached through NAT), or a name resolves here only to a loopback address
+    while the other nodes resolve it elsewhere (Debian's ``127.0.1.1 host``
+    line in ``/etc/hosts``), listening there would keep the gang from
+    forming: then, and only then, it listens on every interface and says so
+    (the hello's token still keeps strangers out)."""
+    candidates, note = _bind_candidates(addr)
+    for family, host in candidates:
+        try:
+            return _bind(family, host, avoid), ""
+        except OSError as exc:  # not an address of this host
+            note = f"node 0 has no address {host} ({exc.strerror or exc})"
+    return _bind(socket.AF_INET, "", avoid), f"the gang port listens on every interface: {note}"
+
+
+def _bind(family: int, host: str, avoid: int | None) -> socket.socket:
     while True:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("", 0))
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, 0))
+        except OSError:
+            sock.close()
+            raise
         if sock.getsockname()[1] != avoid:
             sock.listen(64)
             return sock
         sock.close()
+
+
+def _bind_candidates(addr: str) -> tuple[list[tuple[int, str]], str]:
+    """Where to listen for ``addr``: its addresses, IPv4 first; and why not,
+    when none will do (the caller then listens on every interface)."""
+    try:
+        literal = ipaddress.ip_address(addr.strip("[]"))
+    except ValueError:
+        literal = None
+    if literal is not None:
+        family = socket.AF_INET6 if literal.version == 6 else socket.AF_INET
+        return [(family, str(literal))], ""
+    try:
+        infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return [], f"{addr!r} does not resolve on node 0 ({exc})"
+    found: list[tuple[int, str]] = []
+    for family, _t, _p, _n, sockaddr in sorted(infos, key=lambda i: i[0] != socket.AF_INET):
+        if family in (socket.AF_INET, socket.AF_INET6) and (family, sockaddr[0]) not in found:
+            found.append((family, sockaddr[0]))
+    loopback_name = addr.lower() in ("localhost", "localhost.localdomain", "ip6-localhost")
+    if not loopback_name and found and all(ipaddress.ip_address(h.split("%")[0]).is_loopback
+                                           for _f, h in found):
+        return [], (f"{addr!r} resolves to {found[0][1]} on node 0 itself, which the other "
+                    f"nodes cannot reach")
+    return found, ("" if found else f"{addr!r} has no address on node 0")
+
+
+class Gate:
+    """Node 0's gang port until every node has joined: new connections,
+    each with ``GANG_TIMEOUT_S`` to send its hello, at most ``MAX_PENDING``
+    at a time (a new one closes the oldest), all read by this one thread;
+    ``on_hello(node_rank, conn, rest)`` for each that says a right one.
+    ``close()`` stops it, and closes the port and every waiting connection."""
+
+    def __init__(self, sock: socket.socket, token: str, nnodes: int,
+                 on_hello: Callable[[int, socket.socket, bytes], None]):
+        self.sock, self.token, self.nnodes, self.on_hello = sock, token, nnodes, on_hello
+        self.closed = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self.pending: dict[socket.socket, list] = {}  # conn -> [deadline, data]
+        self.sock.setblocking(False)
+
+    def start(self) -> "Gate":
+        threading.Thread(target=self._run, daemon=True, name="gang-gate").start()
+        return self
+
+    def close(self) -> None:
+        if not self.closed.is_set():
+            self.closed.set()
+            try:
+                self._wake_w.send(b"!")
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        try:
+            while not self.closed.is_set():
+                try:
+                    self._step()
+                except Exception:  # noqa: BLE001 (the gate must not end on anything)
+                    self.closed.wait(ACCEPT_PAUSE_S)
+        finally:
+            for conn in list(self.pending):
+                conn.close()
+            self.pending.clear()
+            self.sock.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        for conn, (deadline, _data) in list(self.pending.items()):
+            if now >= deadline:
+                self._drop(conn)
+        wait = min([d for d, _ in self.pending.values()], default=now + 1.0) - now
+        poller = select.poll()  # not select(): no FD_SETSIZE limit on fd numbers
+        by_fd = {conn.fileno(): conn for conn in (self.sock, self._wake_r, *self.pending)}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        for fd, _events in poller.poll(max(0, int(wait * 1000) + 1)):
+            conn = by_fd[fd]
+            if self.closed.is_set():
+                return
+            if conn is self.sock:
+                self._accept()
+            elif conn in self.pending:
+                self._read(conn)
+
+    def _accept(self) -> None:
+        try:
+            conn, _addr = self.sock.accept()
+        except BlockingIOError:
+            return
+        except OSError:  # out of file descriptors, an aborted connection: later
+            self.closed.wait(ACCEPT_PAUSE_S)
+            return
+        if len(self.pending) >= MAX_PENDING:  # the oldest has waited longest
+            self._drop(min(self.pending, key=lambda c: self.pending[c][0]))
+        conn.setblocking(False)
+        self.pending[conn] = [time.monotonic() + GANG_TIMEOUT_S, b""]
+
+    def _read(self, conn: socket.socket) -> None:
+        entry = self.pending[conn]
+        try:
+            chunk = conn.recv(MAX_HELLO)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        entry[1] += chunk
+        if not chunk or len(entry[1]) > MAX_HELLO and b"\n" not in entry[1]:
+            self._drop(conn)
+            return
+        if b"\n" not in entry[1]:
+            return
+        del self.pending[conn]
+        try:
+            k, rest = check_hello(entry[1], self.token, self.nnodes)
+        except ValueError:  # ProtocolError among them
+            conn.close()
+            return
+        conn.setblocking(True)
+        self.on_hello(k, conn, rest)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self.pending.pop(conn, None)
+        conn.close()
 
 
 def accept_hello(conn: socket.socket, token: str, nnodes: int) -> tuple[int, bytes]:
@@ -123,14 +294,24 @@ def accept_hello(conn: socket.socket, token: str, nnodes: int) -> tuple[int, byt
         if left <= 0:
             raise ProtocolError("no hello in time")
         conn.settimeout(left)
-        chunk = conn.recv(4096)
-        if not chunk or len(data) > 4096:
+        chunk = conn.recv(MAX_HELLO)
+        if not chunk or len(data) > MAX_HELLO:
             raise ProtocolError("no hello")
         data += chunk
+    return check_hello(data, token, nnodes)
+
+
+def check_hello(data: bytes, token: str, nnodes: int) -> tuple[int, bytes]:
+    """``data`` (a whole first line, and what came after it): the node rank
+    its ``gang-hello`` names, and the rest; ProtocolError unless the hello
+    carries the run's token and a rank of this run."""
     line, rest = data.split(b"\n", 1)
     hello = decode(line + b"\n")
-    if hello["event"] != "gang-hello" or not hmac.compare_digest(
-            hello["token"].encode(), token.encode()):
+    try:
+        said = hello["token"].encode()
+    except UnicodeError:  # a lone surrogate, say
+        raise ProtocolError("not a node of this run") from None
+    if hello["event"] != "gang-hello" or not hmac.compare_digest(said, token.encode()):
         raise ProtocolError("not a node of this run")
     if not 0 < hello["node_rank"] < nnodes:
         raise ProtocolError(f"node rank {hello['node_rank']} is not in this run")
@@ -149,6 +330,6 @@ def connect(addr: str, port: int, node_rank: int, token: str,
             return sock
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise ConnectionError(f"cannot reach node 0's gang port {addr}:{port}: "
+                raise ConnectionError(f"cannot reach node 0's gang port {hostport(addr, port)}: "
                                       f"{exc}") from None
             time.sleep(0.2)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 CONTROL_PREFIX = b"::ddp-orch:: "
@@ -67,6 +68,14 @@ FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
+def is_time(value: Any) -> bool:
+    """A number that is a wall-clock time or a duration: finite, not negative
+    and below 1e11 (year 5138), so ``time.localtime`` and arithmetic on it
+    cannot fail, and no bool."""
+    return isinstance(value, _NUM) and not isinstance(value, bool) and math.isfinite(value) \
+        and 0 <= value < 1e11
+
+
 class ProtocolError(ValueError):
     """A message that does not follow this protocol."""
 
@@ -77,16 +86,24 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def decode(line: bytes) -> dict[str, Any]:
-    """A control line's message, checked against ``MESSAGES``; else ProtocolError."""
+    """A control line's message, checked against ``MESSAGES``; else ProtocolError,
+    whatever is wrong with it (never another exception: a line nested deeply
+    enough to exhaust the parser's recursion is malformed too)."""
     if not line.startswith(CONTROL_PREFIX):
         raise ProtocolError("not a control line")
     if len(line) > MAX_CONTROL_LINE:
         raise ProtocolError(f"control line of {len(line)} bytes")
     try:
         message = json.loads(line[len(CONTROL_PREFIX):])
+        return validate(message)
+    except ProtocolError:
+        raise
     except ValueError as exc:
         raise ProtocolError(f"control line is not JSON: {exc}") from None
-    return validate(message)
+    except Exception as exc:  # noqa: BLE001 ("[" * 4000: RecursionError; anything else)
+        # Whatever a line does to the parser, it is a malformed line: a reader
+        # that lets it escape dies without reporting its link lost.
+        raise ProtocolError(f"malformed control line: {type(exc).__name__}") from None
 
 
 def validate(message: Any) -> dict[str, Any]:
@@ -101,9 +118,13 @@ def validate(message: Any) -> dict[str, Any]:
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_TRANSFER:
             raise ProtocolError(f"reply announces {size!r} payload bytes")
     if message["event"] == "exit":
+        if not is_time(message["duration_s"]):
+            raise ProtocolError("exit message: duration_s must be a number of seconds")
         for failure in message["failures"]:
             if not isinstance(failure, dict) or any(
-                    not isinstance(failure.get(k), t) for k, t in FAILURE_FIELDS.items()):
+                    not isinstance(failure.get(k), t) or isinstance(failure.get(k), bool)
+                    for k, t in FAILURE_FIELDS.items()) \
+                    or failure["local_rank"] < 0 or not is_time(failure["timestamp"]):
                 raise ProtocolError(f"exit message: bad failure record {str(failure)[:200]}")
         if not all(isinstance(line, str) for line in message["last_lines"]):
             raise ProtocolError("exit message: last_lines must be strings")
@@ -113,7 +134,7 @@ def validate(message: Any) -> dict[str, Any]:
                 and isinstance(x.get("cmd"), str) for x in survivors):
             raise ProtocolError("exit message: survivors must be {pid, cmd} records")
         stopped = message.get("stopped_at")
-        if stopped is not None and (not isinstance(stopped, _NUM) or isinstance(stopped, bool)):
+        if stopped is not None and not is_time(stopped):
             raise ProtocolError("exit message: stopped_at must be a time or null")
     return message
 

@@ -10,6 +10,9 @@ when
 
 * the run was stopped on purpose (``down``, Ctrl-C, a signal), or
 * a node was lost (its keeper is gone, so it cannot take part again), or
+* processes of the failed attempt would not die on some node (``survivors``
+  in its exit record, still there after the keeper waited for them): a next
+  attempt would start on top of them, on GPUs they may still hold, or
 * a failing rank raised an error that will recur (``RECURRING``: an
   import or syntax error, a name that does not exist) or exited with a
   usage error (exit code 2, as ``argparse`` exits), **before any rank of
@@ -28,6 +31,19 @@ RECURRING = ("ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationEr
              "NameError")
 _RECURRING = re.compile(r"(?:^|[\s.:])(" + "|".join(RECURRING) + r")\b")
 USAGE_EXIT = 2
+
+
+def survivors_left(ended: dict[int, dict]) -> str:
+    """Why not restart on top of what the last attempt left ("" if nothing
+    was left): the first node whose exit record still lists survivors."""
+    for node_rank in sorted(ended):
+        left = [s for s in ended[node_rank].get("survivors") or () if isinstance(s, dict)]
+        if left:
+            shown = ", ".join(f"pid {s.get('pid')} ({str(s.get('cmd', ''))[:80]})"
+                              for s in left[:3])
+            return (f"node {node_rank}: {len(left)} process(es) of the attempt would not die "
+                    f"({shown}); a restart would start on top of them")
+    return ""
 
 
 def will_recur(ended: dict[int, dict], stepped: bool) -> str:

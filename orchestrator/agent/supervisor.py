@@ -26,7 +26,6 @@ files.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -89,6 +88,7 @@ class Supervisor:
             _extract(self.spec["bundle"], self.run_dir)
         procs.become_subreaper()
         self.guardian = guardian.start(self.marker, self.grace_s)
+        guardian.arm(self.guardian, self.log_dir, self.spec.get("secrets", []))
         if self.spec.get("own_signals", True):  # a keeper (keeper.py) handles them itself
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, lambda signum, _f: self.request_stop(
@@ -126,11 +126,14 @@ class Supervisor:
         self.write_state(child.pid, started, code)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
         self.last_exit = {"event": "exit", "code": code, "reason": reason,
-                   "failures": failures.collect(self.run_dir, self.tail_lines(), self.log_dir),
+                   "failures": failures.collect(
+                       self.run_dir, self.tail_lines(), self.log_dir,
+                       mask=lambda text: files.mask_strings(text, self.spec.get("secrets", []))),
                    "stopped_at": self.stopped_at, "last_lines": last,
                    "survivors": [{"pid": p, "cmd": c} for p, c in self.survivors.items()],
                    "duration_s": round(time.time() - started, 3)}
         self.emit(self.last_exit)
+        self.wakeup.close()  # a keeper runs one Supervisor per attempt: no fds left behind
         return code
 
     def request_stop(self, reason: str) -> None:
@@ -216,8 +219,12 @@ class Supervisor:
                 self.out_lock.release()
 
     def tail_lines(self) -> list[str]:
-        """torchrun's last (up to 200) lines."""
-        return self.tail.decode("utf-8", "replace").splitlines()[-200:]
+        """torchrun's last (up to 200) whole lines: once the tail was cut,
+        its first line is a fragment (maybe of a secret, unmaskable): gone."""
+        lines = self.tail.decode("utf-8", "replace").splitlines()
+        if len(self.tail) >= TAIL_BYTES:
+            lines = lines[1:]
+        return lines[-200:]
 
     def emit(self, payload: dict) -> None:
         self.write_out(encode(files.mask_strings(payload, self.secrets)), control=True)
@@ -330,10 +337,7 @@ class Supervisor:
         state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
                  "started": started, "exit_code": code, "run_id": self.spec["run_id"],
                  "node_rank": self.spec["node_rank"]}
-        tmp = STATE_FILE + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(state, fh)
-        os.replace(tmp, STATE_FILE)
+        files.put_json(os.path.join(self.run_dir, STATE_FILE), state)
 
 
 class _Wakeup:
@@ -348,12 +352,30 @@ class _Wakeup:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
+        self._lock = threading.Lock()  # set() against close(): never a write to a reused fd
+        self._closed = False
 
     def set(self) -> None:
+        # Never blocks (a signal handler may interrupt a set() or a close() on
+        # its own thread): when the lock is taken, another wake-up is being
+        # written or the pipe is closing; ``wait`` polls anyway (1 s at most).
+        if not self._lock.acquire(blocking=False):
+            return
         try:
-            os.write(self._write, b"!")
+            if not self._closed:
+                os.write(self._write, b"!")
         except BlockingIOError:
             pass  # the pipe is full of wake-ups already
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Once the run is over; later ``set()`` calls do nothing."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._read)
+                os.close(self._write)
 
     def wait(self, timeout: float | None) -> None:
         select.select([self._read], [], [], timeout)

@@ -30,7 +30,10 @@ order, for each path relative to it (``scan_script_dir`` does the walk, and
    1 and 2); a later ``!pattern`` in the include file takes a path back out.
    These paths are listed in ``ScriptDirScan.skipped`` and in the dry-run.
 4. Everything else is uploaded; the total is capped at
-   ``MAX_SCRIPT_DIR_BYTES``.
+   ``MAX_SCRIPT_DIR_BYTES``. The cluster file that launches the run, when it
+   lies in the script directory (as most people keep it), is uploaded with
+   its secrets masked (``stand_ins``), as the run directory stores it: its
+   ``env`` would otherwise reach every node in clear.
 
 A script directory that is the filesystem root, the user's home directory or
 a directory above it is refused outright.
@@ -62,15 +65,19 @@ and ``.git/info/exclude``, and escaped trailing spaces.
 from __future__ import annotations
 
 import fnmatch
+import io
 import os
 import stat
 import tarfile
 from dataclasses import dataclass
+from typing import Mapping
 
 import workloads
 
 from ..agent import shim
+from ..config.spec import ClusterSpec
 from ..errors import LaunchError
+from ..plan.secrets import masked_cluster_file
 from ..plan.torchrun import SHIM
 
 MAX_SCRIPT_DIR_BYTES = 64 * 1024 * 1024
@@ -326,8 +333,20 @@ def _normalize(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return info
 
 
-def build_bundle(path: str, script: str | None = None) -> int:
-    """Write the bundle to ``path``; returns its size in bytes."""
+def stand_ins(spec: ClusterSpec | None) -> dict[str, bytes]:
+    """{absolute path: contents} of the files the bundle carries in another
+    form than on disk: the cluster file ``spec`` came from, secrets masked."""
+    if spec is None or not spec.text or not os.path.isfile(spec.source):
+        return {}
+    text = masked_cluster_file(spec.text, (node.env for node in spec.nodes))
+    return {os.path.realpath(spec.source): text.encode()}
+
+
+def build_bundle(path: str, script: str | None = None,
+                 replaced: Mapping[str, bytes] | None = None) -> int:
+    """Write the bundle to ``path``; returns its size in bytes. A file whose
+    real path is in ``replaced`` (``stand_ins``) carries that text instead."""
+    replaced = replaced or {}
     package_dir = os.path.dirname(os.path.abspath(workloads.__file__))
     scan = None
     if script is not None:
@@ -339,6 +358,13 @@ def build_bundle(path: str, script: str | None = None) -> int:
         if scan is not None:
             for rel, _size in scan.files:
                 source = os.path.join(scan.directory, *rel.split("/"))
+                stand_in = replaced.get(os.path.realpath(source))
+                if stand_in is not None:
+                    info = _normalize(tar.gettarinfo(source, arcname=f"script/{rel}"))
+                    if info is not None:
+                        info.size = len(stand_in)
+                        tar.addfile(info, io.BytesIO(stand_in))
+                    continue
                 try:
                     tar.add(source, arcname=f"script/{rel}", recursive=False, filter=_normalize)
                 except OSError as exc:

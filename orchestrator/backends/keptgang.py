@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Mapping
 
+from ..agent.records import clean_attempts
 from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
     gang_outcome
@@ -186,7 +187,10 @@ class KeptGang(Gang):
         if head is None:  # node 0 is out of reach: what each node said, or lost
             return gang_outcome(self.plan.run_id, tuple(self._so_far(h) for h in self.handles),
                                 wall_s, interrupted=self.interrupted)
-        attempts = attempt_outcomes(self.plan, head.get("attempts") or [])
+        notes: list[str] = []
+        attempts = attempt_outcomes(self.plan, head.get("attempts") or [], notes)
+        for note in notes:  # node 0's record is checked, never trusted
+            self.run_dir.note(0, note)
         last = attempts[-1][1] if attempts else tuple(self._so_far(h) for h in self.handles)
         outcome = gang_outcome(self.plan.run_id, last, wall_s,
                                interrupted=self.interrupted or head.get("state") == "interrupted")
@@ -206,14 +210,15 @@ class KeptGang(Gang):
                            f"running (attempt {handle.attempt}, {state})", None)
 
 
-def attempt_outcomes(plan, recorded: list) -> list[tuple[AttemptOutcome, tuple[NodeOutcome, ...]]]:
+def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
+                     ) -> list[tuple[AttemptOutcome, tuple[NodeOutcome, ...]]]:
     """Node 0's record of each attempt as outcomes; each node's part is its
     supervisor's exit event, ``stop_asked`` when the head stopped it, or
-    ``lost`` when its keeper could not be heard."""
+    ``lost`` when its keeper could not be heard. The record is checked first
+    (``agent/records.py``): what is malformed is left out, with a line in
+    ``notes``."""
     out = []
-    for entry in recorded:
-        if not isinstance(entry, dict) or not isinstance(entry.get("nodes"), dict):
-            continue
+    for entry in clean_attempts(recorded, [] if notes is None else notes):
         nodes = []
         for node in plan.nodes:
             part = entry["nodes"].get(str(node.node_rank))

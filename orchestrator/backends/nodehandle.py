@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Callable
 
+from ..agent.files import mask_strings
 from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
                               LineBuffer, ProtocolError, decode)
 from ..console import Console
@@ -52,6 +53,7 @@ class NodeHandle:
         self.killed = False  # kill closed stdin: the channel cannot be reused
         self.last_heard = time.monotonic()  # the node's last bytes (a heartbeat at least)
         self.secrets = secret_values(launch.env)
+        self.secret_strings = [value.decode() for value in self.secrets]
         self.partitioned = False  # silent for PEER_TIMEOUT_S: given up on
         self.joined = False  # torchrun reached the rendezvous store on node 0
         self.started = False  # torchrun spawned workers: the rendezvous completed
@@ -146,11 +148,14 @@ class NodeHandle:
 
     def _on_event(self, line: bytes) -> bytes:
         """Act on a control line; a malformed one is logged, never trusted.
-        Secret values are masked in it before anything keeps or shows it."""
+        Decoded first, then secret values are masked in every string in it
+        (never in its framing: a "secret" may read like JSON) before
+        anything keeps or shows it."""
         try:
-            event = decode(scrub(line, self.secrets) if self.secrets else line)
+            event = mask_strings(decode(line), self.secret_strings)
         except ProtocolError as exc:
-            return f"ddp-orch: ignored a malformed control line from the node: {exc}\n".encode()
+            note = f"ddp-orch: ignored a malformed control line from the node: {exc}\n"
+            return scrub(note.encode(), self.secrets)
         if event["event"] == "joined":
             self.joined = True
         elif event["event"] == "started":

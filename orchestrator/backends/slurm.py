@@ -41,7 +41,7 @@ from ..plan.build import build_plan, resolve_plan
 from ..plan.dryrun import DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
 from ..plan.render import shell_join
-from ..plan.secrets import SECRET_NAME
+from ..plan.secrets import is_secret
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
@@ -49,7 +49,7 @@ from ..records.store import NodeRecord, RunRecord
 from . import slurmctl
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks, recorded_dryrun)
-from .bundle import build_bundle, scan_script_dir
+from .bundle import build_bundle, scan_script_dir, stand_ins
 from .gang import Gang
 from .nodehandle import BUNDLE_NAME, supervisor_spec
 from .results import keep, wanted_files
@@ -334,12 +334,12 @@ class Backend(LaunchBackend):
         directory; returns sbatch's environment, which carries the secrets."""
         plan = info.plan
         bootstrap.zipapp(run.file(AGENT_FILE))
-        build_bundle(run.file(BUNDLE_NAME), plan.script)
+        build_bundle(run.file(BUNDLE_NAME), plan.script, stand_ins(self.spec))
         env = dict(os.environ)
         nodes = []
         for launch in info.nodes:
             spec = supervisor_spec(launch, plan.run_id, 0, self.options.grace_s)
-            hidden = sorted(name for name in spec["env"] if SECRET_NAME.search(name))
+            hidden = sorted(name for name, value in spec["env"].items() if is_secret(name, value))
             for name in hidden:
                 env[secret_variable(launch.node_rank, name)] = spec["env"].pop(name)
             spec["secrets"] = []

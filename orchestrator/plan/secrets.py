@@ -1,35 +1,71 @@
 """Secret masking: what never reaches a terminal, a stored file or a log in clear.
 
-Values of environment variables whose names look secret (``*TOKEN*``,
-``*SECRET*``, ``*PASSWORD*``, ``*KEY*``, ...) are masked in every rendering
-of a plan and scrubbed from node output, because dry-run output and stored
-plans end up in terminals, tickets and CI logs.
+**The rule** (``is_secret``, the only place that decides): an environment
+entry is a secret when its name looks secret (``*TOKEN*``, ``*SECRET*``,
+``*PASSWORD*``, ``*KEY*``, ...) *and* its value could be a credential: at
+least ``MIN_SECRET_CHARS`` characters, not a number, and not a word of
+ordinary settings (``false``, ``disabled``...). So ``HF_TOKEN=hf_...`` is
+a secret and ``TOKENIZERS_PARALLELISM=false`` is not: masking the word
+``false`` would mangle every line that prints it, JSON included.
+
+A secret's value is masked in every rendering of a plan (dry-run, stored
+plan and cluster file), scrubbed from node output and fetched files, and
+masked string by string inside control messages, never in their framing.
+Nodes mask only the values the controller lists in their spec (its
+``secrets``), so the rule is the same on local, SSH, kept and Slurm runs.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Iterable, Mapping
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 MASK = "********"
+MIN_SECRET_CHARS = 8  # API tokens are 20-100 characters; setting words are short
+# Values that are settings, not credentials, however their variable is named.
+SETTING_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null",
+                           "enabled", "disabled", "required", "optional", "default", "auto"})
+
+
+def is_secret(name: str, value: str) -> bool:
+    """Whether the env entry ``name=value`` is a secret (the module's rule)."""
+    if not SECRET_NAME.search(name) or len(value) < MIN_SECRET_CHARS:
+        return False
+    if value.strip().lower() in SETTING_WORDS:
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return True
+    return False  # a number: a port, a size, a seed
 
 
 def mask_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with the values of secret-looking names masked."""
-    return {k: (MASK if SECRET_NAME.search(k) else v) for k, v in env.items()}
+    """A copy of ``env`` with the values of secrets masked."""
+    return {k: (MASK if is_secret(k, v) else v) for k, v in env.items()}
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[bytes, ...]:
-    """The values to scrub from logs: those of secret-looking names, 4+ chars."""
-    return tuple(sorted({v.encode() for k, v in env.items()
-                         if SECRET_NAME.search(k) and len(v) >= 4}, key=len, reverse=True))
+    """The values to scrub from what nodes send: the secrets', longest first."""
+    return tuple(sorted({v.encode() for k, v in env.items() if is_secret(k, v)},
+                        key=len, reverse=True))
 
 
 def scrub(line: bytes, secrets: tuple[bytes, ...]) -> bytes:
     for value in secrets:
         line = line.replace(value, MASK.encode())
     return line
+
+
+def masked_cluster_file(text: str, envs: Iterable[Mapping[str, str]]) -> str:
+    """The cluster file ``text`` as it may be stored or uploaded: the secret
+    env entries masked by their place in the YAML (``mask_cluster_text``),
+    and the secrets of ``envs`` (each node's resolved env) by value wherever
+    else they appear."""
+    values = {v for env in envs for v in secret_values(env)}
+    masked = mask_cluster_text(text).encode()
+    return scrub(masked, tuple(sorted(values, key=len, reverse=True))).decode()
 
 
 def mask_cluster_text(text: str) -> str:
@@ -55,7 +91,10 @@ def mask_cluster_text(text: str) -> str:
         if isinstance(mapping, yaml.MappingNode):
             spans.extend((value.start_mark.index, value.end_mark.index)
                          for key, value in mapping.value
-                         if isinstance(key, yaml.ScalarNode) and SECRET_NAME.search(str(key.value)))
+                         if isinstance(key, yaml.ScalarNode) and SECRET_NAME.search(str(key.value))
+                         # a plain setting stays readable; anything else is masked
+                         and not (isinstance(value, yaml.ScalarNode)
+                                  and not is_secret(str(key.value), str(value.value))))
 
     def entry(mapping: object, name: str) -> object:
         if isinstance(mapping, yaml.MappingNode):

@@ -88,7 +88,11 @@ class SshProcessHandle(ProcessHandle):
         return self._channel.recv(size)
 
     def wait(self, timeout: float | None = None) -> int:
-        """Block on paramiko's exit-status event instead of polling."""
+        """Block on paramiko's exit-status event instead of polling; an
+        aborted channel is over at once (its status may never come: a frozen
+        peer sends nothing, and waiting for it only delays the teardown)."""
+        if self._aborted:
+            return EXIT_ABORTED
         if not self._channel.status_event.wait(timeout):
             raise TimeoutError(f"still running after {timeout:.1f}s")
         return super().wait(timeout=1.0)
@@ -109,7 +113,7 @@ class SshProcessHandle(ProcessHandle):
     def poll(self) -> int | None:
         channel = self._channel
         if not channel.exit_status_ready():
-            return None
+            return EXIT_ABORTED if self._aborted else None
         if channel.exit_status >= 0:  # paramiko keeps -1 until exit-status arrives
             return channel.exit_status
         name = getattr(channel, "ddp_exit_signal", None)
