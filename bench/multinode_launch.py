@@ -11,6 +11,9 @@ nodes once beforehand for the floor (as someone launching by hand would
 have it); ddp-orch uploads it on every run, which is part of its cost.
 
 Target: ddp-orch/floor <= 1.05 at each host count (median wall time).
+A third variant runs the same launch with ``network: {interface: off}``:
+the difference is what choosing each node's interface costs (target:
+<= 50 ms).
 
     .venv/bin/python bench/multinode_launch.py [--reps 3] [--hosts 2,4]
 """
@@ -33,11 +36,12 @@ from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_
 TARGET = 1.05
 
 
-def cluster_file(root, n: int) -> str:
+def cluster_file(root, n: int, interface: str = "auto") -> str:
     nodes = "".join(f"  - {{host: node{k}, procs: 1}}\n" for k in range(n))
-    path = root / f"noop{n}.yaml"
+    path = root / f"noop{n}-{interface}.yaml"
     path.write_text(f"name: noop{n}\npython: {PYTHON}\nworkdir: {root / 'remote'}\n"
-                    f"device: cpu\nnodes:\n{nodes}workload: {{name: noop}}\n")
+                    f"device: cpu\nnetwork: {{interface: {interface}}}\n"
+                    f"nodes:\n{nodes}workload: {{name: noop}}\n")
     return str(path)
 
 
@@ -72,7 +76,7 @@ def main() -> None:
                                 ignore=shutil.ignore_patterns("__pycache__"))
             print(f"   floor line for node 0 of {n}: {lines[0][:160]}...")
 
-            def ddp(n=n, cluster=cluster) -> float:
+            def ddp(n=n, cluster=cluster, label="ddp-orch") -> float:
                 run_id = f"mn{n}-{next(counter)}"
                 t0 = time.time()
                 wall = run([DDP_ORCH, "up", cluster, "--runs-dir", str(root / "runs"),
@@ -87,7 +91,7 @@ def main() -> None:
                 t_result = os.path.getmtime(remote / "node-0" / "result.json")
                 t_exit = max(os.path.getmtime(remote / f"node-{k}" / "supervisor.json")
                              for k in range(n))
-                timeline.setdefault(f"ddp-orch {n} hosts", []).append(
+                timeline.setdefault(f"{label} {n} hosts", []).append(
                     (t_started - t0, t_result - t_started, t_exit - t_result, t0 + wall - t_exit))
                 return wall
 
@@ -120,6 +124,10 @@ def main() -> None:
 
             variants[f"ddp-orch {n} hosts"] = ddp
             variants[f"floor {n} hosts"] = floor
+            # The same launch with the per-node interface choice off (network:
+            # {interface: off}): what the choice adds (target <= 50 ms).
+            variants[f"no-ifname {n} hosts"] = lambda n=n: ddp(
+                n, cluster_file(root, n, "off"), "no-ifname")
 
         res = compare(variants, args.reps, args.warmup)
         print()
@@ -134,6 +142,10 @@ def main() -> None:
         for n in counts:
             a, b = res[f"ddp-orch {n} hosts"], res[f"floor {n} hosts"]
             print(f"{n} hosts: ddp-orch overhead {fmt_s(a.median - b.median)}; {ratio_range(a, b)}")
+        for n in counts:
+            a, b = res[f"ddp-orch {n} hosts"], res[f"no-ifname {n} hosts"]
+            print(f"{n} hosts: the interface choice adds {fmt_s(a.median - b.median)} "
+                  f"(target <= 50 ms); {ratio_range(a, b)}")
         for n in counts:
             a, b = res[f"ddp-orch {n} hosts"], res[f"floor {n} hosts"]
             result_line(f"multinode_launch[{n} hosts]", a.median / b.median, TARGET,

@@ -62,6 +62,7 @@ def cli():
 
 from slurmlab import slurm_lab  # noqa: E402,F401  (fixtures for every test module)
 from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
+from netlab import make_net_lab, net_lab  # noqa: E402,F401
 
 
 def every_file_holding(root, secret: str) -> list[str]:

@@ -1,25 +1,47 @@
-"""`ddp-orch check` against the SSH lab: a healthy cluster, a dead host, a busy port."""
+"""`ddp-orch check` against the SSH lab and this machine: a healthy cluster,
+a dead host, a busy port, an interface a node lacks, an IPv6 master."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
 
 from conftest import run_cli
 from labhome import lab_cluster, lab_home
+from procscan import wait_gone
 
 pytestmark = pytest.mark.live
 
 
 def rows(stdout: str) -> dict[tuple[str, str], str]:
-    """{(node, check): 'ok'|'FAIL'} from the check table."""
+    """{(node, check): 'ok'|'warn'|'FAIL'} from the check table."""
     out = {}
     for line in stdout.splitlines()[1:]:
         parts = line.split()
-        if len(parts) >= 4 and parts[3] in ("ok", "FAIL"):
+        if len(parts) >= 4 and parts[3] in ("ok", "warn", "FAIL"):
             out[(parts[0], parts[2])] = parts[3]
     return out
+
+
+def details(stdout: str, node: str, check: str) -> list[str]:
+    """The DETAIL texts of the rows for (node, check)."""
+    found = []
+    for line in stdout.splitlines()[1:]:
+        parts = line.split(None, 4)
+        if len(parts) == 5 and parts[0] == node and parts[2] == check:
+            found.append(parts[4])
+    return found
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
 
 
 def test_healthy_cluster_passes_every_check(ssh_lab, tmp_path):
@@ -34,6 +56,17 @@ def test_healthy_cluster_passes_every_check(ssh_lab, tmp_path):
             assert table[(node, check)] == "ok"
     assert table[("0", "master-port")] == "ok"
     assert "all checks passed" in result.stdout
+    # the interface each node's ranks will use, chosen as `up` chooses it, and its address
+    for node in ("0", "1"):
+        assert table[(node, "interface")] in ("ok", "warn")
+        (chosen,) = details(result.stdout, node, "interface")
+        ifname, addr = chosen.split()[:2]
+        assert ifname in [name for _index, name in socket.if_nameindex()] and "auto:" in chosen
+        socket.inet_pton(socket.AF_INET6 if ":" in addr else socket.AF_INET, addr)
+    # every node reached every other's listener on that address: one row for all pairs
+    assert table[("-", "data-path")] == "ok"
+    assert "2 TCP connections among 2 nodes" in details(result.stdout, "-", "data-path")[0]
+    assert table[("-", "versions")] == "ok" and table[("-", "clock")] == "ok"
 
 
 def test_dead_host_and_busy_port_are_reported(make_ssh_lab, tmp_path):
@@ -70,3 +103,109 @@ def test_dead_host_and_busy_port_are_reported(make_ssh_lab, tmp_path):
     table = rows(result.stdout)
     assert table[("0", "master-port")] == "FAIL"
     assert f"master port {port}" in result.stdout and "already in use" in result.stdout
+
+
+def test_an_interface_a_node_lacks_fails_check_and_up_starts_nothing(ssh_lab, tmp_path):
+    env = lab_home(ssh_lab, tmp_path)
+    cluster = lab_cluster(ssh_lab, tmp_path, [
+        "{host: node0, procs: 1}",
+        "{host: node1, procs: 1, env: {GLOO_SOCKET_IFNAME: nic9}}"],
+        "workload: {name: noop}\n", name="noif")
+    result = run_cli("check", cluster, env=env, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    table = rows(result.stdout)
+    assert table[("1", "interface")] == "FAIL" and table[("0", "interface")] == "ok"
+    (why,) = details(result.stdout, "1", "interface")
+    present = [name for _index, name in socket.if_nameindex()]
+    assert "GLOO_SOCKET_IFNAME=nic9" in why and f"its interfaces are {', '.join(present)}" in why
+    assert "1 check(s) failed" in result.stdout
+
+    up = run_cli("up", cluster, "--run-id", "noif", "--runs-dir", str(tmp_path / "runs"),
+                 "--start-timeout", "60", env=env, timeout=120)
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "connecting to the nodes failed" in up.stderr
+    assert "node 1 (node1): no interface for GLOO_SOCKET_IFNAME=nic9" in up.stderr
+    assert f"its interfaces are {', '.join(present)}" in up.stderr
+    assert "Traceback" not in up.stderr and "started" not in up.stdout
+    assert wait_gone("noif", 15) == set()
+    assert not list((tmp_path / "remote").rglob("torchrun"))  # no torchrun ran anywhere
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on loopback here")
+def test_ipv6_loopback_master_works_in_check_and_up(tmp_path):
+    cluster = tmp_path / "v6.yaml"
+    cluster.write_text('master: {addr: "::1"}\n'
+                       "nodes:\n  - {host: localhost, procs: 1}\n  - {host: localhost, procs: 1}\n"
+                       "workload: {name: noop}\n")
+    dry = run_cli("up", str(cluster), "--dry-run", timeout=60)
+    assert "master     [::1]:auto (a free port on node 0" in dry.stdout
+    assert "--master-addr ::1 " in dry.stdout  # torchrun takes the address bare
+    result = run_cli("check", str(cluster), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = rows(result.stdout)
+    assert table[("0", "master-port")] == "ok"
+    for node in ("0", "1"):
+        assert table[(node, "reach-master")] == "ok"
+        assert details(result.stdout, node, "reach-master")[0].startswith("[::1]:")
+        assert details(result.stdout, node, "interface")[0].startswith("lo ::1 ")
+    assert table[("-", "data-path")] == "ok"
+    up = run_cli("up", str(cluster), "--run-id", "v6up", "--runs-dir", str(tmp_path / "runs"),
+                 timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "all_reduce_ok=True" in up.stdout
+    assert wait_gone("v6up", 15) == set()
+    assert os.path.exists(tmp_path / "runs" / "v6up" / "result.json")
+
+
+# -- on hosts with networks of their own (tests/netlab.py) ---------------------
+
+def lab_check(lab, tmp_path, name: str, extra: str = "") -> tuple:
+    env = lab_home(lab, tmp_path)
+    cluster = lab_cluster(lab, tmp_path, [f"{{host: node{k}, procs: 1}}"
+                                          for k in range(lab.n_hosts)],
+                          "workload: {name: noop}\n", extra=extra, name=name)
+    result = run_cli("check", cluster, env=env, timeout=180)
+    return result, rows(result.stdout)
+
+
+def test_healthy_net_lab_passes_and_warns_of_host_names_on_loopback(net_lab, tmp_path):
+    result, table = lab_check(net_lab, tmp_path, "netok")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed (2 warning(s))" in result.stdout
+    for host in net_lab.hosts:
+        k = str(host.index)
+        assert table[(k, "interface")] == "ok"
+        assert details(result.stdout, k, "interface")[0].startswith(f"{host.nic} {host.addr} ")
+        assert table[(k, "hostname")] == "warn"
+        assert details(result.stdout, k, "hostname") == [
+            f"its host name {host.hostname} resolves to 127.0.1.1 (loopback), which Gloo would "
+            f"advertise to its peers; its ranks use {host.nic} ({host.addr}) instead"]
+        assert table[(k, "reach-master")] == "ok"
+    assert table[("-", "data-path")] == "ok"
+
+
+def test_an_unreachable_pair_is_named_and_fails(make_net_lab, tmp_path):
+    lab = make_net_lab(3, unreachable=[(1, 2)])
+    result, table = lab_check(lab, tmp_path, "netpair")
+    assert result.returncode == 1, result.stdout + result.stderr
+    a1, a2 = lab.hosts[1].addr, lab.hosts[2].addr
+    failing = details(result.stdout, "1", "data-path") + details(result.stdout, "2", "data-path")
+    # node 1 has an unreachable route to node 2: refused at once; node 2's SYN
+    # reaches node 1, whose answer has no route back: a timeout
+    assert any(f.startswith(f"node 1 (node1) -> node 2 (node2) {a2}:") and
+               f.endswith("No route to host") for f in failing), failing
+    assert any(f.startswith(f"node 2 (node2) -> node 1 (node1) {a1}:") for f in failing), failing
+    assert len(failing) == 2  # the pairs with node 0 pass and are not listed
+    assert all(table[(str(k), "reach-master")] == "ok" for k in range(3))
+    assert "2 check(s) failed" in result.stdout
+
+
+def test_ipv6_net_lab_probes_and_shows_addresses_in_brackets(make_net_lab, tmp_path):
+    lab = make_net_lab(2, family="ipv6")
+    result, table = lab_check(lab, tmp_path, "netsix")
+    assert result.returncode == 0, result.stdout + result.stderr
+    master = lab.hosts[0].addr
+    for k in ("0", "1"):
+        assert details(result.stdout, k, "reach-master")[0].startswith(f"[{master}]:")
+        assert table[(k, "interface")] == "ok"
+    assert table[("-", "data-path")] == "ok"

@@ -35,6 +35,7 @@ import socket
 import sys
 import time
 
+from . import netroute
 from .protocol import encode
 
 ADDR_SLOT = "<slurm node 0>"
@@ -74,7 +75,7 @@ def publish_rendezvous(job_dir: str, addr: str | None, port: int | None) -> dict
     from .probes import bind
 
     if not port:
-        found = bind(0)
+        found = bind(0, addr)
         if not found["ok"]:
             raise JobNodeError(f"no free port for the rendezvous: {found['error']}")
         port = found["port"]
@@ -125,9 +126,23 @@ def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> dict:
     spec["unset_env"] = list(spec["unset_env"]) + sorted(
         name for name in environ if name.startswith(SECRET_PREFIX))
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get("SLURM_STEP_GPUS"))
+    if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
+        spec["env"] = with_interface(env, where, len(job["nodes"]) > 1)
     spec["watch_stdin"] = False  # liveness is Slurm's; stdin is /dev/null
     spec["peer_timeout_s"] = None
     return spec
+
+
+def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
+    """``env`` with its ``auto`` interface variables set to the interface this
+    node reaches the rendezvous through (``netroute``): chosen here, on the
+    node, as the controller's agents choose it over SSH."""
+    found = netroute.route(str(where["addr"]), int(where["port"]), remote_peers)
+    if not found["ok"]:
+        raise JobNodeError(f"cannot choose the interface the ranks use: {found['error']}; set "
+                           f"GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the cluster file's "
+                           f"env (this node has {', '.join(found['interfaces'])})")
+    return netroute.resolve_interfaces(env, found["ifname"])
 
 
 def check_gpus(pinned: str | None, allocated: str | None) -> None:

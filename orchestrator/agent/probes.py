@@ -7,29 +7,82 @@ stdlib-only, and a torch that crashes on import cannot take it down.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import sys
+import threading
 import time
 
-_TORCH = ("import json, torch; "
-          "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))")
+# NCCL's version only where CUDA works: torch.cuda.nccl needs a CUDA build,
+# and asking it on a machine without a GPU may initialise nothing useful.
+_TORCH = ("import json, torch\n"
+          "out = {'torch': torch.__version__, 'cuda': torch.version.cuda}\n"
+          "try:\n"
+          "    if torch.cuda.is_available():\n"
+          "        v = torch.cuda.nccl.version()\n"
+          "        out['nccl'] = '.'.join(map(str, v)) if isinstance(v, tuple) else str(v)\n"
+          "except Exception as exc:\n"
+          "    out['nccl_error'] = type(exc).__name__\n"
+          "print(json.dumps(out))")
 
 
-def bind(port: int) -> dict:
+def hostport(addr: str, port: int | str) -> str:
+    """``addr:port`` as it is written: ``10.0.0.1:29500``, ``node0:29500``,
+    ``[fd77::10]:29500`` (an IPv6 address in brackets, never doubled)."""
+    addr = str(addr)
+    if ":" in addr and not addr.startswith("["):
+        addr = f"[{addr}]"
+    return f"{addr}:{port}"
+
+
+def family_of(host: str) -> int:
+    """The address family torchrun's store would use for ``host``: that of an
+    address literal, else of the first address the name resolves to here
+    (AF_INET when it does not resolve: the bind then tests what it can)."""
+    literal = host.strip("[]").split("%", 1)[0]
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(literal).version == 6 \
+            else socket.AF_INET
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+    except OSError:
+        return socket.AF_INET
+    return found[0][0] if found and found[0][0] in (socket.AF_INET, socket.AF_INET6) \
+        else socket.AF_INET
+
+
+def _wildcard(family: int) -> str:
+    return "::" if family == socket.AF_INET6 else ""
+
+
+def bind(port: int, host: str | None = None) -> dict:
     """Can torchrun's store listen on ``port``? 0 asks the kernel for a free one.
+    The socket has the family of the master address ``host`` (IPv4 without
+    one), bound to every address of that family, as the store's server is.
 
     SO_REUSEADDR, as torch's TCPStore sets it: a port that a finished run left
     in TIME_WAIT is free for it, and so it is for this check; a port someone
     listens on is busy either way.
     """
-    with socket.socket() as sock:
+    family = family_of(host) if host else socket.AF_INET
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        return {"ok": False, "error": f"no {_FAMILY_NAMES[family]} socket here: "
+                                      f"{exc.strerror or exc}"}
+    with sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("", port))
+            sock.bind((_wildcard(family), port))
         except OSError as exc:
             return {"ok": False, "error": exc.strerror or str(exc)}
         return {"ok": True, "port": sock.getsockname()[1]}
+
+
+_FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 
 
 def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
@@ -39,7 +92,7 @@ def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
     import subprocess  # here: only `check` probes, a launch does not pay for them
 
     out: dict = {"ok": True, "python": sys.executable,
-                 "python_version": sys.version.split()[0]}
+                 "python_version": sys.version.split()[0], **hostname_info()}
     try:
         ran = subprocess.run([sys.executable, "-c", _TORCH], capture_output=True, text=True,
                              timeout=timeout_s)
@@ -63,12 +116,46 @@ def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
     return out
 
 
-def listener(port: int) -> socket.socket:
-    """A socket listening on ``port`` (OSError if it cannot), for ``serve_listener``."""
-    sock = socket.socket()
+def hostname_info() -> dict:
+    """This host's name and the addresses it resolves to here, in the
+    resolver's order: Gloo, without GLOO_SOCKET_IFNAME, advertises the first
+    (Debian and Ubuntu map the name to 127.0.1.1)."""
+    name = socket.gethostname()
+    try:
+        found = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except OSError as exc:
+        return {"hostname": name, "hostname_error": exc.strerror or str(exc)}
+    addrs = list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in found))
+    return {"hostname": name, "hostname_addrs": addrs}
+
+
+def interface_address(ifname: str, prefer: int = socket.AF_INET) -> str | None:
+    """The address Gloo takes on ``ifname``: one of the family ``prefer``
+    first, never an IPv6 link-local one (it needs a scope); None if it has none."""
+    from .netroute import addresses
+
+    held = [addr for name, addr in addresses() if name == ifname
+            and not addr.lower().startswith("fe80:")]
+    held.sort(key=lambda a: (":" in a) != (prefer == socket.AF_INET6))
+    return held[0] if held else None
+
+
+def listener(port: int, addr: str | None = None, host: str | None = None,
+             ifname: str | None = None) -> socket.socket:
+    """A socket listening on ``port`` (0: any free one), OSError if it cannot:
+    on ``addr``; or on the address of interface ``ifname``; or on every
+    address of the family of ``host`` (the master address; IPv4 without
+    one), as torchrun's store does. For ``serve_listener``."""
+    if addr is None and ifname is not None:
+        addr = interface_address(ifname, family_of(host) if host else socket.AF_INET)
+        if addr is None:
+            raise OSError(f"interface {ifname} has no usable address")
+    family = family_of(addr) if addr is not None else \
+        (family_of(host) if host else socket.AF_INET)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind(("", port))
+        sock.bind((addr if addr is not None else _wildcard(family), port))
         sock.listen(256)
     except OSError:
         sock.close()
@@ -76,16 +163,16 @@ def listener(port: int) -> socket.socket:
     return sock
 
 
-def serve_listener(sock: socket.socket, timeout_s: float, stop) -> None:
-    """Accept (and close) connections until ``stop`` is set (the controller
-    closed stdin) or ``timeout_s`` passes; the port is free again at once."""
+def serve_listener(sock: socket.socket, timeout_s: float, stop: threading.Event) -> None:
+    """Accept (and close) connections until ``stop`` is set or ``timeout_s``
+    passes; the port is free again at once."""
     sock.settimeout(0.2)
     deadline = time.monotonic() + timeout_s
     with sock:
         while time.monotonic() < deadline and not stop.is_set():
             try:
                 sock.accept()[0].close()
-            except socket.timeout:
+            except (socket.timeout, OSError):
                 pass
 
 
@@ -96,6 +183,25 @@ def connect(addr: str, port: int, timeout_s: float) -> dict:
     except OSError as exc:
         return {"ok": False, "error": exc.strerror or str(exc) or type(exc).__name__}
     return {"ok": True}
+
+
+def connect_all(targets: list, timeout_s: float) -> list[dict]:
+    """``connect`` to every ``[addr, port]`` of ``targets`` at once, each
+    within ``timeout_s``; the results in the same order."""
+    results: list[dict] = [{"ok": False, "error": f"no answer within {timeout_s:g}s"}
+                           for _ in targets]
+
+    def one(i: int, addr: str, port: int) -> None:
+        results[i] = connect(addr, port, timeout_s)
+
+    threads = [threading.Thread(target=one, args=(i, str(a), int(p)), daemon=True)
+               for i, (a, p) in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s + 1
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return list(results)
 
 
 def home() -> str:

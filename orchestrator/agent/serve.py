@@ -8,10 +8,13 @@ requests (``protocol.request``) one at a time until stdin closes:
 ``discard``    remove the run directories this agent created (a launch abandoned)
 ``put``        receive a file (size and SHA-256 checked), write it atomically
 ``get``        send a regular file back, size-capped
-``bind``       can the master port be bound here (0: pick a free one)
-``probe``      Python, torch and GPUs, for ``ddp-orch check``
-``listen``     hold a test listener on the master port until stdin closes
-``connect``    open a TCP connection to the master, for ``ddp-orch check``
+``bind``       can the master port be bound here (0: pick a free one), in its family
+``route``      the interface and address this node's ranks use (``netroute.py``)
+``probe``      Python, torch, CUDA, NCCL, GPUs and the host name, for ``ddp-orch check``
+``clock``      this node's ``time.time()``, for ``ddp-orch check``'s skew check
+``listen``     hold a test listener (an address, or all of a family) in the
+               background, until stdin closes or its timeout; replies with its port
+``connect``    open TCP connections (one, or a list at once), for ``ddp-orch check``
 ``down``       end a run's processes here, found by their marker variables
 ``supervise``  become the run's node supervisor; the reply is its output
 ``detach``     start the node's keeper of a kept run, as a daemon (``daemon.py``)
@@ -121,18 +124,39 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         else:
             reply(data, ok=True, size=len(data), sha256=digest(data))
     elif op == "bind":
-        reply(**probes.bind(int(request["port"])))
+        reply(**probes.bind(int(request["port"]),
+                            None if request.get("host") is None else str(request["host"])))
+    elif op == "route":
+        from . import netroute
+
+        reply(**netroute.route(str(request["host"]), int(request["port"]),
+                               bool(request.get("remote_peers", True))))
     elif op == "probe":
         reply(**probes.probe(bool(request.get("gpus"))))
+    elif op == "clock":
+        import time
+
+        reply(ok=True, time=time.time())
     elif op == "listen":
-        sock = probes.listener(int(request["port"]))
-        reply(ok=True)
-        stop = threading.Event()
-        threading.Thread(target=lambda: (_drain(stdin), stop.set()), daemon=True).start()
-        probes.serve_listener(sock, float(request.get("timeout", 120)), stop)
+        def text(key: str) -> str | None:
+            return None if request.get(key) is None else str(request[key])
+
+        sock = probes.listener(int(request["port"]), addr=text("addr"), host=text("host"),
+                               ifname=text("ifname"))
+        addr, port = sock.getsockname()[:2]
+        # In the background: the agent answers further requests (the checks'
+        # connections) meanwhile; it ends at its timeout or when the agent does.
+        threading.Thread(target=probes.serve_listener, daemon=True,
+                         args=(sock, float(request.get("timeout", 120)), threading.Event())
+                         ).start()
+        reply(ok=True, addr=str(addr), port=int(port))
     elif op == "connect":
-        reply(**probes.connect(str(request["addr"]), int(request["port"]),
-                               float(request.get("timeout", 5))))
+        if "targets" in request:
+            reply(ok=True, results=probes.connect_all(list(request["targets"]),
+                                                      float(request.get("timeout", 5))))
+        else:
+            reply(**probes.connect(str(request["addr"]), int(request["port"]),
+                                   float(request.get("timeout", 5))))
     elif op == "stacks":
         from . import stacks
 
@@ -167,8 +191,3 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
               survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])
     else:
         reply(ok=False, error=f"unknown request {op!r}")
-
-
-def _drain(stdin: Reader) -> None:
-    while stdin.readline():
-        pass

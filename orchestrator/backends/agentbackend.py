@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from workloads.contract import MAX_RESTARTS_ENV
 
-from ..config.spec import AUTO_PORT
+from ..agent.protocol import is_time
+from ..agent.records import clean_keeper_state
 from ..console import Console
 from ..errors import LaunchError, TransportError
 from ..plan.build import resolve_plan
@@ -33,12 +34,13 @@ from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks, recorded_dryrun)
-from .bundle import build_bundle, scan_script_dir
+from .bundle import build_bundle, scan_script_dir, stand_ins
 from .fanout import on_all
 from .gang import Gang
 from .keptgang import ATTACHED, DETACHED, KeptGang, attempt_outcomes
 from .nodehandle import BUNDLE_NAME, describe_survivors
-from .preflight import master_port_from, run_checks
+from .preflight import (bind_request, interface_from, master_port_from, route_request,
+                        run_checks)
 from .results import keep, wanted_files
 
 
@@ -85,7 +87,7 @@ class AgentBackend(LaunchBackend):
         agents: dict[int, AgentHandle] = {}
         label = _labeller(plan)
         try:
-            build_bundle(run.file("bundle.tar.gz"), plan.script)
+            build_bundle(run.file("bundle.tar.gz"), plan.script, stand_ins(self.spec))
             with open(run.file("bundle.tar.gz"), "rb") as fh:
                 bundle = fh.read()
             opened, started = open_agents(
@@ -99,9 +101,10 @@ class AgentBackend(LaunchBackend):
                        timeout_s=30)
             if hung and len(hung) == len(opened.failed):
                 return self._not_joined(info, hung, console)
-            port = opened.values("connecting to the nodes", label)[0]
+            prepared = opened.values("connecting to the nodes", label)
             resolved = self.dryrun(resolve_plan(
-                plan, master_port=port, homes={k: a.home for k, a in agents.items()}))
+                plan, master_port=prepared[0][0], homes={k: a.home for k, a in agents.items()},
+                interfaces={k: ifname for k, (_port, ifname) in prepared.items()}))
             on_running(resolved)
             records = self.node_records(resolved.plan)
             if self.options.kept:
@@ -121,7 +124,8 @@ class AgentBackend(LaunchBackend):
             reusable = {h.node.node_rank: agent for h in gang.handles
                         if (agent := h.release()) is not None}
             result = self._fetch(resolved, transports, outcome, run, reusable)
-            self._sweep_lost(resolved, transports, outcome, run)
+            self._sweep_lost(resolved, transports, outcome, run,
+                             silent={h.node.node_rank for h in gang.handles if h.partitioned})
             return dataclasses.replace(outcome, result=result)
         finally:
             on_all(lambda k: agents[k].close(), list(agents))  # EOF: each agent exits
@@ -184,19 +188,29 @@ class AgentBackend(LaunchBackend):
             return reply
 
         done = on_all(ask, range(len(record.nodes)), timeout_s=self.options.check_timeout_s)
-        head = (done.succeeded.get(0) or {}).get("keeper") or {}
+        notes: dict[int, list[str]] = {k: [] for k in range(len(record.nodes))}
+        # Each keeper's record, checked field by field: a node's bad record
+        # is ignored with a note, never a crash of ``status`` or ``ps``.
+        kept_by = {k: clean_keeper_state(reply.get("keeper"), notes[k]) or {}
+                   for k, reply in done.succeeded.items()}
+        noted = [f"  node {k}: {note}" for k in sorted(notes) for note in notes[k]]
+        head = kept_by.get(0) or {}
         if head.get("state") not in (None, "running") and isinstance(head.get("attempts"), list):
+            for k in sorted(notes):  # the run is over: said once, as the record settles
+                for note in notes[k]:
+                    record.run.note(k, note)
             attempts = attempt_outcomes(info.plan, head["attempts"])
             ran = gang_outcome(record.run_id, attempts[-1][1] if attempts else (), 0.0,
                                interrupted=head["state"] == "interrupted")
-            ended = head.get("updated") if isinstance(head.get("updated"), (int, float)) else None
+            ended = head.get("updated")
             return RunDescription(ran.state, ran.nodes, ran.root_cause,
-                                  f"ended {_when(ended)}, as node 0's keeper recorded",
+                                  "\n".join([f"ended {_when(ended)}, as node 0's keeper "
+                                             "recorded"] + noted),
                                   tuple(a for a, _ in attempts), ended)
         lines, gone = [], []
         for k, node in enumerate(record.nodes):
             reply = done.succeeded.get(k)
-            kept = (reply or {}).get("keeper") or {}
+            kept = kept_by.get(k) or {}
             if reply is None:
                 lines.append(f"  node {k} ({node.host}): cannot be reached: "
                              f"{_message(done.failed[k])}")
@@ -210,7 +224,7 @@ class AgentBackend(LaunchBackend):
                                         "its keeper is gone without finishing (killed?)",
                                         kept.get("updated")))
                 lines.append(f"  node {k} ({node.host}): its keeper is gone without finishing")
-        detail = "the nodes say:\n" + "\n".join(lines)
+        detail = "the nodes say:\n" + "\n".join(lines + noted)
         # Over only on firm ground: every node answered and no keeper runs.
         if done.failed or any(r.get("alive") for r in done.succeeded.values()):
             return RunDescription(RunState.RUNNING, (), None, detail)
@@ -279,21 +293,27 @@ class AgentBackend(LaunchBackend):
             for n in info.plan.nodes)
         return gang_outcome(info.plan.run_id, nodes, timeout, interrupted=False)
 
-    def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle, bundle: bytes) -> int | None:
+    def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle,
+                 bundle: bytes) -> tuple[int | None, str | None]:
         """Everything a node needs before its supervisor starts, sent in one go
         behind the agent itself (no round trip waits on the node's shell):
-        its new run directory, the code bundle, and on node 0 the master port
-        check. Returns the port (node 0) or None."""
+        its new run directory, the code bundle, on node 0 the master port
+        check, and the interface its ranks use (``plan/network.py``).
+        Returns the port (node 0, else None) and the interface (or None)."""
         node = plan.nodes[k]
         agent.send("mkrun", run_dir=node.run_dir, root=self._root(node))
         agent.send_put(bundle, f"{node.run_dir}/{BUNDLE_NAME}")
         if k == 0:
-            agent.send("bind", port=0 if plan.master_port == AUTO_PORT else int(plan.master_port))
+            agent.send("bind", **bind_request(plan))
+        route = route_request(plan, node)
+        if route is not None:
+            agent.send("route", **route)
         made = agent.reply("mkrun")
         if not made["ok"]:
             raise TransportError(agent.host, str(made.get("error")))
         agent.put_done(f"{node.run_dir}/{BUNDLE_NAME}")
-        return master_port_from(plan, agent.reply("bind")) if k == 0 else None
+        port = master_port_from(plan, agent.reply("bind")) if k == 0 else None
+        return port, interface_from(node, agent.reply("route")) if route is not None else None
 
     def _root(self, node: NodePlan) -> str:
         """Where a node's run directory may be created: the workdir, or for a
@@ -304,10 +324,19 @@ class AgentBackend(LaunchBackend):
         return self.transport(node.node_rank, node.host, self.connection(node.node_rank))
 
     def _sweep_lost(self, info: DryRun, transports: Mapping[int, Transport],
-                    outcome: RunOutcome, run: RunDir) -> None:
+                    outcome: RunOutcome, run: RunDir, silent: set[int] = frozenset()) -> None:
         """A node whose agent vanished may still run the job: end what is left
-        there over a fresh connection (its guardian should have; this checks)."""
-        lost = [o.node_rank for o in outcome.nodes if o.state is NodeState.LOST]
+        there over a fresh connection (its guardian should have; this checks).
+
+        Not a node that went silent (a partition, a frozen host): a fresh
+        connection would only wait out the SSH connect timeout on the same
+        dead path, and its supervisor already tears the run down by itself,
+        ``PEER_TIMEOUT_S`` after our last ping."""
+        lost = [o.node_rank for o in outcome.nodes
+                if o.state is NodeState.LOST and o.node_rank not in silent]
+        for k in sorted(silent):
+            run.note(k, f"node silent: its supervisor tears the run down by itself; run "
+                        f"`ddp-orch down {info.plan.run_id}` once it is reachable to check")
 
         def sweep(k: int) -> None:
             node = info.plan.nodes[k]
@@ -361,7 +390,7 @@ def _call(transport: Transport, python: str, op: str, **fields: Any) -> dict:
 
 
 def _when(stamp: object) -> str:
-    if not isinstance(stamp, (int, float)):
+    if not is_time(stamp):
         return "at an unknown time"
     return "at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 

@@ -18,10 +18,11 @@ from typing import Any, Callable, Mapping
 from ..agent import bootstrap
 from ..agent.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, digest, request
 from ..errors import TransportError
+from ..records.hints import PYTHON as _PYTHON_HINT
+from ..records.hints import transport_hint
 from ..transport.base import ProcessHandle, Transport
 from .fanout import GroupResult, on_all
 
-_PYTHON_HINT = "set `python:` to an interpreter that has torch"
 NOISE_KEPT = 20  # lines a node printed before its agent spoke, kept for the error
 
 
@@ -35,8 +36,9 @@ class AgentHandle:
         self.python = python
         try:
             self.process: ProcessHandle = transport.start(bootstrap.command(python))
-        except TransportError as exc:  # a local node with no such python
-            raise TransportError(self.host, exc.message, exc.hint or _PYTHON_HINT) from None
+        except TransportError as exc:  # a local node with no such python, a host not found
+            raise TransportError(self.host, exc.message,
+                                 exc.hint or transport_hint(exc.message)) from None
         self.process.send(bootstrap.payload(["serve"]))
         self.reader = Reader(self.process.read_chunk)
         self.noise: list[str] = []

@@ -56,11 +56,15 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class CheckResult:
+    """One row of ``ddp-orch check``; ``node_rank`` -1 (``host`` "*") for a
+    row about the whole cluster. A warning passes (``ok``) but is shown."""
+
     node_rank: int
     host: str
     check: str
     ok: bool
     detail: str
+    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,12 @@ class Preflight:
 
     @property
     def ok(self) -> bool:
+        """Nothing failed (warnings do not count)."""
         return all(r.ok for r in self.results)
+
+    @property
+    def warnings(self) -> int:
+        return sum(r.ok and r.warning for r in self.results)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,11 @@
 Every check runs on all nodes in parallel, each node with a deadline, and
 each failure names the node and what to do. The order follows what a
 launch needs: reach the node and start the agent, run its Python with
-torch, see its GPUs, have a free master port on node 0, and reach that
-port from every node.
+torch (the same torch everywhere), see its GPUs; then the network
+(``checknet.py``): the interface each node's ranks use, a free master port
+on node 0 reachable from every node, and every node reaching every other
+on its ranks' address. Warnings (a host name on loopback, clock skew,
+CUDA or NCCL versions that differ) are shown and pass.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from typing import Callable, Mapping
 from ..config.spec import AUTO_PORT
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
+from ..plan.network import named_interfaces, needs_interface, unknown_interfaces
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
 from .base import CheckResult, Preflight
+from .checknet import network_rows, version_rows
 from .fanout import on_all
 
 def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
@@ -40,12 +45,13 @@ def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
                                            _describe(opened.failed[k])))
         probes = on_all(lambda k: _probe(plan.nodes[k], agents[k], plan), agents,
                         timeout_s=timeout_s + 5)
+        infos = {k: info for k, (_rows, info) in probes.succeeded.items()}
         for k in sorted(agents):
-            results.extend(probes.succeeded.get(k) or [CheckResult(
+            results.extend(probes.succeeded[k][0] if k in probes.succeeded else [CheckResult(
                 k, plan.nodes[k].host, "python", False, _describe(probes.failed[k]))])
-        results.extend(_torch_versions(results))
-        if len(agents) == len(plan.nodes):
-            results.extend(_master_checks(plan, agents, transports, timeout_s))
+        results.extend(version_rows(infos, {n.node_rank: n.host for n in plan.nodes},
+                                    plan.device))
+        results.extend(network_rows(plan, agents, infos, timeout_s))
     finally:
         on_all(lambda k: started[k].close(), list(started))
     return Preflight(tuple(results))
@@ -57,7 +63,8 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan) -> list[CheckResult]:
+def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan) -> tuple[list[CheckResult], dict]:
+    """The node's python, torch and GPU rows, and its ``probe`` reply."""
     def result(check: str, ok: bool, detail: str) -> CheckResult:
         return CheckResult(node.node_rank, node.host, check, ok, detail)
 
@@ -67,11 +74,12 @@ def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan) -> list[CheckResul
     if "torch_error" in info:
         out.append(result("torch", False, f"{info['torch_error']}; install torch for {node.python}"))
     else:
+        nccl = f", nccl {info['nccl']}" if info.get("nccl") else ""
         out.append(result("torch", True, f"torch {info.get('torch')}, "
-                                         f"cuda {info.get('cuda') or 'none'}"))
+                                         f"cuda {info.get('cuda') or 'none'}{nccl}"))
     if wants_gpus:
         out.append(_gpu_result(node, info, result))
-    return out
+    return out, info
 
 
 def _gpu_result(node: NodePlan, info: dict, result) -> CheckResult:
@@ -85,20 +93,16 @@ def _gpu_result(node: NodePlan, info: dict, result) -> CheckResult:
     return result("gpus", True, f"GPUs {','.join(map(str, node.gpus or ()))} present")
 
 
-def _torch_versions(results: list[CheckResult]) -> list[CheckResult]:
-    versions = {r.node_rank: r.detail.split(",")[0] for r in results
-                if r.check == "torch" and r.ok}
-    if len(set(versions.values())) <= 1:
-        return []
-    listing = "; ".join(f"node {k}: {v}" for k, v in sorted(versions.items()))
-    return [CheckResult(-1, "*", "torch-match", False,
-                        f"torch differs between nodes ({listing}); use one version everywhere")]
+def bind_request(plan: RunPlan) -> dict:
+    """Node 0's ``bind`` request: the master port (0: any free one), in the
+    master address's family (``agent/probes.py``)."""
+    return {"port": 0 if plan.master_port == AUTO_PORT else int(plan.master_port),
+            "host": plan.master_addr}
 
 
 def master_port(plan: RunPlan, agent: AgentHandle) -> int:
     """A free master port on node 0 (``auto``), or the given one if it is free."""
-    return master_port_from(plan, agent.call("bind", port=0 if plan.master_port == AUTO_PORT
-                                             else int(plan.master_port)))
+    return master_port_from(plan, agent.call("bind", **bind_request(plan)))
 
 
 def master_port_from(plan: RunPlan, reply: dict) -> int:
@@ -110,43 +114,34 @@ def master_port_from(plan: RunPlan, reply: dict) -> int:
         f"({reply.get('error')}); pick another `master.port`, or use `port: auto`")
 
 
-def _master_checks(plan: RunPlan, agents: dict[int, AgentHandle],
-                   transports: Mapping[int, Transport], timeout_s: float) -> list[CheckResult]:
-    """The master port is free on node 0, and every node can connect to it."""
-    host0 = plan.nodes[0].host
-    try:
-        port = master_port(plan, agents[0])
-    except (LaunchError, TransportError) as exc:
-        return [CheckResult(0, host0, "master-port", False, str(exc))]
-    detail = f"auto: {port} is free" if plan.master_port == AUTO_PORT else f"{port} is free"
-    results = [CheckResult(0, host0, "master-port", True, detail)]
-    listener = agents.pop(0)  # the listen request holds node 0's agent until it closes
-    try:
-        if not listener.call("listen", port=port, timeout=timeout_s + 30)["ok"]:
-            return results + [CheckResult(0, host0, "reach-master", False,
-                                          "could not start a test listener on node 0")]
-        reach = on_all(lambda k: _connect(plan, k, agents, transports, port),
-                       range(len(plan.nodes)),
-                       timeout_s=timeout_s)
-        return results + [reach.succeeded.get(k) or CheckResult(
-            k, plan.nodes[k].host, "reach-master", False, _describe(reach.failed[k]))
-            for k in range(len(plan.nodes))]
-    finally:
-        listener.close()
+def route_request(plan: RunPlan, node: NodePlan) -> dict | None:
+    """The ``route`` request for ``node``'s agent (``agent/netroute.py``), or
+    None when its interface variables need nothing of the node: none waits
+    for ``auto`` and none the user set is to be checked."""
+    if not (needs_interface(node.env) or named_interfaces(node.env)):
+        return None
+    port = plan.master_port if isinstance(plan.master_port, int) else 0
+    return {"host": plan.master_addr, "port": port,
+            "remote_peers": not all(n.is_local for n in plan.nodes)}
 
 
-def _connect(plan: RunPlan, k: int, agents: Mapping[int, AgentHandle],
-             transports: Mapping[int, Transport], port: int) -> CheckResult:
-    node, addr = plan.nodes[k], plan.master_addr
-    agent = agents.get(k)
-    if agent is None:  # node 0: its first agent holds the listener; ask a second one
-        second = AgentHandle(transports[k], node.python)
-        try:
-            reply = second.call("connect", addr=addr, port=port, timeout=5)
-        finally:
-            second.close()
-    else:
-        reply = agent.call("connect", addr=addr, port=port, timeout=5)
-    detail = f"{addr}:{port} reachable" if reply["ok"] else \
-        f"cannot open TCP to {addr}:{port} ({reply.get('error')}); check master.addr and firewalls"
-    return CheckResult(k, node.host, "reach-master", reply["ok"], detail)
+def interface_from(node: NodePlan, reply: dict) -> str | None:
+    """The interface ``node``'s ``auto`` variables get, from its agent's
+    ``route`` reply; LaunchError, listing what the node has, for an
+    interface the user set that the node lacks or a node with no route to
+    the rendezvous (the caller names the node, as ``on_all`` does)."""
+    present = [str(n) for n in reply.get("interfaces") or ()]
+    unknown = unknown_interfaces(node.env, present)
+    if unknown:
+        raise LaunchError(
+            f"no interface for {' and '.join(unknown)} on this node; its interfaces are "
+            f"{', '.join(present) or 'unknown'}; "
+            "set the node's own name in its `env:` (names differ between hosts), or "
+            "remove the variable and let each node find its own (network: {interface: auto})")
+    if not needs_interface(node.env):
+        return None
+    if not reply.get("ok"):
+        raise LaunchError(
+            f"cannot choose the interface its ranks use: {reply.get('error')}; set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in "
+            f"its `env:` (its interfaces: {', '.join(present) or 'unknown'})")
+    return str(reply["ifname"])

@@ -219,7 +219,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
 
         console.always(render_detached(outcome, run.path))
         sys.exit(0)
-    console.always(render_summary(outcome, run.path))
+    console.always(render_summary(outcome, run.path, run.read_json("plan.json")))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 
@@ -335,8 +335,11 @@ def check(cluster_file: str, backend: str | None, timeout: float,
     """Check every node of CLUSTER_FILE before a launch, in parallel.
 
     Reach (SSH) and the node agent, the python path, torch (and the same
-    version everywhere), the listed GPUs, a free master port on node 0, and a
-    TCP connection from every node to it. Exits 1 if anything fails.
+    version everywhere), the listed GPUs, the interface each node's ranks
+    use, a free master port on node 0 reachable from every node, and a TCP
+    connection from every node to every other on its ranks' address.
+    Warnings (a host name on loopback, clock skew, CUDA or NCCL versions
+    that differ) pass; exits 1 if anything fails.
     """
     from ..backends import backend_for
     from ..report.runs import render_check

@@ -8,6 +8,7 @@ import time
 import click
 
 from ..agent.protocol import LineBuffer
+from ..console import visible
 from ..errors import ConfigError
 from ..records.rundir import DEFAULT_RUNS_DIR, RunDir
 from ..records.store import find_run, list_runs, read_record
@@ -27,7 +28,7 @@ def ps(runs_dir: str) -> None:
     if not records:
         click.echo(f"no runs in {runs_dir}")
         return
-    click.echo(render_ps(records), nl=False)
+    click.echo(visible(render_ps(records)), nl=False)
 
 
 def _described(record):
@@ -72,7 +73,7 @@ def status(run_id: str, runs_dir: str) -> None:
     described = _described(record)
     if record.rule == "detached" and record.live:
         record = _settled(record, described)
-    click.echo(render_status(record, described), nl=False)
+    click.echo(visible(render_status(record, described)), nl=False)
 
 
 @click.command()
@@ -112,7 +113,8 @@ def _print_logs(run: RunDir, nodes: list[int], follow: bool) -> None:
     def emit(k: int, block: bytes) -> None:
         if block:
             lines = block[:-1] if block.endswith(b"\n") else block
-            out.write(heads[k] + lines.replace(b"\n", b"\n" + heads[k]) + b"\n")
+            text = visible(lines.decode("utf-8", "replace")).encode()  # the file keeps the bytes
+            out.write(heads[k] + text.replace(b"\n", b"\n" + heads[k]) + b"\n")
 
     while True:
         grew = False
@@ -149,7 +151,7 @@ def down(run_id: str, grace: float, runs_dir: str) -> None:
     record = find_run(runs_dir, run_id)
     stopped, nodes = run_down(record, grace,
                               note=lambda text: click.echo(f"ddp-orch down: {text}", err=True))
-    click.echo(render_down(record, stopped, nodes), nl=False)
+    click.echo(visible(render_down(record, stopped, nodes)), nl=False)
     sys.exit(1 if any(n.error or n.survivors for n in nodes) else 0)
 
 
@@ -184,7 +186,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
                                "ranks": [dataclasses.asdict(s) for s in result.ranks],
                                "unreachable": [list(u) for u in result.unreachable]}, indent=2))
     else:
-        click.echo(text, nl=False)
+        click.echo(visible(text), nl=False)
     if result.unreachable or not result.ranks:
         sys.exit(1)
 
@@ -237,5 +239,5 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
 
     outcome = dataclasses.replace(outcome, wall_s=_since_start(record))  # not just attach's
     record_end(record, outcome)
-    console.always(render_summary(outcome, record.run.path))
+    console.always(render_summary(outcome, record.run.path, record.run.read_json("plan.json")))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)

@@ -20,7 +20,7 @@ from .spec import (AUTO_PORT, BACKENDS, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpe
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "slurm",
-            "hang_timeout", "max_restarts", "nodes", "workload")
+            "hang_timeout", "max_restarts", "network", "nodes", "workload")
 # Progress reaches the controller with the agents' heartbeats (every 5 s), so a
 # shorter hang timeout would take a quiet but healthy run for a hung one.
 MIN_HANG_TIMEOUT = 10
@@ -32,6 +32,9 @@ SLURM_KEYS = ("partition", "account", "time", "qos", "extra")
 MAX_NODES = 4096
 SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeout")
 MASTER_KEYS = ("addr", "port")
+NETWORK_KEYS = ("interface",)
+# A Linux interface name (at most 15 bytes, no '/', ':', ',' or space), or auto | off.
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
 WORKLOAD_KEYS = ("name", "script", "args")
 DEVICES = ("auto", "cuda", "cpu")
 MAX_CONNECT_TIMEOUT = 600
@@ -40,7 +43,10 @@ MAX_PROCS = 1024
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOST_RE = re.compile(r"^[A-Za-z0-9_.:%\[\]-]+$")
+# A host name or IPv4 address, or an IPv6 literal, bare or in brackets
+# (``_host`` checks that it is one, and keeps it bare).
+HOST_RE = re.compile(r"^(?:[A-Za-z0-9_.%-]+|\[?[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*"
+                     r"(?:%[A-Za-z0-9_.-]+)?\]?)$")
 SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
 SLURM_TIME_RE = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,2}"
@@ -125,7 +131,8 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         placed=placed,
         hang_timeout=float(top["hang_timeout"].integer(MIN_HANG_TIMEOUT, MAX_HANG_TIMEOUT))
         if "hang_timeout" in top else None,
-        max_restarts=top["max_restarts"].integer(0, MAX_RESTARTS) if "max_restarts" in top else 0)
+        max_restarts=top["max_restarts"].integer(0, MAX_RESTARTS) if "max_restarts" in top else 0,
+        interface=_network(top["network"]) if "network" in top else "auto")
     if backend == "slurm":
         _check_slurm_layout(spec, top)
     _check_layout(spec, top)
@@ -175,11 +182,49 @@ def _master(field: Located) -> tuple[str | None, int | str]:
     return addr, port
 
 
+def _network(field: Located) -> str:
+    """``network: {interface: auto | off | NAME}`` (``plan/network.py``)."""
+    entries = field.mapping(NETWORK_KEYS)
+    if "interface" not in entries:
+        return "auto"
+    if entries["interface"].scalar() is False:  # YAML 1.1 reads a bare `off` as false
+        return "off"
+    value = entries["interface"].string()
+    if not IFNAME_RE.match(value):
+        raise entries["interface"].error(
+            f"{value!r} is not an interface name",
+            hint="auto (each node finds its own), off (leave it to Gloo and NCCL), or one "
+                 "name such as eth0 that every node has; set GLOO_SOCKET_IFNAME in a "
+                 "node's env where names differ")
+    return value
+
+
 def _host(field: Located) -> str:
+    """A host name or address; an IPv6 address bare (``fd77::10``) or in
+    brackets (``[fd77::10]``, kept bare: torchrun and ssh take it so)."""
     host = field.string()
     if not HOST_RE.match(host):
         raise field.error(f"{host!r} is not a host name or address")
+    if "[" in host or "]" in host or ":" in host:
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not _is_ipv6(bare):
+            raise field.error(
+                f"{host!r} is not a host name or address",
+                hint="an IPv6 address is written fd77::10 or [fd77::10]; an SSH port goes in "
+                     "`ssh: {port: N}`, the master's in `master: {port: N}`")
+        host = bare
     return host
+
+
+def _is_ipv6(text: str) -> bool:
+    import ipaddress
+
+    address, _, scope = text.partition("%")
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return False
+    return "%" not in text or bool(re.match(r"^[A-Za-z0-9_.-]{1,15}$", scope))
 
 
 def _python(field: Located) -> str:
@@ -500,6 +545,8 @@ def check_workload_args(name: str, args: Mapping[str, Any]) -> None:
         if spec.choices and value not in spec.choices:
             choices = ", ".join(map(str, spec.choices))
             raise ValueError(key, f"{shown(value)} is not one of {choices}", "")
+        if spec.minimum is not None and value < spec.minimum:
+            raise ValueError(key, f"{shown(value)} is below the minimum {spec.minimum}", "")
 
 
 def _matches_type(kind: type, value: Any) -> bool:

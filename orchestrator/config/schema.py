@@ -24,9 +24,9 @@ from typing import Any, Iterable, Mapping
 
 from workloads.catalog import CATALOG
 
-from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, MASTER_KEYS,
+from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTER_KEYS,
                      MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_NODES, MAX_RESTARTS,
-                     MIN_HANG_TIMEOUT, MAX_PROCS, NAME_RE, NODE_KEYS,
+                     MIN_HANG_TIMEOUT, MAX_PROCS, NAME_RE, NETWORK_KEYS, NODE_KEYS,
                      RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
                      SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
@@ -264,6 +264,21 @@ def cluster_schema() -> dict[str, Any]:
                                         "DDP_ORCH_RESTART_COUNT raised; not after an error "
                                         "that recurs, down or Ctrl-C. Default 0. "
                                         "`up --max-restarts` overrides."},
+        "network": _mapping(NETWORK_KEYS, {
+            "interface": {
+                "description": "The interface the ranks' own connections use (Gloo's and "
+                               "NCCL's *_SOCKET_IFNAME) on every node; a value set in env "
+                               "wins. Default auto.",
+                "default": "auto",
+                "oneOf": [
+                    {"const": "auto", "description": "Each node finds the interface it "
+                                                     "reaches the rendezvous through."},
+                    {"const": "off", "description": "Set nothing: Gloo and NCCL choose."},
+                    {"const": False, "description": "off, as YAML 1.1 reads a bare off."},
+                    {"type": "string", "pattern": IFNAME_RE.pattern,
+                     "not": {"enum": ["auto", "off"]},
+                     "description": "This interface on every node, e.g. eth0."}]},
+        }, "network", "How the ranks reach each other."),
         "nodes": {"description": "The machines in node-rank order (a list), or, under "
                                  "backend: slurm, a count of nodes that Slurm chooses.",
                   "oneOf": [

@@ -108,6 +108,7 @@ class ClusterSpec:
     max_restarts: int = 0  # whole-gang restarts after a failure (agent/restarts.py's rule)
     slurm: SlurmSpec | None = None  # with backend slurm
     placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
+    interface: str = "auto"  # network.interface: auto | off | a name (plan/network.py)
 
     @property
     def uses_gpus(self) -> bool:

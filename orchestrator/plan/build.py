@@ -22,6 +22,7 @@ from workloads.catalog import CATALOG, args_to_argv
 
 from ..config.spec import ClusterSpec
 from .model import Entrypoint, NodePlan, RankPlan, RunPlan
+from .network import interface_env, resolve_interfaces
 
 # With it set, torchrun assumes every node has the same nproc and numbers
 # heterogeneous layouts wrongly, so it is removed from every node's env.
@@ -71,6 +72,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
         if node.gpu_count is None:  # else the scheduler's GRES allocation sets it
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus)) if node.gpus is not None \
                 else ""
+        env.update(interface_env(spec.interface, env))  # "auto" until the launch finds it
         env[contract.DEVICE_ENV] = device
         env[contract.RUN_ID_ENV] = run_id
         env[contract.NODE_RANK_ENV] = str(k)
@@ -106,10 +108,13 @@ def _default_master(spec: ClusterSpec) -> str:
 
 def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
                  hosts: Mapping[int, str] | None = None,
-                 master_addr: str | None = None) -> RunPlan:
-    """Fill in the launch-time facts: the master port and each node's ``~``;
-    under a scheduler that places the nodes, also their hosts and the
-    master address, which are known only once the job runs.
+                 master_addr: str | None = None,
+                 interfaces: Mapping[int, str] | None = None) -> RunPlan:
+    """Fill in the launch-time facts: the master port, each node's ``~`` and
+    the interface each node's agent found for its ranks (``interfaces``, for
+    the ``auto`` ones: ``network.py``); under a scheduler that places the
+    nodes, also their hosts and the master address, which are known only
+    once the job runs.
 
     Pure as well: the backend finds these facts. Every path and env value
     is rewritten the same way, so nothing the dry-run showed changes except
@@ -126,7 +131,9 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
         nodes.append(dataclasses.replace(
             node, host=(hosts or {}).get(node.node_rank, node.host),
             run_dir=fix(node.run_dir, home),
-            env=MappingProxyType({k: fix(v, home) for k, v in node.env.items()})))
+            env=MappingProxyType(resolve_interfaces(
+                {k: fix(v, home) for k, v in node.env.items()},
+                (interfaces or {}).get(node.node_rank)))))
     ranks = tuple(dataclasses.replace(r, host=nodes[r.node_rank].host) for r in plan.ranks)
     return dataclasses.replace(plan, master_port=master_port, nodes=tuple(nodes), ranks=ranks,
                                master_addr=master_addr or plan.master_addr)

@@ -11,10 +11,12 @@ import re
 import shlex
 from typing import Any
 
+from ..agent.probes import hostport
 from ..config.spec import AUTO_PORT
 from ..report.table import format_table
 from .dryrun import LIVENESS, DryRun, NodeLaunch
 from .model import RunPlan
+from .network import AUTO, IFNAME_VARS, value_for
 from .secrets import mask_env
 
 def shell_word(word: str) -> str:
@@ -36,12 +38,26 @@ def shell_join(words: list[str] | tuple[str, ...]) -> str:
     return " ".join(shell_word(w) for w in words)
 
 
-def node_shell_line(node: NodeLaunch) -> str:
-    """One copy-pasteable line that starts this node by hand."""
+# The shell twin of the agent's interface choice (agent/netroute.py): the
+# source address of the kernel's route to the master, and the interface
+# that holds it. Node 0 reaching its own address gets its NIC, not lo.
+_FIND_IFNAME = ("ifname=\"$(ip -o addr show to \"$(ip -o route get {addr} | "
+                "sed -n 's/.* src \\([^ ]*\\).*/\\1/p')\" | awk '{{print $2; exit}}')\" && ")
+
+
+def node_shell_line(node: NodeLaunch, master_addr: str) -> str:
+    """One copy-pasteable line that starts this node by hand. An interface
+    variable the launch would resolve (``auto``) is found by the line itself
+    (``$ifname``, with iproute2), as the node's agent would find it."""
+    env = mask_env(node.env)
+    auto = [k for k in IFNAME_VARS if env.get(k) == AUTO]
     env_words = ["env", *(w for name in node.unset_env for w in ("-u", name)),
-                 *(f"{k}={v}" for k, v in mask_env(node.env).items())]
+                 *(f"{k}={v}" for k, v in env.items() if k not in auto)]
+    find = _FIND_IFNAME.format(addr=shell_word(master_addr)) if auto else ""
+    chosen = "".join(f' {k}="{value_for(k, "$ifname")}"' for k in auto)
+    words = shell_join(env_words)
     return (f"mkdir -p {shell_word(node.run_dir)} && cd {shell_word(node.run_dir)} && "
-            + shell_join([*env_words, *node.argv]))
+            f"{find}{words}{chosen} {shell_join(list(node.argv))}")
 
 
 def _port_text(plan: RunPlan) -> str:
@@ -63,7 +79,7 @@ def render_text(info: DryRun) -> str:
         f"backend    {info.backend}",
         f"cluster    {info.source or '-'}: {len(plan.nodes)} node(s), world size "
         f"{plan.world_size}, device {plan.device}",
-        f"master     {plan.master_addr}:{_port_text(plan)} (torchrun static rendezvous)",
+        f"master     {hostport(plan.master_addr, _port_text(plan))} (torchrun static rendezvous)",
         f"workload   {plan.workload}",
         f"liveness   {info.liveness}: {LIVENESS.get(info.liveness, '?')}",
         *([f"restarts   up to {info.max_restarts} whole-gang restart(s) after a failure"]
@@ -127,13 +143,13 @@ def render_shell(info: DryRun) -> str:
     """Per-node lines to start the job by hand, like the manual two-machine launch."""
     plan = info.plan
     out = [f"# {plan.run_id}: world size {plan.world_size}, master "
-           f"{plan.master_addr}:{plan.master_port}, backend {info.backend}",
+           f"{hostport(plan.master_addr, plan.master_port)}, backend {info.backend}",
            "# ddp-orch uploads the workload code into each run dir's code/ first;",
            "# to start by hand, copy it there, then run each line on its node.",
            "# Worker output goes to files (--redirects 3), which ddp-orch relays;",
            "# by hand: tail -F torchrun/*/attempt_0/*/std*.log in the run dir."]
     for node in info.nodes:
-        out += ["", f"# {_node_header(node)}", node_shell_line(node)]
+        out += ["", f"# {_node_header(node)}", node_shell_line(node, plan.master_addr)]
     return "\n".join(out) + "\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from ..backends.base import CancelResult, Preflight, RunDescription
+from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from ..records.store import RunRecord
 from .table import format_table
@@ -39,6 +40,9 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     root = described.root_cause
     if root:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
+        hint = failure_hint(root, described.nodes)
+        if hint:
+            lines.append(f"hint: {hint}")
     if len(described.attempts) > 1 or any(a.note for a in described.attempts):
         from .summary import render_attempts
 
@@ -89,10 +93,13 @@ def render_down(record: RunRecord, stopped_controller: bool, nodes: list[CancelR
 
 
 def render_check(report: Preflight) -> str:
+    """The check table (STATUS ok, warn or FAIL) and its verdict: warnings
+    are shown but pass (exit 0); a failure fails (exit 1)."""
     rows = [("NODE", "HOST", "CHECK", "STATUS", "DETAIL")]
     rows += [(str(r.node_rank) if r.node_rank >= 0 else "-", r.host, r.check,
-              "ok" if r.ok else "FAIL", r.detail)
+              ("warn" if r.warning else "ok") if r.ok else "FAIL", r.detail)
              for r in report.results]
-    verdict = "all checks passed" if report.ok else \
-        f"{sum(not r.ok for r in report.results)} check(s) failed"
+    warned = f" ({report.warnings} warning(s))" if report.warnings else ""
+    verdict = f"all checks passed{warned}" if report.ok else \
+        f"{sum(not r.ok for r in report.results)} check(s) failed{warned}"
     return format_table(rows) + "\n" + verdict + "\n"

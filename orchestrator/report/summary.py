@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..plan.network import AUTO, GLOO_IFNAME
+from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from .table import format_table
 
 _KEY_METRICS = 8
 
 
-def render_summary(outcome: RunOutcome, run_path: str) -> str:
+def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None) -> str:
+    """The summary; ``plan`` is the run's ``plan.json`` (the resolved plan),
+    from which a failed run lists the interface each node's ranks used."""
     lines = ["", f"run {outcome.run_id}: {outcome.state.value.upper()} in {outcome.wall_s:.1f}s"]
     rows = [("NODE", "HOST", "STATUS", "EXIT", "DETAIL")]
     for node in outcome.nodes:
@@ -20,8 +24,15 @@ def render_summary(outcome: RunOutcome, run_path: str) -> str:
     root = outcome.root_cause
     if root is not None:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
+        hint = failure_hint(root, outcome.nodes)
+        if hint:
+            lines.append(f"hint: {hint}")
     if len(outcome.attempts) > 1 or any(a.note for a in outcome.attempts):
         lines += render_attempts(outcome.attempts)
+    used = interfaces_of(plan)
+    if used and not outcome.ok:
+        lines.append("network: " + ", ".join(f"node {k} {name}" for k, name in sorted(used.items()))
+                     + " (the interface of each node's ranks; `ddp-orch check` tests every pair)")
     if outcome.result:
         lines.append("result: " + _metrics_line(outcome.result))
         slowest = outcome.result.get("slowest_rank")
@@ -32,6 +43,19 @@ def render_summary(outcome: RunOutcome, run_path: str) -> str:
                          f"{float(slowest.get('vs_median', 1)):.2f}x the median rank")
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
+
+
+def interfaces_of(plan: Any) -> dict[int, str]:
+    """{node rank: interface} its ranks were given (``GLOO_SOCKET_IFNAME``), from
+    a ``plan.json``; empty when there is none or it is not a plan."""
+    out = {}
+    for node in (plan or {}).get("nodes", ()) if isinstance(plan, dict) else ():
+        env = node.get("env") if isinstance(node, dict) else None
+        name = env.get(GLOO_IFNAME) if isinstance(env, dict) else None
+        if isinstance(name, str) and name not in ("", AUTO) \
+                and isinstance(node.get("node_rank"), int):
+            out[node["node_rank"]] = name
+    return out
 
 
 def render_attempts(attempts) -> list[str]:

@@ -1,0 +1,199 @@
+"""Which network interface a node's collectives must use, found on the node.
+
+Gloo and NCCL pick an interface for the ranks' own connections by
+themselves, and on real machines they often pick wrong:
+
+* Gloo, with no ``GLOO_SOCKET_IFNAME``, binds the address the host name
+  resolves to, and Debian and Ubuntu map the host name to ``127.0.1.1``:
+  every rank then tells its peers to call it on loopback
+  (pytorch/gloo#223);
+* NCCL's own pick may be ``docker0``, which has the same address on every
+  host and reaches nothing;
+* the cluster NIC is ``eth0`` on one host and ``ens5`` on another, so no
+  one name fits the whole cluster (NVIDIA/nccl#286 allows a name per node).
+
+So each node finds its own (``route``): the interface and address through
+which it reaches the rendezvous endpoint, which is also the one its peers
+reach it on. The kernel's routing table decides, as it will for the real
+traffic: a UDP socket ``connect``ed to the endpoint sends nothing and
+reports the source address the kernel chose. That address's interface
+comes from the kernel's own address table (rtnetlink ``RTM_GETADDR``).
+Node 0 reaching its own address gets that address, and so its NIC; when
+the endpoint is loopback to this node although peers elsewhere must reach
+it (its name resolves to 127.0.1.1 here), the address the controller
+reached this node on stands in (``SSH_CONNECTION``'s server address).
+
+Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+from typing import Mapping
+
+# rtnetlink (linux/rtnetlink.h, linux/if_addr.h)
+_RTM_GETADDR, _NLM_F_REQUEST, _NLM_F_DUMP = 22, 0x1, 0x300
+_NLMSG_DONE, _NLMSG_ERROR, _RTM_NEWADDR = 3, 2, 20
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+
+
+def addresses() -> list[tuple[str, str]]:
+    """Every (interface name, address) of this host, IPv4 and IPv6, from the
+    kernel (rtnetlink); an IPv6 link-local address carries no ``%scope``."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.settimeout(5.0)
+        request = struct.pack("=LHHLL", 16 + 8, _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+        sock.send(request + struct.pack("=BBBBL", socket.AF_UNSPEC, 0, 0, 0, 0))
+        found: dict[tuple[int, str], None] = {}
+        while True:
+            data = sock.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind, _flags, _seq, _pid = struct.unpack_from("=LHHLL", data, offset)
+                if length < 16 or kind == _NLMSG_DONE:
+                    return _named(found)
+                if kind == _NLMSG_ERROR:
+                    raise OSError("the kernel refused to list its addresses (rtnetlink)")
+                if kind == _RTM_NEWADDR:
+                    found.update(dict.fromkeys(_parse_addr(data[offset + 16:offset + length])))
+                offset += (length + 3) & ~3
+
+
+def _parse_addr(body: bytes) -> list[tuple[int, str]]:
+    family, _prefix, _flags, _scope, index = struct.unpack_from("=BBBBL", body)
+    size = 4 if family == socket.AF_INET else 16 if family == socket.AF_INET6 else 0
+    out, offset = [], 8
+    local = None
+    while size and offset + 4 <= len(body):
+        length, kind = struct.unpack_from("=HH", body, offset)
+        if length < 4:
+            break
+        if kind in (_IFA_ADDRESS, _IFA_LOCAL) and length - 4 == size:
+            text = socket.inet_ntop(family, body[offset + 4:offset + 4 + size])
+            if kind == _IFA_LOCAL:
+                local = text  # on a point-to-point link IFA_ADDRESS is the peer's
+            elif text not in out:
+                out.append(text)
+        offset += (length + 3) & ~3
+    return [(index, local)] if local else [(index, a) for a in out]
+
+
+def _named(found: dict[tuple[int, str], None]) -> list[tuple[str, str]]:
+    out = []
+    for index, addr in found:
+        try:
+            out.append((socket.if_indextoname(index), addr))
+        except OSError:
+            continue  # the interface went away while we looked
+    return out
+
+
+def interfaces() -> list[str]:
+    """This host's interface names, in the kernel's order."""
+    return [name for _index, name in socket.if_nameindex()]
+
+
+def source_address(host: str, port: int) -> str:
+    """The local address the kernel would send from to reach ``host``."""
+    family, _type, _proto, _name, target = socket.getaddrinfo(
+        host, port, 0, socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect(target)  # UDP: nothing is sent, only a route is chosen
+        return sock.getsockname()[0].split("%", 1)[0]
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _facing_peers(addr: str, via: str) -> tuple[str, str]:
+    """This node's address for peers elsewhere when the rendezvous is
+    loopback here: the one the controller reached it on, else the default
+    route's source (a documentation address: nothing is sent)."""
+    reached = os.environ.get("SSH_CONNECTION", "").split()
+    if len(reached) == 4 and not is_loopback(reached[2]):
+        return reached[2].split("%", 1)[0], "the address this host was reached on"
+    try:
+        probe = "2001:db8::1" if ":" in addr else "192.0.2.1"
+        found = source_address(probe, 9)
+    except OSError:
+        return addr, via
+    return (found, "the default route") if not is_loopback(found) else (addr, via)
+
+
+def route(host: str, port: int, remote_peers: bool) -> dict:
+    """The interface and address this node's collectives should use to reach
+    the rendezvous at ``host:port``: ``{"ok", "ifname", "addr", "via",
+    "interfaces"}``; ``remote_peers``: some rank runs on another host, so
+    loopback will not do."""
+    names = interfaces()
+    try:
+        table = addresses()
+    except OSError as exc:
+        return {"ok": False, "error": f"cannot list this host's addresses: {exc}",
+                "interfaces": names}
+    try:
+        addr, via = source_address(host, port), f"the route to {host}"
+    except OSError as exc:
+        return {"ok": False, "error": f"no route to {host} from this host: "
+                                      f"{exc.strerror or exc}", "interfaces": names}
+    if is_loopback(addr) and remote_peers:
+        addr, via = _facing_peers(addr, via)
+    owners = [name for name, a in table if a == addr]
+    if not owners:
+        return {"ok": False, "error": f"no interface holds {addr} ({via})", "interfaces": names}
+    return {"ok": True, "ifname": owners[0], "addr": addr, "via": via,
+            "loopback": is_loopback(addr), "interfaces": names}
+
+
+# -- the variables that select it (``plan/network.py`` decides who sets them) --
+
+GLOO_IFNAME, NCCL_IFNAME = "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"
+IFNAME_VARS = (GLOO_IFNAME, NCCL_IFNAME)
+AUTO = "auto"  # the plan's value until the node's agent has found its interface
+
+
+def value_for(var: str, ifname: str) -> str:
+    """``var``'s value that selects exactly ``ifname``."""
+    return f"={ifname}" if var == NCCL_IFNAME else ifname
+
+
+def resolve_interfaces(env: Mapping[str, str], ifname: str | None) -> dict[str, str]:
+    """``env`` with its ``auto`` interface variables set to ``ifname``."""
+    if ifname is None:
+        return dict(env)
+    return {k: value_for(k, ifname) if k in IFNAME_VARS and v == AUTO else v
+            for k, v in env.items()}
+
+
+def named_interfaces(env: Mapping[str, str]) -> dict[str, list[str]]:
+    """{variable: interface names it requires to exist}, for the values the
+    user set. Gloo takes a comma-separated list of exact names; NCCL a list
+    of prefixes (``eth`` matches ``eth0``), ``=`` for exact names, ``^``
+    for exclusions (never required, so not checked)."""
+    out = {}
+    for var in IFNAME_VARS:
+        value = env.get(var)
+        if not value or value == AUTO or value.startswith("^"):
+            continue
+        out[var] = [name for name in value.lstrip("=").split(",") if name]
+    return out
+
+
+def unknown_interfaces(env: Mapping[str, str], present: list[str]) -> list[str]:
+    """``VAR=VALUE`` for each user-set variable that names no interface of
+    the node, whose interfaces are ``present``."""
+    bad = []
+    for var, names in named_interfaces(env).items():
+        exact = var == GLOO_IFNAME or env[var].startswith("=")
+        missing = [n for n in names if not (n in present if exact
+                                            else any(p.startswith(n) for p in present))]
+        if missing:
+            bad.append(f"{var}={env[var]}")
+    return bad

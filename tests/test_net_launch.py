@@ -1,0 +1,110 @@
+"""Runs on hosts with networks of their own (tests/netlab.py): each host a
+network namespace whose host name resolves to loopback, with a docker0 that
+reaches nothing and a cluster NIC named differently on each host. Gloo's
+own choice fails there; each node's chosen interface must make it work,
+with real sshd, real torchrun and gloo."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from labhome import lab_job
+
+pytestmark = pytest.mark.live
+
+
+def ranks_seen(out: str) -> list[dict]:
+    line = next(l for l in out.splitlines() if "RANKS [" in l)
+    return json.loads(line.split("RANKS ", 1)[1])
+
+
+def up(lab, tmp_path, name: str, nodes: list[str], *extra: str, cluster_extra: str = ""):
+    env, cluster = lab_job(lab, tmp_path, name, "rank_table.py", nodes, extra=cluster_extra)
+    result = run_cli("up", cluster, "--run-id", name, "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", "--start-timeout", "60", *extra, env=env, timeout=240)
+    return result, cluster, env
+
+
+def assert_table_is_the_plan(result, tmp_path, name: str, lab) -> list[dict]:
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "*_SOCKET_IFNAME" not in out
+    plan = json.loads((tmp_path / "runs" / name / "plan.json").read_text())
+    seen = ranks_seen(result.stdout)
+    assert [(r["rank"], r["node_rank"], r["local_rank"]) for r in seen] == \
+        [(r["rank"], r["node_rank"], r["local_rank"]) for r in plan["ranks"]]
+    for r in seen:  # every rank on its own host's NIC, found there
+        host = lab.hosts[r["node_rank"]]
+        assert r["hostname"] == host.hostname
+        assert (r["gloo"], r["nccl"]) == (host.nic, f"={host.nic}"), r
+        env = plan["nodes"][r["node_rank"]]["env"]
+        assert env["GLOO_SOCKET_IFNAME"] == host.nic
+    return seen
+
+
+def test_the_seed_layout_runs_where_gloo_alone_fails(net_lab, tmp_path):
+    """3 + 4 processes, nothing about interfaces in the cluster file."""
+    result, _cluster, _env = up(net_lab, tmp_path, "seed",
+                                ["{host: node0, procs: 3}", "{host: node1, procs: 4}"])
+    seen = assert_table_is_the_plan(result, tmp_path, "seed", net_lab)
+    assert len(seen) == 7 and {r["world_size"] for r in seen} == {7}
+
+
+def test_ipv6_only_cluster_network(make_net_lab, tmp_path):
+    lab = make_net_lab(2, family="ipv6")
+    result, _cluster, _env = up(lab, tmp_path, "six",
+                                ["{host: node0, procs: 1}", "{host: node1, procs: 2}"])
+    assert_table_is_the_plan(result, tmp_path, "six", lab)
+    plan = json.loads((tmp_path / "runs" / "six" / "plan.json").read_text())
+    assert ":" in plan["master_addr"]
+
+
+def test_three_hosts_with_three_nic_names(make_net_lab, tmp_path):
+    lab = make_net_lab(3, nics=("eth0", "ens5", "enp3s0"))
+    result, _cluster, _env = up(lab, tmp_path, "three",
+                                [f"{{host: node{k}, procs: 1}}" for k in range(3)])
+    seen = assert_table_is_the_plan(result, tmp_path, "three", lab)
+    assert [r["gloo"] for r in seen] == ["eth0", "ens5", "enp3s0"]
+
+
+def test_a_user_set_interface_wins_and_a_missing_one_is_refused_before_start(
+        net_lab, tmp_path):
+    nic1 = net_lab.hosts[1].nic
+    result, _cluster, _env = up(
+        net_lab, tmp_path, "user",
+        ["{host: node0, procs: 1}",
+         f"{{host: node1, procs: 1, env: {{GLOO_SOCKET_IFNAME: {nic1}, "
+         f"NCCL_SOCKET_IFNAME: {nic1[:3]}}}}}"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = ranks_seen(result.stdout)
+    assert (seen[1]["gloo"], seen[1]["nccl"]) == (nic1, nic1[:3])  # as set, not "=..."
+    assert seen[0]["gloo"] == net_lab.hosts[0].nic  # node 0 still found its own
+
+    refused, _cluster, _env = up(
+        net_lab, tmp_path, "missing",
+        ["{host: node0, procs: 1}", "{host: node1, procs: 1, env: {GLOO_SOCKET_IFNAME: ib0}}"])
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "node 1 (node1): no interface for GLOO_SOCKET_IFNAME=ib0 on this node" in refused.stderr
+    listed = refused.stderr.split("its interfaces are ", 1)[1].split(";", 1)[0].split(", ")
+    assert {"lo", "docker0", nic1} <= set(listed), listed
+    assert "started" not in refused.stdout and "RANKS" not in refused.stdout
+    assert not (tmp_path / "runs" / "missing" / "plan.json").exists()
+
+
+@pytest.mark.parametrize("how", ["--detach", "--max-restarts"])
+def test_kept_runs_use_the_chosen_interfaces(net_lab, tmp_path, how):
+    extra = ("--max-restarts", "1") if how == "--max-restarts" else ("--detach",)
+    name = "kept-" + how.strip("-").split("-")[-1]
+    result, _cluster, env = up(net_lab, tmp_path, name,
+                               ["{host: node0, procs: 1}", "{host: node1, procs: 2}"], *extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    if how == "--detach":
+        attached = run_cli("attach", name, "--from-start", "--runs-dir", str(tmp_path / "runs"),
+                           env=env, timeout=180)
+        assert attached.returncode == 0, attached.stdout + attached.stderr
+        result = attached
+    seen = ranks_seen(result.stdout)
+    assert [r["gloo"] for r in seen] == [net_lab.hosts[0].nic] + [net_lab.hosts[1].nic] * 2
