@@ -74,6 +74,8 @@ def main() -> None:
                 code = root / "remote" / "runs" / floor_id / f"node-{k}" / "code"
                 shutil.copytree(os.path.join(REPO, "workloads"), code / "workloads",
                                 ignore=shutil.ignore_patterns("__pycache__"))
+                shutil.copy(os.path.join(REPO, "orchestrator", "agent", "shim.py"),
+                            code / "ddp_orch_shim.py")  # every rank runs through it
             print(f"   floor line for node 0 of {n}: {lines[0][:160]}...")
 
             def ddp(n=n, cluster=cluster, label="ddp-orch") -> float:
@@ -142,6 +144,15 @@ def main() -> None:
         for n in counts:
             a, b = res[f"ddp-orch {n} hosts"], res[f"floor {n} hosts"]
             print(f"{n} hosts: ddp-orch overhead {fmt_s(a.median - b.median)}; {ratio_range(a, b)}")
+        from orchestrator.agent import netroute
+
+        calls = []
+        for _ in range(50):  # the node-side work itself, as a node agent does it
+            t = time.perf_counter()
+            netroute.route(L.lab.hosts[0].addr, 29500, remote_peers=True)
+            calls.append(time.perf_counter() - t)
+        print(f"the route op on a node: median {fmt_s(sorted(calls)[25])} of 50 calls "
+              "(it rides the pipelined requests behind the agent's start)")
         for n in counts:
             a, b = res[f"ddp-orch {n} hosts"], res[f"no-ifname {n} hosts"]
             print(f"{n} hosts: the interface choice adds {fmt_s(a.median - b.median)} "
