@@ -11,6 +11,7 @@ import pytest
 from conftest import run_cli
 from labhome import lab_cluster, lab_home
 from procscan import wait_gone
+from test_check_rules import ipv6_loopback
 
 pytestmark = pytest.mark.live
 
@@ -33,15 +34,6 @@ def details(stdout: str, node: str, check: str) -> list[str]:
         if len(parts) == 5 and parts[0] == node and parts[2] == check:
             found.append(parts[4])
     return found
-
-
-def ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as sock:
-            sock.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 def test_healthy_cluster_passes_every_check(ssh_lab, tmp_path):

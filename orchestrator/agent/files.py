@@ -15,7 +15,7 @@ import os
 import stat
 
 from .protocol import MAX_TRANSFER, digest
-from .scrub import MASK, scrub_tree  # noqa: F401 (the agent's one place for both)
+from .scrub import MASK, scrub_tree, write_atomically  # noqa: F401 (scrub_tree: re-exported)
 
 
 class TransferError(Exception):
@@ -82,19 +82,7 @@ def put(path: str, data: bytes, *, size: int, sha256: str, mode: int = 0o600) ->
                             "checksum mismatch)")
     path = expand(path)
     private_dirs(os.path.dirname(path) or ".")
-    partial = f"{path}.part-{os.getpid()}"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode & 0o777)
-    try:
-        os.fchmod(fd, mode & 0o777)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(partial, path)
-    except BaseException:
-        try:
-            os.unlink(partial)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, data, mode & 0o777)
     return path
 
 

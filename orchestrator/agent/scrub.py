@@ -35,17 +35,25 @@ def scrub_tree(directory: str, secrets: list[str], mask: bytes = MASK) -> int:
                 for value in values:
                     masked = masked.replace(value, mask)
                 if masked != data:
-                    _replace(path, masked, stat.S_IMODE(mode))
+                    write_atomically(path, masked, stat.S_IMODE(mode))
                     changed += 1
             except OSError:
                 continue  # gone or unreadable: nothing of it is kept by us
     return changed
 
 
-def _replace(path: str, data: bytes, mode: int) -> None:
-    partial = f"{path}.scrub-{os.getpid()}"
+def write_atomically(path: str, data: bytes, mode: int) -> None:
+    """``data`` into ``path`` whole or not at all: written beside it (never
+    through a symlink), given ``mode`` whatever the umask, then renamed over
+    it. Every file the agent writes on a node goes through here."""
+    partial = f"{path}.part-{os.getpid()}"
+    try:
+        os.unlink(partial)  # a leftover of a crashed writer with our pid
+    except FileNotFoundError:
+        pass
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(partial, path)
