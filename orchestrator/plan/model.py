@@ -55,6 +55,10 @@ class NodePlan:
     run_dir: str
     env: Mapping[str, str]
     unset_env: tuple[str, ...]
+    # The code root, relative to ``run_dir``: where the uploaded code lands on
+    # the node (the bundle's ``script/`` for a script, ``code/`` for the
+    # built-ins). Setup runs there and ``outputs`` are read from there.
+    code_rel: str = "code"
 
     @property
     def ranks(self) -> range:
@@ -67,6 +71,12 @@ class NodePlan:
     @property
     def code_dir(self) -> str:
         return f"{self.run_dir}/code"
+
+    @property
+    def code_root(self) -> str:
+        """The node's copy of the uploaded code: the one helper for "the code
+        root of node X" (setup's working directory, where outputs are found)."""
+        return f"{self.run_dir}/{self.code_rel}"
 
     @property
     def result_file(self) -> str:
