@@ -99,7 +99,10 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if k not in self.spec["unset_env"]}
         env.update(self.spec["env"])
         started = time.time()
-        child = subprocess.Popen(self.spec["argv"], env=env, cwd=self.run_dir,
+        # torchrun, and so every worker, starts in the node's code root
+        # (``NodePlan.code_root``: the uploaded project, or the built-ins' code/)
+        child = subprocess.Popen(self.spec["argv"], env=env,
+                                 cwd=self.spec.get("cwd") or self.run_dir,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         self.torchrun_pid = child.pid

@@ -34,7 +34,7 @@ from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks, recorded_dryrun)
-from .bundle import build_bundle, scan_script_dir, stand_ins
+from .bundle import build_bundle, code_notes, stand_ins
 from .fanout import on_all
 from .gang import Gang
 from .keptgang import ATTACHED, DETACHED, KeptGang, attempt_outcomes
@@ -70,7 +70,7 @@ class AgentBackend(LaunchBackend):
                                  unset_env=node.unset_env, argv=torchrun_argv(plan, node),
                                  connection=self.connection(node.node_rank))
                       for node in plan.nodes)
-        notes = (scan_script_dir(os.path.dirname(plan.script)).summary(),) if plan.script else ()
+        notes = code_notes(plan, self.spec.source if self.spec else "")
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
                       source=self.spec.source if self.spec else "",
                       liveness="detached" if self.options.detach else "attached",
@@ -87,7 +87,7 @@ class AgentBackend(LaunchBackend):
         agents: dict[int, AgentHandle] = {}
         label = _labeller(plan)
         try:
-            build_bundle(run.file("bundle.tar.gz"), plan.script, stand_ins(self.spec))
+            build_bundle(run.file("bundle.tar.gz"), plan.code, stand_ins(self.spec))
             with open(run.file("bundle.tar.gz"), "rb") as fh:
                 bundle = fh.read()
             opened, started = open_agents(

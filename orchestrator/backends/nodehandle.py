@@ -29,6 +29,7 @@ def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int, grace_s: 
     """What the node supervisor runs: the dry-run's env and argv, verbatim."""
     node = launch.node
     return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
+            "cwd": node.code_root,  # torchrun's and so every worker's working directory
             "first_rank": node.first_rank, "nproc": node.nproc, "master_port": master_port,
             "argv": list(launch.argv), "env": dict(launch.env),
             "unset_env": list(launch.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s,

@@ -49,7 +49,7 @@ from ..records.store import NodeRecord, RunRecord
 from . import slurmctl
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks, recorded_dryrun)
-from .bundle import build_bundle, scan_script_dir, stand_ins
+from .bundle import build_bundle, code_notes, stand_ins
 from .gang import Gang
 from .nodehandle import BUNDLE_NAME, supervisor_spec
 from .results import keep, wanted_files
@@ -92,9 +92,7 @@ class Backend(LaunchBackend):
             dataclasses.replace(plan, master_port=PORT_SLOT)
         nodes = tuple(NodeLaunch(node=n, where=self.where(n), env=n.env, unset_env=n.unset_env,
                                  argv=torchrun_argv(shown, n)) for n in plan.nodes)
-        notes = []
-        if plan.script:
-            notes.append(scan_script_dir(os.path.dirname(plan.script)).summary())
+        notes = list(code_notes(plan, self.spec.source if self.spec else ""))
         if self.require_spec().placed:
             notes.append("hosts      chosen by Slurm when the job starts"
                          + ("; GPUs from its GRES allocation (CUDA_VISIBLE_DEVICES set by Slurm)"
@@ -334,7 +332,7 @@ class Backend(LaunchBackend):
         directory; returns sbatch's environment, which carries the secrets."""
         plan = info.plan
         bootstrap.zipapp(run.file(AGENT_FILE))
-        build_bundle(run.file(BUNDLE_NAME), plan.script, stand_ins(self.spec))
+        build_bundle(run.file(BUNDLE_NAME), plan.code, stand_ins(self.spec))
         env = dict(os.environ)
         nodes = []
         for launch in info.nodes:

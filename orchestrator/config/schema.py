@@ -25,8 +25,9 @@ from typing import Any, Iterable, Mapping
 from workloads.catalog import CATALOG
 
 from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTER_KEYS,
-                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_NODES, MAX_RESTARTS,
-                     MIN_HANG_TIMEOUT, MAX_PROCS, NAME_RE, NETWORK_KEYS, NODE_KEYS,
+                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_MODULE_NAME,
+                     MAX_NODES, MAX_RESTARTS, MIN_HANG_TIMEOUT, MAX_PROCS, MODULE_RE, NAME_RE,
+                     NETWORK_KEYS, NODE_KEYS,
                      RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
                      SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
@@ -215,18 +216,41 @@ def _workload() -> dict[str, Any]:
                  "description": "A built-in workload (`ddp-orch workloads` lists them and their "
                                 "arguments)."},
         "script": {"type": "string", "pattern": _NON_BLANK,
-                   "description": "Your own torchrun script, relative to this file; its "
-                                  "directory is uploaded to every node."},
+                   "description": "Your script, run as `python SCRIPT ARGS` in the code "
+                                  "directory on every node: relative to `code` when given, "
+                                  "else to this file (its directory is then the code)."},
+        "module": {"type": "string", "pattern": MODULE_RE.pattern,
+                   "maxLength": MAX_MODULE_NAME,
+                   "description": "Your module, run as `python -m MODULE ARGS` in the code "
+                                  "directory on every node, e.g. pkg.train."},
+        "code": {"type": "string", "pattern": _NON_BLANK,
+                 "description": "Your project's directory, relative to this file: uploaded "
+                                "to every node (.gitignore'd, secret-looking files and caches "
+                                "left out; 64 MiB at most) and the working directory of every "
+                                "rank there. Default: the script's directory, else this "
+                                "file's. Not the filesystem root or a home directory."},
         "args": {
-            "type": "object",
-            "description": "Arguments passed to the program: epochs: 10 -> --epochs 10; true/false "
-                           "-> --x/--no-x; a list -> one flag, several values; null -> the bare "
-                           "flag. A built-in workload's arguments are checked by ddp-orch.",
-            "propertyNames": {"minLength": 1},
-            "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
+            "description": "Arguments passed to the program: a mapping (epochs: 10 -> --epochs "
+                           "10; true/false -> --x/--no-x; a list -> one flag, several values; "
+                           "null -> the bare flag), or a list passed verbatim, each item one "
+                           "argument as written ([configs/x.yaml, --lr=0.1, -v, 50]). A "
+                           "built-in workload's arguments are a mapping, checked by ddp-orch.",
+            "oneOf": [
+                {"type": "object", "propertyNames": {"minLength": 1},
+                 "additionalProperties": {"anyOf": [_SCALAR,
+                                                    {"type": "array", "items": _SCALAR}]}},
+                {"type": "array",
+                 "items": {"type": ["string", "number", "boolean"]}},
+            ],
         },
-    }, "workload", "What to run: a built-in workload (name) or your script (script), with args.",
-        oneOf=[{"required": ["name"]}, {"required": ["script"]}])
+    }, "workload", "What to run: a built-in workload (name), or your script or module run "
+                   "from your code directory (code), with args.",
+        oneOf=[{"required": ["name"]}, {"required": ["script"]}, {"required": ["module"]}],
+        # code goes with script or module; a built-in's args are a mapping
+        allOf=[{"if": {"required": ["name"]},
+                "then": {"not": {"anyOf": [{"required": ["code"]},
+                                           {"properties": {"args": {"type": "array"}},
+                                            "required": ["args"]}]}}}])
 
 
 def cluster_schema() -> dict[str, Any]:

@@ -78,15 +78,24 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """A built-in workload by ``name`` or the user's ``script`` (absolute path)."""
+    """What every rank runs: a built-in workload by ``name``, or the user's
+    program from ``code`` (the directory uploaded to every node, absolute
+    here, and the workers' working directory there): a ``script`` (absolute
+    path, inside ``code``) or a ``module`` (``python -m``).
+
+    ``args`` is a mapping (``{epochs: 10}`` -> ``--epochs 10``) or, given as
+    a list, the arguments verbatim (a tuple of strings).
+    """
 
     name: str | None
     script: str | None
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
+    module: str | None = None
+    code: str | None = None
 
     @property
     def label(self) -> str:
-        return self.name or self.script or "?"
+        return self.name or self.module or self.script or "?"
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class ClusterSpec:
     slurm: SlurmSpec | None = None  # with backend slurm
     placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
     interface: str = "auto"  # network.interface: auto | off | a name (plan/network.py)
+    base_dir: str = "."  # the cluster file's directory: relative paths start there
 
     @property
     def uses_gpus(self) -> bool:

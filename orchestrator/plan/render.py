@@ -56,7 +56,9 @@ def node_shell_line(node: NodeLaunch, master_addr: str) -> str:
     find = _FIND_IFNAME.format(addr=shell_word(master_addr)) if auto else ""
     chosen = "".join(f' {k}="{value_for(k, "$ifname")}"' for k in auto)
     words = shell_join(env_words)
-    return (f"mkdir -p {shell_word(node.run_dir)} && cd {shell_word(node.run_dir)} && "
+    # torchrun starts in the code root, as the node's agent starts it
+    cwd = shell_word(node.node.code_root)
+    return (f"mkdir -p {cwd} && cd {cwd} && "
             f"{find}{words}{chosen} {shell_join(list(node.argv))}")
 
 
@@ -89,7 +91,8 @@ def render_text(info: DryRun) -> str:
         _rank_table(plan),
     ]
     for node in info.nodes:
-        out += ["", _node_header(node), f"  run dir  {node.run_dir}", "  env"]
+        out += ["", _node_header(node), f"  run dir  {node.run_dir}",
+                f"  cwd      {node.node.code_root}", "  env"]
         out += [f"    {k}={v}" for k, v in mask_env(node.env).items()]
         out += [f"  unset    {' '.join(node.unset_env)}", "  command",
                 f"    {shell_join(node.argv)}"]
@@ -128,7 +131,8 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
             "python": n.node.python,
             "gpus": list(n.node.gpus) if n.node.gpus is not None else None,
             "ranks": [n.node.first_rank, n.node.first_rank + n.node.nproc - 1],
-            "nproc": n.node.nproc, "run_dir": n.run_dir, "env": mask_env(n.env),
+            "nproc": n.node.nproc, "run_dir": n.run_dir, "code_root": n.node.code_root,
+            "env": mask_env(n.env),
             "unset_env": list(n.unset_env), "argv": list(n.argv),
         } for n in info.nodes],
         **({"extras": dict(info.extras)} if info.extras else {}),
@@ -144,7 +148,8 @@ def render_shell(info: DryRun) -> str:
     plan = info.plan
     out = [f"# {plan.run_id}: world size {plan.world_size}, master "
            f"{hostport(plan.master_addr, plan.master_port)}, backend {info.backend}",
-           "# ddp-orch uploads the workload code into each run dir's code/ first;",
+           "# ddp-orch uploads the code into each run dir first (the built-ins and the",
+           "# shim to code/, your workload.code to project/, where the workers start);",
            "# to start by hand, copy it there, then run each line on its node.",
            "# Worker output goes to files (--redirects 3), which ddp-orch relays;",
            "# by hand: tail -F torchrun/*/attempt_0/*/std*.log in the run dir."]
@@ -174,7 +179,7 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
     plan = RunPlan(run_id=str(data["run_id"]), name=str(data["name"]),
                    backend=str(data["backend"]), world_size=int(data["world_size"]),
                    master_addr=str(data["master_addr"]), master_port=data["master_port"],
-                   device=str(data["device"]), workload=str(data["workload"]), script=None,
+                   device=str(data["device"]), workload=str(data["workload"]), code=None,
                    entrypoint=Entrypoint(None, None, ()), nodes=tuple(n.node for n in nodes),
                    ranks=tuple(RankPlan(**r) for r in data["ranks"]))
     return DryRun(backend=plan.backend, plan=plan, nodes=tuple(nodes),
