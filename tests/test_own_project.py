@@ -84,7 +84,6 @@ def test_a_script_after_the_double_dash_replaces_the_files_program(ssh_lab, tmp_
         assert seen["argv"] == list(typed)  # argv[0] as typed, as plain python gives it
         assert seen["name"] == "__main__" and seen["entry"] == "script scripts/train.py"
         assert (seen["total_epochs"], seen["save_every"], seen["config"]) == (50, 10, CONFIG)
-        assert seen["rest"] == ["--", "-x"]
 
 
 def test_a_module_after_the_double_dash_with_the_tutorials_arguments(ssh_lab, tmp_path, project):
