@@ -54,7 +54,7 @@ class DdpOrchGroup(click.Group):
     ``up`` and ``--dry-run`` do not pay for their imports.
     """
 
-    LAZY = ("ps", "status", "logs", "down", "stacks", "attach")
+    LAZY = ("ps", "status", "logs", "down", "stacks", "attach", "prune")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -246,6 +246,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
         return
     from ..records.outcome import RunState
+    from ..backends.results import OUTPUTS_RECORD
     from ..report.summary import render_summary
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
@@ -255,7 +256,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
 
         console.always(render_detached(outcome, run.path))
         sys.exit(0)
-    console.always(render_summary(outcome, run.path, run.read_json("plan.json")))
+    console.always(render_summary(outcome, run.path, run.read_json("plan.json"),
+                                  run.read_json(OUTPUTS_RECORD)))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 

@@ -17,12 +17,17 @@ import yaml
 from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
-from .spec import (AUTO_PORT, BACKENDS, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpec, NodeSpec,
-                   SlurmSpec, SshSpec, WorkloadSpec, default_backend, placed_host)
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, LOCAL_HOSTS,
+                   ClusterSpec, NodeSpec, SlurmSpec, SshSpec, WorkloadSpec, default_backend,
+                   placed_host)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "slurm",
-            "hang_timeout", "max_restarts", "network", "nodes", "workload")
+            "hang_timeout", "max_restarts", "network", "nodes", "workload", "setup",
+            "setup_timeout", "outputs")
+MAX_SETUP_COMMANDS = 100
+MAX_SETUP_TIMEOUT = 7 * 86400
+MAX_OUTPUTS = 100
 # Progress reaches the controller with the agents' heartbeats (every 5 s), so a
 # shorter hang timeout would take a quiet but healthy run for a hung one.
 MIN_HANG_TIMEOUT = 10
@@ -139,6 +144,10 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         if "hang_timeout" in top else None,
         max_restarts=top["max_restarts"].integer(0, MAX_RESTARTS) if "max_restarts" in top else 0,
         interface=_network(top["network"]) if "network" in top else "auto",
+        setup=_setup(top["setup"]) if "setup" in top else (),
+        setup_timeout=float(top["setup_timeout"].integer(1, MAX_SETUP_TIMEOUT))
+        if "setup_timeout" in top else DEFAULT_SETUP_TIMEOUT,
+        outputs=_outputs(top["outputs"]) if "outputs" in top else (),
         base_dir=os.path.abspath(base_dir))
     if backend == "slurm":
         _check_slurm_layout(spec, top)
@@ -719,3 +728,84 @@ def _check_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
     if mixed and spec.master_addr is None:
         raise top["nodes"].error("node 0 is localhost but other nodes are remote",
                                  hint="set master.addr to this machine's address as the other nodes see it")
+
+
+def _setup(field: Located) -> tuple[str | tuple[str, ...], ...]:
+    """``setup:``: one command, or a list of them. A string is shell text for
+    the node's ``sh -c`` (as SkyPilot's ``setup``); a list is one argv, run as
+    it is, no shell."""
+    items = [field] if not isinstance(field.node, yaml.SequenceNode) else field.sequence()
+    if len(items) > MAX_SETUP_COMMANDS:
+        raise field.error(f"{len(items)} setup commands, more than {MAX_SETUP_COMMANDS}",
+                          hint="put them in a script in the code and run that")
+    return tuple(_setup_command(item) for item in items)
+
+
+_SETUP_HINT = ('each setup command is a string, run by the node\'s `sh -c` in the code root '
+               '("pip install -r requirements.txt"), or a list, one program and its '
+               'arguments run as they are ([python, -m, pip, install, -r, requirements.txt])')
+
+
+def _setup_command(field: Located) -> str | tuple[str, ...]:
+    if isinstance(field.node, yaml.SequenceNode):
+        words = []
+        for item in field.sequence():
+            value = item.value()
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise item.error(f"expected a word of the command, got {item.describe()}",
+                                 hint=_SETUP_HINT)
+            words.append(str(value))
+        if not words or not words[0].strip():
+            raise field.error("the command is empty", hint=_SETUP_HINT)
+        if any("\0" in word for word in words):
+            raise field.error("a command word holds a NUL byte", hint=_SETUP_HINT)
+        return tuple(words)
+    if not isinstance(field.node, yaml.ScalarNode):
+        raise field.error(f"a setup command must be a string or a list, got {field.describe()}",
+                          hint=_SETUP_HINT)
+    value = field.scalar()
+    if not isinstance(value, str):
+        raise field.error(f"a setup command must be a string or a list, got {field.describe()}",
+                          hint=_SETUP_HINT + "; quote a command YAML reads as a number")
+    if not value.strip():
+        raise field.error("the command is empty", hint=_SETUP_HINT)
+    if "\0" in value:
+        raise field.error("the command holds a NUL byte", hint=_SETUP_HINT)
+    return value
+
+
+def _outputs(field: Located) -> tuple[str, ...]:
+    """``outputs:``: paths or globs under node 0's code root, one or a list."""
+    items = [field] if not isinstance(field.node, yaml.SequenceNode) else field.sequence()
+    if len(items) > MAX_OUTPUTS:
+        raise field.error(f"{len(items)} outputs, more than {MAX_OUTPUTS}",
+                          hint="name a directory (out/) or a glob (out/*.json) instead")
+    return tuple(_output_pattern(item) for item in items)
+
+
+def _output_pattern(field: Located) -> str:
+    pattern = field.string()
+    problem = output_pattern_problem(pattern)
+    if problem:
+        raise field.error(f"{pattern!r} {problem}",
+                          hint="outputs are paths or globs relative to the code root on node 0, "
+                               "e.g. out/metrics.json, out/*.png, out/ or checkpoints/**/*.pt")
+    return pattern
+
+
+def output_pattern_problem(pattern: str) -> str:
+    """Why ``pattern`` cannot name files under the code root ("" if it can):
+    absolute, ``~``, or a ``..`` that climbs out. Node 0 checks every match
+    again (``agent/outputs.py``): a link that leads out is refused there."""
+    if "\0" in pattern or any(ord(ch) < 32 for ch in pattern):
+        return "holds a control character"
+    if pattern.startswith(("/", "\\")):
+        return "is an absolute path, outside the code root"
+    if pattern.startswith("~"):
+        return "starts with ~, outside the code root"
+    if any(part == ".." for part in pattern.replace("\\", "/").split("/")):
+        return "escapes the code root (..)"
+    if not pattern.strip("/. "):
+        return "names the whole code root; name what to bring home (out/, out/*.json)"
+    return ""
+

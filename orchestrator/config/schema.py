@@ -30,7 +30,8 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      NETWORK_KEYS, NODE_KEYS,
                      RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
                      SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
-from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
+from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT
+from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:ddp-orch:schema:cluster"
@@ -253,6 +254,37 @@ def _workload() -> dict[str, Any]:
                                             "required": ["args"]}]}}}])
 
 
+def _setup() -> dict[str, Any]:
+    shell = {"type": "string", "pattern": _NON_BLANK,
+             "description": "Shell text, run by the node's `sh -c` in the code root, as "
+                            "SkyPilot's setup (pipes, &&, $VARS and globs work)."}
+    argv = {"type": "array", "minItems": 1, "items": {"type": ["string", "number"]},
+            "description": "One program and its arguments, run as they are (no shell: "
+                           "nothing is expanded or split)."}
+    return {"description": "Commands run on every node, in parallel, before torchrun "
+                           "starts: in the node's code root, with the run's environment, "
+                           "once per run (not per restart). Output goes to the console and "
+                           "the node log; a failure stops the run before any rank starts.",
+            "oneOf": [shell,
+                      {"type": "array", "maxItems": MAX_SETUP_COMMANDS,
+                       "items": {"oneOf": [shell, argv]},
+                       "description": "Several commands, run in turn; the first that fails "
+                                      "ends the setup."}]}
+
+
+def _outputs() -> dict[str, Any]:
+    pattern = {"type": "string", "pattern": _NON_BLANK,
+               "not": {"anyOf": [{"pattern": r"^[/~\\]"},
+                                 {"pattern": r"(?:^|[/\\])\.\.(?:[/\\]|$)"}]},
+               "description": "A path or glob relative to the code root (out/metrics.json, "
+                              "out/*.png, out/, checkpoints/**/*.pt); never absolute, ~ or "
+                              ".."}
+    return {"description": "Files brought home from node 0's code root after the run (also "
+                           "after a failure), into the run directory's outputs/. Size-capped; "
+                           "links, devices and paths outside the code root are refused.",
+            "oneOf": [pattern, {"type": "array", "maxItems": MAX_OUTPUTS, "items": pattern}]}
+
+
 def cluster_schema() -> dict[str, Any]:
     """The JSON Schema of a cluster file (a fresh dict on every call)."""
     top = _keyed(TOP_KEYS, {
@@ -311,6 +343,14 @@ def cluster_schema() -> dict[str, Any]:
                             "sums of their process counts."},
             {"$ref": "#/$defs/placed"}]},
         "workload": {"$ref": "#/$defs/workload"},
+        "setup": _setup(),
+        "setup_timeout": {"type": "integer", "minimum": 1, "maximum": MAX_SETUP_TIMEOUT,
+                          "default": int(DEFAULT_SETUP_TIMEOUT),
+                          "description": "Seconds a node's whole setup may take (default "
+                                         f"{DEFAULT_SETUP_TIMEOUT:g}); past it, the command "
+                                         "running is ended and the run fails before any "
+                                         "rank starts."},
+        "outputs": _outputs(),
     }, "top level")
     return {
         "$schema": SCHEMA_DIALECT,

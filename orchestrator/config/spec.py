@@ -13,6 +13,7 @@ AUTO_PORT = "auto"
 LOCAL_HOSTS = frozenset({"localhost"})
 DEFAULT_WORKDIR = "~/.ddp-orch"
 DEFAULT_PORT = 29500
+DEFAULT_SETUP_TIMEOUT = 1800.0  # seconds: a node's whole ``setup:`` (pip installs take a while)
 # The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
 BACKENDS = ("local", "ssh", "slurm")
 
@@ -118,6 +119,12 @@ class ClusterSpec:
     slurm: SlurmSpec | None = None  # with backend slurm
     placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
     interface: str = "auto"  # network.interface: auto | off | a name (plan/network.py)
+    # ``setup:``: commands run on every node before torchrun, in its code root;
+    # each a string (run by ``sh -c``) or an argv tuple (run as it is).
+    setup: tuple[str | tuple[str, ...], ...] = ()
+    setup_timeout: float = DEFAULT_SETUP_TIMEOUT  # seconds for all of a node's setup
+    # ``outputs:``: paths or globs under node 0's code root, brought home after the run.
+    outputs: tuple[str, ...] = ()
     base_dir: str = "."  # the cluster file's directory: relative paths start there
 
     @property

@@ -97,7 +97,10 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
                    master_port=spec.master_port, device=device,
                    workload=workload.name or entrypoint.module or entrypoint.script or "?",
                    code=workload.code,
-                   entrypoint=entrypoint, nodes=tuple(nodes), ranks=ranks)
+                   entrypoint=entrypoint, nodes=tuple(nodes), ranks=ranks,
+                   setup=tuple(setup_argv(command) for command in spec.setup),
+                   setup_timeout_s=spec.setup_timeout if spec.setup else 0.0,
+                   outputs=spec.outputs)
 
 
 def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
@@ -112,6 +115,20 @@ def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
         script = os.path.relpath(workload.script, workload.code or os.path.dirname(
             workload.script)).replace(os.sep, "/")
     return Entrypoint(module=workload.module, script=script, args=tuple(args))
+
+
+def setup_argv(command: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A ``setup:`` command as the node runs it: a string is shell text for
+    ``sh -c`` (as SkyPilot's ``setup``), a list is the argv itself."""
+    return ("sh", "-c", command) if isinstance(command, str) else tuple(command)
+
+
+def setup_path_first(python: str) -> str | None:
+    """The directory put first on ``PATH`` for a node's setup commands: that
+    of its ``python:`` when it is an absolute path, so ``pip`` and
+    ``python`` in a setup command are the run's own (a virtualenv's, a
+    conda env's), as if it were activated; None for a bare name."""
+    return python.rsplit("/", 1)[0] or "/" if python.startswith("/") else None
 
 
 def _default_master(spec: ClusterSpec) -> str:

@@ -107,6 +107,11 @@ class RunPlan:
     entrypoint: Entrypoint
     nodes: tuple[NodePlan, ...]
     ranks: tuple[RankPlan, ...]
+    # ``setup:``, each command as the argv every node runs in its code root
+    # (a string becomes ``sh -c STRING``), within ``setup_timeout_s`` in all.
+    setup: tuple[tuple[str, ...], ...] = ()
+    setup_timeout_s: float = 0.0
+    outputs: tuple[str, ...] = ()  # globs under node 0's code root, brought home
 
     @property
     def resolved(self) -> bool:
