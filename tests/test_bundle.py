@@ -28,7 +28,7 @@ def test_the_bundle_has_the_workloads_and_no_dev_tools_or_caches(tmp_path):
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 
-def test_a_script_directory_comes_along_without_vcs_or_venv(tmp_path):
+def test_the_code_directory_comes_along_without_vcs_or_venv(tmp_path):
     project = tmp_path / "project"
     (project / ".git").mkdir(parents=True)
     (project / ".git" / "config").write_text("x")
@@ -36,13 +36,13 @@ def test_a_script_directory_comes_along_without_vcs_or_venv(tmp_path):
     (project / "train.py").write_text("print('hi')\n")
     (project / "lib").mkdir()
     (project / "lib" / "util.py").write_text("")
-    build_bundle(str(tmp_path / "b.tar.gz"), str(project / "train.py"))
+    build_bundle(str(tmp_path / "b.tar.gz"), str(project))
     names = names_in(tmp_path / "b.tar.gz")
-    assert {"script/train.py", "script/lib/util.py"} <= names
+    assert {"project", "project/train.py", "project/lib/util.py"} <= names
     assert not [n for n in names if ".git" in n or ".venv" in n]
 
 
-# --- what of a script directory may leave the machine -----------------------------
+# --- what of a code directory may leave the machine -------------------------------
 
 def make_tree(root, files: dict[str, str]):
     for rel, text in files.items():
@@ -54,8 +54,8 @@ def make_tree(root, files: dict[str, str]):
 
 def script_names(tmp_path, project) -> set[str]:
     out = tmp_path / "b.tar.gz"
-    build_bundle(str(out), str(project / "train.py"))
-    return {n[len("script/"):] for n in names_in(out) if n.startswith("script/")}
+    build_bundle(str(out), str(project))
+    return {n[len("project/"):] for n in names_in(out) if n.startswith("project/")}
 
 
 SECRETS = {".ssh/id_ed25519": "KEY", ".ssh/id_ed25519.pub": "PUB", ".aws/credentials": "AWS",
@@ -138,9 +138,9 @@ def test_home_and_above_and_root_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     for where in (home, tmp_path / "home"):
         with pytest.raises(LaunchError) as caught:
-            build_bundle(str(tmp_path / "b.tar.gz"), str(where / "train.py"))
+            build_bundle(str(tmp_path / "b.tar.gz"), str(where))
         assert str(where) in str(caught.value)
-        assert "move the script into a directory of its own" in str(caught.value)
+        assert "set workload.code to your project's own directory" in str(caught.value)
     with pytest.raises(LaunchError, match="filesystem root"):
         scan_script_dir("/")
     make_tree(home / "proj", {"train.py": ""})  # below home is fine
@@ -159,10 +159,10 @@ def test_the_cap_counts_what_is_uploaded_and_names_the_largest_files(tmp_path, m
     assert script_names(tmp_path, project) >= {"train.py", "f11.bin"}  # at the cap: fine
     monkeypatch.setattr(bundle_mod, "MAX_SCRIPT_DIR_BYTES", total - 1)
     with pytest.raises(LaunchError) as caught:
-        build_bundle(str(tmp_path / "c.tar.gz"), str(project / "train.py"))
+        build_bundle(str(tmp_path / "c.tar.gz"), str(project))
     message = str(caught.value)
     assert str(project) in message and f"({total} bytes)" in message
-    assert "move the script into a directory of its own" in message
+    assert "keep data, checkpoints and outputs out of it" in message
     listed = [f"f{i:02}.bin" for i in range(2, 12)]
     assert all(name in message for name in listed)
     assert "f00.bin" not in message and "f01.bin" not in message and "train.py" not in message
@@ -183,7 +183,7 @@ def test_scan_totals_and_the_dry_run_line(tmp_path):
     assert scan.total_bytes == sum(size for _, size in scan.files)
     assert scan.skipped == (".env", ".ssh/id_ed25519")
     assert render_scan(scan) == scan.summary() == (
-        f"script dir {project}: 3 files, 3.4 MiB uploaded to each node; "
+        f"code dir   {project}: 3 files, 3.4 MiB uploaded to each node; "
         "2 skipped as secret-looking: .env, .ssh/id_ed25519")
     with pytest.raises(dataclasses.FrozenInstanceError):
         scan.total_bytes = 0  # type: ignore[misc]
@@ -194,8 +194,43 @@ def test_scan_totals_and_the_dry_run_line(tmp_path):
 def test_the_dry_run_line_without_skips_and_with_many(tmp_path):
     one = make_tree(tmp_path / "one", {"train.py": "abc"})
     assert render_scan(scan_script_dir(str(one))) == \
-        f"script dir {one}: 1 file, 3 B uploaded to each node"
+        f"code dir   {one}: 1 file, 3 B uploaded to each node"
     many = make_tree(tmp_path / "many", {"train.py": "", **{f".d/k{i:02}": "" for i in range(13)}})
     line = render_scan(scan_script_dir(str(many)))
     assert line.endswith("13 skipped as secret-looking: " + ", ".join(
         f".d/k{i:02}" for i in range(10)) + " and 3 more")
+
+
+def test_a_script_the_upload_would_leave_out_is_refused_before_anything_starts(tmp_path):
+    """The dry-run's scan is the bundle's: a script it would not carry (ignored, a
+    link, secret-looking) is an error with the field, not a failure on every node."""
+    from orchestrator.config.loader import load_cluster_text
+    from orchestrator.errors import ConfigError
+    from orchestrator.plan.build import build_plan
+
+    project = make_tree(tmp_path / "project", {
+        "scripts/train.py": "", "gen/train.py": "", ".hidden/train.py": "", "ok.py": "",
+        ".gitignore": "gen/\n"})
+    (project / "link.py").symlink_to(project / "ok.py")
+
+    def notes(script: str) -> tuple[str, ...]:
+        spec = load_cluster_text(f"nodes:\n  - {{host: a, procs: 1}}\nworkload:\n  code: .\n"
+                                 f"  script: {script}\n", source="c.yaml", base_dir=str(project))
+        return bundle_mod.code_notes(build_plan(spec, run_id="r", local_run_dir="/r"), "c.yaml")
+
+    assert notes("scripts/train.py")[0].startswith(f"code dir   {project}: 2 files")  # and ok.py
+    for script, why in (("gen/train.py", "ignored (.gitignore"),
+                        (".hidden/train.py", "held back as secret-looking"),
+                        ("link.py", "a symbolic link")):
+        with pytest.raises(ConfigError) as caught:
+            notes(script)
+        assert caught.value.path == "workload.script", script
+        assert f"the script {script} would not reach the nodes" in str(caught.value)
+        assert why in str(caught.value)
+
+
+def test_an_empty_code_directory_is_still_the_workers_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    build_bundle(str(tmp_path / "b.tar.gz"), str(tmp_path / "empty"))
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        assert tar.getmember("project").isdir()

@@ -112,3 +112,89 @@ def test_version_and_help():
     for args in (["--help"], ["up", "--help"], ["workloads", "--help"]):
         result = run_cli(*args)
         assert result.returncode == 0 and "Usage:" in result.stdout
+
+
+# --- your own project: -- PROGRAM ARGS, as typed after torchrun ----------------------
+
+@pytest.fixture
+def project(tmp_path):
+    """A project root with a package, configs and a script, and its cluster file."""
+    for rel in ("proj/__init__.py", "proj/train.py", "configs/x.yaml", "scripts/train.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    (tmp_path / "cluster.yaml").write_text(
+        "nodes:\n  - {host: a, procs: 2}\n  - {host: b, procs: 1}\n"
+        "workload:\n  code: .\n  module: proj.train\n  args: [configs/x.yaml, 50, 10]\n")
+    return tmp_path
+
+
+def shim_tail(text: str) -> list[str]:
+    """Each node's program words (after the shim) from a text dry-run."""
+    return [line.split("-m ddp_orch_shim ", 1)[1] for line in text.splitlines()
+            if "-m ddp_orch_shim " in line]
+
+
+def test_the_dry_run_shows_the_files_program_and_the_code_root_as_cwd(project):
+    result = run_cli("up", str(project / "cluster.yaml"), "--dry-run", "--run-id", "p")
+    assert result.returncode == 0, result.stderr
+    assert shim_tail(result.stdout) == ["-m proj.train configs/x.yaml 50 10"] * 2
+    assert "  cwd      ~/.ddp-orch/runs/p/node-0/project" in result.stdout
+    assert f"code dir   {project}: " in result.stdout
+    shell = run_cli("up", str(project / "cluster.yaml"), "--dry-run", "--run-id", "p",
+                    "--format", "shell").stdout
+    assert 'cd "$HOME"/.ddp-orch/runs/p/node-1/project && ' in shell
+
+
+@pytest.mark.parametrize("program, shown", [
+    (["scripts/train.py", "--config", "configs/x.yaml", "50", "10"],
+     "scripts/train.py --config configs/x.yaml 50 10"),
+    (["-m", "proj.train", "--lr=0.1", "-v", "-v", "--", "a b"],
+     "-m proj.train --lr=0.1 -v -v -- 'a b'"),
+    (["proj/train.py"], "proj/train.py"),
+])
+def test_a_program_after_the_double_dash_replaces_the_files(project, program, shown):
+    result = run_cli("up", str(project / "cluster.yaml"), "--dry-run", "--", *program)
+    assert result.returncode == 0, result.stderr
+    assert shim_tail(result.stdout) == [shown] * 2  # quoted once, for the shell only
+    plan = json.loads(run_cli("up", str(project / "cluster.yaml"), "--dry-run", "--format",
+                              "json", "--", *program).stdout)
+    for node in plan["nodes"]:
+        assert node["argv"][node["argv"].index("ddp_orch_shim") + 1:] == program
+        assert node["code_root"].endswith(f"/node-{node['node_rank']}/project")
+
+
+def test_a_program_runs_here_from_this_directory_with_local(project):
+    result = run_cli("up", "--local", "--procs", "2", "--dry-run", "--run-id", "l", "--",
+                     "-m", "proj.train", "50", "10", cwd=str(project))
+    assert result.returncode == 0, result.stderr
+    assert shim_tail(result.stdout) == ["-m proj.train 50 10"]
+    assert f"code dir   {project}: " in result.stdout
+
+
+@pytest.mark.parametrize("after, words", [
+    ([], "nothing after --"),
+    (["--lr", "0.1"], "'--lr' is not a program"),
+    (["-m"], "-m without a module name"),
+    (["-m", "proj/train.py"], "'proj/train.py' is not a module name"),
+    (["nope.py"], "script 'nope.py' not found"),
+    (["python", "train.py"], "ddp-orch starts python through torchrun itself"),
+    (["../elsewhere.py"], "is outside the code directory"),
+])
+def test_a_bad_program_after_the_double_dash_exits_2(project, after, words):
+    (project.parent / "elsewhere.py").write_text("")
+    result = run_cli("up", str(project / "cluster.yaml"), "--dry-run", "--", *after)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("ddp-orch: error: command line: -- PROGRAM: ")
+    assert words in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_program_words_without_the_double_dash_or_with_arg_are_refused(project):
+    result = run_cli("up", str(project / "cluster.yaml"), "scripts/train.py")
+    assert result.returncode == 2
+    assert "go after --: ddp-orch up FILE -- train.py" in result.stderr
+    result = run_cli("up", str(project / "cluster.yaml"), "--arg", "x=1", "--dry-run", "--",
+                     "scripts/train.py")
+    assert result.returncode == 2 and "--arg and a program after -- together" in result.stderr
+    result = run_cli("up", str(project / "cluster.yaml"), "--arg", "x=1", "--dry-run")
+    assert result.returncode == 2 and "this workload's args are a list" in result.stderr

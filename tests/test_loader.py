@@ -154,3 +154,105 @@ def test_script_path_is_relative_to_the_file(tmp_path):
 def test_missing_file_is_a_config_error():
     with pytest.raises(ConfigError, match="no such file"):
         load_cluster_file("/nonexistent/cluster.yaml")
+
+
+# --- your own project: workload.code, module, list args ----------------------------
+
+NODES = "nodes:\n  - {host: a, procs: 2}\n"
+
+
+@pytest.fixture
+def project(tmp_path):
+    for rel in ("proj/__init__.py", "proj/train.py", "configs/x.yaml", "scripts/train.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    return tmp_path
+
+
+def test_code_module_and_a_list_of_arguments_verbatim(project):
+    spec = load(NODES + "workload:\n  code: .\n  module: proj.train\n"
+                "  args: [configs/x.yaml, --lr=0.1, -v, -v, 50, 0.10, 1e3, yes, '', \"a b\"]\n",
+                base_dir=str(project))
+    workload = spec.workload
+    assert (workload.name, workload.script, workload.module) == (None, None, "proj.train")
+    assert workload.code == str(project) and spec.base_dir == str(project)
+    # each item as written: YAML's numbers and booleans are not re-spelt
+    assert workload.args == ("configs/x.yaml", "--lr=0.1", "-v", "-v", "50", "0.10", "1e3",
+                             "yes", "", "a b")
+    assert spec.name == "proj.train"
+
+
+def test_the_code_defaults_to_the_scripts_directory_else_the_files(project):
+    spec = load(NODES + "workload: {script: scripts/train.py}\n", base_dir=str(project))
+    assert spec.workload.code == str(project / "scripts")
+    spec = load(NODES + "workload: {module: proj.train}\n", base_dir=str(project))
+    assert spec.workload.code == str(project)
+    spec = load(NODES + "workload: {code: scripts/.., script: scripts/train.py}\n",
+                base_dir=str(project))
+    assert spec.workload.code == str(project)
+    assert spec.workload.script == str(project / "scripts" / "train.py")
+
+
+@pytest.mark.parametrize("workload, path, words, hint", [
+    ("{script: scripts/train.py, module: proj.train}", "workload",
+     "'script' and 'module' are both given", "python -m pkg.train"),
+    ("{name: linear, module: proj.train}", "workload", "'name' and 'module' are both given",
+     "built-in workloads"),
+    ("{name: linear, script: scripts/train.py}", "workload", "'name' and 'script' are both",
+     "built-in workloads"),
+    ("{code: .}", "workload", "give exactly one of 'name'", "built-in workloads"),
+    ("{name: linear, code: .}", "workload.code", "'code' goes with 'script' or 'module'",
+     "remove code:"),
+    ("{name: linear, args: [--epochs, 2]}", "workload.args",
+     "a built-in workload takes its args as a mapping", "args: {epochs: 10}"),
+    ("{code: nowhere, module: proj.train}", "workload.code",
+     "code directory 'nowhere' not found", "relative to the cluster file"),
+    ("{code: configs/x.yaml, module: proj.train}", "workload.code", "is not a directory", ""),
+    ("{code: /, module: proj.train}", "workload.code", "is the filesystem root",
+     "your project's own directory"),
+    ("{code: ., script: train.py}", "workload.script", "script 'train.py' not found",
+     "relative to the code directory"),
+    ("{code: proj, script: ../scripts/train.py}", "workload.script",
+     "is outside the code directory", "put the script in it"),
+    ("{module: proj/train.py}", "workload.module", "'proj/train.py' is not a module name",
+     "pkg.train for pkg/train.py"),
+    ("{module: 'proj.'}", "workload.module", "is not a module name", ""),
+    ("{module: proj.train, args: [a, {b: c}]}", "workload.args[1]",
+     "expected one argument (a string), got a mapping", "each item is one argument"),
+    ("{module: proj.train, args: [a, [b]]}", "workload.args[1]", "got a list", ""),
+    ("{module: proj.train, args: [a, null]}", "workload.args[1]", "got nothing (null)",
+     'quote one'),
+    ("{module: proj.train, args: '--lr 0.1'}", "workload.args",
+     "expected a mapping or a list, got str", "args: [configs/x.yaml"),
+])
+def test_project_workloads_refused_with_field_and_hint(project, workload, path, words, hint):
+    err = error_of(NODES + f"workload: {workload}\n", base_dir=str(project))
+    assert err.path == path, str(err)
+    assert words in err.message, str(err)
+    assert hint in err.hint, str(err)
+    assert err.line == 3 or path.startswith("workload.args["), str(err)
+
+
+@pytest.mark.parametrize("code, base, words", [
+    ("'~'", "", "is your home directory"),
+    ("..", "home/me/proj", "is your home directory"),
+    ("home", "", "contains your home directory"),
+])
+def test_a_code_directory_that_is_or_holds_home_is_refused(tmp_path, monkeypatch, code, base,
+                                                           words):
+    home = tmp_path / "home" / "me"
+    (home / "proj").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    err = error_of(NODES + f"workload: {{code: {code}, module: proj.train}}\n",
+                   base_dir=str(tmp_path / base))
+    assert err.path == "workload.code" and err.line == 3
+    assert words in err.message and "uploaded to every node" in err.message
+
+
+def test_a_default_code_directory_that_is_home_is_refused_at_its_field(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    err = error_of(NODES + "workload:\n  script: train.py\n", base_dir=str(tmp_path))
+    assert err.path == "workload.script" and err.line == 4
+    assert "by default the script's directory" in err.message
+    assert "is your home directory" in err.message and "workload.code" in err.hint

@@ -100,7 +100,7 @@ def test_no_stored_file_and_no_output_holds_a_secret(tmp_path, fail, spelt):
     assert every_file_holding(run, "hf_s3cr3t_value") == []
     assert "token is ********" in (run / "node-0.log").read_text()
     assert '"********"' in (run / "cluster.yaml").read_text()
-    shipped = run / "node-0" / "script" / "secret.yaml"  # the uploaded copy, masked
+    shipped = run / "node-0" / "project" / "secret.yaml"  # the uploaded copy, masked
     assert shipped.read_text() == (run / "cluster.yaml").read_text()
     if fail:
         assert "could not log in with ********" in result.stdout

@@ -111,8 +111,90 @@ def test_script_workload_runs_from_uploaded_dir(tmp_path):
     node = plan.nodes[0]
     argv = torchrun_argv(plan, node)
     tail = argv[argv.index("--redirects") + 2:]
-    assert tail == ("-m", "ddp_orch_shim", f"{node.run_dir}/script/train.py",
-                    "--lr", "0.1", "--amp", "--tags", "x", "y")  # through the worker shim
+    # through the worker shim, in the node's copy of the script's directory, as typed there
+    assert tail == ("-m", "ddp_orch_shim", "train.py", "--lr", "0.1", "--amp", "--tags", "x", "y")
+    assert node.code_root == f"{node.run_dir}/project" and plan.code == str(tmp_path)
+    assert plan.workload == "train.py"
+
+
+def program_of(plan, k=0):
+    """The words after the shim: what every rank of node ``k`` runs, and where."""
+    argv = torchrun_argv(plan, plan.nodes[k])
+    return argv[argv.index("ddp_orch_shim") + 1:]
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A project as people lay it out: a package, configs, scripts, the cluster file."""
+    for rel in ("proj/__init__.py", "proj/train.py", "configs/x.yaml", "scripts/train.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    return tmp_path
+
+
+def project_plan(project, workload: str, local_run_dir="/tmp/runs/r"):
+    spec = load_cluster_text("nodes:\n  - {host: a, procs: 2}\n  - {host: b, procs: 1}\n"
+                             "workload:\n" + textwrap.indent(textwrap.dedent(workload), "  "),
+                             source=str(project / "cluster.yaml"), base_dir=str(project))
+    return build_plan(spec, run_id=RUN, local_run_dir=local_run_dir)
+
+
+def test_a_module_runs_from_the_code_root_with_its_arguments_verbatim(project):
+    plan = project_plan(project, """\
+        code: .
+        module: proj.train
+        args: [configs/x.yaml, --lr=0.1, -v, -v, 50, 10, 0.10, "yes", "", 'a b']
+        """)
+    words = ("configs/x.yaml", "--lr=0.1", "-v", "-v", "50", "10", "0.10", "yes", "", "a b")
+    assert program_of(plan) == ("-m", "proj.train", *words)
+    assert program_of(plan, 1) == program_of(plan)
+    assert plan.code == str(project) and plan.workload == "proj.train"
+    assert [n.code_root for n in plan.nodes] == [
+        f"~/.ddp-orch/runs/{RUN}/node-0/project", f"~/.ddp-orch/runs/{RUN}/node-1/project"]
+    # ddp-orch's own paths stay absolute: the result file, the logs, the built-ins
+    node = plan.nodes[0]
+    assert node.env["DDP_ORCH_RESULT_FILE"] == f"{node.run_dir}/result.json"
+    assert node.env["PYTHONPATH"] == f"{node.run_dir}/code"
+    assert flag(torchrun_argv(plan, node), "--log-dir") == f"{node.run_dir}/torchrun"
+
+
+def test_a_script_is_relative_to_the_code_root(project):
+    plan = project_plan(project, """\
+        code: .
+        script: scripts/train.py
+        args: [50, 10]
+        """)
+    assert program_of(plan) == ("scripts/train.py", "50", "10")
+    assert plan.name == "train"
+
+
+def test_the_resolved_plan_keeps_the_code_root_in_the_resolved_run_dir(project):
+    plan = project_plan(project, "code: .\nmodule: proj.train\n")
+    resolved = resolve_plan(plan, master_port=1234, homes={0: "/home/u", 1: "/root"})
+    assert [n.code_root for n in resolved.nodes] == [
+        f"/home/u/.ddp-orch/runs/{RUN}/node-0/project", f"/root/.ddp-orch/runs/{RUN}/node-1/project"]
+
+
+def test_a_builtin_workload_starts_in_the_code_directory_it_comes_in():
+    plan = plan_of("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear}\n")
+    node = plan.nodes[0]
+    assert node.code_root == f"{node.run_dir}/code" and plan.code is None
+    assert program_of(plan) == ("-m", "workloads.linear")
+
+
+def test_the_command_line_program_replaces_the_files(project):
+    from orchestrator.config.localmode import with_program
+
+    spec = load_cluster_text("nodes:\n  - {host: a, procs: 2}\nworkload:\n  code: .\n"
+                             "  module: proj.train\n  args: [--old]\n",
+                             source=str(project / "cluster.yaml"), base_dir=str(project))
+    typed = ("scripts/train.py", "--config", "configs/x.yaml", "50", "10")
+    plan = build_plan(with_program(spec, typed), run_id=RUN, local_run_dir="/r")
+    assert program_of(plan) == typed
+    plan = build_plan(with_program(spec, ("-m", "proj.train", "-v", "--", "x")), run_id=RUN,
+                      local_run_dir="/r")
+    assert program_of(plan) == ("-m", "proj.train", "-v", "--", "x")
+    assert plan.code == str(project)
 
 
 def test_plan_is_frozen():
@@ -129,3 +211,23 @@ def test_the_plan_holds_facts_not_backend_settings():
     fields = set(type(plan.nodes[0]).__dataclass_fields__)
     assert not fields & {"ssh", "argv", "is_local"}
     assert plan.backend == "ssh"
+
+
+def test_every_attempt_of_a_kept_run_starts_the_same_program_in_the_same_code_root(project):
+    """A kept run's keeper restarts from the supervisor spec the dry-run made:
+    the same working directory, the program's words untouched."""
+    from orchestrator.agent.keeper import attempt_spec
+    from orchestrator.backends.nodehandle import supervisor_spec
+    from orchestrator.plan.dryrun import NodeLaunch
+
+    plan = resolve_plan(project_plan(project, "code: .\nmodule: proj.train\nargs: [50, 10]\n"),
+                        master_port=29500, homes={0: "/home/u", 1: "/home/v"})
+    node = plan.nodes[1]
+    launch = NodeLaunch(node=node, where="x", env=node.env, unset_env=node.unset_env,
+                        argv=torchrun_argv(plan, node))
+    spec = supervisor_spec(launch, plan.run_id, 29500, 5.0)
+    assert spec["cwd"] == f"/home/v/.ddp-orch/runs/{RUN}/node-1/project"
+    again = attempt_spec(spec, 2, 31337)
+    assert again["cwd"] == spec["cwd"]
+    assert again["argv"][again["argv"].index("ddp_orch_shim") + 1:] == \
+        ["-m", "proj.train", "50", "10"]

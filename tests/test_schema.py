@@ -65,6 +65,9 @@ SEMANTIC_ONLY = {
     "63-workload-arg-wrong-type.yaml": "workload args are checked per workload by the loader",
     "64-workload-arg-wrong-choice.yaml": "workload args are checked per workload by the loader",
     "66-alias-merge-key.yaml": "YAML: safe_load applies the << merge key the loader refuses",
+    "83-workload-code-not-found.yaml": "the code directory does not exist",
+    "84-workload-code-is-a-file.yaml": "the code directory is a file",
+    "85-workload-code-root.yaml": "the code directory is the filesystem root (on this machine)",
 }
 SCHEMA_CHECKED = [name for name in CORPUS if name not in UNLOADABLE and name not in SEMANTIC_ONLY]
 
@@ -249,6 +252,17 @@ GOOD = {
         nodes: [{host: a, gpus: 0}]
         workload: {name: mlp}
         """,
+    "project-module-with-list-args": """
+        nodes: [{host: a, procs: 2}]
+        workload:
+          code: tests/programs/project
+          module: proj.train
+          args: [50, 10, --config, configs/x.yaml, -v, -v, --lr=0.10, true, "a b"]
+        """,
+    "project-script-under-code": """
+        nodes: [{host: a, procs: 2}]
+        workload: {code: tests/programs/project, script: scripts/train.py, args: {x: 1}}
+        """,
 }
 
 
@@ -304,6 +318,19 @@ AGREEMENT = [
     ("workload: {script: tests/conftest.py, args: {x: [[1]]}}", False),
     ("workload: {script: ' '}", False), ("workload: {name: 3}", False),
     ("workload: {}", False), ("workload: linear", False),
+    ("workload: {module: tests.conftest, args: []}", True),
+    ("workload: {module: tests.conftest, args: [a, 1, 0.5, false]}", True),
+    ("workload: {module: tests.conftest, args: [a, null]}", False),
+    ("workload: {module: tests.conftest, args: [[a]]}", False),
+    ("workload: {module: tests.conftest, args: '--x'}", False),
+    ("workload: {module: tests/conftest.py}", False), ("workload: {module: 'a..b'}", False),
+    ("workload: {module: 1x}", False), ("workload: {module: _x.y_1}", True),
+    ("workload: {module: tests.conftest, code: tests}", True),
+    ("workload: {module: tests.conftest, code: ' '}", False),
+    ("workload: {module: tests.conftest, script: tests/conftest.py}", False),
+    ("workload: {name: linear, code: tests}", False),
+    ("workload: {name: linear, args: [--epochs, 2]}", False),
+    ("workload: {name: linear, args: []}", False),
 ]
 
 

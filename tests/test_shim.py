@@ -149,3 +149,17 @@ def test_the_stack_signal_dumps_every_thread_to_the_ranks_file(shim_dir):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_stack_dumps_go_to_the_run_directory_not_the_working_directory(tmp_path, monkeypatch):
+    """Ranks start in the code root; their stacks files stay in the node's run
+    directory, the directory of the result file (as the progress files do)."""
+    from orchestrator.agent import shim
+    from workloads import contract
+
+    assert shim.RESULT_FILE_ENV == contract.RESULT_FILE_ENV
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(contract.RESULT_FILE_ENV, "/runs/r/node-1/result.json")
+    assert shim.stacks_file(shim.run_dir(), "3") == "/runs/r/node-1/stacks/rank-3.txt"
+    monkeypatch.delenv(contract.RESULT_FILE_ENV)
+    assert shim.run_dir() == str(tmp_path)  # run by hand: here

@@ -282,3 +282,38 @@ def test_a_run_directory_is_shared_when_the_nodes_are_this_machine_or_on_a_netwo
     assert shared_dir_problem("/tmp/x", [this]) is None
     problem = shared_dir_problem("/tmp/x", [this, other])
     assert problem is not None and "--runs-dir" in problem and "do not share" in problem
+
+
+def test_a_project_runs_under_slurm_with_the_same_argv_and_code_root(tmp_path):
+    """workload.code, module and list args: job.json holds the dry-run's argv
+    and the node's code root as torchrun's working directory, and the node
+    spec each agent builds under srun keeps both; the bundle carries project/."""
+    import tarfile
+
+    from orchestrator.controller.session import prepare
+    from orchestrator.records.rundir import RunDir
+
+    project = tmp_path / "project"
+    for rel in ("proj/__init__.py", "proj/train.py", "configs/x.yaml"):
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text("")
+    spec = load_cluster_text(
+        "backend: slurm\nnodes: [{host: a, procs: 2}, {host: b, procs: 1}]\n"
+        "workload:\n  code: project\n  module: proj.train\n  args: [50, 10, --config, "
+        "configs/x.yaml]\n", source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+    run = RunDir.create(str(tmp_path / "runs"), "r")
+    backend, info = prepare(spec, LaunchOptions(), run_id="r", local_run_dir=run.path)
+    assert any(note.startswith(f"code dir   {project}: 3 files") for note in info.notes)
+    backend._write_job(info, run)
+    job = json.loads(open(run.file("job.json")).read())
+    for k, node in enumerate(job["nodes"]):
+        argv = node["spec"]["argv"]
+        assert argv[argv.index("ddp_orch_shim") + 1:] == \
+            ["-m", "proj.train", "50", "10", "--config", "configs/x.yaml"]
+        assert node["spec"]["cwd"] == f"{run.path}/node-{k}/project"
+        where = {"addr": "127.0.0.1", "port": 12345}
+        assert node_spec(job, k, where, {})["cwd"] == node["spec"]["cwd"]
+    from orchestrator.backends.nodehandle import BUNDLE_NAME
+
+    with tarfile.open(run.file(BUNDLE_NAME)) as tar:
+        assert {"project/proj/train.py", "project/configs/x.yaml"} <= set(tar.getnames())

@@ -41,6 +41,7 @@ from .protocol import encode
 ADDR_SLOT = "<slurm node 0>"
 PORT_SLOT = "<free port on slurm node 0>"
 RENDEZVOUS_FILE = "rendezvous.json"
+SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank: that node's setup: is done
 STREAM_FILE = "agent.out"
 SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
 POLL_S = 0.05
@@ -190,7 +191,25 @@ def run(job_path: str) -> int:
         return 1
     from .supervisor import Supervisor
 
-    return Supervisor(spec).run()
+    supervisor = Supervisor(spec)
+    supervisor.setup_barrier = lambda sup: await_setups(job["job_dir"], node_rank,
+                                                        len(job["nodes"]), sup)
+    return supervisor.run()
+
+
+def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
+    """The job's barrier after ``setup:``: this node's file says its setup is
+    done; torchrun starts once every node's is there. A node whose setup
+    fails exits, and ``srun --kill-on-bad-exit`` (SIGTERM: a stop) ends the
+    wait of the others."""
+    path = os.path.join(job_dir, f"{SETUP_DONE_PREFIX}{node_rank}")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(f"{time.time()}\n")
+    while not sup.stop_requested:
+        if all(os.path.exists(os.path.join(job_dir, f"{SETUP_DONE_PREFIX}{k}"))
+               for k in range(nnodes)):
+            return
+        sup.wakeup.wait(POLL_S * 4)
 
 
 def stacks(job_path: str, out_prefix: str, native: bool = False) -> int:

@@ -63,7 +63,7 @@ from . import daemon, files, peers, probes, procs
 from .daemon import STATE_FILE
 from .procs import start_time
 from .protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, encode
-from .restarts import survivors_left, will_recur
+from .restarts import setup_failed, survivors_left, will_recur
 from .shim import SHIM_MODULE
 from .supervisor import Supervisor
 
@@ -105,6 +105,8 @@ def attempt_spec(spec: dict, attempt: int, master_port: int) -> dict:
     out.update(argv=argv, master_port=master_port, log_dir=log_dir, own_signals=False,
                watch_stdin=False, peer_timeout_s=None,
                env={**spec["env"], "DDP_ORCH_RESTART_COUNT": str(attempt)})
+    if attempt and out.pop("setup", None):  # ``setup:`` runs once, before the first attempt
+        out.pop("bundle", None)  # unpacked once too: a restart runs on what setup made of it
     return out
 
 
@@ -139,6 +141,8 @@ class Keeper:
         self.lost: dict[int, str] = {}
         self.ended: dict[int, dict] = {}
         self.stop_asked: set[int] = set()
+        self.setup_ready: set[int] = set()  # node 0: whose setup is done (``gang-setup``)
+        self.setup_go = threading.Event()  # every node's setup is done (``gang-go``)
         self._signalled = os.pipe()  # the signal handler's only act: a byte here
         self.over = threading.Event()  # the run has ended here
 
@@ -237,6 +241,7 @@ class Keeper:
                 return {"code": 128 + signal.SIGTERM, "reason": why, "failures": [],
                         "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
             self.supervisor = sup = Supervisor(spec)
+            sup.setup_barrier = self._setup_barrier
             # The gang hears of a failure when torchrun exits, not after this
             # node's teardown, log draining and failure collection.
             sup.on_torchrun_exit = lambda code: code and self.on_own_failure(attempt, code)
@@ -257,6 +262,9 @@ class Keeper:
         node of the gang is missing, say one lost between two attempts)
         stops this attempt, and node 0 the gang's."""
         timeout = float(self.spec["start_timeout_s"])
+        while not sup.setup_over.wait(1.0):  # the timeout counts once every setup is done
+            if sup.exited.is_set() or sup.stop_requested:
+                return
         deadline = time.monotonic() + timeout
         while not sup.exited.wait(min(1.0, max(0.05, deadline - time.monotonic()))):
             if sup.stop_requested:
@@ -279,6 +287,27 @@ class Keeper:
                     self.head.send({"event": "gang-stop", "attempt": attempt, "reason": why,
                                     "final": False})
                 return
+
+    def _setup_barrier(self, sup: Supervisor) -> None:
+        """The gang's barrier after ``setup:`` (the supervisor's
+        ``setup_barrier``): a node tells the head its setup is done and waits
+        for ``gang-go``; the head sends it once every node's is. A stop (a
+        node's setup failed, a signal, a lost link) ends the wait."""
+        if self.node_rank == 0:
+            self._setup_done_on(0)
+        elif self.head is not None:
+            self.head.send({"event": "gang-setup", "node_rank": self.node_rank})
+        while not (self.setup_go.wait(0.25) or sup.stop_requested or self.final):
+            pass
+
+    def _setup_done_on(self, k: int) -> None:
+        """Node 0: node ``k``'s setup is done; once all are, every node goes."""
+        with self.lock:
+            self.setup_ready.add(k)
+            if len(self.setup_ready) < self.nnodes or self.setup_go.is_set():
+                return
+            self.setup_go.set()
+        self._broadcast({"event": "gang-go"})
 
     def _await_survivors(self, sup: Supervisor) -> None:
         """Processes of the attempt that would not die (``procs.terminate``'s
@@ -471,7 +500,7 @@ class Keeper:
         lost = sorted(set(self.lost) | {k for k, e in ended.items() if "lost" in e})
         if lost:
             return f"node(s) {', '.join(map(str, lost))} lost: a restart needs every node"
-        left = survivors_left(ended)
+        left = survivors_left(ended) or setup_failed(ended)
         if left:
             return left
         return will_recur({k: e for k, e in ended.items() if "lost" not in e},
@@ -489,6 +518,9 @@ class Keeper:
             self.lock.notify_all()
 
     def _from_peer(self, k: int, message: dict) -> None:
+        if message["event"] == "gang-setup":
+            self._setup_done_on(k)
+            return
         with self.lock:
             if message["event"] == "gang-ended" and message["attempt"] == self.current:
                 self.ended[k] = compact(self.masked(message["exit"]))  # mask, then cut
@@ -567,6 +599,9 @@ class Keeper:
                                 "exit": event})
 
     def _from_head(self, message: dict) -> None:
+        if message["event"] == "gang-go":
+            self.setup_go.set()
+            return
         if message["event"] == "gang-finish":
             self.finishing = True  # the link closing next is no loss
         if message["event"] == "gang-stop":
@@ -597,7 +632,7 @@ def compact(event: dict) -> dict:
     out["duration_s"] = _num(event.get("duration_s")) or 0
     if _num(event.get("stopped_at")) is not None:
         out["stopped_at"] = event["stopped_at"]
-    for key in ("stepped", "stop_asked", "survivors_gone"):
+    for key in ("stepped", "stop_asked", "survivors_gone", "setup_failed"):
         if isinstance(event.get(key), bool):
             out[key] = event[key]
     out["reason"] = str(event.get("reason", ""))[:MAX_MESSAGE]

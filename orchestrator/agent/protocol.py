@@ -7,7 +7,8 @@ installed. On that channel:
 * **stdin, controller to agent**: request lines, ``{"op": ...}`` as one JSON
   object per line, each followed by exactly ``size`` bytes of payload when
   it says so (``put``). Once the agent supervises a run, the lines are just
-  ``ping`` (every ``HEARTBEAT_S``), ``stop``, ``kill`` and ``done``.
+  ``ping`` (every ``HEARTBEAT_S``), ``go`` (every node's ``setup:`` is done:
+  torchrun may start), ``stop``, ``kill`` and ``done``.
 * **stdout, agent to controller**: control lines, ``CONTROL_PREFIX`` and a
   JSON object, each a line of its own, followed by ``size`` payload bytes
   when a reply says so (``get``). Everything else on stdout is node output
@@ -48,6 +49,8 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "joined": {},
     "heartbeat": {},
     "started": {"workers": (int,)},
+    # A node's ``setup:`` ended (``nodesetup.py``); torchrun waits for every node's.
+    "setup": {"ok": (bool,)},
     "exit": {"code": (int,), "reason": (str,), "failures": (list,), "last_lines": (list,),
              "duration_s": _NUM},
     # A kept run (``keeper.py``): its node's stream (``agent.out``) marks each
@@ -61,6 +64,9 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "gang-ended": {"attempt": (int,), "exit": (dict,)},
     "gang-failing": {"attempt": (int,), "code": (int,)},
     "gang-finish": {"state": (str,)},
+    # A node's setup is done (to the head); every node's is (from the head).
+    "gang-setup": {"node_rank": (int,)},
+    "gang-go": {},
 }
 FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
     "local_rank": (int,), "message": (str,), "timestamp": _NUM,

@@ -13,6 +13,9 @@ when
 * processes of the failed attempt would not die on some node (``survivors``
   in its exit record, still there after the keeper waited for them): a next
   attempt would start on top of them, on GPUs they may still hold, or
+* a node's ``setup:`` failed (``setup_failed`` in its exit record): setup
+  runs once per run, so a restart would start torchrun on a node that is
+  not set up, or
 * a failing rank raised an error that will recur (``RECURRING``: an
   import or syntax error, a name that does not exist) or exited with a
   usage error (exit code 2, as ``argparse`` exits), **before any rank of
@@ -43,6 +46,15 @@ def survivors_left(ended: dict[int, dict]) -> str:
                               for s in left[:3])
             return (f"node {node_rank}: {len(left)} process(es) of the attempt would not die "
                     f"({shown}); a restart would start on top of them")
+    return ""
+
+
+def setup_failed(ended: dict[int, dict]) -> str:
+    """Why not restart after a failed ``setup:`` ("" if none failed)."""
+    for node_rank in sorted(ended):
+        if ended[node_rank].get("setup_failed"):
+            return (f"node {node_rank}'s setup failed; setup runs once per run, so a restart "
+                    f"would start on a node that is not set up")
     return ""
 
 

@@ -7,7 +7,9 @@ requests (``protocol.request``) one at a time until stdin closes:
 ``mkrun``      create the run directory, refusing one that exists or a root not ours
 ``discard``    remove the run directories this agent created (a launch abandoned)
 ``put``        receive a file (size and SHA-256 checked), write it atomically
-``get``        send a regular file back, size-capped
+``get``        send a regular file back, size-capped (and, given a root, inside it)
+``outputs``    which files of a run's ``outputs:`` may come home (``outputs.py``)
+``prune``      remove an ended run's node directory, never a live one (``prune.py``)
 ``bind``       can the master port be bound here (0: pick a free one), in its family
 ``route``      the interface and address this node's ranks use (``netroute.py``)
 ``probe``      Python, torch, CUDA, NCCL, GPUs and the host name, for ``ddp-orch check``
@@ -89,8 +91,8 @@ def serve() -> int:
                 supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
             continue
         try:
-            if code is not None and op != "get":
-                raise ValueError("after a run only `get` is served")
+            if code is not None and op not in ("get", "outputs"):
+                raise ValueError("after a run only `get` and `outputs` are served")
             if op == "put" and refused:
                 stdin.read_exact(int(request["size"]))
                 raise files.TransferError("not written: the run directory was refused")
@@ -118,6 +120,12 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         reply(ok=True, removed=list(_made))
         _made.clear()
     elif op == "get":
+        if request.get("root") is not None:
+            from .outputs import inside
+
+            if not inside(str(request["root"]), str(request["path"])):
+                raise files.TransferError(f"{request['path']}: not fetched: it leads out of "
+                                          f"{request['root']} (a symbolic link?)")
         data = files.get(request["path"], int(request["max"]))
         if data is None:
             reply(ok=False, missing=True, error=f"{request['path']}: no such file")
@@ -131,6 +139,16 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
 
         reply(**netroute.route(str(request["host"]), int(request["port"]),
                                bool(request.get("remote_peers", True))))
+    elif op == "outputs":
+        from . import outputs
+
+        reply(**outputs.collect(str(request["root"]), [str(p) for p in request["patterns"]],
+                                int(request["max_file"]), int(request["max_total"])))
+    elif op == "prune":
+        from . import prune
+
+        reply(**prune.prune(str(request["run_dir"]), str(request["run_id"]),
+                            int(request["node_rank"])))
     elif op == "probe":
         reply(**probes.probe(bool(request.get("gpus"))))
     elif op == "clock":

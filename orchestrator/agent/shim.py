@@ -17,6 +17,8 @@ script has to ask for:
   for all threads, writing to ``stacks/rank-<RANK>.txt`` in the node's run
   directory: a Python stack dump that works even while the rank is blocked
   inside a C call such as a gloo or NCCL collective (``ddp-orch stacks``).
+  The rank's working directory is the code root, not the run directory,
+  which is the directory of ``DDP_ORCH_RESULT_FILE`` (``run_dir``).
 
 Standard library only, like the rest of the agent package.
 """
@@ -38,6 +40,15 @@ SHIM_MODULE = "ddp_orch_shim"  # the name the bundle ships this file under
 # use for preemption and requeueing, and a user's handler must not fire on a dump.
 STACK_SIGNAL = signal.SIGRTMIN + 7
 STACKS_DIR = "stacks"
+RESULT_FILE_ENV = "DDP_ORCH_RESULT_FILE"  # workloads/contract.py's: <node run dir>/result.json
+
+
+def run_dir() -> str:
+    """The node's run directory: where ddp-orch put this rank's result file
+    (as ``workloads/contract.py`` finds its progress files), else the
+    working directory (the shim run by hand)."""
+    result = os.environ.get(RESULT_FILE_ENV)
+    return os.path.dirname(os.path.abspath(result)) if result else os.getcwd()
 
 
 def stacks_file(run_dir: str, rank: str) -> str:
@@ -49,7 +60,7 @@ def _arm_stack_dumps() -> None:
     rank = os.environ.get("RANK")
     if rank is None:
         return
-    path = stacks_file(os.getcwd(), rank)
+    path = stacks_file(run_dir(), rank)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)

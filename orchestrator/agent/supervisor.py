@@ -35,6 +35,7 @@ import threading
 import time
 
 from . import failures, files, guardian, procs
+from . import nodesetup
 from .protocol import ENDED_ON_ITS_OWN, LineBuffer, Reader, encode
 from .workerlogs import WorkerLogs
 
@@ -80,6 +81,12 @@ class Supervisor:
         self.secrets = [v for v in spec.get("secrets", ()) if v] \
             if not spec.get("watch_stdin", True) else []
         self.masks = [v.encode() for v in self.secrets]
+        # ``setup:`` (nodesetup.py): once it has succeeded here, torchrun waits for
+        # every node's (``setup_barrier``: the controller's ``go`` on stdin by
+        # default; a keeper's gang or a Slurm job's files set their own).
+        self.go = threading.Event()
+        self.setup_barrier = None  # (supervisor) -> None; returns once all are ready or stopping
+        self.setup_over = threading.Event()  # setup done everywhere (or none): torchrun may start
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -99,7 +106,15 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if k not in self.spec["unset_env"]}
         env.update(self.spec["env"])
         started = time.time()
-        child = subprocess.Popen(self.spec["argv"], env=env, cwd=self.run_dir,
+        # Heartbeats from the start: a quiet setup is not a silent partition.
+        threading.Thread(target=self.send_heartbeats, daemon=True).start()
+        if self.spec.get("setup") and not self.prepare(env, started):
+            return self.last_exit["code"]
+        self.setup_over.set()
+        # torchrun, and so every worker, starts in the node's code root
+        # (``NodePlan.code_root``: the uploaded project, or the built-ins' code/)
+        child = subprocess.Popen(self.spec["argv"], env=env,
+                                 cwd=self.spec.get("cwd") or self.run_dir,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         self.torchrun_pid = child.pid
@@ -109,7 +124,6 @@ class Supervisor:
         relay.start()
         follower = threading.Thread(target=self.follow_workers, daemon=True)
         follower.start()
-        threading.Thread(target=self.send_heartbeats, daemon=True).start()
         code = self.wait(child.pid)
         if code is None:  # stop requested before torchrun finished
             code = self.teardown(child.pid)
@@ -135,6 +149,39 @@ class Supervisor:
         self.emit(self.last_exit)
         self.wakeup.close()  # a keeper runs one Supervisor per attempt: no fds left behind
         return code
+
+    def prepare(self, env: dict, started: float) -> bool:
+        """The run's ``setup:`` here, then the wait for every node's; False
+        when torchrun must not start (a failure, a stop), after the exit event
+        that says why (``setup_failed`` in it: no restart runs it again)."""
+        setup = self.spec["setup"]
+        if setup.get("path_first"):  # the run's python first: its pip, as if activated
+            env = {**env, "PATH": f"{setup['path_first']}:{env.get('PATH', os.defpath)}"}
+        done = nodesetup.run_setup(
+            [list(argv) for argv in setup["commands"]], setup["cwd"], env,
+            float(setup["timeout_s"]), self.write_out, lambda: self.stop_requested)
+        self.emit({"event": "setup", "ok": done["ok"]})
+        if done["ok"]:
+            (self.setup_barrier or _await_go)(self)
+            if not self.stop_requested:
+                return True
+        code = 128 + signal.SIGTERM if self.stop_requested else int(done.get("code") or 1)
+        failed = not done["ok"] and not done.get("stopped")
+        last = [str(line) for line in done.get("last_lines", ())][-3:]
+        self.last_exit = {
+            "event": "exit", "code": code,
+            "reason": "setup failed" if failed else self.stop_reason or "stopped during setup",
+            "failures": [], "stopped_at": self.stopped_at, "survivors": [],
+            "last_lines": last + [f"ddp-orch: {done['message']}"] if failed else [],
+            "duration_s": round(time.time() - started, 3), "setup_failed": failed}
+        self.exit_code = code  # no torchrun ran: nothing for the teardown to wait for
+        self.exited.set()
+        self.teardown(-1, grace_s=min(self.grace_s, 3.0))  # whatever setup left behind
+        guardian.release(self.guardian)
+        self.write_state(-1, started, code)
+        self.emit(self.last_exit)
+        self.wakeup.close()
+        return False
 
     def request_stop(self, reason: str) -> None:
         if not self.stop_requested:
@@ -162,7 +209,10 @@ class Supervisor:
                 return
             if line == b"done":
                 return
-            if line == b"stop":
+            if line == b"go":  # every node's setup is done (``_await_go``)
+                self.go.set()
+                self.wakeup.set()
+            elif line == b"stop":
                 self.request_stop("stopped by the controller")
             elif line == b"kill":
                 self.request_stop("killed by the controller")
@@ -338,6 +388,16 @@ class Supervisor:
                  "started": started, "exit_code": code, "run_id": self.spec["run_id"],
                  "node_rank": self.spec["node_rank"]}
         files.put_json(os.path.join(self.run_dir, STATE_FILE), state)
+
+
+def _await_go(sup: "Supervisor") -> None:
+    """The controller's barrier: ``go`` on stdin once every node's setup is
+    done, or a stop. Without a controller on stdin (no barrier was set)
+    there is nobody to wait for."""
+    if not sup.spec.get("watch_stdin", True):
+        return
+    while not (sup.go.is_set() or sup.stop_requested):
+        sup.wakeup.wait(0.5)
 
 
 class _Wakeup:

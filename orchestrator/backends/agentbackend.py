@@ -33,15 +33,16 @@ from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
-                   RunDescription, StacksResult, rank_stacks, recorded_dryrun)
-from .bundle import build_bundle, scan_script_dir, stand_ins
+                   PruneResult, RunDescription, StacksResult, in_local_run_dir, rank_stacks,
+                   recorded_dryrun)
+from .bundle import build_bundle, code_notes, stand_ins
 from .fanout import on_all
 from .gang import Gang
 from .keptgang import ATTACHED, DETACHED, KeptGang, attempt_outcomes
 from .nodehandle import BUNDLE_NAME, describe_survivors
 from .preflight import (bind_request, interface_from, master_port_from, route_request,
                         run_checks)
-from .results import keep, wanted_files
+from .results import fetch_outputs, keep, wanted_files
 
 
 
@@ -68,9 +69,10 @@ class AgentBackend(LaunchBackend):
         nodes = tuple(NodeLaunch(node=node, where=self.where(node),
                                  env=dict(sorted({**node.env, **restarts}.items())),
                                  unset_env=node.unset_env, argv=torchrun_argv(plan, node),
-                                 connection=self.connection(node.node_rank))
+                                 connection=self.connection(node.node_rank), setup=plan.setup,
+                                 setup_timeout_s=plan.setup_timeout_s)
                       for node in plan.nodes)
-        notes = (scan_script_dir(os.path.dirname(plan.script)).summary(),) if plan.script else ()
+        notes = code_notes(plan, self.spec.source if self.spec else "")
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
                       source=self.spec.source if self.spec else "",
                       liveness="detached" if self.options.detach else "attached",
@@ -87,7 +89,7 @@ class AgentBackend(LaunchBackend):
         agents: dict[int, AgentHandle] = {}
         label = _labeller(plan)
         try:
-            build_bundle(run.file("bundle.tar.gz"), plan.script, stand_ins(self.spec))
+            build_bundle(run.file("bundle.tar.gz"), plan.code, stand_ins(self.spec))
             with open(run.file("bundle.tar.gz"), "rb") as fh:
                 bundle = fh.read()
             opened, started = open_agents(
@@ -145,6 +147,27 @@ class AgentBackend(LaunchBackend):
         return [done.succeeded.get(k) or CancelResult(
             k, record.nodes[k].host, (), _message(done.failed[k]))
             for k in range(len(record.nodes))]
+
+    def prune(self, record: RunRecord) -> list[PruneResult]:
+        """Each node's run directory removed by its agent (``agent/prune.py``,
+        which refuses a run alive there), all at once; one inside the local
+        run directory goes with it."""
+        remote = [n for n in record.nodes if not in_local_run_dir(record, n)]
+
+        def prune(node: NodeRecord) -> PruneResult:
+            reply = self._ask(node, "prune", run_dir=node.run_dir, run_id=record.run_id,
+                              node_rank=node.node_rank)
+            return PruneResult(node.node_rank, node.host, int(reply.get("freed") or 0),
+                               "" if reply.get("ok") else str(reply.get("error")),
+                               bool(reply.get("live")))
+
+        done = on_all(lambda k: prune(record.nodes[k]), [n.node_rank for n in remote],
+                      timeout_s=self.options.check_timeout_s + 60)
+        out = [PruneResult(n.node_rank, n.host, remote=False) for n in record.nodes
+               if n not in remote]
+        out += [done.succeeded.get(n.node_rank) or PruneResult(
+            n.node_rank, n.host, error=_message(done.failed[n.node_rank])) for n in remote]
+        return sorted(out, key=lambda r: r.node_rank)
 
     def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
                ) -> RunOutcome:
@@ -370,11 +393,17 @@ class AgentBackend(LaunchBackend):
                         continue
                     if data is not None:
                         keep(run, info, k, file, data)
+                if k == 0:  # the run's outputs: node 0's, under its code root
+                    fetch_outputs(info, run, lambda **request: agent.call(
+                        "outputs", **request), lambda path, limit: agent.get(
+                        path, limit, root=info.plan.nodes[0].code_root))
             finally:
                 if k not in reusable:
                     agent.close()
 
-        for k, exc in on_all(fetch, wanted, timeout_s=120).failed.items():
+        # outputs: may be many and large (results.MAX_OUTPUTS_BYTES): more time
+        for k, exc in on_all(fetch, wanted,
+                             timeout_s=120 + (1200 if info.plan.outputs else 0)).failed.items():
             run.note(k, f"fetching results failed: {_message(exc)}")
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None

@@ -104,9 +104,11 @@ class AgentHandle:
             raise TransportError(self.host, f"upload to {path} failed: {reply.get('error')}")
         return str(reply.get("path", path))
 
-    def get(self, path: str, max_bytes: int) -> bytes | None:
-        """The regular file at ``path`` on the node, or None if there is none."""
-        reply = self.call("get", path=path, max=max_bytes, max_reply=max_bytes)
+    def get(self, path: str, max_bytes: int, root: str | None = None) -> bytes | None:
+        """The regular file at ``path`` on the node, or None if there is none;
+        with ``root``, the node refuses a path whose links lead out of it."""
+        reply = self.call("get", path=path, max=max_bytes, max_reply=max_bytes,
+                          **({"root": root} if root is not None else {}))
         if reply["ok"]:
             return reply.get("data", b"")
         if reply.get("missing"):

@@ -93,6 +93,18 @@ class CancelResult:
 
 
 @dataclass(frozen=True)
+class PruneResult:
+    """What ``prune`` did with one node's run directory."""
+
+    node_rank: int
+    host: str
+    freed: int = 0  # bytes
+    error: str = ""
+    live: bool = False  # refused: the run is alive there
+    remote: bool = True  # False: the node's directory lies in the local run directory
+
+
+@dataclass(frozen=True)
 class RunDescription:
     """A run as its backend sees it now (``ddp-orch status``)."""
 
@@ -211,7 +223,27 @@ class LaunchBackend(ABC):
         from the start)."""
         raise LaunchError(f"the {self.name} backend cannot attach to a run")
 
+    def prune(self, record: RunRecord) -> list[PruneResult]:
+        """Remove an ended run's node directories (``ddp-orch prune``). Here:
+        nodes whose directory lies inside the local run directory (local
+        nodes, a Slurm job's shared one) go with it; a backend that reaches
+        other nodes removes theirs (``AgentBackend.prune``)."""
+        return [PruneResult(n.node_rank, n.host, remote=False) for n in record.nodes
+                if in_local_run_dir(record, n)] + [
+            PruneResult(n.node_rank, n.host, error=f"the {self.name} backend cannot reach it")
+            for n in record.nodes if not in_local_run_dir(record, n)]
+
     def describe(self, record: RunRecord) -> RunDescription:
         """The run's state from its records; backends with a scheduler ask it."""
         return RunDescription(record.state, record.outcomes, record.root_cause,
                               attempts=record.attempts)
+
+
+def in_local_run_dir(record: RunRecord, node: NodeRecord) -> bool:
+    """Whether a node's run directory lies inside the local run directory
+    (a node on this machine, or a Slurm job's shared directory)."""
+    import os
+
+    local = os.path.realpath(record.run.path)
+    return os.path.realpath(node.run_dir).startswith(local + os.sep)
+

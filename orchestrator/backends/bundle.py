@@ -3,13 +3,16 @@
 One gzipped tar per run, unpacked by the node supervisor into the node's
 run directory::
 
-    code/workloads/...   the built-in workloads package (and the contract)
-    script/...           the directory of the user's ``script:``, if any
+    code/workloads/...    the built-in workloads package (and the contract)
+    code/ddp_orch_shim.py the worker shim
+    project/...           the user's code directory (``workload.code``; by
+                          default the script's directory), if any: the
+                          workers' working directory on the node
 
-What of the script's directory is uploaded
-------------------------------------------
+What of the code directory is uploaded
+--------------------------------------
 
-The script's directory goes to *every* node, so it is filtered, in this
+The code directory goes to *every* node, so it is filtered, in this
 order, for each path relative to it (``scan_script_dir`` does the walk, and
 ``build_bundle`` adds exactly the files it lists):
 
@@ -31,12 +34,13 @@ order, for each path relative to it (``scan_script_dir`` does the walk, and
    These paths are listed in ``ScriptDirScan.skipped`` and in the dry-run.
 4. Everything else is uploaded; the total is capped at
    ``MAX_SCRIPT_DIR_BYTES``. The cluster file that launches the run, when it
-   lies in the script directory (as most people keep it), is uploaded with
+   lies in the code directory (as most people keep it), is uploaded with
    its secrets masked (``stand_ins``), as the run directory stores it: its
    ``env`` would otherwise reach every node in clear.
 
-A script directory that is the filesystem root, the user's home directory or
-a directory above it is refused outright.
+A code directory that is the filesystem root, the user's home directory or
+a directory above it is refused outright (``config.loader.too_broad``, the
+loader's rule for ``workload.code``).
 
 Pattern syntax (a subset of gitignore, matched with ``fnmatch``)
 ----------------------------------------------------------------
@@ -49,7 +53,7 @@ Pattern syntax (a subset of gitignore, matched with ``fnmatch``)
   under an ignored directory can be un-ignored, since it is never entered;
 * a trailing ``/`` makes the pattern match directories only;
 * a pattern with a ``/`` elsewhere (leading or in the middle) is anchored to
-  the script directory: ``/build`` is the top ``build`` only, ``docs/*.md``
+  the code directory: ``/build`` is the top ``build`` only, ``docs/*.md``
   only files directly in the top ``docs``;
 * ``**`` as a whole path component matches any number of directories:
   ``**/tmp/*.log``, ``a/**/b``; a trailing ``/**`` matches everything inside;
@@ -75,8 +79,10 @@ from typing import Mapping
 import workloads
 
 from ..agent import shim
+from ..config.loader import too_broad
 from ..config.spec import ClusterSpec
-from ..errors import LaunchError
+from ..errors import ConfigError, LaunchError
+from ..plan.model import BUILTIN_DIR, PROJECT_DIR, RunPlan
 from ..plan.secrets import masked_cluster_file
 from ..plan.torchrun import SHIM
 
@@ -84,7 +90,7 @@ MAX_SCRIPT_DIR_BYTES = 64 * 1024 * 1024
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", "node_modules",
               "runs", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}
 
-# Read from the top of the script directory; never uploaded themselves.
+# Read from the top of the code directory; never uploaded themselves.
 IGNORE_FILES = (".gitignore", ".ddp-orch-ignore")
 INCLUDE_FILE = ".ddp-orch-include"
 _CONTROL_FILES = set(IGNORE_FILES) | {INCLUDE_FILE}
@@ -98,7 +104,7 @@ _SECRET_NAMES = (
 )
 
 # Part of the workloads package, but for developers on this machine only.
-_DEV_ONLY = {"code/workloads/make_tiny_datasets.py"}
+_DEV_ONLY = {f"{BUILTIN_DIR}/workloads/make_tiny_datasets.py"}
 
 
 def _skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
@@ -199,7 +205,7 @@ def _secret_looking(name: str) -> bool:
 
 @dataclass(frozen=True)
 class ScriptDirScan:
-    """What of a script directory goes to every node.
+    """What of a code directory goes to every node.
 
     ``files``: (relative posix path, size in bytes) of each file uploaded,
     sorted by path; ``total_bytes`` their sum; ``skipped``: relative paths
@@ -213,10 +219,10 @@ class ScriptDirScan:
     skipped: tuple[str, ...]
 
     def summary(self, max_names: int = 10) -> str:
-        """One line for the dry-run, e.g. ``script dir /x: 12 files, 3.4 MiB
+        """One line for the dry-run, e.g. ``code dir   /x: 12 files, 3.4 MiB
         uploaded to each node; 2 skipped as secret-looking: .ssh/id_ed25519, .env``."""
         count = len(self.files)
-        line = (f"script dir {self.directory}: {count} file{'' if count == 1 else 's'}, "
+        line = (f"code dir   {self.directory}: {count} file{'' if count == 1 else 's'}, "
                 f"{_human(self.total_bytes)} uploaded to each node")
         if self.skipped:
             names = ", ".join(self.skipped[:max_names])
@@ -235,11 +241,11 @@ class ScriptDirScan:
             return
         rows = "\n".join(f"  {_human(size):>10}  {rel}" for rel, size in self.largest(10))
         raise LaunchError(
-            f"the script's directory {self.directory} holds {_human(self.total_bytes)} "
+            f"the code directory {self.directory} holds {_human(self.total_bytes)} "
             f"({self.total_bytes} bytes) in {len(self.files)} files to upload, more than the "
             f"{_human(MAX_SCRIPT_DIR_BYTES)} cap ({MAX_SCRIPT_DIR_BYTES} bytes), and all of it would go to every node; "
-            "move the script into a directory of its own and read data from --data-dir, "
-            f"or list what it does not need in {IGNORE_FILES[1]} there.\n"
+            "keep data, checkpoints and outputs out of it (read data from a directory on the "
+            f"nodes), or list what the run does not need in {IGNORE_FILES[1]} there.\n"
             f"the largest files:\n{rows}")
 
 
@@ -259,19 +265,12 @@ def _human(n: int) -> str:
 
 
 def _refuse_broad(directory: str) -> None:
-    real = os.path.realpath(directory)
-    home = os.path.realpath(os.path.expanduser("~"))
-    if os.path.dirname(real) == real:
-        why = "is the filesystem root"
-    elif real == home:
-        why = "is your home directory"
-    elif os.path.commonpath([real, home]) == real:
-        why = f"contains your home directory {home}"
-    else:
-        return
-    raise LaunchError(
-        f"the script's directory {directory} {why}; all of it would be uploaded to every "
-        "node (keys and credentials included); move the script into a directory of its own")
+    why = too_broad(directory)
+    if why:
+        raise LaunchError(
+            f"the code directory {directory} {why}; all of it would be uploaded to every "
+            "node (keys and credentials included); set workload.code to your project's own "
+            "directory")
 
 
 def scan_script_dir(directory: str) -> ScriptDirScan:
@@ -342,33 +341,62 @@ def stand_ins(spec: ClusterSpec | None) -> dict[str, bytes]:
     return {os.path.realpath(spec.source): text.encode()}
 
 
-def build_bundle(path: str, script: str | None = None,
+def build_bundle(path: str, code: str | None = None,
                  replaced: Mapping[str, bytes] | None = None) -> int:
-    """Write the bundle to ``path``; returns its size in bytes. A file whose
-    real path is in ``replaced`` (``stand_ins``) carries that text instead."""
+    """Write the bundle to ``path``: the built-ins, the shim and the code
+    directory ``code`` (if any, under ``project/``); returns its size in
+    bytes. A file whose real path is in ``replaced`` (``stand_ins``) carries
+    that text instead."""
     replaced = replaced or {}
     package_dir = os.path.dirname(os.path.abspath(workloads.__file__))
     scan = None
-    if script is not None:
-        scan = scan_script_dir(os.path.dirname(os.path.abspath(script)))
+    if code is not None:
+        scan = scan_script_dir(code)
         scan.check_size()
     with tarfile.open(path, "w:gz", compresslevel=3) as tar:
-        tar.add(package_dir, arcname="code/workloads", filter=_skip)
-        tar.add(shim.__file__, arcname=f"code/{SHIM}.py", filter=_normalize)
+        tar.add(package_dir, arcname=f"{BUILTIN_DIR}/workloads", filter=_skip)
+        tar.add(shim.__file__, arcname=f"{BUILTIN_DIR}/{SHIM}.py", filter=_normalize)
         if scan is not None:
+            root = tarfile.TarInfo(PROJECT_DIR)  # there even when empty: the workers' cwd
+            root.type, root.mode, root.mtime = tarfile.DIRTYPE, 0o755, int(os.stat(code).st_mtime)
+            tar.addfile(root)
             for rel, _size in scan.files:
                 source = os.path.join(scan.directory, *rel.split("/"))
+                arcname = f"{PROJECT_DIR}/{rel}"
                 stand_in = replaced.get(os.path.realpath(source))
                 if stand_in is not None:
-                    info = _normalize(tar.gettarinfo(source, arcname=f"script/{rel}"))
+                    info = _normalize(tar.gettarinfo(source, arcname=arcname))
                     if info is not None:
                         info.size = len(stand_in)
                         tar.addfile(info, io.BytesIO(stand_in))
                     continue
                 try:
-                    tar.add(source, arcname=f"script/{rel}", recursive=False, filter=_normalize)
+                    tar.add(source, arcname=arcname, recursive=False, filter=_normalize)
                 except OSError as exc:
                     raise LaunchError(
                         f"cannot read {source} for the code bundle: {exc.strerror or exc}; "
                         f"make it readable or list it in {IGNORE_FILES[1]}") from exc
     return os.path.getsize(path)
+
+
+def code_notes(plan: RunPlan, source: str = "") -> tuple[str, ...]:
+    """The dry-run's line on the code directory (none for a built-in
+    workload). A script the upload would leave out (ignored, a link,
+    secret-looking) is refused here, before anything starts."""
+    if plan.code is None:
+        return ()
+    scan = scan_script_dir(plan.code)
+    script = plan.entrypoint.script
+    if script is not None and script not in {rel for rel, _ in scan.files}:
+        where = os.path.join(plan.code, *script.split("/"))
+        why = ("held back as secret-looking (a dotfile or a key's name)" if script in scan.skipped
+               else "a symbolic link, which is never uploaded" if os.path.islink(where)
+               else f"ignored ({', '.join(IGNORE_FILES)}, or a directory that never goes, "
+                    f"such as {', '.join(sorted(d for d in _SKIP_DIRS if not d.startswith('.')))})")
+        raise ConfigError(f"the script {script} would not reach the nodes: in the code "
+                          f"directory {plan.code} it is {why}", path="workload.script",
+                          source=source,
+                          hint=f"un-ignore it (!{script} in {IGNORE_FILES[1]}), name a "
+                               f"secret-looking one in {INCLUDE_FILE}, or put the file itself "
+                               "in place of a link")
+    return (scan.summary(),)

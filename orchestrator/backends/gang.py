@@ -37,7 +37,8 @@ class Gang:
                  console: Console, *, grace_s: float = 10.0, start_timeout_s: float = 300.0,
                  watch_silence: bool = True, hang_timeout_s: float | None = None,
                  dump_stacks: Callable[[], StacksResult] | None = None,
-                 leave_when_started: bool = False, observe: bool = False):
+                 leave_when_started: bool = False, observe: bool = False,
+                 release_setup: bool = True):
         self.info = info
         self.plan = info.plan
         self.run_dir = run
@@ -66,6 +67,11 @@ class Gang:
         self.leave_when_started = leave_when_started
         self.observe = observe
         self.left = False
+        # ``setup:``: the controller holds the barrier (``go`` to every node
+        # once all have succeeded), unless the nodes hold it themselves (a
+        # Slurm job's files, a kept run's gang).
+        self.release_setup = release_setup and not observe
+        self._setup_done = not self.plan.setup
 
     def run(self) -> RunOutcome:
         """Start every node (their agents have the code already), watch them,
@@ -115,6 +121,8 @@ class Gang:
             if self.leave_when_started and all(h.started for h in self.handles):
                 self.left = True
                 return
+            if self._setup_pending():  # the start timeout counts once every setup is done
+                deadline = time.monotonic() + self.start_timeout_s
             if self.observe:  # someone else's job: watch it end, stop nothing
                 self._report_progress()
                 self._changed.wait(0.5)
@@ -140,6 +148,21 @@ class Gang:
                 return
             self._report_progress()
             self._changed.wait(0.5)  # woken at once when a node ends
+
+    def _setup_pending(self) -> bool:
+        """True while some node still runs its ``setup:``. Once every node's
+        has succeeded, each is told to go (where the controller holds the
+        barrier). A node whose setup fails ends with its exit event, which
+        stops the gang like any failure."""
+        if self._setup_done:
+            return False
+        if not all(h.setup_ok for h in self.handles):
+            return True
+        self._setup_done = True
+        if self.release_setup:
+            for handle in self.handles:
+                handle.go()
+        return False
 
     def _give_up_start(self) -> None:
         """The start timeout passed before every node started: name the nodes

@@ -49,7 +49,7 @@ class KeptGang(Gang):
 
     def __init__(self, *args, start: bool, detach: bool, rule: str, max_restarts: int = 0,
                  offset: int = 0, lines: int | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, release_setup=False, **kwargs)  # the keepers' own barrier
         self.start, self.detach, self.rule = start, detach, rule
         self.max_restarts = max_restarts
         self.offset, self.lines = offset, lines  # where to follow from (attach)
@@ -161,6 +161,8 @@ class KeptGang(Gang):
             if self.detach and all(h.started for h in self.handles):
                 self.left = True
                 return
+            if self._setup_pending():  # the start timeout counts once every setup is done
+                deadline = time.monotonic() + self.start_timeout_s
             if self.start and not all(h.started for h in self.handles) and \
                     time.monotonic() > deadline and all(h.attempt == 0 for h in self.handles):
                 self._give_up_start()

@@ -12,6 +12,7 @@ from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEE
                               LineBuffer, ProtocolError, decode)
 from ..console import Console
 from ..plan.dryrun import NodeLaunch
+from ..plan.build import setup_path_first
 from ..plan.model import NodePlan
 from ..plan.secrets import scrub, secret_values
 from ..records.outcome import NodeOutcome, NodeState
@@ -29,11 +30,16 @@ def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int, grace_s: 
     """What the node supervisor runs: the dry-run's env and argv, verbatim."""
     node = launch.node
     return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
+            "cwd": node.code_root,  # torchrun's and so every worker's working directory
             "first_rank": node.first_rank, "nproc": node.nproc, "master_port": master_port,
             "argv": list(launch.argv), "env": dict(launch.env),
             "unset_env": list(launch.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s,
             "heartbeat_s": HEARTBEAT_S, "peer_timeout_s": PEER_TIMEOUT_S,
-            "secrets": [value.decode() for value in secret_values(launch.env)]}
+            "secrets": [value.decode() for value in secret_values(launch.env)],
+            **({"setup": {"commands": [list(argv) for argv in launch.setup],
+                          "cwd": node.code_root, "timeout_s": launch.setup_timeout_s,
+                          "path_first": setup_path_first(node.python)}}
+               if launch.setup else {})}
 
 
 class NodeHandle:
@@ -57,6 +63,8 @@ class NodeHandle:
         self.partitioned = False  # silent for PEER_TIMEOUT_S: given up on
         self.joined = False  # torchrun reached the rendezvous store on node 0
         self.started = False  # torchrun spawned workers: the rendezvous completed
+        self.setup_ok = False  # its ``setup:`` succeeded (a run without one: never set)
+        self.go_sent = False
         self.timed_out = False
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
@@ -160,6 +168,8 @@ class NodeHandle:
             self.joined = True
         elif event["event"] == "started":
             self.joined = self.started = True
+        elif event["event"] == "setup":
+            self.setup_ok = event["ok"]
         elif event["event"] == "exit" and self.kept:
             self.exits.append(event)
         elif event["event"] in ("exit", "finished"):
@@ -197,6 +207,12 @@ class NodeHandle:
         if code is not None and self.ended_at is None:
             self.ended_at = time.time()
         return code
+
+    def go(self) -> None:
+        """Every node's setup is done: this node's torchrun may start."""
+        if self.supervising and self.poll() is None and not self.go_sent and not self.killed:
+            self.go_sent = True
+            self.agent.process.send(b"go\n")
 
     def stop(self) -> None:
         """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL)."""

@@ -31,7 +31,7 @@ import json
 import os
 import posixpath
 import time
-from ..agent import bootstrap, files
+from ..agent import bootstrap, files, outputs
 from ..agent.daemon import offset_of_last_lines
 from ..agent.jobnode import ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE, secret_variable
 from ..config.spec import AUTO_PORT, SlurmSpec
@@ -49,10 +49,10 @@ from ..records.store import NodeRecord, RunRecord
 from . import slurmctl
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks, recorded_dryrun)
-from .bundle import build_bundle, scan_script_dir, stand_ins
+from .bundle import build_bundle, code_notes, stand_ins
 from .gang import Gang
 from .nodehandle import BUNDLE_NAME, supervisor_spec
-from .results import keep, wanted_files
+from .results import fetch_outputs, keep, wanted_files
 from .slurmcheck import slurm_checks
 from .slurmjob import JobStream, SlurmJob
 
@@ -91,10 +91,10 @@ class Backend(LaunchBackend):
         shown = plan if plan.master_port != AUTO_PORT else \
             dataclasses.replace(plan, master_port=PORT_SLOT)
         nodes = tuple(NodeLaunch(node=n, where=self.where(n), env=n.env, unset_env=n.unset_env,
-                                 argv=torchrun_argv(shown, n)) for n in plan.nodes)
-        notes = []
-        if plan.script:
-            notes.append(scan_script_dir(os.path.dirname(plan.script)).summary())
+                                 argv=torchrun_argv(shown, n), setup=plan.setup,
+                                 setup_timeout_s=plan.setup_timeout_s)
+                      for n in plan.nodes)
+        notes = list(code_notes(plan, self.spec.source if self.spec else ""))
         if self.require_spec().placed:
             notes.append("hosts      chosen by Slurm when the job starts"
                          + ("; GPUs from its GRES allocation (CUDA_VISIBLE_DEVICES set by Slurm)"
@@ -211,7 +211,8 @@ class Backend(LaunchBackend):
                     start_timeout_s=self.options.start_timeout_s, watch_silence=False,
                     hang_timeout_s=self.options.hang_timeout_s,
                     dump_stacks=lambda: self._stacks(job.job_id, records),
-                    leave_when_started=self.options.detach)
+                    leave_when_started=self.options.detach,
+                    release_setup=False)  # the nodes' own barrier (agent/jobnode.py)
         outcome = gang.run()
         if outcome.state is RunState.RUNNING:  # --detach: the job is Slurm's now
             self._detached = True
@@ -334,7 +335,7 @@ class Backend(LaunchBackend):
         directory; returns sbatch's environment, which carries the secrets."""
         plan = info.plan
         bootstrap.zipapp(run.file(AGENT_FILE))
-        build_bundle(run.file(BUNDLE_NAME), plan.script, stand_ins(self.spec))
+        build_bundle(run.file(BUNDLE_NAME), plan.code, stand_ins(self.spec))
         env = dict(os.environ)
         nodes = []
         for launch in info.nodes:
@@ -371,6 +372,17 @@ class Backend(LaunchBackend):
                     continue
                 if data is not None:
                     keep(run, info, k, file, data)
+        root = info.plan.nodes[0].code_root  # the shared directory: read here, checked the same
+
+        def get(path: str, limit: int) -> bytes | None:
+            if not outputs.inside(root, path):
+                raise OSError(f"{path}: not fetched: it leads out of {root} (a symbolic link?)")
+            try:
+                return files.get(path, limit)
+            except files.TransferError as exc:
+                raise OSError(str(exc)) from None
+
+        fetch_outputs(info, run, lambda **request: outputs.collect(**request), get)
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
 

@@ -18,7 +18,7 @@ import click
 from .. import __version__
 from ..backends.base import LaunchOptions
 from ..config.loader import MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT, load_cluster_file
-from ..config.localmode import local_spec, with_args
+from ..config.localmode import local_spec, with_args, with_program
 from ..config.spec import AUTO_PORT, BACKENDS, DEFAULT_PORT
 from ..config.yamlsrc import parse
 from ..console import Console
@@ -54,7 +54,7 @@ class DdpOrchGroup(click.Group):
     ``up`` and ``--dry-run`` do not pay for their imports.
     """
 
-    LAZY = ("ps", "status", "logs", "down", "stacks", "attach")
+    LAZY = ("ps", "status", "logs", "down", "stacks", "attach", "prune")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -81,6 +81,35 @@ class DdpOrchGroup(click.Group):
             click.echo("ddp-orch: interrupted", err=True)
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+class ProgramCommand(click.Command):
+    """A command that takes a program after ``--``, as torchrun does:
+    ``ddp-orch up FILE [OPTIONS] -- train.py --lr 0.1`` or ``-- -m pkg.train``.
+
+    Everything after the first ``--`` is the program's, verbatim (never read
+    as ddp-orch's options), in ``ctx.meta[PROGRAM_META]``; None without ``--``.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        program = None
+        if "--" in args:
+            cut = args.index("--")
+            args, program = args[:cut], tuple(args[cut + 1:])
+        ctx.meta[PROGRAM_META] = program
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if "unexpected extra argument" in exc.message:
+                exc.message += ("; a program and its arguments go after --: "
+                                f"ddp-orch {self.name} FILE -- train.py --lr 0.1")
+            raise
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- PROGRAM ARGS...]"]
+
+
+PROGRAM_META = "ddp_orch.program"
 
 
 @click.group(cls=DdpOrchGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -160,7 +189,7 @@ launch_options = _options(
 )
 
 
-@main.command()
+@main.command(cls=ProgramCommand)
 @click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the plan (ranks, env, commands); run nothing.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default="text",
@@ -184,9 +213,16 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
        quiet: bool, detach: bool, max_restarts: int | None, accept_new_host_keys: bool,
        start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
        grace: float) -> None:
-    """Launch the job in CLUSTER_FILE on its nodes (or here, with --local)."""
+    """Launch the job in CLUSTER_FILE on its nodes (or here, with --local).
+
+    After --, PROGRAM ARGS replaces the file's workload, as you would type it
+    after torchrun in your project: train.py --config configs/x.yaml (a
+    script, relative to the workload's code directory) or -m pkg.train ...;
+    the arguments reach every rank verbatim.
+    """
+    program = click.get_current_context().meta.get(PROGRAM_META)
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
-                              arg_pairs)
+                              arg_pairs, program)
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
                           hint="letters, digits, '.', '_' and '-'")
@@ -210,6 +246,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
         return
     from ..records.outcome import RunState
+    from ..backends.results import OUTPUTS_RECORD
     from ..report.summary import render_summary
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
@@ -219,7 +256,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
 
         console.always(render_detached(outcome, run.path))
         sys.exit(0)
-    console.always(render_summary(outcome, run.path, run.read_json("plan.json")))
+    console.always(render_summary(outcome, run.path, run.read_json("plan.json"),
+                                  run.read_json(OUTPUTS_RECORD)))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 
@@ -276,12 +314,19 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
 
 def _spec_from_options(cluster_file: str | None, backend: str | None, local: bool,
                        workload: str | None, gpus: str | None, procs: int | None,
-                       device: str | None, arg_pairs: tuple[str, ...]) -> Any:
-    """The spec ``up`` and ``compare`` run: the file, or --local's one node."""
+                       device: str | None, arg_pairs: tuple[str, ...],
+                       program: tuple[str, ...] | None = None) -> Any:
+    """The spec ``up`` and ``compare`` run: the file, or --local's one node;
+    ``program``, the words after ``--``, replaces its workload."""
     spec = load_cluster_file(cluster_file) if cluster_file else None
     args = _parse_args(arg_pairs)
+    if program is not None and args:
+        raise ConfigError("--arg and a program after -- together", path="--arg",
+                          source="command line",
+                          hint="put every argument after the program: -- train.py --epochs 2")
     if local:
-        spec = local_spec(spec, workload=workload, gpus=gpus, procs=procs, device=device, args=args)
+        spec = local_spec(spec, workload=workload, gpus=gpus, procs=procs, device=device,
+                          args=args, program=program)
     elif spec is None:
         raise ConfigError("give a cluster file, or --local to run on this machine",
                           source="command line", hint="ddp-orch up cluster.yaml.example --dry-run")
@@ -289,7 +334,7 @@ def _spec_from_options(cluster_file: str | None, backend: str | None, local: boo
         raise ConfigError("--workload, --gpus, --procs and --device go with --local",
                           source="command line", hint="edit the cluster file for a cluster run")
     else:
-        spec = with_args(spec, args)
+        spec = with_program(spec, program) if program is not None else with_args(spec, args)
     return _with_backend(spec, backend)
 
 

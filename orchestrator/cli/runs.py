@@ -102,6 +102,15 @@ def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str) -> Non
                               path="--node", source="command line")
         nodes = [node_rank]
     _print_logs(record.run, nodes, follow)
+    _say_outputs(record.run)
+
+
+def _say_outputs(run: RunDir) -> None:
+    """Where a run's ``outputs:`` came home, on stderr (stdout is the log)."""
+    from ..backends.results import OUTPUTS_RECORD, outputs_lines
+
+    for line in outputs_lines(run.read_json(OUTPUTS_RECORD), run.path):
+        click.echo(f"ddp-orch logs: {visible(line.strip())}", err=True)
 
 
 def _print_logs(run: RunDir, nodes: list[int], follow: bool) -> None:
@@ -217,6 +226,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     from ..console import Console
     from ..records.outcome import RunState
     from ..report.runs import render_detached
+    from ..backends.results import OUTPUTS_RECORD
     from ..report.summary import render_summary
 
     if from_start and lines is not None:
@@ -239,5 +249,35 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
 
     outcome = dataclasses.replace(outcome, wall_s=_since_start(record))  # not just attach's
     record_end(record, outcome)
-    console.always(render_summary(outcome, record.run.path, record.run.read_json("plan.json")))
+    console.always(render_summary(outcome, record.run.path, record.run.read_json("plan.json"),
+                                  record.run.read_json(OUTPUTS_RECORD)))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
+
+
+@click.command()
+@click.argument("run_ids", nargs=-1)
+@click.option("--older-than", "older_than", metavar="DURATION",
+              help="Only runs that ended at least this long ago: 30m, 12h, 7d, 2w, 1d12h.")
+@runs_dir_option
+def prune(run_ids: tuple[str, ...], older_than: str | None, runs_dir: str) -> None:
+    """Remove ended runs here and their run directories on their nodes.
+
+    RUN_IDS (unique prefixes are enough) or, without them, every run in the
+    runs directory; never a live one (a detached run's nodes and a Slurm
+    job's queue are asked first, and each node checks again). Says how much
+    it freed. A node that cannot be reached keeps the run for a later prune.
+    """
+    from ..controller.prune import parse_duration, prune_run, render_pruned
+
+    older_than_s = parse_duration(older_than) if older_than is not None else None
+    named = bool(run_ids)
+    records = [find_run(runs_dir, run_id) for run_id in dict.fromkeys(run_ids)] if named \
+        else list(list_runs(runs_dir))
+    if not records:
+        click.echo(f"no runs in {runs_dir}")
+        return
+    results = [prune_run(record, older_than_s) for record in records]
+    click.echo(visible(render_pruned(results)), nl=False)
+    troubled = any(not r.removed and not r.why_kept.startswith(("live", "ended"))
+                   for r in results)
+    sys.exit(1 if troubled or (named and not all(r.removed for r in results)) else 0)

@@ -12,15 +12,22 @@ import re
 import sys
 from typing import Any, Mapping
 
+import yaml
+
 from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
-from .spec import (AUTO_PORT, BACKENDS, DEFAULT_WORKDIR, LOCAL_HOSTS, ClusterSpec, NodeSpec,
-                   SlurmSpec, SshSpec, WorkloadSpec, default_backend, placed_host)
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, LOCAL_HOSTS,
+                   ClusterSpec, NodeSpec, SlurmSpec, SshSpec, WorkloadSpec, default_backend,
+                   placed_host)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "slurm",
-            "hang_timeout", "max_restarts", "network", "nodes", "workload")
+            "hang_timeout", "max_restarts", "network", "nodes", "workload", "setup",
+            "setup_timeout", "outputs")
+MAX_SETUP_COMMANDS = 100
+MAX_SETUP_TIMEOUT = 7 * 86400
+MAX_OUTPUTS = 100
 # Progress reaches the controller with the agents' heartbeats (every 5 s), so a
 # shorter hang timeout would take a quiet but healthy run for a hung one.
 MIN_HANG_TIMEOUT = 10
@@ -35,7 +42,11 @@ MASTER_KEYS = ("addr", "port")
 NETWORK_KEYS = ("interface",)
 # A Linux interface name (at most 15 bytes, no '/', ':', ',' or space), or auto | off.
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
-WORKLOAD_KEYS = ("name", "script", "args")
+WORKLOAD_KEYS = ("name", "script", "module", "code", "args")
+PROGRAM_KEYS = ("name", "script", "module")  # exactly one of them
+# What ``python -m`` takes: a dotted name of identifiers (ASCII, as module files are named).
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MAX_MODULE_NAME = 255
 DEVICES = ("auto", "cuda", "cpu")
 MAX_CONNECT_TIMEOUT = 600
 MAX_GPU_INDEX = 1023
@@ -121,7 +132,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     else:
         backend = default_backend([node.host for node in nodes])
     spec = ClusterSpec(
-        name=_run_name(top["name"]) if "name" in top else _default_name(workload),
+        name=_run_name(top["name"]) if "name" in top else default_name(workload),
         backend=backend,
         master_addr=master_addr, master_port=master_port,
         workdir=_workdir(top["workdir"]) if "workdir" in top else DEFAULT_WORKDIR,
@@ -132,7 +143,12 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         hang_timeout=float(top["hang_timeout"].integer(MIN_HANG_TIMEOUT, MAX_HANG_TIMEOUT))
         if "hang_timeout" in top else None,
         max_restarts=top["max_restarts"].integer(0, MAX_RESTARTS) if "max_restarts" in top else 0,
-        interface=_network(top["network"]) if "network" in top else "auto")
+        interface=_network(top["network"]) if "network" in top else "auto",
+        setup=_setup(top["setup"]) if "setup" in top else (),
+        setup_timeout=float(top["setup_timeout"].integer(1, MAX_SETUP_TIMEOUT))
+        if "setup_timeout" in top else DEFAULT_SETUP_TIMEOUT,
+        outputs=_outputs(top["outputs"]) if "outputs" in top else (),
+        base_dir=os.path.abspath(base_dir))
     if backend == "slurm":
         _check_slurm_layout(spec, top)
     _check_layout(spec, top)
@@ -156,8 +172,10 @@ def _run_name(field: Located) -> str:
     return name
 
 
-def _default_name(workload: WorkloadSpec) -> str:
-    stem = workload.name or os.path.splitext(os.path.basename(workload.script or "run"))[0]
+def default_name(workload: WorkloadSpec) -> str:
+    """A run name from the workload: ``linear``, ``train`` (train.py), ``pkg.train``."""
+    stem = workload.name or workload.module or \
+        os.path.splitext(os.path.basename(workload.script or "run"))[0]
     return re.sub(r"[^A-Za-z0-9._-]", "-", stem)[:64] or "run"
 
 
@@ -489,28 +507,141 @@ def _gpu_field(item: Located) -> Located:
 
 
 def _workload(field: Located, base_dir: str) -> WorkloadSpec:
+    """``workload:``: a built-in ``name``, or the user's ``script`` or ``module``
+    run from ``code`` (default: the script's directory, else this file's)."""
     entries = field.mapping(WORKLOAD_KEYS)
-    if ("name" in entries) == ("script" in entries):
-        raise field.error("give exactly one of 'name' (a built-in workload) or 'script' (your file)",
-                          hint="built-in workloads: " + ", ".join(CATALOG))
+    base_dir = os.path.abspath(base_dir)
+    given = [key for key in PROGRAM_KEYS if key in entries]
+    if len(given) != 1:
+        both = f"; {given[0]!r} and {given[1]!r} are both given" if given else ""
+        hint = "built-in workloads: " + ", ".join(CATALOG) if "name" in given or not given \
+            else "script: train.py runs `python train.py`, module: pkg.train runs `python -m " \
+                 "pkg.train`, both from the code directory"
+        raise field.error("give exactly one of 'name' (a built-in workload), 'script' (your "
+                          "file) or 'module' (your module, run as python -m)" + both, hint=hint)
     args = _args(entries["args"]) if "args" in entries else {}
     if "name" in entries:
+        if "code" in entries:
+            raise entries["code"].error(
+                "'code' goes with 'script' or 'module': a built-in workload brings its own",
+                hint="remove code:, or run your own program with script: or module:")
         name = entries["name"].string()
         if name not in CATALOG:
             close = closest_hint(name, CATALOG)
             raise entries["name"].error(f"unknown workload {name!r}",
                                         hint=close or "built-in workloads: " + ", ".join(CATALOG))
+        if isinstance(args, tuple):
+            raise entries["args"].error(
+                "a built-in workload takes its args as a mapping (ddp-orch checks each one)",
+                hint=f"e.g. args: {{epochs: 10}}; `ddp-orch workloads` lists {name}'s arguments")
         _check_builtin_args(name, entries["args"] if "args" in entries else None, args)
         return WorkloadSpec(name=name, script=None, args=args)
+    code = code_dir(entries["code"], base_dir) if "code" in entries else None
+    if "module" in entries:
+        module = _module(entries["module"])
+        return WorkloadSpec(name=None, script=None, args=args, module=module,
+                            code=code or _default_code(entries["module"], base_dir,
+                                                       "this file's directory"))
     raw = entries["script"].string()
-    script = os.path.normpath(os.path.join(base_dir, os.path.expanduser(raw)))
+    try:
+        script = script_in(code or base_dir, raw, code is not None)
+    except ValueError as exc:
+        message, hint = exc.args
+        raise entries["script"].error(message, hint) from None
+    return WorkloadSpec(name=None, script=script, args=args, module=None,
+                        code=code or _default_code(entries["script"], os.path.dirname(script),
+                                                   "the script's directory"))
+
+
+def script_in(root: str, raw: str, under_code: bool) -> str:
+    """The absolute path of the script ``raw``, relative to ``root`` (the code
+    directory when ``under_code``, else the cluster file's); a file that
+    exists and, under a code directory, lies inside it. ``ValueError(message,
+    hint)`` otherwise."""
+    script = os.path.normpath(os.path.join(root, os.path.expanduser(raw)))
     if not os.path.isfile(script):
-        raise entries["script"].error(f"script {raw!r} not found (looked for {script})",
-                                      hint="script paths are relative to the cluster file")
-    return WorkloadSpec(name=None, script=script, args=args)
+        raise ValueError(f"script {raw!r} not found (looked for {script})",
+                         "the script is relative to the code directory (workload.code)"
+                         if under_code else "script paths are relative to the cluster file")
+    if under_code and os.path.commonpath([script, root]) != root:
+        raise ValueError(f"script {raw!r} ({script}) is outside the code directory {root}",
+                         "the code directory is what every node gets; put the script in it, "
+                         "or point code at a directory that holds both")
+    return script
 
 
-def _args(field: Located) -> dict[str, Any]:
+def _module(field: Located) -> str:
+    try:
+        return module_name(field.string())
+    except ValueError as exc:
+        message, hint = exc.args
+        raise field.error(message, hint) from None
+
+
+def module_name(module: str) -> str:
+    """``module`` if ``python -m`` takes it (``pkg.train``); else
+    ``ValueError(message, hint)``."""
+    if len(module) > MAX_MODULE_NAME or not MODULE_RE.match(module):
+        hint = "a module is named with dots, without .py: pkg.train for pkg/train.py" \
+            if module.endswith(".py") or "/" in module else \
+            "a dotted name as `python -m` takes it, e.g. pkg.train"
+        raise ValueError(f"{module!r} is not a module name", hint)
+    return module
+
+
+def code_dir(field: Located, base_dir: str) -> str:
+    """``workload.code``: a directory relative to the cluster file, which is
+    uploaded to every node, so not the filesystem root nor a home directory."""
+    raw = field.string()
+    path = os.path.normpath(os.path.join(base_dir, os.path.expanduser(raw)))
+    if not os.path.exists(path):
+        raise field.error(f"code directory {raw!r} not found (looked for {path})",
+                          hint="code is relative to the cluster file, e.g. code: . for the "
+                               "directory the file is in")
+    if not os.path.isdir(path):
+        raise field.error(f"code {raw!r} is not a directory ({path})",
+                          hint="give your project's root directory, e.g. code: .")
+    why = too_broad(path)
+    if why:
+        raise field.error(f"code {raw!r} ({path}) {why}; all of it would be uploaded to "
+                          "every node", hint="point code at your project's own directory")
+    return path
+
+
+def _default_code(field: Located, directory: str, what: str) -> str:
+    """The code directory when ``code`` is not given (``what`` says which)."""
+    why = too_broad(directory)
+    if why:
+        raise field.error(f"the code directory, by default {what} {directory}, {why}; all of "
+                          "it would be uploaded to every node",
+                          hint="set workload.code to your project's own directory")
+    return directory
+
+
+def too_broad(directory: str) -> str | None:
+    """Why ``directory`` may not be uploaded whole (the filesystem root, the
+    user's home or a directory holding it), or None. The bundle holds to the
+    same rule (``backends/bundle.py``)."""
+    real = os.path.realpath(directory)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if os.path.dirname(real) == real:
+        return "is the filesystem root"
+    if real == home:
+        return "is your home directory"
+    if os.path.commonpath([real, home]) == real:
+        return f"contains your home directory {home}"
+    return None
+
+
+def _args(field: Located) -> dict[str, Any] | tuple[str, ...]:
+    """``args:`` as a mapping (``{epochs: 10}``, rendered as flags) or a list,
+    passed verbatim."""
+    if isinstance(field.node, yaml.SequenceNode):
+        return _arg_list(field)
+    if not isinstance(field.node, yaml.MappingNode):
+        raise field.error(f"expected a mapping or a list, got {field.describe()}",
+                          hint="args: {epochs: 10} passes --epochs 10; args: [configs/x.yaml, "
+                               "--lr=0.1] passes those words as they are")
     args: dict[str, Any] = {}
     for key, value_field in field.mapping(None).items():
         value = value_field.value()
@@ -519,6 +650,24 @@ def _args(field: Located) -> dict[str, Any]:
             raise value_field.error(f"expected a value or a list of values, got {value_field.describe()}")
         args[key] = value
     return args
+
+
+def _arg_list(field: Located) -> tuple[str, ...]:
+    """``args: [configs/x.yaml, --lr=0.1, -v, -v, 50]``: each item one argument,
+    exactly as written in the file (``50`` is ``"50"``, ``0.10`` stays ``0.10``)."""
+    words = []
+    for item in field.sequence():
+        hint = ("each item is one argument, as written: [configs/x.yaml, --lr=0.1, -v, 50]; "
+                'quote one that YAML would read otherwise ("", "null", "a: b")')
+        if not isinstance(item.node, yaml.ScalarNode):
+            raise item.error(f"expected one argument (a string), got {item.describe()}", hint)
+        if item.scalar() is None:  # also reads it: a bad tag is an error here
+            raise item.error("expected one argument (a string), got nothing (null)", hint)
+        word = item.node.value
+        if "\0" in word:
+            raise item.error("an argument cannot hold a NUL character")
+        words.append(word)
+    return tuple(words)
 
 
 def _check_builtin_args(name: str, field: Located | None, args: Mapping[str, Any]) -> None:
@@ -579,3 +728,84 @@ def _check_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
     if mixed and spec.master_addr is None:
         raise top["nodes"].error("node 0 is localhost but other nodes are remote",
                                  hint="set master.addr to this machine's address as the other nodes see it")
+
+
+def _setup(field: Located) -> tuple[str | tuple[str, ...], ...]:
+    """``setup:``: one command, or a list of them. A string is shell text for
+    the node's ``sh -c`` (as SkyPilot's ``setup``); a list is one argv, run as
+    it is, no shell."""
+    items = [field] if not isinstance(field.node, yaml.SequenceNode) else field.sequence()
+    if len(items) > MAX_SETUP_COMMANDS:
+        raise field.error(f"{len(items)} setup commands, more than {MAX_SETUP_COMMANDS}",
+                          hint="put them in a script in the code and run that")
+    return tuple(_setup_command(item) for item in items)
+
+
+_SETUP_HINT = ('each setup command is a string, run by the node\'s `sh -c` in the code root '
+               '("pip install -r requirements.txt"), or a list, one program and its '
+               'arguments run as they are ([python, -m, pip, install, -r, requirements.txt])')
+
+
+def _setup_command(field: Located) -> str | tuple[str, ...]:
+    if isinstance(field.node, yaml.SequenceNode):
+        words = []
+        for item in field.sequence():
+            value = item.value()
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise item.error(f"expected a word of the command, got {item.describe()}",
+                                 hint=_SETUP_HINT)
+            words.append(str(value))
+        if not words or not words[0].strip():
+            raise field.error("the command is empty", hint=_SETUP_HINT)
+        if any("\0" in word for word in words):
+            raise field.error("a command word holds a NUL byte", hint=_SETUP_HINT)
+        return tuple(words)
+    if not isinstance(field.node, yaml.ScalarNode):
+        raise field.error(f"a setup command must be a string or a list, got {field.describe()}",
+                          hint=_SETUP_HINT)
+    value = field.scalar()
+    if not isinstance(value, str):
+        raise field.error(f"a setup command must be a string or a list, got {field.describe()}",
+                          hint=_SETUP_HINT + "; quote a command YAML reads as a number")
+    if not value.strip():
+        raise field.error("the command is empty", hint=_SETUP_HINT)
+    if "\0" in value:
+        raise field.error("the command holds a NUL byte", hint=_SETUP_HINT)
+    return value
+
+
+def _outputs(field: Located) -> tuple[str, ...]:
+    """``outputs:``: paths or globs under node 0's code root, one or a list."""
+    items = [field] if not isinstance(field.node, yaml.SequenceNode) else field.sequence()
+    if len(items) > MAX_OUTPUTS:
+        raise field.error(f"{len(items)} outputs, more than {MAX_OUTPUTS}",
+                          hint="name a directory (out/) or a glob (out/*.json) instead")
+    return tuple(_output_pattern(item) for item in items)
+
+
+def _output_pattern(field: Located) -> str:
+    pattern = field.string()
+    problem = output_pattern_problem(pattern)
+    if problem:
+        raise field.error(f"{pattern!r} {problem}",
+                          hint="outputs are paths or globs relative to the code root on node 0, "
+                               "e.g. out/metrics.json, out/*.png, out/ or checkpoints/**/*.pt")
+    return pattern
+
+
+def output_pattern_problem(pattern: str) -> str:
+    """Why ``pattern`` cannot name files under the code root ("" if it can):
+    absolute, ``~``, or a ``..`` that climbs out. Node 0 checks every match
+    again (``agent/outputs.py``): a link that leads out is refused there."""
+    if "\0" in pattern or any(ord(ch) < 32 for ch in pattern):
+        return "holds a control character"
+    if pattern.startswith(("/", "\\")):
+        return "is an absolute path, outside the code root"
+    if pattern.startswith("~"):
+        return "starts with ~, outside the code root"
+    if any(part == ".." for part in pattern.replace("\\", "/").split("/")):
+        return "escapes the code root (..)"
+    if not pattern.strip("/. "):
+        return "names the whole code root; name what to bring home (out/, out/*.json)"
+    return ""
+

@@ -7,26 +7,45 @@ so it goes through the same plan, launch and records as a cluster run.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping
 
 from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
-from .loader import check_workload_args, parse_gpus
+from .loader import (check_workload_args, default_name, module_name, parse_gpus, script_in,
+                     too_broad)
 from .spec import AUTO_PORT, DEFAULT_WORKDIR, ClusterSpec, NodeSpec, SshSpec, WorkloadSpec
 from .yamlsrc import closest_hint
 
 CLI = "command line"
+PROGRAM = "-- PROGRAM"  # the field path of errors in the words after `--`
+INTERPRETERS = ("python", "python3", "torchrun")
 
 
 def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | None,
-               procs: int | None, device: str | None, args: Mapping[str, Any]) -> ClusterSpec:
-    """One localhost node running ``base``'s workload (or ``workload``)."""
+               procs: int | None, device: str | None, args: Mapping[str, Any],
+               program: tuple[str, ...] | None = None) -> ClusterSpec:
+    """One localhost node running ``base``'s workload (or ``workload``, or
+    ``program``: the words after ``--``, from the current directory without
+    a file)."""
     if gpus is not None and procs is not None:
         raise ConfigError("give --gpus or --procs, not both", source=CLI)
+    if program is not None:
+        if workload is not None:
+            raise ConfigError("give --workload or a program after --, not both", source=CLI)
+        if base is not None:
+            base = with_program(base, program)
+        else:
+            chosen = program_workload(None, program, os.getcwd())
+            base = ClusterSpec(name=default_name(chosen), backend="local", master_addr=None,
+                               master_port=AUTO_PORT, workdir=DEFAULT_WORKDIR, device="auto",
+                               env={}, nodes=(), workload=chosen, source=CLI,
+                               base_dir=os.getcwd())
     if base is None and workload is None:
         raise ConfigError("nothing to run", source=CLI,
-                          hint="pass a cluster file or --workload NAME (see `ddp-orch workloads`)")
+                          hint="pass a cluster file, --workload NAME (see `ddp-orch workloads`) "
+                               "or your program after --: -- train.py ARGS")
     if gpus is not None:
         try:
             gpu_list, nproc = parse_gpus(gpus), None
@@ -35,7 +54,7 @@ def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | No
     else:
         gpu_list, nproc = None, procs if procs is not None else _default_procs(base)
     chosen = choose_workload(base, workload, args)
-    python = base.nodes[0].python if base else "python3"
+    python = base.nodes[0].python if base and base.nodes else "python3"
     env = dict(base.env) if base else {}
     node = NodeSpec(host="localhost", gpus=gpu_list, procs=nproc, ssh=SshSpec(),
                     python=_local_python(python), env=env)
@@ -49,7 +68,7 @@ def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | No
 
 def _default_procs(base: ClusterSpec | None) -> int:
     """Without --gpus/--procs: node 0's process count, else 2 (a real DDP pair)."""
-    return base.nodes[0].nproc if base else 2
+    return base.nodes[0].nproc if base and base.nodes else 2
 
 
 def _local_python(python: str) -> str:
@@ -70,6 +89,56 @@ def with_args(spec: ClusterSpec, args: Mapping[str, Any]) -> ClusterSpec:
     return dataclasses.replace(spec, workload=choose_workload(spec, None, args))
 
 
+def with_program(spec: ClusterSpec, words: tuple[str, ...]) -> ClusterSpec:
+    """``spec`` running ``words`` (``ddp-orch up FILE -- PROGRAM ARGS``)
+    instead of its workload, from the same code directory. A run name that
+    was the old workload's default follows the new one."""
+    workload = program_workload(spec.workload, words, spec.base_dir)
+    name = default_name(workload) if spec.name == default_name(spec.workload) else spec.name
+    return dataclasses.replace(spec, workload=workload, name=name)
+
+
+def program_workload(base: WorkloadSpec | None, words: tuple[str, ...],
+                     base_dir: str) -> WorkloadSpec:
+    """The workload of ``-- PROGRAM ARGS``, as torchrun takes it: ``train.py
+    ARGS`` (relative to the code directory) or ``-m pkg.train ARGS``, the
+    arguments verbatim. The code directory is ``base``'s (a built-in
+    workload has none: then ``base_dir``, the cluster file's directory)."""
+    code = base.code if base is not None and base.code else os.path.abspath(base_dir)
+    usage = ("PROGRAM is your script, relative to the code directory (-- train.py --lr 0.1), "
+             "or a module (-- -m pkg.train --lr 0.1); ddp-orch's own options go before --")
+    if not words:
+        raise ConfigError("nothing after --", path=PROGRAM, source=CLI, hint=usage)
+    why = too_broad(code)
+    if why:
+        raise ConfigError(f"the code directory {code} {why}; all of it would be uploaded to "
+                          "every node", path=PROGRAM, source=CLI,
+                          hint="run from a cluster file whose workload.code is your project's "
+                               "own directory")
+    head, rest = words[0], tuple(words[1:])
+    if head == "-m":
+        if not rest:
+            raise ConfigError("-m without a module name", path=PROGRAM, source=CLI, hint=usage)
+        try:
+            module = module_name(rest[0])
+        except ValueError as exc:
+            raise ConfigError(exc.args[0], path=PROGRAM, source=CLI, hint=exc.args[1]) from None
+        return WorkloadSpec(name=None, script=None, args=rest[1:], module=module, code=code)
+    if head.startswith("-"):
+        raise ConfigError(f"{head!r} is not a program", path=PROGRAM, source=CLI,
+                          hint=usage + "; to change only the arguments, give the program too")
+    if os.path.basename(head) in INTERPRETERS:
+        raise ConfigError(f"{head!r}: ddp-orch starts python through torchrun itself",
+                          path=PROGRAM, source=CLI,
+                          hint="give what follows it: -- train.py ARGS or -- -m pkg.train ARGS")
+    try:
+        script = script_in(code, head, True)
+    except ValueError as exc:
+        message, hint = exc.args
+        raise ConfigError(message, path=PROGRAM, source=CLI, hint=hint) from None
+    return WorkloadSpec(name=None, script=script, args=rest, module=None, code=code)
+
+
 def choose_workload(base: ClusterSpec | None, name: str | None,
                     args: Mapping[str, Any]) -> WorkloadSpec:
     """The file's workload (or the built-in ``name``) with ``args`` merged, checked."""
@@ -80,7 +149,12 @@ def choose_workload(base: ClusterSpec | None, name: str | None,
         chosen = WorkloadSpec(name=name, script=None, args={})
     else:
         chosen = base.workload
-    merged = {**chosen.args, **args}
+    if isinstance(chosen.args, tuple) and args:
+        raise ConfigError("--arg sets one flag of the mapping form of workload.args, but this "
+                          "workload's args are a list", path="--arg", source=CLI,
+                          hint="give the whole command line instead: ddp-orch up FILE -- "
+                               "PROGRAM ARGS")
+    merged = {**chosen.args, **args} if not isinstance(chosen.args, tuple) else chosen.args
     if chosen.name is not None:
         try:
             check_workload_args(chosen.name, merged)

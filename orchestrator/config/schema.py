@@ -25,11 +25,13 @@ from typing import Any, Iterable, Mapping
 from workloads.catalog import CATALOG
 
 from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTER_KEYS,
-                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_NODES, MAX_RESTARTS,
-                     MIN_HANG_TIMEOUT, MAX_PROCS, NAME_RE, NETWORK_KEYS, NODE_KEYS,
+                     MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_MODULE_NAME,
+                     MAX_NODES, MAX_RESTARTS, MIN_HANG_TIMEOUT, MAX_PROCS, MODULE_RE, NAME_RE,
+                     NETWORK_KEYS, NODE_KEYS,
                      RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
                      SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
-from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_WORKDIR
+from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT
+from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:ddp-orch:schema:cluster"
@@ -215,18 +217,72 @@ def _workload() -> dict[str, Any]:
                  "description": "A built-in workload (`ddp-orch workloads` lists them and their "
                                 "arguments)."},
         "script": {"type": "string", "pattern": _NON_BLANK,
-                   "description": "Your own torchrun script, relative to this file; its "
-                                  "directory is uploaded to every node."},
+                   "description": "Your script, run as `python SCRIPT ARGS` in the code "
+                                  "directory on every node: relative to `code` when given, "
+                                  "else to this file (its directory is then the code)."},
+        "module": {"type": "string", "pattern": MODULE_RE.pattern,
+                   "maxLength": MAX_MODULE_NAME,
+                   "description": "Your module, run as `python -m MODULE ARGS` in the code "
+                                  "directory on every node, e.g. pkg.train."},
+        "code": {"type": "string", "pattern": _NON_BLANK,
+                 "description": "Your project's directory, relative to this file: uploaded "
+                                "to every node (.gitignore'd, secret-looking files and caches "
+                                "left out; 64 MiB at most) and the working directory of every "
+                                "rank there. Default: the script's directory, else this "
+                                "file's. Not the filesystem root or a home directory."},
         "args": {
-            "type": "object",
-            "description": "Arguments passed to the program: epochs: 10 -> --epochs 10; true/false "
-                           "-> --x/--no-x; a list -> one flag, several values; null -> the bare "
-                           "flag. A built-in workload's arguments are checked by ddp-orch.",
-            "propertyNames": {"minLength": 1},
-            "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
+            "description": "Arguments passed to the program: a mapping (epochs: 10 -> --epochs "
+                           "10; true/false -> --x/--no-x; a list -> one flag, several values; "
+                           "null -> the bare flag), or a list passed verbatim, each item one "
+                           "argument as written ([configs/x.yaml, --lr=0.1, -v, 50]). A "
+                           "built-in workload's arguments are a mapping, checked by ddp-orch.",
+            "oneOf": [
+                {"type": "object", "propertyNames": {"minLength": 1},
+                 "additionalProperties": {"anyOf": [_SCALAR,
+                                                    {"type": "array", "items": _SCALAR}]}},
+                {"type": "array",
+                 "items": {"type": ["string", "number", "boolean"]}},
+            ],
         },
-    }, "workload", "What to run: a built-in workload (name) or your script (script), with args.",
-        oneOf=[{"required": ["name"]}, {"required": ["script"]}])
+    }, "workload", "What to run: a built-in workload (name), or your script or module run "
+                   "from your code directory (code), with args.",
+        oneOf=[{"required": ["name"]}, {"required": ["script"]}, {"required": ["module"]}],
+        # code goes with script or module; a built-in's args are a mapping
+        allOf=[{"if": {"required": ["name"]},
+                "then": {"not": {"anyOf": [{"required": ["code"]},
+                                           {"properties": {"args": {"type": "array"}},
+                                            "required": ["args"]}]}}}])
+
+
+def _setup() -> dict[str, Any]:
+    shell = {"type": "string", "pattern": _NON_BLANK,
+             "description": "Shell text, run by the node's `sh -c` in the code root, as "
+                            "SkyPilot's setup (pipes, &&, $VARS and globs work)."}
+    argv = {"type": "array", "minItems": 1, "items": {"type": ["string", "number"]},
+            "description": "One program and its arguments, run as they are (no shell: "
+                           "nothing is expanded or split)."}
+    return {"description": "Commands run on every node, in parallel, before torchrun "
+                           "starts: in the node's code root, with the run's environment, "
+                           "once per run (not per restart). Output goes to the console and "
+                           "the node log; a failure stops the run before any rank starts.",
+            "oneOf": [shell,
+                      {"type": "array", "maxItems": MAX_SETUP_COMMANDS,
+                       "items": {"oneOf": [shell, argv]},
+                       "description": "Several commands, run in turn; the first that fails "
+                                      "ends the setup."}]}
+
+
+def _outputs() -> dict[str, Any]:
+    pattern = {"type": "string", "pattern": _NON_BLANK,
+               "not": {"anyOf": [{"pattern": r"^[/~\\]"},
+                                 {"pattern": r"(?:^|[/\\])\.\.(?:[/\\]|$)"}]},
+               "description": "A path or glob relative to the code root (out/metrics.json, "
+                              "out/*.png, out/, checkpoints/**/*.pt); never absolute, ~ or "
+                              ".."}
+    return {"description": "Files brought home from node 0's code root after the run (also "
+                           "after a failure), into the run directory's outputs/. Size-capped; "
+                           "links, devices and paths outside the code root are refused.",
+            "oneOf": [pattern, {"type": "array", "maxItems": MAX_OUTPUTS, "items": pattern}]}
 
 
 def cluster_schema() -> dict[str, Any]:
@@ -287,6 +343,14 @@ def cluster_schema() -> dict[str, Any]:
                             "sums of their process counts."},
             {"$ref": "#/$defs/placed"}]},
         "workload": {"$ref": "#/$defs/workload"},
+        "setup": _setup(),
+        "setup_timeout": {"type": "integer", "minimum": 1, "maximum": MAX_SETUP_TIMEOUT,
+                          "default": int(DEFAULT_SETUP_TIMEOUT),
+                          "description": "Seconds a node's whole setup may take (default "
+                                         f"{DEFAULT_SETUP_TIMEOUT:g}); past it, the command "
+                                         "running is ended and the run fails before any "
+                                         "rank starts."},
+        "outputs": _outputs(),
     }, "top level")
     return {
         "$schema": SCHEMA_DIALECT,

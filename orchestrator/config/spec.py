@@ -13,6 +13,7 @@ AUTO_PORT = "auto"
 LOCAL_HOSTS = frozenset({"localhost"})
 DEFAULT_WORKDIR = "~/.ddp-orch"
 DEFAULT_PORT = 29500
+DEFAULT_SETUP_TIMEOUT = 1800.0  # seconds: a node's whole ``setup:`` (pip installs take a while)
 # The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
 BACKENDS = ("local", "ssh", "slurm")
 
@@ -78,15 +79,24 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """A built-in workload by ``name`` or the user's ``script`` (absolute path)."""
+    """What every rank runs: a built-in workload by ``name``, or the user's
+    program from ``code`` (the directory uploaded to every node, absolute
+    here, and the workers' working directory there): a ``script`` (absolute
+    path, inside ``code``) or a ``module`` (``python -m``).
+
+    ``args`` is a mapping (``{epochs: 10}`` -> ``--epochs 10``) or, given as
+    a list, the arguments verbatim (a tuple of strings).
+    """
 
     name: str | None
     script: str | None
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
+    module: str | None = None
+    code: str | None = None
 
     @property
     def label(self) -> str:
-        return self.name or self.script or "?"
+        return self.name or self.module or self.script or "?"
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,13 @@ class ClusterSpec:
     slurm: SlurmSpec | None = None  # with backend slurm
     placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
     interface: str = "auto"  # network.interface: auto | off | a name (plan/network.py)
+    # ``setup:``: commands run on every node before torchrun, in its code root;
+    # each a string (run by ``sh -c``) or an argv tuple (run as it is).
+    setup: tuple[str | tuple[str, ...], ...] = ()
+    setup_timeout: float = DEFAULT_SETUP_TIMEOUT  # seconds for all of a node's setup
+    # ``outputs:``: paths or globs under node 0's code root, brought home after the run.
+    outputs: tuple[str, ...] = ()
+    base_dir: str = "."  # the cluster file's directory: relative paths start there
 
     @property
     def uses_gpus(self) -> bool:

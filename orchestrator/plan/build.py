@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from types import MappingProxyType
 from typing import Mapping
 
 from workloads import contract
 from workloads.catalog import CATALOG, args_to_argv
 
-from ..config.spec import ClusterSpec
-from .model import Entrypoint, NodePlan, RankPlan, RunPlan
+from ..config.spec import ClusterSpec, WorkloadSpec
+from .model import BUILTIN_DIR, PROJECT_DIR, Entrypoint, NodePlan, RankPlan, RunPlan
 from .network import interface_env, resolve_interfaces
 
 # With it set, torchrun assumes every node has the same nproc and numbers
@@ -78,26 +79,56 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
         env[contract.NODE_RANK_ENV] = str(k)
         env[contract.RESULT_FILE_ENV] = f"{run_dir}/{contract.RESULT_FILE_NAME}"
         env[contract.RESTART_COUNT_ENV] = "0"  # a kept run's keeper raises it per attempt
-        env["PYTHONPATH"] = f"{run_dir}/code"
+        env["PYTHONPATH"] = f"{run_dir}/{BUILTIN_DIR}"  # the built-ins, the contract, the shim
         env["PYTHONUNBUFFERED"] = "1"  # worker lines reach their log files as printed
         nodes.append(NodePlan(
             node_rank=k, host=node.host, python=node.python, gpus=node.gpus,
             first_rank=starts[k], nproc=node.nproc, run_dir=run_dir,
-            env=MappingProxyType(dict(sorted(env.items()))), unset_env=UNSET_ENV))
+            env=MappingProxyType(dict(sorted(env.items()))), unset_env=UNSET_ENV,
+            code_rel=PROJECT_DIR if spec.workload.code else BUILTIN_DIR))
     ranks = tuple(
         RankPlan(rank=n.first_rank + i, node_rank=n.node_rank, host=n.host, local_rank=i,
                  gpu=n.gpus[i] if n.gpus is not None else None)
         for n in nodes for i in range(n.nproc))
     workload = spec.workload
-    script_name = workload.script.rsplit("/", 1)[-1] if workload.script else None
-    entrypoint = Entrypoint(
-        module=CATALOG[workload.name].module if workload.name is not None else None,
-        script=script_name, args=tuple(args_to_argv(workload.args)))
+    entrypoint = entrypoint_of(workload)
     return RunPlan(run_id=run_id, name=spec.name, backend=spec.backend,
                    world_size=spec.world_size, master_addr=master_addr,
                    master_port=spec.master_port, device=device,
-                   workload=workload.name or script_name or "?", script=workload.script,
-                   entrypoint=entrypoint, nodes=tuple(nodes), ranks=ranks)
+                   workload=workload.name or entrypoint.module or entrypoint.script or "?",
+                   code=workload.code,
+                   entrypoint=entrypoint, nodes=tuple(nodes), ranks=ranks,
+                   setup=tuple(setup_argv(command) for command in spec.setup),
+                   setup_timeout_s=spec.setup_timeout if spec.setup else 0.0,
+                   outputs=spec.outputs)
+
+
+def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
+    """What every worker runs, from its code root: the built-in's module, or
+    the user's module or script (relative to ``workload.code``), then the
+    arguments (a list verbatim; a mapping as flags)."""
+    args = workload.args if isinstance(workload.args, tuple) else args_to_argv(workload.args)
+    if workload.name is not None:
+        return Entrypoint(module=CATALOG[workload.name].module, script=None, args=tuple(args))
+    script = None
+    if workload.script is not None:
+        script = os.path.relpath(workload.script, workload.code or os.path.dirname(
+            workload.script)).replace(os.sep, "/")
+    return Entrypoint(module=workload.module, script=script, args=tuple(args))
+
+
+def setup_argv(command: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A ``setup:`` command as the node runs it: a string is shell text for
+    ``sh -c`` (as SkyPilot's ``setup``), a list is the argv itself."""
+    return ("sh", "-c", command) if isinstance(command, str) else tuple(command)
+
+
+def setup_path_first(python: str) -> str | None:
+    """The directory put first on ``PATH`` for a node's setup commands: that
+    of its ``python:`` when it is an absolute path, so ``pip`` and
+    ``python`` in a setup command are the run's own (a virtualenv's, a
+    conda env's), as if it were activated; None for a bare name."""
+    return python.rsplit("/", 1)[0] or "/" if python.startswith("/") else None
 
 
 def _default_master(spec: ClusterSpec) -> str:

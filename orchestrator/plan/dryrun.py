@@ -23,6 +23,10 @@ class NodeLaunch:
     unset_env: tuple[str, ...]
     argv: tuple[str, ...]
     connection: Mapping[str, Any] = field(default_factory=dict)  # the backend's settings
+    # ``setup:`` as this node runs it, each an argv, in ``node.code_root``
+    # before torchrun (``agent/nodesetup.py``); the plan's timeout holds for all.
+    setup: tuple[tuple[str, ...], ...] = ()
+    setup_timeout_s: float = 0.0
 
     @property
     def node_rank(self) -> int:

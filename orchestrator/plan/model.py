@@ -16,20 +16,29 @@ from workloads import contract
 from ..config.spec import AUTO_PORT
 
 
+# Where each node's copy of the user's code directory (``workload.code``)
+# lives in its run directory (``NodePlan.code_rel``); the built-in workloads
+# come in ``code/``, with the shim.
+PROJECT_DIR = "project"
+BUILTIN_DIR = "code"
+
+
 @dataclass(frozen=True)
 class Entrypoint:
-    """What every worker runs: ``python -m module ARGS`` or ``python script ARGS``.
+    """What every worker runs: ``python -m module ARGS`` or ``python script ARGS``,
+    in the node's code root (``NodePlan.code_root``), as torchrun runs it there.
 
-    ``script`` is the script's file name; its directory is uploaded to each
-    node's ``script/`` (``script_dir``).
+    ``script`` is the script's path relative to the code directory (posix),
+    so ``argv`` is what you would type after torchrun in your project's
+    root: ``train.py --lr 0.1``, ``scripts/train.py``, ``-m pkg.train``.
     """
 
     module: str | None
     script: str | None
     args: tuple[str, ...]
 
-    def argv(self, script_dir: str) -> tuple[str, ...]:
-        head = ("-m", self.module) if self.module is not None else (f"{script_dir}/{self.script}",)
+    def argv(self) -> tuple[str, ...]:
+        head = ("-m", self.module) if self.module is not None else (self.script or "",)
         return (*head, *self.args)
 
 
@@ -55,6 +64,11 @@ class NodePlan:
     run_dir: str
     env: Mapping[str, str]
     unset_env: tuple[str, ...]
+    # The code root, relative to ``run_dir``: where the uploaded code lands on
+    # the node (``project/``: the user's ``workload.code``; ``code/`` for the
+    # built-ins). Every worker starts there (the supervisor's cwd for
+    # torchrun), setup runs there and ``outputs`` are read from there.
+    code_rel: str = BUILTIN_DIR
 
     @property
     def ranks(self) -> range:
@@ -66,7 +80,13 @@ class NodePlan:
 
     @property
     def code_dir(self) -> str:
-        return f"{self.run_dir}/code"
+        return f"{self.run_dir}/{BUILTIN_DIR}"
+
+    @property
+    def code_root(self) -> str:
+        """The node's copy of the uploaded code: the one helper for "the code
+        root of node X" (setup's working directory, where outputs are found)."""
+        return f"{self.run_dir}/{self.code_rel}"
 
     @property
     def result_file(self) -> str:
@@ -82,11 +102,16 @@ class RunPlan:
     master_addr: str
     master_port: int | str  # AUTO_PORT until resolve_plan
     device: str
-    workload: str  # a built-in name, or the script's file name
-    script: str | None  # the user's script on this machine, if any
+    workload: str  # a built-in name, the module, or the script's path in the code directory
+    code: str | None  # the user's code directory on this machine, uploaded to every node
     entrypoint: Entrypoint
     nodes: tuple[NodePlan, ...]
     ranks: tuple[RankPlan, ...]
+    # ``setup:``, each command as the argv every node runs in its code root
+    # (a string becomes ``sh -c STRING``), within ``setup_timeout_s`` in all.
+    setup: tuple[tuple[str, ...], ...] = ()
+    setup_timeout_s: float = 0.0
+    outputs: tuple[str, ...] = ()  # globs under node 0's code root, brought home
 
     @property
     def resolved(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 from ..agent.probes import hostport
 from ..config.spec import AUTO_PORT
 from ..report.table import format_table
+from .build import setup_path_first
 from .dryrun import LIVENESS, DryRun, NodeLaunch
 from .model import RunPlan
 from .network import AUTO, IFNAME_VARS, value_for
@@ -56,8 +57,14 @@ def node_shell_line(node: NodeLaunch, master_addr: str) -> str:
     find = _FIND_IFNAME.format(addr=shell_word(master_addr)) if auto else ""
     chosen = "".join(f' {k}="{value_for(k, "$ifname")}"' for k in auto)
     words = shell_join(env_words)
-    return (f"mkdir -p {shell_word(node.run_dir)} && cd {shell_word(node.run_dir)} && "
-            f"{find}{words}{chosen} {shell_join(list(node.argv))}")
+    setup = ""
+    if node.setup:  # in the code root, each command with the run's env, before torchrun
+        setup = "(cd " + shell_word(node.node.code_root) + " && " + " && ".join(
+            f"{words} {shell_join(list(argv))}" for argv in node.setup) + ") && "
+    # torchrun starts in the code root, as the node's agent starts it
+    cwd = shell_word(node.node.code_root)
+    return (f"mkdir -p {cwd} && cd {cwd} && "
+            f"{setup}{find}{words}{chosen} {shell_join(list(node.argv))}")
 
 
 def _port_text(plan: RunPlan) -> str:
@@ -84,18 +91,40 @@ def render_text(info: DryRun) -> str:
         f"liveness   {info.liveness}: {LIVENESS.get(info.liveness, '?')}",
         *([f"restarts   up to {info.max_restarts} whole-gang restart(s) after a failure"]
           if info.max_restarts else []),
+        *_setup_lines(plan),
         *info.notes,
         "",
         _rank_table(plan),
     ]
     for node in info.nodes:
-        out += ["", _node_header(node), f"  run dir  {node.run_dir}", "  env"]
+        out += ["", _node_header(node), f"  run dir  {node.run_dir}",
+                f"  cwd      {node.node.code_root}", "  env"]
         out += [f"    {k}={v}" for k, v in mask_env(node.env).items()]
-        out += [f"  unset    {' '.join(node.unset_env)}", "  command",
+        out += [f"  unset    {' '.join(node.unset_env)}"]
+        if node.setup:
+            first = setup_path_first(node.node.python)
+            out += [f"  setup    in {node.node.code_root}, {plan.setup_timeout_s:g}s in all"
+                    + (f", {first} first on PATH" if first else "")]
+            out += [f"    {shell_join(argv)}" for argv in node.setup]
+        out += ["  command",
                 f"    {shell_join(node.argv)}"]
     for title, text in info.extras.items():
         out += ["", title] + [f"  {line}".rstrip() for line in text.splitlines()]
     return "\n".join(out) + "\n"
+
+
+def _setup_lines(plan: RunPlan) -> list[str]:
+    """The header's ``setup`` and ``outputs`` lines, when the file has them."""
+    out = []
+    if plan.setup:
+        count = len(plan.setup)
+        out.append(f"setup      {count} command{'s' if count != 1 else ''} on every node in its "
+                   f"code root before torchrun starts, once per run; timeout "
+                   f"{plan.setup_timeout_s:g}s (setup_timeout)")
+    if plan.outputs:
+        out.append(f"outputs    {', '.join(plan.outputs)} (node 0's code root) -> the run "
+                   f"directory's outputs/, after the run")
+    return out
 
 
 def _node_header(node: NodeLaunch) -> str:
@@ -121,6 +150,8 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
         "run_id": plan.run_id, "name": plan.name, "world_size": plan.world_size,
         "master_addr": plan.master_addr, "master_port": plan.master_port,
         "device": plan.device, "workload": plan.workload,
+        "setup": [list(argv) for argv in plan.setup],
+        "setup_timeout_s": plan.setup_timeout_s, "outputs": list(plan.outputs),
         "ranks": [vars(r) for r in plan.ranks],
         "nodes": [{
             "node_rank": n.node_rank, "host": n.host, "where": n.where,
@@ -128,7 +159,8 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
             "python": n.node.python,
             "gpus": list(n.node.gpus) if n.node.gpus is not None else None,
             "ranks": [n.node.first_rank, n.node.first_rank + n.node.nproc - 1],
-            "nproc": n.node.nproc, "run_dir": n.run_dir, "env": mask_env(n.env),
+            "nproc": n.node.nproc, "run_dir": n.run_dir, "code_root": n.node.code_root,
+            "env": mask_env(n.env),
             "unset_env": list(n.unset_env), "argv": list(n.argv),
         } for n in info.nodes],
         **({"extras": dict(info.extras)} if info.extras else {}),
@@ -144,7 +176,8 @@ def render_shell(info: DryRun) -> str:
     plan = info.plan
     out = [f"# {plan.run_id}: world size {plan.world_size}, master "
            f"{hostport(plan.master_addr, plan.master_port)}, backend {info.backend}",
-           "# ddp-orch uploads the workload code into each run dir's code/ first;",
+           "# ddp-orch uploads the code into each run dir first (the built-ins and the",
+           "# shim to code/, your workload.code to project/, where the workers start);",
            "# to start by hand, copy it there, then run each line on its node.",
            "# Worker output goes to files (--redirects 3), which ddp-orch relays;",
            "# by hand: tail -F torchrun/*/attempt_0/*/std*.log in the run dir."]
@@ -167,17 +200,33 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
                         gpus=tuple(map(int, n["gpus"])) if n.get("gpus") is not None else None,
                         first_rank=int(n["ranks"][0]), nproc=int(n["nproc"]),
                         run_dir=str(n["run_dir"]), env=dict(n["env"]),
-                        unset_env=tuple(n["unset_env"]))
+                        unset_env=tuple(n["unset_env"]),
+                        code_rel=_code_rel(str(n["run_dir"]), n.get("code_root")))
         nodes.append(NodeLaunch(node=node, where=str(n["where"]), env=node.env,
                                 unset_env=node.unset_env, argv=tuple(map(str, n["argv"])),
-                                connection=dict(n.get("connection") or {})))
+                                connection=dict(n.get("connection") or {}),
+                                setup=tuple(tuple(map(str, argv))
+                                            for argv in data.get("setup") or ()),
+                                setup_timeout_s=float(data.get("setup_timeout_s") or 0)))
     plan = RunPlan(run_id=str(data["run_id"]), name=str(data["name"]),
                    backend=str(data["backend"]), world_size=int(data["world_size"]),
                    master_addr=str(data["master_addr"]), master_port=data["master_port"],
-                   device=str(data["device"]), workload=str(data["workload"]), script=None,
+                   device=str(data["device"]), workload=str(data["workload"]), code=None,
                    entrypoint=Entrypoint(None, None, ()), nodes=tuple(n.node for n in nodes),
-                   ranks=tuple(RankPlan(**r) for r in data["ranks"]))
+                   ranks=tuple(RankPlan(**r) for r in data["ranks"]),
+                   setup=tuple(tuple(map(str, argv)) for argv in data.get("setup") or ()),
+                   setup_timeout_s=float(data.get("setup_timeout_s") or 0),
+                   outputs=tuple(map(str, data.get("outputs") or ())))
     return DryRun(backend=plan.backend, plan=plan, nodes=tuple(nodes),
                   extras=dict(data.get("extras") or {}),
                   liveness=str(data.get("liveness", "attached")),
                   max_restarts=int(data.get("max_restarts", 0)))
+
+
+def _code_rel(run_dir: str, code_root: object) -> str:
+    """A recorded node's code root, relative to its run directory ("code" in
+    records from before it was recorded)."""
+    if isinstance(code_root, str) and code_root.startswith(run_dir.rstrip("/") + "/"):
+        return code_root[len(run_dir.rstrip("/")) + 1:]
+    return "code"
+

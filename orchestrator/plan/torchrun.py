@@ -22,7 +22,10 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
     is what makes heterogeneous layouts (3 + 4) number their ranks as prefix
     sums. Workers write to files (``--redirects 3``), which the node agent
     follows and relays as whole, rank-prefixed lines. Each worker runs the
-    user's program through the shim (``SHIM``), transparently.
+    user's program through the shim (``SHIM``), transparently, in the node's
+    code root (torchrun's working directory: ``node.code_root``), so the
+    program's words are the user's own (``train.py``, ``-m pkg.train``);
+    every path of ddp-orch's own here is absolute.
     """
     return (node.python, *TORCHRUN,
             "--nnodes", str(len(plan.nodes)), "--node-rank", str(node.node_rank),
@@ -30,4 +33,4 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
             "--master-addr", plan.master_addr, "--master-port", str(plan.master_port),
             "--rdzv-backend", "static", "--rdzv-id", plan.run_id, "--max-restarts", "0",
             "--log-dir", f"{node.run_dir}/torchrun", "--redirects", "3",
-            "-m", SHIM, *plan.entrypoint.argv(f"{node.run_dir}/script"))
+            "-m", SHIM, *plan.entrypoint.argv())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from ..backends.base import CancelResult, Preflight, RunDescription
+from ..backends.results import OUTPUTS_RECORD, outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from ..records.store import RunRecord
@@ -55,6 +56,7 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     if isinstance(result, dict):
         lines.append(f"result: {record.run.file('result.json')}")
         lines += [f"  {key} = {value}" for key, value in (result.get("metrics") or {}).items()]
+    lines += outputs_lines(record.run.read_json(OUTPUTS_RECORD), record.run.path)
     lines.append(f"run directory: {record.run.path}")
     return "\n".join(lines) + "\n"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends.results import outputs_lines
 from ..plan.network import AUTO, GLOO_IFNAME
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
@@ -12,9 +13,11 @@ from .table import format_table
 _KEY_METRICS = 8
 
 
-def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None) -> str:
+def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
+                   outputs: Any = None) -> str:
     """The summary; ``plan`` is the run's ``plan.json`` (the resolved plan),
-    from which a failed run lists the interface each node's ranks used."""
+    from which a failed run lists the interface each node's ranks used;
+    ``outputs`` its ``outputs.json`` (what of ``outputs:`` came home)."""
     lines = ["", f"run {outcome.run_id}: {outcome.state.value.upper()} in {outcome.wall_s:.1f}s"]
     rows = [("NODE", "HOST", "STATUS", "EXIT", "DETAIL")]
     for node in outcome.nodes:
@@ -41,6 +44,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None) -> str:
                          f"{slowest.get('node_rank')}, {slowest.get('host')}), "
                          f"{_number(float(slowest.get('mean_s', 0)) * 1000)} ms/step, "
                          f"{float(slowest.get('vs_median', 1)):.2f}x the median rank")
+    lines += outputs_lines(outputs, run_path)
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
 

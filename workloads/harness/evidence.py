@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import json
 import os
 
 import torch
@@ -35,12 +37,24 @@ def rank_row(ctx: DistContext) -> dict:
 
 
 def param_checksum(model: nn.Module) -> str:
-    """sha256 over the names and float64 values of ``model``'s parameters."""
+    """sha256 over the names and float64 values of ``model``'s parameters.
+
+    The bytes are read straight from the CPU tensor's memory, not through
+    ``.numpy()``: a node with torch alone (no numpy) runs every built-in
+    workload, as the README promises."""
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         h.update(name.encode())
-        h.update(p.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
+        h.update(tensor_bytes(p.detach().to("cpu", torch.float64).contiguous()))
     return h.hexdigest()
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The raw bytes of a contiguous CPU tensor (what ``.numpy().tobytes()``
+    gives), without numpy."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("tensor_bytes needs a contiguous CPU tensor")
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
 
 
 def broadcast_buffers(model: nn.Module) -> None:
@@ -65,8 +79,7 @@ def gather(ctx: DistContext, final_checksum: str, init_checksum: str | None = No
     """
     mine = {"row": rank_row(ctx), "init": init_checksum, "final": final_checksum,
             "steps": step_stats}
-    everyone: list = [None] * ctx.world_size
-    dist.all_gather_object(everyone, mine)
+    everyone = all_gather_json(ctx, mine)
     finals = [e["final"] for e in everyone]
     inits = [e["init"] for e in everyone]
     stragglers = straggler_report(everyone) if step_stats is not None else {}
@@ -79,6 +92,30 @@ def gather(ctx: DistContext, final_checksum: str, init_checksum: str | None = No
         "init_checksums": inits,
         "init_replicas_identical": len(set(inits)) == 1,
     }
+
+
+def all_gather_json(ctx: DistContext, value) -> list:
+    """Every rank's ``value`` (JSON-able), in rank order; a collective.
+
+    ``dist.all_gather_object`` would do, but it goes through numpy, which a
+    node with torch alone lacks: the JSON bytes travel as a uint8 tensor
+    (``torch.frombuffer``), padded to the longest, and come back through
+    ``tensor_bytes``."""
+    data = json.dumps(value, separators=(",", ":")).encode()
+    device = ctx.torch_device()
+    size = torch.tensor([len(data)], dtype=torch.long, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(ctx.world_size)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    if data:
+        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    mine = mine.to(device)
+    gathered = [torch.zeros(longest, dtype=torch.uint8, device=device)
+                for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, mine)
+    return [json.loads(tensor_bytes(t.cpu().contiguous())[:int(n.item())])
+            for t, n in zip(gathered, sizes)]
 
 
 def straggler_report(everyone: list[dict]) -> dict:

@@ -1,0 +1,109 @@
+"""``ddp-orch prune`` on a node: remove one ended run's node directory.
+
+The controller asks only for runs its records say have ended; the node
+checks again before it removes anything, and refuses:
+
+* a path that is not a run's node directory (``.../<run id>/node-<k>``, a
+  real directory, not a link);
+* a run that is still alive here: a process with the run's marker variables
+  (``DDP_ORCH_RUN_ID``/``DDP_ORCH_NODE_RANK``: torchrun, a worker, a setup
+  command), or a kept run's keeper.
+
+It says how many bytes it freed, then removes ``<run id>/`` too once no
+node directory is left in it.
+
+Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+
+from . import procs
+
+KEEPER_EXIT_S = 10.0  # how long a keeper whose run is over may take to exit
+
+
+def prune(run_dir: str, run_id: str, node_rank: int) -> dict:
+    """``{"ok": True, "freed": bytes, "path"}`` (``freed`` 0 and ``gone`` when
+    there was nothing), or ``{"ok": False, "error", "live": bool}``."""
+    path = os.path.expanduser(run_dir).rstrip("/")
+    if os.path.basename(path) != f"node-{node_rank}" \
+            or os.path.basename(os.path.dirname(path)) != run_id:
+        return {"ok": False, "live": False,
+                "error": f"{path} is not node {node_rank}'s directory of run {run_id}"}
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return {"ok": True, "freed": 0, "path": path, "gone": True}
+    if not stat.S_ISDIR(info.st_mode):
+        return {"ok": False, "live": False,
+                "error": f"{path} is not a directory (a link or a file); not removed"}
+    if info.st_uid != os.getuid():
+        return {"ok": False, "live": False, "error": f"{path} is not ours (owner uid "
+                                                   f"{info.st_uid}); not removed"}
+    marker = (f"DDP_ORCH_RUN_ID={run_id}", f"DDP_ORCH_NODE_RANK={node_rank}")
+    alive = procs.marked_processes(marker)
+    keeper = _running_keeper(path)
+    if alive or keeper:
+        what = f"{len(alive)} process(es) of the run" if alive else "its keeper"
+        return {"ok": False, "live": True,
+                "error": f"the run is alive here ({what}: pid "
+                         f"{', '.join(map(str, sorted(alive or {keeper})))}); not removed"}
+    freed = tree_bytes(path)
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):
+        return {"ok": False, "live": False, "error": f"{path} could not be removed entirely",
+                "freed": freed - tree_bytes(path)}
+    try:
+        os.rmdir(os.path.dirname(path))  # the run's directory, once no node's is left
+    except OSError:
+        pass
+    return {"ok": True, "freed": freed, "path": path}
+
+
+def _running_keeper(path: str) -> int | None:
+    """The run's keeper here if it still runs: not a zombie (a daemon whose
+    reaper is a container's pid 1 may stay one), and given a few seconds to
+    exit when its record says the run is over."""
+    from .daemon import STATE_FILE, keeper_pid
+
+    deadline = time.monotonic() + KEEPER_EXIT_S
+    while True:
+        pid = keeper_pid(path)
+        if pid is None or _zombie(pid):
+            return None
+        try:
+            with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
+                over = json.load(fh).get("state") not in (None, "running")
+        except (OSError, ValueError, AttributeError):
+            over = False
+        if not over or time.monotonic() > deadline:
+            return pid
+        time.sleep(0.1)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def tree_bytes(path: str) -> int:
+    """The bytes of the files under ``path`` (links not followed)."""
+    total = 0
+    for here, _dirs, names in os.walk(path, followlinks=False):
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(here, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return total

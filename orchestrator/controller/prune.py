@@ -1,0 +1,147 @@
+"""``ddp-orch prune``: remove ended runs, here and on their nodes.
+
+Every run uploads its code to every node and leaves a node run directory
+there (``<workdir>/runs/<run id>/node-<k>``), and a local run directory
+here. ``prune`` removes both for runs that have ended, and says how many
+bytes it freed. A run is never pruned while it is alive:
+
+* its record must say it ended (``read_record``: a live run whose
+  controller is gone reads as interrupted, its nodes tore it down);
+* a detached run, or a Slurm job, is asked about first (its backend's
+  ``describe``: the keepers, ``squeue``), and kept while that says live;
+* each node's agent checks once more that no process of the run (nor its
+  keeper) lives there before it removes the directory (``agent/prune.py``).
+
+A node that cannot be reached keeps the local run directory too, so a later
+``prune`` can still find that node's directory from the record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+
+from ..agent.prune import tree_bytes
+from ..backends import get_backend
+from ..backends.base import LaunchOptions, PruneResult
+from ..errors import ConfigError, OrchestratorError
+from ..records.store import RunRecord
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w``, or a sum such as ``1d12h``."""
+    cleaned = text.strip().lower().replace(" ", "")
+    if not _DURATION.match(cleaned):
+        raise ConfigError(f"{text!r} is not a duration", path="--older-than",
+                          source="command line",
+                          hint="a number and a unit (s, m, h, d, w), e.g. 7d, 12h or 1d12h")
+    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smhdw])",
+                                                            cleaned))
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What became of one run."""
+
+    run_id: str
+    removed: bool
+    why_kept: str = ""  # when not removed
+    local_bytes: int = 0
+    nodes: tuple[PruneResult, ...] = field(default_factory=tuple)
+
+    @property
+    def freed(self) -> int:
+        return self.local_bytes + sum(n.freed for n in self.nodes)
+
+
+def ended_at(record: RunRecord) -> float | None:
+    """When the run ended, as recorded (its start plus its wall time), or the
+    time its ``state.json`` was last written."""
+    if record.started and record.wall_s is not None and not record.live:
+        return float(record.started) + float(record.wall_s)
+    try:
+        return os.path.getmtime(record.run.file("state.json"))
+    except OSError:
+        return None
+
+
+def still_live(record: RunRecord) -> str:
+    """Why ``record`` counts as alive ("" if it has ended). A run its
+    backend must be asked about (a detached run, a Slurm job) is asked."""
+    if record.live and record.rule != "detached" and record.backend != "slurm":
+        return f"it is {record.state} (its controller runs)"
+    if record.live or record.backend == "slurm":
+        try:
+            described = get_backend(record.backend, LaunchOptions()).describe(record)
+        except OrchestratorError as exc:
+            return f"cannot tell whether it has ended ({exc})"
+        if described.state.live:
+            return f"it is {described.state}" + (
+                f" ({described.detail.splitlines()[0]})" if described.detail else "")
+    return ""
+
+
+def prune_run(record: RunRecord, older_than_s: float | None, now: float | None = None
+              ) -> Pruned:
+    """Remove one run here and on its nodes, unless it is alive or too new."""
+    now = time.time() if now is None else now
+    if older_than_s is not None:
+        ended = ended_at(record)
+        if ended is None or now - ended < older_than_s:
+            age = "an unknown time" if ended is None else f"{_age(now - ended)}"
+            return Pruned(record.run_id, False, f"ended {age} ago, within --older-than")
+    live = still_live(record)
+    if live:
+        return Pruned(record.run_id, False, f"live: {live}")
+    nodes = tuple(get_backend(record.backend, LaunchOptions()).prune(record))
+    troubles = [n for n in nodes if n.error]
+    if troubles:
+        why = "; ".join(f"node {n.node_rank} ({n.host}): {n.error}" for n in troubles)
+        return Pruned(record.run_id, False, ("live on a node: " if any(n.live for n in troubles)
+                                             else "kept for a later prune: ") + why, 0, nodes)
+    local = tree_bytes(record.run.path)
+    shutil.rmtree(record.run.path, ignore_errors=True)
+    return Pruned(record.run_id, not os.path.exists(record.run.path),
+                  "" if not os.path.exists(record.run.path) else "could not remove it all here",
+                  local, nodes)
+
+
+def render_pruned(results: list[Pruned]) -> str:
+    lines = []
+    for one in results:
+        if one.removed:
+            where = [f"{human(one.local_bytes)} here"] + [
+                f"{human(n.freed)} on node {n.node_rank} ({n.host})" for n in one.nodes
+                if n.remote]
+            lines.append(f"pruned {one.run_id}: {', '.join(where)}")
+        else:
+            lines.append(f"kept   {one.run_id}: {one.why_kept}")
+    pruned = [r for r in results if r.removed]
+    total = sum(r.freed for r in results)
+    lines.append(f"freed {human(total)} in all ({len(pruned)} run(s) pruned, "
+                 f"{len(results) - len(pruned)} kept)")
+    return "\n".join(lines) + "\n"
+
+
+def human(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"

@@ -1,0 +1,1 @@
+"""A project-shaped package for the tests: what real training code looks like."""

@@ -1,0 +1,268 @@
+"""``setup:``, ``outputs:`` and ``prune`` on real runs (issue 21, items 4-7).
+
+On the SSH lab (two sshd hosts on loopback) and on this machine, with a
+small project written at test time: a training script, a
+``requirements.txt`` naming a local wheel (there is no network), and a
+``setup:`` that installs it with ``pip install --no-index --target deps``
+on every node, which the ranks then import. Node 1's setup is the slower
+one, so a rank that started before every node's setup was done would show.
+"""
+
+from __future__ import annotations
+
+import base64
+import glob
+import hashlib
+import json
+import os
+import sys
+import time
+import zipfile
+
+import pytest
+
+from conftest import run_cli
+from labhome import lab_cluster, lab_home
+from procscan import wait_gone
+
+pytestmark = pytest.mark.live
+TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
+
+TRAIN = '''\
+"""Imports what setup installed, records when each rank started, writes outputs."""
+import json, os, sys, time
+started = time.time()
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "deps"))
+rank = int(os.environ["RANK"])
+with open(os.path.join(HERE, f"started-{rank}"), "w") as fh:
+    fh.write(str(started))
+try:
+    from labdep import VALUE  # what setup installed
+except ImportError:
+    VALUE = None  # a run without setup
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+seen = torch.tensor([started], dtype=torch.float64)
+everyone = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+dist.all_gather(everyone, seen)
+if rank == 0:
+    out = os.path.join(HERE, "out")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "metrics.json"), "w") as fh:
+        json.dump({"labdep": VALUE, "started": [float(t) for t in everyone]}, fh)
+    with open(os.path.join(out, "plot.png"), "wb") as fh:
+        fh.write(bytes(range(256)))
+    os.symlink("/etc/hostname", os.path.join(out, "link"))
+    if "--steps" in sys.argv:
+        time.sleep(float(sys.argv[sys.argv.index("--steps") + 1]))
+    if "--fail" in sys.argv:
+        raise RuntimeError("planned failure after writing the outputs")
+    with open(os.environ["DDP_ORCH_RESULT_FILE"], "w") as fh:
+        json.dump({"world_size": dist.get_world_size(), "labdep": VALUE}, fh)
+dist.destroy_process_group()
+'''
+
+
+def _wheel(path: str) -> None:
+    """``labdep-1.0-py3-none-any.whl``, built by hand: a pure-Python wheel."""
+    files = {"labdep/__init__.py": b'VALUE = "installed by setup"\n',
+             "labdep-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: labdep\n"
+                                              b"Version: 1.0\n",
+             "labdep-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+                                           b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()) + "labdep-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as whl:
+        for name, data in files.items():
+            whl.writestr(name, data)
+        whl.writestr("labdep-1.0.dist-info/RECORD", record)
+
+
+def project(root) -> None:
+    """``root/proj``: train.py, requirements.txt and the wheel it names."""
+    proj = root / "proj"
+    (proj / "wheels").mkdir(parents=True)
+    (proj / "train.py").write_text(TRAIN)
+    _wheel(str(proj / "wheels" / "labdep-1.0-py3-none-any.whl"))
+    (proj / "requirements.txt").write_text("./wheels/labdep-1.0-py3-none-any.whl\n")
+
+
+SETUP = f"""\
+setup:
+  - if [ "$DDP_ORCH_NODE_RANK" = 1 ]; then sleep 2; fi; echo "preparing node $DDP_ORCH_NODE_RANK in $PWD"
+  - [python, -m, pip, install, --no-index, --no-deps, --disable-pip-version-check, --target, deps, -r, requirements.txt]
+  - date +%s.%N > setup-stamp
+setup_timeout: 120
+"""
+OUTPUTS = "outputs: [out/metrics.json, 'out/*.png', out/link, 'nothing/*']\n"
+
+
+def lab_project(lab, tmp_path, name: str, *, args: str = "", extra: str = SETUP + OUTPUTS,
+                nodes=TWO_NODES) -> tuple[dict, str]:
+    project(tmp_path)
+    workload = "workload: {script: proj/train.py" + (f", args: {args}" if args else "") + "}\n"
+    return lab_home(lab, tmp_path), lab_cluster(lab, tmp_path, nodes, workload, extra=extra,
+                                                name=name)
+
+
+def cli(env, tmp_path, *args, timeout: float = 240):
+    return run_cli(*args, "--runs-dir", str(tmp_path / "runs"), env=env, timeout=timeout)
+
+
+def node_files(tmp_path, run_id: str, k: int, name: str) -> list[str]:
+    return glob.glob(str(tmp_path / "remote" / "runs" / run_id / f"node-{k}" / "**" / name),
+                     recursive=True)
+
+
+def test_setup_installs_on_every_node_before_any_rank_and_outputs_come_home(ssh_lab, tmp_path):
+    env, cluster = lab_project(ssh_lab, tmp_path, "setup-ok")
+    result = cli(env, tmp_path, "up", cluster, "--run-id", "setup-ok")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert json.loads((tmp_path / "runs" / "setup-ok" / "result.json").read_text())["labdep"] \
+        == "installed by setup"
+    # each node's setup ran in its code root, streamed under its prefix and kept in its log
+    for k in (0, 1):
+        assert f"[node{k} node{k}] [setup]: preparing node {k} in " in result.stdout
+        log = (tmp_path / "runs" / "setup-ok" / f"node-{k}.log").read_text()
+        assert "[setup]: Successfully installed labdep-1.0" in log
+        assert "ddp-orch: setup done in" in log
+    # every rank started after every node's setup was done (node 1's took 2 s longer)
+    stamps = [float(open(node_files(tmp_path, "setup-ok", k, "setup-stamp")[0]).read())
+              for k in (0, 1)]
+    metrics = json.loads((tmp_path / "runs" / "setup-ok" / "outputs" / "out" / "metrics.json")
+                         .read_text())
+    assert metrics["labdep"] == "installed by setup"
+    assert min(metrics["started"]) > max(stamps), (metrics["started"], stamps)
+    # outputs: home from node 0's code root; the link refused, the unmatched glob named
+    outputs = tmp_path / "runs" / "setup-ok" / "outputs"
+    assert (outputs / "out" / "plot.png").read_bytes() == bytes(range(256))
+    assert not os.path.lexists(outputs / "out" / "link")
+    summary = result.stdout.split("run setup-ok: ")[1]
+    size = (outputs / "out" / "metrics.json").stat().st_size + 256
+    assert f"outputs: 2 file(s), {size} B in {outputs}/ (out/metrics.json, out/plot.png)" \
+        in summary
+    assert "refused: out/link: a symbolic link (never followed)" in summary
+    assert "no match on node 0: nothing/*" in summary
+    status = cli(env, tmp_path, "status", "setup-ok").stdout
+    assert f"outputs: 2 file(s)" in status and str(outputs) in status
+    logs = cli(env, tmp_path, "logs", "setup-ok")
+    assert f"ddp-orch logs: outputs: 2 file(s)" in logs.stderr and str(outputs) in logs.stderr
+
+
+def test_a_failing_setup_names_its_node_and_starts_no_rank(ssh_lab, tmp_path):
+    extra = ('setup:\n  - echo checking\n  - test "$DDP_ORCH_NODE_RANK" != 1 || '
+             '{ echo "no wheel here" >&2; exit 7; }; sleep 1\n' + OUTPUTS)
+    env, cluster = lab_project(ssh_lab, tmp_path, "setup-bad", extra=extra)
+    began = time.monotonic()
+    result = cli(env, tmp_path, "up", cluster, "--run-id", "setup-bad", "--grace", "3")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert time.monotonic() - began < 60
+    assert ("root cause: node 1 (node1): setup failed: `sh -c 'test \"$DDP_ORCH_NODE_RANK\" "
+            "!= 1 || { echo \"no wheel here\" >&2; exit 7; }; sleep 1'` exited 7; "
+            "last lines: no wheel here\n") in result.stdout, out
+    assert "[rank" not in result.stdout
+    for k in (0, 1):
+        assert not node_files(tmp_path, "setup-bad", k, "started-*"), "a rank started"
+    state = json.loads((tmp_path / "runs" / "setup-bad" / "state.json").read_text())
+    assert [o["state"] for o in state["outcomes"]] == ["stopped", "failed"]
+    assert wait_gone("setup-bad", 10) == set()
+
+    # kept by the nodes' keepers, with restarts to spare: the same, and no restart
+    kept = cli(env, tmp_path, "up", cluster, "--run-id", "setup-bad-kept", "--grace", "3",
+               "--max-restarts", "2")
+    assert kept.returncode == 1, kept.stdout + kept.stderr
+    assert "root cause: node 1 (node1): setup failed: " in kept.stdout
+    assert "no restart: node 1's setup failed; setup runs once per run" in kept.stdout
+    assert "attempt 1" not in kept.stdout and "[rank" not in kept.stdout
+    for k in (0, 1):
+        assert not node_files(tmp_path, "setup-bad-kept", k, "started-*"), "a rank started"
+    assert wait_gone("setup-bad-kept", 10) == set()
+
+
+def test_outputs_come_home_after_a_failure_and_a_glob_that_escapes_is_refused(ssh_lab,
+                                                                              tmp_path):
+    env, cluster = lab_project(ssh_lab, tmp_path, "out-fail", args="[--fail]", extra=OUTPUTS)
+    result = cli(env, tmp_path, "up", cluster, "--run-id", "out-fail", "--grace", "3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "planned failure after writing the outputs" in result.stdout
+    metrics = tmp_path / "runs" / "out-fail" / "outputs" / "out" / "metrics.json"
+    assert len(json.loads(metrics.read_text())["started"]) == 3
+    assert "outputs: 2 file(s)" in result.stdout
+    escaping = tmp_path / "escaping.yaml"
+    escaping.write_text(open(cluster).read().replace("out/metrics.json", "../../*.json"))
+    refused = cli(env, tmp_path, "up", str(escaping), "--dry-run")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "outputs[0]: '../../*.json' escapes the code root (..)" in refused.stderr
+
+
+def test_a_kept_run_brings_outputs_home_on_attach_and_prune_spares_it_while_live(ssh_lab,
+                                                                                 tmp_path):
+    env, cluster = lab_project(ssh_lab, tmp_path, "kept", args="[--steps, '6']")
+    ended = cli(env, tmp_path, "up", cluster, "--run-id", "ended-run")
+    assert ended.returncode == 0, ended.stdout + ended.stderr
+    started = cli(env, tmp_path, "up", cluster, "--run-id", "kept-run", "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    remote = tmp_path / "remote" / "runs"
+    assert (remote / "ended-run" / "node-1").is_dir() and (remote / "kept-run" / "node-1").is_dir()
+
+    pruned = cli(env, tmp_path, "prune")
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    assert "pruned ended-run: " in pruned.stdout and " on node 1 (node1)" in pruned.stdout
+    assert "kept   kept-run: live" in pruned.stdout
+    assert "freed " in pruned.stdout.splitlines()[-1]
+    assert not (tmp_path / "runs" / "ended-run").exists()
+    assert not (remote / "ended-run").exists()
+    assert (remote / "kept-run" / "node-0").is_dir() and (tmp_path / "runs" / "kept-run").is_dir()
+
+    attached = cli(env, tmp_path, "attach", "kept-run")
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert "outputs: 2 file(s)" in attached.stdout
+    assert (tmp_path / "runs" / "kept-run" / "outputs" / "out" / "metrics.json").exists()
+    again = cli(env, tmp_path, "prune", "kept-run", "--older-than", "1h")
+    assert again.returncode == 1 and "within --older-than" in again.stdout
+    gone = cli(env, tmp_path, "prune", "kept-run")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert not (remote / "kept-run").exists() and not (tmp_path / "runs" / "kept-run").exists()
+
+
+def test_setup_and_outputs_on_this_machine(tmp_path):
+    project(tmp_path)
+    cluster = tmp_path / "local.yaml"
+    cluster.write_text(f"python: {sys.executable}\nnodes: [{{host: localhost, procs: 2}}]\n"
+                       "workload: {script: proj/train.py}\n" + SETUP + OUTPUTS)
+    result = run_cli("up", str(cluster), "--run-id", "local-setup", "--runs-dir",
+                     str(tmp_path / "runs"), timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[setup]: Successfully installed labdep-1.0" in result.stdout
+    run = tmp_path / "runs" / "local-setup"
+    assert json.loads((run / "outputs" / "out" / "metrics.json").read_text())["labdep"] \
+        == "installed by setup"
+    assert json.loads((run / "outputs.json").read_text())["refused"][0]["path"] == "out/link"
+
+
+def test_setup_and_outputs_under_slurm(slurm_lab, tmp_path):
+    """The same barrier held by the job's nodes (files in the shared run
+    directory), and the outputs copied from it into the same outputs/."""
+    project(tmp_path)
+    cluster = tmp_path / "slurm.yaml"
+    cluster.write_text(f"backend: slurm\npython: {sys.executable}\n"
+                       "nodes: [{host: node1, procs: 1}, {host: node2, procs: 1}]\n"
+                       "workload: {script: proj/train.py}\n" + SETUP + OUTPUTS)
+    result = run_cli("up", str(cluster), "--run-id", "slurm-setup", "--runs-dir",
+                     str(tmp_path / "runs"), "--grace", "3", env=slurm_lab.env(), timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = tmp_path / "runs" / "slurm-setup"
+    assert "[node1 node2] [setup]: preparing node 1 in " in result.stdout
+    stamps = [float(open(glob.glob(str(run / f"node-{k}" / "**" / "setup-stamp"),
+                                   recursive=True)[0]).read()) for k in (0, 1)]
+    metrics = json.loads((run / "outputs" / "out" / "metrics.json").read_text())
+    assert metrics["labdep"] == "installed by setup"
+    assert min(metrics["started"]) > max(stamps), (metrics["started"], stamps)
+    assert "refused: out/link: a symbolic link (never followed)" in result.stdout
+    assert slurm_lab.wait_queue_empty() == []
