@@ -60,6 +60,16 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def project(tmp_path):
+    """An empty project as people lay it out: a package, configs, scripts
+    (``workload.code`` tests write their cluster file beside them)."""
+    for rel in ("proj/__init__.py", "proj/train.py", "configs/x.yaml", "scripts/train.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    return tmp_path
+
+
 from slurmlab import slurm_lab  # noqa: E402,F401  (fixtures for every test module)
 from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
 from netlab import make_net_lab, net_lab  # noqa: E402,F401

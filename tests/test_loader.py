@@ -161,14 +161,6 @@ def test_missing_file_is_a_config_error():
 NODES = "nodes:\n  - {host: a, procs: 2}\n"
 
 
-@pytest.fixture
-def project(tmp_path):
-    for rel in ("proj/__init__.py", "proj/train.py", "configs/x.yaml", "scripts/train.py"):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text("")
-    return tmp_path
-
-
 def test_code_module_and_a_list_of_arguments_verbatim(project):
     spec = load(NODES + "workload:\n  code: .\n  module: proj.train\n"
                 "  args: [configs/x.yaml, --lr=0.1, -v, -v, 50, 0.10, 1e3, yes, '', \"a b\"]\n",

@@ -123,15 +123,6 @@ def program_of(plan, k=0):
     return argv[argv.index("ddp_orch_shim") + 1:]
 
 
-@pytest.fixture
-def project(tmp_path):
-    """A project as people lay it out: a package, configs, scripts, the cluster file."""
-    for rel in ("proj/__init__.py", "proj/train.py", "configs/x.yaml", "scripts/train.py"):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text("")
-    return tmp_path
-
-
 def project_plan(project, workload: str, local_run_dir="/tmp/runs/r"):
     spec = load_cluster_text("nodes:\n  - {host: a, procs: 2}\n  - {host: b, procs: 1}\n"
                              "workload:\n" + textwrap.indent(textwrap.dedent(workload), "  "),
