@@ -124,7 +124,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
                          hint="add `workload: {name: linear}` (see `ddp-orch workloads`)")
     workload = _workload(top["workload"], base_dir)
     master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
-    device = _choice(top["device"], DEVICES) if "device" in top else "auto"
+    device = _device(top["device"]) if "device" in top else "auto"
     if "backend" in top:
         backend = _choice(top["backend"], BACKENDS)
     elif placed or "slurm" in top:
@@ -185,6 +185,15 @@ def _choice(field: Located, choices: tuple[str, ...]) -> str:
         raise field.error(f"{value!r} is not one of {', '.join(choices)}",
                           hint=closest_hint(str(value), choices))
     return value
+
+
+def _device(field: Located) -> str:
+    """``device:``; ``gpu`` (or the like) is a person meaning ``cuda``, not a
+    misspelt ``cpu``, however close the letters."""
+    if str(field.scalar()).lower() in ("gpu", "gpus", "nvidia", "cuda:0"):
+        raise field.error(f"{field.scalar()!r} is not one of {', '.join(DEVICES)}",
+                          hint="did you mean 'cuda'? (GPUs; `cpu` runs on the CPU)")
+    return _choice(field, DEVICES)
 
 
 def _port(field: Located) -> int:

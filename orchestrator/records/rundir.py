@@ -22,6 +22,8 @@ from typing import Any
 
 from workloads.contract import write_json_atomic
 
+from ..errors import ConfigError
+
 DEFAULT_RUNS_DIR = "runs"
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -44,7 +46,14 @@ class RunDir:
     def create(cls, runs_dir: str, run_id: str) -> "RunDir":
         path = os.path.abspath(os.path.join(runs_dir, run_id))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.mkdir(path, mode=0o700)  # fails if the id is already taken
+        try:
+            os.mkdir(path, mode=0o700)  # fails if the id is already taken
+        except FileExistsError:
+            raise ConfigError(f"run id {run_id!r} is already taken in {os.path.dirname(path)}",
+                              path="--run-id", source="command line",
+                              hint="choose another --run-id, or leave it out for a fresh one; "
+                                   f"`ddp-orch prune {run_id}` removes that run if it has "
+                                   "ended") from None
         os.chmod(path, 0o700)
         return cls(path)
 

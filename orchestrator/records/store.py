@@ -228,13 +228,14 @@ def read_record(run: RunDir) -> RunRecord | None:
 
 
 def list_runs(runs_dir: str) -> Iterator[RunRecord]:
-    """Every recorded run under ``runs_dir``, newest first."""
+    """Every recorded run under ``runs_dir``, newest first: by the time each
+    started (run ids are names, which need not sort by time)."""
     if not os.path.isdir(runs_dir):
         return
-    for name in sorted(os.listdir(runs_dir), reverse=True):
-        record = read_record(RunDir(os.path.join(os.path.abspath(runs_dir), name)))
-        if record is not None:
-            yield record
+    records = [read_record(RunDir(os.path.join(os.path.abspath(runs_dir), name)))
+               for name in os.listdir(runs_dir)]
+    yield from sorted((r for r in records if r is not None),
+                      key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
 
 
 def find_run(runs_dir: str, run_id: str) -> RunRecord:
