@@ -64,7 +64,8 @@ from typing import Callable, Iterable, Iterator
 
 import pytest
 
-from sshlab import SSHD, SSH_KEYGEN, LabHost, SshLab, SshLabError, _in_ci, _kill_quietly, _write
+from sshlab import (SSHD, SSH_KEYGEN, LabHost, SshLab, SshLabError, _in_ci, _kill_quietly, _write,
+                    lab_factory)
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
@@ -428,17 +429,7 @@ def make_net_lab() -> Iterator[Callable[..., NetLab]]:
     """Factory: ``make_net_lab(n_hosts=2, family="ipv4", nics=..., unreachable=[(0, 1)],
     unreachable_route=..., hostname_loopback=True, docker0=True)`` starts a fresh
     lab for this test; all are stopped afterwards."""
-    labs: list[NetLab] = []
-
-    def make(n_hosts: int = 2, **kwargs) -> NetLab:
-        _require_netns()
-        lab = NetLab(n_hosts, **kwargs)
-        labs.append(lab)
-        return lab.start()
-
-    yield make
-    for lab in labs:
-        lab.stop()
+    yield from lab_factory(NetLab, _require_netns)
 
 
 @pytest.fixture(scope="module")

@@ -169,6 +169,17 @@ class SshLab:
     def listener_pid(self, host: LabHost | int | str) -> int:
         return self._procs[self.host(host).index].pid
 
+    def client(self, host: LabHost | int | str) -> paramiko.SSHClient:
+        """A paramiko client logged in to ``host`` as the lab's user, its host
+        key checked against the lab's ``known_hosts`` (an unknown one refused)."""
+        host = self.host(host)
+        client = paramiko.SSHClient()
+        client.load_host_keys(self.known_hosts)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(host.addr, host.port, username=self.user, key_filename=self.client_key,
+                       allow_agent=False, look_for_keys=False, timeout=5)
+        return client
+
     def ssh_argv(self, host: LabHost | int | str, *command: str) -> list[str]:
         """Argv for the system ``ssh`` client to run ``command`` on ``host``."""
         return ["ssh", "-F", self.ssh_config, self.host(host).alias, *command]
@@ -412,21 +423,30 @@ def _require_sshd() -> None:
             pytest.skip(reason)
 
 
+def lab_factory(lab_class: type, require: Callable[[], None]) -> Iterator[Callable[..., SshLab]]:
+    """The body of a ``make_*_lab`` fixture: ``make(n_hosts, **kwargs)``
+    starts a fresh ``lab_class`` for the test (after ``require``, which skips
+    or fails where the lab cannot run); every lab made is stopped afterwards."""
+    labs: list[SshLab] = []
+
+    def make(n_hosts: int = 2, **kwargs) -> SshLab:
+        require()
+        lab = lab_class(n_hosts, **kwargs)
+        labs.append(lab)
+        return lab.start()
+
+    try:
+        yield make
+    finally:
+        for lab in labs:
+            lab.stop()
+
+
 @pytest.fixture
 def make_ssh_lab() -> Iterator[Callable[..., SshLab]]:
     """Factory: ``make_ssh_lab(n)`` starts a fresh ``n``-host lab for this test
     (use it for tests that kill or stop things); all are stopped afterwards."""
-    labs: list[SshLab] = []
-
-    def make(n_hosts: int = 2, **kwargs) -> SshLab:
-        _require_sshd()
-        lab = SshLab(n_hosts, **kwargs)
-        labs.append(lab)
-        return lab.start()
-
-    yield make
-    for lab in labs:
-        lab.stop()
+    yield from lab_factory(SshLab, _require_sshd)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 
-import paramiko
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -112,12 +111,7 @@ def test_controller_logs_in_to_every_host_over_the_bridge(net_lab):
                                          host.addr, "22", "0"]
         assert net_lab.listener_pid(host) in net_lab.netns_pids(host)
     host = net_lab.hosts[1]
-    with paramiko.SSHClient() as client:
-        client.load_host_keys(net_lab.known_hosts)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(host.addr, host.port, username=net_lab.user,
-                       key_filename=net_lab.client_key, allow_agent=False,
-                       look_for_keys=False, timeout=5)
+    with net_lab.client(host) as client:
         _, stdout, _ = client.exec_command("hostname")
         assert stdout.read() == b"node1\n"
 

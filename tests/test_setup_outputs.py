@@ -272,7 +272,7 @@ def test_outputs_bring_regular_files_under_the_root_and_refuse_the_rest(tmp_path
     assert refused["linked/deep.txt"].startswith("a symbolic link")
     assert refused["out/fifo"].startswith("not a regular file")
     assert refused["../x"].startswith("escapes the code root")
-    assert refused["/etc/passwd"] == "is outside the code root"
+    assert refused["/etc/passwd"] == "is an absolute path, outside the code root"
     assert "more than the 1000" in refused["big.bin"]
     assert found["unmatched"] == ["nothing/*"]
 

@@ -35,12 +35,7 @@ def test_system_ssh_client_reaches_each_host_on_its_own_address(ssh_lab):
 def test_paramiko_sees_the_host_key_listed_in_known_hosts(ssh_lab):
     host = ssh_lab.hosts[1]
     known = paramiko.HostKeys(ssh_lab.known_hosts)
-    with paramiko.SSHClient() as client:
-        client.load_host_keys(ssh_lab.known_hosts)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(host.addr, host.port, username=ssh_lab.user,
-                       key_filename=ssh_lab.client_key, allow_agent=False,
-                       look_for_keys=False, timeout=5)
+    with ssh_lab.client(host) as client:
         offered = client.get_transport().get_remote_server_key()
         _, stdout, _ = client.exec_command("echo ok")
         assert stdout.read() == b"ok\n"

@@ -30,15 +30,22 @@ MAX_PATH = 400  # characters of a path brought home: the reply stays one control
 
 
 def pattern_problem(pattern: str) -> str:
-    """Why ``pattern`` cannot name files under the code root ("" if it can);
-    the loader's rule (``config.loader.output_pattern_problem``), checked
-    again here: the pattern crossed a boundary."""
-    if not isinstance(pattern, str) or not pattern or "\0" in pattern:
+    """Why ``pattern`` cannot name files under the code root ("" if it can):
+    not a path, absolute, ``~``, a ``..`` that climbs out, or the whole root.
+    The one rule: the loader refuses such a pattern at load time, and node 0
+    checks it again (it crossed a boundary), then every match (``collect``)."""
+    if not isinstance(pattern, str) or not pattern:
         return "is not a path"
-    if pattern.startswith(("/", "~", "\\")):
-        return "is outside the code root"
+    if any(ord(ch) < 32 for ch in pattern):
+        return "holds a control character"
+    if pattern.startswith(("/", "\\")):
+        return "is an absolute path, outside the code root"
+    if pattern.startswith("~"):
+        return "starts with ~, outside the code root"
     if any(part == ".." for part in pattern.replace("\\", "/").split("/")):
         return "escapes the code root (..)"
+    if not pattern.strip("/. "):
+        return "names the whole code root; name what to bring home (out/, out/*.json)"
     return ""
 
 

@@ -63,6 +63,22 @@ def command_line(pid: int) -> str:
         return "?"
 
 
+def run_marker(run_id: str, node_rank: int | str) -> tuple[str, str]:
+    """The marker variables of one node's part of a run (the plan sets them
+    on every process it starts): what finds its processes on this node."""
+    return (f"DDP_ORCH_RUN_ID={run_id}", f"DDP_ORCH_NODE_RANK={node_rank}")
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs: not gone, not a zombie
+    (one whose parent has not reaped it yet, as a daemon's may never be)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def marked_processes(marker: tuple[str, ...]) -> set[int]:
     """Live processes whose environment carries every ``NAME=value`` of ``marker``."""
     me = os.getpid()

@@ -46,8 +46,7 @@ def prune(run_dir: str, run_id: str, node_rank: int) -> dict:
     if info.st_uid != os.getuid():
         return {"ok": False, "live": False, "error": f"{path} is not ours (owner uid "
                                                    f"{info.st_uid}); not removed"}
-    marker = (f"DDP_ORCH_RUN_ID={run_id}", f"DDP_ORCH_NODE_RANK={node_rank}")
-    alive = procs.marked_processes(marker)
+    alive = procs.marked_processes(procs.run_marker(run_id, node_rank))
     keeper = _running_keeper(path)
     if alive or keeper:
         what = f"{len(alive)} process(es) of the run" if alive else "its keeper"
@@ -75,7 +74,7 @@ def _running_keeper(path: str) -> int | None:
     deadline = time.monotonic() + KEEPER_EXIT_S
     while True:
         pid = keeper_pid(path)
-        if pid is None or _zombie(pid):
+        if pid is None or not procs.running(pid):
             return None
         try:
             with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
@@ -85,14 +84,6 @@ def _running_keeper(path: str) -> int | None:
         if not over or time.monotonic() > deadline:
             return pid
         time.sleep(0.1)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def tree_bytes(path: str) -> int:

@@ -196,8 +196,7 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
 
         keeper = daemon.stop(str(request["run_dir"]), float(request.get("grace_s", 5)) + 15) \
             if request.get("run_dir") else None
-        marker = (f"DDP_ORCH_RUN_ID={request['run_id']}",
-                  f"DDP_ORCH_NODE_RANK={request['node_rank']}")
+        marker = procs.run_marker(request["run_id"], request["node_rank"])
         killed, survivors = procs.terminate(lambda: procs.marked_processes(marker),
                                             float(request.get("grace_s", 5)),
                                             still_ours=lambda pid: procs.has_marker(pid, marker))

@@ -55,8 +55,7 @@ class Supervisor:
         # Called with torchrun's exit code as soon as it is reaped (a keeper
         # tells the gang at once; keeper.py).
         self.on_torchrun_exit = lambda code: None
-        self.marker = (f"DDP_ORCH_RUN_ID={spec['run_id']}",
-                       f"DDP_ORCH_NODE_RANK={spec['node_rank']}")
+        self.marker = procs.run_marker(spec["run_id"], spec["node_rank"])
         self.grace_s = float(spec.get("grace_s", 10.0))
         self.stop_reason = ""
         self.stop_requested = False

@@ -16,6 +16,7 @@ import yaml
 
 from workloads.catalog import CATALOG
 
+from ..agent.outputs import pattern_problem
 from ..errors import ConfigError
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, LOCAL_HOSTS,
                    ClusterSpec, NodeSpec, SlurmSpec, SshSpec, WorkloadSpec, default_backend,
@@ -794,27 +795,9 @@ def _outputs(field: Located) -> tuple[str, ...]:
 
 def _output_pattern(field: Located) -> str:
     pattern = field.string()
-    problem = output_pattern_problem(pattern)
+    problem = pattern_problem(pattern)
     if problem:
         raise field.error(f"{pattern!r} {problem}",
                           hint="outputs are paths or globs relative to the code root on node 0, "
                                "e.g. out/metrics.json, out/*.png, out/ or checkpoints/**/*.pt")
     return pattern
-
-
-def output_pattern_problem(pattern: str) -> str:
-    """Why ``pattern`` cannot name files under the code root ("" if it can):
-    absolute, ``~``, or a ``..`` that climbs out. Node 0 checks every match
-    again (``agent/outputs.py``): a link that leads out is refused there."""
-    if "\0" in pattern or any(ord(ch) < 32 for ch in pattern):
-        return "holds a control character"
-    if pattern.startswith(("/", "\\")):
-        return "is an absolute path, outside the code root"
-    if pattern.startswith("~"):
-        return "starts with ~, outside the code root"
-    if any(part == ".." for part in pattern.replace("\\", "/").split("/")):
-        return "escapes the code root (..)"
-    if not pattern.strip("/. "):
-        return "names the whole code root; name what to bring home (out/, out/*.json)"
-    return ""
-
