@@ -1,11 +1,56 @@
-"""The README's promises: its two commands, and CI running the test one."""
+"""The README's promises: its two commands, CI running the test one, and
+examples that stay true to the code (commands, flags, links, its outline).
+"""
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 
+import click
+
 from conftest import ROOT
+from orchestrator.cli.main import main as cli
+from orchestrator.plan.dryrun import LIVENESS
+from workloads.catalog import CATALOG
+
+DOCS = ("README.md", "docs/ARCHITECTURE.md")
+
+# The order a newcomer needs: first run, the file, here, a cluster, the runs
+# it leaves, failures, then the longer stories, then how it is built.
+OUTLINE = (
+    "Quick start",
+    "The cluster file",
+    "Running on this machine",
+    "Running on a cluster",
+    "Runs and managing them",
+    "When things go wrong",
+    "Long runs",
+    "When it hangs",
+    "Running on Slurm",
+    "Networks",
+    "Your own project",
+    "Built-in workloads",
+    "How it works",
+    "Tests",
+    "Benchmarks",
+)
+
+# Flags of other programs the README shows; each with whose it is. The
+# torchrun and sbatch/srun flags of the dry-run are taken from the goldens.
+FOREIGN_FLAGS = {
+    "--overlap": "srun (the stack-dump step in a Slurm job)",
+    "--name": "a placeholder in the slurm.extra comment",
+    "--no-index": "pip, in the tests' setup example",
+    "--target": "pip, in the tests' setup example",
+    "--config": "the example project's train.py",
+    "--cache": "the example project's mypkg.prepare",
+    "--test": "scripts/bootstrap",
+}
+# `ddp-orch` followed by a word in a message, not a command.
+NOT_COMMANDS = {"agent"}  # "the ddp-orch agent did not answer"
+REPO_DIRS = ("orchestrator", "workloads", "tests", "bench", "schema", "scripts", "docs")
 
 
 def read(name: str) -> str:
@@ -16,6 +61,79 @@ def read(name: str) -> str:
 def readme_commands() -> list[str]:
     section = read("README.md").split("## Quick start", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```bash\n(.+?)\n```", section, re.S)
+
+
+def fences(text: str) -> list[str]:
+    return re.findall(r"^ *```[^\n]*\n(.*?)^ *```", text, re.S | re.M)
+
+
+def without_fences(text: str) -> str:
+    return re.sub(r"^ *```[^\n]*\n.*?^ *```", "", text, flags=re.S | re.M)
+
+
+def code_spans(text: str) -> list[str]:
+    """Inline code outside fenced blocks (a span may wrap a line), one space
+    for each run of white space."""
+    spans = re.findall(r"``(.+?)``|`([^`]+)`", without_fences(text), re.S)
+    return [re.sub(r"\s+", " ", a or b).strip() for a, b in spans]
+
+
+def code_lines(text: str) -> list[str]:
+    """Every fenced line and every inline code span: where commands are shown."""
+    return [line for block in fences(text) for line in block.splitlines()] + code_spans(text)
+
+
+def prose(text: str) -> str:
+    return re.sub(r"\s+", " ", without_fences(text))
+
+
+def h2_titles(text: str) -> list[str]:
+    return re.findall(r"^## (.+?)\s*$", without_fences(text), re.M)
+
+
+def section(text: str, title: str) -> str:
+    return without_fences(text).split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def cli_options() -> dict[str, set[str]]:
+    """Each `ddp-orch` subcommand and its long options, as `--help` lists them."""
+    ctx = click.Context(cli)
+    commands = {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+    return {name: {opt for param in cmd.params
+                   for opt in (*param.opts, *param.secondary_opts) if opt.startswith("--")}
+            | {"--help"}
+            for name, cmd in commands.items()}
+
+
+def flags_in(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+
+
+def command_uses(text: str, commands: set[str]) -> list[tuple[str, str]]:
+    """(subcommand, the rest of its command line) for every `ddp-orch CMD ...`
+    shown, and every code span that starts with a subcommand and a flag
+    (`up --detach`). The rest stops at `--` (the program's own arguments),
+    a `#` comment or a `|`."""
+    uses = []
+    for line in code_lines(text):
+        for match in re.finditer(r"(?<![\w.'-])ddp-orch ([a-z][a-z-]*)(?=(.*))", line):
+            uses.append((match.group(1), match.group(2)))
+        first = re.match(r"([a-z]+) (.*--.*)", line)
+        if first and first.group(1) in commands:
+            uses.append((first.group(1), first.group(2)))
+    return [(cmd, re.split(r" -- | --$|#|\|| ddp-orch ", rest + " ")[0]) for cmd, rest in uses]
+
+
+def github_anchor(title: str) -> str:
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    titles = re.findall(r"^#{1,6} (.+)$", without_fences(text), re.M)
+    return {github_anchor(t) for t in titles} | set(re.findall(r'<a id="([^"]+)"', text))
+
+
+# the two commands ------------------------------------------------------------
 
 
 def test_readme_gives_exactly_two_setup_commands():
@@ -34,3 +152,100 @@ def test_readme_shows_the_golden_dry_run():
     golden = read("tests/golden/example.text.txt")
     first_node = golden.split("\nnode 1 ")[0]
     assert first_node in read("README.md")
+
+
+# the outline and its terms -----------------------------------------------------
+
+
+def test_readme_sections_come_in_the_order_a_user_needs_them():
+    assert tuple(h2_titles(read("README.md"))) == OUTLINE
+
+
+def test_kept_run_is_defined_once_before_any_use():
+    text = prose(read("README.md"))
+    assert text.count("**kept run**") == 1, "define the term once, in bold"
+    definition = text.index("**kept run**")
+    first_use = re.search(r"kept runs?\b", text, re.I).start()
+    assert first_use == definition + 2, (
+        f"'kept run' used before its definition: ...{text[first_use - 60:first_use + 40]}...")
+    sentence = text[definition:text.index(". ", definition)]
+    assert "`--detach`" in sentence and "`--max-restarts`" in sentence
+
+
+def test_liveness_rules_are_one_table_that_quotes_the_dry_run():
+    text = read("README.md")
+    table = section(text, "Runs and managing them")
+    for rule, words in LIVENESS.items():
+        quoted = f'"{rule}: {words}"'
+        assert quoted in table, f"the liveness table lacks the dry-run's {rule!r} line"
+        assert text.count(quoted) == 1, f"the {rule!r} rule is explained more than once"
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert sum('" |' in row and any(f'"{rule}: ' in row for rule in LIVENESS)
+               for row in rows) >= len(LIVENESS)
+
+
+# the examples are true ---------------------------------------------------------
+
+
+def test_every_ddp_orch_subcommand_shown_exists():
+    options = cli_options()
+    for doc in DOCS:
+        shown = {cmd for cmd, _ in command_uses(read(doc), set(options))}
+        assert shown, doc
+        unknown = shown - set(options) - NOT_COMMANDS
+        assert not unknown, f"{doc} shows ddp-orch subcommands that do not exist: {unknown}"
+
+
+def test_every_flag_shown_on_a_command_line_is_that_commands_option():
+    options = cli_options()
+    wrong = {(doc, cmd, flag)
+             for doc in DOCS
+             for cmd, rest in command_uses(read(doc), set(options)) if cmd in options
+             for flag in flags_in(rest) - options[cmd]}
+    assert not wrong, f"flags a subcommand does not take (doc, command, flag): {sorted(wrong)}"
+
+
+def test_every_flag_mentioned_exists_somewhere():
+    known = set().union(*cli_options().values())
+    known |= {arg.flag for info in CATALOG.values() for arg in info.args}
+    for golden in glob.glob(os.path.join(ROOT, "tests", "golden", "*.txt")):
+        with open(golden, encoding="utf-8") as fh:
+            known |= flags_in(fh.read())  # torchrun's, sbatch's and srun's, as the dry-run prints them
+    known |= set(FOREIGN_FLAGS)
+    for doc in DOCS:
+        unknown = flags_in(read(doc)) - known
+        assert not unknown, f"{doc} mentions flags nothing takes: {sorted(unknown)}"
+
+
+def test_every_relative_link_resolves():
+    for doc in DOCS:
+        text = read(doc)
+        base = os.path.dirname(os.path.join(ROOT, doc))
+        links = re.findall(r"\]\(([^)\s]+)\)", without_fences(text))
+        assert links, doc
+        for link in links:
+            if re.match(r"[a-z]+:", link):
+                continue
+            path, _, fragment = link.partition("#")
+            target = os.path.normpath(os.path.join(base, path)) if path else os.path.join(ROOT, doc)
+            assert os.path.exists(target), f"{doc}: link to a missing file: {link}"
+            if fragment and target.endswith(".md"):
+                with open(target, encoding="utf-8") as fh:
+                    assert fragment in anchors(fh.read()), f"{doc}: no heading for {link}"
+
+
+def test_every_repository_path_shown_exists():
+    for doc in DOCS:
+        paths = [span for span in code_spans(read(doc))
+                 if re.fullmatch(rf"(?:{'|'.join(REPO_DIRS)})/[\w./-]*", span)]
+        assert paths, doc
+        missing = [p for p in paths if not os.path.exists(os.path.join(ROOT, p))]
+        assert not missing, f"{doc} names paths that do not exist: {missing}"
+
+
+def test_every_cluster_file_key_is_in_the_readme_table():
+    from orchestrator.config.loader import TOP_KEYS
+    table = section(read("README.md"), "The cluster file")
+    keys = set(re.findall(r"^\| `([a-z_]+)[`.\[]", table, re.M))
+    keys |= set(re.findall(r"/ `([a-z_]+)`", table))
+    assert set(TOP_KEYS) <= keys, f"keys the table leaves out: {set(TOP_KEYS) - keys}"
