@@ -73,7 +73,7 @@ def train(job: Job, dp_gpus: int) -> dict:
                           hdata.eval_loader(data.test, ctx, 2 * job.batch,
                                             num_workers=args.num_workers), log)
     trainer.run(evaluator if args.eval else None)
-    metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
+    metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "dp_gpus": dp_gpus,
                **evaluator.metrics()}
     return finish(job, trainer, model, data=data.data, metrics=metrics,

@@ -102,7 +102,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
         save(t)
 
     trainer.run(on_epoch_end)
-    metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
+    metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "start_epoch": start_epoch,
                "start_step": start_step, "end_epoch": trainer.epoch,
                "end_step": trainer.step, **evaluator.metrics()}

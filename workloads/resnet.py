@@ -66,7 +66,7 @@ def train(job: Job) -> dict:
     compute_fraction = t.compute_s / t.batch_s if t.batch_s else 0.0
     log(f"per step: data {t.data_s / max(t.steps, 1):.4f}s + compute/sync "
         f"{t.compute_s / max(t.steps, 1):.4f}s; compute share {compute_fraction:.1%}")
-    metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
+    metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "image_size": args.image_size,
                "compute_fraction": compute_fraction, "start_epoch": start_epoch,
                "end_epoch": trainer.epoch, **evaluator.metrics()}
