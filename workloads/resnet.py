@@ -3,8 +3,11 @@
 The tutorial's experiment: CIFAR-10 images upscaled to ``--image-size`` (224
 by default, which makes the job compute-bound so that DDP's speed-up shows),
 ResNet-18 from scratch (``weights=None, num_classes=10``), SGD with
-momentum 0.9, learning rate scaled linearly with the world size by default
-(``--lr-scaling linear``, explicit in the config). The result carries what
+momentum 0.9. The tutorial also multiplies the learning rate by the world
+size; here that is ``--lr-scaling linear`` and off by default, because the
+global batch is ``--global-batch-size`` on any layout: the same batch with
+a larger step would be another learning problem, and ``compare``'s 1-process
+and DDP sides would not train the same thing. The result carries what
 the tutorial plots: average data-loading vs compute(+gradient sync) time
 per step, their totals, throughput in images/s, and loss / train-accuracy /
 test-accuracy curves. Rank 0 checkpoints every epoch and a gang restart
