@@ -151,12 +151,15 @@ CATALOG: dict[str, WorkloadInfo] = {
     "mlp": WorkloadInfo(
         name="mlp",
         module="workloads.mlp",
-        summary="3072-512-10 MLP on CIFAR-10-shaped data; DDP, or DataParallel for comparison",
+        summary="3072-512-10 MLP on CIFAR-10-shaped data; DDP, or with --mode dp "
+                "nn.DataParallel: one process over >= 2 GPUs, compared with DDP by "
+                "`ddp-orch compare --local --workload mlp --gpus 0,1 --baseline dp`",
         seed="002",
         args=_common(epochs=1, batch=64, lr=0.01, num_workers=2) + (
             ArgSpec("mode", str, "ddp",
                     "ddp: one process per device; dp: one process driving every visible "
-                    "GPU with nn.DataParallel (needs >= 2 GPUs and world size 1)",
+                    "GPU with nn.DataParallel (needs >= 2 GPUs and world size 1: "
+                    "`ddp-orch compare ... --baseline dp` runs it as compare's baseline)",
                     ("ddp", "dp")),
             ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
         ) + _image_data("50000 for CIFAR-10", "10000"),

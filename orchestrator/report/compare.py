@@ -225,7 +225,7 @@ _ROWS = (("world size", "world_size", "{:d}"), ("learning rate", "lr", "{:g}"),
          ("total time (s)", "total_s", "{:.2f}"), ("avg batch time (s)", "avg_batch_s", "{:.4f}"),
          ("  data (s)", "avg_data_s", "{:.4f}"), ("  compute+sync (s)", "avg_compute_s", "{:.4f}"),
          ("throughput (samples/s)", "samples_per_s", "{:.1f}"), ("steps", "steps", "{:d}"),
-         ("samples", "samples", "{:d}"), ("final loss", "final_loss", "{:.4f}"),
+         ("samples", "samples", "{:d}"), ("final loss (last epoch's mean)", "final_loss", "{:.4f}"),
          ("accuracy", "accuracy", "{:.4f}"))
 
 
@@ -264,9 +264,12 @@ def render_markdown(report: dict[str, Any], plots: list[str]) -> str:
             "and accuracies are not one learning problem")
     head = ["# DDP scaling report", "",
             f"Baseline run `{base['run_id']}`, DDP run `{ddp['run_id']}`. {same}; time is the "
-            "training loop's, per-step figures are averages over all steps.", ""]
+            "training loop's, per-step figures are averages over all steps.", "", ""]
+    table, _, notes = render_table(report).partition("\n\n")
+    notes_md = "".join(f"- {line}\n" for line in notes.splitlines())  # one item each
     images = [f"![{name}]({name})" for name in plots]
-    return "\n".join(head) + render_table(report) + ("\n" + "\n\n".join(images) + "\n" if images else "")
+    return ("\n".join(head) + table + "\n\n" + notes_md
+            + ("\n" + "\n\n".join(images) + "\n" if images else ""))
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:
