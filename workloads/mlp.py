@@ -55,6 +55,7 @@ def train(job: Job, dp_gpus: int) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     data = datasets.load(datasets.CIFAR10, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples)
+    datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
     log(f"mode {args.mode}" + (f" over {dp_gpus} GPUs" if dp_gpus else "")
         + f", global batch {job.split}, lr {job.lr}")

@@ -37,6 +37,7 @@ def train(job: Job) -> dict:
     data = datasets.load(datasets.CIFAR10, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples,
                          image_size=args.image_size, augment=args.augment)
+    datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
     log(f"ResNet-18 at {args.image_size}x{args.image_size}, global batch "
         f"{job.split}, lr {job.lr} "

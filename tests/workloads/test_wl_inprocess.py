@@ -217,3 +217,29 @@ def test_mlp_dp_mode_refuses_what_it_cannot_do(env, message):
 
     with pytest.raises(WorkloadError, match=message):
         check_dp(read_context(env, "cpu"))
+
+
+def test_ranks_on_the_same_data_pass_the_data_check(ctx, tmp_path):
+    from workloads.harness import datasets
+
+    data = datasets.load(datasets.MNIST, str(tmp_path), "auto", train_samples=8, test_samples=4)
+    datasets.check_same_everywhere(ctx, data)  # a real all-gather over the world of one
+
+
+def test_a_node_without_the_dataset_is_refused_not_reported_as_real(ctx, tiny_data, tmp_path,
+                                                                     monkeypatch):
+    """Node 0 finds MNIST, node 1 does not and would train on synthetic data
+    while the result (node 0's) says real: every rank refuses instead."""
+    from workloads.harness import datasets, evidence
+
+    real = datasets.load(datasets.MNIST, tiny_data, "auto")
+    fake = datasets.load(datasets.MNIST, str(tmp_path), "auto")
+    everyone = [["real", 0, "gpu-a", real.source], ["real", 0, "gpu-a", real.source],
+                ["synthetic", 1, "gpu-b", fake.source]]
+    monkeypatch.setattr(evidence, "all_gather_json", lambda _ctx, _value: everyone)
+    with pytest.raises(WorkloadError) as caught:
+        datasets.check_same_everywhere(ctx, real)
+    message = str(caught.value)
+    assert message.startswith(f"the ranks would train on different data: node 0 (gpu-a): "
+                              f"{real.source}; node 1 (gpu-b): {fake.source}. ")
+    assert "--data synthetic" in message and "on every node" in message
