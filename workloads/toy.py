@@ -87,7 +87,7 @@ def train(job: Job) -> dict:
         metrics.update({f"{split}_accuracy": ev["accuracy"], f"{split}_correct": ev["correct"],
                         f"{split}_total": ev["total"], f"{split}_loss": ev["loss"]})
     return finish(job, trainer, model, data="generated", metrics=metrics,
-                  init_checksum=init_checksum,
+                  init_checksum=init_checksum, data_source=desc,
                   eval_sharding="exact: rank r evaluates indices r, r+W, ... (no padding)")
 
 

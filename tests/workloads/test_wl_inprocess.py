@@ -128,6 +128,7 @@ def test_linear_final_loss_is_the_last_epochs_mean_at_the_noise_floor(ctx, monke
     x, y = linear.make_dataset(2000, 42).tensors
     floor = float(((y - 2 * x - 3) ** 2).mean())
     assert 0.95 * floor <= result["metrics"]["final_loss"] <= 1.2 * floor
+    assert result["data_source"] == "2000 points of y = 2x + 3 + 0.1*noise"  # the summary's
 
 
 def test_trainer_resumes_step_and_epoch_counters(ctx):
