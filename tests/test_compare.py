@@ -43,8 +43,8 @@ def test_same_problem_shows_each_sides_lr_batch_and_data_and_says_same():
     table = render_table(report)
     assert "| learning rate | 0.01 | 0.01 |" in table
     assert "| global batch | 512 | 512 |" in table and "| data | synthetic | synthetic |" in table
-    assert f"data (baseline (1 process)): {SYNTHETIC}" in table
-    assert f"data (DDP): {SYNTHETIC}" in table and "warning" not in table
+    assert f"data of baseline (1 process): {SYNTHETIC}" in table
+    assert f"data of DDP: {SYNTHETIC}" in table and "warning" not in table
     assert "Same workload arguments, learning rate and data" in render_markdown(report, [])
 
 
@@ -70,7 +70,7 @@ def test_real_data_on_one_side_and_synthetic_on_the_other_is_warned_about():
                        fake_result(2, 12.0, 170.0))
     table = render_table(report)
     assert "| data | real | synthetic |" in table
-    assert "data (baseline (1 process)): CIFAR-10 from /data" in table
+    assert "data of baseline (1 process): CIFAR-10 from /data" in table
     assert (f"warning: the sides differ in data: real (CIFAR-10 from /data) vs synthetic "
             f"({SYNTHETIC})") in table
 

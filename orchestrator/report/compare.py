@@ -248,7 +248,7 @@ def render_table(report: dict[str, Any]) -> str:
               f"{report['throughput_ratio']:.2f}x, {scale}"]
     for run in (base, ddp):
         if run.get("data_source"):
-            lines.append(f"data ({run.get('title', run['label'])}): {run['data_source']}")
+            lines.append(f"data of {run.get('title', run['label'])}: {run['data_source']}")
     for difference in report.get("differences", ()):
         lines.append(f"warning: the sides differ in {difference}")
     if not report["same_samples"]:
