@@ -56,13 +56,17 @@ def _device() -> ArgSpec:
                    ("auto", "cuda", "cpu"))
 
 
-def _common(*, epochs: int, batch: int, lr: float, lr_scaling: str = "none",
+def _common(*, epochs: int, batch: int, lr: float,
             num_workers: int = 0) -> tuple[ArgSpec, ...]:
     """Arguments every training workload shares (see workloads/harness).
 
     ``--global-batch-size`` works on every layout (the rule is
     ``harness.data.BatchSplit``'s): the tutorials' layouts such as 3 + 4
-    GPUs have world sizes that divide no default batch here.
+    GPUs have world sizes that divide no default batch here. Hence
+    ``--lr-scaling`` is ``none`` for every workload: the global batch, and
+    so the learning problem of each step, does not change with the world
+    size, and a learning rate that did would make a 1-process run and a DDP
+    run (``ddp-orch compare``) two different problems.
     """
     return (
         ArgSpec("epochs", int, epochs, "passes over the training set"),
@@ -71,8 +75,10 @@ def _common(*, epochs: int, batch: int, lr: float, lr_scaling: str = "none",
                 "ranks: 5,5,5,5,4,4,4, each rank's loss weighted by its share)",
                 minimum=1),
         ArgSpec("lr", float, lr, "base learning rate"),
-        ArgSpec("lr_scaling", str, lr_scaling,
-                "none: use --lr as is; linear: multiply it by the world size",
+        ArgSpec("lr_scaling", str, "none",
+                "none: use --lr as is; linear: multiply it by the world size (seed 001's "
+                "rule, for a global batch that grows with the world size: with the same "
+                "--global-batch-size it changes every step's update)",
                 ("none", "linear")),
         ArgSpec("seed", int, 42, "seed for model init (same on every rank) and data order"),
         ArgSpec("max_steps", int, 0, "stop after this many steps (0: no limit)"),
@@ -145,12 +151,15 @@ CATALOG: dict[str, WorkloadInfo] = {
     "mlp": WorkloadInfo(
         name="mlp",
         module="workloads.mlp",
-        summary="3072-512-10 MLP on CIFAR-10-shaped data; DDP, or DataParallel for comparison",
+        summary="3072-512-10 MLP on CIFAR-10-shaped data; DDP, or with --mode dp "
+                "nn.DataParallel: one process over >= 2 GPUs, compared with DDP by "
+                "`ddp-orch compare --local --workload mlp --gpus 0,1 --baseline dp`",
         seed="002",
         args=_common(epochs=1, batch=64, lr=0.01, num_workers=2) + (
             ArgSpec("mode", str, "ddp",
                     "ddp: one process per device; dp: one process driving every visible "
-                    "GPU with nn.DataParallel (needs >= 2 GPUs and world size 1)",
+                    "GPU with nn.DataParallel (needs >= 2 GPUs and world size 1: "
+                    "`ddp-orch compare ... --baseline dp` runs it as compare's baseline)",
                     ("ddp", "dp")),
             ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
         ) + _image_data("50000 for CIFAR-10", "10000"),
@@ -175,7 +184,7 @@ CATALOG: dict[str, WorkloadInfo] = {
         module="workloads.resnet",
         summary="torchvision ResNet-18 on CIFAR-10 with a data/compute time breakdown",
         seed="001",
-        args=_common(epochs=1, batch=512, lr=0.01, lr_scaling="linear", num_workers=4) + (
+        args=_common(epochs=1, batch=512, lr=0.01, num_workers=4) + (
             ArgSpec("image_size", int, 224,
                     "resize the 32x32 images to this size (224 makes it compute-bound)"),
             ArgSpec("momentum", float, 0.9, "SGD momentum"),

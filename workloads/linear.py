@@ -32,7 +32,8 @@ def make_dataset(samples: int, seed: int) -> TensorDataset:
 
 def train(job: Job) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
-    log(describe_start(ctx, "generated", f"{args.samples} points of y = 2x + 3 + 0.1*noise"))
+    source = f"{args.samples} points of y = 2x + 3 + 0.1*noise"
+    log(describe_start(ctx, "generated", source))
     log(f"global batch {job.split}, lr {job.lr}")
     loader = hdata.train_loader(make_dataset(args.samples, args.seed), ctx,
                                 args.global_batch_size, seed=args.seed,
@@ -48,8 +49,9 @@ def train(job: Job) -> dict:
     trainer.run()
     w, b = model.weight.item(), model.bias.item()
     log(f"learned w={w:.4f} b={b:.4f} (target 2, 3)")
-    return finish(job, trainer, model, data="generated", init_checksum=init_checksum,
-                  metrics={"w": w, "b": b, "final_loss": trainer.last_loss,
+    return finish(job, trainer, model, data="generated", data_source=source,
+                  init_checksum=init_checksum,
+                  metrics={"w": w, "b": b, "final_loss": trainer.epoch_loss,
                            "lr": job.lr, "per_rank_batch": job.batch})
 
 

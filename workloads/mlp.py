@@ -55,6 +55,7 @@ def train(job: Job, dp_gpus: int) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     data = datasets.load(datasets.CIFAR10, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples)
+    datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
     log(f"mode {args.mode}" + (f" over {dp_gpus} GPUs" if dp_gpus else "")
         + f", global batch {job.split}, lr {job.lr}")
@@ -73,7 +74,7 @@ def train(job: Job, dp_gpus: int) -> dict:
                           hdata.eval_loader(data.test, ctx, 2 * job.batch,
                                             num_workers=args.num_workers), log)
     trainer.run(evaluator if args.eval else None)
-    metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
+    metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "dp_gpus": dp_gpus,
                **evaluator.metrics()}
     return finish(job, trainer, model, data=data.data, metrics=metrics,

@@ -71,6 +71,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
     args, ctx, log = job.args, job.ctx, job.log
     data = datasets.load(datasets.MNIST, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples)
+    datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
     log(f"global batch {job.split}, "
         f"lr {job.lr}, amp {amp.mode}, sync_bn {use_sync_bn}"
@@ -102,7 +103,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
         save(t)
 
     trainer.run(on_epoch_end)
-    metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
+    metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "start_epoch": start_epoch,
                "start_step": start_step, "end_epoch": trainer.epoch,
                "end_step": trainer.step, **evaluator.metrics()}

@@ -3,8 +3,11 @@
 The tutorial's experiment: CIFAR-10 images upscaled to ``--image-size`` (224
 by default, which makes the job compute-bound so that DDP's speed-up shows),
 ResNet-18 from scratch (``weights=None, num_classes=10``), SGD with
-momentum 0.9, learning rate scaled linearly with the world size by default
-(``--lr-scaling linear``, explicit in the config). The result carries what
+momentum 0.9. The tutorial also multiplies the learning rate by the world
+size; here that is ``--lr-scaling linear`` and off by default, because the
+global batch is ``--global-batch-size`` on any layout: the same batch with
+a larger step would be another learning problem, and ``compare``'s 1-process
+and DDP sides would not train the same thing. The result carries what
 the tutorial plots: average data-loading vs compute(+gradient sync) time
 per step, their totals, throughput in images/s, and loss / train-accuracy /
 test-accuracy curves. Rank 0 checkpoints every epoch and a gang restart
@@ -34,6 +37,7 @@ def train(job: Job) -> dict:
     data = datasets.load(datasets.CIFAR10, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples,
                          image_size=args.image_size, augment=args.augment)
+    datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
     log(f"ResNet-18 at {args.image_size}x{args.image_size}, global batch "
         f"{job.split}, lr {job.lr} "
@@ -66,7 +70,7 @@ def train(job: Job) -> dict:
     compute_fraction = t.compute_s / t.batch_s if t.batch_s else 0.0
     log(f"per step: data {t.data_s / max(t.steps, 1):.4f}s + compute/sync "
         f"{t.compute_s / max(t.steps, 1):.4f}s; compute share {compute_fraction:.1%}")
-    metrics = {"final_loss": trainer.last_loss, "train_accuracy": trainer.last_acc,
+    metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "image_size": args.image_size,
                "compute_fraction": compute_fraction, "start_epoch": start_epoch,
                "end_epoch": trainer.epoch, **evaluator.metrics()}

@@ -82,12 +82,12 @@ def train(job: Job) -> dict:
     log(f"train accuracy {train_eval['accuracy']:.4f} ({train_eval['correct']}/"
         f"{train_eval['total']}), test accuracy {test_eval['accuracy']:.4f} "
         f"({test_eval['correct']}/{test_eval['total']}) -- over all ranks")
-    metrics = {"final_loss": trainer.last_loss, "lr": job.lr, "per_rank_batch": job.batch}
+    metrics = {"final_loss": trainer.epoch_loss, "lr": job.lr, "per_rank_batch": job.batch}
     for split, ev in (("train", train_eval), ("test", test_eval)):
         metrics.update({f"{split}_accuracy": ev["accuracy"], f"{split}_correct": ev["correct"],
                         f"{split}_total": ev["total"], f"{split}_loss": ev["loss"]})
     return finish(job, trainer, model, data="generated", metrics=metrics,
-                  init_checksum=init_checksum,
+                  init_checksum=init_checksum, data_source=desc,
                   eval_sharding="exact: rank r evaluates indices r, r+W, ... (no padding)")
 
 

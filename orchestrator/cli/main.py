@@ -272,35 +272,47 @@ def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callab
 @main.command()
 @click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
 @job_options
-@click.option("--baseline-run", help="Use this finished run as the 1-process baseline.")
+@click.option("--baseline", "baseline_kind", type=click.Choice(["single", "dp"]),
+              default="single", show_default=True,
+              help="single: one process on node 0's first device; dp: the mlp workload's "
+                   "nn.DataParallel, one process over all of node 0's GPUs (2 or more).")
+@click.option("--baseline-run", help="Use this finished run as the baseline.")
 @click.option("--ddp-run", help="Use this finished run as the DDP run.")
 @click.option("--show-output", is_flag=True, help="Show rank 0's output of the runs.")
 @launch_options
 @friendly_errors
 def compare(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
             gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
-            baseline_run: str | None, ddp_run: str | None, show_output: bool, runs_dir: str,
-            accept_new_host_keys: bool, start_timeout: float, queue_timeout: float | None,
-            hang_timeout: float | None, grace: float) -> None:
+            baseline_kind: str, baseline_run: str | None, ddp_run: str | None,
+            show_output: bool, runs_dir: str, accept_new_host_keys: bool, start_timeout: float,
+            queue_timeout: float | None, hang_timeout: float | None, grace: float) -> None:
     """Run the job as 1 process and on the whole cluster; report the speed-up.
 
-    Same workload arguments for both (so the same global batch and samples).
-    Writes report.md, report.json and PNG plots into a new run directory.
+    Same workload arguments for both (so the same global batch and samples);
+    the report shows each side's learning rate, global batch and data, and
+    warns of any difference. Writes report.md, report.json and PNG plots
+    into a new run directory.
     """
     from ..records.rundir import RunDir
     from ..report import compare as cmp
 
-    spec = None
+    if baseline_kind != "single" and baseline_run is not None:
+        raise ConfigError("--baseline chooses the baseline compare runs, but --baseline-run "
+                          "reuses a finished one", path="--baseline", source="command line",
+                          hint="drop one of them (a reused DataParallel run is labelled so)")
+    spec = base_spec = None
     if baseline_run is None or ddp_run is None:
         spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                                   arg_pairs)
+        base_spec = cmp.baseline_spec(spec, baseline_kind)  # refuses before anything runs
+        spec = cmp.ddp_spec(spec, baseline_kind)
     console = Console("rank0" if show_output else "quiet")
     launch = _launcher(runs_dir, console, LaunchOptions(
         grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
         queue_timeout_s=queue_timeout,
         hang_timeout_s=hang_timeout if hang_timeout is not None or spec is None
         else spec.hang_timeout))
-    base = cmp.run_or_load("baseline", spec and cmp.baseline_spec(spec), baseline_run,
+    base = cmp.run_or_load("baseline", base_spec, baseline_run,
                            runs_dir=runs_dir, launch=launch)
     ddp = cmp.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)
     report = cmp.comparison(base, ddp)

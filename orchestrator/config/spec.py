@@ -65,9 +65,14 @@ class NodeSpec:
     env: Mapping[str, str]
     line: int | None = None
     gpu_count: int | None = None  # placed by Slurm: this many GPUs from its GRES
+    # One process that sees all the node's GPUs (compare's nn.DataParallel
+    # baseline, ``compare --baseline dp``); never set from a cluster file.
+    one_process: bool = False
 
     @property
     def nproc(self) -> int:
+        if self.one_process:
+            return 1
         if self.gpu_count is not None:
             return self.gpu_count
         return len(self.gpus) if self.gpus is not None else int(self.procs or 0)

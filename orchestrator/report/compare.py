@@ -6,18 +6,37 @@ full cluster, with the same workload arguments, so the same global batch
 and the same number of samples. The report gives total and per-step time,
 the data vs compute(+sync) split, throughput, speed-up, scaling efficiency
 (speed-up / world size) and the final loss/accuracy of each run.
+
+A speed-up is only a comparison when both sides solve the same learning
+problem, so the report shows each side's effective learning rate, global
+batch and data source, and names every difference (``differences``): a
+learning rate scaled by the world size (``lr_scaling=linear``) with the
+same global batch, a real dataset on one side and a synthetic one on the
+other, runs reused with other arguments.
+
+``--baseline dp`` (seed 002) makes the baseline the ``mlp`` workload's
+``nn.DataParallel``: one process driving all of node 0's listed GPUs,
+against DDP on the cluster. It needs at least two GPUs on node 0 and is
+refused before anything starts otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.localmode import with_args
 from ..config.spec import ClusterSpec, NodeSpec
-from ..errors import LaunchError
+from ..errors import ConfigError, LaunchError
 from ..records.outcome import RunState
+
+BASELINES = ("single", "dp")
+DP_EXAMPLE = "ddp-orch compare --local --workload mlp --gpus 0,1 --baseline dp"
+# Configuration keys that are no learning choice, or that have rows of their own.
+_NOT_COMPARED = frozenset({"result_file", "lr", "global_batch_size", "data", "mode"})
 
 
 @dataclass(frozen=True)
@@ -37,17 +56,74 @@ class RunSummary:
     accuracy: float | None
     loss_curve: tuple[tuple[float, float], ...]
     rank_step_times: tuple[dict, ...] = ()  # per rank: rank, node_rank, host, mean_s, p50_s, p95_s
+    workload: str | None = None
+    lr: float | None = None  # the effective one, after lr_scaling
+    lr_scaling: str | None = None
+    global_batch: int | None = None
+    data: str | None = None  # real / synthetic / generated
+    data_source: str | None = None  # where from, or why synthetic
+    mode: str | None = None  # mlp's ddp or dp
+    dp_gpus: int = 0  # the GPUs a DataParallel process drove (0: not DataParallel)
+    arguments: tuple[tuple[str, Any], ...] = ()  # the workload's arguments, by name
+
+    @property
+    def devices(self) -> int:
+        """Devices doing the work: the world size, or a DataParallel's GPUs."""
+        return self.dp_gpus or self.world_size
+
+    @property
+    def title(self) -> str:
+        if self.dp_gpus:
+            return f"DataParallel (1 process, {self.dp_gpus} GPUs)"
+        return "baseline (1 process)" if self.label == "baseline" else "DDP"
 
 
-def baseline_spec(spec: ClusterSpec) -> ClusterSpec:
-    """The same job as one process on node 0's first GPU (or one CPU process)."""
+def baseline_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
+    """The same job as one process on node 0's first GPU (or one CPU process);
+    with ``kind`` ``dp``, as mlp's DataParallel over all of node 0's GPUs."""
     first = spec.nodes[0]
+    if kind == "dp":
+        check_dp_baseline(spec)
+        node: NodeSpec = dataclasses.replace(first, one_process=True)
+        return dataclasses.replace(with_args(spec, {"mode": "dp"}), nodes=(node,),
+                                   name=f"{spec.name}-dp-baseline")
+    if kind != "single":
+        raise ConfigError(f"unknown baseline {kind!r}", path="--baseline",
+                          source="command line", hint=" or ".join(BASELINES))
     on_gpu = first.gpus is not None or first.gpu_count is not None
     single: NodeSpec = dataclasses.replace(
         first, gpus=first.gpus[:1] if first.gpus is not None else None,
         gpu_count=1 if first.gpu_count is not None else None,
         procs=None if on_gpu else 1)
     return dataclasses.replace(spec, nodes=(single,), name=f"{spec.name}-baseline")
+
+
+def ddp_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
+    """The cluster side: the job as given; against a DataParallel baseline,
+    mlp's ``mode`` set to ddp explicitly."""
+    return with_args(spec, {"mode": "ddp"}) if kind == "dp" else spec
+
+
+def check_dp_baseline(spec: ClusterSpec) -> None:
+    """Refuse ``--baseline dp`` where it cannot run: it is the mlp workload's
+    ``--mode dp``, one process over at least two GPUs of node 0."""
+    where = "--baseline dp"
+    if spec.workload.name != "mlp":
+        given = spec.workload.name or spec.workload.module or spec.workload.script or "?"
+        raise ConfigError(f"the DataParallel baseline is the mlp workload's --mode dp, but the "
+                          f"workload here is {given}", path=where, source="command line",
+                          hint=DP_EXAMPLE)
+    first = spec.nodes[0]
+    gpus = first.gpu_count if first.gpu_count is not None else \
+        len(first.gpus) if first.gpus is not None else 0
+    if spec.device == "cpu" or gpus < 2:
+        has = ("device: cpu" if spec.device == "cpu" and gpus else
+               f"{gpus} GPU" if gpus == 1 else f"procs: {first.procs} (CPU processes)"
+               if first.procs is not None else "no GPUs")
+        raise ConfigError(f"nn.DataParallel needs at least 2 GPUs on node 0 "
+                          f"({first.host}), which has {has}", path=where,
+                          source="command line",
+                          hint=f"on a machine with 2 or more GPUs: {DP_EXAMPLE}")
 
 
 def summarize(label: str, run_id: str, result: dict[str, Any]) -> RunSummary:
@@ -60,6 +136,7 @@ def summarize(label: str, run_id: str, result: dict[str, Any]) -> RunSummary:
                           "compare needs a training workload such as linear, mlp or resnet")
     accuracy = next((metrics[k] for k in ("test_accuracy", "accuracy", "train_accuracy")
                      if isinstance(metrics.get(k), (int, float))), None)
+    config = result.get("config") if isinstance(result.get("config"), dict) else {}
     return RunSummary(
         label=label, run_id=run_id, world_size=int(result.get("world_size", 1)),
         train_s=float(timing.get("train_s", timing.get("total_s", 0.0))),
@@ -71,7 +148,53 @@ def summarize(label: str, run_id: str, result: dict[str, Any]) -> RunSummary:
         accuracy=accuracy,
         loss_curve=tuple((float(s), float(l)) for s, l in result.get("loss_curve") or ()),
         rank_step_times=tuple(r for r in result.get("rank_step_times") or ()
-                              if isinstance(r, dict)))
+                              if isinstance(r, dict)),
+        workload=_str(result.get("workload")), lr=_float(metrics.get("lr")),
+        lr_scaling=_str(config.get("lr_scaling")),
+        global_batch=config.get("global_batch_size")
+        if isinstance(config.get("global_batch_size"), int) else None,
+        data=_str(result.get("data")), data_source=_str(result.get("data_source")),
+        mode=_str(result.get("mode")),
+        dp_gpus=int(metrics.get("dp_gpus") or 0) if result.get("mode") == "dp" else 0,
+        arguments=tuple(sorted((k, v) for k, v in config.items() if k != "result_file")))
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def differences(base: RunSummary, ddp: RunSummary) -> list[str]:
+    """Each way the two sides differ as a learning problem, in words; empty
+    when they train the same workload, arguments, learning rate and data."""
+    out = []
+    if base.workload != ddp.workload:
+        out.append(f"workload: {base.workload} vs {ddp.workload}")
+    if base.lr is not None and ddp.lr is not None and not _same(base.lr, ddp.lr):
+        why = ""
+        if "linear" in (base.lr_scaling, ddp.lr_scaling):
+            why = (f": lr_scaling=linear multiplies lr by the world size ({base.world_size} vs "
+                   f"{ddp.world_size}) although the global batch is the same, so each step is "
+                   "a different update; set lr_scaling=none to compare one learning problem")
+        out.append(f"learning rate: {base.lr:g} vs {ddp.lr:g}{why}")
+    if base.global_batch != ddp.global_batch:
+        out.append(f"global batch: {base.global_batch} vs {ddp.global_batch}")
+    if base.data != ddp.data:
+        out.append(f"data: {base.data} ({base.data_source or '-'}) vs {ddp.data} "
+                   f"({ddp.data_source or '-'})")
+    theirs = dict(ddp.arguments)
+    for key, value in base.arguments:
+        if key not in _NOT_COMPARED and key in theirs and theirs[key] != value:
+            out.append(f"argument {key}: {value!r} vs {theirs[key]!r}")
+    return out
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-12 * max(abs(a), abs(b))
 
 
 def comparison(base: RunSummary, ddp: RunSummary) -> dict[str, Any]:
@@ -81,34 +204,53 @@ def comparison(base: RunSummary, ddp: RunSummary) -> dict[str, Any]:
         "baseline": _public(base), "ddp": _public(ddp),
         "speedup": speedup,
         "throughput_ratio": ddp.samples_per_s / base.samples_per_s if base.samples_per_s else None,
-        "scaling_efficiency": speedup / ddp.world_size,
+        # per device: a DataParallel baseline already drives several
+        "scaling_efficiency": speedup * base.devices / ddp.devices,
         "same_samples": base.samples == ddp.samples,
+        "differences": differences(base, ddp),
     }
 
 
 def _public(run: RunSummary) -> dict[str, Any]:
     out = dataclasses.asdict(run)
     out["loss_curve"] = [list(p) for p in run.loss_curve]
+    out["arguments"] = dict(run.arguments)
+    out["title"], out["devices"] = run.title, run.devices
     return out
 
 
-_ROWS = (("world size", "world_size", "{:d}"), ("training time (s)", "train_s", "{:.2f}"),
+_ROWS = (("world size", "world_size", "{:d}"), ("learning rate", "lr", "{:g}"),
+         ("global batch", "global_batch", "{:d}"), ("data", "data", "{}"),
+         ("training time (s)", "train_s", "{:.2f}"),
          ("total time (s)", "total_s", "{:.2f}"), ("avg batch time (s)", "avg_batch_s", "{:.4f}"),
          ("  data (s)", "avg_data_s", "{:.4f}"), ("  compute+sync (s)", "avg_compute_s", "{:.4f}"),
          ("throughput (samples/s)", "samples_per_s", "{:.1f}"), ("steps", "steps", "{:d}"),
-         ("samples", "samples", "{:d}"), ("final loss", "final_loss", "{:.4f}"),
+         ("samples", "samples", "{:d}"), ("final loss (last epoch's mean)", "final_loss", "{:.4f}"),
          ("accuracy", "accuracy", "{:.4f}"))
 
 
 def render_table(report: dict[str, Any]) -> str:
+    """The table, the speed-up line, each side's data source and a warning
+    for every difference between the sides (``differences``)."""
     base, ddp = report["baseline"], report["ddp"]
-    lines = ["| metric | baseline (1 process) | DDP |", "| --- | ---: | ---: |"]
+    lines = [f"| metric | {base.get('title', 'baseline (1 process)')} | "
+             f"{ddp.get('title', 'DDP')} |", "| --- | ---: | ---: |"]
     for title, key, fmt in _ROWS:
-        cells = ["-" if run[key] is None else fmt.format(run[key]) for run in (base, ddp)]
+        cells = ["-" if run.get(key) is None else fmt.format(run[key]) for run in (base, ddp)]
         lines.append(f"| {title} | {cells[0]} | {cells[1]} |")
+    if base.get("dp_gpus"):
+        scale = (f"DDP on {ddp['world_size']} processes vs DataParallel on {base['dp_gpus']} "
+                 f"GPUs, efficiency per device {report['scaling_efficiency']:.0%}")
+    else:
+        scale = (f"scaling efficiency {report['scaling_efficiency']:.0%} on "
+                 f"{ddp['world_size']} processes")
     lines += ["", f"speed-up: **{report['speedup']:.2f}x**, throughput ratio "
-              f"{report['throughput_ratio']:.2f}x, scaling efficiency "
-              f"{report['scaling_efficiency']:.0%} on {ddp['world_size']} processes"]
+              f"{report['throughput_ratio']:.2f}x, {scale}"]
+    for run in (base, ddp):
+        if run.get("data_source"):
+            lines.append(f"data of {run.get('title', run['label'])}: {run['data_source']}")
+    for difference in report.get("differences", ()):
+        lines.append(f"warning: the sides differ in {difference}")
     if not report["same_samples"]:
         lines.append("warning: the two runs did not process the same number of samples")
     return "\n".join(lines) + "\n"
@@ -116,12 +258,18 @@ def render_table(report: dict[str, Any]) -> str:
 
 def render_markdown(report: dict[str, Any], plots: list[str]) -> str:
     base, ddp = report["baseline"], report["ddp"]
+    same = ("Same workload arguments, learning rate and data, so the same global batch and "
+            "the same samples" if not report.get("differences") else
+            "**The sides differ** (the warnings below the table say how), so their losses "
+            "and accuracies are not one learning problem")
     head = ["# DDP scaling report", "",
-            f"Baseline run `{base['run_id']}`, DDP run `{ddp['run_id']}`. Same workload "
-            "arguments, so the same global batch and the same samples; time is the "
-            "training loop's, per-step figures are averages over all steps.", ""]
+            f"Baseline run `{base['run_id']}`, DDP run `{ddp['run_id']}`. {same}; time is the "
+            "training loop's, per-step figures are averages over all steps.", "", ""]
+    table, _, notes = render_table(report).partition("\n\n")
+    notes_md = "".join(f"- {line}\n" for line in notes.splitlines())  # one item each
     images = [f"![{name}]({name})" for name in plots]
-    return "\n".join(head) + render_table(report) + ("\n" + "\n\n".join(images) + "\n" if images else "")
+    return ("\n".join(head) + table + "\n\n" + notes_md
+            + ("\n" + "\n\n".join(images) + "\n" if images else ""))
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:
@@ -160,8 +308,36 @@ def write_report(report: dict[str, Any], directory: str) -> tuple[list[str], str
         from .plots import write_plots
 
         plots, note = write_plots(report, directory), ""
-    except ImportError:
-        plots, note = [], "matplotlib is not installed: no plots (pip install 'ddp-orch[report]')"
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "matplotlib":
+            raise
+        plots, note = [], missing_matplotlib(report["baseline"]["run_id"], report["ddp"]["run_id"])
     with open(os.path.join(directory, "report.md"), "w", encoding="utf-8") as fh:
         fh.write(render_markdown(report, plots))
     return plots, note
+
+
+def missing_matplotlib(baseline_run: str, ddp_run: str) -> str:
+    """What to do when the plots' matplotlib is missing: the exact command
+    for the Python running ddp-orch, with the version floor of the
+    ``report`` extra (pyproject.toml), and how to draw the plots of these
+    runs afterwards without training again."""
+    return ("matplotlib is not installed, so the report has no plots; install it into the "
+            f"Python running ddp-orch with `{sys.executable} -m pip install "
+            f"'{_report_requirement()}'` (or, in a checkout of ddp-orch, pip install -e "
+            f"'.[report]'), then `ddp-orch compare --baseline-run {baseline_run} --ddp-run "
+            f"{ddp_run}` draws them from these runs without training again")
+
+
+def _report_requirement() -> str:
+    """The ``report`` extra's matplotlib requirement, from the installed
+    package's metadata when there is one."""
+    try:
+        from importlib.metadata import PackageNotFoundError, requires
+
+        for req in requires("ddp-orch") or ():
+            if req.startswith("matplotlib") and 'extra == "report"' in req:
+                return req.split(";")[0].strip()
+    except (ImportError, PackageNotFoundError):
+        pass
+    return "matplotlib>=3.7"

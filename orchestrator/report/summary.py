@@ -38,6 +38,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
                      + " (the interface of each node's ranks; `ddp-orch check` tests every pair)")
     if outcome.result:
         lines.append("result: " + _metrics_line(outcome.result))
+        lines += data_lines(outcome.result)
         slowest = outcome.result.get("slowest_rank")
         if isinstance(slowest, dict) and len(outcome.result.get("rank_step_times") or ()) > 1:
             lines.append(f"slowest rank: rank {slowest.get('rank')} (node "
@@ -72,6 +73,28 @@ def render_attempts(attempts) -> list[str]:
         then = f" -> {a.note}" if a.note else ""
         out.append(f"  attempt {a.attempt} (port {a.master_port}): {a.state.value}{cause}{then}")
     return out
+
+
+def data_lines(result: dict[str, Any]) -> list[str]:
+    """``data: ...``, where the run's training data came from (the result's
+    ``data`` and ``data_source``), and a hint when a built-in workload fell
+    back to synthetic data because ``data_dir`` was not found: a relative
+    one is read from the ranks' working directory on each node, which is
+    rarely where the dataset is. Empty for a result without ``data`` (a
+    user's script need not say) and for noop's ``none``."""
+    data, source = result.get("data"), result.get("data_source")
+    if not isinstance(data, str) or data == "none":  # noop moves no data
+        return []
+    lines = [f"data: {source if isinstance(source, str) and source else data}"]
+    config = result.get("config") if isinstance(result.get("config"), dict) else {}
+    if data == "synthetic" and config.get("data", "auto") == "auto":
+        given = config.get("data_dir")
+        lines.append("hint: the real dataset was not found, so the run trained on synthetic "
+                     f"data; data_dir{f' ({given})' if given else ''} is read on each node, "
+                     "relative paths from the ranks' working directory: give the dataset's "
+                     "absolute path (--arg data_dir=/path/to/data, or workload.args.data_dir "
+                     "in the file), and data=real to fail instead of falling back")
+    return lines
 
 
 def _metrics_line(result: dict[str, Any]) -> str:

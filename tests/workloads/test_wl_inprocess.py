@@ -57,11 +57,78 @@ def test_trainer_stops_at_max_steps_mid_epoch(ctx):
     assert trainer.epoch == 1 and not trainer.epoch_complete  # only one full epoch done
 
 
-def test_trainer_log_every_prints_per_n_steps(ctx, capsys):
+def test_trainer_log_every_prints_per_n_steps_then_the_epoch_mean(ctx, capsys):
     trainer, _ = make_trainer(ctx, epochs=1, log_every=4)
     trainer.run()
-    steps = [l.split(" step ")[1].split()[0] for l in capsys.readouterr().out.splitlines()]
-    assert steps == ["4", "8", "10"]
+    lines = capsys.readouterr().out.splitlines()
+    steps = [l.split(" step ")[1].split()[0] for l in lines]
+    assert steps == ["4", "8", "10", "10"]
+    assert lines[-1].endswith("(over the epoch's 10 steps)")
+    assert f"loss {trainer.epoch_loss:.5f}" in lines[-1]
+
+
+def test_epoch_loss_is_the_sample_weighted_mean_of_the_epochs_step_losses(ctx, capsys):
+    """100 samples in global batches of 30: steps of 30, 30, 30 and 10, logged
+    every 3 steps, so the epoch's last window is the 1-step stub of 10. The
+    epoch's loss is its mean over all 100 samples, not that stub's."""
+    torch.manual_seed(0)
+    model = nn.Linear(1, 1)
+    ddp = wrap_ddp(model, ctx)
+    loader = hdata.train_loader(linear_data(100), ctx, 30, seed=1)
+    step = make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), nn.MSELoss())
+    seen: list[tuple[float, int]] = []
+
+    def recording(inputs, targets, weight=1.0):
+        loss, out = step(inputs, targets, weight)
+        seen.append((loss.item(), len(targets)))
+        return loss, out
+
+    trainer = Trainer(ctx, loader, recording, RankZeroLog(ctx, "t"), seed=1, epochs=2,
+                      log_every=3)
+    trainer.run()
+    assert [n for _, n in seen] == [30, 30, 30, 10] * 2
+    means = [sum(l * n for l, n in epoch) / 100 for epoch in (seen[:4], seen[4:])]
+    assert trainer.epoch_loss == pytest.approx(means[1], rel=1e-12)
+    assert [row[2] for row in trainer.epoch_curve] == pytest.approx(means, rel=1e-12)
+    assert [row[:2] for row in trainer.epoch_curve] == [[1, 4], [2, 8]]
+    assert trainer.last_loss == pytest.approx(seen[-1][0])  # the stub window
+    assert trainer.epoch_loss != pytest.approx(trainer.last_loss, rel=1e-3)
+    epoch_lines = [l for l in capsys.readouterr().out.splitlines() if "over the epoch" in l]
+    assert [f"loss {m:.5f}" in l for m, l in zip(means, epoch_lines)] == [True, True]
+
+
+def test_linear_final_loss_is_the_last_epochs_mean_at_the_noise_floor(ctx, monkeypatch):
+    """linear's final_loss is its last epoch's mean loss: the sample-weighted
+    mean of that epoch's step losses, and (trained) at the data's own noise
+    floor, mean((y - 2x - 3)^2) ~ 0.01, not below it as a stub window can be."""
+    import workloads.linear as linear
+    from workloads.harness.job import start
+
+    seen: list[tuple[float, int]] = []
+
+    def recording_make_step(*args, **kwargs):
+        step = make_step(*args, **kwargs)
+
+        def wrapped(inputs, targets, weight=1.0):
+            loss, out = step(inputs, targets, weight)
+            seen.append((loss.item(), len(targets)))
+            return loss, out
+        return wrapped
+
+    monkeypatch.setattr(linear, "make_step", recording_make_step)
+    monkeypatch.delenv("DDP_ORCH_RESULT_FILE", raising=False)
+    result = linear.train(start("linear", ["--samples", "2000", "--epochs", "6",
+                                           "--device", "cpu"]))
+    per_epoch = 63  # ceil(2000 / 32), the last step 16 samples
+    assert len(seen) == 6 * per_epoch and seen[-1][1] == 16
+    last = seen[-per_epoch:]
+    expected = sum(l * n for l, n in last) / sum(n for _, n in last)
+    assert result["metrics"]["final_loss"] == pytest.approx(expected, rel=1e-9)
+    assert result["epoch_curve"][-1][:3] == [6, 6 * per_epoch, result["metrics"]["final_loss"]]
+    x, y = linear.make_dataset(2000, 42).tensors
+    floor = float(((y - 2 * x - 3) ** 2).mean())
+    assert 0.95 * floor <= result["metrics"]["final_loss"] <= 1.2 * floor
+    assert result["data_source"] == "2000 points of y = 2x + 3 + 0.1*noise"  # the summary's
 
 
 def test_trainer_resumes_step_and_epoch_counters(ctx):
@@ -151,3 +218,29 @@ def test_mlp_dp_mode_refuses_what_it_cannot_do(env, message):
 
     with pytest.raises(WorkloadError, match=message):
         check_dp(read_context(env, "cpu"))
+
+
+def test_ranks_on_the_same_data_pass_the_data_check(ctx, tmp_path):
+    from workloads.harness import datasets
+
+    data = datasets.load(datasets.MNIST, str(tmp_path), "auto", train_samples=8, test_samples=4)
+    datasets.check_same_everywhere(ctx, data)  # a real all-gather over the world of one
+
+
+def test_a_node_without_the_dataset_is_refused_not_reported_as_real(ctx, tiny_data, tmp_path,
+                                                                     monkeypatch):
+    """Node 0 finds MNIST, node 1 does not and would train on synthetic data
+    while the result (node 0's) says real: every rank refuses instead."""
+    from workloads.harness import datasets, evidence
+
+    real = datasets.load(datasets.MNIST, tiny_data, "auto")
+    fake = datasets.load(datasets.MNIST, str(tmp_path), "auto")
+    everyone = [["real", 0, "gpu-a", real.source], ["real", 0, "gpu-a", real.source],
+                ["synthetic", 1, "gpu-b", fake.source]]
+    monkeypatch.setattr(evidence, "all_gather_json", lambda _ctx, _value: everyone)
+    with pytest.raises(WorkloadError) as caught:
+        datasets.check_same_everywhere(ctx, real)
+    message = str(caught.value)
+    assert message.startswith(f"the ranks would train on different data: node 0 (gpu-a): "
+                              f"{real.source}; node 1 (gpu-b): {fake.source}. ")
+    assert "--data synthetic" in message and "on every node" in message

@@ -181,6 +181,6 @@ def test_resnet_on_synthetic_data_reports_the_time_breakdown(tmp_path):
     assert t["steps"] == 4 and t["samples"] == 64
     assert t["avg_batch_s"] == pytest.approx(t["avg_data_s"] + t["avg_compute_s"])
     assert len(t["series"]["rows"]) == 4
-    assert result["metrics"]["lr"] == pytest.approx(0.02)  # linear scaling x2
+    assert result["metrics"]["lr"] == pytest.approx(0.01)  # lr_scaling none: as given
     assert result["metrics"]["test_total"] == 16 and len(result["test_curve"]) == 1
     assert result["accuracy_curve"] and result["loss_curve"]

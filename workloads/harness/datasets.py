@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset
 
-from workloads.harness.context import WorkloadError
+from workloads.harness.context import DistContext, WorkloadError
 
 
 @dataclass(frozen=True)
@@ -148,3 +148,25 @@ def load(spec: Spec, data_dir: str, mode: str, *, train_samples: int = 0,
     note = ", md5 NOT verified" if verified is False else ""
     return ImageData(_first(train, train_samples), _first(test, test_samples), "real",
                      f"{spec.name} from {root}{note}", verified, spec)
+
+
+def check_same_everywhere(ctx: DistContext, data: ImageData) -> None:
+    """Refuse a job whose ranks would train on different data; a collective.
+
+    Each rank looks for ``--data-dir`` on its own node, so with ``--data
+    auto`` a node without the dataset would quietly train on the synthetic
+    set while node 0 -- whose result is the one reported -- says "real".
+    Every rank raises the same error, naming what each node found.
+    """
+    from workloads.harness.evidence import all_gather_json
+
+    everyone = all_gather_json(ctx, [data.data, ctx.node_rank, ctx.hostname, data.source])
+    if len({kind for kind, *_ in everyone}) == 1:
+        return
+    nodes: dict[tuple[int, str], str] = {}
+    for _kind, node_rank, host, source in everyone:
+        nodes.setdefault((node_rank, host), source)
+    found = "; ".join(f"node {n} ({h}): {src}" for (n, h), src in sorted(nodes.items()))
+    raise WorkloadError(f"the ranks would train on different data: {found}. Put the "
+                        f"{data.spec.name} files at data_dir on every node (an absolute path), "
+                        "or pass --data synthetic to train on the synthetic set everywhere")

@@ -113,7 +113,9 @@ def finish(job: Any, trainer: Any, model: Any, *, data: str, metrics: dict,
 
     Collectives (checksums, rank table, sample count) run on all ranks in the
     same order; then rank 0 writes. ``model`` is the unwrapped module. The
-    result's ``batch_split`` is each rank's share of a full global batch.
+    result's ``batch_split`` is each rank's share of a full global batch;
+    its ``epoch_curve`` the mean training loss (and accuracy) of each epoch,
+    over all its samples, as ``[epoch, step, loss, accuracy or null]``.
     """
     from workloads.harness.evidence import gather, param_checksum
 
@@ -126,6 +128,7 @@ def finish(job: Any, trainer: Any, model: Any, *, data: str, metrics: dict,
     result = build_result(ctx, job.args, workload=job.name, data=data, metrics=metrics,
                           timing=timing, evidence=evidence,
                           loss_curve=trainer.loss_curve.rows, started=job.started,
-                          accuracy_curve=trainer.acc_curve.rows, **extra)
+                          accuracy_curve=trainer.acc_curve.rows,
+                          epoch_curve=trainer.epoch_curve, **extra)
     emit(ctx, result, getattr(job.args, "result_file", None), job.log)
     return result

@@ -6,6 +6,22 @@ a loss (and accuracy) accumulated *on the device* and read only at log
 points -- a ``loss.item()`` per step would force a host sync per step and
 distort the very timings being measured -- and rank-0 progress lines. What a
 step does is the workload's ``step_fn`` (usually ``make_step``).
+
+Two losses come out of it, and they answer different questions:
+
+* the *window* loss (``last_loss``, the points of ``loss_curve``): the mean
+  over the last ``log_every`` steps (or a tenth of an epoch), for curves. The
+  last window of an epoch can be a stub of a few steps, so it is no measure
+  of the epoch;
+* the *epoch* loss (``epoch_loss``, ``epoch_curve``, a workload's
+  ``final_loss``): the mean over every sample of the epoch, all ranks. Each
+  step's global-batch mean is sum_r n_r * m_r / N (rank r's mean m_r over its
+  n_r of the N samples; the same as sum_r w_r * m_r / W with BatchSplit's
+  weights w_r = n_r * W / N), and the epoch's is the sample-weighted mean of
+  those: sum over steps and ranks of n_r * m_r, over the epoch's samples.
+  That is exactly what the windows accumulate, so the epoch totals are the
+  sums of its windows' all-reduced totals (windows never span two epochs)
+  and cost no collective of their own.
 """
 
 from __future__ import annotations
@@ -140,8 +156,12 @@ class Trainer:
         self.local_samples = 0
         self.stopped = False
         self.epoch_complete = False  # did the last epoch run to its end?
-        self.last_loss = math.nan
+        self.last_loss = math.nan  # the last window's mean (see module doc)
         self.last_acc: float | None = None
+        self.epoch_loss = math.nan  # the last epoch's mean over all its samples
+        self.epoch_acc: float | None = None
+        self.epoch_curve: list[list] = []  # [epoch, step, mean loss, mean accuracy or None]
+        self._epoch_totals = [0.0, 0.0, 0.0]  # loss sum, correct, samples; all ranks
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -171,7 +191,8 @@ class Trainer:
         dev = self.ctx.torch_device()
         sampler = self.loader.batch_sampler
         complete = True
-        t0, samples = self.timer.batch_s, 0
+        t0, samples, steps = self.timer.batch_s, 0, 0
+        self._epoch_totals = [0.0, 0.0, 0.0]
         t_end = now()
         for batch_index, (inputs, targets) in enumerate(self.loader):
             t_data = now()
@@ -186,6 +207,7 @@ class Trainer:
             t_done = now()
             self.timer.record(self.step, t_data - t_end, t_done - t_data)
             self.step += 1
+            steps += 1
             heartbeat(self.step)  # the hang watchdog's sign of progress (a no-op alone)
             if self._win_steps == self.curve_every:
                 self._flush(epoch, show=bool(self.log_every))
@@ -196,13 +218,22 @@ class Trainer:
             t_end = now()
         if self._win_steps:
             self._flush(epoch, show=bool(self.log_every))
-        if not self.log_every:  # the one line per epoch
-            seconds = self.timer.batch_s - t0
-            rate = samples / seconds if seconds > 0 else 0.0  # global samples
-            acc = f" train_acc {self.last_acc:.4f}" if self.last_acc is not None else ""
-            self.log(f"epoch {epoch + 1}/{self.epochs} step {self.step} "
-                     f"loss {self.last_loss:.5f}{acc} samples/s {rate:.1f}")
+        self._end_epoch(epoch, steps, samples, self.timer.batch_s - t0)
         return complete
+
+    def _end_epoch(self, epoch: int, steps: int, samples: int, seconds: float) -> None:
+        """Record the epoch's means (see module doc) and print its line."""
+        loss_sum, correct, n = self._epoch_totals
+        if not n:
+            return  # no step ran: nothing to average
+        self.epoch_loss = loss_sum / n
+        self.epoch_acc = correct / n if self.classify else None
+        self.epoch_curve.append([epoch + 1, self.step, self.epoch_loss, self.epoch_acc])
+        rate = samples / seconds if seconds > 0 else 0.0  # global samples
+        acc = f" train_acc {self.epoch_acc:.4f}" if self.epoch_acc is not None else ""
+        self.log(f"epoch {epoch + 1}/{self.epochs} step {self.step} "
+                 f"loss {self.epoch_loss:.5f}{acc} samples/s {rate:.1f} "
+                 f"(over the epoch's {steps} step{'s' if steps != 1 else ''})")
 
     def _accumulate(self, loss: torch.Tensor, outputs: torch.Tensor,
                     targets: torch.Tensor) -> None:
@@ -221,6 +252,7 @@ class Trainer:
         totals = torch.cat([self._win, n_local])
         dist.all_reduce(totals)
         loss_sum, correct, n = totals.tolist()
+        self._epoch_totals = [a + b for a, b in zip(self._epoch_totals, (loss_sum, correct, n))]
         seconds = self.timer.batch_s - self._win_t0
         self.last_loss = loss_sum / n
         self.loss_curve.add(self.step, self.last_loss)
