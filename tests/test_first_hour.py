@@ -49,7 +49,8 @@ def test_ps_lists_the_newest_run_first_by_start_time_not_by_name(tmp_path):
                        "started": started, "nodes": []}, fh)
     assert [r.run_id for r in list_runs(str(tmp_path))] == [
         "short-20261124-120735", "aaa-20261124-120700", "sleepy-20261124-120647"]
-    listed = run_cli("ps", "--runs-dir", str(tmp_path)).stdout.splitlines()[1:]
+    shown = run_cli("ps", "--runs-dir", str(tmp_path)).stdout.splitlines()
+    listed = shown[1:-1]  # between the header and the line naming the runs directory
     assert [line.split()[0] for line in listed] == [
         "short-20261124-120735", "aaa-20261124-120700", "sleepy-20261124-120647"]
     assert os.path.isdir(tmp_path / "short-20261124-120735")

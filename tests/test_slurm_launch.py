@@ -265,4 +265,8 @@ def test_detach_leaves_the_job_to_slurm_and_attach_follows_it_to_the_result(slur
     assert "run sdet: SUCCEEDED" in attached.stdout
     assert "result: world_size=3 restart_count=0 steps=40" in attached.stdout
     assert slurm_lab.wait_queue_empty() == []
-    assert state_of(tmp_path, "sdet")["state"] == "succeeded"
+    state = state_of(tmp_path, "sdet")
+    assert state["state"] == "succeeded"
+    # its end as the nodes' agents recorded it (the last exit code written), not attach's
+    assert state["ended"] == max(os.path.getmtime(os.path.join(n["run_dir"], "supervisor.json"))
+                                 for n in state["nodes"])

@@ -42,7 +42,7 @@ import time
 from . import peers
 from .jobnode import STREAM_FILE  # a node's stream, under Slurm and kept alike
 from .procs import start_time
-from .protocol import HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
+from .protocol import CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
 
 STATE_FILE = "keeper.json"
 FOLLOWER_LOCK = "follower.lock"  # held (shared) by every attached follower
@@ -289,14 +289,22 @@ def _ended(run_dir: str) -> bool:
 
 
 def offset_of_last_lines(fh, lines: int) -> int:
-    """Where the last ``lines`` lines of the file begin (looking back 8 MiB at most)."""
+    """Where the node's last ``lines`` lines of output begin in the stream
+    (looking back 8 MiB at most). Only output counts: the control lines
+    among it (``CONTROL_PREFIX``: heartbeats every few seconds, a
+    worker's exit, the keeper's end) are streamed, never shown, so they
+    are not among the N (``attach --lines N``)."""
     end = fh.seek(0, os.SEEK_END)
     start = max(0, end - (8 << 20))
     fh.seek(start)
     data = fh.read()
-    cut = len(data)
-    for _ in range(max(0, lines) + 1):
-        cut = data.rfind(b"\n", 0, cut)
-        if cut < 0:
-            return start
-    return start + cut + 1
+    parts = data.split(b"\n")  # the last one: what follows the last newline
+    offset = len(data) - len(parts[-1])
+    counted = 0
+    for part in reversed(parts[:-1]):
+        if counted >= lines:
+            break
+        offset -= len(part) + 1
+        if not part.startswith(CONTROL_PREFIX):
+            counted += 1
+    return start + offset

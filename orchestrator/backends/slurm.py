@@ -513,12 +513,16 @@ def _job_of(record: RunRecord) -> str | None:
 
 def _from_agents(record: RunRecord, detail: str) -> RunDescription:
     """The agents' own records (``node-K/supervisor.json``) of a run whose
-    controller did not live to record its end."""
-    nodes = []
+    controller did not live to record its end; it ended when the last of
+    them was written with its exit code."""
+    nodes, ends = [], []
     for node in record.nodes:
+        path = posixpath.join(node.run_dir, "supervisor.json")
         try:
-            with open(posixpath.join(node.run_dir, "supervisor.json"), encoding="utf-8") as fh:
+            with open(path, encoding="utf-8") as fh:
                 code = json.load(fh).get("exit_code")
+            if code is not None:
+                ends.append(os.path.getmtime(path))
         except (OSError, ValueError):
             code = None
         state = (NodeState.NOT_STARTED if code is None and not os.path.isdir(node.run_dir)
@@ -528,7 +532,8 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
                                  f"torchrun exited {code}" if code is not None else
                                  "no exit status on record", None))
     outcome = gang_outcome(record.run_id, tuple(nodes), 0.0, interrupted=False)
-    return RunDescription(outcome.state, outcome.nodes, outcome.root_cause, detail)
+    return RunDescription(outcome.state, outcome.nodes, outcome.root_cause, detail,
+                          ended=max(ends, default=None))
 
 
 def _not_run(plan: RunPlan, why: str, started: float, *, interrupted: bool = False) -> RunOutcome:

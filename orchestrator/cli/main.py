@@ -24,6 +24,7 @@ from ..config.yamlsrc import parse
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError
 from ..records.rundir import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
+from ..records.runsdir import RUNS_DIR_ENV, locate
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -164,10 +165,15 @@ job_options = _options(
                  help="Workload argument over the file's, repeatable: --arg epochs=2."),
 )
 
+# Every command finds the same runs directory, from wherever it runs (``runsdir``).
+RUNS_DIR_HELP = ("Where the run directories are (default: the nearest runs/ of ddp-orch in "
+                 f"this directory or above, else ${RUNS_DIR_ENV}, else "
+                 "~/.local/share/ddp-orch/runs; `ddp-orch ps` says which).")
+
 # How to launch it: shared by `up` and `compare`.
 launch_options = _options(
-    click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_default=True,
-                 type=click.Path(file_okay=False), help="Where local run directories go."),
+    click.option("--runs-dir", default=None, type=click.Path(file_okay=False),
+                 help=RUNS_DIR_HELP),
     click.option("--accept-new-host-keys", is_flag=True,
                  help="Trust (and record) the key of a host seen for the first time; "
                       "a changed key is still refused."),
@@ -209,7 +215,7 @@ launch_options = _options(
 @friendly_errors
 def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, local: bool,
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
-       arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str, rank0_only: bool,
+       arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str | None, rank0_only: bool,
        quiet: bool, detach: bool, max_restarts: int | None, accept_new_host_keys: bool,
        start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
        grace: float) -> None:
@@ -223,6 +229,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
     program = click.get_current_context().meta.get(PROGRAM_META)
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs, program)
+    runs_dir = locate(runs_dir).path
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
                           hint="letters, digits, '.', '_' and '-'")
@@ -284,8 +291,9 @@ def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callab
 def compare(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
             gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
             baseline_kind: str, baseline_run: str | None, ddp_run: str | None,
-            show_output: bool, runs_dir: str, accept_new_host_keys: bool, start_timeout: float,
-            queue_timeout: float | None, hang_timeout: float | None, grace: float) -> None:
+            show_output: bool, runs_dir: str | None, accept_new_host_keys: bool,
+            start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
+            grace: float) -> None:
     """Run the job as 1 process and on the whole cluster; report the speed-up.
 
     Same workload arguments for both (so the same global batch and samples);
@@ -300,6 +308,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
         raise ConfigError("--baseline chooses the baseline compare runs, but --baseline-run "
                           "reuses a finished one", path="--baseline", source="command line",
                           hint="drop one of them (a reused DataParallel run is labelled so)")
+    runs_dir = locate(runs_dir).path
     spec = base_spec = None
     if baseline_run is None or ddp_run is None:
         spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,

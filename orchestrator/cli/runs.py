@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -10,25 +11,36 @@ import click
 from ..agent.protocol import LineBuffer
 from ..console import visible
 from ..errors import ConfigError
-from ..records.rundir import DEFAULT_RUNS_DIR, RunDir
+from ..records.rundir import RunDir
+from ..records.runsdir import locate
 from ..records.store import find_run, list_runs, read_record
 from ..report.runs import render_ps
+from .main import RUNS_DIR_HELP
 
-runs_dir_option = click.option("--runs-dir", default=DEFAULT_RUNS_DIR, show_default=True,
-                               type=click.Path(file_okay=False),
-                               help="Where the local run directories are.")
+runs_dir_option = click.option("--runs-dir", default=None, type=click.Path(file_okay=False),
+                               help=RUNS_DIR_HELP)
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="As JSON, for scripts (schema/ps.schema.json, "
+                                "schema/status.schema.json).")
 
 
 @click.command()
 @runs_dir_option
-def ps(runs_dir: str) -> None:
-    """List the runs recorded in the runs directory, newest first."""
+@json_option
+def ps(runs_dir: str | None, as_json: bool) -> None:
+    """List the runs recorded in the runs directory, newest first, and say
+    which runs directory that is."""
+    where = locate(runs_dir)
     records = [_settled(r) if r.rule == "detached" and r.live else r
-               for r in list_runs(runs_dir)]
-    if not records:
-        click.echo(f"no runs in {runs_dir}")
-        return
-    click.echo(visible(render_ps(records)), nl=False)
+               for r in list_runs(where.path)]
+    if as_json:
+        from ..report.runsjson import ps_json
+
+        click.echo(json.dumps(ps_json(records, where), indent=2))
+    elif not records:
+        click.echo(f"no runs in {where.shown} ({where.source})")
+    else:
+        click.echo(visible(render_ps(records, where)), nl=False)
 
 
 def _described(record):
@@ -53,7 +65,8 @@ def _settled(record, described=None):
         return record
     record_end(record, RunOutcome(record.run_id, described.state,
                                   _since_start(record, described.ended), described.nodes,
-                                  described.root_cause, None, described.attempts))
+                                  described.root_cause, None, described.attempts),
+               ended=described.ended, results_home=False)
     return read_record(record.run) or record
 
 
@@ -62,17 +75,54 @@ def _since_start(record, until: float | None = None) -> float:
     return ((until or time.time()) - record.started) if record.started else 0.0
 
 
+def _run_end(record, backend) -> tuple[float | None, float]:
+    """When a detached run that ``attach`` followed to its end ended, and how
+    long it ran: as ``status`` or ``ps`` recorded it already, else as its
+    nodes recorded it (``describe``: node 0's keeper, the Slurm agents),
+    else (nodes silent) until now. Never the time until ``attach``."""
+    from ..errors import OrchestratorError
+
+    if not record.live and record.ended is not None and record.wall_s is not None:
+        return record.ended, record.wall_s
+    deadline = time.monotonic() + RECORD_END_WAIT_S
+    ended = None
+    try:
+        while True:
+            described = backend.describe(record)
+            if not described.state.live or time.monotonic() > deadline:
+                ended = described.ended
+                break
+            time.sleep(0.2)  # a keeper records its end just after its last line
+    except OrchestratorError:
+        pass
+    return ended, _since_start(record, ended)
+
+
+RECORD_END_WAIT_S = 5.0
+
+
 @click.command()
 @click.argument("run_id")
 @runs_dir_option
-def status(run_id: str, runs_dir: str) -> None:
-    """Show one run: state, per-node outcomes, root cause and result."""
+@json_option
+def status(run_id: str, runs_dir: str | None, as_json: bool) -> None:
+    """Show one run: state, per-node outcomes, root cause and result.
+
+    A detached run that ended while nobody followed it shows how it ended,
+    from its nodes' records; `ddp-orch attach RUN` then brings its results
+    home and prints the summary.
+    """
     from ..report.runs import render_status
 
-    record = find_run(runs_dir, run_id)
+    record = find_run(locate(runs_dir).path, run_id)
     described = _described(record)
     if record.rule == "detached" and record.live:
         record = _settled(record, described)
+    if as_json:
+        from ..report.runsjson import status_json
+
+        click.echo(json.dumps(status_json(record, described), indent=2))
+        return
     click.echo(visible(render_status(record, described)), nl=False)
 
 
@@ -81,9 +131,9 @@ def status(run_id: str, runs_dir: str) -> None:
 @click.option("--node", "node_rank", type=int, help="Only this node's log.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing while the run is live.")
 @runs_dir_option
-def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str) -> None:
+def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str | None) -> None:
     """Print a run's stored node logs (prefixed by node when there are several)."""
-    record = find_run(runs_dir, run_id)
+    record = find_run(locate(runs_dir).path, run_id)
     if follow and record.rule == "detached" and record.live:  # the nodes have the live log
         from ..backends import get_backend
         from ..backends.base import LaunchOptions
@@ -152,12 +202,12 @@ def _print_logs(run: RunDir, nodes: list[int], follow: bool) -> None:
 @click.option("--grace", default=5.0, show_default=True, type=click.FloatRange(0, 600),
               help="Seconds between SIGTERM and SIGKILL on the nodes.")
 @runs_dir_option
-def down(run_id: str, grace: float, runs_dir: str) -> None:
+def down(run_id: str, grace: float, runs_dir: str | None) -> None:
     """End whatever of RUN_ID still runs, on every node, using its records."""
     from ..controller.down import down as run_down
     from ..report.runs import render_down
 
-    record = find_run(runs_dir, run_id)
+    record = find_run(locate(runs_dir).path, run_id)
     stopped, nodes = run_down(record, grace,
                               note=lambda text: click.echo(f"ddp-orch down: {text}", err=True))
     click.echo(visible(render_down(record, stopped, nodes)), nl=False)
@@ -169,7 +219,7 @@ def down(run_id: str, grace: float, runs_dir: str) -> None:
 @click.option("--native", is_flag=True, help="With py-spy on the nodes: C/C++ frames too.")
 @click.option("--json", "as_json", is_flag=True, help="The raw per-rank stacks as JSON.")
 @runs_dir_option
-def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
+def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> None:
     """Dump the Python stack of every rank of a live run, on every node at once.
 
     Uses py-spy where a node has it on its PATH, else the worker shim's
@@ -184,7 +234,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
     from ..backends.base import LaunchOptions
     from ..report.stacks import keep
 
-    record = find_run(runs_dir, run_id)
+    record = find_run(locate(runs_dir).path, run_id)
     if not record.state.live:
         raise ConfigError(f"run {record.run_id} is {record.state}: no rank is running",
                           hint="stacks are dumped from a live run; see `ddp-orch status`")
@@ -212,7 +262,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str) -> None:
               help="Trust (and record) the key of a host seen for the first time.")
 @runs_dir_option
 def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, quiet: bool,
-           accept_new_host_keys: bool, runs_dir: str) -> None:
+           accept_new_host_keys: bool, runs_dir: str | None) -> None:
     """Follow a detached run (`up --detach`) from its nodes until it ends.
 
     Streams every node's output, then brings the results home and prints the
@@ -232,7 +282,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     if from_start and lines is not None:
         raise ConfigError("--from-start and --lines are two places to start; give one",
                           path="--lines", source="command line")
-    record = find_run(runs_dir, run_id)
+    record = find_run(locate(runs_dir).path, run_id)
     if record.rule != "detached":
         raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
                           source="command line",
@@ -247,8 +297,9 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
         sys.exit(130)
     from ..records.store import record_end
 
-    outcome = dataclasses.replace(outcome, wall_s=_since_start(record))  # not just attach's
-    record_end(record, outcome)
+    ended, wall_s = _run_end(read_record(record.run) or record, backend)
+    outcome = dataclasses.replace(outcome, wall_s=wall_s)  # the run's, not attach's
+    record_end(record, outcome, ended=ended, results_home=True)
     console.always(render_summary(outcome, record.run.path, record.run.read_json("plan.json"),
                                   record.run.read_json(OUTPUTS_RECORD)))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
@@ -259,7 +310,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
 @click.option("--older-than", "older_than", metavar="DURATION",
               help="Only runs that ended at least this long ago: 30m, 12h, 7d, 2w, 1d12h.")
 @runs_dir_option
-def prune(run_ids: tuple[str, ...], older_than: str | None, runs_dir: str) -> None:
+def prune(run_ids: tuple[str, ...], older_than: str | None, runs_dir: str | None) -> None:
     """Remove ended runs here and their run directories on their nodes.
 
     RUN_IDS (unique prefixes are enough) or, without them, every run in the
@@ -271,10 +322,11 @@ def prune(run_ids: tuple[str, ...], older_than: str | None, runs_dir: str) -> No
 
     older_than_s = parse_duration(older_than) if older_than is not None else None
     named = bool(run_ids)
-    records = [find_run(runs_dir, run_id) for run_id in dict.fromkeys(run_ids)] if named \
-        else list(list_runs(runs_dir))
+    where = locate(runs_dir)
+    records = [find_run(where.path, run_id) for run_id in dict.fromkeys(run_ids)] if named \
+        else list(list_runs(where.path))
     if not records:
-        click.echo(f"no runs in {runs_dir}")
+        click.echo(f"no runs in {where.shown} ({where.source})")
         return
     results = [prune_run(record, older_than_s) for record in records]
     click.echo(visible(render_pruned(results)), nl=False)

@@ -3,7 +3,8 @@
 ``prepare`` is what ``--dry-run`` shows: the backend's ``DryRun`` of the
 plan, built with no I/O. ``up`` runs that same object: it creates the run
 directory, records the run, hands the dry-run to the backend's ``launch``
-and records how it ended, whatever happens. Nothing here knows which
+and records how it ended, whatever happens: a launch that raises (a busy
+port, the upload cap) leaves its error in the record, for ``status``. Nothing here knows which
 backend it holds.
 """
 
@@ -16,6 +17,7 @@ from ..backends import backend_for
 from ..backends.base import LaunchBackend, LaunchOptions
 from ..config.spec import ClusterSpec
 from ..console import Console
+from ..errors import OrchestratorError
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
 from ..plan.secrets import masked_cluster_file
@@ -44,9 +46,9 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
 
     rule = info.liveness  # attached, detached, or a scheduler's
 
-    def record(state: RunState, outcome: RunOutcome | None = None) -> None:
+    def record(state: RunState, outcome: RunOutcome | None = None, error: str = "") -> None:
         write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
-                    started=started, nodes=nodes, outcome=outcome, rule=rule)
+                    started=started, nodes=nodes, outcome=outcome, rule=rule, error=error)
 
     def on_running(resolved: DryRun) -> None:
         nonlocal nodes
@@ -57,12 +59,20 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     record(RunState.STARTING)
     outcome = None
     final = RunState.FAILED
+    error = ""  # why there is no outcome: kept for `status` and `ps`
     try:
         outcome = backend.launch(info, run, console, on_running)
         final = outcome.state
         return outcome, run
     except KeyboardInterrupt:
         final = RunState.INTERRUPTED  # before the nodes started: nothing to tear down
+        error = "interrupted (Ctrl-C or a signal) before the run started"
+        raise
+    except OrchestratorError as exc:  # a busy port, the upload cap, a node out of reach
+        error = str(exc)
+        raise
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        record(final, outcome)
+        record(final, outcome, error if outcome is None else "")

@@ -1,6 +1,7 @@
 """The local run directory: the record of one launch on the controller.
 
-Layout of ``<runs-dir>/<run-id>/`` (created 0700)::
+Layout of ``<runs-dir>/<run-id>/`` (created 0700; ``runsdir`` says which
+runs directory, and marks it)::
 
     cluster.yaml     the cluster file as given
     plan.json        the resolved plan (secret env values masked)
@@ -23,6 +24,7 @@ from typing import Any
 from workloads.contract import write_json_atomic
 
 from ..errors import ConfigError
+from .runsdir import mark
 
 DEFAULT_RUNS_DIR = "runs"
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -46,6 +48,7 @@ class RunDir:
     def create(cls, runs_dir: str, run_id: str) -> "RunDir":
         path = os.path.abspath(os.path.join(runs_dir, run_id))
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        mark(os.path.dirname(path))  # found from below it from now on (``runsdir``)
         try:
             os.mkdir(path, mode=0o700)  # fails if the id is already taken
         except FileExistsError:

@@ -6,7 +6,10 @@ controller restart and there is one vocabulary (``outcome.RunState``). A run
 recorded as live whose controller process is gone is shown as
 ``interrupted``: its agents saw the controller's connection close and tore
 their nodes down. A detached run (``rule``) is the nodes' to keep: its state
-comes from them (``LaunchBackend.describe``), not from a controller.
+comes from them (``LaunchBackend.describe``), not from a controller, and
+so does when it ended (``ended``), which ``status`` or ``attach`` records
+once they learn it. A run that failed before it started has no outcome of
+its nodes: its ``error`` says why.
 
 "Gone" is judged by the controller's identity, not its pid alone
 (``controller_alive``): a pid is reused after a reboot or once the
@@ -64,6 +67,13 @@ class RunRecord:
     # "detached" (the nodes' keepers: ``up --detach``)
     rule: str = "attached"
     attempts: tuple[AttemptOutcome, ...] = ()
+    ended: float | None = None  # when the run ended (time.time()); None while live
+    # why the controller stopped with no outcome to record (a busy port, the
+    # upload cap: the run failed before it started); "" otherwise
+    error: str = ""
+    # whether a controller brought the results home (an attached run's, or
+    # ``attach``'s); a detached run that ended unwatched has not yet
+    results_home: bool = True
 
     @property
     def live(self) -> bool:
@@ -80,15 +90,24 @@ class RunRecord:
 
 def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, started: float,
                 nodes: Sequence[NodeRecord], outcome: RunOutcome | None = None,
-                rule: str = "attached") -> None:
+                rule: str = "attached", ended: float | None = None, error: str = "",
+                results_home: bool | None = None) -> None:
+    """``ended``: when the run ended, if not now (a detached run that ended
+    before anyone asked); ``error``: why there is no ``outcome`` for a run
+    that is over (it failed before it started); ``results_home``: whether
+    a controller brought its results home (default: once it is over, as
+    the launching controller does unless the run is detached)."""
+    over = not state.live
+    ended = (ended or time.time()) if over else None
     payload: dict[str, Any] = {
         "run_id": run_id, "backend": backend, "state": state.value, "started": started,
         "rule": rule,
         "controller_pid": os.getpid(),
         "controller": process_identity(os.getpid()) or {"pid": os.getpid(),
                                                          "host": socket.gethostname()},
-        "ended": time.time() if outcome and not state.live else None,
-        "wall_s": outcome.wall_s if outcome and not state.live else None,
+        "ended": ended,
+        "wall_s": (outcome.wall_s if outcome else max(0.0, ended - started)) if over else None,
+        "results_home": over if results_home is None else results_home,
         "nodes": [{"node_rank": n.node_rank, "host": n.host, "run_dir": n.run_dir,
                    "python": n.python, "connection": dict(n.connection)} for n in nodes],
     }
@@ -97,15 +116,20 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
     if outcome is not None and not state.live:
         payload["outcomes"] = [o.to_dict() for o in outcome.nodes]
         payload["root_cause"] = outcome.root_cause.to_dict() if outcome.root_cause else None
+    if error:
+        payload["error"] = error
     run.write_json(STATE_FILE, payload)
 
 
-def record_end(record: RunRecord, outcome: RunOutcome) -> None:
+def record_end(record: RunRecord, outcome: RunOutcome, *, ended: float | None = None,
+               results_home: bool) -> None:
     """Write how a recorded run ended, learnt after its controller left (a
-    detached run: ``status`` asked its nodes, or ``attach`` followed it)."""
+    detached run: ``status`` asked its nodes, or ``attach`` followed it).
+    ``ended``: when it ended, as its nodes recorded (default: now);
+    ``results_home``: whether its results were brought home (``attach``)."""
     write_state(record.run, run_id=record.run_id, backend=record.backend, state=outcome.state,
                 started=record.started or time.time(), nodes=record.nodes, outcome=outcome,
-                rule=record.rule)
+                rule=record.rule, ended=ended, results_home=results_home)
 
 
 def process_alive(pid: int | None) -> bool:
@@ -215,7 +239,9 @@ def read_record(run: RunDir) -> RunRecord | None:
             root_cause=NodeOutcome.from_dict(root) if root else None,
             controller_pid=pid, controller=controller,
             rule=str(data.get("rule") or "attached"),
-            attempts=tuple(AttemptOutcome.from_dict(a) for a in data.get("attempts") or []))
+            attempts=tuple(AttemptOutcome.from_dict(a) for a in data.get("attempts") or []),
+            ended=_number(data.get("ended")), error=str(data.get("error") or ""),
+            results_home=bool(data.get("results_home", data.get("rule") != "detached")))
         if state.live and record.rule != "detached" and not recorded_elsewhere(record) \
                 and not controller_alive(record):
             state = RunState.INTERRUPTED
@@ -225,6 +251,11 @@ def read_record(run: RunDir) -> RunRecord | None:
         return replace(record, state=state, wall_s=wall)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
 
 
 def list_runs(runs_dir: str) -> Iterator[RunRecord]:
@@ -238,16 +269,38 @@ def list_runs(runs_dir: str) -> Iterator[RunRecord]:
                       key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
 
 
+AMBIGUOUS_SHOWN = 10  # the runs an ambiguous prefix lists, newest first
+
+
 def find_run(runs_dir: str, run_id: str) -> RunRecord:
     """The run ``run_id`` (a unique prefix is enough), or a ConfigError."""
     if not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a run id", source="command line",
                           hint="`ddp-orch ps` lists the runs")
-    records = list(list_runs(runs_dir))
+    records = list(list_runs(runs_dir))  # newest first
     matches = [r for r in records if r.run_id == run_id] or \
         [r for r in records if r.run_id.startswith(run_id)]
-    if len(matches) != 1:
-        what = "no run" if not matches else f"{len(matches)} runs"
-        raise ConfigError(f"{what} matching {run_id!r} in {runs_dir}", source="command line",
-                          hint="`ddp-orch ps` lists the runs; pass --runs-dir if they live elsewhere")
+    if not matches:
+        raise ConfigError(f"no run matching {run_id!r} in {os.path.abspath(runs_dir)}",
+                          source="command line",
+                          hint="`ddp-orch ps` lists the runs; pass --runs-dir if they live "
+                               "elsewhere")
+    if len(matches) > 1:
+        shown = matches[:AMBIGUOUS_SHOWN]
+        more = len(matches) - len(shown)
+        listing = "".join(f"\n    {r.run_id}  started {_started(r)}" for r in shown) + \
+            (f"\n    ... and {more} more" if more else "")
+        raise ConfigError(f"{len(matches)} runs matching {run_id!r} in "
+                          f"{os.path.abspath(runs_dir)}, newest first:{listing}",
+                          source="command line",
+                          hint="give more characters of the run id, enough for one run")
     return matches[0]
+
+
+def _started(record: RunRecord) -> str:
+    if _number(record.started) is None:
+        return "at an unknown time"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "at an unknown time"

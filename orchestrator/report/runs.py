@@ -8,36 +8,76 @@ from ..backends.base import CancelResult, Preflight, RunDescription
 from ..backends.results import OUTPUTS_RECORD, outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
+from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
 from .table import format_table
 
 
-def render_ps(records: list[RunRecord]) -> str:
-    rows = [("RUN", "BACKEND", "STATE", "STARTED", "DURATION", "NODES", "EXIT CODES")]
+PS_WHY_WIDTH = 70  # the ROOT CAUSE column of ``ps``: status shows it whole
+
+
+def render_ps(records: list[RunRecord], where: RunsDir | None = None) -> str:
+    """The ``ps`` table, newest first as given, then which runs directory it
+    read and why (``runsdir.locate``)."""
+    text = _runs_table(records, why=True)
+    if where is not None:
+        text += f"runs directory: {where.shown} ({where.source})\n"
+    return text
+
+
+def _runs_table(records: list[RunRecord], why: bool) -> str:
+    rows = [("RUN", "BACKEND", "STATE", "STARTED", "DURATION", "NODES", "EXIT CODES")
+            + (("ROOT CAUSE",) if why else ())]
     for r in records:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else "-"
         duration = f"{r.wall_s:.1f}s" if r.wall_s is not None else "-"
         codes = ",".join("-" if c is None else str(c) for c in r.exit_codes) or "-"
         rows.append((r.run_id, r.backend, r.state.value, started, duration,
-                     ",".join(r.hosts) or "-", codes))
+                     ",".join(r.hosts) or "-", codes)
+                    + ((_brief(why_failed(r), PS_WHY_WIDTH) or "-",) if why else ()))
     return format_table(rows) + "\n"
 
 
+def why_failed(record: RunRecord) -> str:
+    """Why a run that is over did not succeed, on one line: the error that
+    stopped it before it started, or its root cause; "" when there is none."""
+    if record.error:
+        return " ".join(line.strip() for line in record.error.splitlines() if line.strip())
+    root = record.root_cause
+    return f"node {root.node_rank} ({root.host}): {root.reason}" if root else ""
+
+
+def _brief(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def next_step(record: RunRecord, described: RunDescription) -> str:
+    """What to run next for a detached run: follow it while it runs; once it
+    has ended unwatched, ``attach`` brings its results home."""
+    if record.rule != "detached":
+        return ""
+    if described.state.live:
+        return f"`ddp-orch attach {record.run_id}` follows it"
+    if not record.results_home:
+        return (f"`ddp-orch attach {record.run_id}` brings its results home and prints "
+                f"the summary")
+    return ""
+
+
 def render_status(record: RunRecord, described: RunDescription) -> str:
-    lines = [render_ps([record]).rstrip("\n")]
+    lines = [_runs_table([record], why=False).rstrip("\n")]
     if described.detail:
         lines.append(described.detail)
     for outcome in described.nodes:
         lines.append(f"  node {outcome.node_rank} ({outcome.host}): {outcome.state.value}, "
                      f"exit {outcome.exit_code}: {outcome.reason}")
-    progress = record.run.read_json("progress.json") if record.state.live else None
-    if isinstance(progress, dict) and isinstance(progress.get("ranks"), dict):
-        now = time.time()
-        for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
-            step = "-" if seen.get("step") is None else seen.get("step")
-            lines.append(f"  rank {rank} (node {seen.get('node_rank')}, {seen.get('host')}): "
-                         f"step {step}, last progress "
-                         f"{now - float(seen.get('last_progress', now)):.0f}s ago")
+    for rank in live_progress(record):
+        step = "-" if rank["step"] is None else rank["step"]
+        lines.append(f"  rank {rank['rank']} (node {rank['node_rank']}, {rank['host']}): "
+                     f"step {step}, last progress {rank['last_progress_s_ago']:.0f}s ago")
+    if record.error:
+        text = record.error.replace("\n", "\n  ")
+        lines.append(f"error: {text}")
     root = described.root_cause
     if root:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
@@ -48,17 +88,35 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
         from .summary import render_attempts
 
         lines += render_attempts(described.attempts)
+    then = next_step(record, described)
     if record.rule == "detached":
-        lines.append("liveness: detached (the nodes' agents keep the run"
-                     + (f"; `ddp-orch attach {record.run_id}` follows it)" if described.state.live
-                        else ")"))
+        lines.append(f"liveness: detached (the nodes' agents keep the run; {then})"
+                     if described.state.live else
+                     "liveness: detached (the nodes' agents kept the run to its end)")
     result = record.run.read_json("result.json")
     if isinstance(result, dict):
         lines.append(f"result: {record.run.file('result.json')}")
         lines += [f"  {key} = {value}" for key, value in (result.get("metrics") or {}).items()]
+    elif then and not described.state.live:
+        lines.append(f"result: not brought home yet: {then}")
     lines += outputs_lines(record.run.read_json(OUTPUTS_RECORD), record.run.path)
     lines.append(f"run directory: {record.run.path}")
     return "\n".join(lines) + "\n"
+
+
+def live_progress(record: RunRecord) -> list[dict]:
+    """Each rank's last step of a live run (``progress.json``), rank by rank:
+    ``{"rank", "node_rank", "host", "step", "last_progress_s_ago"}``."""
+    progress = record.run.read_json("progress.json") if record.state.live else None
+    if not (isinstance(progress, dict) and isinstance(progress.get("ranks"), dict)):
+        return []
+    now = time.time()
+    out = []
+    for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
+        out.append({"rank": int(rank), "node_rank": seen.get("node_rank"),
+                    "host": seen.get("host"), "step": seen.get("step"),
+                    "last_progress_s_ago": now - float(seen.get("last_progress", now))})
+    return out
 
 
 def render_detached(outcome: RunOutcome, run_path: str) -> str:

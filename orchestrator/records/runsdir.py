@@ -1,0 +1,115 @@
+"""Which runs directory a command uses, wherever it is started from.
+
+A relative ``runs/`` made ``ps`` see nothing from any other directory. Now
+every command (``up``, ``ps``, ``status``, ``attach``...) finds the same
+one, the first of:
+
+1. ``--runs-dir DIR``, as given;
+2. the nearest ``runs/`` that ddp-orch made, in the current directory or
+   one above it, as git finds ``.git``: it holds ``MARKER``, written
+   whenever a run is created in it (a ``runs/`` from before the marker
+   counts too when a run directory in it holds a ``state.json``);
+3. ``$DDP_ORCH_RUNS_DIR``;
+4. ``$XDG_DATA_HOME/ddp-orch/runs``, by default
+   ``~/.local/share/ddp-orch/runs``.
+
+So runs kept beside a project are found from anywhere inside it, and the
+rest go to one place of the user's, found from anywhere at all. ``ps``
+says which one it read, and why (``RunsDir.source``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+RUNS_DIR_NAME = "runs"
+MARKER = ".ddp-orch-runs"
+RUNS_DIR_ENV = "DDP_ORCH_RUNS_DIR"
+MARKER_TEXT = ("ddp-orch keeps its runs here. Commands run in the directory above this "
+               "one, or below it, find them (`ddp-orch ps`).\n")
+
+
+@dataclass(frozen=True)
+class RunsDir:
+    path: str  # --runs-dir as given; otherwise absolute
+    source: str  # how it was chosen, in words, for ``ps``
+
+    @property
+    def shown(self) -> str:
+        return os.path.abspath(self.path)
+
+
+def locate(given: str | None, *, cwd: str | None = None,
+           env: Mapping[str, str] | None = None) -> RunsDir:
+    """The runs directory a command uses (see the module's docstring)."""
+    if given:
+        return RunsDir(given, "--runs-dir")
+    env = os.environ if env is None else env
+    try:
+        here = os.path.abspath(cwd or os.getcwd())
+    except OSError:  # the current directory was removed
+        here = None
+    found = find_above(here) if here else None
+    if found is not None:
+        return RunsDir(found, "the nearest runs/ of ddp-orch at or above the current "
+                              "directory")
+    nowhere = f"no runs/ of ddp-orch in {here} or above it" if here else \
+        "the current directory is gone"
+    if env.get(RUNS_DIR_ENV):
+        return RunsDir(os.path.abspath(os.path.expanduser(env[RUNS_DIR_ENV])),
+                       f"${RUNS_DIR_ENV}: {nowhere}")
+    return RunsDir(user_default(env), f"the default: {nowhere}; --runs-dir or "
+                                      f"${RUNS_DIR_ENV} choose another")
+
+
+def user_default(env: Mapping[str, str]) -> str:
+    """``$XDG_DATA_HOME/ddp-orch/runs`` (an absolute XDG_DATA_HOME only, as
+    the XDG spec says), else ``~/.local/share/ddp-orch/runs``."""
+    data = env.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(data):
+        home = env.get("HOME") or os.path.expanduser("~")
+        data = os.path.join(home, ".local", "share")
+    return os.path.join(data, "ddp-orch", RUNS_DIR_NAME)
+
+
+def find_above(start: str) -> str | None:
+    """The nearest ``runs/`` of ddp-orch in ``start`` or a directory above it."""
+    here = start
+    while True:
+        candidate = os.path.join(here, RUNS_DIR_NAME)
+        if is_runs_dir(candidate):
+            return candidate
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def is_runs_dir(path: str) -> bool:
+    """Whether ``path`` is a runs directory ddp-orch made: it holds ``MARKER``,
+    or (made before the marker) a run directory with a ``state.json``."""
+    if os.path.isfile(os.path.join(path, MARKER)):
+        return True
+    try:
+        with os.scandir(path) as entries:
+            return any(entry.is_dir(follow_symlinks=False)
+                       and os.path.isfile(os.path.join(entry.path, "state.json"))
+                       for entry in entries)
+    except OSError:
+        return False
+
+
+def mark(runs_dir: str) -> None:
+    """Leave ``MARKER`` in ``runs_dir`` so that ``find_above`` finds it;
+    best effort (a read-only runs directory still holds runs)."""
+    path = os.path.join(runs_dir, MARKER)
+    if os.path.exists(path):
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(MARKER_TEXT)

@@ -1,0 +1,106 @@
+"""``ps --json`` and ``status --json``: recorded runs for scripts.
+
+The shape is a promise to scripts: ``schema/ps.schema.json`` and
+``schema/status.schema.json`` describe it (``docs/runs-json.md`` explains
+it), and a test checks real outputs against them. Keys may be added;
+renaming or removing one, or changing what it holds, raises ``VERSION``.
+
+Times are seconds since the epoch (``time.time()``); durations are
+seconds. A run's ``exit_code`` is what ``up`` or ``attach`` exits with
+for its outcome (0 succeeded, 1 failed, 130 interrupted; null while it
+runs); each node's is its torchrun's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backends.base import RunDescription
+from ..records.hints import failure_hint
+from ..records.outcome import AttemptOutcome, NodeOutcome, RunState
+from ..records.runsdir import RunsDir
+from ..records.store import RunRecord
+from .runs import live_progress, next_step
+
+VERSION = 1
+_EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.INTERRUPTED: 130}
+
+
+def ps_json(records: list[RunRecord], where: RunsDir) -> dict[str, Any]:
+    """``ps --json``: the runs directory read, and why, then every run in it,
+    newest first."""
+    return {"version": VERSION, "runs_dir": where.shown, "runs_dir_source": where.source,
+            "runs": [run_json(r, RunDescription(r.state, r.outcomes, r.root_cause,
+                                                attempts=r.attempts)) for r in records]}
+
+
+def status_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
+    """``status --json``: a run as ``ps --json`` shows it, and what ``status``
+    adds: the backend's detail, attempts, live progress, a hint, what next."""
+    root = described.root_cause
+    return {"version": VERSION, **run_json(record, described),
+            "detail": described.detail or None,
+            "attempts": [_attempt(a) for a in described.attempts],
+            "progress": live_progress(record),
+            "hint": (failure_hint(root, described.nodes) or None) if root else None}
+
+
+def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
+    """One run: its record, with each node's outcome as ``described``."""
+    plan = record.run.read_json("plan.json")
+    plan = plan if isinstance(plan, dict) else {}
+    outcomes = {o.node_rank: o for o in described.nodes}
+    nodes = [_node(n.node_rank, n.host, outcomes.pop(n.node_rank, None)) for n in record.nodes]
+    nodes += [_node(o.node_rank, o.host, o) for o in outcomes.values()]
+    world = plan.get("world_size")
+    return {
+        "run_id": record.run_id,
+        "name": plan.get("name") if isinstance(plan.get("name"), str) else None,
+        "state": record.state.value,
+        "backend": record.backend,
+        "liveness": record.rule,
+        "started": record.started,
+        "ended": record.ended,
+        "duration_s": record.wall_s,
+        "exit_code": _EXIT_CODES.get(record.state),
+        "world_size": world if isinstance(world, int) and not isinstance(world, bool) else None,
+        "hosts": list(record.hosts),
+        "nodes": sorted(nodes, key=lambda n: n["node_rank"]),
+        "root_cause": _outcome(described.root_cause),
+        "error": record.error or None,
+        "run_dir": record.run.path,
+        "results_home": record.results_home,
+        "next": next_step(record, described) or None,
+        "result": _result(record),
+    }
+
+
+def _node(node_rank: int, host: str, outcome: NodeOutcome | None) -> dict[str, Any]:
+    return {"node_rank": node_rank, "host": host,
+            "state": outcome.state.value if outcome else None,
+            "exit_code": outcome.exit_code if outcome else None,
+            "reason": outcome.reason if outcome else None}
+
+
+def _outcome(outcome: NodeOutcome | None) -> dict[str, Any] | None:
+    return _node(outcome.node_rank, outcome.host, outcome) if outcome else None
+
+
+def _attempt(attempt: AttemptOutcome) -> dict[str, Any]:
+    return {"attempt": attempt.attempt, "master_port": attempt.master_port,
+            "state": attempt.state.value, "note": attempt.note,
+            "root_cause": _outcome(attempt.root_cause)}
+
+
+def _result(record: RunRecord) -> dict[str, Any] | None:
+    """Rank 0's result as brought home (``result.json``): where it is, its
+    world size, metrics and timing; null until it is home."""
+    result = record.run.read_json("result.json")
+    if not isinstance(result, dict):
+        return None
+    world = result.get("world_size")
+    return {"file": record.run.file("result.json"),
+            "world_size": world if isinstance(world, int) and not isinstance(world, bool)
+            else None,
+            "metrics": result["metrics"] if isinstance(result.get("metrics"), dict) else {},
+            "timing": result["timing"] if isinstance(result.get("timing"), dict) else {}}
