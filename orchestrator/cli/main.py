@@ -192,8 +192,9 @@ launch_options = _options(
 @main.command(cls=ProgramCommand)
 @click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the plan (ranks, env, commands); run nothing.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default="text",
-              show_default=True, help="Dry-run output: text, machine-readable json, or shell lines.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default=None,
+              help="With --dry-run: text (the default), machine-readable json, or shell "
+                   "lines that start the run by hand.")
 @job_options
 @click.option("--run-id", help="Use this run id instead of a generated one.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (logs keep all).")
@@ -207,7 +208,7 @@ launch_options = _options(
                    "max_restarts, else 0). Not after an error that recurs, down or Ctrl-C.")
 @launch_options
 @friendly_errors
-def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, local: bool,
+def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | None, local: bool,
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str, rank0_only: bool,
        quiet: bool, detach: bool, max_restarts: int | None, accept_new_host_keys: bool,
@@ -221,8 +222,15 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
     the arguments reach every rank verbatim.
     """
     program = click.get_current_context().meta.get(PROGRAM_META)
+    if fmt is not None and not dry_run:
+        raise ConfigError(f"{fmt} is a form of the dry-run's output; without --dry-run, up "
+                          "launches the run and prints nothing in it",
+                          path="--format", source="command line",
+                          hint=f"add --dry-run to see the plan: ddp-orch up ... --dry-run "
+                               f"--format {fmt}; or drop --format to launch")
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs, program)
+    _refuse_queue_timeout(spec, queue_timeout)
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
                           hint="letters, digits, '.', '_' and '-'")
@@ -243,7 +251,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
                           "(--detach, --max-restarts) has none yet", path="--hang-timeout",
                           source="command line", hint="drop --hang-timeout (or hang_timeout:)")
     if dry_run:
-        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
+        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text")
         return
     from ..records.outcome import RunState
     from ..backends.results import OUTPUTS_RECORD
@@ -294,6 +302,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     if baseline_run is None or ddp_run is None:
         spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                                   arg_pairs)
+        _refuse_queue_timeout(spec, queue_timeout)
     console = Console("rank0" if show_output else "quiet")
     launch = _launcher(runs_dir, console, LaunchOptions(
         grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
@@ -336,6 +345,18 @@ def _spec_from_options(cluster_file: str | None, backend: str | None, local: boo
     else:
         spec = with_program(spec, program) if program is not None else with_args(spec, args)
     return _with_backend(spec, backend)
+
+
+def _refuse_queue_timeout(spec: Any, queue_timeout: float | None) -> None:
+    """``--queue-timeout`` bounds a scheduler's queue: only Slurm has one. Any
+    other backend starts at once, so the option would be silently moot."""
+    if queue_timeout is not None and spec.backend != "slurm":
+        raise ConfigError(f"only the slurm backend has a queue to time out (how long a job "
+                          f"may wait in Slurm's queue); this run uses the {spec.backend} "
+                          "backend, which starts at once", path="--queue-timeout",
+                          source="command line",
+                          hint="drop --queue-timeout; --start-timeout bounds how long every "
+                               "node has to join (or use --backend slurm)")
 
 
 def _with_backend(spec: Any, backend: str | None) -> Any:
