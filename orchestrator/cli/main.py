@@ -19,7 +19,7 @@ from .. import __version__
 from ..backends.base import LaunchOptions
 from ..config.loader import MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT, load_cluster_file
 from ..config.localmode import local_spec, with_args, with_program
-from ..config.spec import AUTO_PORT, BACKENDS, DEFAULT_PORT
+from ..config.spec import BACKENDS
 from ..config.yamlsrc import parse
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError
@@ -251,7 +251,9 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                           "(--detach, --max-restarts) has none yet", path="--hang-timeout",
                           source="command line", hint="drop --hang-timeout (or hang_timeout:)")
     if dry_run:
-        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text")
+        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
+                 _job_words(cluster_file, backend, local, workload, gpus, procs, device,
+                            arg_pairs, program))
         return
     from ..records.outcome import RunState
     from ..backends.results import OUTPUTS_RECORD
@@ -376,16 +378,69 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt: str) -> None:
+def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt: str,
+             job_words: list[str]) -> None:
+    """Print the dry-run. The shell lines ``cd`` on the nodes, so there the
+    local run directory is absolute; on this machine they write the bundle
+    with ``ddp-orch bundle`` and this command's own job options."""
     from ..controller.session import prepare
-    from ..plan.build import resolve_plan
     from ..plan.render import render
 
-    backend, info = prepare(spec, options, run_id=run_id,
-                            local_run_dir=f"{runs_dir.rstrip('/')}/{run_id}")
-    if fmt == "shell" and info.plan.master_port == AUTO_PORT:
-        info = backend.dryrun(resolve_plan(info.plan, master_port=DEFAULT_PORT, homes={}))
-    click.echo(render(info, fmt), nl=False)
+    local_run_dir = f"{runs_dir.rstrip('/')}/{run_id}"
+    _backend, info = prepare(spec, options, run_id=run_id, local_run_dir=os.path.abspath(
+        local_run_dir) if fmt == "shell" else local_run_dir)
+    bundle_path = f"{local_run_dir}/{BUNDLE_FILE}"
+    shell = {"bundle": ("ddp-orch", "bundle", "--output", bundle_path, *job_words),
+             "bundle_path": bundle_path} if fmt == "shell" else {}
+    click.echo(render(info, fmt, **shell), nl=False)
+
+
+def _job_words(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
+               gpus: str | None, procs: int | None, device: str | None,
+               arg_pairs: tuple[str, ...], program: tuple[str, ...] | None) -> list[str]:
+    """The job options as given (``job_options``, the file, ``-- PROGRAM``),
+    for a command that takes the same ones (``ddp-orch bundle``)."""
+    words = [cluster_file] if cluster_file else []
+    for flag, value in (("--backend", backend), ("--workload", workload), ("--gpus", gpus),
+                        ("--procs", procs), ("--device", device)):
+        if value is not None:
+            words += [flag, str(value)]
+    words = (["--local"] if local else []) + words
+    for pair in arg_pairs:
+        words += ["--arg", pair]
+    return words + (["--", *program] if program is not None else [])
+
+
+BUNDLE_FILE = "bundle.tar.gz"  # in the local run directory, where `up` writes it too
+
+
+@main.command(cls=ProgramCommand)
+@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@job_options
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
+              help="The file to write (a .tar.gz); its directory is created.")
+@friendly_errors
+def bundle(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
+           gpus: str | None, procs: int | None, device: str | None,
+           arg_pairs: tuple[str, ...], output: str) -> None:
+    """Write the code bundle `up` uploads to every node, to start a run by hand.
+
+    The built-in workloads, the worker shim and the workload's code
+    directory, exactly as `up` builds it for the same options;
+    `up --dry-run --format shell` prints this command and the lines that
+    unpack it into each node's run directory.
+    """
+    from ..backends.bundle import build_bundle, human_size, stand_ins
+    from ..controller.session import prepare
+
+    program = click.get_current_context().meta.get(PROGRAM_META)
+    spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
+                              arg_pairs, program)
+    _backend, info = prepare(spec, LaunchOptions(), run_id="bundle",  # the same checks as up
+                             local_run_dir=os.path.dirname(os.path.abspath(output)))
+    os.makedirs(os.path.dirname(os.path.abspath(output)), mode=0o700, exist_ok=True)
+    size = build_bundle(output, info.plan.code, stand_ins(spec))
+    click.echo(f"wrote {output} ({human_size(size)})")
 
 
 @main.command()
