@@ -97,6 +97,7 @@ def test_every_format_shows_the_same_master_port(tmp_path):
     assert "these\n# lines use $MASTER_PORT, 29500 unless you set it" in shell
     _here, nodes, _after = sections(shell)
     assert [line.count('--master-port "${MASTER_PORT:-29500}" ') for line in nodes[0]] == [1]
+    assert list(tmp_path.iterdir()) == []  # the dry-run wrote nothing: the lines do, when run
 
 
 def test_slurm_lines_agree_with_themselves():
