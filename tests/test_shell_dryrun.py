@@ -194,13 +194,15 @@ def test_the_ssh_shell_dry_run_runs_on_two_lab_hosts(ssh_lab, tmp_path):
 
 
 @pytest.mark.live
-def test_the_slurm_shell_dry_run_runs_in_an_allocation(slurm_lab, tmp_path):
+@pytest.mark.parametrize("nodes", ["[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+                                   "{count: 2, procs: 1}"], ids=["pinned", "placed"])
+def test_the_slurm_shell_dry_run_runs_in_an_allocation(slurm_lab, tmp_path, nodes):
     """The Slurm lab: the bundle unpacked into the shared run directory,
     then `salloc` with the job's options, its shell reading the rest of the
-    lines (node 0's host name, one step per node, wait)."""
+    lines (node 0's host name, one step per node, wait); nodes named in the
+    file, or chosen by Slurm (each step then by its index)."""
     path = tmp_path / "byhand.yaml"
-    path.write_text(f"name: byhand\nbackend: slurm\npython: {PYTHON}\n"
-                    "nodes: [{host: node1, procs: 1}, {host: node2, procs: 1}]\n"
+    path.write_text(f"name: byhand\nbackend: slurm\npython: {PYTHON}\nnodes: {nodes}\n"
                     "workload: {name: linear, args: {max_steps: 2}}\n")
     dry = run_cli("up", str(path), "--dry-run", "--format", "shell", "--run-id", "byhand",
                   "--runs-dir", str(tmp_path / "runs"), env=slurm_lab.env(), cwd=str(tmp_path))
