@@ -6,9 +6,11 @@ test lab, ``tests/sshlab.py``), compared with "the floor": the very same
 per-node torchrun command lines (taken from ``ddp-orch up FILE --dry-run
 --format shell``: static rendezvous, same env, same flags) started by hand,
 concurrently, with the system OpenSSH client, ``ssh -F <lab cfg> nodeK
-'<line>'``, with a fresh free master port each rep. The code is put on the
-nodes once beforehand for the floor (as someone launching by hand would
-have it); ddp-orch uploads it on every run, which is part of its cost.
+'<line>'``, with a fresh free master port each rep (``MASTER_PORT``, which
+the lines read). The code reaches the nodes once beforehand for the floor,
+by the dry-run's own lines for this machine (``ddp-orch bundle``, then its
+unpacking over ``ssh``), as someone launching by hand would have it;
+ddp-orch uploads it on every run, which is part of its cost.
 
 Target: ddp-orch/floor <= 1.05 at each host count (median wall time).
 A third variant runs the same launch with ``network: {interface: off}``:
@@ -22,14 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_s,  # noqa: E402
+from _common import (BASE_ENV, DDP_ORCH, ORCH_ENV, PYTHON, BenchError, compare, fmt_s,  # noqa: E402
                      footer, free_port, header, lab, median_columns, parser, print_table, ratio_range,
                      result_line, run, samples_table, tempdir)
 
@@ -45,12 +46,30 @@ def cluster_file(root, n: int, interface: str = "auto") -> str:
     return str(path)
 
 
-def floor_lines(cluster: str, env: dict, run_id: str) -> list[str]:
-    """ddp-orch's own per-node command lines for ``run_id`` (``--format shell``)."""
+def floor_lines(cluster: str, env: dict, run_id: str, cwd) -> tuple[list[str], list[str]]:
+    """ddp-orch's own shell lines for ``run_id`` (``--format shell``): those
+    for this machine (the bundle, unpacked on every node) and each node's."""
     proc = subprocess.run([DDP_ORCH, "up", cluster, "--dry-run", "--format", "shell",
-                           "--run-id", run_id], env=dict(BASE_ENV, **env),
+                           "--run-id", run_id], env=dict(BASE_ENV, **ORCH_ENV, **env), cwd=cwd,
                           capture_output=True, text=True, check=True)  # the tree's own plan
-    return [l for l in proc.stdout.splitlines() if l and not l.startswith("#")]
+    here, nodes, current = [], [], None
+    for line in proc.stdout.splitlines():
+        if line.startswith("# node "):
+            current = nodes
+        elif line and not line.startswith("#"):
+            (here if current is None else current).append(line)
+    return here, nodes
+
+
+def by_hand_env(root, ssh_config: str, env: dict) -> dict:
+    """What the lines for this machine need of it: ``ddp-orch`` (this tree's)
+    and an ``ssh`` that reads the lab's config, first on PATH."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {ssh_config} \"$@\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    path = f"{bin_dir}:{os.path.dirname(DDP_ORCH)}:{BASE_ENV['PATH']}"
+    return dict(BASE_ENV, **ORCH_ENV, **env, PATH=path)
 
 
 def main() -> None:
@@ -67,15 +86,16 @@ def main() -> None:
         for n in counts:
             cluster = cluster_file(root, n)
             floor_id = f"floor{n}"
-            lines = floor_lines(cluster, L.env, floor_id)
-            if len(lines) != n:
-                raise BenchError(f"expected {n} shell lines, got {lines}")
-            for k in range(n):  # the code, on the nodes once, where the lines expect it
-                code = root / "remote" / "runs" / floor_id / f"node-{k}" / "code"
-                shutil.copytree(os.path.join(REPO, "workloads"), code / "workloads",
-                                ignore=shutil.ignore_patterns("__pycache__"))
-                shutil.copy(os.path.join(REPO, "orchestrator", "agent", "shim.py"),
-                            code / "ddp_orch_shim.py")  # every rank runs through it
+            here, lines = floor_lines(cluster, L.env, floor_id, str(root))
+            if len(lines) != n or len(here) != n + 1:
+                raise BenchError(f"expected 1 + {n} lines for this machine and {n} node "
+                                 f"lines, got {here} and {lines}")
+            for line in here:  # the code, on the nodes once, as the lines put it there
+                done = subprocess.run(["sh", "-c", line], cwd=str(root), capture_output=True,
+                                      text=True, env=by_hand_env(root, L.ssh_config, L.env))
+                if done.returncode != 0:
+                    raise BenchError(f"`{line[:200]}` exited {done.returncode}: "
+                                     f"{done.stderr[-500:]}")
             print(f"   floor line for node 0 of {n}: {lines[0][:160]}...")
 
             def ddp(n=n, cluster=cluster, label="ddp-orch") -> float:
@@ -102,8 +122,8 @@ def main() -> None:
                 port = str(free_port(L.lab.hosts[0].addr))
                 result = root / "remote" / "runs" / floor_id / "node-0" / "result.json"
                 result.unlink(missing_ok=True)
-                cmds = [re.sub(r"--master-port \d+", f"--master-port {port}", line)
-                        .replace(f"--rdzv-id {floor_id} ", f"--rdzv-id {floor_id}-{i} ")
+                cmds = [f"export MASTER_PORT={port}; "
+                        + line.replace(f"--rdzv-id {floor_id} ", f"--rdzv-id {floor_id}-{i} ")
                         for line in lines]
                 t0 = time.time()
                 tp = time.perf_counter()

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -14,6 +15,11 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 for path in (ROOT, TESTS):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+# A command run without --runs-dir, away from a runs/ of ddp-orch, falls back
+# to the user's default (~/.local/share/ddp-orch/runs): the suite's own runs
+# go to a directory of its own instead, inherited by every command it starts.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="ddp-orch-tests-xdg-")
 
 
 def run_cli(*args: str, cwd: str | None = None, timeout: float = 300,

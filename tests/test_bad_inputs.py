@@ -208,6 +208,18 @@ DDP_ERRORS = [
      f"{CLI}: --workload, --gpus, --procs and --device go with --local", ""),
     (("up", "cluster.yaml.example", "--run-id", "../x", "--dry-run"),
      f"{CLI}: --run-id: '../x' is not a valid run id", ""),
+    # options that would be ignored without a word: refused, with the fix
+    (("up", "cluster.yaml.example", "--format", "json"),
+     f"{CLI}: --format: json is a form of the dry-run's output; without --dry-run",
+     "add --dry-run"),
+    ((*LOCAL, "--procs", "2", "--format", "shell"),
+     f"{CLI}: --format: shell is a form of the dry-run's output", "--dry-run --format shell"),
+    ((*LOCAL, "--procs", "2", "--queue-timeout", "60", "--dry-run"),
+     f"{CLI}: --queue-timeout: only the slurm backend has a queue to time out", "--start-timeout"),
+    (("up", "cluster.yaml.example", "--queue-timeout", "60"),
+     f"{CLI}: --queue-timeout: only the slurm backend", "drop --queue-timeout"),
+    (("compare", "--local", "--workload", "noop", "--procs", "2", "--queue-timeout", "60"),
+     f"{CLI}: --queue-timeout: only the slurm backend", "drop --queue-timeout"),
 ]
 
 

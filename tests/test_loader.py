@@ -143,6 +143,23 @@ def test_message_format_matches_the_issue():
     assert str(err) == "c.yaml:5: nodes[1].gpus: duplicate GPU 2 in '2,2'"
 
 
+@pytest.mark.parametrize("node, meant, keys", [
+    ("{host: localhost, gpus: 0,1}", "0,1", "a key '1'"),
+    ("{host: b, gpus: 2,3,4, python: python3}", "2,3,4", "a key '3' and a key '4'"),
+])
+def test_a_gpu_list_split_by_a_flow_mapping_says_to_quote_it(node, meant, keys):
+    err = error_of(f"nodes:\n  - {{host: a, gpus: 5}}\n  - {node}\nworkload: {{name: linear}}\n")
+    assert str(err) == (
+        f"c.yaml:3: nodes[1].gpus: 'gpus: {meant}' was split at its commas: inside {{...}} "
+        f"a comma ends the value, so YAML read gpus: {meant.split(',')[0]} and {keys}\n"
+        f'  hint: quote the list: gpus: "{meant}"')
+
+
+def test_an_unknown_digit_key_with_a_value_is_only_an_unknown_key():
+    err = error_of("nodes:\n  - {host: a, gpus: 0, 1: x}\nworkload: {name: linear}\n")
+    assert err.path == "nodes[0].1" and "unknown key '1'" in str(err)
+
+
 def test_script_path_is_relative_to_the_file(tmp_path):
     (tmp_path / "train.py").write_text("print('hi')\n")
     spec = load("nodes:\n  - {host: a, gpus: 0}\nworkload: {script: train.py}\n",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -129,6 +130,22 @@ def test_settings_that_read_false_are_not_secrets_in_a_kept_run(tmp_path):
     assert json.loads((run / "state.json").read_text())["state"] == "succeeded"
     assert every_file_holding(run, "hf_realtoken_1234") == []
     assert "TOKENIZERS_PARALLELISM: \"false\"" in (run / "cluster.yaml").read_text()
+
+
+def test_a_kept_runs_failing_rank_shows_one_rank_prefix_per_line(tmp_path):
+    """A kept run (``--max-restarts``) whose rank 2 raises: torch writes the
+    traceback as ``[rank2]: ...`` lines, and every worker line reaches the
+    console and the node log with exactly one rank prefix."""
+    cluster = local_job(tmp_path, "raise", "plain_raise.py", "[{host: localhost, procs: 3}]")
+    result = run_cli("up", cluster, "--runs-dir", str(tmp_path / "runs"), "--run-id", "once",
+                     "--max-restarts", "1", "--grace", "3", timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    shown = [line for line in result.stdout.splitlines() if "[rank" in line]
+    logged = [line for line in (tmp_path / "runs" / "once" / "node-0.log").read_text().splitlines()
+              if "[rank" in line]
+    assert any("[rank2]: RuntimeError: planned crash on rank 2" in line for line in shown)
+    for line in shown + logged:
+        assert len(re.findall(r"\[rank\d+\]: ", line)) == 1, line
 
 
 @pytest.mark.parametrize("how", ["raise", "kill"])

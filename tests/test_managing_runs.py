@@ -60,8 +60,10 @@ def assert_valid(output: str, name: str) -> dict:
 
 def clean_env(tmp_path, **extra: str) -> dict:
     """An environment whose default runs directory lies under ``tmp_path``."""
-    env = {k: v for k, v in os.environ.items() if k not in (RUNS_DIR_ENV, "XDG_DATA_HOME")}
-    return {**env, "HOME": str(tmp_path / "home"), **extra}
+    env = {k: v for k, v in os.environ.items() if k != RUNS_DIR_ENV}
+    # run_cli starts from os.environ, where conftest set XDG_DATA_HOME: an
+    # empty value is unset to the XDG rule, so ~/.local/share applies.
+    return {**env, "HOME": str(tmp_path / "home"), "XDG_DATA_HOME": "", **extra}
 
 
 def record(runs_dir, run_id: str, started: float, state: str = "succeeded") -> None:

@@ -94,6 +94,18 @@ def test_worker_logs_relay_whole_lines_with_the_global_rank(tmp_path):
         assert logs.read(final=True) == b"[rank3]: no newline at exit\n"
 
 
+def test_a_line_torch_already_prefixed_keeps_one_rank_prefix(tmp_path):
+    """torch.distributed's excepthook writes a traceback as ``[rankN]: ...``
+    lines itself; they are relayed with the prefix once, not twice."""
+    attempt = worker_files(tmp_path, nproc=1)
+    (attempt / "0" / "stderr.log").write_bytes(
+        b"[rank5]: Traceback (most recent call last):\n\n[rank5]: RuntimeError: boom\n"
+        b"[rank6]: quoted from a peer\n")
+    logs = workerlogs.WorkerLogs(str(tmp_path / "torchrun"), "run-1", first_rank=5, nproc=1)
+    assert logs.read() == (b"[rank5]: Traceback (most recent call last):\n[rank5]: \n"
+                           b"[rank5]: RuntimeError: boom\n[rank5]: [rank6]: quoted from a peer\n")
+
+
 def test_a_partial_line_that_stays_partial_is_shown_anyway(tmp_path, monkeypatch):
     """A progress bar redrawn with \\r never ends its line; it must not stay hidden."""
     monkeypatch.setattr(workerlogs._FollowedFile, "STALE_S", 0.0)

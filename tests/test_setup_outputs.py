@@ -28,7 +28,8 @@ from orchestrator.config.spec import DEFAULT_SETUP_TIMEOUT
 from orchestrator.controller.prune import parse_duration
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
-from orchestrator.plan.render import dryrun_from_dict, dryrun_to_dict, render_shell, render_text
+from orchestrator.plan.render import dryrun_from_dict, dryrun_to_dict, render_text
+from orchestrator.plan.shell import render_shell
 from orchestrator.records.rundir import RunDir
 from procscan import marked_pids
 
@@ -150,10 +151,10 @@ def test_the_dry_run_shows_setup_its_timeout_and_where_it_runs():
     assert back.nodes[0].setup == info.nodes[0].setup
     assert back.nodes[0].setup_timeout_s == 600
     assert back.nodes[0].node.code_root == info.nodes[0].node.code_root
-    # shell: the setup commands first, in the code root, then torchrun
+    # shell: in the code root, the setup commands first, then torchrun
     line = render_shell(info).splitlines()[-1]
     home = '"$HOME"'
-    assert "(cd " + info.nodes[1].node.code_root.replace("~", home, 1) + " && " in line
+    assert line.startswith("cd " + info.nodes[1].node.code_root.replace("~", home, 1) + " && ")
     assert line.index("pip install -r requirements.txt") < line.index("torch.distributed.run")
 
 

@@ -19,7 +19,8 @@ class WorkerLogs:
     line, and when it reads a file in the middle of a write it prints the
     two halves of the line as two lines. Here a partial last line waits for
     its newline, unless it stays partial for ``STALE_S`` (a progress bar
-    redrawn with ``\r``), and the prefix goes in with one ``bytes.replace``.
+    redrawn with ``\r``), and the prefix goes in with one ``bytes.replace``
+    (once: a line that has it already, as torch's tracebacks do, keeps one).
     """
 
     def __init__(self, log_dir: str, rdzv_id: str, first_rank: int, nproc: int):
@@ -70,4 +71,8 @@ class _FollowedFile:
             return b""
         if not block.endswith(b"\n"):
             block += b"\n"
-        return self.prefix + block[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n"
+        # A line that already carries this rank's prefix keeps just the one:
+        # torch.distributed's excepthook (installed by init_process_group)
+        # writes every traceback line as ``[rankN]: ...`` itself.
+        lines = (b"\n" + block[:-1]).replace(b"\n" + self.prefix, b"\n")
+        return lines.replace(b"\n", b"\n" + self.prefix)[1:] + b"\n"

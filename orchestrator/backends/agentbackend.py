@@ -24,7 +24,7 @@ from ..agent.records import clean_keeper_state
 from ..console import Console
 from ..errors import LaunchError, TransportError
 from ..plan.build import resolve_plan
-from ..plan.dryrun import DryRun, NodeLaunch
+from ..plan.dryrun import ByHand, DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
@@ -61,6 +61,11 @@ class AgentBackend(LaunchBackend):
         """What this backend needs to reach the node again later (``down``)."""
         return {}
 
+    def reach(self, node: NodePlan) -> tuple[str, ...]:
+        """The argv that runs a command on ``node`` from this machine, for
+        the shell dry-run (``ByHand.reach``); () for a node on this machine."""
+        return ()
+
     # -- the interface -------------------------------------------------------
 
     def dryrun(self, plan: RunPlan) -> DryRun:
@@ -73,10 +78,12 @@ class AgentBackend(LaunchBackend):
                                  setup_timeout_s=plan.setup_timeout_s)
                       for node in plan.nodes)
         notes = code_notes(plan, self.spec.source if self.spec else "")
+        reach = {node.node_rank: self.reach(node) for node in plan.nodes}
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
                       source=self.spec.source if self.spec else "",
                       liveness="detached" if self.options.detach else "attached",
-                      max_restarts=self.options.max_restarts)
+                      max_restarts=self.options.max_restarts,
+                      by_hand=ByHand(reach={k: argv for k, argv in reach.items() if argv}))
 
     def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
         return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.python,

@@ -223,7 +223,7 @@ class ScriptDirScan:
         uploaded to each node; 2 skipped as secret-looking: .ssh/id_ed25519, .env``."""
         count = len(self.files)
         line = (f"code dir   {self.directory}: {count} file{'' if count == 1 else 's'}, "
-                f"{_human(self.total_bytes)} uploaded to each node")
+                f"{human_size(self.total_bytes)} uploaded to each node")
         if self.skipped:
             names = ", ".join(self.skipped[:max_names])
             more = len(self.skipped) - max_names
@@ -239,11 +239,11 @@ class ScriptDirScan:
         """Raise LaunchError if more than ``MAX_SCRIPT_DIR_BYTES`` would be uploaded."""
         if self.total_bytes <= MAX_SCRIPT_DIR_BYTES:
             return
-        rows = "\n".join(f"  {_human(size):>10}  {rel}" for rel, size in self.largest(10))
+        rows = "\n".join(f"  {human_size(size):>10}  {rel}" for rel, size in self.largest(10))
         raise LaunchError(
-            f"the code directory {self.directory} holds {_human(self.total_bytes)} "
+            f"the code directory {self.directory} holds {human_size(self.total_bytes)} "
             f"({self.total_bytes} bytes) in {len(self.files)} files to upload, more than the "
-            f"{_human(MAX_SCRIPT_DIR_BYTES)} cap ({MAX_SCRIPT_DIR_BYTES} bytes), and all of it would go to every node; "
+            f"{human_size(MAX_SCRIPT_DIR_BYTES)} cap ({MAX_SCRIPT_DIR_BYTES} bytes), and all of it would go to every node; "
             "keep data, checkpoints and outputs out of it (read data from a directory on the "
             f"nodes), or list what the run does not need in {IGNORE_FILES[1]} there.\n"
             f"the largest files:\n{rows}")
@@ -254,7 +254,7 @@ def render_scan(scan: ScriptDirScan) -> str:
     return scan.summary()
 
 
-def _human(n: int) -> str:
+def human_size(n: int) -> str:
     if n < 1024:
         return f"{n} B"
     for unit in ("KiB", "MiB", "GiB"):

@@ -38,9 +38,9 @@ from ..config.spec import AUTO_PORT, SlurmSpec
 from ..console import Console
 from ..errors import LaunchError
 from ..plan.build import build_plan, resolve_plan
-from ..plan.dryrun import DryRun, NodeLaunch
+from ..plan.dryrun import ByHand, DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
-from ..plan.render import shell_join
+from ..plan.shell import shell_join
 from ..plan.secrets import is_secret
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
@@ -107,18 +107,23 @@ class Backend(LaunchBackend):
         }
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=tuple(notes),
                       source=self.spec.source if self.spec else "", extras=extras,
-                      liveness="detached" if self.options.detach else "slurm")
+                      liveness="detached" if self.options.detach else "slurm",
+                      by_hand=self.by_hand(plan))
 
     def sbatch_argv(self, plan: RunPlan) -> list[str]:
         """``sbatch --parsable ...``: every option as one argv word, never shell text."""
-        spec = self.require_spec()
-        slurm = spec.slurm or SlurmSpec()
         directory = job_dir(plan)
         # --no-requeue: a requeued job would rerun over this run's files.
-        argv = ["sbatch", "--parsable", f"--job-name=ddp-orch-{plan.name}",
+        return ["sbatch", "--parsable", f"--job-name=ddp-orch-{plan.name}",
                 f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1", "--no-requeue",
-                "--export=ALL",
-                f"--output={directory}/slurm-%j.out", f"--chdir={directory}"]
+                "--export=ALL", f"--output={directory}/slurm-%j.out", f"--chdir={directory}",
+                *self._resources(plan), f"{directory}/{SCRIPT_FILE}"]
+
+    def _resources(self, plan: RunPlan) -> list[str]:
+        """The job's nodes, GPUs, CPUs and the file's ``slurm:`` options."""
+        spec = self.require_spec()
+        slurm = spec.slurm or SlurmSpec()
+        argv = []
         if not spec.placed:
             argv.append("--nodelist=" + ",".join(n.host for n in plan.nodes))
         gpus = _gres_gpus(spec)
@@ -131,8 +136,24 @@ class Backend(LaunchBackend):
             if value is not None:
                 argv.append(f"--{key}={value}")
         argv += list(slurm.extra)
-        argv.append(f"{directory}/{SCRIPT_FILE}")
         return argv
+
+    def by_hand(self, plan: RunPlan) -> ByHand:
+        """The shell dry-run's way in: an interactive allocation with the
+        job's own options (``salloc``), one step per node (``srun``, placed
+        by name or, for nodes Slurm chooses, by their index), and node 0's
+        host name for a master address the file leaves to the job."""
+        cpus = self._cpu_procs()
+        placed = self.require_spec().placed
+        step = {n.node_rank: ("srun", "--nodes=1", "--ntasks=1",
+                              *([f"--cpus-per-task={cpus}"] if cpus else []),
+                              f"--relative={n.node_rank}" if placed else f"--nodelist={n.host}")
+                for n in plan.nodes}
+        return ByHand(allocate=("salloc", f"--job-name=ddp-orch-{plan.name}",
+                                f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
+                                *self._resources(plan)),
+                      step=step,
+                      master_host=(*step[0], "hostname") if plan.master_addr == ADDR_SLOT else ())
 
     def _cpu_procs(self) -> int:
         """CPUs per node a CPU-process job asks for (0: a GPU job)."""

@@ -10,6 +10,7 @@ per node so that ``down`` can reach the nodes again.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 from ..config.spec import SshSpec
@@ -45,6 +46,20 @@ class Backend(AgentBackend):
         strict = "accept-new" if self.options.accept_new_host_keys else ssh.strict_host_keys
         return SshTransport(host, user=ssh.user, port=ssh.port, identity_file=ssh.identity_file,
                             strict_host_keys=strict, connect_timeout=ssh.connect_timeout)
+
+    def reach(self, node: NodePlan) -> tuple[str, ...]:
+        """OpenSSH's ``ssh`` with the file's settings for the node (the rest
+        comes from ``~/.ssh/config``, as it does for the launch)."""
+        if node.is_local:
+            return ()
+        ssh = self.require_spec().nodes[node.node_rank].ssh
+        strict = "accept-new" if self.options.accept_new_host_keys else ssh.strict_host_keys
+        return ("ssh", *(("-l", ssh.user) if ssh.user else ()),
+                *(("-p", str(ssh.port)) if ssh.port else ()),
+                *(("-i", ssh.identity_file) if ssh.identity_file else ()),
+                *(("-o", f"StrictHostKeyChecking={strict}") if strict else ()),
+                *(("-o", f"ConnectTimeout={math.ceil(ssh.connect_timeout)}")
+                  if ssh.connect_timeout else ()), node.host)
 
     def where(self, node: NodePlan) -> str:
         if node.is_local:

@@ -19,7 +19,7 @@ from .. import __version__
 from ..backends.base import LaunchOptions
 from ..config.loader import MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT, load_cluster_file
 from ..config.localmode import local_spec, with_args, with_program
-from ..config.spec import AUTO_PORT, BACKENDS, DEFAULT_PORT
+from ..config.spec import BACKENDS
 from ..config.yamlsrc import parse
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError
@@ -198,8 +198,9 @@ launch_options = _options(
 @main.command(cls=ProgramCommand)
 @click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the plan (ranks, env, commands); run nothing.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default="text",
-              show_default=True, help="Dry-run output: text, machine-readable json, or shell lines.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "shell"]), default=None,
+              help="With --dry-run: text (the default), machine-readable json, or shell "
+                   "lines that start the run by hand.")
 @job_options
 @click.option("--run-id", help="Use this run id instead of a generated one.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (logs keep all).")
@@ -213,7 +214,7 @@ launch_options = _options(
                    "max_restarts, else 0). Not after an error that recurs, down or Ctrl-C.")
 @launch_options
 @friendly_errors
-def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, local: bool,
+def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | None, local: bool,
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str | None, rank0_only: bool,
        quiet: bool, detach: bool, max_restarts: int | None, accept_new_host_keys: bool,
@@ -227,8 +228,15 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
     the arguments reach every rank verbatim.
     """
     program = click.get_current_context().meta.get(PROGRAM_META)
+    if fmt is not None and not dry_run:
+        raise ConfigError(f"{fmt} is a form of the dry-run's output; without --dry-run, up "
+                          "launches the run and prints nothing in it",
+                          path="--format", source="command line",
+                          hint=f"add --dry-run to see the plan: ddp-orch up ... --dry-run "
+                               f"--format {fmt}; or drop --format to launch")
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs, program)
+    _refuse_queue_timeout(spec, queue_timeout)
     runs_dir = locate(runs_dir).path
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
@@ -250,7 +258,9 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str, backend: str | None, l
                           "(--detach, --max-restarts) has none yet", path="--hang-timeout",
                           source="command line", hint="drop --hang-timeout (or hang_timeout:)")
     if dry_run:
-        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt)
+        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
+                 _job_words(cluster_file, backend, local, workload, gpus, procs, device,
+                            arg_pairs, program))
         return
     from ..records.outcome import RunState
     from ..backends.results import OUTPUTS_RECORD
@@ -313,6 +323,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     if baseline_run is None or ddp_run is None:
         spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                                   arg_pairs)
+        _refuse_queue_timeout(spec, queue_timeout)
         base_spec = cmp.baseline_spec(spec, baseline_kind)  # refuses before anything runs
         spec = cmp.ddp_spec(spec, baseline_kind)
     console = Console("rank0" if show_output else "quiet")
@@ -359,6 +370,18 @@ def _spec_from_options(cluster_file: str | None, backend: str | None, local: boo
     return _with_backend(spec, backend)
 
 
+def _refuse_queue_timeout(spec: Any, queue_timeout: float | None) -> None:
+    """``--queue-timeout`` bounds a scheduler's queue: only Slurm has one. Any
+    other backend starts at once, so the option would be silently moot."""
+    if queue_timeout is not None and spec.backend != "slurm":
+        raise ConfigError(f"only the slurm backend has a queue to time out (how long a job "
+                          f"may wait in Slurm's queue); this run uses the {spec.backend} "
+                          "backend, which starts at once", path="--queue-timeout",
+                          source="command line",
+                          hint="drop --queue-timeout; --start-timeout bounds how long every "
+                               "node has to join (or use --backend slurm)")
+
+
 def _with_backend(spec: Any, backend: str | None) -> Any:
     """``--backend`` over the file's choice; a local spec stays local."""
     if backend is None or backend == spec.backend:
@@ -376,16 +399,69 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt: str) -> None:
+def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt: str,
+             job_words: list[str]) -> None:
+    """Print the dry-run. The shell lines ``cd`` on the nodes, so there the
+    local run directory is absolute; on this machine they write the bundle
+    with ``ddp-orch bundle`` and this command's own job options."""
     from ..controller.session import prepare
-    from ..plan.build import resolve_plan
     from ..plan.render import render
 
-    backend, info = prepare(spec, options, run_id=run_id,
-                            local_run_dir=f"{runs_dir.rstrip('/')}/{run_id}")
-    if fmt == "shell" and info.plan.master_port == AUTO_PORT:
-        info = backend.dryrun(resolve_plan(info.plan, master_port=DEFAULT_PORT, homes={}))
-    click.echo(render(info, fmt), nl=False)
+    local_run_dir = f"{runs_dir.rstrip('/')}/{run_id}"
+    _backend, info = prepare(spec, options, run_id=run_id, local_run_dir=os.path.abspath(
+        local_run_dir) if fmt == "shell" else local_run_dir)
+    bundle_path = f"{local_run_dir}/{BUNDLE_FILE}"
+    shell = {"bundle": ("ddp-orch", "bundle", "--output", bundle_path, *job_words),
+             "bundle_path": bundle_path} if fmt == "shell" else {}
+    click.echo(render(info, fmt, **shell), nl=False)
+
+
+def _job_words(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
+               gpus: str | None, procs: int | None, device: str | None,
+               arg_pairs: tuple[str, ...], program: tuple[str, ...] | None) -> list[str]:
+    """The job options as given (``job_options``, the file, ``-- PROGRAM``),
+    for a command that takes the same ones (``ddp-orch bundle``)."""
+    words = [cluster_file] if cluster_file else []
+    for flag, value in (("--backend", backend), ("--workload", workload), ("--gpus", gpus),
+                        ("--procs", procs), ("--device", device)):
+        if value is not None:
+            words += [flag, str(value)]
+    words = (["--local"] if local else []) + words
+    for pair in arg_pairs:
+        words += ["--arg", pair]
+    return words + (["--", *program] if program is not None else [])
+
+
+BUNDLE_FILE = "bundle.tar.gz"  # in the local run directory, where `up` writes it too
+
+
+@main.command(cls=ProgramCommand)
+@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@job_options
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
+              help="The file to write (a .tar.gz); its directory is created.")
+@friendly_errors
+def bundle(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
+           gpus: str | None, procs: int | None, device: str | None,
+           arg_pairs: tuple[str, ...], output: str) -> None:
+    """Write the code bundle `up` uploads to every node, to start a run by hand.
+
+    The built-in workloads, the worker shim and the workload's code
+    directory, exactly as `up` builds it for the same options;
+    `up --dry-run --format shell` prints this command and the lines that
+    unpack it into each node's run directory.
+    """
+    from ..backends.bundle import build_bundle, human_size, stand_ins
+    from ..controller.session import prepare
+
+    program = click.get_current_context().meta.get(PROGRAM_META)
+    spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
+                              arg_pairs, program)
+    _backend, info = prepare(spec, LaunchOptions(), run_id="bundle",  # the same checks as up
+                             local_run_dir=os.path.dirname(os.path.abspath(output)))
+    os.makedirs(os.path.dirname(os.path.abspath(output)), mode=0o700, exist_ok=True)
+    size = build_bundle(output, info.plan.code, stand_ins(spec))
+    click.echo(f"wrote {output} ({human_size(size)})")
 
 
 @main.command()

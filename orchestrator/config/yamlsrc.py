@@ -54,7 +54,7 @@ class Located:
             raise self.error(f"expected a mapping (key: value lines), got {self.describe()}")
         allowed = None if allowed is None else tuple(allowed)
         out: dict[str, Located] = {}
-        for key_node, value_node in self.node.value:
+        for index, (key_node, value_node) in enumerate(self.node.value):
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
             where = Located(key_node, self.path, self.source, self._loader)
             if not isinstance(key, str) or not key:
@@ -64,12 +64,40 @@ class Located:
                     "YAML merge keys (<<: *anchor) are not supported",
                     hint="write the keys out in full")
             if allowed is not None and key not in allowed:
+                self._refuse_split_value(index)
                 hint = closest_hint(key, allowed) or "allowed keys: " + ", ".join(allowed)
                 raise self._child(key_node, key).error(f"unknown key '{key}'", hint)
             if key in out:
                 raise self._child(key_node, key).error(f"'{key}' is given twice")
             out[key] = self._child(value_node, key)
         return out
+
+    def _refuse_split_value(self, index: int) -> None:
+        """``{host: a, gpus: 0,1}``: in a one-line ``{...}`` mapping a comma
+        ends the value, so YAML reads ``gpus: 0`` and a key ``1`` with no
+        value. An unknown digit-only key without a value, right after a plain
+        value, is that split: said so, at the key whose value was cut, with
+        the value the user meant, quoted."""
+        entries = self.node.value
+        if not (getattr(self.node, "flow_style", False) and index > 0
+                and _bare_number_key(*entries[index])):
+            return
+        start = index - 1
+        while start > 0 and _bare_number_key(*entries[start]):
+            start -= 1  # {gpus: 0,1,2}: '1' and '2' both split off gpus
+        key_node, value_node = entries[start]
+        if not (isinstance(value_node, yaml.ScalarNode) and value_node.style is None
+                and isinstance(key_node, yaml.ScalarNode) and value_node.value):
+            return
+        end = index + 1
+        while end < len(entries) and _bare_number_key(*entries[end]):
+            end += 1
+        meant = ",".join([value_node.value] + [k.value for k, _ in entries[start + 1:end]])
+        raise self._child(key_node, key_node.value).error(
+            f"'{key_node.value}: {meant}' was split at its commas: inside {{...}} a comma "
+            f"ends the value, so YAML read {key_node.value}: {value_node.value} and "
+            + " and ".join(f"a key '{k.value}'" for k, _ in entries[start + 1:end]),
+            hint=f'quote the list: {key_node.value}: "{meant}"')
 
     def has_key(self, key: str) -> bool:
         """A mapping with ``key`` (checked without reading any value)."""
@@ -206,6 +234,12 @@ def shown(value: Any, limit: int = 80) -> str:
     """A user's value for an error message: its repr, cut to ``limit`` characters."""
     text = _Shown().repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _bare_number_key(key: yaml.Node, value: yaml.Node) -> bool:
+    """A key of digits alone with no value: what a comma leaves of ``0,1``."""
+    return (isinstance(key, yaml.ScalarNode) and key.style is None and key.value.isdigit()
+            and isinstance(value, yaml.ScalarNode) and value.value == "" and value.style is None)
 
 
 def closest_hint(word: str, options: Iterable[str]) -> str:

@@ -40,6 +40,35 @@ class NodeLaunch:
     def run_dir(self) -> str:
         return self.node.run_dir
 
+    def header(self) -> str:
+        """``node 1  host  ranks 3-6 (4 processes, ssh user@host:22)``."""
+        plan = self.node
+        last = plan.first_rank + plan.nproc - 1
+        return (f"node {plan.node_rank}  {plan.host}  ranks {plan.first_rank}-{last} "
+                f"({plan.nproc} process{'es' if plan.nproc != 1 else ''}, {self.where})")
+
+
+@dataclass(frozen=True)
+class ByHand:
+    """What starting the run by hand needs beyond each node's command: how
+    the backend reaches its nodes, as shell lines (``--format shell``,
+    ``plan/shell.py``). Shown only; launch never reads it.
+
+    ``reach``: node rank -> the argv that runs a command on that node from
+    this machine (``ssh ... HOST``); a node without one shares this
+    machine's files (a local node, a Slurm job's shared directory).
+    ``allocate``: a scheduler's argv that opens a shell holding the job's
+    nodes (``salloc ...``); ``step``: node rank -> the argv that runs a
+    command on that node from that shell (``srun ...``); ``master_host``:
+    the argv that prints node 0's address there, for a master address
+    known only once the job runs.
+    """
+
+    reach: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    allocate: tuple[str, ...] = ()
+    step: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    master_host: tuple[str, ...] = ()
+
 
 @dataclass(frozen=True)
 class DryRun:
@@ -55,6 +84,7 @@ class DryRun:
     # Who keeps the run alive (``LIVENESS``), and its whole-gang restarts.
     liveness: str = "attached"
     max_restarts: int = 0
+    by_hand: ByHand = field(default_factory=ByHand)
 
 
 LIVENESS = {

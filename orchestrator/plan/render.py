@@ -1,14 +1,13 @@
-"""Renderings of a ``DryRun``: text (dry-run), json, and shell lines.
+"""Renderings of a ``DryRun``: text (dry-run), json, and shell lines (``shell.py``).
 
 All three read the ``DryRun`` a backend built, the same object its launch
-consumes. Secret-looking env values are masked (``secrets.py``).
+consumes. Secret-looking env values are masked (``secrets.py``); the shell
+lines take them from the nodes' environment instead.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import shlex
 from typing import Any
 
 from ..agent.probes import hostport
@@ -17,55 +16,8 @@ from ..report.table import format_table
 from .build import setup_path_first
 from .dryrun import LIVENESS, DryRun, NodeLaunch
 from .model import RunPlan
-from .network import AUTO, IFNAME_VARS, value_for
 from .secrets import mask_env
-
-def shell_word(word: str) -> str:
-    """``shlex.quote``, except a leading ``~/`` stays expandable by the shell.
-
-    ``'~/x'`` would reach the program as a literal tilde; ``"$HOME"/'x'``
-    is what the user meant. ``NAME=~/x`` (an env word) is handled the same.
-    """
-    name, eq, value = word.partition("=")
-    if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and value.startswith("~/"):
-        return f"{name}=" + shell_word(value)
-    if word == "~" or word.startswith("~/"):
-        rest = word[2:]
-        return '"$HOME"' + (("/" + shlex.quote(rest)) if rest else "")
-    return shlex.quote(word)
-
-
-def shell_join(words: list[str] | tuple[str, ...]) -> str:
-    return " ".join(shell_word(w) for w in words)
-
-
-# The shell twin of the agent's interface choice (agent/netroute.py): the
-# source address of the kernel's route to the master, and the interface
-# that holds it. Node 0 reaching its own address gets its NIC, not lo.
-_FIND_IFNAME = ("ifname=\"$(ip -o addr show to \"$(ip -o route get {addr} | "
-                "sed -n 's/.* src \\([^ ]*\\).*/\\1/p')\" | awk '{{print $2; exit}}')\" && ")
-
-
-def node_shell_line(node: NodeLaunch, master_addr: str) -> str:
-    """One copy-pasteable line that starts this node by hand. An interface
-    variable the launch would resolve (``auto``) is found by the line itself
-    (``$ifname``, with iproute2), as the node's agent would find it."""
-    env = mask_env(node.env)
-    auto = [k for k in IFNAME_VARS if env.get(k) == AUTO]
-    env_words = ["env", *(w for name in node.unset_env for w in ("-u", name)),
-                 *(f"{k}={v}" for k, v in env.items() if k not in auto)]
-    find = _FIND_IFNAME.format(addr=shell_word(master_addr)) if auto else ""
-    chosen = "".join(f' {k}="{value_for(k, "$ifname")}"' for k in auto)
-    words = shell_join(env_words)
-    setup = ""
-    if node.setup:  # in the code root, each command with the run's env, before torchrun
-        setup = "(cd " + shell_word(node.node.code_root) + " && " + " && ".join(
-            f"{words} {shell_join(list(argv))}" for argv in node.setup) + ") && "
-    # torchrun starts in the code root, as the node's agent starts it
-    cwd = shell_word(node.node.code_root)
-    return (f"mkdir -p {cwd} && cd {cwd} && "
-            f"{setup}{find}{words}{chosen} {shell_join(list(node.argv))}")
-
+from .shell import render_shell, shell_join
 
 def _port_text(plan: RunPlan) -> str:
     if plan.master_port == AUTO_PORT:
@@ -73,9 +25,12 @@ def _port_text(plan: RunPlan) -> str:
     return str(plan.master_port)
 
 
-def render(info: DryRun, fmt: str) -> str:
-    """``--dry-run --format FMT``: text, json or shell."""
-    return {"text": render_text, "json": render_json, "shell": render_shell}[fmt](info)
+def render(info: DryRun, fmt: str, **shell: Any) -> str:
+    """``--dry-run --format FMT``: text, json or shell (``shell.py``, which
+    takes ``shell``: how to write the bundle)."""
+    if fmt == "shell":
+        return render_shell(info, **shell)
+    return {"text": render_text, "json": render_json}[fmt](info)
 
 
 def render_text(info: DryRun) -> str:
@@ -97,7 +52,7 @@ def render_text(info: DryRun) -> str:
         _rank_table(plan),
     ]
     for node in info.nodes:
-        out += ["", _node_header(node), f"  run dir  {node.run_dir}",
+        out += ["", node.header(), f"  run dir  {node.run_dir}",
                 f"  cwd      {node.node.code_root}", "  env"]
         out += [f"    {k}={v}" for k, v in mask_env(node.env).items()]
         out += [f"  unset    {' '.join(node.unset_env)}"]
@@ -125,13 +80,6 @@ def _setup_lines(plan: RunPlan) -> list[str]:
         out.append(f"outputs    {', '.join(plan.outputs)} (node 0's code root) -> the run "
                    f"directory's outputs/, after the run")
     return out
-
-
-def _node_header(node: NodeLaunch) -> str:
-    plan = node.node
-    last = plan.first_rank + plan.nproc - 1
-    return (f"node {plan.node_rank}  {plan.host}  ranks {plan.first_rank}-{last} "
-            f"({plan.nproc} process{'es' if plan.nproc != 1 else ''}, {node.where})")
 
 
 def _rank_table(plan: RunPlan) -> str:
@@ -169,21 +117,6 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
 
 def render_json(info: DryRun) -> str:
     return json.dumps(dryrun_to_dict(info), indent=2) + "\n"
-
-
-def render_shell(info: DryRun) -> str:
-    """Per-node lines to start the job by hand, like the manual two-machine launch."""
-    plan = info.plan
-    out = [f"# {plan.run_id}: world size {plan.world_size}, master "
-           f"{hostport(plan.master_addr, plan.master_port)}, backend {info.backend}",
-           "# ddp-orch uploads the code into each run dir first (the built-ins and the",
-           "# shim to code/, your workload.code to project/, where the workers start);",
-           "# to start by hand, copy it there, then run each line on its node.",
-           "# Worker output goes to files (--redirects 3), which ddp-orch relays;",
-           "# by hand: tail -F torchrun/*/attempt_0/*/std*.log in the run dir."]
-    for node in info.nodes:
-        out += ["", f"# {_node_header(node)}", node_shell_line(node, plan.master_addr)]
-    return "\n".join(out) + "\n"
 
 
 def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
