@@ -32,8 +32,12 @@ class WorkloadError(ValueError):
     """A workload was asked for something it cannot do; the message says why.
 
     A ValueError (not SystemExit) so that torchrun's ``@record`` writes it to
-    the error file and the controller can show it.
+    the error file and the controller can show it. The message is the whole
+    story, so each rank prints it as one line, not a traceback (the worker
+    shim reads ``contract.ONE_LINE_ERROR``; the error file keeps the traceback).
     """
+
+    ddp_orch_one_line = True  # contract.ONE_LINE_ERROR
 
 
 @dataclass(frozen=True)
