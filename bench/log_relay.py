@@ -136,8 +136,9 @@ def main() -> None:
             times = root / "times"
             times.mkdir()
             cluster.write_text(
-                f"name: chatty\ndevice: cpu\npython: {PYTHON}\nworkdir: {root / 'remote'}\n"
-                f"env: {{CHATTY_TIMES: {times}}}\n"
+                f"name: chatty\ndevice: cpu\npython: {PYTHON}\n"
+                + (f"workdir: {root / 'remote'}\n" if L else "")  # localhost: in the run dir
+                + f"env: {{CHATTY_TIMES: {times}}}\n"
                 "nodes:\n" + "".join(f"  - {{host: {h}, procs: 1}}\n" for h in hosts)
                 + f"workload: {{script: chatty.py, args: {{lines: {n_lines}}}}}\n")
             env = dict(L.env) if L else {}

@@ -4,6 +4,12 @@ Node lines are prefixed with node rank and host; worker lines already
 carry torchrun's ``[rankN]:`` prefix. Views: ``all`` (default), ``rank0``
 (only rank 0's lines) and ``quiet`` (only ddp-orch's messages and the
 summary). Logs on disk always keep everything.
+
+When ranks fail, torchrun ends with a report of its own: a traceback of
+torchrun itself and, for every failed rank, its traceback again (read from
+the error files), 30 lines and more per rank after the ranks printed theirs.
+The console shows one line in its place (``TorchrunReport``); the node's log
+keeps it, and the summary names the root cause from the same error files.
 """
 
 from __future__ import annotations
@@ -29,6 +35,54 @@ def visible(text: str) -> str:
     return text.translate(_VISIBLE)
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+_RULER = "=" * 60  # torchrun's report starts and ends with one
+# torchrun's error log line after a failed rank, whatever its prefix: noise here.
+_NO_PARENT_FILE = "no error file defined for parent, to copy child error file"
+_MAX_HELD = 2000  # lines of an unfinished traceback held back before it is shown as is
+
+
+class TorchrunReport:
+    """Takes torchrun's failure report out of one node's lines.
+
+    torchrun's own lines carry no ``[rankN]:`` prefix. Its report is a
+    traceback ending in ``ChildFailedError:``, then a table between two
+    rulers. A traceback is held until its exception line: torchrun's
+    report is replaced by one line; any other traceback is shown as it was.
+    """
+
+    def __init__(self, node_rank: int):
+        self.node_rank = node_rank
+        self.held: list[str] = []
+        self.rulers = -1  # >= 0: inside the report, counting its rulers
+
+    def feed(self, lines: list[str]) -> list[str]:
+        out: list[str] = []
+        for line in lines:
+            if self.rulers >= 0:
+                self.rulers += line.rstrip() == _RULER
+                if self.rulers >= 2:
+                    self.rulers = -1
+                    out.append(f"torchrun: its report of the failed ranks (each one's "
+                               f"traceback) is in node-{self.node_rank}.log; the summary "
+                               "names the root cause")
+            elif self.held:
+                self.held.append(line)
+                if line[:1] in (" ", "\t") and len(self.held) < _MAX_HELD:
+                    continue  # a frame of the traceback
+                if line.startswith(_CHILD_FAILED):
+                    self.rulers = 0
+                else:
+                    out.extend(self.held)
+                self.held = []
+            elif line == _TRACEBACK:
+                self.held = [line]
+            elif _NO_PARENT_FILE not in line:
+                out.append(line)
+        return out
+
+
 class Console:
     def __init__(self, view: str = "all", stream: TextIO | None = None):
         if view not in VIEWS:
@@ -36,6 +90,7 @@ class Console:
         self.view = view
         self.stream = stream or sys.stdout
         self._lock = threading.Lock()
+        self._reports: dict[int, TorchrunReport] = {}
 
     def node_lines(self, node_rank: int, host: str, text: str) -> None:
         """A block of complete lines (what the relay read in one go), in one
@@ -45,6 +100,9 @@ class Console:
         lines = (text[:-1] if text.endswith("\n") else text).split("\n")
         if self.view == "rank0":
             lines = [line for line in lines if line.startswith("[rank0]:")]
+        else:
+            report = self._reports.setdefault(node_rank, TorchrunReport(node_rank))
+            lines = report.feed(lines)
         if lines:
             head = f"[node{node_rank} {host}] "
             self._write("".join(f"{head}{line.rstrip()}\n" for line in lines))

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.backends import bundle as bundle_mod
 from orchestrator.backends.bundle import (
     ScriptDirScan, build_bundle, parse_patterns, render_scan, scan_script_dir)
-from orchestrator.errors import LaunchError
+from orchestrator.errors import ConfigError, LaunchError
 
 
 def names_in(path) -> set[str]:
@@ -158,7 +158,7 @@ def test_the_cap_counts_what_is_uploaded_and_names_the_largest_files(tmp_path, m
     monkeypatch.setattr(bundle_mod, "MAX_SCRIPT_DIR_BYTES", total)
     assert script_names(tmp_path, project) >= {"train.py", "f11.bin"}  # at the cap: fine
     monkeypatch.setattr(bundle_mod, "MAX_SCRIPT_DIR_BYTES", total - 1)
-    with pytest.raises(LaunchError) as caught:
+    with pytest.raises(ConfigError) as caught:  # bad input: exit 2, as the dry-run's
         build_bundle(str(tmp_path / "c.tar.gz"), str(project))
     message = str(caught.value)
     assert str(project) in message and f"({total} bytes)" in message

@@ -57,10 +57,18 @@ def check(text: str, base_dir: str) -> None:
         assert str(err).count("\n  hint: ") <= 1
         return
     # Any other exception escapes and fails the test. A spec that loads
-    # must also survive what `up --dry-run` does with it.
+    # must also survive what `up --dry-run` does with it: a plan, or a
+    # refusal of what is knowable before launch (a workload's rule), which
+    # is a ConfigError about the same file.
     assert isinstance(spec, ClusterSpec)
-    _backend, info = prepare(spec, LaunchOptions(), run_id="fuzz-run",
-                             local_run_dir="/tmp/fuzz-run")
+    try:
+        _backend, info = prepare(spec, LaunchOptions(), run_id="fuzz-run",
+                                 local_run_dir="/tmp/fuzz-run")
+    except ConfigError as err:
+        assert err.message.strip() and err.source == "fuzz.yaml", repr(err)
+        assert err.path.startswith("workload.args."), repr(err)
+        assert str(err).count("\n  hint: ") <= 1
+        return
     render_text(info)
     json.loads(render_json(info))
 

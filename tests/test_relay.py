@@ -43,6 +43,67 @@ def test_console_views_filter_blocks(view, expected):
     assert out.getvalue() == expected
 
 
+# torchrun's own output after two of its ranks failed (torch 2.x, paths shortened).
+TORCHRUN_REPORT = """\
+E1124 15:57:53.614000 22025 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 22087) of binary: /venv/bin/python
+E1124 15:57:53.615000 22025 torch/distributed/elastic/multiprocessing/errors/error_handler.py:157] no error file defined for parent, to copy child error file (/r/node-0/torchrun/x/attempt_0/0/error.json)
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1142, in <module>
+    main()
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 386, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+ddp_orch_shim FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-24_15:57:52
+  rank      : 1 (local_rank: 1)
+  traceback : Traceback (most recent call last):
+    File "/r/node-0/code/workloads/mnist.py", line 72, in train
+  workloads.harness.context.WorkloadError: --data real: no MNIST at ./data
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  traceback : Traceback (most recent call last):
+    File "/r/node-0/code/workloads/mnist.py", line 72, in train
+  workloads.harness.context.WorkloadError: --data real: no MNIST at ./data
+============================================================
+"""
+
+
+@pytest.mark.parametrize("cut", [None, 1, 5, 12, 25])
+def test_torchruns_failure_report_is_one_line_on_the_console_whatever_the_blocks(cut):
+    """The ranks printed their errors already and the summary names the root
+    cause: the console shows one line for torchrun's report (the log keeps it)."""
+    out = io.StringIO()
+    console = Console("all", out)
+    text = "[rank0]: WorkloadError: --data real: no MNIST at ./data\n" + TORCHRUN_REPORT + \
+        "agent: after\n"
+    lines = text.splitlines(keepends=True)
+    blocks = [text] if cut is None else ["".join(lines[:cut]), "".join(lines[cut:])]
+    for block in blocks:
+        console.node_lines(0, "h", block)
+    assert out.getvalue().splitlines() == [
+        "[node0 h] [rank0]: WorkloadError: --data real: no MNIST at ./data",
+        "[node0 h] " + TORCHRUN_REPORT.splitlines()[0],
+        "[node0 h] torchrun: its report of the failed ranks (each one's traceback) is in "
+        "node-0.log; the summary names the root cause",
+        "[node0 h] agent: after"]
+
+
+def test_any_other_traceback_of_torchrun_is_shown_whole():
+    out = io.StringIO()
+    text = ("Traceback (most recent call last):\n  File \"run.py\", line 1, in <module>\n"
+            "    main()\ntorch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: "
+            "timed out\n")
+    Console("all", out).node_lines(2, "h", text)
+    assert out.getvalue() == "".join(f"[node2 h] {line}\n" for line in text.splitlines())
+
+
 def test_port_probe_reports_a_busy_port_and_finds_a_free_one():
     with socket.socket() as busy:
         busy.bind(("", 0))

@@ -3,7 +3,9 @@
 The loader is the authority; the schema must accept what it accepts and
 reject, on its own, every bad input whose fault is one value or one mapping
 (unknown keys, types, ranges, patterns, choices, required and exclusive
-keys). What it leaves to the loader is listed below with the reason.
+keys), each built-in workload's arguments, and the rules between fields
+that JSON Schema can say. What it leaves to the loader is
+``schema.LEFT_TO_THE_LOADER``, each entry with an example below.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import yaml
 from conftest import ROOT
 from orchestrator.config import loader
 from orchestrator.config.loader import load_cluster_text
-from orchestrator.config.schema import (GPU_ITEM_PATTERN, GPU_STRING_PATTERN, MASTER_KEYS,
+from orchestrator.config.schema import (GPU_DUPLICATE_PATTERN, GPU_ITEM_PATTERN,
+                                        GPU_STRING_PATTERN, LEFT_TO_THE_LOADER, MASTER_KEYS,
                                         WORKLOAD_KEYS, cluster_schema, index_regex)
 from orchestrator.config.spec import BACKENDS
 from orchestrator.errors import ConfigError
@@ -55,15 +58,9 @@ UNLOADABLE = {
 # The loader alone rejects them (tests/test_bad_inputs.py).
 SEMANTIC_ONLY = {
     "10-duplicate-key.yaml": "YAML: safe_load keeps the last of two equal keys",
-    "20-gpus-duplicate-string.yaml": "duplicate index inside a \"0, 1, 1\" string",
     "26-gpus-overlap.yaml": "two nodes on one host share a GPU",
     "40-identity-file-unreadable.yaml": "the key file is not readable (a directory)",
-    "45-device-cuda-with-procs.yaml": "device: cuda and a procs node (two fields)",
-    "46-localhost-with-remote.yaml": "localhost node 0 with remote nodes and no master.addr",
     "61-workload-script-not-found.yaml": "the script file does not exist",
-    "62-workload-arg-unknown.yaml": "workload args are checked per workload by the loader",
-    "63-workload-arg-wrong-type.yaml": "workload args are checked per workload by the loader",
-    "64-workload-arg-wrong-choice.yaml": "workload args are checked per workload by the loader",
     "66-alias-merge-key.yaml": "YAML: safe_load applies the << merge key the loader refuses",
     "83-workload-code-not-found.yaml": "the code directory does not exist",
     "84-workload-code-is-a-file.yaml": "the code directory is a file",
@@ -403,3 +400,137 @@ def test_schema_rejects_the_bad_input_where_the_loader_does(name):
     want = _loader_path(name)
     paths = [list(error.absolute_path) for error in found]
     assert any(want[:len(path)] == path for path in paths), (want, errors(doc))
+
+
+# rules the schema learnt: each is in it, and agrees with the loader ------------------
+
+CROSS = [  # (file, both accept?)
+    ("device: cuda\nnodes: [{host: a, procs: 2}]", False),
+    ("device: cuda\nnodes: [{host: a, gpus: 0}, {host: b, procs: 1}]", False),
+    ("device: cuda\nnodes: {count: 2, procs: 1}", False),
+    ("device: cuda\nnodes: [{host: a, gpus: 0}]", True),
+    ("device: cpu\nnodes: [{host: a, procs: 2}]", True),
+    ("backend: local\nnodes: [{host: localhost, procs: 1}, {host: b, procs: 1}]\n"
+     "master: {addr: 10.0.0.1}", False),
+    ("backend: local\nnodes: [{host: localhost, procs: 1}]", True),
+    ("backend: ssh\nnodes: {count: 2, procs: 1}", False),
+    ("backend: ssh\nslurm: {partition: gpu}\nnodes: [{host: a, procs: 1}]", False),
+    ("backend: slurm\nnodes: [{host: localhost, procs: 1}]", False),
+    ("backend: slurm\nnodes: [{host: a, procs: 1, python: /x/python}]", False),
+    ("backend: slurm\nnodes: [{host: a, procs: 1, ssh: {port: 22}}]", False),
+    ("slurm: {partition: gpu}\nssh: {port: 22}\nnodes: [{host: a, procs: 1}]", False),
+    ("nodes: {count: 2, procs: 1}\nssh: {port: 22}", False),
+    ("backend: slurm\nnodes: [{host: a, procs: 1}, {host: b, gpus: 0}]", True),
+    ("slurm: {partition: gpu}\nnodes: {count: 2, gpus: 8}", True),
+    ("workdir: /x\nnodes: [{host: localhost, procs: 1}]", False),
+    ("workdir: /x\nbackend: ssh\nnodes: [{host: localhost, procs: 1}, {host: localhost, "
+     "procs: 1}]", False),
+    ("workdir: /x\nnodes: {count: 2, procs: 1}", False),
+    ("workdir: /x\nnodes: [{host: a, procs: 1}]", True),
+    ("workdir: /x\nmaster: {addr: 10.0.0.1}\nnodes: [{host: localhost, procs: 1}, "
+     "{host: b, procs: 1}]", True),
+    ("nodes: [{host: localhost, procs: 1}, {host: b, procs: 1}]", False),
+    ("master: {port: 29500}\nnodes: [{host: localhost, procs: 1}, {host: b, procs: 1}]", False),
+    ("master: {addr: 10.0.0.1}\nnodes: [{host: localhost, procs: 1}, {host: b, procs: 1}]",
+     True),
+    ("nodes: [{host: b, procs: 1}, {host: localhost, procs: 1}]", True),
+    ("nodes: [{host: a, gpus: '0, 1, 1'}]", False),
+    ("nodes: [{host: a, gpus: '1,01'}]", False),
+    ("nodes: [{host: a, gpus: '1,10,100'}]", True),
+]
+
+
+@pytest.mark.parametrize("text, ok", CROSS, ids=[text for text, _ in CROSS])
+def test_rules_between_fields_are_in_the_schema(text, ok):
+    text += "\nworkload: {name: linear}\n"
+    found = errors(yaml.safe_load(text))
+    if ok:
+        load_text(text)
+        assert found == []
+    else:
+        with pytest.raises(ConfigError):
+            load_text(text)
+        assert found, f"the schema accepts {text!r}; the loader does not"
+
+
+def _gpu_strings():
+    """GPU strings of 1-3 entries from indices with and without leading zeros."""
+    entries = ["0", "1", "01", "10", "00", "100", "010", "2"]
+    for a in entries:
+        yield a
+        for b in entries:
+            yield f"{a},{b}"
+            yield f" {a} , {b} "
+            for c in entries:
+                yield f"{a},{b},{c}"
+
+
+def test_the_duplicate_gpu_pattern_is_exactly_the_loaders_duplicate():
+    seen = {True: 0, False: 0}
+    for text in _gpu_strings():
+        try:
+            loader.parse_gpus(text)
+            duplicate = False
+        except ValueError as exc:
+            assert "duplicate GPU" in exc.args[0], text
+            duplicate = True
+        assert bool(re.search(GPU_DUPLICATE_PATTERN, text)) is duplicate, text
+        seen[duplicate] += 1
+    assert seen[True] > 100 and seen[False] > 100, seen
+
+
+def _arg_cases():
+    """(workload, args line, both accept?) for every argument of every built-in."""
+    wrong = {bool: "'yes'", int: "2.5", float: "fast", str: "true"}
+    for name, info in CATALOG.items():
+        for arg in info.args:
+            good = arg.choices[-1] if arg.choices else \
+                {bool: "false", int: "3", float: "0.5", str: "x"}[arg.type]
+            yield name, f"{arg.name}: {good}", True
+            yield name, f"{arg.name.replace('_', '-')}: {good}", True
+            yield name, f"{arg.name}: {wrong[arg.type]}", False
+            yield name, f"{arg.name}: null", False
+            if arg.choices:
+                yield name, f"{arg.name}: not-a-choice", False
+            if arg.minimum is not None:
+                yield name, f"{arg.name}: {arg.minimum - 1}", False
+        yield name, "no_such_argument: 1", False
+
+
+ARG_CASES = list(_arg_cases())
+
+
+@pytest.mark.parametrize("name, line, ok", ARG_CASES,
+                         ids=[f"{n}-{line}" for n, line, _ in ARG_CASES])
+def test_each_builtin_argument_is_in_the_schema(name, line, ok):
+    text = f"nodes: [{{host: a, gpus: 0}}]\nworkload: {{name: {name}, args: {{{line}}}}}\n"
+    found = errors(yaml.safe_load(text))
+    if ok:
+        load_text(text)
+        assert found == []
+    else:
+        with pytest.raises(ConfigError):
+            load_text(text)
+        assert found, f"the schema accepts {line!r} for {name}; the loader does not"
+
+
+# LEFT_TO_THE_LOADER, in its order: a file for each that the loader refuses
+# and the schema passes (the README lists them).
+LEFT_EXAMPLES = [
+    "nodes: [{host: a, procs: 1}]\nnodes: [{host: b, procs: 1}]\nworkload: {name: linear}\n",
+    "nodes: [{host: a, procs: 2.0}]\nworkload: {name: linear, args: {epochs: 2.0}}\n",
+    "slurm: {time: 12:00:00}\nnodes: {count: 1, procs: 1}\nworkload: {name: linear}\n",
+    "nodes: [{host: a, gpus: [1, '01']}]\nworkload: {name: linear}\n",
+    "nodes: [{host: a, gpus: 0}, {host: a, gpus: '0,1'}]\nworkload: {name: linear}\n",
+    "backend: slurm\nnodes: [{host: a, procs: 1}, {host: a, procs: 1}]\n"
+    "workload: {name: linear}\n",
+    "nodes: [{host: a, procs: 1}]\nworkload: {script: no-such-script.py}\n",
+]
+
+
+def test_what_the_schema_leaves_to_the_loader_is_listed_with_an_example():
+    assert len(LEFT_EXAMPLES) == len(LEFT_TO_THE_LOADER)
+    for text in LEFT_EXAMPLES:
+        with pytest.raises(ConfigError):
+            load_text(text)
+        assert errors(yaml.safe_load(text)) == [], text

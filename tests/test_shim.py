@@ -119,6 +119,28 @@ def test_an_uncaught_exception_goes_to_torchruns_error_file_and_prints_as_usual(
     assert abs(int(record["extraInfo"]["timestamp"]) - time.time()) < 60
 
 
+def test_an_error_whose_class_says_one_line_prints_one_line_and_keeps_the_traceback_on_file(
+        shim_dir):
+    """WorkloadError's flag (workloads/contract.py's ONE_LINE_ERROR): each rank
+    prints one line, not a traceback that every rank repeats."""
+    from workloads.contract import ONE_LINE_ERROR
+    from workloads.harness.context import WorkloadError
+
+    assert getattr(WorkloadError, ONE_LINE_ERROR) is True
+    (shim_dir / "bad.py").write_text(
+        "class WorkloadError(ValueError):\n"
+        f"    {ONE_LINE_ERROR} = True\n\n"
+        "def f():\n    raise WorkloadError('--data real: no MNIST at ./data/MNIST/raw')\n\nf()\n")
+    error_file = shim_dir / "error.json"
+    shimmed = run(shim_dir, ["bad.py"], shim=True,
+                  env={"TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert shimmed.returncode == 1
+    assert shimmed.stderr == "WorkloadError: --data real: no MNIST at ./data/MNIST/raw\n"
+    record = json.loads(error_file.read_text())["message"]
+    assert record["message"] == "WorkloadError: --data real: no MNIST at ./data/MNIST/raw"
+    assert 'bad.py", line 5, in f' in record["extraInfo"]["py_callstack"]
+
+
 def test_the_stack_signal_dumps_every_thread_to_the_ranks_file(shim_dir):
     (shim_dir / "waits.py").write_text(
         "import sys, threading, time\n"

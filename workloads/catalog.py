@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -35,18 +35,116 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """What a workload's rules read besides its arguments: where its ranks run.
+
+    Each rank builds it from what it sees (``harness/job.py``); the
+    controller from the plan, before anything starts
+    (``orchestrator/controller/refusals.py``), for the rank that fares
+    worst, with None for what only the ranks can see (whether a node has
+    GPUs, when ``device`` is ``auto`` on another machine). A rule with an
+    unknown fact does not refuse there: the ranks check it again.
+    """
+
+    world_size: int
+    device: str | None = None  # "cpu" or "cuda": what the rank uses
+    gpus: int | None = None  # CUDA devices each rank sees (0 on CPU)
+    restarts: bool = False  # ddp-orch may restart the run (DDP_ORCH_MAX_RESTARTS > 0)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A refusal that depends on the arguments (defaults filled in) and the
+    layout, so the controller refuses, before launch and in the workload's
+    own words, what every rank would refuse after it. ``arg``: the argument
+    it is about; ``refuses(args, layout)`` and ``message(args, layout)``;
+    ``hint``: what to change, in ddp-orch's terms."""
+
+    arg: str
+    refuses: Callable[[Mapping[str, Any], Layout], bool]
+    message: Callable[[Mapping[str, Any], Layout], str]
+    hint: str = ""
+
+
+@dataclass(frozen=True)
 class WorkloadInfo:
-    """A built-in workload: its CLI name, module, seed and arguments."""
+    """A built-in workload: its CLI name, module, seed, arguments and rules."""
 
     name: str
     module: str
     summary: str
     seed: str
     args: tuple[ArgSpec, ...]
+    rules: tuple[Rule, ...] = ()
 
     def arg(self, name: str) -> ArgSpec | None:
         key = name.replace("-", "_")
         return next((a for a in self.args if a.name == key), None)
+
+    def refusal(self, args: Mapping[str, Any], layout: Layout) -> tuple[Rule, str] | None:
+        """The first rule ``args`` break on ``layout``, with its message; None
+        if none does. ``args`` may leave out defaults and spell keys with '-'."""
+        given = {key.replace("-", "_"): value for key, value in args.items()}
+        full = {a.name: given.get(a.name, a.default) for a in self.args}
+        for rule in self.rules:
+            if rule.refuses(full, layout):
+                return rule, rule.message(full, layout)
+        return None
+
+
+# The words of the rules, also used where the ranks check the same thing
+# without a rule (``harness/context.py``, ``harness/train.py``).
+NO_CUDA_DEVICE = ("device 'cuda' was requested but no CUDA device is visible to this "
+                  "process (check CUDA_VISIBLE_DEVICES and the driver)")
+AMP_FP16_ON_CPU = "--amp fp16 needs CUDA; on CPU use --amp bf16 or --amp off"
+
+
+def _device_rules() -> tuple[Rule, ...]:
+    """Every workload's ``--device``: cuda where the ranks see no GPU."""
+    return (Rule("device", lambda a, lay: a["device"] == "cuda" and lay.gpus == 0,
+                 lambda a, lay: NO_CUDA_DEVICE,
+                 "a procs: node (--procs) runs CPU processes: drop device=cuda, or give "
+                 "the node gpus: (--gpus)"),)
+
+
+def _resume_rules() -> tuple[Rule, ...]:
+    """``--resume`` needs a checkpoint to read: ``--checkpoint``, or the
+    default one of a run that may restart (``harness/checkpoint.py``)."""
+    return (Rule("resume", lambda a, lay: a["resume"] and not a["checkpoint"]
+                 and not lay.restarts,
+                 lambda a, lay: "--resume needs --checkpoint PATH",
+                 "set checkpoint to the file to resume from (relative to the code root), "
+                 "or let ddp-orch restart the run (--max-restarts N: checkpoint.pt)"),)
+
+
+def _amp_rules() -> tuple[Rule, ...]:
+    return (Rule("amp", lambda a, lay: a["amp"] == "fp16" and lay.device == "cpu",
+                 lambda a, lay: AMP_FP16_ON_CPU,
+                 "the ranks run on CPU here (device cpu, or procs: nodes): use amp bf16 or "
+                 "off, or GPUs"),)
+
+
+def _dp_rules() -> tuple[Rule, ...]:
+    """``mlp --mode dp``: one process driving at least two GPUs."""
+    return (
+        Rule("mode", lambda a, lay: a["mode"] == "dp" and lay.world_size > 1,
+             lambda a, lay: (f"--mode dp is single-process nn.DataParallel but this job has "
+                             f"world size {lay.world_size}; launch one process that sees "
+                             "all GPUs, or use --mode ddp"),
+             "use mode ddp: dp is one process driving every GPU it sees"),
+        Rule("mode", lambda a, lay: a["mode"] == "dp" and lay.gpus is not None
+             and lay.gpus < 2,
+             lambda a, lay: (f"--mode dp needs at least 2 visible CUDA devices, found "
+                             f"{lay.gpus}; DataParallel over fewer devices compares nothing"),
+             "use mode ddp, or dp on one process that sees 2 or more GPUs"),
+    )
+
+
+def _image_size_rules() -> tuple[Rule, ...]:
+    return (Rule("image_size", lambda a, lay: a["image_size"] < 8,
+                 lambda a, lay: (f"--image-size {a['image_size']} is too small for ResNet-18 "
+                                 "(>= 8)"),
+                 "use 8 or more (32 is CIFAR-10's own size)"),)
 
 
 def _device() -> ArgSpec:
@@ -125,6 +223,7 @@ CATALOG: dict[str, WorkloadInfo] = {
         summary="init the process group, one all_reduce, exit (launch overhead)",
         seed="-",
         args=(_device(),),
+        rules=_device_rules(),
     ),
     "linear": WorkloadInfo(
         name="linear",
@@ -134,6 +233,7 @@ CATALOG: dict[str, WorkloadInfo] = {
         args=_common(epochs=10, batch=32, lr=0.01) + (
             ArgSpec("samples", int, 10000, "size of the generated dataset"),
         ),
+        rules=_device_rules(),
     ),
     "toy": WorkloadInfo(
         name="toy",
@@ -147,6 +247,7 @@ CATALOG: dict[str, WorkloadInfo] = {
             ArgSpec("samples", int, 200, "training points for --dataset blobs "
                                          "(plus a quarter as many test points)"),
         ),
+        rules=_device_rules(),
     ),
     "mlp": WorkloadInfo(
         name="mlp",
@@ -163,6 +264,7 @@ CATALOG: dict[str, WorkloadInfo] = {
                     ("ddp", "dp")),
             ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
         ) + _image_data("50000 for CIFAR-10", "10000"),
+        rules=_device_rules() + _dp_rules(),
     ),
     "mnist": WorkloadInfo(
         name="mnist",
@@ -178,6 +280,7 @@ CATALOG: dict[str, WorkloadInfo] = {
                     "convert BatchNorm to SyncBatchNorm (CUDA only; on CPU plain "
                     "BatchNorm is kept and the result says why)"),
         ) + _checkpointing() + _image_data("60000 for MNIST", "10000"),
+        rules=_device_rules() + _amp_rules() + _resume_rules(),
     ),
     "resnet": WorkloadInfo(
         name="resnet",
@@ -192,6 +295,7 @@ CATALOG: dict[str, WorkloadInfo] = {
                     "random crop + horizontal flip (drawn per rank, see harness.data)"),
             ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
         ) + _checkpointing() + _image_data("50000 for CIFAR-10", "10000"),
+        rules=_device_rules() + _resume_rules() + _image_size_rules(),
     ),
 }
 

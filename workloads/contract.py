@@ -38,6 +38,11 @@ DEVICE_ENV = "DDP_ORCH_DEVICE"
 RESTART_COUNT_ENV = "DDP_ORCH_RESTART_COUNT"
 MAX_RESTARTS_ENV = "DDP_ORCH_MAX_RESTARTS"  # set when the run may restart (up --max-restarts)
 
+# A class attribute: an exception class that has it true is reported by the
+# worker shim as one line (its type and message), not a traceback
+# (``agent/shim.py``). The built-in workloads' WorkloadError has it.
+ONE_LINE_ERROR = "ddp_orch_one_line"
+
 RESULT_FILE_NAME = "result.json"
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 PROGRESS_DIR = "progress"  # in the node's run directory: rank-<RANK> holds "<step> <time>"

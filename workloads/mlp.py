@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from workloads.catalog import CATALOG
 from workloads.harness import data as hdata
 from workloads.harness import datasets
-from workloads.harness.context import WorkloadError, DistContext
+from workloads.harness.context import WorkloadError, DistContext, visible_gpus
 from workloads.harness.evidence import param_checksum
-from workloads.harness.job import Job, run_job, start
+from workloads.harness.job import Job, layout_of, run_job, start
 from workloads.harness.report import describe_start, finish
 from workloads.harness.train import EpochEval, Trainer, make_step, wrap_ddp
 
@@ -36,19 +37,13 @@ class MLP(nn.Module):
 
 
 def check_dp(ctx: DistContext) -> int:
-    """Refuse --mode dp where it cannot mean anything; returns the GPU count."""
-    if ctx.world_size > 1:
-        raise WorkloadError(
-            f"--mode dp is single-process nn.DataParallel but this job has world size "
-            f"{ctx.world_size}; launch one process (e.g. --nproc-per-node 1, one node) "
-            "that sees all GPUs, or use --mode ddp")
-    gpus = torch.cuda.device_count() if ctx.is_cuda else 0
-    if gpus < 2:
-        raise WorkloadError(
-            f"--mode dp needs at least 2 visible CUDA devices, found {gpus} "
-            f"(device {ctx.device}, CUDA_VISIBLE_DEVICES={ctx.cuda_visible_devices!r}); "
-            "DataParallel over fewer devices compares nothing")
-    return gpus
+    """Refuse --mode dp where it cannot mean anything (the catalog's rules,
+    which ``start`` checks too, as the controller does before launch);
+    returns the GPU count."""
+    refused = CATALOG["mlp"].refusal({"mode": "dp"}, layout_of(ctx))
+    if refused:
+        raise WorkloadError(refused[1])
+    return visible_gpus(ctx)
 
 
 def train(job: Job, dp_gpus: int) -> dict:

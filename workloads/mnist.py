@@ -32,7 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from workloads.harness import checkpoint, datasets
 from workloads.harness import data as hdata
-from workloads.harness.context import DistContext, WorkloadError
+from workloads.harness.context import DistContext
 from workloads.harness.evidence import param_checksum
 from workloads.harness.job import Job, run_job, start
 from workloads.harness.report import describe_start, finish
@@ -118,9 +118,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
 
 @record
 def main(argv=None) -> dict:
-    job = start("mnist", argv)
-    if job.args.resume and not checkpoint.checkpoint_path(job.args):
-        raise WorkloadError("--resume needs --checkpoint PATH")
+    job = start("mnist", argv)  # refuses --resume without a checkpoint, fp16 on CPU
     amp = resolve_amp(job.args.amp, job.ctx)
     use_sync_bn, reason = sync_bn_choice(job.ctx, job.args.sync_bn)
     return run_job(job, lambda j: train(j, amp, use_sync_bn, reason))

@@ -88,7 +88,6 @@ _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
     """This Python, its torch, and (when asked) the GPUs nvidia-smi lists."""
     import json
-    import shutil
     import subprocess  # here: only `check` probes, a launch does not pay for them
 
     out: dict = {"ok": True, "python": sys.executable,
@@ -105,15 +104,43 @@ def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         out["torch_error"] = f"{type(exc).__name__}: {exc}"
     if gpus:
-        smi = shutil.which("nvidia-smi")
-        if smi is None:
-            out["gpu_error"] = "nvidia-smi not found"
-        else:
-            listing = subprocess.run([smi, "-L"], capture_output=True, text=True,
-                                     timeout=timeout_s).stdout
-            out["gpus"] = [int(l.split()[1].rstrip(":")) for l in listing.splitlines()
-                           if l.startswith("GPU ")]
+        out.update(list_gpus(timeout_s))
     return out
+
+
+def list_gpus(timeout_s: float = 60.0) -> dict:
+    """``{"gpus": [0, 1]}``, the indices ``nvidia-smi -L`` lists here, or
+    ``{"gpu_error": why}``. ``check`` asks each node's agent; ``up`` asks it
+    here for its localhost nodes (``controller/refusals.py``)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {"gpu_error": "nvidia-smi not found"}
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True,
+                                 timeout=timeout_s).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"gpu_error": f"nvidia-smi -L failed: {type(exc).__name__}: {exc}"}
+    return {"gpus": [int(l.split()[1].rstrip(":")) for l in listing.splitlines()
+                     if l.startswith("GPU ")]}
+
+
+def gpu_problem(wanted: "tuple[int, ...] | list[int]", listed: dict) -> str | None:
+    """Why the GPUs ``wanted`` are not all there, from ``list_gpus``'s
+    answer ``listed``; None if they are. ``check`` and ``up`` say it in
+    these words, with ``NO_GPU_FIX``."""
+    if "gpu_error" in listed:
+        return str(listed["gpu_error"])
+    there = list(listed.get("gpus") or [])
+    missing = sorted(set(wanted) - set(there))
+    if missing:
+        return f"no GPU {', '.join(map(str, missing))} (nvidia-smi lists {there})"
+    return None
+
+
+NO_GPU_FIX = "set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU processes)"
 
 
 def hostname_info() -> dict:

@@ -12,7 +12,11 @@ script has to ask for:
   (``TORCHELASTIC_ERROR_FILE``) in torchrun's own format (type and message,
   traceback, timestamp), as ``@record`` would, then reported and the process
   ends with exit code 1, as Python does; the traceback it prints starts at
-  the user's first frame, not at this module's;
+  the user's first frame, not at this module's. An exception whose class
+  says its message is the whole story (``ONE_LINE_ERROR`` true, as the
+  built-in workloads' ``WorkloadError``: a bad argument, a missing dataset)
+  is printed as one line, ``WorkloadError: message``, not a traceback that
+  every rank would repeat; the error file still holds the traceback;
 * ``faulthandler`` is registered on ``STACK_SIGNAL`` (a real-time signal)
   for all threads, writing to ``stacks/rank-<RANK>.txt`` in the node's run
   directory: a Python stack dump that works even while the rank is blocked
@@ -41,6 +45,7 @@ SHIM_MODULE = "ddp_orch_shim"  # the name the bundle ships this file under
 STACK_SIGNAL = signal.SIGRTMIN + 7
 STACKS_DIR = "stacks"
 RESULT_FILE_ENV = "DDP_ORCH_RESULT_FILE"  # workloads/contract.py's: <node run dir>/result.json
+ONE_LINE_ERROR = "ddp_orch_one_line"  # workloads/contract.py's: a class attribute
 
 
 def run_dir() -> str:
@@ -160,7 +165,11 @@ def main(argv: list[str]) -> int:
         tb = _user_frames(exc.__traceback__)
         exc = exc.with_traceback(tb)  # what Python would have printed: the user's frames
         record_error(exc, tb)
-        sys.excepthook(type(exc), exc, tb)
+        if getattr(type(exc), ONE_LINE_ERROR, False) is True:
+            sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+            sys.stderr.flush()
+        else:
+            sys.excepthook(type(exc), exc, tb)
         return 1
     return 0
 

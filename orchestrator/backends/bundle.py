@@ -33,7 +33,9 @@ order, for each path relative to it (``scan_script_dir`` does the walk, and
    1 and 2); a later ``!pattern`` in the include file takes a path back out.
    These paths are listed in ``ScriptDirScan.skipped`` and in the dry-run.
 4. Everything else is uploaded; the total is capped at
-   ``MAX_SCRIPT_DIR_BYTES``. The cluster file that launches the run, when it
+   ``MAX_SCRIPT_DIR_BYTES``, checked by the dry-run (``code_notes``), so
+   ``--dry-run`` and ``up`` refuse an oversized directory alike, before
+   anything starts. The cluster file that launches the run, when it
    lies in the code directory (as most people keep it), is uploaded with
    its secrets masked (``stand_ins``), as the run directory stores it: its
    ``env`` would otherwise reach every node in clear.
@@ -235,18 +237,23 @@ class ScriptDirScan:
     def largest(self, n: int = 10) -> tuple[tuple[str, int], ...]:
         return tuple(sorted(self.files, key=lambda f: (-f[1], f[0]))[:n])
 
-    def check_size(self) -> None:
-        """Raise LaunchError if more than ``MAX_SCRIPT_DIR_BYTES`` would be uploaded."""
+    def check_size(self, program: str = "your program", source: str = "") -> None:
+        """Raise ConfigError (bad input: exit 2) if more than
+        ``MAX_SCRIPT_DIR_BYTES`` would be uploaded; ``program`` names what
+        runs (``train.py``, ``python -m pkg.train``) for the fix."""
         if self.total_bytes <= MAX_SCRIPT_DIR_BYTES:
             return
         rows = "\n".join(f"  {human_size(size):>10}  {rel}" for rel, size in self.largest(10))
-        raise LaunchError(
+        raise ConfigError(
             f"the code directory {self.directory} holds {human_size(self.total_bytes)} "
             f"({self.total_bytes} bytes) in {len(self.files)} files to upload, more than the "
-            f"{human_size(MAX_SCRIPT_DIR_BYTES)} cap ({MAX_SCRIPT_DIR_BYTES} bytes), and all of it would go to every node; "
-            "keep data, checkpoints and outputs out of it (read data from a directory on the "
-            f"nodes), or list what the run does not need in {IGNORE_FILES[1]} there.\n"
-            f"the largest files:\n{rows}")
+            f"{human_size(MAX_SCRIPT_DIR_BYTES)} cap ({MAX_SCRIPT_DIR_BYTES} bytes), and all of "
+            f"it would go to every node; the largest files:\n{rows}",
+            path="workload.code", source=source,
+            hint=f"keep data, checkpoints and outputs out of it ({program} can read them "
+                 "from a directory on the nodes, given by an absolute path in its arguments "
+                 f"or env:), or list what the run does not need in {IGNORE_FILES[1]} there "
+                 f"(gitignore patterns; {IGNORE_FILES[0]} is read too)")
 
 
 def render_scan(scan: ScriptDirScan) -> str:
@@ -381,11 +388,14 @@ def build_bundle(path: str, code: str | None = None,
 
 def code_notes(plan: RunPlan, source: str = "") -> tuple[str, ...]:
     """The dry-run's line on the code directory (none for a built-in
-    workload). A script the upload would leave out (ignored, a link,
-    secret-looking) is refused here, before anything starts."""
+    workload, which has none). A script the upload would leave out
+    (ignored, a link, secret-looking) and a directory over the upload cap
+    are refused here, before anything starts."""
     if plan.code is None:
         return ()
     scan = scan_script_dir(plan.code)
+    entry = plan.entrypoint
+    scan.check_size(entry.script or f"python -m {entry.module}", source)
     script = plan.entrypoint.script
     if script is not None and script not in {rel for rel, _ in scan.files}:
         where = os.path.join(plan.code, *script.split("/"))

@@ -334,8 +334,10 @@ def _failed_on_its_own(control: dict) -> bool:
 
 def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
                     last_lines: list[str]) -> str:
-    """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``, or
-    with no worker failure on record, torchrun's own last line (say, no torch)."""
+    """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``
+    (``; the same on ranks 0, 1`` when other ranks failed with the same
+    message), or with no worker failure on record, torchrun's own last line
+    (say, no torch)."""
     if not failures and last_lines and last_lines[-1].startswith(AGENT_SAYS):
         return last_lines[-1][len(AGENT_SAYS):].strip()[-500:]  # torchrun never ran
     if not failures:
@@ -343,5 +345,9 @@ def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
     first = failures[0]
     rank = first_rank + first["local_rank"]
     message = first["message"].strip().splitlines()
+    same = sorted(first_rank + f["local_rank"] for f in failures[1:]
+                  if f["message"] == first["message"])
+    also = f"; the same on rank{'s' if len(same) > 1 else ''} {', '.join(map(str, same))}" \
+        if same else ""
     return (f"torchrun exited {code}; rank {rank} (local rank {first['local_rank']}) failed: "
-            f"{message[-1] if message else '?'}")
+            f"{message[-1] if message else '?'}{also}")

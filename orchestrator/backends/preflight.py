@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
+from ..agent.probes import NO_GPU_FIX, gpu_problem
 from ..config.spec import AUTO_PORT
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
@@ -83,13 +84,10 @@ def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan) -> tuple[list[Chec
 
 
 def _gpu_result(node: NodePlan, info: dict, result) -> CheckResult:
-    if "gpu_error" in info:
-        return result("gpus", False, f"{info['gpu_error']}; or set `device: cpu` for a CPU rehearsal")
-    listed = info.get("gpus", [])
-    missing = sorted(set(node.gpus or ()) - set(listed))
-    if missing:
-        return result("gpus", False, f"no GPU {', '.join(map(str, missing))} "
-                                     f"(nvidia-smi lists {listed})")
+    """The ``gpus`` row: the words ``up`` refuses a localhost node with."""
+    problem = gpu_problem(node.gpus or (), info)
+    if problem:
+        return result("gpus", False, f"{problem}; or {NO_GPU_FIX}")
     return result("gpus", True, f"GPUs {','.join(map(str, node.gpus or ()))} present")
 
 

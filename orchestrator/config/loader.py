@@ -721,12 +721,42 @@ def _matches_type(kind: type, value: Any) -> bool:
     return isinstance(value, (str, int, float))
 
 
+def cuda_without_gpus(device: str, nodes: "tuple[NodeSpec, ...] | list[NodeSpec]") -> bool:
+    """The one rule of ``device`` against the nodes, for a cluster file and
+    for ``up --local`` (``localmode.py``) alike: a ``procs:`` node runs CPU
+    processes, which have no GPU and cannot join a CUDA job. (The plan would
+    otherwise run such a job on CPU without a word.)"""
+    return device == "cuda" and any(node.procs is not None for node in nodes)
+
+
+def workdir_unused(backend: str, nodes: "tuple[NodeSpec, ...] | list[NodeSpec]") -> str | None:
+    """Why ``workdir:`` would reach no node, or None. It is where runs live on
+    the nodes ddp-orch reaches over SSH; a localhost node's files are in the
+    run directory on this machine (``runs/<run id>/node-<k>``, moved with
+    ``up --runs-dir``), and under Slurm every node's are, on the shared file
+    system (``plan/build.py``'s ``node_run_dir``)."""
+    if backend == "slurm":
+        return ("under backend: slurm every node's files live in the run directory on the "
+                "shared file system (runs/<run id>/node-<k>)")
+    if all(node.is_local for node in nodes):
+        return ("every node is localhost, whose files live in the run directory on this "
+                "machine (runs/<run id>/node-<k>)")
+    return None
+
+
 def _check_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
     """Rules that involve several fields at once."""
-    has_cpu_nodes = any(node.procs is not None for node in spec.nodes)
-    if spec.device == "cuda" and has_cpu_nodes:
+    if cuda_without_gpus(spec.device, spec.nodes):
         raise top["device"].error("a `procs:` node has no GPUs and cannot join a CUDA job",
                                   hint="use `device: cpu` or give that node `gpus:`")
+    unused = workdir_unused(spec.backend, spec.nodes) if "workdir" in top else None
+    if unused:
+        raise top["workdir"].error(
+            f"no node would use it: {unused}; workdir is where runs live on remote (ssh) "
+            "nodes",
+            hint="remove workdir:; `ddp-orch up --runs-dir DIR` puts the runs (and these "
+                 "nodes' files) in DIR. Each rank works in its node's code root, the copy of "
+                 "workload.code (or of the built-in workloads) there")
     if spec.backend == "local":
         remote = [node for node in spec.nodes if not node.is_local]
         if remote:

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
-from .loader import (check_workload_args, default_name, module_name, parse_gpus, script_in,
-                     too_broad)
+from .loader import (check_workload_args, cuda_without_gpus, default_name, module_name,
+                     parse_gpus, script_in, too_broad)
 from .spec import AUTO_PORT, DEFAULT_WORKDIR, ClusterSpec, NodeSpec, SshSpec, WorkloadSpec
 from .yamlsrc import closest_hint
 
@@ -60,10 +60,31 @@ def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | No
                     python=_local_python(python), env=env)
     fields = dict(backend="local", master_addr=None, master_port=AUTO_PORT, nodes=(node,), workload=chosen,
                   device=device or (base.device if base else "auto"))
+    _check_device(fields["device"], node, device, procs, base)
     if base is not None:
         return dataclasses.replace(base, **fields)
     return ClusterSpec(name=chosen.label, workdir=DEFAULT_WORKDIR, env=env,
                        source=CLI, text="", **fields)
+
+
+def _check_device(chosen: str, node: NodeSpec, device: str | None, procs: int | None,
+                  base: ClusterSpec | None) -> None:
+    """The loader's rule (``cuda_without_gpus``), said in the options' words:
+    ``--device cuda`` (or the file's ``device: cuda``) with CPU processes."""
+    if not cuda_without_gpus(chosen, (node,)):
+        return
+    count = f"{node.procs} CPU process{'' if node.procs == 1 else 'es'}"
+    cpu = f"--procs {node.procs} runs {count}" if procs is not None else \
+        f"without --gpus, --local runs {count}"
+    if device is not None:
+        raise ConfigError(f"--device cuda, but {cpu}, which have no GPU and cannot join a "
+                          "CUDA job", path="--device", source=CLI,
+                          hint="give the GPUs with --gpus 0,1, or leave out --device (or "
+                               "--device cpu)")
+    raise ConfigError(f"{cpu}, but {base.source if base else 'the file'} says device: cuda; "
+                      "CPU processes have no GPU and cannot join a CUDA job",
+                      path="--procs" if procs is not None else "--local", source=CLI,
+                      hint="give the GPUs with --gpus 0,1, or run on CPU with --device cpu")
 
 
 def _default_procs(base: ClusterSpec | None) -> int:

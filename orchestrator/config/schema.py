@@ -6,12 +6,13 @@ mistakes as the file is typed (see the modeline on the first line of
 ``cluster.yaml.example``).
 
 The loader (``loader.py``) stays the authority: it reports every error with
-its line and a hint, and checks what a schema cannot. The schema checks each
-value on its own (keys, types, ranges, patterns, choices) and which keys a
-mapping needs; rules that relate two fields (overlapping GPUs, ``device:
-cuda`` with a ``procs:`` node, workload arguments per workload), look at the
-disk (key files, scripts) or concern YAML itself (duplicate keys, anchors)
-are left to the loader.
+its line and a hint. The schema checks each value (keys, types, ranges,
+patterns, choices, a GPU listed twice), which keys a mapping needs, each
+built-in workload's arguments, and the rules between fields that JSON
+Schema can say (``device: cuda`` with a ``procs:`` node, ``backend: local``
+with a remote host, Slurm's layout, a ``workdir`` no node uses, a localhost
+node 0 among remote nodes without ``master.addr``). What it cannot say is
+``LEFT_TO_THE_LOADER``, each with an example in ``tests/test_schema.py``.
 
 Key lists, choices, limits and name patterns come from the loader, ``spec``
 and the workload catalog, so the two cannot drift apart. Stdlib and project
@@ -31,7 +32,8 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
                      SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT
-from .spec import AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR,
+                   LOCAL_HOSTS)
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:ddp-orch:schema:cluster"
@@ -62,6 +64,24 @@ def index_regex(top: int) -> str:
 _GPU_INDEX = index_regex(MAX_GPU_INDEX)
 GPU_STRING_PATTERN = rf"^\s*{_GPU_INDEX}\s*(?:,\s*{_GPU_INDEX}\s*)*$"
 GPU_ITEM_PATTERN = rf"^{_GPU_INDEX}$"
+# A GPU string naming one index twice ("0,1,1", "1, 01"): an entry, leading
+# zeros aside, found again further on (a backreference, as ECMA-262 has).
+GPU_DUPLICATE_PATTERN = r"(?:^|,)\s*0*([0-9]+)\s*,(?:.*,)?\s*0*\1\s*(?:,|$)"
+
+# What the loader refuses and this schema cannot say, for the README; each
+# has an example that passes the schema in tests/test_schema.py.
+LEFT_TO_THE_LOADER = (
+    "YAML itself: a key given twice, anchors and aliases (and `<<` merge keys), tags, "
+    "a second document",
+    "a whole number written as a float (`procs: 2.0`, `epochs: 2.0`): JSON Schema counts "
+    "2.0 as an integer",
+    "YAML 1.1's readings: `time: 12:00:00` is the number 43200 to a schema",
+    "one GPU listed twice in two spellings of a list (`[0, \"0\"]`, `[1, \"01\"]`)",
+    "two nodes on one host sharing a GPU",
+    "under backend: slurm, one host listed twice",
+    "what is on disk: the identity_file, the script (inside the code directory), the code "
+    "directory itself (not the filesystem root or a home directory)",
+)
 
 
 def _keyed(keys: Iterable[str], table: Mapping[str, dict[str, Any]], level: str) -> dict[str, Any]:
@@ -136,7 +156,8 @@ def _gpus() -> dict[str, Any]:
                        "process per GPU, exported as CUDA_VISIBLE_DEVICES. Give gpus or procs.",
         "oneOf": [
             {"type": "string", "pattern": GPU_STRING_PATTERN,
-             "description": "Comma-separated GPU indices, e.g. \"0,1\"."},
+             "not": {"pattern": GPU_DUPLICATE_PATTERN},
+             "description": "Comma-separated GPU indices, each once, e.g. \"0,1\"."},
             {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX,
              "description": "One GPU index."},
             {"type": "array", "minItems": 1, "uniqueItems": True,
@@ -247,11 +268,39 @@ def _workload() -> dict[str, Any]:
     }, "workload", "What to run: a built-in workload (name), or your script or module run "
                    "from your code directory (code), with args.",
         oneOf=[{"required": ["name"]}, {"required": ["script"]}, {"required": ["module"]}],
-        # code goes with script or module; a built-in's args are a mapping
+        # code goes with script or module; a built-in's args are a mapping,
+        # each argument its own type, choices and minimum
         allOf=[{"if": {"required": ["name"]},
                 "then": {"not": {"anyOf": [{"required": ["code"]},
                                            {"properties": {"args": {"type": "array"}},
-                                            "required": ["args"]}]}}}])
+                                            "required": ["args"]}]}}},
+               *({"if": {"properties": {"name": {"const": name}}, "required": ["name"]},
+                  "then": {"properties": {"args": _builtin_args(info)}}}
+                 for name, info in CATALOG.items())])
+
+
+def _builtin_args(info: Any) -> dict[str, Any]:
+    """The arguments of a built-in workload as the loader checks them
+    (``loader.check_workload_args``): its names, '-' or '_' between words,
+    and nothing else; each value of its type, in its choices, above its
+    minimum."""
+    return {"type": "object", "additionalProperties": False,
+            "description": f"The arguments of {info.name} (`ddp-orch workloads`).",
+            "patternProperties": {"^" + arg.name.replace("_", "[-_]") + "$": _arg_value(arg)
+                                  for arg in info.args}}
+
+
+def _arg_value(arg: Any) -> dict[str, Any]:
+    """One argument's value: the loader's ``_matches_type`` (a whole number is
+    a fine float; a string argument takes a number too, never a bool)."""
+    if arg.choices:
+        value: dict[str, Any] = {"enum": list(arg.choices)}
+    else:
+        value = {"type": {bool: "boolean", int: "integer", float: "number"}.get(
+            arg.type, ["string", "number"])}
+    if arg.minimum is not None:
+        value["minimum"] = arg.minimum
+    return {**value, "description": arg.help}
 
 
 def _setup() -> dict[str, Any]:
@@ -283,6 +332,62 @@ def _outputs() -> dict[str, Any]:
                            "after a failure), into the run directory's outputs/. Size-capped; "
                            "links, devices and paths outside the code root are refused.",
             "oneOf": [pattern, {"type": "array", "maxItems": MAX_OUTPUTS, "items": pattern}]}
+
+
+def _given(key: str, value: Any) -> dict[str, Any]:
+    """``key`` is given, with ``value``."""
+    return {"properties": {key: {"const": value}}, "required": [key]}
+
+
+_LOCALHOST = {"const": sorted(LOCAL_HOSTS)[0]} if len(LOCAL_HOSTS) == 1 else \
+    {"enum": sorted(LOCAL_HOSTS)}
+_ALL_LOCAL = {"type": "array", "items": {"properties": {"host": _LOCALHOST}}}
+
+
+def _between_fields() -> list[dict[str, Any]]:
+    """The loader's rules between fields (``_check_layout``,
+    ``_check_slurm_layout``, the backend's), as far as JSON Schema says them;
+    each puts its error on the field the loader names."""
+    slurm = {"anyOf": [_given("backend", "slurm"),
+                       {"not": {"required": ["backend"]},
+                        "anyOf": [{"required": ["slurm"]},
+                                  {"properties": {"nodes": {"type": "object"}},
+                                   "required": ["nodes"]}]}]}
+    cpu_node = {"type": "object", "required": ["procs"]}
+    remote_node = {"type": "object", "required": ["host"],
+                   "properties": {"host": {"not": _LOCALHOST}}}
+    return [
+        {"description": "device: cuda: no procs: node (CPU processes cannot join a CUDA job)",
+         "if": {"properties": {"nodes": {"anyOf": [
+             cpu_node, {"type": "array", "contains": cpu_node}]}}, "required": ["nodes"]},
+         "then": {"properties": {"device": {"not": {"const": "cuda"}}}}},
+        {"description": "backend: local runs every node here: every host is localhost",
+         "if": {"properties": {"nodes": {"type": "array", "contains": remote_node}},
+                "required": ["nodes"]},
+         "then": {"properties": {"backend": {"not": {"const": "local"}}}}},
+        {"description": "slurm: settings and nodes: {count: N} go with backend: slurm",
+         "if": {"properties": {"backend": {"enum": [b for b in BACKENDS if b != "slurm"]}},
+                "required": ["backend"]},
+         "then": {"not": {"required": ["slurm"]},
+                  "properties": {"nodes": {"type": "array"}}}},
+        {"description": "under backend: slurm, Slurm starts the nodes: no ssh:, no per-node "
+                        "python:, no localhost, no workdir (every node's files are in the "
+                        "shared run directory)",
+         "if": slurm,
+         "then": {"properties": {"ssh": False, "workdir": False, "nodes": {"items": {
+             "properties": {"host": {"not": _LOCALHOST}, "ssh": False, "python": False}}}}}},
+        {"description": "workdir is where runs live on remote nodes: not with every node "
+                        "localhost (their files are in the local run directory)",
+         "if": {"properties": {"nodes": _ALL_LOCAL}, "required": ["nodes"]},
+         "then": {"properties": {"workdir": False}}},
+        {"description": "a localhost node 0 among remote nodes needs master.addr (this "
+                        "machine's address as the others see it)",
+         "if": {"properties": {"nodes": {
+             "type": "array",
+             "prefixItems": [{"properties": {"host": _LOCALHOST}, "required": ["host"]}],
+             "contains": remote_node}}, "required": ["nodes"]},
+         "then": {"required": ["master"], "properties": {"master": {"required": ["addr"]}}}},
+    ]
 
 
 def cluster_schema() -> dict[str, Any]:
@@ -363,6 +468,7 @@ def cluster_schema() -> dict[str, Any]:
         "properties": top,
         "additionalProperties": False,
         "required": ["nodes", "workload"],
+        "allOf": _between_fields(),
         "$defs": {
             "master": _master(),
             "ssh": _ssh(),

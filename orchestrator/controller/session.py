@@ -1,11 +1,13 @@
 """A run's life on the controller: spec -> plan -> backend -> record.
 
 ``prepare`` is what ``--dry-run`` shows: the backend's ``DryRun`` of the
-plan, built with no I/O. ``up`` runs that same object: it creates the run
-directory, records the run, hands the dry-run to the backend's ``launch``
-and records how it ended, whatever happens: a launch that raises (a busy
-port, the upload cap) leaves its error in the record, for ``status``. Nothing here knows which
-backend it holds.
+plan, after the refusals of what is knowable before launch
+(``refusals.py``, the code directory's upload cap). ``up`` runs that same
+object: only then does it create the run directory, record the run, hand
+the dry-run to the backend's ``launch`` and record how it ended, whatever
+happens: a launch that raises (a busy port) leaves its error in the record,
+for ``status``. So input that is refused leaves no run behind, in a dry-run
+or not. Nothing here knows which backend it holds.
 """
 
 from __future__ import annotations
@@ -24,23 +26,28 @@ from ..plan.secrets import masked_cluster_file
 from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir, new_run_id
 from ..records.store import write_state
+from .refusals import refuse
 
 
 def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
             local_run_dir: str) -> tuple[LaunchBackend, DryRun]:
-    """The backend for ``spec`` and its dry-run of the plan (no I/O)."""
+    """The backend for ``spec`` and its dry-run of the plan; ``ConfigError``
+    for what the launch would be refused for (``refusals.py``)."""
     backend = backend_for(spec, options)
-    return backend, backend.dryrun(backend.plan(run_id, local_run_dir))
+    plan = backend.plan(run_id, local_run_dir)
+    refuse(spec, plan, options)
+    return backend, backend.dryrun(plan)
 
 
 def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
        options: LaunchOptions = LaunchOptions(),
        run_id: str | None = None) -> tuple[RunOutcome, RunDir]:
     """Launch ``spec`` and return how it ended, with its run directory."""
-    run = RunDir.create(runs_dir, run_id or new_run_id(spec.name))
+    run_id = run_id or new_run_id(spec.name)
+    backend, info = prepare(spec, options, run_id=run_id,
+                            local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))
+    run = RunDir.create(runs_dir, run_id)
     run.write_text("cluster.yaml", masked_cluster_file(spec.text, (n.env for n in spec.nodes)))
-    backend, info = prepare(spec, options, run_id=os.path.basename(run.path),
-                            local_run_dir=run.path)
     nodes = backend.node_records(info.plan)
     started = time.time()
 

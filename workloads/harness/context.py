@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from workloads.catalog import NO_CUDA_DEVICE
 from workloads.contract import DEVICE_CHOICES, DEVICE_ENV, RESULT_FILE_ENV, RUN_ID_ENV
 
 
@@ -32,8 +33,12 @@ class WorkloadError(ValueError):
     """A workload was asked for something it cannot do; the message says why.
 
     A ValueError (not SystemExit) so that torchrun's ``@record`` writes it to
-    the error file and the controller can show it.
+    the error file and the controller can show it. The message is the whole
+    story, so each rank prints it as one line, not a traceback (the worker
+    shim reads ``contract.ONE_LINE_ERROR``; the error file keeps the traceback).
     """
+
+    ddp_orch_one_line = True  # contract.ONE_LINE_ERROR
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,11 @@ def _visible_cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def visible_gpus(ctx: "DistContext") -> int:
+    """The GPUs this rank drives: every visible one on CUDA, none on CPU."""
+    return torch.cuda.device_count() if ctx.is_cuda else 0
+
+
 def resolve_device(requested: str, local_rank: int,
                    cuda_devices: Callable[[], int]) -> tuple[str, str]:
     """(device, backend) for ``requested`` in auto/cuda/cpu; see module doc.
@@ -85,8 +95,7 @@ def resolve_device(requested: str, local_rank: int,
     count = cuda_devices()
     if count == 0:
         if requested == "cuda":
-            raise WorkloadError("device 'cuda' was requested but no CUDA device is visible "
-                              "to this process (check CUDA_VISIBLE_DEVICES and the driver)")
+            raise WorkloadError(NO_CUDA_DEVICE)
         return "cpu", "gloo"
     if local_rank >= count:
         raise WorkloadError(

@@ -1,8 +1,10 @@
 """The frame every workload runs in: parse, read the context, validate, run.
 
 ``start`` does everything that can fail without talking to other ranks
-(argument parsing, device choice, batch split, lr scaling), so a bad
-configuration fails fast on every rank before any rendezvous. ``run_job``
+(argument parsing, device choice, the catalog's rules, batch split, lr
+scaling), so a bad configuration fails fast on every rank before any
+rendezvous. The rules are the catalog's (``catalog.Rule``), the same the
+controller checks before launch, so both refuse in the same words. ``run_job``
 then opens the process group around the workload's ``train(job)``.
 
 Training lives in its own function, not in ``main``, for a reason: DDP's
@@ -20,9 +22,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from workloads import contract
-from workloads.catalog import build_parser
+from workloads.catalog import CATALOG, Layout, build_parser
 from workloads.harness import data as hdata
-from workloads.harness.context import DistContext, context_from_environ, process_group
+from workloads.harness.context import (DistContext, WorkloadError, context_from_environ,
+                                       process_group, visible_gpus)
 from workloads.harness.report import RankZeroLog
 from workloads.harness.timing import now
 
@@ -50,6 +53,9 @@ def start(name: str, argv: list[str] | None = None) -> Job:
     started = now()
     args = build_parser(name).parse_args(argv)
     ctx = context_from_environ(getattr(args, "device", None))
+    refused = CATALOG[name].refusal(vars(args), layout_of(ctx))
+    if refused:
+        raise WorkloadError(refused[1])
     split, lr = None, 0.0
     if hasattr(args, "global_batch_size"):
         split = hdata.split_batch(args.global_batch_size, ctx.world_size)
@@ -59,6 +65,12 @@ def start(name: str, argv: list[str] | None = None) -> Job:
         job.log(f"restart {contract.restart_count()}: {name} keeps no checkpoint, so "
                 "training starts again from scratch")
     return job
+
+
+def layout_of(ctx: DistContext) -> Layout:
+    """What this rank sees, for the catalog's rules."""
+    return Layout(world_size=ctx.world_size, device="cuda" if ctx.is_cuda else "cpu",
+                  gpus=visible_gpus(ctx), restarts=contract.max_restarts() > 0)
 
 
 def run_job(job: Job, train: Callable[[Job], dict]) -> dict:

@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from workloads.contract import heartbeat
 from torch.utils.data import DataLoader
 
+from workloads.catalog import AMP_FP16_ON_CPU
 from workloads.harness.context import WorkloadError, DistContext, synchronize
 from workloads.harness.data import seed_epoch
 from workloads.harness.evidence import broadcast_buffers
@@ -89,7 +90,7 @@ def resolve_amp(requested: str, ctx: DistContext) -> Amp:
         return Amp("off", dev, None, None)
     if mode == "fp16":
         if not ctx.is_cuda:
-            raise WorkloadError("--amp fp16 needs CUDA; on CPU use --amp bf16 or --amp off")
+            raise WorkloadError(AMP_FP16_ON_CPU)  # the catalog's rule refuses it first
         return Amp("fp16", dev, torch.float16, torch.amp.GradScaler("cuda"))
     if mode == "bf16":
         if ctx.is_cuda and not torch.cuda.is_bf16_supported():

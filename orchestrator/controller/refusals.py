@@ -1,0 +1,114 @@
+"""What a launch would fail on, found before anything starts.
+
+``prepare`` (``session.py``) runs ``refuse`` for ``--dry-run`` and for
+``up`` alike, before ``up`` records a run, so both refuse the same input
+with the same ``ConfigError`` (exit 2) and neither leaves a run behind:
+
+* the GPUs of a localhost node that this machine does not have, unless the
+  job runs on CPU: ``check``'s ``gpus`` row, in its words. (Without this,
+  ``up --local --gpus 0,1`` on a machine with no GPU ran on CPU with gloo,
+  while ``check`` failed the node.) A remote node's GPUs are ``check``'s
+  to see: the controller cannot;
+* a built-in workload's rules (``workloads/catalog.py``'s ``Rule``): its
+  arguments against the world size, the device and restarts, in the words
+  every rank would use after the start. Facts only the ranks can see (the
+  GPUs of a remote node under ``device: auto``) leave a rule to them.
+
+The upload cap on the code directory is the backends' dry-run's own
+(``bundle.code_notes``), inside ``prepare`` as well.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from workloads.catalog import CATALOG, Layout
+
+from ..agent.probes import NO_GPU_FIX, gpu_problem, list_gpus
+from ..backends.base import LaunchOptions
+from ..config.spec import ClusterSpec
+from ..errors import ConfigError
+from ..plan.model import RunPlan
+
+CLI = "command line"
+
+
+def refuse(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions,
+           gpus_here: Callable[[], dict] = list_gpus) -> None:
+    """Raise ``ConfigError`` for the first thing the launch would fail on;
+    ``gpus_here`` lists this machine's GPUs (``probes.list_gpus``)."""
+    _local_gpus(spec, plan, gpus_here)
+    _workload_rules(spec, plan, options)
+
+
+def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict]) -> None:
+    """A localhost node's listed GPUs must be here unless the run is on CPU
+    (``check`` asks the same question of every node's agent)."""
+    local = [node for node in plan.nodes if node.is_local and node.gpus is not None]
+    if plan.device == "cpu" or not local:
+        return
+    listed = gpus_here()
+    for node in local:
+        problem = gpu_problem(node.gpus or (), listed)
+        if problem is None:
+            continue
+        given = spec.nodes[node.node_rank]
+        if given.line is None:  # --local --gpus
+            raise ConfigError(f"{problem}, but --gpus asks for {_listed(node.gpus)}",
+                              path="--gpus", source=CLI,
+                              hint="add --device cpu for a CPU rehearsal (one CPU process per "
+                                   "listed GPU), or run --procs N")
+        raise ConfigError(f"{problem}, but node {node.node_rank} (localhost) lists "
+                          f"{_listed(node.gpus)}", path=f"nodes[{node.node_rank}].gpus",
+                          source=spec.source, line=given.line, hint=NO_GPU_FIX)
+
+
+def _listed(gpus: Any) -> str:
+    """``GPU 0``, ``GPUs 0,1``."""
+    return f"GPU{'s' if len(gpus or ()) > 1 else ''} {','.join(map(str, gpus or ()))}"
+
+
+def _workload_rules(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) -> None:
+    name = spec.workload.name
+    if name is None or not isinstance(spec.workload.args, Mapping):
+        return
+    info = CATALOG[name]
+    args = {key.replace("-", "_"): value for key, value in spec.workload.args.items()}
+    found = info.refusal(args, layout(spec, plan, args.get("device"),
+                                      restarts=options.max_restarts > 0))
+    if found is None:
+        return
+    rule, message = found
+    if spec.source == CLI:
+        path, source = f"--arg {rule.arg}", CLI
+    else:
+        path, source = f"workload.args.{rule.arg}", spec.source
+    raise ConfigError(message, path=path, source=source,
+                      hint=f"{rule.hint} (every rank would refuse it after the start)"
+                      if rule.hint else "every rank would refuse it after the start")
+
+
+def layout(spec: ClusterSpec, plan: RunPlan, device_arg: str | None, *,
+           restarts: bool) -> Layout:
+    """What the controller knows of where the ranks run (``catalog.Layout``),
+    for the rank that fares worst: a rule refuses if any rank would.
+
+    The device each rank uses is the workload's ``--device`` if given, else
+    the plan's (``cpu`` with any ``procs:`` node). The GPUs a rank sees are
+    its node's CUDA_VISIBLE_DEVICES: none on a ``procs:`` node, the listed
+    ones (or Slurm's GRES count) on a GPU node, once CUDA is in use: certain
+    with ``cuda``, and with ``auto`` only when every node is this machine's
+    (whose GPUs ``_local_gpus`` found present).
+    """
+    wanted = device_arg or plan.device
+    seen = [0 if given.procs is not None else
+            given.gpu_count if given.gpu_count is not None else len(given.gpus or ())
+            for given in spec.nodes]
+    if wanted == "cpu":
+        return Layout(plan.world_size, device="cpu", gpus=0, restarts=restarts)
+    if min(seen) == 0:  # CPU processes: CUDA_VISIBLE_DEVICES is empty there
+        return Layout(plan.world_size, device="cpu" if wanted == "auto" else None, gpus=0,
+                      restarts=restarts)
+    if wanted == "cuda" or all(node.is_local for node in plan.nodes):
+        return Layout(plan.world_size, device="cuda", gpus=min(seen), restarts=restarts)
+    return Layout(plan.world_size, restarts=restarts)
