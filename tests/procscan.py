@@ -1,39 +1,118 @@
-"""Find a run's processes the way an operator would: by its marker in /proc."""
+"""Find every process of a run the way an operator would: in /proc.
+
+One scan (``run_pids``) finds what a run leaves on this machine, which in
+the tests is the controller and every node (the labs' hosts are this
+machine's processes):
+
+* every process that carries the run in its environment: the worker marker
+  ``DDP_ORCH_RUN_ID=<run id>`` (torchrun, the workers, ``setup:`` commands:
+  what the teardown ends) or ddp-orch's own ``DDP_ORCH_RUN=<run id>``
+  (``orchestrator.agent.procs.OWN_MARKER``: each agent, the supervisor it
+  becomes, its guardian, a keeper, a follower, a Slurm job's agents);
+* with ``labs``, the SSH sessions the run opened there: every sshd session
+  process under a lab host's listener, unless what runs in it carries
+  another run (a session left open with nothing in it, or with an unmarked
+  command, counts as this run's: a lab is used by one test at a time).
+
+``wait_gone`` is the "nothing left" check of every live test. It returns
+a ``Leftovers`` set: empty compares equal to ``set()``, and a failing
+assertion shows each pid with what it is and its command line.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 
+WORKER_MARKER = "DDP_ORCH_RUN_ID"
+OWN_MARKER = "DDP_ORCH_RUN"  # orchestrator.agent.procs.OWN_MARKER
 
-def marked_pids(run_id: str) -> set[int]:
-    """Live (non-zombie) processes whose environment has DDP_ORCH_RUN_ID=run_id."""
-    marker = f"DDP_ORCH_RUN_ID={run_id}".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if marker not in fh.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2:].split()[0] != "Z":
-            found.add(int(entry))
+
+class Leftovers(set):
+    """Pids, shown with their command lines when an assertion fails."""
+
+    def __repr__(self) -> str:
+        if not self:
+            return "set()"
+        return "{" + ", ".join(f"{pid}: {describe(pid)!r}" for pid in sorted(self)) + "}"
+
+
+def run_pids(run_id: str, labs=()) -> Leftovers:
+    """Every live (non-zombie) process of ``run_id`` here, and with ``labs``
+    the sshd sessions it holds open on those labs' hosts."""
+    table = _table()
+    found = Leftovers(pid for pid, (_ppid, state) in table.items()
+                      if state not in ("Z", "X") and run_of(pid) == run_id)
+    for lab in labs:
+        found |= lab_sessions(lab, run_id, table)
     return found
 
 
-def wait_gone(run_id: str, timeout: float) -> set[int]:
-    """Wait until no process of the run is left; returns what is left after ``timeout``."""
+def wait_gone(run_id: str, timeout: float, labs=()) -> Leftovers:
+    """Wait until no process of the run is left (``run_pids``); returns what
+    is left after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        left = marked_pids(run_id)
+        left = run_pids(run_id, labs)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def lab_sessions(lab, run_id: str, table: dict | None = None) -> set[int]:
+    """The sshd session processes under ``lab``'s listeners (each host's)
+    that are ``run_id``'s: every session whose processes carry no other
+    run. A session is the listener's sshd child and the sshd processes
+    under it (privilege separation); the commands run below those."""
+    table = table if table is not None else _table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, state) in table.items():
+        if state not in ("Z", "X"):
+            children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    for index in range(len(lab.hosts)):
+        try:
+            listener = lab.listener_pid(index)
+        except KeyError:  # a host the test stopped
+            continue
+        for session in children.get(listener, ()):
+            tree = _descendants(session, children) | {session}
+            if not _is_sshd(session) or any(run_of(p) not in (None, run_id) for p in tree):
+                continue
+            found |= {p for p in tree if _is_sshd(p)}
+    return found
+
+
+def run_of(pid: int) -> str | None:
+    """The run ``pid`` carries (either marker), or None."""
+    env = environ_of(pid)
+    return env.get(OWN_MARKER) or env.get(WORKER_MARKER)
+
+
+def describe(pid: int) -> str:
+    """What a leftover is, for an assertion's message: its role and command line."""
+    env = environ_of(pid)
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmd = " ".join(fh.read().decode("utf-8", "replace").split())
+    except OSError:
+        cmd = "(gone)"
+    if WORKER_MARKER in env:
+        role = "worker" if "RANK" in env else "torchrun or setup"
+    elif OWN_MARKER in env:
+        role = ("ddp-orch guardian" if "_guard()" in cmd else
+                "ddp-orch agent (supervisor, keeper, follower)" if "ddp_orch_agent" in cmd
+                else "ddp-orch")
+    else:
+        role = "sshd session"
+    return f"{role}: {cmd[:120]}"
+
+
+def worker_pids(run_id: str) -> set[int]:
+    """Live processes with the worker marker only (``DDP_ORCH_RUN_ID``):
+    torchrun, the workers and setup commands, what the teardown ends."""
+    return {pid for pid, (_ppid, state) in _table().items()
+            if state not in ("Z", "X") and environ_of(pid).get(WORKER_MARKER) == run_id}
 
 
 def environ_of(pid: int) -> dict[str, str]:
@@ -49,7 +128,7 @@ def environ_of(pid: int) -> dict[str, str]:
 def workers(run_id: str, node_rank: int) -> dict[int, int]:
     """{global rank: pid} of the run's worker processes on node ``node_rank``."""
     out = {}
-    for pid in marked_pids(run_id):
+    for pid in worker_pids(run_id):
         env = environ_of(pid)
         if env.get("DDP_ORCH_NODE_RANK") == str(node_rank) and "RANK" in env:
             out[int(env["RANK"])] = pid
@@ -58,8 +137,41 @@ def workers(run_id: str, node_rank: int) -> dict[int, int]:
 
 def agent(run_id: str, node_rank: int) -> int:
     """The pid of the torchrun agent of ``node_rank`` (marked, but no RANK)."""
-    for pid in marked_pids(run_id):
+    for pid in worker_pids(run_id):
         env = environ_of(pid)
         if env.get("DDP_ORCH_NODE_RANK") == str(node_rank) and "RANK" not in env:
             return pid
     raise LookupError(f"no torchrun agent of {run_id} node {node_rank}")
+
+
+def _table() -> dict[int, tuple[int, str]]:
+    """{pid: (ppid, state)} of every process now."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        out[int(entry)] = (int(fields[1]), fields[0])
+    return out
+
+
+def _descendants(pid: int, children: dict[int, list[int]]) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("sshd")
+    except OSError:
+        return False

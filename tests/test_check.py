@@ -119,7 +119,7 @@ def test_an_interface_a_node_lacks_fails_check_and_up_starts_nothing(ssh_lab, tm
     assert "node 1 (node1): no interface for GLOO_SOCKET_IFNAME=nic9" in up.stderr
     assert f"its interfaces are {', '.join(present)}" in up.stderr
     assert "Traceback" not in up.stderr and "started" not in up.stdout
-    assert wait_gone("noif", 15) == set()
+    assert wait_gone("noif", 15, labs=[ssh_lab]) == set()
     assert not list((tmp_path / "remote").rglob("torchrun"))  # no torchrun ran anywhere
 
 

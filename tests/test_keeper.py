@@ -21,7 +21,7 @@ from orchestrator.agent.protocol import ProtocolError, decode, encode
 from orchestrator.agent.restarts import will_recur
 from orchestrator.backends.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
-from procscan import marked_pids
+from procscan import worker_pids
 
 # A node's "torchrun": says its attempt, starts a "worker" (a child, as
 # torchrun does once every node has joined; not on the node:attempt pairs in
@@ -107,6 +107,39 @@ def stream(spec: dict) -> str:
         return fh.read()
 
 
+def said_at(spec: dict, k: int, attempt: int) -> float:
+    """When node ``k``'s "torchrun" of ``attempt`` said its line (its own clock)."""
+    line = next(line for line in stream(spec).splitlines()
+                if line.startswith(f"node {k} attempt {attempt} "))
+    return float(line.rsplit(" at ", 1)[1])
+
+
+def wait_until(ready, what: str, timeout: float = 20) -> None:
+    """Poll ``ready()`` until it holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"not within {timeout:g}s: {what}"
+        time.sleep(0.05)
+
+
+def wait_running(specs: list[dict], attempt: int = 0) -> None:
+    """Every node's "torchrun" of ``attempt`` has said its line: the gang
+    has formed and the attempt runs everywhere."""
+    for k, spec in enumerate(specs):
+        wait_until(lambda: f"node {k} attempt {attempt} port" in stream(spec),
+                   f"node {k} runs attempt {attempt}")
+
+
+def teardown(spec: dict) -> dict:
+    """The node's supervisor record of its last attempt, with its teardown."""
+    with open(os.path.join(spec["supervisor"]["run_dir"], "supervisor.json"),
+              encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+AT_ONCE_S = 3.0  # "at once" on a loaded 2-core machine: well under any timeout
+
+
 @pytest.mark.live  # real daemons: seconds each
 def test_a_gang_restart_recovers_and_every_node_runs_each_attempt_on_the_new_port(tmp_path):
     specs = keeper_specs(tmp_path, 3, restarts=1, env={"CODES": "2:0:3"})
@@ -122,6 +155,13 @@ def test_a_gang_restart_recovers_and_every_node_runs_each_attempt_on_the_new_por
         out = stream(spec)
         assert f"node {k} attempt 0 port 29500" in out and f"node {k} attempt 1 port {port}" in out
         assert out.rstrip().splitlines()[-1].startswith("::ddp-orch:: {\"event\":\"finished\"")
+    # README: the grace period (2 s here), a backoff (1 s before the first
+    # restart), then the new attempt: by each node's own line of attempt 1,
+    # from node 2's failure (its attempt 0 exits 0.5 s after its line)
+    failed_at = said_at(specs[2], 2, 0) + 0.5
+    for k, spec in enumerate(specs):
+        waited = said_at(spec, k, 1) - failed_at
+        assert 1.0 <= waited < 1.0 + 2 + AT_ONCE_S, (k, waited)
     outcomes = attempt_outcomes(_plan(3), attempts)
     assert outcomes[0][0].state is RunState.FAILED and outcomes[0][0].root_cause.node_rank == 2
     assert {o.state for o in outcomes[0][1][:2]} == {NodeState.STOPPED}  # stopped by the head
@@ -143,15 +183,27 @@ def test_restarts_stop_at_max_and_the_head_records_every_attempt(tmp_path):
 
 @pytest.mark.live  # real daemons: seconds each
 def test_a_killed_keeper_stops_the_other_nodes_at_once(tmp_path):
+    """The kernel closes a SIGKILLed keeper's link: node 0 loses it at once,
+    not after the link timeout (10 s) it would otherwise fall back to, and
+    every other node is torn down a grace period (2 s here) later. Measured
+    on the records: node 0's loss and each supervisor's teardown."""
     specs = keeper_specs(tmp_path, 3, env={"SLEEP": "60"})
     replies = start_all(specs)
-    time.sleep(1.5)  # the gang has formed and the attempt runs
-    began = time.monotonic()
+    wait_running(specs)
+    killed_at = time.time()
     os.kill(replies[1]["pid"], signal.SIGKILL)
-    states = [s for i, s in enumerate(wait_ended([specs[0], specs[2]], timeout=20))]
-    assert time.monotonic() - began < 12
+    states = wait_ended([specs[0], specs[2]], timeout=20)
     attempt = states[0]["attempts"][0]
-    assert "lost" in attempt["nodes"]["1"] and attempt["nodes"]["2"]["stop_asked"]
+    lost = attempt["nodes"]["1"]
+    assert lost["lost"] == "the link closed", lost  # not "nothing on the link for 10s"
+    print(f"a killed keeper: lost {lost['lost_at'] - killed_at:.2f}s after the kill")
+    assert lost["lost_at"] - killed_at < AT_ONCE_S < peers.GANG_TIMEOUT_S, lost
+    grace = specs[0]["supervisor"]["grace_s"]
+    for spec in (specs[0], specs[2]):
+        record = teardown(spec)
+        assert "lost node 1 (the link closed)" in record["reason"], record
+        assert record["torn_down_at"] - killed_at < AT_ONCE_S + grace, record
+    assert attempt["nodes"]["2"]["stop_asked"]
     assert attempt["no_restart"] == "" and attempt["state"] == "failed"
 
 
@@ -159,7 +211,7 @@ def test_a_killed_keeper_stops_the_other_nodes_at_once(tmp_path):
 def test_signalling_a_keeper_stops_the_gang_for_good(tmp_path):
     specs = keeper_specs(tmp_path, 2, restarts=3, env={"SLEEP": "60"})
     start_all(specs)
-    time.sleep(1.5)
+    wait_running(specs)
     assert daemon.signal_keeper(specs[1]["supervisor"]["run_dir"]) is not None  # `down`
     states = wait_ended(specs, timeout=20)
     assert [s["state"] for s in states] == ["interrupted", "interrupted"]
@@ -257,6 +309,29 @@ def test_gang_messages_are_checked_like_every_control_line():
     assert decode(encode({"event": "gang-ended", "attempt": 0, "exit": {}}))["exit"] == {}
 
 
+def test_a_zombie_keeper_is_not_counted_as_running(tmp_path):
+    """A keeper that has exited but is not reaped yet (its reaper, a
+    container's pid 1 say, is late or never does) has ended: a zombie keeps
+    its pid and start time, and must not count as the run's keeper."""
+    import subprocess
+
+    from orchestrator.agent.procs import start_time
+
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "keeper.json").write_text(json.dumps(
+            {"pid": process.pid, "start_time": start_time(process.pid), "state": "running"}))
+        assert daemon.keeper_pid(str(tmp_path)) == process.pid
+        os.kill(process.pid, signal.SIGKILL)  # not reaped: a zombie until we wait
+        wait_until(lambda: open(f"/proc/{process.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+                   == "Z", "the keeper is a zombie", timeout=5)
+        assert daemon.keeper_pid(str(tmp_path)) is None
+        assert daemon.state(str(tmp_path))["alive"] is False
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_follow_streams_from_the_last_lines(tmp_path):
     with open(tmp_path / "f", "wb") as fh:
         fh.write(b"a\nb\nc\nd\n")
@@ -292,22 +367,36 @@ def test_the_recorded_attempts_read_back_as_outcomes():
 @pytest.mark.live  # real daemons; about 12 s: the link timeout is the point
 def test_a_frozen_keeper_is_given_up_on_after_the_link_timeout(tmp_path):
     """SIGSTOP: the keeper's socket stays open (no FIN, no RST), so only the
-    missing heartbeats tell; once thawed, it finds its head gone and stops."""
+    missing heartbeats tell; once thawed, it finds its head gone and stops.
+
+    The silence counts from the last heartbeat heard, which came up to a
+    heartbeat period before the freeze: measured on node 0's record of the
+    loss (when it last heard node 2, when it gave up), not on the clock
+    around it."""
     specs = keeper_specs(tmp_path, 3, env={"SLEEP": "60"})
     replies = start_all(specs)
-    time.sleep(1.5)
+    wait_running(specs)
+    frozen_at = time.time()
     os.kill(replies[2]["pid"], signal.SIGSTOP)
-    began = time.monotonic()
     try:
-        wait_ended(specs[:2], timeout=peers.GANG_TIMEOUT_S + 10)
-        took = time.monotonic() - began
-        assert peers.GANG_TIMEOUT_S - 1 < took < peers.GANG_TIMEOUT_S + 8, took
+        wait_ended(specs[:2], timeout=peers.GANG_TIMEOUT_S + 20)
     finally:
         os.kill(replies[2]["pid"], signal.SIGCONT)
     (thawed,) = wait_ended(specs[2:], timeout=15)
     assert thawed["state"] in ("failed", "interrupted")
     attempt = daemon.state(specs[0]["supervisor"]["run_dir"])["keeper"]["attempts"][0]
-    assert attempt["nodes"]["2"]["lost"] == f"nothing on the link for {peers.GANG_TIMEOUT_S:g}s"
+    lost = attempt["nodes"]["2"]
+    assert lost["lost"] == "nothing on the link for 10s", lost
+    silence = lost["lost_at"] - lost["heard_at"]
+    print(f"a frozen keeper: lost {lost['lost_at'] - frozen_at:.2f}s after the freeze, "
+          f"{silence:.2f}s after it was last heard")
+    # README: 10 s without a heartbeat, and a heartbeat every 2 s: the last
+    # thing heard came at most a period (and a margin) before the freeze
+    assert 10 - 0.1 <= silence < 10 + 2, lost
+    assert -0.5 < frozen_at - lost["heard_at"] < 2 + 1.5, (frozen_at, lost)
+    record = teardown(specs[0])  # node 0 stopped on the loss, a grace period at most
+    assert record["torn_down_at"] - lost["lost_at"] < AT_ONCE_S + specs[0]["supervisor"][
+        "grace_s"], record
 
 
 # -- the gang port (issue 19, item 2) -------------------------------------------
@@ -343,9 +432,13 @@ def test_the_gang_port_listens_on_the_master_address_caps_a_flood_and_closes_onc
         if i % 10 == 0:
             sock.sendall(b"::ddp-orch:: " + b"[" * 4000 + b"\n")
         flood.append(sock)
-    time.sleep(0.5)
-    held = [f for f in fds(head["pid"]) if f.startswith("socket:")]
-    assert len(held) <= peers.MAX_PENDING + 3, len(held)  # the port, the cap, a wake-up pair
+
+    def held() -> list[str]:
+        return [f for f in fds(head["pid"]) if f.startswith("socket:")]
+
+    # the port, the cap, a wake-up pair: the gate closes what is over the cap
+    wait_until(lambda: len(held()) <= peers.MAX_PENDING + 3, f"the flood capped: {held()}",
+               timeout=10)
     for spec in specs[1:]:  # the real nodes still join, behind the flood
         spec["gang"]["port"] = port
         daemon.start(spec, listen=False)
@@ -353,8 +446,8 @@ def test_the_gang_port_listens_on_the_master_address_caps_a_flood_and_closes_onc
     while "node 2 attempt 0" not in stream(specs[2]):
         assert time.monotonic() < deadline, stream(specs[0])
         time.sleep(0.1)
-    time.sleep(0.5)
-    assert refused("127.0.0.1", port)  # every node has joined: no port any more
+    # every node has joined: no port any more
+    wait_until(lambda: refused("127.0.0.1", port), "the gang port closed", timeout=5)
     states = wait_ended(specs)
     for sock in flood:
         sock.close()
@@ -367,7 +460,7 @@ def test_a_run_of_one_node_opens_no_gang_port(tmp_path):
     (spec,) = keeper_specs(tmp_path, 1, env={"SLEEP": "2"})
     head = daemon.start(spec, listen=True)
     assert head["ok"] and head["gang_port"] is None
-    time.sleep(0.5)
+    wait_running([spec])  # past the joining, where node 0 would listen
     assert not [f for f in fds(head["pid"]) if f.startswith("socket:")]
     assert [s["state"] for s in wait_ended([spec])] == ["succeeded"]
 
@@ -508,8 +601,10 @@ def test_an_attached_kept_run_stops_when_its_follower_is_killed(tmp_path):
         while not all(daemon.follower_present(s["supervisor"]["run_dir"]) for s in specs):
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        time.sleep(2.5)  # the keepers have seen them (they look every second)
-        began = time.monotonic()
+        for spec in specs:  # each keeper has seen its follower (it looks every second)
+            wait_until(lambda: daemon.state(spec["supervisor"]["run_dir"])["keeper"].get(
+                "followed"), "the keeper saw its follower", timeout=10)
+        killed_at = time.time()
         for follower in followers:  # kill -9: nobody tells the keepers anything
             follower.kill()
             follower.wait()
@@ -517,11 +612,17 @@ def test_an_attached_kept_run_stops_when_its_follower_is_killed(tmp_path):
     finally:
         for follower in followers:
             follower.kill()
-    assert time.monotonic() - began < 15
     assert [s["state"] for s in states] == ["interrupted", "interrupted"]
     assert len(states[0]["attempts"]) == 1  # and no restart
     said = stream(specs[0]) + stream(specs[1])
-    assert "follower on node" in said or "no controller followed" in said
+    assert "the controller's follower on node" in said, said  # not "no controller followed"
+    # README: within 1 s (and a margin), not the start timeout (8 s); then
+    # the grace period
+    grace = specs[0]["supervisor"]["grace_s"]
+    for spec in specs:
+        record = teardown(spec)
+        assert record["stopped_at"] - killed_at < 1 + 1.5, record
+        assert record["torn_down_at"] - killed_at < 1 + 1.5 + grace, record
 
 
 # -- restarts and what would not die (item 7) ---------------------------------------
@@ -575,7 +676,7 @@ def test_no_restart_on_top_of_what_would_not_die(tmp_path, monkeypatch):
     try:
         states = wait_ended(specs, timeout=30)
     finally:
-        for pid in marked_pids(specs[0]["supervisor"]["run_id"]):
+        for pid in worker_pids(specs[0]["supervisor"]["run_id"]):
             os.kill(pid, signal.SIGKILL)
     assert [s["state"] for s in states] == ["failed", "failed"]
     (attempt,) = states[0]["attempts"]
@@ -606,6 +707,10 @@ def test_a_later_attempt_that_never_starts_is_stopped_by_the_start_timeout(tmp_p
     attempts = states[0]["attempts"]
     assert len(attempts) == 2
     assert attempts[1]["stop_reason"].startswith("attempt 1 did not start within 5s")
+    for spec in specs:  # README: the start timeout, counted on every attempt
+        record = teardown(spec)  # attempt 1's: it started, then was stopped
+        assert "did not start within 5s" in record["reason"], record
+        assert 5 - 0.1 <= record["stopped_at"] - record["started"] < 5 + 1 + AT_ONCE_S, record
 
 
 @pytest.mark.live  # real daemons: about 8 s
@@ -620,10 +725,11 @@ def test_a_node_lost_between_attempts_ends_the_run_without_starting_the_next(
     while "restarting the whole gang in" not in stream(specs[0]):
         assert time.monotonic() < deadline, stream(specs[0])
         time.sleep(0.05)
-    began = time.monotonic()
+    killed_at = time.time()
     os.kill(replies[2]["pid"], signal.SIGKILL)  # after the decision, before the restart
     states = wait_ended(specs[:2], timeout=15)
-    assert time.monotonic() - began < 4  # not after the backoff, not after a start timeout
+    # at once, by node 0's own record of the end: not after the 5 s backoff
+    assert states[0]["updated"] - killed_at < AT_ONCE_S < 5.0, states[0]
     assert [s["state"] for s in states] == ["failed", "failed"]
     (attempt,) = states[0]["attempts"]  # attempt 1 never started
     assert attempt["restart"] == "" and "lost before the restart" in attempt["no_restart"]

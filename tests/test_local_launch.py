@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from bounds import AT_ONCE_S, assert_gone_within, assert_stopped_at_once, teardowns
 from conftest import ROOT, every_file_holding, local_job, run_cli
 from procscan import wait_gone
 
@@ -46,6 +47,9 @@ def test_heterogeneous_local_nodes_get_the_planned_ranks(tmp_path):
 
 
 def test_a_failing_rank_stops_every_node_and_is_named(tmp_path):
+    """README: gone within the grace period (3 s here), measured from the
+    rank's own failure (its error record's time): node 1's torchrun ends
+    on its own, node 0 is stopped at once and torn down in the grace period."""
     shutil.copy(os.path.join(ROOT, "tests", "programs", "fail_on_rank.py"), tmp_path)
     cluster = tmp_path / "fail.yaml"
     cluster.write_text("nodes:\n  - {host: localhost, procs: 1}\n  - {host: localhost, procs: 2}\n"
@@ -60,6 +64,12 @@ def test_a_failing_rank_stops_every_node_and_is_named(tmp_path):
     assert state["state"] == "failed"
     # Rank 0 only sleeps: it did not fail, the controller stopped it.
     assert {o["node_rank"]: o["state"] for o in state["outcomes"]}[0] == "stopped"
+    failed_at = state["root_cause"]["failures"][0]["timestamp"]
+    node0, node1 = records = teardowns(tmp_path / "runs", "failrun")
+    assert node1["reason"] == "torchrun exited" and node1["stopped_at"] is None, node1
+    assert_stopped_at_once(node0, failed_at, "stopped by the controller")
+    took = assert_gone_within(records, failed_at, 3)
+    print(f"a failing rank: every node torn down {took:.1f}s after the rank raised")
     assert wait_gone("failrun", 10) == set()
 
 
@@ -74,6 +84,9 @@ def test_a_node_that_never_joins_is_named_after_the_start_timeout(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "not joined: node 1 (localhost)" in result.stdout
     assert "root cause: node 1 (localhost): did not join the rendezvous" in result.stdout
+    # README: gone within the start timeout; by the run's own record
+    state = json.loads((tmp_path / "runs" / "stuck" / "state.json").read_text())
+    assert state["ended"] - state["started"] < 8 + AT_ONCE_S, state
     assert wait_gone("stuck", 10) == set()
 
 

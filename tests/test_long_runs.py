@@ -1,9 +1,11 @@
 """Long runs on the SSH lab: ``up --detach``, ``attach``, ``status``, ``down``,
 and whole-gang restarts (``--max-restarts``), with real processes and faults.
 
-The bound the keepers promise (agent/keeper.py): once one node fails or its
-keeper is lost, every other node starts its teardown within 10 s, and is
-gone a grace period later (3 s here): 30 s is the issue's target.
+The bound the keepers promise (agent/keeper.py, README "Long runs"): once
+one node fails or its keeper is lost, every other node starts its teardown
+within 10 s (at once when a rank fails or a link closes), and is gone a
+grace period later: 20 s at most with the default grace. Measured on the
+nodes' own records (``bounds``); the process scan waits up to ``BOUND_S``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import time
 
 import pytest
 
+from bounds import AT_ONCE_S, assert_gone_within, teardowns
 from conftest import run_cli, start_cli, wait_for_lines
 from labhome import lab_cluster, lab_home, lab_job
-from procscan import marked_pids, wait_gone
+from procscan import run_pids, wait_gone
 
 pytestmark = pytest.mark.live
 TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
@@ -33,9 +36,11 @@ def cli(env: dict, tmp_path, *args: str, timeout: float = 180):
     return run_cli(*args, "--runs-dir", str(tmp_path / "runs"), env=env, timeout=timeout)
 
 
-def up(env: dict, tmp_path, cluster: str, run_id: str, *extra: str, timeout: float = 180):
-    return cli(env, tmp_path, "up", cluster, "--run-id", run_id, "--grace", "3", *extra,
-               timeout=timeout)
+def up(env: dict, tmp_path, cluster: str, run_id: str, *extra: str, timeout: float = 180,
+       grace: str = "3"):
+    """``up``, with ``--grace 3`` unless ``grace`` says otherwise ("": the default)."""
+    return cli(env, tmp_path, "up", cluster, "--run-id", run_id,
+               *(("--grace", grace) if grace else ()), *extra, timeout=timeout)
 
 
 def node_dir(tmp_path, run_id: str, k: int):
@@ -46,24 +51,10 @@ def keeper(tmp_path, run_id: str, k: int) -> dict:
     return json.loads((node_dir(tmp_path, run_id, k) / "keeper.json").read_text())
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def nothing_left(tmp_path, run_id: str, nodes: int, timeout: float) -> float:
-    """Wait until no process of the run and no keeper is left; the seconds it took."""
-    began = time.monotonic()
-    assert wait_gone(run_id, timeout) == set()
-    pids = [keeper(tmp_path, run_id, k)["pid"] for k in range(nodes)]
-    while any(alive(p) for p in pids):
-        assert time.monotonic() - began < timeout, f"keepers still alive: {pids}"
-        time.sleep(0.1)
-    return time.monotonic() - began
+def nothing_left(lab, run_id: str, timeout: float) -> None:
+    """Wait until no process of the run is left (keepers and followers
+    included) and no SSH session of it on the lab."""
+    assert wait_gone(run_id, timeout, labs=[lab]) == set()
 
 
 def status_until(env, tmp_path, run_id: str, word: str, timeout: float = 60) -> str:
@@ -81,7 +72,7 @@ def test_detach_returns_then_status_and_attach_follow_it_to_the_result(ssh_lab, 
     assert started.returncode == 0, started.stdout + started.stderr
     assert "run det is running on node 0 (node0), node 1 (node1)" in started.stdout
     assert "ddp-orch attach det" in started.stdout
-    assert marked_pids("det"), "the run ended with its controller"
+    assert run_pids("det"), "the run ended with its controller"
     state = json.loads((tmp_path / "runs" / "det" / "state.json").read_text())
     assert state["rule"] == "detached" and state["state"] == "running"
     assert json.loads((tmp_path / "runs" / "det" / "plan.json").read_text())["liveness"] \
@@ -98,19 +89,28 @@ def test_detach_returns_then_status_and_attach_follow_it_to_the_result(ssh_lab, 
     assert "run det: SUCCEEDED" in attached.stdout
     assert "result: world_size=3 restart_count=0 steps=40" in attached.stdout
     assert json.loads((tmp_path / "runs" / "det" / "result.json").read_text())["world_size"] == 3
-    nothing_left(tmp_path, "det", 2, 15)
+    nothing_left(ssh_lab, "det", 15)
     assert " succeeded " in cli(env, tmp_path, "ps").stdout
 
 
 def test_detached_run_whose_rank_raises_stops_everywhere_within_the_bound(ssh_lab, tmp_path):
+    """README: with the default grace, every node's teardown starts within
+    10 s of the failure (at once here) and is over within 20 s."""
     env, cluster = setup(ssh_lab, tmp_path, "raise",
                          "{steps: 400, sleep: 0.1, fail_rank: 2, fail_step: 30}")
-    assert up(env, tmp_path, cluster, "raise", "--detach").returncode == 0
-    log = node_dir(tmp_path, "raise", 1) / "agent.out"
-    while b"planned failure" not in log.read_bytes():
-        time.sleep(0.1)
-    took = nothing_left(tmp_path, "raise", 2, BOUND_S)
-    print(f"a raising rank: every node of the detached run gone {took:.1f}s later")
+    assert up(env, tmp_path, cluster, "raise", "--detach", grace="").returncode == 0
+    nothing_left(ssh_lab, "raise", BOUND_S)
+    failed_at = keeper(tmp_path, "raise", 0)["attempts"][0]["nodes"]["1"]["failures"][0][
+        "timestamp"]
+    node0, node1 = records = teardowns(tmp_path / "runs", "raise")
+    assert node1["reason"] == "torchrun exited" and "node 1 failed" in node0["reason"], node0
+    assert node0["stopped_at"] - failed_at < 10, (failed_at, node0)
+    took = assert_gone_within(records, failed_at, 10, stop_within=10)
+    assert took < 20, took
+    for k in (0, 1):  # each keeper's end, as it recorded it
+        assert keeper(tmp_path, "raise", k)["updated"] - failed_at < 20
+    print(f"a raising rank: every node of the detached run torn down {took:.1f}s later "
+          f"(node 0 asked to stop after {node0['stopped_at'] - failed_at:.1f}s)")
     out = status_until(env, tmp_path, "raise", "failed")
     assert " failed " in out.splitlines()[1], out
     assert "root cause: node 1 (node1): torchrun exited 1; rank 2 (local rank 0) failed: " \
@@ -122,13 +122,21 @@ def test_detached_run_whose_rank_raises_stops_everywhere_within_the_bound(ssh_la
 
 
 def test_detached_run_survives_nothing_of_a_sigkilled_keeper(ssh_lab, tmp_path):
+    """README: at once when its link closes (not the 10 s link timeout),
+    then the grace period (3 s here). Measured on node 0's records."""
     env, cluster = setup(ssh_lab, tmp_path, "k9", "{steps: 4000, sleep: 0.1}")
     assert up(env, tmp_path, cluster, "k9", "--detach").returncode == 0
-    killed_at = time.monotonic()
+    killed_at = time.time()
     os.kill(keeper(tmp_path, "k9", 1)["pid"], signal.SIGKILL)
-    took = nothing_left(tmp_path, "k9", 2, BOUND_S)
-    print(f"a SIGKILLed keeper: every node of the detached run gone "
-          f"{time.monotonic() - killed_at:.1f}s later ({took:.1f}s of waiting)")
+    nothing_left(ssh_lab, "k9", BOUND_S)
+    lost = keeper(tmp_path, "k9", 0)["attempts"][0]["nodes"]["1"]
+    assert lost["lost"] == "the link closed", lost
+    assert lost["lost_at"] - killed_at < AT_ONCE_S < 10, (killed_at, lost)
+    node0 = teardowns(tmp_path / "runs", "k9")[0]
+    assert "lost node 1 (the link closed)" in node0["reason"], node0
+    took = assert_gone_within([node0], killed_at, 3)
+    print(f"a SIGKILLed keeper: lost {lost['lost_at'] - killed_at:.1f}s after the kill, "
+          f"node 0 torn down {took:.1f}s after it")
     out = status_until(env, tmp_path, "k9", "failed")
     assert "root cause: node 1 (node1): its keeper could not be heard" in out, out
     assert "node 0 (node0): stopped" in out and "lost node 1" in out
@@ -139,7 +147,7 @@ def test_down_stops_a_detached_run(ssh_lab, tmp_path):
     assert up(env, tmp_path, cluster, "dd", "--detach").returncode == 0
     down = cli(env, tmp_path, "down", "dd")
     assert down.returncode == 0, down.stdout + down.stderr
-    nothing_left(tmp_path, "dd", 2, 5)  # down waited for the keepers
+    nothing_left(ssh_lab, "dd", 5)  # down waited for the keepers
     out = status_until(env, tmp_path, "dd", "interrupted")
     assert " interrupted " in out.splitlines()[1], out
     assert "-> stopped on purpose" not in out  # one attempt: no restart line
@@ -171,7 +179,7 @@ def test_max_restarts_recovers_a_failure_of_the_first_attempt(ssh_lab, tmp_path)
         assert "attempt 0" in log and "ddp-orch: attempt 1 (master port" in log
     recorded = json.loads((tmp_path / "runs" / "re1" / "state.json").read_text())
     assert [a["state"] for a in recorded["attempts"]] == ["failed", "succeeded"]
-    assert wait_gone("re1", 10) == set()
+    assert wait_gone("re1", 10, labs=[ssh_lab]) == set()
 
 
 def test_a_recurring_failure_stops_after_n_restarts(ssh_lab, tmp_path):
@@ -181,7 +189,7 @@ def test_a_recurring_failure_stops_after_n_restarts(ssh_lab, tmp_path):
     assert out.count("-> restarting") == 2
     assert "attempt 2 (port " in out and "planned failure at step 1 of attempt 2" in out
     assert "run re3: FAILED" in out
-    assert wait_gone("re3", 10) == set()
+    assert wait_gone("re3", 10, labs=[ssh_lab]) == set()
 
 
 def test_an_import_error_is_not_restarted(ssh_lab, tmp_path):
@@ -240,10 +248,17 @@ def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab
     assert json.loads((tmp_path / "runs" / "att" / "plan.json").read_text())["liveness"] \
         == "attached"
     time.sleep(35)  # past PEER_TIMEOUT_S: the controller's pings keep the followers content
-    assert keeper(tmp_path, "att", 0)["state"] == "running" and marked_pids("att")
+    assert keeper(tmp_path, "att", 0)["state"] == "running" and run_pids("att")
+    killed_at = time.time()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    nothing_left(tmp_path, "att", 2, BOUND_S)
+    nothing_left(ssh_lab, "att", BOUND_S)
+    # at once: each follow agent sees its controller's EOF and signals its
+    # keeper (not the followers' 30 s of silence); then the grace period
+    records = teardowns(tmp_path / "runs", "att")
+    for record in records:
+        assert "got SIGTERM" in record["reason"], record
+    assert_gone_within(records, killed_at, 3)
     assert keeper(tmp_path, "att", 0)["state"] == "interrupted"
     assert len(keeper(tmp_path, "att", 0)["attempts"]) == 1  # and no restart
 
@@ -259,11 +274,11 @@ def test_ctrl_c_on_attach_leaves_the_run_and_logs_follow_it(ssh_lab, tmp_path):
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, out
     assert "left run cc; it goes on on its nodes" in out
-    assert marked_pids("cc")
+    assert run_pids("cc")
     follow = cli(env, tmp_path, "logs", "cc", "--follow")
     assert follow.returncode == 0, follow.stdout + follow.stderr
     assert "[node1 node1] [rank2]: rank 2 step 59 attempt 0" in follow.stdout
-    nothing_left(tmp_path, "cc", 2, 15)
+    nothing_left(ssh_lab, "cc", 15)
     assert "rank 2 step 59" in (tmp_path / "runs" / "cc" / "node-1.log").read_text()
 
 
@@ -278,4 +293,4 @@ def test_restarts_happen_without_a_controller_and_attach_shows_them(ssh_lab, tmp
     assert "ddp-orch: attempt 1 (master port" in out and "rank 2 step 29 attempt 1" in out
     assert "attempts: 2" in out and "-> restarting" in out
     assert "result: world_size=3 restart_count=1 steps=30" in out
-    nothing_left(tmp_path, "dre", 2, 15)
+    nothing_left(ssh_lab, "dre", 15)

@@ -31,7 +31,7 @@ from orchestrator.plan.build import build_plan
 from orchestrator.plan.render import dryrun_from_dict, dryrun_to_dict, render_text
 from orchestrator.plan.shell import render_shell
 from orchestrator.records.rundir import RunDir
-from procscan import marked_pids
+from procscan import worker_pids
 
 NODES = "nodes: [{host: a, procs: 1}, {host: b, procs: 2}]\nworkload: {name: linear}\n"
 
@@ -345,7 +345,7 @@ def test_the_node_removes_only_a_run_node_directory_and_never_a_live_one(tmp_pat
                             env=dict(os.environ, DDP_ORCH_RUN_ID=run_id, DDP_ORCH_NODE_RANK="1"))
     try:
         deadline = time.monotonic() + 10  # until its environment shows (exec is done)
-        while not marked_pids(run_id) and time.monotonic() < deadline:
+        while not worker_pids(run_id) and time.monotonic() < deadline:
             time.sleep(0.02)
         refused = prune.prune(str(node_dir), run_id, 1)
         assert refused["live"] and not refused["ok"] and node_dir.exists(), refused

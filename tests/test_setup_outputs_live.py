@@ -21,6 +21,7 @@ import zipfile
 
 import pytest
 
+from bounds import assert_gone_within, assert_stopped_at_once, teardowns
 from conftest import run_cli
 from labhome import lab_cluster, lab_home
 from procscan import wait_gone
@@ -171,7 +172,13 @@ def test_a_failing_setup_names_its_node_and_starts_no_rank(ssh_lab, tmp_path):
         assert not node_files(tmp_path, "setup-bad", k, "started-*"), "a rank started"
     state = json.loads((tmp_path / "runs" / "setup-bad" / "state.json").read_text())
     assert [o["state"] for o in state["outcomes"]] == ["stopped", "failed"]
-    assert wait_gone("setup-bad", 10) == set()
+    # README: gone within the grace period (3 s here): node 0, waiting at the
+    # barrier, is stopped at once after node 1's setup failed there
+    node0, node1 = teardowns(tmp_path / "runs", "setup-bad")
+    assert node1["reason"] == "setup failed", node1
+    assert_stopped_at_once(node0, node1["torn_down_at"], "stopped by the controller")
+    assert_gone_within([node0], node1["torn_down_at"], 3)
+    assert wait_gone("setup-bad", 10, labs=[ssh_lab]) == set()
 
     # kept by the nodes' keepers, with restarts to spare: the same, and no restart
     kept = cli(env, tmp_path, "up", cluster, "--run-id", "setup-bad-kept", "--grace", "3",
@@ -182,7 +189,10 @@ def test_a_failing_setup_names_its_node_and_starts_no_rank(ssh_lab, tmp_path):
     assert "attempt 1" not in kept.stdout and "[rank" not in kept.stdout
     for k in (0, 1):
         assert not node_files(tmp_path, "setup-bad-kept", k, "started-*"), "a rank started"
-    assert wait_gone("setup-bad-kept", 10) == set()
+    node0, node1 = teardowns(tmp_path / "runs", "setup-bad-kept")
+    assert node1["reason"] == "setup failed" and "node 1 failed" in node0["reason"], node0
+    assert_gone_within([node0], node1["torn_down_at"], 3)
+    assert wait_gone("setup-bad-kept", 10, labs=[ssh_lab]) == set()
 
 
 def test_outputs_come_home_after_a_failure_and_a_glob_that_escapes_is_refused(ssh_lab,

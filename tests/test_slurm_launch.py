@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import ROOT, run_cli, start_cli, wait_for_lines
-from procscan import marked_pids, wait_gone
+from procscan import run_pids, wait_gone, worker_pids
 
 pytestmark = pytest.mark.live
 PROGRAMS = os.path.join(ROOT, "tests", "programs")
@@ -111,6 +111,7 @@ def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
     proc = start_up(slurm_lab, tmp_path, path, "ctrlc")
     try:
         wait_for_lines(proc, "training", 2)
+        assert run_pids("ctrlc") > worker_pids("ctrlc")  # the job's agents are the run's too
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -146,7 +147,7 @@ def test_down_of_a_running_job_and_status_and_logs(slurm_lab, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode in (1, 130), out  # down stops the controller too
-    assert marked_pids("down") == set()
+    assert run_pids("down") == set()
 
 
 def test_pending_job_shows_its_reason_and_the_queue_timeout_ends_it(slurm_lab, tmp_path):

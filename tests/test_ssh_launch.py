@@ -91,7 +91,7 @@ def test_a_worker_crash_on_node1_tears_down_node0(ssh_lab, tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "root cause: node 1 (node1)" in result.stdout
     assert "rank 2 (local rank 0) failed: RuntimeError: injected failure on rank 2" in result.stdout
-    assert wait_gone("crash", 15) == set()
+    assert wait_gone("crash", 15, labs=[ssh_lab]) == set()
     state = json.loads((tmp_path / "runs" / "crash" / "state.json").read_text())
     assert state["state"] == "failed"
     assert (tmp_path / "runs" / "crash" / "node-0.log").stat().st_size > 0
@@ -142,8 +142,6 @@ def test_an_exception_without_record_is_quoted_as_the_root_cause(ssh_lab, tmp_pa
 def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
     """Three ranks on two lab hosts, one of them hung elsewhere: every rank is
     listed with a frame of the user's script, and rank 2 is marked."""
-    from procscan import wait_gone
-
     env, cluster = lab_job(ssh_lab, tmp_path, "stk", "hang_rank2.py", TWO_NODES)
     runs = str(tmp_path / "runs")
     proc = start_cli("up", cluster, "--run-id", "stk", "--runs-dir", runs, "--grace", "3", env=env)
@@ -156,13 +154,11 @@ def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
     finally:
         proc.send_signal(2)
         proc.communicate(timeout=60)
-    assert wait_gone("stk", 15) == set()
+    assert wait_gone("stk", 15, labs=[ssh_lab]) == set()
 
 
 @pytest.mark.parametrize("ssh_lab", [2], indirect=True)
 def test_a_hang_across_two_hosts_is_caught_and_rank2_named(ssh_lab, tmp_path):
-    from procscan import wait_gone
-
     env, cluster = lab_job(ssh_lab, tmp_path, "hung", "hang_rank2.py", TWO_NODES,
                            extra="hang_timeout: 10\n")
     result = run_cli("up", cluster, "--run-id", "hung", "--runs-dir", str(tmp_path / "runs"),
@@ -171,4 +167,4 @@ def test_a_hang_across_two_hosts_is_caught_and_rank2_named(ssh_lab, tmp_path):
     assert ("root cause: node 1 (node1): hang: no progress for 1" in result.stdout
             and "rank 2 is elsewhere: <module> (hang_rank2.py:14)" in result.stdout)
     assert (tmp_path / "runs" / "hung" / "stacks").is_dir()
-    assert wait_gone("hung", 15) == set()
+    assert wait_gone("hung", 15, labs=[ssh_lab]) == set()

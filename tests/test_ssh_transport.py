@@ -129,9 +129,10 @@ def test_abort_cuts_off_a_long_running_command(node0, tmp_path):
     handle = node0.start(["sh", "-c", f'echo $$ > "{pidfile}"; '
                                       "while :; do echo tick; sleep 0.1; done"])
     assert handle.stdout.readline() == b"tick\n"
-    started = time.monotonic()
     handle.abort()
-    assert handle.wait(2) == EXIT_ABORTED and time.monotonic() - started < 1
+    # the loop never ends by itself: an exit at all is the abort's (a wide
+    # margin on a loaded machine; the remote side is checked below)
+    assert handle.wait(10) == EXIT_ABORTED
     handle.stdout.read()  # ends instead of hanging
     remote_pid = int(pidfile.read_text())
     # no pty and no signal for root sessions: the loop dies of SIGPIPE
@@ -362,12 +363,15 @@ def test_revoked_entry_reads_only_revoked_lines_for_the_offered_key(tmp_path):
 
 @live
 def test_dead_host_is_unreachable_fast():
+    """Refused at once: not after the connect timeout (30 s here) it would
+    otherwise wait out; the bound leaves a loaded machine its margin."""
     port = _free_port("127.0.55.200")  # a lab address nothing listens on
     started = time.monotonic()
     with pytest.raises(TransportError, match=rf"unreachable: connection refused by "
                                              rf"127\.0\.55\.200:{port}") as caught:
-        SshTransport("127.0.55.200", port=port, ssh_config=None).run(["true"])
-    assert time.monotonic() - started < 2
+        SshTransport("127.0.55.200", port=port, ssh_config=None, connect_timeout=30).run(
+            ["true"])
+    assert time.monotonic() - started < 10
     assert caught.value.host == "127.0.55.200"
 
 

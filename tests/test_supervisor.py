@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT
 from orchestrator.agent.protocol import CONTROL_PREFIX, decode
 from orchestrator.transport.local import LocalTransport
-from procscan import marked_pids, wait_gone
+from orchestrator.agent.procs import own_marker
+from procscan import wait_gone, worker_pids
 
 pytestmark = pytest.mark.live
 PROGRAM = os.path.join(ROOT, "tests", "programs", "escaping_workers.py")
@@ -25,7 +26,7 @@ def start(tmp_path, run_id: str, *extra: str, grace_s: float = 1.0):
             "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "bundle": None, "grace_s": grace_s}
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    handle = supervise(spec_path)
+    handle = supervise(spec_path, run_id)
     seen = b""
     while seen.count(b"worker up") < 2:  # counted, not matched per line: robust to interleaving
         line = handle.stdout.readline()
@@ -34,10 +35,12 @@ def start(tmp_path, run_id: str, *extra: str, grace_s: float = 1.0):
     return handle
 
 
-def supervise(spec_path):
-    """The agent's supervisor, run from a spec file as one would by hand."""
+def supervise(spec_path, run_id: str = ""):
+    """The agent's supervisor, run from a spec file as one would by hand,
+    marked as ddp-orch marks its own processes of a run (``own_marker``):
+    the "nothing left" scan sees it, and its guardian, too."""
     return LocalTransport().start([sys.executable, "-m", "orchestrator.agent", "supervise",
-                                   str(spec_path)], env={"PYTHONPATH": ROOT})
+                                   str(spec_path)], env={"PYTHONPATH": ROOT, **own_marker(run_id)})
 
 
 def control_of(handle) -> dict:
@@ -49,7 +52,7 @@ def control_of(handle) -> dict:
 def test_stop_kills_workers_in_their_own_sessions(tmp_path):
     run_id = f"sup-stop-{os.getpid()}"
     handle = start(tmp_path, run_id)
-    assert len(marked_pids(run_id)) == 3  # the program and its two workers
+    assert len(worker_pids(run_id)) == 3  # the program and its two workers
     handle.send(b"stop\n")
     code = handle.wait(timeout=20)
     assert code == 128 + 9  # the program ignores SIGTERM, so it is killed

@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+
+FLUSH_S = 5.0  # how long the last output may take to leave before the agent exits
 
 
 def main(argv: list[str]) -> int:
@@ -36,11 +39,20 @@ def main(argv: list[str]) -> int:
         print("usage: ddp_orch_agent serve | supervise SPEC.json | job JOB.json | "
               "stacks JOB.json OUT_PREFIX [--native]", file=sys.stderr)
         return 2
+    # A controller that went silent may leave our stdout full, and a flush
+    # blocked on it for good: the agent would never exit. At most a few
+    # seconds, then it exits anyway (supervisor.json has the outcome).
+    flusher = threading.Thread(target=_flush, daemon=True)
+    flusher.start()
+    flusher.join(FLUSH_S)
+    os._exit(code)  # no interpreter teardown racing the stdin thread
+
+
+def _flush() -> None:
     try:
         sys.stdout.flush()
-    except BrokenPipeError:  # the controller is gone; supervisor.json has the outcome
+    except (BrokenPipeError, ValueError):  # the controller is gone
         pass
-    os._exit(code)  # no interpreter teardown racing the stdin thread
 
 
 if __name__ == "__main__":

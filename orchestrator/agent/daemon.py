@@ -41,7 +41,7 @@ import time
 
 from . import peers
 from .jobnode import STREAM_FILE  # a node's stream, under Slurm and kept alike
-from .procs import start_time
+from .procs import running, start_time
 from .protocol import CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
 
 STATE_FILE = "keeper.json"
@@ -132,14 +132,15 @@ def _recorded(run_dir: str) -> dict | None:
 
 def _live_pid(recorded: dict | None) -> int | None:
     """The recorded keeper's pid, if that very process still runs (pid and
-    start time as recorded)."""
+    start time as recorded, and not a zombie: a daemon's reaper, a
+    container's pid 1 say, may reap it late or never)."""
     try:
         pid = int(recorded["pid"])  # type: ignore[index]
     except (KeyError, TypeError, ValueError):
         return None
     if recorded.get("start_time") is None or start_time(pid) != recorded.get("start_time"):
         return None
-    return pid
+    return pid if running(pid) else None
 
 
 def keeper_pid(run_dir: str) -> int | None:

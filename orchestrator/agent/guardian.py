@@ -12,7 +12,10 @@ ends, however it ends, the kernel closes that pipe. A supervisor that
 finished its own teardown writes ``done`` first and the guardian leaves;
 otherwise the guardian finds the run's processes by their marker
 variables and ends them (SIGTERM, the grace period, SIGKILL), then masks
-the secrets in the logs they left, as the supervisor would have.
+the secrets in the logs they left, as the supervisor would have, and
+writes ``guardian.json`` beside ``supervisor.json``: when its teardown was
+over and what it ended (what bounds "a killed supervisor's run is gone at
+once" is measured on it).
 
 It needs no files: its source is this package's ``procs`` and ``scrub``
 modules, read through the modules' loader (from memory on a node), and
@@ -48,10 +51,23 @@ def _guard():
             except ValueError:
                 pass
     marker = tuple(sys.argv[1:3])
-    terminate(lambda: marked_processes(marker), float(sys.argv[3]),
-              still_ours=lambda pid: has_marker(pid, marker))
+    began = time.time()
+    ended, survivors = terminate(lambda: marked_processes(marker), float(sys.argv[3]),
+                                 still_ours=lambda pid: has_marker(pid, marker))
+    torn_down_at = time.time()
     if orders.get("log_dir") and orders.get("secrets"):
         scrub_tree(orders["log_dir"], orders["secrets"])
+    if orders.get("record"):
+        record = {"reason": "its supervisor ended without its teardown", "began": began,
+                  "torn_down_at": torn_down_at, "ended": sorted(ended),
+                  "survivors": [{"pid": p, "cmd": c} for p, c in survivors.items()]}
+        try:  # never through a link planted in the run directory
+            fd = os.open(orders["record"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                         | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(record, fh)
+        except OSError:
+            pass
 
 import sys
 _guard()
@@ -70,11 +86,13 @@ def start(marker: tuple[str, str], grace_s: float) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def arm(guardian: subprocess.Popen, log_dir: str, secrets: list[str]) -> None:
-    """Tell the guardian where torchrun's logs are and what to mask in them."""
+def arm(guardian: subprocess.Popen, log_dir: str, secrets: list[str],
+        record: str | None = None) -> None:
+    """Tell the guardian where torchrun's logs are and what to mask in them,
+    and where to record its teardown if it has to do one (``record``)."""
     try:
-        guardian.stdin.write(json.dumps({"log_dir": log_dir, "secrets": secrets}).encode()
-                             + b"\n")
+        guardian.stdin.write(json.dumps({"log_dir": log_dir, "secrets": secrets,
+                                         "record": record}).encode() + b"\n")
         guardian.stdin.flush()
     except OSError:
         pass  # it is gone: the supervisor's own teardown is all there is

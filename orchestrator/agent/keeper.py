@@ -139,12 +139,15 @@ class Keeper:
         # node 0's view of the gang: the links, and per attempt who ended how
         self.links: dict[int, peers.Link] = {}
         self.lost: dict[int, str] = {}
+        self.lost_when: dict[int, dict] = {}  # {lost_at, heard_at} of each lost link
         self.ended: dict[int, dict] = {}
         self.stop_asked: set[int] = set()
         self.setup_ready: set[int] = set()  # node 0: whose setup is done (``gang-setup``)
         self.setup_go = threading.Event()  # every node's setup is done (``gang-go``)
         self._signalled = os.pipe()  # the signal handler's only act: a byte here
         self.over = threading.Event()  # the run has ended here
+        self.followed = False  # an attached run's follower has been seen (``_watch_follower``)
+        self.state_lock = threading.Lock()  # keeper.json: one writer at a time
 
     # -- shared ---------------------------------------------------------------
 
@@ -209,7 +212,9 @@ class Keeper:
         seen = False
         while not self.over.wait(FOLLOWER_POLL_S):
             if daemon.follower_present(self.run_dir):
-                seen = True
+                if not seen:  # recorded: from now on its going stops the run
+                    seen = self.followed = True
+                    self.write_state("running", unless_over=True)
             elif seen or time.monotonic() > deadline:
                 why = (f"the controller's follower on node {self.node_rank} is gone"
                        if seen else f"no controller followed node {self.node_rank} within "
@@ -361,13 +366,20 @@ class Keeper:
         return {"event": "finished", "code": code, "state": state,
                 **(self.fitted_attempts() if self.node_rank == 0 else {})}
 
-    def write_state(self, state: str, code: int | None = None) -> None:
-        payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
-                   "node_rank": self.node_rank, "run_id": self.sup_spec["run_id"],
-                   "rule": self.spec.get("rule"), "state": state, "code": code,
-                   "attempt": len(self.attempts), "updated": time.time(),
-                   **self.fitted_attempts()}
-        files.put_json(os.path.join(self.run_dir, STATE_FILE), self.masked(payload))
+    def write_state(self, state: str, code: int | None = None,
+                    unless_over: bool = False) -> None:
+        """keeper.json; ``unless_over``: not once the run has ended here (a
+        thread other than the main one must never write over the end)."""
+        with self.state_lock:
+            if unless_over and self.over.is_set():
+                return
+            payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
+                       "node_rank": self.node_rank, "run_id": self.sup_spec["run_id"],
+                       "rule": self.spec.get("rule"), "state": state, "code": code,
+                       "attempt": len(self.attempts), "updated": time.time(),
+                       **({"followed": True} if self.followed else {}),
+                       **self.fitted_attempts()}
+            files.put_json(os.path.join(self.run_dir, STATE_FILE), self.masked(payload))
 
     # -- node 0 ---------------------------------------------------------------
 
@@ -473,7 +485,7 @@ class Keeper:
             deadline = None
             while True:
                 for k, why in self.lost.items():
-                    self.ended.setdefault(k, {"lost": why})
+                    self.ended.setdefault(k, {"lost": why, **self.lost_when.get(k, {})})
                 if len(self.ended) >= self.nnodes:
                     return dict(self.ended)
                 if attempt in self.stop_for and deadline is None:
@@ -543,6 +555,10 @@ class Keeper:
             if self.finishing:
                 return
             self.lost[k] = why  # no later attempt: it cannot take part again
+            link = self.links.get(k)
+            if link is not None:  # when: what the loss bounds are measured on
+                self.lost_when[k] = {"lost_at": link.lost_at or time.time(),
+                                     "heard_at": link.heard_at}
             if k not in self.ended:
                 self._stop_all(f"lost node {k} ({why})")
             self.lock.notify_all()
@@ -644,7 +660,9 @@ def compact(event: dict) -> dict:
                         for s in _list(event.get("survivors")) if isinstance(s, dict)
                         ][:MAX_SURVIVORS]
     if "lost" in event:
-        out = {"lost": str(event["lost"])[:MAX_MESSAGE]}
+        out = {"lost": str(event["lost"])[:MAX_MESSAGE],
+               **{k: event[k] for k in ("lost_at", "heard_at")
+                  if _num(event.get(k)) is not None}}
     return out
 
 

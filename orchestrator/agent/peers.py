@@ -60,6 +60,10 @@ class Link:
         self.closed = threading.Event()
         self.lines = LineBuffer(max_line=MAX_LINE)
         self.pending = first  # bytes already read past the hello
+        # Wall clock, for the record of a loss: when the other end was last
+        # heard (a heartbeat at least), and when the link was given up on.
+        self.heard_at = time.time()
+        self.lost_at: float | None = None
         sock.settimeout(GANG_TIMEOUT_S)
 
     def start(self) -> "Link":
@@ -102,6 +106,7 @@ class Link:
                 data = self.sock.recv(65536)
                 if not data:
                     break
+                self.heard_at = time.time()
                 block = self.lines.feed(data)
         except socket.timeout:
             why = f"nothing on the link for {GANG_TIMEOUT_S:g}s"
@@ -113,6 +118,7 @@ class Link:
             # Never a reader that dies quietly: its link would look alive.
             why = f"a malformed message: {type(exc).__name__}: {exc}"[:300]
         if not self.closed.is_set():
+            self.lost_at = time.time()
             self.close()
             self.on_lost(why)
 

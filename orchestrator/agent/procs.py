@@ -65,8 +65,25 @@ def command_line(pid: int) -> str:
 
 def run_marker(run_id: str, node_rank: int | str) -> tuple[str, str]:
     """The marker variables of one node's part of a run (the plan sets them
-    on every process it starts): what finds its processes on this node."""
+    on every process it starts): what finds its processes on this node, to
+    end them. ddp-orch's own processes do not carry them (``OWN_MARKER``)."""
     return (f"DDP_ORCH_RUN_ID={run_id}", f"DDP_ORCH_NODE_RANK={node_rank}")
+
+
+# ddp-orch's own processes of a run (each agent the controller starts for it,
+# and so the supervisor it becomes, its guardian, a keeper, a follower; under
+# Slurm each job's agent) carry ``DDP_ORCH_RUN=<run id>``, and pass it on to
+# everything they start. A variable of its own, not ``run_marker``'s: the
+# teardown (supervisor, guardian, ``down``, ``prune``) ends what carries the
+# run marker, and must never end the supervisor or agent doing it. One scan
+# for either name finds every process of the run (``tests/procscan.py``).
+OWN_MARKER = "DDP_ORCH_RUN"
+
+
+def own_marker(run_id: str | None) -> dict[str, str]:
+    """The environment that marks a process ddp-orch starts for ``run_id``
+    (none without one)."""
+    return {OWN_MARKER: run_id} if run_id else {}
 
 
 def running(pid: int) -> bool:

@@ -27,7 +27,8 @@ requests (``protocol.request``) one at a time until stdin closes:
 EOF before ``supervise`` means the controller is done with this node, or
 gave up on the launch: the agent exits having started nothing. After the
 supervisor's exit event, the controller sends ``done`` and may then ``get``
-files over the same channel; the agent exits with torchrun's code at EOF.
+files over the same channel; the agent exits with torchrun's code at EOF,
+or at once when the supervisor gave up on a silent controller.
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def serve() -> int:
 
             supervisor = Supervisor(request["spec"], stdin)
             code = supervisor.run()
+            if supervisor.controller_lost:
+                # It went silent (a partition, a frozen host): no `done`, no
+                # `get` will come, and its EOF may take hours (TCP). Waiting
+                # for it would leave this process behind on the node.
+                return code
             if supervisor.watcher.is_alive():
                 supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
             continue

@@ -40,6 +40,7 @@ from .protocol import ENDED_ON_ITS_OWN, LineBuffer, Reader, encode
 from .workerlogs import WorkerLogs
 
 STATE_FILE = "supervisor.json"
+GUARDIAN_FILE = "guardian.json"  # the guardian's teardown, had it to do one (guardian.py)
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
 
@@ -94,7 +95,8 @@ class Supervisor:
             _extract(self.spec["bundle"], self.run_dir)
         procs.become_subreaper()
         self.guardian = guardian.start(self.marker, self.grace_s)
-        guardian.arm(self.guardian, self.log_dir, self.spec.get("secrets", []))
+        guardian.arm(self.guardian, self.log_dir, self.spec.get("secrets", []),
+                     os.path.join(self.run_dir, GUARDIAN_FILE))
         if self.spec.get("own_signals", True):  # a keeper (keeper.py) handles them itself
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, lambda signum, _f: self.request_stop(
@@ -130,13 +132,14 @@ class Supervisor:
         else:
             reason = ENDED_ON_ITS_OWN
             self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
+        torn_down_at = time.time()  # nothing of the run is left here (but survivors)
         guardian.release(self.guardian)  # the run is torn down: nothing left to guard
         self.workers_done.set()  # every worker is gone: what is in the files is all
         follower.join(timeout=10.0)
         relay.join(timeout=2.0)
         if self.spec.get("secrets"):  # the logs are complete: mask what they hold
             files.scrub_tree(self.log_dir, self.spec["secrets"])
-        self.write_state(child.pid, started, code)
+        self.write_state(child.pid, started, code, reason, torn_down_at)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
         self.last_exit = {"event": "exit", "code": code, "reason": reason,
                    "failures": failures.collect(
@@ -176,8 +179,9 @@ class Supervisor:
         self.exit_code = code  # no torchrun ran: nothing for the teardown to wait for
         self.exited.set()
         self.teardown(-1, grace_s=min(self.grace_s, 3.0))  # whatever setup left behind
+        torn_down_at = time.time()
         guardian.release(self.guardian)
-        self.write_state(-1, started, code)
+        self.write_state(-1, started, code, self.last_exit["reason"], torn_down_at)
         self.emit(self.last_exit)
         self.wakeup.close()
         return False
@@ -382,10 +386,20 @@ class Supervisor:
                     stack.append(child)
         return found | procs.marked_processes(self.marker)
 
-    def write_state(self, child_pid: int, started: float, code: int | None) -> None:
+    def write_state(self, child_pid: int, started: float, code: int | None,
+                    reason: str = "", torn_down_at: float | None = None) -> None:
+        """``supervisor.json``; once the run is over here, also its teardown
+        record (wall clock, ``time.time()``): when a stop was asked for
+        (``stopped_at``, None when torchrun ended on its own), why, and when
+        the teardown was over (``torn_down_at``: no process of the run left
+        here but the ``survivors`` of the exit event). What bounds the time
+        from a fault to nothing left is measured on these."""
         state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
                  "started": started, "exit_code": code, "run_id": self.spec["run_id"],
                  "node_rank": self.spec["node_rank"]}
+        if torn_down_at is not None:
+            state.update(stopped_at=self.stopped_at, reason=files.mask_strings(
+                reason, self.spec.get("secrets", [])), torn_down_at=torn_down_at)
         files.put_json(os.path.join(self.run_dir, STATE_FILE), state)
 
 

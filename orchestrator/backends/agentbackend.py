@@ -102,7 +102,7 @@ class AgentBackend(LaunchBackend):
             opened, started = open_agents(
                 transports, {n.node_rank: n.python for n in plan.nodes},
                 self.options.start_timeout_s,
-                first=lambda k, agent: self._prepare(plan, k, agent, bundle))
+                first=lambda k, agent: self._prepare(plan, k, agent, bundle), run_id=plan.run_id)
             agents.update(started)
             hung = [k for k, exc in opened.failed.items() if isinstance(exc, TimeoutError)]
             if not opened.ok:  # nothing starts: take back what was prepared where we can
@@ -144,7 +144,8 @@ class AgentBackend(LaunchBackend):
     def cancel(self, record: RunRecord) -> list[CancelResult]:
         def down(k: int) -> CancelResult:
             node = record.nodes[k]
-            reply = self._ask(node, "down", run_id=record.run_id, node_rank=node.node_rank,
+            reply = self._ask(record.run_id, node, "down", run_id=record.run_id,
+                              node_rank=node.node_rank,
                               run_dir=node.run_dir, grace_s=self.options.grace_s)
             return CancelResult(node.node_rank, node.host, tuple(reply.get("killed") or ()),
                                 "" if reply["ok"] else str(reply.get("error")),
@@ -162,7 +163,8 @@ class AgentBackend(LaunchBackend):
         remote = [n for n in record.nodes if not in_local_run_dir(record, n)]
 
         def prune(node: NodeRecord) -> PruneResult:
-            reply = self._ask(node, "prune", run_dir=node.run_dir, run_id=record.run_id,
+            reply = self._ask(record.run_id, node, "prune", run_dir=node.run_dir,
+                              run_id=record.run_id,
                               node_rank=node.node_rank)
             return PruneResult(node.node_rank, node.host, int(reply.get("freed") or 0),
                                "" if reply.get("ok") else str(reply.get("error")),
@@ -184,7 +186,7 @@ class AgentBackend(LaunchBackend):
         agents: dict[int, AgentHandle] = {}
         try:
             opened, started = open_agents(transports, {n.node_rank: n.python for n in record.nodes},
-                                          self.options.start_timeout_s)
+                                          self.options.start_timeout_s, run_id=record.run_id)
             agents.update(started)
             opened.values("connecting to the nodes", _labeller(info.plan))
             gang = KeptGang(info, record.run, agents, console, grace_s=self.options.grace_s,
@@ -212,7 +214,7 @@ class AgentBackend(LaunchBackend):
 
         def ask(k: int) -> dict:
             node = record.nodes[k]
-            reply = self._ask(node, "keeper", run_dir=node.run_dir)
+            reply = self._ask(record.run_id, node, "keeper", run_dir=node.run_dir)
             if not reply.get("ok"):
                 raise TransportError(node.host, str(reply.get("error")))
             return reply
@@ -274,7 +276,7 @@ class AgentBackend(LaunchBackend):
 
         def ask(host: str) -> list[dict]:
             first = nodes[hosts[host][0]]
-            reply = self._ask(first, "stacks", run_id=run_id, native=native,
+            reply = self._ask(run_id, first, "stacks", run_id=run_id, native=native,
                               timeout=STACKS_TIMEOUT_S, max_reply=256 << 20,
                               run_dirs={k: nodes[k].run_dir for k in hosts[host]})
             if not reply.get("ok"):
@@ -297,12 +299,13 @@ class AgentBackend(LaunchBackend):
 
     # -- helpers ------------------------------------------------------------
 
-    def _ask(self, node: NodeRecord, op: str, **fields: Any) -> dict:
-        """One request to a recorded node over a fresh agent, which then exits
-        (``down``, ``status``, ``stacks``: commands about a run, not in it)."""
+    def _ask(self, run: str, node: NodeRecord, op: str, /, **fields: Any) -> dict:
+        """One request to a recorded node over a fresh agent (marked as run
+        ``run``'s), which then exits (``down``, ``status``, ``stacks``:
+        commands about a run, not in it)."""
         transport = self.transport(node.node_rank, node.host, node.connection)
         try:
-            return _call(transport, node.python, op, **fields)
+            return _call(transport, node.python, run, op, **fields)
         finally:
             transport.close()
 
@@ -370,7 +373,8 @@ class AgentBackend(LaunchBackend):
 
         def sweep(k: int) -> None:
             node = info.plan.nodes[k]
-            reply = _call(transports[k], node.python, "down", run_id=info.plan.run_id,
+            reply = _call(transports[k], node.python, info.plan.run_id, "down",
+                          run_id=info.plan.run_id,
                           node_rank=k, run_dir=node.run_dir, grace_s=self.options.grace_s)
             killed = reply.get("killed") or []
             run.note(k, f"node lost; down ended {len(killed)} leftover process(es)"
@@ -390,7 +394,8 @@ class AgentBackend(LaunchBackend):
         wanted = wanted_files(info, outcome)
 
         def fetch(k: int) -> None:
-            agent = reusable.get(k) or AgentHandle(transports[k], info.plan.nodes[k].python)
+            agent = reusable.get(k) or AgentHandle(transports[k], info.plan.nodes[k].python,
+                                                   run_id=info.plan.run_id)
             try:
                 for file in wanted[k]:
                     try:
@@ -416,9 +421,10 @@ class AgentBackend(LaunchBackend):
         return result if isinstance(result, dict) else None
 
 
-def _call(transport: Transport, python: str, op: str, **fields: Any) -> dict:
-    """One request over a fresh agent on ``transport``, which then exits."""
-    agent = AgentHandle(transport, python)
+def _call(transport: Transport, python: str, run: str, op: str, /, **fields: Any) -> dict:
+    """One request over a fresh agent on ``transport`` (marked as run
+    ``run``'s), which then exits."""
+    agent = AgentHandle(transport, python, run_id=run)
     try:
         return agent.call(op, **fields)
     finally:

@@ -16,6 +16,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ..agent import bootstrap
+from ..agent.procs import own_marker
 from ..agent.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, digest, request
 from ..errors import TransportError
 from ..records.hints import PYTHON as _PYTHON_HINT
@@ -29,22 +30,41 @@ NOISE_KEPT = 20  # lines a node printed before its agent spoke, kept for the err
 class AgentHandle:
     """A running agent on one node (``serve``), owned by the controller."""
 
-    def __init__(self, transport: Transport, python: str, *, wait: bool = True):
-        """Start the agent; with ``wait``, also wait for its hello (``await_hello``)."""
+    def __init__(self, transport: Transport, python: str, *, wait: bool = True,
+                 run_id: str | None = None, boot: bool = True):
+        """Start the agent; with ``wait``, also wait for its hello (``await_hello``).
+
+        With ``run_id`` the agent carries the run's own marker
+        (``procs.own_marker``), and so does everything it starts (the
+        supervisor it becomes, its guardian, a keeper): one scan of /proc
+        finds every process of the run, ddp-orch's own included.
+
+        Without ``boot`` only the node's command starts; ``boot()`` then
+        sends the agent itself, which a node that never reads its stdin
+        (a hung interpreter) leaves blocked on a full pipe: whoever holds
+        the handle meanwhile can still ``close`` (and so abort) it."""
         self.transport = transport
         self.host = transport.host
         self.python = python
         try:
-            self.process: ProcessHandle = transport.start(bootstrap.command(python))
+            self.process: ProcessHandle = transport.start(bootstrap.command(python),
+                                                          env=own_marker(run_id) or None)
         except TransportError as exc:  # a local node with no such python, a host not found
             raise TransportError(self.host, exc.message,
                                  exc.hint or transport_hint(exc.message)) from None
-        self.process.send(bootstrap.payload(["serve"]))
         self.reader = Reader(self.process.read_chunk)
         self.noise: list[str] = []
         self.hello: dict = {}
+        if boot:
+            self.boot(wait)
+
+    def boot(self, wait: bool = True) -> "AgentHandle":
+        """Send the agent's package (``bootstrap.payload``); with ``wait``,
+        wait for its hello too."""
+        self.process.send(bootstrap.payload(["serve"]))
         if wait:
             self.await_hello()
+        return self
 
     def await_hello(self) -> "AgentHandle":
         """Block until the agent runs (it arrives and says hello); returns self."""
@@ -136,7 +156,12 @@ class AgentHandle:
         A node that never reads its stdin (a hung interpreter) leaves a send
         blocked on a full pipe, holding the stream's lock, and the EOF would
         wait on that lock forever: after ``timeout_s`` the command is aborted
-        instead, which also ends the blocked send."""
+        instead, which also ends the blocked send. An agent that never said
+        hello (a hung login or interpreter) runs nothing to tear down: it is
+        aborted at once."""
+        if not self.hello:
+            self.process.abort()
+            return
         closer = threading.Thread(target=self.process.close_stdin, daemon=True,
                                   name=f"close-{self.host}")
         closer.start()
@@ -193,19 +218,22 @@ class AgentHandle:
 
 
 def open_agents(transports: Mapping[int, Transport], pythons: Mapping[int, str],
-                timeout_s: float, first: Callable[[int, "AgentHandle"], Any] | None = None
-                ) -> tuple[GroupResult, dict[int, AgentHandle]]:
+                timeout_s: float, first: Callable[[int, "AgentHandle"], Any] | None = None,
+                run_id: str | None = None) -> tuple[GroupResult, dict[int, AgentHandle]]:
     """Start an agent on every node at once and wait up to ``timeout_s`` for
     each to answer. ``first(k, agent)``, if given, runs as soon as node k's
     agent is started, before its hello: it may send requests (they are
     pipelined behind the agent's own upload) and collect their replies; its
     value is the node's result. Returns the group result and every agent
     that was started, answering or not, so the caller can close them all (a
-    hung node's process included)."""
+    hung node's process included). ``run_id`` marks them (``AgentHandle``)."""
     started: dict[int, AgentHandle] = {}
 
     def open_one(k: int) -> Any:
-        started[k] = AgentHandle(transports[k], pythons[k], wait=False)
+        # Held before the package is sent: a hung node blocks that send, and
+        # must still be closed (aborted) at the end.
+        started[k] = AgentHandle(transports[k], pythons[k], run_id=run_id, boot=False)
+        started[k].boot(wait=False)
         if first is not None:
             return first(k, started[k])
         return started[k].await_hello()

@@ -10,6 +10,7 @@ then the channel is cut, which the supervisors also treat as "tear down".
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Callable, Mapping
@@ -61,6 +62,11 @@ class Gang:
         for handle in self.handles:
             handle.watch_output = hang_timeout_s is not None
         self.interrupted = False
+        # From the first Ctrl-C on, another one (or a SIGTERM) is a flag the
+        # teardown's wait looks at (kill at once), not an exception that could
+        # land before the teardown's own ``try`` and skip its stop and kill.
+        self._hurried = False
+        self._handlers: dict = {}
         # A scheduler's job outlives us (Slurm): ``leave_when_started`` returns
         # once every node runs (``up --detach``); ``observe`` follows a job we
         # did not start (``attach``) and never stops it: Ctrl-C just leaves.
@@ -92,13 +98,18 @@ class Gang:
             if self.observe:
                 self.left = True
             else:
+                self._hurry_on_signals()
                 self.interrupted = True
                 self.console.always("ddp-orch: interrupted; stopping every node "
                                     "(press Ctrl-C again to kill at once)")
         finally:
             self._over.set()
-            if not (self.left or self.observe):
-                self._teardown()
+            try:
+                if not (self.left or self.observe):
+                    self._teardown()
+            finally:
+                for sig, handler in self._handlers.items():
+                    signal.signal(sig, handler)
         if self.left:
             return RunOutcome(self.plan.run_id, RunState.RUNNING, time.monotonic() - started,
                               tuple(h.finish(timeout=0.1) for h in self.handles), None, None)
@@ -248,6 +259,17 @@ class Gang:
         for handle in self.handles:
             handle.stop()
 
+    def _hurry_on_signals(self) -> None:
+        """Ctrl-C or SIGTERM from now on sets ``_hurried`` (``_teardown``)."""
+        def hurry(_signum, _frame) -> None:
+            self._hurried = True
+
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._handlers[sig] = signal.signal(sig, hurry)
+        except ValueError:  # not the main thread: a second one raises, as before
+            pass
+
     def _teardown(self) -> None:
         """Stop what still runs: gracefully, then SIGKILL through the
         supervisors, then cut them off. A 2nd Ctrl-C skips the grace period."""
@@ -258,7 +280,9 @@ class Gang:
         try:
             for handle in running:
                 handle.stop()
-            wait_all(running, self.grace_s + 5.0)
+            wait_all(running, self.grace_s + 5.0, until=lambda: self._hurried)
+            if self._hurried:
+                self.console.always("ddp-orch: second interrupt; killing now")
         except KeyboardInterrupt:
             self.console.always("ddp-orch: second interrupt; killing now")
         finally:
@@ -269,9 +293,12 @@ class Gang:
                 handle.abort()
 
 
-def wait_all(handles: list[NodeHandle], timeout_s: float) -> None:
+def wait_all(handles: list[NodeHandle], timeout_s: float,
+             until: Callable[[], bool] = lambda: False) -> None:
+    """Until every handle's command has ended, ``timeout_s`` or ``until()``."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(h.poll() is None for h in handles):
+    while time.monotonic() < deadline and any(h.poll() is None for h in handles) \
+            and not until():
         time.sleep(0.05)
 
 

@@ -33,7 +33,7 @@ def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
     results: list[CheckResult] = []
     try:
         opened, opening = open_agents(transports, {n.node_rank: n.python for n in plan.nodes},
-                                      timeout_s)
+                                      timeout_s, run_id=plan.run_id)
         started.update(opening)
         agents.update(opened.succeeded)
         for node in plan.nodes:

@@ -33,6 +33,7 @@ import posixpath
 import time
 from ..agent import bootstrap, files, outputs
 from ..agent.daemon import offset_of_last_lines
+from ..agent.procs import own_marker
 from ..agent.jobnode import ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE, secret_variable
 from ..config.spec import AUTO_PORT, SlurmSpec
 from ..console import Console
@@ -231,7 +232,7 @@ class Backend(LaunchBackend):
         gang = Gang(resolved, run, streams, console, grace_s=self.options.grace_s,
                     start_timeout_s=self.options.start_timeout_s, watch_silence=False,
                     hang_timeout_s=self.options.hang_timeout_s,
-                    dump_stacks=lambda: self._stacks(job.job_id, records),
+                    dump_stacks=lambda: self._stacks(job.job_id, records, plan.run_id),
                     leave_when_started=self.options.detach,
                     release_setup=False)  # the nodes' own barrier (agent/jobnode.py)
         outcome = gang.run()
@@ -353,11 +354,13 @@ class Backend(LaunchBackend):
 
     def _write_job(self, info: DryRun, run: RunDir) -> dict[str, str]:
         """agent.pyz, the bundle, job.json and the batch script, in the run
-        directory; returns sbatch's environment, which carries the secrets."""
+        directory; returns sbatch's environment, which carries the secrets
+        and the run's own marker (``procs.own_marker``: each node's agent
+        is a process of the run, found as one)."""
         plan = info.plan
         bootstrap.zipapp(run.file(AGENT_FILE))
         build_bundle(run.file(BUNDLE_NAME), plan.code, stand_ins(self.spec))
-        env = dict(os.environ)
+        env = {**os.environ, **own_marker(plan.run_id)}
         nodes = []
         for launch in info.nodes:
             spec = supervisor_spec(launch, plan.run_id, 0, self.options.grace_s)
@@ -451,9 +454,9 @@ class Backend(LaunchBackend):
         job_id = _job_of(record)
         if job_id is None:
             raise LaunchError(f"run {record.run_id} has no Slurm job on record")
-        return self._stacks(job_id, record.nodes, native)
+        return self._stacks(job_id, record.nodes, record.run_id, native)
 
-    def _stacks(self, job_id: str, nodes, native: bool = False) -> StacksResult:
+    def _stacks(self, job_id: str, nodes, run_id: str, native: bool = False) -> StacksResult:
         """One more step in the running job (``srun --overlap``), one task per
         node: each node's agent dumps its ranks into the shared directory."""
         directory = posixpath.dirname(nodes[0].run_dir)
@@ -463,7 +466,8 @@ class Backend(LaunchBackend):
                 "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", "--quiet",
                 nodes[0].python, "-I", "-S", f"{directory}/{AGENT_FILE}", "stacks",
                 f"{directory}/{JOB_FILE}", prefix, *(["--native"] if native else [])]
-        done = slurmctl.run(argv, timeout=STACKS_TIMEOUT_S + 60)
+        done = slurmctl.run(argv, env={**os.environ, **own_marker(run_id)},
+                            timeout=STACKS_TIMEOUT_S + 60)
         ranks, seen = [], set()
         for node in nodes:
             path = f"{prefix}-node-{node.node_rank}.json"
