@@ -70,8 +70,10 @@ def test_a_secret_that_straddles_a_cut_leaves_no_fragment_in_any_record(tmp_path
         spec["supervisor"]["argv"][2] = FAILING_PROGRAM
     start_all(specs)
     states = wait_ended(specs)
-    node0 = states[0]["attempts"][0]["nodes"]["0"]  # node 1 may be stopped before it fails
-    assert node0["failures"] and node0["last_lines"], node0  # the records were cut
+    # Whichever node fails first stops the other, maybe before it fails too:
+    # at least one node's record holds its cut failure and last lines.
+    nodes = states[0]["attempts"][0]["nodes"]
+    assert [n for n in nodes.values() if n["failures"] and n["last_lines"]], nodes
     fragments = (secret[:len(secret) // 2], secret[len(secret) // 2:])
     for spec in specs:
         run_dir = spec["supervisor"]["run_dir"]
