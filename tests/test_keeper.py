@@ -151,8 +151,14 @@ def test_a_killed_keeper_stops_the_other_nodes_at_once(tmp_path):
     states = [s for i, s in enumerate(wait_ended([specs[0], specs[2]], timeout=20))]
     assert time.monotonic() - began < 12
     attempt = states[0]["attempts"][0]
-    assert "lost" in attempt["nodes"]["1"] and attempt["nodes"]["2"]["stop_asked"]
-    assert attempt["no_restart"] == "" and attempt["state"] == "failed"
+    # Stopped because node 1's link closed, not after the heartbeat timeout
+    # ("nothing on the link for 10s"), which a bound alone cannot tell apart.
+    assert attempt["nodes"]["1"]["lost"] == "the link closed"
+    assert attempt["stop_reason"] == "lost node 1 (the link closed)"
+    assert attempt["nodes"]["2"]["stop_asked"] and attempt["state"] == "failed"
+    run, _ = attempt_outcomes(_plan(3), states[0]["attempts"])[0]
+    assert (run.root_cause.node_rank, run.root_cause.reason) == \
+        (1, "its keeper could not be heard: the link closed")
 
 
 @pytest.mark.live  # real daemons: seconds each
