@@ -106,3 +106,27 @@ def test_a_quiet_run_with_step_heartbeats_is_not_a_hang_and_shows_its_progress(t
     assert "node 0 (localhost): 2 rank(s) at step " in out, out
     state = json.loads((tmp_path / "runs" / "quiet" / "state.json").read_text())
     assert state["state"] == "succeeded"
+
+
+@pytest.mark.live
+def test_the_hang_watchdog_under_slurm_names_the_odd_rank_from_a_step_in_the_job(
+        slurm_lab, tmp_path):
+    """The same hang on two Slurm nodes: progress reaches the controller
+    through the shared run directory, the stacks through a step in the job,
+    and the job is cancelled."""
+    from test_slurm_launch import cluster, state_of, up
+
+    path = cluster(tmp_path, "shang", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
+                   "workload: {script: hang_rank2.py}\n", program="hang_rank2.py")
+    result = up(slurm_lab, tmp_path, path, "shang", "--hang-timeout", "10")
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = result.stdout.split("\nrun shang: ")[1]
+    assert ("root cause: node 1 (node2): hang: no progress for 1" in summary
+            and "ranks 0-1 wait in all_reduce <- hang_rank2.py:8; rank 2 is elsewhere: "
+                "<module> (hang_rank2.py:14)" in summary), summary
+    kept = os.listdir(tmp_path / "runs" / "shang" / "stacks")
+    assert sorted(os.listdir(tmp_path / "runs" / "shang" / "stacks" / kept[0])) == [
+        "rank-0.txt", "rank-1.txt", "rank-2.txt", "summary.txt"]
+    assert state_of(tmp_path, "shang")["state"] == "failed"
+    assert slurm_lab.wait_queue_empty() == []
+    assert wait_gone("shang", 15) == set()
