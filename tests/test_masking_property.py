@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config.loader import load_cluster_text
-from orchestrator.plan.secrets import MASK, is_secret, masked_cluster_file, scrub, secret_values
+from orchestrator.plan.secrets import MASK, is_secret, scrub, secret_values, stored_cluster_file
 
 SECRET_NAMES = ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "MY_SECRET", "AWS_CREDENTIALS"]
 PLAIN_NAMES = ["PROJECT", "TOKENIZERS_PARALLELISM", "NCCL_DEBUG", "OMP_NUM_THREADS", "MODE"]
@@ -126,9 +126,10 @@ def base_dir(tmp_path_factory) -> str:
 
 def check(text: str, base_dir: str) -> None:
     spec = load_cluster_text(text, source="c.yaml", base_dir=base_dir)
-    secrets = tuple(sorted({v for node in spec.nodes for v in secret_values(node.env)},
-                           key=len, reverse=True))
-    masked = masked_cluster_file(text, (node.env for node in spec.nodes))
+    envs = (spec.env, *(node.env for node in spec.nodes))
+    secrets = tuple(sorted({v for env in envs for v in secret_values(env)}, key=len,
+                           reverse=True))
+    masked = stored_cluster_file(spec)  # as the run directory and the bundle keep it
     back = load_cluster_text(masked, source="c.yaml", base_dir=base_dir)
 
     def hidden(value: str) -> str:
@@ -162,6 +163,9 @@ ANCHORED = ("env:\n  HF_TOKEN: &t s3cr3tvalue\nnodes:\n  - host: a\n    procs: 1
               "workload: {script: train.py, args: [s3cr3tvalue]}\n")  # bare ******** : an alias
 @example(text="env:\n  HF_TOKEN: &t !!str |-\n    s3cr3tvalue\n  # s3cr3tvalue\n"
               "nodes: [{host: a, procs: 1, env: {B: *t}}]\nworkload: {script: train.py}\n")
+@example(text="env: {PROJECT: &a ab000000, HF_TOKEN: *a}\n"  # a secret every node overrides
+              "nodes: [{host: a, procs: 1, env: {HF_TOKEN: aa000000}}]\n"
+              "workload: {script: train.py, args: [ab000000]}\n")
 def test_a_masked_cluster_file_loads_to_the_same_spec_with_the_secrets_replaced(text, base_dir):
     check(text, base_dir)
 

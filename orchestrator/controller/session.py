@@ -18,7 +18,7 @@ from ..config.spec import ClusterSpec
 from ..console import Console
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
-from ..plan.secrets import masked_cluster_file
+from ..plan.secrets import stored_cluster_file
 from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir, new_run_id
 from ..records.store import write_state
@@ -36,7 +36,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
        run_id: str | None = None) -> tuple[RunOutcome, RunDir]:
     """Launch ``spec`` and return how it ended, with its run directory."""
     run = RunDir.create(runs_dir, run_id or new_run_id(spec.name))
-    run.write_text("cluster.yaml", masked_cluster_file(spec.text, (n.env for n in spec.nodes)))
+    run.write_text("cluster.yaml", stored_cluster_file(spec))
     backend, info = prepare(spec, options, run_id=os.path.basename(run.path),
                             local_run_dir=run.path)
     nodes = backend.node_records(info.plan)

@@ -18,7 +18,10 @@ Nodes mask only the values the controller lists in their spec (its
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from ..config.spec import ClusterSpec
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 MASK = "********"
@@ -58,11 +61,19 @@ def scrub(line: bytes, secrets: tuple[bytes, ...]) -> bytes:
     return line
 
 
+def stored_cluster_file(spec: "ClusterSpec") -> str:
+    """A ``ClusterSpec``'s file as it is stored in the run directory and
+    uploaded: ``masked_cluster_file`` with every env the file holds (its
+    top-level env too: a secret there that every node overrides is still
+    one, wherever else the file spells it)."""
+    return masked_cluster_file(spec.text, (spec.env, *(node.env for node in spec.nodes)))
+
+
 def masked_cluster_file(text: str, envs: Iterable[Mapping[str, str]]) -> str:
     """The cluster file ``text`` as it may be stored or uploaded: the secret
     env entries masked by their place in the YAML, and the secrets of
-    ``envs`` (each node's resolved env) by value wherever else they appear
-    (``mask_cluster_text``)."""
+    ``envs`` (the file's top-level env and each node's resolved env) by
+    value wherever else they appear (``mask_cluster_text``)."""
     values = {v for env in envs for v in secret_values(env)}
     return mask_cluster_text(text, tuple(v.decode() for v in values))
 
