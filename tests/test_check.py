@@ -83,9 +83,8 @@ def test_a_torch_version_that_differs_between_nodes_fails_check(ssh_lab, tmp_pat
     (site / "torch").mkdir()
     (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
     env = lab_home(ssh_lab, tmp_path)
-    cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, procs: 1}",
-                                              f"{{host: node1, procs: 1, python: {venv}/bin/python}}"],
-                          "workload: {name: noop}\n", name="versions")
+    nodes = ["{host: node0, procs: 1}", f"{{host: node1, procs: 1, python: {venv}/bin/python}}"]
+    cluster = lab_cluster(ssh_lab, tmp_path, nodes, "workload: {name: noop}\n", name="versions")
     result = run_cli("check", cluster, env=env, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     table = rows(result.stdout)

@@ -54,7 +54,8 @@ def test_seed_layout_on_two_slurm_nodes(slurm_lab, tmp_path):
     path = cluster(tmp_path, "seed", "[{host: node1, gpus: '3,4,5'}, {host: node2, gpus: [0, 1, 2, 3]}]",
                    "workload: {name: linear, args: {epochs: 1, samples: 560, "
                    "global_batch_size: 28}}\n",
-                   extra=f"device: cpu\nenv: {{HF_TOKEN: {SEED_SECRET}, WANDB_PROJECT: seed-layout}}\n")
+                   extra=f"device: cpu\n"
+                         f"env: {{HF_TOKEN: {SEED_SECRET}, WANDB_PROJECT: seed-layout}}\n")
     result = up(slurm_lab, tmp_path, path, "seed", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     run = tmp_path / "runs" / "seed"
