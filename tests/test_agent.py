@@ -3,10 +3,14 @@ replies, checked file transfer, and nothing left behind by a failed launch."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
+import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -140,26 +144,63 @@ def test_the_run_directory_is_new_and_its_root_ours_alone(agent, tmp_path):
     assert os.listdir(tmp_path / "elsewhere") == []
 
 
-def test_what_teardown_cannot_end_is_reported_by_pid_and_command():
-    """A process teardown cannot end (uninterruptible sleep, not ours to
-    signal) is named with its command, not silently left behind. Standing in
-    for "cannot": a check that says the pid is no longer ours, so no signal is
-    sent, as for a pid reused between the /proc scan and the signal."""
-    import signal
-    import subprocess
-
-    from orchestrator.agent import procs
-
-    sleeper = subprocess.Popen(["sleep", "30"])
+@contextlib.contextmanager
+def frozen(pid: int):
+    """``pid`` frozen by the cgroup (v1) freezer, as a process in
+    uninterruptible sleep is: in state D, SIGKILL does not end it until it
+    is thawed. Thawed (and so killable) on the way out."""
+    group = f"/sys/fs/cgroup/freezer/ddp-orch-test-{os.getpid()}-{pid}"
+    if not os.access("/sys/fs/cgroup/freezer", os.W_OK):
+        pytest.skip("no writable cgroup v1 freezer to make a process SIGKILL cannot end")
+    os.mkdir(group)
     try:
-        signalled, survivors = procs.terminate(lambda: {sleeper.pid}, grace_s=0,
-                                               still_ours=lambda pid: False)
-        assert signalled == {sleeper.pid}
-        assert survivors == {sleeper.pid: "sleep 30"}
-        assert sleeper.poll() is None  # it really was never signalled
+        with open(f"{group}/tasks", "w") as fh:
+            fh.write(str(pid))
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("FROZEN")
+        deadline = time.monotonic() + 10
+        while open(f"{group}/freezer.state").read().strip() != "FROZEN":
+            assert time.monotonic() < deadline, "the freezer did not freeze it"
+            time.sleep(0.05)
+        yield
     finally:
-        sleeper.send_signal(signal.SIGKILL)
-        sleeper.wait()
+        with open(f"{group}/freezer.state", "w") as fh:
+            fh.write("THAWED")
+        with open(f"{group}/tasks") as fh:  # move it back before the group goes
+            left = fh.read().split()
+        for task in left:
+            with open("/sys/fs/cgroup/freezer/tasks", "w") as fh:
+                fh.write(task)
+        os.rmdir(group)
+
+
+def test_what_teardown_cannot_end_is_reported_by_pid_and_command(agent):
+    """A process of the run that SIGKILL cannot end (here frozen, in state D,
+    as in uninterruptible sleep) is named by the agent's ``down`` with its
+    pid and command line, and ``ddp-orch down`` shows it; once it can die
+    again, it does, and a second ``down`` finds nothing."""
+    from orchestrator.backends.base import CancelResult
+    from orchestrator.report.runs import render_down
+
+    run_id = f"stuck-{os.getpid()}"
+    stuck = subprocess.Popen(["sleep", "300"], env={**os.environ, "DDP_ORCH_RUN_ID": run_id,
+                                                    "DDP_ORCH_NODE_RANK": "0"})
+    try:
+        with frozen(stuck.pid):
+            reply = agent.call("down", run_id=run_id, node_rank=0, grace_s=0)
+            assert reply["ok"], reply
+            assert reply["survivors"] == [{"pid": stuck.pid, "cmd": "sleep 300"}]
+            assert stuck.pid in reply["killed"]
+            assert stuck.poll() is None  # SIGKILL was sent, and it is still there
+            shown = render_down(SimpleNamespace(run_id=run_id), False, [CancelResult(
+                0, "localhost", tuple(reply["killed"]), "", tuple(reply["survivors"]))])
+            assert f"node 0 (localhost): could NOT end pid {stuck.pid} (sleep 300)" in shown
+        assert stuck.wait(10) < 0  # thawed, it dies of the signals it was sent
+        again = agent.call("down", run_id=run_id, node_rank=0, grace_s=0)
+        assert again == {**again, "ok": True, "killed": [], "survivors": []}
+    finally:
+        stuck.kill()
+        stuck.wait()
 
 
 def test_uploads_pipelined_behind_a_refused_run_directory_do_not_land(tmp_path):

@@ -61,6 +61,43 @@ def test_healthy_cluster_passes_every_check(ssh_lab, tmp_path):
     assert table[("-", "versions")] == "ok" and table[("-", "clock")] == "ok"
 
 
+FAKE_TORCH = """__version__ = "2.0.0+other"
+class version:
+    cuda = None
+class cuda:
+    @staticmethod
+    def is_available():
+        return False
+"""
+
+
+def test_a_torch_version_that_differs_between_nodes_fails_check(ssh_lab, tmp_path):
+    """Node 1's python is a virtualenv whose torch (a stand-in module: no
+    second torch is installed here) says another version."""
+    import subprocess
+    import sys
+
+    venv = tmp_path.parent / f"{tmp_path.name}-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    env = lab_home(ssh_lab, tmp_path)
+    nodes = ["{host: node0, procs: 1}", f"{{host: node1, procs: 1, python: {venv}/bin/python}}"]
+    cluster = lab_cluster(ssh_lab, tmp_path, nodes, "workload: {name: noop}\n", name="versions")
+    result = run_cli("check", cluster, env=env, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    table = rows(result.stdout)
+    assert table[("0", "torch")] == table[("1", "torch")] == "ok"
+    assert details(result.stdout, "1", "torch")[0].startswith("torch 2.0.0+other")
+    real = details(result.stdout, "0", "torch")[0].split()[1].rstrip(",")  # this venv's
+    assert table[("-", "versions")] == "FAIL"
+    assert details(result.stdout, "-", "versions") == [
+        f"torch differs between nodes (node 0 (node0): {real}, node 1 (node1): 2.0.0+other); "
+        "use one version everywhere"]
+    assert "1 check(s) failed" in result.stdout
+
+
 def test_dead_host_and_busy_port_are_reported(make_ssh_lab, tmp_path):
     lab = make_ssh_lab(3)
     env = lab_home(lab, tmp_path)
@@ -201,3 +238,13 @@ def test_ipv6_net_lab_probes_and_shows_addresses_in_brackets(make_net_lab, tmp_p
         assert details(result.stdout, k, "reach-master")[0].startswith(f"[{master}]:")
         assert table[(k, "interface")] == "ok"
     assert table[("-", "data-path")] == "ok"
+
+
+def test_a_node_that_cannot_reach_the_master_fails_reach_master(make_net_lab, tmp_path):
+    lab = make_net_lab(2, unreachable=[(1, 0)])
+    result, table = lab_check(lab, tmp_path, "nomaster")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert table[("0", "reach-master")] == "ok" and table[("1", "reach-master")] == "FAIL"
+    (why,) = details(result.stdout, "1", "reach-master")
+    assert why.startswith(f"cannot open TCP to {lab.hosts[0].addr}:") and \
+        "(No route to host); check master.addr and firewalls" in why, why

@@ -22,7 +22,8 @@ from orchestrator.controller import down as down_mod  # noqa: E402
 from orchestrator.records.outcome import RunState  # noqa: E402
 from orchestrator.records.rundir import RunDir  # noqa: E402
 from orchestrator.records.store import (  # noqa: E402
-    STATE_FILE, controller_alive, process_identity, read_record, write_state)
+    STATE_FILE, controller_alive, kept_without_controller, process_identity, read_record,
+    write_state)
 
 HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 
@@ -172,6 +173,26 @@ def test_a_dead_controller_is_not_signalled(tmp_path, sleeper, how):
     record = read_record(run)
     assert record.state is RunState.INTERRUPTED
     assert down_mod._stop_controller(record, 2) is False
+
+
+@pytest.mark.parametrize("rule, state", [("attached", RunState.INTERRUPTED),
+                                         ("slurm", RunState.RUNNING),
+                                         ("detached", RunState.RUNNING)])
+def test_only_an_attached_run_ends_with_its_dead_controller(tmp_path, sleeper, rule, state):
+    """A Slurm job is Slurm's, a detached run its keepers': with the
+    controller gone they are still running, and only their backend can say
+    otherwise (``kept_without_controller``)."""
+    run = recorded_run(tmp_path, sleeper.pid)
+    data = json.loads(open(run.file(STATE_FILE)).read())
+    run.write_json(STATE_FILE, {**data, "rule": rule})
+    alive = read_record(run)
+    assert alive.state is RunState.RUNNING
+    assert kept_without_controller(alive) is (rule == "detached")  # else the controller records
+    sleeper.kill()
+    sleeper.wait()
+    record = read_record(run)
+    assert record.state is state
+    assert kept_without_controller(record) is (rule != "attached")
 
 
 # -- not allowed to signal ------------------------------------------------------

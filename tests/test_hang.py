@@ -1,5 +1,6 @@
-"""The hang watchdog (`up --hang-timeout`), the step heartbeat and the NCCL
-flight recorder's settings."""
+"""The hang watchdog (`up --hang-timeout`) here and under Slurm, the step
+heartbeat, and the NCCL flight recorder: its settings, and its dumps brought
+home after a failure (written by a stand-in: there is no GPU here)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,51 @@ def test_a_quiet_run_with_step_heartbeats_is_not_a_hang_and_shows_its_progress(t
     assert "node 0 (localhost): 2 rank(s) at step " in out, out
     state = json.loads((tmp_path / "runs" / "quiet" / "state.json").read_text())
     assert state["state"] == "succeeded"
+
+
+@pytest.mark.live
+def test_the_hang_watchdog_under_slurm_names_the_odd_rank_from_a_step_in_the_job(
+        slurm_lab, tmp_path):
+    """The same hang on two Slurm nodes: progress reaches the controller
+    through the shared run directory, the stacks through a step in the job,
+    and the job is cancelled."""
+    from test_slurm_launch import cluster, state_of, up
+
+    path = cluster(tmp_path, "shang", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
+                   "workload: {script: hang_rank2.py}\n", program="hang_rank2.py")
+    result = up(slurm_lab, tmp_path, path, "shang", "--hang-timeout", "10")
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = result.stdout.split("\nrun shang: ")[1]
+    assert ("root cause: node 1 (node2): hang: no progress for 1" in summary
+            and "ranks 0-1 wait in all_reduce <- hang_rank2.py:8; rank 2 is elsewhere: "
+                "<module> (hang_rank2.py:14)" in summary), summary
+    kept = os.listdir(tmp_path / "runs" / "shang" / "stacks")
+    assert sorted(os.listdir(tmp_path / "runs" / "shang" / "stacks" / kept[0])) == [
+        "rank-0.txt", "rank-1.txt", "rank-2.txt", "summary.txt"]
+    assert state_of(tmp_path, "shang")["state"] == "failed"
+    assert slurm_lab.wait_queue_empty() == []
+    assert wait_gone("shang", 15) == set()
+
+
+@pytest.mark.live
+def test_nccl_dumps_of_a_failed_gpu_run_come_home_into_nccl_trace(ssh_lab, tmp_path):
+    """No GPU here: a stand-in writes each rank's dump where the flight
+    recorder would (TORCH_NCCL_DEBUG_INFO_TEMP_FILE, set for GPU layouts),
+    then a rank fails. Every node's dumps come home over its agent's
+    channel into nccl_trace/node-K/rank-R, the secret masked in them."""
+    from labhome import lab_job
+
+    secret = "hf_fl1ght-rec0rder-t0ken"
+    env, path = lab_job(ssh_lab, tmp_path, "nccl", "nccl_dump_stand_in.py",
+                        ["{host: node0, gpus: '0,1'}", "{host: node1, gpus: 0}"],
+                        extra=f"env: {{HF_TOKEN: {secret}}}\n")
+    result = run_cli("up", path, "--run-id", "nccl", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", env=env, timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "collective timed out (stand-in)" in result.stdout
+    trace = tmp_path / "runs" / "nccl" / "nccl_trace"
+    assert sorted(str(p.relative_to(trace)) for p in trace.rglob("*") if p.is_file()) == [
+        "node-0/rank-0", "node-0/rank-1", "node-1/rank-2"]
+    assert (trace / "node-1" / "rank-2").read_text() == \
+        "flight record of rank 2: all_reduce seq 7 timed out; token ********\n"
+    assert wait_gone("nccl", 15, labs=[ssh_lab]) == set()

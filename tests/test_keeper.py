@@ -195,7 +195,10 @@ def test_a_killed_keeper_stops_the_other_nodes_at_once(tmp_path):
     states = wait_ended([specs[0], specs[2]], timeout=20)
     attempt = states[0]["attempts"][0]
     lost = attempt["nodes"]["1"]
-    assert lost["lost"] == "the link closed", lost  # not "nothing on the link for 10s"
+    # Stopped because node 1's link closed, not after the heartbeat timeout
+    # ("nothing on the link for 10s"): the reason, and a bound well under it.
+    assert lost["lost"] == "the link closed", lost
+    assert attempt["stop_reason"] == "lost node 1 (the link closed)"
     print(f"a killed keeper: lost {lost['lost_at'] - killed_at:.2f}s after the kill")
     assert lost["lost_at"] - killed_at < AT_ONCE_S < peers.GANG_TIMEOUT_S, lost
     grace = specs[0]["supervisor"]["grace_s"]
@@ -203,8 +206,10 @@ def test_a_killed_keeper_stops_the_other_nodes_at_once(tmp_path):
         record = teardown(spec)
         assert "lost node 1 (the link closed)" in record["reason"], record
         assert record["torn_down_at"] - killed_at < AT_ONCE_S + grace, record
-    assert attempt["nodes"]["2"]["stop_asked"]
-    assert attempt["no_restart"] == "" and attempt["state"] == "failed"
+    assert attempt["nodes"]["2"]["stop_asked"] and attempt["state"] == "failed"
+    run, _ = attempt_outcomes(_plan(3), states[0]["attempts"])[0]
+    assert (run.root_cause.node_rank, run.root_cause.reason) == \
+        (1, "its keeper could not be heard: the link closed")
 
 
 @pytest.mark.live  # real daemons: seconds each
@@ -288,6 +293,8 @@ def test_attempt_spec_swaps_the_port_and_log_dir_and_counts_the_attempt():
     ("SyntaxError: invalid syntax (train.py:3)", False, True),
     ("NameError: name 'x' is not defined", False, True),
     ("exitcode 2", False, True),
+    ("exitcode 2: train.py: error: unrecognized arguments: --x", False, True),  # argparse
+    ("exitcode 21: done", False, False),
     ("ModuleNotFoundError: No module named 'x'", True, False),  # after a step: maybe data
     ("RuntimeError: CUDA error: an illegal memory access", False, False),
     ("torch.OutOfMemoryError: CUDA out of memory", False, False),
@@ -299,6 +306,28 @@ def test_the_recurrence_rule(message, stepped, recurs):
     assert bool(why) is recurs, why
     if recurs:
         assert why.startswith("node 1 ")
+
+
+def test_a_rank_that_exits_2_without_a_traceback_is_known_by_its_exit_code(tmp_path):
+    """torchrun's summary of a rank without ``@record`` holds only a pointer to
+    its docs; the failure is the exit code and the rank's last stderr line,
+    which the recurrence rule reads as a usage error."""
+    from orchestrator.agent import failures
+
+    rank_dir = tmp_path / "torchrun" / "none_x" / "attempt_0" / "0"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "stderr.log").write_text(
+        "[rank2]:usage: steps.py [-h] [--steps STEPS]\n"
+        "[rank2]:steps.py: error: unrecognized arguments: --x 1\n")
+    summary = ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-24_16:00:00",
+               "  host      : node1", "  rank      : 2 (local_rank: 0)",
+               "  exitcode  : 2 (pid: 123)", "  error_file: <N/A>",
+               "  traceback : To enable traceback see: "
+               "https://pytorch.org/docs/stable/elastic/errors.html"]
+    (found,) = failures.collect(str(tmp_path), summary)
+    assert found["message"] == "exitcode 2: steps.py: error: unrecognized arguments: --x 1"
+    assert will_recur({1: {"failures": [found]}}, stepped=False).startswith(
+        "node 1 exited with a usage error (exit 2) before the first step")
 
 
 def test_gang_messages_are_checked_like_every_control_line():

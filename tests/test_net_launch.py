@@ -7,11 +7,13 @@ with real sshd, real torchrun and gloo."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from conftest import run_cli
 from labhome import lab_job
+from procscan import wait_gone
 
 pytestmark = pytest.mark.live
 
@@ -108,3 +110,35 @@ def test_kept_runs_use_the_chosen_interfaces(net_lab, tmp_path, how):
         result = attached
     seen = ranks_seen(result.stdout)
     assert [r["gloo"] for r in seen] == [net_lab.hosts[0].nic] + [net_lab.hosts[1].nic] * 2
+
+
+def test_a_real_rendezvous_that_never_completes_fails_after_the_start_timeout(
+        make_net_lab, tmp_path):
+    """Node 1 has no route to node 0: both nodes' real torchrun start, node 0's
+    waits at its store for the peer whose connects fail, and after
+    --start-timeout the run names node 1 as never joined, with the hint."""
+    lab = make_net_lab(2, unreachable=[(1, 0)])
+    nic1 = lab.hosts[1].nic  # set by hand: no route to the master to choose it by
+    env, cluster = lab_job(lab, tmp_path, "rdzv", "rank_table.py", [
+        "{host: node0, procs: 1}",
+        f"{{host: node1, procs: 1, env: {{GLOO_SOCKET_IFNAME: {nic1}, "
+        f"NCCL_SOCKET_IFNAME: {nic1}}}}}"])
+    result = run_cli("up", cluster, "--run-id", "rdzv", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", "--start-timeout", "15", env=env, timeout=240)
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert ("ddp-orch: the rendezvous did not complete within 15s; not joined: node 1 (node1); "
+            "stopping every node") in out
+    summary = out.split("\nrun rdzv: ")[1]
+    assert re.search(r"^  0\s+node0\s+stopped\s", summary, re.M), summary
+    assert re.search(r"^  1\s+node1\s+failed\s+\d+\s+did not join the rendezvous before the "
+                     r"start timeout$", summary, re.M), summary
+    assert "root cause: node 1 (node1): did not join the rendezvous before the start timeout" \
+        in summary
+    assert "hint: node 1 (node1) never reached the rendezvous: usually `master.addr` is not " \
+           "reachable from that node" in summary
+    # A real torchrun on node 1 kept trying the master's store; no rank ever ran.
+    node1 = (tmp_path / "runs" / "rdzv" / "node-1.log").read_text()
+    assert f"TCP client failed to connect/validate to host {lab.hosts[0].addr}:" in node1
+    assert "RANKS [" not in out
+    assert wait_gone("rdzv", 15) == set()

@@ -188,12 +188,52 @@ def test_the_command_line_program_replaces_the_files(project):
     assert plan.code == str(project)
 
 
-def test_plan_is_frozen():
-    plan = plan_of("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear}\n")
-    with pytest.raises(Exception):
-        plan.nodes[0].nproc = 9  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        plan.nodes[0].env["X"] = "1"  # type: ignore[index]
+def mutable_parts(value, where: str = "plan"):
+    """Every mutable thing reachable from ``value``, by path: what a backend
+    could change under the dry-run's feet. A frozen dataclass is walked
+    field by field, a read-only mapping (``MappingProxyType``) and a tuple
+    item by item; scalars are immutable; anything else is named."""
+    import dataclasses
+    from types import MappingProxyType
+
+    if dataclasses.is_dataclass(value):
+        if not type(value).__dataclass_params__.frozen:
+            yield f"{where} ({type(value).__name__} is not frozen)"
+        for field in dataclasses.fields(value):
+            yield from mutable_parts(getattr(value, field.name), f"{where}.{field.name}")
+    elif isinstance(value, MappingProxyType):
+        for key, item in value.items():
+            yield from mutable_parts(item, f"{where}[{key!r}]")
+    elif isinstance(value, tuple):
+        for i, item in enumerate(value):
+            yield from mutable_parts(item, f"{where}[{i}]")
+    elif not isinstance(value, (str, int, float, bool, type(None))):
+        yield f"{where} ({type(value).__name__})"
+
+
+def test_the_plan_and_the_resolved_plan_are_immutable_all_the_way_down():
+    import dataclasses
+
+    plan = plan_of("""\
+        nodes:
+          - {host: a, gpus: "0,1"}
+          - {host: b, gpus: 0, env: {X: "1"}}
+        workload: {name: linear, args: {epochs: 2}}
+        setup: [pip install -r requirements.txt, [python, -V]]
+        outputs: [out/]
+    """)
+    resolved = resolve_plan(plan, master_port=1234, homes={0: "/home/u"},
+                            interfaces={0: "eth0", 1: "ens5"})
+    for each in (plan, resolved):
+        assert list(mutable_parts(each)) == []
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            each.nodes[0].nproc = 9  # type: ignore[misc]
+        with pytest.raises(TypeError, match="does not support item assignment"):
+            each.nodes[0].env["X"] = "1"  # type: ignore[index]
+    # The walk sees what it is meant to: a mutable part anywhere is named.
+    thawed = dataclasses.replace(plan, nodes=(dataclasses.replace(plan.nodes[0], env={}),
+                                              *plan.nodes[1:]), setup=[("true",)])
+    assert list(mutable_parts(thawed)) == ["plan.nodes[0].env (dict)", "plan.setup (list)"]
 
 
 def test_the_plan_holds_facts_not_backend_settings():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli, start_cli, wait_for_lines
+from conftest import ROOT, every_file_holding, run_cli, start_cli, wait_for_lines
 from procscan import run_pids, wait_gone, worker_pids
 
 pytestmark = pytest.mark.live
@@ -44,12 +45,17 @@ def state_of(tmp_path, run_id: str) -> dict:
     return json.loads((tmp_path / "runs" / run_id / "state.json").read_text())
 
 
+SEED_SECRET = "hf_s33d-layout-t0ken"
+
+
 def test_seed_layout_on_two_slurm_nodes(slurm_lab, tmp_path):
     """3,4,5 + 0,1,2,3: world size 7, the ranks where the plan puts them, and
     CUDA_VISIBLE_DEVICES in the user's order inside Slurm's GRES allocation."""
     path = cluster(tmp_path, "seed", "[{host: node1, gpus: '3,4,5'}, {host: node2, gpus: [0, 1, 2, 3]}]",
                    "workload: {name: linear, args: {epochs: 1, samples: 560, "
-                   "global_batch_size: 28}}\n", extra="device: cpu\n")
+                   "global_batch_size: 28}}\n",
+                   extra=f"device: cpu\n"
+                         f"env: {{HF_TOKEN: {SEED_SECRET}, WANDB_PROJECT: seed-layout}}\n")
     result = up(slurm_lab, tmp_path, path, "seed", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     run = tmp_path / "runs" / "seed"
@@ -65,8 +71,12 @@ def test_seed_layout_on_two_slurm_nodes(slurm_lab, tmp_path):
     assert "[node0 node1] [rank0]:" in result.stdout
     assert "sbatch" not in result.stderr
     assert slurm_lab.wait_queue_empty() == []
+    # The secret reached the job through sbatch's environment: named in
+    # job.json, its value in no file of the shared run directory.
     job = json.loads((run / "job.json").read_text())
-    assert "secrets" not in json.dumps(job) or all(not n["spec"]["secrets"] for n in job["nodes"])
+    assert [n["secret_env"] for n in job["nodes"]] == [["HF_TOKEN"], ["HF_TOKEN"]]
+    assert [n["spec"]["env"]["WANDB_PROJECT"] for n in job["nodes"]] == ["seed-layout"] * 2
+    assert every_file_holding(run, SEED_SECRET) == []
 
 
 def test_count_mode_with_cpu_processes(slurm_lab, tmp_path):
@@ -118,7 +128,18 @@ def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, out
-    assert "interrupted" in out.lower()
+    # The controller's own words, not a node's line that happens to hold them.
+    ours = [line for line in out.splitlines() if not line.startswith("[node")]
+    assert "ddp-orch: interrupted; stopping every node (press Ctrl-C again to kill at once)" \
+        in ours, out
+    summary = out.split("\nrun ctrlc: ")[1]
+    assert summary.startswith("INTERRUPTED")
+    for k, host in enumerate(["node1", "node2"]):
+        assert re.search(rf"^  {k}\s+{host}\s+stopped\s", summary, re.M), summary
+    # Cancelled (scancel), not a job that ended by itself: Slurm keeps the
+    # ended job's state for MinJobAge (30 s in the lab).
+    job = state_of(tmp_path, "ctrlc")["nodes"][0]["connection"]["slurm_job"]
+    assert "JobState=CANCELLED" in slurm_lab.run("scontrol", "show", "job", job)
     assert slurm_lab.wait_queue_empty() == []
     assert wait_gone("ctrlc", 15) == set()
     assert state_of(tmp_path, "ctrlc")["state"] == "interrupted"

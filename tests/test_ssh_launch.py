@@ -79,8 +79,12 @@ def test_unknown_host_key_is_refused_with_the_fix(ssh_lab, tmp_path):
     assert result.returncode == 1
     assert "node 1 (node1)" in result.stderr and "host key" in result.stderr.lower()
     assert "accept-new" in result.stderr and "Traceback" not in result.stderr
-    # nothing started anywhere: node 0 got no run directory
-    assert not (tmp_path / "remote" / "runs" / "hostkey" / "node-0" / "spec.json").exists()
+    # Nothing started anywhere: node 0's run directory (sent right behind its
+    # agent, so it may have been made) is discarded with the launch.
+    remote = tmp_path / "remote" / "runs" / "hostkey"
+    assert (sorted(p.name for p in remote.iterdir()) if remote.exists() else []) == []
+    state = json.loads((tmp_path / "runs" / "hostkey" / "state.json").read_text())
+    assert state["state"] == "failed"
 
 
 def test_a_worker_crash_on_node1_tears_down_node0(ssh_lab, tmp_path):

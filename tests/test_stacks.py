@@ -108,3 +108,47 @@ def test_stacks_of_a_real_hang_name_the_rank_that_went_elsewhere(tmp_path):
     assert wait_gone("hang", 15) == set()
     done = run_cli("stacks", "hang", "--runs-dir", runs)
     assert done.returncode == 2 and "no rank is running" in done.stderr
+
+
+@pytest.mark.live
+def test_stacks_native_reads_every_rank_with_py_spy_and_its_c_frames(tmp_path):
+    """py-spy on the PATH (it comes with the test tools: pyproject's `test`
+    extra) dumps every rank; `--native` adds the C/C++ frames gloo waits in."""
+    import shutil
+    import sys
+
+    bin_dir = os.path.dirname(sys.executable)
+    if shutil.which("py-spy", path=bin_dir) is None:
+        message = f"no py-spy in {bin_dir}: scripts/bootstrap --test installs it"
+        if os.environ.get("CI", "").lower() == "true":  # CI never skips it silently
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    cluster = local_job(tmp_path, "hang", "hang_rank2.py",
+                        "[{host: localhost, procs: 2}, {host: localhost, procs: 1}]")
+    runs = str(tmp_path / "runs")
+    proc = start_cli("up", cluster, "--run-id", "spy", "--runs-dir", runs, "--grace", "3")
+    try:
+        wait_for_lines(proc, "training", 3)
+        native = run_cli("stacks", "spy", "--native", "--json", "--runs-dir", runs, env=env,
+                         timeout=60)
+        assert native.returncode == 0, native.stdout + native.stderr
+        ranks = {r["rank"]: r for r in json.loads(native.stdout)["ranks"]}
+        assert {rank: r["how"] for rank, r in ranks.items()} == {0: "py-spy", 1: "py-spy",
+                                                                 2: "py-spy"}
+        for waiting in (0, 1):
+            assert "c10d::Work::wait" in ranks[waiting]["text"], ranks[waiting]["text"]
+            assert "wait_for_peers (hang_rank2.py:8)" in ranks[waiting]["text"]
+        assert "<module> (hang_rank2.py:14)" in ranks[2]["text"]
+        grouped = run_cli("stacks", "spy", "--native", "--runs-dir", runs, env=env, timeout=60)
+        assert "3 rank(s), 2 node(s), by py-spy" in grouped.stdout, grouped.stdout
+        assert "ranks 0-1 (localhost): all_reduce <- hang_rank2.py:8" in grouped.stdout
+        assert "! rank 2 (localhost): <module> (hang_rank2.py:14)" in grouped.stdout
+        python_only = run_cli("stacks", "spy", "--json", "--runs-dir", runs, env=env, timeout=60)
+        texts = [r["text"] for r in json.loads(python_only.stdout)["ranks"]]
+        assert all("wait_for_peers" in t or "hang_rank2.py:14" in t for t in texts)
+        assert not any("c10d::" in t for t in texts)  # no C frames without --native
+    finally:
+        proc.send_signal(2)
+        proc.communicate(timeout=60)
+    assert wait_gone("spy", 15) == set()

@@ -75,8 +75,10 @@ def _refine(log_dir: str, failure: dict) -> dict:
     found = glob.glob(os.path.join(log_dir, "*", "attempt_*",
                                    str(failure["local_rank"]), "stderr.log"))
     traceback = _last_exception(found[0]) if found else None
-    if traceback is None:
-        return failure
+    if traceback is None:  # no exception: an exit code, with the rank's last words
+        said = _last_line(found[0]) if found else ""
+        return {**failure, "message": f"{failure['message']}: {said}"} \
+            if said and failure["message"].startswith(_UNHELPFUL[1]) else failure
     message, stamp = traceback
     # The traceback's write time, unless the file is stale (then it is not
     # this failure's): torchrun noticed the failure after it, within seconds.
@@ -120,6 +122,19 @@ def _last_exception(path: str) -> tuple[str, float] | None:
     return message, stamp
 
 
+def _last_line(path: str) -> str:
+    """The last line a rank wrote to its stderr (``train.py: error:
+    unrecognized arguments: --x``, as argparse says before exit 2), or ""."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - STDERR_TAIL))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    said = [_RANK_PREFIX.sub("", line, count=1).strip() for line in lines]
+    return next((line for line in reversed(said) if line), "")[-300:]
+
+
 def _user_frame(traceback_lines: list[str]) -> str:
     """``train.py:42``: the innermost frame outside installed packages and
     the stdlib (else the innermost frame at all), or ""."""
@@ -147,6 +162,10 @@ def _root_cause_from_summary(lines: list[str]) -> list[dict]:
         stamp = int(time.mktime(time.strptime(fields.get("time", ""), "%Y-%m-%d_%H:%M:%S")))
     except ValueError:
         stamp = 0
-    message = fields.get("traceback") or f"exitcode {fields.get('exitcode', '?')}"
+    # Without @record the "traceback" is only a pointer to torch's docs: the
+    # exit code says more (``restarts.will_recur`` reads a usage error's 2).
+    traceback = fields.get("traceback", "")
+    message = traceback if traceback and not traceback.startswith(_UNHELPFUL[0]) \
+        else f"exitcode {(fields.get('exitcode') or '?').split()[0]}"  # "2 (pid: 123)"
     return [{"local_rank": int(match.group(1)), "message": message, "timestamp": stamp,
              "error_file": None}]

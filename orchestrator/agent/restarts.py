@@ -34,6 +34,7 @@ RECURRING = ("ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationEr
              "NameError")
 _RECURRING = re.compile(r"(?:^|[\s.:])(" + "|".join(RECURRING) + r")\b")
 USAGE_EXIT = 2
+_USAGE = re.compile(rf"exit ?code {USAGE_EXIT}(?::|$)")
 
 
 def survivors_left(ended: dict[int, dict]) -> str:
@@ -72,7 +73,7 @@ def will_recur(ended: dict[int, dict], stepped: bool) -> str:
             if found:
                 return (f"node {node_rank} failed with {found.group(1)} before the first step, "
                         f"which a restart meets again")
-            if message.strip() in (f"exitcode {USAGE_EXIT}", f"exit code {USAGE_EXIT}"):
+            if _USAGE.match(message.strip()):  # "exitcode 2", maybe with the rank's last words
                 return (f"node {node_rank} exited with a usage error (exit {USAGE_EXIT}) before "
                         f"the first step, which a restart meets again")
     return ""

@@ -85,7 +85,7 @@ from ..config.loader import too_broad
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError, LaunchError
 from ..plan.model import BUILTIN_DIR, PROJECT_DIR, RunPlan
-from ..plan.secrets import masked_cluster_file
+from ..plan.secrets import stored_cluster_file
 from ..plan.torchrun import SHIM
 
 MAX_SCRIPT_DIR_BYTES = 64 * 1024 * 1024
@@ -344,7 +344,7 @@ def stand_ins(spec: ClusterSpec | None) -> dict[str, bytes]:
     form than on disk: the cluster file ``spec`` came from, secrets masked."""
     if spec is None or not spec.text or not os.path.isfile(spec.source):
         return {}
-    text = masked_cluster_file(spec.text, (node.env for node in spec.nodes))
+    text = stored_cluster_file(spec)
     return {os.path.realpath(spec.source): text.encode()}
 
 

@@ -46,7 +46,7 @@ from ..plan.secrets import is_secret
 from ..plan.torchrun import torchrun_argv
 from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
-from ..records.store import NodeRecord, RunRecord
+from ..records.store import NodeRecord, RunRecord, controller_alive
 from . import slurmctl
 from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
                    RunDescription, StacksResult, rank_stacks, recorded_dryrun)
@@ -488,8 +488,11 @@ class Backend(LaunchBackend):
 
     def describe(self, record: RunRecord) -> RunDescription:
         job_id = _job_of(record)
-        if job_id is None:
-            return RunDescription(record.state, record.outcomes, record.root_cause)
+        if job_id is None:  # its controller never saw the job run
+            gone = record.state.live and not controller_alive(record)
+            return RunDescription(RunState.INTERRUPTED if gone else record.state,
+                                  record.outcomes, record.root_cause,
+                                  "no Slurm job on record" if gone else "")
         state = slurmctl.job_state(job_id)
         if state is not None and not state.ended:
             where = f" on {state.nodelist}" if state.running else ""

@@ -13,7 +13,7 @@ from ..console import visible
 from ..errors import ConfigError
 from ..records.rundir import RunDir
 from ..records.runsdir import locate
-from ..records.store import find_run, list_runs, read_record
+from ..records.store import find_run, kept_without_controller, list_runs, read_record
 from ..report.runs import render_ps
 from .main import RUNS_DIR_HELP
 
@@ -31,7 +31,7 @@ def ps(runs_dir: str | None, as_json: bool) -> None:
     """List the runs recorded in the runs directory, newest first, and say
     which runs directory that is."""
     where = locate(runs_dir)
-    records = [_settled(r) if r.rule == "detached" and r.live else r
+    records = [_settled(r) if kept_without_controller(r) else r
                for r in list_runs(where.path)]
     if as_json:
         from ..report.runsjson import ps_json
@@ -51,8 +51,10 @@ def _described(record):
 
 
 def _settled(record, described=None):
-    """A detached run as its nodes say it is now; once they say it is over,
-    that is recorded in ``state.json``, so the nodes are asked only once."""
+    """A run kept without its controller (``kept_without_controller``: a
+    detached run, a Slurm job whose controller is gone) as its nodes or its
+    scheduler say it is now; once they say it is over, that is recorded in
+    ``state.json``, so they are asked only once."""
     from ..errors import OrchestratorError
     from ..records.outcome import RunOutcome
     from ..records.store import record_end
@@ -116,7 +118,7 @@ def status(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 
     record = find_run(locate(runs_dir).path, run_id)
     described = _described(record)
-    if record.rule == "detached" and record.live:
+    if kept_without_controller(record):
         record = _settled(record, described)
     if as_json:
         from ..report.runsjson import status_json
@@ -134,17 +136,18 @@ def status(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str | None) -> None:
     """Print a run's stored node logs (prefixed by node when there are several)."""
     record = find_run(locate(runs_dir).path, run_id)
-    if follow and record.rule == "detached" and record.live:  # the nodes have the live log
+    if follow and kept_without_controller(record):  # the nodes have the live log
         from ..backends import get_backend
         from ..backends.base import LaunchOptions
         from ..console import Console
 
         get_backend(record.backend, LaunchOptions()).attach(record, Console("all"))
         return
-    if record.rule == "detached" and record.live:
-        click.echo(f"ddp-orch logs: run {record.run_id} is detached: these logs end where a "
-                   f"controller last followed it; `ddp-orch logs {record.run_id} --follow` "
-                   f"streams it from its nodes", err=True)
+    if kept_without_controller(record):
+        click.echo(f"ddp-orch logs: run {record.run_id} goes on without its controller: "
+                   f"these logs end where a controller last followed it; "
+                   f"`ddp-orch logs {record.run_id} --follow` streams it from its nodes",
+                   err=True)
     nodes = list(range(len(record.hosts)))
     if node_rank is not None:
         if node_rank not in nodes:
@@ -189,12 +192,19 @@ def _print_logs(run: RunDir, nodes: list[int], follow: bool) -> None:
             emit(k, buffers[k].feed(data))
         out.flush()
         record = read_record(run)
-        if not follow or (not grew and (record is None or not record.live)):
+        # A run kept without its controller (a Slurm job whose `up` was
+        # killed) has nobody writing these logs any more.
+        if not follow or (not grew and (record is None or not record.live
+                                        or kept_without_controller(record))):
             break
         time.sleep(0.2)
     for k in nodes:
         emit(k, buffers[k].flush())
     out.flush()
+    if follow and record is not None and kept_without_controller(record):
+        click.echo(f"ddp-orch logs: run {record.run_id} goes on without its controller; "
+                   f"`ddp-orch logs {record.run_id} --follow` streams it from its nodes",
+                   err=True)
 
 
 @click.command()
@@ -263,7 +273,8 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
 @runs_dir_option
 def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, quiet: bool,
            accept_new_host_keys: bool, runs_dir: str | None) -> None:
-    """Follow a detached run (`up --detach`) from its nodes until it ends.
+    """Follow a detached run (`up --detach`), or a Slurm job whose `up` is
+    gone, from its nodes until it ends.
 
     Streams every node's output, then brings the results home and prints the
     summary, exiting with the run's code. Ctrl-C leaves the run running;
@@ -283,7 +294,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
         raise ConfigError("--from-start and --lines are two places to start; give one",
                           path="--lines", source="command line")
     record = find_run(locate(runs_dir).path, run_id)
-    if record.rule != "detached":
+    if record.rule != "detached" and not kept_without_controller(record):
         raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
                           source="command line",
                           hint=f"`ddp-orch logs {record.run_id}` shows what it printed")

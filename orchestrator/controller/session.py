@@ -22,7 +22,7 @@ from ..console import Console
 from ..errors import OrchestratorError
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
-from ..plan.secrets import masked_cluster_file
+from ..plan.secrets import stored_cluster_file
 from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir, new_run_id
 from ..records.store import write_state
@@ -47,7 +47,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     backend, info = prepare(spec, options, run_id=run_id,
                             local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))
     run = RunDir.create(runs_dir, run_id)
-    run.write_text("cluster.yaml", masked_cluster_file(spec.text, (n.env for n in spec.nodes)))
+    run.write_text("cluster.yaml", stored_cluster_file(spec))
     nodes = backend.node_records(info.plan)
     started = time.time()
 

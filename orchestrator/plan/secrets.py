@@ -18,7 +18,10 @@ Nodes mask only the values the controller lists in their spec (its
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from ..config.spec import ClusterSpec
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 MASK = "********"
@@ -58,43 +61,53 @@ def scrub(line: bytes, secrets: tuple[bytes, ...]) -> bytes:
     return line
 
 
+def stored_cluster_file(spec: "ClusterSpec") -> str:
+    """A ``ClusterSpec``'s file as it is stored in the run directory and
+    uploaded: ``masked_cluster_file`` with every env the file holds (its
+    top-level env too: a secret there that every node overrides is still
+    one, wherever else the file spells it)."""
+    return masked_cluster_file(spec.text, (spec.env, *(node.env for node in spec.nodes)))
+
+
 def masked_cluster_file(text: str, envs: Iterable[Mapping[str, str]]) -> str:
     """The cluster file ``text`` as it may be stored or uploaded: the secret
-    env entries masked by their place in the YAML (``mask_cluster_text``),
-    and the secrets of ``envs`` (each node's resolved env) by value wherever
-    else they appear."""
+    env entries masked by their place in the YAML, and the secrets of
+    ``envs`` (the file's top-level env and each node's resolved env) by
+    value wherever else they appear (``mask_cluster_text``)."""
     values = {v for env in envs for v in secret_values(env)}
-    masked = mask_cluster_text(text).encode()
-    return scrub(masked, tuple(sorted(values, key=len, reverse=True))).decode()
+    return mask_cluster_text(text, tuple(v.decode() for v in values))
 
 
-def mask_cluster_text(text: str) -> str:
+def mask_cluster_text(text: str, values: Iterable[str] = ()) -> str:
     """The cluster file's text with the values of secret-looking ``env``
-    entries replaced, wherever and however the YAML spells them.
+    entries replaced, wherever and however the YAML spells them, and every
+    other scalar and comment holding one of ``values`` masked there; what
+    comes out parses to the same structure with the secrets replaced.
 
-    Masking by value misses what the text spells differently from the value
-    (``"s3cr\\u0065t"``, a hex integer, a folded block), so the spans of the
-    values come from the YAML nodes themselves: the top-level ``env`` and
-    every node's. An alias points at its anchor's node, so the anchored
-    original is masked too. Values are then also masked wherever they
-    appear verbatim (a comment, another key).
+    Masking the text by value misses what the text spells differently from
+    the value (``"s3cr\\u0065t"``, a hex integer, a folded block), and breaks
+    the YAML where the mask lands bare (``[s3cr3t]`` would become an alias,
+    ``[********]``), so the work is done on the YAML nodes themselves: the
+    top-level ``env`` and every node's, and any scalar
+    whose value holds a secret, each replaced whole by a double-quoted
+    scalar that keeps its anchor, so a later alias (``*t``) still finds it.
+    An alias points at its anchor's node, so the anchored original is masked
+    too. Only comments, which no node covers, are masked by value in the text.
     """
     import yaml  # only here: a dry run never stores the file
 
+    secrets = tuple(sorted({v for v in values if v}, key=len, reverse=True))
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        events = list(yaml.parse(text, Loader=yaml.SafeLoader))
+        tokens = list(yaml.scan(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError:
-        return text  # the loader accepted it; this cannot happen, and masks by value below
-    spans: list[tuple[int, int]] = []
-
-    def env_spans(mapping: object) -> None:
-        if isinstance(mapping, yaml.MappingNode):
-            spans.extend((value.start_mark.index, value.end_mark.index)
-                         for key, value in mapping.value
-                         if isinstance(key, yaml.ScalarNode) and SECRET_NAME.search(str(key.value))
-                         # a plain setting stays readable; anything else is masked
-                         and not (isinstance(value, yaml.ScalarNode)
-                                  and not is_secret(str(key.value), str(value.value))))
+        # The loader accepted it, so this cannot happen; mask by value.
+        return _scrub_text(text, secrets)
+    anchors = {event.start_mark.index: event.anchor for event in events
+               if getattr(event, "anchor", None) and not isinstance(event, yaml.AliasEvent)}
+    whole: set[int] = set()  # start of each node masked whole (a secret env value)
+    nodes: dict[int, yaml.Node] = {}  # start -> node, each node of the document once
 
     def entry(mapping: object, name: str) -> object:
         if isinstance(mapping, yaml.MappingNode):
@@ -102,11 +115,75 @@ def mask_cluster_text(text: str) -> str:
                          if isinstance(k, yaml.ScalarNode) and k.value == name), None)
         return None
 
-    env_spans(entry(root, "env"))
-    nodes = entry(root, "nodes")
-    for node in nodes.value if isinstance(nodes, yaml.SequenceNode) else ():
-        env_spans(entry(node, "env"))
-    for start, end in sorted(set(spans), reverse=True):
+    def env_entries(mapping: object) -> None:  # (the loader refuses merge keys)
+        if isinstance(mapping, yaml.MappingNode):
+            for key, value in mapping.value:
+                if (isinstance(key, yaml.ScalarNode) and SECRET_NAME.search(str(key.value))
+                        # a plain setting stays readable; anything else is masked
+                        and not (isinstance(value, yaml.ScalarNode)
+                                 and not is_secret(str(key.value), str(value.value)))):
+                    whole.add(value.start_mark.index)
+                    nodes[value.start_mark.index] = value
+
+    env_entries(entry(root, "env"))
+    listed = entry(root, "nodes")
+    for node in listed.value if isinstance(listed, yaml.SequenceNode) else ():
+        env_entries(entry(node, "env"))
+
+    def holding(node: object, seen: set[int]) -> None:  # scalars (keys too) holding a secret
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if any(secret in node.value for secret in secrets):
+                nodes.setdefault(node.start_mark.index, node)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                holding(item, seen)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                holding(key, seen)
+                holding(value, seen)
+
+    if secrets:
+        holding(root, set())
+    edits: list[tuple[int, int, str]] = []
+    for start in sorted(nodes):
+        node = nodes[start]
+        if edits and start < edits[-1][1]:
+            continue  # inside a node already masked whole
+        end = node.end_mark.index
         end -= len(text[start:end]) - len(text[start:end].rstrip())  # a block keeps its line end
-        text = text[:start] + f'"{MASK}"' + text[end:]
+        value = MASK if start in whole else _scrub_text(node.value, secrets)
+        anchor = f"&{anchors[start]} " if start in anchors else ""
+        edits.append((start, end, anchor + _quoted(value)))
+    # Comments lie between the tokens (outside a node masked whole); mask them by value.
+    node_edits = list(edits)
+    covered = sorted((t.start_mark.index, t.end_mark.index) for t in tokens)
+    at = 0
+    for start, end in covered + [(len(text), len(text))]:
+        if start > at and secrets:
+            gap = text[at:start]
+            if any(secret in gap for secret in secrets) and \
+                    not any(a <= at and start <= b for a, b, _ in node_edits):
+                edits.append((at, start, _scrub_text(gap, secrets)))
+        at = max(at, end)
+    for start, end, new in sorted(edits, reverse=True):
+        text = text[:start] + new + text[end:]
     return text
+
+
+def _scrub_text(text: str, secrets: tuple[str, ...]) -> str:
+    for value in secrets:
+        text = text.replace(value, MASK)
+    return text
+
+
+def _quoted(value: str) -> str:
+    """``value`` as one double-quoted YAML scalar on one line."""
+    if value == MASK:
+        return f'"{MASK}"'
+    import yaml
+
+    out = yaml.dump(value, default_style='"', allow_unicode=True, width=2 ** 31 - 1)
+    return out.rstrip("\n").removesuffix("\n...").rstrip("\n")

@@ -2,14 +2,15 @@
 
 Everything about recorded runs (``ps``, ``status``, ``logs``, ``down``,
 ``compare --baseline-run``) reads through ``read_record``, so it survives a
-controller restart and there is one vocabulary (``outcome.RunState``). A run
-recorded as live whose controller process is gone is shown as
-``interrupted``: its agents saw the controller's connection close and tore
-their nodes down. A detached run (``rule``) is the nodes' to keep: its state
-comes from them (``LaunchBackend.describe``), not from a controller, and
-so does when it ended (``ended``), which ``status`` or ``attach`` records
-once they learn it. A run that failed before it started has no outcome of
-its nodes: its ``error`` says why.
+controller restart and there is one vocabulary (``outcome.RunState``). An
+attached run (``rule``) recorded as live whose controller process is gone is
+shown as ``interrupted``: its agents saw the controller's connection close
+and tore their nodes down. A detached run is the nodes' to keep, and a Slurm
+job Slurm's: their state comes from them (``LaunchBackend.describe``), not
+from a controller (``kept_without_controller``), and so does when it ended
+(``ended``), which ``status`` or ``attach`` records once they learn it. A
+run that failed before it started has no outcome of its nodes: its
+``error`` says why.
 
 "Gone" is judged by the controller's identity, not its pid alone
 (``controller_alive``): a pid is reused after a reboot or once the
@@ -214,9 +215,9 @@ def _controller_alive(pid: Any, info: Mapping[str, Any]) -> bool:
 def read_record(run: RunDir) -> RunRecord | None:
     """The run's record, or None when ``state.json`` is missing or unreadable.
 
-    A live run whose controller is gone (``controller_alive``) reads as
-    ``interrupted``; one whose controller ran on another host keeps its
-    recorded state, since from here we cannot tell.
+    A live attached run whose controller is gone (``controller_alive``)
+    reads as ``interrupted``; one whose controller ran on another host keeps
+    its recorded state, since from here we cannot tell.
     """
     data = run.read_json(STATE_FILE)
     if not isinstance(data, dict):
@@ -242,7 +243,9 @@ def read_record(run: RunDir) -> RunRecord | None:
             attempts=tuple(AttemptOutcome.from_dict(a) for a in data.get("attempts") or []),
             ended=_number(data.get("ended")), error=str(data.get("error") or ""),
             results_home=bool(data.get("results_home", data.get("rule") != "detached")))
-        if state.live and record.rule != "detached" and not recorded_elsewhere(record) \
+        # Only an attached run ends with its controller: a detached run is its
+        # nodes' keepers', and a scheduler's job (rule ``slurm``) is Slurm's.
+        if state.live and record.rule == "attached" and not recorded_elsewhere(record) \
                 and not controller_alive(record):
             state = RunState.INTERRUPTED
         wall = record.wall_s
@@ -256,6 +259,17 @@ def read_record(run: RunDir) -> RunRecord | None:
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else None
+
+
+def kept_without_controller(record: RunRecord) -> bool:
+    """Whether ``record`` is a live run that goes on with no controller to
+    record its end, so that only its backend (``describe``, ``attach``) can
+    say how it is now: a detached run, its nodes' keepers hold it; a
+    scheduler's job (rule ``slurm``) whose controller is gone (killed, or
+    the machine that ran ``up`` went down), Slurm holds it."""
+    if not record.live or record.rule == "attached":
+        return False
+    return record.rule == "detached" or not controller_alive(record)
 
 
 def list_runs(runs_dir: str) -> Iterator[RunRecord]:

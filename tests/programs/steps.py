@@ -1,8 +1,9 @@
 """A DDP job of --steps steps of --sleep seconds, for the long-run tests.
 
 Each step is a barrier, a line and a step heartbeat. With --fail-rank R,
-rank R raises after --fail-step steps, on the first --fail-attempts
-attempts only (DDP_ORCH_RESTART_COUNT), so a gang restart can recover.
+rank R raises (--fail-with: RuntimeError, or ImportError) after
+--fail-step steps, on the first --fail-attempts attempts only
+(DDP_ORCH_RESTART_COUNT), so a gang restart can recover.
 Rank 0 writes its result, with the attempt it finished in.
 """
 import argparse
@@ -19,13 +20,16 @@ parser.add_argument("--sleep", type=float, default=0.2)
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-step", type=int, default=1)
 parser.add_argument("--fail-attempts", type=int, default=1)
+parser.add_argument("--fail-with", choices=["RuntimeError", "ImportError"],
+                    default="RuntimeError")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank, attempt = dist.get_rank(), contract.restart_count()
 for step in range(args.steps):
     if rank == args.fail_rank and step == args.fail_step and attempt < args.fail_attempts:
-        raise RuntimeError(f"planned failure at step {step} of attempt {attempt}")
+        raise {"RuntimeError": RuntimeError, "ImportError": ImportError}[args.fail_with](
+            f"planned failure at step {step} of attempt {attempt}")
     dist.barrier()
     print(f"rank {rank} step {step} attempt {attempt}", flush=True)
     contract.heartbeat(step)

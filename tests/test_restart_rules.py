@@ -1,0 +1,107 @@
+"""Which failures `--max-restarts` restarts, live on the SSH lab (README,
+"Long runs"): no restart once a node's keeper is lost, even with restarts
+left; none for a usage error (exit 2) before the first step; a restart for
+an ImportError after the first step (it may depend on the data); and a
+built-in workload (resnet) resuming from its checkpoint. The rule itself:
+orchestrator/agent/restarts.py; other kept-run cases: tests/test_long_runs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import run_cli
+from labhome import lab_cluster, lab_job
+from procscan import wait_gone
+
+pytestmark = pytest.mark.live
+TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
+
+
+def up(env: dict, tmp_path, cluster: str, run_id: str, *extra: str, timeout: float = 180):
+    return run_cli("up", cluster, "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"),
+                   "--grace", "3", *extra, env=env, timeout=timeout)
+
+
+def keeper(tmp_path, run_id: str, k: int) -> dict:
+    path = tmp_path / "remote" / "runs" / run_id / f"node-{k}" / "keeper.json"
+    return json.loads(path.read_text())
+
+
+def test_a_lost_keeper_is_not_restarted_while_restarts_remain(ssh_lab, tmp_path):
+    env, cluster = lab_job(ssh_lab, tmp_path, "lost", "steps.py", TWO_NODES,
+                           args="{steps: 4000, sleep: 0.1}")
+    started = up(env, tmp_path, cluster, "lost", "--detach", "--max-restarts", "2")
+    assert started.returncode == 0, started.stdout + started.stderr
+    os.kill(keeper(tmp_path, "lost", 1)["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while keeper(tmp_path, "lost", 0)["state"] == "running":
+        assert time.monotonic() < deadline, keeper(tmp_path, "lost", 0)
+        time.sleep(0.2)
+    head = keeper(tmp_path, "lost", 0)
+    assert head["state"] == "failed"
+    assert [(a["restart"], a["no_restart"]) for a in head["attempts"]] == [
+        ("", "node(s) 1 lost: a restart needs every node")]  # 2 restarts were left
+    status = run_cli("status", "lost", "--runs-dir", str(tmp_path / "runs"), env=env).stdout
+    assert "root cause: node 1 (node1): its keeper could not be heard: the link closed" in status
+    assert "-> no restart: node(s) 1 lost: a restart needs every node" in status, status
+    assert wait_gone("lost", 30, labs=[ssh_lab]) == set()
+
+
+def test_a_usage_error_before_the_first_step_is_not_restarted(ssh_lab, tmp_path):
+    env, cluster = lab_job(ssh_lab, tmp_path, "usage", "steps.py", TWO_NODES,
+                           args="{no-such-flag: 1}")
+    done = up(env, tmp_path, cluster, "usage", "--max-restarts", "2")
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "failed: exitcode 2: steps.py: error: unrecognized arguments: --no-such-flag 1" in out
+    assert "attempts: 1" in out, out
+    assert "exited with a usage error (exit 2) before the first step, which a restart meets " \
+           "again" in out
+    assert wait_gone("usage", 15, labs=[ssh_lab]) == set()
+
+
+def test_an_import_error_after_the_first_step_is_restarted(ssh_lab, tmp_path):
+    env, cluster = lab_job(ssh_lab, tmp_path, "impl", "steps.py", TWO_NODES,
+                           args="{steps: 4, fail_rank: 1, fail_step: 2, fail_with: ImportError}")
+    done = up(env, tmp_path, cluster, "impl", "--max-restarts", "1")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "attempts: 2" in out, out
+    assert "ImportError: planned failure at step 2 of attempt 0" in out
+    assert "-> restarting" in out
+    assert "result: world_size=3 restart_count=1 steps=4" in out
+    assert wait_gone("impl", 15, labs=[ssh_lab]) == set()
+
+
+def test_resnet_resumed_after_a_restart_ends_where_an_uninterrupted_run_does(ssh_lab, tmp_path):
+    """Tiny sizes on CPU, one rank per host (bit for bit with two ranks; see
+    the mnist twin in test_long_runs.py)."""
+    from workloads.make_tiny_datasets import write_cifar10
+
+    data = tmp_path / "data"
+    write_cifar10(str(data), train=8, test=4)
+    args = (f"{{epochs: 2, global_batch_size: 4, image_size: 8, num_workers: 0, eval: false, "
+            f"data_dir: {data}, log_every: 100}}")
+    nodes = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
+    env, cluster = lab_job(ssh_lab, tmp_path, "rn", "resnet_fault_once.py", nodes, args=args)
+    restarted = up(env, tmp_path, cluster, "rn1", "--max-restarts", "1", timeout=300)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert "planned fault after epoch 1" in restarted.stdout and "-> restarting" in restarted.stdout
+    assert "restart 1: resuming from checkpoint.pt (epoch 1, step" in restarted.stdout
+    resumed = json.loads((tmp_path / "runs" / "rn1" / "result.json").read_text())
+    assert resumed["restart_count"] == 1 and resumed["resumed"] is True
+    assert resumed["metrics"]["start_epoch"] == 1 and resumed["metrics"]["end_epoch"] == 2
+
+    whole = lab_cluster(ssh_lab, tmp_path, nodes, f"workload: {{name: resnet, args: {args}}}\n",
+                        name="rnw")
+    uninterrupted = up(env, tmp_path, whole, "rnw", timeout=300)
+    assert uninterrupted.returncode == 0, uninterrupted.stdout + uninterrupted.stderr
+    reference = json.loads((tmp_path / "runs" / "rnw" / "result.json").read_text())
+    assert reference["resumed"] is False
+    assert resumed["checksum"] == reference["checksum"]
+    assert resumed["replicas_identical"] and reference["replicas_identical"]
