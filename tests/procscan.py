@@ -24,8 +24,9 @@ from __future__ import annotations
 import os
 import time
 
+from orchestrator.agent.procs import OWN_MARKER, proc_table
+
 WORKER_MARKER = "DDP_ORCH_RUN_ID"
-OWN_MARKER = "DDP_ORCH_RUN"  # orchestrator.agent.procs.OWN_MARKER
 
 
 class Leftovers(set):
@@ -146,18 +147,7 @@ def agent(run_id: str, node_rank: int) -> int:
 
 def _table() -> dict[int, tuple[int, str]]:
     """{pid: (ppid, state)} of every process now."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        out[int(entry)] = (int(fields[1]), fields[0])
-    return out
+    return {pid: (ppid, state) for pid, ppid, state in proc_table()}
 
 
 def _descendants(pid: int, children: dict[int, list[int]]) -> set[int]:

@@ -204,34 +204,47 @@ def test_an_import_error_is_not_restarted(ssh_lab, tmp_path):
     assert "ModuleNotFoundError before the first step, which a restart meets again" in out
 
 
-def test_mnist_resumed_after_a_restart_ends_where_an_uninterrupted_run_does(ssh_lab, tmp_path):
-    """Two ranks, one per host: bit for bit. (With three or more, gloo's ring
-    sums each element in an order set by its place in DDP's buckets, which
-    DDP rebuilds after a process's first step, so a resumed run can differ
-    from a straight one in the last bit of a few values.)"""
-    from workloads.make_tiny_datasets import write_mnist
+def tiny_data(workload: str, root) -> tuple[str, str]:
+    """A tiny dataset of ``workload``'s in the real format, and its arguments."""
+    from workloads.make_tiny_datasets import write_cifar10, write_mnist
 
-    data = tmp_path / "data"
-    write_mnist(str(data), train=48, test=16)
-    args = (f"{{epochs: 2, global_batch_size: 12, num_workers: 0, data_dir: {data}, "
-            "log_every: 100}")
+    data = root / "data"
+    if workload == "mnist":
+        write_mnist(str(data), train=48, test=16)
+        return (f"{{epochs: 2, global_batch_size: 12, num_workers: 0, data_dir: {data}, "
+                "log_every: 100}")
+    write_cifar10(str(data), train=8, test=4)
+    return (f"{{epochs: 2, global_batch_size: 4, image_size: 8, num_workers: 0, eval: false, "
+            f"data_dir: {data}, log_every: 100}}")
+
+
+@pytest.mark.parametrize("workload", ["mnist", "resnet"])
+def test_a_workload_resumed_after_a_restart_ends_where_an_uninterrupted_run_does(
+        ssh_lab, tmp_path, workload):
+    """Tiny sizes on CPU, two ranks, one per host: bit for bit. (With three
+    or more, gloo's ring sums each element in an order set by its place in
+    DDP's buckets, which DDP rebuilds after a process's first step, so a
+    resumed run can differ from a straight one in the last bit of a few
+    values.)"""
+    args = tiny_data(workload, tmp_path)
     nodes = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
-    env, cluster = setup(ssh_lab, tmp_path, "mn", args, program="mnist_fault_once.py",
-                         nodes=nodes)
-    straight = up(env, tmp_path, cluster, "mn0", timeout=300)  # attempt 0 fails, no restarts
+    env, cluster = setup(ssh_lab, tmp_path, "fo", args, program="fault_once.py", nodes=nodes,
+                         extra=f"env: {{FAULT_WORKLOAD: {workload}}}\n")
+    straight = up(env, tmp_path, cluster, "fo0", timeout=300)  # attempt 0 fails, no restarts
     assert straight.returncode == 1 and "planned fault after epoch 1" in straight.stdout
-    restarted = up(env, tmp_path, cluster, "mn1", "--max-restarts", "1", timeout=300)
+    restarted = up(env, tmp_path, cluster, "fo1", "--max-restarts", "1", timeout=300)
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert "planned fault after epoch 1" in restarted.stdout and "-> restarting" in restarted.stdout
     assert "restart 1: resuming from checkpoint.pt (epoch 1, step" in restarted.stdout
-    resumed = json.loads((tmp_path / "runs" / "mn1" / "result.json").read_text())
+    resumed = json.loads((tmp_path / "runs" / "fo1" / "result.json").read_text())
     assert resumed["restart_count"] == 1 and resumed["resumed"] is True
     assert resumed["metrics"]["start_epoch"] == 1 and resumed["metrics"]["end_epoch"] == 2
 
-    whole = lab_cluster(ssh_lab, tmp_path, nodes, f"workload: {{name: mnist, args: {args}}}\n",
-                        name="mnw")
-    uninterrupted = up(env, tmp_path, whole, "mnw", timeout=300)
+    whole = lab_cluster(ssh_lab, tmp_path, nodes,
+                        f"workload: {{name: {workload}, args: {args}}}\n", name="fow")
+    uninterrupted = up(env, tmp_path, whole, "fow", timeout=300)
     assert uninterrupted.returncode == 0, uninterrupted.stdout + uninterrupted.stderr
-    reference = json.loads((tmp_path / "runs" / "mnw" / "result.json").read_text())
+    reference = json.loads((tmp_path / "runs" / "fow" / "result.json").read_text())
     assert reference["resumed"] is False
     assert resumed["checksum"] == reference["checksum"]
     assert resumed["replicas_identical"] and reference["replicas_identical"]

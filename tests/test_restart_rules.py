@@ -1,8 +1,9 @@
 """Which failures `--max-restarts` restarts, live on the SSH lab (README,
 "Long runs"): no restart once a node's keeper is lost, even with restarts
 left; none for a usage error (exit 2) before the first step; a restart for
-an ImportError after the first step (it may depend on the data); and a
-built-in workload (resnet) resuming from its checkpoint. The rule itself:
+an ImportError after the first step (it may depend on the data). The
+built-in workloads resuming from their checkpoints are in
+tests/test_long_runs.py. The rule itself:
 orchestrator/agent/restarts.py; other kept-run cases: tests/test_long_runs.py."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from conftest import run_cli
-from labhome import lab_cluster, lab_job
+from labhome import lab_job
 from procscan import wait_gone
 
 pytestmark = pytest.mark.live
@@ -76,32 +77,3 @@ def test_an_import_error_after_the_first_step_is_restarted(ssh_lab, tmp_path):
     assert "-> restarting" in out
     assert "result: world_size=3 restart_count=1 steps=4" in out
     assert wait_gone("impl", 15, labs=[ssh_lab]) == set()
-
-
-def test_resnet_resumed_after_a_restart_ends_where_an_uninterrupted_run_does(ssh_lab, tmp_path):
-    """Tiny sizes on CPU, one rank per host (bit for bit with two ranks; see
-    the mnist twin in test_long_runs.py)."""
-    from workloads.make_tiny_datasets import write_cifar10
-
-    data = tmp_path / "data"
-    write_cifar10(str(data), train=8, test=4)
-    args = (f"{{epochs: 2, global_batch_size: 4, image_size: 8, num_workers: 0, eval: false, "
-            f"data_dir: {data}, log_every: 100}}")
-    nodes = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
-    env, cluster = lab_job(ssh_lab, tmp_path, "rn", "resnet_fault_once.py", nodes, args=args)
-    restarted = up(env, tmp_path, cluster, "rn1", "--max-restarts", "1", timeout=300)
-    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
-    assert "planned fault after epoch 1" in restarted.stdout and "-> restarting" in restarted.stdout
-    assert "restart 1: resuming from checkpoint.pt (epoch 1, step" in restarted.stdout
-    resumed = json.loads((tmp_path / "runs" / "rn1" / "result.json").read_text())
-    assert resumed["restart_count"] == 1 and resumed["resumed"] is True
-    assert resumed["metrics"]["start_epoch"] == 1 and resumed["metrics"]["end_epoch"] == 2
-
-    whole = lab_cluster(ssh_lab, tmp_path, nodes, f"workload: {{name: resnet, args: {args}}}\n",
-                        name="rnw")
-    uninterrupted = up(env, tmp_path, whole, "rnw", timeout=300)
-    assert uninterrupted.returncode == 0, uninterrupted.stdout + uninterrupted.stderr
-    reference = json.loads((tmp_path / "runs" / "rnw" / "result.json").read_text())
-    assert reference["resumed"] is False
-    assert resumed["checksum"] == reference["checksum"]
-    assert resumed["replicas_identical"] and reference["replicas_identical"]

@@ -33,7 +33,7 @@ SPLITS = {"linear": [5, 5, 5, 5, 4, 4, 4],   # 32 over 7
 
 def local_example(tmp_path, workload: dict | None = None) -> str:
     """cluster.yaml.example on this machine: hosts localhost, device cpu, this
-    Python, master port auto; ``workload`` replaces its workload if given."""
+    Python, master port auto, no workdir; ``workload`` replaces its workload if given."""
     with open(EXAMPLE, encoding="utf-8") as fh:
         spec = yaml.safe_load(fh)
     for node in spec["nodes"]:
@@ -41,6 +41,7 @@ def local_example(tmp_path, workload: dict | None = None) -> str:
         node.update(host="localhost",
                     procs=len(gpus.split(",") if isinstance(gpus, str) else gpus))
     spec.pop("master")  # node 0's host, a free port
+    spec.pop("workdir", None)  # remote nodes' run place: refused when every node is localhost
     spec.update(device="cpu", python=sys.executable)
     if workload is not None:
         spec["workload"] = workload

@@ -1,14 +1,17 @@
-"""The resnet workload, with a real fault on the first attempt only.
+"""A built-in workload ($FAULT_WORKLOAD: mnist, resnet), with a real fault
+on the first attempt only.
 
 After epoch 1's checkpoint is on disk, the last rank raises (on attempt 0),
 so ddp-orch's gang restart must resume from that checkpoint. Arguments are
-resnet's own. (mnist_fault_once.py is the same for mnist.)
+the workload's own.
 """
+import importlib
+import os
 import sys
 
 import torch.distributed as dist
 
-from workloads import contract, resnet
+from workloads import contract
 from workloads.harness import checkpoint
 
 saver = checkpoint.epoch_saver
@@ -29,4 +32,4 @@ def faulty_saver(*args, **kwargs):
 
 checkpoint.epoch_saver = faulty_saver
 if __name__ == "__main__":
-    resnet.main(sys.argv[1:])
+    importlib.import_module(f"workloads.{os.environ['FAULT_WORKLOAD']}").main(sys.argv[1:])
