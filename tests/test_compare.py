@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 
@@ -105,6 +107,22 @@ def test_baseline_is_one_process_on_node0_first_gpu():
     base = baseline_spec(spec)
     assert len(base.nodes) == 1 and base.nodes[0].gpus == (3,) and base.world_size == 1
     assert base.workload == spec.workload and base.name == "resnet-demo-baseline"
+
+
+def test_cpu_processes_of_both_sides_run_one_thread_each_unless_the_file_says():
+    """The speed-up compares processes, not threads: torchrun would give the
+    1-process baseline every core and each DDP process one thread."""
+    spec = local_spec(None, workload="linear", args={}, gpus=None, procs=2, device=None)
+    for side in (baseline_spec(spec), ddp_spec(spec)):
+        assert [dict(node.env).get("OMP_NUM_THREADS") for node in side.nodes] == ["1"]
+    mine = dataclasses.replace(spec, nodes=tuple(
+        dataclasses.replace(node, env={**node.env, "OMP_NUM_THREADS": "2"})
+        for node in spec.nodes))
+    for side in (baseline_spec(mine), ddp_spec(mine)):
+        assert [dict(node.env)["OMP_NUM_THREADS"] for node in side.nodes] == ["2"]
+    gpu = load_cluster_file("cluster.yaml.example")
+    assert all("OMP_NUM_THREADS" not in node.env
+               for side in (baseline_spec(gpu), ddp_spec(gpu)) for node in side.nodes)
 
 
 def mlp_spec(**kw):
