@@ -8,7 +8,6 @@ orchestrator/agent/restarts.py; other kept-run cases: tests/test_long_runs.py.""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -18,19 +17,9 @@ import pytest
 from conftest import run_cli
 from labhome import lab_job
 from procscan import wait_gone
+from test_long_runs import TWO_NODES, keeper, up  # the kept-run suite's own helpers
 
 pytestmark = pytest.mark.live
-TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
-
-
-def up(env: dict, tmp_path, cluster: str, run_id: str, *extra: str, timeout: float = 180):
-    return run_cli("up", cluster, "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"),
-                   "--grace", "3", *extra, env=env, timeout=timeout)
-
-
-def keeper(tmp_path, run_id: str, k: int) -> dict:
-    path = tmp_path / "remote" / "runs" / run_id / f"node-{k}" / "keeper.json"
-    return json.loads(path.read_text())
 
 
 def test_a_lost_keeper_is_not_restarted_while_restarts_remain(ssh_lab, tmp_path):

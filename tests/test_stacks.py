@@ -83,14 +83,27 @@ def test_rank_spans_read_like_a_person_writes_them():
     assert rank_span([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
 
 
-@pytest.mark.live
-def test_stacks_of_a_real_hang_name_the_rank_that_went_elsewhere(tmp_path):
+def start_hang(tmp_path, run_id: str):
+    """``up`` of a 3-rank local run whose rank 2 hangs away from the others,
+    returned once every rank trains."""
     cluster = local_job(tmp_path, "hang", "hang_rank2.py",
                         "[{host: localhost, procs: 2}, {host: localhost, procs: 1}]")
-    runs = str(tmp_path / "runs")
-    proc = start_cli("up", cluster, "--run-id", "hang", "--runs-dir", runs, "--grace", "3")
+    proc = start_cli("up", cluster, "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3")
     try:
         wait_for_lines(proc, "training", 3)
+    except BaseException:
+        proc.send_signal(2)  # Ctrl-C: the run tears itself down, as the tests' finally does
+        proc.communicate(timeout=60)
+        raise
+    return proc
+
+
+@pytest.mark.live
+def test_stacks_of_a_real_hang_name_the_rank_that_went_elsewhere(tmp_path):
+    runs = str(tmp_path / "runs")
+    proc = start_hang(tmp_path, "hang")
+    try:
         result = run_cli("stacks", "hang", "--runs-dir", runs, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "ranks 0-1 (localhost): all_reduce <- hang_rank2.py:" in result.stdout
@@ -124,12 +137,9 @@ def test_stacks_native_reads_every_rank_with_py_spy_and_its_c_frames(tmp_path):
             pytest.fail(message)
         pytest.skip(message)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    cluster = local_job(tmp_path, "hang", "hang_rank2.py",
-                        "[{host: localhost, procs: 2}, {host: localhost, procs: 1}]")
     runs = str(tmp_path / "runs")
-    proc = start_cli("up", cluster, "--run-id", "spy", "--runs-dir", runs, "--grace", "3")
+    proc = start_hang(tmp_path, "spy")
     try:
-        wait_for_lines(proc, "training", 3)
         native = run_cli("stacks", "spy", "--native", "--json", "--runs-dir", runs, env=env,
                          timeout=60)
         assert native.returncode == 0, native.stdout + native.stderr
