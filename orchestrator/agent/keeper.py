@@ -170,11 +170,11 @@ class Keeper:
             self.say(f"ddp-orch: keeper failed: {type(exc).__name__}: {exc}")
             code, state = 1, "failed"
         self.over.set()
-        self.emit(self.finished_message(code, state))
-        try:
+        try:  # the record first: whoever reads the finished line finds the end recorded
             self.write_state(state, code)
-        except OSError as exc:  # a full disk: the stream above still says how it ended
+        except OSError as exc:  # a full disk: the stream below still says how it ended
             self.say(f"ddp-orch: cannot record the end in {STATE_FILE}: {exc}")
+        self.emit(self.finished_message(code, state))
         return code
 
     def _on_signal(self, signum: int, _frame) -> None:

@@ -94,7 +94,7 @@ def _run_end(record, backend) -> tuple[float | None, float]:
             if not described.state.live or time.monotonic() > deadline:
                 ended = described.ended
                 break
-            time.sleep(0.2)  # a keeper records its end just after its last line
+            time.sleep(0.2)  # a node's end record may land just after its last line
     except OrchestratorError:
         pass
     return ended, _since_start(record, ended)
