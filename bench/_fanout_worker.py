@@ -3,7 +3,7 @@
     python bench/_fanout_worker.py HOST...      (HOME pointing at the lab home)
 
 Connects to every host and runs ``true`` there, all at once, with the
-project's own code path: ``orchestrator.backends.fanout.on_all`` (the helper
+project's own code path: ``orchestrator.engine.fanout.on_all`` (the helper
 launch, check and down use for every node at once) over
 ``SshTransport(host).run(["true"])`` (paramiko; settings from ~/.ssh/config,
 strict host keys), connection setup included; then closes the connections. Prints
@@ -18,7 +18,7 @@ import time
 
 T0 = time.perf_counter()
 
-from orchestrator.backends.fanout import on_all  # noqa: E402
+from orchestrator.engine.fanout import on_all  # noqa: E402
 
 T_IMPORTED = time.perf_counter()
 

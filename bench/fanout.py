@@ -6,7 +6,7 @@ open a fresh SSH connection to every host, run ``true``, and wait for all:
 
 * ddp-orch: ``bench/_fanout_worker.py`` in a process of its own (Python
   start and imports included, as for any ddp-orch command), which runs
-  ``orchestrator.backends.fanout.on_all`` over
+  ``orchestrator.engine.fanout.on_all`` over
   ``SshTransport(host).run(["true"])``: the helper and
   the transport the launcher itself uses (paramiko, one thread per host,
   settings from ~/.ssh/config, strict host-key checking).

@@ -164,7 +164,7 @@ def main() -> None:
         for n in counts:
             a, b = res[f"ddp-orch {n} hosts"], res[f"floor {n} hosts"]
             print(f"{n} hosts: ddp-orch overhead {fmt_s(a.median - b.median)}; {ratio_range(a, b)}")
-        from orchestrator.agent import netroute
+        from orchestrator.agent.node import netroute
 
         calls = []
         for _ in range(50):  # the node-side work itself, as a node agent does it

@@ -7,7 +7,7 @@ machine's processes):
 * every process that carries the run in its environment: the worker marker
   ``DDP_ORCH_RUN_ID=<run id>`` (torchrun, the workers, ``setup:`` commands:
   what the teardown ends) or ddp-orch's own ``DDP_ORCH_RUN=<run id>``
-  (``orchestrator.agent.procs.OWN_MARKER``: each agent, the supervisor it
+  (``orchestrator.agent.node.procs.OWN_MARKER``: each agent, the supervisor it
   becomes, its guardian, a keeper, a follower, a Slurm job's agents);
 * with ``labs``, the SSH sessions the run opened there: every sshd session
   process under a lab host's listener, unless what runs in it carries
@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 
-from orchestrator.agent.procs import OWN_MARKER, proc_table
+from orchestrator.agent.node.procs import OWN_MARKER, proc_table
 
 WORKER_MARKER = "DDP_ORCH_RUN_ID"
 

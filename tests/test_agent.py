@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.agent.procs import proc_table
-from orchestrator.agent.protocol import CONTROL_PREFIX
-from orchestrator.backends.agentlink import AgentHandle
+from orchestrator.agent.node.procs import proc_table
+from orchestrator.agent.wire.protocol import CONTROL_PREFIX
+from orchestrator.engine.agentlink import AgentHandle
 from orchestrator.config.loader import load_cluster_file
 from orchestrator.console import Console
 from orchestrator.controller.session import up
@@ -81,7 +81,7 @@ def test_no_such_python_names_the_fix():
 
 
 def test_eof_before_the_agent_arrives_exits_having_done_nothing():
-    from orchestrator.agent.bootstrap import command
+    from orchestrator.agent.wire.bootstrap import command
 
     handle = LocalTransport().start(command(sys.executable))
     handle.close_stdin()

@@ -8,8 +8,8 @@ import tarfile
 
 import pytest
 
-from orchestrator.backends import bundle as bundle_mod
-from orchestrator.backends.bundle import (
+from orchestrator.engine import bundle as bundle_mod
+from orchestrator.engine.bundle import (
     ScriptDirScan, build_bundle, parse_patterns, render_scan, scan_script_dir)
 from orchestrator.errors import ConfigError, LaunchError
 

@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from orchestrator.agent import probes
-from orchestrator.agent.probes import hostport
-from orchestrator.backends.base import CheckResult, Preflight
-from orchestrator.backends.checknet import (CLOCK_SKEW_S, NodeNet, clock_offset, clock_rows,
+from orchestrator.agent.node import probes
+from orchestrator.agent.node.probes import hostport
+from orchestrator.engine.preflight import CheckResult, Preflight
+from orchestrator.engine.checknet import (CLOCK_SKEW_S, NodeNet, clock_offset, clock_rows,
                                             hostname_row, pair_rows, version_rows)
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError

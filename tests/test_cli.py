@@ -65,7 +65,7 @@ def test_the_dry_run_and_every_controller_module_load_without_torch():
     with open(os.path.join(GOLDEN, "example.text.txt"), encoding="utf-8") as fh:
         assert probe["stdout"] == fh.read()  # the dry run really ran, to its end
     assert {"orchestrator.controller.session", "orchestrator.backends.ssh",
-            "orchestrator.backends.slurm", "orchestrator.report.compare"} <= set(probe["modules"])
+            "orchestrator.backends.slurm.backend", "orchestrator.report.compare"} <= set(probe["modules"])
     assert probe["torch"] == []
 
 

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from conftest import run_cli
-from orchestrator.backends.nodehandle import _failure_reason
+from orchestrator.engine.nodehandle import _failure_reason
 
 MESSAGE = "WorkloadError: --data real: no MNIST at /r/code/data/MNIST/raw (datasets.py:134)"
 

@@ -12,7 +12,7 @@ import pytest
 
 from bounds import AT_ONCE_S, assert_gone_within, teardowns
 from conftest import local_job, run_cli, start_cli, wait_for_lines
-from orchestrator.backends.results import WantedFile, flight_recorder_files
+from orchestrator.engine.results import WantedFile, flight_recorder_files
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan

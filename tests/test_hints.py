@@ -15,7 +15,7 @@ import pytest
 
 from conftest import run_cli
 from labhome import lab_cluster, lab_home
-from orchestrator.backends.nodehandle import _failure_reason
+from orchestrator.engine.nodehandle import _failure_reason
 from orchestrator.records.hints import PYTHON, failure_hint, hint_for, transport_hint
 from orchestrator.records.outcome import NodeOutcome, NodeState
 

@@ -1,4 +1,4 @@
-"""The keepers of a kept run (agent/keeper.py, peers.py, daemon.py, restarts.py),
+"""The keepers of a kept run (agent/kept/keeper.py, peers.py, daemon.py, restarts.py),
 with real daemons, real sockets and real child processes, but plain Python
 commands instead of torchrun, so they run in seconds.
 """
@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from orchestrator.agent import daemon, peers
-from orchestrator.agent.keeper import attempt_spec
-from orchestrator.agent.protocol import ProtocolError, decode, encode
-from orchestrator.agent.restarts import will_recur
-from orchestrator.backends.keptgang import attempt_outcomes
+from orchestrator.agent.kept import daemon, peers
+from orchestrator.agent.kept.keeper import attempt_spec
+from orchestrator.agent.wire.protocol import ProtocolError, decode, encode
+from orchestrator.agent.kept.restarts import will_recur
+from orchestrator.engine.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
 from procscan import worker_pids
 
@@ -312,7 +312,7 @@ def test_a_rank_that_exits_2_without_a_traceback_is_known_by_its_exit_code(tmp_p
     """torchrun's summary of a rank without ``@record`` holds only a pointer to
     its docs; the failure is the exit code and the rank's last stderr line,
     which the recurrence rule reads as a usage error."""
-    from orchestrator.agent import failures
+    from orchestrator.agent.node import failures
 
     rank_dir = tmp_path / "torchrun" / "none_x" / "attempt_0" / "0"
     rank_dir.mkdir(parents=True)
@@ -344,7 +344,7 @@ def test_a_zombie_keeper_is_not_counted_as_running(tmp_path):
     its pid and start time, and must not count as the run's keeper."""
     import subprocess
 
-    from orchestrator.agent.procs import start_time
+    from orchestrator.agent.node.procs import start_time
 
     process = subprocess.Popen(["sleep", "60"])
     try:
@@ -558,8 +558,8 @@ def realistic_exit(k: int, attempt: int, own: bool) -> dict:
 
 
 def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_path):
-    from orchestrator.agent.keeper import Keeper, compact
-    from orchestrator.agent.protocol import MAX_CONTROL_LINE
+    from orchestrator.agent.kept.keeper import Keeper, compact
+    from orchestrator.agent.wire.protocol import MAX_CONTROL_LINE
 
     nnodes, attempts = 128, 10
     spec = keeper_specs(tmp_path, nnodes)[0]
@@ -594,7 +594,7 @@ def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_pa
 
 
 def test_a_very_long_run_drops_its_oldest_attempts_first():
-    from orchestrator.agent.keeper import fit_attempts
+    from orchestrator.agent.kept.keeper import fit_attempts
 
     records = [{"attempt": a, "master_port": a, "state": "failed", "stop_reason": "x" * 400,
                 "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": []}}}
@@ -607,8 +607,8 @@ def test_a_very_long_run_drops_its_oldest_attempts_first():
 
 # -- an attached kept run watches its follower (item 5) ------------------------------
 
-FOLLOWER = ("import sys; from orchestrator.agent import daemon; "
-            "from orchestrator.agent.protocol import Reader; "
+FOLLOWER = ("import sys; from orchestrator.agent.kept import daemon; "
+            "from orchestrator.agent.wire.protocol import Reader; "
             "daemon.follow(sys.argv[1], Reader(0), attached=True)")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -661,7 +661,7 @@ def _sigkill_misses_the_unkillable(monkeypatch):
     still releasing it, a hung file system): here, the keepers' SIGKILL
     skips the worker named ``unkillable-rank`` (the keepers are forked from
     this process, so they inherit the patch); it ignores SIGTERM itself."""
-    from orchestrator.agent import procs
+    from orchestrator.agent.node import procs
 
     real = procs.signal_all
 
@@ -694,7 +694,7 @@ def test_a_restart_waits_until_what_would_not_die_is_gone(tmp_path, monkeypatch)
 
 @pytest.mark.live  # real daemons: about 10 s
 def test_no_restart_on_top_of_what_would_not_die(tmp_path, monkeypatch):
-    from orchestrator.agent import keeper
+    from orchestrator.agent.kept import keeper
 
     _sigkill_misses_the_unkillable(monkeypatch)
     monkeypatch.setattr(keeper, "SURVIVOR_WAIT_S", 2.0)
@@ -717,7 +717,7 @@ def test_no_restart_on_top_of_what_would_not_die(tmp_path, monkeypatch):
 
 
 def test_the_restart_backoff_is_short_and_bounded():
-    from orchestrator.agent.keeper import restart_backoff
+    from orchestrator.agent.kept.keeper import restart_backoff
 
     assert [restart_backoff(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
 
@@ -745,7 +745,7 @@ def test_a_later_attempt_that_never_starts_is_stopped_by_the_start_timeout(tmp_p
 @pytest.mark.live  # real daemons: about 8 s
 def test_a_node_lost_between_attempts_ends_the_run_without_starting_the_next(
         tmp_path, monkeypatch):
-    from orchestrator.agent import keeper
+    from orchestrator.agent.kept import keeper
 
     monkeypatch.setattr(keeper, "restart_backoff", lambda n: 5.0)  # a window to lose it in
     specs = keeper_specs(tmp_path, 3, restarts=1, env={"CODES": "1:0:3", "SLEEP": "60"})
@@ -769,7 +769,7 @@ def test_a_node_lost_between_attempts_ends_the_run_without_starting_the_next(
 
 SUPERVISE_THRICE = """
 import json, os, sys
-from orchestrator.agent.supervisor import Supervisor
+from orchestrator.agent.node.supervisor import Supervisor
 spec = json.loads(sys.argv[1])
 counts = []
 for i in range(4):

@@ -1,7 +1,7 @@
 """Long runs on the SSH lab: ``up --detach``, ``attach``, ``status``, ``down``,
 and whole-gang restarts (``--max-restarts``), with real processes and faults.
 
-The bound the keepers promise (agent/keeper.py, README "Long runs"): once
+The bound the keepers promise (agent/kept/keeper.py, README "Long runs"): once
 one node fails or its keeper is lost, every other node starts its teardown
 within 10 s (at once when a rank fails or a link closes), and is gone a
 grace period later: 20 s at most with the default grace. Measured on the

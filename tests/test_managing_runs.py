@@ -18,8 +18,8 @@ import jsonschema
 import pytest
 
 from conftest import ROOT, local_job, run_cli
-from orchestrator.agent import daemon
-from orchestrator.agent.protocol import encode
+from orchestrator.agent.kept import daemon
+from orchestrator.agent.wire.protocol import encode
 from orchestrator.errors import ConfigError
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.runsdir import MARKER, RUNS_DIR_ENV, locate

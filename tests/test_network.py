@@ -1,4 +1,4 @@
-"""Each node's interface for its ranks (plan/network.py, agent/netroute.py):
+"""Each node's interface for its ranks (plan/network.py, agent/node/netroute.py):
 the plan's rules, the node's choice, and where the choice shows."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from conftest import run_cli
-from orchestrator.agent import netroute
-from orchestrator.backends.preflight import interface_from, route_request
+from orchestrator.agent.node import netroute
+from orchestrator.engine.preflight import interface_from, route_request
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError, LaunchError
 from orchestrator.plan.build import build_plan, resolve_plan

@@ -1,5 +1,5 @@
 """What the controller reads from nodes is checked, never trusted: a kept
-run's records (``agent/records.py``), the exit events (``protocol``), and
+run's records (``agent/kept/records.py``), the exit events (``protocol``), and
 the text it prints (control characters shown, not obeyed)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 import pytest
 
 from conftest import local_job, run_cli
-from orchestrator.agent.protocol import ProtocolError, validate
-from orchestrator.agent.records import clean_attempts, clean_keeper_state
-from orchestrator.backends.keptgang import attempt_outcomes
+from orchestrator.agent.wire.protocol import ProtocolError, validate
+from orchestrator.agent.kept.records import clean_attempts, clean_keeper_state
+from orchestrator.engine.keptgang import attempt_outcomes
 from orchestrator.console import visible
 
 GOOD_PART = {"code": 1, "reason": "torchrun exited", "duration_s": 1.5, "last_lines": ["x"],

@@ -247,8 +247,8 @@ def test_the_plan_holds_facts_not_backend_settings():
 def test_every_attempt_of_a_kept_run_starts_the_same_program_in_the_same_code_root(project):
     """A kept run's keeper restarts from the supervisor spec the dry-run made:
     the same working directory, the program's words untouched."""
-    from orchestrator.agent.keeper import attempt_spec
-    from orchestrator.backends.nodehandle import supervisor_spec
+    from orchestrator.agent.kept.keeper import attempt_spec
+    from orchestrator.engine.nodehandle import supervisor_spec
     from orchestrator.plan.dryrun import NodeLaunch
 
     plan = resolve_plan(project_plan(project, "code: .\nmodule: proj.train\nargs: [50, 10]\n"),

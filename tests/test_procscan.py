@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from orchestrator.agent.procs import OWN_MARKER, own_marker, run_marker
+from orchestrator.agent.node.procs import OWN_MARKER, own_marker, run_marker
 from procscan import run_pids, wait_gone, worker_pids
 
 pytestmark = pytest.mark.live

@@ -1,4 +1,4 @@
-"""The controller-agent wire (``orchestrator.agent.protocol``), fast and pure,
+"""The controller-agent wire (``orchestrator.agent.wire.protocol``), fast and pure,
 and the relay's refusal to trust what a node sends."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from orchestrator.agent.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, encode
-from orchestrator.backends.nodehandle import NodeHandle
+from orchestrator.agent.wire.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, encode
+from orchestrator.engine.nodehandle import NodeHandle
 from orchestrator.console import Console
 from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.model import NodePlan
@@ -141,7 +141,7 @@ class LyingTransport:
 
 
 def test_a_node_announcing_more_than_asked_is_cut_off_unread():
-    from orchestrator.backends.agentlink import AgentHandle
+    from orchestrator.engine.agentlink import AgentHandle
     from orchestrator.errors import TransportError
 
     transport = LyingTransport()

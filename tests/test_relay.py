@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from orchestrator.agent import probes, workerlogs
-from orchestrator.agent.protocol import LineBuffer
+from orchestrator.agent.node import probes, workerlogs
+from orchestrator.agent.wire.protocol import LineBuffer
 from orchestrator.console import Console
 
 

@@ -4,7 +4,7 @@ left; none for a usage error (exit 2) before the first step; a restart for
 an ImportError after the first step (it may depend on the data). The
 built-in workloads resuming from their checkpoints are in
 tests/test_long_runs.py. The rule itself:
-orchestrator/agent/restarts.py; other kept-run cases: tests/test_long_runs.py."""
+orchestrator/agent/kept/restarts.py; other kept-run cases: tests/test_long_runs.py."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """``setup:``, ``outputs:`` and ``prune``, unit by unit (issue 21, items 4-8).
 
 The loader and the plan (the keys, their errors, the dry-run showing each
-command and the timeout), the node side (``agent/nodesetup.py`` running the
-commands, ``agent/outputs.py`` deciding what may come home,
-``agent/prune.py`` refusing what it must), and the controller's side of
+command and the timeout), the node side (``agent/node/nodesetup.py`` running the
+commands, ``agent/node/outputs.py`` deciding what may come home,
+``agent/node/prune.py`` refusing what it must), and the controller's side of
 outputs (``backends/results.fetch_outputs``) with a hostile listing. The
 live runs are in ``tests/test_project_runs.py``.
 """
@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from orchestrator.agent import nodesetup as setup
-from orchestrator.agent import outputs, prune
-from orchestrator.agent.keeper import attempt_spec, compact
-from orchestrator.agent.restarts import setup_failed
+from orchestrator.agent.node import nodesetup as setup
+from orchestrator.agent.node import outputs, prune
+from orchestrator.agent.kept.keeper import attempt_spec, compact
+from orchestrator.agent.kept.restarts import setup_failed
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.config.spec import DEFAULT_SETUP_TIMEOUT
 from orchestrator.controller.prune import parse_duration
@@ -164,7 +164,7 @@ def test_a_file_without_setup_or_outputs_shows_neither():
 
 
 def test_the_supervisor_spec_carries_setup_in_the_code_root():
-    from orchestrator.backends.nodehandle import supervisor_spec
+    from orchestrator.engine.nodehandle import supervisor_spec
 
     info = dryrun_of("setup: [make]\nsetup_timeout: 30\n")
     spec = supervisor_spec(info.nodes[1], "r1", 29500, 5.0)
@@ -296,7 +296,7 @@ def test_a_get_with_a_root_refuses_a_path_whose_links_lead_out(tmp_path):
 
 
 def test_fetch_outputs_writes_below_outputs_only_whatever_the_node_says(tmp_path):
-    from orchestrator.backends.results import OUTPUTS_RECORD, fetch_outputs, outputs_lines
+    from orchestrator.engine.results import OUTPUTS_RECORD, fetch_outputs, outputs_lines
 
     info = dryrun_of("outputs: [out/]\nenv: {HF_TOKEN: hf_abcdefghijkl}\n")
     run = RunDir(str(tmp_path / "run"))

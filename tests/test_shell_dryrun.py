@@ -27,7 +27,7 @@ import pytest
 
 from conftest import ROOT, TESTS, run_cli
 from labhome import lab_cluster, lab_home
-from orchestrator.backends.bundle import build_bundle
+from orchestrator.engine.bundle import build_bundle
 
 GOLDEN = os.path.join(TESTS, "golden")
 PYTHON = sys.executable

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT
 
-SHIM_SOURCE = os.path.join(ROOT, "orchestrator", "agent", "shim.py")
+SHIM_SOURCE = os.path.join(ROOT, "orchestrator", "agent", "worker", "shim.py")
 
 PROBE = """\
 import json, os, sys
@@ -152,8 +152,8 @@ def test_the_stack_signal_dumps_every_thread_to_the_ranks_file(shim_dir):
                             env={**os.environ, "PYTHONPATH": str(shim_dir / "code"), "RANK": "5"})
     try:
         assert proc.stdout.readline().strip() == "ready"
-        from orchestrator.agent.shim import STACK_SIGNAL
-        from orchestrator.agent.stacks import armed
+        from orchestrator.agent.worker.shim import STACK_SIGNAL
+        from orchestrator.agent.node.stacks import armed
 
         deadline = time.monotonic() + 10
         while not armed(proc.pid) and time.monotonic() < deadline:
@@ -176,7 +176,7 @@ def test_the_stack_signal_dumps_every_thread_to_the_ranks_file(shim_dir):
 def test_stack_dumps_go_to_the_run_directory_not_the_working_directory(tmp_path, monkeypatch):
     """Ranks start in the code root; their stacks files stay in the node's run
     directory, the directory of the result file (as the progress files do)."""
-    from orchestrator.agent import shim
+    from orchestrator.agent.worker import shim
     from workloads import contract
 
     assert shim.RESULT_FILE_ENV == contract.RESULT_FILE_ENV

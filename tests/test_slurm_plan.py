@@ -11,13 +11,13 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cli
-from orchestrator.agent import bootstrap
-from orchestrator.agent.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
+from orchestrator.agent.wire import bootstrap
+from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
                                         node_spec, secret_variable)
-from orchestrator.backends import slurmctl
+from orchestrator.backends.slurm import ctl as slurmctl
 from orchestrator.backends.base import LaunchOptions
-from orchestrator.backends.slurm import Backend
-from orchestrator.backends.slurmcheck import shared_dir_problem
+from orchestrator.backends.slurm.backend import Backend
+from orchestrator.backends.slurm.check import shared_dir_problem
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
 
@@ -162,7 +162,7 @@ def test_a_step_asks_for_the_cpus_of_a_cpu_job_and_the_job_is_never_requeued():
 
 
 def test_error_files_named_by_a_node_must_be_inside_its_run_directory(tmp_path):
-    from orchestrator.backends.results import inside as _inside
+    from orchestrator.engine.results import inside as _inside
 
     (tmp_path / "node-0" / "torchrun").mkdir(parents=True)
     (tmp_path / "node-0" / "torchrun" / "error.json").write_text("{}")
@@ -176,7 +176,7 @@ def test_a_stream_reads_what_arrives_after_the_job_ended_and_stops_when_closed(t
                                                                                 monkeypatch):
     import threading
 
-    from orchestrator.backends import slurmjob
+    from orchestrator.backends.slurm import job as slurmjob
 
     monkeypatch.setattr(slurmjob, "SETTLE_S", 0.5)
     job = slurmjob.SlurmJob("1", poll=False)
@@ -193,7 +193,7 @@ def test_a_stream_reads_what_arrives_after_the_job_ended_and_stops_when_closed(t
 
 
 def test_a_cancel_that_fails_is_not_counted_as_sent(monkeypatch):
-    from orchestrator.backends import slurmjob
+    from orchestrator.backends.slurm import job as slurmjob
 
     calls = []
 
@@ -212,7 +212,7 @@ def test_a_cancel_that_fails_is_not_counted_as_sent(monkeypatch):
 
 
 def test_pinned_gpus_outside_slurms_allocation_are_refused():
-    from orchestrator.agent.jobnode import check_gpus
+    from orchestrator.agent.node.jobnode import check_gpus
 
     check_gpus("3,4,5", "0,1,2,3,4,5")
     check_gpus("3,4,5", None)  # no GRES on record: nothing to compare with
@@ -316,7 +316,7 @@ def test_a_project_runs_under_slurm_with_the_same_argv_and_code_root(tmp_path):
         assert node["spec"]["cwd"] == f"{run.path}/node-{k}/project"
         where = {"addr": "127.0.0.1", "port": 12345}
         assert node_spec(job, k, where, {})["cwd"] == node["spec"]["cwd"]
-    from orchestrator.backends.nodehandle import BUNDLE_NAME
+    from orchestrator.engine.nodehandle import BUNDLE_NAME
 
     with tarfile.open(run.file(BUNDLE_NAME)) as tar:
         assert {"project/proj/train.py", "project/configs/x.yaml"} <= set(tar.getnames())

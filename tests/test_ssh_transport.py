@@ -174,7 +174,7 @@ def test_one_connection_shared_by_many_threads(make_ssh_lab):
 
 @live
 def test_files_and_home_move_over_exec_without_sftp(node0, tmp_path):
-    from orchestrator.backends.agentlink import AgentHandle
+    from orchestrator.engine.agentlink import AgentHandle
 
     with pytest.raises(paramiko.SSHException):  # the lab host really has no SFTP
         paramiko.SFTPClient.from_transport(node0._connection())
@@ -203,7 +203,7 @@ def test_files_and_home_move_over_exec_without_sftp(node0, tmp_path):
 def test_a_host_that_refuses_exec_is_named_with_what_to_enable(make_ssh_lab, tmp_path):
     """sshd with ForceCommand runs its own command for every session: the agent
     never answers, and the error says exec sessions must be allowed."""
-    from orchestrator.backends.agentlink import AgentHandle
+    from orchestrator.engine.agentlink import AgentHandle
 
     lab = make_ssh_lab(1, extra_sshd=["ForceCommand /bin/echo this host only runs its menu"])
     transport = SshTransport(lab.hosts[0].alias, ssh_config=lab.ssh_config)

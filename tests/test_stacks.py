@@ -7,8 +7,8 @@ import os
 import pytest
 
 from conftest import local_job, run_cli, start_cli, wait_for_lines
-from orchestrator.backends.base import RankStack, StacksResult
-from orchestrator.report.stacks import groups, main_thread, odd_ranks, rank_span, render_stacks
+from orchestrator.engine.stacks import RankStack, StacksResult
+from orchestrator.engine.stacks import groups, main_thread, odd_ranks, rank_span, render_stacks
 from procscan import wait_gone
 
 SITE = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -58,7 +58,7 @@ def test_ranks_are_grouped_by_where_their_main_thread_is_and_the_odd_one_is_name
 
 
 def test_two_ranks_in_two_places_have_no_majority_to_differ_from():
-    from orchestrator.report.stacks import hang_summary
+    from orchestrator.engine.stacks import hang_summary
 
     result = StacksResult((stack(0, 0, WAITING), stack(1, 1, SLEEPING)))
     assert odd_ranks(result) == []

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from conftest import ROOT
-from orchestrator.agent.protocol import CONTROL_PREFIX, decode
+from orchestrator.agent.wire.protocol import CONTROL_PREFIX, decode
 from orchestrator.transport.local import LocalTransport
-from orchestrator.agent.procs import own_marker
+from orchestrator.agent.node.procs import own_marker
 from procscan import wait_gone, worker_pids
 
 pytestmark = pytest.mark.live

@@ -40,7 +40,7 @@ MAX_RESTARTS_ENV = "DDP_ORCH_MAX_RESTARTS"  # set when the run may restart (up -
 
 # A class attribute: an exception class that has it true is reported by the
 # worker shim as one line (its type and message), not a traceback
-# (``agent/shim.py``). The built-in workloads' WorkloadError has it.
+# (``agent/worker/shim.py``). The built-in workloads' WorkloadError has it.
 ONE_LINE_ERROR = "ddp_orch_one_line"
 
 RESULT_FILE_NAME = "result.json"

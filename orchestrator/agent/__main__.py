@@ -19,20 +19,20 @@ FLUSH_S = 5.0  # how long the last output may take to leave before the agent exi
 
 def main(argv: list[str]) -> int:
     if argv == ["serve"]:
-        from .serve import serve
+        from .wire.serve import serve
 
         code = serve()
     elif len(argv) == 2 and argv[0] == "supervise":
-        from .supervisor import Supervisor
+        from .node.supervisor import Supervisor
 
         with open(argv[1], encoding="utf-8") as fh:
             code = Supervisor(json.load(fh)).run()
     elif len(argv) == 2 and argv[0] == "job":
-        from .jobnode import run
+        from .node.jobnode import run
 
         code = run(argv[1])
     elif len(argv) >= 3 and argv[0] == "stacks":  # stacks JOB.json OUT [--native]: srun
-        from .jobnode import stacks
+        from .node.jobnode import stacks
 
         code = stacks(argv[1], argv[2], native="--native" in argv[3:])
     else:

@@ -19,8 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from workloads.contract import MAX_RESTARTS_ENV
 
-from ..agent.protocol import is_time
-from ..agent.records import clean_keeper_state
+from ..agent.wire.protocol import is_time
+from ..agent.kept.records import clean_keeper_state
 from ..console import Console
 from ..errors import LaunchError, TransportError
 from ..plan.build import resolve_plan
@@ -31,18 +31,19 @@ from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
-from .agentlink import AgentHandle, open_agents
-from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
-                   PruneResult, RunDescription, StacksResult, in_local_run_dir, rank_stacks,
-                   recorded_dryrun)
-from .bundle import build_bundle, code_notes, stand_ins
-from .fanout import on_all
-from .gang import Gang
-from .keptgang import ATTACHED, DETACHED, KeptGang, attempt_outcomes
-from .nodehandle import BUNDLE_NAME, describe_survivors
-from .preflight import (bind_request, interface_from, master_port_from, route_request,
+from ..engine.agentlink import AgentHandle, open_agents
+from .base import (CancelResult, LaunchBackend, OnRunning, PruneResult, RunDescription,
+                   in_local_run_dir, recorded_dryrun)
+from ..engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
+from ..engine.preflight import Preflight
+from ..engine.bundle import build_bundle, code_notes, stand_ins
+from ..engine.fanout import on_all
+from ..engine.gang import Gang
+from ..engine.keptgang import ATTACHED, DETACHED, KeptGang, attempt_outcomes
+from ..engine.nodehandle import BUNDLE_NAME, describe_survivors
+from ..engine.preflight import (bind_request, interface_from, master_port_from, route_request,
                         run_checks)
-from .results import fetch_outputs, keep, wanted_files
+from ..engine.results import fetch_outputs, keep, wanted_files
 
 
 
@@ -157,7 +158,7 @@ class AgentBackend(LaunchBackend):
             for k in range(len(record.nodes))]
 
     def prune(self, record: RunRecord) -> list[PruneResult]:
-        """Each node's run directory removed by its agent (``agent/prune.py``,
+        """Each node's run directory removed by its agent (``agent/node/prune.py``,
         which refuses a run alive there), all at once; one inside the local
         run directory goes with it."""
         remote = [n for n in record.nodes if not in_local_run_dir(record, n)]
@@ -268,7 +269,7 @@ class AgentBackend(LaunchBackend):
     def _stacks(self, run_id: str, nodes: Sequence[NodeRecord],
                 native: bool = False) -> StacksResult:
         """One agent per host (a host may hold several nodes), all at once; each
-        dumps the run's ranks there (``agent/stacks.py``)."""
+        dumps the run's ranks there (``agent/node/stacks.py``)."""
         hosts: dict[str, list[int]] = {}  # one agent per way of reaching a host
         for node in nodes:
             key = f"{node.host} {json.dumps(dict(node.connection), sort_keys=True)}"

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar
 
 from ..config.spec import ClusterSpec
 from ..console import Console
+from ..engine.preflight import Preflight
+from ..engine.stacks import StacksResult
 from ..errors import LaunchError
 from ..plan.build import build_plan
 from ..plan.dryrun import DryRun
@@ -46,39 +48,12 @@ class LaunchOptions:
     queue_timeout_s: float | None = None  # a scheduler's queue: how long a job may wait
     hang_timeout_s: float | None = None  # no rank's progress this long: a hang (off: None)
     detach: bool = False  # the nodes keep the run; launch returns once every node started
-    max_restarts: int = 0  # whole-gang restarts after a failure (agent/restarts.py's rule)
+    max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
 
     @property
     def kept(self) -> bool:
-        """Do the nodes' keepers hold the gang (agent/keeper.py), not the controller?"""
+        """Do the nodes' keepers hold the gang (agent/kept/keeper.py), not the controller?"""
         return self.detach or self.max_restarts > 0
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One row of ``ddp-orch check``; ``node_rank`` -1 (``host`` "*") for a
-    row about the whole cluster. A warning passes (``ok``) but is shown."""
-
-    node_rank: int
-    host: str
-    check: str
-    ok: bool
-    detail: str
-    warning: bool = False
-
-
-@dataclass(frozen=True)
-class Preflight:
-    results: tuple[CheckResult, ...]
-
-    @property
-    def ok(self) -> bool:
-        """Nothing failed (warnings do not count)."""
-        return all(r.ok for r in self.results)
-
-    @property
-    def warnings(self) -> int:
-        return sum(r.ok and r.warning for r in self.results)
 
 
 @dataclass(frozen=True)
@@ -114,43 +89,6 @@ class RunDescription:
     detail: str = ""
     attempts: tuple[AttemptOutcome, ...] = ()
     ended: float | None = None  # when the nodes say the run ended (time.time())
-
-
-STACKS_TIMEOUT_S = 5.0  # how long a node's agent waits for its ranks' dumps
-MAX_STACK_BYTES = 1 << 20  # one rank's dump, as the agent caps it too
-
-
-@dataclass(frozen=True)
-class RankStack:
-    """One rank's stack dump (``ddp-orch stacks``): ``how`` is py-spy or
-    faulthandler; ``error`` says why ``text`` is empty."""
-
-    rank: int
-    node_rank: int
-    host: str
-    how: str
-    text: str
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class StacksResult:
-    ranks: tuple[RankStack, ...]
-    unreachable: tuple[tuple[int, str, str], ...] = ()  # (node rank, host, why)
-
-
-def rank_stacks(reported: object, nodes: Sequence[NodeRecord]) -> list[RankStack]:
-    """The agent's per-rank dumps (``agent/stacks.py``) as ``RankStack``s:
-    checked, with each text capped, and each rank's host from the records."""
-    out = []
-    for r in reported if isinstance(reported, list) else ():
-        if not (isinstance(r, dict) and isinstance(r.get("rank"), int)
-                and isinstance(r.get("node_rank"), int) and 0 <= r["node_rank"] < len(nodes)):
-            continue
-        out.append(RankStack(r["rank"], r["node_rank"], nodes[r["node_rank"]].host,
-                             str(r.get("how")), str(r.get("text") or "")[:MAX_STACK_BYTES],
-                             str(r.get("error") or "")))
-    return out
 
 
 def recorded_dryrun(record: RunRecord) -> DryRun:

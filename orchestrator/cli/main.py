@@ -263,7 +263,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             arg_pairs, program))
         return
     from ..records.outcome import RunState
-    from ..backends.results import OUTPUTS_RECORD
+    from ..engine.results import OUTPUTS_RECORD
     from ..report.summary import render_summary
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
@@ -451,7 +451,7 @@ def bundle(cluster_file: str | None, backend: str | None, local: bool, workload:
     `up --dry-run --format shell` prints this command and the lines that
     unpack it into each node's run directory.
     """
-    from ..backends.bundle import build_bundle, human_size, stand_ins
+    from ..engine.bundle import build_bundle, human_size, stand_ins
     from ..controller.session import prepare
 
     program = click.get_current_context().meta.get(PROGRAM_META)

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from ..agent.protocol import LineBuffer
+from ..agent.wire.protocol import LineBuffer
 from ..console import visible
 from ..errors import ConfigError
 from ..records.rundir import RunDir
@@ -160,7 +160,7 @@ def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str | None)
 
 def _say_outputs(run: RunDir) -> None:
     """Where a run's ``outputs:`` came home, on stderr (stdout is the log)."""
-    from ..backends.results import OUTPUTS_RECORD, outputs_lines
+    from ..engine.results import OUTPUTS_RECORD, outputs_lines
 
     for line in outputs_lines(run.read_json(OUTPUTS_RECORD), run.path):
         click.echo(f"ddp-orch logs: {visible(line.strip())}", err=True)
@@ -242,7 +242,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
 
     from ..backends import get_backend
     from ..backends.base import LaunchOptions
-    from ..report.stacks import keep
+    from ..engine.stacks import keep
 
     record = find_run(locate(runs_dir).path, run_id)
     if not record.state.live:
@@ -287,7 +287,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     from ..console import Console
     from ..records.outcome import RunState
     from ..report.runs import render_detached
-    from ..backends.results import OUTPUTS_RECORD
+    from ..engine.results import OUTPUTS_RECORD
     from ..report.summary import render_summary
 
     if from_start and lines is not None:

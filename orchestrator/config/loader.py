@@ -16,7 +16,7 @@ import yaml
 
 from workloads.catalog import CATALOG
 
-from ..agent.outputs import pattern_problem
+from ..agent.node.outputs import pattern_problem
 from ..errors import ConfigError
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, LOCAL_HOSTS,
                    ClusterSpec, NodeSpec, SlurmSpec, SshSpec, WorkloadSpec, default_backend,
@@ -631,7 +631,7 @@ def _default_code(field: Located, directory: str, what: str) -> str:
 def too_broad(directory: str) -> str | None:
     """Why ``directory`` may not be uploaded whole (the filesystem root, the
     user's home or a directory holding it), or None. The bundle holds to the
-    same rule (``backends/bundle.py``)."""
+    same rule (``engine/bundle.py``)."""
     real = os.path.realpath(directory)
     home = os.path.realpath(os.path.expanduser("~"))
     if os.path.dirname(real) == real:

@@ -120,7 +120,7 @@ class ClusterSpec:
     source: str = "<memory>"
     text: str = ""
     hang_timeout: float | None = None  # seconds without progress: a hang (None: off)
-    max_restarts: int = 0  # whole-gang restarts after a failure (agent/restarts.py's rule)
+    max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
     slurm: SlurmSpec | None = None  # with backend slurm
     placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
     interface: str = "auto"  # network.interface: auto | off | a name (plan/network.py)

@@ -10,7 +10,7 @@ bytes it freed. A run is never pruned while it is alive:
 * a detached run, or a Slurm job, is asked about first (its backend's
   ``describe``: the keepers, ``squeue``), and kept while that says live;
 * each node's agent checks once more that no process of the run (nor its
-  keeper) lives there before it removes the directory (``agent/prune.py``).
+  keeper) lives there before it removes the directory (``agent/node/prune.py``).
 
 A node that cannot be reached keeps the local run directory too, so a later
 ``prune`` can still find that node's directory from the record.
@@ -24,7 +24,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
-from ..agent.prune import tree_bytes
+from ..agent.node.prune import tree_bytes
 from ..backends import get_backend
 from ..backends.base import LaunchOptions, PruneResult
 from ..errors import ConfigError, OrchestratorError

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 from workloads.catalog import CATALOG, Layout
 
-from ..agent.probes import NO_GPU_FIX, gpu_problem, list_gpus
+from ..agent.node.probes import NO_GPU_FIX, gpu_problem, list_gpus
 from ..backends.base import LaunchOptions
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError

@@ -24,7 +24,7 @@ class NodeLaunch:
     argv: tuple[str, ...]
     connection: Mapping[str, Any] = field(default_factory=dict)  # the backend's settings
     # ``setup:`` as this node runs it, each an argv, in ``node.code_root``
-    # before torchrun (``agent/nodesetup.py``); the plan's timeout holds for all.
+    # before torchrun (``agent/node/nodesetup.py``); the plan's timeout holds for all.
     setup: tuple[tuple[str, ...], ...] = ()
     setup_timeout_s: float = 0.0
 

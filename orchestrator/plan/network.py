@@ -1,7 +1,7 @@
 """The socket-interface variables of each node: Gloo's and NCCL's.
 
 A node's collectives must use the interface its peers can reach it on
-(``agent/netroute.py`` says why the libraries' own picks fail on real
+(``agent/node/netroute.py`` says why the libraries' own picks fail on real
 hosts). The rule, per node and per variable:
 
 * the user's value wins, from the cluster-wide or the node's ``env`` (or
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..agent.netroute import (AUTO, GLOO_IFNAME, IFNAME_VARS,  # noqa: F401 (re-exported)
+from ..agent.node.netroute import (AUTO, GLOO_IFNAME, IFNAME_VARS,  # noqa: F401 (re-exported)
                               named_interfaces,
                               resolve_interfaces, unknown_interfaces, value_for)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..agent.probes import hostport
+from ..agent.node.probes import hostport
 from ..config.spec import AUTO_PORT
-from ..report.table import format_table
+from ..tables import format_table
 from .build import setup_path_first
 from .dryrun import LIVENESS, DryRun, NodeLaunch
 from .model import RunPlan

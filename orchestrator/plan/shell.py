@@ -31,7 +31,7 @@ import re
 import shlex
 from typing import Sequence
 
-from ..agent.probes import hostport
+from ..agent.node.probes import hostport
 from ..config.spec import AUTO_PORT, DEFAULT_PORT
 from .build import setup_path_first
 from .dryrun import DryRun, NodeLaunch
@@ -129,7 +129,7 @@ def _unpack(node: NodeLaunch, reach: Sequence[str], bundle_path: str) -> str:
     return f"mkdir -p {run_dir} && tar -xzf {shell_word(bundle_path)} -C {run_dir}"
 
 
-# The shell twin of the agent's interface choice (agent/netroute.py): the
+# The shell twin of the agent's interface choice (agent/node/netroute.py): the
 # source address of the kernel's route to the master, and the interface
 # that holds it. Node 0 reaching its own address gets its NIC, not lo.
 _FIND_IFNAME = ("ifname=\"$(ip -o addr show to \"$(ip -o route get {addr} | "

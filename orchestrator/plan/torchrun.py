@@ -6,11 +6,11 @@ the process count reads the plan.
 
 from __future__ import annotations
 
-from ..agent.shim import SHIM_MODULE
+from ..agent.worker.shim import SHIM_MODULE
 from .model import NodePlan, RunPlan
 
 TORCHRUN = ("-m", "torch.distributed.run")
-# Every rank runs the user's program through the worker shim (agent/shim.py,
+# Every rank runs the user's program through the worker shim (agent/worker/shim.py,
 # shipped in the bundle as code/ddp_orch_shim.py): error files and stack dumps.
 SHIM = SHIM_MODULE
 

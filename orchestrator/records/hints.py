@@ -14,7 +14,7 @@ import ipaddress
 import re
 from typing import Iterable, Protocol, Sequence
 
-from ..agent.probes import hostport
+from ..agent.node.probes import hostport
 
 CHECK = "`ddp-orch check` shows the interface each node uses and tests every pair of nodes"
 PYTHON = "set `python:` to an interpreter that has torch"

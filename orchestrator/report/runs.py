@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 
-from ..backends.base import CancelResult, Preflight, RunDescription
-from ..backends.results import OUTPUTS_RECORD, outputs_lines
+from ..backends.base import CancelResult, RunDescription
+
+from ..engine.preflight import Preflight
+from ..engine.results import OUTPUTS_RECORD, outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
-from .table import format_table
+from ..tables import format_table
 
 
 PS_WHY_WIDTH = 70  # the ROOT CAUSE column of ``ps``: status shows it whole

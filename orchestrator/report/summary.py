@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.results import outputs_lines
+from ..engine.results import outputs_lines
 from ..plan.network import AUTO, GLOO_IFNAME
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
-from .table import format_table
+from ..tables import format_table
 
 _KEY_METRICS = 8
 

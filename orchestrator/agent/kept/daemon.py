@@ -40,9 +40,9 @@ import threading
 import time
 
 from . import peers
-from .jobnode import STREAM_FILE  # a node's stream, under Slurm and kept alike
-from .procs import running, start_time
-from .protocol import CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
+from ..node.jobnode import STREAM_FILE  # a node's stream, under Slurm and kept alike
+from ..node.procs import running, start_time
+from ..wire.protocol import CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
 
 STATE_FILE = "keeper.json"
 FOLLOWER_LOCK = "follower.lock"  # held (shared) by every attached follower

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import ProtocolError, is_time, validate
+from ..wire.protocol import ProtocolError, is_time, validate
 
 _INT, _STR, _BOOL = (int,), (str,), (bool,)
 

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from ..errors import LaunchError
+from ...errors import LaunchError
 
 COMMAND_TIMEOUT_S = 30.0
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",

@@ -38,7 +38,9 @@ import os
 import sys
 import threading
 
-from . import files, probes, procs
+from . import files
+
+from ..node import probes, procs
 from .protocol import ProtocolError, Reader, digest, encode
 
 _LOCK = threading.Lock()
@@ -77,14 +79,14 @@ def serve() -> int:
             continue
         op = request.get("op")
         if op == "follow":
-            from . import daemon
+            from ..kept import daemon
 
             daemon.follow(str(request["run_dir"]), stdin, offset=int(request.get("offset", 0)),
                           lines=None if request.get("lines") is None else int(request["lines"]),
                           attached=bool(request.get("attached")))
             return code or 0
         if op == "supervise" and code is None:
-            from .supervisor import Supervisor
+            from ..node.supervisor import Supervisor
 
             supervisor = Supervisor(request["spec"], stdin)
             code = supervisor.run()
@@ -127,7 +129,7 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         _made.clear()
     elif op == "get":
         if request.get("root") is not None:
-            from .outputs import inside
+            from ..node.outputs import inside
 
             if not inside(str(request["root"]), str(request["path"])):
                 raise files.TransferError(f"{request['path']}: not fetched: it leads out of "
@@ -141,17 +143,17 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         reply(**probes.bind(int(request["port"]),
                             None if request.get("host") is None else str(request["host"])))
     elif op == "route":
-        from . import netroute
+        from ..node import netroute
 
         reply(**netroute.route(str(request["host"]), int(request["port"]),
                                bool(request.get("remote_peers", True))))
     elif op == "outputs":
-        from . import outputs
+        from ..node import outputs
 
         reply(**outputs.collect(str(request["root"]), [str(p) for p in request["patterns"]],
                                 int(request["max_file"]), int(request["max_total"])))
     elif op == "prune":
-        from . import prune
+        from ..node import prune
 
         reply(**prune.prune(str(request["run_dir"]), str(request["run_id"]),
                             int(request["node_rank"])))
@@ -182,7 +184,7 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
             reply(**probes.connect(str(request["addr"]), int(request["port"]),
                                    float(request.get("timeout", 5))))
     elif op == "stacks":
-        from . import stacks
+        from ..node import stacks
 
         dirs = {int(k): str(v) for k, v in dict(request.get("run_dirs") or {}).items()}
         ranks = stacks.dump(str(request["run_id"]), dirs, bool(request.get("native")),
@@ -190,15 +192,15 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         data = json.dumps(ranks).encode()  # a payload: dumps outgrow a control line
         reply(data, ok=True, sha256=digest(data))
     elif op == "keeper":
-        from . import daemon
+        from ..kept import daemon
 
         reply(**daemon.state(str(request["run_dir"])))
     elif op == "detach":
-        from . import daemon
+        from ..kept import daemon
 
         reply(**daemon.start(dict(request["spec"]), bool(request.get("listen"))))
     elif op == "down":
-        from . import daemon
+        from ..kept import daemon
 
         keeper = daemon.stop(str(request["run_dir"]), float(request.get("grace_s", 5)) + 15) \
             if request.get("run_dir") else None

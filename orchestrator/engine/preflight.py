@@ -12,18 +12,45 @@ CUDA or NCCL versions that differ) are shown and pass.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..agent.probes import NO_GPU_FIX, gpu_problem
+from ..agent.node.probes import NO_GPU_FIX, gpu_problem
 from ..config.spec import AUTO_PORT
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
 from ..plan.network import named_interfaces, needs_interface, unknown_interfaces
 from ..transport.base import Transport
 from .agentlink import AgentHandle, open_agents
-from .base import CheckResult, Preflight
-from .checknet import network_rows, version_rows
 from .fanout import on_all
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One row of ``ddp-orch check``; ``node_rank`` -1 (``host`` "*") for a
+    row about the whole cluster. A warning passes (``ok``) but is shown."""
+
+    node_rank: int
+    host: str
+    check: str
+    ok: bool
+    detail: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Preflight:
+    results: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing failed (warnings do not count)."""
+        return all(r.ok for r in self.results)
+
+    @property
+    def warnings(self) -> int:
+        return sum(r.ok and r.warning for r in self.results)
+
 
 def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
                reach_label: Callable[[NodePlan], str], timeout_s: float = 60.0) -> Preflight:
@@ -50,6 +77,8 @@ def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
         for k in sorted(agents):
             results.extend(probes.succeeded[k][0] if k in probes.succeeded else [CheckResult(
                 k, plan.nodes[k].host, "python", False, _describe(probes.failed[k]))])
+        from .checknet import network_rows, version_rows  # its rows are CheckResults too
+
         results.extend(version_rows(infos, {n.node_rank: n.host for n in plan.nodes},
                                     plan.device))
         results.extend(network_rows(plan, agents, infos, timeout_s))
@@ -93,7 +122,7 @@ def _gpu_result(node: NodePlan, info: dict, result) -> CheckResult:
 
 def bind_request(plan: RunPlan) -> dict:
     """Node 0's ``bind`` request: the master port (0: any free one), in the
-    master address's family (``agent/probes.py``)."""
+    master address's family (``agent/node/probes.py``)."""
     return {"port": 0 if plan.master_port == AUTO_PORT else int(plan.master_port),
             "host": plan.master_addr}
 
@@ -113,7 +142,7 @@ def master_port_from(plan: RunPlan, reply: dict) -> int:
 
 
 def route_request(plan: RunPlan, node: NodePlan) -> dict | None:
-    """The ``route`` request for ``node``'s agent (``agent/netroute.py``), or
+    """The ``route`` request for ``node``'s agent (``agent/node/netroute.py``), or
     None when its interface variables need nothing of the node: none waits
     for ``auto`` and none the user set is to be checked."""
     if not (needs_interface(node.env) or named_interfaces(node.env)):

@@ -36,8 +36,8 @@ import threading
 import time
 from typing import Callable
 
-from .probes import hostport
-from .protocol import LineBuffer, ProtocolError, decode, encode
+from ..node.probes import hostport
+from ..wire.protocol import LineBuffer, ProtocolError, decode, encode
 
 GANG_HEARTBEAT_S = 2.0
 GANG_TIMEOUT_S = 10.0

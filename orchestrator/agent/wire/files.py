@@ -15,7 +15,7 @@ import os
 import stat
 
 from .protocol import MAX_TRANSFER, digest
-from .scrub import MASK, scrub_tree, write_atomically  # noqa: F401 (scrub_tree: re-exported)
+from ..node.scrub import MASK, scrub_tree, write_atomically  # noqa: F401 (scrub_tree: re-exported)
 
 
 class TransferError(Exception):

@@ -20,7 +20,7 @@ import threading
 import time
 
 from . import procs
-from .shim import SHIM_MODULE, STACK_SIGNAL, stacks_file
+from ..worker.shim import SHIM_MODULE, STACK_SIGNAL, stacks_file
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
 MAX_DUMP = 1 << 20  # bytes kept of one rank's dump

@@ -2,7 +2,7 @@
 
 Under Slurm the controller holds no channel to a node. Each node's agent
 writes its output and control lines to ``node-K/agent.out`` in the shared
-run directory (``agent/jobnode.py``), and ``JobStream`` reads that file as
+run directory (``agent/node/jobnode.py``), and ``JobStream`` reads that file as
 it grows, so ``NodeHandle`` relays and judges a Slurm node exactly as it
 does an SSH one. What the handle would send down a channel becomes Slurm's
 own controls: ``stop`` is ``scancel`` (SIGTERM to every task, then Slurm's
@@ -18,8 +18,8 @@ from __future__ import annotations
 import threading
 import time
 
-from . import slurmctl
-from .nodehandle import LOST
+from . import ctl as slurmctl
+from ...engine.nodehandle import LOST
 
 POLL_S = 0.1  # how often a quiet stream file is looked at
 STATE_POLL_S = 1.0  # how often squeue is asked

@@ -31,31 +31,35 @@ import json
 import os
 import posixpath
 import time
-from ..agent import bootstrap, files, outputs
-from ..agent.daemon import offset_of_last_lines
-from ..agent.procs import own_marker
-from ..agent.jobnode import ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE, secret_variable
-from ..config.spec import AUTO_PORT, SlurmSpec
-from ..console import Console
-from ..errors import LaunchError
-from ..plan.build import build_plan, resolve_plan
-from ..plan.dryrun import ByHand, DryRun, NodeLaunch
-from ..plan.model import NodePlan, RunPlan
-from ..plan.shell import shell_join
-from ..plan.secrets import is_secret
-from ..plan.torchrun import torchrun_argv
-from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
-from ..records.rundir import RunDir
-from ..records.store import NodeRecord, RunRecord, controller_alive
-from . import slurmctl
-from .base import (STACKS_TIMEOUT_S, CancelResult, LaunchBackend, OnRunning, Preflight,
-                   RunDescription, StacksResult, rank_stacks, recorded_dryrun)
-from .bundle import build_bundle, code_notes, stand_ins
-from .gang import Gang
-from .nodehandle import BUNDLE_NAME, supervisor_spec
-from .results import fetch_outputs, keep, wanted_files
-from .slurmcheck import slurm_checks
-from .slurmjob import JobStream, SlurmJob
+
+from ...agent.wire import bootstrap, files
+from ...agent.node import outputs
+from ...agent.kept.daemon import offset_of_last_lines
+from ...agent.node.procs import own_marker
+from ...agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE,
+                                  secret_variable)
+from ...config.spec import AUTO_PORT, SlurmSpec
+from ...console import Console
+from ...errors import LaunchError
+from ...plan.build import build_plan, resolve_plan
+from ...plan.dryrun import ByHand, DryRun, NodeLaunch
+from ...plan.model import NodePlan, RunPlan
+from ...plan.shell import shell_join
+from ...plan.secrets import is_secret
+from ...plan.torchrun import torchrun_argv
+from ...records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
+from ...records.rundir import RunDir
+from ...records.store import NodeRecord, RunRecord, controller_alive
+from . import ctl as slurmctl
+from ..base import CancelResult, LaunchBackend, OnRunning, RunDescription, recorded_dryrun
+from ...engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
+from ...engine.preflight import Preflight
+from ...engine.bundle import build_bundle, code_notes, stand_ins
+from ...engine.gang import Gang
+from ...engine.nodehandle import BUNDLE_NAME, supervisor_spec
+from ...engine.results import fetch_outputs, keep, wanted_files
+from .check import slurm_checks
+from .job import JobStream, SlurmJob
 
 AGENT_FILE = "agent.pyz"
 JOB_FILE = "job.json"
@@ -88,7 +92,7 @@ class Backend(LaunchBackend):
 
     def dryrun(self, plan: RunPlan) -> DryRun:
         # Until the job runs, the master is two placeholder words that node 0's
-        # agent fills in (``agent/jobnode.py``); the rest is the real argv.
+        # agent fills in (``agent/node/jobnode.py``); the rest is the real argv.
         shown = plan if plan.master_port != AUTO_PORT else \
             dataclasses.replace(plan, master_port=PORT_SLOT)
         nodes = tuple(NodeLaunch(node=n, where=self.where(n), env=n.env, unset_env=n.unset_env,
@@ -234,7 +238,7 @@ class Backend(LaunchBackend):
                     hang_timeout_s=self.options.hang_timeout_s,
                     dump_stacks=lambda: self._stacks(job.job_id, records, plan.run_id),
                     leave_when_started=self.options.detach,
-                    release_setup=False)  # the nodes' own barrier (agent/jobnode.py)
+                    release_setup=False)  # the nodes' own barrier (agent/node/jobnode.py)
         outcome = gang.run()
         if outcome.state is RunState.RUNNING:  # --detach: the job is Slurm's now
             self._detached = True

@@ -16,8 +16,47 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
-from ..backends.base import RankStack, StacksResult
+from ..records.store import NodeRecord
+
+
+STACKS_TIMEOUT_S = 5.0  # how long a node's agent waits for its ranks' dumps
+MAX_STACK_BYTES = 1 << 20  # one rank's dump, as the agent caps it too
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One rank's stack dump (``ddp-orch stacks``): ``how`` is py-spy or
+    faulthandler; ``error`` says why ``text`` is empty."""
+
+    rank: int
+    node_rank: int
+    host: str
+    how: str
+    text: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StacksResult:
+    ranks: tuple[RankStack, ...]
+    unreachable: tuple[tuple[int, str, str], ...] = ()  # (node rank, host, why)
+
+
+def rank_stacks(reported: object, nodes: Sequence[NodeRecord]) -> list[RankStack]:
+    """The agent's per-rank dumps (``agent/node/stacks.py``) as ``RankStack``s:
+    checked, with each text capped, and each rank's host from the records."""
+    out = []
+    for r in reported if isinstance(reported, list) else ():
+        if not (isinstance(r, dict) and isinstance(r.get("rank"), int)
+                and isinstance(r.get("node_rank"), int) and 0 <= r["node_rank"] < len(nodes)):
+            continue
+        out.append(RankStack(r["rank"], r["node_rank"], nodes[r["node_rank"]].host,
+                             str(r.get("how")), str(r.get("text") or "")[:MAX_STACK_BYTES],
+                             str(r.get("error") or "")))
+    return out
+
 
 # faulthandler: `  File "/x/train.py", line 42 in main`
 _FAULTHANDLER_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')

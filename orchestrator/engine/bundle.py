@@ -80,7 +80,7 @@ from typing import Mapping
 
 import workloads
 
-from ..agent import shim
+from ..agent.worker import shim
 from ..config.loader import too_broad
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError, LaunchError

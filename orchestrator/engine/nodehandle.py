@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Callable
 
-from ..agent.files import mask_strings
-from ..agent.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
+from ..agent.wire.files import mask_strings
+from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
                               LineBuffer, ProtocolError, decode)
 from ..console import Console
 from ..plan.dryrun import NodeLaunch
@@ -73,7 +73,7 @@ class NodeHandle:
         self.progress: dict[int, tuple[int | None, float]] = {}
         self.watch_output = False  # count output lines as progress (hang watchdog)
         self.hung_reason = ""  # set by the hang watchdog on the odd rank's node
-        # A kept run (agent/keeper.py): the stream holds every attempt; its
+        # A kept run (agent/kept/keeper.py): the stream holds every attempt; its
         # end is the keeper's ``finished`` event, not one attempt's ``exit``.
         self.kept = False
         self.attempt = 0

@@ -30,13 +30,13 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..agent.probes import hostport
+from ..agent.node.probes import hostport
 from ..config.spec import AUTO_PORT
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
 from ..plan.network import GLOO_IFNAME, named_interfaces
 from .agentlink import AgentHandle
-from .base import CheckResult
+from .preflight import CheckResult
 from .fanout import on_all
 
 CLOCK_SKEW_S = 2.0  # more between two nodes' clocks is a warning

@@ -69,7 +69,7 @@ def _running_keeper(path: str) -> int | None:
     """The run's keeper here if it still runs: not a zombie (a daemon whose
     reaper is a container's pid 1 may stay one), and given a few seconds to
     exit when its record says the run is over."""
-    from .daemon import STATE_FILE, keeper_pid
+    from ..kept.daemon import STATE_FILE, keeper_pid
 
     deadline = time.monotonic() + KEEPER_EXIT_S
     while True:

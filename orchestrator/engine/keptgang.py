@@ -1,7 +1,7 @@
 """The controller's side of a kept run: start the keepers, follow them, judge.
 
 A kept run (``up --detach``, ``up --max-restarts N``) is held together by
-its nodes' keepers (``agent/keeper.py``), not by the controller. Here the
+its nodes' keepers (``agent/kept/keeper.py``), not by the controller. Here the
 controller:
 
 * starts them: node 0's first (its reply is the gang's port), then the
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Mapping
 
-from ..agent.records import clean_attempts
+from ..agent.kept.records import clean_attempts
 from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
     gang_outcome
@@ -217,7 +217,7 @@ def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
     """Node 0's record of each attempt as outcomes; each node's part is its
     supervisor's exit event, ``stop_asked`` when the head stopped it, or
     ``lost`` when its keeper could not be heard. The record is checked first
-    (``agent/records.py``): what is malformed is left out, with a line in
+    (``agent/kept/records.py``): what is malformed is left out, with a line in
     ``notes``."""
     out = []
     for entry in clean_attempts(recorded, [] if notes is None else notes):

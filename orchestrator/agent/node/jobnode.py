@@ -36,7 +36,7 @@ import sys
 import time
 
 from . import netroute
-from .protocol import encode
+from ..wire.protocol import encode
 
 ADDR_SLOT = "<slurm node 0>"
 PORT_SLOT = "<free port on slurm node 0>"

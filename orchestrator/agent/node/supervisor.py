@@ -34,9 +34,11 @@ import sys
 import threading
 import time
 
-from . import failures, files, guardian, procs
+from . import failures, guardian, procs
+
+from ..wire import files
 from . import nodesetup
-from .protocol import ENDED_ON_ITS_OWN, LineBuffer, Reader, encode
+from ..wire.protocol import ENDED_ON_ITS_OWN, LineBuffer, Reader, encode
 from .workerlogs import WorkerLogs
 
 STATE_FILE = "supervisor.json"

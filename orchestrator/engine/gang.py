@@ -15,15 +15,15 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from ..agent.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
+from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
 from ..plan.dryrun import DryRun
 from ..records.outcome import RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
-from ..report.stacks import hang_summary, keep, odd_ranks
-from .base import StacksResult
+from .stacks import hang_summary, keep, odd_ranks
+from .stacks import StacksResult
 from .nodehandle import NodeHandle, supervisor_spec
 
 

@@ -45,7 +45,8 @@ SOURCES = json.loads(zlib.decompress(blob))
 class Finder:
     def find_spec(self, name, path=None, target=None):
         if name in SOURCES:
-            return importlib.machinery.ModuleSpec(name, self, is_package="." not in name)
+            package = any(k.startswith(name + ".") for k in SOURCES)
+            return importlib.machinery.ModuleSpec(name, self, is_package=package)
     def create_module(self, spec):
         return None
     def get_source(self, name):
@@ -64,14 +65,18 @@ _cache: dict[str, bytes] = {}
 
 
 def sources() -> dict[str, str]:
-    """This package's modules, by the names they get on the node."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    """This package's modules and sub-packages, by the names they get on the
+    node (a package is its ``__init__``'s source under the package's name)."""
+    top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = {}
-    for name in sorted(os.listdir(here)):
-        if name.endswith(".py"):
-            module = name[:-3]
-            with open(os.path.join(here, name), encoding="utf-8") as fh:
-                out[PACKAGE if module == "__init__" else f"{PACKAGE}.{module}"] = fh.read()
+    for folder, dirs, names in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if os.path.isfile(os.path.join(folder, d, "__init__.py")))
+        parts = [PACKAGE, *os.path.relpath(folder, top).split(os.sep)]
+        parts = [p for p in parts if p != "."]
+        for name in sorted(n for n in names if n.endswith(".py")):
+            module = ".".join(parts if name == "__init__.py" else [*parts, name[:-3]])
+            with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                out[module] = fh.read()
     return out
 
 
@@ -96,9 +101,10 @@ def zipapp(path: str) -> str:
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, source in sources().items():
-            parts = name.split(".")
-            inner = "/".join(parts) + ("/__init__.py" if len(parts) == 1 else ".py")
+        modules = sources()
+        for name, source in modules.items():
+            package = any(k.startswith(name + ".") for k in modules)
+            inner = name.replace(".", "/") + ("/__init__.py" if package else ".py")
             zf.writestr(zipfile.ZipInfo(inner, (1980, 1, 1, 0, 0, 0)), source)
         zf.writestr(zipfile.ZipInfo("__main__.py", (1980, 1, 1, 0, 0, 0)), ZIPAPP_MAIN)
     data = buffer.getvalue()

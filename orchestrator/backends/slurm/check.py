@@ -14,10 +14,10 @@ import os
 import posixpath
 import socket
 
-from ..config.spec import ClusterSpec, NodeSpec, SlurmSpec
-from ..plan.model import RunPlan
-from . import slurmctl
-from .base import CheckResult
+from ...config.spec import ClusterSpec, NodeSpec, SlurmSpec
+from ...plan.model import RunPlan
+from . import ctl as slurmctl
+from ...engine.preflight import CheckResult
 
 # File systems every node of a cluster sees the same way.
 SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs",

@@ -1,10 +1,10 @@
 """The controller's end of a node agent: one exec channel, requests and replies.
 
 ``AgentHandle`` starts the agent through a node's transport (``python -c
-BOOT``, then the package on stdin; see ``orchestrator.agent.bootstrap``),
+BOOT``, then the package on stdin; see ``orchestrator.agent.wire.bootstrap``),
 waits for its hello (which carries the node's home directory), and then
 sends requests and reads the replies with the framing both sides import
-from ``orchestrator.agent.protocol``. Files move over the same channel,
+from ``orchestrator.agent.wire.protocol``. Files move over the same channel,
 checked by size and SHA-256 on both ends, so a node needs no SFTP. After
 ``supervise`` the channel carries the supervisor's output, which
 ``NodeHandle`` relays.
@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Mapping
 
-from ..agent import bootstrap
-from ..agent.procs import own_marker
-from ..agent.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, digest, request
+from ..agent.wire import bootstrap
+from ..agent.node.procs import own_marker
+from ..agent.wire.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, digest, request
 from ..errors import TransportError
 from ..records.hints import PYTHON as _PYTHON_HINT
 from ..records.hints import transport_hint

@@ -59,13 +59,17 @@ import socket
 import threading
 import time
 
-from . import daemon, files, peers, probes, procs
+from . import daemon, peers
+
+from ..wire import files
+
+from ..node import probes, procs
 from .daemon import STATE_FILE
-from .procs import start_time
-from .protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, encode
+from ..node.procs import start_time
+from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, encode
 from .restarts import setup_failed, survivors_left, will_recur
-from .shim import SHIM_MODULE
-from .supervisor import Supervisor
+from ..worker.shim import SHIM_MODULE
+from ..node.supervisor import Supervisor
 
 ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
 # What one node's exit record may hold in the attempts that node 0 keeps and
