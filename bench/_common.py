@@ -5,7 +5,7 @@
 * ``summary`` / ``print_table`` / ``result_line``: medians, min/max, the
   ratio of medians and the final ``RESULT`` line;
 * ``lab``: a running ``SshLab`` plus a fake $HOME whose ~/.ssh/config points
-  at it (``tests/sshlab.py`` and ``tests/labhome.py``).
+  at it (``tests/labs/sshlab.py`` and ``tests/labs/labhome.py``).
 
 No timed assertion anywhere: a missed target prints MISS, the exit code is 0.
 """
@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
 BENCH = os.path.join(REPO, "bench")
 sys.stdout.reconfigure(line_buffering=True)
-for _p in (REPO, TESTS):
+for _p in (REPO, TESTS, os.path.join(TESTS, "labs")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parallel remote command fan-out: ddp-orch's SSH code path vs pdsh, on 2, 8 and 32 hosts.
 
-Every host is a real sshd on 127.0.55.x (``tests/sshlab.py``). Both sides
+Every host is a real sshd on 127.0.55.x (``tests/labs/sshlab.py``). Both sides
 open a fresh SSH connection to every host, run ``true``, and wait for all:
 
 * ddp-orch: ``bench/_fanout_worker.py`` in a process of its own (Python

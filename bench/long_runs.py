@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tests"))
+                                "tests", "labs"))
 from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, footer, header, lab,  # noqa: E402
                      parser, tempdir)
 from procscan import marked_pids  # noqa: E402

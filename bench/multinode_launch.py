@@ -2,7 +2,7 @@
 """Multi-node launch overhead: `ddp-orch up` on 2 and 4 SSH lab hosts vs torchrun by hand.
 
 ``noop`` with one process per node, on real sshd hosts on 127.0.55.x (the
-test lab, ``tests/sshlab.py``), compared with "the floor": the very same
+test lab, ``tests/labs/sshlab.py``), compared with "the floor": the very same
 per-node torchrun command lines (taken from ``ddp-orch up FILE --dry-run
 --format shell``: static rendezvous, same env, same flags) started by hand,
 concurrently, with the system OpenSSH client, ``ssh -F <lab cfg> nodeK

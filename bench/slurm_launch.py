@@ -3,7 +3,7 @@
 
 Both run ``workloads.noop`` (torch import, static rendezvous, one
 all_reduce, rank 0 writes its result) with one CPU process on each of two
-Slurm nodes of a real Slurm (``tests/slurmlab.py``: munged, slurmctld and
+Slurm nodes of a real Slurm (``tests/labs/slurmlab.py``: munged, slurmctld and
 two slurmd on this machine):
 
 * ddp-orch: ``ddp-orch up cluster.yaml --quiet`` with ``backend: slurm``

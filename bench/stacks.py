@@ -3,7 +3,7 @@
 
 A run of ``tests/programs/sleeper.py`` (every rank initialises gloo, prints
 "training" and sleeps) is started with ``ddp-orch up`` on an SSH lab
-(``tests/sshlab.py``); once every rank is up, ``ddp-orch stacks RUN`` is
+(``tests/labs/sshlab.py``); once every rank is up, ``ddp-orch stacks RUN`` is
 timed ``--reps`` times: one agent per host, every rank dumped at once
 through the worker shim's faulthandler (py-spy is not installed here),
 grouped and printed, and the dumps kept in the run directory.

@@ -12,7 +12,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
-for path in (ROOT, TESTS):
+# The suite by layer: unit/<package>/ (fast, no processes of ddp-orch's own),
+# live/ (real torchrun, sshd, network namespaces, Slurm) and labs/ (the
+# hosts, networks and Slurm the live tests run on, with tests of their own).
+LABS = os.path.join(TESTS, "labs")
+LIVE = os.path.join(TESTS, "live")  # live suites share helpers (test_long_runs.up)
+for path in (ROOT, TESTS, LABS, LIVE):
     if path not in sys.path:
         sys.path.insert(0, path)
 

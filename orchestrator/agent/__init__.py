@@ -1,6 +1,6 @@
 """The node agent: everything that runs on a node, shipped with every run.
 
-Standard library only (``tests/test_agent_stdlib.py`` holds it to that),
+Standard library only (``tests/unit/agent/test_agent_stdlib.py`` holds it to that),
 because a node has nothing of ddp-orch installed: ``bootstrap.py`` sends
 this package over the node's exec channel and imports it from memory.
 The controller imports ``protocol`` from here too, so framing and message

@@ -12,7 +12,7 @@ built-in workload's arguments, and the rules between fields that JSON
 Schema can say (``device: cuda`` with a ``procs:`` node, ``backend: local``
 with a remote host, Slurm's layout, a ``workdir`` no node uses, a localhost
 node 0 among remote nodes without ``master.addr``). What it cannot say is
-``LEFT_TO_THE_LOADER``, each with an example in ``tests/test_schema.py``.
+``LEFT_TO_THE_LOADER``, each with an example in ``tests/unit/config/test_schema.py``.
 
 Key lists, choices, limits and name patterns come from the loader, ``spec``
 and the workload catalog, so the two cannot drift apart. Stdlib and project
@@ -69,7 +69,7 @@ GPU_ITEM_PATTERN = rf"^{_GPU_INDEX}$"
 GPU_DUPLICATE_PATTERN = r"(?:^|,)\s*0*([0-9]+)\s*,(?:.*,)?\s*0*\1\s*(?:,|$)"
 
 # What the loader refuses and this schema cannot say, for the README; each
-# has an example that passes the schema in tests/test_schema.py.
+# has an example that passes the schema in tests/unit/config/test_schema.py.
 LEFT_TO_THE_LOADER = (
     "YAML itself: a key given twice, anchors and aliases (and `<<` merge keys), tags, "
     "a second document",

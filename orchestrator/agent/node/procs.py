@@ -76,7 +76,7 @@ def run_marker(run_id: str, node_rank: int | str) -> tuple[str, str]:
 # everything they start. A variable of its own, not ``run_marker``'s: the
 # teardown (supervisor, guardian, ``down``, ``prune``) ends what carries the
 # run marker, and must never end the supervisor or agent doing it. One scan
-# for either name finds every process of the run (``tests/procscan.py``).
+# for either name finds every process of the run (``tests/labs/procscan.py``).
 OWN_MARKER = "DDP_ORCH_RUN"
 
 

@@ -5,7 +5,7 @@ torchrun starts ``python -m ddp_orch_shim <script.py | -m module> ARGS``
 the program as a fresh ``__main__``, as Python itself does, so
 ``sys.argv``, ``__file__``, ``sys.path[0]`` and relative imports are what
 plain ``python script.py`` or ``python -m module`` would give
-(``tests/test_shim.py`` compares them), and it adds two things no user
+(``tests/unit/agent/test_shim.py`` compares them), and it adds two things no user
 script has to ask for:
 
 * an uncaught exception is written to torchrun's error file

@@ -15,8 +15,6 @@ import paramiko
 import pytest
 from hypothesis import given, settings, strategies as st
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
 
 from orchestrator.transport.sshconfig import SshTarget, parse_jump_spec, resolve_target  # noqa: E402

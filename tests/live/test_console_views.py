@@ -1,5 +1,5 @@
 """What `up` shows of a run's output, end to end with real torchrun
-(the views themselves: tests/test_relay.py). The run directory's node logs
+(the views themselves: tests/unit/engine/test_relay.py). The run directory's node logs
 keep every line, whatever the view."""
 
 from __future__ import annotations

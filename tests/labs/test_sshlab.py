@@ -9,7 +9,6 @@ import sys
 import paramiko
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 from sshlab import SshLab, make_ssh_lab, ssh_lab, _require_sshd  # noqa: E402,F401
 import sshlab  # noqa: E402
 

@@ -3,8 +3,8 @@
 left; none for a usage error (exit 2) before the first step; a restart for
 an ImportError after the first step (it may depend on the data). The
 built-in workloads resuming from their checkpoints are in
-tests/test_long_runs.py. The rule itself:
-orchestrator/agent/kept/restarts.py; other kept-run cases: tests/test_long_runs.py."""
+tests/live/test_long_runs.py. The rule itself:
+orchestrator/agent/kept/restarts.py; other kept-run cases: tests/live/test_long_runs.py."""
 
 from __future__ import annotations
 

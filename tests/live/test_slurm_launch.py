@@ -1,4 +1,4 @@
-"""`ddp-orch up` with backend: slurm, against a real slurmctld and slurmd (tests/slurmlab.py)."""
+"""`ddp-orch up` with backend: slurm, against a real slurmctld and slurmd (tests/labs/slurmlab.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 from labhome import lab_cluster, lab_home
 from procscan import wait_gone
-from test_check_rules import ipv6_loopback
+from netlab import ipv6_loopback
 
 pytestmark = pytest.mark.live
 
@@ -186,7 +186,7 @@ def test_ipv6_loopback_master_works_in_check_and_up(tmp_path):
     assert os.path.exists(tmp_path / "runs" / "v6up" / "result.json")
 
 
-# -- on hosts with networks of their own (tests/netlab.py) ---------------------
+# -- on hosts with networks of their own (tests/labs/netlab.py) ---------------------
 
 def lab_check(lab, tmp_path, name: str, extra: str = "") -> tuple:
     env = lab_home(lab, tmp_path)

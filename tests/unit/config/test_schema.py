@@ -55,7 +55,7 @@ UNLOADABLE = {
 
 # Bad inputs that load and are valid as far as the schema can tell: their
 # fault relates two fields, depends on the disk, or is in the YAML itself.
-# The loader alone rejects them (tests/test_bad_inputs.py).
+# The loader alone rejects them (tests/unit/cli/test_bad_inputs.py).
 SEMANTIC_ONLY = {
     "10-duplicate-key.yaml": "YAML: safe_load keeps the last of two equal keys",
     "26-gpus-overlap.yaml": "two nodes on one host share a GPU",

@@ -2,7 +2,7 @@
 Slurm"): it runs on when the `up` that submitted it is killed, and `status`,
 `logs --follow` and `attach` still give its output and its end, from Slurm
 (`squeue`, then `sacct`) and from the agents' own records in the shared run
-directory. On the real Slurm lab (tests/slurmlab.py)."""
+directory. On the real Slurm lab (tests/labs/slurmlab.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import sys
 
 from sshlab import SshLab
 
-PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs")
 
 
 def lab_home(lab: SshLab, root, *, omit_known: tuple = ()) -> dict[str, str]:

@@ -12,7 +12,6 @@ import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 import netlab  # noqa: E402  (its fixtures net_lab, make_net_lab come through conftest.py)
 from netlab import DEFAULT_NICS, NETNS_ETC, NetLab, NetLabError, _require_netns  # noqa: E402
 from sshlab import SshLabError  # noqa: E402

@@ -610,7 +610,7 @@ def test_a_very_long_run_drops_its_oldest_attempts_first():
 FOLLOWER = ("import sys; from orchestrator.agent.kept import daemon; "
             "from orchestrator.agent.wire.protocol import Reader; "
             "daemon.follow(sys.argv[1], Reader(0), attached=True)")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.live  # real daemons and followers: seconds each

@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orchestrator.controller import down as down_mod  # noqa: E402
 from orchestrator.records.outcome import RunState  # noqa: E402
 from orchestrator.records.rundir import RunDir  # noqa: E402

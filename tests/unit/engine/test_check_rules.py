@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from netlab import ipv6_loopback
 
 from orchestrator.agent.node import probes
 from orchestrator.agent.node.probes import hostport
@@ -17,15 +18,6 @@ from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
 from orchestrator.plan.model import NodePlan
 from orchestrator.report.runs import render_check
-
-
-def ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as sock:
-            sock.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 # -- hostport ----------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The failure hints (orchestrator/records/hints.py) on real error lines.
 
 The Gloo lines were produced here: two torchrun nodes in a network lab
-(tests/netlab.py), host names on 127.0.1.1 and no GLOO_SOCKET_IFNAME; a
+(tests/labs/netlab.py), host names on 127.0.1.1 and no GLOO_SOCKET_IFNAME; a
 GLOO_SOCKET_IFNAME the hosts lack; GLOO_SOCKET_IFNAME=docker0; node 1 with
 no route to node 0. The NCCL lines are quoted from public reports
 (pytorch/pytorch, NVIDIA/nccl, awslabs/awsome-distributed-ai issues): this

@@ -1,6 +1,6 @@
 """A throwaway multi-host cluster where every host has a network of its own.
 
-``SshLab`` (tests/sshlab.py) puts every simulated host on one loopback, so
+``SshLab`` (tests/labs/sshlab.py) puts every simulated host on one loopback, so
 anything that binds "the address my host name resolves to" or "the first
 interface" still works there and never reproduces the failures of real
 clusters. ``NetLab`` is an ``SshLab`` whose hosts are Linux network
@@ -57,6 +57,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -330,6 +331,17 @@ class NetLab(SshLab):
 
 
 # -- helpers -------------------------------------------------------------
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine's loopback has IPv6 ("::1" binds)."""
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""Runs on hosts with networks of their own (tests/netlab.py): each host a
+"""Runs on hosts with networks of their own (tests/labs/netlab.py): each host a
 network namespace whose host name resolves to loopback, with a docker0 that
 reaches nothing and a cluster NIC named differently on each host. Gloo's
 own choice fails there; each node's chosen interface must make it work,
