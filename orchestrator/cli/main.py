@@ -312,6 +312,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     into a new run directory.
     """
     from ..records.rundir import RunDir
+    from ..controller import compare as runs
     from ..report import compare as cmp
 
     if baseline_kind != "single" and baseline_run is not None:
@@ -324,17 +325,17 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
         spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                                   arg_pairs)
         _refuse_queue_timeout(spec, queue_timeout)
-        base_spec = cmp.baseline_spec(spec, baseline_kind)  # refuses before anything runs
-        spec = cmp.ddp_spec(spec, baseline_kind)
+        base_spec = runs.baseline_spec(spec, baseline_kind)  # refuses before anything runs
+        spec = runs.ddp_spec(spec, baseline_kind)
     console = Console("rank0" if show_output else "quiet")
     launch = _launcher(runs_dir, console, LaunchOptions(
         grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
         queue_timeout_s=queue_timeout,
         hang_timeout_s=hang_timeout if hang_timeout is not None or spec is None
         else spec.hang_timeout))
-    base = cmp.run_or_load("baseline", base_spec, baseline_run,
-                           runs_dir=runs_dir, launch=launch)
-    ddp = cmp.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)
+    base = runs.run_or_load("baseline", base_spec, baseline_run,
+                            runs_dir=runs_dir, launch=launch)
+    ddp = runs.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)
     report = cmp.comparison(base, ddp)
     out = RunDir.create(runs_dir, new_run_id("compare"))
     plots, note = cmp.write_report(report, out.path)

@@ -1,4 +1,7 @@
-"""``ddp-orch compare``: one process vs the whole cluster, same job, side by side.
+"""``ddp-orch compare``'s report: two runs' results side by side.
+
+What the two runs are and how they are launched is the controller's
+(``controller/compare.py``); this module only reads results and renders.
 
 Seed 001's experiment as a command: the file's workload runs once as a
 single process on node 0's first device (the baseline) and once on the
@@ -13,11 +16,6 @@ batch and data source, and names every difference (``differences``): a
 learning rate scaled by the world size (``lr_scaling=linear``) with the
 same global batch, a real dataset on one side and a synthetic one on the
 other, runs reused with other arguments.
-
-``--baseline dp`` (seed 002) makes the baseline the ``mlp`` workload's
-``nn.DataParallel``: one process driving all of node 0's listed GPUs,
-against DDP on the cluster. It needs at least two GPUs on node 0 and is
-refused before anything starts otherwise.
 """
 
 from __future__ import annotations
@@ -28,13 +26,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.localmode import with_args
-from ..config.spec import ClusterSpec, NodeSpec
-from ..errors import ConfigError, LaunchError
-from ..records.outcome import RunState
+from ..errors import LaunchError
 
-BASELINES = ("single", "dp")
-DP_EXAMPLE = "ddp-orch compare --local --workload mlp --gpus 0,1 --baseline dp"
+
 # Configuration keys that are no learning choice, or that have rows of their own.
 _NOT_COMPARED = frozenset({"result_file", "lr", "global_batch_size", "data", "mode"})
 
@@ -76,75 +70,6 @@ class RunSummary:
         if self.dp_gpus:
             return f"DataParallel (1 process, {self.dp_gpus} GPUs)"
         return "baseline (1 process)" if self.label == "baseline" else "DDP"
-
-
-THREADS_VAR = "OMP_NUM_THREADS"
-
-
-def one_thread_per_cpu_process(spec: ClusterSpec) -> ClusterSpec:
-    """Each CPU process of ``spec`` on one intra-op thread, unless its env
-    sets ``OMP_NUM_THREADS``.
-
-    torchrun gives every process 1 thread when a node runs several, and
-    torch's default (all cores) when it runs one, so the 1-process baseline
-    would use every core and each DDP process one: the speed-up would then
-    measure threads, not processes (on a loaded 2-core machine a tiny
-    resnet showed 526% efficiency). GPU processes are left as they are.
-    """
-    nodes = tuple(node if node.procs is None or THREADS_VAR in node.env else
-                  dataclasses.replace(node, env={**node.env, THREADS_VAR: "1"})
-                  for node in spec.nodes)
-    return dataclasses.replace(spec, nodes=nodes)
-
-
-def baseline_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
-    """The same job as one process on node 0's first GPU (or one CPU process);
-    with ``kind`` ``dp``, as mlp's DataParallel over all of node 0's GPUs."""
-    first = spec.nodes[0]
-    if kind == "dp":
-        check_dp_baseline(spec)
-        node: NodeSpec = dataclasses.replace(first, one_process=True)
-        return dataclasses.replace(with_args(spec, {"mode": "dp"}), nodes=(node,),
-                                   name=f"{spec.name}-dp-baseline")
-    if kind != "single":
-        raise ConfigError(f"unknown baseline {kind!r}", path="--baseline",
-                          source="command line", hint=" or ".join(BASELINES))
-    on_gpu = first.gpus is not None or first.gpu_count is not None
-    single: NodeSpec = dataclasses.replace(
-        first, gpus=first.gpus[:1] if first.gpus is not None else None,
-        gpu_count=1 if first.gpu_count is not None else None,
-        procs=None if on_gpu else 1)
-    return one_thread_per_cpu_process(
-        dataclasses.replace(spec, nodes=(single,), name=f"{spec.name}-baseline"))
-
-
-def ddp_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
-    """The cluster side: the job as given, its CPU processes on one thread
-    each as the baseline's; against a DataParallel baseline, mlp's ``mode``
-    set to ddp explicitly."""
-    return with_args(spec, {"mode": "ddp"}) if kind == "dp" else one_thread_per_cpu_process(spec)
-
-
-def check_dp_baseline(spec: ClusterSpec) -> None:
-    """Refuse ``--baseline dp`` where it cannot run: it is the mlp workload's
-    ``--mode dp``, one process over at least two GPUs of node 0."""
-    where = "--baseline dp"
-    if spec.workload.name != "mlp":
-        given = spec.workload.name or spec.workload.module or spec.workload.script or "?"
-        raise ConfigError(f"the DataParallel baseline is the mlp workload's --mode dp, but the "
-                          f"workload here is {given}", path=where, source="command line",
-                          hint=DP_EXAMPLE)
-    first = spec.nodes[0]
-    gpus = first.gpu_count if first.gpu_count is not None else \
-        len(first.gpus) if first.gpus is not None else 0
-    if spec.device == "cpu" or gpus < 2:
-        has = ("device: cpu" if spec.device == "cpu" and gpus else
-               f"{gpus} GPU" if gpus == 1 else f"procs: {first.procs} (CPU processes)"
-               if first.procs is not None else "no GPUs")
-        raise ConfigError(f"nn.DataParallel needs at least 2 GPUs on node 0 "
-                          f"({first.host}), which has {has}", path=where,
-                          source="command line",
-                          hint=f"on a machine with 2 or more GPUs: {DP_EXAMPLE}")
 
 
 def summarize(label: str, run_id: str, result: dict[str, Any]) -> RunSummary:
@@ -297,27 +222,6 @@ def write_json(path: str, report: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=2)
         fh.write("\n")
-
-
-def run_or_load(label: str, spec: ClusterSpec | None, run_id: str | None, *, runs_dir: str,
-                launch: Any) -> RunSummary:
-    """An existing run's result (``run_id``), or a fresh run of ``spec``."""
-    from ..records.store import find_run
-
-    if run_id is not None:
-        record = find_run(runs_dir, run_id)
-        result = record.run.read_json("result.json")
-        if record.state is not RunState.SUCCEEDED or not isinstance(result, dict):
-            raise LaunchError(f"run {record.run_id} is {record.state} and has "
-                              f"{'a' if isinstance(result, dict) else 'no'} result; "
-                              "compare needs two succeeded runs")
-        return summarize(label, record.run_id, result)
-    assert spec is not None
-    outcome, _run = launch(spec)
-    if not outcome.ok or not outcome.result:
-        raise LaunchError(f"the {label} run {outcome.run_id} {outcome.state}; see "
-                          f"`ddp-orch status {outcome.run_id}`")
-    return summarize(label, outcome.run_id, outcome.result)
 
 
 def write_report(report: dict[str, Any], directory: str) -> tuple[list[str], str]:

@@ -13,8 +13,9 @@ from conftest import run_cli
 from orchestrator.config.localmode import local_spec
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
-from orchestrator.report.compare import (baseline_spec, comparison, ddp_spec, render_markdown,
-                                         render_table, summarize, write_report)
+from orchestrator.controller.compare import baseline_spec, ddp_spec
+from orchestrator.report.compare import (comparison, render_markdown, render_table, summarize,
+                                         write_report)
 from orchestrator.config.loader import load_cluster_file
 
 SYNTHETIC = "SYNTHETIC CIFAR-10-shaped data, no cifar-10-batches-py under /n0/code/data"
