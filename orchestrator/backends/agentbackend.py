@@ -38,8 +38,8 @@ from ..engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ..engine.preflight import Preflight
 from ..engine.bundle import build_bundle, code_notes, stand_ins
 from ..engine.fanout import on_all
-from ..engine.gang import Gang
-from ..engine.keptgang import ATTACHED, DETACHED, KeptGang, attempt_outcomes
+from ..engine.gang import Gang, Mode
+from ..engine.keptgang import DETACHED, Keepers, attempt_outcomes
 from ..engine.nodehandle import BUNDLE_NAME, describe_survivors
 from ..engine.preflight import (bind_request, interface_from, master_port_from, route_request,
                         run_checks)
@@ -117,16 +117,13 @@ class AgentBackend(LaunchBackend):
                 interfaces={k: ifname for k, (_port, ifname) in prepared.items()}))
             on_running(resolved)
             records = self.node_records(resolved.plan)
-            if self.options.kept:
-                gang = KeptGang(resolved, run, agents, console, grace_s=self.options.grace_s,
-                                start_timeout_s=self.options.start_timeout_s, start=True,
-                                detach=self.options.detach, max_restarts=self.options.max_restarts,
-                                rule=DETACHED if self.options.detach else ATTACHED)
-            else:
-                gang = Gang(resolved, run, agents, console, grace_s=self.options.grace_s,
-                            start_timeout_s=self.options.start_timeout_s,
-                            hang_timeout_s=self.options.hang_timeout_s,
-                            dump_stacks=lambda: self._stacks(plan.run_id, records))
+            kept = self.options.kept
+            gang = Gang(resolved, run, agents, console, mode=Mode.KEPT if kept else Mode.ATTACHED,
+                        grace_s=self.options.grace_s, start_timeout_s=self.options.start_timeout_s,
+                        hang_timeout_s=self.options.hang_timeout_s,
+                        dump_stacks=lambda: self._stacks(plan.run_id, records),
+                        detach=self.options.detach,
+                        keepers=Keepers(self.options.max_restarts) if kept else None)
             outcome = gang.run()
             if outcome.state is RunState.RUNNING:  # detached: the nodes own it now
                 return outcome
@@ -190,8 +187,8 @@ class AgentBackend(LaunchBackend):
                                           self.options.start_timeout_s, run_id=record.run_id)
             agents.update(started)
             opened.values("connecting to the nodes", _labeller(info.plan))
-            gang = KeptGang(info, record.run, agents, console, grace_s=self.options.grace_s,
-                            start=False, detach=False, rule=DETACHED, lines=lines)
+            gang = Gang(info, record.run, agents, console, mode=Mode.KEPT,
+                        grace_s=self.options.grace_s, lines=lines)
             outcome = gang.run()
             if gang.lost_contact:
                 raise LaunchError(f"{gang.lost_contact}; run {record.run_id} goes on there "

@@ -253,10 +253,6 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                           path="--max-restarts", source="command line",
                           hint="under Slurm, resubmit (the built-in workloads resume from "
                                "--checkpoint with --resume), or use sbatch's --requeue")
-    if options.kept and options.hang_timeout_s is not None:
-        raise ConfigError("the hang watchdog runs in an attached controller; a kept run "
-                          "(--detach, --max-restarts) has none yet", path="--hang-timeout",
-                          source="command line", hint="drop --hang-timeout (or hang_timeout:)")
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
                  _job_words(cluster_file, backend, local, workload, gpus, procs, device,

@@ -1,20 +1,33 @@
-"""Run a resolved dry-run on its nodes as one gang, and own it until it is over.
+"""Follow a resolved dry-run on its nodes as one gang, under an explicit mode.
 
-Lifecycle: every node's agent, which has the code already (see
-``AgentBackend.launch``), becomes its supervisor, all in parallel. The gang then watches
-them. When one node fails, the others are stopped at once. Whatever
-happens (success, failure, Ctrl-C, an exception), the ``finally`` block
-stops every node still running: ``stop`` on stdin, a deadline, ``kill``,
-then the channel is cut, which the supervisors also treat as "tear down".
+One gang, one watch loop, for every backend and every way a run is held
+(``Mode``):
+
+* ``ATTACHED``: every node's agent, which has the code already (see
+  ``AgentBackend.launch``), becomes its supervisor, all in parallel; the
+  gang watches them and stops them all on the rule's verdict
+  (``agent/gangrule.py``: a lost node, the first failure, a hang, the start
+  timeout). Whatever happens (success, failure, Ctrl-C, an exception), the
+  ``finally`` block stops every node still running: ``stop`` on stdin, a
+  deadline, ``kill``, then the channel is cut, which the supervisors also
+  treat as "tear down".
+* ``KEPT``: the nodes' keepers hold the gang (and the same rule); the gang
+  starts them (``keptgang.py``) or follows what runs (``attach``), and its
+  outcome is node 0's record of every attempt.
+* ``OBSERVED``: someone else's job (``attach`` to a Slurm job): watch it
+  end, stop nothing; Ctrl-C only leaves.
 """
 
 from __future__ import annotations
 
+import enum
 import signal
 import threading
 import time
 from typing import Callable, Mapping
 
+from ..agent.gangrule import Clock, NodeView, Stop, Timeouts, Verdict, hang_words, judge, tick
+from ..agent.stackgroups import place
 from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
 from ..plan.dryrun import DryRun
@@ -22,169 +35,227 @@ from ..records.outcome import RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
-from .stacks import hang_summary, keep, odd_ranks
-from .stacks import StacksResult
+from .keptgang import Keepers, begin_kept, contact_lost, kept_outcome
 from .nodehandle import NodeHandle, supervisor_spec
+from .stacks import StacksResult, keep
 
 
 PROGRESS_WRITE_S = 2.0  # progress.json at most this often
 QUIET_PROGRESS_S = 15.0  # with --quiet, a progress line per node at most this often
 
 
+class Mode(enum.Enum):
+    """Who owns the gang the controller follows, and so what it may do to it."""
+
+    ATTACHED = "attached"  # the controller: it stops the gang (the rule) and tears it down
+    KEPT = "kept"  # the nodes' keepers (``agent/kept/keeper.py``): it starts and follows them
+    OBSERVED = "observed"  # someone else (a Slurm job we attach to): watch it end, stop nothing
+
+
 class Gang:
-    """One launch of a resolved ``DryRun``; ``run()`` returns its ``RunOutcome``."""
+    """One run of a resolved ``DryRun`` on its nodes, followed under ``mode``;
+    ``run()`` returns its ``RunOutcome``.
+
+    ``detach``: leave once every node has started (the run is the nodes' or
+    the scheduler's from then on). ``keepers``: a kept run to start (its
+    restarts); None in ``KEPT`` follows what runs (``attach``), from
+    ``lines`` before the end of each node's stream. Whether a node's silence
+    is a loss is its channel's (``NodeHandle.heard_s``: Slurm owns its
+    nodes' liveness). The stop decisions are ``agent/gangrule.py``'s."""
 
     def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
-                 console: Console, *, grace_s: float = 10.0, start_timeout_s: float = 300.0,
-                 watch_silence: bool = True, hang_timeout_s: float | None = None,
+                 console: Console, *, mode: Mode = Mode.ATTACHED, grace_s: float = 10.0,
+                 start_timeout_s: float = 300.0, hang_timeout_s: float | None = None,
                  dump_stacks: Callable[[], StacksResult] | None = None,
-                 leave_when_started: bool = False, observe: bool = False,
-                 release_setup: bool = True):
+                 detach: bool = False, keepers: Keepers | None = None,
+                 lines: int | None = None):
         self.info = info
         self.plan = info.plan
         self.run_dir = run
         self.console = console
+        self.mode = mode
         self.grace_s = grace_s
         self.start_timeout_s = start_timeout_s
-        # A node silent for PEER_TIMEOUT_S is given up on, unless the nodes'
-        # liveness is someone else's (Slurm's).
-        self.watch_silence = watch_silence
-        # The hang watchdog: no rank's progress (a heartbeat or a line) for this
-        # long once every node has started -> dump stacks, name the odd rank, stop.
+        # The hang rule: no rank's progress (a heartbeat or a line) for this
+        # long once every node has started -> dump stacks, name the odd rank,
+        # stop. A kept run's keepers hold it (``keeper_spec``), not us.
         self.hang_timeout_s = hang_timeout_s
         self.dump_stacks = dump_stacks
-        self.all_started_at: float | None = None
+        self.detach = detach
+        self.keepers = keepers if mode is Mode.KEPT else None
+        self.lines = lines  # where to follow a kept run from (attach)
+        self.keepers_started: set[int] = set()
+        self.lost_contact = ""  # why the controller left a kept run, when not asked to
         self._progress_written = self._progress_shown = time.monotonic()
         self._changed = threading.Event()  # some node's command ended
         self._over = threading.Event()  # the gang is done: stop pinging
         self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
                                    on_change=self._changed.set) for launch in info.nodes]
         for handle in self.handles:
-            handle.watch_output = hang_timeout_s is not None
+            handle.watch_output = hang_timeout_s is not None and mode is Mode.ATTACHED
         self.interrupted = False
         # From the first Ctrl-C on, another one (or a SIGTERM) is a flag the
         # teardown's wait looks at (kill at once), not an exception that could
         # land before the teardown's own ``try`` and skip its stop and kill.
         self._hurried = False
         self._handlers: dict = {}
-        # A scheduler's job outlives us (Slurm): ``leave_when_started`` returns
-        # once every node runs (``up --detach``); ``observe`` follows a job we
-        # did not start (``attach``) and never stops it: Ctrl-C just leaves.
-        self.leave_when_started = leave_when_started
-        self.observe = observe
         self.left = False
-        # ``setup:``: the controller holds the barrier (``go`` to every node
-        # once all have succeeded), unless the nodes hold it themselves (a
-        # Slurm job's files, a kept run's gang).
-        self.release_setup = release_setup and not observe
-        self._setup_done = not self.plan.setup
 
     def run(self) -> RunOutcome:
-        """Start every node (their agents have the code already), watch them,
-        tear down."""
+        """Start the nodes (their agents have the code already) or their
+        keepers, or follow what runs; watch; tear down what is ours."""
         started = time.monotonic()
         by_rank = {h.node.node_rank: h for h in self.handles}
+        if self.mode is Mode.KEPT:
+            begin_kept(self, by_rank)
         try:
-            port = int(self.plan.master_port)
-            on_all(lambda k: by_rank[k].start(
-                supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),
-                by_rank).values("starting the nodes", self._label)
-            if not self.observe:
+            if self.mode is not Mode.KEPT:
+                port = int(self.plan.master_port)
+                on_all(lambda k: by_rank[k].start(
+                    supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),
+                    by_rank).values("starting the nodes", self._label)
+            if self.mode is Mode.ATTACHED:
                 self.console.info(f"started {self.plan.world_size} processes on "
                                   f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
+            # The nodes hear us (``ping``): a supervisor, or an attached kept
+            # run's follower, stops its run after PEER_TIMEOUT_S of silence.
             threading.Thread(target=self._ping, daemon=True, name="gang-ping").start()
             self._watch()
         except KeyboardInterrupt:
-            if self.observe:
-                self.left = True
-            else:
-                self._hurry_on_signals()
-                self.interrupted = True
-                self.console.always("ddp-orch: interrupted; stopping every node "
-                                    "(press Ctrl-C again to kill at once)")
+            self._interrupted()
         finally:
             self._over.set()
             try:
-                if not (self.left or self.observe):
+                if self.mode is Mode.ATTACHED and not self.left:
                     self._teardown()
+                elif self.mode is Mode.KEPT:
+                    for handle in self.handles:
+                        if self.left or handle.control is None:
+                            handle.agent.close(timeout_s=2.0)  # the follower leaves; the run goes on
             finally:
                 for sig, handler in self._handlers.items():
                     signal.signal(sig, handler)
+        wall = time.monotonic() - started
+        if self.mode is Mode.KEPT:
+            return kept_outcome(self, wall)
         if self.left:
-            return RunOutcome(self.plan.run_id, RunState.RUNNING, time.monotonic() - started,
+            return RunOutcome(self.plan.run_id, RunState.RUNNING, wall,
                               tuple(h.finish(timeout=0.1) for h in self.handles), None, None)
         outcomes = tuple(h.finish() for h in self.handles)
         return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,
                             interrupted=self.interrupted)
 
+    def _interrupted(self) -> None:
+        """Ctrl-C: ours to stop (attached, or a kept run started attached),
+        else we only leave."""
+        if self.mode is Mode.ATTACHED:
+            self._hurry_on_signals()
+        elif self.mode is Mode.OBSERVED or self.keepers is None or self.detach:
+            self.left = True
+            return
+        self.interrupted = True
+        self.console.always("ddp-orch: interrupted; stopping every node "
+                            "(press Ctrl-C again to kill at once)")
+        if self.mode is Mode.KEPT:  # the keepers stop the run; they report its end
+            self._stop_all("interrupted")
+            self.await_finish()
+
     def _label(self, node_rank: int) -> str:
         return f"node {node_rank} ({self.plan.nodes[node_rank].host})"
 
     def _watch(self) -> None:
-        """Wait for every node; on the first failure or a start timeout, ask
-        all to stop and return: ``_teardown`` enforces the deadline."""
-        deadline = time.monotonic() + self.start_timeout_s
+        """Until the gang is over (or, detached, has started); on a stop
+        verdict (``gangrule``) ask every node to stop and return: the
+        teardown (or the keepers) enforce the deadline."""
+        clock = Clock(time.monotonic())
         while True:
             self._changed.clear()
-            codes = [h.poll() for h in self.handles]
-            if all(code is not None for code in codes):
+            if self.mode is Mode.KEPT:
+                if all(h.control is not None for h in self.handles):  # every keeper finished
+                    return
+                if contact_lost(self):
+                    return
+            elif all(h.poll() is not None for h in self.handles):
                 return
-            if self.leave_when_started and all(h.started for h in self.handles):
+            if self.detach and all(h.started for h in self.handles):
                 self.left = True
                 return
-            if self._setup_pending():  # the start timeout counts once every setup is done
-                deadline = time.monotonic() + self.start_timeout_s
-            if self.observe:  # someone else's job: watch it end, stop nothing
-                self._report_progress()
-                self._changed.wait(0.5)
-                continue
-            silent = [h for h in self.handles if h.silent] if self.watch_silence else []
-            if silent:
-                for handle in silent:
-                    handle.partitioned = True
-                    handle.abort()  # it cannot hear a stop; its agent gives up on us too
-                self._stop_all(", ".join(self._label(h.node.node_rank) for h in silent)
-                               + f" silent for {PEER_TIMEOUT_S:g}s")
-                return
-            failed = [h for h, code in zip(self.handles, codes) if code not in (None, 0)]
-            if failed:
-                first = failed[0]
-                self._stop_all(f"{self._label(first.node.node_rank)} failed "
-                               f"(exit {first.poll()})")
-                return
-            elif self._hung():
-                return
-            elif time.monotonic() > deadline and not all(h.started for h in self.handles):
-                self._give_up_start()
+            self._release_setup()
+            now = time.monotonic()
+            views = [self._view(h) for h in self.handles]
+            clock = tick(clock, views, now)
+            verdict = None
+            if self.mode is Mode.ATTACHED:
+                verdict = judge(views, Timeouts(self.start_timeout_s, PEER_TIMEOUT_S,
+                                                self.hang_timeout_s), clock, now)
+            elif self.keepers is not None and all(h.attempt == 0 for h in self.handles):
+                # A kept run: the keepers judge every attempt; the controller
+                # only gives up on a first start that never comes.
+                verdict = judge(views, Timeouts(self.start_timeout_s), clock, now)
+            if verdict is not None:
+                self._act(verdict)
                 return
             self._report_progress()
             self._changed.wait(0.5)  # woken at once when a node ends
 
-    def _setup_pending(self) -> bool:
-        """True while some node still runs its ``setup:``. Once every node's
-        has succeeded, each is told to go (where the controller holds the
-        barrier). A node whose setup fails ends with its exit event, which
-        stops the gang like any failure."""
-        if self._setup_done:
-            return False
-        if not all(h.setup_ok for h in self.handles):
-            return True
-        self._setup_done = True
-        if self.release_setup:
+    def _view(self, handle: NodeHandle) -> NodeView:
+        """A node as the rule sees it. A kept run's node has no end of its
+        own to judge here (each attempt's is its keepers')."""
+        return NodeView(handle.node.node_rank, self._label(handle.node.node_rank),
+                        code=handle.poll() if self.mode is Mode.ATTACHED else None,
+                        joined=handle.joined, started=handle.started,
+                        setup_done=not self.plan.setup or handle.setup_ok,
+                        heard_s=handle.heard_s if self.mode is Mode.ATTACHED else None,
+                        progress=tuple((rank, at) for rank, (_step, at)
+                                       in dict(handle.progress).items()))
+
+    def _act(self, verdict: Verdict) -> None:
+        """Stop the gang for ``verdict``, marking the nodes it blames."""
+        by_rank = {h.node.node_rank: h for h in self.handles}
+        blamed = [by_rank[k] for k in verdict.nodes]
+        why = verdict.why
+        if verdict.stop is Stop.LOST:
+            for handle in blamed:
+                handle.partitioned = True
+                handle.abort()  # it cannot hear a stop; its agent gives up on us too
+        elif verdict.stop is Stop.START_TIMEOUT:
+            for handle in blamed:
+                handle.timed_out = True
+        elif verdict.stop is Stop.HANG:
+            why = self._hang(verdict, by_rank)
+        self._stop_all(why)
+        if self.mode is Mode.KEPT:
+            self.await_finish()
+
+    def _hang(self, verdict: Verdict, by_rank: Mapping[int, NodeHandle]) -> str:
+        """Dump every rank's stack, keep them in the run directory, and mark
+        the nodes of the odd ranks; the hang's root cause."""
+        result = None
+        if self.dump_stacks is not None:
+            try:
+                result = self.dump_stacks()
+            except Exception as exc:  # noqa: BLE001 (the hang is still the cause)
+                self.console.info(f"could not dump the ranks' stacks: {exc}")
+        if result is not None and result.ranks:
+            saved, _text = keep(self.run_dir.path, result, self.plan.run_id)
+            self.console.info(f"stacks of every rank kept in {saved}")
+        places = {s.rank: place(s.how, s.text, s.error) for s in result.ranks} \
+            if result is not None else None
+        ranks_of = {k: by_rank[k].node.ranks for k in verdict.nodes}
+        why, blamed = hang_words(verdict, places, ranks_of)
+        for k in blamed:
+            by_rank[k].hung_reason = why
+        return why
+
+    def _release_setup(self) -> None:
+        """Once every node's ``setup:`` has succeeded, each is told to go,
+        where the controller holds the barrier (an attached run; a Slurm
+        job's files and a kept run's gang hold their own). A node whose setup
+        fails ends with its exit event, which stops the gang like any failure."""
+        if self.mode is Mode.ATTACHED and self.plan.setup \
+                and all(h.setup_ok for h in self.handles):
             for handle in self.handles:
                 handle.go()
-        return False
-
-    def _give_up_start(self) -> None:
-        """The start timeout passed before every node started: name the nodes
-        that have not joined (else those not started), and stop every node."""
-        missing = [h for h in self.handles if not h.joined] or \
-            [h for h in self.handles if not h.started]
-        for handle in missing:
-            handle.timed_out = True
-        names = ", ".join(self._label(h.node.node_rank) for h in missing)
-        self._stop_all(f"the rendezvous did not complete within {self.start_timeout_s:g}s; "
-                       f"not joined: {names}")
 
     def _report_progress(self) -> None:
         """Each rank's last step and progress time into ``progress.json`` (for
@@ -214,40 +285,6 @@ class Gang:
                                         f"{len(mine)} rank(s){at}, last progress "
                                         f"{age:.0f}s ago\n")
 
-    def _hung(self) -> bool:
-        """The hang watchdog; True once it has found a hang and stopped the gang."""
-        if self.hang_timeout_s is None or not all(h.started for h in self.handles):
-            return False
-        now = time.monotonic()
-        if self.all_started_at is None:
-            self.all_started_at = now
-        # Only nodes still running: one that ended (say, exited 0 while rank 0
-        # writes a last checkpoint) is not hung. dict(): the relay adds ranks.
-        running = [h for h in self.handles if h.poll() is None]
-        seen = {rank: at for h in running for rank, (_step, at) in dict(h.progress).items()}
-        idle = now - max([self.all_started_at, *seen.values()])
-        if idle <= self.hang_timeout_s:
-            return False
-        quiet_first = min(seen, key=seen.get) if seen else None
-        result = None
-        if self.dump_stacks is not None:
-            try:
-                result = self.dump_stacks()
-            except Exception as exc:  # noqa: BLE001 (the hang is still the cause)
-                self.console.info(f"could not dump the ranks' stacks: {exc}")
-        why = hang_summary(result, idle, quiet_first)
-        if result is not None and result.ranks:
-            saved, _text = keep(self.run_dir.path, result, self.plan.run_id)
-            self.console.info(f"stacks of every rank kept in {saved}")
-        odd = {s.node_rank for s in odd_ranks(result)} if result is not None else set()
-        if not odd and quiet_first is not None:
-            odd = {h.node.node_rank for h in running if quiet_first in h.node.ranks}
-        for handle in running:
-            if handle.node.node_rank in (odd or {h.node.node_rank for h in running}):
-                handle.hung_reason = why
-        self._stop_all(why)
-        return True
-
     def _ping(self) -> None:
         """``ping`` every node while the gang runs (see ``protocol.HEARTBEAT_S``)."""
         while not self._over.wait(HEARTBEAT_S):
@@ -269,6 +306,11 @@ class Gang:
                 self._handlers[sig] = signal.signal(sig, hurry)
         except ValueError:  # not the main thread: a second one raises, as before
             pass
+
+    def await_finish(self) -> None:
+        """A kept run: until every keeper has finished (``poll`` gives the
+        code of its ``finished`` event), bounded by the grace period."""
+        wait_all(self.handles, self.grace_s + 30.0)
 
     def _teardown(self) -> None:
         """Stop what still runs: gracefully, then SIGKILL through the

@@ -229,6 +229,19 @@ class NodeHandle:
             self.killed = True
 
     @property
+    def heard_s(self) -> float | None:
+        """Seconds since the node was last heard; None where its liveness is
+        not ours to watch (its channel says so: Slurm owns a job's nodes')."""
+        if not getattr(self.agent, "liveness_ours", True):
+            return None
+        return time.monotonic() - self.last_heard
+
+    def drain(self, timeout: float) -> None:
+        """Until the relay has copied everything the node sent (or ``timeout``)."""
+        if self._relay is not None:
+            self._relay.join(timeout)
+
+    @property
     def silent(self) -> bool:
         """Nothing from the node for PEER_TIMEOUT_S while its run goes on."""
         return self.poll() is None and time.monotonic() - self.last_heard > PEER_TIMEOUT_S

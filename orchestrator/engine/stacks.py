@@ -1,5 +1,9 @@
 """``ddp-orch stacks``: every rank's stack, grouped, with the odd ones marked.
 
+The grouping itself is ``agent/stackgroups.py`` (pure, stdlib: a kept run's
+head keeper names the odd rank of a hang with it too); here, each rank's host
+and the rendering.
+
 A rank's dump (faulthandler's or py-spy's text) is reduced to its main
 thread's frames. Ranks whose main threads stand at the same place (the
 innermost frame and the innermost frame of the user's own code) form a
@@ -14,10 +18,12 @@ that stopped calling collectives::
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..agent.stackgroups import Frame, group_places, odd_of, place, rank_span
+from ..agent.stackgroups import hang_summary as _hang_summary
+from ..agent.stackgroups import main_thread as _main_thread
 from ..records.store import NodeRecord
 
 
@@ -58,96 +64,27 @@ def rank_stacks(reported: object, nodes: Sequence[NodeRecord]) -> list[RankStack
     return out
 
 
-# faulthandler: `  File "/x/train.py", line 42 in main`
-_FAULTHANDLER_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')
-# py-spy: `    all_reduce (torch/distributed/distributed_c10d.py:2050)`
-_PY_SPY_FRAME = re.compile(r"^\s+(\S.*?) \((.+):(\d+)\)$")
-_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3|^<frozen |ddp_orch_shim\.py$")
-
-
-@dataclass(frozen=True)
-class Frame:
-    function: str
-    file: str
-    line: int
-
-    @property
-    def own(self) -> bool:
-        """The user's code: not an installed package, the stdlib or the shim.
-        py-spy shows installed code by package-relative paths
-        (``torch/distributed/...``), the user's by full path or bare name."""
-        if _LIBRARY.search(self.file):
-            return False
-        return self.file.startswith("/") or "/" not in self.file
-
-    def __str__(self) -> str:
-        return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
-
-
 def main_thread(stack: RankStack) -> list[Frame]:
     """The frames of the main thread, innermost first."""
-    blocks, current = [], None
-    for line in stack.text.splitlines():
-        if stack.how == "py-spy":
-            if line.startswith("Thread "):
-                current = (line, [])
-                blocks.append(current)
-            elif current and (m := _PY_SPY_FRAME.match(line)):
-                current[1].append(Frame(m.group(1), m.group(2), int(m.group(3))))
-        else:
-            if "hread 0x" in line:  # "Current thread 0x..." / "Thread 0x..."
-                current = (line, [])
-                blocks.append(current)
-            elif current and (m := _FAULTHANDLER_FRAME.match(line)):
-                current[1].append(Frame(m.group(3), m.group(1), int(m.group(2))))
-    if not blocks:
-        return []
-    # The signal handler runs on the main thread ("Current thread"); py-spy names it.
-    main = next((b for b in blocks if b[0].startswith("Current thread") or "MainThread" in b[0]),
-                blocks[0])
-    return main[1]
-
-
-def where(frames: list[Frame]) -> str:
-    """``all_reduce <- train.py:42``: the innermost call, and the user's line."""
-    if not frames:
-        return "(no stack)"
-    own = next((f for f in frames if f.own), None)
-    top = frames[0].function
-    if own is None or own is frames[0]:
-        return f"{top} ({os.path.basename(frames[0].file)}:{frames[0].line})"
-    return f"{top} <- {os.path.basename(own.file)}:{own.line}"
+    return _main_thread(stack.how, stack.text)
 
 
 def groups(result: StacksResult) -> list[tuple[str, list[RankStack]]]:
     """(where, ranks) by group, the largest first (ties: the lowest rank)."""
-    by_place: dict[str, list[RankStack]] = {}
-    for stack in result.ranks:
-        place = where(main_thread(stack)) if stack.text else f"(no dump: {stack.error})"
-        by_place.setdefault(place, []).append(stack)
-    return sorted(by_place.items(), key=lambda item: (-len(item[1]), item[1][0].rank))
+    by_rank = {s.rank: s for s in result.ranks}
+    return [(where, [by_rank[r] for r in ranks])
+            for where, ranks in group_places(_places(result))]
 
 
 def odd_ranks(result: StacksResult) -> list[RankStack]:
     """The ranks outside the largest group; none when all agree, and none when
     the largest groups tie (two ranks in two places: no majority to differ from)."""
-    found = groups(result)
-    if len(found) < 2 or len(found[0][1]) == len(found[1][1]):
-        return []
-    return [s for _place, members in found[1:] for s in members]
+    by_rank = {s.rank: s for s in result.ranks}
+    return [by_rank[r] for r in odd_of(_places(result))]
 
 
-def rank_span(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> "ranks 0-2, 5"; [3] -> "rank 3"."""
-    ranks = sorted(ranks)
-    parts, start = [], None
-    for i, rank in enumerate(ranks):
-        if start is None:
-            start = rank
-        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
-            parts.append(str(start) if start == rank else f"{start}-{rank}")
-            start = None
-    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(parts)
+def _places(result: StacksResult) -> dict[int, str]:
+    return {s.rank: place(s.how, s.text, s.error) for s in result.ranks}
 
 
 def render_stacks(result: StacksResult, run_id: str, saved_in: str = "") -> str:
@@ -176,28 +113,8 @@ def render_stacks(result: StacksResult, run_id: str, saved_in: str = "") -> str:
 
 def hang_summary(result: StacksResult | None, idle_s: float,
                  quiet_first: int | None = None) -> str:
-    """The root cause of a hang: ``hang: no progress for 20s; ranks 0-1 wait in
-    all_reduce <- train.py:42; rank 2 is elsewhere: sleep <- train.py:17``.
-    Without an odd group, the rank that went quiet first is named."""
-    head = f"hang: no progress for {idle_s:.0f}s"
-    found = groups(result) if result is not None and result.ranks else []
-    if not found:
-        tail = f"; rank {quiet_first} went quiet first" if quiet_first is not None else ""
-        return head + tail + "; no stacks could be dumped"
-    place, members = found[0]
-    tie = len(found) > 1 and len(found[1][1]) == len(members)
-    verb = "wait in" if len(members) > 1 else "waits in"
-    parts = [f"{rank_span([s.rank for s in members])} {verb} {place}"]
-    for other, odd in found[1:]:
-        if tie:
-            verb = "wait in" if len(odd) > 1 else "waits in"
-            parts.append(f"{rank_span([s.rank for s in odd])} {verb} {other}")
-        else:
-            verb = "are" if len(odd) > 1 else "is"
-            parts.append(f"{rank_span([s.rank for s in odd])} {verb} elsewhere: {other}")
-    if (len(found) == 1 or tie) and quiet_first is not None:
-        parts.append(f"rank {quiet_first} went quiet first")
-    return head + "; " + "; ".join(parts)
+    """The root cause of a hang (``agent/stackgroups.hang_summary``)."""
+    return _hang_summary(_places(result) if result is not None else None, idle_s, quiet_first)
 
 
 def keep(run_path: str, result: StacksResult, run_id: str) -> tuple[str, str]:

@@ -12,11 +12,13 @@ import pytest
 
 from bounds import AT_ONCE_S, assert_gone_within, teardowns
 from conftest import local_job, run_cli, start_cli, wait_for_lines
+from labhome import lab_job
 from orchestrator.engine.results import WantedFile, flight_recorder_files
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
 from procscan import wait_gone
+from test_long_runs import TWO_NODES, cli, node_dir, nothing_left, status_until, up
 from workloads import contract
 
 
@@ -166,3 +168,49 @@ def test_nccl_dumps_of_a_failed_gpu_run_come_home_into_nccl_trace(ssh_lab, tmp_p
     assert (trace / "node-1" / "rank-2").read_text() == \
         "flight record of rank 2: all_reduce seq 7 timed out; token ********\n"
     assert wait_gone("nccl", 15, labs=[ssh_lab]) == set()
+
+
+
+HANG_WORDS = ("ranks 0-1 wait in all_reduce <- hang_rank2.py:8; rank 2 is elsewhere: "
+              "<module> (hang_rank2.py:14)")
+
+
+@pytest.mark.live
+def test_a_detached_run_is_found_hung_by_its_keepers_and_status_names_rank_2(
+        ssh_lab, tmp_path):
+    """`up --detach --hang-timeout`: no controller is there, so the keepers'
+    head runs the hang rule from the progress they relay: every node dumps
+    its ranks' stacks (kept on the node), rank 2 is named, the run stops,
+    and `status` and `attach` show the hang as the root cause in an attached
+    run's words."""
+    env, cluster = lab_job(ssh_lab, tmp_path, "dhung", "hang_rank2.py", TWO_NODES)
+    started = up(env, tmp_path, cluster, "dhung", "--detach", "--hang-timeout", "10")
+    assert started.returncode == 0, started.stdout + started.stderr
+    status = status_until(env, tmp_path, "dhung", "failed", timeout=120)
+    assert "root cause: node 1 (node1): hang: no progress for 1" in status, status
+    assert HANG_WORDS in status, status
+    for k, ranks in ((0, ["rank-0.txt", "rank-1.txt"]), (1, ["rank-2.txt"])):
+        stacks = node_dir(tmp_path, "dhung", k) / "stacks"
+        kept = [d for d in os.listdir(stacks) if os.path.isdir(stacks / d)]
+        assert [n for n in sorted(os.listdir(stacks / kept[0])) if n != "summary.txt"] \
+            == ranks, kept
+    attached = cli(env, tmp_path, "attach", "dhung")
+    assert HANG_WORDS in attached.stdout, attached.stdout + attached.stderr
+    nothing_left(ssh_lab, "dhung", 15)
+
+
+@pytest.mark.live
+def test_a_hang_is_a_failure_the_keepers_restart_while_restarts_remain(ssh_lab, tmp_path):
+    """`up --max-restarts 1 --hang-timeout`: the first attempt hangs, the
+    keepers restart the gang; the second hangs too and the run ends with
+    the hang, rank 2 named."""
+    env, cluster = lab_job(ssh_lab, tmp_path, "rhung", "hang_rank2.py", TWO_NODES)
+    done = up(env, tmp_path, cluster, "rhung", "--max-restarts", "1", "--hang-timeout", "10",
+              timeout=300)
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "attempt 1 (master port" in out, out
+    assert "root cause: node 1 (node1): hang: no progress for 1" in out, out
+    assert HANG_WORDS in out, out
+    assert "restarting" in out, out
+    nothing_left(ssh_lab, "rhung", 15)

@@ -60,10 +60,12 @@ import threading
 import time
 
 from . import daemon, peers
+from .. import gangrule
+from ..stackgroups import place
 
 from ..wire import files
 
-from ..node import probes, procs
+from ..node import probes, procs, stacks
 from .daemon import STATE_FILE
 from ..node.procs import start_time
 from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, encode
@@ -83,6 +85,9 @@ ATTEMPTS_BUDGET = MAX_CONTROL_LINE // 2
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
 MAX_BACKOFF_S = 30.0
 FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
+RULE_POLL_S = 1.0  # how often the head applies the gang's rule (start timeout, hang)
+STACKS_WAIT_S = 15.0  # a hang: how long the head waits for every node's stacks
+MAX_PLACE = 300  # one rank's place (``stackgroups.place``) as a node reports it
 
 
 def restart_backoff(restart: int) -> float:
@@ -152,6 +157,14 @@ class Keeper:
         self.over = threading.Event()  # the run has ended here
         self.followed = False  # an attached run's follower has been seen (``_watch_follower``)
         self.state_lock = threading.Lock()  # keeper.json: one writer at a time
+        # node 0, this attempt: what the gang's rule (``gangrule``) is judged on
+        self.failing: dict[int, int] = {}  # a node's torchrun exited with this code
+        self.reported: dict[int, tuple[bool, dict[int, float]]] = {}  # started, rank -> at
+        self.clock = gangrule.Clock(time.monotonic())
+        self.hung: dict[int, str] = {}  # node -> the hang's root cause (its record's "hung")
+        self.hanging = False  # the stacks of a hang are being dumped
+        self.places: dict[int, dict[int, str]] = {}  # node -> rank -> place (a hang)
+        self.hang_s = spec.get("hang_timeout_s")
 
     # -- shared ---------------------------------------------------------------
 
@@ -250,12 +263,14 @@ class Keeper:
                 return {"code": 128 + signal.SIGTERM, "reason": why, "failures": [],
                         "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
             self.supervisor = sup = Supervisor(spec)
+            if self.hang_s is not None:
+                sup.line_seen = {}
             sup.setup_barrier = self._setup_barrier
             # The gang hears of a failure when torchrun exits, not after this
             # node's teardown, log draining and failure collection.
             sup.on_torchrun_exit = lambda code: code and self.on_own_failure(attempt, code)
-        threading.Thread(target=self._watch_start, args=(sup, attempt), daemon=True,
-                         name="keeper-start").start()
+        threading.Thread(target=self._report_progress, args=(sup, attempt), daemon=True,
+                         name="keeper-progress").start()
         sup.run()
         self._await_survivors(sup)
         with self.lock:
@@ -265,37 +280,143 @@ class Keeper:
                                for step, _age in sup.progress().values())
         return event
 
-    def _watch_start(self, sup: Supervisor, attempt: int) -> None:
-        """The start timeout, on every attempt: a torchrun that has spawned no
-        worker within ``start_timeout_s`` (with the static rendezvous: some
-        node of the gang is missing, say one lost between two attempts)
-        stops this attempt, and node 0 the gang's."""
-        timeout = float(self.spec["start_timeout_s"])
-        while not sup.setup_over.wait(1.0):  # the timeout counts once every setup is done
-            if sup.exited.is_set() or sup.stop_requested:
-                return
-        deadline = time.monotonic() + timeout
-        while not sup.exited.wait(min(1.0, max(0.05, deadline - time.monotonic()))):
-            if sup.stop_requested:
-                return
-            pid = sup.torchrun_pid
-            if pid > 0 and any(ppid == pid and state != "Z"
-                               for _p, ppid, state in procs.proc_table()):
-                return  # its workers run: every node has joined the rendezvous
-            if time.monotonic() >= deadline:
-                why = (f"attempt {attempt} did not start within {timeout:g}s on node "
-                       f"{self.node_rank} (a node of the gang is missing)")
-                self.say(f"ddp-orch: {why}; stopping it")
-                sup.request_stop(why)
-                if self.node_rank == 0:
-                    with self.lock:
-                        if attempt == self.current and attempt not in self.stop_for:
-                            self._stop_all(why)
-                        self.lock.notify_all()
-                elif self.head is not None:  # the head stops the attempt (not the run)
-                    self.head.send({"event": "gang-stop", "attempt": attempt, "reason": why,
-                                    "final": False})
-                return
+    def _report_progress(self, sup: Supervisor, attempt: int) -> None:
+        """Until this attempt ends here: whether torchrun has started and the
+        ranks' progress, to the head (node 0: to itself), every
+        ``GANG_HEARTBEAT_S``: what the gang's start timeout and hang rule
+        are judged on (``_judge``)."""
+        while not sup.exited.wait(peers.GANG_HEARTBEAT_S):
+            progress = _progress_of(sup)
+            if self.node_rank == 0:
+                self._progress_from(0, attempt, sup.workers_started, progress)
+            elif self.head is not None:
+                self.head.send({"event": "gang-progress", "attempt": attempt,
+                                "started": sup.workers_started, "progress": progress})
+
+    def _progress_from(self, k: int, attempt: int, started: bool, progress: object) -> None:
+        """Node 0: node ``k``'s report; {rank: [step, age_s]} on its clock,
+        kept as times on ours."""
+        now = time.monotonic()
+        seen = {}
+        for key, value in list(progress.items() if isinstance(progress, dict) else ())[:4096]:
+            if isinstance(key, str) and key.isdigit() and isinstance(value, list) \
+                    and len(value) == 2 and isinstance(value[1], (int, float)) \
+                    and not isinstance(value[1], bool) and value[1] >= 0:
+                seen[int(key)] = now - float(value[1])
+        with self.lock:
+            if attempt == self.current:
+                self.reported[k] = (bool(started), seen)
+                self._judge()
+
+    def _watch_rule(self, attempt: int) -> None:
+        """Node 0: the gang's rule, also when nothing is reported (a start
+        timeout, a hang), until the attempt has ended everywhere."""
+        while not self.over.wait(RULE_POLL_S):
+            with self.lock:
+                if attempt != self.current or len(self.ended) >= self.nnodes:
+                    return
+                self._judge()
+
+    def _judge(self) -> None:
+        """Node 0, holding the lock: the gang's rule (``gangrule``) on what is
+        known of this attempt; on a verdict, the attempt stops (a hang: once
+        every node's stacks are dumped)."""
+        if self.current in self.stop_for or self.hanging:
+            return
+        now = time.monotonic()
+        setup_done = self.setup_go.is_set() or not self.sup_spec.get("setup") \
+            or self.current > 0
+        views = []
+        for k in range(self.nnodes):
+            ended = self.ended.get(k)
+            code = ended.get("code") if ended is not None and "lost" not in ended \
+                else self.failing.get(k)
+            started, seen = self.reported.get(k, (False, {}))
+            views.append(gangrule.NodeView(
+                k, f"node {k}", code=code, joined=started, started=started or ended is not None,
+                setup_done=setup_done, lost=self.lost.get(k, "") if ended is None else "",
+                progress=tuple(seen.items())))
+        self.clock = gangrule.tick(self.clock, views, now)
+        verdict = gangrule.judge(views, gangrule.Timeouts(
+            float(self.spec["start_timeout_s"]), None,
+            float(self.hang_s) if self.hang_s is not None else None, attempt=self.current),
+            self.clock, now)
+        if verdict is None:
+            return
+        if verdict.stop is gangrule.Stop.HANG:
+            self.hanging = True
+            threading.Thread(target=self._on_hang, args=(self.current, verdict), daemon=True,
+                             name="keeper-hang").start()
+            return
+        if verdict.stop is gangrule.Stop.START_TIMEOUT:
+            self.say(f"ddp-orch: {verdict.why}; stopping it")
+        self._stop_all(verdict.why)
+
+    def _on_hang(self, attempt: int, verdict: gangrule.Verdict) -> None:
+        """Node 0: every node dumps its ranks' stacks (kept in its run
+        directory, ``stacks/<stamp>/``) and says where each rank stands;
+        the odd rank's node is named, and the attempt stops (a failure like
+        any other for the restart rule)."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.say(f"ddp-orch: {verdict.why.split(';')[0]}; dumping every rank's stack")
+        with self.lock:
+            self.places = {}
+        self._broadcast({"event": "gang-stacks", "attempt": attempt, "stamp": stamp})
+        mine = self._dump_stacks(stamp)
+        deadline = time.monotonic() + STACKS_WAIT_S
+        with self.lock:
+            self.places[0] = mine
+            while len(self.places) < len([k for k in verdict.nodes if k not in self.ended
+                                          and k not in self.lost]) \
+                    and time.monotonic() < deadline and not self.final:
+                self.lock.wait(max(0.01, deadline - time.monotonic()))
+            places = {rank: where for found in self.places.values()
+                      for rank, where in found.items()}
+            ranks_of = {k: sorted(set(self.places.get(k, {})) | set(self.reported.get(
+                k, (False, {}))[1])) for k in verdict.nodes}
+            why, blamed = gangrule.hang_words(verdict, places or None, ranks_of)
+            self.hanging = False
+            if attempt == self.current and attempt not in self.stop_for:
+                self.hung = {k: why for k in blamed}
+                self._stop_all(why)
+            self.lock.notify_all()
+        self._write_summary(stamp, why, places)
+        self.say(f"ddp-orch: {why}; stopping every node")
+
+    def _dump_stacks(self, stamp: str) -> dict[int, str]:
+        """This node's ranks' stacks, kept in ``stacks/<stamp>/rank-N.txt``;
+        where each rank stands."""
+        out = {}
+        try:
+            dumped = stacks.dump(self.sup_spec["run_id"], {self.node_rank: self.run_dir})
+            saved = os.path.join(self.run_dir, "stacks", stamp)
+            os.makedirs(saved, mode=0o700, exist_ok=True)
+            for r in dumped:
+                text, error = str(r.get("text") or ""), str(r.get("error") or "")
+                with open(os.path.join(saved, f"rank-{r['rank']}.txt"), "w",
+                          encoding="utf-8") as fh:
+                    fh.write(self.masked(text) or f"(no dump: {error})\n")
+                out[int(r["rank"])] = place(str(r.get("how")), text, error)[:MAX_PLACE]
+        except Exception as exc:  # noqa: BLE001 (the hang is still the cause)
+            self.say(f"ddp-orch: could not dump the ranks' stacks: {exc}")
+        return out
+
+    def _write_summary(self, stamp: str, why: str, places: dict[int, str]) -> None:
+        saved = os.path.join(self.run_dir, "stacks", stamp)
+        try:
+            os.makedirs(saved, mode=0o700, exist_ok=True)
+            with open(os.path.join(saved, "summary.txt"), "w", encoding="utf-8") as fh:
+                fh.write(self.masked(why) + "\n" + "".join(
+                    f"  rank {rank}: {where}\n" for rank, where in sorted(places.items())))
+        except OSError as exc:
+            self.say(f"ddp-orch: cannot keep the stacks' summary: {exc}")
+
+    def _stacks_asked(self, attempt: int, stamp: str) -> None:
+        """Another node: the head asks for this node's ranks' stacks (a hang)."""
+        places = self._dump_stacks(stamp)
+        if self.head is not None:
+            self.head.send({"event": "gang-stacks-done", "attempt": attempt,
+                            "places": {str(k): v for k, v in places.items()}})
 
     def _setup_barrier(self, sup: Supervisor) -> None:
         """The gang's barrier after ``setup:`` (the supervisor's
@@ -423,10 +544,14 @@ class Keeper:
                 port = _fresh_port((self.spec.get("gang") or {}).get("addr"))
             with self.lock:
                 self.current, self.ended, self.stop_asked = attempt, {}, set()
+                self.failing, self.reported, self.hung = {}, {}, {}
+                self.clock = gangrule.Clock(time.monotonic())
                 if self.lost:  # lost after the check above: this attempt cannot start
                     self._stop_all(f"lost node(s) {', '.join(map(str, sorted(self.lost)))} "
                                    f"before attempt {attempt} started")
             self._broadcast({"event": "gang-start", "attempt": attempt, "master_port": port})
+            threading.Thread(target=self._watch_rule, args=(attempt,), daemon=True,
+                             name="keeper-rule").start()
             ended = self._await_ended(attempt, self.run_attempt(attempt, port))
             codes = [e.get("code") for e in ended.values()]
             record = self._record(attempt, port, ended)
@@ -458,7 +583,9 @@ class Keeper:
         record, ``stop_asked`` when the head stopped it."""
         return {"attempt": attempt, "master_port": port,
                 "stop_reason": str(self.stop_for.get(attempt, ""))[:MAX_MESSAGE],
-                "nodes": {str(k): {**e, "stop_asked": k in self.stop_asked}
+                "nodes": {str(k): {**e, "stop_asked": k in self.stop_asked,
+                                   **({"hung": self.hung[k][:MAX_MESSAGE]}
+                                      if k in self.hung and "lost" not in e else {})}
                           for k, e in sorted(ended.items())}}
 
     def _back_off(self, attempt: int) -> str:
@@ -484,8 +611,7 @@ class Keeper:
         not reported ``ENDED_WAIT_S`` past the grace period once stopped."""
         with self.lock:
             self.ended[0] = mine
-            if mine.get("code") and attempt not in self.stop_for:
-                self._stop_all(f"node 0 failed (exit {mine.get('code')})")
+            self._judge()
             deadline = None
             while True:
                 for k, why in self.lost.items():
@@ -537,15 +663,19 @@ class Keeper:
         if message["event"] == "gang-setup":
             self._setup_done_on(k)
             return
+        if message["event"] == "gang-progress":
+            self._progress_from(k, message["attempt"], message["started"], message["progress"])
+            return
         with self.lock:
             if message["event"] == "gang-ended" and message["attempt"] == self.current:
                 self.ended[k] = compact(self.masked(message["exit"]))  # mask, then cut
-                code = message["exit"].get("code")
-                if code and self.current not in self.stop_for:
-                    self._stop_all(f"node {k} failed (exit {code})")
+                self._judge()
             elif message["event"] == "gang-failing" and message["attempt"] == self.current:
-                if self.current not in self.stop_for:
-                    self._stop_all(f"node {k} failed (exit {message['code']})")
+                self.failing[k] = message["code"]
+                self._judge()
+            elif message["event"] == "gang-stacks-done" and message["attempt"] == self.current:
+                self.places[k] = {int(r): str(w)[:MAX_PLACE] for r, w in
+                                  list(message["places"].items())[:4096] if str(r).isdigit()}
             elif message["event"] == "gang-stop" and message["final"]:
                 self.final = self.final or message["reason"]
                 self._stop_all(message["reason"])
@@ -563,8 +693,7 @@ class Keeper:
             if link is not None:  # when: what the loss bounds are measured on
                 self.lost_when[k] = {"lost_at": link.lost_at or time.time(),
                                      "heard_at": link.heard_at}
-            if k not in self.ended:
-                self._stop_all(f"lost node {k} ({why})")
+            self._judge()  # a node that has ended is no loss to this attempt
             self.lock.notify_all()
         self.say(f"ddp-orch: lost node {k}: {why}")
 
@@ -572,8 +701,9 @@ class Keeper:
         """This node's torchrun exited non-zero (called from its reaper thread)."""
         if self.node_rank == 0:
             with self.lock:
-                if attempt == self.current and attempt not in self.stop_for:
-                    self._stop_all(f"node 0 failed (exit {code})")
+                if attempt == self.current:
+                    self.failing[0] = code
+                    self._judge()
                     self.lock.notify_all()
         elif self.head is not None:
             self.head.send({"event": "gang-failing", "attempt": attempt, "code": code})
@@ -621,6 +751,10 @@ class Keeper:
     def _from_head(self, message: dict) -> None:
         if message["event"] == "gang-go":
             self.setup_go.set()
+            return
+        if message["event"] == "gang-stacks":  # off the link's reader: a dump takes seconds
+            threading.Thread(target=self._stacks_asked, args=(message["attempt"],
+                             message["stamp"]), daemon=True, name="keeper-stacks").start()
             return
         if message["event"] == "gang-finish":
             self.finishing = True  # the link closing next is no loss
@@ -696,7 +830,7 @@ def _failed_itself(entry: dict) -> bool:
     """A node record that may be the root cause: lost, or failed before it
     was asked to stop (the controller's rule, ``exit_outcome``: torchrun
     ended on its own, or a failure is stamped before the stop)."""
-    if "lost" in entry:
+    if "lost" in entry or entry.get("hung"):
         return True
     if entry.get("code") in (0, None):
         return False
@@ -715,7 +849,7 @@ def _brief(entry: dict, failures: int = 1, text: int = BRIEF_TEXT) -> dict:
     if "lost" in entry:
         return {"lost": str(entry["lost"])[:text]}
     out = {k: entry[k] for k in ("code", "stop_asked", "stopped_at", "stepped",
-                                 "survivors_gone") if k in entry}
+                                 "survivors_gone", "hung") if k in entry}
     out.update(reason=str(entry.get("reason", ""))[:text], last_lines=[],
                duration_s=_num(entry.get("duration_s")) or 0,
                failures=[_failure(f, text) for f in _list(entry.get("failures"))
@@ -792,6 +926,18 @@ def fit_attempts(attempts: list[dict], budget: int = ATTEMPTS_BUDGET) -> tuple[l
             last["nodes_omitted"] = int(last.get("nodes_omitted", 0)) + 1
         out[-1] = {**last, "nodes": nodes}
     return out, omitted
+
+
+def _progress_of(sup: Supervisor) -> dict:
+    """{rank: [step, age_s]}: the ranks' heartbeats, and where the hang rule
+    counts them (``line_seen``), their output lines (the younger of the two)."""
+    progress = sup.progress()
+    now = time.time()
+    for rank, at in dict(sup.line_seen or {}).items():
+        step, age = progress.get(str(rank), [None, None])
+        line_age = round(max(0.0, now - at), 3)
+        progress[str(rank)] = [step, line_age if age is None else min(age, line_age)]
+    return progress
 
 
 def _still_there(survivor: dict) -> bool:

@@ -42,7 +42,8 @@ _ATTEMPT_FIELDS = {
     "nodes": lambda v: isinstance(v, dict),
 }
 # A node's part of an attempt beyond its exit event (``protocol``'s checks).
-_PART_FIELDS = {"stop_asked": lambda v: _typed(v, _BOOL), "stepped": lambda v: _typed(v, _BOOL)}
+_PART_FIELDS = {"stop_asked": lambda v: _typed(v, _BOOL), "stepped": lambda v: _typed(v, _BOOL),
+                "hung": lambda v: _typed(v, _STR)}  # the hang rule's root cause, on its node
 
 
 def _fields(record: dict, checks: dict, what: str, notes: list[str]) -> dict:

@@ -27,6 +27,7 @@ files.
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -45,6 +46,7 @@ STATE_FILE = "supervisor.json"
 GUARDIAN_FILE = "guardian.json"  # the guardian's teardown, had it to do one (guardian.py)
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
+_RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (WorkerLogs)
 
 
 class Supervisor:
@@ -89,6 +91,10 @@ class Supervisor:
         self.go = threading.Event()
         self.setup_barrier = None  # (supervisor) -> None; returns once all are ready or stopping
         self.setup_over = threading.Event()  # setup done everywhere (or none): torchrun may start
+        self.workers_started = False  # torchrun has spawned workers (``started``)
+        # rank -> wall time of its last output line, where a keeper's hang rule
+        # counts lines as progress (the attached controller counts them itself)
+        self.line_seen: dict[int, float] | None = None
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -244,6 +250,10 @@ class Supervisor:
         while not self.workers_done.is_set():
             data = logs.read()
             if data:
+                if self.line_seen is not None:
+                    now = time.time()
+                    for rank in set(_RANK_LINE.findall(data)):
+                        self.line_seen[int(rank)] = now
                 self.write_out(data)
             else:
                 self.workers_done.wait(FOLLOW_POLL_S)
@@ -356,6 +366,7 @@ class Supervisor:
             workers = [p for p, ppid, state in procs.proc_table() if ppid == pid and state != "Z"]
             if workers:
                 milestones.pop(0)
+                self.workers_started = True
                 self.emit({"event": "started", "workers": len(workers)})
 
     def teardown(self, pid: int, grace_s: float | None = None) -> int:

@@ -67,6 +67,13 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     # A node's setup is done (to the head); every node's is (from the head).
     "gang-setup": {"node_rank": (int,)},
     "gang-go": {},
+    # A node's torchrun has started, and its ranks' progress {rank: [step, age_s]}
+    # (every ``peers.GANG_HEARTBEAT_S``, to the head: the start timeout, the hang rule).
+    "gang-progress": {"attempt": (int,), "started": (bool,), "progress": (dict,)},
+    # A hang: every node dumps its ranks' stacks into ``stacks/<stamp>/`` (from
+    # the head), and says where each rank stands (to the head).
+    "gang-stacks": {"attempt": (int,), "stamp": (str,)},
+    "gang-stacks-done": {"attempt": (int,), "places": (dict,)},
 }
 FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
     "local_rank": (int,), "message": (str,), "timestamp": _NUM,

@@ -55,7 +55,7 @@ from ..base import CancelResult, LaunchBackend, OnRunning, RunDescription, recor
 from ...engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ...engine.preflight import Preflight
 from ...engine.bundle import build_bundle, code_notes, stand_ins
-from ...engine.gang import Gang
+from ...engine.gang import Gang, Mode
 from ...engine.nodehandle import BUNDLE_NAME, supervisor_spec
 from ...engine.results import fetch_outputs, keep, wanted_files
 from .check import slurm_checks
@@ -230,15 +230,13 @@ class Backend(LaunchBackend):
         if resolved is None:
             return self._ended_early(plan, run, job, started)
         on_running(resolved)
-        # No silence check: liveness is Slurm's, and a shared file system may
-        # hold a node's bytes back for as long as that check would wait.
+        # No silence check (``JobStream.liveness_ours``): liveness is Slurm's.
         records = self.node_records(resolved.plan)
-        gang = Gang(resolved, run, streams, console, grace_s=self.options.grace_s,
-                    start_timeout_s=self.options.start_timeout_s, watch_silence=False,
+        gang = Gang(resolved, run, streams, console, mode=Mode.ATTACHED,
+                    grace_s=self.options.grace_s, start_timeout_s=self.options.start_timeout_s,
                     hang_timeout_s=self.options.hang_timeout_s,
                     dump_stacks=lambda: self._stacks(job.job_id, records, plan.run_id),
-                    leave_when_started=self.options.detach,
-                    release_setup=False)  # the nodes' own barrier (agent/node/jobnode.py)
+                    detach=self.options.detach)  # ``go`` is a no-op: the nodes' own barrier
         outcome = gang.run()
         if outcome.state is RunState.RUNNING:  # --detach: the job is Slurm's now
             self._detached = True
@@ -432,8 +430,8 @@ class Backend(LaunchBackend):
             for stream in streams.values():
                 stream.offset = _offset_of_last_lines(stream.path, lines)
         try:
-            outcome = Gang(resolved, record.run, streams, console, grace_s=self.options.grace_s,
-                           watch_silence=False, observe=True).run()
+            outcome = Gang(resolved, record.run, streams, console, mode=Mode.OBSERVED,
+                           grace_s=self.options.grace_s).run()
             if outcome.state is RunState.RUNNING:
                 return outcome
             return self._ended(resolved, record.run, job, streams, outcome, started)
