@@ -89,6 +89,9 @@ class RunDescription:
     detail: str = ""
     attempts: tuple[AttemptOutcome, ...] = ()
     ended: float | None = None  # when the nodes say the run ended (time.time())
+    # A live run's ranks as its nodes recorded them, where no controller keeps
+    # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress"}.
+    progress: tuple[dict, ...] = ()
 
 
 def recorded_dryrun(record: RunRecord) -> DryRun:

@@ -83,6 +83,9 @@ ATTEMPTS_BUDGET = MAX_CONTROL_LINE // 2
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
 MAX_BACKOFF_S = 30.0
 FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
+# Each rank's last step in keeper.json (``status`` of a live detached run):
+# looked at this often, and at most this many ranks, so the record stays small.
+PROGRESS_RECORD_S, MAX_PROGRESS_RANKS = 2.0, 256
 
 
 def restart_backoff(restart: int) -> float:
@@ -152,6 +155,7 @@ class Keeper:
         self.over = threading.Event()  # the run has ended here
         self.followed = False  # an attached run's follower has been seen (``_watch_follower``)
         self.state_lock = threading.Lock()  # keeper.json: one writer at a time
+        self.progress: dict[str, dict] = {}  # this attempt's ranks here: rank -> step, when
 
     # -- shared ---------------------------------------------------------------
 
@@ -256,6 +260,8 @@ class Keeper:
             sup.on_torchrun_exit = lambda code: code and self.on_own_failure(attempt, code)
         threading.Thread(target=self._watch_start, args=(sup, attempt), daemon=True,
                          name="keeper-start").start()
+        threading.Thread(target=self._record_progress, args=(sup,), daemon=True,
+                         name="keeper-progress").start()
         sup.run()
         self._await_survivors(sup)
         with self.lock:
@@ -264,6 +270,22 @@ class Keeper:
         event["stepped"] = any(step is not None and step >= 0
                                for step, _age in sup.progress().values())
         return event
+
+    def _record_progress(self, sup: Supervisor) -> None:
+        """Each rank's last step and when it made it (this node's clock) into
+        keeper.json while the attempt runs, as the heartbeats carry them: a
+        detached run has no controller to keep ``progress.json``, so
+        ``status`` reads them from here (``describe``)."""
+        self.progress = {}
+        while not sup.exited.wait(PROGRESS_RECORD_S):
+            now = time.time()
+            seen = {rank: {"step": step, "last_progress": round(now - age, 3)}
+                    for rank, (step, age) in sorted(sup.progress().items(),
+                                                    key=lambda kv: int(kv[0]))
+                    [:MAX_PROGRESS_RANKS]}
+            if seen and seen != self.progress:
+                self.progress = seen
+                self.write_state("running", unless_over=True)
 
     def _watch_start(self, sup: Supervisor, attempt: int) -> None:
         """The start timeout, on every attempt: a torchrun that has spawned no
@@ -382,6 +404,7 @@ class Keeper:
                        "rule": self.spec.get("rule"), "state": state, "code": code,
                        "attempt": len(self.attempts), "updated": time.time(),
                        **({"followed": True} if self.followed else {}),
+                       **({"progress": self.progress} if self.progress else {}),
                        **self.fitted_attempts()}
             files.put_json(os.path.join(self.run_dir, STATE_FILE), self.masked(payload))
 
