@@ -80,9 +80,10 @@ class AgentBackend(LaunchBackend):
                       for node in plan.nodes)
         notes = code_notes(plan, self.spec.source if self.spec else "")
         reach = {node.node_rank: self.reach(node) for node in plan.nodes}
+        rule, words = self.liveness_rule()
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
                       source=self.spec.source if self.spec else "",
-                      liveness="detached" if self.options.detach else "attached",
+                      liveness=rule, liveness_words=words,
                       max_restarts=self.options.max_restarts,
                       by_hand=ByHand(reach={k: argv for k, argv in reach.items() if argv}))
 

@@ -16,7 +16,7 @@ from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError,
                                         node_spec, secret_variable)
 from orchestrator.backends.slurm import ctl as slurmctl
 from orchestrator.backends.base import LaunchOptions
-from orchestrator.backends.slurm.backend import Backend
+from orchestrator.backends.slurm.backend import PLACEMENT, Backend
 from orchestrator.backends.slurm.check import shared_dir_problem
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
@@ -214,17 +214,19 @@ def test_a_cancel_that_fails_is_not_counted_as_sent(monkeypatch):
 def test_pinned_gpus_outside_slurms_allocation_are_refused():
     from orchestrator.agent.node.jobnode import check_gpus
 
-    check_gpus("3,4,5", "0,1,2,3,4,5")
-    check_gpus("3,4,5", None)  # no GRES on record: nothing to compare with
-    with pytest.raises(JobNodeError, match="GPU 5 is not among the GPUs Slurm allocated"):
-        check_gpus("3,4,5", "0,1,2,3,4,6")
+    check_gpus("3,4,5", "0,1,2,3,4,5", PLACEMENT)
+    check_gpus("3,4,5", None, PLACEMENT)  # no GRES on record: nothing to compare with
+    with pytest.raises(JobNodeError, match=r"GPU 5 is not among the GPUs Slurm allocated to "
+                                           r"this job here \(0,1,2,3,4,6\); another job may "
+                                           r"hold it. Ask for the node whole \(slurm: "):
+        check_gpus("3,4,5", "0,1,2,3,4,6", PLACEMENT)
 
 
 def _job(placed: bool = False) -> dict:
     spec = {"argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
                      "--device", "auto", "<slurm node 0>x"],
             "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r"}
-    return {"placed": placed, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
+    return {"placed": placed, "placement": PLACEMENT, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
                                         {"host": "n2", "spec": dict(spec), "secret_env": ["K"]}]}
 
 
