@@ -38,7 +38,8 @@ from ...agent.kept.daemon import offset_of_last_lines
 from ...agent.node.procs import own_marker
 from ...agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE,
                                   secret_variable)
-from ...config.spec import AUTO_PORT, SlurmSpec
+from ...config.blocks.slurm import SlurmSpec
+from ...config.spec import AUTO_PORT
 from ...console import Console
 from ...errors import LaunchError
 from ...plan.build import build_plan, resolve_plan
@@ -137,7 +138,7 @@ class Backend(LaunchBackend):
     def _resources(self, plan: RunPlan) -> list[str]:
         """The job's nodes, GPUs, CPUs and the file's ``slurm:`` options."""
         spec = self.require_spec()
-        slurm = spec.slurm or SlurmSpec()
+        slurm = spec.block("slurm") or SlurmSpec()
         argv = []
         if not spec.placed:
             argv.append("--nodelist=" + ",".join(n.host for n in plan.nodes))

@@ -60,8 +60,8 @@ def test_slurm_block_and_count_mode_are_read():
     spec = load("slurm: {partition: gpu, qos: high, time: 90, extra: ['--exclusive', "
                 "'--constraint=a100']}\nnodes: {count: 4, gpus: 8}\nworkload: {name: noop}\n")
     assert spec.backend == "slurm" and spec.placed
-    assert spec.slurm.partition == "gpu" and spec.slurm.time == "90"
-    assert spec.slurm.extra == ("--exclusive", "--constraint=a100")
+    assert spec.block("slurm").partition == "gpu" and spec.block("slurm").time == "90"
+    assert spec.block("slurm").extra == ("--exclusive", "--constraint=a100")
     assert spec.world_size == 32 and [n.nproc for n in spec.nodes] == [8] * 4
     backend = Backend(LaunchOptions(), spec)
     plan = backend.plan("r", "/shared/runs/r")
@@ -150,7 +150,7 @@ def test_the_job_files_hold_no_secret_and_sbatch_carries_it(tmp_path, monkeypatc
 def test_extra_options_that_only_look_like_ours_pass():
     spec = load("slurm: {extra: ['--mem=0', '--gres-flags=enforce-binding', '--exclusive']}\n"
                 "nodes: {count: 1, procs: 1}\nworkload: {name: noop}\n")
-    assert spec.slurm.extra == ("--mem=0", "--gres-flags=enforce-binding", "--exclusive")
+    assert spec.block("slurm").extra == ("--mem=0", "--gres-flags=enforce-binding", "--exclusive")
 
 
 def test_a_step_asks_for_the_cpus_of_a_cpu_job_and_the_job_is_never_requeued():
