@@ -9,6 +9,7 @@ used, so a dry-run of a local file never loads paramiko.
 from __future__ import annotations
 
 import importlib
+from typing import Callable
 
 from ..config.spec import BACKENDS, ClusterSpec
 from ..errors import ConfigError
@@ -20,6 +21,12 @@ def backend_class(name: str) -> type[LaunchBackend]:
         raise ConfigError(f"unknown backend {name!r}", path="backend",
                           hint=f"one of {', '.join(BACKENDS)}")
     return importlib.import_module(f"{__name__}.{name}").Backend
+
+
+def backends_with(has: Callable[[type[LaunchBackend]], bool]) -> list[str]:
+    """The registered backends' names whose class ``has`` (a capability), in
+    the registry's order."""
+    return [name for name in BACKENDS if has(backend_class(name))]
 
 
 def get_backend(name: str, options: LaunchOptions,

@@ -80,9 +80,10 @@ class AgentBackend(LaunchBackend):
                       for node in plan.nodes)
         notes = code_notes(plan, self.spec.source if self.spec else "")
         reach = {node.node_rank: self.reach(node) for node in plan.nodes}
+        rule, words = self.liveness_rule()
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
                       source=self.spec.source if self.spec else "",
-                      liveness="detached" if self.options.detach else "attached",
+                      liveness=rule, liveness_words=words,
                       max_restarts=self.options.max_restarts,
                       by_hand=ByHand(reach={k: argv for k, argv in reach.items() if argv}))
 
@@ -257,7 +258,8 @@ class AgentBackend(LaunchBackend):
         detail = "the nodes say:\n" + "\n".join(lines + noted)
         # Over only on firm ground: every node answered and no keeper runs.
         if done.failed or any(r.get("alive") for r in done.succeeded.values()):
-            return RunDescription(RunState.RUNNING, (), None, detail)
+            return RunDescription(RunState.RUNNING, (), None, detail,
+                                  progress=_kept_progress(record, done.succeeded, kept_by))
         return RunDescription(RunState.FAILED, tuple(gone), gone[0] if gone else None, detail)
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
@@ -427,6 +429,24 @@ def _call(transport: Transport, python: str, run: str, op: str, /, **fields: Any
         return agent.call(op, **fields)
     finally:
         agent.close()
+
+
+def _kept_progress(record: RunRecord, replies: Mapping[int, dict],
+                   kept_by: Mapping[int, dict]) -> tuple[dict, ...]:
+    """Each rank's last step as the live nodes' keepers recorded it (cleaned:
+    ``clean_keeper_state``), rank by rank, its time moved from the node's
+    clock to this one by what the node's clock said when it replied."""
+    ranks = []
+    for k, kept in kept_by.items():
+        reply = replies[k]
+        if not reply.get("alive"):
+            continue
+        now = reply.get("now")
+        skew = time.time() - now if is_time(now) else 0.0
+        for rank, seen in (kept.get("progress") or {}).items():
+            ranks.append({"rank": int(rank), "node_rank": k, "host": record.nodes[k].host,
+                          "step": seen["step"], "last_progress": seen["last_progress"] + skew})
+    return tuple(sorted(ranks, key=lambda r: r["rank"]))
 
 
 def _when(stamp: object) -> str:

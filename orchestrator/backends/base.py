@@ -29,7 +29,7 @@ from ..engine.preflight import Preflight
 from ..engine.stacks import StacksResult
 from ..errors import LaunchError
 from ..plan.build import build_plan
-from ..plan.dryrun import DryRun
+from ..plan.dryrun import LIVENESS, DryRun
 from ..plan.render import dryrun_from_dict
 from ..plan.model import RunPlan
 from ..records.outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
@@ -89,6 +89,9 @@ class RunDescription:
     detail: str = ""
     attempts: tuple[AttemptOutcome, ...] = ()
     ended: float | None = None  # when the nodes say the run ended (time.time())
+    # A live run's ranks as its nodes recorded them, where no controller keeps
+    # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress"}.
+    progress: tuple[dict, ...] = ()
 
 
 def recorded_dryrun(record: RunRecord) -> DryRun:
@@ -109,6 +112,21 @@ class LaunchBackend(ABC):
     only serves a recorded run (``cancel``, ``describe``)."""
 
     name: ClassVar[str]
+    # What the CLI, the plan and the controller ask of a backend instead of
+    # its name. ``liveness``: the dry-run's rule and its words when this
+    # backend, not the controller or the nodes' agents, keeps an attached run
+    # alive ("" and "": the controller does, ``plan.dryrun.LIVENESS``).
+    liveness: ClassVar[tuple[str, str]] = ("", "")
+    # ``queue``: what its scheduler's queue is, in words ("": none; the run
+    # starts at once): ``--queue-timeout`` bounds the wait there, and a
+    # recorded job is asked of the scheduler (``describe``) even once ended.
+    queue: ClassVar[str] = ""
+    # ``no_restarts``: why it has no gang restarts, and what to do instead
+    # ("": it has them, ``--max-restarts``).
+    no_restarts: ClassVar[str] = ""
+    # ``this_machine``: every node runs here, so a file with remote hosts
+    # cannot use it (``--backend``).
+    this_machine: ClassVar[bool] = False
 
     def __init__(self, options: LaunchOptions, spec: ClusterSpec | None = None):
         self.options = options
@@ -122,6 +140,13 @@ class LaunchBackend(ABC):
     def default_master_addr(self) -> str | None:
         """The master address for a file that gives none (None: node 0's host)."""
         return None
+
+    def liveness_rule(self) -> tuple[str, str]:
+        """Who keeps this run alive, and in words, for its dry-run: the nodes'
+        agents (``--detach``), this backend (``liveness``), or the controller."""
+        if self.options.detach:
+            return "detached", LIVENESS["detached"]
+        return self.liveness if self.liveness[0] else ("attached", LIVENESS["attached"])
 
     def require_spec(self) -> ClusterSpec:
         if self.spec is None:

@@ -17,6 +17,7 @@ from .agentbackend import AgentBackend
 
 class Backend(AgentBackend):
     name = "local"
+    this_machine = True
 
     def transport(self, node_rank: int, host: str, connection: Mapping[str, Any]) -> Transport:
         return LocalTransport(host)

@@ -248,11 +248,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             else spec.hang_timeout, detach=detach,
                             max_restarts=max_restarts if max_restarts is not None
                             else spec.max_restarts)
-    if options.max_restarts and spec.backend == "slurm":
-        raise ConfigError("gang restarts are for the local and ssh backends",
-                          path="--max-restarts", source="command line",
-                          hint="under Slurm, resubmit (the built-in workloads resume from "
-                               "--checkpoint with --resume), or use sbatch's --requeue")
+    _refuse_restarts(spec, options.max_restarts)
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
                  _job_words(cluster_file, backend, local, workload, gpus, procs, device,
@@ -368,23 +364,41 @@ def _spec_from_options(cluster_file: str | None, backend: str | None, local: boo
 
 
 def _refuse_queue_timeout(spec: Any, queue_timeout: float | None) -> None:
-    """``--queue-timeout`` bounds a scheduler's queue: only Slurm has one. Any
-    other backend starts at once, so the option would be silently moot."""
-    if queue_timeout is not None and spec.backend != "slurm":
-        raise ConfigError(f"only the slurm backend has a queue to time out (how long a job "
-                          f"may wait in Slurm's queue); this run uses the {spec.backend} "
+    """``--queue-timeout`` bounds a scheduler's queue (``LaunchBackend.queue``).
+    Any other backend starts at once, so the option would be silently moot."""
+    from ..backends import backend_class, backends_with
+
+    if queue_timeout is not None and not backend_class(spec.backend).queue:
+        queued = backends_with(lambda cls: bool(cls.queue))
+        words = "; ".join(backend_class(name).queue for name in queued)
+        raise ConfigError(f"only the {' or '.join(queued)} backend has a queue to time out "
+                          f"({words}); this run uses the {spec.backend} "
                           "backend, which starts at once", path="--queue-timeout",
                           source="command line",
                           hint="drop --queue-timeout; --start-timeout bounds how long every "
-                               "node has to join (or use --backend slurm)")
+                               f"node has to join (or use --backend {' or '.join(queued)})")
+
+
+def _refuse_restarts(spec: Any, max_restarts: int) -> None:
+    """``--max-restarts`` where the backend has no gang restarts
+    (``LaunchBackend.no_restarts`` says why, and what to do instead)."""
+    from ..backends import backend_class, backends_with
+
+    why_not = backend_class(spec.backend).no_restarts
+    if max_restarts and why_not:
+        having = backends_with(lambda cls: not cls.no_restarts)
+        raise ConfigError(f"gang restarts are for the {' and '.join(having)} backends",
+                          path="--max-restarts", source="command line", hint=why_not)
 
 
 def _with_backend(spec: Any, backend: str | None) -> Any:
     """``--backend`` over the file's choice; a local spec stays local."""
     if backend is None or backend == spec.backend:
         return spec
-    if backend == "local" and not all(node.is_local for node in spec.nodes):
-        raise ConfigError("--backend local runs every node on this machine, but the file "
+    from ..backends import backend_class
+
+    if backend_class(backend).this_machine and not all(node.is_local for node in spec.nodes):
+        raise ConfigError(f"--backend {backend} runs every node on this machine, but the file "
                           "lists remote hosts", path="--backend", source="command line",
                           hint="use --local to run the file's workload here")
     import dataclasses

@@ -18,14 +18,15 @@ from workloads.catalog import CATALOG
 
 from ..agent.node.outputs import pattern_problem
 from ..errors import ConfigError
+from .blocks import blocks, top_keys
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, LOCAL_HOSTS,
-                   ClusterSpec, NodeSpec, SlurmSpec, SshSpec, WorkloadSpec, default_backend,
-                   placed_host)
+                   ClusterSpec, NodeSpec, SshSpec, WorkloadSpec, default_backend, placed_host)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
-TOP_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend", "slurm",
-            "hang_timeout", "max_restarts", "network", "nodes", "workload", "setup",
-            "setup_timeout", "outputs")
+# The core keys, and each backend's block after the key it follows (``blocks``).
+TOP_KEYS = top_keys(("name", "master", "ssh", "python", "workdir", "env", "device", "backend",
+                     "hang_timeout", "max_restarts", "network", "nodes", "workload", "setup",
+                     "setup_timeout", "outputs"))
 MAX_SETUP_COMMANDS = 100
 MAX_SETUP_TIMEOUT = 7 * 86400
 MAX_OUTPUTS = 100
@@ -36,7 +37,6 @@ MAX_HANG_TIMEOUT = 7 * 86400
 MAX_RESTARTS = 100  # whole-gang restarts of one run
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
 COUNT_KEYS = ("count", "gpus", "procs")  # nodes: {count: N, gpus: G} (Slurm places them)
-SLURM_KEYS = ("partition", "account", "time", "qos", "extra")
 MAX_NODES = 4096
 SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeout")
 MASTER_KEYS = ("addr", "port")
@@ -59,20 +59,6 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # (``_host`` checks that it is one, and keeps it bare).
 HOST_RE = re.compile(r"^(?:[A-Za-z0-9_.%-]+|\[?[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*"
                      r"(?:%[A-Za-z0-9_.-]+)?\]?)$")
-SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
-SLURM_TIME_RE = re.compile(r"^(?:\d+(?::\d{1,2}){0,2}|\d+-\d{1,2}(?::\d{1,2}){0,2}"
-                           r"|UNLIMITED|INFINITE|infinite|unlimited)$")
-SLURM_OPTION_RE = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(?:=[^\s]+)?$")
-# Options the Slurm backend sets itself: a second value would fight it.
-# sbatch also takes any unique prefix of a long option (--out= is --output=),
-# so a prefix of one of these is refused as well.
-SLURM_OWN_OPTIONS = frozenset({
-    "nodes", "nodelist", "ntasks", "ntasks-per-node", "output", "error", "parsable", "wrap",
-    "job-name", "chdir", "gres", "gpus", "gpus-per-node", "gpus-per-task", "cpus-per-task",
-    "cpus-per-gpu", "ntasks-per-gpu", "partition", "account", "time", "qos", "wait", "array",
-    "hold", "export", "requeue", "test-only", "open-mode", "input",
-})
 _DIGITS_RE = re.compile(r"^[0-9]+$")  # ASCII only: "²".isdigit() is True, int("²") fails
 # Set by torchrun or by ddp-orch itself; a user value would be silently wrong.
 RESERVED_ENV = frozenset({
@@ -126,10 +112,12 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     workload = _workload(top["workload"], base_dir)
     master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
     device = _device(top["device"]) if "device" in top else "auto"
+    given = [block for block in blocks() if block.KEY in top]
+    placer = next((block for block in blocks() if block.PLACES_NODES), None) if placed else None
     if "backend" in top:
         backend = _choice(top["backend"], BACKENDS)
-    elif placed or "slurm" in top:
-        backend = "slurm"
+    elif placer or given:
+        backend = (placer or given[0]).BACKEND
     else:
         backend = default_backend([node.host for node in nodes])
     spec = ClusterSpec(
@@ -138,8 +126,8 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         master_addr=master_addr, master_port=master_port,
         workdir=_workdir(top["workdir"]) if "workdir" in top else DEFAULT_WORKDIR,
         device=device, env=env, nodes=nodes, workload=workload, source=source, text=text,
-        slurm=_slurm(top["slurm"]) if "slurm" in top else (SlurmSpec() if backend == "slurm"
-                                                            else None),
+        blocks={block.KEY: block.load(top[block.KEY]) if block.KEY in top else block.Spec()
+                for block in blocks() if block.KEY in top or block.BACKEND == backend},
         placed=placed,
         hang_timeout=float(top["hang_timeout"].integer(MIN_HANG_TIMEOUT, MAX_HANG_TIMEOUT))
         if "hang_timeout" in top else None,
@@ -150,14 +138,17 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         if "setup_timeout" in top else DEFAULT_SETUP_TIMEOUT,
         outputs=_outputs(top["outputs"]) if "outputs" in top else (),
         base_dir=os.path.abspath(base_dir))
-    if backend == "slurm":
-        _check_slurm_layout(spec, top)
+    for block in blocks():
+        if block.BACKEND == backend:
+            block.check_layout(spec, top, NODE_KEYS)
     _check_layout(spec, top)
-    if backend != "slurm" and ("slurm" in top or placed):
-        where = top["slurm"] if "slurm" in top else top["nodes"]
-        what = "slurm: settings" if "slurm" in top else "nodes: {count: N} (Slurm places the nodes)"
-        raise where.error(f"{what} need backend: slurm, but the backend is {backend}",
-                          hint="set `backend: slurm`, or list the nodes with their hosts")
+    for block in blocks():
+        if block.BACKEND != backend and (block.KEY in top or (placed and block.PLACES_NODES)):
+            where = top[block.KEY] if block.KEY in top else top["nodes"]
+            what = f"{block.KEY}: settings" if block.KEY in top else block.PLACED_WORDS
+            raise where.error(f"{what} need backend: {block.BACKEND}, but the backend is "
+                              f"{backend}", hint=f"set `backend: {block.BACKEND}`, or list the "
+                                                 "nodes with their hosts")
     return spec
 
 
@@ -329,50 +320,6 @@ def _identity_file(field: Located) -> str:
     return path
 
 
-def _slurm(field: Located) -> SlurmSpec:
-    entries = field.mapping(SLURM_KEYS)
-    values: dict[str, Any] = {}
-    for key in ("partition", "account", "qos"):
-        if key in entries:
-            name = entries[key].string()
-            if not SLURM_NAME_RE.match(name):
-                raise entries[key].error(f"{name!r} is not a Slurm {key} name",
-                                         hint="letters, digits, '_', '.' or '-'")
-            values[key] = name
-    if "time" in entries:
-        raw = entries["time"].scalar()
-        if isinstance(raw, int) and ":" in str(entries["time"].node.value):
-            raise entries["time"].error(
-                f"{entries['time'].node.value} was read as the number {raw} (YAML reads "
-                "h:m:s as base 60)", hint='quote it: time: "12:00:00"')
-        text = str(raw) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else ""
-        if not SLURM_TIME_RE.match(text):
-            raise entries["time"].error(
-                f"{shown(raw)} is not a Slurm time limit",
-                hint='quote it, e.g. "04:00:00", "90" (minutes) or "1-12:00:00" (days-hours)')
-        values["time"] = text
-    if "extra" in entries:
-        values["extra"] = tuple(_slurm_option(item) for item in entries["extra"].sequence())
-    return SlurmSpec(**values)
-
-
-def _slurm_option(field: Located) -> str:
-    option = field.string()
-    if not SLURM_OPTION_RE.match(option):
-        raise field.error(f"{option!r} is not an sbatch option",
-                          hint='each entry is one long option, "--name" or "--name=value", '
-                               'with no spaces; it is passed to sbatch, never to a shell')
-    name = option[2:].split("=", 1)[0]
-    own = sorted(o for o in SLURM_OWN_OPTIONS if o == name or o.startswith(name))
-    if own:
-        full = name if name in own else own[0]
-        hint = (f"use `slurm: {{{full}: ...}}`" if full in SLURM_KEYS else
-                "ddp-orch sets it from the nodes: list and the run")
-        shown_as = f"--{name}" + (f" (--{full})" if full != name else "")
-        raise field.error(f"{shown_as} is set by ddp-orch", hint=hint)
-    return option
-
-
 def _placed_nodes(field: Located, python: str | None,
                   env: Mapping[str, str]) -> tuple[NodeSpec, ...]:
     """``nodes: {count: N, gpus: G}`` or ``{count: N, procs: P}``: N nodes that
@@ -391,37 +338,6 @@ def _placed_nodes(field: Located, python: str | None,
     return tuple(NodeSpec(host=placed_host(k), gpus=None, procs=procs, ssh=SshSpec(),
                           python=python or "python3", env=dict(env), line=field.line,
                           gpu_count=gpus) for k in range(count))
-
-
-def _check_slurm_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
-    """Rules of the Slurm backend: one agent per Slurm node, no SSH."""
-    if "ssh" in top:
-        raise top["ssh"].error("ssh: settings do not apply to backend: slurm",
-                               hint="Slurm starts the nodes; remove the ssh: block")
-    if spec.placed:
-        return
-    items = top["nodes"].sequence()
-    seen: dict[str, int] = {}
-    for k, (item, node) in enumerate(zip(items, spec.nodes)):
-        entries = item.mapping(NODE_KEYS)
-        if "ssh" in entries:
-            raise entries["ssh"].error("ssh: settings do not apply to backend: slurm",
-                                       hint="Slurm starts the nodes; remove the ssh: block")
-        if "python" in entries:
-            raise entries["python"].error(
-                "under backend: slurm one python runs the whole job",
-                hint="set the top-level `python:` (a path every node has, e.g. on the "
-                     "shared file system)")
-        if node.is_local:
-            raise entries["host"].error(
-                "with backend: slurm a host is a Slurm node name, not localhost",
-                hint="use the names `sinfo -N` lists, or `nodes: {count: N, ...}`")
-        if node.host in seen:
-            raise entries["host"].error(
-                f"{node.host} is already nodes[{seen[node.host]}]",
-                hint="under Slurm each node runs one agent: list a Slurm node once, "
-                     "with all its GPUs")
-        seen[node.host] = k
 
 
 def _nodes(field: Located, ssh: SshSpec, python: str | None,
@@ -735,9 +651,9 @@ def workdir_unused(backend: str, nodes: "tuple[NodeSpec, ...] | list[NodeSpec]")
     run directory on this machine (``runs/<run id>/node-<k>``, moved with
     ``up --runs-dir``), and under Slurm every node's are, on the shared file
     system (``plan/build.py``'s ``node_run_dir``)."""
-    if backend == "slurm":
-        return ("under backend: slurm every node's files live in the run directory on the "
-                "shared file system (runs/<run id>/node-<k>)")
+    for block in blocks():
+        if block.BACKEND == backend and block.WORKDIR_UNUSED:
+            return block.WORKDIR_UNUSED
     if all(node.is_local for node in nodes):
         return ("every node is localhost, whose files live in the run directory on this "
                 "machine (runs/<run id>/node-<k>)")

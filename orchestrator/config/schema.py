@@ -29,9 +29,9 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_MODULE_NAME,
                      MAX_NODES, MAX_RESTARTS, MIN_HANG_TIMEOUT, MAX_PROCS, MODULE_RE, NAME_RE,
                      NETWORK_KEYS, NODE_KEYS,
-                     RESERVED_ENV, SLURM_KEYS, SLURM_NAME_RE, SLURM_OPTION_RE, SLURM_OWN_OPTIONS,
-                     SLURM_TIME_RE, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
+                     RESERVED_ENV, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT
+from .blocks import blocks
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR,
                    LOCAL_HOSTS)
 
@@ -200,22 +200,6 @@ def _placed() -> dict[str, Any]:
         required=["count"], oneOf=[{"required": ["gpus"]}, {"required": ["procs"]}])
 
 
-def _slurm() -> dict[str, Any]:
-    name = {"type": "string", "pattern": SLURM_NAME_RE.pattern}
-    return _mapping(SLURM_KEYS, {
-        "partition": {**name, "description": "sbatch --partition."},
-        "account": {**name, "description": "sbatch --account."},
-        "time": {"type": ["string", "integer"], "pattern": SLURM_TIME_RE.pattern,
-                 "description": 'sbatch --time, e.g. "04:00:00" or "1-12:00:00".'},
-        "qos": {**name, "description": "sbatch --qos."},
-        "extra": {"type": "array",
-                  "items": {"type": "string", "pattern": SLURM_OPTION_RE.pattern,
-                            "not": {"pattern": "^--(?:" + "|".join(
-                                sorted(SLURM_OWN_OPTIONS)) + ")(?:=|$)"}},
-                  "description": 'More sbatch options, each "--name" or "--name=value".'},
-    }, "slurm", "sbatch settings for backend: slurm; each is optional.")
-
-
 def _master() -> dict[str, Any]:
     return _mapping(MASTER_KEYS, {
         "addr": {"type": "string", "pattern": HOST_RE.pattern,
@@ -345,14 +329,9 @@ _ALL_LOCAL = {"type": "array", "items": {"properties": {"host": _LOCALHOST}}}
 
 
 def _between_fields() -> list[dict[str, Any]]:
-    """The loader's rules between fields (``_check_layout``,
-    ``_check_slurm_layout``, the backend's), as far as JSON Schema says them;
-    each puts its error on the field the loader names."""
-    slurm = {"anyOf": [_given("backend", "slurm"),
-                       {"not": {"required": ["backend"]},
-                        "anyOf": [{"required": ["slurm"]},
-                                  {"properties": {"nodes": {"type": "object"}},
-                                   "required": ["nodes"]}]}]}
+    """The loader's rules between fields (``_check_layout``, and each backend
+    block's ``check_layout``), as far as JSON Schema says them; each puts its
+    error on the field the loader names."""
     cpu_node = {"type": "object", "required": ["procs"]}
     remote_node = {"type": "object", "required": ["host"],
                    "properties": {"host": {"not": _LOCALHOST}}}
@@ -365,17 +344,8 @@ def _between_fields() -> list[dict[str, Any]]:
          "if": {"properties": {"nodes": {"type": "array", "contains": remote_node}},
                 "required": ["nodes"]},
          "then": {"properties": {"backend": {"not": {"const": "local"}}}}},
-        {"description": "slurm: settings and nodes: {count: N} go with backend: slurm",
-         "if": {"properties": {"backend": {"enum": [b for b in BACKENDS if b != "slurm"]}},
-                "required": ["backend"]},
-         "then": {"not": {"required": ["slurm"]},
-                  "properties": {"nodes": {"type": "array"}}}},
-        {"description": "under backend: slurm, Slurm starts the nodes: no ssh:, no per-node "
-                        "python:, no localhost, no workdir (every node's files are in the "
-                        "shared run directory)",
-         "if": slurm,
-         "then": {"properties": {"ssh": False, "workdir": False, "nodes": {"items": {
-             "properties": {"host": {"not": _LOCALHOST}, "ssh": False, "python": False}}}}}},
+        *[rule for block in blocks()
+          for rule in block.schema_rules(_given, _LOCALHOST, BACKENDS)],
         {"description": "workdir is where runs live on remote nodes: not with every node "
                         "localhost (their files are in the local run directory)",
          "if": {"properties": {"nodes": _ALL_LOCAL}, "required": ["nodes"]},
@@ -411,7 +381,7 @@ def cluster_schema() -> dict[str, Any]:
                                    "ssh, or slurm (sbatch from a login host); default: slurm "
                                    "with a slurm: block or a node count, else local when every "
                                    "host is localhost, else ssh."},
-        "slurm": {"$ref": "#/$defs/slurm"},
+        **{block.KEY: {"$ref": f"#/$defs/{block.KEY}"} for block in blocks()},
         "hang_timeout": {"type": "integer", "minimum": MIN_HANG_TIMEOUT,
                          "maximum": MAX_HANG_TIMEOUT,
                          "description": "Seconds without progress from any rank (output or a "
@@ -476,7 +446,7 @@ def cluster_schema() -> dict[str, Any]:
             "env": _env(),
             "node": _node(),
             "placed": _placed(),
-            "slurm": _slurm(),
+            **{block.KEY: block.schema(_mapping) for block in blocks()},
             "workload": _workload(),
         },
     }

@@ -30,18 +30,6 @@ def placed_host(node_rank: int) -> str:
 
 
 @dataclass(frozen=True)
-class SlurmSpec:
-    """``slurm:`` settings, each an ``sbatch`` option; None leaves it to the
-    cluster's defaults. ``extra`` holds more options, each ``--name[=value]``."""
-
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-    qos: str | None = None
-    extra: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class SshSpec:
     """SSH settings for one node; None means "ask ~/.ssh/config, then defaults"
     (host keys checked strictly, a 10 s connect timeout)."""
@@ -121,7 +109,9 @@ class ClusterSpec:
     text: str = ""
     hang_timeout: float | None = None  # seconds without progress: a hang (None: off)
     max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
-    slurm: SlurmSpec | None = None  # with backend slurm
+    # Each backend block given, or the block of the backend used (``blocks``):
+    # key -> its module's ``Spec`` (``slurm`` -> ``blocks.slurm.SlurmSpec``).
+    blocks: Mapping[str, Any] = field(default_factory=dict)
     placed: bool = False  # nodes: {count: N}; Slurm chooses the hosts
     interface: str = "auto"  # network.interface: auto | off | a name (plan/network.py)
     # ``setup:``: commands run on every node before torchrun, in its code root;
@@ -131,6 +121,10 @@ class ClusterSpec:
     # ``outputs:``: paths or globs under node 0's code root, brought home after the run.
     outputs: tuple[str, ...] = ()
     base_dir: str = "."  # the cluster file's directory: relative paths start there
+
+    def block(self, key: str) -> Any:
+        """The backend block ``key`` (``slurm``), or None when not given."""
+        return self.blocks.get(key)
 
     @property
     def uses_gpus(self) -> bool:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..agent.node.prune import tree_bytes
-from ..backends import get_backend
+from ..backends import backend_class, get_backend
 from ..backends.base import LaunchOptions, PruneResult
 from ..errors import ConfigError, OrchestratorError
 from ..records.store import RunRecord
@@ -74,9 +74,10 @@ def ended_at(record: RunRecord) -> float | None:
 def still_live(record: RunRecord) -> str:
     """Why ``record`` counts as alive ("" if it has ended). A run its
     backend must be asked about (a detached run, a Slurm job) is asked."""
-    if record.live and record.rule != "detached" and record.backend != "slurm":
+    scheduled = _scheduled(record)
+    if record.live and record.rule != "detached" and not scheduled:
         return f"it is {record.state} (its controller runs)"
-    if record.live or record.backend == "slurm":
+    if record.live or scheduled:
         try:
             described = get_backend(record.backend, LaunchOptions()).describe(record)
         except OrchestratorError as exc:
@@ -85,6 +86,15 @@ def still_live(record: RunRecord) -> str:
             return f"it is {described.state}" + (
                 f" ({described.detail.splitlines()[0]})" if described.detail else "")
     return ""
+
+
+def _scheduled(record: RunRecord) -> bool:
+    """Whether a scheduler holds the run's job (``LaunchBackend.queue``), so
+    only it can say whether the job still runs."""
+    try:
+        return bool(backend_class(record.backend).queue)
+    except OrchestratorError:  # a backend this version does not know
+        return False
 
 
 def prune_run(record: RunRecord, older_than_s: float | None, now: float | None = None

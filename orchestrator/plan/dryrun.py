@@ -81,15 +81,18 @@ class DryRun:
     source: str = ""
     notes: tuple[str, ...] = ()
     extras: Mapping[str, str] = field(default_factory=dict)
-    # Who keeps the run alive (``LIVENESS``), and its whole-gang restarts.
+    # Who keeps the run alive, in the backend's words (``liveness_words``;
+    # else ``LIVENESS``), and its whole-gang restarts.
     liveness: str = "attached"
+    liveness_words: str = ""
     max_restarts: int = 0
     by_hand: ByHand = field(default_factory=ByHand)
 
 
+# The rules every backend shares; a backend that keeps its runs itself (a
+# scheduler) names its own rule and words (``LaunchBackend.liveness``).
 LIVENESS = {
     "attached": "the nodes stop when this controller goes (Ctrl-C, kill, a lost link)",
     "detached": "the nodes' agents keep the run and its gang without a controller; "
                 "`ddp-orch attach RUN` follows it",
-    "slurm": "Slurm keeps the job; Ctrl-C on `up` cancels it",
 }

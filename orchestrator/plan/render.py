@@ -43,7 +43,7 @@ def render_text(info: DryRun) -> str:
         f"{plan.world_size}, device {plan.device}",
         f"master     {hostport(plan.master_addr, _port_text(plan))} (torchrun static rendezvous)",
         f"workload   {plan.workload}",
-        f"liveness   {info.liveness}: {LIVENESS.get(info.liveness, '?')}",
+        f"liveness   {info.liveness}: {info.liveness_words or LIVENESS.get(info.liveness, '?')}",
         *([f"restarts   up to {info.max_restarts} whole-gang restart(s) after a failure"]
           if info.max_restarts else []),
         *_setup_lines(plan),

@@ -73,7 +73,7 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     for outcome in described.nodes:
         lines.append(f"  node {outcome.node_rank} ({outcome.host}): {outcome.state.value}, "
                      f"exit {outcome.exit_code}: {outcome.reason}")
-    for rank in live_progress(record):
+    for rank in live_progress(record, described):
         step = "-" if rank["step"] is None else rank["step"]
         lines.append(f"  rank {rank['rank']} (node {rank['node_rank']}, {rank['host']}): "
                      f"step {step}, last progress {rank['last_progress_s_ago']:.0f}s ago")
@@ -106,10 +106,18 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     return "\n".join(lines) + "\n"
 
 
-def live_progress(record: RunRecord) -> list[dict]:
-    """Each rank's last step of a live run (``progress.json``), rank by rank:
-    ``{"rank", "node_rank", "host", "step", "last_progress_s_ago"}``."""
-    progress = record.run.read_json("progress.json") if record.state.live else None
+def live_progress(record: RunRecord, described: RunDescription | None = None) -> list[dict]:
+    """Each rank's last step of a live run, rank by rank: as its nodes
+    recorded it where no controller keeps it (a detached run:
+    ``described.progress``), else as its controller keeps it
+    (``progress.json``): ``{"rank", "node_rank", "host", "step",
+    "last_progress_s_ago"}``."""
+    if not record.state.live:
+        return []
+    if described is not None and described.progress:
+        progress = {"ranks": {str(r["rank"]): r for r in described.progress}}
+    else:
+        progress = record.run.read_json("progress.json")
     if not (isinstance(progress, dict) and isinstance(progress.get("ranks"), dict)):
         return []
     now = time.time()

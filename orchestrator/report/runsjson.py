@@ -41,7 +41,7 @@ def status_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
     return {"version": VERSION, **run_json(record, described),
             "detail": described.detail or None,
             "attempts": [_attempt(a) for a in described.attempts],
-            "progress": live_progress(record),
+            "progress": live_progress(record, described),
             "hint": (failure_hint(root, described.nodes) or None) if root else None}
 
 

@@ -153,6 +153,31 @@ def test_down_stops_a_detached_run(ssh_lab, tmp_path):
     assert "-> stopped on purpose" not in out  # one attempt: no restart line
 
 
+def test_status_of_a_live_detached_run_shows_each_ranks_step(ssh_lab, tmp_path):
+    """No controller keeps progress.json for a detached run: each node's keeper
+    records its ranks' last step, and status reads it from the nodes."""
+    env, cluster = setup(ssh_lab, tmp_path, "prog", "{steps: 4000, sleep: 0.1}")
+    assert up(env, tmp_path, cluster, "prog", "--detach").returncode == 0
+    deadline = time.monotonic() + 60
+    while True:
+        out = cli(env, tmp_path, "status", "prog").stdout
+        shown = [line for line in out.splitlines() if line.startswith("  rank ")]
+        if len(shown) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert " running " in out.splitlines()[1], out
+    assert [line.split(": step")[0] for line in shown] == [
+        "  rank 0 (node 0, node0)", "  rank 1 (node 0, node0)", "  rank 2 (node 1, node1)"], out
+    assert all(line.split(": step ")[1].split(",")[0].isdigit() for line in shown), out
+    assert not (tmp_path / "runs" / "prog" / "progress.json").exists()  # from the nodes
+    progress = json.loads(cli(env, tmp_path, "status", "prog", "--json").stdout)["progress"]
+    assert [(r["rank"], r["node_rank"], r["host"]) for r in progress] == [
+        (0, 0, "node0"), (1, 0, "node0"), (2, 1, "node1")], progress
+    assert all(r["step"] >= 0 and r["last_progress_s_ago"] < 30 for r in progress), progress
+    assert cli(env, tmp_path, "down", "prog").returncode == 0
+    nothing_left(ssh_lab, "prog", 15)
+
+
 def up_with_restarts(lab, tmp_path, run_id: str, args: str, restarts: int, code: int) -> str:
     """``up --max-restarts`` of steps.py to its end; its output."""
     env, cluster = setup(lab, tmp_path, run_id, args)

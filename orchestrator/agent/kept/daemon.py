@@ -152,12 +152,14 @@ def keeper_pid(run_dir: str) -> int | None:
 
 
 def state(run_dir: str) -> dict:
-    """``serve``'s ``keeper``: the keeper's record here and whether it still runs."""
+    """``serve``'s ``keeper``: the keeper's record here, whether it still runs,
+    and this node's clock (``now``: its record's times are on it)."""
     try:
         recorded = _recorded(run_dir)
     except (OSError, ValueError) as exc:
         return {"ok": False, "error": f"{STATE_FILE}: {exc}"}
-    return {"ok": True, "keeper": recorded, "alive": _live_pid(recorded) is not None}
+    return {"ok": True, "keeper": recorded, "alive": _live_pid(recorded) is not None,
+            "now": time.time()}
 
 
 def _open_lock(run_dir: str) -> int:

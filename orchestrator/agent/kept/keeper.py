@@ -88,6 +88,9 @@ FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
 RULE_POLL_S = 1.0  # how often the head applies the gang's rule (start timeout, hang)
 STACKS_WAIT_S = 15.0  # a hang: how long the head waits for every node's stacks
 MAX_PLACE = 300  # one rank's place (``stackgroups.place``) as a node reports it
+# Each rank's last step in keeper.json (``status`` of a live detached run):
+# looked at this often, and at most this many ranks, so the record stays small.
+PROGRESS_RECORD_S, MAX_PROGRESS_RANKS = 2.0, 256
 
 
 def restart_backoff(restart: int) -> float:
@@ -165,6 +168,7 @@ class Keeper:
         self.hanging = False  # the stacks of a hang are being dumped
         self.places: dict[int, dict[int, str]] = {}  # node -> rank -> place (a hang)
         self.hang_s = spec.get("hang_timeout_s")
+        self.progress: dict[str, dict] = {}  # this attempt's ranks here: rank -> step, when
 
     # -- shared ---------------------------------------------------------------
 
@@ -271,6 +275,8 @@ class Keeper:
             sup.on_torchrun_exit = lambda code: code and self.on_own_failure(attempt, code)
         threading.Thread(target=self._report_progress, args=(sup, attempt), daemon=True,
                          name="keeper-progress").start()
+        threading.Thread(target=self._record_progress, args=(sup,), daemon=True,
+                         name="keeper-record").start()
         sup.run()
         self._await_survivors(sup)
         with self.lock:
@@ -418,6 +424,22 @@ class Keeper:
             self.head.send({"event": "gang-stacks-done", "attempt": attempt,
                             "places": {str(k): v for k, v in places.items()}})
 
+    def _record_progress(self, sup: Supervisor) -> None:
+        """Each rank's last step and when it made it (this node's clock) into
+        keeper.json while the attempt runs, as the heartbeats carry them: a
+        detached run has no controller to keep ``progress.json``, so
+        ``status`` reads them from here (``describe``)."""
+        self.progress = {}
+        while not sup.exited.wait(PROGRESS_RECORD_S):
+            now = time.time()
+            seen = {rank: {"step": step, "last_progress": round(now - age, 3)}
+                    for rank, (step, age) in sorted(sup.progress().items(),
+                                                    key=lambda kv: int(kv[0]))
+                    [:MAX_PROGRESS_RANKS]}
+            if seen and seen != self.progress:
+                self.progress = seen
+                self.write_state("running", unless_over=True)
+
     def _setup_barrier(self, sup: Supervisor) -> None:
         """The gang's barrier after ``setup:`` (the supervisor's
         ``setup_barrier``): a node tells the head its setup is done and waits
@@ -503,6 +525,7 @@ class Keeper:
                        "rule": self.spec.get("rule"), "state": state, "code": code,
                        "attempt": len(self.attempts), "updated": time.time(),
                        **({"followed": True} if self.followed else {}),
+                       **({"progress": self.progress} if self.progress else {}),
                        **self.fitted_attempts()}
             files.put_json(os.path.join(self.run_dir, STATE_FILE), self.masked(payload))
 

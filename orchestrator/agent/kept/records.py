@@ -33,7 +33,10 @@ _KEEPER_FIELDS = {
     "rule": lambda v: _typed(v, _STR), "state": lambda v: _typed(v, _STR),
     "code": lambda v: v is None or _typed(v, _INT), "attempt": lambda v: _typed(v, _INT) and v >= 0,
     "updated": is_time, "attempts": lambda v: isinstance(v, list),
+    "progress": lambda v: isinstance(v, dict),
 }
+# A rank's last step in the keeper's ``progress`` (``keeper._record_progress``).
+_PROGRESS_FIELDS = {"step": lambda v: _typed(v, _INT), "last_progress": is_time}
 _ATTEMPT_FIELDS = {
     "attempt": lambda v: _typed(v, _INT) and v >= 0,
     "master_port": lambda v: _typed(v, _INT) and 0 <= v < 65536,
@@ -114,4 +117,23 @@ def clean_keeper_state(recorded: Any, notes: list[str]) -> dict | None:
     out = _fields(recorded, _KEEPER_FIELDS, "the keeper's record", notes)
     if "attempts" in out:
         out["attempts"] = clean_attempts(out["attempts"], notes)
+    if "progress" in out:
+        out["progress"] = clean_progress(out["progress"], notes)
+    return out
+
+
+def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
+    """A keeper's ranks' last steps: ``{rank: {"step", "last_progress"}}``,
+    each rank's record whole (both fields, of their type) or dropped."""
+    out = {}
+    for rank, seen in progress.items():
+        what = f"the keeper's progress of rank {_shown(rank)}"
+        if not (isinstance(rank, str) and rank.isdigit() and isinstance(seen, dict)):
+            notes.append(f"ignored {what}: not a rank's record")
+            continue
+        seen = _fields(seen, _PROGRESS_FIELDS, what, notes)
+        if all(name in seen for name in _PROGRESS_FIELDS):
+            out[rank] = {name: seen[name] for name in _PROGRESS_FIELDS}
+        else:
+            notes.append(f"ignored {what}: it lacks {' or '.join(_PROGRESS_FIELDS)}")
     return out

@@ -10,10 +10,14 @@ system that the login host and the compute nodes share:
 * ``node-K/agent.out``: this node's output and control lines, which the
   controller tails exactly as it reads an SSH channel (``protocol``).
 
-Which entry of the plan is this node: the one whose host is the Slurm node
-name (``SLURMD_NODENAME``) when the file pinned the hosts, else the node's
-index in the allocation (``SLURM_NODEID``), which is how Slurm numbers the
-hosts it chose.
+Which entry of the plan is this node: the one whose host is the
+scheduler's name for this node when the file pinned the hosts, else the
+node's index in the allocation, which is how the scheduler numbers the
+hosts it chose. The job file says which environment variables hold them
+(``placement``: the backend that wrote it knows its scheduler; this agent
+reads only the names it was given): ``scheduler`` (its name, for messages),
+``node_name``, ``node_index``, ``gpus`` (the GPUs allocated on this node)
+and ``whole_node`` (how the cluster file asks for a node whole).
 
 The master address and port are known only inside the job. The argv the
 controller built carries two exact placeholder words for them (``ADDR_SLOT``,
@@ -56,22 +60,25 @@ def secret_variable(node_rank: int, name: str) -> str:
 
 
 def node_rank_here(job: dict, environ: dict) -> int:
-    """This node's rank in the plan, from what Slurm set for the task."""
+    """This node's rank in the plan, from what the scheduler set for the task
+    (in the variables the job file's ``placement`` names)."""
+    place = job["placement"]
     if job.get("placed"):
-        node_id = environ.get("SLURM_NODEID", "")
+        node_id = environ.get(place["node_index"], "")
         if not node_id.isdigit() or int(node_id) >= len(job["nodes"]):
-            raise JobNodeError(f"SLURM_NODEID={node_id!r} is not a node of this "
+            raise JobNodeError(f"{place['node_index']}={node_id!r} is not a node of this "
                                f"{len(job['nodes'])}-node job")
         return int(node_id)
-    name = environ.get("SLURMD_NODENAME", "")
+    name = environ.get(place["node_name"], "")
     hosts = [node["host"] for node in job["nodes"]]
     if name not in hosts:
-        raise JobNodeError(f"this is Slurm node {name!r}, which is not in the plan "
-                           f"({', '.join(hosts)})")
+        raise JobNodeError(f"this is {place['scheduler']} node {name!r}, which is not in the "
+                           f"plan ({', '.join(hosts)})")
     return hosts.index(name)
 
 
-def publish_rendezvous(job_dir: str, addr: str | None, port: int | None) -> dict:
+def publish_rendezvous(job_dir: str, addr: str | None, port: int | None,
+                       node_name: str = "") -> dict:
     """Node 0: choose the address and a free port, and tell the others."""
     from .probes import bind
 
@@ -80,8 +87,7 @@ def publish_rendezvous(job_dir: str, addr: str | None, port: int | None) -> dict
         if not found["ok"]:
             raise JobNodeError(f"no free port for the rendezvous: {found['error']}")
         port = found["port"]
-    where = {"addr": addr or socket.gethostname(), "port": int(port),
-             "node": os.environ.get("SLURMD_NODENAME", "")}
+    where = {"addr": addr or socket.gethostname(), "port": int(port), "node": node_name}
     path = os.path.join(job_dir, RENDEZVOUS_FILE)
     with open(path + ".tmp", "w", encoding="utf-8") as fh:
         json.dump(where, fh)
@@ -126,7 +132,8 @@ def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> dict:
                               if n in job["nodes"][node_rank].get("secret_env", ()) and v})
     spec["unset_env"] = list(spec["unset_env"]) + sorted(
         name for name in environ if name.startswith(SECRET_PREFIX))
-    check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get("SLURM_STEP_GPUS"))
+    place = job["placement"]
+    check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place["gpus"]), place)
     if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
         spec["env"] = with_interface(env, where, len(job["nodes"]) > 1)
     spec["watch_stdin"] = False  # liveness is Slurm's; stdin is /dev/null
@@ -146,19 +153,20 @@ def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
     return netroute.resolve_interfaces(env, found["ifname"])
 
 
-def check_gpus(pinned: str | None, allocated: str | None) -> None:
-    """The user's GPU indices must be among those Slurm gave the job on this
-    node (``SLURM_STEP_GPUS``: physical indices, per node; ``SLURM_JOB_GPUS``
-    is the batch node's on every node), or they may be another job's."""
+def check_gpus(pinned: str | None, allocated: str | None, place: dict) -> None:
+    """The user's GPU indices must be among those the scheduler gave the job
+    on this node (``place["gpus"]`` names the variable; under Slurm
+    ``SLURM_STEP_GPUS``: physical indices, per node), or they may be another
+    job's."""
     if not pinned or allocated is None:
         return
     mine = set(allocated.split(","))
     outside = [gpu for gpu in pinned.split(",") if gpu not in mine]
     if outside:
-        raise JobNodeError(f"GPU {','.join(outside)} is not among the GPUs Slurm allocated to "
-                           f"this job here ({allocated}); another job may hold it. Ask for the "
-                           f"node whole (slurm: {{extra: [--exclusive]}}) or list GPUs by count "
-                           f"(nodes: {{count: N, gpus: G}})")
+        raise JobNodeError(f"GPU {','.join(outside)} is not among the GPUs {place['scheduler']} "
+                           f"allocated to this job here ({allocated}); another job may hold it. "
+                           f"Ask for the node whole ({place['whole_node']}) or list GPUs by "
+                           f"count (nodes: {{count: N, gpus: G}})")
 
 
 def run(job_path: str) -> int:
@@ -181,7 +189,8 @@ def run(job_path: str) -> int:
     try:
         if node_rank == 0:
             where = publish_rendezvous(job["job_dir"], job.get("master_addr"),
-                                       job.get("master_port"))
+                                       job.get("master_port"),
+                                       environ.get(job["placement"]["node_name"], ""))
         else:
             where = await_rendezvous(job["job_dir"], float(job["start_timeout_s"]))
         spec = node_spec(job, node_rank, where, environ)

@@ -38,7 +38,8 @@ from ...agent.kept.daemon import offset_of_last_lines
 from ...agent.node.procs import own_marker
 from ...agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE,
                                   secret_variable)
-from ...config.spec import AUTO_PORT, SlurmSpec
+from ...config.blocks.slurm import SlurmSpec
+from ...config.spec import AUTO_PORT
 from ...console import Console
 from ...errors import LaunchError
 from ...plan.build import build_plan, resolve_plan
@@ -63,6 +64,11 @@ from .job import JobStream, SlurmJob
 
 AGENT_FILE = "agent.pyz"
 JOB_FILE = "job.json"
+# Where a node's agent finds its place in the job (``jobnode.node_rank_here``,
+# ``check_gpus``): the environment variables Slurm sets for each task, and the
+# words its messages use; written into job.json, so the agent names no scheduler.
+PLACEMENT = {"scheduler": "Slurm", "node_name": "SLURMD_NODENAME", "node_index": "SLURM_NODEID",
+             "gpus": "SLURM_STEP_GPUS", "whole_node": "slurm: {extra: [--exclusive]}"}
 SCRIPT_FILE = "job.sbatch"
 SQUEUE_GIVE_UP_S = 120.0  # squeue failing that long while queued: give up (and scancel)
 
@@ -75,6 +81,10 @@ def job_dir(plan: RunPlan) -> str:
 
 class Backend(LaunchBackend):
     name = "slurm"
+    liveness = ("slurm", "Slurm keeps the job; Ctrl-C on `up` cancels it")
+    queue = "how long a job may wait in Slurm's queue"
+    no_restarts = ("under Slurm, resubmit (the built-in workloads resume from --checkpoint "
+                   "with --resume), or use sbatch's --requeue")
     job_id: str | None = None
     _detached = False  # `up --detach` left the running job to Slurm: no scancel
 
@@ -110,9 +120,10 @@ class Backend(LaunchBackend):
             f"sbatch (from {directory})": shell_join(self.sbatch_argv(plan)),
             f"batch script ({directory}/{SCRIPT_FILE})": self.batch_script(plan),
         }
+        rule, words = self.liveness_rule()
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=tuple(notes),
                       source=self.spec.source if self.spec else "", extras=extras,
-                      liveness="detached" if self.options.detach else "slurm",
+                      liveness=rule, liveness_words=words,
                       by_hand=self.by_hand(plan))
 
     def sbatch_argv(self, plan: RunPlan) -> list[str]:
@@ -127,7 +138,7 @@ class Backend(LaunchBackend):
     def _resources(self, plan: RunPlan) -> list[str]:
         """The job's nodes, GPUs, CPUs and the file's ``slurm:`` options."""
         spec = self.require_spec()
-        slurm = spec.slurm or SlurmSpec()
+        slurm = spec.block("slurm") or SlurmSpec()
         argv = []
         if not spec.placed:
             argv.append("--nodelist=" + ",".join(n.host for n in plan.nodes))
@@ -374,6 +385,7 @@ class Backend(LaunchBackend):
             nodes.append({"host": launch.host, "spec": spec, "secret_env": hidden})
         spec = self.require_spec()
         job = {"run_id": plan.run_id, "job_dir": job_dir(plan), "placed": spec.placed,
+               "placement": PLACEMENT,
                "master_addr": None if plan.master_addr == ADDR_SLOT else plan.master_addr,
                "master_port": None if plan.master_port == AUTO_PORT else int(plan.master_port),
                "start_timeout_s": self.options.start_timeout_s, "nodes": nodes}

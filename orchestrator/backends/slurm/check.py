@@ -14,7 +14,8 @@ import os
 import posixpath
 import socket
 
-from ...config.spec import ClusterSpec, NodeSpec, SlurmSpec
+from ...config.blocks.slurm import SlurmSpec
+from ...config.spec import ClusterSpec, NodeSpec
 from ...plan.model import RunPlan
 from . import ctl as slurmctl
 from ...engine.preflight import CheckResult
@@ -34,7 +35,7 @@ def slurm_checks(spec: ClusterSpec, plan: RunPlan, job_dir: str) -> list[CheckRe
         return [CheckResult(-1, here, "sbatch", False, "sbatch is not found on this machine; "
                             "run ddp-orch on a login or submit host of the cluster")]
     out = [CheckResult(-1, here, "sbatch", True, "found")]
-    partition = (spec.slurm or SlurmSpec()).partition
+    partition = (spec.block("slurm") or SlurmSpec()).partition
     if partition is not None:
         known = slurmctl.partitions()
         out.append(CheckResult(-1, here, "partition", partition in known,

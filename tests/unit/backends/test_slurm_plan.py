@@ -16,7 +16,7 @@ from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError,
                                         node_spec, secret_variable)
 from orchestrator.backends.slurm import ctl as slurmctl
 from orchestrator.backends.base import LaunchOptions
-from orchestrator.backends.slurm.backend import Backend
+from orchestrator.backends.slurm.backend import PLACEMENT, Backend
 from orchestrator.backends.slurm.check import shared_dir_problem
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError
@@ -60,8 +60,8 @@ def test_slurm_block_and_count_mode_are_read():
     spec = load("slurm: {partition: gpu, qos: high, time: 90, extra: ['--exclusive', "
                 "'--constraint=a100']}\nnodes: {count: 4, gpus: 8}\nworkload: {name: noop}\n")
     assert spec.backend == "slurm" and spec.placed
-    assert spec.slurm.partition == "gpu" and spec.slurm.time == "90"
-    assert spec.slurm.extra == ("--exclusive", "--constraint=a100")
+    assert spec.block("slurm").partition == "gpu" and spec.block("slurm").time == "90"
+    assert spec.block("slurm").extra == ("--exclusive", "--constraint=a100")
     assert spec.world_size == 32 and [n.nproc for n in spec.nodes] == [8] * 4
     backend = Backend(LaunchOptions(), spec)
     plan = backend.plan("r", "/shared/runs/r")
@@ -150,7 +150,7 @@ def test_the_job_files_hold_no_secret_and_sbatch_carries_it(tmp_path, monkeypatc
 def test_extra_options_that_only_look_like_ours_pass():
     spec = load("slurm: {extra: ['--mem=0', '--gres-flags=enforce-binding', '--exclusive']}\n"
                 "nodes: {count: 1, procs: 1}\nworkload: {name: noop}\n")
-    assert spec.slurm.extra == ("--mem=0", "--gres-flags=enforce-binding", "--exclusive")
+    assert spec.block("slurm").extra == ("--mem=0", "--gres-flags=enforce-binding", "--exclusive")
 
 
 def test_a_step_asks_for_the_cpus_of_a_cpu_job_and_the_job_is_never_requeued():
@@ -214,17 +214,19 @@ def test_a_cancel_that_fails_is_not_counted_as_sent(monkeypatch):
 def test_pinned_gpus_outside_slurms_allocation_are_refused():
     from orchestrator.agent.node.jobnode import check_gpus
 
-    check_gpus("3,4,5", "0,1,2,3,4,5")
-    check_gpus("3,4,5", None)  # no GRES on record: nothing to compare with
-    with pytest.raises(JobNodeError, match="GPU 5 is not among the GPUs Slurm allocated"):
-        check_gpus("3,4,5", "0,1,2,3,4,6")
+    check_gpus("3,4,5", "0,1,2,3,4,5", PLACEMENT)
+    check_gpus("3,4,5", None, PLACEMENT)  # no GRES on record: nothing to compare with
+    with pytest.raises(JobNodeError, match=r"GPU 5 is not among the GPUs Slurm allocated to "
+                                           r"this job here \(0,1,2,3,4,6\); another job may "
+                                           r"hold it. Ask for the node whole \(slurm: "):
+        check_gpus("3,4,5", "0,1,2,3,4,6", PLACEMENT)
 
 
 def _job(placed: bool = False) -> dict:
     spec = {"argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
                      "--device", "auto", "<slurm node 0>x"],
             "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r"}
-    return {"placed": placed, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
+    return {"placed": placed, "placement": PLACEMENT, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
                                         {"host": "n2", "spec": dict(spec), "secret_env": ["K"]}]}
 
 
