@@ -10,7 +10,6 @@ and the error files, ``check`` and ``down``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -22,7 +21,7 @@ from workloads.contract import MAX_RESTARTS_ENV
 from ..agent.wire.protocol import is_time
 from ..agent.kept.records import clean_keeper_state
 from ..console import Console
-from ..errors import LaunchError, TransportError
+from ..errors import TransportError
 from ..plan.build import resolve_plan
 from ..plan.dryrun import ByHand, DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
@@ -32,14 +31,14 @@ from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
 from ..engine.agentlink import AgentHandle, open_agents
-from .base import (CancelResult, LaunchBackend, OnRunning, PruneResult, RunDescription,
+from .base import (CancelResult, LaunchBackend, PruneResult, RunDescription,
                    in_local_run_dir, recorded_dryrun)
 from ..engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ..engine.preflight import Preflight
 from ..engine.bundle import build_bundle, code_notes, stand_ins
 from ..engine.fanout import on_all
-from ..engine.gang import Gang, Mode
-from ..engine.keptgang import DETACHED, Keepers, attempt_outcomes
+from ..engine.keptgang import DETACHED, attempt_outcomes
+from ..engine.run import Mode, RunHandle, node_records
 from ..engine.nodehandle import BUNDLE_NAME, describe_survivors
 from ..engine.preflight import (bind_request, interface_from, master_port_from, route_request,
                         run_checks)
@@ -87,15 +86,17 @@ class AgentBackend(LaunchBackend):
                       max_restarts=self.options.max_restarts,
                       by_hand=ByHand(reach={k: argv for k, argv in reach.items() if argv}))
 
-    def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
-        return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.python,
-                                self.connection(n.node_rank)) for n in plan.nodes)
-
-    def launch(self, info: DryRun, run: RunDir, console: Console,
-               on_running: OnRunning = lambda info: None) -> RunOutcome:
+    def submit(self, info: DryRun, run: RunDir, console: Console) -> "AgentRun":
+        """Open an agent on every node at once, each given its run directory,
+        the code and (node 0) the master port behind its start; resolve the
+        dry-run with what they found. The supervisors (or keepers) start
+        when the engine follows. A failure half-way closes every agent
+        (each exits: nothing runs there yet)."""
         plan = info.plan
         transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}
         agents: dict[int, AgentHandle] = {}
+        handle = AgentRun(self, info, run, Mode.KEPT if self.options.kept else Mode.ATTACHED,
+                          transports, agents)
         label = _labeller(plan)
         try:
             build_bundle(run.file("bundle.tar.gz"), plan.code, stand_ins(self.spec))
@@ -111,34 +112,34 @@ class AgentBackend(LaunchBackend):
                 on_all(lambda k: agents[k].call("discard"), [k for k in agents if k not in hung],
                        timeout_s=30)
             if hung and len(hung) == len(opened.failed):
-                return self._not_joined(info, hung, console)
+                handle.ended = self._not_joined(info, hung, console)
+                return handle
             prepared = opened.values("connecting to the nodes", label)
-            resolved = self.dryrun(resolve_plan(
+            handle.resolved(self.dryrun(resolve_plan(
                 plan, master_port=prepared[0][0], homes={k: a.home for k, a in agents.items()},
-                interfaces={k: ifname for k, (_port, ifname) in prepared.items()}))
-            on_running(resolved)
-            records = self.node_records(resolved.plan)
-            kept = self.options.kept
-            gang = Gang(resolved, run, agents, console, mode=Mode.KEPT if kept else Mode.ATTACHED,
-                        grace_s=self.options.grace_s, start_timeout_s=self.options.start_timeout_s,
-                        hang_timeout_s=self.options.hang_timeout_s,
-                        dump_stacks=lambda: self._stacks(plan.run_id, records),
-                        detach=self.options.detach,
-                        keepers=Keepers(self.options.max_restarts) if kept else None)
-            outcome = gang.run()
-            if outcome.state is RunState.RUNNING:  # detached: the nodes own it now
-                return outcome
-            # Agents whose run ended cleanly serve the fetch on the same channel.
-            reusable = {h.node.node_rank: agent for h in gang.handles
-                        if (agent := h.release()) is not None}
-            result = self._fetch(resolved, transports, outcome, run, reusable)
-            self._sweep_lost(resolved, transports, outcome, run,
-                             silent={h.node.node_rank for h in gang.handles if h.partitioned})
-            return dataclasses.replace(outcome, result=result)
-        finally:
-            on_all(lambda k: agents[k].close(), list(agents))  # EOF: each agent exits
-            for transport in transports.values():
-                transport.close()
+                interfaces={k: ifname for k, (_port, ifname) in prepared.items()})))
+            return handle
+        except BaseException:
+            handle.close()
+            raise
+
+    def reconnect(self, record: RunRecord, *, lines: int | None = None) -> "AgentRun":
+        """An agent on every node of a detached run, to follow its keepers."""
+        info = recorded_dryrun(record)
+        transports = {n.node_rank: self.transport(n.node_rank, n.host, n.connection)
+                      for n in record.nodes}
+        agents: dict[int, AgentHandle] = {}
+        handle = AgentRun(self, info, record.run, Mode.OBSERVED, transports, agents,
+                          records=record.nodes, lines=lines)
+        try:
+            opened, started = open_agents(transports, {n.node_rank: n.python for n in record.nodes},
+                                          self.options.start_timeout_s, run_id=record.run_id)
+            agents.update(started)
+            opened.values("connecting to the nodes", _labeller(info.plan))
+            return handle
+        except BaseException:
+            handle.close()
+            raise
 
     def cancel(self, record: RunRecord) -> list[CancelResult]:
         def down(k: int) -> CancelResult:
@@ -176,33 +177,6 @@ class AgentBackend(LaunchBackend):
         out += [done.succeeded.get(n.node_rank) or PruneResult(
             n.node_rank, n.host, error=_message(done.failed[n.node_rank])) for n in remote]
         return sorted(out, key=lambda r: r.node_rank)
-
-    def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
-               ) -> RunOutcome:
-        info = recorded_dryrun(record)
-        transports = {n.node_rank: self.transport(n.node_rank, n.host, n.connection)
-                      for n in record.nodes}
-        agents: dict[int, AgentHandle] = {}
-        try:
-            opened, started = open_agents(transports, {n.node_rank: n.python for n in record.nodes},
-                                          self.options.start_timeout_s, run_id=record.run_id)
-            agents.update(started)
-            opened.values("connecting to the nodes", _labeller(info.plan))
-            gang = Gang(info, record.run, agents, console, mode=Mode.KEPT,
-                        grace_s=self.options.grace_s, lines=lines)
-            outcome = gang.run()
-            if gang.lost_contact:
-                raise LaunchError(f"{gang.lost_contact}; run {record.run_id} goes on there "
-                                  f"(`ddp-orch status {record.run_id}` asks the nodes; attach "
-                                  f"again once they are reachable)")
-            if outcome.state is RunState.RUNNING:
-                return outcome
-            result = self._fetch(info, transports, outcome, record.run, {})
-            return dataclasses.replace(outcome, result=result)
-        finally:
-            on_all(lambda k: agents[k].close(), list(agents))
-            for transport in transports.values():
-                transport.close()
 
     def describe(self, record: RunRecord) -> RunDescription:
         """A detached run's state is its nodes': node 0's keeper records every
@@ -419,6 +393,45 @@ class AgentBackend(LaunchBackend):
             run.note(k, f"fetching results failed: {_message(exc)}")
         result = run.read_json("result.json")
         return result if isinstance(result, dict) else None
+
+
+class AgentRun(RunHandle):
+    """A run whose nodes' agents this controller holds open: the gang's
+    channels, then the fetch's (an agent whose supervisor ended cleanly
+    serves it on the same channel, ``NodeHandle.release``)."""
+
+    def __init__(self, backend: AgentBackend, info: DryRun, run: RunDir, mode: Mode,
+                 transports: dict[int, Transport], agents: dict[int, AgentHandle], *,
+                 records: tuple[NodeRecord, ...] = (), lines: int | None = None):
+        super().__init__(info, run, mode, channels=agents, records=records, lines=lines,
+                         dump_stacks=lambda: backend._stacks(info.plan.run_id, self.records))
+        self.backend = backend
+        self.transports = transports
+        self.agents = agents
+
+    def resolved(self, info: DryRun) -> None:
+        """The dry-run with each node's launch-time facts (port, home)."""
+        self.dryrun = info
+        self.records = node_records(info)
+
+    def fetch(self, outcome: RunOutcome) -> dict | None:
+        reusable = {h.node.node_rank: agent for h in self.gang.handles
+                    if (agent := h.release()) is not None}
+        return self.backend._fetch(self.dryrun, self.transports, outcome, self.run, reusable)
+
+    def tidy(self, outcome: RunOutcome) -> None:
+        """What a lost node left behind is ended (not when only observing)."""
+        if self.mode is not Mode.OBSERVED:
+            self.backend._sweep_lost(self.dryrun, self.transports, outcome, self.run,
+                                     silent={h.node.node_rank for h in self.gang.handles
+                                             if h.partitioned})
+
+    def close(self, left: bool = False) -> None:
+        """EOF to every agent: each exits, its supervisor tearing its run down
+        first (a keeper goes on: it is not the agent's child)."""
+        on_all(lambda k: self.agents[k].close(), list(self.agents))
+        for transport in self.transports.values():
+            transport.close()
 
 
 def _call(transport: Transport, python: str, run: str, op: str, /, **fields: Any) -> dict:

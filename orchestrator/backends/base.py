@@ -2,19 +2,38 @@
 
 torchx's ``Scheduler`` is the model: ``submit = schedule(submit_dryrun(...))``.
 A backend turns a plan into a ``DryRun`` with no I/O (what ``--dry-run``
-prints), and ``launch`` runs exactly that object. Everything a backend does
-goes through these methods, so the controller, the CLI and the run
-records never know which backend they hold.
+prints), and ``submit`` starts exactly that object. It only starts nodes
+and finds them again; following a run to its end and bringing its results
+home is the engine's, the same for every backend (``engine/run.py``), so
+the controller, the CLI and the run records never know which backend they
+hold.
 
-=================================  ===========================================
-``dryrun(plan) -> DryRun``         pure: each node's env and exact command
-``launch(info, run, console)``     blocks; owns gang teardown; brings results home
-``cancel(record)``                 ``ddp-orch down``: end what still runs
-``check(plan) -> Preflight``       ``ddp-orch check``: what would break a launch
-``describe(record)``               ``ddp-orch status``: the run as it is now
-``stacks(record)``                 ``ddp-orch stacks``: every rank's stack now
-``attach(record, console)``        ``ddp-orch attach``: follow a kept run to its end
-=================================  ===========================================
+A backend implements:
+
+=====================================  =======================================
+``dryrun(plan) -> DryRun``             pure: each node's env and exact command
+``submit(info, run, console)``         start the nodes; a ``RunHandle`` on them
+``reconnect(record, lines=)``          ``ddp-orch attach``: a handle on a detached run
+``cancel(record)``                     ``ddp-orch down``: end what still runs
+``check(plan) -> Preflight``           ``ddp-orch check``: what would break a launch
+``describe(record)``                   ``ddp-orch status``: the run as it is now
+                                       (default: its records)
+=====================================  =======================================
+
+and may offer, where its nodes allow it (the default refuses, or does
+what needs no node):
+
+=====================================  =======================================
+``stacks(record)``                     ``ddp-orch stacks``: every rank's stack now
+``prune(record)``                      ``ddp-orch prune``: remove the nodes' run dirs
+=====================================  =======================================
+
+Every backend then has, without writing them:
+
+=====================================  =======================================
+``launch(info, run, console)``         submit + ``follow`` + ``collect``
+``attach(record, console)``            reconnect + ``follow`` + ``collect``
+=====================================  =======================================
 """
 
 from __future__ import annotations
@@ -26,6 +45,7 @@ from typing import Callable, ClassVar
 from ..config.spec import ClusterSpec
 from ..console import Console
 from ..engine.preflight import Preflight
+from ..engine.run import LaunchOptions, RunHandle, collect, follow
 from ..engine.stacks import StacksResult
 from ..errors import LaunchError
 from ..plan.build import build_plan
@@ -35,25 +55,6 @@ from ..plan.model import RunPlan
 from ..records.outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """How to launch, from the command line; the same for every backend."""
-
-    grace_s: float = 10.0  # SIGTERM to SIGKILL on the nodes
-    start_timeout_s: float = 300.0  # for every node to join the rendezvous
-    accept_new_host_keys: bool = False
-    check_timeout_s: float = 60.0
-    queue_timeout_s: float | None = None  # a scheduler's queue: how long a job may wait
-    hang_timeout_s: float | None = None  # no rank's progress this long: a hang (off: None)
-    detach: bool = False  # the nodes keep the run; launch returns once every node started
-    max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
-
-    @property
-    def kept(self) -> bool:
-        """Do the nodes' keepers hold the gang (agent/kept/keeper.py), not the controller?"""
-        return self.detach or self.max_restarts > 0
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def recorded_dryrun(record: RunRecord) -> DryRun:
                           f"started, or its directory is damaged") from None
 
 
-OnRunning = Callable[[DryRun], None]
+OnRunning = Callable[[RunHandle], None]
 
 
 class LaunchBackend(ABC):
@@ -158,14 +159,15 @@ class LaunchBackend(ABC):
         """Each node's environment and exact command; no I/O."""
 
     @abstractmethod
-    def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
-        """What ``state.json`` keeps so that ``cancel`` can find the nodes again."""
+    def submit(self, info: DryRun, run: RunDir, console: Console) -> RunHandle:
+        """Start ``info``'s nodes (or submit its job) and hand them over; if it
+        fails half-way, whatever it started is ended before it raises."""
 
     @abstractmethod
-    def launch(self, info: DryRun, run: RunDir, console: Console,
-               on_running: OnRunning = lambda info: None) -> RunOutcome:
-        """Run ``info`` to its end; ``on_running`` gets the resolved dry-run
-        once every node has its launch-time facts (port, home)."""
+    def reconnect(self, record: RunRecord, *, lines: int | None = None) -> RunHandle:
+        """A handle on a recorded run that goes on without its controller,
+        to be observed (never stopped); ``lines``: follow each node from its
+        last N lines (None: from the start)."""
 
     @abstractmethod
     def cancel(self, record: RunRecord) -> list[CancelResult]:
@@ -176,18 +178,13 @@ class LaunchBackend(ABC):
         """Every check a launch depends on, on every node, without launching."""
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
-        """Every live rank's stack, from every node at once (``ddp-orch stacks``)."""
+        """Every live rank's stack, from every node at once (``ddp-orch stacks``).
+        Optional: a backend offers it where it can reach a live run's ranks."""
         raise LaunchError(f"the {self.name} backend cannot dump stacks")
 
-    def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
-               ) -> RunOutcome:
-        """Follow a detached run from its nodes until it ends (or Ctrl-C),
-        bringing its results home; ``lines``: from the last N lines (None:
-        from the start)."""
-        raise LaunchError(f"the {self.name} backend cannot attach to a run")
-
     def prune(self, record: RunRecord) -> list[PruneResult]:
-        """Remove an ended run's node directories (``ddp-orch prune``). Here:
+        """Remove an ended run's node directories (``ddp-orch prune``).
+        Optional, as only a backend that reaches the nodes can; here:
         nodes whose directory lies inside the local run directory (local
         nodes, a Slurm job's shared one) go with it; a backend that reaches
         other nodes removes theirs (``AgentBackend.prune``)."""
@@ -197,9 +194,36 @@ class LaunchBackend(ABC):
             for n in record.nodes if not in_local_run_dir(record, n)]
 
     def describe(self, record: RunRecord) -> RunDescription:
-        """The run's state from its records; backends with a scheduler ask it."""
+        """The run's state from its records; backends whose nodes or scheduler
+        outlive the controller (a detached run, a job) ask them."""
         return RunDescription(record.state, record.outcomes, record.root_cause,
                               attempts=record.attempts)
+
+    # -- the same for every backend ----------------------------------------
+
+    def launch(self, info: DryRun, run: RunDir, console: Console,
+               on_running: OnRunning = lambda handle: None) -> RunOutcome:
+        """Run ``info`` to its end: submit + follow + collect. ``on_running``
+        gets the handle when its records are worth keeping (``follow``).
+        The handle is closed whatever happens: a run not left to its nodes
+        is ended (Ctrl-C, an error); not meant to be overridden."""
+        handle = self.submit(info, run, console)
+        outcome = None
+        try:
+            outcome = collect(handle, follow(handle, console, self.options, on_running))
+            return outcome
+        finally:
+            handle.close(left=outcome is not None and outcome.state is RunState.RUNNING)
+
+    def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
+               ) -> RunOutcome:
+        """Follow a detached run from its nodes until it ends (or Ctrl-C, which
+        leaves it), bringing its results home: reconnect + follow + collect."""
+        handle = self.reconnect(record, lines=lines)
+        try:
+            return collect(handle, follow(handle, console, self.options))
+        finally:
+            handle.close(left=True)  # attach never ends the run it follows
 
 
 def in_local_run_dir(record: RunRecord, node: NodeRecord) -> bool:

@@ -4,7 +4,9 @@
 plan, after the refusals of what is knowable before launch
 (``refusals.py``, the code directory's upload cap). ``up`` runs that same
 object: only then does it create the run directory, record the run, hand
-the dry-run to the backend's ``launch`` and record how it ended, whatever
+the dry-run to the backend's ``launch`` (submit, then the engine's follow
+and collect; the handle's records are kept as soon as the nodes are
+submitted, and again once they run) and record how it ended, whatever
 happens: a launch that raises (a busy port) leaves its error in the record,
 for ``status``. So input that is refused leaves no run behind, in a dry-run
 or not. Nothing here knows which backend it holds.
@@ -20,6 +22,7 @@ from ..backends.base import LaunchBackend, LaunchOptions
 from ..config.spec import ClusterSpec
 from ..console import Console
 from ..errors import OrchestratorError
+from ..engine.run import RunHandle, node_records
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
 from ..plan.secrets import stored_cluster_file
@@ -48,7 +51,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
                             local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))
     run = RunDir.create(runs_dir, run_id)
     run.write_text("cluster.yaml", stored_cluster_file(spec))
-    nodes = backend.node_records(info.plan)
+    nodes = node_records(info)
     started = time.time()
 
     rule = info.liveness  # attached, detached, or a scheduler's
@@ -57,10 +60,10 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
         write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
                     started=started, nodes=nodes, outcome=outcome, rule=rule, error=error)
 
-    def on_running(resolved: DryRun) -> None:
+    def on_running(handle: RunHandle) -> None:  # the job id, then the resolved run
         nonlocal nodes
-        run.write_json("plan.json", dryrun_to_dict(resolved))
-        nodes = backend.node_records(resolved.plan)
+        run.write_json("plan.json", dryrun_to_dict(handle.dryrun))
+        nodes = handle.records
         record(RunState.RUNNING)
 
     record(RunState.STARTING)

@@ -1,5 +1,6 @@
 """The run engine: what every backend shares once its nodes are reached.
 
+* ``run``        follow a backend's running run to its end, collect its results
 * ``agentlink``  the controller's end of a node agent's channel (requests, files)
 * ``nodehandle`` one node of a running gang: its channel, relay and outcome
 * ``gang``       one gang of nodes followed to its end: watch, gang-stop, teardown

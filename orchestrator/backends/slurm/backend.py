@@ -52,11 +52,11 @@ from ...records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gan
 from ...records.rundir import RunDir
 from ...records.store import NodeRecord, RunRecord, controller_alive
 from . import ctl as slurmctl
-from ..base import CancelResult, LaunchBackend, OnRunning, RunDescription, recorded_dryrun
+from ..base import CancelResult, LaunchBackend, RunDescription, recorded_dryrun
 from ...engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ...engine.preflight import Preflight
 from ...engine.bundle import build_bundle, code_notes, stand_ins
-from ...engine.gang import Gang, Mode
+from ...engine.run import Mode, RunHandle, node_records
 from ...engine.nodehandle import BUNDLE_NAME, supervisor_spec
 from ...engine.results import fetch_outputs, keep, wanted_files
 from .check import slurm_checks
@@ -85,8 +85,6 @@ class Backend(LaunchBackend):
     queue = "how long a job may wait in Slurm's queue"
     no_restarts = ("under Slurm, resubmit (the built-in workloads resume from --checkpoint "
                    "with --resume), or use sbatch's --requeue")
-    job_id: str | None = None
-    _detached = False  # `up --detach` left the running job to Slurm: no scancel
 
     # -- the plan and its dry-run (pure) -------------------------------------
 
@@ -191,15 +189,12 @@ class Backend(LaunchBackend):
                 f"# for it, and writes its output to node-K/{STREAM_FILE} in this directory.\n"
                 f"exec {shell_join(srun)}\n")
 
-    def node_records(self, plan: RunPlan) -> tuple[NodeRecord, ...]:
-        connection = {"slurm_job": self.job_id} if self.job_id else {}
-        return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.python, connection)
-                     for n in plan.nodes)
+    # -- submit and reconnect ----------------------------------------------------
 
-    # -- launch --------------------------------------------------------------
-
-    def launch(self, info: DryRun, run: RunDir, console: Console,
-               on_running: OnRunning = lambda info: None) -> RunOutcome:
+    def submit(self, info: DryRun, run: RunDir, console: Console) -> "SlurmRun":
+        """The job's files in the run directory, then ``sbatch``; the handle
+        waits in the queue and finds the rendezvous once the engine follows.
+        Nothing is submitted when the job cannot run as planned."""
         plan = info.plan
         started = time.monotonic()
         problems = [r for r in slurm_checks(self.require_spec(), plan, job_dir(plan)) if not r.ok]
@@ -207,68 +202,29 @@ class Backend(LaunchBackend):
             raise LaunchError("the job cannot run as planned; nothing was submitted:\n"
                               + "\n".join(f"  {r.host}: {r.check}: {r.detail}" for r in problems))
         env = self._write_job(info, run)
-        self.job_id = slurmctl.submit(self.sbatch_argv(plan), env)
-        job = SlurmJob(self.job_id, poll=False)
-        try:  # from here on, whatever happens, nothing of the job stays queued
-            console.info(f"submitted Slurm job {self.job_id}; run directory {run.path}")
-            on_running(info)  # records the job id, for `down` while it waits
-            job.start_polling()
-            return self._follow(info, run, console, on_running, job, started)
-        finally:
-            if not job.ended and not self._detached:
-                job.cancel()
-                job.wait_ended(self.options.grace_s + 60)
-            job.close()
+        job_id = slurmctl.submit(self.sbatch_argv(plan), env)
+        handle = SlurmRun(self, info, run, SlurmJob(job_id, poll=False), Mode.ATTACHED, started)
+        try:  # from here on, whatever happens, nothing of the job stays queued (close)
+            console.info(f"submitted Slurm job {job_id}; run directory {run.path}")
+        except BaseException:
+            handle.close()
+            raise
+        return handle
 
-    def _follow(self, info: DryRun, run: RunDir, console: Console, on_running: OnRunning,
-                job: SlurmJob, started: float) -> RunOutcome:
-        plan = info.plan
-        try:
-            waited = self._await_running(job, console)
-        except KeyboardInterrupt:
-            console.always(f"ddp-orch: interrupted; cancelling Slurm job {job.job_id}")
-            job.cancel()
-            return _not_run(plan, "cancelled while queued (Ctrl-C)", started, interrupted=True)
-        if waited:
-            return _not_run(plan, waited, started)
-        streams = {n.node_rank: JobStream(posixpath.join(n.run_dir, STREAM_FILE), job, n.host)
-                   for n in plan.nodes}
-        try:
-            resolved = self._resolve(info, job)
-        except KeyboardInterrupt:
-            job.cancel()
-            return _not_run(plan, "cancelled while starting (Ctrl-C)", started, interrupted=True)
-        if resolved is None:
-            return self._ended_early(plan, run, job, started)
-        on_running(resolved)
-        # No silence check (``JobStream.liveness_ours``): liveness is Slurm's.
-        records = self.node_records(resolved.plan)
-        gang = Gang(resolved, run, streams, console, mode=Mode.ATTACHED,
-                    grace_s=self.options.grace_s, start_timeout_s=self.options.start_timeout_s,
-                    hang_timeout_s=self.options.hang_timeout_s,
-                    dump_stacks=lambda: self._stacks(job.job_id, records, plan.run_id),
-                    detach=self.options.detach)  # ``go`` is a no-op: the nodes' own barrier
-        outcome = gang.run()
-        if outcome.state is RunState.RUNNING:  # --detach: the job is Slurm's now
-            self._detached = True
-            return outcome
-        return self._ended(resolved, run, job, streams, outcome, started)
-
-    def _ended(self, resolved: DryRun, run: RunDir, job: SlurmJob, streams: dict,
-               outcome: RunOutcome, started: float) -> RunOutcome:
-        """Once the gang is over: the job gone from the queue, each node's end
-        explained with Slurm's view, the results collected."""
-        plan = resolved.plan
-        if not job.wait_ended(self.options.grace_s + 30):
-            job.cancel()
-            job.wait_ended(30)
-        for stream in streams.values():
-            stream.close()
-        nodes = tuple(self._explain(o, outcome.nodes, job) for o in outcome.nodes)
-        outcome = gang_outcome(plan.run_id, nodes, time.monotonic() - started,
-                               interrupted=outcome.state is RunState.INTERRUPTED)
-        result = self._collect(resolved, outcome, run)
-        return dataclasses.replace(outcome, result=result)
+    def reconnect(self, record: RunRecord, *, lines: int | None = None) -> "SlurmRun":
+        """Follow a detached job's node streams (``agent.out`` in the shared run
+        directory) until the job ends; Ctrl-C leaves it to Slurm."""
+        job_id = _job_of(record)
+        if job_id is None:
+            raise LaunchError(f"run {record.run_id} has no Slurm job on record")
+        resolved = recorded_dryrun(record)
+        started = time.monotonic()
+        handle = SlurmRun(self, resolved, record.run, SlurmJob(job_id), Mode.OBSERVED, started,
+                          records=record.nodes)
+        if lines is not None:
+            for stream in handle.streams.values():
+                stream.offset = _offset_of_last_lines(stream.path, lines)
+        return handle
 
     def _await_running(self, job: SlurmJob, console: Console) -> str:
         """Wait while the job is queued, showing Slurm's reason; "" once it
@@ -426,30 +382,6 @@ class Backend(LaunchBackend):
 
     # -- down, status, check ---------------------------------------------------
 
-    def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
-               ) -> RunOutcome:
-        """Follow a detached job's node streams (``agent.out`` in the shared run
-        directory) until the job ends; Ctrl-C leaves it to Slurm."""
-        job_id = _job_of(record)
-        if job_id is None:
-            raise LaunchError(f"run {record.run_id} has no Slurm job on record")
-        resolved = recorded_dryrun(record)
-        started = time.monotonic()
-        job = SlurmJob(job_id)
-        streams = {n.node_rank: JobStream(posixpath.join(n.run_dir, STREAM_FILE), job, n.host)
-                   for n in resolved.plan.nodes}
-        if lines is not None:
-            for stream in streams.values():
-                stream.offset = _offset_of_last_lines(stream.path, lines)
-        try:
-            outcome = Gang(resolved, record.run, streams, console, mode=Mode.OBSERVED,
-                           grace_s=self.options.grace_s).run()
-            if outcome.state is RunState.RUNNING:
-                return outcome
-            return self._ended(resolved, record.run, job, streams, outcome, started)
-        finally:
-            job.close()
-
     def cancel(self, record: RunRecord) -> list[CancelResult]:
         job_id = _job_of(record)
         if job_id is None:
@@ -527,6 +459,82 @@ class Backend(LaunchBackend):
 
     def check(self, plan: RunPlan) -> Preflight:
         return Preflight(tuple(slurm_checks(self.require_spec(), plan, job_dir(plan))))
+
+class SlurmRun(RunHandle):
+    """A Slurm job: its node streams are the gang's channels, Slurm holds
+    their liveness, and the job id lives here and in the records (for
+    ``down`` while it waits in the queue). Submitted, it is pending: the
+    engine's ``running`` waits in the queue, then for node 0's rendezvous."""
+
+    def __init__(self, backend: Backend, info: DryRun, run: RunDir, job: SlurmJob, mode: Mode,
+                 started: float, *, records: tuple[NodeRecord, ...] = ()):
+        super().__init__(info, run, mode, records=records or node_records(
+            info, {"slurm_job": job.job_id}), scheduled=True, dump_stacks=lambda: backend._stacks(
+                job.job_id, self.records, info.plan.run_id))
+        self.backend = backend
+        self.job = job
+        self.started = started  # the outcome's wall time counts from here
+        self.pending = mode is not Mode.OBSERVED
+        self.streams: dict[int, JobStream] = {} if self.pending else self._streams(info)
+        self.channels = self.streams
+
+    def _streams(self, info: DryRun) -> dict[int, JobStream]:
+        return {n.node_rank: JobStream(posixpath.join(n.run_dir, STREAM_FILE), self.job, n.host)
+                for n in info.plan.nodes}
+
+    def running(self, console: Console) -> RunOutcome | None:
+        if not self.pending:
+            return None
+        backend, job, plan, started = self.backend, self.job, self.dryrun.plan, self.started
+        job.start_polling()
+        try:
+            waited = backend._await_running(job, console)
+        except KeyboardInterrupt:
+            console.always(f"ddp-orch: interrupted; cancelling Slurm job {job.job_id}")
+            job.cancel()
+            return _not_run(plan, "cancelled while queued (Ctrl-C)", started, interrupted=True)
+        if waited:
+            return _not_run(plan, waited, started)
+        self.streams = self._streams(self.dryrun)
+        self.channels = self.streams
+        try:
+            resolved = backend._resolve(self.dryrun, job)
+        except KeyboardInterrupt:
+            job.cancel()
+            return _not_run(plan, "cancelled while starting (Ctrl-C)", started, interrupted=True)
+        if resolved is None:
+            return backend._ended_early(plan, self.run, job, started)
+        self.dryrun = resolved
+        self.records = node_records(resolved, {"slurm_job": job.job_id})
+        self.pending = False
+        return None
+
+    def settle(self, outcome: RunOutcome) -> RunOutcome:
+        """Once the gang is over: the job gone from the queue, each node's end
+        explained with Slurm's view."""
+        job, plan = self.job, self.dryrun.plan
+        if not job.wait_ended(self.backend.options.grace_s + 30):
+            job.cancel()
+            job.wait_ended(30)
+        for stream in self.streams.values():
+            stream.close()
+        nodes = tuple(self.backend._explain(o, outcome.nodes, job) for o in outcome.nodes)
+        return gang_outcome(plan.run_id, nodes, time.monotonic() - self.started,
+                            interrupted=outcome.state is RunState.INTERRUPTED)
+
+    def fetch(self, outcome: RunOutcome) -> dict | None:
+        return self.backend._collect(self.dryrun, outcome, self.run)
+
+    def close(self, left: bool = False) -> None:
+        """Unless the job was left to Slurm (``--detach``, ``attach``): scancel
+        what of it is still queued or running."""
+        try:
+            if not left and not self.job.ended:
+                self.job.cancel()
+                self.job.wait_ended(self.backend.options.grace_s + 60)
+        finally:
+            self.job.close()
+
 
 def _gres_gpus(spec) -> int:
     """GPUs to ask Slurm for on each node: the count, or enough for the highest

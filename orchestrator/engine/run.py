@@ -1,0 +1,169 @@
+"""Follow a running run to its end and bring its results home: the half of
+a launch that every backend shares.
+
+A backend starts a run's nodes (``submit``) or finds a running one again
+(``reconnect``) and hands back a ``RunHandle``: the run's resolved dry-run,
+its node channels, its mode and its records. From there the engine does the
+rest the same way for every backend:
+
+* ``follow(handle, console, options)`` runs the gang to its end (or until
+  it is left to its nodes) and returns the ``RunOutcome``;
+* ``collect(handle, outcome)`` brings rank 0's result, the error files and
+  the outputs home (``results.py``; the handle moves the bytes).
+
+So ``launch`` is submit + follow + collect and ``attach`` is reconnect +
+follow + collect (``backends/base.py``). ``new_gang`` is the one place that
+builds a gang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Mapping
+
+from ..console import Console
+from ..errors import LaunchError
+from ..plan.dryrun import DryRun
+from ..records.outcome import RunOutcome, RunState
+from ..records.rundir import RunDir
+from ..records.store import NodeRecord
+from .gang import Gang, Mode
+from .keptgang import Keepers
+from .stacks import StacksResult
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """How to launch, from the command line; the same for every backend."""
+
+    grace_s: float = 10.0  # SIGTERM to SIGKILL on the nodes
+    start_timeout_s: float = 300.0  # for every node to join the rendezvous
+    accept_new_host_keys: bool = False
+    check_timeout_s: float = 60.0
+    queue_timeout_s: float | None = None  # a scheduler's queue: how long a job may wait
+    hang_timeout_s: float | None = None  # no rank's progress this long: a hang (off: None)
+    detach: bool = False  # the nodes keep the run; launch returns once every node started
+    max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
+
+    @property
+    def kept(self) -> bool:
+        """Do the nodes' keepers hold the gang (agent/kept/keeper.py), not the controller?"""
+        return self.detach or self.max_restarts > 0
+
+
+def node_records(info: DryRun, connection: Mapping[str, Any] | None = None
+                 ) -> tuple[NodeRecord, ...]:
+    """What ``state.json`` keeps of each node so that ``cancel`` finds it
+    again: where it is, and how it is reached (the dry-run's connection,
+    plus ``connection``: what a submit learnt, such as a scheduler's job)."""
+    return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.node.python,
+                            {**n.connection, **(connection or {})}) for n in info.nodes)
+
+
+class RunHandle(ABC):
+    """A running run, as ``submit`` or ``reconnect`` hands it to the engine.
+
+    ``dryrun`` is the run as resolved so far and ``records`` what ``cancel``
+    needs (a scheduler's job id included): both are final once ``running``
+    has returned None. ``channels`` are the nodes' channels by node rank
+    (agents, keeper followers, a job's node streams). ``pending``: submitted
+    but not running yet (a queued job), so its records are worth keeping
+    before ``running`` waits. ``scheduled``: a scheduler holds the nodes'
+    liveness and their setup barrier (no silence check, no ``go``), and a
+    detached run is left to it once every node runs. ``gang`` is set by
+    ``follow``; ``ended`` is an outcome reached before any gang formed.
+    """
+
+    def __init__(self, dryrun: DryRun, run: RunDir, mode: Mode, *,
+                 channels: Mapping[int, Any] | None = None,
+                 records: tuple[NodeRecord, ...] = (), scheduled: bool = False,
+                 lines: int | None = None,
+                 dump_stacks: Callable[[], StacksResult] | None = None):
+        self.dryrun = dryrun
+        self.run = run
+        self.mode = mode
+        self.channels: Mapping[int, Any] = channels if channels is not None else {}
+        self.records = records or node_records(dryrun)
+        self.scheduled = scheduled
+        self.lines = lines  # observed: follow from each node's last N lines (None: the start)
+        self.dump_stacks = dump_stacks  # the hang watchdog's dump of every rank
+        self.pending = False
+        self.ended: RunOutcome | None = None
+        self.gang: Gang | None = None
+
+    def running(self, console: Console) -> RunOutcome | None:
+        """Wait until every node runs and ``dryrun`` has its launch-time facts;
+        None then, else the outcome of a run that ended first."""
+        return self.ended
+
+    def settle(self, outcome: RunOutcome) -> RunOutcome:
+        """The outcome once the gang is over, in the backend's words (a
+        scheduler's view of each node's end)."""
+        return outcome
+
+    @abstractmethod
+    def fetch(self, outcome: RunOutcome) -> dict | None:
+        """Move the files ``results.wanted_files`` names into the run directory
+        (``results.keep``, ``results.fetch_outputs``); rank 0's result."""
+
+    def tidy(self, outcome: RunOutcome) -> None:
+        """After the results are home: clean up what the run left behind."""
+
+    @abstractmethod
+    def close(self, left: bool = False) -> None:
+        """Let go of the nodes. Unless ``left`` (the run goes on without us:
+        detached, or only observed), end what this handle started and
+        still runs; harmless when repeated."""
+
+
+def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gang:
+    """The gang that follows ``handle``'s channels under its mode: the one
+    place a gang is built. Liveness is each channel's own (a scheduler's
+    node stream is never "silent"), and so is the setup barrier (``go`` is
+    a no-op where the nodes hold it), so no backend needs a flag here."""
+    info, run, channels = handle.dryrun, handle.run, handle.channels
+    if handle.mode is Mode.OBSERVED and not handle.scheduled:
+        # ``attach`` to a run its keepers hold: follow them, start nothing.
+        return Gang(info, run, channels, console, mode=Mode.KEPT, grace_s=options.grace_s,
+                    lines=handle.lines)
+    if handle.mode is Mode.OBSERVED:  # a scheduler's job we did not start
+        return Gang(info, run, channels, console, mode=Mode.OBSERVED, grace_s=options.grace_s)
+    return Gang(info, run, channels, console, mode=handle.mode, grace_s=options.grace_s,
+                start_timeout_s=options.start_timeout_s, hang_timeout_s=options.hang_timeout_s,
+                dump_stacks=handle.dump_stacks, detach=options.detach,
+                keepers=Keepers(options.max_restarts) if handle.mode is Mode.KEPT else None)
+
+
+def follow(handle: RunHandle, console: Console, options: LaunchOptions,
+           on_running: Callable[[RunHandle], None] = lambda handle: None) -> RunOutcome:
+    """Run ``handle``'s gang to its end, or until it is left to its nodes
+    (state RUNNING). ``on_running`` gets the handle whenever its records
+    are worth keeping: once a pending job is submitted, and once every node
+    runs with its launch-time facts resolved (before the gang starts)."""
+    if handle.pending:
+        on_running(handle)
+    ended = handle.running(console)
+    if ended is not None:
+        return ended
+    on_running(handle)
+    gang = handle.gang = new_gang(handle, console, options)
+    outcome = gang.run()
+    lost = gang.lost_contact
+    if handle.mode is Mode.OBSERVED and lost:
+        run_id = handle.dryrun.plan.run_id
+        raise LaunchError(f"{lost}; run {run_id} goes on there (`ddp-orch status {run_id}` "
+                          f"asks the nodes; attach again once they are reachable)")
+    if outcome.state is RunState.RUNNING:  # left: the nodes (or the scheduler) own it now
+        return outcome
+    return handle.settle(outcome)
+
+
+def collect(handle: RunHandle, outcome: RunOutcome) -> RunOutcome:
+    """``outcome`` with rank 0's result, once the run's files are home; a run
+    that goes on, or ended before its gang formed, brings nothing."""
+    if handle.gang is None or outcome.state is RunState.RUNNING:
+        return outcome
+    result = handle.fetch(outcome)
+    handle.tidy(outcome)
+    return dataclasses.replace(outcome, result=result)

@@ -1,0 +1,263 @@
+"""The backend interface (``backends/base.py``) and the engine behind it
+(``engine/run.py``): a backend only submits or reconnects; every backend's
+``launch`` is submit + follow + collect and its ``attach`` reconnect +
+follow + collect. A fake backend whose nodes are fake agent channels,
+followed by the real gang; no process is started."""
+
+from __future__ import annotations
+
+import queue
+import textwrap
+
+import pytest
+
+from orchestrator.agent.wire.protocol import encode
+from orchestrator.backends.base import LaunchBackend, LaunchOptions
+from orchestrator.config.loader import load_cluster_text
+from orchestrator.console import Console
+from orchestrator.engine.run import Mode, RunHandle, collect, follow, node_records
+from orchestrator.plan.dryrun import DryRun, NodeLaunch
+from orchestrator.plan.torchrun import torchrun_argv
+from orchestrator.records.outcome import NodeState, RunState
+from orchestrator.records.rundir import RunDir
+
+RESULT = {"loss": 0.25}
+
+
+def exit_event(code: int, reason: str = "torchrun exited") -> bytes:
+    return encode({"event": "exit", "code": code, "reason": reason, "duration_s": 0.1,
+                   "last_lines": [], "failures": []})
+
+
+class FakeProcess:
+    """The agent's process as ``NodeHandle`` drives it: alive throughout;
+    ``stop`` and ``kill`` end the fake run (the supervisor's exit event)."""
+
+    def __init__(self, agent: "FakeAgent"):
+        self.agent = agent
+        self.sent: list[bytes] = []
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout=None):
+        raise TimeoutError
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+        if data in (b"stop\n", b"kill\n") and not self.agent.ended:
+            self.agent.emit(exit_event(143, "got SIGTERM"))
+
+    def close_stdin(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.agent.chunks.put(b"")
+
+
+class FakeAgent:
+    """A node's channel: once told to supervise, it prints a line, says it
+    started, and (unless ``code`` is None: it runs until stopped) exits."""
+
+    def __init__(self, code: int | None):
+        self.code = code
+        self.chunks: queue.Queue[bytes] = queue.Queue()
+        self.process = FakeProcess(self)
+        self.spec: dict | None = None
+        self.ended = False
+
+    def emit(self, data: bytes) -> None:
+        self.ended = self.ended or b'"exit"' in data
+        self.chunks.put(data)
+
+    def supervise(self, spec: dict) -> None:
+        self.spec = spec
+        self.emit(f"[rank{spec['first_rank']}]: training\n".encode()
+                  + encode({"event": "started", "workers": spec["nproc"]}))
+        if self.code is not None:
+            self.emit(exit_event(self.code))
+
+    def read_chunk(self, size: int) -> bytes:
+        return self.chunks.get(timeout=10)
+
+    def unread(self, data: bytes) -> None:
+        pass
+
+
+class FakeRun(RunHandle):
+    def __init__(self, backend: "FakeBackend", info: DryRun, run: RunDir, mode: Mode, **kw):
+        super().__init__(info, run, mode, **kw)
+        self.backend = backend
+
+    def fetch(self, outcome):
+        self.backend.calls.append("fetch")
+        self.run.write_json("result.json", RESULT)
+        return self.run.read_json("result.json")
+
+    def tidy(self, outcome):
+        self.backend.calls.append("tidy")
+
+    def close(self, left: bool = False) -> None:
+        self.backend.calls.append(f"close(left={left})")
+
+
+class FakeBackend(LaunchBackend):
+    """Nodes are ``FakeAgent``s exiting with ``codes`` (None: until stopped)."""
+
+    name = "fake"
+
+    def __init__(self, options: LaunchOptions, codes: tuple[int | None, ...], *,
+                 scheduled: bool = False):
+        super().__init__(options, None)
+        self.codes = codes
+        self.scheduled = scheduled
+        self.calls: list[str] = []
+        self.agents: dict[int, FakeAgent] = {}
+
+    def dryrun(self, plan):
+        return DryRun(backend=self.name, plan=plan, liveness="attached", nodes=tuple(
+            NodeLaunch(node=n, where="nowhere", env=n.env, unset_env=n.unset_env,
+                       argv=torchrun_argv(plan, n), connection={"fake": n.node_rank})
+            for n in plan.nodes))
+
+    def _handle(self, info, run, mode):
+        self.agents = {k: FakeAgent(code) for k, code in enumerate(self.codes)}
+        return FakeRun(self, info, run, mode, channels=self.agents, scheduled=self.scheduled)
+
+    def submit(self, info, run, console):
+        self.calls.append("submit")
+        return self._handle(info, run, Mode.ATTACHED)
+
+    def reconnect(self, record, *, lines=None):
+        self.calls.append("reconnect")
+        return self._handle(record.dryrun, record.run, Mode.OBSERVED)
+
+    def cancel(self, record):
+        raise AssertionError("not called")
+
+    def check(self, plan):
+        raise AssertionError("not called")
+
+
+class Recorded:
+    """What ``reconnect`` reads of a recorded run, here: its dry-run and directory."""
+
+    def __init__(self, dryrun: DryRun, run: RunDir):
+        self.dryrun, self.run = dryrun, run
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A two-node dry-run (one process each) and a fresh run directory."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    spec = load_cluster_text(textwrap.dedent("""\
+        nodes:
+          - {host: localhost, procs: 1}
+          - {host: localhost, procs: 1}
+        workload: {script: train.py}
+        master: {port: 29500}
+    """), source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+    from orchestrator.plan.build import build_plan
+
+    def make(name: str):
+        plan = build_plan(spec, run_id=name, local_run_dir=str(tmp_path / "runs" / name))
+        return FakeBackend(LaunchOptions(), ()).dryrun(plan), RunDir.create(
+            str(tmp_path / "runs"), name)
+
+    return make
+
+
+def quiet() -> Console:
+    return Console("quiet")
+
+
+def test_launch_is_submit_then_follow_then_collect(job):
+    info, run = job("by-launch")
+    backend = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0))
+    seen = []
+    launched = backend.launch(info, run, quiet(), on_running=lambda h: seen.append(h.records))
+    assert backend.calls == ["submit", "fetch", "tidy", "close(left=False)"]
+    assert seen == [node_records(info)]  # once: the nodes ran at once
+    by_hand_info, by_hand_run = job("by-hand")
+    by_hand = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0))
+    handle = by_hand.submit(by_hand_info, by_hand_run, quiet())
+    composed = collect(handle, follow(handle, quiet(), by_hand.options))
+    assert (launched.state, launched.result) == (composed.state, composed.result) \
+        == (RunState.SUCCEEDED, RESULT)
+    assert [n.state for n in launched.nodes] == [n.state for n in composed.nodes]
+    # the gang started each node with the dry-run's own argv
+    assert [a.spec["argv"] for a in backend.agents.values()] == [list(n.argv) for n in info.nodes]
+
+
+def test_a_failing_node_stops_the_gang_and_launch_ends_the_run(job):
+    info, run = job("fails")
+    backend = FakeBackend(LaunchOptions(grace_s=1.0), (None, 1))  # node 0 runs until stopped
+    outcome = backend.launch(info, run, quiet())
+    assert outcome.state is RunState.FAILED
+    assert outcome.root_cause.node_rank == 1
+    assert b"stop\n" in backend.agents[0].process.sent
+    assert outcome.nodes[0].state is NodeState.STOPPED
+    assert backend.calls[-1] == "close(left=False)"
+
+
+def test_attach_is_reconnect_then_follow_then_collect_and_leaves_the_run(job):
+    info, run = job("attached-later")
+    backend = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0), scheduled=True)
+    outcome = backend.attach(Recorded(info, run), quiet())
+    assert backend.calls == ["reconnect", "fetch", "tidy", "close(left=True)"]
+    assert (outcome.state, outcome.result) == (RunState.SUCCEEDED, RESULT)
+    # observed: the gang never stopped a node
+    assert not any(b"stop\n" in a.process.sent for a in backend.agents.values())
+
+
+def test_a_run_left_to_its_nodes_is_not_ended_and_brings_nothing_home(job):
+    info, run = job("detached")
+    backend = FakeBackend(LaunchOptions(grace_s=1.0, detach=True), (None, None), scheduled=True)
+    outcome = backend.launch(info, run, quiet())
+    assert outcome.state is RunState.RUNNING
+    assert backend.calls == ["submit", "close(left=True)"]
+
+
+def test_a_run_that_raises_while_followed_is_ended(job):
+    info, run = job("raises")
+    backend = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0))
+
+    def refuse(handle):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        backend.launch(info, run, quiet(), on_running=refuse)
+    assert backend.calls == ["submit", "close(left=False)"]
+
+
+class QueuedRun(FakeRun):
+    """A job that is submitted (pending) and never runs: its queue timeout."""
+
+    def running(self, console):
+        self.backend.calls.append("running")
+        return self.backend.never_ran
+
+
+def test_a_pending_job_is_recorded_when_submitted_and_one_that_never_runs_brings_nothing(job):
+    from orchestrator.records.outcome import NodeOutcome, gang_outcome
+
+    info, run = job("queued")
+    backend = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0))
+    backend.never_ran = gang_outcome(info.plan.run_id, tuple(
+        NodeOutcome(n.node_rank, n.host, NodeState.FAILED, None, "queue timeout", None)
+        for n in info.plan.nodes), 0.0, interrupted=False)
+
+    def submit(info, run, console):
+        backend.calls.append("submit")
+        handle = QueuedRun(backend, info, run, Mode.ATTACHED,
+                           records=node_records(info, {"job": "42"}))
+        handle.pending = True
+        return handle
+
+    backend.submit = submit
+    seen = []
+    outcome = backend.launch(info, run, quiet(), on_running=lambda h: seen.append(h.records))
+    assert outcome is backend.never_ran
+    assert [[dict(n.connection) for n in records] for records in seen] == \
+        [[{"fake": 0, "job": "42"}, {"fake": 1, "job": "42"}]]
+    assert backend.calls == ["submit", "running", "close(left=False)"]
