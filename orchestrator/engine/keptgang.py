@@ -27,6 +27,7 @@ import time
 from typing import Mapping
 
 from ..agent.kept.records import clean_attempts
+from ..agent.node.spec import SupervisorSpec
 from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
     gang_outcome
@@ -37,9 +38,9 @@ from .nodehandle import exit_outcome, supervisor_spec
 DETACHED, ATTACHED = "detached", "attached"  # the liveness rules of a kept run
 
 
-def keeper_spec(sup: dict, *, nnodes: int, token: str, master_addr: str, gang_port: int,
-                max_restarts: int, start_timeout_s: float, rule: str) -> dict:
-    return {"supervisor": sup, "nnodes": nnodes, "max_restarts": max_restarts,
+def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,
+                gang_port: int, max_restarts: int, start_timeout_s: float, rule: str) -> dict:
+    return {"supervisor": sup.to_dict(), "nnodes": nnodes, "max_restarts": max_restarts,
             "start_timeout_s": start_timeout_s, "rule": rule,
             "gang": {"addr": master_addr, "port": gang_port, "token": token}}
 

@@ -42,7 +42,8 @@ import time
 from . import peers
 from ..node.jobnode import STREAM_FILE  # a node's stream, under Slurm and kept alike
 from ..node.procs import running, start_time
-from ..wire.protocol import CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
+from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Event, Reader,
+                             encode)
 
 STATE_FILE = "keeper.json"
 FOLLOWER_LOCK = "follower.lock"  # held (shared) by every attached follower
@@ -233,9 +234,10 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
                     signal_keeper(run_dir)
                 gone.set()
                 return
-            if line == b"stop":
+            word = Control.parse(line)
+            if word is Control.STOP:
                 signal_keeper(run_dir)
-            elif line == b"kill":  # a second signal: the keeper skips the grace period
+            elif word is Control.KILL:  # a second signal: the keeper skips the grace period
                 signal_keeper(run_dir)
                 time.sleep(0.1)
                 signal_keeper(run_dir)
@@ -266,7 +268,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
             alive = keeper_pid(run_dir) is not None
             data = fh.read(1 << 20)
             if not data and whole and time.monotonic() - sent_at > HEARTBEAT_S:
-                data = encode({"event": "heartbeat"})  # the controller hears us between attempts
+                data = encode({"event": Event.HEARTBEAT.value})  # the controller hears us between attempts
             if data:
                 try:
                     out.write(data)

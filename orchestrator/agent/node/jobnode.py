@@ -29,6 +29,7 @@ into the node's spec here, out of the workers' environment.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -36,7 +37,8 @@ import sys
 import time
 
 from . import netroute
-from ..wire.protocol import encode
+from .spec import Liveness, SpecError, SupervisorSpec
+from ..wire.protocol import encode, exit_event
 
 ADDR_SLOT = "<slurm node 0>"
 PORT_SLOT = "<free port on slurm node 0>"
@@ -107,31 +109,30 @@ def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
         time.sleep(POLL_S)
 
 
-def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> dict:
+def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
     """The supervisor spec of this node, with the master filled in and the
-    secrets taken from the environment sbatch passed on."""
-    spec = dict(job["nodes"][node_rank]["spec"])
+    secrets taken from the environment sbatch passed on; Slurm keeps it
+    alive (``Liveness.SCHEDULER``: stdin is /dev/null)."""
+    spec = SupervisorSpec.from_dict(job["nodes"][node_rank]["spec"])
     slots = {ADDR_SLOT: where["addr"], PORT_SLOT: str(where["port"])}
-    spec["argv"] = [slots.get(word, word) for word in spec["argv"]]
-    spec["master_port"] = where["port"]
-    env = dict(spec["env"])
+    env = dict(spec.env)
     for name in job["nodes"][node_rank].get("secret_env", ()):
         if secret_variable(node_rank, name) not in environ:
             raise JobNodeError(f"{name} did not reach the job (sbatch passes it in the "
                                f"environment); is SBATCH_EXPORT or a site policy limiting "
                                f"--export=ALL?")
         env[name] = environ[secret_variable(node_rank, name)]
-    spec["env"] = env
-    spec["secrets"] = sorted({v for n, v in env.items()
-                              if n in job["nodes"][node_rank].get("secret_env", ()) and v})
-    spec["unset_env"] = list(spec["unset_env"]) + sorted(
-        name for name in environ if name.startswith(SECRET_PREFIX))
+    secrets = tuple(sorted({v for n, v in env.items()
+                            if n in job["nodes"][node_rank].get("secret_env", ()) and v}))
+    unset_env = tuple(spec.unset_env) + tuple(sorted(
+        name for name in environ if name.startswith(SECRET_PREFIX)))
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get("SLURM_STEP_GPUS"))
     if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
-        spec["env"] = with_interface(env, where, len(job["nodes"]) > 1)
-    spec["watch_stdin"] = False  # liveness is Slurm's; stdin is /dev/null
-    spec["peer_timeout_s"] = None
-    return spec
+        env = with_interface(env, where, len(job["nodes"]) > 1)
+    return dataclasses.replace(
+        spec, argv=tuple(slots.get(word, word) for word in spec.argv),
+        master_port=where["port"], env=env, secrets=secrets, unset_env=unset_env,
+        liveness=Liveness.SCHEDULER)  # liveness is Slurm's; stdin is /dev/null
 
 
 def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
@@ -185,9 +186,9 @@ def run(job_path: str) -> int:
         else:
             where = await_rendezvous(job["job_dir"], float(job["start_timeout_s"]))
         spec = node_spec(job, node_rank, where, environ)
-    except JobNodeError as exc:
-        os.write(1, encode({"event": "exit", "code": 1, "reason": str(exc), "failures": [],
-                            "last_lines": [f"ddp-orch: {exc}"], "duration_s": 0}))
+    except (JobNodeError, SpecError) as exc:
+        os.write(1, encode(exit_event(1, str(exc), last_lines=[f"ddp-orch: {exc}"],
+                                      duration_s=0)))
         return 1
     from .supervisor import Supervisor
 

@@ -36,6 +36,7 @@ from ...agent.wire import bootstrap, files
 from ...agent.node import outputs
 from ...agent.kept.daemon import offset_of_last_lines
 from ...agent.node.procs import own_marker
+from ...agent.node.spec import Liveness
 from ...agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE,
                                   secret_variable)
 from ...config.spec import AUTO_PORT, SlurmSpec
@@ -368,12 +369,13 @@ class Backend(LaunchBackend):
         nodes = []
         for launch in info.nodes:
             spec = supervisor_spec(launch, plan.run_id, 0, self.options.grace_s)
-            hidden = sorted(name for name, value in spec["env"].items() if is_secret(name, value))
+            hidden = sorted(name for name, value in spec.env.items() if is_secret(name, value))
             for name in hidden:
-                env[secret_variable(launch.node_rank, name)] = spec["env"].pop(name)
-            spec["secrets"] = []
-            spec["bundle"] = run.file(BUNDLE_NAME)
-            nodes.append({"host": launch.host, "spec": spec, "secret_env": hidden})
+                env[secret_variable(launch.node_rank, name)] = spec.env[name]
+            spec = dataclasses.replace(
+                spec, env={k: v for k, v in spec.env.items() if k not in hidden}, secrets=(),
+                bundle=run.file(BUNDLE_NAME), liveness=Liveness.SCHEDULER)
+            nodes.append({"host": launch.host, "spec": spec.to_dict(), "secret_env": hidden})
         spec = self.require_spec()
         job = {"run_id": plan.run_id, "job_dir": job_dir(plan), "placed": spec.placed,
                "master_addr": None if plan.master_addr == ADDR_SLOT else plan.master_addr,
