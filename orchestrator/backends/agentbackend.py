@@ -97,8 +97,8 @@ class AgentBackend(LaunchBackend):
         agents: dict[int, AgentHandle] = {}
         label = _labeller(plan)
         try:
-            build_bundle(run.file("bundle.tar.gz"), plan.code, stand_ins(self.spec))
-            with open(run.file("bundle.tar.gz"), "rb") as fh:
+            build_bundle(run.file(BUNDLE_NAME), plan.code, stand_ins(self.spec))
+            with open(run.file(BUNDLE_NAME), "rb") as fh:
                 bundle = fh.read()
             opened, started = open_agents(
                 transports, {n.node_rank: n.python for n in plan.nodes},

@@ -28,6 +28,7 @@ from typing import Mapping
 
 from ..agent.kept.records import clean_attempts
 from ..agent.node.spec import SupervisorSpec
+from ..agent.wire.protocol import KeptRule
 from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
     gang_outcome
@@ -35,7 +36,7 @@ from .fanout import on_all
 from .gang import Gang, wait_all
 from .nodehandle import exit_outcome, supervisor_spec
 
-DETACHED, ATTACHED = "detached", "attached"  # the liveness rules of a kept run
+DETACHED, ATTACHED = KeptRule.DETACHED, KeptRule.ATTACHED  # the liveness rules of a kept run
 
 
 def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Callable
 
+from ..agent import layout
 from ..agent.node.spec import Liveness, SupervisorSpec
 from ..agent.wire.files import mask_strings
 from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
@@ -21,7 +22,7 @@ from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .channel import KeeperFollower, NodeChannel
 
-BUNDLE_NAME = "bundle.tar.gz"
+BUNDLE_NAME = layout.BUNDLE  # in each node's run directory
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # torchrun's prefix
 AGENT_SAYS = "ddp-orch: "  # a last line of the agent's own, not torchrun's
 # Exit code ProcessHandle.poll gives when the connection died without a status.

@@ -65,9 +65,9 @@ from . import daemon, peers
 from ..wire import files
 
 from ..node import probes, procs
-from .daemon import STATE_FILE
+from .. import layout
 from ..node.procs import start_time
-from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, encode
+from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, KeptRule, encode
 from .restarts import setup_failed, survivors_left, will_recur
 from ..worker.shim import SHIM_MODULE
 from ..node.spec import Liveness, SupervisorSpec
@@ -100,8 +100,7 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
     options swapped, by flag; nothing after ``-m ddp_orch_shim`` (the user's
     program and its arguments) is touched. The keeper holds it
     (``Liveness.KEEPER``)."""
-    log_dir = os.path.join(spec.run_dir, "torchrun" if attempt == 0 else
-                           f"torchrun.attempt-{attempt}")
+    log_dir = os.path.join(spec.run_dir, layout.attempt_logs(attempt))
     swap = {"--master-port": str(master_port), "--log-dir": log_dir}
     argv = list(spec.argv)
     own = argv.index(SHIM_MODULE) - 1 if SHIM_MODULE in argv else len(argv)
@@ -165,7 +164,7 @@ class Keeper:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         self.write_state("running")
-        if self.spec.get("rule") == "attached":
+        if self.spec.get("rule") == KeptRule.ATTACHED:
             threading.Thread(target=self._watch_follower, daemon=True,
                              name="keeper-follower").start()
         try:
@@ -180,7 +179,7 @@ class Keeper:
         try:  # the record first: whoever reads the finished line finds the end recorded
             self.write_state(state, code)
         except OSError as exc:  # a full disk: the stream below still says how it ended
-            self.say(f"ddp-orch: cannot record the end in {STATE_FILE}: {exc}")
+            self.say(f"ddp-orch: cannot record the end in {layout.KEEPER_STATE}: {exc}")
         self.emit(self.finished_message(code, state))
         return code
 
@@ -244,7 +243,7 @@ class Keeper:
         """This node's torchrun for one attempt; its exit event."""
         spec = attempt_spec(self.sup_spec, attempt, port)
         if attempt:
-            shutil.rmtree(os.path.join(self.run_dir, "progress"), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.run_dir, layout.PROGRESS_DIR), ignore_errors=True)
         self.emit({"event": "attempt", "attempt": attempt, "master_port": port})
         with self.lock:
             self.current = attempt
@@ -386,7 +385,7 @@ class Keeper:
                        "attempt": len(self.attempts), "updated": time.time(),
                        **({"followed": True} if self.followed else {}),
                        **self.fitted_attempts()}
-            files.put_json(os.path.join(self.run_dir, STATE_FILE), self.masked(payload))
+            files.put_json(os.path.join(self.run_dir, layout.KEEPER_STATE), self.masked(payload))
 
     # -- node 0 ---------------------------------------------------------------
 

@@ -37,14 +37,12 @@ import sys
 import time
 
 from . import netroute
+from .. import layout
 from .spec import Liveness, SpecError, SupervisorSpec
 from ..wire.protocol import encode, exit_event
 
 ADDR_SLOT = "<slurm node 0>"
 PORT_SLOT = "<free port on slurm node 0>"
-RENDEZVOUS_FILE = "rendezvous.json"
-SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank: that node's setup: is done
-STREAM_FILE = "agent.out"
 SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
 POLL_S = 0.05
 
@@ -84,7 +82,7 @@ def publish_rendezvous(job_dir: str, addr: str | None, port: int | None) -> dict
         port = found["port"]
     where = {"addr": addr or socket.gethostname(), "port": int(port),
              "node": os.environ.get("SLURMD_NODENAME", "")}
-    path = os.path.join(job_dir, RENDEZVOUS_FILE)
+    path = os.path.join(job_dir, layout.RENDEZVOUS)
     with open(path + ".tmp", "w", encoding="utf-8") as fh:
         json.dump(where, fh)
     os.replace(path + ".tmp", path)
@@ -93,7 +91,7 @@ def publish_rendezvous(job_dir: str, addr: str | None, port: int | None) -> dict
 
 def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
     """Every other node: node 0's address and port, once it has published them."""
-    path = os.path.join(job_dir, RENDEZVOUS_FILE)
+    path = os.path.join(job_dir, layout.RENDEZVOUS)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -174,7 +172,7 @@ def run(job_path: str) -> int:
         return 1
     spec = job["nodes"][node_rank]["spec"]
     os.makedirs(spec["run_dir"], mode=0o700, exist_ok=True)
-    out = os.open(os.path.join(spec["run_dir"], STREAM_FILE),
+    out = os.open(os.path.join(spec["run_dir"], layout.STREAM),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -203,11 +201,11 @@ def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
     done; torchrun starts once every node's is there. A node whose setup
     fails exits, and ``srun --kill-on-bad-exit`` (SIGTERM: a stop) ends the
     wait of the others."""
-    path = os.path.join(job_dir, f"{SETUP_DONE_PREFIX}{node_rank}")
+    path = os.path.join(job_dir, f"{layout.SETUP_DONE_PREFIX}{node_rank}")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f"{time.time()}\n")
     while not sup.stop_requested:
-        if all(os.path.exists(os.path.join(job_dir, f"{SETUP_DONE_PREFIX}{k}"))
+        if all(os.path.exists(os.path.join(job_dir, f"{layout.SETUP_DONE_PREFIX}{k}"))
                for k in range(nnodes)):
             return
         sup.wakeup.wait(POLL_S * 4)

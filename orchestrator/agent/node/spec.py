@@ -23,6 +23,8 @@ from ..wire.protocol import PEER_TIMEOUT_S
 class Liveness(str, Enum):
     """Who keeps a supervisor's run alive, and so what ends it besides torchrun."""
 
+    __str__ = str.__str__  # the word itself, in JSON and f-strings alike
+
     # The controller, over the channel: it pings on stdin, and stdin's EOF or
     # PEER_TIMEOUT_S of silence tears the run down; SIGTERM/SIGINT/SIGHUP too.
     CONTROLLER = "controller"

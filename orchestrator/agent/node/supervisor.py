@@ -35,6 +35,7 @@ import threading
 import time
 
 from . import failures, guardian, procs
+from .. import layout
 
 from ..wire import files
 from . import nodesetup
@@ -42,8 +43,6 @@ from ..wire.protocol import ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader
 from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
 
-STATE_FILE = "supervisor.json"
-GUARDIAN_FILE = "guardian.json"  # the guardian's teardown, had it to do one (guardian.py)
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
 
@@ -57,7 +56,7 @@ class Supervisor:
         self.stdin = stdin or Reader(0)  # what serve left of stdin, if it read ahead
         self.run_dir = spec.run_dir
         # torchrun's --log-dir: each attempt of a kept run has its own (keeper.py)
-        self.log_dir = spec.log_dir or os.path.join(self.run_dir, "torchrun")
+        self.log_dir = spec.log_dir or os.path.join(self.run_dir, layout.TORCHRUN_LOGS)
         self.last_exit: dict | None = None  # the exit event, once emitted
         # Called with torchrun's exit code as soon as it is reaped (a keeper
         # tells the gang at once; keeper.py).
@@ -101,7 +100,7 @@ class Supervisor:
         procs.become_subreaper()
         self.guardian = guardian.start(self.marker, self.grace_s)
         guardian.arm(self.guardian, self.log_dir, list(self.spec.secrets),
-                     os.path.join(self.run_dir, GUARDIAN_FILE))
+                     os.path.join(self.run_dir, layout.GUARDIAN_RECORD))
         if self.spec.owns_signals:  # a keeper (keeper.py) handles them itself
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, lambda signum, _f: self.request_stop(
@@ -331,7 +330,7 @@ class Supervisor:
     def progress(self) -> dict:
         """{rank: [last step, seconds since]} from the ranks' heartbeat files
         (``workloads.contract.heartbeat``); the age is this node's own clock."""
-        directory = os.path.join(self.run_dir, "progress")
+        directory = os.path.join(self.run_dir, layout.PROGRESS_DIR)
         out = {}
         try:
             names = os.listdir(directory)
@@ -404,7 +403,7 @@ class Supervisor:
         if torn_down_at is not None:
             state.update(stopped_at=self.stopped_at, reason=files.mask_strings(
                 reason, list(self.spec.secrets)), torn_down_at=torn_down_at)
-        files.put_json(os.path.join(self.run_dir, STATE_FILE), state)
+        files.put_json(os.path.join(self.run_dir, layout.SUPERVISOR_STATE), state)
 
 
 def _await_go(sup: "Supervisor") -> None:

@@ -73,7 +73,10 @@ class Control(Enum):
 
 class Event(str, Enum):
     """The ``event`` of each control message (the keys of ``MESSAGES``), by
-    name; a ``str``, so it compares equal to the word a decoded message holds."""
+    name; a ``str``, so it compares equal to the word a decoded message holds
+    (and formats as that word)."""
+
+    __str__ = str.__str__
 
     HELLO = "hello"
     REPLY = "reply"
@@ -92,6 +95,16 @@ class Event(str, Enum):
     GANG_FINISH = "gang-finish"
     GANG_SETUP = "gang-setup"
     GANG_GO = "gang-go"
+
+
+class KeptRule(str, Enum):
+    """Who keeps a kept run (``agent/kept/keeper.py``) alive: its word in the
+    keeper's spec (``rule``), in ``keeper.json`` and in the run's record."""
+
+    __str__ = str.__str__  # the word itself, in JSON and f-strings alike
+
+    ATTACHED = "attached"  # the controller: its keepers stop the run when it goes
+    DETACHED = "detached"  # the keepers alone (``up --detach``): it goes on without one
 
 
 # What each control message must carry: field -> accepted types.

@@ -37,8 +37,9 @@ from ...agent.node import outputs
 from ...agent.kept.daemon import offset_of_last_lines
 from ...agent.node.procs import own_marker
 from ...agent.node.spec import Liveness
-from ...agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE,
-                                  secret_variable)
+from ...agent import layout
+from ...agent.layout import RENDEZVOUS as RENDEZVOUS_FILE, STREAM as STREAM_FILE
+from ...agent.node.jobnode import ADDR_SLOT, PORT_SLOT, secret_variable
 from ...config.spec import AUTO_PORT, SlurmSpec
 from ...console import Console
 from ...errors import LaunchError
@@ -551,7 +552,7 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
     them was written with its exit code."""
     nodes, ends = [], []
     for node in record.nodes:
-        path = posixpath.join(node.run_dir, "supervisor.json")
+        path = posixpath.join(node.run_dir, layout.SUPERVISOR_STATE)
         try:
             with open(path, encoding="utf-8") as fh:
                 code = json.load(fh).get("exit_code")
