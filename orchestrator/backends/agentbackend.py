@@ -418,7 +418,7 @@ class AgentBackend(LaunchBackend):
         for k, exc in on_all(fetch, wanted,
                              timeout_s=120 + (1200 if info.plan.outputs else 0)).failed.items():
             run.note(k, f"fetching results failed: {_message(exc)}")
-        result = run.read_json("result.json")
+        result = run.result()
         return result if isinstance(result, dict) else None
 
 

@@ -59,7 +59,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
 
     def on_running(resolved: DryRun) -> None:
         nonlocal nodes
-        run.write_json("plan.json", dryrun_to_dict(resolved))
+        run.write_plan(dryrun_to_dict(resolved))
         nodes = backend.node_records(resolved.plan)
         record(RunState.RUNNING)
 

@@ -414,7 +414,7 @@ class Backend(LaunchBackend):
                 raise OSError(str(exc)) from None
 
         fetch_outputs(info, run, lambda **request: outputs.collect(**request), get)
-        result = run.read_json("result.json")
+        result = run.result()
         return result if isinstance(result, dict) else None
 
     # -- down, status, check ---------------------------------------------------
