@@ -23,10 +23,16 @@ def main(argv: list[str]) -> int:
 
         code = serve()
     elif len(argv) == 2 and argv[0] == "supervise":
+        from .node.spec import SpecError
         from .node.supervisor import Supervisor
 
         with open(argv[1], encoding="utf-8") as fh:
-            code = Supervisor(json.load(fh)).run()
+            try:
+                supervisor = Supervisor(json.load(fh))
+            except SpecError as exc:
+                print(f"ddp-orch agent: {argv[1]}: {exc}", file=sys.stderr)
+                return 2
+        code = supervisor.run()
     elif len(argv) == 2 and argv[0] == "job":
         from .node.jobnode import run
 

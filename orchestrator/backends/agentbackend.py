@@ -99,8 +99,8 @@ class AgentBackend(LaunchBackend):
                           transports, agents)
         label = _labeller(plan)
         try:
-            build_bundle(run.file("bundle.tar.gz"), plan.code, stand_ins(self.spec))
-            with open(run.file("bundle.tar.gz"), "rb") as fh:
+            build_bundle(run.file(BUNDLE_NAME), plan.code, stand_ins(self.spec))
+            with open(run.file(BUNDLE_NAME), "rb") as fh:
                 bundle = fh.read()
             opened, started = open_agents(
                 transports, {n.node_rank: n.python for n in plan.nodes},
@@ -391,7 +391,7 @@ class AgentBackend(LaunchBackend):
         for k, exc in on_all(fetch, wanted,
                              timeout_s=120 + (1200 if info.plan.outputs else 0)).failed.items():
             run.note(k, f"fetching results failed: {_message(exc)}")
-        result = run.read_json("result.json")
+        result = run.result()
         return result if isinstance(result, dict) else None
 
 

@@ -97,7 +97,7 @@ class RunDescription:
 
 def recorded_dryrun(record: RunRecord) -> DryRun:
     """The resolved dry-run a recorded run was launched with (``plan.json``)."""
-    data = record.run.read_json("plan.json")
+    data = record.run.plan()
     try:
         return dryrun_from_dict(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -255,7 +255,6 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             arg_pairs, program))
         return
     from ..records.outcome import RunState
-    from ..engine.results import OUTPUTS_RECORD
     from ..report.summary import render_summary
 
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
@@ -265,8 +264,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
 
         console.always(render_detached(outcome, run.path))
         sys.exit(0)
-    console.always(render_summary(outcome, run.path, run.read_json("plan.json"),
-                                  run.read_json(OUTPUTS_RECORD)))
+    console.always(render_summary(outcome, run.path, run.plan(), run.outputs()))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 

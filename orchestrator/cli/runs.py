@@ -160,9 +160,9 @@ def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str | None)
 
 def _say_outputs(run: RunDir) -> None:
     """Where a run's ``outputs:`` came home, on stderr (stdout is the log)."""
-    from ..engine.results import OUTPUTS_RECORD, outputs_lines
+    from ..engine.results import outputs_lines
 
-    for line in outputs_lines(run.read_json(OUTPUTS_RECORD), run.path):
+    for line in outputs_lines(run.outputs(), run.path):
         click.echo(f"ddp-orch logs: {visible(line.strip())}", err=True)
 
 
@@ -287,7 +287,6 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     from ..console import Console
     from ..records.outcome import RunState
     from ..report.runs import render_detached
-    from ..engine.results import OUTPUTS_RECORD
     from ..report.summary import render_summary
 
     if from_start and lines is not None:
@@ -311,8 +310,8 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     ended, wall_s = _run_end(read_record(record.run) or record, backend)
     outcome = dataclasses.replace(outcome, wall_s=wall_s)  # the run's, not attach's
     record_end(record, outcome, ended=ended, results_home=True)
-    console.always(render_summary(outcome, record.run.path, record.run.read_json("plan.json"),
-                                  record.run.read_json(OUTPUTS_RECORD)))
+    console.always(render_summary(outcome, record.run.path, record.run.plan(),
+                                  record.run.outputs()))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 

@@ -102,7 +102,7 @@ def run_or_load(label: str, spec: ClusterSpec | None, run_id: str | None, *, run
     """An existing run's result (``run_id``), or a fresh run of ``spec``."""
     if run_id is not None:
         record = find_run(runs_dir, run_id)
-        result = record.run.read_json("result.json")
+        result = record.run.result()
         if record.state is not RunState.SUCCEEDED or not isinstance(result, dict):
             raise LaunchError(f"run {record.run_id} is {record.state} and has "
                               f"{'a' if isinstance(result, dict) else 'no'} result; "

@@ -66,7 +66,7 @@ def ended_at(record: RunRecord) -> float | None:
     if record.started and record.wall_s is not None and not record.live:
         return float(record.started) + float(record.wall_s)
     try:
-        return os.path.getmtime(record.run.file("state.json"))
+        return os.path.getmtime(record.run.state_file())
     except OSError:
         return None
 

@@ -62,7 +62,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
 
     def on_running(handle: RunHandle) -> None:  # the job id, then the resolved run
         nonlocal nodes
-        run.write_json("plan.json", dryrun_to_dict(handle.dryrun))
+        run.write_plan(dryrun_to_dict(handle.dryrun))
         nodes = handle.records
         record(RunState.RUNNING)
 

@@ -7,22 +7,27 @@ sends requests and reads the replies with the framing both sides import
 from ``orchestrator.agent.wire.protocol``. Files move over the same channel,
 checked by size and SHA-256 on both ends, so a node needs no SFTP. After
 ``supervise`` the channel carries the supervisor's output, which
-``NodeHandle`` relays.
+``NodeHandle`` relays: an ``AgentHandle`` is a node channel
+(``channel.NodeChannel``).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..agent.wire import bootstrap
 from ..agent.node.procs import own_marker
-from ..agent.wire.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, digest, request
+from ..agent.wire.protocol import (CONTROL_PREFIX, Control, ProtocolError, Reader, decode, digest,
+                                   request)
 from ..errors import TransportError
 from ..records.hints import PYTHON as _PYTHON_HINT
 from ..records.hints import transport_hint
 from ..transport.base import ProcessHandle, Transport
 from .fanout import GroupResult, on_all
+
+if TYPE_CHECKING:
+    from ..agent.node.spec import SupervisorSpec
 
 NOISE_KEPT = 20  # lines a node printed before its agent spoke, kept for the error
 
@@ -137,9 +142,32 @@ class AgentHandle:
             return None
         raise TransportError(self.host, str(reply.get("error")))
 
-    def supervise(self, spec: dict) -> None:
+    def supervise(self, spec: "SupervisorSpec") -> None:
         """Make the agent the node's supervisor; its output follows (``read_chunk``)."""
-        self.send("supervise", spec=spec)
+        self.send("supervise", spec=spec.to_dict())
+
+    # -- the node channel (``channel.NodeChannel``) while it supervises -----
+
+    def send_control(self, word: Control) -> None:
+        self.process.send(word.encode())
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def hang_up(self) -> None:
+        self.process.close_stdin()
+
+    def abort(self) -> None:
+        self.process.abort()
+
+    def release(self) -> "AgentHandle":
+        """The supervisor's run is over and reported: ``done`` gives the
+        channel back to the agent's ``serve`` loop, for requests."""
+        self.send_control(Control.DONE)
+        return self
 
     def read_chunk(self, size: int) -> bytes:
         """The channel's output, starting with whatever the reader holds."""

@@ -271,7 +271,7 @@ class Gang:
                  for h in self.handles for rank, (step, at) in sorted(dict(h.progress).items())}
         if not ranks:
             return
-        self.run_dir.write_json("progress.json", {"updated": wall, "ranks": ranks})
+        self.run_dir.write_progress({"updated": wall, "ranks": ranks})
         if self.console.view == "quiet" and now - self._progress_shown >= QUIET_PROGRESS_S:
             self._progress_shown = now
             for h in self.handles:

@@ -30,19 +30,21 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..agent.kept.records import clean_attempts
+from ..agent.node.spec import SupervisorSpec
+from ..agent.wire.protocol import KeptRule
 from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
     gang_outcome
 from .fanout import on_all
 from .nodehandle import exit_outcome, supervisor_spec
 
-DETACHED, ATTACHED = "detached", "attached"  # the liveness rules of a kept run
+DETACHED, ATTACHED = KeptRule.DETACHED, KeptRule.ATTACHED  # the liveness rules of a kept run
 
 
-def keeper_spec(sup: dict, *, nnodes: int, token: str, master_addr: str, gang_port: int,
-                max_restarts: int, start_timeout_s: float, rule: str,
+def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,
+                gang_port: int, max_restarts: int, start_timeout_s: float, rule: str,
                 hang_timeout_s: float | None = None) -> dict:
-    return {"supervisor": sup, "nnodes": nnodes, "max_restarts": max_restarts,
+    return {"supervisor": sup.to_dict(), "nnodes": nnodes, "max_restarts": max_restarts,
             "start_timeout_s": start_timeout_s, "rule": rule,
             **({"hang_timeout_s": hang_timeout_s} if hang_timeout_s is not None else {}),
             "gang": {"addr": master_addr, "port": gang_port, "token": token}}

@@ -7,9 +7,11 @@ import threading
 import time
 from typing import Callable
 
+from ..agent import layout
+from ..agent.node.spec import Liveness, SupervisorSpec
 from ..agent.wire.files import mask_strings
 from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
-                              LineBuffer, ProtocolError, decode)
+                              Control, Event, LineBuffer, ProtocolError, decode)
 from ..console import Console
 from ..plan.dryrun import NodeLaunch
 from ..plan.build import setup_path_first
@@ -18,38 +20,47 @@ from ..plan.secrets import scrub, secret_values
 from ..records.outcome import NodeOutcome, NodeState
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
+from .channel import KeeperFollower, NodeChannel
 
-BUNDLE_NAME = "bundle.tar.gz"
+BUNDLE_NAME = layout.BUNDLE  # in each node's run directory
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # torchrun's prefix
 AGENT_SAYS = "ddp-orch: "  # a last line of the agent's own, not torchrun's
 # Exit code ProcessHandle.poll gives when the connection died without a status.
 LOST = 255
 
 
-def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int, grace_s: float) -> dict:
-    """What the node supervisor runs: the dry-run's env and argv, verbatim."""
+def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
+                    grace_s: float) -> SupervisorSpec:
+    """What the node supervisor runs: the dry-run's env and argv, verbatim,
+    kept alive by the controller (``Liveness.CONTROLLER``); a Slurm job and a
+    keeper derive theirs from it."""
     node = launch.node
-    return {"run_id": run_id, "node_rank": node.node_rank, "run_dir": node.run_dir,
-            "cwd": node.code_root,  # torchrun's and so every worker's working directory
-            "first_rank": node.first_rank, "nproc": node.nproc, "master_port": master_port,
-            "argv": list(launch.argv), "env": dict(launch.env),
-            "unset_env": list(launch.unset_env), "bundle": BUNDLE_NAME, "grace_s": grace_s,
-            "heartbeat_s": HEARTBEAT_S, "peer_timeout_s": PEER_TIMEOUT_S,
-            "secrets": [value.decode() for value in secret_values(launch.env)],
-            **({"setup": {"commands": [list(argv) for argv in launch.setup],
-                          "cwd": node.code_root, "timeout_s": launch.setup_timeout_s,
-                          "path_first": setup_path_first(node.python)}}
-               if launch.setup else {})}
+    return SupervisorSpec(
+        run_id=run_id, node_rank=node.node_rank, run_dir=node.run_dir,
+        cwd=node.code_root,  # torchrun's and so every worker's working directory
+        first_rank=node.first_rank, nproc=node.nproc, master_port=master_port,
+        argv=tuple(launch.argv), env=dict(launch.env), unset_env=tuple(launch.unset_env),
+        bundle=BUNDLE_NAME, grace_s=grace_s, heartbeat_s=HEARTBEAT_S,
+        secrets=tuple(value.decode() for value in secret_values(launch.env)),
+        setup={"commands": [list(argv) for argv in launch.setup], "cwd": node.code_root,
+               "timeout_s": launch.setup_timeout_s, "path_first": setup_path_first(node.python)}
+        if launch.setup else None,
+        liveness=Liveness.CONTROLLER)
 
 
 class NodeHandle:
-    """Turns a node's agent into its supervisor and relays what it prints."""
+    """Turns a node's agent into its supervisor and relays what it prints.
 
-    def __init__(self, launch: NodeLaunch, agent: AgentHandle, run: RunDir, console: Console,
+    It talks to the node through its channel (``channel.NodeChannel``) only;
+    ``agent`` is what the gang was given for the node, for the requests
+    around the run (a kept run's ``detach`` and ``down``, ``close``)."""
+
+    def __init__(self, launch: NodeLaunch, agent: NodeChannel, run: RunDir, console: Console,
                  on_change: Callable[[], None] = lambda: None):
         self.launch = launch
         self.node = launch.node
         self.agent = agent
+        self.channel: NodeChannel = agent
         self.on_change = on_change  # called once the node's command has ended
         self.run = run
         self.console = console
@@ -83,14 +94,15 @@ class NodeHandle:
     def follow(self, **request) -> None:
         """Relay a kept run's stream (``agent/daemon.follow``) from this channel."""
         self.kept = True
-        self.agent.send("follow", **request)
+        self.channel = KeeperFollower(self.agent, request)
+        self.channel.supervise()
         self.supervising = True
         self._relay = threading.Thread(target=self._relay_output, daemon=True,
                                        name=f"follow-node{self.node.node_rank}")
         self._relay.start()
 
-    def start(self, spec: dict) -> None:
-        self.agent.supervise(spec)
+    def start(self, spec: SupervisorSpec) -> None:
+        self.channel.supervise(spec)
         self.supervising = True
         self._relay = threading.Thread(target=self._relay_output, daemon=True,
                                        name=f"relay-node{self.node.node_rank}")
@@ -111,7 +123,7 @@ class NodeHandle:
         lines = LineBuffer()
         with open(self.run.node_log(self.node.node_rank), self.log_mode) as log:
             while self.control is None:
-                chunk = self.agent.read_chunk(65536)
+                chunk = self.channel.read_chunk(65536)
                 self.last_heard = time.monotonic()
                 block = lines.feed(chunk) if chunk else lines.flush()
                 kept, rest = self._take_control(block)
@@ -130,10 +142,10 @@ class NodeHandle:
                 if not chunk:
                     break
             if self.control is not None:
-                self.agent.unread(rest + lines.flush())
+                self.channel.unread(rest + lines.flush())
             else:  # the channel closed without an exit event: wait for its status
                 try:
-                    self.agent.process.wait(timeout=10.0)
+                    self.channel.wait(10.0)
                 except TimeoutError:
                     pass
         self.on_change()
@@ -164,23 +176,23 @@ class NodeHandle:
         except ProtocolError as exc:
             note = f"ddp-orch: ignored a malformed control line from the node: {exc}\n"
             return scrub(note.encode(), self.secrets)
-        if event["event"] == "joined":
+        if event["event"] == Event.JOINED:
             self.joined = True
-        elif event["event"] == "started":
+        elif event["event"] == Event.STARTED:
             self.joined = self.started = True
-        elif event["event"] == "setup":
+        elif event["event"] == Event.SETUP:
             self.setup_ok = event["ok"]
-        elif event["event"] == "exit" and self.kept:
+        elif event["event"] == Event.EXIT and self.kept:
             self.exits.append(event)
-        elif event["event"] in ("exit", "finished"):
+        elif event["event"] in (Event.EXIT, Event.FINISHED):
             self.control = event
-        elif event["event"] == "attempt":
+        elif event["event"] == Event.ATTEMPT:
             self.attempt = event["attempt"]
             if event["attempt"]:
                 self.joined = self.started = False
                 return (f"{AGENT_SAYS}attempt {event['attempt']} (master port "
                         f"{event['master_port']})\n").encode()
-        elif event["event"] == "heartbeat":
+        elif event["event"] == Event.HEARTBEAT:
             self._on_progress(event.get("progress"))
         return b""
 
@@ -203,7 +215,7 @@ class NodeHandle:
         or the channel's own status when it ended without one)."""
         if not self.supervising:
             return None
-        code = self.control["code"] if self.control is not None else self.agent.process.poll()
+        code = self.control["code"] if self.control is not None else self.channel.poll()
         if code is not None and self.ended_at is None:
             self.ended_at = time.time()
         return code
@@ -212,27 +224,27 @@ class NodeHandle:
         """Every node's setup is done: this node's torchrun may start."""
         if self.supervising and self.poll() is None and not self.go_sent and not self.killed:
             self.go_sent = True
-            self.agent.process.send(b"go\n")
+            self.channel.send_control(Control.GO)
 
     def stop(self) -> None:
         """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL)."""
         if self.supervising and self.poll() is None and not self.stop_sent:
             self.stop_sent = True
-            self.agent.process.send(b"stop\n")
+            self.channel.send_control(Control.STOP)
 
     def kill(self) -> None:
         """Ask the supervisor to SIGKILL the run now; closing stdin backs it up."""
         if self.supervising and self.poll() is None:
             self.stop_sent = True
-            self.agent.process.send(b"kill\n")
-            self.agent.process.close_stdin()
+            self.channel.send_control(Control.KILL)
+            self.channel.hang_up()
             self.killed = True
 
     @property
     def heard_s(self) -> float | None:
         """Seconds since the node was last heard; None where its liveness is
         not ours to watch (its channel says so: Slurm owns a job's nodes')."""
-        if not getattr(self.agent, "liveness_ours", True):
+        if not self.channel.liveness_ours:
             return None
         return time.monotonic() - self.last_heard
 
@@ -249,22 +261,20 @@ class NodeHandle:
     def ping(self) -> None:
         """Tell the node's supervisor the controller is still there."""
         if self.supervising and self.control is None and not self.killed:
-            self.agent.process.send(b"ping\n")
+            self.channel.send_control(Control.PING)
 
     def release(self) -> AgentHandle | None:
         """After the exit event: give the channel back to the agent, for
         fetching files. None when the channel is gone or was cut (or was
         a kept run's follower, which ends with the stream)."""
-        if self.kept or self.control is None or self.killed \
-                or self.agent.process.poll() is not None:
+        if self.control is None or self.killed or self.channel.poll() is not None:
             return None
-        self.agent.process.send(b"done\n")
-        return self.agent
+        return self.channel.release()
 
     def abort(self) -> None:
         """Cut the supervisor off. Last resort: only it can reach the workers."""
         if self.supervising and self.poll() is None:
-            self.agent.process.abort()
+            self.channel.abort()
 
     def finish(self, timeout: float = 5.0) -> NodeOutcome:
         """Drain the relay and describe how the node ended."""

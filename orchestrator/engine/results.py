@@ -23,7 +23,7 @@ from ..plan.dryrun import DryRun
 from ..plan.model import NodePlan
 from ..plan.secrets import scrub, secret_values
 from ..records.outcome import NodeState, RunOutcome
-from ..records.rundir import RunDir
+from ..records.rundir import OUTPUTS_DIR, OUTPUTS_RECORD, RunDir
 
 MAX_RESULT_BYTES = 16 << 20  # rank 0's result.json
 MAX_ERROR_FILE_BYTES = 1 << 20  # one torchrun error file
@@ -90,8 +90,6 @@ def keep(run: RunDir, info: DryRun, node_rank: int, wanted: WantedFile, data: by
 
 MAX_OUTPUT_FILE_BYTES = 256 << 20  # one file of a run's ``outputs:``
 MAX_OUTPUTS_BYTES = 1 << 30  # all of them together
-OUTPUTS_DIR = "outputs"  # in the local run directory
-OUTPUTS_RECORD = "outputs.json"  # what came home, what was refused, what matched nothing
 
 
 def fetch_outputs(info: DryRun, run: RunDir, listing: Callable[..., dict],
@@ -119,7 +117,7 @@ def fetch_outputs(info: DryRun, run: RunDir, listing: Callable[..., dict],
             raise OSError(str(found.get("error") or "no answer"))
     except (OrchestratorError, OSError) as exc:
         record["error"] = f"cannot list them on node 0: {getattr(exc, 'message', None) or exc}"
-        run.write_json(OUTPUTS_RECORD, record)
+        run.write_outputs(record)
         return record
     record["refused"] = [{"path": str(r.get("path"))[:300], "why": str(r.get("why"))[:300]}
                          for r in _list(found.get("refused")) if isinstance(r, dict)]
@@ -153,7 +151,7 @@ def fetch_outputs(info: DryRun, run: RunDir, listing: Callable[..., dict],
             fh.write(data)
         record["files"].append({"path": rel, "size": len(data)})
     record["total"] = total
-    run.write_json(OUTPUTS_RECORD, record)
+    run.write_outputs(record)
     return record
 
 

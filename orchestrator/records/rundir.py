@@ -6,10 +6,16 @@ runs directory, and marks it)::
     cluster.yaml     the cluster file as given
     plan.json        the resolved plan (secret env values masked)
     state.json       the run's state and each node's outcome (``store.py``)
+    progress.json    each rank's last step, while an attached run goes on
     node-<k>.log     everything node k printed
     result.json      rank 0's result, fetched from node 0
+    outputs.json     what came home (``outputs/``), what was refused
     bundle.tar.gz    the code shipped to every node
     node-<k>/        node k's own run directory, for nodes on this machine
+
+``RunDir`` names each record once and reads it (``plan()``, ``state()``,
+``result()``, ``progress()``, ``outputs()``): whoever reads a run asks it,
+never a path of their own. A record that is missing or unreadable is None.
 """
 
 from __future__ import annotations
@@ -27,6 +33,13 @@ from ..errors import ConfigError
 from .runsdir import mark
 
 DEFAULT_RUNS_DIR = "runs"
+CLUSTER_FILE = "cluster.yaml"
+PLAN_FILE = "plan.json"
+STATE_FILE = "state.json"
+PROGRESS_FILE = "progress.json"
+RESULT_FILE = "result.json"
+OUTPUTS_RECORD = "outputs.json"  # what came home, what was refused, what matched nothing
+OUTPUTS_DIR = "outputs"
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -84,3 +97,43 @@ class RunDir:
                 return json.load(fh)
         except (OSError, ValueError):
             return None
+
+    # -- the run's records, by name ---------------------------------------
+
+    def plan(self) -> Any:
+        """The resolved plan as recorded (``plan.render.dryrun_to_dict``)."""
+        return self.read_json(PLAN_FILE)
+
+    def write_plan(self, payload: Any) -> None:
+        self.write_json(PLAN_FILE, payload)
+
+    def state(self) -> Any:
+        """The run's state and each node's outcome, as ``records.store`` wrote it."""
+        return self.read_json(STATE_FILE)
+
+    def write_state(self, payload: Any) -> None:
+        self.write_json(STATE_FILE, payload)
+
+    def state_file(self) -> str:
+        return self.file(STATE_FILE)
+
+    def progress(self) -> Any:
+        """Each rank's last step, while an attached run goes on."""
+        return self.read_json(PROGRESS_FILE)
+
+    def write_progress(self, payload: Any) -> None:
+        self.write_json(PROGRESS_FILE, payload)
+
+    def result(self) -> Any:
+        """Rank 0's result as brought home."""
+        return self.read_json(RESULT_FILE)
+
+    def result_file(self) -> str:
+        return self.file(RESULT_FILE)
+
+    def outputs(self) -> Any:
+        """What came home and what was refused (``engine.results``)."""
+        return self.read_json(OUTPUTS_RECORD)
+
+    def write_outputs(self, record: Any) -> None:
+        self.write_json(OUTPUTS_RECORD, record)

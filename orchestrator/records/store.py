@@ -31,9 +31,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import ConfigError
 from .outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
-from .rundir import RunDir, valid_run_id
+from .rundir import STATE_FILE, RunDir, valid_run_id  # noqa: F401 (STATE_FILE: its importers')
 
-STATE_FILE = "state.json"
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 # what must match, besides the host, for a live pid to still be the controller
 IDENTITY_KEYS = ("boot_id", "start_time", "cmdline")
@@ -119,7 +118,7 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
         payload["root_cause"] = outcome.root_cause.to_dict() if outcome.root_cause else None
     if error:
         payload["error"] = error
-    run.write_json(STATE_FILE, payload)
+    run.write_state(payload)
 
 
 def record_end(record: RunRecord, outcome: RunOutcome, *, ended: float | None = None,
@@ -219,7 +218,7 @@ def read_record(run: RunDir) -> RunRecord | None:
     reads as ``interrupted``; one whose controller ran on another host keeps
     its recorded state, since from here we cannot tell.
     """
-    data = run.read_json(STATE_FILE)
+    data = run.state()
     if not isinstance(data, dict):
         return None
     try:

@@ -7,7 +7,7 @@ import time
 from ..backends.base import CancelResult, RunDescription
 
 from ..engine.preflight import Preflight
-from ..engine.results import OUTPUTS_RECORD, outputs_lines
+from ..engine.results import outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from ..records.runsdir import RunsDir
@@ -95,13 +95,13 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
         lines.append(f"liveness: detached (the nodes' agents keep the run; {then})"
                      if described.state.live else
                      "liveness: detached (the nodes' agents kept the run to its end)")
-    result = record.run.read_json("result.json")
+    result = record.run.result()
     if isinstance(result, dict):
-        lines.append(f"result: {record.run.file('result.json')}")
+        lines.append(f"result: {record.run.result_file()}")
         lines += [f"  {key} = {value}" for key, value in (result.get("metrics") or {}).items()]
     elif then and not described.state.live:
         lines.append(f"result: not brought home yet: {then}")
-    lines += outputs_lines(record.run.read_json(OUTPUTS_RECORD), record.run.path)
+    lines += outputs_lines(record.run.outputs(), record.run.path)
     lines.append(f"run directory: {record.run.path}")
     return "\n".join(lines) + "\n"
 
@@ -117,7 +117,7 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     if described is not None and described.progress:
         progress = {"ranks": {str(r["rank"]): r for r in described.progress}}
     else:
-        progress = record.run.read_json("progress.json")
+        progress = record.run.progress()
     if not (isinstance(progress, dict) and isinstance(progress.get("ranks"), dict)):
         return []
     now = time.time()

@@ -47,7 +47,7 @@ def status_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
 
 def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
     """One run: its record, with each node's outcome as ``described``."""
-    plan = record.run.read_json("plan.json")
+    plan = record.run.plan()
     plan = plan if isinstance(plan, dict) else {}
     outcomes = {o.node_rank: o for o in described.nodes}
     nodes = [_node(n.node_rank, n.host, outcomes.pop(n.node_rank, None)) for n in record.nodes]
@@ -95,11 +95,11 @@ def _attempt(attempt: AttemptOutcome) -> dict[str, Any]:
 def _result(record: RunRecord) -> dict[str, Any] | None:
     """Rank 0's result as brought home (``result.json``): where it is, its
     world size, metrics and timing; null until it is home."""
-    result = record.run.read_json("result.json")
+    result = record.run.result()
     if not isinstance(result, dict):
         return None
     world = result.get("world_size")
-    return {"file": record.run.file("result.json"),
+    return {"file": record.run.result_file(),
             "world_size": world if isinstance(world, int) and not isinstance(world, bool)
             else None,
             "metrics": result["metrics"] if isinstance(result.get("metrics"), dict) else {},

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.agent.kept import daemon, peers
 from orchestrator.agent.kept.keeper import attempt_spec
+from orchestrator.agent.node.spec import SupervisorSpec
 from orchestrator.agent.wire.protocol import ProtocolError, decode, encode
 from orchestrator.agent.kept.restarts import will_recur
 from orchestrator.engine.keptgang import attempt_outcomes
@@ -71,7 +72,7 @@ def keeper_specs(tmp_path, nnodes: int, *, restarts: int = 0, env: dict | None =
                 "argv": [sys.executable, "-c", PROGRAM, str(k), "--master-port", "29500",
                          "--log-dir", f"{run_dir}/torchrun"],
                 "env": node_env, "unset_env": [], "grace_s": 2, "heartbeat_s": 1,
-                "peer_timeout_s": None,
+                "liveness": "keeper",
                 "secrets": [node_env["TOKEN"]] if "TOKEN" in node_env else []}})
     return out
 
@@ -278,14 +279,14 @@ def test_accept_hello_checks_the_token_and_the_rank():
 
 
 def test_attempt_spec_swaps_the_port_and_log_dir_and_counts_the_attempt():
-    spec = keeper_specs(__import__("pathlib").Path("/r"), 1)[0]["supervisor"]
+    spec = SupervisorSpec.from_dict(keeper_specs(__import__("pathlib").Path("/r"), 1)[0]["supervisor"])
     first = attempt_spec(spec, 0, 29500)
-    assert first["argv"] == spec["argv"] and first["env"]["DDP_ORCH_RESTART_COUNT"] == "0"
+    assert first.argv == spec.argv and first.env["DDP_ORCH_RESTART_COUNT"] == "0"
     later = attempt_spec(spec, 2, 41000)
-    assert later["argv"][-3:] == ["41000", "--log-dir", "/r/node-0/torchrun.attempt-2"]
-    assert later["log_dir"] == "/r/node-0/torchrun.attempt-2"
-    assert later["env"]["DDP_ORCH_RESTART_COUNT"] == "2" and later["master_port"] == 41000
-    assert spec["env"]["DDP_ORCH_RESTART_COUNT"] == "0"  # the dry-run's spec is untouched
+    assert later.argv[-3:] == ("41000", "--log-dir", "/r/node-0/torchrun.attempt-2")
+    assert later.log_dir == "/r/node-0/torchrun.attempt-2"
+    assert later.env["DDP_ORCH_RESTART_COUNT"] == "2" and later.master_port == 41000
+    assert spec.env["DDP_ORCH_RESTART_COUNT"] == "0"  # the dry-run's spec is untouched
 
 
 @pytest.mark.parametrize("message, stepped, recurs", [
@@ -784,7 +785,7 @@ def test_a_supervisor_leaves_no_file_descriptor_behind(tmp_path):
     import subprocess
 
     spec = keeper_specs(tmp_path, 1)[0]["supervisor"]
-    spec.update(argv=[sys.executable, "-c", "pass"], watch_stdin=False, own_signals=False)
+    spec.update(argv=[sys.executable, "-c", "pass"], liveness="keeper")
     ran = subprocess.run([sys.executable, "-c", SUPERVISE_THRICE, json.dumps(spec)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     counts = json.loads(ran.stdout.rsplit("FDS ", 1)[1])

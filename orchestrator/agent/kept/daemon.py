@@ -40,12 +40,11 @@ import threading
 import time
 
 from . import peers
-from ..node.jobnode import STREAM_FILE  # a node's stream, under Slurm and kept alike
+from .. import layout
 from ..node.procs import running, start_time
-from ..wire.protocol import CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Reader, encode
+from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Event, Reader,
+                             encode)
 
-STATE_FILE = "keeper.json"
-FOLLOWER_LOCK = "follower.lock"  # held (shared) by every attached follower
 FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
 
@@ -99,7 +98,7 @@ def start(spec: dict, listen: bool) -> dict:
 def _become_daemon(run_dir: str, keep: set[int]) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    out = os.open(os.path.join(run_dir, STREAM_FILE),
+    out = os.open(os.path.join(run_dir, layout.STREAM),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -120,7 +119,7 @@ def _recorded(run_dir: str) -> dict | None:
     """The keeper's ``keeper.json`` here (None: there is none); OSError or
     ValueError when it cannot be read."""
     try:
-        fd = os.open(os.path.join(run_dir, STATE_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(run_dir, layout.KEEPER_STATE), os.O_RDONLY | os.O_NOFOLLOW)
         with open(fd, encoding="utf-8") as fh:
             recorded = json.load(fh)
     except FileNotFoundError:
@@ -157,13 +156,13 @@ def state(run_dir: str) -> dict:
     try:
         recorded = _recorded(run_dir)
     except (OSError, ValueError) as exc:
-        return {"ok": False, "error": f"{STATE_FILE}: {exc}"}
+        return {"ok": False, "error": f"{layout.KEEPER_STATE}: {exc}"}
     return {"ok": True, "keeper": recorded, "alive": _live_pid(recorded) is not None,
             "now": time.time()}
 
 
 def _open_lock(run_dir: str) -> int:
-    return os.open(os.path.join(run_dir, FOLLOWER_LOCK),
+    return os.open(os.path.join(run_dir, layout.FOLLOWER_LOCK),
                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
@@ -207,7 +206,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
            attached: bool = False) -> None:
     """Stream ``agent.out`` from ``offset`` (or its last ``lines`` lines)
     until the keeper is gone and the file is drained, or the controller goes."""
-    path = os.path.join(run_dir, STREAM_FILE)
+    path = os.path.join(run_dir, layout.STREAM)
     held = None
     if attached:  # the keeper watches this lock: it goes with us, however we go
         try:
@@ -235,9 +234,10 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
                     signal_keeper(run_dir)
                 gone.set()
                 return
-            if line == b"stop":
+            word = Control.parse(line)
+            if word is Control.STOP:
                 signal_keeper(run_dir)
-            elif line == b"kill":  # a second signal: the keeper skips the grace period
+            elif word is Control.KILL:  # a second signal: the keeper skips the grace period
                 signal_keeper(run_dir)
                 time.sleep(0.1)
                 signal_keeper(run_dir)
@@ -268,7 +268,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
             alive = keeper_pid(run_dir) is not None
             data = fh.read(1 << 20)
             if not data and whole and time.monotonic() - sent_at > HEARTBEAT_S:
-                data = encode({"event": "heartbeat"})  # the controller hears us between attempts
+                data = encode({"event": Event.HEARTBEAT.value})  # the controller hears us between attempts
             if data:
                 try:
                     out.write(data)

@@ -50,6 +50,7 @@ the start timeout, stops the gang too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -66,11 +67,12 @@ from ..stackgroups import place
 from ..wire import files
 
 from ..node import probes, procs, stacks
-from .daemon import STATE_FILE
+from .. import layout
 from ..node.procs import start_time
-from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, encode
+from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, KeptRule, encode
 from .restarts import setup_failed, survivors_left, will_recur
 from ..worker.shim import SHIM_MODULE
+from ..node.spec import Liveness, SupervisorSpec
 from ..node.supervisor import Supervisor
 
 ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
@@ -98,27 +100,27 @@ def restart_backoff(restart: int) -> float:
     return min(MAX_BACKOFF_S, 2.0 ** (restart - 1))
 
 
-def attempt_spec(spec: dict, attempt: int, master_port: int) -> dict:
+def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> SupervisorSpec:
     """The supervisor spec of one attempt: the dry-run's for attempt 0; later,
     the fresh master port, a torchrun log directory of the attempt's own (the
     run directory keeps every attempt's) and ``DDP_ORCH_RESTART_COUNT``.
     The argv is the dry-run's with exactly two values of torchrun's own
     options swapped, by flag; nothing after ``-m ddp_orch_shim`` (the user's
-    program and its arguments) is touched."""
-    out = dict(spec)
-    log_dir = os.path.join(spec["run_dir"], "torchrun" if attempt == 0 else
-                           f"torchrun.attempt-{attempt}")
+    program and its arguments) is touched. The keeper holds it
+    (``Liveness.KEEPER``)."""
+    log_dir = os.path.join(spec.run_dir, layout.attempt_logs(attempt))
     swap = {"--master-port": str(master_port), "--log-dir": log_dir}
-    argv = list(spec["argv"])
+    argv = list(spec.argv)
     own = argv.index(SHIM_MODULE) - 1 if SHIM_MODULE in argv else len(argv)
     for i, word in enumerate(argv[:own - 1]):
         if word in swap:
             argv[i + 1] = swap[word]
-    out.update(argv=argv, master_port=master_port, log_dir=log_dir, own_signals=False,
-               watch_stdin=False, peer_timeout_s=None,
-               env={**spec["env"], "DDP_ORCH_RESTART_COUNT": str(attempt)})
-    if attempt and out.pop("setup", None):  # ``setup:`` runs once, before the first attempt
-        out.pop("bundle", None)  # unpacked once too: a restart runs on what setup made of it
+    out = dataclasses.replace(spec, argv=tuple(argv), master_port=master_port, log_dir=log_dir,
+                              liveness=Liveness.KEEPER,
+                              env={**spec.env, "DDP_ORCH_RESTART_COUNT": str(attempt)})
+    if attempt and out.setup:  # ``setup:`` runs once, before the first attempt
+        # the bundle is unpacked once too: a restart runs on what setup made of it
+        out = dataclasses.replace(out, setup=None, bundle=None)
     return out
 
 
@@ -127,10 +129,10 @@ class Keeper:
 
     def __init__(self, spec: dict, listener: socket.socket | None = None):
         self.spec = spec
-        self.sup_spec = spec["supervisor"]
-        self.node_rank = int(self.sup_spec["node_rank"])
+        self.sup_spec = SupervisorSpec.from_dict(spec["supervisor"])
+        self.node_rank = self.sup_spec.node_rank
         self.nnodes = int(spec["nnodes"])
-        self.run_dir = self.sup_spec["run_dir"]
+        self.run_dir = self.sup_spec.run_dir
         self.listener = listener
         self.lock = threading.Condition()
         self.supervisor: Supervisor | None = None
@@ -146,7 +148,7 @@ class Keeper:
         # (its agent.out, keeper.json, the gang link), at the source, value by
         # value, before anything is serialized (masking serialized JSON could
         # break it: a "secret" may read "false").
-        self.secrets = [v for v in self.sup_spec.get("secrets", ()) if v]
+        self.secrets = [v for v in self.sup_spec.secrets if v]
         self.head: peers.Link | None = None  # a node's link to node 0
         # node 0's view of the gang: the links, and per attempt who ended how
         self.links: dict[int, peers.Link] = {}
@@ -179,7 +181,7 @@ class Keeper:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         self.write_state("running")
-        if self.spec.get("rule") == "attached":
+        if self.spec.get("rule") == KeptRule.ATTACHED:
             threading.Thread(target=self._watch_follower, daemon=True,
                              name="keeper-follower").start()
         try:
@@ -194,7 +196,7 @@ class Keeper:
         try:  # the record first: whoever reads the finished line finds the end recorded
             self.write_state(state, code)
         except OSError as exc:  # a full disk: the stream below still says how it ended
-            self.say(f"ddp-orch: cannot record the end in {STATE_FILE}: {exc}")
+            self.say(f"ddp-orch: cannot record the end in {layout.KEEPER_STATE}: {exc}")
         self.emit(self.finished_message(code, state))
         return code
 
@@ -258,7 +260,7 @@ class Keeper:
         """This node's torchrun for one attempt; its exit event."""
         spec = attempt_spec(self.sup_spec, attempt, port)
         if attempt:
-            shutil.rmtree(os.path.join(self.run_dir, "progress"), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.run_dir, layout.PROGRESS_DIR), ignore_errors=True)
         self.emit({"event": "attempt", "attempt": attempt, "master_port": port})
         with self.lock:
             self.current = attempt
@@ -521,13 +523,13 @@ class Keeper:
             if unless_over and self.over.is_set():
                 return
             payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
-                       "node_rank": self.node_rank, "run_id": self.sup_spec["run_id"],
+                       "node_rank": self.node_rank, "run_id": self.sup_spec.run_id,
                        "rule": self.spec.get("rule"), "state": state, "code": code,
                        "attempt": len(self.attempts), "updated": time.time(),
                        **({"followed": True} if self.followed else {}),
                        **({"progress": self.progress} if self.progress else {}),
                        **self.fitted_attempts()}
-            files.put_json(os.path.join(self.run_dir, STATE_FILE), self.masked(payload))
+            files.put_json(os.path.join(self.run_dir, layout.KEEPER_STATE), self.masked(payload))
 
     # -- node 0 ---------------------------------------------------------------
 
@@ -556,7 +558,7 @@ class Keeper:
             self._broadcast({"event": "gang-finish", "state": "failed"})
             return 1, "interrupted" if self.final else "failed"
         restarts = int(self.spec.get("max_restarts", 0))
-        port = int(self.sup_spec["master_port"])
+        port = self.sup_spec.master_port
         for attempt in range(restarts + 1):
             if attempt:
                 why_not = self._back_off(attempt)
@@ -642,7 +644,7 @@ class Keeper:
                 if len(self.ended) >= self.nnodes:
                     return dict(self.ended)
                 if attempt in self.stop_for and deadline is None:
-                    deadline = time.monotonic() + float(self.sup_spec.get("grace_s", 10)) \
+                    deadline = time.monotonic() + float(self.sup_spec.grace_s) \
                         + ENDED_WAIT_S
                 if deadline is not None and time.monotonic() >= deadline:
                     for k in range(self.nnodes):

@@ -20,6 +20,8 @@ import re
 import time
 from typing import Callable
 
+from .. import layout
+
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)"
                              r"(?::.*)?)$")
 _FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+)')
@@ -42,7 +44,7 @@ def collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None = None,
 
 def _collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None) -> list[dict]:
     out = []
-    log_dir = log_dir or os.path.join(run_dir, "torchrun")
+    log_dir = log_dir or os.path.join(run_dir, layout.TORCHRUN_LOGS)
     pattern = os.path.join(log_dir, "*", "attempt_*", "*", "error.json")
     for path in glob.glob(pattern):
         try:

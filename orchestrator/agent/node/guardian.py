@@ -29,6 +29,7 @@ import subprocess
 import sys
 
 from . import procs, scrub
+from ..wire.protocol import Control
 
 _MAIN = """
 
@@ -44,7 +45,7 @@ def _guard():
         pending += chunk
         while b"\\n" in pending:
             line, pending = pending.split(b"\\n", 1)
-            if line == b"done":
+            if line == _DONE:
                 return
             try:
                 orders = json.loads(line)
@@ -80,7 +81,8 @@ def start(marker: tuple[str, str], grace_s: float) -> subprocess.Popen:
     itself."""
     future = "from __future__ import annotations\n"
     source = future + "\n".join(module.__loader__.get_source(module.__name__).replace(future, "")
-                                for module in (procs, scrub)) + _MAIN
+                                for module in (procs, scrub)) \
+        + f"\n_DONE = {Control.DONE.encode().strip()!r}\n" + _MAIN
     return subprocess.Popen([sys.executable, "-I", "-S", "-c", source, *marker, str(grace_s)],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -100,7 +102,7 @@ def arm(guardian: subprocess.Popen, log_dir: str, secrets: list[str],
 
 def release(guardian: subprocess.Popen) -> None:
     try:
-        guardian.stdin.write(b"done\n")
+        guardian.stdin.write(Control.DONE.encode())
         guardian.stdin.close()
     except OSError:
         pass

@@ -33,6 +33,7 @@ into the node's spec here, out of the workers' environment.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -40,13 +41,12 @@ import sys
 import time
 
 from . import netroute
-from ..wire.protocol import encode
+from .. import layout
+from .spec import Liveness, SpecError, SupervisorSpec
+from ..wire.protocol import encode, exit_event
 
 ADDR_SLOT = "<slurm node 0>"
 PORT_SLOT = "<free port on slurm node 0>"
-RENDEZVOUS_FILE = "rendezvous.json"
-SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank: that node's setup: is done
-STREAM_FILE = "agent.out"
 SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
 POLL_S = 0.05
 
@@ -88,7 +88,7 @@ def publish_rendezvous(job_dir: str, addr: str | None, port: int | None,
             raise JobNodeError(f"no free port for the rendezvous: {found['error']}")
         port = found["port"]
     where = {"addr": addr or socket.gethostname(), "port": int(port), "node": node_name}
-    path = os.path.join(job_dir, RENDEZVOUS_FILE)
+    path = os.path.join(job_dir, layout.RENDEZVOUS)
     with open(path + ".tmp", "w", encoding="utf-8") as fh:
         json.dump(where, fh)
     os.replace(path + ".tmp", path)
@@ -97,7 +97,7 @@ def publish_rendezvous(job_dir: str, addr: str | None, port: int | None,
 
 def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
     """Every other node: node 0's address and port, once it has published them."""
-    path = os.path.join(job_dir, RENDEZVOUS_FILE)
+    path = os.path.join(job_dir, layout.RENDEZVOUS)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -113,32 +113,31 @@ def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
         time.sleep(POLL_S)
 
 
-def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> dict:
+def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
     """The supervisor spec of this node, with the master filled in and the
-    secrets taken from the environment sbatch passed on."""
-    spec = dict(job["nodes"][node_rank]["spec"])
+    secrets taken from the environment sbatch passed on; Slurm keeps it
+    alive (``Liveness.SCHEDULER``: stdin is /dev/null)."""
+    spec = SupervisorSpec.from_dict(job["nodes"][node_rank]["spec"])
     slots = {ADDR_SLOT: where["addr"], PORT_SLOT: str(where["port"])}
-    spec["argv"] = [slots.get(word, word) for word in spec["argv"]]
-    spec["master_port"] = where["port"]
-    env = dict(spec["env"])
+    env = dict(spec.env)
     for name in job["nodes"][node_rank].get("secret_env", ()):
         if secret_variable(node_rank, name) not in environ:
             raise JobNodeError(f"{name} did not reach the job (sbatch passes it in the "
                                f"environment); is SBATCH_EXPORT or a site policy limiting "
                                f"--export=ALL?")
         env[name] = environ[secret_variable(node_rank, name)]
-    spec["env"] = env
-    spec["secrets"] = sorted({v for n, v in env.items()
-                              if n in job["nodes"][node_rank].get("secret_env", ()) and v})
-    spec["unset_env"] = list(spec["unset_env"]) + sorted(
-        name for name in environ if name.startswith(SECRET_PREFIX))
+    secrets = tuple(sorted({v for n, v in env.items()
+                            if n in job["nodes"][node_rank].get("secret_env", ()) and v}))
+    unset_env = tuple(spec.unset_env) + tuple(sorted(
+        name for name in environ if name.startswith(SECRET_PREFIX)))
     place = job["placement"]
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place["gpus"]), place)
     if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
-        spec["env"] = with_interface(env, where, len(job["nodes"]) > 1)
-    spec["watch_stdin"] = False  # liveness is Slurm's; stdin is /dev/null
-    spec["peer_timeout_s"] = None
-    return spec
+        env = with_interface(env, where, len(job["nodes"]) > 1)
+    return dataclasses.replace(
+        spec, argv=tuple(slots.get(word, word) for word in spec.argv),
+        master_port=where["port"], env=env, secrets=secrets, unset_env=unset_env,
+        liveness=Liveness.SCHEDULER)  # liveness is Slurm's; stdin is /dev/null
 
 
 def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
@@ -181,7 +180,7 @@ def run(job_path: str) -> int:
         return 1
     spec = job["nodes"][node_rank]["spec"]
     os.makedirs(spec["run_dir"], mode=0o700, exist_ok=True)
-    out = os.open(os.path.join(spec["run_dir"], STREAM_FILE),
+    out = os.open(os.path.join(spec["run_dir"], layout.STREAM),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -194,9 +193,9 @@ def run(job_path: str) -> int:
         else:
             where = await_rendezvous(job["job_dir"], float(job["start_timeout_s"]))
         spec = node_spec(job, node_rank, where, environ)
-    except JobNodeError as exc:
-        os.write(1, encode({"event": "exit", "code": 1, "reason": str(exc), "failures": [],
-                            "last_lines": [f"ddp-orch: {exc}"], "duration_s": 0}))
+    except (JobNodeError, SpecError) as exc:
+        os.write(1, encode(exit_event(1, str(exc), last_lines=[f"ddp-orch: {exc}"],
+                                      duration_s=0)))
         return 1
     from .supervisor import Supervisor
 
@@ -211,11 +210,11 @@ def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
     done; torchrun starts once every node's is there. A node whose setup
     fails exits, and ``srun --kill-on-bad-exit`` (SIGTERM: a stop) ends the
     wait of the others."""
-    path = os.path.join(job_dir, f"{SETUP_DONE_PREFIX}{node_rank}")
+    path = os.path.join(job_dir, f"{layout.SETUP_DONE_PREFIX}{node_rank}")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f"{time.time()}\n")
     while not sup.stop_requested:
-        if all(os.path.exists(os.path.join(job_dir, f"{SETUP_DONE_PREFIX}{k}"))
+        if all(os.path.exists(os.path.join(job_dir, f"{layout.SETUP_DONE_PREFIX}{k}"))
                for k in range(nnodes)):
             return
         sup.wakeup.wait(POLL_S * 4)

@@ -24,6 +24,7 @@ import stat
 import time
 
 from . import procs
+from .. import layout
 
 KEEPER_EXIT_S = 10.0  # how long a keeper whose run is over may take to exit
 
@@ -69,7 +70,7 @@ def _running_keeper(path: str) -> int | None:
     """The run's keeper here if it still runs: not a zombie (a daemon whose
     reaper is a container's pid 1 may stay one), and given a few seconds to
     exit when its record says the run is over."""
-    from ..kept.daemon import STATE_FILE, keeper_pid
+    from ..kept.daemon import keeper_pid
 
     deadline = time.monotonic() + KEEPER_EXIT_S
     while True:
@@ -77,7 +78,7 @@ def _running_keeper(path: str) -> int | None:
         if pid is None or not procs.running(pid):
             return None
         try:
-            with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
+            with open(os.path.join(path, layout.KEEPER_STATE), encoding="utf-8") as fh:
                 over = json.load(fh).get("state") not in (None, "running")
         except (OSError, ValueError, AttributeError):
             over = False

@@ -36,32 +36,35 @@ import threading
 import time
 
 from . import failures, guardian, procs
+from .. import layout
 
 from ..wire import files
 from . import nodesetup
-from ..wire.protocol import ENDED_ON_ITS_OWN, LineBuffer, Reader, encode
+from ..wire.protocol import ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader, encode, exit_event
+from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
 
-STATE_FILE = "supervisor.json"
-GUARDIAN_FILE = "guardian.json"  # the guardian's teardown, had it to do one (guardian.py)
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (WorkerLogs)
 
 
 class Supervisor:
-    def __init__(self, spec: dict, stdin: Reader | None = None):
-        self.spec = spec
+    def __init__(self, spec: SupervisorSpec | dict, stdin: Reader | None = None):
+        """``spec`` as built (a ``SupervisorSpec``) or as it arrived (its
+        JSON form: checked here, SpecError if it is not one)."""
+        self.spec = spec = spec if isinstance(spec, SupervisorSpec) \
+            else SupervisorSpec.from_dict(spec)
         self.stdin = stdin or Reader(0)  # what serve left of stdin, if it read ahead
-        self.run_dir = spec["run_dir"]
+        self.run_dir = spec.run_dir
         # torchrun's --log-dir: each attempt of a kept run has its own (keeper.py)
-        self.log_dir = spec.get("log_dir") or os.path.join(self.run_dir, "torchrun")
+        self.log_dir = spec.log_dir or os.path.join(self.run_dir, layout.TORCHRUN_LOGS)
         self.last_exit: dict | None = None  # the exit event, once emitted
         # Called with torchrun's exit code as soon as it is reaped (a keeper
         # tells the gang at once; keeper.py).
         self.on_torchrun_exit = lambda code: None
-        self.marker = procs.run_marker(spec["run_id"], spec["node_rank"])
-        self.grace_s = float(spec.get("grace_s", 10.0))
+        self.marker = procs.run_marker(spec.run_id, spec.node_rank)
+        self.grace_s = float(spec.grace_s)
         self.stop_reason = ""
         self.stop_requested = False
         self.stopped_at: float | None = None  # when a stop was asked for, if ever
@@ -82,8 +85,7 @@ class Supervisor:
         # or a keeper's agent.out); over a channel the controller masks what
         # it receives. Output is masked as bytes; control lines string by
         # string before they are encoded, so they stay valid JSON.
-        self.secrets = [v for v in spec.get("secrets", ()) if v] \
-            if not spec.get("watch_stdin", True) else []
+        self.secrets = [v for v in spec.secrets if v] if not spec.watches_stdin else []
         self.masks = [v.encode() for v in self.secrets]
         # ``setup:`` (nodesetup.py): once it has succeeded here, torchrun waits for
         # every node's (``setup_barrier``: the controller's ``go`` on stdin by
@@ -99,31 +101,31 @@ class Supervisor:
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
         os.chdir(self.run_dir)
-        if self.spec.get("bundle"):
-            _extract(self.spec["bundle"], self.run_dir)
+        if self.spec.bundle:
+            _extract(self.spec.bundle, self.run_dir)
         procs.become_subreaper()
         self.guardian = guardian.start(self.marker, self.grace_s)
-        guardian.arm(self.guardian, self.log_dir, self.spec.get("secrets", []),
-                     os.path.join(self.run_dir, GUARDIAN_FILE))
-        if self.spec.get("own_signals", True):  # a keeper (keeper.py) handles them itself
+        guardian.arm(self.guardian, self.log_dir, list(self.spec.secrets),
+                     os.path.join(self.run_dir, layout.GUARDIAN_RECORD))
+        if self.spec.owns_signals:  # a keeper (keeper.py) handles them itself
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, lambda signum, _f: self.request_stop(
                     f"got {signal.Signals(signum).name}"))
         self.watcher = threading.Thread(target=self.watch_stdin, daemon=True)
-        if self.spec.get("watch_stdin", True):  # not under Slurm: no controller there
+        if self.spec.watches_stdin:  # not under Slurm or a keeper: no controller there
             self.watcher.start()
-        env = {k: v for k, v in os.environ.items() if k not in self.spec["unset_env"]}
-        env.update(self.spec["env"])
+        env = {k: v for k, v in os.environ.items() if k not in self.spec.unset_env}
+        env.update(self.spec.env)
         started = time.time()
         # Heartbeats from the start: a quiet setup is not a silent partition.
         threading.Thread(target=self.send_heartbeats, daemon=True).start()
-        if self.spec.get("setup") and not self.prepare(env, started):
+        if self.spec.setup and not self.prepare(env, started):
             return self.last_exit["code"]
         self.setup_over.set()
         # torchrun, and so every worker, starts in the node's code root
         # (``NodePlan.code_root``: the uploaded project, or the built-ins' code/)
-        child = subprocess.Popen(self.spec["argv"], env=env,
-                                 cwd=self.spec.get("cwd") or self.run_dir,
+        child = subprocess.Popen(list(self.spec.argv), env=env,
+                                 cwd=self.spec.cwd or self.run_dir,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         self.torchrun_pid = child.pid
@@ -145,17 +147,17 @@ class Supervisor:
         self.workers_done.set()  # every worker is gone: what is in the files is all
         follower.join(timeout=10.0)
         relay.join(timeout=2.0)
-        if self.spec.get("secrets"):  # the logs are complete: mask what they hold
-            files.scrub_tree(self.log_dir, self.spec["secrets"])
+        if self.spec.secrets:  # the logs are complete: mask what they hold
+            files.scrub_tree(self.log_dir, list(self.spec.secrets))
         self.write_state(child.pid, started, code, reason, torn_down_at)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
-        self.last_exit = {"event": "exit", "code": code, "reason": reason,
-                   "failures": failures.collect(
-                       self.run_dir, self.tail_lines(), self.log_dir,
-                       mask=lambda text: files.mask_strings(text, self.spec.get("secrets", []))),
-                   "stopped_at": self.stopped_at, "last_lines": last,
-                   "survivors": [{"pid": p, "cmd": c} for p, c in self.survivors.items()],
-                   "duration_s": round(time.time() - started, 3)}
+        self.last_exit = exit_event(
+            code, reason, failures=failures.collect(
+                self.run_dir, self.tail_lines(), self.log_dir,
+                mask=lambda text: files.mask_strings(text, list(self.spec.secrets))),
+            stopped_at=self.stopped_at, last_lines=last,
+            survivors=[{"pid": p, "cmd": c} for p, c in self.survivors.items()],
+            duration_s=round(time.time() - started, 3))
         self.emit(self.last_exit)
         self.wakeup.close()  # a keeper runs one Supervisor per attempt: no fds left behind
         return code
@@ -164,13 +166,13 @@ class Supervisor:
         """The run's ``setup:`` here, then the wait for every node's; False
         when torchrun must not start (a failure, a stop), after the exit event
         that says why (``setup_failed`` in it: no restart runs it again)."""
-        setup = self.spec["setup"]
+        setup = self.spec.setup
         if setup.get("path_first"):  # the run's python first: its pip, as if activated
             env = {**env, "PATH": f"{setup['path_first']}:{env.get('PATH', os.defpath)}"}
         done = nodesetup.run_setup(
             [list(argv) for argv in setup["commands"]], setup["cwd"], env,
             float(setup["timeout_s"]), self.write_out, lambda: self.stop_requested)
-        self.emit({"event": "setup", "ok": done["ok"]})
+        self.emit({"event": Event.SETUP.value, "ok": done["ok"]})
         if done["ok"]:
             (self.setup_barrier or _await_go)(self)
             if not self.stop_requested:
@@ -178,12 +180,11 @@ class Supervisor:
         code = 128 + signal.SIGTERM if self.stop_requested else int(done.get("code") or 1)
         failed = not done["ok"] and not done.get("stopped")
         last = [str(line) for line in done.get("last_lines", ())][-3:]
-        self.last_exit = {
-            "event": "exit", "code": code,
-            "reason": "setup failed" if failed else self.stop_reason or "stopped during setup",
-            "failures": [], "stopped_at": self.stopped_at, "survivors": [],
-            "last_lines": last + [f"ddp-orch: {done['message']}"] if failed else [],
-            "duration_s": round(time.time() - started, 3), "setup_failed": failed}
+        self.last_exit = exit_event(
+            code, "setup failed" if failed else self.stop_reason or "stopped during setup",
+            stopped_at=self.stopped_at,
+            last_lines=last + [f"ddp-orch: {done['message']}"] if failed else [],
+            duration_s=round(time.time() - started, 3), setup_failed=failed)
         self.exit_code = code  # no torchrun ran: nothing for the teardown to wait for
         self.exited.set()
         self.teardown(-1, grace_s=min(self.grace_s, 3.0))  # whatever setup left behind
@@ -218,14 +219,15 @@ class Supervisor:
             if not line and self.stdin.eof:
                 self.request_stop("lost the controller (stdin closed)")
                 return
-            if line == b"done":
+            word = Control.parse(line)
+            if word is Control.DONE:
                 return
-            if line == b"go":  # every node's setup is done (``_await_go``)
+            if word is Control.GO:  # every node's setup is done (``_await_go``)
                 self.go.set()
                 self.wakeup.set()
-            elif line == b"stop":
+            elif word is Control.STOP:
                 self.request_stop("stopped by the controller")
-            elif line == b"kill":
+            elif word is Control.KILL:
                 self.request_stop("killed by the controller")
                 self.hurry.set()
                 return
@@ -245,8 +247,7 @@ class Supervisor:
 
     def follow_workers(self) -> None:
         """Relay the workers' log files until every worker is gone."""
-        logs = WorkerLogs(self.log_dir, self.spec["run_id"], int(self.spec.get("first_rank", 0)),
-                          int(self.spec.get("nproc", 0)))
+        logs = WorkerLogs(self.log_dir, self.spec.run_id, self.spec.first_rank, self.spec.nproc)
         while not self.workers_done.is_set():
             data = logs.read()
             if data:
@@ -322,7 +323,7 @@ class Supervisor:
                 return None
             if milestones:
                 self.check_milestones(pid, milestones)
-            timeout = self.spec.get("peer_timeout_s")
+            timeout = self.spec.peer_timeout_s
             if timeout and time.monotonic() - self.last_heard > timeout:
                 self.controller_lost = True
                 self.request_stop(f"lost the controller (nothing from it for {timeout:g}s)")
@@ -332,14 +333,14 @@ class Supervisor:
     def send_heartbeats(self) -> None:
         """A heartbeat event every ``heartbeat_s`` while torchrun runs, so the
         controller can tell a quiet run from a silent partition."""
-        every = self.spec.get("heartbeat_s")
+        every = self.spec.heartbeat_s
         while every and not self.exited.wait(every):
-            self.emit({"event": "heartbeat", "progress": self.progress()})
+            self.emit({"event": Event.HEARTBEAT.value, "progress": self.progress()})
 
     def progress(self) -> dict:
         """{rank: [last step, seconds since]} from the ranks' heartbeat files
         (``workloads.contract.heartbeat``); the age is this node's own clock."""
-        directory = os.path.join(self.run_dir, "progress")
+        directory = os.path.join(self.run_dir, layout.PROGRESS_DIR)
         out = {}
         try:
             names = os.listdir(directory)
@@ -358,16 +359,16 @@ class Supervisor:
         return out
 
     def check_milestones(self, pid: int, milestones: list[str]) -> None:
-        port = self.spec.get("master_port")
+        port = self.spec.master_port
         if milestones[0] == "joined" and port and procs.connected_to(pid, int(port)):
             milestones.pop(0)
-            self.emit({"event": "joined"})
+            self.emit({"event": Event.JOINED.value})
         if milestones and milestones[0] == "started":
             workers = [p for p, ppid, state in procs.proc_table() if ppid == pid and state != "Z"]
             if workers:
                 milestones.pop(0)
                 self.workers_started = True
-                self.emit({"event": "started", "workers": len(workers)})
+                self.emit({"event": Event.STARTED.value, "workers": len(workers)})
 
     def teardown(self, pid: int, grace_s: float | None = None) -> int:
         """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""
@@ -408,19 +409,19 @@ class Supervisor:
         here but the ``survivors`` of the exit event). What bounds the time
         from a fault to nothing left is measured on these."""
         state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
-                 "started": started, "exit_code": code, "run_id": self.spec["run_id"],
-                 "node_rank": self.spec["node_rank"]}
+                 "started": started, "exit_code": code, "run_id": self.spec.run_id,
+                 "node_rank": self.spec.node_rank}
         if torn_down_at is not None:
             state.update(stopped_at=self.stopped_at, reason=files.mask_strings(
-                reason, self.spec.get("secrets", [])), torn_down_at=torn_down_at)
-        files.put_json(os.path.join(self.run_dir, STATE_FILE), state)
+                reason, list(self.spec.secrets)), torn_down_at=torn_down_at)
+        files.put_json(os.path.join(self.run_dir, layout.SUPERVISOR_STATE), state)
 
 
 def _await_go(sup: "Supervisor") -> None:
     """The controller's barrier: ``go`` on stdin once every node's setup is
     done, or a stop. Without a controller on stdin (no barrier was set)
     there is nobody to wait for."""
-    if not sup.spec.get("watch_stdin", True):
+    if not sup.spec.watches_stdin:
         return
     while not (sup.go.is_set() or sup.stop_requested):
         sup.wakeup.wait(0.5)

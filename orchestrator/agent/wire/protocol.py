@@ -7,8 +7,9 @@ installed. On that channel:
 * **stdin, controller to agent**: request lines, ``{"op": ...}`` as one JSON
   object per line, each followed by exactly ``size`` bytes of payload when
   it says so (``put``). Once the agent supervises a run, the lines are just
-  ``ping`` (every ``HEARTBEAT_S``), ``go`` (every node's ``setup:`` is done:
-  torchrun may start), ``stop``, ``kill`` and ``done``.
+  the ``Control`` words: ``ping`` (every ``HEARTBEAT_S``), ``go`` (every
+  node's ``setup:`` is done: torchrun may start), ``stop``, ``kill`` and
+  ``done``.
 * **stdout, agent to controller**: control lines, ``CONTROL_PREFIX`` and a
   JSON object, each a line of its own, followed by ``size`` payload bytes
   when a reply says so (``get``). Everything else on stdout is node output
@@ -26,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+from enum import Enum
 
 CONTROL_PREFIX = b"::ddp-orch:: "
 # The exit event's reason when torchrun ended before any stop request: the
@@ -40,6 +42,70 @@ HEARTBEAT_S = 5.0
 PEER_TIMEOUT_S = 30.0
 MAX_CONTROL_LINE = 1 << 20  # a longer control line is a broken or hostile node
 MAX_TRANSFER = 1 << 30  # no single put/get is larger (bundles are capped far below)
+
+
+
+class Control(Enum):
+    """The words a node's stdin carries once its agent supervises a run (or
+    follows a kept one): one word a line, from the controller to the node.
+    Every sender writes ``word.encode()`` and every reader ``Control.parse``;
+    nobody matches the bytes themselves."""
+
+    PING = "ping"  # the controller is still there (every HEARTBEAT_S)
+    GO = "go"  # every node's ``setup:`` is done: torchrun may start
+    STOP = "stop"  # graceful teardown: SIGTERM, the grace period, SIGKILL
+    KILL = "kill"  # teardown now, no grace
+    DONE = "done"  # the controller has the exit event: the channel is the agent's again
+
+    def encode(self) -> bytes:
+        """The word as its line on the wire."""
+        return self.value.encode() + b"\n"
+
+    @classmethod
+    def parse(cls, line: bytes) -> "Control | None":
+        """The word on ``line`` (surrounding whitespace ignored); None for
+        anything else (an empty line, a stray word)."""
+        try:
+            return cls(line.strip().decode("ascii"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+
+
+class Event(str, Enum):
+    """The ``event`` of each control message (the keys of ``MESSAGES``), by
+    name; a ``str``, so it compares equal to the word a decoded message holds
+    (and formats as that word)."""
+
+    __str__ = str.__str__
+
+    HELLO = "hello"
+    REPLY = "reply"
+    JOINED = "joined"
+    HEARTBEAT = "heartbeat"
+    STARTED = "started"
+    SETUP = "setup"
+    EXIT = "exit"
+    ATTEMPT = "attempt"
+    FINISHED = "finished"
+    GANG_HELLO = "gang-hello"
+    GANG_START = "gang-start"
+    GANG_STOP = "gang-stop"
+    GANG_ENDED = "gang-ended"
+    GANG_FAILING = "gang-failing"
+    GANG_FINISH = "gang-finish"
+    GANG_SETUP = "gang-setup"
+    GANG_GO = "gang-go"
+
+
+class KeptRule(str, Enum):
+    """Who keeps a kept run (``agent/kept/keeper.py``) alive: its word in the
+    keeper's spec (``rule``), in ``keeper.json`` and in the run's record."""
+
+    __str__ = str.__str__  # the word itself, in JSON and f-strings alike
+
+    ATTACHED = "attached"  # the controller: its keepers stop the run when it goes
+    DETACHED = "detached"  # the keepers alone (``up --detach``): it goes on without one
+
 
 # What each control message must carry: field -> accepted types.
 _NUM = (int, float)
@@ -79,6 +145,20 @@ FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
     "local_rank": (int,), "message": (str,), "timestamp": _NUM,
     "error_file": (str, type(None)),
 }
+
+
+def exit_event(code: int, reason: str, *, duration_s: float, failures: list | tuple = (),
+               last_lines: list | tuple = (), stopped_at: float | None = None,
+               survivors: list | tuple = (), **extra: Any) -> dict[str, Any]:
+    """A node's exit event, the one shape every sender builds: torchrun's code,
+    why it ended, the worker failures (``FAILURE_FIELDS``), its last lines,
+    when a stop was asked for (None: never), what survived the teardown
+    (``{pid, cmd}`` records) and how long the node ran; ``extra`` fields
+    (``setup_failed``) ride along."""
+    return {"event": Event.EXIT.value, "code": code, "reason": reason,
+            "failures": list(failures), "stopped_at": stopped_at,
+            "last_lines": list(last_lines), "survivors": list(survivors),
+            "duration_s": duration_s, **extra}
 
 
 def is_time(value: Any) -> bool:

@@ -41,7 +41,7 @@ import threading
 from . import files
 
 from ..node import probes, procs
-from .protocol import ProtocolError, Reader, digest, encode
+from .protocol import Control, ProtocolError, Reader, digest, encode, exit_event
 
 _LOCK = threading.Lock()
 _made: list[str] = []  # run directories this agent created (for ``discard``)
@@ -86,9 +86,14 @@ def serve() -> int:
                           attached=bool(request.get("attached")))
             return code or 0
         if op == "supervise" and code is None:
+            from ..node.spec import SpecError
             from ..node.supervisor import Supervisor
 
-            supervisor = Supervisor(request["spec"], stdin)
+            try:
+                supervisor = Supervisor(request.get("spec"), stdin)
+            except SpecError as exc:  # the run's end, said as any run's end is
+                code = _refuse_spec(str(exc), stdin)
+                continue
             code = supervisor.run()
             if supervisor.controller_lost:
                 # It went silent (a partition, a frozen host): no `done`, no
@@ -109,6 +114,20 @@ def serve() -> int:
                 ValueError) as exc:
             refused = refused or op == "mkrun"  # pipelined uploads behind it must not land
             reply(ok=False, error=str(exc) or type(exc).__name__)
+
+
+def _refuse_spec(why: str, stdin: Reader) -> int:
+    """A ``supervise`` whose spec is not one: the exit event says why (code
+    1, nothing ran); then, as after any run, stdin is the controller's words
+    until ``done`` (or EOF). Returns the exit code."""
+    with _LOCK:
+        sys.stdout.buffer.write(encode(exit_event(1, why, last_lines=[f"ddp-orch: {why}"],
+                                                  duration_s=0)))
+        sys.stdout.buffer.flush()
+    while True:
+        line = stdin.readline()
+        if not line or Control.parse(line) is Control.DONE:
+            return 1
 
 
 def _answer(op: str, request: dict, stdin: Reader) -> None:

@@ -36,8 +36,10 @@ from ...agent.wire import bootstrap, files
 from ...agent.node import outputs
 from ...agent.kept.daemon import offset_of_last_lines
 from ...agent.node.procs import own_marker
-from ...agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, RENDEZVOUS_FILE, STREAM_FILE,
-                                  secret_variable)
+from ...agent.node.spec import Liveness
+from ...agent import layout
+from ...agent.layout import RENDEZVOUS as RENDEZVOUS_FILE, STREAM as STREAM_FILE
+from ...agent.node.jobnode import ADDR_SLOT, PORT_SLOT, secret_variable
 from ...config.blocks.slurm import SlurmSpec
 from ...config.spec import AUTO_PORT
 from ...console import Console
@@ -333,12 +335,13 @@ class Backend(LaunchBackend):
         nodes = []
         for launch in info.nodes:
             spec = supervisor_spec(launch, plan.run_id, 0, self.options.grace_s)
-            hidden = sorted(name for name, value in spec["env"].items() if is_secret(name, value))
+            hidden = sorted(name for name, value in spec.env.items() if is_secret(name, value))
             for name in hidden:
-                env[secret_variable(launch.node_rank, name)] = spec["env"].pop(name)
-            spec["secrets"] = []
-            spec["bundle"] = run.file(BUNDLE_NAME)
-            nodes.append({"host": launch.host, "spec": spec, "secret_env": hidden})
+                env[secret_variable(launch.node_rank, name)] = spec.env[name]
+            spec = dataclasses.replace(
+                spec, env={k: v for k, v in spec.env.items() if k not in hidden}, secrets=(),
+                bundle=run.file(BUNDLE_NAME), liveness=Liveness.SCHEDULER)
+            nodes.append({"host": launch.host, "spec": spec.to_dict(), "secret_env": hidden})
         spec = self.require_spec()
         job = {"run_id": plan.run_id, "job_dir": job_dir(plan), "placed": spec.placed,
                "placement": PLACEMENT,
@@ -377,7 +380,7 @@ class Backend(LaunchBackend):
                 raise OSError(str(exc)) from None
 
         fetch_outputs(info, run, lambda **request: outputs.collect(**request), get)
-        result = run.read_json("result.json")
+        result = run.result()
         return result if isinstance(result, dict) else None
 
     # -- down, status, check ---------------------------------------------------
@@ -567,7 +570,7 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
     them was written with its exit code."""
     nodes, ends = [], []
     for node in record.nodes:
-        path = posixpath.join(node.run_dir, "supervisor.json")
+        path = posixpath.join(node.run_dir, layout.SUPERVISOR_STATE)
         try:
             with open(path, encoding="utf-8") as fh:
                 code = json.load(fh).get("exit_code")

@@ -3,11 +3,12 @@
 Under Slurm the controller holds no channel to a node. Each node's agent
 writes its output and control lines to ``node-K/agent.out`` in the shared
 run directory (``agent/node/jobnode.py``), and ``JobStream`` reads that file as
-it grows, so ``NodeHandle`` relays and judges a Slurm node exactly as it
-does an SSH one. What the handle would send down a channel becomes Slurm's
-own controls: ``stop`` is ``scancel`` (SIGTERM to every task, then Slurm's
-KillWait), ``kill`` is ``scancel --signal=KILL --full``, and pings are not
-needed, because Slurm owns the nodes' liveness.
+it grows: a node channel (``engine/channel.NodeChannel``), so ``NodeHandle``
+relays and judges a Slurm node exactly as it does an SSH one. The control
+words the handle sends become Slurm's own controls: ``stop`` is ``scancel``
+(SIGTERM to every task, then Slurm's KillWait), ``kill`` is ``scancel
+--signal=KILL --full``, and pings are not needed, because Slurm owns the
+nodes' liveness.
 
 ``SlurmJob`` polls ``squeue`` on one thread for the whole job; a stream
 ends when its file has no more bytes and the job is over.
@@ -19,6 +20,7 @@ import threading
 import time
 
 from . import ctl as slurmctl
+from ...agent.wire.protocol import Control
 from ...engine.nodehandle import LOST
 
 POLL_S = 0.1  # how often a quiet stream file is looked at
@@ -104,18 +106,30 @@ class SlurmJob:
         self._closed.set()
 
 
-class JobProcess:
-    """The part of a channel ``NodeHandle`` talks to, mapped onto the job."""
+class JobStream:
+    """A node's ``agent.out``, read as it grows: the node's channel, mapped onto the job."""
 
-    def __init__(self, job: SlurmJob):
+    # No silence check: liveness is Slurm's, and a shared file system may
+    # hold a node's bytes back for as long as that check would wait.
+    liveness_ours = False
+
+    def __init__(self, path: str, job: SlurmJob, host: str):
+        self.path = path
+        self.host = host
         self.job = job
+        self.seen = False  # the node has written its stream at all
+        self.offset = 0
+        self._closed = False
 
-    def send(self, data: bytes) -> None:
-        if data == b"stop\n":
+    def supervise(self, spec: object) -> None:
+        """The agent was started by srun with its spec (``job.json``)."""
+
+    def send_control(self, word: Control) -> None:
+        if word is Control.STOP:
             self.job.cancel()
-        elif data == b"kill\n":
+        elif word is Control.KILL:
             self.job.cancel("KILL")
-        # ping and done: nothing to do; Slurm owns liveness
+        # ping, go and done: nothing to do; Slurm owns liveness, the nodes their barrier
 
     def poll(self) -> int | None:
         """None while the job runs; LOST once it ended with no word from the node."""
@@ -126,31 +140,15 @@ class JobProcess:
             raise TimeoutError(f"job {self.job.job_id} still runs")
         return LOST
 
-    def close_stdin(self) -> None:
-        pass
+    def hang_up(self) -> None:
+        """Nothing to close: ``kill`` was the scancel."""
 
     def abort(self) -> None:
-        pass
+        """Nothing to cut: the job is Slurm's (``scancel`` ends it)."""
 
-
-class JobStream:
-    """A node's ``agent.out``, read as it grows; what ``NodeHandle`` calls its agent."""
-
-    # No silence check: liveness is Slurm's, and a shared file system may
-    # hold a node's bytes back for as long as that check would wait.
-    liveness_ours = False
-
-    def __init__(self, path: str, job: SlurmJob, host: str):
-        self.path = path
-        self.host = host
-        self.job = job
-        self.process = JobProcess(job)
-        self.seen = False  # the node has written its stream at all
-        self.offset = 0
-        self._closed = False
-
-    def supervise(self, spec: dict) -> None:
-        """The agent was started by srun with its spec (``job.json``)."""
+    def release(self) -> None:
+        """No agent to give back: the run's files are in the shared run directory."""
+        return None
 
     def read_chunk(self, size: int) -> bytes:
         """The next bytes of the file; b"" once the job is over and nothing

@@ -10,6 +10,7 @@ live runs are in ``tests/test_project_runs.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from orchestrator.agent.node import nodesetup as setup
 from orchestrator.agent.node import outputs, prune
 from orchestrator.agent.kept.keeper import attempt_spec, compact
 from orchestrator.agent.kept.restarts import setup_failed
+from orchestrator.agent.node.spec import SupervisorSpec
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.config.spec import DEFAULT_SETUP_TIMEOUT
 from orchestrator.controller.prune import parse_duration
@@ -168,23 +170,24 @@ def test_the_supervisor_spec_carries_setup_in_the_code_root():
 
     info = dryrun_of("setup: [make]\nsetup_timeout: 30\n")
     spec = supervisor_spec(info.nodes[1], "r1", 29500, 5.0)
-    assert spec["setup"] == {"commands": [["sh", "-c", "make"]],
+    assert spec.setup == {"commands": [["sh", "-c", "make"]],
                              "cwd": info.nodes[1].node.code_root, "timeout_s": 30.0,
                              "path_first": None}
     python = dryrun_of("python: /opt/venv/bin/python\nsetup: make\n")
-    assert supervisor_spec(python.nodes[0], "r1", 1, 5.0)["setup"]["path_first"] == \
+    assert supervisor_spec(python.nodes[0], "r1", 1, 5.0).setup["path_first"] == \
         "/opt/venv/bin"
     assert ", /opt/venv/bin first on PATH\n" in render_text(python)
-    assert "setup" not in supervisor_spec(dryrun_of("").nodes[0], "r1", 29500, 5.0)
+    assert supervisor_spec(dryrun_of("").nodes[0], "r1", 29500, 5.0).setup is None
 
 
 def test_setup_runs_once_per_run_and_its_failure_is_never_restarted():
-    spec = {"run_dir": "/r/node-0", "argv": ["python", "-m", "torch.distributed.run"],
-            "env": {}, "setup": {"commands": [["true"]], "cwd": "/r", "timeout_s": 5},
-            "bundle": "bundle.tar.gz"}
-    assert attempt_spec(spec, 0, 1)["setup"] == spec["setup"]
-    assert "setup" not in attempt_spec(spec, 1, 2) and "bundle" not in attempt_spec(spec, 1, 2)
-    assert "bundle" in attempt_spec({k: v for k, v in spec.items() if k != "setup"}, 1, 2)
+    spec = SupervisorSpec(run_id="r", node_rank=0, run_dir="/r/node-0",
+                          argv=("python", "-m", "torch.distributed.run"), env={},
+                          setup={"commands": [["true"]], "cwd": "/r", "timeout_s": 5},
+                          bundle="bundle.tar.gz")
+    assert attempt_spec(spec, 0, 1).setup == spec.setup
+    assert attempt_spec(spec, 1, 2).setup is None and attempt_spec(spec, 1, 2).bundle is None
+    assert attempt_spec(dataclasses.replace(spec, setup=None), 1, 2).bundle == "bundle.tar.gz"
     record = compact({"code": 3, "duration_s": 1, "setup_failed": True, "reason": "setup failed"})
     assert record["setup_failed"] is True
     assert "node 1's setup failed" in setup_failed({0: {"code": 143}, 1: record})

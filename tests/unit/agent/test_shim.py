@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -161,11 +162,16 @@ def test_the_stack_signal_dumps_every_thread_to_the_ranks_file(shim_dir):
         proc.send_signal(STACK_SIGNAL)
         dump = shim_dir / "stacks" / "rank-5.txt"
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "waits.py" not in (
-                dump.read_text() if dump.exists() else ""):
+        # The whole dump: both threads, the main one down to the program
+        # (read while faulthandler still writes, a first look can be partial).
+        while time.monotonic() < deadline and not (
+                dump.exists() and dump.read_text().count("hread 0x") == 2
+                and "in <module>" in dump.read_text().split("waits.py", 1)[-1]):
             time.sleep(0.05)
         text = dump.read_text()
-        assert 'waits.py", line 4 in <module>' in text
+        # Line 4 (the sleep), or line 3 where a loaded machine delivers the
+        # signal while print still returns.
+        assert re.search(r'waits\.py", line [34] in <module>', text), text
         assert text.count("hread 0x") == 2  # both threads ("Current thread", "Thread")
         assert proc.poll() is None  # a dump does not end the rank
     finally:

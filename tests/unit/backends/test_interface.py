@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from orchestrator.agent.wire.protocol import encode
+from orchestrator.agent.wire.protocol import Control, encode
 from orchestrator.backends.base import LaunchBackend, LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.console import Console
@@ -29,59 +29,58 @@ def exit_event(code: int, reason: str = "torchrun exited") -> bytes:
                    "last_lines": [], "failures": []})
 
 
-class FakeProcess:
-    """The agent's process as ``NodeHandle`` drives it: alive throughout;
-    ``stop`` and ``kill`` end the fake run (the supervisor's exit event)."""
-
-    def __init__(self, agent: "FakeAgent"):
-        self.agent = agent
-        self.sent: list[bytes] = []
-
-    def poll(self):
-        return None
-
-    def wait(self, timeout=None):
-        raise TimeoutError
-
-    def send(self, data: bytes) -> None:
-        self.sent.append(data)
-        if data in (b"stop\n", b"kill\n") and not self.agent.ended:
-            self.agent.emit(exit_event(143, "got SIGTERM"))
-
-    def close_stdin(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        self.agent.chunks.put(b"")
-
-
 class FakeAgent:
-    """A node's channel: once told to supervise, it prints a line, says it
-    started, and (unless ``code`` is None: it runs until stopped) exits."""
+    """A node's channel (``engine/channel.NodeChannel``): once told to
+    supervise, it prints a line, says it started, and (unless ``code`` is
+    None: it runs until stopped) exits; ``stop`` and ``kill`` end the fake
+    run with the supervisor's exit event."""
+
+    host = "fake"
+    liveness_ours = True
 
     def __init__(self, code: int | None):
         self.code = code
         self.chunks: queue.Queue[bytes] = queue.Queue()
-        self.process = FakeProcess(self)
-        self.spec: dict | None = None
+        self.sent: list[Control] = []
+        self.spec = None
         self.ended = False
 
     def emit(self, data: bytes) -> None:
         self.ended = self.ended or b'"exit"' in data
         self.chunks.put(data)
 
-    def supervise(self, spec: dict) -> None:
+    def supervise(self, spec) -> None:
         self.spec = spec
-        self.emit(f"[rank{spec['first_rank']}]: training\n".encode()
-                  + encode({"event": "started", "workers": spec["nproc"]}))
+        self.emit(f"[rank{spec.first_rank}]: training\n".encode()
+                  + encode({"event": "started", "workers": spec.nproc}))
         if self.code is not None:
             self.emit(exit_event(self.code))
+
+    def send_control(self, word: Control) -> None:
+        self.sent.append(word)
+        if word in (Control.STOP, Control.KILL) and not self.ended:
+            self.emit(exit_event(143, "got SIGTERM"))
 
     def read_chunk(self, size: int) -> bytes:
         return self.chunks.get(timeout=10)
 
     def unread(self, data: bytes) -> None:
         pass
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout: float) -> int:
+        raise TimeoutError
+
+    def hang_up(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.chunks.put(b"")
+
+    def release(self):
+        return None
 
 
 class FakeRun(RunHandle):
@@ -186,7 +185,8 @@ def test_launch_is_submit_then_follow_then_collect(job):
         == (RunState.SUCCEEDED, RESULT)
     assert [n.state for n in launched.nodes] == [n.state for n in composed.nodes]
     # the gang started each node with the dry-run's own argv
-    assert [a.spec["argv"] for a in backend.agents.values()] == [list(n.argv) for n in info.nodes]
+    assert [list(a.spec.argv) for a in backend.agents.values()] == [list(n.argv)
+                                                                    for n in info.nodes]
 
 
 def test_a_failing_node_stops_the_gang_and_launch_ends_the_run(job):
@@ -195,7 +195,7 @@ def test_a_failing_node_stops_the_gang_and_launch_ends_the_run(job):
     outcome = backend.launch(info, run, quiet())
     assert outcome.state is RunState.FAILED
     assert outcome.root_cause.node_rank == 1
-    assert b"stop\n" in backend.agents[0].process.sent
+    assert Control.STOP in backend.agents[0].sent
     assert outcome.nodes[0].state is NodeState.STOPPED
     assert backend.calls[-1] == "close(left=False)"
 
@@ -207,7 +207,7 @@ def test_attach_is_reconnect_then_follow_then_collect_and_leaves_the_run(job):
     assert backend.calls == ["reconnect", "fetch", "tidy", "close(left=True)"]
     assert (outcome.state, outcome.result) == (RunState.SUCCEEDED, RESULT)
     # observed: the gang never stopped a node
-    assert not any(b"stop\n" in a.process.sent for a in backend.agents.values())
+    assert not any(Control.STOP in a.sent for a in backend.agents.values())
 
 
 def test_a_run_left_to_its_nodes_is_not_ended_and_brings_nothing_home(job):

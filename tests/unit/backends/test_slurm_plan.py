@@ -12,6 +12,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from orchestrator.agent.wire import bootstrap
+from orchestrator.agent.node.spec import Liveness
 from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
                                         node_spec, secret_variable)
 from orchestrator.backends.slurm import ctl as slurmctl
@@ -223,7 +224,8 @@ def test_pinned_gpus_outside_slurms_allocation_are_refused():
 
 
 def _job(placed: bool = False) -> dict:
-    spec = {"argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
+    spec = {"run_id": "r", "node_rank": 0,
+            "argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
                      "--device", "auto", "<slurm node 0>x"],
             "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r"}
     return {"placed": placed, "placement": PLACEMENT, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
@@ -244,12 +246,12 @@ def test_the_master_slots_are_replaced_word_for_word_and_secrets_come_from_sbatc
         node_spec(_job(), 1, {"addr": "host0", "port": 1}, {})
     environ = {secret_variable(1, "K"): "v4lue", "DDP_ORCH_SECRET_0_OTHER": "z"}
     spec = node_spec(_job(), 1, {"addr": "host0", "port": 12345}, environ)
-    assert spec["argv"] == ["python3", "--master-addr", "host0", "--master-port", "12345",
-                            "--device", "auto", "<slurm node 0>x"]
-    assert spec["master_port"] == 12345 and spec["env"]["K"] == "v4lue"
-    assert spec["secrets"] == ["v4lue"]
-    assert set(environ) <= set(spec["unset_env"])  # not passed on to the workers
-    assert spec["watch_stdin"] is False
+    assert spec.argv == ("python3", "--master-addr", "host0", "--master-port", "12345",
+                         "--device", "auto", "<slurm node 0>x")
+    assert spec.master_port == 12345 and spec.env["K"] == "v4lue"
+    assert spec.secrets == ("v4lue",)
+    assert set(environ) <= set(spec.unset_env)  # not passed on to the workers
+    assert spec.liveness is Liveness.SCHEDULER and not spec.watches_stdin
 
 
 def test_the_agent_zipapp_runs_with_the_standard_library_alone(tmp_path):
@@ -317,7 +319,7 @@ def test_a_project_runs_under_slurm_with_the_same_argv_and_code_root(tmp_path):
             ["-m", "proj.train", "50", "10", "--config", "configs/x.yaml"]
         assert node["spec"]["cwd"] == f"{run.path}/node-{k}/project"
         where = {"addr": "127.0.0.1", "port": 12345}
-        assert node_spec(job, k, where, {})["cwd"] == node["spec"]["cwd"]
+        assert node_spec(job, k, where, {}).cwd == node["spec"]["cwd"]
     from orchestrator.engine.nodehandle import BUNDLE_NAME
 
     with tarfile.open(run.file(BUNDLE_NAME)) as tar:

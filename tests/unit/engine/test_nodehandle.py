@@ -72,23 +72,20 @@ def test_reader_keeps_payloads_whole_whatever_the_chunking():
         reader.read_exact(3)
 
 
-class FakeProcess:
-    def poll(self):
-        return 1
-
-    def wait(self, timeout=None):
-        return 1
-
-
 class FakeAgent:
     """A node that sends garbage, then an exit event, then closes."""
 
     def __init__(self, data: bytes):
         self.data = io.BytesIO(data)
-        self.process = FakeProcess()
 
     def supervise(self, spec):
         pass
+
+    def poll(self):
+        return 1
+
+    def wait(self, timeout=None):
+        return 1
 
     def unread(self, data):
         self.left = data

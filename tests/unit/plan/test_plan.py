@@ -257,8 +257,8 @@ def test_every_attempt_of_a_kept_run_starts_the_same_program_in_the_same_code_ro
     launch = NodeLaunch(node=node, where="x", env=node.env, unset_env=node.unset_env,
                         argv=torchrun_argv(plan, node))
     spec = supervisor_spec(launch, plan.run_id, 29500, 5.0)
-    assert spec["cwd"] == f"/home/v/.ddp-orch/runs/{RUN}/node-1/project"
+    assert spec.cwd == f"/home/v/.ddp-orch/runs/{RUN}/node-1/project"
     again = attempt_spec(spec, 2, 31337)
-    assert again["cwd"] == spec["cwd"]
-    assert again["argv"][again["argv"].index("ddp_orch_shim") + 1:] == \
-        ["-m", "proj.train", "50", "10"]
+    assert again.cwd == spec.cwd
+    assert again.argv[again.argv.index("ddp_orch_shim") + 1:] == \
+        ("-m", "proj.train", "50", "10")

@@ -1,0 +1,42 @@
+"""Every file ddp-orch keeps in a node's run directory, named once.
+
+The supervisor, its guardian, a kept run's keeper and follower, a Slurm
+job's agents and the controller all read what the others write; each
+name here is the one they agree on. A node's run directory holds:
+
+* ``SUPERVISOR_STATE``: the supervisor's pids, exit code and teardown record;
+* ``GUARDIAN_RECORD``: the guardian's teardown, had it to do one;
+* ``KEEPER_STATE``: a kept run's keeper: its pid, state and every attempt;
+* ``FOLLOWER_LOCK``: held (shared) by every attached follower of a kept run;
+* ``STREAM``: the node's output and control lines, where nobody holds a
+  channel to it (a kept run, a Slurm job);
+* ``BUNDLE``: the run's code, unpacked in place;
+* ``TORCHRUN_LOGS`` (``attempt_logs``): torchrun's --log-dir, one per attempt;
+* ``PROGRESS_DIR``: each rank's last step (``rank-N``), for heartbeats;
+* ``STACKS_DIR``: each rank's stack dump (the worker shim keeps its own copy
+  of this name: it runs in the workers, without the agent package).
+
+A Slurm job's directory, shared by its nodes, also holds ``RENDEZVOUS``
+(node 0's address and port) and one ``SETUP_DONE_PREFIX`` + rank file per
+node whose ``setup:`` is done.
+
+Stdlib only, like the rest of the agent package (it imports nothing).
+"""
+
+SUPERVISOR_STATE = "supervisor.json"
+GUARDIAN_RECORD = "guardian.json"
+KEEPER_STATE = "keeper.json"
+FOLLOWER_LOCK = "follower.lock"
+STREAM = "agent.out"
+BUNDLE = "bundle.tar.gz"
+TORCHRUN_LOGS = "torchrun"
+PROGRESS_DIR = "progress"
+STACKS_DIR = "stacks"
+RENDEZVOUS = "rendezvous.json"
+SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank
+
+
+def attempt_logs(attempt: int) -> str:
+    """torchrun's --log-dir for one attempt of a kept run (the first: the
+    run's own), under the node's run directory: every attempt's is kept."""
+    return TORCHRUN_LOGS if attempt == 0 else f"{TORCHRUN_LOGS}.attempt-{attempt}"

@@ -1,0 +1,168 @@
+"""What a node supervisor runs, typed: ``SupervisorSpec``, and who keeps it alive.
+
+The controller builds one per node from the dry-run
+(``engine/nodehandle.supervisor_spec``); a Slurm job
+(``backends/slurm/backend._write_job``, then ``jobnode.node_spec`` on the
+node) and a kept run's keeper (``keeper.attempt_spec``) derive theirs from
+it with ``dataclasses.replace``. It crosses the wire as JSON (``to_dict``)
+and is checked on arrival (``from_dict``), like every other message: a bad
+spec is a ``SpecError`` that names the field, never a KeyError halfway
+through a run.
+
+Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+
+from ..wire.protocol import PEER_TIMEOUT_S
+
+
+class Liveness(str, Enum):
+    """Who keeps a supervisor's run alive, and so what ends it besides torchrun."""
+
+    __str__ = str.__str__  # the word itself, in JSON and f-strings alike
+
+    # The controller, over the channel: it pings on stdin, and stdin's EOF or
+    # PEER_TIMEOUT_S of silence tears the run down; SIGTERM/SIGINT/SIGHUP too.
+    CONTROLLER = "controller"
+    # A keeper (``agent/kept/keeper.py``) holds it: no stdin to watch, and the
+    # keeper handles the signals itself (it stops, or restarts, the gang).
+    KEEPER = "keeper"
+    # A scheduler (Slurm): no stdin (it is /dev/null); its signals (scancel,
+    # srun --kill-on-bad-exit) are the stop.
+    SCHEDULER = "scheduler"
+
+
+class SpecError(ValueError):
+    """A supervisor spec that is not one: what is wrong, by field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisorSpec:
+    run_id: str
+    node_rank: int
+    run_dir: str
+    argv: tuple[str, ...]  # torchrun's, the dry-run's word for word
+    env: dict[str, str]  # set over the node's environment
+    unset_env: tuple[str, ...] = ()  # removed from it first
+    cwd: str | None = None  # torchrun's working directory (the code root); else run_dir
+    first_rank: int = 0
+    nproc: int = 0
+    master_port: int = 0  # 0: not known here (no "joined" milestone)
+    bundle: str | None = None  # the code bundle to unpack in run_dir, if any
+    grace_s: float = 10.0  # SIGTERM to SIGKILL
+    heartbeat_s: float | None = None  # a heartbeat event this often (None: none)
+    secrets: tuple[str, ...] = ()  # values masked in what the node keeps and sends
+    # ``setup:`` (``nodesetup.py``): {"commands": [[argv]], "cwd", "timeout_s", "path_first"}
+    setup: dict | None = None
+    log_dir: str | None = None  # torchrun's --log-dir (a keeper's attempt: its own); else run_dir/torchrun
+    liveness: Liveness = Liveness.CONTROLLER
+
+    @property
+    def peer_timeout_s(self) -> float | None:
+        """Silence from the controller past this tears the run down (None: never)."""
+        return PEER_TIMEOUT_S if self.liveness is Liveness.CONTROLLER else None
+
+    @property
+    def watches_stdin(self) -> bool:
+        """The controller's words (``protocol.Control``) arrive on stdin."""
+        return self.liveness is Liveness.CONTROLLER
+
+    @property
+    def owns_signals(self) -> bool:
+        """SIGTERM, SIGINT and SIGHUP stop the run (not under a keeper: it handles them)."""
+        return self.liveness is not Liveness.KEEPER
+
+    def to_dict(self) -> dict:
+        """The JSON form (``from_dict`` reads it back)."""
+        out = dataclasses.asdict(self)
+        out.update(argv=list(self.argv), unset_env=list(self.unset_env),
+                   secrets=list(self.secrets), liveness=self.liveness.value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: object) -> "SupervisorSpec":
+        """A spec from its JSON form, every field checked; SpecError if it is not one."""
+        try:
+            return cls._from_dict(data)
+        except SpecError as exc:
+            raise SpecError(f"bad supervisor spec: {exc}") from None
+
+    @classmethod
+    def _from_dict(cls, data: object) -> "SupervisorSpec":
+        if not isinstance(data, dict):
+            raise SpecError(f"not an object: {str(data)[:200]}")
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"unknown field(s) {', '.join(map(repr, unknown))}")
+        missing = [name for name in ("run_id", "node_rank", "run_dir", "argv", "env")
+                   if name not in data]
+        if missing:
+            raise SpecError(f"missing field(s) {', '.join(map(repr, missing))}")
+        given = dict(data)
+        for name, value in given.items():
+            check = _CHECKS[name]
+            if not check(value):
+                raise SpecError(f"{name!r} is {str(value)[:200]!r}: {_WANTED[name]}")
+        try:
+            given["liveness"] = Liveness(given.get("liveness", Liveness.CONTROLLER))
+        except ValueError:
+            raise SpecError(f"'liveness' is {given['liveness']!r}: one of "
+                            f"{', '.join(m.value for m in Liveness)}") from None
+        for name in ("argv", "unset_env", "secrets"):
+            if name in given:
+                given[name] = tuple(given[name])
+        return cls(**given)
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+def _setup(value: object) -> bool:
+    return isinstance(value, dict) and set(value) <= {"commands", "cwd", "timeout_s", "path_first"} \
+        and isinstance(value.get("commands"), list) and all(_strings(c) for c in value["commands"]) \
+        and isinstance(value.get("cwd"), str) and _number(value.get("timeout_s")) \
+        and _optional(lambda v: isinstance(v, str))(value.get("path_first"))
+
+
+_CHECKS = {
+    "run_id": lambda v: isinstance(v, str), "node_rank": lambda v: _int(v) and v >= 0,
+    "run_dir": lambda v: isinstance(v, str) and bool(v), "argv": lambda v: _strings(v) and bool(v),
+    "env": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                 for k, x in v.items()),
+    "unset_env": _strings, "cwd": _optional(lambda v: isinstance(v, str)),
+    "first_rank": lambda v: _int(v) and v >= 0, "nproc": lambda v: _int(v) and v >= 0,
+    "master_port": lambda v: _int(v) and 0 <= v < 65536,
+    "bundle": _optional(lambda v: isinstance(v, str)), "grace_s": _number,
+    "heartbeat_s": _optional(lambda v: _number(v) and v > 0), "secrets": _strings,
+    "setup": _optional(_setup), "log_dir": _optional(lambda v: isinstance(v, str)),
+    "liveness": lambda v: isinstance(v, str),
+}
+_WANTED = {
+    "run_id": "a string", "node_rank": "a rank (0 or more)", "run_dir": "a directory path",
+    "argv": "a command (a non-empty list of strings)", "env": "a map of strings to strings",
+    "unset_env": "a list of variable names", "cwd": "a directory path or null",
+    "first_rank": "a rank (0 or more)", "nproc": "a count (0 or more)",
+    "master_port": "a port (0 to 65535)", "bundle": "a file name or null",
+    "grace_s": "seconds (0 or more)", "heartbeat_s": "seconds (more than 0) or null",
+    "secrets": "a list of strings",
+    "setup": "{commands: [[argv]], cwd, timeout_s, path_first} or null",
+    "log_dir": "a directory path or null", "liveness": "a liveness word",
+}
