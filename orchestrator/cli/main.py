@@ -249,6 +249,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             max_restarts=max_restarts if max_restarts is not None
                             else spec.max_restarts)
     _refuse_restarts(spec, options.max_restarts)
+    _refuse_unwatched_hang(spec, options)
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
                  _job_words(cluster_file, backend, local, workload, gpus, procs, device,
@@ -387,6 +388,21 @@ def _refuse_restarts(spec: Any, max_restarts: int) -> None:
         having = backends_with(lambda cls: not cls.no_restarts)
         raise ConfigError(f"gang restarts are for the {' and '.join(having)} backends",
                           path="--max-restarts", source="command line", hint=why_not)
+
+
+def _refuse_unwatched_hang(spec: Any, options: LaunchOptions) -> None:
+    """``--hang-timeout`` with ``--detach`` where no keeper would watch: a
+    detached run's watchdog is its keepers' head, and a backend without gang
+    restarts (``no_restarts``) starts no keepers; its job would run unwatched."""
+    from ..backends import backend_class
+
+    if options.detach and options.hang_timeout_s is not None \
+            and backend_class(spec.backend).no_restarts:
+        raise ConfigError(f"a detached {spec.backend} job has no hang watchdog: the nodes' "
+                          f"keepers run it, and the {spec.backend} backend starts none",
+                          path="--hang-timeout", source="command line",
+                          hint="follow the job (drop --detach) to keep the watchdog, or "
+                               "drop --hang-timeout (or hang_timeout:)")
 
 
 def _with_backend(spec: Any, backend: str | None) -> Any:

@@ -220,6 +220,9 @@ DDP_ERRORS = [
      f"{CLI}: --queue-timeout: only the slurm backend", "drop --queue-timeout"),
     (("compare", "--local", "--workload", "noop", "--procs", "2", "--queue-timeout", "60"),
      f"{CLI}: --queue-timeout: only the slurm backend", "drop --queue-timeout"),
+    # kept runs watch for hangs through their keepers; a detached Slurm job has none
+    (("up", "tests/golden/slurm.yaml", "--detach", "--hang-timeout", "60", "--dry-run"),
+     f"{CLI}: --hang-timeout: a detached slurm job has no hang watchdog", "drop --detach"),
 ]
 
 
