@@ -32,8 +32,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests", "labs"))
-from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, footer, header, lab,  # noqa: E402
-                     parser, tempdir)
+from _common import (BASE_ENV, DDP_ORCH, ORCH_ENV, PYTHON, REPO, BenchError, footer,  # noqa: E402
+                     header, lab, parser, tempdir)
 from procscan import marked_pids  # noqa: E402
 
 BOUND_S = 30.0
@@ -46,7 +46,7 @@ def main() -> None:
         shutil.copy(os.path.join(REPO, "tests", "programs", "steps.py"), tmp)
         nodes = (f"[{{host: {the_lab.aliases[0]}, procs: 2}}, "
                  f"{{host: {the_lab.aliases[1]}, procs: 1}}]")
-        env = {**BASE_ENV, **the_lab.env}
+        env = {**BASE_ENV, **ORCH_ENV, **the_lab.env}
         runs = str(tmp / "runs")
 
         def cluster(name: str, args_text: str) -> str:
