@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "tests", "labs"))
 from _common import (BASE_ENV, DDP_ORCH, ORCH_ENV, PYTHON, REPO, BenchError, footer,  # noqa: E402
                      header, lab, parser, tempdir)
-from procscan import marked_pids  # noqa: E402
+from procscan import worker_pids  # noqa: E402
 
 BOUND_S = 30.0
 
@@ -64,7 +64,7 @@ def main() -> None:
         def gone_after(run_id: str, since: float) -> float:
             keepers = [json.loads((tmp / "remote" / "runs" / run_id / f"node-{k}" /
                                    "keeper.json").read_text())["pid"] for k in (0, 1)]
-            while marked_pids(run_id) or any(_alive(p) for p in keepers):
+            while worker_pids(run_id) or any(_alive(p) for p in keepers):
                 if time.monotonic() - since > 120:
                     raise BenchError(f"{run_id}: still running 120 s after the fault")
                 time.sleep(0.05)
