@@ -15,7 +15,12 @@ from orchestrator.errors import LaunchError, TransportError
 def test_every_node_runs_at_the_same_time():
     # Each call waits until all of them have started: one at a time never gets there.
     everyone = threading.Barrier(4, timeout=10)
-    group = on_all(lambda k: everyone.wait() >= 0 and k * 10, range(4), timeout_s=30)
+
+    def fn(k: int) -> int:
+        everyone.wait()
+        return k * 10
+
+    group = on_all(fn, range(4), timeout_s=30)
     assert group.ok and group.succeeded == {0: 0, 1: 10, 2: 20, 3: 30}
 
 

@@ -162,9 +162,9 @@ def test_torch_differing_between_nodes_fails_the_versions_row(monkeypatch):
     ({"gpu_error": "nvidia-smi: command not found"}, "nvidia-smi: command not found"),
 ])
 def test_missing_gpus_fail_the_gpus_row_and_offer_a_cpu_rehearsal(monkeypatch, listed, expected):
-    probe = dict(FakeAgent(0).call("probe"), **listed)
-    probe.pop("gpus") if "gpu_error" in listed else None
-    report = check(monkeypatch, plan_of(), {0: FakeAgent(0, probe=probe), 1: FakeAgent(1)})
+    probe = {k: v for k, v in FakeAgent(0).call("probe").items() if k != "gpus"}
+    report = check(monkeypatch, plan_of(),
+                   {0: FakeAgent(0, probe={**probe, **listed}), 1: FakeAgent(1)})
     assert (0, "gpus", "FAIL") in rows(report) and (1, "gpus", "ok") in rows(report)
     assert detail(report, 0, "gpus") == (
         f"{expected}; or set `device: cpu` for a CPU rehearsal "
