@@ -28,8 +28,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (LAST, BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, compare, fmt_s,  # noqa: E402
-                     footer, free_port, header, median_columns, parser, print_table,
+from _common import (LAST, BASE_ENV, DDP_ORCH, ORCH_ENV, PYTHON, REPO, BenchError,  # noqa: E402
+                     compare, fmt_s, footer, free_port, header, median_columns, parser, print_table,
                      ratio_range, result_line, run, samples_table, tempdir)
 
 TARGET = 1.05
@@ -135,7 +135,7 @@ def main() -> None:
             + " (less sensitive to the other jobs on the box than wall time)")
 
         # The controller must not import torch (its children do, through torchrun).
-        env = dict(BASE_ENV, PYTHONPROFILEIMPORTTIME="1")
+        env = dict(BASE_ENV, **ORCH_ENV, PYTHONPROFILEIMPORTTIME="1")
         proc = subprocess.run([DDP_ORCH, "up", "--local", "--workload", "noop", "--procs", "2",
                                "--quiet", "--runs-dir", str(runs_dir), "--run-id", "bench-imports"],
                               cwd=str(tmp), env=env, capture_output=True, text=True, timeout=600)

@@ -32,9 +32,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests", "labs"))
-from _common import (BASE_ENV, DDP_ORCH, PYTHON, REPO, BenchError, footer, header, lab,  # noqa: E402
-                     parser, tempdir)
-from procscan import marked_pids  # noqa: E402
+from _common import (BASE_ENV, DDP_ORCH, ORCH_ENV, PYTHON, REPO, BenchError, footer,  # noqa: E402
+                     header, lab, parser, tempdir)
+from procscan import worker_pids  # noqa: E402
 
 BOUND_S = 30.0
 
@@ -46,7 +46,7 @@ def main() -> None:
         shutil.copy(os.path.join(REPO, "tests", "programs", "steps.py"), tmp)
         nodes = (f"[{{host: {the_lab.aliases[0]}, procs: 2}}, "
                  f"{{host: {the_lab.aliases[1]}, procs: 1}}]")
-        env = {**BASE_ENV, **the_lab.env}
+        env = {**BASE_ENV, **ORCH_ENV, **the_lab.env}
         runs = str(tmp / "runs")
 
         def cluster(name: str, args_text: str) -> str:
@@ -64,7 +64,7 @@ def main() -> None:
         def gone_after(run_id: str, since: float) -> float:
             keepers = [json.loads((tmp / "remote" / "runs" / run_id / f"node-{k}" /
                                    "keeper.json").read_text())["pid"] for k in (0, 1)]
-            while marked_pids(run_id) or any(_alive(p) for p in keepers):
+            while worker_pids(run_id) or any(_alive(p) for p in keepers):
                 if time.monotonic() - since > 120:
                     raise BenchError(f"{run_id}: still running 120 s after the fault")
                 time.sleep(0.05)

@@ -146,3 +146,125 @@ def test_a_node_announcing_more_than_asked_is_cut_off_unread():
     with pytest.raises(TransportError, match="more than the 100 asked for"):
         agent.get("/r/result.json", 100)
     assert transport.process.aborted
+
+
+# -- the relay: what a node's stream becomes, whatever its chunking ------------------
+
+SECRET = "hf_s3cr3tValue1234"
+
+
+class StreamProcess:
+    """The channel's own status once it ends (``poll``), and nothing else."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+    def wait(self, timeout=None):
+        return self.code
+
+
+class StreamAgent:
+    """A node whose supervisor sends ``data`` in reads of ``size`` bytes; what
+    the relay hands back (``unread``) is kept."""
+
+    def __init__(self, data: bytes, size: int, code=None):
+        self.data = io.BytesIO(data)
+        self.size = size
+        self.process = StreamProcess(code)
+        self.handed_back: bytes | None = None
+
+    def supervise(self, spec):
+        pass
+
+    def read_chunk(self, size):
+        return self.data.read(min(size, self.size))
+
+    def unread(self, data):
+        self.handed_back = data
+
+
+def relay(tmp_path, data: bytes, size: int, code=None, env=None):
+    """Relay ``data`` to the end; (outcome, node log, console, agent, on_change calls)."""
+    env = env or {}
+    node = NodePlan(node_rank=1, host="h1", python="python3", gpus=None, first_rank=2, nproc=2,
+                    run_dir="/r", env=env, unset_env=())
+    launch = NodeLaunch(node=node, where="local subprocess", env=env, unset_env=(), argv=())
+    agent, out, changes = StreamAgent(data, size, code), io.StringIO(), []
+    handle = NodeHandle(launch, agent, RunDir(str(tmp_path)), Console("all", out),
+                        on_change=lambda: changes.append(1))
+    handle.start({})
+    outcome = handle.finish(timeout=10)
+    return outcome, (tmp_path / "node-1.log").read_text(), out.getvalue(), agent, changes
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13, 14, 15, 64, 65536])
+def test_a_control_line_split_across_reads_is_acted_on_and_never_shown(tmp_path, size):
+    data = b"[rank2]: before\n" + encode(EXIT) + b"after\n"
+    outcome, log, console, agent, changes = relay(tmp_path, data, size)
+    assert outcome.state is NodeState.FAILED
+    assert outcome.reason == "torchrun exited 1; rank 2 (local rank 0) failed: RuntimeError: x"
+    assert log == "[rank2]: before\n"
+    assert "before" in console and "::ddp-orch::" not in console + log and "after" not in console
+    assert changes == [1]
+
+
+@pytest.mark.parametrize("size", [1, 3, 16, 65536])
+def test_what_follows_the_exit_event_is_handed_back_to_the_agent_whole(tmp_path, size):
+    after = encode({"event": "reply", "ok": True}) + b"no newline yet"
+    data = b"line\n" + encode(EXIT) + after
+    _outcome, log, _console, agent, _ = relay(tmp_path, data, size)
+    assert agent.handed_back is not None
+    assert agent.handed_back + agent.data.read() == after  # not a byte lost, none twice
+    assert log == "line\n"
+
+
+@pytest.mark.parametrize("size", [1, 4, 65536])
+def test_a_secret_in_the_output_is_masked_in_the_log_and_the_console(tmp_path, size):
+    data = f"token is {SECRET}!\n".encode() + encode(dict(EXIT, code=0, failures=[]))
+    outcome, log, console, _, _ = relay(tmp_path, data, size, env={"HF_TOKEN": SECRET})
+    assert outcome.state is NodeState.SUCCEEDED
+    assert SECRET not in log + console
+    assert "token is ********!" in log and "token is ********!" in console
+
+
+def test_a_secret_in_an_event_is_masked_before_the_outcome_says_it(tmp_path):
+    failure = {"local_rank": 1, "message": f"ValueError: bad token {SECRET}", "timestamp": 5,
+               "error_file": None}
+    data = encode(dict(EXIT, failures=[failure], last_lines=[f"auth {SECRET}"]))
+    outcome, _log, _console, _, _ = relay(tmp_path, data, 7, env={"HF_TOKEN": SECRET})
+    assert outcome.reason == \
+        "torchrun exited 1; rank 3 (local rank 1) failed: ValueError: bad token ********"
+    assert SECRET not in json.dumps(outcome.failures)
+
+
+def test_a_malformed_control_line_quoting_a_secret_is_noted_without_it(tmp_path):
+    data = (encode({"event": "no-such-event", "said": SECRET})
+            + encode(dict(EXIT, code=0, failures=[])))
+    outcome, log, console, _, _ = relay(tmp_path, data, 9, env={"HF_TOKEN": SECRET})
+    assert "ignored a malformed control line" in log and "********" in log
+    assert SECRET not in log + console and outcome.state is NodeState.SUCCEEDED
+
+
+def test_a_restart_attempt_is_announced_in_the_log_and_on_the_console(tmp_path):
+    data = (encode({"event": "attempt", "attempt": 0, "master_port": 29500})
+            + encode({"event": "attempt", "attempt": 2, "master_port": 29517})
+            + encode(dict(EXIT, code=0, failures=[])))
+    _outcome, log, console, _, _ = relay(tmp_path, data, 11)
+    assert log == "ddp-orch: attempt 2 (master port 29517)\n"  # the first attempt is no news
+    assert "ddp-orch: attempt 2 (master port 29517)" in console
+
+
+@pytest.mark.parametrize("code, state, reason", [
+    (255, NodeState.LOST, "connection lost without an exit status"),
+    (-9, NodeState.LOST, "the node agent ended without reporting (killed by signal 9); "
+                         "its guardian tears the run down there"),
+])
+def test_a_stream_that_ends_without_an_exit_event_is_a_lost_node(tmp_path, code, state, reason):
+    outcome, log, console, agent, changes = relay(tmp_path, b"working\nhalf a li", 4, code=code)
+    assert (outcome.state, outcome.reason, outcome.exit_code) == (state, reason, code)
+    assert log == "working\nhalf a li"  # the unfinished last line is kept too
+    assert "half a li" in console
+    assert agent.handed_back is None and changes == [1]
