@@ -102,7 +102,7 @@ def test_a_malformed_control_line_is_logged_and_the_relay_goes_on(tmp_path):
             + CONTROL_PREFIX + b"\xff\xfe\n" + encode(EXIT))
     out = io.StringIO()
     handle = NodeHandle(launch, FakeAgent(data), RunDir(str(tmp_path)), Console("all", out))
-    handle.start({})
+    handle.start(None)
     outcome = handle.finish(timeout=10)
     log = (tmp_path / "node-0.log").read_text()
     assert log.count("ignored a malformed control line") == 2 and "worker line" in log
@@ -153,28 +153,25 @@ def test_a_node_announcing_more_than_asked_is_cut_off_unread():
 SECRET = "hf_s3cr3tValue1234"
 
 
-class StreamProcess:
-    """The channel's own status once it ends (``poll``), and nothing else."""
+class StreamAgent:
+    """A node's channel whose supervisor sends ``data`` in reads of ``size``
+    bytes, then ends with the channel's own status ``code``; what the relay
+    hands back (``unread``) is kept."""
 
-    def __init__(self, code):
+    host = "h1"
+    liveness_ours = True
+
+    def __init__(self, data: bytes, size: int, code=None):
+        self.data = io.BytesIO(data)
+        self.size = size
         self.code = code
+        self.handed_back: bytes | None = None
 
     def poll(self):
         return self.code
 
     def wait(self, timeout=None):
         return self.code
-
-
-class StreamAgent:
-    """A node whose supervisor sends ``data`` in reads of ``size`` bytes; what
-    the relay hands back (``unread``) is kept."""
-
-    def __init__(self, data: bytes, size: int, code=None):
-        self.data = io.BytesIO(data)
-        self.size = size
-        self.process = StreamProcess(code)
-        self.handed_back: bytes | None = None
 
     def supervise(self, spec):
         pass
@@ -195,7 +192,7 @@ def relay(tmp_path, data: bytes, size: int, code=None, env=None):
     agent, out, changes = StreamAgent(data, size, code), io.StringIO(), []
     handle = NodeHandle(launch, agent, RunDir(str(tmp_path)), Console("all", out),
                         on_change=lambda: changes.append(1))
-    handle.start({})
+    handle.start(None)
     outcome = handle.finish(timeout=10)
     return outcome, (tmp_path / "node-1.log").read_text(), out.getvalue(), agent, changes
 
