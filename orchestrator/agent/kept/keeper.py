@@ -332,7 +332,7 @@ class Keeper:
         if self.current in self.stop_for or self.hanging:
             return
         now = time.monotonic()
-        setup_done = self.setup_go.is_set() or not self.sup_spec.get("setup") \
+        setup_done = self.setup_go.is_set() or not self.sup_spec.setup \
             or self.current > 0
         views = []
         for k in range(self.nnodes):
@@ -396,7 +396,7 @@ class Keeper:
         where each rank stands."""
         out = {}
         try:
-            dumped = stacks.dump(self.sup_spec["run_id"], {self.node_rank: self.run_dir})
+            dumped = stacks.dump(self.sup_spec.run_id, {self.node_rank: self.run_dir})
             saved = os.path.join(self.run_dir, "stacks", stamp)
             os.makedirs(saved, mode=0o700, exist_ok=True)
             for r in dumped:
