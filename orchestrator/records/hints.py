@@ -5,7 +5,7 @@ connectFullMesh failed with ... remote=[127.0.1.1]:7569``); the summary adds
 the hint these rules find for it, naming the node and the exact setting to
 try. Each rule fits one failure: a hint that fits none is better left out
 than a wrong one. Pure functions of the text, tested on real error lines
-(``tests/live/test_hints.py``).
+(``tests/unit/records/test_records_hints.py``).
 """
 
 from __future__ import annotations

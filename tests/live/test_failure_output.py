@@ -3,7 +3,8 @@ tracebacks (issue 22): the worker shim prints a ``WorkloadError`` as one
 line, the console folds torchrun's report of the failed ranks into one
 line (the node's log keeps it), and the summary says which ranks failed
 the same way. The pieces have unit tests beside their code
-(``test_shim.py``, ``test_relay.py``); here, the reason and a real run.
+(``test_shim.py``, ``test_relay.py``, and the reason in
+``test_nodehandle.py``); here, a real run.
 """
 
 from __future__ import annotations
@@ -14,24 +15,6 @@ import os
 import pytest
 
 from conftest import run_cli
-from orchestrator.engine.nodehandle import _failure_reason
-
-MESSAGE = "WorkloadError: --data real: no MNIST at /r/code/data/MNIST/raw (datasets.py:134)"
-
-
-def failure(local_rank: int, message: str = MESSAGE, at: float = 1.0) -> dict:
-    return {"local_rank": local_rank, "message": message, "timestamp": at,
-            "error_file": f"torchrun/x/attempt_0/{local_rank}/error.json"}
-
-
-def test_the_reason_names_the_first_failure_and_the_ranks_that_failed_the_same_way():
-    failures = (failure(2, at=1.0), failure(0, at=1.1), failure(1, "RuntimeError: other", 1.2),
-                failure(3, at=1.3))
-    assert _failure_reason(1, failures, 4, []) == (
-        f"torchrun exited 1; rank 6 (local rank 2) failed: {MESSAGE}; the same on ranks 4, 7")
-    assert _failure_reason(1, failures[:2], 0, []).endswith(f"{MESSAGE}; the same on rank 0")
-    assert _failure_reason(1, failures[2:3], 0, []) == \
-        "torchrun exited 1; rank 1 (local rank 1) failed: RuntimeError: other"
 
 
 @pytest.mark.live

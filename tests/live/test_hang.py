@@ -13,54 +13,8 @@ import pytest
 from bounds import AT_ONCE_S, assert_gone_within, teardowns
 from conftest import local_job, run_cli, start_cli, wait_for_lines
 from labhome import lab_job
-from orchestrator.engine.results import WantedFile, flight_recorder_files
-from orchestrator.config.loader import load_cluster_text
-from orchestrator.errors import ConfigError
-from orchestrator.plan.build import build_plan
 from procscan import wait_gone
 from test_long_runs import TWO_NODES, cli, node_dir, nothing_left, status_until, up
-from workloads import contract
-
-
-def plan_of(text: str):
-    return build_plan(load_cluster_text(text, source="c.yaml"), run_id="r", local_run_dir="/l")
-
-
-def test_gpu_runs_get_the_nccl_flight_recorder_unless_the_file_sets_it():
-    plan = plan_of("nodes: [{host: a, gpus: '0,1'}, {host: b, gpus: 2}]\n"
-                   "env: {TORCH_NCCL_TRACE_BUFFER_SIZE: '100'}\nworkload: {name: noop}\n")
-    node = plan.nodes[1]
-    assert node.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert node.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "100"  # the user's value
-    prefix = f"{node.run_dir}/nccl_trace_rank_"
-    assert node.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
-    assert flight_recorder_files(node) == [
-        WantedFile(f"{prefix}2", "nccl_trace/node-1/rank-2", 64 << 20)]
-    cpu = plan_of("nodes: [{host: a, procs: 2}]\nworkload: {name: noop}\n")
-    assert not any(k.startswith("TORCH_NCCL") for k in cpu.nodes[0].env)
-    assert flight_recorder_files(cpu.nodes[0]) == []
-
-
-def test_hang_timeout_in_the_file_and_its_floor():
-    spec = load_cluster_text("hang_timeout: 30\nnodes: [{host: a, procs: 1}]\n"
-                             "workload: {name: noop}\n")
-    assert spec.hang_timeout == 30.0
-    with pytest.raises(ConfigError, match="hang_timeout: 5 is out of range 10-"):
-        load_cluster_text("hang_timeout: 5\nnodes: [{host: a, procs: 1}]\nworkload: {name: noop}\n")
-
-
-def test_the_heartbeat_writes_the_ranks_step_at_most_once_a_second(tmp_path, monkeypatch):
-    monkeypatch.setenv(contract.RESULT_FILE_ENV, str(tmp_path / "result.json"))
-    monkeypatch.setenv("RANK", "3")
-    monkeypatch.setattr(contract, "_last_heartbeat", [0.0])
-    contract.heartbeat(7)
-    contract.heartbeat(8)  # within the second: not written
-    step, stamp = (tmp_path / "progress" / "rank-3").read_text().split()
-    assert step == "7" and abs(float(stamp) - time.time()) < 5
-    monkeypatch.delenv(contract.RESULT_FILE_ENV)
-    monkeypatch.setattr(contract, "_last_heartbeat", [0.0])
-    contract.heartbeat(9)  # not under ddp-orch: nothing happens
-    assert (tmp_path / "progress" / "rank-3").read_text().split()[0] == "7"
 
 
 @pytest.mark.live
@@ -168,7 +122,6 @@ def test_nccl_dumps_of_a_failed_gpu_run_come_home_into_nccl_trace(ssh_lab, tmp_p
     assert (trace / "node-1" / "rank-2").read_text() == \
         "flight record of rank 2: all_reduce seq 7 timed out; token ********\n"
     assert wait_gone("nccl", 15, labs=[ssh_lab]) == set()
-
 
 
 HANG_WORDS = ("ranks 0-1 wait in all_reduce <- hang_rank2.py:8; rank 2 is elsewhere: "

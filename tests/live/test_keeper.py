@@ -16,13 +16,11 @@ import time
 import pytest
 
 from orchestrator.agent.kept import daemon, peers
-from orchestrator.agent.kept.keeper import attempt_spec
-from orchestrator.agent.node.spec import SupervisorSpec
-from orchestrator.agent.wire.protocol import ProtocolError, decode, encode
-from orchestrator.agent.kept.restarts import will_recur
+from orchestrator.agent.wire.protocol import encode
 from orchestrator.engine.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
 from procscan import worker_pids
+from keepers import keeper_specs, wait_until, _plan
 
 # A node's "torchrun": says its attempt, starts a "worker" (a child, as
 # torchrun does once every node has joined; not on the node:attempt pairs in
@@ -31,50 +29,6 @@ from procscan import worker_pids
 # every node say its line before the gang is stopped), or with 0 after SLEEP
 # seconds. UNKILLABLE="node:attempt:seconds" adds a worker that ignores
 # SIGTERM and lives that long (tests make SIGKILL miss it).
-PROGRAM = """
-import os, subprocess, sys, time
-SURVIVOR = ("# unkillable-rank\\nimport signal, sys, time; signal.signal(signal.SIGTERM, "
-            "signal.SIG_IGN); time.sleep(float(sys.argv[1])); "
-            "open(sys.argv[2], 'w').write(repr(time.time()))")
-k, attempt = sys.argv[1], os.environ["DDP_ORCH_RESTART_COUNT"]
-print(f"node {k} attempt {attempt} port {sys.argv[3]} secret {os.environ.get('TOKEN')} "
-      f"at {time.time()}", flush=True)
-if f"{k}:{attempt}" not in os.environ.get("NO_WORKERS", "").split(","):
-    subprocess.Popen(["sleep", "3600"])
-for spec in os.environ.get("UNKILLABLE", "").split(","):
-    if spec.startswith(f"{k}:{attempt}:"):
-        subprocess.Popen([sys.executable, "-c", SURVIVOR, spec.rsplit(":", 1)[1],
-                          os.environ["GONE_FILE"]])
-codes = dict((c.rsplit(":", 1)[0], int(c.rsplit(":", 1)[1]))
-             for c in os.environ.get("CODES", "").split(",") if c)
-if f"{k}:{attempt}" in codes:
-    time.sleep(0.5)
-    sys.exit(codes[f"{k}:{attempt}"])
-time.sleep(float(os.environ.get("SLEEP", "2")))
-"""
-
-
-def keeper_specs(tmp_path, nnodes: int, *, restarts: int = 0, env: dict | None = None,
-                 token: str | None = None) -> list[dict]:
-    token = token or secrets.token_hex(16)
-    run_id = f"kt-{os.getpid()}-{time.monotonic_ns()}"
-    out = []
-    for k in range(nnodes):
-        run_dir = str(tmp_path / f"node-{k}")
-        node_env = {"DDP_ORCH_RUN_ID": run_id, "DDP_ORCH_NODE_RANK": str(k),
-                    "DDP_ORCH_RESTART_COUNT": "0", **(env or {})}
-        out.append({
-            "nnodes": nnodes, "max_restarts": restarts, "start_timeout_s": 20,
-            "rule": "detached", "gang": {"addr": "127.0.0.1", "port": 0, "token": token},
-            "supervisor": {
-                "run_id": run_id, "node_rank": k, "run_dir": run_dir, "first_rank": k,
-                "nproc": 1, "master_port": 29500,
-                "argv": [sys.executable, "-c", PROGRAM, str(k), "--master-port", "29500",
-                         "--log-dir", f"{run_dir}/torchrun"],
-                "env": node_env, "unset_env": [], "grace_s": 2, "heartbeat_s": 1,
-                "liveness": "keeper",
-                "secrets": [node_env["TOKEN"]] if "TOKEN" in node_env else []}})
-    return out
 
 
 def start_all(specs: list[dict]) -> list[dict]:
@@ -113,14 +67,6 @@ def said_at(spec: dict, k: int, attempt: int) -> float:
     line = next(line for line in stream(spec).splitlines()
                 if line.startswith(f"node {k} attempt {attempt} "))
     return float(line.rsplit(" at ", 1)[1])
-
-
-def wait_until(ready, what: str, timeout: float = 20) -> None:
-    """Poll ``ready()`` until it holds; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"not within {timeout:g}s: {what}"
-        time.sleep(0.05)
 
 
 def wait_running(specs: list[dict], attempt: int = 0) -> None:
@@ -266,134 +212,6 @@ def test_a_peer_that_never_joins_fails_the_run_after_the_start_timeout(tmp_path)
     assert "node(s) 1 never joined the gang's port" in stream(specs[0])
 
 
-def test_accept_hello_checks_the_token_and_the_rank():
-    a, b = socket.socketpair()
-    with a, b:
-        b.sendall(encode({"event": "gang-hello", "node_rank": 5, "token": "t"}))
-        with pytest.raises(ProtocolError, match="not in this run"):
-            peers.accept_hello(a, "t", 3)
-    a, b = socket.socketpair()
-    with a, b:
-        b.sendall(encode({"event": "gang-hello", "node_rank": 1, "token": "t"}) + b"rest")
-        assert peers.accept_hello(a, "t", 3) == (1, b"rest")
-
-
-def test_attempt_spec_swaps_the_port_and_log_dir_and_counts_the_attempt():
-    spec = SupervisorSpec.from_dict(keeper_specs(__import__("pathlib").Path("/r"), 1)[0]["supervisor"])
-    first = attempt_spec(spec, 0, 29500)
-    assert first.argv == spec.argv and first.env["DDP_ORCH_RESTART_COUNT"] == "0"
-    later = attempt_spec(spec, 2, 41000)
-    assert later.argv[-3:] == ("41000", "--log-dir", "/r/node-0/torchrun.attempt-2")
-    assert later.log_dir == "/r/node-0/torchrun.attempt-2"
-    assert later.env["DDP_ORCH_RESTART_COUNT"] == "2" and later.master_port == 41000
-    assert spec.env["DDP_ORCH_RESTART_COUNT"] == "0"  # the dry-run's spec is untouched
-
-
-@pytest.mark.parametrize("message, stepped, recurs", [
-    ("ModuleNotFoundError: No module named 'x' (train.py:1)", False, True),
-    ("SyntaxError: invalid syntax (train.py:3)", False, True),
-    ("NameError: name 'x' is not defined", False, True),
-    ("exitcode 2", False, True),
-    ("exitcode 2: train.py: error: unrecognized arguments: --x", False, True),  # argparse
-    ("exitcode 21: done", False, False),
-    ("ModuleNotFoundError: No module named 'x'", True, False),  # after a step: maybe data
-    ("RuntimeError: CUDA error: an illegal memory access", False, False),
-    ("torch.OutOfMemoryError: CUDA out of memory", False, False),
-    ("exitcode -9", False, False),
-])
-def test_the_recurrence_rule(message, stepped, recurs):
-    ended = {0: {"failures": []}, 1: {"failures": [{"message": message}]}}
-    why = will_recur(ended, stepped)
-    assert bool(why) is recurs, why
-    if recurs:
-        assert why.startswith("node 1 ")
-
-
-def test_a_rank_that_exits_2_without_a_traceback_is_known_by_its_exit_code(tmp_path):
-    """torchrun's summary of a rank without ``@record`` holds only a pointer to
-    its docs; the failure is the exit code and the rank's last stderr line,
-    which the recurrence rule reads as a usage error."""
-    from orchestrator.agent.node import failures
-
-    rank_dir = tmp_path / "torchrun" / "none_x" / "attempt_0" / "0"
-    rank_dir.mkdir(parents=True)
-    (rank_dir / "stderr.log").write_text(
-        "[rank2]:usage: steps.py [-h] [--steps STEPS]\n"
-        "[rank2]:steps.py: error: unrecognized arguments: --x 1\n")
-    summary = ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-24_16:00:00",
-               "  host      : node1", "  rank      : 2 (local_rank: 0)",
-               "  exitcode  : 2 (pid: 123)", "  error_file: <N/A>",
-               "  traceback : To enable traceback see: "
-               "https://pytorch.org/docs/stable/elastic/errors.html"]
-    (found,) = failures.collect(str(tmp_path), summary)
-    assert found["message"] == "exitcode 2: steps.py: error: unrecognized arguments: --x 1"
-    assert will_recur({1: {"failures": [found]}}, stepped=False).startswith(
-        "node 1 exited with a usage error (exit 2) before the first step")
-
-
-def test_gang_messages_are_checked_like_every_control_line():
-    with pytest.raises(ProtocolError):
-        decode(encode({"event": "gang-start", "attempt": "1", "master_port": 1}))
-    with pytest.raises(ProtocolError):
-        decode(encode({"event": "gang-stop", "attempt": 0, "reason": "x"}))
-    assert decode(encode({"event": "gang-ended", "attempt": 0, "exit": {}}))["exit"] == {}
-
-
-def test_a_zombie_keeper_is_not_counted_as_running(tmp_path):
-    """A keeper that has exited but is not reaped yet (its reaper, a
-    container's pid 1 say, is late or never does) has ended: a zombie keeps
-    its pid and start time, and must not count as the run's keeper."""
-    import subprocess
-
-    from orchestrator.agent.node.procs import start_time
-
-    process = subprocess.Popen(["sleep", "60"])
-    try:
-        (tmp_path / "keeper.json").write_text(json.dumps(
-            {"pid": process.pid, "start_time": start_time(process.pid), "state": "running"}))
-        assert daemon.keeper_pid(str(tmp_path)) == process.pid
-        os.kill(process.pid, signal.SIGKILL)  # not reaped: a zombie until we wait
-        wait_until(lambda: open(f"/proc/{process.pid}/stat").read().rsplit(")", 1)[1].split()[0]
-                   == "Z", "the keeper is a zombie", timeout=5)
-        assert daemon.keeper_pid(str(tmp_path)) is None
-        assert daemon.state(str(tmp_path))["alive"] is False
-    finally:
-        process.kill()
-        process.wait()
-
-
-def test_follow_streams_from_the_last_lines(tmp_path):
-    with open(tmp_path / "f", "wb") as fh:
-        fh.write(b"a\nb\nc\nd\n")
-    with open(tmp_path / "f", "rb") as fh:
-        assert daemon.offset_of_last_lines(fh, 2) == 4
-        assert daemon.offset_of_last_lines(fh, 0) == 8
-        assert daemon.offset_of_last_lines(fh, 10) == 0
-
-
-def _plan(nnodes: int):
-    from orchestrator.plan.model import Entrypoint, NodePlan, RunPlan
-
-    nodes = tuple(NodePlan(k, f"h{k}", "python3", None, k, 1, f"/r/{k}", {}, ())
-                  for k in range(nnodes))
-    return RunPlan("r", "r", "ssh", nnodes, "h0", 29500, "cpu", "x", None,
-                   Entrypoint(None, "x.py", ()), nodes, ())
-
-
-def test_the_recorded_attempts_read_back_as_outcomes():
-    recorded = [{"attempt": 0, "master_port": 1, "state": "failed", "restart": "",
-                 "no_restart": "node 0 failed with ImportError before the first step",
-                 "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": [
-                     {"local_rank": 0, "message": "ImportError: x", "timestamp": 1.0,
-                      "error_file": None}], "last_lines": []},
-                     "1": {"lost": "the link closed"}}}]
-    ((attempt, nodes),) = attempt_outcomes(_plan(2), recorded)
-    assert attempt.note.startswith("no restart: node 0 failed with ImportError")
-    assert nodes[1].state is NodeState.LOST and "the link closed" in nodes[1].reason
-    assert attempt.root_cause.node_rank == 0
-    assert json.loads(json.dumps(attempt.to_dict()))["root_cause"]["node_rank"] == 0
-
-
 @pytest.mark.live  # real daemons; about 12 s: the link timeout is the point
 def test_a_frozen_keeper_is_given_up_on_after_the_link_timeout(tmp_path):
     """SIGSTOP: the keeper's socket stays open (no FIN, no RST), so only the
@@ -495,25 +313,6 @@ def test_a_run_of_one_node_opens_no_gang_port(tmp_path):
     assert [s["state"] for s in wait_ended([spec])] == ["succeeded"]
 
 
-def test_the_gang_port_takes_the_master_address_or_says_why_not():
-    sock, note = peers.listener("127.0.0.1", avoid=None)
-    with sock:
-        assert sock.getsockname()[0] == "127.0.0.1" and note == ""
-    sock, note = peers.listener("localhost", avoid=None)
-    with sock:
-        assert ipaddress_is_loopback(sock.getsockname()[0]) and note == ""
-    sock, note = peers.listener("192.0.2.1", avoid=None)  # TEST-NET: not this host's
-    with sock:
-        assert sock.getsockname()[0] == "0.0.0.0"
-        assert "every interface" in note and "192.0.2.1" in note
-
-
-def ipaddress_is_loopback(addr: str) -> bool:
-    import ipaddress
-
-    return ipaddress.ip_address(addr).is_loopback
-
-
 def fake_node(port: int, token: str, node_rank: int) -> socket.socket:
     """A node of the gang played by the test: it says its hello, and reads
     until the head starts attempt 0."""
@@ -541,69 +340,6 @@ def test_a_malformed_line_on_a_link_is_that_node_lost_not_a_dead_reader(tmp_path
 
 
 # -- records that fit their lines (item 4) ------------------------------------------
-
-def realistic_exit(k: int, attempt: int, own: bool) -> dict:
-    """A failed node's exit event as a supervisor sends it: 8 ranks'
-    failures with long, non-ASCII messages (JSON escapes them 6 bytes a
-    character), long error file paths, torchrun's last lines, survivors."""
-    text = "RuntimeError: CUDA error: an illegal memory access — ünïcödé 数据 " * 40
-    return {"event": "exit", "code": 1 if own else 143,
-            "reason": "torchrun exited" if own else "stopped by the gang: node 5 failed (exit 1)",
-            "failures": [{"local_rank": r, "message": text + f" (train.py:{88 + r})",
-                          "timestamp": 1.7e9 + attempt * 100 + (0 if own else 5) + r,
-                          "error_file": f"/home/u/.ddp-orch/runs/r/node-{k}/" + "d" * 300}
-                         for r in range(8)],
-            "stopped_at": None if own else 1.7e9 + attempt * 100 + 1,
-            "last_lines": [f"[rank{r}]: " + text for r in range(5)],
-            "survivors": [], "duration_s": 12.5, "stepped": True}
-
-
-def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_path):
-    from orchestrator.agent.kept.keeper import Keeper, compact
-    from orchestrator.agent.wire.protocol import MAX_CONTROL_LINE
-
-    nnodes, attempts = 128, 10
-    spec = keeper_specs(tmp_path, nnodes)[0]
-    os.makedirs(spec["supervisor"]["run_dir"])
-    keeper = Keeper(spec)
-    for a in range(attempts):
-        # every node is asked to stop, node 5 too (its torchrun failed first)
-        nodes = {str(k): {**compact(realistic_exit(k, a, k == 5)), "stop_asked": True}
-                 for k in range(nnodes)}
-        keeper.attempts.append({
-            "attempt": a, "master_port": 40000 + a, "stop_reason": "node 5 failed (exit 1)",
-            "nodes": nodes, "state": "failed",
-            "restart": "restarting" if a < attempts - 1 else "", "no_restart": ""})
-        keeper._compact_old_attempts()
-    # keeper.json, and the `keeper` reply that carries it (status, ps)
-    keeper.write_state("failed", 1)
-    reply = encode({"event": "reply", **daemon.state(spec["supervisor"]["run_dir"])})
-    assert len(reply) < MAX_CONTROL_LINE, len(reply)
-    recorded = decode(reply)["keeper"]["attempts"]
-    # the `finished` line (attach)
-    line = encode(keeper.masked(keeper.finished_message(1, "failed")))
-    assert len(line) < MAX_CONTROL_LINE, len(line)
-    finished = decode(line)
-    for kept in (recorded, finished["attempts"]):
-        assert [a["attempt"] for a in kept] == list(range(attempts))
-        outcomes = attempt_outcomes(_plan(nnodes), kept)
-        for attempt, nodes in outcomes:
-            assert attempt.state is RunState.FAILED and attempt.root_cause.node_rank == 5
-            assert "RuntimeError: CUDA error" in attempt.root_cause.reason
-        last_nodes = outcomes[-1][1]  # the last attempt keeps every node
-        assert {n.state for n in last_nodes} == {NodeState.FAILED, NodeState.STOPPED}
-
-
-def test_a_very_long_run_drops_its_oldest_attempts_first():
-    from orchestrator.agent.kept.keeper import fit_attempts
-
-    records = [{"attempt": a, "master_port": a, "state": "failed", "stop_reason": "x" * 400,
-                "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": []}}}
-               for a in range(5000)]
-    kept, omitted = fit_attempts(records, budget=100_000)
-    assert len(json.dumps(kept, separators=(",", ":"))) <= 100_000
-    assert omitted == 5000 - len(kept) and kept[-1]["attempt"] == 4999
-    assert [a["attempt"] for a in kept] == list(range(omitted, 5000))
 
 
 # -- an attached kept run watches its follower (item 5) ------------------------------
@@ -715,12 +451,6 @@ def test_no_restart_on_top_of_what_would_not_die(tmp_path, monkeypatch):
     assert "unkillable-rank" in attempt["no_restart"]
     outcome = attempt_outcomes(_plan(2), states[0]["attempts"])[0][0]
     assert outcome.note.startswith("no restart: node 1: 1 process(es)")
-
-
-def test_the_restart_backoff_is_short_and_bounded():
-    from orchestrator.agent.kept.keeper import restart_backoff
-
-    assert [restart_backoff(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
 
 
 # -- every attempt has a start timeout; a node lost between attempts (item 8) ----------

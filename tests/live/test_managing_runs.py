@@ -18,19 +18,7 @@ import jsonschema
 import pytest
 
 from conftest import ROOT, local_job, run_cli
-from orchestrator.agent.kept import daemon
-from orchestrator.agent.wire.protocol import encode
-from orchestrator.errors import ConfigError
-from orchestrator.records.rundir import RunDir
-from orchestrator.records.runsdir import MARKER, RUNS_DIR_ENV, locate
-from orchestrator.records.store import find_run
-
-SCHEMAS = os.path.join(ROOT, "schema")
-
-
-def schema(name: str) -> dict:
-    with open(os.path.join(SCHEMAS, f"{name}.schema.json"), encoding="utf-8") as fh:
-        return json.load(fh)
+from runrecords import schema, state
 
 
 def strict(node):
@@ -58,126 +46,13 @@ def assert_valid(output: str, name: str) -> dict:
     return document
 
 
-def clean_env(tmp_path, **extra: str) -> dict:
-    """An environment whose default runs directory lies under ``tmp_path``."""
-    env = {k: v for k, v in os.environ.items() if k != RUNS_DIR_ENV}
-    # run_cli starts from os.environ, where conftest set XDG_DATA_HOME: an
-    # empty value is unset to the XDG rule, so ~/.local/share applies.
-    return {**env, "HOME": str(tmp_path / "home"), "XDG_DATA_HOME": "", **extra}
-
-
-def record(runs_dir, run_id: str, started: float, state: str = "succeeded") -> None:
-    run = RunDir.create(str(runs_dir), run_id)
-    with open(run.file("state.json"), "w", encoding="utf-8") as fh:
-        json.dump({"run_id": run_id, "backend": "local", "state": state, "started": started,
-                   "ended": started + 2, "wall_s": 2.0, "nodes": []}, fh)
-
-
-def ps_listing(result) -> list[str]:
-    return [line.split()[0] for line in result.stdout.splitlines()[1:-1]]
-
-
 # the runs directory, from anywhere ---------------------------------------------
-
-
-def test_ps_from_a_subdirectory_finds_the_projects_runs_and_says_where(tmp_path):
-    project = tmp_path / "project"
-    record(project / "runs", "mine-1", time.time())
-    assert (project / "runs" / MARKER).is_file()
-    below = project / "src" / "deep"
-    below.mkdir(parents=True)
-    result = run_cli("ps", cwd=str(below), env=clean_env(tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert ps_listing(result) == ["mine-1"]
-    assert result.stdout.splitlines()[-1] == (
-        f"runs directory: {project / 'runs'} (the nearest runs/ of ddp-orch at or above the "
-        "current directory)")
-    status = run_cli("status", "mine", cwd=str(below), env=clean_env(tmp_path))
-    assert status.returncode == 0 and " succeeded " in status.stdout.splitlines()[1]
-
-
-def test_ps_from_an_unrelated_directory_reads_the_user_default_and_says_so(tmp_path):
-    default = tmp_path / "home" / ".local" / "share" / "ddp-orch" / "runs"
-    record(default, "elsewhere-1", time.time())
-    record(tmp_path / "project" / "runs", "project-1", time.time())
-    unrelated = tmp_path / "unrelated"
-    unrelated.mkdir()
-    result = run_cli("ps", cwd=str(unrelated), env=clean_env(tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert ps_listing(result) == ["elsewhere-1"]
-    assert result.stdout.splitlines()[-1] == (
-        f"runs directory: {default} (the default: no runs/ of ddp-orch in {unrelated} or above "
-        f"it; --runs-dir or ${RUNS_DIR_ENV} choose another)")
-    chosen = run_cli("ps", cwd=str(unrelated),
-                     env=clean_env(tmp_path, **{RUNS_DIR_ENV: str(tmp_path / "project" / "runs")}))
-    assert ps_listing(chosen) == ["project-1"]
-    assert f"(${RUNS_DIR_ENV}: no runs/ of ddp-orch in {unrelated}" in chosen.stdout
-    given = run_cli("ps", "--runs-dir", str(default), cwd=str(tmp_path / "project"),
-                    env=clean_env(tmp_path))
-    assert ps_listing(given) == ["elsewhere-1"] and "(--runs-dir)" in given.stdout
-
-
-def test_up_puts_its_run_where_ps_finds_it_from_a_subdirectory(tmp_path):
-    (tmp_path / "project" / "runs").mkdir(parents=True)
-    (tmp_path / "project" / "runs" / MARKER).write_text("")
-    below = tmp_path / "project" / "src"
-    below.mkdir()
-    dry = run_cli("up", "--local", "--workload", "noop", "--procs", "1", "--dry-run",
-                  "--run-id", "here", cwd=str(below), env=clean_env(tmp_path))
-    assert dry.returncode == 0, dry.stderr
-    assert f"  run dir  {tmp_path / 'project' / 'runs' / 'here' / 'node-0'}\n" in dry.stdout
-
-
-def test_a_runs_directory_from_before_the_marker_is_found_by_its_runs(tmp_path):
-    old = tmp_path / "runs" / "old-run"
-    old.mkdir(parents=True)
-    (old / "state.json").write_text("{}")
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "runs").mkdir()  # a runs/ of someone else's: no marker, no runs
-    found = locate(None, cwd=str(tmp_path / "sub"), env={"HOME": str(tmp_path)})
-    assert found.path == str(tmp_path / "runs")
 
 
 # an ambiguous run id ------------------------------------------------------------
 
 
-def test_an_ambiguous_run_id_prefix_lists_the_newest_matches_with_their_start(tmp_path):
-    now = time.time()
-    for k in range(12):
-        record(tmp_path, f"linear-{k:02d}", now - 60 * k)
-    record(tmp_path, "other", now)
-    with pytest.raises(ConfigError) as caught:
-        find_run(str(tmp_path), "linear")
-    text = str(caught.value)
-    assert text.startswith(f"command line: 12 runs matching 'linear' in {tmp_path}, newest "
-                           "first:\n")
-    listed = [line.split()[0] for line in text.splitlines()[1:11]]
-    assert listed == [f"linear-{k:02d}" for k in range(10)]
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now - 60))
-    assert f"    linear-01  started {started}\n" in text
-    assert "    ... and 2 more\n" in text
-    assert text.endswith("hint: give more characters of the run id, enough for one run")
-    assert find_run(str(tmp_path), "linear-03").run_id == "linear-03"
-
-
 # attach --lines N -----------------------------------------------------------------
-
-
-def test_the_last_n_lines_are_the_programs_not_the_agents_control_lines(tmp_path):
-    stream = tmp_path / "agent.out"
-    beat = encode({"event": "heartbeat", "progress": {}})
-    stream.write_bytes(b"one\ntwo\n" + beat + b"three\n" + beat + beat + b"four\n"
-                       + encode({"event": "exit", "code": 0, "reason": "torchrun exited",
-                                 "failures": [], "last_lines": [], "duration_s": 1.0})
-                       + encode({"event": "finished", "code": 0, "state": "succeeded"}))
-    with open(stream, "rb") as fh:
-        data = stream.read_bytes()
-        shown = data[daemon.offset_of_last_lines(fh, 2):]
-        assert [line for line in shown.splitlines() if not line.startswith(b"::")] == \
-            [b"three", b"four"]
-        assert shown.startswith(b"three\n")
-        assert daemon.offset_of_last_lines(fh, 0) == len(data)
-        assert daemon.offset_of_last_lines(fh, 9) == 0
 
 
 # detached runs that ended while nobody watched -------------------------------------
@@ -211,11 +86,6 @@ def ended_runs(tmp_path_factory):
 def keeper_end(runs: str, run_id: str) -> float:
     with open(os.path.join(runs, run_id, "node-0", "keeper.json"), encoding="utf-8") as fh:
         return json.load(fh)["updated"]
-
-
-def state(runs: str, run_id: str) -> dict:
-    with open(os.path.join(runs, run_id, "state.json"), encoding="utf-8") as fh:
-        return json.load(fh)
 
 
 @pytest.mark.live  # three detached runs on this machine: seconds
@@ -301,14 +171,3 @@ def test_a_run_that_fails_before_starting_records_why_for_status_and_ps(tmp_path
 
 
 # the schemas -------------------------------------------------------------------------
-
-
-def test_the_run_schemas_are_valid_and_status_holds_every_key_of_a_ps_run():
-    ps, status = schema("ps"), schema("status")
-    for document in (ps, status):
-        jsonschema.Draft202012Validator.check_schema(document)
-    run = ps["$defs"]["run"]
-    assert set(run["required"]) <= set(status["required"])
-    for key, described in run["properties"].items():
-        assert status["properties"][key] == described, key
-    assert status["$defs"]["node"] == ps["$defs"]["node"]

@@ -1,8 +1,8 @@
-"""SshTransport against real sshd processes (the SSH lab), plus unit tests of
-the pure settings resolution in ``orchestrator.transport.sshconfig``."""
+"""SshTransport against real sshd processes (the SSH lab). The pure settings
+resolution has its unit tests in tests/unit/transport/ (test_sshconfig.py,
+test_sshauth.py)."""
 
 import ast
-import getpass
 import os
 import socket
 import stat
@@ -17,7 +17,6 @@ from hypothesis import given, settings, strategies as st
 
 from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
 
-from orchestrator.transport.sshconfig import SshTarget, parse_jump_spec, resolve_target  # noqa: E402
 from orchestrator.errors import TransportError  # noqa: E402
 from orchestrator.transport.ssh import (  # noqa: E402
     EXIT_ABORTED, EXIT_CONNECTION_LOST, SshTransport)
@@ -306,57 +305,6 @@ def test_a_revoked_key_of_another_host_or_another_key_does_not_block(ssh_lab, tm
         assert transport.run(["true"]).ok
 
 
-@pytest.mark.parametrize("patterns, name, expected", [
-    ("[10.0.0.1]:2222", "[10.0.0.1]:2222", True),   # brackets are literal, not a class
-    ("[10.0.0.1]:2222", "1", False),
-    ("[10.0.0.1]:2222", "[10.0.0.1]:22", False),
-    ("10.0.0.1", "[10.0.0.1]:2222", False),           # a port-22 entry is not any port
-    ("*", "[10.0.0.1]:2222", True),
-    ("[10.0.0.1]:*", "[10.0.0.1]:2222", True),
-    ("web?.example.com", "web1.example.com", True),
-    ("web?.example.com", "web10.example.com", False),
-    ("a.example.com,b.example.com", "b.example.com", True),
-    ("WEB.Example.COM", "web.example.com", True),     # case-insensitive
-    ("web.example.com", "WEB.EXAMPLE.COM", True),
-    ("*.example.com,!bad.example.com", "bad.example.com", False),  # negation vetoes
-    ("!bad.example.com,*.example.com", "bad.example.com", False),  # in any position
-    ("*.example.com,!bad.example.com", "good.example.com", True),
-    ("!bad.example.com", "good.example.com", False),  # negation alone matches nothing
-    ("", "host", False),
-    ("a,,b", "b", True),
-])
-def test_known_hosts_pattern_matching(patterns, name, expected):
-    from orchestrator.transport.sshauth import host_pattern_matches
-    assert host_pattern_matches(patterns, name) is expected
-
-
-def test_hashed_known_hosts_names_match_only_their_host():
-    from orchestrator.transport.sshauth import host_pattern_matches
-    hashed = paramiko.HostKeys.hash_host("[10.0.0.1]:2222")
-    assert host_pattern_matches(hashed, "[10.0.0.1]:2222")
-    assert host_pattern_matches(hashed, "[10.0.0.1]:2222".upper())
-    assert not host_pattern_matches(hashed, "[10.0.0.1]:2223")
-    for broken in ("|1|", "|1|notbase64!|x", "|1|c2hvcnQ=|x", "|2|abc|def"):
-        assert not host_pattern_matches(broken, "[10.0.0.1]:2222")
-
-
-def test_revoked_entry_reads_only_revoked_lines_for_the_offered_key(tmp_path):
-    from orchestrator.transport.sshauth import revoked_entry
-    key = paramiko.RSAKey.generate(1024)
-    other = paramiko.RSAKey.generate(1024)
-    first, second = tmp_path / "kh1", tmp_path / "kh2"
-    first.write_text(f"host {key.get_name()} {key.get_base64()}\n"       # plain: trusted
-                     f"@cert-authority host {key.get_name()} {key.get_base64()}\n"
-                     f"@revoked host {other.get_name()} {other.get_base64()}\n"
-                     "@revoked host ssh-ed25519 !!!notbase64\n@revoked\n")
-    second.write_bytes(b"\xff\xfe junk\n  @revoked other,host " +
-                       f"{key.get_name()} {key.get_base64()} comment here\n".encode())
-    paths = [str(tmp_path / "missing"), str(tmp_path), str(first), str(second)]
-    assert revoked_entry(paths, "host", key) == (str(second), 2)
-    assert revoked_entry(paths[:3], "host", key) is None
-    assert revoked_entry(paths, "elsewhere", key) is None
-
-
 # -- failures to connect ----------------------------------------------------
 
 @live
@@ -455,76 +403,3 @@ def _free_port(addr):
 
 
 # -- settings resolution, pure ------------------------------------------------
-
-@pytest.fixture
-def config_file(tmp_path):
-    path = tmp_path / "config"
-    path.write_text(
-        "Host web\n    HostName 10.1.2.3\n    Port 2200\n    User alice\n"
-        "    IdentityFile ~/.ssh/web_key\n    UserKnownHostsFile /etc/kh1 ~/kh2\n"
-        "    ProxyJump bob@bastion:2222,inner\n    ConnectTimeout 7\n\n"
-        "Host bastion\n    HostName 192.0.2.1\n    IdentityFile /keys/bastion\n\n"
-        "Host legacy\n    ProxyCommand nc %h %p\n\n"
-        "Host lax\n    StrictHostKeyChecking no\n\n"
-        "Host *\n    IdentityFile /keys/default\n")
-    return str(path)
-
-
-def test_resolve_applies_the_config_for_an_alias(config_file):
-    target = resolve_target("web", ssh_config=config_file)
-    home = os.path.expanduser("~")
-    assert (target.name, target.hostname, target.port, target.user) == \
-        ("web", "10.1.2.3", 2200, "alice")
-    assert target.identity_files == (f"{home}/.ssh/web_key", "/keys/default")
-    assert target.known_hosts == ("/etc/kh1", f"{home}/kh2")
-    assert target.connect_timeout == 7 and target.strict_host_keys == "yes"
-    assert target.known_hosts_name == "[10.1.2.3]:2200"
-    # "bob@bastion:2222,inner": bastion first, then inner through it
-    inner = target.jump
-    assert (inner.hostname, inner.port, inner.jump.hostname) == ("inner", 22, "192.0.2.1")
-    assert (inner.jump.user, inner.jump.port) == ("bob", 2222)
-    assert inner.jump.identity_files == ("/keys/bastion", "/keys/default")
-    assert inner.jump.jump is None
-
-
-def test_explicit_values_beat_the_config(config_file):
-    target = resolve_target("web", user="carol", port=22, identity_file="/k/explicit",
-                            connect_timeout=3, strict_host_keys="accept-new",
-                            known_hosts="/k/known", proxy_jump="none", ssh_config=config_file)
-    assert (target.user, target.port, target.connect_timeout) == ("carol", 22, 3)
-    assert target.identity_files[0] == "/k/explicit"
-    assert target.known_hosts == ("/k/known",) and target.jump is None
-    assert target.strict_host_keys == "accept-new" and target.known_hosts_name == "10.1.2.3"
-
-
-def test_defaults_without_any_config(tmp_path):
-    target = resolve_target("plain", ssh_config=str(tmp_path / "absent"))
-    assert target == SshTarget(
-        name="plain", hostname="plain", port=22, user=getpass.getuser(),
-        known_hosts=(os.path.expanduser("~/.ssh/known_hosts"),))
-
-
-def test_strict_host_key_checking_from_config_never_accepts_changed_keys(config_file):
-    assert resolve_target("lax", ssh_config=config_file).strict_host_keys == "accept-new"
-    with pytest.raises(ValueError, match="strict_host_keys"):
-        resolve_target("web", strict_host_keys="no", ssh_config=config_file)
-
-
-def test_unsupported_settings_are_clear_errors(config_file, tmp_path):
-    with pytest.raises(TransportError, match="legacy: bad SSH settings: ProxyCommand"):
-        SshTransport("legacy", ssh_config=config_file)
-    looping = tmp_path / "looping"
-    looping.write_text("Host a\n    ProxyJump b\nHost b\n    ProxyJump a\n")
-    with pytest.raises(ValueError, match="a loop"):
-        resolve_target("a", ssh_config=str(looping))
-
-
-@pytest.mark.parametrize("spec, expected", [
-    ("host", (None, "host", None)),
-    ("u@host:2200", ("u", "host", 2200)),
-    ("ssh://u@h", ("u", "h", None)),
-    ("[::1]:2222", (None, "::1", 2222)),
-    ("u@[fe80::1]", ("u", "fe80::1", None)),
-])
-def test_parse_jump_spec(spec, expected):
-    assert parse_jump_spec(spec) == expected

@@ -15,6 +15,7 @@ from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.model import NodePlan
 from orchestrator.records.outcome import NodeState
 from orchestrator.records.rundir import RunDir
+from orchestrator.engine.nodehandle import _failure_reason
 
 EXIT = {"event": "exit", "code": 1, "reason": "torchrun exited", "duration_s": 1.5,
         "last_lines": ["boom"], "failures": [
@@ -265,3 +266,21 @@ def test_a_stream_that_ends_without_an_exit_event_is_a_lost_node(tmp_path, code,
     assert log == "working\nhalf a li"  # the unfinished last line is kept too
     assert "half a li" in console
     assert agent.handed_back is None and changes == [1]
+
+
+MESSAGE = "WorkloadError: --data real: no MNIST at /r/code/data/MNIST/raw (datasets.py:134)"
+
+
+def failure(local_rank: int, message: str = MESSAGE, at: float = 1.0) -> dict:
+    return {"local_rank": local_rank, "message": message, "timestamp": at,
+            "error_file": f"torchrun/x/attempt_0/{local_rank}/error.json"}
+
+
+def test_the_reason_names_the_first_failure_and_the_ranks_that_failed_the_same_way():
+    failures = (failure(2, at=1.0), failure(0, at=1.1), failure(1, "RuntimeError: other", 1.2),
+                failure(3, at=1.3))
+    assert _failure_reason(1, failures, 4, []) == (
+        f"torchrun exited 1; rank 6 (local rank 2) failed: {MESSAGE}; the same on ranks 4, 7")
+    assert _failure_reason(1, failures[:2], 0, []).endswith(f"{MESSAGE}; the same on rank 0")
+    assert _failure_reason(1, failures[2:3], 0, []) == \
+        "torchrun exited 1; rank 1 (local rank 1) failed: RuntimeError: other"

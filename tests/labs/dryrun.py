@@ -1,0 +1,57 @@
+"""Dry-run helpers shared by the unit and live tests of `--format shell`."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+PYTHON = sys.executable
+
+
+def sections(text: str) -> tuple[list[str], dict[int, list[str]], list[str]]:
+    """The commands of a shell dry-run: this machine's (before the first
+    node), each node's, and those after the nodes (``wait``)."""
+    here: list[str] = []
+    nodes: dict[int, list[str]] = {}
+    after: list[str] = []
+    current = here
+    for line in text.splitlines():
+        node = re.match(r"# node (\d+)  ", line)
+        if node:
+            current = nodes.setdefault(int(node.group(1)), [])
+        elif line.startswith("# every node's step"):
+            current = after
+        elif line and not line.startswith("#"):
+            current.append(line)
+    return here, nodes, after
+
+
+def user_path(tmp_path, ssh_config: str | None = None) -> dict[str, str]:
+    """PATH with `ddp-orch` (this tree's) and, for the SSH lab, an `ssh`
+    that reads the lab's config; plus MASTER_PORT, a free port."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ddp-orch").write_text(
+        f"#!/bin/sh\nPYTHONPATH={ROOT} exec {PYTHON} -m orchestrator \"$@\"\n")
+    if ssh_config:
+        (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {ssh_config} \"$@\"\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MASTER_PORT": str(port)}
+
+
+def run_here(lines: list[str], cwd, env: dict[str, str]) -> None:
+    """Each line in a fresh shell, one after the other, as typed."""
+    for line in lines:
+        done = subprocess.run(["sh", "-c", line], cwd=str(cwd), env={**os.environ, **env},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (line, done.stdout, done.stderr)

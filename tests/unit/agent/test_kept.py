@@ -1,0 +1,232 @@
+"""Unit tests of agent/kept/ (keeper, daemon, peers, restarts): attempt specs,
+the recurrence rule, gang messages, attempt records, following a stream, the
+keeper's pid; no keeper is started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import pytest
+
+from orchestrator.agent.kept import daemon, peers
+from orchestrator.agent.kept.keeper import attempt_spec
+from orchestrator.agent.node.spec import SupervisorSpec
+from orchestrator.agent.wire.protocol import ProtocolError, decode, encode
+from orchestrator.agent.kept.restarts import will_recur
+from orchestrator.engine.keptgang import attempt_outcomes
+from orchestrator.records.outcome import NodeState, RunState
+from keepers import keeper_specs, wait_until, _plan
+
+
+def test_accept_hello_checks_the_token_and_the_rank():
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(encode({"event": "gang-hello", "node_rank": 5, "token": "t"}))
+        with pytest.raises(ProtocolError, match="not in this run"):
+            peers.accept_hello(a, "t", 3)
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(encode({"event": "gang-hello", "node_rank": 1, "token": "t"}) + b"rest")
+        assert peers.accept_hello(a, "t", 3) == (1, b"rest")
+
+
+def test_attempt_spec_swaps_the_port_and_log_dir_and_counts_the_attempt():
+    spec = SupervisorSpec.from_dict(keeper_specs(__import__("pathlib").Path("/r"), 1)[0]["supervisor"])
+    first = attempt_spec(spec, 0, 29500)
+    assert first.argv == spec.argv and first.env["DDP_ORCH_RESTART_COUNT"] == "0"
+    later = attempt_spec(spec, 2, 41000)
+    assert later.argv[-3:] == ("41000", "--log-dir", "/r/node-0/torchrun.attempt-2")
+    assert later.log_dir == "/r/node-0/torchrun.attempt-2"
+    assert later.env["DDP_ORCH_RESTART_COUNT"] == "2" and later.master_port == 41000
+    assert spec.env["DDP_ORCH_RESTART_COUNT"] == "0"  # the dry-run's spec is untouched
+
+
+@pytest.mark.parametrize("message, stepped, recurs", [
+    ("ModuleNotFoundError: No module named 'x' (train.py:1)", False, True),
+    ("SyntaxError: invalid syntax (train.py:3)", False, True),
+    ("NameError: name 'x' is not defined", False, True),
+    ("exitcode 2", False, True),
+    ("exitcode 2: train.py: error: unrecognized arguments: --x", False, True),  # argparse
+    ("exitcode 21: done", False, False),
+    ("ModuleNotFoundError: No module named 'x'", True, False),  # after a step: maybe data
+    ("RuntimeError: CUDA error: an illegal memory access", False, False),
+    ("torch.OutOfMemoryError: CUDA out of memory", False, False),
+    ("exitcode -9", False, False),
+])
+def test_the_recurrence_rule(message, stepped, recurs):
+    ended = {0: {"failures": []}, 1: {"failures": [{"message": message}]}}
+    why = will_recur(ended, stepped)
+    assert bool(why) is recurs, why
+    if recurs:
+        assert why.startswith("node 1 ")
+
+
+def test_a_rank_that_exits_2_without_a_traceback_is_known_by_its_exit_code(tmp_path):
+    """torchrun's summary of a rank without ``@record`` holds only a pointer to
+    its docs; the failure is the exit code and the rank's last stderr line,
+    which the recurrence rule reads as a usage error."""
+    from orchestrator.agent.node import failures
+
+    rank_dir = tmp_path / "torchrun" / "none_x" / "attempt_0" / "0"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "stderr.log").write_text(
+        "[rank2]:usage: steps.py [-h] [--steps STEPS]\n"
+        "[rank2]:steps.py: error: unrecognized arguments: --x 1\n")
+    summary = ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-24_16:00:00",
+               "  host      : node1", "  rank      : 2 (local_rank: 0)",
+               "  exitcode  : 2 (pid: 123)", "  error_file: <N/A>",
+               "  traceback : To enable traceback see: "
+               "https://pytorch.org/docs/stable/elastic/errors.html"]
+    (found,) = failures.collect(str(tmp_path), summary)
+    assert found["message"] == "exitcode 2: steps.py: error: unrecognized arguments: --x 1"
+    assert will_recur({1: {"failures": [found]}}, stepped=False).startswith(
+        "node 1 exited with a usage error (exit 2) before the first step")
+
+
+def test_gang_messages_are_checked_like_every_control_line():
+    with pytest.raises(ProtocolError):
+        decode(encode({"event": "gang-start", "attempt": "1", "master_port": 1}))
+    with pytest.raises(ProtocolError):
+        decode(encode({"event": "gang-stop", "attempt": 0, "reason": "x"}))
+    assert decode(encode({"event": "gang-ended", "attempt": 0, "exit": {}}))["exit"] == {}
+
+
+def test_a_zombie_keeper_is_not_counted_as_running(tmp_path):
+    """A keeper that has exited but is not reaped yet (its reaper, a
+    container's pid 1 say, is late or never does) has ended: a zombie keeps
+    its pid and start time, and must not count as the run's keeper."""
+    import subprocess
+
+    from orchestrator.agent.node.procs import start_time
+
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "keeper.json").write_text(json.dumps(
+            {"pid": process.pid, "start_time": start_time(process.pid), "state": "running"}))
+        assert daemon.keeper_pid(str(tmp_path)) == process.pid
+        os.kill(process.pid, signal.SIGKILL)  # not reaped: a zombie until we wait
+        wait_until(lambda: open(f"/proc/{process.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+                   == "Z", "the keeper is a zombie", timeout=5)
+        assert daemon.keeper_pid(str(tmp_path)) is None
+        assert daemon.state(str(tmp_path))["alive"] is False
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_follow_streams_from_the_last_lines(tmp_path):
+    with open(tmp_path / "f", "wb") as fh:
+        fh.write(b"a\nb\nc\nd\n")
+    with open(tmp_path / "f", "rb") as fh:
+        assert daemon.offset_of_last_lines(fh, 2) == 4
+        assert daemon.offset_of_last_lines(fh, 0) == 8
+        assert daemon.offset_of_last_lines(fh, 10) == 0
+
+
+def test_the_gang_port_takes_the_master_address_or_says_why_not():
+    sock, note = peers.listener("127.0.0.1", avoid=None)
+    with sock:
+        assert sock.getsockname()[0] == "127.0.0.1" and note == ""
+    sock, note = peers.listener("localhost", avoid=None)
+    with sock:
+        assert ipaddress_is_loopback(sock.getsockname()[0]) and note == ""
+    sock, note = peers.listener("192.0.2.1", avoid=None)  # TEST-NET: not this host's
+    with sock:
+        assert sock.getsockname()[0] == "0.0.0.0"
+        assert "every interface" in note and "192.0.2.1" in note
+
+
+def ipaddress_is_loopback(addr: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(addr).is_loopback
+
+
+def realistic_exit(k: int, attempt: int, own: bool) -> dict:
+    """A failed node's exit event as a supervisor sends it: 8 ranks'
+    failures with long, non-ASCII messages (JSON escapes them 6 bytes a
+    character), long error file paths, torchrun's last lines, survivors."""
+    text = "RuntimeError: CUDA error: an illegal memory access — ünïcödé 数据 " * 40
+    return {"event": "exit", "code": 1 if own else 143,
+            "reason": "torchrun exited" if own else "stopped by the gang: node 5 failed (exit 1)",
+            "failures": [{"local_rank": r, "message": text + f" (train.py:{88 + r})",
+                          "timestamp": 1.7e9 + attempt * 100 + (0 if own else 5) + r,
+                          "error_file": f"/home/u/.ddp-orch/runs/r/node-{k}/" + "d" * 300}
+                         for r in range(8)],
+            "stopped_at": None if own else 1.7e9 + attempt * 100 + 1,
+            "last_lines": [f"[rank{r}]: " + text for r in range(5)],
+            "survivors": [], "duration_s": 12.5, "stepped": True}
+
+
+def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_path):
+    from orchestrator.agent.kept.keeper import Keeper, compact
+    from orchestrator.agent.wire.protocol import MAX_CONTROL_LINE
+
+    nnodes, attempts = 128, 10
+    spec = keeper_specs(tmp_path, nnodes)[0]
+    os.makedirs(spec["supervisor"]["run_dir"])
+    keeper = Keeper(spec)
+    for a in range(attempts):
+        # every node is asked to stop, node 5 too (its torchrun failed first)
+        nodes = {str(k): {**compact(realistic_exit(k, a, k == 5)), "stop_asked": True}
+                 for k in range(nnodes)}
+        keeper.attempts.append({
+            "attempt": a, "master_port": 40000 + a, "stop_reason": "node 5 failed (exit 1)",
+            "nodes": nodes, "state": "failed",
+            "restart": "restarting" if a < attempts - 1 else "", "no_restart": ""})
+        keeper._compact_old_attempts()
+    # keeper.json, and the `keeper` reply that carries it (status, ps)
+    keeper.write_state("failed", 1)
+    reply = encode({"event": "reply", **daemon.state(spec["supervisor"]["run_dir"])})
+    assert len(reply) < MAX_CONTROL_LINE, len(reply)
+    recorded = decode(reply)["keeper"]["attempts"]
+    # the `finished` line (attach)
+    line = encode(keeper.masked(keeper.finished_message(1, "failed")))
+    assert len(line) < MAX_CONTROL_LINE, len(line)
+    finished = decode(line)
+    for kept in (recorded, finished["attempts"]):
+        assert [a["attempt"] for a in kept] == list(range(attempts))
+        outcomes = attempt_outcomes(_plan(nnodes), kept)
+        for attempt, nodes in outcomes:
+            assert attempt.state is RunState.FAILED and attempt.root_cause.node_rank == 5
+            assert "RuntimeError: CUDA error" in attempt.root_cause.reason
+        last_nodes = outcomes[-1][1]  # the last attempt keeps every node
+        assert {n.state for n in last_nodes} == {NodeState.FAILED, NodeState.STOPPED}
+
+
+def test_a_very_long_run_drops_its_oldest_attempts_first():
+    from orchestrator.agent.kept.keeper import fit_attempts
+
+    records = [{"attempt": a, "master_port": a, "state": "failed", "stop_reason": "x" * 400,
+                "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": []}}}
+               for a in range(5000)]
+    kept, omitted = fit_attempts(records, budget=100_000)
+    assert len(json.dumps(kept, separators=(",", ":"))) <= 100_000
+    assert omitted == 5000 - len(kept) and kept[-1]["attempt"] == 4999
+    assert [a["attempt"] for a in kept] == list(range(omitted, 5000))
+
+
+def test_the_restart_backoff_is_short_and_bounded():
+    from orchestrator.agent.kept.keeper import restart_backoff
+
+    assert [restart_backoff(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_the_last_n_lines_are_the_programs_not_the_agents_control_lines(tmp_path):
+    stream = tmp_path / "agent.out"
+    beat = encode({"event": "heartbeat", "progress": {}})
+    stream.write_bytes(b"one\ntwo\n" + beat + b"three\n" + beat + beat + b"four\n"
+                       + encode({"event": "exit", "code": 0, "reason": "torchrun exited",
+                                 "failures": [], "last_lines": [], "duration_s": 1.0})
+                       + encode({"event": "finished", "code": 0, "state": "succeeded"}))
+    with open(stream, "rb") as fh:
+        data = stream.read_bytes()
+        shown = data[daemon.offset_of_last_lines(fh, 2):]
+        assert [line for line in shown.splitlines() if not line.startswith(b"::")] == \
+            [b"three", b"four"]
+        assert shown.startswith(b"three\n")
+        assert daemon.offset_of_last_lines(fh, 0) == len(data)
+        assert daemon.offset_of_last_lines(fh, 9) == 0

@@ -1,0 +1,74 @@
+"""Unit tests of controller/compare.py: the baseline and DDP specs `compare`
+runs (one process on node 0, the DataParallel baseline, threads per process)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from orchestrator.config.localmode import local_spec
+from orchestrator.errors import ConfigError
+from orchestrator.plan.build import build_plan
+from orchestrator.controller.compare import baseline_spec, ddp_spec
+from orchestrator.config.loader import load_cluster_file
+
+
+def test_baseline_is_one_process_on_node0_first_gpu():
+    spec = load_cluster_file("cluster.yaml.example")
+    base = baseline_spec(spec)
+    assert len(base.nodes) == 1 and base.nodes[0].gpus == (3,) and base.world_size == 1
+    assert base.workload == spec.workload and base.name == "resnet-demo-baseline"
+
+
+def test_cpu_processes_of_both_sides_run_one_thread_each_unless_the_file_says():
+    """The speed-up compares processes, not threads: torchrun would give the
+    1-process baseline every core and each DDP process one thread."""
+    spec = local_spec(None, workload="linear", args={}, gpus=None, procs=2, device=None)
+    for side in (baseline_spec(spec), ddp_spec(spec)):
+        assert [dict(node.env).get("OMP_NUM_THREADS") for node in side.nodes] == ["1"]
+    mine = dataclasses.replace(spec, nodes=tuple(
+        dataclasses.replace(node, env={**node.env, "OMP_NUM_THREADS": "2"})
+        for node in spec.nodes))
+    for side in (baseline_spec(mine), ddp_spec(mine)):
+        assert [dict(node.env)["OMP_NUM_THREADS"] for node in side.nodes] == ["2"]
+    gpu = load_cluster_file("cluster.yaml.example")
+    assert all("OMP_NUM_THREADS" not in node.env
+               for side in (baseline_spec(gpu), ddp_spec(gpu)) for node in side.nodes)
+
+
+def mlp_spec(**kw):
+    options = {"gpus": None, "procs": None, "device": None, **kw}
+    return local_spec(None, workload=options.pop("workload", "mlp"), args={}, **options)
+
+
+def test_dp_baseline_is_one_process_seeing_all_of_node0s_gpus_in_mode_dp():
+    """The commands compare --baseline dp runs (not run on GPUs here): mlp
+    --mode dp as one process with every GPU of node 0 visible, against
+    mlp --mode ddp, one process per GPU."""
+    spec = mlp_spec(gpus="0,1")
+    base, ddp = baseline_spec(spec, "dp"), ddp_spec(spec, "dp")
+    plan = build_plan(base, run_id="b", local_run_dir="/r/b")
+    assert plan.world_size == 1 and plan.nodes[0].nproc == 1
+    assert plan.nodes[0].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert plan.entrypoint.module == "workloads.mlp"
+    assert plan.entrypoint.args[-2:] == ("--mode", "dp")
+    ddp_plan = build_plan(ddp, run_id="d", local_run_dir="/r/d")
+    assert ddp_plan.world_size == 2 and ddp_plan.entrypoint.args[-2:] == ("--mode", "ddp")
+    assert ddp_plan.nodes[0].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"procs": 2}, "needs at least 2 GPUs on node 0 (localhost), which has procs: 2"),
+    ({"gpus": "1"}, "needs at least 2 GPUs on node 0 (localhost), which has 1 GPU"),
+    ({"gpus": "0,1", "device": "cpu"}, "which has device: cpu"),
+    ({"gpus": "0,1", "workload": "resnet"}, "mlp workload's --mode dp, but the workload here "
+                                            "is resnet"),
+])
+def test_dp_baseline_is_refused_without_two_gpus_or_on_another_workload(kw, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        baseline_spec(mlp_spec(**kw), "dp")
+    assert str(caught.value).startswith("command line: --baseline dp: ")
+    assert "ddp-orch compare --local --workload mlp --gpus 0,1 --baseline dp" in \
+        str(caught.value).split("hint: ")[1]

@@ -1,0 +1,38 @@
+"""Unit tests of the hang watchdog's settings in the plan: `hang_timeout` and
+its floor, and the NCCL flight recorder a GPU run gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.engine.results import WantedFile, flight_recorder_files
+from orchestrator.config.loader import load_cluster_text
+from orchestrator.errors import ConfigError
+from orchestrator.plan.build import build_plan
+
+
+def plan_of(text: str):
+    return build_plan(load_cluster_text(text, source="c.yaml"), run_id="r", local_run_dir="/l")
+
+
+def test_gpu_runs_get_the_nccl_flight_recorder_unless_the_file_sets_it():
+    plan = plan_of("nodes: [{host: a, gpus: '0,1'}, {host: b, gpus: 2}]\n"
+                   "env: {TORCH_NCCL_TRACE_BUFFER_SIZE: '100'}\nworkload: {name: noop}\n")
+    node = plan.nodes[1]
+    assert node.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert node.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "100"  # the user's value
+    prefix = f"{node.run_dir}/nccl_trace_rank_"
+    assert node.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert flight_recorder_files(node) == [
+        WantedFile(f"{prefix}2", "nccl_trace/node-1/rank-2", 64 << 20)]
+    cpu = plan_of("nodes: [{host: a, procs: 2}]\nworkload: {name: noop}\n")
+    assert not any(k.startswith("TORCH_NCCL") for k in cpu.nodes[0].env)
+    assert flight_recorder_files(cpu.nodes[0]) == []
+
+
+def test_hang_timeout_in_the_file_and_its_floor():
+    spec = load_cluster_text("hang_timeout: 30\nnodes: [{host: a, procs: 1}]\n"
+                             "workload: {name: noop}\n")
+    assert spec.hang_timeout == 30.0
+    with pytest.raises(ConfigError, match="hang_timeout: 5 is out of range 10-"):
+        load_cluster_text("hang_timeout: 5\nnodes: [{host: a, procs: 1}]\nworkload: {name: noop}\n")

@@ -1,0 +1,207 @@
+"""The failure hints (orchestrator/records/hints.py) on real error lines.
+
+The Gloo lines were produced here: two torchrun nodes in a network lab
+(tests/labs/netlab.py), host names on 127.0.1.1 and no GLOO_SOCKET_IFNAME; a
+GLOO_SOCKET_IFNAME the hosts lack; GLOO_SOCKET_IFNAME=docker0; node 1 with
+no route to node 0. The NCCL lines are quoted from public reports
+(pytorch/pytorch, NVIDIA/nccl, awslabs/awsome-distributed-ai issues): this
+machine has no GPU. Each failure goes through the code that builds the
+root cause (``nodehandle._failure_reason``) before the hint reads it.
+"""
+
+from __future__ import annotations
+
+from orchestrator.engine.nodehandle import _failure_reason
+from orchestrator.records.hints import PYTHON, failure_hint, hint_for, transport_hint
+from orchestrator.records.outcome import NodeOutcome, NodeState
+
+
+GLOO_LOOPBACK = (
+    "RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/"
+    "gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, "
+    "remote=[127.0.1.1]:7569$0")
+
+
+GLOO_DOCKER0 = (
+    "RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/"
+    "gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, "
+    "remote=[172.17.0.1]:45483$1")
+
+
+GLOO_NO_IFACE = (
+    "RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+    "device.cc:84] ifa != nullptr. Unable to find address for: eth9")
+
+
+GLOO_ELSEWHERE = GLOO_LOOPBACK.replace("127.0.1.1]:7569", "10.77.3.11]:44291")
+
+
+GLOO_RECV_TIMEOUT = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78]"
+    " Timed out waiting 10000ms for recv operation to complete")
+
+
+STORE_UNREACHABLE = (  # torchrun's store client on node 1, which had no route to node 0
+    "torch.distributed.DistNetworkError: The client socket has failed to connect to any "
+    "network address of (10.77.84.10, 29555). The client socket has failed to connect to "
+    "145.85.0.0:10007 (errno: 113 - No route to host).")
+
+
+NCCL_LOOPBACK = (  # awslabs/awsome-distributed-ai#192
+    "DistBackendError: NCCL error in: /opt/conda/conda-bld/pytorch_1696588393313/work/torch/"
+    "csrc/distributed/c10d/ProcessGroupNCCL.cpp:1331, unhandled system error (run with "
+    "NCCL_DEBUG=INFO for details), NCCL version 2.18.5\n"
+    "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+    "device error. \nLast error:\n"
+    "socketStartConnect: Connect to 127.0.0.1<45069> failed : Software caused connection abort")
+
+
+NCCL_NO_ROUTE = (  # hkproj/pytorch-transformer-distributed#1
+    "DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1333, "
+    "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.6\n"
+    "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+    "device error. \nLast error:\n"
+    "socketStartConnect: Connect to 192.168.19.14<52822> failed : No route to host")
+
+
+NCCL_SYSTEM = (  # pytorch/pytorch#149984: no address in the error at all
+    "DistBackendError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for "
+    "details), NCCL version 2.25.1\nncclSystemError: System call (e.g. socket, malloc) or "
+    "external library call failed or device error. \nLast error:\n")
+
+
+NCCL_NO_IFACE = (  # NCCL_SOCKET_IFNAME naming nothing on the host
+    "DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+    "internal error - please report this issue to the NCCL developers, NCCL version 2.19.3\n"
+    "ncclInternalError: Internal check failed.\nLast error:\n"
+    "Bootstrap : no socket interface found")
+
+
+def failed(node_rank: int, host: str, message: str, code: int = 1) -> NodeOutcome:
+    """A node whose rank 0 failed with ``message``, with the reason the
+    controller builds for it (the shim's error file adds the user's frame)."""
+    failure = {"local_rank": 0, "message": message + " (train.py:12)", "timestamp": 1.0,
+               "error_file": "torchrun/x/attempt_0/0/error.json"}
+    reason = _failure_reason(code, (failure,), node_rank, [])
+    return NodeOutcome(node_rank, host, NodeState.FAILED, code, reason, 2.0, (failure,))
+
+
+def stopped(node_rank: int, host: str) -> NodeOutcome:
+    return NodeOutcome(node_rank, host, NodeState.STOPPED, -15, "stopped", 2.0)
+
+
+def test_the_root_cause_keeps_the_ranks_own_line():
+    root = failed(0, "lab0", GLOO_LOOPBACK)
+    assert "remote=[127.0.1.1]:7569" in root.reason and root.reason.startswith("torchrun exited 1")
+
+
+def test_gloo_loopback_names_the_peer_that_advertised_it_and_the_setting():
+    root = failed(0, "lab0", GLOO_LOOPBACK)
+    hint = failure_hint(root, [root, stopped(1, "lab1")])
+    assert hint.startswith("node 1 (lab1)'s ranks advertised a loopback address "
+                           "(127.0.1.1:7569)")
+    assert "network: {interface: auto}" in hint and "GLOO_SOCKET_IFNAME=<its NIC>" in hint
+    assert "that node's `env:`" in hint and "`ddp-orch check`" in hint
+    assert PYTHON not in hint
+
+
+def test_gloo_loopback_with_several_peers_names_the_failing_node():
+    root = failed(2, "lab2", GLOO_LOOPBACK)
+    hint = failure_hint(root, [stopped(0, "lab0"), stopped(1, "lab1"), root])
+    assert hint.startswith("a peer of node 2 (lab2) advertised a loopback address")
+
+
+def test_gloo_on_docker0_says_so():
+    root = failed(1, "lab1", GLOO_DOCKER0)
+    hint = failure_hint(root, [stopped(0, "lab0"), root])
+    assert "172.17.0.1:45483" in hint and "docker0" in hint and "GLOO_SOCKET_IFNAME" in hint
+
+
+def test_gloo_missing_interface_names_the_node_and_the_interface():
+    hint = failure_hint(failed(1, "lab1", GLOO_NO_IFACE))
+    assert hint.startswith("node 1 (lab1) has no interface eth9")
+    assert "network: {interface: auto}" in hint
+
+
+def test_gloo_routable_peer_blames_the_path_not_loopback():
+    hint = failure_hint(failed(0, "lab0", GLOO_ELSEWHERE))
+    assert hint.startswith("node 0 (lab0)'s ranks could not connect to a peer at "
+                           "10.77.3.11:44291")
+    assert "firewall" in hint and "loopback" not in hint
+
+
+def test_a_recv_timeout_gets_no_network_hint():
+    # as likely a slow or hung rank as a network fault: no hint beats a wrong one
+    assert failure_hint(failed(0, "lab0", GLOO_RECV_TIMEOUT)) is None
+
+
+def test_ipv6_peer_is_shown_in_brackets():
+    line = GLOO_ELSEWHERE.replace("10.77.3.11", "fd77:3::11")
+    assert "[fd77:3::11]:44291" in failure_hint(failed(0, "lab0", line))
+
+
+def test_nccl_loopback_names_the_nccl_variable():
+    root = failed(1, "gpu-b", NCCL_LOOPBACK)
+    assert root.reason.endswith("Connect to 127.0.0.1<45069> failed : Software caused "
+                                "connection abort (train.py:12)")
+    hint = failure_hint(root, [stopped(0, "gpu-a"), root])
+    assert hint.startswith("node 0 (gpu-a)'s ranks advertised a loopback address "
+                           "(127.0.0.1:45069)")
+    assert "NCCL_SOCKET_IFNAME=<its NIC>" in hint and "GLOO" not in hint
+
+
+def test_nccl_unreachable_peer():
+    hint = failure_hint(failed(0, "gpu-a", NCCL_NO_ROUTE))
+    assert "192.168.19.14:52822" in hint and "NCCL_SOCKET_IFNAME" in hint
+
+
+def test_nccl_system_error_without_an_address_asks_for_nccl_debug():
+    hint = failure_hint(failed(0, "gpu-a", NCCL_SYSTEM))
+    assert hint.startswith("NCCL's connections failed on node 0 (gpu-a)")
+    assert "NCCL_DEBUG=INFO" in hint and "NCCL_SOCKET_IFNAME=" in hint
+
+
+def test_nccl_without_an_interface():
+    hint = failure_hint(failed(1, "gpu-b", NCCL_NO_IFACE))
+    assert hint.startswith("NCCL found no interface on node 1 (gpu-b)")
+
+
+def test_store_out_of_reach_names_the_rendezvous():
+    hint = failure_hint(failed(1, "lab1", STORE_UNREACHABLE))
+    assert hint.startswith("node 1 (lab1) cannot reach the rendezvous at 10.77.84.10:29555")
+    assert "master.addr" in hint
+
+
+def test_a_node_that_never_joined():
+    root = NodeOutcome(1, "lab1", NodeState.FAILED, None,
+                       "did not join the rendezvous before the start timeout", 5.0)
+    hint = failure_hint(root)
+    assert hint.startswith("node 1 (lab1) never reached the rendezvous")
+    assert "master.addr" in hint and "firewall" in hint
+    silent = NodeOutcome(1, "lab1", NodeState.FAILED, None,
+                         "did not join the rendezvous before the start timeout (no answer "
+                         "from the node within 30s)", 5.0)
+    assert "agent never answered" in failure_hint(silent)
+
+
+def test_no_torch_gets_the_python_hint_and_nothing_else_does():
+    root = NodeOutcome(0, "lab0", NodeState.FAILED, 1, "torchrun exited 1: "
+                       "ModuleNotFoundError: No module named 'torch'", 1.0)
+    assert PYTHON in failure_hint(root)
+    assert failure_hint(failed(0, "lab0", "RuntimeError: planned crash")) is None
+    assert failure_hint(failed(0, "lab0", "ModuleNotFoundError: No module named "
+                                          "'torchvision'")) is None
+
+
+def test_hint_for_reads_plain_texts():
+    assert hint_for([GLOO_NO_IFACE], 3, "h3").startswith("node 3 (h3) has no interface")
+    assert hint_for(["ValueError: bad"], 0, "h0") is None
+
+
+def test_transport_hints_fit_their_failure():
+    unresolvable = "unreachable: cannot resolve host name 'nod1' (Name or service not known)"
+    assert "host name" in transport_hint(unresolvable)
+    assert PYTHON not in transport_hint(unresolvable)
+    assert transport_hint("cannot start '/opt/py/bin/python': No such file or directory") == PYTHON
+    assert "firewall" in transport_hint("unreachable: no answer from 10.0.0.9:22 within 10s")
+    assert transport_hint("something else entirely") == ""
