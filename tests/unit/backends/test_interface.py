@@ -98,6 +98,8 @@ class FakeRun(RunHandle):
 
     def close(self, left: bool = False) -> None:
         self.backend.calls.append(f"close(left={left})")
+        for agent in self.channels.values():  # the links close, as a real handle's do
+            agent.chunks.put(b"")
 
 
 class FakeBackend(LaunchBackend):
