@@ -91,8 +91,8 @@ RULE_POLL_S = 1.0  # how often the head applies the gang's rule (start timeout, 
 STACKS_WAIT_S = 15.0  # a hang: how long the head waits for every node's stacks
 MAX_PLACE = 300  # one rank's place (``stackgroups.place``) as a node reports it
 # Each rank's last step in keeper.json (``status`` of a live detached run):
-# looked at this often, and at most this many ranks, so the record stays small.
-PROGRESS_RECORD_S, MAX_PROGRESS_RANKS = 2.0, 256
+# at most this many ranks, so the record stays small (looked at every GANG_HEARTBEAT_S).
+MAX_PROGRESS_RANKS = 256
 
 
 def restart_backoff(restart: int) -> float:
@@ -277,8 +277,6 @@ class Keeper:
             sup.on_torchrun_exit = lambda code: code and self.on_own_failure(attempt, code)
         threading.Thread(target=self._report_progress, args=(sup, attempt), daemon=True,
                          name="keeper-progress").start()
-        threading.Thread(target=self._record_progress, args=(sup,), daemon=True,
-                         name="keeper-record").start()
         sup.run()
         self._await_survivors(sup)
         with self.lock:
@@ -292,8 +290,11 @@ class Keeper:
         """Until this attempt ends here: whether torchrun has started and the
         ranks' progress, to the head (node 0: to itself), every
         ``GANG_HEARTBEAT_S``: what the gang's start timeout and hang rule
-        are judged on (``_judge``)."""
+        are judged on (``_judge``); and the ranks' steps into keeper.json
+        for ``status`` (``_record_progress``), from the same look."""
+        self.progress = {}
         while not sup.exited.wait(peers.GANG_HEARTBEAT_S):
+            self._record_progress(sup.progress())
             progress = _progress_of(sup)
             if self.node_rank == 0:
                 self._progress_from(0, attempt, sup.workers_started, progress)
@@ -426,21 +427,18 @@ class Keeper:
             self.head.send({"event": "gang-stacks-done", "attempt": attempt,
                             "places": {str(k): v for k, v in places.items()}})
 
-    def _record_progress(self, sup: Supervisor) -> None:
+    def _record_progress(self, heartbeats: dict) -> None:
         """Each rank's last step and when it made it (this node's clock) into
-        keeper.json while the attempt runs, as the heartbeats carry them: a
-        detached run has no controller to keep ``progress.json``, so
-        ``status`` reads them from here (``describe``)."""
-        self.progress = {}
-        while not sup.exited.wait(PROGRESS_RECORD_S):
-            now = time.time()
-            seen = {rank: {"step": step, "last_progress": round(now - age, 3)}
-                    for rank, (step, age) in sorted(sup.progress().items(),
-                                                    key=lambda kv: int(kv[0]))
-                    [:MAX_PROGRESS_RANKS]}
-            if seen and seen != self.progress:
-                self.progress = seen
-                self.write_state("running", unless_over=True)
+        keeper.json, as the heartbeats carry them: a detached run has no
+        controller to keep ``progress.json``, so ``status`` reads them from
+        here (``describe``). Written only when something changed."""
+        now = time.time()
+        seen = {rank: {"step": step, "last_progress": round(now - age, 3)}
+                for rank, (step, age) in sorted(heartbeats.items(), key=lambda kv: int(kv[0]))
+                [:MAX_PROGRESS_RANKS]}
+        if seen and seen != self.progress:
+            self.progress = seen
+            self.write_state("running", unless_over=True)
 
     def _setup_barrier(self, sup: Supervisor) -> None:
         """The gang's barrier after ``setup:`` (the supervisor's
