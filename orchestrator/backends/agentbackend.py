@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from workloads.contract import MAX_RESTARTS_ENV
 
-from ..agent.wire.protocol import is_time
+from ..agent.wire.protocol import KeptRule, is_time
 from ..agent.kept.records import clean_keeper_state
 from ..console import Console
 from ..errors import TransportError
@@ -37,7 +37,7 @@ from ..engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ..engine.preflight import Preflight
 from ..engine.bundle import build_bundle, code_notes, stand_ins
 from ..engine.fanout import on_all
-from ..engine.keptgang import DETACHED, attempt_outcomes
+from ..engine.keptgang import attempt_outcomes
 from ..engine.run import Mode, RunHandle, node_records
 from ..engine.nodehandle import BUNDLE_NAME, describe_survivors
 from ..engine.preflight import (bind_request, interface_from, master_port_from, route_request,
@@ -181,7 +181,7 @@ class AgentBackend(LaunchBackend):
     def describe(self, record: RunRecord) -> RunDescription:
         """A detached run's state is its nodes': node 0's keeper records every
         attempt once the run is over; until then each keeper says how far it is."""
-        if record.rule != DETACHED or not record.live:
+        if record.rule != KeptRule.DETACHED or not record.live:
             return super().describe(record)
         info = recorded_dryrun(record)
 

@@ -38,8 +38,6 @@ from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome
 from .fanout import on_all
 from .nodehandle import exit_outcome, supervisor_spec
 
-DETACHED, ATTACHED = KeptRule.DETACHED, KeptRule.ATTACHED  # the liveness rules of a kept run
-
 
 def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,
                 gang_port: int, max_restarts: int, start_timeout_s: float, rule: str,
@@ -104,7 +102,8 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
         reply = by_rank[k].agent.call("detach", listen=k == 0, spec=keeper_spec(
             specs[k], nnodes=len(gang.handles), token=token, master_addr=plan.master_addr,
             gang_port=gang_port, max_restarts=gang.keepers.max_restarts,
-            start_timeout_s=gang.start_timeout_s, rule=DETACHED if gang.detach else ATTACHED,
+            start_timeout_s=gang.start_timeout_s,
+            rule=KeptRule.DETACHED if gang.detach else KeptRule.ATTACHED,
             hang_timeout_s=gang.hang_timeout_s))
         if not reply.get("ok"):
             raise TransportError(by_rank[k].node.host, f"the keeper did not start: "
