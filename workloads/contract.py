@@ -12,8 +12,14 @@ too, or simply follow the same rules:
   processes again (``ddp-orch down`` matches on it, never on a process name).
 * ``DDP_ORCH_NODE_RANK``: the node's rank; with the run id it marks every
   process of the run on a node, so the node supervisor can find them all.
-* ``DDP_ORCH_DEVICE``: ``auto``, ``cuda`` or ``cpu``, from the cluster file.
-  ``cpu`` means gloo on the CPU even where GPUs are visible.
+* ``DDP_ORCH_DEVICE``: ``cuda`` or ``cpu``, decided by ddp-orch once for the
+  whole gang (``auto`` only where a program runs without it). ``cpu`` means
+  gloo on the CPU even where GPUs are visible; ``cuda`` means a GPU per local
+  rank, or the rank fails at once (never a quiet CPU run).
+* ``DDP_ORCH_GPU_UUIDS``: the UUIDs of the GPUs ddp-orch planned for this
+  node's ranks (nvidia-smi's ``GPU-...`` form), comma-separated, in the order
+  of CUDA_VISIBLE_DEVICES: local rank i should find ``planned[i]``. The
+  built-in workloads refuse to run on any other GPU.
 * ``DDP_ORCH_RESTART_COUNT``: which attempt of the run this is (0, then
   1, 2, ... after each whole-gang restart, ``up --max-restarts``). A program
   that checkpoints resumes from its latest checkpoint when it is above 0
@@ -35,6 +41,10 @@ RESULT_FILE_ENV = "DDP_ORCH_RESULT_FILE"
 RUN_ID_ENV = "DDP_ORCH_RUN_ID"
 NODE_RANK_ENV = "DDP_ORCH_NODE_RANK"
 DEVICE_ENV = "DDP_ORCH_DEVICE"
+GPU_UUIDS_ENV = "DDP_ORCH_GPU_UUIDS"
+# The planned GPUs' UUIDs, comma-separated in CUDA_VISIBLE_DEVICES order, where
+# the node's nvidia-smi named them at launch: a rank checks its own against it.
+GPU_UUIDS_ENV = "DDP_ORCH_GPU_UUIDS"
 RESTART_COUNT_ENV = "DDP_ORCH_RESTART_COUNT"
 MAX_RESTARTS_ENV = "DDP_ORCH_MAX_RESTARTS"  # set when the run may restart (up --max-restarts)
 

@@ -14,14 +14,14 @@ import json
 import os
 import time
 from abc import abstractmethod
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from workloads.contract import MAX_RESTARTS_ENV
 
 from ..agent.wire.protocol import KeptRule, is_time
 from ..agent.kept.records import clean_keeper_state
 from ..console import Console
-from ..errors import TransportError
+from ..errors import ConfigError, TransportError
 from ..plan.build import resolve_plan
 from ..plan.dryrun import ByHand, DryRun, NodeLaunch
 from ..plan.model import NodePlan, RunPlan
@@ -30,6 +30,7 @@ from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord, RunRecord
 from ..transport.base import Transport
+from ..engine import gpuplan
 from ..engine.agentlink import AgentHandle, open_agents
 from .base import (CancelResult, LaunchBackend, PruneResult, RunDescription,
                    in_local_run_dir, recorded_dryrun)
@@ -98,14 +99,16 @@ class AgentBackend(LaunchBackend):
         handle = AgentRun(self, info, run, Mode.KEPT if self.options.kept else Mode.ATTACHED,
                           transports, agents)
         label = _labeller(plan)
+        wait_s = self._wait_gpus_s()
         try:
             build_bundle(run.file(BUNDLE_NAME), plan.code, stand_ins(self.spec))
             with open(run.file(BUNDLE_NAME), "rb") as fh:
                 bundle = fh.read()
             opened, started = open_agents(
                 transports, {n.node_rank: n.python for n in plan.nodes},
-                self.options.start_timeout_s,
-                first=lambda k, agent: self._prepare(plan, k, agent, bundle), run_id=plan.run_id)
+                self.options.start_timeout_s + wait_s,
+                first=lambda k, agent: self._prepare(plan, k, agent, bundle, console.info),
+                run_id=plan.run_id)
             agents.update(started)
             hung = [k for k, exc in opened.failed.items() if isinstance(exc, TimeoutError)]
             if not opened.ok:  # nothing starts: take back what was prepared where we can
@@ -115,9 +118,19 @@ class AgentBackend(LaunchBackend):
                 handle.ended = self._not_joined(info, hung, console)
                 return handle
             prepared = opened.values("connecting to the nodes", label)
+            placed = {k: gpus for k, (_port, _ifname, gpus) in prepared.items() if gpus}
+            try:
+                gpuplan.refuse(plan, self.spec, placed, wait_s)
+                device = gpuplan.decide_device(plan, self.spec, placed)
+            except ConfigError:  # nothing started: take back the run directories and holds
+                on_all(lambda k: agents[k].call("discard"), list(agents), timeout_s=30)
+                raise
+            for note in gpuplan.notes(plan, placed):
+                console.info(note)
             handle.resolved(self.dryrun(resolve_plan(
                 plan, master_port=prepared[0][0], homes={k: a.home for k, a in agents.items()},
-                interfaces={k: ifname for k, (_port, ifname) in prepared.items()})))
+                interfaces={k: ifname for k, (_port, ifname, _gpus) in prepared.items()},
+                gpus=gpuplan.choices(placed), device=device)))
             return handle
         except BaseException:
             handle.close()
@@ -300,14 +313,26 @@ class AgentBackend(LaunchBackend):
             for n in info.plan.nodes)
         return gang_outcome(info.plan.run_id, nodes, timeout, interrupted=False)
 
-    def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle,
-                 bundle: bytes) -> tuple[int | None, str | None]:
+    def _wait_gpus_s(self) -> float:
+        """How long a launch waits for free GPUs: ``--wait-gpus``, else the
+        file's ``gpu_policy.wait``."""
+        if self.options.wait_gpus_s is not None:
+            return self.options.wait_gpus_s
+        return self.spec.wait_gpus if self.spec else 0.0
+
+    def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle, bundle: bytes,
+                 say: Callable[[str], None]) -> tuple[int | None, str | None, dict | None]:
         """Everything a node needs before its supervisor starts, sent in one go
         behind the agent itself (no round trip waits on the node's shell):
-        its new run directory, the code bundle, on node 0 the master port
-        check, and the interface its ranks use (``plan/network.py``).
-        Returns the port (node 0, else None) and the interface (or None)."""
+        torch's view of the GPUs first (its import overlaps the rest), its new
+        run directory, the code bundle, on node 0 the master port check, the
+        interface its ranks use (``plan/network.py``) and its GPUs, held for
+        the run (``engine/gpuplan.py``). Returns the port (node 0, else
+        None), the interface (or None) and the node's GPU answer (or None)."""
         node = plan.nodes[k]
+        gpus = gpuplan.gpu_request(plan, node, self.spec, self.options.allow_busy_gpus)
+        if gpus is not None and gpuplan.wants_torch(plan, node):
+            agent.send("torch")
         agent.send("mkrun", run_dir=node.run_dir, root=self._root(node))
         agent.send_put(bundle, f"{node.run_dir}/{BUNDLE_NAME}")
         if k == 0:
@@ -315,12 +340,21 @@ class AgentBackend(LaunchBackend):
         route = route_request(plan, node)
         if route is not None:
             agent.send("route", **route)
+        if gpus is not None:
+            agent.send("gpus", **gpus)
+        if gpus is not None and gpuplan.wants_torch(plan, node):
+            agent.reply("torch")
         made = agent.reply("mkrun")
         if not made["ok"]:
             raise TransportError(agent.host, str(made.get("error")))
         agent.put_done(f"{node.run_dir}/{BUNDLE_NAME}")
         port = master_port_from(plan, agent.reply("bind")) if k == 0 else None
-        return port, interface_from(node, agent.reply("route")) if route is not None else None
+        ifname = interface_from(node, agent.reply("route")) if route is not None else None
+        placed = None
+        if gpus is not None:
+            placed = gpuplan.wait_for_gpus(agent.reply("gpus"), lambda: agent.call("gpus", **gpus),
+                                           self._wait_gpus_s(), say, _labeller(plan)(k))
+        return port, ifname, placed
 
     def _root(self, node: NodePlan) -> str:
         """Where a node's run directory may be created: the workdir, or for a

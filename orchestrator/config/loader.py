@@ -19,14 +19,15 @@ from workloads.catalog import CATALOG
 from ..agent.node.outputs import pattern_problem
 from ..errors import ConfigError
 from .blocks import blocks, top_keys
-from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, LOCAL_HOSTS,
-                   ClusterSpec, NodeSpec, SshSpec, WorkloadSpec, default_backend, placed_host)
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_SETUP_TIMEOUT,
+                   DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS, ClusterSpec, NodeSpec, SshSpec,
+                   WorkloadSpec, default_backend, placed_host)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 # The core keys, and each backend's block after the key it follows (``blocks``).
 TOP_KEYS = top_keys(("name", "master", "ssh", "python", "workdir", "env", "device", "backend",
-                     "hang_timeout", "max_restarts", "network", "nodes", "workload", "setup",
-                     "setup_timeout", "outputs"))
+                     "hang_timeout", "max_restarts", "network", "gpu_policy", "nodes", "workload",
+                     "setup", "setup_timeout", "outputs"))
 MAX_SETUP_COMMANDS = 100
 MAX_SETUP_TIMEOUT = 7 * 86400
 MAX_OUTPUTS = 100
@@ -41,6 +42,11 @@ MAX_NODES = 4096
 SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeout")
 MASTER_KEYS = ("addr", "port")
 NETWORK_KEYS = ("interface",)
+GPU_POLICY_KEYS = ("busy_memory_mib", "wait")
+MAX_GPU_WAIT = 7 * 86400
+MAX_BUSY_MIB = 1 << 20
+# ``free:3``: three free GPUs, chosen on the node at launch.
+FREE_N_RE = re.compile(r"^free:([0-9]{1,4})$")
 # A Linux interface name (at most 15 bytes, no '/', ':', ',' or space), or auto | off.
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
 WORKLOAD_KEYS = ("name", "script", "module", "code", "args")
@@ -64,7 +70,7 @@ _DIGITS_RE = re.compile(r"^[0-9]+$")  # ASCII only: "²".isdigit() is True, int(
 RESERVED_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCH_ELASTIC_WORKER_IDENTICAL",
-    "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONUNBUFFERED",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONPATH", "PYTHONUNBUFFERED",
 })
 
 
@@ -104,8 +110,9 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     if "nodes" not in top:
         raise root.error("missing 'nodes'", hint="list at least one node with host and gpus")
     placed = top["nodes"].has_key("count")  # nodes: {count: N, ...}: Slurm places them
+    warnings: list[str] = []
     nodes = _placed_nodes(top["nodes"], python, env) if placed else \
-        _nodes(top["nodes"], ssh_default, python, env)
+        _nodes(top["nodes"], ssh_default, python, env, warnings)
     if "workload" not in top:
         raise root.error("missing 'workload'",
                          hint="add `workload: {name: linear}` (see `ddp-orch workloads`)")
@@ -137,7 +144,9 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         setup_timeout=float(top["setup_timeout"].integer(1, MAX_SETUP_TIMEOUT))
         if "setup_timeout" in top else DEFAULT_SETUP_TIMEOUT,
         outputs=_outputs(top["outputs"]) if "outputs" in top else (),
-        base_dir=os.path.abspath(base_dir))
+        base_dir=os.path.abspath(base_dir),
+        **(_gpu_policy(top["gpu_policy"]) if "gpu_policy" in top else {}),
+        warnings=tuple(warnings))
     for block in blocks():
         if block.BACKEND == backend:
             block.check_layout(spec, top, NODE_KEYS)
@@ -216,6 +225,18 @@ def _network(field: Located) -> str:
                  "name such as eth0 that every node has; set GLOO_SOCKET_IFNAME in a "
                  "node's env where names differ")
     return value
+
+
+def _gpu_policy(field: Located) -> dict[str, Any]:
+    """``gpu_policy: {busy_memory_mib: M, wait: S}``: a GPU using more than M
+    MiB is busy; a launch waits up to S seconds for enough free GPUs."""
+    entries = field.mapping(GPU_POLICY_KEYS)
+    out: dict[str, Any] = {}
+    if "busy_memory_mib" in entries:
+        out["gpu_busy_mib"] = entries["busy_memory_mib"].integer(0, MAX_BUSY_MIB)
+    if "wait" in entries:
+        out["wait_gpus"] = float(entries["wait"].integer(0, MAX_GPU_WAIT))
+    return out
 
 
 def _host(field: Located) -> str:
@@ -341,7 +362,7 @@ def _placed_nodes(field: Located, python: str | None,
 
 
 def _nodes(field: Located, ssh: SshSpec, python: str | None,
-           env: Mapping[str, str]) -> tuple[NodeSpec, ...]:
+           env: Mapping[str, str], warnings: list[str]) -> tuple[NodeSpec, ...]:
     items = field.sequence()
     if not items:
         raise field.error("no nodes are listed", hint="add at least one node with host and gpus")
@@ -355,9 +376,15 @@ def _nodes(field: Located, ssh: SshSpec, python: str | None,
                              hint="gpus: 0,1 runs one process per GPU; procs: N runs N CPU processes")
         host = _host(entries["host"])
         default_python = python or (sys.executable if host in LOCAL_HOSTS else "python3")
+        gpus = _gpus(entries["gpus"]) if "gpus" in entries else None
+        if "gpus" in entries and _is_one_integer(entries["gpus"].value()):
+            warnings.append(one_index_warning(
+                gpus[0], f"{entries['gpus'].source}:{entries['gpus'].line}: "
+                f"nodes[{len(nodes)}].gpus"))
         nodes.append(NodeSpec(
             host=host,
-            gpus=_gpus(entries["gpus"]) if "gpus" in entries else None,
+            gpus=gpus if not isinstance(gpus, str) else None,
+            gpu_request=gpus if isinstance(gpus, str) else None,
             procs=entries["procs"].integer(1, MAX_PROCS) if "procs" in entries else None,
             ssh=_ssh(entries["ssh"], ssh) if "ssh" in entries else ssh,
             python=_python(entries["python"]) if "python" in entries else default_python,
@@ -368,7 +395,7 @@ def _nodes(field: Located, ssh: SshSpec, python: str | None,
     return tuple(nodes)
 
 
-def _gpus(field: Located) -> tuple[int, ...]:
+def _gpus(field: Located) -> tuple[int, ...] | str:
     try:
         return parse_gpus(field.value())
     except ValueError as exc:
@@ -376,11 +403,35 @@ def _gpus(field: Located) -> tuple[int, ...]:
         raise field.error(message, hint) from None
 
 
-def parse_gpus(raw: Any) -> tuple[int, ...]:
-    """``"3,4,5"``, ``[3, 4, 5]`` or ``3`` → (3, 4, 5), in the user's order.
+def _is_one_integer(raw: Any) -> bool:
+    """``gpus: 4`` (or ``"4"``): one index, where a torchrun or SkyPilot user
+    may mean a count."""
+    return (isinstance(raw, int) and not isinstance(raw, bool)) or \
+        (isinstance(raw, str) and bool(_DIGITS_RE.match(raw.strip())))
+
+
+def one_index_warning(index: int, where: str) -> str:
+    """What ``gpus: 4`` means, and how to ask for four GPUs."""
+    return (f"warning: {where}: {index} means GPU index {index}, one process; for {index} "
+            f"GPUs write `gpus: free:{index}` (any {index} free ones) or list them, e.g. "
+            f"`gpus: {','.join(map(str, range(index))) if 1 < index <= 16 else '0,1,2,3'}`")
+
+
+def parse_gpus(raw: Any) -> tuple[int, ...] | str:
+    """``"3,4,5"``, ``[3, 4, 5]`` or ``3`` → (3, 4, 5), in the user's order;
+    ``all``, ``free`` and ``free:N`` stay words, for the node to resolve at launch
+    (``agent/node/gpus.py``).
 
     Raises ``ValueError(message, hint)``; callers add the field and line.
     """
+    if isinstance(raw, str) and raw.strip() in GPU_REQUESTS:
+        return raw.strip()
+    if isinstance(raw, str) and raw.strip().startswith("free:"):
+        found = FREE_N_RE.match(raw.strip())
+        if found is None or not 1 <= int(found.group(1)) <= MAX_GPU_INDEX + 1:
+            raise ValueError(f"{shown(raw)} is not a GPU request",
+                             f"free:N asks for N free GPUs, N from 1 to {MAX_GPU_INDEX + 1}")
+        return f"free:{int(found.group(1))}"
     if isinstance(raw, str):
         parts: list[Any] = [p.strip() for p in raw.split(",")]
     elif isinstance(raw, list):
@@ -407,7 +458,8 @@ def _gpu_index(part: Any, raw: Any) -> int:
     elif isinstance(part, bool) or not isinstance(part, int):
         what = "an empty entry" if part == "" else shown(part)
         raise ValueError(f"{what} in {shown(raw)} is not a GPU index",
-                         "GPU indices are whole numbers 0, 1, 2, ... as nvidia-smi lists them")
+                         "GPU indices are whole numbers 0, 1, 2, ... as nvidia-smi lists them; "
+                         "or ask by what you want: all, free, free:N")
     if isinstance(part, str) or not 0 <= part <= MAX_GPU_INDEX:
         raise ValueError(f"GPU {part if isinstance(part, int) else shown(part)} in {shown(raw)} "
                          f"is out of range 0-{MAX_GPU_INDEX}", "")
@@ -419,7 +471,15 @@ def _check_overlaps(items: list[Located], nodes: list[NodeSpec]) -> None:
     for j, node in enumerate(nodes):
         for i in range(j):
             other = nodes[i]
-            if other.host != node.host or node.gpus is None or other.gpus is None:
+            if other.host != node.host:
+                continue
+            if node.gpu_request is not None or other.gpu_request is not None:
+                raise _gpu_field(items[j]).error(
+                    f"{node.host} is listed twice, and one entry asks for "
+                    f"{node.gpu_request or other.gpu_request!r}",
+                    hint="a host listed twice needs explicit, disjoint GPU lists; or list it "
+                         "once with all its GPUs (`gpus: free:N` or `gpus: all`)")
+            if node.gpus is None or other.gpus is None:
                 continue
             shared = sorted(set(node.gpus) & set(other.gpus))
             if shared:

@@ -14,7 +14,7 @@ from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
 from .loader import (check_workload_args, cuda_without_gpus, default_name, module_name,
-                     parse_gpus, script_in, too_broad)
+                     one_index_warning, parse_gpus, script_in, too_broad)
 from .spec import AUTO_PORT, DEFAULT_WORKDIR, ClusterSpec, NodeSpec, SshSpec, WorkloadSpec
 from .yamlsrc import closest_hint
 
@@ -46,20 +46,26 @@ def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | No
         raise ConfigError("nothing to run", source=CLI,
                           hint="pass a cluster file, --workload NAME (see `ddp-orch workloads`) "
                                "or your program after --: -- train.py ARGS")
+    request = None
+    warnings: tuple[str, ...] = ()
     if gpus is not None:
         try:
             gpu_list, nproc = parse_gpus(gpus), None
         except ValueError as exc:
             raise ConfigError(exc.args[0], path="--gpus", source=CLI, hint=exc.args[1]) from None
+        if isinstance(gpu_list, str):  # --gpus free:2: chosen at launch
+            request, gpu_list = gpu_list, None
+        elif len(gpu_list) == 1 and gpus.strip().isdigit() and int(gpus) > 1:
+            warnings = (one_index_warning(gpu_list[0], "--gpus"),)
     else:
         gpu_list, nproc = None, procs if procs is not None else _default_procs(base)
     chosen = choose_workload(base, workload, args)
     python = base.nodes[0].python if base and base.nodes else "python3"
     env = dict(base.env) if base else {}
     node = NodeSpec(host="localhost", gpus=gpu_list, procs=nproc, ssh=SshSpec(),
-                    python=_local_python(python), env=env)
+                    python=_local_python(python), env=env, gpu_request=request)
     fields = dict(backend="local", master_addr=None, master_port=AUTO_PORT, nodes=(node,), workload=chosen,
-                  device=device or (base.device if base else "auto"))
+                  device=device or (base.device if base else "auto"), warnings=warnings)
     _check_device(fields["device"], node, device, procs, base)
     if base is not None:
         return dataclasses.replace(base, **fields)

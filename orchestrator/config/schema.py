@@ -31,9 +31,10 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      NETWORK_KEYS, NODE_KEYS,
                      RESERVED_ENV, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT
+from .loader import FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_GPU_WAIT
 from .blocks import blocks
-from .spec import (AUTO_PORT, BACKENDS, DEFAULT_PORT, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR,
-                   LOCAL_HOSTS)
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_PORT,
+                   DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS)
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:ddp-orch:schema:cluster"
@@ -153,8 +154,14 @@ def _python() -> dict[str, Any]:
 def _gpus() -> dict[str, Any]:
     return {
         "description": "GPU indices as nvidia-smi lists them, \"3,4,5\" or [3, 4, 5]: one "
-                       "process per GPU, exported as CUDA_VISIBLE_DEVICES. Give gpus or procs.",
+                       "process per GPU, exported as CUDA_VISIBLE_DEVICES; or all, free, "
+                       "free:N, chosen on the node at launch. Give gpus or procs.",
         "oneOf": [
+            {"enum": list(GPU_REQUESTS),
+             "description": "all: every GPU of the node; free: every free one (at least one), "
+                            "chosen at launch."},
+            {"type": "string", "pattern": FREE_N_RE.pattern,
+             "description": "free:N: N free GPUs, chosen at launch (least memory used first)."},
             {"type": "string", "pattern": GPU_STRING_PATTERN,
              "not": {"pattern": GPU_DUPLICATE_PATTERN},
              "description": "Comma-separated GPU indices, each once, e.g. \"0,1\"."},
@@ -410,6 +417,16 @@ def cluster_schema() -> dict[str, Any]:
                      "not": {"enum": ["auto", "off"]},
                      "description": "This interface on every node, e.g. eth0."}]},
         }, "network", "How the ranks reach each other."),
+        "gpu_policy": _mapping(GPU_POLICY_KEYS, {
+            "busy_memory_mib": {"type": "integer", "minimum": 0, "maximum": MAX_BUSY_MIB,
+                                "default": DEFAULT_GPU_BUSY_MIB,
+                                "description": "A GPU using more memory than this (MiB) is "
+                                               "busy, even with no process in sight."},
+            "wait": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_WAIT, "default": 0,
+                     "description": "Seconds a launch waits for enough free GPUs, naming who "
+                                    "holds them every 30 s; 0 refuses at once. `up "
+                                    "--wait-gpus` overrides."},
+        }, "gpu_policy", "What makes a GPU busy, and how long a launch waits for free ones."),
         "nodes": {"description": "The machines in node-rank order (a list), or, under "
                                  "backend: slurm, a count of nodes that Slurm chooses.",
                   "oneOf": [

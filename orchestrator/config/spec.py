@@ -14,6 +14,12 @@ LOCAL_HOSTS = frozenset({"localhost"})
 DEFAULT_WORKDIR = "~/.ddp-orch"
 DEFAULT_PORT = 29500
 DEFAULT_SETUP_TIMEOUT = 1800.0  # seconds: a node's whole ``setup:`` (pip installs take a while)
+# A GPU using more memory than this (MiB) is busy even with no process in
+# sight (another container's job, say): a bare driver and display use less.
+DEFAULT_GPU_BUSY_MIB = 1024
+# ``gpus:`` asked by what it wants rather than by index (``free:3``); the
+# node's agent chooses at launch (``agent/node/gpus.py``).
+GPU_REQUESTS = ("all", "free")
 # The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
 BACKENDS = ("local", "ssh", "slurm")
 
@@ -41,6 +47,12 @@ class SshSpec:
     connect_timeout: float | None = None
 
 
+def requested_count(request: str) -> int | None:
+    """How many GPUs ``free:N`` asks for; None for ``all`` and ``free``,
+    whose count only the node knows."""
+    return int(request.split(":", 1)[1]) if request.startswith("free:") else None
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One machine: its host and either GPU indices or a CPU process count."""
@@ -53,6 +65,8 @@ class NodeSpec:
     env: Mapping[str, str]
     line: int | None = None
     gpu_count: int | None = None  # placed by Slurm: this many GPUs from its GRES
+    # ``gpus: all | free | free:N``: chosen on the node at launch (``gpus`` is None).
+    gpu_request: str | None = None
     # One process that sees all the node's GPUs (compare's nn.DataParallel
     # baseline, ``compare --baseline dp``); never set from a cluster file.
     one_process: bool = False
@@ -63,7 +77,14 @@ class NodeSpec:
             return 1
         if self.gpu_count is not None:
             return self.gpu_count
+        if self.gpu_request is not None:  # 0 until the launch chooses, for all and free
+            return requested_count(self.gpu_request) or 0
         return len(self.gpus) if self.gpus is not None else int(self.procs or 0)
+
+    @property
+    def on_gpus(self) -> bool:
+        """Listed GPUs or a request for some (not ``procs:``, not Slurm's count)."""
+        return self.gpus is not None or self.gpu_request is not None
 
     @property
     def is_local(self) -> bool:
@@ -121,6 +142,13 @@ class ClusterSpec:
     # ``outputs:``: paths or globs under node 0's code root, brought home after the run.
     outputs: tuple[str, ...] = ()
     base_dir: str = "."  # the cluster file's directory: relative paths start there
+    # ``gpu_policy:``: what makes a GPU busy, and how long a launch waits for
+    # enough free ones (``--wait-gpus``; 0: refuse at once).
+    gpu_busy_mib: int = DEFAULT_GPU_BUSY_MIB
+    wait_gpus: float = 0.0
+    # What was given that is valid but likely not meant (``gpus: 4``): said by
+    # the dry-run and by ``up`` before anything starts.
+    warnings: tuple[str, ...] = ()
 
     def block(self, key: str) -> Any:
         """The backend block ``key`` (``slurm``), or None when not given."""
@@ -133,3 +161,10 @@ class ClusterSpec:
     @property
     def world_size(self) -> int:
         return sum(node.nproc for node in self.nodes)
+
+    @property
+    def world_size_known(self) -> bool:
+        """False while a node asks for ``all`` or ``free`` GPUs: its node
+        says how many at launch."""
+        return all(n.gpu_request is None or requested_count(n.gpu_request) is not None
+                   for n in self.nodes)

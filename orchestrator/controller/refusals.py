@@ -4,11 +4,12 @@
 ``up`` alike, before ``up`` records a run, so both refuse the same input
 with the same ``ConfigError`` (exit 2) and neither leaves a run behind:
 
-* the GPUs of a localhost node that this machine does not have, unless the
-  job runs on CPU: ``check``'s ``gpus`` row, in its words. (Without this,
-  ``up --local --gpus 0,1`` on a machine with no GPU ran on CPU with gloo,
-  while ``check`` failed the node.) A remote node's GPUs are ``check``'s
-  to see: the controller cannot;
+* the GPUs of a localhost node that this machine does not have (or has in
+  MIG mode), as its nvidia-smi lists them, in the words the node's agent
+  would refuse them with at launch (``gpus.choose``). Whether they are busy
+  or held is the launch's to say (``engine/gpuplan.py``): it may change by
+  then. Without nvidia-smi the launch asks torch instead. A remote node's
+  GPUs are its agent's to see, at launch or in ``check``;
 * a built-in workload's rules (``workloads/catalog.py``'s ``Rule``): its
   arguments against the world size, the device and restarts, in the words
   every rank would use after the start. Facts only the ranks can see (the
@@ -24,7 +25,9 @@ from typing import Any, Callable, Mapping
 
 from workloads.catalog import CATALOG, Layout
 
-from ..agent.node.probes import NO_GPU_FIX, gpu_problem, list_gpus
+from ..agent.node import gpus as node_gpus
+from ..agent.node.gpuclaim import TorchProbe
+from ..engine.gpuplan import torch_problem
 from ..backends.base import LaunchOptions
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError
@@ -34,33 +37,53 @@ CLI = "command line"
 
 
 def refuse(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions,
-           gpus_here: Callable[[], dict] = list_gpus) -> None:
+           gpus_here: Callable[[], dict] = node_gpus.facts,
+           torch_here: Callable[[str], dict] = lambda python: TorchProbe(python).result()
+           ) -> None:
     """Raise ``ConfigError`` for the first thing the launch would fail on;
-    ``gpus_here`` lists this machine's GPUs (``probes.list_gpus``)."""
-    _local_gpus(spec, plan, gpus_here)
+    ``gpus_here`` asks this machine's nvidia-smi (``gpus.facts``), and
+    where there is none, ``torch_here`` its torch (``gpuclaim.TorchProbe``)."""
+    _local_gpus(spec, plan, gpus_here, torch_here)
     _workload_rules(spec, plan, options)
 
 
-def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict]) -> None:
+def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
+                torch_here: Callable[[str], dict]) -> None:
     """A localhost node's listed GPUs must be here unless the run is on CPU
     (``check`` asks the same question of every node's agent)."""
     local = [node for node in plan.nodes if node.is_local and node.gpus is not None]
     if plan.device == "cpu" or not local:
         return
-    listed = gpus_here()
+    found = gpus_here()
     for node in local:
-        problem = gpu_problem(node.gpus or (), listed)
+        seen = torch_here(node.python) if found.get("absent") else None  # as the launch asks
+        problem = _missing(node.gpus or (), found) if seen is None else \
+            torch_problem(seen, {"chosen": node.gpus})
+        if problem is not None and seen is not None:
+            problem = f"nvidia-smi is not here, and {problem}"
         if problem is None:
             continue
         given = spec.nodes[node.node_rank]
         if given.line is None:  # --local --gpus
-            raise ConfigError(f"{problem}, but --gpus asks for {_listed(node.gpus)}",
+            raise ConfigError(f"{_listed(node.gpus)} asked for, but {problem}",
                               path="--gpus", source=CLI,
                               hint="add --device cpu for a CPU rehearsal (one CPU process per "
                                    "listed GPU), or run --procs N")
-        raise ConfigError(f"{problem}, but node {node.node_rank} (localhost) lists "
-                          f"{_listed(node.gpus)}", path=f"nodes[{node.node_rank}].gpus",
+        raise ConfigError(f"node {node.node_rank} (localhost) lists {_listed(node.gpus)}, but "
+                          f"{problem}", path=f"nodes[{node.node_rank}].gpus",
                           source=spec.source, line=given.line, hint=NO_GPU_FIX)
+
+
+NO_GPU_FIX = "set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU processes)"
+
+
+def _missing(wanted: tuple[int, ...], found: dict) -> str | None:
+    """Why GPUs ``wanted`` cannot be had here whatever else runs: nvidia-smi
+    fails, or does not list them (or lists them in MIG mode)."""
+    if not found.get("ok"):
+        return f"nvidia-smi failed here: {found.get('error')}"
+    answer = node_gpus.choose(list(wanted), found["gpus"], found["apps"], allow_busy=True)
+    return None if answer["ok"] else str(answer["error"])
 
 
 def _listed(gpus: Any) -> str:

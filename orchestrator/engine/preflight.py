@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..agent.node.probes import NO_GPU_FIX, gpu_problem
+from ..agent.node.gpus import describe_holder, mixed_models
 from ..config.spec import AUTO_PORT
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
 from ..plan.network import named_interfaces, needs_interface, unknown_interfaces
 from ..transport.base import Transport
+from . import gpuplan
 from .agentlink import AgentHandle, open_agents
 from .fanout import on_all
 
@@ -39,8 +40,25 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class NodeGpus:
+    """A node's GPUs as ``check`` shows them: nvidia-smi's facts, each GPU
+    with its processes and the run that holds it (``held_by``), and which
+    of them the run would get now (``chosen``)."""
+
+    node_rank: int
+    host: str
+    driver: str | None
+    gpus: tuple[dict, ...]
+    apps: tuple[dict, ...]
+    chosen: tuple[int, ...]
+    free: tuple[int, ...]
+    torch_sees: int | None  # None: torch not asked, or it sees none
+
+
+@dataclass(frozen=True)
 class Preflight:
     results: tuple[CheckResult, ...]
+    gpus: tuple[NodeGpus, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -73,7 +91,9 @@ def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
                                            _describe(opened.failed[k])))
         probes = on_all(lambda k: _probe(plan.nodes[k], agents[k], plan), agents,
                         timeout_s=timeout_s + 5)
-        infos = {k: info for k, (_rows, info) in probes.succeeded.items()}
+        infos = {k: info for k, (_rows, info, _gpus) in probes.succeeded.items()}
+        tables = tuple(table for k, (_rows, _info, table) in sorted(probes.succeeded.items())
+                       if table is not None)
         for k in sorted(agents):
             results.extend(probes.succeeded[k][0] if k in probes.succeeded else [CheckResult(
                 k, plan.nodes[k].host, "python", False, _describe(probes.failed[k]))])
@@ -81,10 +101,11 @@ def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
 
         results.extend(version_rows(infos, {n.node_rank: n.host for n in plan.nodes},
                                     plan.device))
+        results.extend(_mixed_rows(tables))
         results.extend(network_rows(plan, agents, infos, timeout_s))
     finally:
         on_all(lambda k: started[k].close(), list(started))
-    return Preflight(tuple(results))
+    return Preflight(tuple(results), tables if agents else ())
 
 
 def _describe(exc: BaseException) -> str:
@@ -93,31 +114,65 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan) -> tuple[list[CheckResult], dict]:
-    """The node's python, torch and GPU rows, and its ``probe`` reply."""
-    def result(check: str, ok: bool, detail: str) -> CheckResult:
-        return CheckResult(node.node_rank, node.host, check, ok, detail)
+def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan
+           ) -> tuple[list[CheckResult], dict, NodeGpus | None]:
+    """The node's python, torch and GPU rows, its ``probe`` reply, and its
+    GPUs for the table (None for a ``procs:`` node)."""
+    def result(check: str, ok: bool, detail: str, warning: bool = False) -> CheckResult:
+        return CheckResult(node.node_rank, node.host, check, ok, detail, warning)
 
-    wants_gpus = node.gpus is not None and plan.device != "cpu"
-    info = agent.call("probe", gpus=wants_gpus)
+    asked = gpuplan.gpu_request(plan, node, None, allow_busy=False)
+    if asked is not None:  # what the run would get now; nothing is held
+        agent.send("gpus", **asked, hold=False)
+    info = agent.call("probe")
     out = [result("python", True, f"{info.get('python')} ({info.get('python_version')})")]
     if "torch_error" in info:
         out.append(result("torch", False, f"{info['torch_error']}; install torch for {node.python}"))
     else:
         nccl = f", nccl {info['nccl']}" if info.get("nccl") else ""
-        out.append(result("torch", True, f"torch {info.get('torch')}, "
-                                         f"cuda {info.get('cuda') or 'none'}{nccl}"))
-    if wants_gpus:
-        out.append(_gpu_result(node, info, result))
-    return out, info
+        sees = f", sees {info['count']} GPU(s)" if info.get("available") else \
+            (", sees no GPU" if info.get("cuda") else "")
+        out.append(result("torch", True, f"torch {info.get('torch')} (built with CUDA "
+                                         f"{info.get('cuda') or 'none'}){sees}{nccl}"))
+    if asked is None:
+        return out, info, None
+    answer = agent.reply("gpus")
+    out.append(_gpu_row(node, plan, answer, info, result))
+    return out, info, NodeGpus(node.node_rank, node.host, answer.get("driver"),
+                               tuple(answer.get("gpus") or ()), tuple(answer.get("apps") or ()),
+                               tuple(answer.get("chosen") or ()), tuple(answer.get("free") or ()),
+                               info.get("count") if info.get("available") else None)
 
 
-def _gpu_result(node: NodePlan, info: dict, result) -> CheckResult:
-    """The ``gpus`` row: the words ``up`` refuses a localhost node with."""
-    problem = gpu_problem(node.gpus or (), info)
-    if problem:
-        return result("gpus", False, f"{problem}; or {NO_GPU_FIX}")
-    return result("gpus", True, f"GPUs {','.join(map(str, node.gpus or ()))} present")
+def _gpu_row(node: NodePlan, plan: RunPlan, answer: dict, info: dict, result) -> CheckResult:
+    """The ``gpus`` row: what a launch would get now, or its refusal in the
+    words ``up`` would use; and, where the run uses CUDA, whether the
+    node's torch sees them (``device: auto`` is decided on that)."""
+    if not answer.get("ok"):
+        return result("gpus", False, f"{answer.get('error')}; {gpuplan.hint(answer)}")
+    chosen = ",".join(map(str, answer["chosen"]))
+    asked = f" ({node.gpu_request})" if node.gpu_request else ""
+    if gpuplan.wants_torch(plan, node) and "torch_error" not in info:
+        seen = {"ok": True, **info}
+        problem = gpuplan.torch_problem(seen, answer)
+        if problem:
+            return result("gpus", False, f"GPUs {chosen}: {problem}; {gpuplan.NO_CUDA_FIX}")
+    notes = "; ".join(gpuplan.node_notes(plan, answer))
+    return result("gpus", True, f"GPUs {chosen}{asked} free now" + (f"; {notes}" if notes else ""),
+                  warning=bool(notes))
+
+
+def _mixed_rows(tables: tuple[NodeGpus, ...]) -> list[CheckResult]:
+    """A warning when the GPUs the run would get are of different models."""
+    models = [gpu["name"] for table in tables for gpu in table.gpus
+              if gpu["index"] in table.chosen]
+    mixed = mixed_models(models)
+    return [CheckResult(-1, "*", "gpu models", True, mixed, warning=True)] if mixed else []
+
+
+def holder_text(holder: dict | None) -> str:
+    """Who holds a GPU, for the table."""
+    return describe_holder(holder) if holder else "-"
 
 
 def bind_request(plan: RunPlan) -> dict:

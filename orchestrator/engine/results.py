@@ -57,10 +57,16 @@ def wanted_files(info: DryRun, outcome: RunOutcome) -> dict[int, list[WantedFile
     return wanted
 
 
+# The dump's path prefix, by the name torch >= 2.8 reads first, then the old one
+# (``plan.build.flight_recorder_env`` sets both; a user may have set either).
+FLIGHT_RECORDER_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
 def flight_recorder_files(node: NodePlan) -> list[WantedFile]:
     """The NCCL flight recorder's dumps a failed GPU node may have left
     (``plan.build.flight_recorder_env``), one per rank."""
-    prefix = node.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    prefix = next((node.env[name] for name in FLIGHT_RECORDER_FILE_VARS if node.env.get(name)),
+                  None)
     if not prefix:
         return []
     return [WantedFile(f"{prefix}{rank}", f"nccl_trace/node-{node.node_rank}/rank-{rank}",

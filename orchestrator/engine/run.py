@@ -45,6 +45,8 @@ class LaunchOptions:
     hang_timeout_s: float | None = None  # no rank's progress this long: a hang (off: None)
     detach: bool = False  # the nodes keep the run; launch returns once every node started
     max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
+    allow_busy_gpus: bool = False  # listed GPUs someone else uses: go anyway
+    wait_gpus_s: float | None = None  # wait for free GPUs this long (None: the file's gpu_policy)
 
     @property
     def kept(self) -> bool:

@@ -21,8 +21,9 @@ from typing import Mapping
 from workloads import contract
 from workloads.catalog import CATALOG, args_to_argv
 
-from ..config.spec import ClusterSpec, WorkloadSpec
-from .model import BUILTIN_DIR, PROJECT_DIR, Entrypoint, NodePlan, RankPlan, RunPlan
+from ..config.spec import ClusterSpec, NodeSpec, WorkloadSpec
+from .model import (BUILTIN_DIR, PROJECT_DIR, Entrypoint, GpuChoice, NodePlan, RankPlan,
+                    RunPlan)
 from .network import interface_env, resolve_interfaces
 
 # With it set, torchrun assumes every node has the same nproc and numbers
@@ -34,9 +35,30 @@ UNSET_ENV = ("TORCH_ELASTIC_WORKER_IDENTICAL",)
 NCCL_TRACE_PREFIX = "nccl_trace_rank_"
 
 
+# torch 2.8 renamed the recorder's variables (TORCH_FR_*) and warns, on every
+# rank, about the old names it still reads; older torch knows only the old
+# ones. Both are set here, and the worker shim drops the old names where the
+# node's torch knows the new (``agent/worker/shim.py``).
+FLIGHT_RECORDER_RENAMED = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_FR_BUFFER_SIZE",
+                           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "TORCH_FR_DUMP_TEMP_FILE"}
+# GPU indices as nvidia-smi numbers them (PCI bus order); CUDA's own default
+# (fastest first) differs on a host with mixed models.
+DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def flight_recorder_env(run_dir: str) -> dict[str, str]:
-    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}"}
+    old = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}"}
+    return {**old, **{new: old[name] for name, new in FLIGHT_RECORDER_RENAMED.items()}}
+
+
+def visible_devices(node: NodeSpec) -> str:
+    """A node's CUDA_VISIBLE_DEVICES as planned: its indices in the user's
+    order, empty for CPU processes, and for ``gpus: free:N`` a placeholder
+    that the launch replaces with the node's choice (``resolve_plan``)."""
+    if node.gpu_request is not None:
+        return f"<{node.gpu_request}: chosen at launch>"
+    return ",".join(map(str, node.gpus)) if node.gpus is not None else ""
 
 
 def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: str,
@@ -71,8 +93,8 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
         if device != "cpu":
             env = {**flight_recorder_env(run_dir), **env}  # the user's values win
         if node.gpu_count is None:  # else the scheduler's GRES allocation sets it
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus)) if node.gpus is not None \
-                else ""
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(node)
+        env.update(DEVICE_ORDER)
         env.update(interface_env(spec.interface, env))  # "auto" until the launch finds it
         env[contract.DEVICE_ENV] = device
         env[contract.RUN_ID_ENV] = run_id
@@ -85,11 +107,9 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
             node_rank=k, host=node.host, python=node.python, gpus=node.gpus,
             first_rank=starts[k], nproc=node.nproc, run_dir=run_dir,
             env=MappingProxyType(dict(sorted(env.items()))), unset_env=UNSET_ENV,
-            code_rel=PROJECT_DIR if spec.workload.code else BUILTIN_DIR))
-    ranks = tuple(
-        RankPlan(rank=n.first_rank + i, node_rank=n.node_rank, host=n.host, local_rank=i,
-                 gpu=n.gpus[i] if n.gpus is not None else None)
-        for n in nodes for i in range(n.nproc))
+            code_rel=PROJECT_DIR if spec.workload.code else BUILTIN_DIR,
+            gpu_request=node.gpu_request))
+    ranks = rank_plans(nodes)
     workload = spec.workload
     entrypoint = entrypoint_of(workload)
     return RunPlan(run_id=run_id, name=spec.name, backend=spec.backend,
@@ -101,6 +121,19 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
                    setup=tuple(setup_argv(command) for command in spec.setup),
                    setup_timeout_s=spec.setup_timeout if spec.setup else 0.0,
                    outputs=spec.outputs)
+
+
+def rank_plans(nodes: "list[NodePlan] | tuple[NodePlan, ...]") -> tuple[RankPlan, ...]:
+    """Every rank, node by node: its GPU index, and once the node's agent
+    has looked (``resolve_plan``), that GPU's UUID and model."""
+    def at(values: tuple, i: int):
+        return values[i] if i < len(values) else None
+
+    return tuple(
+        RankPlan(rank=n.first_rank + i, node_rank=n.node_rank, host=n.host, local_rank=i,
+                 gpu=n.gpus[i] if n.gpus is not None else None,
+                 gpu_uuid=at(n.gpu_uuids, i), gpu_model=at(n.gpu_models, i))
+        for n in nodes for i in range(n.nproc))
 
 
 def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
@@ -140,12 +173,19 @@ def _default_master(spec: ClusterSpec) -> str:
 def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
                  hosts: Mapping[int, str] | None = None,
                  master_addr: str | None = None,
-                 interfaces: Mapping[int, str] | None = None) -> RunPlan:
+                 interfaces: Mapping[int, str] | None = None,
+                 gpus: Mapping[int, GpuChoice] | None = None,
+                 device: str | None = None) -> RunPlan:
     """Fill in the launch-time facts: the master port, each node's ``~`` and
     the interface each node's agent found for its ranks (``interfaces``, for
     the ``auto`` ones: ``network.py``); under a scheduler that places the
     nodes, also their hosts and the master address, which are known only
     once the job runs.
+
+    ``gpus``: each GPU node's choice (``gpus: free:N`` and the like, or a
+    list as found there), which sets its process count, the ranks after it
+    and its CUDA_VISIBLE_DEVICES; ``device``: the gang's device, once the
+    launch decided ``auto`` for every node at once.
 
     Pure as well: the backend finds these facts. Every path and env value
     is rewritten the same way, so nothing the dry-run showed changes except
@@ -157,14 +197,27 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
         return value
 
     nodes = []
+    first = 0
     for node in plan.nodes:
         home = homes.get(node.node_rank, "~")
+        env = resolve_interfaces({k: fix(v, home) for k, v in node.env.items()},
+                                 (interfaces or {}).get(node.node_rank))
+        chosen = (gpus or {}).get(node.node_rank)
+        if device is not None:
+            env[contract.DEVICE_ENV] = device
+        placed = {}
+        if chosen is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, chosen.indices))
+            if chosen.uuids:
+                env[contract.GPU_UUIDS_ENV] = ",".join(chosen.uuids)
+            placed = dict(gpus=chosen.indices, nproc=len(chosen.indices),
+                          gpu_uuids=chosen.uuids, gpu_models=chosen.models)
         nodes.append(dataclasses.replace(
             node, host=(hosts or {}).get(node.node_rank, node.host),
-            run_dir=fix(node.run_dir, home),
-            env=MappingProxyType(resolve_interfaces(
-                {k: fix(v, home) for k, v in node.env.items()},
-                (interfaces or {}).get(node.node_rank)))))
-    ranks = tuple(dataclasses.replace(r, host=nodes[r.node_rank].host) for r in plan.ranks)
-    return dataclasses.replace(plan, master_port=master_port, nodes=tuple(nodes), ranks=ranks,
+            run_dir=fix(node.run_dir, home), first_rank=first,
+            env=MappingProxyType(dict(sorted(env.items()))), **placed))
+        first += nodes[-1].nproc
+    return dataclasses.replace(plan, master_port=master_port, nodes=tuple(nodes),
+                               ranks=rank_plans(nodes), world_size=first,
+                               device=device or plan.device,
                                master_addr=master_addr or plan.master_addr)

@@ -43,6 +43,9 @@ class NodeLaunch:
     def header(self) -> str:
         """``node 1  host  ranks 3-6 (4 processes, ssh user@host:22)``."""
         plan = self.node
+        if plan.gpus_pending:
+            return (f"node {plan.node_rank}  {plan.host}  ranks chosen at launch (gpus: "
+                    f"{plan.gpu_request}, {self.where})")
         last = plan.first_rank + plan.nproc - 1
         return (f"node {plan.node_rank}  {plan.host}  ranks {plan.first_rank}-{last} "
                 f"({plan.nproc} process{'es' if plan.nproc != 1 else ''}, {self.where})")

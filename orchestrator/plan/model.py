@@ -43,12 +43,24 @@ class Entrypoint:
 
 
 @dataclass(frozen=True)
+class GpuChoice:
+    """The GPUs a node's agent chose (or found listed) at launch, in the order
+    the ranks take them; UUIDs and models where nvidia-smi answered."""
+
+    indices: tuple[int, ...]
+    uuids: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RankPlan:
     rank: int
     node_rank: int
     host: str
     local_rank: int
     gpu: int | None
+    gpu_uuid: str | None = None  # as the node's nvidia-smi names it, once launched
+    gpu_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,17 @@ class NodePlan:
     # built-ins). Every worker starts there (the supervisor's cwd for
     # torchrun), setup runs there and ``outputs`` are read from there.
     code_rel: str = BUILTIN_DIR
+    # ``gpus: all | free | free:N``: what the node's agent chooses at launch
+    # (``gpus`` is None until then); kept after, to say how they were chosen.
+    gpu_request: str | None = None
+    # The GPUs' UUIDs and models, in ``gpus`` order, where nvidia-smi answered at launch.
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_models: tuple[str, ...] = ()
+
+    @property
+    def gpus_pending(self) -> bool:
+        """Asked for by what it wants and not chosen yet: a dry-run's node."""
+        return self.gpu_request is not None and self.gpus is None
 
     @property
     def ranks(self) -> range:
@@ -116,4 +139,11 @@ class RunPlan:
     @property
     def resolved(self) -> bool:
         return self.master_port != AUTO_PORT and not any(
-            node.run_dir.startswith("~") for node in self.nodes)
+            node.run_dir.startswith("~") or node.gpus_pending for node in self.nodes)
+
+    @property
+    def world_size_known(self) -> bool:
+        """False while a node's ``gpus: all`` or ``free`` waits for the launch
+        to say how many (``free:N`` is N from the start)."""
+        return not any(node.gpus_pending and node.gpu_request in ("all", "free")
+                       for node in self.nodes)

@@ -40,7 +40,7 @@ def render_text(info: DryRun) -> str:
         f"run        {plan.run_id}",
         f"backend    {info.backend}",
         f"cluster    {info.source or '-'}: {len(plan.nodes)} node(s), world size "
-        f"{plan.world_size}, device {plan.device}",
+        f"{_world_size(plan)}, device {plan.device}",
         f"master     {hostport(plan.master_addr, _port_text(plan))} (torchrun static rendezvous)",
         f"workload   {plan.workload}",
         f"liveness   {info.liveness}: {info.liveness_words or LIVENESS.get(info.liveness, '?')}",
@@ -82,10 +82,30 @@ def _setup_lines(plan: RunPlan) -> list[str]:
     return out
 
 
+def _world_size(plan: RunPlan) -> str:
+    if plan.world_size_known:
+        return str(plan.world_size)
+    asks = ", ".join(f"node {n.node_rank} gpus: {n.gpu_request}" for n in plan.nodes
+                     if n.gpus_pending)
+    return f"decided at launch ({asks}; the nodes' agents choose)"
+
+
 def _rank_table(plan: RunPlan) -> str:
-    rows = [("RANK", "NODE", "HOST", "LOCAL_RANK", "GPU")]
-    rows += [(str(r.rank), str(r.node_rank), r.host, str(r.local_rank),
-              "-" if r.gpu is None else str(r.gpu)) for r in plan.ranks]
+    """Each rank's node, host and GPU; the GPU's model and UUID once the
+    launch has them. A node whose GPUs are chosen at launch is one row
+    saying what it asked for."""
+    known = any(r.gpu_model for r in plan.ranks)
+    rows = [("RANK", "NODE", "HOST", "LOCAL_RANK", "GPU", *(("MODEL", "UUID") if known else ()))]
+    for node in plan.nodes:
+        if node.gpus_pending:
+            count = "?" if not plan.world_size_known else str(node.nproc)
+            rows.append(("?", str(node.node_rank), node.host, f"{count} rank(s)",
+                         f"{node.gpu_request}: chosen at launch", *(("", "") if known else ())))
+            continue
+        rows += [(str(r.rank), str(r.node_rank), r.host, str(r.local_rank),
+                  "-" if r.gpu is None else str(r.gpu),
+                  *((r.gpu_model or "-", r.gpu_uuid or "-") if known else ()))
+                 for r in plan.ranks if r.node_rank == node.node_rank]
     return format_table(rows)
 
 
@@ -100,12 +120,15 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
         "device": plan.device, "workload": plan.workload,
         "setup": [list(argv) for argv in plan.setup],
         "setup_timeout_s": plan.setup_timeout_s, "outputs": list(plan.outputs),
-        "ranks": [vars(r) for r in plan.ranks],
+        "ranks": [_rank_dict(r) for r in plan.ranks],
         "nodes": [{
             "node_rank": n.node_rank, "host": n.host, "where": n.where,
             "connection": dict(n.connection),
             "python": n.node.python,
             "gpus": list(n.node.gpus) if n.node.gpus is not None else None,
+            **({"gpu_request": n.node.gpu_request} if n.node.gpu_request else {}),
+            **({"gpu_uuids": list(n.node.gpu_uuids), "gpu_models": list(n.node.gpu_models)}
+               if n.node.gpu_uuids else {}),
             "ranks": [n.node.first_rank, n.node.first_rank + n.node.nproc - 1],
             "nproc": n.node.nproc, "run_dir": n.run_dir, "code_root": n.node.code_root,
             "env": mask_env(n.env),
@@ -113,6 +136,12 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
         } for n in info.nodes],
         **({"extras": dict(info.extras)} if info.extras else {}),
     }
+
+
+def _rank_dict(rank: Any) -> dict[str, Any]:
+    """A rank as recorded; its GPU's UUID and model only where known."""
+    return {k: v for k, v in vars(rank).items()
+            if v is not None or k not in ("gpu_uuid", "gpu_model")}
 
 
 def render_json(info: DryRun) -> str:
@@ -134,7 +163,10 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
                         first_rank=int(n["ranks"][0]), nproc=int(n["nproc"]),
                         run_dir=str(n["run_dir"]), env=dict(n["env"]),
                         unset_env=tuple(n["unset_env"]),
-                        code_rel=_code_rel(str(n["run_dir"]), n.get("code_root")))
+                        code_rel=_code_rel(str(n["run_dir"]), n.get("code_root")),
+                        gpu_request=str(n["gpu_request"]) if n.get("gpu_request") else None,
+                        gpu_uuids=tuple(map(str, n.get("gpu_uuids") or ())),
+                        gpu_models=tuple(map(str, n.get("gpu_models") or ())))
         nodes.append(NodeLaunch(node=node, where=str(n["where"]), env=node.env,
                                 unset_env=node.unset_env, argv=tuple(map(str, n["argv"])),
                                 connection=dict(n.get("connection") or {}),

@@ -6,7 +6,7 @@ import time
 
 from ..backends.base import CancelResult, RunDescription
 
-from ..engine.preflight import Preflight
+from ..engine.preflight import NodeGpus, Preflight, holder_text
 from ..engine.results import outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
@@ -172,4 +172,43 @@ def render_check(report: Preflight) -> str:
     warned = f" ({report.warnings} warning(s))" if report.warnings else ""
     verdict = f"all checks passed{warned}" if report.ok else \
         f"{sum(not r.ok for r in report.results)} check(s) failed{warned}"
-    return format_table(rows) + "\n" + verdict + "\n"
+    return format_table(rows) + "\n" + "".join(map(render_gpus, report.gpus)) + verdict + "\n"
+
+
+def render_gpus(node: NodeGpus) -> str:
+    """One node's GPUs for ``check``: each with its memory, utilisation,
+    processes and holder, and whether the run would take it now."""
+    torch = f"; torch sees {node.torch_sees}" if node.torch_sees is not None else ""
+    head = f"\nnode {node.node_rank} ({node.host}) GPUs, driver {node.driver or '?'}{torch}\n"
+    if not node.gpus:
+        return head + "  (nvidia-smi lists none, or did not answer)\n\n"
+    rows = [("GPU", "MODEL", "MEMORY", "UTIL", "PROCESSES", "HELD BY", "STATE")]
+    for gpu in node.gpus:
+        procs = [app for app in node.apps if app.get("gpu_uuid") == gpu.get("uuid")]
+        rows.append((str(gpu["index"]), gpu.get("name") or "?", _memory(gpu),
+                     "-" if gpu.get("utilization") is None else f"{gpu['utilization']}%",
+                     ", ".join(_process(app) for app in procs) or "-",
+                     holder_text(gpu.get("held_by")), _gpu_state(gpu, node)))
+    return head + format_table(rows) + "\n\n"
+
+
+def _memory(gpu: dict) -> str:
+    used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
+    if used is None or total is None:
+        return "?"
+    return f"{used / 1024:.1f}/{total / 1024:.1f} GiB"
+
+
+def _process(app: dict) -> str:
+    used = f", {app['used_mib']} MiB" if app.get("used_mib") is not None else ""
+    return f"{app.get('pid')} {app.get('name') or '?'} ({app.get('user') or '?'}{used})"
+
+
+def _gpu_state(gpu: dict, node: NodeGpus) -> str:
+    if gpu["index"] in node.chosen:
+        return "the run's" if gpu["index"] in node.free else "the run's (busy)"
+    if gpu.get("mig"):
+        return "MIG"
+    if gpu.get("held_by"):
+        return "held"
+    return "free" if gpu["index"] in node.free else "busy"

@@ -15,6 +15,21 @@ for path in (ROOT, HERE):
 
 from workloads.make_tiny_datasets import write_cifar10, write_mnist  # noqa: E402
 
+NO_GPU = "no CUDA GPU here (torch.cuda.is_available() is False)"
+
+
+@pytest.hookimpl(tryfirst=True)  # before skipif: the missing GPU is the reason to show
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip ``gpu`` tests where torch sees no GPU, saying so, so that one
+    pytest command serves CPU-only CI and a GPU host alike. torch is imported
+    only when a gpu test is about to run."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip(NO_GPU)
+
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> str:

@@ -9,31 +9,34 @@ import torch
 
 from workloads.harness import data as hdata
 from workloads.harness import datasets
-from workloads.harness.context import WorkloadError, read_context, resolve_device
+from workloads.harness.context import (CudaView, WorkloadError, normalise_gpu_uuid,
+                                       planned_gpu_mismatch, read_context, resolve_device)
 from workloads.harness.timing import CappedSeries, StepTimer
 
 TORCHRUN_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1",
                 "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
                 "CUDA_VISIBLE_DEVICES": "2,3", "DDP_ORCH_RUN_ID": "r-7",
                 "DDP_ORCH_RESULT_FILE": "/x/result.json"}
+UUID_A = "GPU-1a2b3c4d-0000-1111-2222-333344445555"
+UUID_B = "GPU-9f8e7d6c-0000-1111-2222-333344445555"
 
 
-def no_gpu() -> int:
-    return 0
+def gpus(count: int, available: bool = True, build: str | None = "12.8"):
+    """A stand-in for ``probe_cuda``: what torch would report."""
+    return lambda: CudaView(build, available, count)
 
 
-def two_gpus() -> int:
-    return 2
+no_gpu, two_gpus = gpus(0, available=False, build=None), gpus(2)
 
 
-def must_not_ask() -> int:
+def must_not_ask() -> CudaView:
     raise AssertionError("a cpu run must not query CUDA")
 
 
 # --- context ---------------------------------------------------------------
 
 def test_context_reads_torchrun_and_orchestrator_variables():
-    ctx = read_context(TORCHRUN_ENV, cuda_devices=two_gpus, hostname="h1")
+    ctx = read_context(TORCHRUN_ENV, cuda=two_gpus, hostname="h1")
     assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.node_rank, ctx.local_world_size) \
         == (3, 1, 4, 1, 2)
     assert (ctx.device, ctx.backend) == ("cuda:1", "nccl")
@@ -44,52 +47,119 @@ def test_context_reads_torchrun_and_orchestrator_variables():
 
 def test_context_device_cpu_ignores_visible_gpus():
     env = {**TORCHRUN_ENV, "DDP_ORCH_DEVICE": "cpu"}
-    ctx = read_context(env, cuda_devices=must_not_ask)
+    ctx = read_context(env, cuda=must_not_ask)
     assert (ctx.device, ctx.backend) == ("cpu", "gloo")
     assert ctx.cuda_visible_devices == "2,3"  # still reported, just not used
 
 
 def test_device_flag_overrides_the_environment():
     env = {**TORCHRUN_ENV, "DDP_ORCH_DEVICE": "cuda"}
-    assert read_context(env, "cpu", cuda_devices=must_not_ask).device == "cpu"
+    assert read_context(env, "cpu", cuda=must_not_ask).device == "cpu"
 
 
 def test_context_alone_is_a_job_of_one():
-    ctx = read_context({}, cuda_devices=no_gpu)
+    ctx = read_context({}, cuda=no_gpu)
     assert (ctx.rank, ctx.world_size, ctx.node_rank, ctx.launched) == (0, 1, 0, False)
     assert ctx.is_rank0 and ctx.device == "cpu" and ctx.requested_device == "auto"
     assert ctx.result_file is None and ctx.run_id is None
 
 
 def test_context_is_frozen():
-    ctx = read_context({}, cuda_devices=no_gpu)
+    ctx = read_context({}, cuda=no_gpu)
     with pytest.raises(AttributeError):
         ctx.rank = 1  # type: ignore[misc]
 
 
 def test_read_context_does_not_touch_os_environ():
     before = dict(os.environ)
-    read_context(TORCHRUN_ENV, cuda_devices=two_gpus)
+    read_context(TORCHRUN_ENV, cuda=two_gpus)
     assert dict(os.environ) == before
 
 
-@pytest.mark.parametrize("requested,local_rank,gpus,expected", [
-    ("auto", 0, 0, ("cpu", "gloo")),
-    ("auto", 1, 2, ("cuda:1", "nccl")),
-    ("cuda", 0, 1, ("cuda:0", "nccl")),
+@pytest.mark.parametrize("requested,local_rank,local_world,view,expected", [
+    ("auto", 1, 2, two_gpus, ("cuda:1", "nccl", None)),
+    ("cuda", 0, 1, gpus(1), ("cuda:0", "nccl", None)),
+    ("cpu", 0, 1, must_not_ask, ("cpu", "gloo", None)),
 ])
-def test_resolve_device(requested, local_rank, gpus, expected):
-    assert resolve_device(requested, local_rank, lambda: gpus) == expected
+def test_resolve_device(requested, local_rank, local_world, view, expected):
+    assert resolve_device(requested, local_rank, local_world, view, "0,1") == expected
 
 
-@pytest.mark.parametrize("requested,local_rank,gpus,message", [
-    ("cuda", 0, 0, "no CUDA device"),
-    ("auto", 2, 2, "only 2 CUDA device"),
-    ("gpu", 0, 0, "device must be one of"),
+@pytest.mark.parametrize("view", [no_gpu, gpus(2, available=False), gpus(0)])
+def test_device_cuda_without_a_usable_gpu_fails_at_once_saying_what_torch_sees(view):
+    """Never a quiet CPU run: the one line names torch's build, availability,
+    device count and CUDA_VISIBLE_DEVICES."""
+    seen = view()
+    with pytest.raises(WorkloadError) as err:
+        resolve_device("cuda", 0, 1, view, "3")
+    message = str(err.value)
+    assert "\n" not in message and "no CUDA device" in message
+    assert f"built for CUDA {seen.build}" in message
+    assert f"torch.cuda.is_available() is {seen.available}" in message
+    assert f"torch.cuda.device_count() is {seen.count}" in message
+    assert "CUDA_VISIBLE_DEVICES='3'" in message
+
+
+@pytest.mark.parametrize("requested", ["cuda", "auto"])
+def test_fewer_gpus_than_local_ranks_fails_on_every_local_rank(requested):
+    """Local rank 0 of 3 fails too, not only the rank past the last GPU."""
+    for local_rank in range(3):
+        with pytest.raises(WorkloadError, match="3 processes on this node need a GPU each but "
+                                                "only 2") as err:
+            resolve_device(requested, local_rank, 3, two_gpus, "0,1")
+        assert "CUDA_VISIBLE_DEVICES='0,1'" in str(err.value)
+
+
+def test_auto_without_a_gpu_falls_back_to_cpu_with_the_reason():
+    place = resolve_device("auto", 0, 1, no_gpu, None)
+    assert (place.device, place.backend) == ("cpu", "gloo")
+    assert "device auto found no usable GPU" in place.fallback
+    assert "CUDA_VISIBLE_DEVICES=(unset)" in place.fallback and "\n" not in place.fallback
+    assert read_context({}, cuda=no_gpu).fallback == place.fallback
+    assert read_context({}, "cpu", cuda=must_not_ask).fallback is None
+
+
+def test_an_unknown_device_is_refused():
+    with pytest.raises(WorkloadError, match="device must be one of"):
+        resolve_device("gpu", 0, 1, must_not_ask, None)
+
+
+def test_context_reads_device_order_and_planned_gpus():
+    env = {**TORCHRUN_ENV, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+           "DDP_ORCH_GPU_UUIDS": f"{UUID_A}, {UUID_B}"}
+    ctx = read_context(env, cuda=two_gpus)
+    assert ctx.cuda_device_order == "PCI_BUS_ID"
+    assert ctx.planned_gpu_uuids == (UUID_A, UUID_B)
+    assert read_context(TORCHRUN_ENV, cuda=two_gpus).planned_gpu_uuids == ()
+
+
+# --- GPU identity ------------------------------------------------------------
+
+def test_torch_uuids_take_nvidia_smis_form():
+    assert normalise_gpu_uuid(UUID_A[4:]) == UUID_A
+    assert normalise_gpu_uuid(UUID_A) == UUID_A
+    assert normalise_gpu_uuid("MIG-" + UUID_A[4:]) == "MIG-" + UUID_A[4:]
+
+
+@pytest.mark.parametrize("planned,local_rank,actual", [
+    ((), 0, UUID_A),  # nothing planned: nothing to check
+    ((UUID_A, UUID_B), 1, UUID_B),
+    ((UUID_A,), 0, UUID_A[4:].upper()),  # torch's bare form, any case
+    (("MIG-" + UUID_A[4:],), 0, UUID_A),
 ])
-def test_resolve_device_refuses_clearly(requested, local_rank, gpus, message):
-    with pytest.raises(WorkloadError, match=message):
-        resolve_device(requested, local_rank, lambda: gpus)
+def test_the_planned_gpu_passes(planned, local_rank, actual):
+    assert planned_gpu_mismatch(planned, local_rank, actual) is None
+
+
+def test_another_gpu_than_planned_is_named_with_the_usual_cause():
+    message = planned_gpu_mismatch((UUID_A, UUID_B), 0, UUID_B)
+    assert f"local rank 0 is on GPU {UUID_B} but ddp-orch planned {UUID_A}" in message
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in message and "usual cause" in message
+
+
+def test_a_local_rank_past_the_planned_list_is_refused():
+    assert "local rank 2 has no planned GPU" in planned_gpu_mismatch((UUID_A, UUID_B), 2,
+                                                                     UUID_A)
 
 
 # --- data splitting and seeding ---------------------------------------------
@@ -278,6 +348,26 @@ def test_tiny_real_datasets_load_through_torchvision(tiny_data):
     assert cifar.data == "real" and cifar.verified is False and "NOT verified" in cifar.source
     assert (len(cifar.train), len(cifar.test)) == (25, 20)
     assert tuple(cifar.train[3][0].shape) == (3, 24, 24)
+
+
+@pytest.mark.parametrize("subset", [0, 30])
+def test_a_loader_worker_gets_real_cifar10_as_a_handle_not_a_copy(tiny_data, subset):
+    """Workers restart every epoch (to reseed), and each start pickles the
+    dataset into the worker: its images must travel as shared memory.
+    ForkingPickler is what DataLoader's worker start uses."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 -- registers torch's shared-memory reductions
+
+    train = datasets.load(datasets.CIFAR10, tiny_data, "real", train_samples=subset).train
+    base = train.dataset if subset else train
+    images = 40 * 3 * 32 * 32
+    first, again = (len(bytes(ForkingPickler.dumps(train))) for _ in range(2))
+    assert first < images / 4 and again == first
+    received = ForkingPickler.loads(ForkingPickler.dumps(train))
+    for i in (0, 7, len(train) - 1):
+        assert torch.equal(received[i][0], train[i][0]) and received[i][1] == train[i][1]
+    assert base.data.shared.is_shared()
 
 
 def test_data_synthetic_ignores_present_files(tiny_data):

@@ -31,3 +31,26 @@ def test_a_builtin_workload_runs_without_numpy(tmp_path, workload, args):
                        env_extra={"PYTHONPATH": f"{blocker}:{ROOT}"})
     assert "Numpy is not available" not in run.stderr, run.stderr[-3000:]
     check_complete(run.check(), workload, 2)
+
+
+def test_a_restart_resumes_from_its_checkpoint_without_numpy(tmp_path):
+    """The checkpoint travels from rank 0 to the others (and rank 0 says
+    whether there is one): no ``broadcast_object_list``, which needs numpy.
+    The second run is a gang restart, as ``up --max-restarts`` makes it."""
+    blocker = tmp_path / "no-numpy"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(NO_NUMPY)
+    common = ("--data", "synthetic", "--train-samples", "32", "--test-samples", "8",
+              "--global-batch-size", "8", "--num-workers", "0")
+    env = {"PYTHONPATH": f"{blocker}:{ROOT}", "DDP_ORCH_MAX_RESTARTS": "1"}
+    first = run_torchrun(tmp_path, "mnist", *common, "--epochs", "1", name="first",
+                         env_extra=env)
+    check_complete(first.check(), "mnist", 2)
+    assert (tmp_path / "checkpoint.pt").exists()  # the default of a run that may restart
+    again = run_torchrun(tmp_path, "mnist", *common, "--epochs", "2", name="again",
+                         env_extra={**env, "DDP_ORCH_RESTART_COUNT": "1"})
+    assert "Numpy is not available" not in again.stderr, again.stderr[-3000:]
+    result = again.check()
+    check_complete(result, "mnist", 2)
+    assert result["resumed"] and result["metrics"]["start_epoch"] == 1
+    assert "resuming from checkpoint.pt (epoch 1, step 4)" in again.stdout

@@ -5,8 +5,11 @@ the epoch and step counters, and the sampler epoch (which, with the seed,
 fixes the data order of every later epoch: ``harness.data.seed_epoch``, so
 no RNG state needs saving). It writes a temp file beside the target,
 fsyncs it and renames it over, so a crash mid-save leaves the previous
-checkpoint whole. Resuming, rank 0 reads the file and broadcasts it, so
-other nodes need no copy.
+checkpoint whole. Resuming, rank 0 reads the file and broadcasts its bytes,
+so other nodes need no copy; every rank then decodes them with
+``torch.load(weights_only=True)``. The broadcast is a plain uint8 tensor,
+not ``broadcast_object_list``: that one needs numpy, which a node with torch
+alone (as the README promises) lacks.
 
 Where: ``--checkpoint PATH``; when the run may restart (ddp-orch sets
 ``DDP_ORCH_MAX_RESTARTS``), by default ``checkpoint.pt`` in the node's run
@@ -18,15 +21,16 @@ an uninterrupted one with the same seed and world size.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 from workloads import contract
 from workloads.harness.context import DistContext, WorkloadError
+from workloads.harness.evidence import broadcast_bytes, broadcast_json
 
 DEFAULT_NAME = "checkpoint.pt"
 
@@ -58,16 +62,22 @@ def save(path: str, state: dict) -> None:
 
 def load(ctx: DistContext, path: str) -> dict:
     """Rank 0 reads ``path``; every rank gets the state (or the same error)."""
-    payload: list = [None]
+    where = os.path.abspath(path)
+    blob, error = b"", None
     if ctx.is_rank0:
         try:
-            payload[0] = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 -- any failure must reach the other ranks
-            payload[0] = {"error": f"cannot resume from {os.path.abspath(path)}: {err}"}
-    dist.broadcast_object_list(payload, src=0)
-    if "error" in payload[0]:
-        raise WorkloadError(payload[0]["error"])
-    return payload[0]
+            with open(path, "rb") as fh:
+                blob = fh.read()
+        except OSError as err:
+            error = f"cannot resume from {where}: {err}"
+    error = broadcast_json(ctx, error)
+    if error:
+        raise WorkloadError(error)
+    blob = broadcast_bytes(ctx, blob)
+    try:
+        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 -- every rank decodes the same bytes, fails alike
+        raise WorkloadError(f"cannot resume from {where}: {err}") from err
 
 
 def resume_state(ctx: DistContext, args: Any, log: Callable[[str], None]) -> dict | None:
@@ -79,9 +89,7 @@ def resume_state(ctx: DistContext, args: Any, log: Callable[[str], None]) -> dic
         return load(ctx, path)
     if not (restart and path):
         return None
-    found = [os.path.exists(path) if ctx.is_rank0 else False]
-    dist.broadcast_object_list(found, src=0)
-    if not found[0]:
+    if not broadcast_json(ctx, ctx.is_rank0 and os.path.exists(path)):
         log(f"restart {restart}: no checkpoint at {path} yet; training starts from scratch")
         return None
     state = load(ctx, path)

@@ -1,7 +1,9 @@
 """Evidence that the job ran as intended, gathered from every rank.
 
 * the rank table: what each process saw (rank, local rank, node, host,
-  CUDA_VISIBLE_DEVICES, device) -- proves placement, not just the count;
+  CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, device, and on CUDA the model
+  and UUID of its GPU as the worker itself sees it, in nvidia-smi's form) --
+  proves placement, not just the count;
 * parameter checksums: DDP's promise is that all replicas hold identical
   parameters after every step. Each rank hashes its own parameters
   independently (sha256 of the float64 bytes, names included) and the
@@ -20,11 +22,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workloads.harness.context import DistContext
+from workloads.harness.context import DistContext, gpu_identity
 
 
 def rank_row(ctx: DistContext) -> dict:
-    """This process's line of the rank table."""
+    """This process's line of the rank table (gpu_name/gpu_uuid null on CPU)."""
+    name, uuid = gpu_identity(ctx.torch_device()) if ctx.is_cuda else (None, None)
     return {
         "rank": ctx.rank,
         "local_rank": ctx.local_rank,
@@ -32,7 +35,10 @@ def rank_row(ctx: DistContext) -> dict:
         "hostname": ctx.hostname,
         "pid": os.getpid(),
         "cuda_visible_devices": ctx.cuda_visible_devices,
+        "cuda_device_order": ctx.cuda_device_order,
         "device": ctx.device,
+        "gpu_name": name,
+        "gpu_uuid": uuid,
     }
 
 
@@ -116,6 +122,30 @@ def all_gather_json(ctx: DistContext, value) -> list:
     dist.all_gather(gathered, mine)
     return [json.loads(tensor_bytes(t.cpu().contiguous())[:int(n.item())])
             for t, n in zip(gathered, sizes)]
+
+
+def broadcast_bytes(ctx: DistContext, data: bytes) -> bytes:
+    """Rank 0's ``data`` on every rank (the others pass anything); a collective.
+
+    ``dist.broadcast_object_list`` would do, but it goes through numpy (see
+    ``all_gather_json``): the length goes first, then the bytes as a uint8
+    tensor, on the backend's device (CUDA for NCCL, CPU for gloo)."""
+    device = ctx.torch_device()
+    size = torch.tensor([len(data)], dtype=torch.long, device=device)
+    dist.broadcast(size, src=0)
+    length = int(size.item())
+    if length == 0:
+        return b""
+    buf = torch.empty(length, dtype=torch.uint8, device=device)
+    if ctx.is_rank0:
+        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.broadcast(buf, src=0)
+    return data if ctx.is_rank0 else tensor_bytes(buf.cpu().contiguous())
+
+
+def broadcast_json(ctx: DistContext, value):
+    """Rank 0's JSON-able ``value`` on every rank; a collective."""
+    return json.loads(broadcast_bytes(ctx, json.dumps(value).encode()))
 
 
 def straggler_report(everyone: list[dict]) -> dict:

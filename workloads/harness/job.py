@@ -1,11 +1,12 @@
 """The frame every workload runs in: parse, read the context, validate, run.
 
 ``start`` does everything that can fail without talking to other ranks
-(argument parsing, device choice, the catalog's rules, batch split, lr
-scaling), so a bad configuration fails fast on every rank before any
-rendezvous. The rules are the catalog's (``catalog.Rule``), the same the
-controller checks before launch, so both refuse in the same words. ``run_job``
-then opens the process group around the workload's ``train(job)``.
+(argument parsing, device choice and binding a CUDA rank to its GPU, the
+catalog's rules, batch split, lr scaling), so a bad configuration fails fast
+on every rank before any rendezvous. The rules are the catalog's
+(``catalog.Rule``), the same the controller checks before launch, so both
+refuse in the same words. ``run_job`` then opens the process group around the
+workload's ``train(job)``.
 
 Training lives in its own function, not in ``main``, for a reason: DDP's
 reducer, the loaders and pending gloo work hold references into the process
@@ -61,6 +62,8 @@ def start(name: str, argv: list[str] | None = None) -> Job:
         split = hdata.split_batch(args.global_batch_size, ctx.world_size)
         lr = hdata.scaled_lr(args.lr, args.lr_scaling, ctx.world_size)
     job = Job(name, args, ctx, RankZeroLog(ctx, name), started, split, lr)
+    if ctx.fallback:
+        job.log(f"WARNING: {ctx.fallback}")
     if contract.restart_count() and not hasattr(args, "checkpoint"):
         job.log(f"restart {contract.restart_count()}: {name} keeps no checkpoint, so "
                 "training starts again from scratch")

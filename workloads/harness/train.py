@@ -93,6 +93,8 @@ def resolve_amp(requested: str, ctx: DistContext) -> Amp:
             raise WorkloadError(AMP_FP16_ON_CPU)  # the catalog's rule refuses it first
         return Amp("fp16", dev, torch.float16, torch.amp.GradScaler("cuda"))
     if mode == "bf16":
+        # asks about the current device: this rank's own GPU, set when the
+        # context was read (context.bind_device), never cuda:0 by default
         if ctx.is_cuda and not torch.cuda.is_bf16_supported():
             raise WorkloadError("--amp bf16: this GPU does not support bfloat16")
         return Amp("bf16", dev, torch.bfloat16, None)

@@ -3,12 +3,24 @@
 Imported only when real data is present: importing torchvision costs a few
 seconds per process (it pulls in torch._dynamo), which noop/linear/toy and
 synthetic runs need not pay.
+
+CIFAR-10's decoded images are one numpy array (150 MB for the full set).
+DataLoader workers are started afresh every epoch (``harness.data``: that is
+how each epoch reseeds them), and each start pickles the dataset into the
+new worker: by value, the whole array, per worker per rank per epoch.
+``SharedArray`` moves it into shared memory on the first such pickle, so
+every later one sends a handle to the same pages (torch's multiprocessing
+reductions), and the rank holds one copy instead of one per worker. MNIST
+needs nothing of the kind: torchvision keeps it in a tensor, which the same
+reductions already share.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import torch
 from torchvision import datasets, transforms
 
 from workloads.harness.context import WorkloadError
@@ -33,9 +45,37 @@ class UnverifiedCIFAR10(datasets.CIFAR10):
     meta = {**datasets.CIFAR10.meta, "md5": None}
 
 
+class SharedArray:
+    """An array indexed like the numpy one it wraps, pickled as a shared tensor.
+
+    Unpickled, it is a numpy view of the same shared pages (no copy). Moving
+    the array waits for the first pickle, so a run without loader workers
+    never touches shared memory (/dev/shm, which containers often keep small).
+    """
+
+    def __init__(self, array: Any, shared: torch.Tensor | None = None):
+        self.array, self.shared = array, shared
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.array[index]
+
+    def __reduce__(self):
+        if self.shared is None:
+            self.shared = torch.from_numpy(self.array).share_memory_()
+            self.array = self.shared.numpy()  # drop the private copy: one per rank
+        return _from_shared, (self.shared,)
+
+
+def _from_shared(shared: torch.Tensor) -> SharedArray:
+    return SharedArray(shared.numpy(), shared)
+
+
 def _cifar10(root: str, train: bool, tf) -> tuple[datasets.CIFAR10, bool]:
     try:
-        return datasets.CIFAR10(root, train=train, transform=tf, download=False), True
+        ds, verified = datasets.CIFAR10(root, train=train, transform=tf, download=False), True
     except RuntimeError as official:
         folder = os.path.join(root, CIFAR10.folder)
         names = [n for n, _ in UnverifiedCIFAR10.train_list + UnverifiedCIFAR10.test_list]
@@ -44,7 +84,9 @@ def _cifar10(root: str, train: bool, tf) -> tuple[datasets.CIFAR10, bool]:
         if missing:
             raise WorkloadError(f"CIFAR-10 at {folder} is incomplete (missing {missing})") \
                 from official
-        return UnverifiedCIFAR10(root, train=train, transform=tf, download=False), False
+        ds, verified = UnverifiedCIFAR10(root, train=train, transform=tf, download=False), False
+    ds.data = SharedArray(ds.data)  # torchvision's __getitem__ reads self.data[index]
+    return ds, verified
 
 
 def load_real(spec: Spec, root: str, train_tf: ImagePipeline, test_tf: ImagePipeline):

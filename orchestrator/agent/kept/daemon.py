@@ -40,6 +40,7 @@ import threading
 import time
 
 from . import peers
+from ..node import gpuclaim
 from .. import layout
 from ..node.procs import running, start_time
 from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Event, Reader,
@@ -71,7 +72,9 @@ def start(spec: dict, listen: bool) -> dict:
             os.setsid()
             if os.fork() > 0:
                 os._exit(0)
-            _become_daemon(run_dir, keep={write_end, sock.fileno() if sock else -1})
+            # The run's GPU locks stay with the keeper, across restarts (``gpuclaim``).
+            _become_daemon(run_dir, keep={write_end, sock.fileno() if sock else -1,
+                                          *gpuclaim.held_fds()})
             os.write(write_end, str(os.getpid()).encode())
             os.close(write_end)
             from .keeper import Keeper

@@ -17,9 +17,11 @@ import time
 # NCCL's version only where CUDA works: torch.cuda.nccl needs a CUDA build,
 # and asking it on a machine without a GPU may initialise nothing useful.
 _TORCH = ("import json, torch\n"
-          "out = {'torch': torch.__version__, 'cuda': torch.version.cuda}\n"
+          "out = {'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
+          "       'available': bool(torch.cuda.is_available())}\n"
           "try:\n"
-          "    if torch.cuda.is_available():\n"
+          "    if out['available']:\n"
+          "        out['count'] = torch.cuda.device_count()\n"
           "        v = torch.cuda.nccl.version()\n"
           "        out['nccl'] = '.'.join(map(str, v)) if isinstance(v, tuple) else str(v)\n"
           "except Exception as exc:\n"
@@ -85,16 +87,20 @@ def bind(port: int, host: str | None = None) -> dict:
 _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 
 
-def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
-    """This Python, its torch, and (when asked) the GPUs nvidia-smi lists."""
+def probe(timeout_s: float = 60.0) -> dict:
+    """This Python and its torch: its version, the CUDA it was built with,
+    and whether it sees GPUs (indices in PCI bus order, as nvidia-smi's).
+    The GPUs themselves are the ``gpus`` request's (``gpuclaim.py``)."""
     import json
     import subprocess  # here: only `check` probes, a launch does not pay for them
 
     out: dict = {"ok": True, "python": sys.executable,
                  "python_version": sys.version.split()[0], **hostname_info()}
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
         ran = subprocess.run([sys.executable, "-c", _TORCH], capture_output=True, text=True,
-                             timeout=timeout_s)
+                             timeout=timeout_s, env=env)
         lines = ran.stdout.strip().splitlines()
         if ran.returncode == 0 and lines:
             out.update(json.loads(lines[-1]))
@@ -103,44 +109,7 @@ def probe(gpus: bool, timeout_s: float = 60.0) -> dict:
             out["torch_error"] = last[-300:]
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         out["torch_error"] = f"{type(exc).__name__}: {exc}"
-    if gpus:
-        out.update(list_gpus(timeout_s))
     return out
-
-
-def list_gpus(timeout_s: float = 60.0) -> dict:
-    """``{"gpus": [0, 1]}``, the indices ``nvidia-smi -L`` lists here, or
-    ``{"gpu_error": why}``. ``check`` asks each node's agent; ``up`` asks it
-    here for its localhost nodes (``controller/refusals.py``)."""
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return {"gpu_error": "nvidia-smi not found"}
-    try:
-        listing = subprocess.run([smi, "-L"], capture_output=True, text=True,
-                                 timeout=timeout_s).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"gpu_error": f"nvidia-smi -L failed: {type(exc).__name__}: {exc}"}
-    return {"gpus": [int(l.split()[1].rstrip(":")) for l in listing.splitlines()
-                     if l.startswith("GPU ")]}
-
-
-def gpu_problem(wanted: "tuple[int, ...] | list[int]", listed: dict) -> str | None:
-    """Why the GPUs ``wanted`` are not all there, from ``list_gpus``'s
-    answer ``listed``; None if they are. ``check`` and ``up`` say it in
-    these words, with ``NO_GPU_FIX``."""
-    if "gpu_error" in listed:
-        return str(listed["gpu_error"])
-    there = list(listed.get("gpus") or [])
-    missing = sorted(set(wanted) - set(there))
-    if missing:
-        return f"no GPU {', '.join(map(str, missing))} (nvidia-smi lists {there})"
-    return None
-
-
-NO_GPU_FIX = "set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU processes)"
 
 
 def hostname_info() -> dict:

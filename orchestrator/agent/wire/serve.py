@@ -12,12 +12,16 @@ requests (``protocol.request``) one at a time until stdin closes:
 ``prune``      remove an ended run's node directory, never a live one (``prune.py``)
 ``bind``       can the master port be bound here (0: pick a free one), in its family
 ``route``      the interface and address this node's ranks use (``netroute.py``)
-``probe``      Python, torch, CUDA, NCCL, GPUs and the host name, for ``ddp-orch check``
+``torch``      start asking the node's torch about CUDA, in a child (``gpuclaim.py``)
+``gpus``       the GPUs the run gets here, locked for its life (``gpuclaim.py``),
+               with torch's answer when ``torch`` was asked first
+``probe``      Python, torch, CUDA, NCCL and the host name, for ``ddp-orch check``
 ``clock``      this node's ``time.time()``, for ``ddp-orch check``'s skew check
 ``listen``     hold a test listener (an address, or all of a family) in the
                background, until stdin closes or its timeout; replies with its port
 ``connect``    open TCP connections (one, or a list at once), for ``ddp-orch check``
 ``down``       end a run's processes here, found by their marker variables
+``stacks``     dump the run's ranks' stacks here (``stacks.py``)
 ``supervise``  become the run's node supervisor; the reply is its output
 ``detach``     start the node's keeper of a kept run, as a daemon (``daemon.py``)
 ``follow``     stream a kept run's ``agent.out``; the agent's last request
@@ -45,6 +49,7 @@ from .protocol import Control, ProtocolError, Reader, digest, encode, exit_event
 
 _LOCK = threading.Lock()
 _made: list[str] = []  # run directories this agent created (for ``discard``)
+_torch: list = []  # the ``torch`` request's probe, read by ``gpus``
 
 
 def reply(payload: bytes = b"", **fields) -> None:
@@ -142,8 +147,11 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
     elif op == "discard":
         import shutil
 
+        from ..node import gpuclaim
+
         for path in _made:  # only what this channel created: the launch was abandoned
             shutil.rmtree(path, ignore_errors=True)
+        gpuclaim.release()
         reply(ok=True, removed=list(_made))
         _made.clear()
     elif op == "get":
@@ -166,6 +174,23 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
 
         reply(**netroute.route(str(request["host"]), int(request["port"]),
                                bool(request.get("remote_peers", True))))
+    elif op == "torch":
+        from ..node import gpuclaim
+
+        _torch[:] = [gpuclaim.TorchProbe()]
+        reply(ok=True)
+    elif op == "gpus":
+        from ..node import gpuclaim
+
+        want = request["want"]
+        answer = gpuclaim.claim(
+            want if isinstance(want, str) else [int(k) for k in want],
+            run_id=str(request["run_id"]), node_rank=int(request.get("node_rank", 0)),
+            busy_mib=int(request["busy_mib"]), allow_busy=bool(request.get("allow_busy")),
+            hold=bool(request.get("hold", True)))
+        if _torch:
+            answer["torch"] = _torch.pop().result()
+        reply(**answer)
     elif op == "outputs":
         from ..node import outputs
 
@@ -177,7 +202,7 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
         reply(**prune.prune(str(request["run_dir"]), str(request["run_id"]),
                             int(request["node_rank"])))
     elif op == "probe":
-        reply(**probes.probe(bool(request.get("gpus"))))
+        reply(**probes.probe())
     elif op == "clock":
         import time
 

@@ -120,6 +120,12 @@ def check_layout(spec: Any, top: Mapping[str, Located], node_keys: tuple[str, ..
             raise entries["host"].error(
                 "with backend: slurm a host is a Slurm node name, not localhost",
                 hint="use the names `sinfo -N` lists, or `nodes: {count: N, ...}`")
+        if node.gpu_request is not None:
+            count = node.gpu_request.partition(":")[2] or "G"
+            raise entries["gpus"].error(
+                f"under backend: slurm, Slurm chooses the GPUs: {node.gpu_request!r} is not "
+                "asked of the node", hint=f"write `nodes: {{count: N, gpus: {count}}}` to have "
+                "Slurm allocate that many GPUs on each of N nodes it chooses")
         if node.host in seen:
             raise entries["host"].error(
                 f"{node.host} is already nodes[{seen[node.host]}]",

@@ -38,9 +38,10 @@ REFUSED = {
                         "--arg device: device 'cuda' was requested but no CUDA device is "
                         "visible to this process"),
     "gpus-missing": ((*LOCAL, "--workload", "linear", "--gpus", "0,1"),
-                     "--gpus: no GPU 1 (nvidia-smi lists [0]), but --gpus asks for GPUs 0,1"),
+                     "--gpus: GPUs 0,1 asked for, but no GPU 1 on this node (nvidia-smi lists "
+                     "GPUs: 0); free now: 0"),
     "no-nvidia-smi": ((*LOCAL, "--workload", "linear", "--gpus", "0"),
-                      "--gpus: nvidia-smi not found, but --gpus asks for GPU 0"),
+                      "--gpus: GPU 0 asked for, but nvidia-smi is not here, and its torch "),
 }
 
 

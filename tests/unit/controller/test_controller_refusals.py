@@ -16,13 +16,22 @@ from orchestrator.controller.session import prepare
 from orchestrator.errors import ConfigError
 
 
-NO_SMI = {"gpu_error": "nvidia-smi not found"}
+NO_SMI = {"ok": False, "absent": True, "error": "nvidia-smi not found on PATH"}
+CPU_TORCH = {"ok": True, "torch": "2.14.1+cpu", "cuda": None, "available": False}
 
 
-def refusal(spec, options=LaunchOptions(), gpus_here=lambda: NO_SMI) -> ConfigError:
+def smi(*indices: int, mig: tuple = ()) -> dict:
+    """``gpus.facts``'s answer for idle GPUs ``indices``."""
+    return {"ok": True, "driver": "550", "apps": [], "gpus": [
+        {"index": k, "uuid": f"GPU-{k}", "bus_id": f"0:{k}", "name": "H100", "mig": k in mig,
+         "memory_total_mib": 81559, "memory_used_mib": 1, "utilization": 0} for k in indices]}
+
+
+def refusal(spec, options=LaunchOptions(), gpus_here=lambda: NO_SMI,
+            torch_here=lambda python: CPU_TORCH) -> ConfigError:
     plan = backend_for(spec, options).plan("r", "/tmp/r")
     with pytest.raises(ConfigError) as caught:
-        refuse(spec, plan, options, gpus_here)
+        refuse(spec, plan, options, gpus_here, torch_here)
     return caught.value
 
 
@@ -107,12 +116,22 @@ def test_what_only_the_ranks_can_see_is_left_to_them():
 def test_a_localhost_node_asking_for_missing_gpus_is_refused_unless_the_run_is_on_cpu():
     spec = load_cluster_text("nodes: [{host: localhost, gpus: '0,1'}]\n"
                              "workload: {name: linear}\n", source="c.yaml")
-    error = refusal(spec, gpus_here=lambda: {"gpus": [0]})
-    assert str(error) == ("c.yaml:1: nodes[0].gpus: no GPU 1 (nvidia-smi lists [0]), but "
-                          "node 0 (localhost) lists GPUs 0,1\n  hint: set `device: cpu` for "
-                          "a CPU rehearsal (the listed GPUs become CPU processes)")
-    assert "nvidia-smi not found" in refusal(spec).message
-    refuse(spec, backend_for(spec, LaunchOptions()).plan("r", "/tmp/r"), LaunchOptions(),
-           lambda: {"gpus": [1, 0]})
+    error = refusal(spec, gpus_here=lambda: smi(0))
+    assert str(error) == ("c.yaml:1: nodes[0].gpus: node 0 (localhost) lists GPUs 0,1, but "
+                          "no GPU 1 on this node (nvidia-smi lists GPUs: 0); free now: 0\n"
+                          "  hint: set `device: cpu` for a CPU rehearsal (the listed GPUs "
+                          "become CPU processes)")
+    assert refusal(spec).message == ("node 0 (localhost) lists GPUs 0,1, but nvidia-smi is "
+                                     "not here, and its torch 2.14.1+cpu is built without CUDA")
+    failing = {"ok": False, "error": "nvidia-smi --query-gpu: driver gone (exit 9)"}
+    assert "nvidia-smi failed here: nvidia-smi --query-gpu: driver gone (exit 9)" in \
+        refusal(spec, gpus_here=lambda: failing).message
+    assert "in MIG mode" in refusal(spec, gpus_here=lambda: smi(0, 1, mig=(1,))).message
+    plan = backend_for(spec, LaunchOptions()).plan("r", "/tmp/r")
+    refuse(spec, plan, LaunchOptions(), lambda: smi(1, 0), lambda python: CPU_TORCH)
+    seen = {"ok": True, "torch": "2.14.1", "cuda": "13.0", "available": True, "count": 2}
+    refuse(spec, plan, LaunchOptions(), lambda: NO_SMI, lambda python: seen)  # torch's count
+    assert "sees 1 GPU(s)" in refusal(spec, torch_here=lambda python: {**seen, "count": 1}
+                                      ).message
     on_cpu = dataclasses.replace(spec, device="cpu")
     prepare(on_cpu, LaunchOptions(), run_id="r", local_run_dir="/tmp/r")  # no GPU asked for

@@ -225,9 +225,9 @@ def test_bind_and_listen_use_the_masters_family():
 
 
 @pytest.mark.parametrize("available, version, expected", [
-    (True, (2, 27, 3), {"nccl": "2.27.3"}),
-    (True, 2708, {"nccl": "2708"}),  # older torch: one number
-    (False, None, {}),  # no GPU here: NCCL is not asked
+    (True, (2, 27, 3), {"nccl": "2.27.3", "available": True, "count": 3}),
+    (True, 2708, {"nccl": "2708", "available": True, "count": 3}),  # older torch: one number
+    (False, None, {"available": False}),  # no GPU here: NCCL and the count are not asked
 ])
 def test_the_probe_reports_nccl_only_where_cuda_works(tmp_path, available, version, expected):
     import json
@@ -239,7 +239,8 @@ def test_the_probe_reports_nccl_only_where_cuda_works(tmp_path, available, versi
     (stub / "__init__.py").write_text("from . import cuda, version\n__version__ = '2.14.1'\n")
     (stub / "version.py").write_text("cuda = '13.0'\n")
     (stub / "cuda" / "__init__.py").write_text(
-        f"from . import nccl\ndef is_available():\n    return {available}\n")
+        f"from . import nccl\ndef is_available():\n    return {available}\n"
+        "def device_count():\n    return 3\n")
     (stub / "cuda" / "nccl.py").write_text(f"def version():\n    return {version!r}\n")
     ran = subprocess.run([sys.executable, "-c", probes._TORCH], capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path)}, timeout=60)

@@ -1,0 +1,143 @@
+"""A node's part in a launch's GPUs: what it has, what the run gets, held.
+
+The controller asks every node at once, before anything starts (the
+``gpus`` request, ``agent/wire/serve.py``). Here the node's own facts
+(``gpus.facts``: nvidia-smi's CSV) and the other runs' holds
+(``gpulocks``) turn the request (``[3, 4, 5]``, ``all``, ``free``,
+``free:N``) into indices, or a refusal in words the user can act on; the
+chosen GPUs are then locked for the run's whole life.
+
+The locks belong to this process (the agent that becomes the node's
+supervisor, or forks its keeper) and to every process given ``held_fds()``:
+the guardian, and a kept run's keeper, which outlive a SIGKILLed agent.
+A flock goes with the last descriptor of its open file, so nothing is left
+to clean up however the run ends.
+
+torch is asked too (``TorchProbe``), in a child interpreter of the node's
+Python started first thing, so its import overlaps the uploads: whether
+its build has CUDA and how many GPUs it sees, for the gang's one decision
+on ``device: auto`` (``engine/gpuplan.py``).
+
+Standard library only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from . import gpulocks, gpus
+
+SMI_TIMEOUT_S = 20.0  # each nvidia-smi query; a hung driver answers never
+CLAIM_TRIES = 3  # another run may take a GPU between our look and our lock
+TORCH_TIMEOUT_S = 120.0  # a cold import of torch with CUDA on a slow disk
+
+_holds: list[gpulocks.Holds] = []
+
+
+def held_fds() -> list[int]:
+    """The descriptors of the GPU locks this process holds, for ``pass_fds``."""
+    return [fd for holds in _holds for fd in holds.fds]
+
+
+def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int,
+          allow_busy: bool = False, hold: bool = True,
+          lock_dir: str = gpulocks.LOCK_DIR) -> dict:
+    """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``.
+
+    ``{"ok": True, "chosen", "uuids", "models", "notes", "gpus", "driver"}``
+    (``gpus``: every GPU as nvidia-smi lists it, with ``held_by`` where
+    another run holds it), or ``{"ok": False, "reason", "error", "free",
+    "waitable"}``. Without nvidia-smi an explicit list goes as listed (with
+    a note: no busy check, no lock) and ``all``/``free`` are refused; a
+    failing nvidia-smi is a refusal with what it said.
+    """
+    found = gpus.facts(SMI_TIMEOUT_S)
+    if not found["ok"]:
+        return _without_smi(want, found)
+    listing = found["gpus"]
+    keys = {gpu["index"]: gpus.lock_key(gpu) for gpu in listing}
+    for _ in range(CLAIM_TRIES):
+        held = gpulocks.held_by_others(list(keys.values()), run_id, lock_dir)
+        choice = gpus.choose(want, listing, found["apps"], threshold_mib=busy_mib, held=held,
+                             allow_busy=allow_busy)
+        shown = [{**gpu, **({"held_by": held[keys[gpu["index"]]]}
+                            if keys[gpu["index"]] in held else {})} for gpu in listing]
+        if not choice["ok"] or not hold:
+            return {**choice, "gpus": shown, "apps": found["apps"],
+                    "driver": found.get("driver")}
+        try:
+            _holds.append(gpulocks.hold([keys[k] for k in choice["chosen"]],
+                                        {"run_id": run_id, "node_rank": node_rank}, lock_dir))
+        except gpulocks.Held:
+            continue  # taken since we looked: look again
+        return {**choice, "gpus": shown, "apps": found["apps"], "driver": found.get("driver")}
+    return {"ok": False, "reason": "held", "waitable": True, "free": [],
+            "error": f"other runs kept taking these GPUs while this one chose ({CLAIM_TRIES} "
+                     "tries)"}
+
+
+def _without_smi(want: "list[int] | str", found: dict) -> dict:
+    if not found.get("absent"):
+        return {"ok": False, "reason": "smi-failed", "waitable": False, "free": [],
+                "error": f"nvidia-smi failed: {found['error']}"}
+    if isinstance(want, str):
+        return {"ok": False, "reason": "no-smi", "waitable": False, "free": [],
+                "error": f"gpus: {want} needs nvidia-smi to see which GPUs there are and "
+                         "which are free, and it is not on this node's PATH"}
+    return {"ok": True, "chosen": list(want), "uuids": [], "models": [], "gpus": [],
+            "smi": "absent",
+            "notes": ["nvidia-smi is not on this node's PATH: GPUs "
+                      f"{','.join(map(str, want))} are taken as listed, with no busy check "
+                      "and no hold against other runs"]}
+
+
+def release() -> None:
+    """Let go of every GPU this process holds (a launch abandoned)."""
+    while _holds:
+        _holds.pop().release()
+
+
+# torch's view, in a child: never imported here (the agent stays stdlib-only,
+# and a torch that crashes on import cannot take the agent down). With
+# CUDA_DEVICE_ORDER=PCI_BUS_ID, index i is nvidia-smi's GPU i.
+_TORCH = """\
+import json, torch
+out = {"torch": torch.__version__, "cuda": torch.version.cuda,
+       "available": bool(torch.cuda.is_available())}
+if out["available"]:
+    out["count"] = torch.cuda.device_count()
+print(json.dumps(out))
+"""
+
+
+class TorchProbe:
+    """torch's view of this node's GPUs, asked in a child process started
+    at once and read when the launch needs it (``result``)."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        self.child = subprocess.Popen([python, "-c", _TORCH], env=env,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+
+    def result(self, timeout_s: float = TORCH_TIMEOUT_S) -> dict:
+        """``{"ok": True, "torch", "cuda", "available", "count"}``, or
+        ``{"ok": False, "error"}`` with the last line torch said."""
+        try:
+            out, err = self.child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.communicate()
+            return {"ok": False, "error": f"importing torch took over {timeout_s:g}s"}
+        lines = out.strip().splitlines()
+        if self.child.returncode == 0 and lines:
+            try:
+                return {"ok": True, **json.loads(lines[-1])}
+            except ValueError:
+                pass
+        last = (err.strip().splitlines() or [f"exit {self.child.returncode}"])[-1]
+        return {"ok": False, "error": last[-300:]}

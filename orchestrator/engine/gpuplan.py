@@ -1,0 +1,181 @@
+"""The launch's GPUs, from the controller's side: what each node is asked,
+how long to wait, and the gang's one decision from the nodes' answers.
+
+Every GPU node's agent gets a ``gpus`` request before anything starts
+(``agent/node/gpuclaim.py``): its list, or ``all``/``free``/``free:N``,
+checked against nvidia-smi and the other runs' holds, and locked for the
+run. Its answers become the plan's launch-time facts (``plan.model.GpuChoice``,
+``plan.build.resolve_plan``): the indices each node's ranks take, their
+UUIDs and models. A refusal names the node, the GPU, who uses it and
+which GPUs are free, at the node's line in the cluster file.
+
+``device: auto`` is decided here, once for the gang: CUDA on every node, or
+a refusal naming the node whose torch cannot (no CUDA build, fewer GPUs
+than listed). Never a silent CPU fallback in one process while the rest
+of the gang waits for it on NCCL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping
+
+from ..agent.node.gpus import mixed_models
+
+MIXED = mixed_models(["a", "b"]).split(":", 1)[0]  # how that warning starts
+from ..config.spec import ClusterSpec
+from ..errors import ConfigError
+from ..plan.model import GpuChoice, NodePlan, RunPlan
+
+NO_CUDA_FIX = ("install a CUDA build of torch there, or set `device: cpu` for a CPU rehearsal "
+               "(each GPU index a CPU process)")
+WAIT_POLL_S = 2.0  # between a waiting node's looks at its GPUs
+WAIT_SAY_S = 30.0  # how often a wait says who holds the GPUs
+CLI = "command line"
+
+
+def gpu_request(plan: RunPlan, node: NodePlan, spec: ClusterSpec | None,
+                allow_busy: bool) -> dict[str, Any] | None:
+    """The ``gpus`` request for ``node``; None for CPU processes (``procs:``)
+    and for GPUs a scheduler allocates."""
+    if node.gpu_request is not None:
+        want: Any = node.gpu_request
+    elif node.gpus is not None:
+        want = list(node.gpus)
+    else:
+        return None
+    return {"want": want, "run_id": plan.run_id, "node_rank": node.node_rank,
+            "busy_mib": spec.gpu_busy_mib if spec else 1024, "allow_busy": allow_busy}
+
+
+def wants_torch(plan: RunPlan, node: NodePlan) -> bool:
+    """Is the node's torch asked whether it sees its GPUs? Wherever the run
+    uses CUDA (``cuda``, and ``auto``, decided here): not on a CPU rehearsal."""
+    return plan.device != "cpu" and (node.gpus is not None or node.gpu_request is not None)
+
+
+def wait_for_gpus(first: dict, ask: Callable[[], dict], wait_s: float,
+                  say: Callable[[str], None], label: str) -> dict:
+    """The node's answer once it is not a refusal that waiting could clear,
+    or once ``wait_s`` is over; ``ask`` asks again. Says every ``WAIT_SAY_S``
+    what it waits for (who holds or uses the GPUs)."""
+    reply = first
+    deadline = time.monotonic() + wait_s
+    said = None
+    while not reply.get("ok") and reply.get("waitable") and time.monotonic() < deadline:
+        now = time.monotonic()
+        if said is None or now - said >= WAIT_SAY_S:
+            left = deadline - now
+            say(f"{label}: waiting up to {left:.0f}s more for GPUs: {reply.get('error')}")
+            said = now
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+        reply = ask()
+    return reply
+
+
+def choices(replies: Mapping[int, dict]) -> dict[int, GpuChoice]:
+    """Each node's chosen GPUs from its (ok) answer."""
+    return {k: GpuChoice(tuple(int(i) for i in reply["chosen"]),
+                         tuple(map(str, reply.get("uuids") or ())),
+                         tuple(map(str, reply.get("models") or ())))
+            for k, reply in replies.items() if reply.get("ok")}
+
+
+def refuse(plan: RunPlan, spec: ClusterSpec | None, replies: Mapping[int, dict],
+           wait_s: float) -> None:
+    """``ConfigError`` for the first node that refused its GPUs, at its
+    ``gpus:`` line, with the free ones ready to paste."""
+    for k in sorted(replies):
+        reply = replies[k]
+        if reply.get("ok"):
+            continue
+        node = plan.nodes[k]
+        waited = f" (waited {wait_s:g}s)" if wait_s and reply.get("waitable") else ""
+        raise ConfigError(f"node {k} ({node.host}): {reply.get('error')}{waited}",
+                          **_where(spec, k), hint=hint(reply))
+
+
+def hint(reply: dict) -> str:
+    """What to do about a node's GPU refusal (``reply``): the free GPUs ready
+    to paste, and the options that wait or go anyway."""
+    free = reply.get("free") or []
+    reason = reply.get("reason")
+    if reason == "no-smi":
+        return "list the GPUs by index (gpus: 0,1), or install the NVIDIA utilities there"
+    if reason == "smi-failed":
+        return "run nvidia-smi on that node: the driver must answer before a GPU run can start"
+    if reason == "mig":
+        return "MIG instances are not plain indices: run under Slurm, or set " \
+               "CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"
+    ready = f"gpus: {','.join(map(str, free))} are free there now" if free else ""
+    waiting = "--wait-gpus SECONDS waits for them" if reason in ("held", "busy", "short") else ""
+    busy = "--allow-busy-gpus goes anyway" if reason == "busy" else ""
+    return "; ".join(part for part in (ready, waiting, busy) if part) or \
+        "see `ddp-orch check` for the node's GPUs"
+
+
+def _where(spec: ClusterSpec | None, k: int) -> dict[str, Any]:
+    if spec is None or spec.nodes[k].line is None:
+        return {"path": "--gpus", "source": CLI}
+    return {"path": f"nodes[{k}].gpus", "source": spec.source, "line": spec.nodes[k].line}
+
+
+def decide_device(plan: RunPlan, spec: ClusterSpec | None,
+                  replies: Mapping[int, dict]) -> str | None:
+    """The gang's device once every GPU node's torch has answered: ``cuda``
+    for ``auto`` when each sees its GPUs (None: nothing to decide), or a
+    ``ConfigError`` naming the node that cannot."""
+    asked = {k: reply["torch"] for k, reply in replies.items() if "torch" in reply}
+    if not asked:
+        return None
+    for k in sorted(asked):
+        problem = torch_problem(asked[k], replies[k])
+        if problem:
+            node = plan.nodes[k]
+            raise ConfigError(
+                f"node {k} ({node.host}): device {plan.device}, but {problem}",
+                **_where(spec, k), hint=f"{NO_CUDA_FIX} (the node's python: {node.python})")
+    return "cuda" if plan.device == "auto" else None
+
+
+def torch_problem(seen: dict, reply: dict) -> str | None:
+    """Why the node's torch cannot run its ranks on their GPUs, or None."""
+    if not seen.get("ok"):
+        return f"its torch did not answer: {seen.get('error')}"
+    if not seen.get("cuda"):
+        return f"its torch {seen.get('torch')} is built without CUDA"
+    if not seen.get("available"):
+        return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU"
+    wanted = [int(i) for i in reply.get("chosen") or ()]
+    count = int(seen.get("count") or 0)
+    beyond = [i for i in wanted if i >= count]
+    if beyond:
+        return (f"its torch sees {count} GPU(s) (indices 0-{count - 1}), and GPU "
+                f"{','.join(map(str, beyond))} is not among them")
+    return None
+
+
+def node_notes(plan: RunPlan, reply: dict) -> list[str]:
+    """A node's notes on its GPUs, less what the gang says once (mixed
+    models) and, on a CPU rehearsal, the missing nvidia-smi (nothing of a
+    GPU is used then)."""
+    if plan.device == "cpu" and reply.get("smi") == "absent":
+        return []
+    return [note for note in reply.get("notes") or () if not note.startswith(MIXED)]
+
+
+def notes(plan: RunPlan, replies: Mapping[int, dict]) -> list[str]:
+    """What the launch says of its GPUs before any rank starts: a node
+    without nvidia-smi, and GPU models that differ across the gang."""
+    models = [m for k in sorted(replies) for m in replies[k].get("models") or ()]
+    mixed = mixed_models(models)  # the gang's, which says each node's too
+    out = [f"node {k} ({plan.nodes[k].host}): {note}"
+           for k in sorted(replies) for note in node_notes(plan, replies[k])]
+    if mixed:
+        out.append(f"warning: {mixed}")
+    smi_absent_torch = [k for k, r in replies.items() if r.get("smi") == "absent"
+                        and (r.get("torch") or {}).get("count")]
+    out += [f"node {k} ({plan.nodes[k].host}): no nvidia-smi; its torch sees "
+            f"{replies[k]['torch']['count']} GPU(s), so the launch goes on from torch's count"
+            for k in sorted(smi_absent_torch)]
+    return out

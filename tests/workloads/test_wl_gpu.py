@@ -1,0 +1,118 @@
+"""Real runs on CUDA: NCCL, AMP, SyncBatchNorm, DataParallel, resume, GPU identity.
+
+Marked ``gpu``: conftest skips them, with the reason, where torch sees no
+GPU. Each is a few steps on synthetic data (no network, no dataset on disk),
+well under 30 s on one H100; the two-GPU ones skip on a one-GPU host.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from wl_support import check_complete, run_alone, run_torchrun
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [pytest.mark.live, pytest.mark.gpu]
+
+CUDA = {"DDP_ORCH_DEVICE": "cuda"}
+MNIST = ("--data", "synthetic", "--train-samples", "64", "--test-samples", "16",
+         "--global-batch-size", "16", "--num-workers", "0")
+
+
+def gang() -> int:
+    """Processes for a multi-rank run: two where there are two GPUs."""
+    return min(GPUS, 2)
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "alone"])
+def test_nccl_at_world_size_one(tmp_path, launch):
+    args = ("--samples", "256", "--epochs", "1")
+    run = (run_torchrun(tmp_path, "linear", *args, nproc=1, env_extra=CUDA)
+           if launch == "torchrun" else run_alone(tmp_path, "linear", *args, env_extra=CUDA))
+    result = run.check()
+    check_complete(result, "linear", 1)
+    assert (result["device"], result["backend"]) == ("cuda:0", "nccl")
+    assert result["versions"]["cuda"] and result["versions"]["nccl"]
+
+
+@pytest.mark.parametrize("amp", ["fp16", "bf16"])
+def test_mnist_trains_under_amp(tmp_path, amp):
+    if amp == "bf16" and torch.cuda.get_device_capability(0) < (8, 0):
+        pytest.skip("bf16 needs compute capability 8.0 or newer")
+    result = run_alone(tmp_path, "mnist", *MNIST, "--epochs", "1", "--amp", amp,
+                       env_extra=CUDA).check()
+    check_complete(result, "mnist", 1)
+    assert result["amp"] == amp and math.isfinite(result["metrics"]["final_loss"])
+
+
+def test_mnist_uses_sync_batchnorm_over_nccl(tmp_path):
+    nproc = gang()
+    result = run_torchrun(tmp_path, "mnist", *MNIST, "--epochs", "1", nproc=nproc,
+                          env_extra=CUDA).check()
+    check_complete(result, "mnist", nproc)
+    assert result["backend"] == "nccl" and result["sync_bn"] is True
+    assert result["amp"] == "fp16"  # auto on CUDA
+    assert [r["device"] for r in result["rank_table"]] == [f"cuda:{i}" for i in range(nproc)]
+
+
+@pytest.mark.skipif(GPUS < 2, reason="DataParallel needs two GPUs")
+def test_mlp_dataparallel_over_all_gpus(tmp_path):
+    result = run_alone(tmp_path, "mlp", "--mode", "dp", "--data", "synthetic",
+                       "--train-samples", "256", "--test-samples", "64",
+                       "--num-workers", "0", env_extra=CUDA).check()
+    check_complete(result, "mlp", 1)
+    assert result["mode"] == "dp" and result["metrics"]["dp_gpus"] == GPUS
+
+
+def test_mnist_resumes_on_a_gpu(tmp_path):
+    """The checkpoint (with fp16's GradScaler state) goes from rank 0 to the
+    others over NCCL; the resumed run starts where the first one ended."""
+    nproc = gang()
+    common = (*MNIST, "--checkpoint", "ck.pt")
+    first = run_torchrun(tmp_path, "mnist", *common, "--epochs", "1", nproc=nproc,
+                         name="first", env_extra=CUDA).check()
+    assert torch.load(tmp_path / "ck.pt", weights_only=True)["scaler"]
+    resumed = run_torchrun(tmp_path, "mnist", *common, "--epochs", "2", "--resume",
+                           nproc=nproc, name="resumed", env_extra=CUDA).check()
+    check_complete(resumed, "mnist", nproc)
+    per_epoch = first["metrics"]["end_step"]
+    assert resumed["resumed"] and resumed["metrics"]["start_epoch"] == 1
+    assert resumed["metrics"]["start_step"] == per_epoch
+    assert resumed["metrics"]["end_step"] == 2 * per_epoch
+
+
+def smi_uuids() -> dict[int, str]:
+    """nvidia-smi's GPU index -> UUID (its indices follow the PCI bus)."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    rows = (line.split(",") for line in out.splitlines() if line.strip())
+    return {int(index): uuid.strip() for index, uuid in rows}
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs nvidia-smi")
+def test_the_rank_table_names_the_gpus_nvidia_smi_names(tmp_path):
+    """With CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA_VISIBLE_DEVICES indices are
+    nvidia-smi's; listed in reverse, so that cuda:i is not index i."""
+    smi = smi_uuids()
+    chosen = sorted(smi, reverse=True)[:gang()]
+    planned = [smi[i] for i in chosen]
+    env = {**CUDA, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+           "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in chosen),
+           "DDP_ORCH_GPU_UUIDS": ",".join(planned)}
+    result = run_torchrun(tmp_path, "noop", nproc=len(chosen), env_extra=env).check()
+    table = result["rank_table"]
+    assert [r["gpu_uuid"].lower() for r in table] == [u.lower() for u in planned]
+    assert all(r["gpu_name"] and r["cuda_device_order"] == "PCI_BUS_ID" for r in table)
+
+
+def test_a_gpu_other_than_the_planned_one_stops_the_rank(tmp_path):
+    wrong = "GPU-00000000-0000-0000-0000-000000000000"
+    run = run_alone(tmp_path, "noop", env_extra={**CUDA, "DDP_ORCH_GPU_UUIDS": wrong})
+    assert run.returncode != 0 and run.result is None
+    assert f"ddp-orch planned {wrong}" in run.stderr
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in run.stderr
