@@ -17,7 +17,8 @@ import click
 
 from .. import __version__
 from ..backends.base import LaunchOptions
-from ..config.loader import MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT, load_cluster_file
+from ..config.loader import (MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT,
+                             load_cluster_file)
 from ..config.localmode import local_spec, with_args, with_program
 from ..config.spec import BACKENDS
 from ..config.yamlsrc import parse
@@ -157,7 +158,8 @@ job_options = _options(
     backend_option,
     click.option("--local", is_flag=True, help="Run on this machine only, without SSH."),
     click.option("--workload", help="With --local: a built-in workload instead of the file's."),
-    click.option("--gpus", help="With --local: GPU indices, e.g. 0,1 (one process each)."),
+    click.option("--gpus", help="With --local: GPU indices, e.g. 0,1 (one process each), or "
+                                "all, free, free:N (chosen at launch)."),
     click.option("--procs", type=click.IntRange(1, 1024), help="With --local: N CPU processes."),
     click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
                  help="With --local: override the file's device."),
@@ -192,6 +194,13 @@ launch_options = _options(
                       "the file's hang_timeout, else off)."),
     click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
                  help="Seconds a node gets to stop gracefully before it is killed."),
+    click.option("--wait-gpus", type=click.FloatRange(0, MAX_GPU_WAIT), default=None,
+                 metavar="SECONDS",
+                 help="Wait up to SECONDS for enough free GPUs, saying every 30 s who holds "
+                      "them (default: the file's gpu_policy.wait, else refuse at once)."),
+    click.option("--allow-busy-gpus", is_flag=True,
+                 help="Launch on listed GPUs that someone else's process uses (never on "
+                      "GPUs another ddp-orch run holds)."),
 )
 
 
@@ -219,7 +228,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str | None, rank0_only: bool,
        quiet: bool, detach: bool, max_restarts: int | None, accept_new_host_keys: bool,
        start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
-       grace: float) -> None:
+       grace: float, wait_gpus: float | None, allow_busy_gpus: bool) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local).
 
     After --, PROGRAM ARGS replaces the file's workload, as you would type it
@@ -247,7 +256,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             hang_timeout_s=hang_timeout if hang_timeout is not None
                             else spec.hang_timeout, detach=detach,
                             max_restarts=max_restarts if max_restarts is not None
-                            else spec.max_restarts)
+                            else spec.max_restarts, wait_gpus_s=wait_gpus,
+                            allow_busy_gpus=allow_busy_gpus)
     _refuse_restarts(spec, options.max_restarts)
     _refuse_unwatched_hang(spec, options)
     if dry_run:
@@ -294,7 +304,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
             baseline_kind: str, baseline_run: str | None, ddp_run: str | None,
             show_output: bool, runs_dir: str | None, accept_new_host_keys: bool,
             start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
-            grace: float) -> None:
+            grace: float, wait_gpus: float | None, allow_busy_gpus: bool) -> None:
     """Run the job as 1 process and on the whole cluster; report the speed-up.
 
     Same workload arguments for both (so the same global batch and samples);
@@ -321,7 +331,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     console = Console("rank0" if show_output else "quiet")
     launch = _launcher(runs_dir, console, LaunchOptions(
         grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
-        queue_timeout_s=queue_timeout,
+        queue_timeout_s=queue_timeout, wait_gpus_s=wait_gpus, allow_busy_gpus=allow_busy_gpus,
         hang_timeout_s=hang_timeout if hang_timeout is not None or spec is None
         else spec.hang_timeout))
     base = runs.run_or_load("baseline", base_spec, baseline_run,

@@ -44,6 +44,14 @@ def refuse(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions,
     ``gpus_here`` asks this machine's nvidia-smi (``gpus.facts``), and
     where there is none, ``torch_here`` its torch (``gpuclaim.TorchProbe``)."""
     _local_gpus(spec, plan, gpus_here, torch_here)
+    if plan.world_size_known:  # else once the nodes chose (``refuse_resolved``)
+        _workload_rules(spec, plan, options)
+
+
+def refuse_resolved(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) -> None:
+    """A built-in's rules on a plan whose nodes chose their GPUs at launch
+    (``gpus: all`` or ``free``), before any rank starts: the world size is
+    known only then."""
     _workload_rules(spec, plan, options)
 
 
@@ -125,8 +133,8 @@ def layout(spec: ClusterSpec, plan: RunPlan, device_arg: str | None, *,
     """
     wanted = device_arg or plan.device
     seen = [0 if given.procs is not None else
-            given.gpu_count if given.gpu_count is not None else len(given.gpus or ())
-            for given in spec.nodes]
+            given.gpu_count if given.gpu_count is not None else node.nproc
+            for given, node in zip(spec.nodes, plan.nodes)]
     if wanted == "cpu":
         return Layout(plan.world_size, device="cpu", gpus=0, restarts=restarts)
     if min(seen) == 0:  # CPU processes: CUDA_VISIBLE_DEVICES is empty there

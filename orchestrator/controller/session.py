@@ -14,6 +14,7 @@ or not. Nothing here knows which backend it holds.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -29,7 +30,7 @@ from ..plan.secrets import stored_cluster_file
 from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir, new_run_id
 from ..records.store import write_state
-from .refusals import refuse
+from .refusals import refuse, refuse_resolved
 
 
 def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
@@ -39,7 +40,8 @@ def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
     backend = backend_for(spec, options)
     plan = backend.plan(run_id, local_run_dir)
     refuse(spec, plan, options)
-    return backend, backend.dryrun(plan)
+    info = backend.dryrun(plan)
+    return backend, dataclasses.replace(info, notes=(*spec.warnings, *info.notes))
 
 
 def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
@@ -49,6 +51,8 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     run_id = run_id or new_run_id(spec.name)
     backend, info = prepare(spec, options, run_id=run_id,
                             local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))
+    for warning in spec.warnings:
+        console.info(warning)
     run = RunDir.create(runs_dir, run_id)
     run.write_text("cluster.yaml", stored_cluster_file(spec))
     nodes = node_records(info)
@@ -62,6 +66,10 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
 
     def on_running(handle: RunHandle) -> None:  # the job id, then the resolved run
         nonlocal nodes
+        if handle.dryrun.plan.resolved and not info.plan.world_size_known:
+            # The nodes chose their GPUs: the world size is known only now, and
+            # a built-in's rules on it are checked before any rank starts.
+            refuse_resolved(spec, handle.dryrun.plan, options)
         run.write_plan(dryrun_to_dict(handle.dryrun))
         nodes = handle.records
         record(RunState.RUNNING)

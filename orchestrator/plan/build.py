@@ -52,6 +52,19 @@ def flight_recorder_env(run_dir: str) -> dict[str, str]:
     return {**old, **{new: old[name] for name, new in FLIGHT_RECORDER_RENAMED.items()}}
 
 
+def user_flight_recorder(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with a flight-recorder value the user gave under one name
+    given under the other too, so whichever name the node's torch reads
+    first, it reads the user's."""
+    out = dict(env)
+    for old, new in FLIGHT_RECORDER_RENAMED.items():
+        if old in env and new not in env:
+            out[new] = env[old]
+        elif new in env and old not in env:
+            out[old] = env[new]
+    return out
+
+
 def visible_devices(node: NodeSpec) -> str:
     """A node's CUDA_VISIBLE_DEVICES as planned: its indices in the user's
     order, empty for CPU processes, and for ``gpus: free:N`` a placeholder
@@ -91,7 +104,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
         run_dir = node_run_dir(spec, k, run_id, local_run_dir, shared_run_dir)
         env = dict(node.env)
         if device != "cpu":
-            env = {**flight_recorder_env(run_dir), **env}  # the user's values win
+            env = {**flight_recorder_env(run_dir), **user_flight_recorder(env)}  # the user's win
         if node.gpu_count is None:  # else the scheduler's GRES allocation sets it
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(node)
         env.update(DEVICE_ORDER)

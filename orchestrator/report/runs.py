@@ -7,6 +7,7 @@ import time
 from ..backends.base import CancelResult, RunDescription
 
 from ..engine.preflight import NodeGpus, Preflight, holder_text
+from .gpus import gpu_lines
 from ..engine.results import outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
@@ -73,6 +74,7 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     for outcome in described.nodes:
         lines.append(f"  node {outcome.node_rank} ({outcome.host}): {outcome.state.value}, "
                      f"exit {outcome.exit_code}: {outcome.reason}")
+    lines += gpu_lines(record.run.plan())
     for rank in live_progress(record, described):
         step = "-" if rank["step"] is None else rank["step"]
         lines.append(f"  rank {rank['rank']} (node {rank['node_rank']}, {rank['host']}): "

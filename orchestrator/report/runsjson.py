@@ -20,6 +20,7 @@ from ..records.hints import failure_hint
 from ..records.outcome import AttemptOutcome, NodeOutcome, RunState
 from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
+from .gpus import node_gpus
 from .runs import live_progress, next_step
 
 VERSION = 1
@@ -50,8 +51,10 @@ def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
     plan = record.run.plan()
     plan = plan if isinstance(plan, dict) else {}
     outcomes = {o.node_rank: o for o in described.nodes}
-    nodes = [_node(n.node_rank, n.host, outcomes.pop(n.node_rank, None)) for n in record.nodes]
-    nodes += [_node(o.node_rank, o.host, o) for o in outcomes.values()]
+    placed = {n.get("node_rank"): n for n in plan.get("nodes") or () if isinstance(n, dict)}
+    nodes = [{**_node(n.node_rank, n.host, outcomes.pop(n.node_rank, None)),
+              **node_gpus(placed.get(n.node_rank))} for n in record.nodes]
+    nodes += [{**_node(o.node_rank, o.host, o), **node_gpus(None)} for o in outcomes.values()]
     world = plan.get("world_size")
     return {
         "run_id": record.run_id,

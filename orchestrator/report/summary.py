@@ -9,6 +9,8 @@ from ..plan.network import AUTO, GLOO_IFNAME
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from ..tables import format_table
+from ..agent.node.gpus import mixed_models
+from .gpus import gpu_lines, node_gpus
 
 _KEY_METRICS = 8
 
@@ -24,6 +26,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
         rows.append((str(node.node_rank), node.host, node.state,
                      "-" if node.exit_code is None else str(node.exit_code), node.reason))
     lines.append(format_table(rows, indent="  "))
+    lines += gpu_summary(plan)
     root = outcome.root_cause
     if root is not None:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
@@ -48,6 +51,16 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
     lines += outputs_lines(outputs, run_path)
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
+
+
+def gpu_summary(plan: Any) -> list[str]:
+    """The GPUs each node's ranks used (chosen or listed), and a warning
+    when their models differ: the slowest model paces every step."""
+    lines = gpu_lines(plan)
+    models = [m for node in (plan.get("nodes") or ()) if isinstance(plan, dict)
+              and isinstance(node, dict) for m in node_gpus(node)["gpu_models"]]
+    mixed = mixed_models(models)
+    return [line.strip() for line in lines] + ([f"warning: {mixed}"] if mixed else [])
 
 
 def interfaces_of(plan: Any) -> dict[int, str]:

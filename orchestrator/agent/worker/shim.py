@@ -149,11 +149,40 @@ def _run_module(name: str, args: list[str]) -> None:
     exec(code, module.__dict__)
 
 
+# The flight recorder's old names, dropped where torch knows the new ones
+# (``plan/build.py`` sets both): torch >= 2.8 warns on every rank about the old.
+FLIGHT_RECORDER_OLD = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_FR_BUFFER_SIZE",
+                       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "TORCH_FR_DUMP_TEMP_FILE"}
+FLIGHT_RECORDER_RENAMED_IN = (2, 8)
+
+
+def _flight_recorder_names(environ: "dict[str, str] | os._Environ") -> None:
+    """Drop an old flight-recorder variable that its new name duplicates,
+    where the installed torch reads the new name (its metadata says which,
+    without importing it); left as they are where torch is older or unknown."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return
+    try:
+        major_minor = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return
+    if major_minor < FLIGHT_RECORDER_RENAMED_IN:
+        return
+    for old, new in FLIGHT_RECORDER_OLD.items():
+        if old in environ and environ.get(new) == environ[old]:
+            del environ[old]
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv == ["-m"]:
         print("usage: python -m ddp_orch_shim (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
         return 2
     _arm_stack_dumps()
+    _flight_recorder_names(os.environ)
     try:
         if argv[0] == "-m":
             _run_module(argv[1], argv[2:])

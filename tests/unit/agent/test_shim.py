@@ -191,3 +191,21 @@ def test_stack_dumps_go_to_the_run_directory_not_the_working_directory(tmp_path,
     assert shim.stacks_file(shim.run_dir(), "3") == "/runs/r/node-1/stacks/rank-3.txt"
     monkeypatch.delenv(contract.RESULT_FILE_ENV)
     assert shim.run_dir() == str(tmp_path)  # run by hand: here
+
+
+@pytest.mark.parametrize("version, dropped", [("2.14.1+cu130", True), ("2.8.0", True),
+                                               ("2.7.1", False), ("2.5.0a0", False)])
+def test_the_old_flight_recorder_names_go_where_torch_reads_the_new(monkeypatch, version,
+                                                                   dropped):
+    from importlib import metadata
+
+    from orchestrator.agent.worker import shim
+
+    monkeypatch.setattr(metadata, "version", lambda name: version)
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000",
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/r/fr_", "TORCH_FR_DUMP_TEMP_FILE": "/r/fr_",
+           "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    shim._flight_recorder_names(env)
+    old = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+    assert (not old & set(env)) if dropped else old <= set(env)
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"

@@ -26,6 +26,7 @@ OUTLINE = (
     "The cluster file",
     "Running on this machine",
     "Running on a cluster",
+    "GPUs",
     "Runs and managing them",
     "When things go wrong",
     "Long runs",

@@ -20,14 +20,27 @@ def test_gpu_runs_get_the_nccl_flight_recorder_unless_the_file_sets_it():
                    "env: {TORCH_NCCL_TRACE_BUFFER_SIZE: '100'}\nworkload: {name: noop}\n")
     node = plan.nodes[1]
     assert node.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert node.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "100"  # the user's value
+    # the user's value, under torch 2.8's name too (it reads that one first)
+    assert node.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == node.env["TORCH_FR_BUFFER_SIZE"] == "100"
     prefix = f"{node.run_dir}/nccl_trace_rank_"
     assert node.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert node.env["TORCH_FR_DUMP_TEMP_FILE"] == prefix
     assert flight_recorder_files(node) == [
         WantedFile(f"{prefix}2", "nccl_trace/node-1/rank-2", 64 << 20)]
     cpu = plan_of("nodes: [{host: a, procs: 2}]\nworkload: {name: noop}\n")
-    assert not any(k.startswith("TORCH_NCCL") for k in cpu.nodes[0].env)
+    assert not any(k.startswith(("TORCH_NCCL", "TORCH_FR")) for k in cpu.nodes[0].env)
     assert flight_recorder_files(cpu.nodes[0]) == []
+
+
+def test_a_flight_recorder_prefix_under_either_name_is_the_one_fetched():
+    plan = plan_of("nodes: [{host: a, gpus: 0}]\nenv: {TORCH_FR_DUMP_TEMP_FILE: /tmp/fr_}\n"
+                   "workload: {name: noop}\n")
+    node = plan.nodes[0]
+    assert node.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/fr_"
+    assert flight_recorder_files(node)[0].remote == "/tmp/fr_0"
+    only_new = {k: v for k, v in node.env.items() if k != "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+    import dataclasses
+    assert flight_recorder_files(dataclasses.replace(node, env=only_new))[0].remote == "/tmp/fr_0"
 
 
 def test_hang_timeout_in_the_file_and_its_floor():

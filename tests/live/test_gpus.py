@@ -1,0 +1,394 @@
+"""GPUs on shared machines, live on the SSH lab with the stand-in nvidia-smi
+(``tests/labs/fakesmi.py``): what ``free:N`` chooses on each node, busy and
+held GPUs refused before any rank starts, ``--allow-busy-gpus`` and
+``--wait-gpus``, the locks held for a run's life and let go however it
+ends, a failing or missing nvidia-smi, ``device: auto`` on a torch that sees
+no GPU, the mixed-models warning and ``check``'s GPU table.
+
+Every run here is a CPU rehearsal (``device: cpu``: each chosen index one
+CPU process), except the ``device: auto`` refusal. One lab and one stand-in
+serve the whole module: each test sets the GPUs it needs first. The locks
+are the real ones (``/tmp/ddp-orch-gpus``), keyed by the stand-in's UUIDs,
+which are unique to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli, start_cli
+from fakesmi import fake_nvidia_smi, set_state, ssh_lab_path_line
+from labhome import lab_cluster, lab_home
+from procscan import environ_of, wait_gone, workers
+from sshlab import SshLab, _require_sshd
+
+from orchestrator.agent.node import gpulocks
+
+pytestmark = pytest.mark.live
+PROGRAMS = os.path.join(ROOT, "tests", "programs")
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+NOOP = "workload: {name: noop}\n"
+SLEEPER = "workload: {script: sleeper.py}\n"
+CPU = "device: cpu\n"
+EXIT_REFUSED = 2
+
+
+class Gpus:
+    """The module's lab, its home for the CLI and the stand-in's directory."""
+
+    def __init__(self, lab: SshLab, root, smi: str):
+        self.lab, self.root, self.smi = lab, root, smi
+        self.env = lab_home(lab, root)
+        self.addr = [h.addr for h in lab.hosts]
+        shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), root)
+
+    def set(self, node0: list[dict], node1: list[dict] | None = None, **kwargs) -> dict:
+        """Node 0's GPUs (and node 1's); the state written, with UUIDs."""
+        hosts = {self.addr[0]: node0, self.addr[1]: node1 if node1 is not None else []}
+        return set_state(self.smi, hosts, **kwargs)
+
+    def uuids(self, written: dict, node: int) -> list[str]:
+        return [g["uuid"] for g in written["hosts"][self.addr[node]]["gpus"]]
+
+    def cluster(self, name: str, nodes: list[str], workload: str = NOOP, extra: str = CPU) -> str:
+        return lab_cluster(self.lab, self.root, nodes, workload, extra=extra, name=name)
+
+    def up(self, cluster: str, run_id: str, *extra: str, timeout: float = 180):
+        return run_cli("up", cluster, "--run-id", run_id, "--runs-dir", self.runs, "--grace", "3",
+                       *extra, env=self.env, timeout=timeout)
+
+    def start(self, cluster: str, run_id: str, *extra: str) -> subprocess.Popen:
+        return start_cli("up", cluster, "--run-id", run_id, "--runs-dir", self.runs, "--grace",
+                         "3", *extra, env=self.env)
+
+    @property
+    def runs(self) -> str:
+        return str(self.root / "runs")
+
+    def plan(self, run_id: str) -> dict:
+        return json.loads((self.root / "runs" / run_id / "plan.json").read_text())
+
+    def result(self, run_id: str) -> dict:
+        return json.loads((self.root / "runs" / run_id / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def gpus_lab(tmp_path_factory):
+    _require_sshd()
+    root = tmp_path_factory.mktemp("gpus")
+    smi = fake_nvidia_smi(root.parent / f"{root.name}-smi", [])
+    with SshLab(2, extra_sshd=[ssh_lab_path_line(smi)]) as lab:
+        yield Gpus(lab, root, smi)
+
+
+@pytest.fixture
+def busy_pids():
+    """Real processes for the stand-in to list on GPUs (``busy_pids(n)``);
+    each is killed after the test."""
+    procs: list[subprocess.Popen] = []
+
+    def make(n: int) -> list[int]:
+        new = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
+        procs.extend(new)
+        return [p.pid for p in new]
+
+    yield make
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def idle(n: int, name: str = H100, **extra) -> list[dict]:
+    return [{"name": name, **extra} for _ in range(n)]
+
+
+def wait_line(proc: subprocess.Popen, text: str, count: int = 1) -> str:
+    """Read ``proc``'s output until ``text`` has appeared ``count`` times."""
+    seen = ""
+    while seen.count(text) < count:
+        line = proc.stdout.readline()
+        assert line, seen
+        seen += line
+    return seen
+
+
+def wait_free(keys: list[str], timeout: float) -> dict:
+    """``gpulocks.holders(keys)`` once every key is free, or as it stands
+    after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = {k: who for k, who in gpulocks.holders(keys).items() if who is not None}
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """Ctrl-C for a run started with ``Gpus.start``; its output."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+# -- 1. the seed's layout, chosen by itself -----------------------------------
+
+def test_free_n_chooses_the_seed_layout_on_busy_nodes(gpus_lab, busy_pids):
+    """Node 0: 8 GPUs, 0-2 run other processes, 6-7 are full of another
+    container's memory: free:3 gets 3,4,5. Node 1: 4 idle A100s, free:4
+    gets 0-3. Seven ranks, each node's CUDA_VISIBLE_DEVICES the chosen
+    indices, plan.json with what was asked and what was chosen, and the
+    gang's mixed models said before any rank starts."""
+    pids = busy_pids(3)
+    node0 = idle(8)
+    for k, pid in enumerate(pids):
+        node0[k] = {"name": H100, "memory_used": 2000, "processes": [{"pid": pid, "used_mib": 2000}]}
+    node0[6] = {"name": H100, "memory_used": 5000}  # another container's: no process here
+    node0[7] = {"name": H100, "memory_used": 1025}  # just over the 1024 MiB threshold
+    node0[4] = {"name": H100, "memory_used": 1024}  # at the threshold: free
+    written = gpus_lab.set(node0, idle(4, A100))
+    cluster = gpus_lab.cluster("seed", ["{host: node0, gpus: 'free:3'}",
+                                        "{host: node1, gpus: 'free:4'}"])
+    ran = gpus_lab.up(cluster, "gpu-seed")
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 0, out
+    res = gpus_lab.result("gpu-seed")
+    assert res["world_size"] == 7
+    table = sorted(res["rank_table"], key=lambda r: r["rank"])
+    assert [(r["node_rank"], r["local_rank"]) for r in table] == \
+        [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [r["cuda_visible_devices"] for r in table] == ["3,4,5"] * 3 + ["0,1,2,3"] * 4
+    assert {r["cuda_device_order"] for r in table} == {"PCI_BUS_ID"}
+    plan = gpus_lab.plan("gpu-seed")
+    nodes = plan["nodes"]
+    assert [n["gpus"] for n in nodes] == [[3, 4, 5], [0, 1, 2, 3]]
+    assert [n["gpu_request"] for n in nodes] == ["free:3", "free:4"]
+    uuids0, uuids1 = gpus_lab.uuids(written, 0), gpus_lab.uuids(written, 1)
+    assert nodes[0]["gpu_uuids"] == uuids0[3:6] and nodes[1]["gpu_uuids"] == uuids1
+    assert nodes[0]["gpu_models"] == [H100] * 3 and nodes[1]["gpu_models"] == [A100] * 4
+    ranks = sorted(plan["ranks"], key=lambda r: r["rank"])
+    assert [(r["gpu"], r["gpu_uuid"]) for r in ranks] == \
+        list(zip([3, 4, 5, 0, 1, 2, 3], uuids0[3:6] + uuids1))
+    warning = next(line for line in out.splitlines() if "warning: mixed GPU models:" in line)
+    assert f"4x {A100}" in warning and f"3x {H100}" in warning
+    # said once, before the start, and again in the summary
+    assert out.index("ddp-orch: warning: mixed GPU models:") < out.index("started 7 processes")
+    assert f"node 0 (node0): GPUs 3,4,5 (free:3), 3x {H100}" in ran.stdout
+    assert f"node 1 (node1): GPUs 0,1,2,3 (free:4), 4x {A100}" in ran.stdout
+    assert wait_free(uuids0 + uuids1, 15) == {}
+
+
+def test_the_dry_run_says_chosen_at_launch_and_asks_no_node(gpus_lab):
+    """Every nvidia-smi of the lab would hang: a dry-run that asked one would
+    not return."""
+    gpus_lab.set(idle(4), idle(4), hang=True)
+    cluster = gpus_lab.cluster("dry", ["{host: node0, gpus: 'free:3'}",
+                                       "{host: node1, gpus: free}"])
+    ran = run_cli("up", cluster, "--dry-run", env=gpus_lab.env, timeout=30)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "free:3: chosen at launch" in ran.stdout and "free: chosen at launch" in ran.stdout
+
+
+# -- 2. a busy listed GPU ------------------------------------------------------
+
+def test_a_busy_listed_gpu_is_refused_and_allow_busy_goes(gpus_lab, busy_pids):
+    """Node 1's GPU 1 runs someone's process: refused before any rank starts,
+    at node 1's line, naming the GPU, the pid and its user and what is free;
+    node 0's GPUs, held while node 1 answered, are let go with the launch.
+    ``--allow-busy-gpus`` then launches on them, and says so."""
+    [pid] = busy_pids(1)
+    written = gpus_lab.set(idle(2), idle(1) + [{"name": H100, "memory_used": 3000, "processes": [
+        {"pid": pid, "used_mib": 3000, "name": "/usr/bin/python3"}]}] + idle(1))
+    keys = gpus_lab.uuids(written, 0) + gpus_lab.uuids(written, 1)
+    cluster = gpus_lab.cluster("busy", ["{host: node0, gpus: '0,1'}",
+                                        "{host: node1, gpus: [0, 1]}"])
+    refused = gpus_lab.up(cluster, "gpu-busy", timeout=120)
+    assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
+    err = refused.stderr
+    assert ":7: nodes[1].gpus: node 1 (node1): GPU 1 (" in err, err
+    assert f"is busy: pid {pid} /usr/bin/python3 (root, 3000 MiB)" in err, err
+    assert "free now: 0,2" in err and "gpus: 0,2 are free there now" in err, err
+    assert "--allow-busy-gpus" in err and "Traceback" not in err
+    assert "started" not in refused.stdout
+    assert wait_gone("gpu-busy", 15, labs=[gpus_lab.lab]) == set()
+    assert wait_free(keys, 10) == {}
+    remote = gpus_lab.root / "remote" / "runs" / "gpu-busy"
+    assert not remote.exists() or list(remote.iterdir()) == []
+
+    went = gpus_lab.up(cluster, "gpu-busy2", "--allow-busy-gpus")
+    out = went.stdout + went.stderr
+    assert went.returncode == 0, out
+    assert f"node 1 (node1): GPU 1 ({H100}) is busy, taken anyway: pid {pid}" in out
+    assert "mixed GPU models" not in out  # one model in the gang
+    assert [n["gpus"] for n in gpus_lab.plan("gpu-busy2")["nodes"]] == [[0, 1], [0, 1]]
+    assert wait_free(keys, 15) == {}
+
+
+# -- 3. runs side by side on one host -------------------------------------------
+
+def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
+    """Node 0 has 4 idle GPUs with a little memory used on some: run A
+    (free:2) takes the two least used, 1 and 3; run B (free:2) the other
+    two; run C (free:1) is refused, naming the holders; C with --wait-gpus waits, saying so, and starts once A
+    ends, on A's least used GPU; once every run is over no lock is held."""
+    written = gpus_lab.set([{"memory_used": 600}, {"memory_used": 0},
+                            {"memory_used": 900, "utilization": 5}, {"memory_used": 10}])
+    keys = gpus_lab.uuids(written, 0)
+    pair = gpus_lab.cluster("pair", ["{host: node0, gpus: 'free:2'}"], SLEEPER)
+    one = gpus_lab.cluster("one", ["{host: node0, gpus: 'free:1'}"])
+    a = gpus_lab.start(pair, "gpu-a")
+    b = waiter = None
+    try:
+        wait_line(a, "training", 2)
+        assert gpus_lab.plan("gpu-a")["nodes"][0]["gpus"] == [1, 3]
+        held = gpulocks.holders(keys)
+        assert held[keys[1]]["run_id"] == held[keys[3]]["run_id"] == "gpu-a"
+        assert held[keys[0]] is None and held[keys[2]] is None
+        seen = {rank: environ_of(pid) for rank, pid in workers("gpu-a", 0).items()}
+        assert sorted(seen) == [0, 1]
+        for env in seen.values():
+            assert env["CUDA_VISIBLE_DEVICES"] == "1,3"
+            assert env["DDP_ORCH_GPU_UUIDS"] == f"{keys[1]},{keys[3]}"
+            assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+        b = gpus_lab.start(pair, "gpu-b")
+        wait_line(b, "training", 2)
+        assert gpus_lab.plan("gpu-b")["nodes"][0]["gpus"] == [0, 2]
+        assert {who["run_id"] for who in gpulocks.holders(keys).values()} == {"gpu-a", "gpu-b"}
+
+        refused = gpus_lab.up(one, "gpu-c", timeout=120)
+        assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
+        assert "nodes[0].gpus: node 0 (node0): free:1 asks for 1 free GPU; 0 are free" \
+            in refused.stderr, refused.stderr
+        assert f"GPU 1 ({H100}) is held by run gpu-a of root since " in refused.stderr
+        assert f"GPU 0 ({H100}) is held by run gpu-b of root since " in refused.stderr
+        assert "none free now" in refused.stderr and "--wait-gpus" in refused.stderr
+
+        waiter = gpus_lab.start(one, "gpu-c2", "--wait-gpus", "60")
+        said = wait_line(waiter, "waiting up to")
+        assert "node 0 (node0): waiting up to 60s more for GPUs: free:1 asks for 1 free GPU" \
+            in said, said
+        assert "held by run gpu-a" in said
+        time.sleep(3)  # it looks again, and still waits
+        assert waiter.poll() is None and not (gpus_lab.root / "runs" / "gpu-c2" /
+                                              "result.json").exists()
+        stop(a)
+        out = waiter.communicate(timeout=120)[0]
+        assert waiter.returncode == 0, out
+        assert gpus_lab.plan("gpu-c2")["nodes"][0]["gpus"] == [1]
+        assert gpulocks.holders([keys[1], keys[3]]) == {keys[1]: None, keys[3]: None}
+        assert gpulocks.holders([keys[0]])[keys[0]]["run_id"] == "gpu-b"
+    finally:
+        for proc in (a, b, waiter):
+            if proc is not None:
+                stop(proc)
+    for run in ("gpu-a", "gpu-b", "gpu-c", "gpu-c2"):
+        assert wait_gone(run, 20, labs=[gpus_lab.lab]) == set()
+    assert wait_free(keys, 10) == {}
+
+
+def check_table(out: str) -> list[list[str]]:
+    """The rows of ``check``'s GPU table: split on runs of spaces."""
+    lines = out.splitlines()
+    head = next(k for k, line in enumerate(lines) if "HELD BY" in line)
+    rows = []
+    for line in lines[head + 1:]:
+        if not line.strip() or not line.strip()[0].isdigit():
+            break
+        rows.append(line.split())
+    return rows
+
+
+def test_a_killed_supervisor_lets_go_of_its_gpus_once_its_run_is_gone(gpus_lab):
+    """SIGKILL to node 0's supervisor: its guardian (which holds the locks
+    too) ends the ranks, and the GPUs are free again within the bound, never
+    while a rank of the run still lives."""
+    written = gpus_lab.set(idle(2))
+    keys = gpus_lab.uuids(written, 0)
+    cluster = gpus_lab.cluster("kill", ["{host: node0, gpus: 'free:2'}"], SLEEPER)
+    proc = gpus_lab.start(cluster, "gpu-kill")
+    try:
+        wait_line(proc, "training", 2)
+        assert {who["run_id"] for who in gpulocks.holders(keys).values()} == {"gpu-kill"}
+        state = gpus_lab.root / "remote" / "runs" / "gpu-kill" / "node-0" / "supervisor.json"
+        os.kill(json.loads(state.read_text())["supervisor_pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        while True:
+            free = all(who is None for who in gpulocks.holders(keys).values())
+            alive = workers("gpu-kill", 0)  # looked at after the locks
+            assert not (free and alive), f"GPUs free while ranks {alive} still run"
+            if free or time.monotonic() - killed > 30:
+                break
+            time.sleep(0.1)
+        assert free, gpulocks.holders(keys)
+        print(f"GPUs free {time.monotonic() - killed:.1f}s after the supervisor's SIGKILL")
+        out = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 1, out
+    finally:
+        stop(proc)
+    assert wait_gone("gpu-kill", 20, labs=[gpus_lab.lab]) == set()
+
+
+# -- 5. a failing or missing nvidia-smi ------------------------------------------
+
+def test_a_failing_nvidia_smi_is_named_with_what_it_said(gpus_lab):
+    message = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    written = gpus_lab.set(idle(2), {"gpus": idle(2), "fail": {"code": 9, "message": message}})
+    cluster = gpus_lab.cluster("smifail", ["{host: node0, gpus: '0,1'}",
+                                           "{host: node1, gpus: '0,1'}"])
+    ran = gpus_lab.up(cluster, "gpu-smifail", timeout=120)
+    assert ran.returncode == EXIT_REFUSED, ran.stdout + ran.stderr
+    assert f"nodes[1].gpus: node 1 (node1): nvidia-smi failed: nvidia-smi --query-gpu: {message}" \
+           f" (exit 9)" in ran.stderr, ran.stderr
+    assert "run nvidia-smi on that node" in ran.stderr and "Traceback" not in ran.stderr
+    assert wait_gone("gpu-smifail", 15, labs=[gpus_lab.lab]) == set()
+    assert wait_free(gpus_lab.uuids(written, 0), 10) == {}
+
+
+def test_without_nvidia_smi_a_list_goes_and_free_is_refused(gpus_lab):
+    gpus_lab.set(idle(2), idle(2))
+    script = os.path.join(gpus_lab.smi, "nvidia-smi")
+    os.rename(script, script + ".away")
+    try:
+        free = gpus_lab.cluster("nosmi", ["{host: node0, gpus: '0'}",
+                                          "{host: node1, gpus: 'free:2'}"])
+        ran = gpus_lab.up(free, "gpu-nosmi", timeout=120)
+        assert ran.returncode == EXIT_REFUSED, ran.stdout + ran.stderr
+        assert ("nodes[1].gpus: node 1 (node1): gpus: free:2 needs nvidia-smi to see which GPUs "
+                "there are and which are free, and it is not on this node's PATH") in ran.stderr
+        assert "list the GPUs by index" in ran.stderr
+        listed = gpus_lab.cluster("nosmi2", ["{host: node0, gpus: '1'}",
+                                             "{host: node1, gpus: [0, 1]}"])
+        went = gpus_lab.up(listed, "gpu-nosmi2")
+        assert went.returncode == 0, went.stdout + went.stderr
+        table = gpus_lab.result("gpu-nosmi2")["rank_table"]
+        assert sorted((r["rank"], r["cuda_visible_devices"]) for r in table) == \
+            [(0, "1"), (1, "0,1"), (2, "0,1")]
+    finally:
+        os.rename(script + ".away", script)
+
+
+# -- 6. device: auto on a torch without a GPU --------------------------------------
+
+def test_device_auto_on_a_torch_that_sees_no_gpu_is_refused(gpus_lab):
+    written = gpus_lab.set(idle(2), idle(2))
+    keys = gpus_lab.uuids(written, 0) + gpus_lab.uuids(written, 1)
+    cluster = gpus_lab.cluster("auto", ["{host: node0, gpus: 'free:1'}",
+                                        "{host: node1, gpus: '1'}"], extra="")
+    ran = gpus_lab.up(cluster, "gpu-auto", timeout=180)
+    assert ran.returncode == EXIT_REFUSED, ran.stdout + ran.stderr
+    assert "nodes[0].gpus: node 0 (node0): device auto, but its torch " in ran.stderr, ran.stderr
+    assert ("is built without CUDA" in ran.stderr or "sees no GPU" in ran.stderr)
+    assert "device: cpu" in ran.stderr and "Traceback" not in ran.stderr
+    assert "started" not in ran.stdout
+    assert wait_gone("gpu-auto", 15, labs=[gpus_lab.lab]) == set()
+    assert wait_free(keys, 10) == {}
