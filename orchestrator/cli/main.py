@@ -275,7 +275,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
 
         console.always(render_detached(outcome, run.path))
         sys.exit(0)
-    console.always(render_summary(outcome, run.path, run.plan(), run.outputs()))
+    console.always(render_summary(outcome, run.path, run.plan(), run.outputs(),
+                                  run.progress()))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 

@@ -311,7 +311,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     outcome = dataclasses.replace(outcome, wall_s=wall_s)  # the run's, not attach's
     record_end(record, outcome, ended=ended, results_home=True)
     console.always(render_summary(outcome, record.run.path, record.run.plan(),
-                                  record.run.outputs()))
+                                  record.run.outputs(), record.run.progress()))
     sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from ..config.localmode import with_args
-from ..config.spec import ClusterSpec, NodeSpec
+from ..config.spec import GPU_REQUESTS, ClusterSpec, NodeSpec
 from ..errors import ConfigError, LaunchError
 from ..records.outcome import RunState
 from ..records.store import find_run
@@ -59,10 +59,12 @@ def baseline_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
     if kind != "single":
         raise ConfigError(f"unknown baseline {kind!r}", path="--baseline",
                           source="command line", hint=" or ".join(BASELINES))
-    on_gpu = first.gpus is not None or first.gpu_count is not None
+    on_gpu = first.on_gpus or first.gpu_count is not None
     single: NodeSpec = dataclasses.replace(
         first, gpus=first.gpus[:1] if first.gpus is not None else None,
         gpu_count=1 if first.gpu_count is not None else None,
+        # GPUs chosen at launch: one, chosen by the same rule (least used first)
+        gpu_request="free:1" if first.gpu_request is not None else None,
         procs=None if on_gpu else 1)
     return one_thread_per_cpu_process(
         dataclasses.replace(spec, nodes=(single,), name=f"{spec.name}-baseline"))
@@ -85,8 +87,10 @@ def check_dp_baseline(spec: ClusterSpec) -> None:
                           f"workload here is {given}", path=where, source="command line",
                           hint=DP_EXAMPLE)
     first = spec.nodes[0]
-    gpus = first.gpu_count if first.gpu_count is not None else \
-        len(first.gpus) if first.gpus is not None else 0
+    if first.gpu_request in GPU_REQUESTS:
+        return  # all, free: how many only the node says; mlp refuses fewer than 2 itself
+    gpus = first.gpu_count if first.gpu_count is not None else first.nproc \
+        if first.on_gpus else 0
     if spec.device == "cpu" or gpus < 2:
         has = ("device: cpu" if spec.device == "cpu" and gpus else
                f"{gpus} GPU" if gpus == 1 else f"procs: {first.procs} (CPU processes)"

@@ -31,10 +31,12 @@ from ..agent.stackgroups import place
 from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
 from ..plan.dryrun import DryRun
+from ..plan.model import NodePlan
 from ..records.outcome import RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
+from .gpuuse import rank_gpu
 from .keptgang import Keepers, begin_kept, contact_lost, kept_outcome
 from .nodehandle import NodeHandle, supervisor_spec
 from .stacks import StacksResult, keep
@@ -266,9 +268,17 @@ class Gang:
             return
         self._progress_written = now
         wall = time.time()
-        ranks = {rank: {"node_rank": h.node.node_rank, "host": h.node.host, "step": step,
-                        "last_progress": round(wall - (now - at), 3)}
-                 for h in self.handles for rank, (step, at) in sorted(dict(h.progress).items())}
+        ranks = {}
+        for h in self.handles:
+            seen = dict(h.progress)
+            for rank in h.node.ranks:
+                gpu = rank_gpu(h.gpu_use, _gpu_of(h.node, rank))
+                if rank not in seen and not gpu:
+                    continue
+                step, at = seen.get(rank, (None, None))
+                ranks[rank] = {"node_rank": h.node.node_rank, "host": h.node.host, "step": step,
+                               "last_progress": None if at is None else
+                               round(wall - (now - at), 3), **gpu}
         if not ranks:
             return
         self.run_dir.write_progress({"updated": wall, "ranks": ranks})
@@ -276,14 +286,15 @@ class Gang:
             self._progress_shown = now
             for h in self.handles:
                 mine = [ranks[r] for r in h.node.ranks if r in ranks]
-                if mine:
+                stamps = [r["last_progress"] for r in mine if r["last_progress"] is not None]
+                if stamps:
                     steps = sorted(r["step"] for r in mine if r["step"] is not None)
                     at = f" at step {steps[0]}" + (f"-{steps[-1]}" if steps[-1] != steps[0]
                                                     else "") if steps else ""
-                    age = wall - max(r["last_progress"] for r in mine)
+                    age = wall - max(stamps)
                     self.console.always(f"ddp-orch: node {h.node.node_rank} ({h.node.host}): "
                                         f"{len(mine)} rank(s){at}, last progress "
-                                        f"{age:.0f}s ago\n")
+                                        f"{age:.0f}s ago{_gpu_words(mine)}\n")
 
     def _ping(self) -> None:
         """``ping`` every node while the gang runs (see ``protocol.HEARTBEAT_S``)."""
@@ -344,3 +355,13 @@ def wait_all(handles: list[NodeHandle], timeout_s: float,
         time.sleep(0.05)
 
 
+def _gpu_of(node: NodePlan, rank: int) -> int | None:
+    """The GPU index a rank of ``node`` uses (its place in CUDA_VISIBLE_DEVICES)."""
+    local = rank - node.first_rank
+    return node.gpus[local] if node.gpus is not None and 0 <= local < len(node.gpus) else None
+
+
+def _gpu_words(ranks: list[dict]) -> str:
+    """``; GPUs 97%, 95% busy``: the node's ranks' GPU utilisation now."""
+    utils = [f"{r['gpu_util']}%" for r in ranks if r.get("gpu_util") is not None]
+    return f"; GPUs {', '.join(utils)} busy" if utils else ""

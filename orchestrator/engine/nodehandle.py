@@ -10,6 +10,7 @@ from typing import Callable
 from ..agent import layout
 from ..agent.node.spec import Liveness, SupervisorSpec
 from ..agent.wire.files import mask_strings
+from .gpuuse import GpuUse
 from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
                               Control, Event, LineBuffer, ProtocolError, decode)
 from ..console import Console
@@ -82,6 +83,7 @@ class NodeHandle:
         # Per global rank: (last step, monotonic time of its last progress): a
         # heartbeat (workloads.contract.heartbeat) or, with watch_output, a line.
         self.progress: dict[int, tuple[int | None, float]] = {}
+        self.gpu_use = GpuUse()  # its GPUs' utilisation and memory, from its heartbeats
         self.watch_output = False  # count output lines as progress (hang watchdog)
         self.hung_reason = ""  # set by the hang watchdog on the odd rank's node
         # A kept run (agent/kept/keeper.py): the stream holds every attempt; its
@@ -194,6 +196,7 @@ class NodeHandle:
                         f"{event['master_port']})\n").encode()
         elif event["event"] == Event.HEARTBEAT:
             self._on_progress(event.get("progress"))
+            self.gpu_use.add(event.get("gpus"))
         return b""
 
     def _on_progress(self, progress: object) -> None:

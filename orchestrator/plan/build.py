@@ -121,7 +121,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
             first_rank=starts[k], nproc=node.nproc, run_dir=run_dir,
             env=MappingProxyType(dict(sorted(env.items()))), unset_env=UNSET_ENV,
             code_rel=PROJECT_DIR if spec.workload.code else BUILTIN_DIR,
-            gpu_request=node.gpu_request))
+            gpu_request=node.gpu_request, one_process=node.one_process))
     ranks = rank_plans(nodes)
     workload = spec.workload
     entrypoint = entrypoint_of(workload)
@@ -223,7 +223,8 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, chosen.indices))
             if chosen.uuids:
                 env[contract.GPU_UUIDS_ENV] = ",".join(chosen.uuids)
-            placed = dict(gpus=chosen.indices, nproc=len(chosen.indices),
+            placed = dict(gpus=chosen.indices,
+                          nproc=1 if node.one_process else len(chosen.indices),
                           gpu_uuids=chosen.uuids, gpu_models=chosen.models)
         nodes.append(dataclasses.replace(
             node, host=(hosts or {}).get(node.node_rank, node.host),

@@ -87,6 +87,8 @@ class NodePlan:
     # The GPUs' UUIDs and models, in ``gpus`` order, where nvidia-smi answered at launch.
     gpu_uuids: tuple[str, ...] = ()
     gpu_models: tuple[str, ...] = ()
+    # One process over all the node's GPUs (compare's DataParallel baseline).
+    one_process: bool = False
 
     @property
     def gpus_pending(self) -> bool:

@@ -39,3 +39,16 @@ def gpu_lines(plan: object) -> list[str]:
         lines.append(f"  node {node.get('node_rank')} ({node.get('host')}): GPUs "
                      f"{','.join(map(str, gpus['gpus']))}{asked}" + (f", {kinds}" if kinds else ""))
     return lines
+
+
+# What ``progress.json`` says of a rank's GPU (``engine/gpuuse.rank_gpu``).
+GPU_KEYS = ("gpu", "gpu_util", "gpu_mem_mib", "gpu_util_mean", "gpu_mem_peak_mib")
+
+
+def gpu_words(rank: dict[str, Any]) -> str:
+    """``, GPU 3 97% busy, 40.2 GiB``: a live rank's GPU now, where sampled."""
+    if rank.get("gpu") is None:
+        return ""
+    util = "?" if rank.get("gpu_util") is None else f"{rank['gpu_util']}%"
+    used = "" if rank.get("gpu_mem_mib") is None else f", {rank['gpu_mem_mib'] / 1024:.1f} GiB"
+    return f", GPU {rank['gpu']} {util} busy{used}"

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import time
 
+from ..agent.wire.protocol import is_time
 from ..backends.base import CancelResult, RunDescription
 
 from ..engine.preflight import NodeGpus, Preflight, holder_text
-from .gpus import gpu_lines
 from ..engine.results import outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
 from ..tables import format_table
+from .gpus import GPU_KEYS, gpu_lines, gpu_words
 
 
 PS_WHY_WIDTH = 70  # the ROOT CAUSE column of ``ps``: status shows it whole
@@ -77,8 +78,10 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     lines += gpu_lines(record.run.plan())
     for rank in live_progress(record, described):
         step = "-" if rank["step"] is None else rank["step"]
+        ago = rank["last_progress_s_ago"]
+        seen = "no progress reported" if ago is None else f"last progress {ago:.0f}s ago"
         lines.append(f"  rank {rank['rank']} (node {rank['node_rank']}, {rank['host']}): "
-                     f"step {step}, last progress {rank['last_progress_s_ago']:.0f}s ago")
+                     f"step {step}, {seen}{gpu_words(rank)}")
     if record.error:
         text = record.error.replace("\n", "\n  ")
         lines.append(f"error: {text}")
@@ -125,9 +128,11 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     now = time.time()
     out = []
     for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
+        last = seen.get("last_progress")
         out.append({"rank": int(rank), "node_rank": seen.get("node_rank"),
                     "host": seen.get("host"), "step": seen.get("step"),
-                    "last_progress_s_ago": now - float(seen.get("last_progress", now))})
+                    "last_progress_s_ago": now - float(last) if is_time(last) else None,
+                    **{key: seen[key] for key in GPU_KEYS if key in seen}})
     return out
 
 

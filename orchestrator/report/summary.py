@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.gpuuse import idle_rank
 from ..engine.results import outputs_lines
 from ..plan.network import AUTO, GLOO_IFNAME
 from ..records.hints import failure_hint
@@ -16,17 +17,18 @@ _KEY_METRICS = 8
 
 
 def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
-                   outputs: Any = None) -> str:
+                   outputs: Any = None, progress: Any = None) -> str:
     """The summary; ``plan`` is the run's ``plan.json`` (the resolved plan),
     from which a failed run lists the interface each node's ranks used;
-    ``outputs`` its ``outputs.json`` (what of ``outputs:`` came home)."""
+    ``outputs`` its ``outputs.json`` (what of ``outputs:`` came home);
+    ``progress`` its ``progress.json`` (each rank's GPU use over the run)."""
     lines = ["", f"run {outcome.run_id}: {outcome.state.value.upper()} in {outcome.wall_s:.1f}s"]
     rows = [("NODE", "HOST", "STATUS", "EXIT", "DETAIL")]
     for node in outcome.nodes:
         rows.append((str(node.node_rank), node.host, node.state,
                      "-" if node.exit_code is None else str(node.exit_code), node.reason))
     lines.append(format_table(rows, indent="  "))
-    lines += gpu_summary(plan)
+    lines += gpu_summary(plan, progress)
     root = outcome.root_cause
     if root is not None:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
@@ -53,14 +55,21 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
     return "\n".join(lines) + "\n"
 
 
-def gpu_summary(plan: Any) -> list[str]:
-    """The GPUs each node's ranks used (chosen or listed), and a warning
-    when their models differ: the slowest model paces every step."""
-    lines = gpu_lines(plan)
-    models = [m for node in (plan.get("nodes") or ()) if isinstance(plan, dict)
-              and isinstance(node, dict) for m in node_gpus(node)["gpu_models"]]
-    mixed = mixed_models(models)
-    return [line.strip() for line in lines] + ([f"warning: {mixed}"] if mixed else [])
+def gpu_summary(plan: Any, progress: Any = None) -> list[str]:
+    """The GPUs each node's ranks used (chosen or listed), a warning when
+    their models differ (the slowest model paces every step), and the rank
+    whose GPU sat far below the others (``gpuuse.idle_rank``)."""
+    lines = [line.strip() for line in gpu_lines(plan)]
+    nodes = plan.get("nodes") or () if isinstance(plan, dict) else ()
+    mixed = mixed_models([m for node in nodes if isinstance(node, dict)
+                          for m in node_gpus(node)["gpu_models"]])
+    if mixed:
+        lines.append(f"warning: {mixed}")
+    ranks = progress.get("ranks") if isinstance(progress, dict) else None
+    idle = idle_rank(ranks) if isinstance(ranks, dict) else None
+    if idle:
+        lines.append(f"GPU use: {idle}")
+    return lines
 
 
 def interfaces_of(plan: Any) -> dict[int, str]:

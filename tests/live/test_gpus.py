@@ -296,18 +296,6 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
     assert wait_free(keys, 10) == {}
 
 
-def check_table(out: str) -> list[list[str]]:
-    """The rows of ``check``'s GPU table: split on runs of spaces."""
-    lines = out.splitlines()
-    head = next(k for k, line in enumerate(lines) if "HELD BY" in line)
-    rows = []
-    for line in lines[head + 1:]:
-        if not line.strip() or not line.strip()[0].isdigit():
-            break
-        rows.append(line.split())
-    return rows
-
-
 def test_a_killed_supervisor_lets_go_of_its_gpus_once_its_run_is_gone(gpus_lab):
     """SIGKILL to node 0's supervisor: its guardian (which holds the locks
     too) ends the ranks, and the GPUs are free again within the bound, never
@@ -336,6 +324,43 @@ def test_a_killed_supervisor_lets_go_of_its_gpus_once_its_run_is_gone(gpus_lab):
     finally:
         stop(proc)
     assert wait_gone("gpu-kill", 20, labs=[gpus_lab.lab]) == set()
+
+
+# -- 7. check's GPU table while a run holds a GPU --------------------------------
+
+def test_check_shows_who_holds_and_uses_each_gpu(gpus_lab, busy_pids):
+    """GPU 0 runs someone's process, GPU 1 is held by a running ddp-orch
+    run: ``check`` says GPU 2 is what free:1 gets now, and its table names
+    the process and the holding run, GPU by GPU."""
+    [pid] = busy_pids(1)
+    written = gpus_lab.set([{"memory_used": 2048, "processes": [{"pid": pid, "used_mib": 2048}]},
+                            {}, {"memory_used": 100}])
+    keys = gpus_lab.uuids(written, 0)
+    holding = gpus_lab.start(gpus_lab.cluster("hold", ["{host: node0, gpus: 'free:1'}"], SLEEPER),
+                             "gpu-hold")
+    try:
+        wait_line(holding, "training")
+        assert gpulocks.holders(keys)[keys[1]]["run_id"] == "gpu-hold"
+        cluster = gpus_lab.cluster("look", ["{host: node0, gpus: 'free:1'}"])
+        check = run_cli("check", cluster, env=gpus_lab.env, timeout=120)
+        out = check.stdout + check.stderr
+        assert check.returncode == 0 and "Traceback" not in out, out
+        row = next(line for line in check.stdout.splitlines() if " gpus " in line)
+        assert row.split()[2:4] == ["gpus", "ok"] and row.endswith("GPUs 2 (free:1) free now"), row
+        lines = check.stdout.splitlines()
+        head = next(k for k, line in enumerate(lines) if "HELD BY" in line and "STATE" in line)
+        assert "node 0 (node0) GPUs" in lines[head - 1], out
+        table = {line.split()[0]: line for line in lines[head + 1:head + 4]}
+        assert sorted(table) == ["0", "1", "2"], out
+        assert f"{pid} python (root, 2048 MiB)" in table["0"] and table["0"].rstrip().endswith("busy"), out
+        assert "run gpu-hold of root since " in table["1"], out
+        assert table["1"].rstrip().endswith("held"), out
+        assert table["2"].rstrip().endswith("the run's"), out
+        assert gpulocks.holders([keys[2]]) == {keys[2]: None}  # check held nothing
+    finally:
+        stop(holding)
+    assert wait_gone("gpu-hold", 20, labs=[gpus_lab.lab]) == set()
+    assert wait_free(keys, 10) == {}
 
 
 # -- 5. a failing or missing nvidia-smi ------------------------------------------

@@ -66,6 +66,32 @@ def facts(timeout_s: float = 10.0) -> dict:
     return {"ok": True, "driver": next(filter(None, drivers), None), "gpus": gpus, "apps": apps}
 
 
+SAMPLE_FIELDS = "index,utilization.gpu,memory.used"
+
+
+def sample(indices: "list[int] | tuple[int, ...]", timeout_s: float = 5.0) -> dict | None:
+    """``{index: [utilization %, memory used MiB]}`` now for the GPUs
+    ``indices`` (a value nvidia-smi withholds is None), or None when
+    nvidia-smi is absent, fails or hangs (each call bounded by ``timeout_s``):
+    the supervisor's heartbeat carries it, so ``status`` and the summary see
+    each rank's GPU while the run goes on."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None or not indices:
+        return None
+    wanted = set(indices)
+    try:
+        out = {}
+        for line in _query(smi, f"--query-gpu={SAMPLE_FIELDS}", timeout_s):
+            index, util, used = _fields(line, SAMPLE_FIELDS, free_text="index")
+            key = _int(index, "index", line)
+            if key in wanted:
+                out[str(key)] = [_int(util, "utilization.gpu", line),
+                                 _int(used, "memory.used", line)]
+        return out
+    except (_Failed, Unreadable):
+        return None
+
+
 class _Failed(Exception):
     """nvidia-smi did not answer a query: its words, exit status or time-out."""
 

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from . import failures, guardian, procs
+from . import failures, gpus, guardian, procs
 from .. import layout
 
 from ..wire import files
@@ -46,6 +46,7 @@ from .workerlogs import WorkerLogs
 
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
+GPU_SAMPLE_TIMEOUT_S = 3.0  # one nvidia-smi query in a heartbeat; it delays the beat at most this
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (WorkerLogs)
 
 
@@ -332,10 +333,19 @@ class Supervisor:
 
     def send_heartbeats(self) -> None:
         """A heartbeat event every ``heartbeat_s`` while torchrun runs, so the
-        controller can tell a quiet run from a silent partition."""
+        controller can tell a quiet run from a silent partition; with each,
+        the node's GPUs' utilisation and memory (``gpus.sample``), until
+        nvidia-smi first fails to answer within its bound."""
         every = self.spec.heartbeat_s
+        watched = visible_gpus(self.spec.env)
         while every and not self.exited.wait(every):
-            self.emit({"event": Event.HEARTBEAT.value, "progress": self.progress()})
+            event = {"event": Event.HEARTBEAT.value, "progress": self.progress()}
+            use = gpus.sample(watched, min(every, GPU_SAMPLE_TIMEOUT_S)) if watched else None
+            if use:
+                event["gpus"] = use
+            elif watched:
+                watched = []  # no nvidia-smi, or it failed: not asked again
+            self.emit(event)
 
     def progress(self) -> dict:
         """{rank: [last step, seconds since]} from the ranks' heartbeat files
@@ -481,3 +491,11 @@ def _extract(bundle: str, run_dir: str) -> None:
             tar.extractall(run_dir, filter="data")
         else:  # Python < 3.11.4: the bundle is ours, made by the controller
             tar.extractall(run_dir)
+
+
+
+def visible_gpus(env: dict) -> list[int]:
+    """The GPU indices the node's ranks see (its ``CUDA_VISIBLE_DEVICES``);
+    none for CPU processes, a scheduler's or a UUID list."""
+    words = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    return [int(w) for w in words] if all(w.isdigit() for w in words) and words != [""] else []

@@ -72,3 +72,17 @@ def test_dp_baseline_is_refused_without_two_gpus_or_on_another_workload(kw, mess
     assert str(caught.value).startswith("command line: --baseline dp: ")
     assert "ddp-orch compare --local --workload mlp --gpus 0,1 --baseline dp" in \
         str(caught.value).split("hint: ")[1]
+
+
+def test_the_baseline_of_gpus_chosen_at_launch_is_one_gpu_chosen_the_same_way():
+    from orchestrator.config.loader import load_cluster_text
+
+    spec = load_cluster_text("nodes: [{host: a, gpus: 'free:3'}, {host: b, gpus: free}]\n"
+                             "workload: {name: mlp}\n")
+    base = baseline_spec(spec)
+    assert [(n.host, n.gpu_request, n.gpus, n.nproc) for n in base.nodes] == \
+        [("a", "free:1", None, 1)]
+    listed = load_cluster_text("nodes: [{host: a, gpus: '5,2'}]\nworkload: {name: mlp}\n")
+    assert [(n.gpu_request, n.gpus) for n in baseline_spec(listed).nodes] == [(None, (5,))]
+    dp = baseline_spec(spec, "dp").nodes[0]  # one process over the three it is given
+    assert (dp.gpu_request, dp.nproc, dp.one_process) == ("free:3", 1, True)
