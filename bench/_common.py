@@ -269,13 +269,14 @@ class Lab:
 
 
 @contextlib.contextmanager
-def lab(n_hosts: int, root: pathlib.Path) -> Iterator[Lab]:
-    """``n_hosts`` real sshds on 127.0.55.x and a fake $HOME pointing at them."""
+def lab(n_hosts: int, root: pathlib.Path, extra_sshd: tuple[str, ...] = ()) -> Iterator[Lab]:
+    """``n_hosts`` real sshds on 127.0.55.x and a fake $HOME pointing at them;
+    ``extra_sshd``: more sshd_config lines for every host."""
     from labhome import lab_home
     from sshlab import SshLab
 
     t0 = time.perf_counter()
-    with SshLab(n_hosts, startup_timeout=60) as ssh_lab:
+    with SshLab(n_hosts, startup_timeout=60, extra_sshd=extra_sshd) as ssh_lab:
         env = lab_home(ssh_lab, root)
         print(f"   (lab of {n_hosts} sshd host(s) up in {time.perf_counter() - t0:.1f}s)")
         yield Lab(ssh_lab, root, env, ssh_lab.ssh_config)

@@ -15,7 +15,10 @@ ddp-orch uploads it on every run, which is part of its cost.
 Target: ddp-orch/floor <= 1.05 at each host count (median wall time).
 A third variant runs the same launch with ``network: {interface: off}``:
 the difference is what choosing each node's interface costs (target:
-<= 50 ms).
+<= 50 ms). A fourth asks every node for ``gpus: free:1`` (a CPU rehearsal)
+with a ``printf`` stand-in ``nvidia-smi`` first on the hosts' PATH: the
+difference, less the stand-in's own two runs, is what choosing and holding
+GPUs costs ddp-orch (target: <= 50 ms).
 
     .venv/bin/python bench/multinode_launch.py [--reps 3] [--hosts 2,4]
 """
@@ -37,9 +40,28 @@ from _common import (BASE_ENV, DDP_ORCH, ORCH_ENV, PYTHON, BenchError, compare, 
 TARGET = 1.05
 
 
-def cluster_file(root, n: int, interface: str = "auto") -> str:
-    nodes = "".join(f"  - {{host: node{k}, procs: 1}}\n" for k in range(n))
-    path = root / f"noop{n}-{interface}.yaml"
+# One idle GPU per host, each host's UUID its own (lab hosts share /tmp, where
+# the GPU locks live): what nvidia-smi's CSV says, and nothing more.
+STAND_IN_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=*) set -- $SSH_CONNECTION
+                 printf '0, GPU-bench-%s, 00000000:01:00.0, Stand-in GPU, 81559, 1, 0, Disabled, 550.54\\n' "$3";;
+esac
+"""
+
+
+def stand_in_smi(root) -> str:
+    """A directory whose ``nvidia-smi`` is the ``printf`` stand-in."""
+    bin_dir = root / "smi"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text(STAND_IN_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return str(bin_dir)
+
+
+def cluster_file(root, n: int, interface: str = "auto", place: str = "procs: 1") -> str:
+    nodes = "".join(f"  - {{host: node{k}, {place}}}\n" for k in range(n))
+    path = root / f"noop{n}-{interface}-{place.split(':')[0]}.yaml"
     path.write_text(f"name: noop{n}\npython: {PYTHON}\nworkdir: {root / 'remote'}\n"
                     f"device: cpu\nnetwork: {{interface: {interface}}}\n"
                     f"nodes:\n{nodes}workload: {{name: noop}}\n")
@@ -79,7 +101,8 @@ def main() -> None:
     counts = [int(x) for x in args.hosts.split(",")]
     header("multinode_launch: ddp-orch up (SSH lab, noop, 1 proc/node)  vs  "
            "torchrun by hand over ssh", args)
-    with tempdir("bench-mn-", args.keep) as root, lab(max(counts), root) as L:
+    with tempdir("bench-mn-", args.keep) as root, \
+            lab(max(counts), root, (f"SetEnv PATH={stand_in_smi(root)}:/usr/bin:/bin",)) as L:
         counter = iter(range(10**6))
         timeline: dict[str, list[tuple]] = {}
         variants = {}
@@ -150,6 +173,10 @@ def main() -> None:
             # {interface: off}): what the choice adds (target <= 50 ms).
             variants[f"no-ifname {n} hosts"] = lambda n=n: ddp(
                 n, cluster_file(root, n, "off"), "no-ifname")
+            # Every node's GPU chosen and held (gpus: free:1, the stand-in
+            # nvidia-smi): what the choice adds (target <= 50 ms + the stand-in).
+            variants[f"gpus {n} hosts"] = lambda n=n: ddp(
+                n, cluster_file(root, n, place="gpus: 'free:1'"), "gpus")
 
         res = compare(variants, args.reps, args.warmup)
         print()
@@ -177,6 +204,20 @@ def main() -> None:
             a, b = res[f"ddp-orch {n} hosts"], res[f"no-ifname {n} hosts"]
             print(f"{n} hosts: the interface choice adds {fmt_s(a.median - b.median)} "
                   f"(target <= 50 ms); {ratio_range(a, b)}")
+        smi = os.path.join(stand_in_smi(root), "nvidia-smi")
+        runs = []
+        for _ in range(50):  # the stand-in's own run: two queries per node, nodes at once
+            t = time.perf_counter()
+            subprocess.run([smi, "--query-gpu=index"], check=True, capture_output=True)
+            subprocess.run([smi, "--query-compute-apps=pid"], check=True, capture_output=True)
+            runs.append(time.perf_counter() - t)
+        smi_s = sorted(runs)[25]
+        for n in counts:
+            a, b = res[f"gpus {n} hosts"], res[f"ddp-orch {n} hosts"]
+            print(f"{n} hosts: choosing and holding GPUs adds {fmt_s(a.median - b.median)}, "
+                  f"of which the stand-in nvidia-smi's own runs {fmt_s(smi_s)}: ddp-orch's "
+                  f"own {fmt_s(a.median - b.median - smi_s)} (target <= 50 ms); "
+                  f"{ratio_range(a, b)}")
         for n in counts:
             a, b = res[f"ddp-orch {n} hosts"], res[f"floor {n} hosts"]
             result_line(f"multinode_launch[{n} hosts]", a.median / b.median, TARGET,

@@ -279,7 +279,8 @@ class AgentBackend(LaunchBackend):
     def check(self, plan: RunPlan) -> Preflight:
         transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}
         try:
-            return run_checks(plan, transports, self.where, self.options.check_timeout_s)
+            return run_checks(plan, transports, self.where, self.options.check_timeout_s,
+                              self.spec)
         finally:
             for transport in transports.values():
                 transport.close()
@@ -352,7 +353,11 @@ class AgentBackend(LaunchBackend):
         ifname = interface_from(node, agent.reply("route")) if route is not None else None
         placed = None
         if gpus is not None:
-            placed = gpuplan.wait_for_gpus(agent.reply("gpus"), lambda: agent.call("gpus", **gpus),
+            def ask(reply: object) -> dict:
+                return gpuplan.checked(reply, agent.host)
+
+            placed = gpuplan.wait_for_gpus(ask(agent.reply("gpus")),
+                                           lambda: ask(agent.call("gpus", **gpus)),
                                            self._wait_gpus_s(), say, _labeller(plan)(k))
         return port, ifname, placed
 

@@ -45,8 +45,9 @@ NETWORK_KEYS = ("interface",)
 GPU_POLICY_KEYS = ("busy_memory_mib", "wait")
 MAX_GPU_WAIT = 7 * 86400
 MAX_BUSY_MIB = 1 << 20
-# ``free:3``: three free GPUs, chosen on the node at launch.
-FREE_N_RE = re.compile(r"^free:([0-9]{1,4})$")
+# ``free:3``: three free GPUs (1 to 1024, as many as there are indices),
+# chosen on the node at launch.
+FREE_N_RE = re.compile(r"^free:(?:[1-9][0-9]{0,2}|10[01][0-9]|102[0-4])$")
 # A Linux interface name (at most 15 bytes, no '/', ':', ',' or space), or auto | off.
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
 WORKLOAD_KEYS = ("name", "script", "module", "code", "args")
@@ -377,7 +378,7 @@ def _nodes(field: Located, ssh: SshSpec, python: str | None,
         host = _host(entries["host"])
         default_python = python or (sys.executable if host in LOCAL_HOSTS else "python3")
         gpus = _gpus(entries["gpus"]) if "gpus" in entries else None
-        if "gpus" in entries and _is_one_integer(entries["gpus"].value()):
+        if "gpus" in entries and _is_one_integer(entries["gpus"].value()) and gpus[0] > 1:
             warnings.append(one_index_warning(
                 gpus[0], f"{entries['gpus'].source}:{entries['gpus'].line}: "
                 f"nodes[{len(nodes)}].gpus"))
@@ -405,7 +406,7 @@ def _gpus(field: Located) -> tuple[int, ...] | str:
 
 def _is_one_integer(raw: Any) -> bool:
     """``gpus: 4`` (or ``"4"``): one index, where a torchrun or SkyPilot user
-    may mean a count."""
+    may mean a count (said for 2 and more: 0 and 1 are one GPU either way)."""
     return (isinstance(raw, int) and not isinstance(raw, bool)) or \
         (isinstance(raw, str) and bool(_DIGITS_RE.match(raw.strip())))
 
@@ -414,7 +415,7 @@ def one_index_warning(index: int, where: str) -> str:
     """What ``gpus: 4`` means, and how to ask for four GPUs."""
     return (f"warning: {where}: {index} means GPU index {index}, one process; for {index} "
             f"GPUs write `gpus: free:{index}` (any {index} free ones) or list them, e.g. "
-            f"`gpus: {','.join(map(str, range(index))) if 1 < index <= 16 else '0,1,2,3'}`")
+            f"`gpus: {','.join(map(str, range(min(index, 16))))}`")
 
 
 def parse_gpus(raw: Any) -> tuple[int, ...] | str:
@@ -424,14 +425,13 @@ def parse_gpus(raw: Any) -> tuple[int, ...] | str:
 
     Raises ``ValueError(message, hint)``; callers add the field and line.
     """
-    if isinstance(raw, str) and raw.strip() in GPU_REQUESTS:
-        return raw.strip()
-    if isinstance(raw, str) and raw.strip().startswith("free:"):
-        found = FREE_N_RE.match(raw.strip())
-        if found is None or not 1 <= int(found.group(1)) <= MAX_GPU_INDEX + 1:
+    if isinstance(raw, str) and raw in GPU_REQUESTS:
+        return raw
+    if isinstance(raw, str) and raw.startswith("free:"):
+        if not FREE_N_RE.match(raw):
             raise ValueError(f"{shown(raw)} is not a GPU request",
                              f"free:N asks for N free GPUs, N from 1 to {MAX_GPU_INDEX + 1}")
-        return f"free:{int(found.group(1))}"
+        return raw
     if isinstance(raw, str):
         parts: list[Any] = [p.strip() for p in raw.split(",")]
     elif isinstance(raw, list):

@@ -79,7 +79,9 @@ LEFT_TO_THE_LOADER = (
     "YAML 1.1's readings: `time: 12:00:00` is the number 43200 to a schema",
     "one GPU listed twice in two spellings of a list (`[0, \"0\"]`, `[1, \"01\"]`)",
     "two nodes on one host sharing a GPU",
-    "under backend: slurm, one host listed twice",
+    "under backend: slurm, one host listed twice, or a node's GPUs asked for by what it "
+    "wants (`gpus: free:2`): Slurm chooses them",
+    "one host listed twice where an entry asks for `all`, `free` or `free:N`",
     "what is on disk: the identity_file, the script (inside the code directory), the code "
     "directory itself (not the filesystem root or a home directory)",
 )

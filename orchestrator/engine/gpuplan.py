@@ -23,12 +23,13 @@ from typing import Any, Callable, Mapping
 from ..agent.node.gpus import mixed_models
 
 MIXED = mixed_models(["a", "b"]).split(":", 1)[0]  # how that warning starts
-from ..config.spec import ClusterSpec
-from ..errors import ConfigError
+from ..config.spec import DEFAULT_GPU_BUSY_MIB, ClusterSpec
+from ..errors import ConfigError, TransportError
 from ..plan.model import GpuChoice, NodePlan, RunPlan
 
 NO_CUDA_FIX = ("install a CUDA build of torch there, or set `device: cpu` for a CPU rehearsal "
                "(each GPU index a CPU process)")
+MAX_GPUS_PER_NODE = 1024  # as the loader's indices
 WAIT_POLL_S = 2.0  # between a waiting node's looks at its GPUs
 WAIT_SAY_S = 30.0  # how often a wait says who holds the GPUs
 CLI = "command line"
@@ -45,7 +46,8 @@ def gpu_request(plan: RunPlan, node: NodePlan, spec: ClusterSpec | None,
     else:
         return None
     return {"want": want, "run_id": plan.run_id, "node_rank": node.node_rank,
-            "busy_mib": spec.gpu_busy_mib if spec else 1024, "allow_busy": allow_busy}
+            "busy_mib": spec.gpu_busy_mib if spec else DEFAULT_GPU_BUSY_MIB,
+            "allow_busy": allow_busy}
 
 
 def wants_torch(plan: RunPlan, node: NodePlan) -> bool:
@@ -71,6 +73,33 @@ def wait_for_gpus(first: dict, ask: Callable[[], dict], wait_s: float,
         time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
         reply = ask()
     return reply
+
+
+def checked(reply: object, host: str) -> dict:
+    """A node's ``gpus`` answer, as far as the launch reads it: what crosses
+    the network is checked before it becomes the plan (``TransportError``
+    naming the node otherwise)."""
+    def strings(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) and len(v) <= 256
+                                               for v in value)
+
+    ok = isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
+    if ok and reply["ok"]:
+        chosen = reply.get("chosen")
+        ok = isinstance(chosen, list) and 0 < len(chosen) <= MAX_GPUS_PER_NODE and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_GPUS_PER_NODE
+            for i in chosen) and len(set(chosen)) == len(chosen) \
+            and all(strings(reply.get(key, [])) and len(reply.get(key, [])) in (0, len(chosen))
+                    for key in ("uuids", "models")) and strings(reply.get("notes", []))
+    elif ok:
+        ok = isinstance(reply.get("error"), str) and strings(
+            [str(i) for i in reply.get("free") or []])
+    seen = reply.get("torch", {}) if isinstance(reply, dict) else {}
+    ok = ok and isinstance(seen, dict) and isinstance(seen.get("count", 0), int)
+    if not ok:
+        raise TransportError(host, f"its agent's answer about its GPUs is malformed: "
+                                   f"{str(reply)[:200]}")
+    return reply  # type: ignore[return-value]
 
 
 def choices(replies: Mapping[int, dict]) -> dict[int, GpuChoice]:
@@ -148,6 +177,8 @@ def torch_problem(seen: dict, reply: dict) -> str | None:
         return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU"
     wanted = [int(i) for i in reply.get("chosen") or ()]
     count = int(seen.get("count") or 0)
+    if count == 0:
+        return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU"
     beyond = [i for i in wanted if i >= count]
     if beyond:
         return (f"its torch sees {count} GPU(s) (indices 0-{count - 1}), and GPU "

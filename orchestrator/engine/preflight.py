@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ..agent.node.gpus import describe_holder, mixed_models
-from ..config.spec import AUTO_PORT
+from ..config.spec import AUTO_PORT, ClusterSpec
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
 from ..plan.network import named_interfaces, needs_interface, unknown_interfaces
@@ -71,8 +71,10 @@ class Preflight:
 
 
 def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
-               reach_label: Callable[[NodePlan], str], timeout_s: float = 60.0) -> Preflight:
-    """All checks; a node that cannot be reached is skipped for the rest."""
+               reach_label: Callable[[NodePlan], str], timeout_s: float = 60.0,
+               spec: ClusterSpec | None = None) -> Preflight:
+    """All checks; a node that cannot be reached is skipped for the rest.
+    ``spec``'s ``gpu_policy`` says which GPUs are busy."""
     agents: dict[int, AgentHandle] = {}
     started: dict[int, AgentHandle] = {}  # answering or not: all are closed at the end
     results: list[CheckResult] = []
@@ -89,7 +91,7 @@ def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
             else:
                 results.append(CheckResult(k, node.host, "reach", False,
                                            _describe(opened.failed[k])))
-        probes = on_all(lambda k: _probe(plan.nodes[k], agents[k], plan), agents,
+        probes = on_all(lambda k: _probe(plan.nodes[k], agents[k], plan, spec), agents,
                         timeout_s=timeout_s + 5)
         infos = {k: info for k, (_rows, info, _gpus) in probes.succeeded.items()}
         tables = tuple(table for k, (_rows, _info, table) in sorted(probes.succeeded.items())
@@ -114,17 +116,18 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan
+def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan, spec: ClusterSpec | None
            ) -> tuple[list[CheckResult], dict, NodeGpus | None]:
     """The node's python, torch and GPU rows, its ``probe`` reply, and its
     GPUs for the table (None for a ``procs:`` node)."""
     def result(check: str, ok: bool, detail: str, warning: bool = False) -> CheckResult:
         return CheckResult(node.node_rank, node.host, check, ok, detail, warning)
 
-    asked = gpuplan.gpu_request(plan, node, None, allow_busy=False)
+    asked = gpuplan.gpu_request(plan, node, spec, allow_busy=False)
+    agent.send("probe")
     if asked is not None:  # what the run would get now; nothing is held
         agent.send("gpus", **asked, hold=False)
-    info = agent.call("probe")
+    info = agent.reply("probe")
     out = [result("python", True, f"{info.get('python')} ({info.get('python_version')})")]
     if "torch_error" in info:
         out.append(result("torch", False, f"{info['torch_error']}; install torch for {node.python}"))

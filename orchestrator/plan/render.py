@@ -127,8 +127,8 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
             "python": n.node.python,
             "gpus": list(n.node.gpus) if n.node.gpus is not None else None,
             **({"gpu_request": n.node.gpu_request} if n.node.gpu_request else {}),
-            **({"gpu_uuids": list(n.node.gpu_uuids), "gpu_models": list(n.node.gpu_models)}
-               if n.node.gpu_uuids else {}),
+            **({"gpu_uuids": list(n.node.gpu_uuids)} if n.node.gpu_uuids else {}),
+            **({"gpu_models": list(n.node.gpu_models)} if n.node.gpu_models else {}),
             "ranks": [n.node.first_rank, n.node.first_rank + n.node.nproc - 1],
             "nproc": n.node.nproc, "run_dir": n.run_dir, "code_root": n.node.code_root,
             "env": mask_env(n.env),

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -151,7 +150,8 @@ def test_free_n_chooses_the_seed_layout_on_busy_nodes(gpus_lab, busy_pids):
     pids = busy_pids(3)
     node0 = idle(8)
     for k, pid in enumerate(pids):
-        node0[k] = {"name": H100, "memory_used": 2000, "processes": [{"pid": pid, "used_mib": 2000}]}
+        node0[k] = {"name": H100, "memory_used": 2000,
+                    "processes": [{"pid": pid, "used_mib": 2000}]}
     node0[6] = {"name": H100, "memory_used": 5000}  # another container's: no process here
     node0[7] = {"name": H100, "memory_used": 1025}  # just over the 1024 MiB threshold
     node0[4] = {"name": H100, "memory_used": 1024}  # at the threshold: free
@@ -238,8 +238,10 @@ def test_a_busy_listed_gpu_is_refused_and_allow_busy_goes(gpus_lab, busy_pids):
 def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
     """Node 0 has 4 idle GPUs with a little memory used on some: run A
     (free:2) takes the two least used, 1 and 3; run B (free:2) the other
-    two; run C (free:1) is refused, naming the holders; C with --wait-gpus waits, saying so, and starts once A
-    ends, on A's least used GPU; once every run is over no lock is held."""
+    two; run C (free:1) is refused, naming the holders, and so is GPU 1
+    listed with --allow-busy-gpus (held is not busy); C with --wait-gpus
+    waits, saying so, and starts once A ends, on A's least used GPU; once
+    every run is over no lock is held."""
     written = gpus_lab.set([{"memory_used": 600}, {"memory_used": 0},
                             {"memory_used": 900, "utilization": 5}, {"memory_used": 10}])
     keys = gpus_lab.uuids(written, 0)
@@ -273,6 +275,12 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
         assert f"GPU 0 ({H100}) is held by run gpu-b of root since " in refused.stderr
         assert "none free now" in refused.stderr and "--wait-gpus" in refused.stderr
 
+        # --allow-busy-gpus goes on someone's process, never on another run's hold
+        listed = gpus_lab.cluster("listed", ["{host: node0, gpus: '1'}"])
+        forced = gpus_lab.up(listed, "gpu-c1", "--allow-busy-gpus", timeout=120)
+        assert forced.returncode == EXIT_REFUSED, forced.stdout + forced.stderr
+        assert f"GPU 1 ({H100}) is held by run gpu-a of root" in forced.stderr, forced.stderr
+
         waiter = gpus_lab.start(one, "gpu-c2", "--wait-gpus", "60")
         said = wait_line(waiter, "waiting up to")
         assert "node 0 (node0): waiting up to 60s more for GPUs: free:1 asks for 1 free GPU" \
@@ -291,7 +299,7 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
         for proc in (a, b, waiter):
             if proc is not None:
                 stop(proc)
-    for run in ("gpu-a", "gpu-b", "gpu-c", "gpu-c2"):
+    for run in ("gpu-a", "gpu-b", "gpu-c", "gpu-c1", "gpu-c2"):
         assert wait_gone(run, 20, labs=[gpus_lab.lab]) == set()
     assert wait_free(keys, 10) == {}
 
@@ -299,10 +307,13 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
 def test_a_killed_supervisor_lets_go_of_its_gpus_once_its_run_is_gone(gpus_lab):
     """SIGKILL to node 0's supervisor: its guardian (which holds the locks
     too) ends the ranks, and the GPUs are free again within the bound, never
-    while a rank of the run still lives."""
+    while a rank of the run still lives (they ignore SIGTERM, so they live
+    on for the grace period)."""
     written = gpus_lab.set(idle(2))
     keys = gpus_lab.uuids(written, 0)
-    cluster = gpus_lab.cluster("kill", ["{host: node0, gpus: 'free:2'}"], SLEEPER)
+    # stubborn ranks ignore SIGTERM: they outlive the kill by the grace period
+    cluster = gpus_lab.cluster("kill", ["{host: node0, gpus: 'free:2'}"],
+                               "workload: {script: sleeper.py, args: [--stubborn]}\n")
     proc = gpus_lab.start(cluster, "gpu-kill")
     try:
         wait_line(proc, "training", 2)
@@ -352,7 +363,8 @@ def test_check_shows_who_holds_and_uses_each_gpu(gpus_lab, busy_pids):
         assert "node 0 (node0) GPUs" in lines[head - 1], out
         table = {line.split()[0]: line for line in lines[head + 1:head + 4]}
         assert sorted(table) == ["0", "1", "2"], out
-        assert f"{pid} python (root, 2048 MiB)" in table["0"] and table["0"].rstrip().endswith("busy"), out
+        assert f"{pid} python (root, 2048 MiB)" in table["0"], out
+        assert table["0"].rstrip().endswith("busy"), out
         assert "run gpu-hold of root since " in table["1"], out
         assert table["1"].rstrip().endswith("held"), out
         assert table["2"].rstrip().endswith("the run's"), out

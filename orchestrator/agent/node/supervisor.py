@@ -386,7 +386,8 @@ class Supervisor:
         _, survivors = procs.terminate(
             self.processes, self.grace_s if grace_s is None else grace_s, hurry=self.hurry,
             still_ours=lambda p: procs.has_marker(p, self.marker) or procs.descends_from(p, me))
-        self.survivors.update(survivors)
+        self.survivors.update(on_gpus(survivors) if survivors and visible_gpus(self.spec.env)
+                              else survivors)
         self.exited.wait(30.0)  # SIGKILL was sent: torchrun is gone or going
         return self.exit_code if self.exit_code is not None else 128 + signal.SIGKILL
 
@@ -499,3 +500,17 @@ def visible_gpus(env: dict) -> list[int]:
     none for CPU processes, a scheduler's or a UUID list."""
     words = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
     return [int(w) for w in words] if all(w.isdigit() for w in words) and words != [""] else []
+
+
+def on_gpus(survivors: dict[int, str]) -> dict[int, str]:
+    """``survivors`` (pid -> command line), each that still holds GPU memory
+    said so: a process in the D state inside the driver keeps its GPU busy
+    for the next run, and this names it."""
+    found = gpus.facts(GPU_SAMPLE_TIMEOUT_S)
+    held: dict[int, list[str]] = {}
+    for app in found.get("apps") or () if found.get("ok") else ():
+        if app["pid"] in survivors:
+            used = "" if app.get("used_mib") is None else f"{app['used_mib']} MiB on "
+            held.setdefault(app["pid"], []).append(f"{used}GPU {app['gpu_uuid']}")
+    return {pid: cmd + (f" (still holds {', '.join(held[pid])})" if pid in held else "")
+            for pid, cmd in survivors.items()}

@@ -336,3 +336,30 @@ def test_an_unreadable_holder_is_said_as_such():
     got = choose([1], FOUR, [], held={"GPU-1": {}})
     assert f"GPU 1 ({H100}) is held by another run (its lock record is unreadable)" \
         in got["error"]
+
+
+def test_a_survivor_holding_gpu_memory_is_named_with_it(tmp_path, monkeypatch):
+    from fakesmi import fake_nvidia_smi
+
+    from orchestrator.agent.node.supervisor import on_gpus, visible_gpus
+
+    mine = os.getpid()
+    directory = fake_nvidia_smi(tmp_path, [{}, {"processes": [{"pid": mine, "used_mib": 5120}]}])
+    monkeypatch.setenv("PATH", directory + os.pathsep + os.environ["PATH"])
+    uuid = gpus.facts(5)["gpus"][1]["uuid"]
+    assert on_gpus({mine: "python train.py", 1: "sleep 9"}) == {
+        mine: f"python train.py (still holds 5120 MiB on GPU {uuid})", 1: "sleep 9"}
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3,1"}) == [3, 1]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == visible_gpus({}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-ab12"}) == []
+
+
+def test_a_sample_is_each_asked_gpus_use_now_and_none_without_nvidia_smi(tmp_path, monkeypatch):
+    from fakesmi import fake_nvidia_smi
+
+    directory = fake_nvidia_smi(tmp_path, [{"utilization": 97, "memory_used": 40000}, {},
+                                           {"utilization": 3, "memory_used": 10}])
+    monkeypatch.setenv("PATH", directory + os.pathsep + os.environ["PATH"])
+    assert gpus.sample([2, 0], 5) == {"0": [97, 40000], "2": [3, 10]}
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert gpus.sample([0], 5) is None

@@ -516,6 +516,7 @@ LEFT_EXAMPLES = [
     "nodes: [{host: a, gpus: 0}, {host: a, gpus: '0,1'}]\nworkload: {name: linear}\n",
     "backend: slurm\nnodes: [{host: a, procs: 1}, {host: a, procs: 1}]\n"
     "workload: {name: linear}\n",
+    "nodes: [{host: a, gpus: 0}, {host: a, gpus: 'free:2'}]\nworkload: {name: linear}\n",
     "nodes: [{host: a, procs: 1}]\nworkload: {script: no-such-script.py}\n",
 ]
 

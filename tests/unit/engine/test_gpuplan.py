@@ -1,0 +1,256 @@
+"""Unit tests of engine/gpuplan.py: what each node is asked for its GPUs,
+the wait for free ones (on a fake clock), the gang's decision from the
+nodes' answers, and the words of every refusal and note."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from orchestrator.config.loader import load_cluster_text
+from orchestrator.engine import gpuplan
+from orchestrator.engine.gpuplan import (choices, decide_device, gpu_request, hint, node_notes,
+                                         notes, refuse, torch_problem, wait_for_gpus,
+                                         wants_torch)
+from orchestrator.errors import ConfigError
+from orchestrator.plan.build import build_plan
+from orchestrator.plan.model import GpuChoice
+
+FILE = """\
+    gpu_policy: {busy_memory_mib: 2048}
+    nodes:
+      - {host: a, gpus: '5,1,3'}
+      - {host: b, gpus: free:2}
+      - {host: c, procs: 2}
+    workload: {name: linear}
+    """
+TORCH_OK = {"ok": True, "torch": "2.6.0", "cuda": "12.4", "available": True, "count": 8}
+
+
+def spec_plan(text: str = FILE):
+    spec = load_cluster_text(textwrap.dedent(text), source="c.yaml")
+    return spec, build_plan(spec, run_id="r1", local_run_dir="/tmp/runs/r1")
+
+
+def gpu_spec_plan(device: str = "auto"):
+    return spec_plan(f"device: {device}\nnodes:\n  - {{host: a, gpus: '0,1'}}\n"
+                     "  - {host: b, gpus: free:2}\nworkload: {name: linear}\n")
+
+
+# what a node is asked -----------------------------------------------------------------
+
+
+def test_each_node_is_asked_for_its_list_in_order_or_its_request():
+    spec, plan = spec_plan()
+    a, b, c = plan.nodes
+    assert gpu_request(plan, a, spec, False) == {
+        "want": [5, 1, 3], "run_id": "r1", "node_rank": 0, "busy_mib": 2048,
+        "allow_busy": False}
+    assert gpu_request(plan, b, spec, True) == {
+        "want": "free:2", "run_id": "r1", "node_rank": 1, "busy_mib": 2048, "allow_busy": True}
+    assert gpu_request(plan, c, spec, False) is None  # CPU processes
+    assert gpu_request(plan, b, None, False)["busy_mib"] == 1024  # --local without a file
+
+
+def test_torch_is_asked_on_gpu_nodes_unless_the_run_is_on_cpu():
+    _, plan = spec_plan()
+    assert [wants_torch(plan, n) for n in plan.nodes] == [False, False, False]  # procs: cpu
+    _, plan = gpu_spec_plan("auto")
+    assert [wants_torch(plan, n) for n in plan.nodes] == [True, True]
+    _, plan = gpu_spec_plan("cpu")
+    assert [wants_torch(plan, n) for n in plan.nodes] == [False, False]
+
+
+# waiting --------------------------------------------------------------------------------
+
+
+class Clock:
+    """time.monotonic and time.sleep for ``wait_for_gpus``, without waiting."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = Clock()
+    monkeypatch.setattr(gpuplan.time, "monotonic", fake.monotonic)
+    monkeypatch.setattr(gpuplan.time, "sleep", fake.sleep)
+    monkeypatch.setattr(gpuplan, "WAIT_POLL_S", 2.0)
+    monkeypatch.setattr(gpuplan, "WAIT_SAY_S", 5.0)
+    return fake
+
+
+HELD = {"ok": False, "waitable": True, "reason": "held", "error": "GPU 3 is held by run x"}
+OK = {"ok": True, "chosen": [3, 4]}
+
+
+def test_a_wait_asks_again_until_the_gpus_are_free_and_says_so_every_say_interval(clock):
+    replies = iter([HELD] * 5 + [OK])
+    said: list[str] = []
+    got = wait_for_gpus(HELD, lambda: next(replies), 60, said.append, "node 1 (b)")
+    assert got is OK
+    assert clock.slept == [2.0] * 6  # asked six times, two seconds apart
+    assert said == ["node 1 (b): waiting up to 60s more for GPUs: GPU 3 is held by run x",
+                    "node 1 (b): waiting up to 54s more for GPUs: GPU 3 is held by run x"]
+
+
+def test_a_wait_gives_up_at_its_deadline_with_the_last_answer(clock):
+    asked = []
+
+    def ask():
+        asked.append(clock.now)
+        return dict(HELD, error=f"still held at {clock.now:g}")
+
+    got = wait_for_gpus(HELD, ask, 7, lambda line: None, "node 0 (a)")
+    assert not got["ok"] and got["error"] == "still held at 1007"
+    assert clock.slept == [2.0, 2.0, 2.0, 1.0]  # the last sleep ends at the deadline
+    assert clock.now == 1007.0
+
+
+@pytest.mark.parametrize("first", [
+    OK, {"ok": False, "waitable": False, "reason": "missing", "error": "no GPU 9"}, HELD])
+def test_nothing_waits_for_an_answer_waiting_cannot_change_or_with_no_wait(clock, first):
+    wait = 0 if first is HELD else 60
+    assert wait_for_gpus(first, lambda: pytest.fail("asked again"), wait,
+                         lambda line: pytest.fail("said"), "n") is first
+    assert clock.slept == []
+
+
+# the answers --------------------------------------------------------------------------
+
+
+def test_choices_takes_the_ok_answers_in_their_order():
+    replies = {0: {"ok": True, "chosen": ["5", 1], "uuids": ["U5", "U1"], "models": ["H", "H"]},
+               1: {"ok": False, "error": "no"},
+               2: {"ok": True, "chosen": [2]}}
+    assert choices(replies) == {0: GpuChoice((5, 1), ("U5", "U1"), ("H", "H")),
+                                2: GpuChoice((2,), (), ())}
+
+
+def test_a_refusal_names_the_node_at_its_gpus_line_with_the_free_gpus_to_paste():
+    spec, plan = spec_plan()
+    replies = {0: {"ok": True, "chosen": [5, 1, 3]},
+               1: {"ok": False, "reason": "busy", "waitable": True, "free": [6, 7],
+                   "error": "GPU 2 is busy (pid 9 python (bob, 30000 MiB))"}}
+    with pytest.raises(ConfigError) as caught:
+        refuse(plan, spec, replies, 30)
+    error = caught.value
+    assert str(error).startswith("c.yaml:4: nodes[1].gpus: node 1 (b): GPU 2 is busy "
+                                 "(pid 9 python (bob, 30000 MiB)) (waited 30s)")
+    assert (error.path, error.line, error.source) == ("nodes[1].gpus", 4, "c.yaml")
+    assert error.hint == ("gpus: 6,7 are free there now; --wait-gpus SECONDS waits for them; "
+                          "--allow-busy-gpus goes anyway")
+    with pytest.raises(ConfigError) as unwaited:
+        refuse(plan, spec, replies, 0)
+    assert "(waited" not in str(unwaited.value)
+
+
+def test_a_refusal_without_a_file_is_the_gpus_option():
+    _, plan = spec_plan()
+    with pytest.raises(ConfigError) as caught:
+        refuse(plan, None, {0: {"ok": False, "reason": "missing", "error": "no GPU 9 here"}}, 0)
+    assert (caught.value.path, caught.value.source) == ("--gpus", "command line")
+    assert "node 0 (a): no GPU 9 here" in str(caught.value)
+
+
+def test_refuse_passes_when_every_node_said_yes():
+    spec, plan = spec_plan()
+    assert refuse(plan, spec, {0: {"ok": True}, 1: {"ok": True}}, 0) is None
+
+
+@pytest.mark.parametrize("reply, words", [
+    ({"reason": "held", "free": [0]}, "gpus: 0 are free there now; --wait-gpus SECONDS waits "
+                                      "for them"),
+    ({"reason": "short", "free": []}, "--wait-gpus SECONDS waits for them"),
+    ({"reason": "busy"}, "--wait-gpus SECONDS waits for them; --allow-busy-gpus goes anyway"),
+    ({"reason": "missing", "free": [1, 2]}, "gpus: 1,2 are free there now"),
+    ({"reason": "missing"}, "see `ddp-orch check` for the node's GPUs"),
+    ({"reason": "no-smi"}, "list the GPUs by index (gpus: 0,1), or install the NVIDIA "
+                           "utilities there"),
+    ({"reason": "smi-failed"}, "run nvidia-smi on that node: the driver must answer before a "
+                               "GPU run can start"),
+    ({"reason": "mig", "free": [0]}, "MIG instances are not plain indices: run under Slurm, or "
+                                     "set CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"),
+])
+def test_each_refusal_has_its_hint(reply, words):
+    assert hint(reply) == words
+
+
+# the device --------------------------------------------------------------------------------
+
+
+def test_auto_becomes_cuda_when_every_nodes_torch_sees_its_gpus():
+    spec, plan = gpu_spec_plan("auto")
+    replies = {0: {"ok": True, "chosen": [0, 1], "torch": TORCH_OK},
+               1: {"ok": True, "chosen": [6, 7], "torch": TORCH_OK}}
+    assert decide_device(plan, spec, replies) == "cuda"
+    spec, plan = gpu_spec_plan("cuda")
+    assert decide_device(plan, spec, replies) is None  # nothing to decide
+    assert decide_device(plan, spec, {0: {"ok": True, "chosen": [0]}}) is None  # torch not asked
+
+
+@pytest.mark.parametrize("seen, words", [
+    ({"ok": True, "torch": "2.6.0+cpu", "cuda": None, "available": False},
+     "its torch 2.6.0+cpu is built without CUDA"),
+    ({"ok": True, "torch": "2.6.0", "cuda": "12.4", "available": False},
+     "its torch 2.6.0 (CUDA 12.4) sees no GPU"),
+    ({"ok": False, "error": "No module named 'torch'"},
+     "its torch did not answer: No module named 'torch'"),
+    ({**TORCH_OK, "count": 2}, "its torch sees 2 GPU(s) (indices 0-1), and GPU 6,7 is not "
+                               "among them"),
+])
+def test_a_node_whose_torch_cannot_is_named_and_nothing_falls_back_to_cpu(seen, words):
+    spec, plan = gpu_spec_plan("auto")
+    replies = {0: {"ok": True, "chosen": [0, 1], "torch": TORCH_OK},
+               1: {"ok": True, "chosen": [6, 7], "torch": seen}}
+    assert torch_problem(seen, replies[1]) == words
+    with pytest.raises(ConfigError) as caught:
+        decide_device(plan, spec, replies)
+    error = caught.value
+    assert f"nodes[1].gpus: node 1 (b): device auto, but {words}" in str(error)
+    assert (error.path, error.line) == ("nodes[1].gpus", 4)
+    assert error.hint == ("install a CUDA build of torch there, or set `device: cpu` for a CPU "
+                          "rehearsal (each GPU index a CPU process) (the node's python: python3)")
+
+
+def test_torch_seeing_enough_gpus_is_no_problem():
+    assert torch_problem({**TORCH_OK, "count": 8}, {"chosen": [7, 0]}) is None
+
+
+# notes ----------------------------------------------------------------------------------------
+
+MIXED_LINE = "mixed GPU models: 3x H100, 1x A100: the slowest paces every step"
+
+
+def test_mixed_models_are_said_once_for_the_gang_and_not_per_node():
+    _, plan = gpu_spec_plan("auto")
+    replies = {0: {"ok": True, "models": ["H100", "H100"],
+                   "notes": ["mixed GPU models: 1x H100, 1x A100: the slowest paces every step",
+                             "GPU 1 is at 95% utilisation"]},
+               1: {"ok": True, "models": ["H100", "A100"], "notes": []}}
+    assert notes(plan, replies) == ["node 0 (a): GPU 1 is at 95% utilisation",
+                                    f"warning: {MIXED_LINE}"]
+    same = {0: {"ok": True, "models": ["H100"]}, 1: {"ok": True, "models": ["H100"]}}
+    assert notes(plan, same) == []
+
+
+def test_a_missing_nvidia_smi_is_a_note_on_gpus_and_nothing_on_a_cpu_rehearsal():
+    no_smi = {"ok": True, "smi": "absent", "notes": ["no nvidia-smi: indices as listed"]}
+    _, cpu = gpu_spec_plan("cpu")
+    assert node_notes(cpu, no_smi) == [] and notes(cpu, {0: no_smi}) == []
+    _, gpu = gpu_spec_plan("auto")
+    assert node_notes(gpu, no_smi) == ["no nvidia-smi: indices as listed"]
+    with_torch = {**no_smi, "notes": [], "torch": {**TORCH_OK, "count": 4}}
+    assert notes(gpu, {1: with_torch}) == [
+        "node 1 (b): no nvidia-smi; its torch sees 4 GPU(s), so the launch goes on from "
+        "torch's count"]

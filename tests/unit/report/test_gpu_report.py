@@ -1,0 +1,109 @@
+"""Unit tests of issue 29's reports: each node's GPUs as ``plan.json`` has
+them (status, the summary, ``status --json`` against its schema) and
+``check``'s GPU table."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jsonschema
+
+from conftest import ROOT
+from orchestrator.backends.base import RunDescription
+from orchestrator.engine.preflight import NodeGpus
+from orchestrator.records.outcome import RunState
+from orchestrator.records.rundir import RunDir
+from orchestrator.records.store import NodeRecord, RunRecord
+from orchestrator.report.gpus import gpu_lines, node_gpus
+from orchestrator.report.runs import render_gpus
+from orchestrator.report.runsjson import status_json
+from orchestrator.report.summary import gpu_summary
+
+H100 = "NVIDIA H100 80GB HBM3"
+PLAN = {"device": "cuda", "world_size": 6, "name": "demo", "nodes": [
+    {"node_rank": 0, "host": "gpu01", "gpus": [3, 4, 5], "gpu_request": "free:3",
+     "gpu_models": [H100, H100, H100]},
+    {"node_rank": 1, "host": "gpu02", "gpus": [1, 0], "gpu_models": ["NVIDIA A100", H100]},
+    {"node_rank": 2, "host": "cpu01", "gpus": None},
+]}
+
+
+def test_node_gpus_reads_a_plan_node_and_nulls_what_is_not_there():
+    assert node_gpus(PLAN["nodes"][0]) == {"gpus": [3, 4, 5], "gpu_request": "free:3",
+                                           "gpu_models": [H100] * 3}
+    assert node_gpus(None) == {"gpus": None, "gpu_request": None, "gpu_models": []}
+    assert node_gpus({"gpus": [1, True], "gpu_request": 3, "gpu_models": ["x", 2]}) == \
+        {"gpus": None, "gpu_request": None, "gpu_models": ["x"]}
+
+
+def test_gpu_lines_name_each_gpu_node_its_request_and_models():
+    assert gpu_lines(PLAN) == [
+        f"  node 0 (gpu01): GPUs 3,4,5 (free:3), 3x {H100}",
+        f"  node 1 (gpu02): GPUs 1,0, 1x NVIDIA A100, 1x {H100}"]
+
+
+def test_a_cpu_rehearsals_plain_list_says_nothing_but_a_request_does():
+    plan = {"device": "cpu", "nodes": [{"node_rank": 0, "host": "a", "gpus": [0, 1]},
+                                       {"node_rank": 1, "host": "b", "gpus": [2],
+                                        "gpu_request": "free:1"}]}
+    assert gpu_lines(plan) == ["  node 1 (b): GPUs 2 (free:1)"]
+    assert gpu_lines(None) == [] and gpu_lines([1]) == []
+
+
+def test_the_summary_warns_once_of_mixed_models_for_the_whole_gang():
+    assert gpu_summary(PLAN) == [
+        f"node 0 (gpu01): GPUs 3,4,5 (free:3), 3x {H100}",
+        f"node 1 (gpu02): GPUs 1,0, 1x NVIDIA A100, 1x {H100}",
+        f"warning: mixed GPU models: 4x {H100}, 1x NVIDIA A100: the slowest paces every step"]
+    same = {"nodes": [PLAN["nodes"][0]]}
+    assert not any(line.startswith("warning") for line in gpu_summary(same))
+
+
+def test_status_json_has_each_nodes_gpus_and_fits_its_schema(tmp_path):
+    run = RunDir(str(tmp_path / "r1"))
+    os.makedirs(run.path)
+    run.write_plan(PLAN)
+    record = RunRecord(run_id="r1", run=run, state=RunState.SUCCEEDED, backend="ssh",
+                       started=1.0, wall_s=2.0, ended=3.0, controller_pid=None,
+                       nodes=tuple(NodeRecord(node_rank=n["node_rank"], host=n["host"],
+                                              run_dir=f"/w/{k}", python="python3")
+                                   for k, n in enumerate(PLAN["nodes"])),
+                       outcomes=(), root_cause=None)
+    data = json.loads(json.dumps(status_json(record, RunDescription(RunState.SUCCEEDED, (),
+                                                                    None))))
+    with open(os.path.join(ROOT, "schema", "status.schema.json"), encoding="utf-8") as fh:
+        jsonschema.validate(data, json.load(fh))
+    assert [(n["gpus"], n["gpu_request"], n["gpu_models"]) for n in data["nodes"]] == [
+        ([3, 4, 5], "free:3", [H100] * 3), ([1, 0], None, ["NVIDIA A100", H100]),
+        (None, None, [])]
+    assert data["world_size"] == 6
+
+
+def gpu(index: int, **extra) -> dict:
+    return {"index": index, "uuid": f"GPU-{index}", "name": "H100", "memory_used_mib": 512,
+            "memory_total_mib": 81920, "utilization": 0, **extra}
+
+
+def test_checks_gpu_table_says_which_gpus_the_run_would_take_and_who_holds_the_rest():
+    node = NodeGpus(node_rank=1, host="gpu02", driver="550.54", torch_sees=4,
+                    gpus=(gpu(0), gpu(1, memory_used_mib=40960, utilization=97),
+                          gpu(2, held_by={"run_id": "other", "user": "ann", "pid": 77,
+                                          "host": "gpu02"}),
+                          gpu(3, mig=True), gpu(4)),
+                    apps=({"gpu_uuid": "GPU-1", "pid": 9, "name": "python", "user": "bob",
+                           "used_mib": 40000},),
+                    chosen=(0, 1), free=(0, 4))
+    out = render_gpus(node)
+    assert out.startswith("\nnode 1 (gpu02) GPUs, driver 550.54; torch sees 4\n")
+    rows = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip()}
+    assert rows["GPU"].split() == ["GPU", "MODEL", "MEMORY", "UTIL", "PROCESSES", "HELD", "BY",
+                                   "STATE"]
+    assert rows["0"].split()[-2:] == ["the", "run's"] and "0.5/80.0 GiB" in rows["0"]
+    assert "9 python (bob, 40000 MiB)" in rows["1"] and rows["1"].endswith("the run's (busy)")
+    assert "40.0/80.0 GiB" in rows["1"] and "97%" in rows["1"]
+    assert "run other of ann (pid 77 on gpu02)" in rows["2"] and rows["2"].endswith("held")
+    assert rows["3"].endswith("MIG") and rows["4"].endswith("free")
+    empty = NodeGpus(0, "a", None, (), (), (), (), None)
+    assert render_gpus(empty) == ("\nnode 0 (a) GPUs, driver ?\n  (nvidia-smi lists none, or "
+                                  "did not answer)\n\n")
