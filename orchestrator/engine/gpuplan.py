@@ -47,7 +47,7 @@ def gpu_request(plan: RunPlan, node: NodePlan, spec: ClusterSpec | None,
         return None
     return {"want": want, "run_id": plan.run_id, "node_rank": node.node_rank,
             "busy_mib": spec.gpu_busy_mib if spec else DEFAULT_GPU_BUSY_MIB,
-            "allow_busy": allow_busy}
+            "allow_busy": allow_busy, "rehearsal": plan.device == "cpu"}
 
 
 def wants_torch(plan: RunPlan, node: NodePlan) -> bool:
@@ -133,6 +133,9 @@ def hint(reply: dict) -> str:
         return "list the GPUs by index (gpus: 0,1), or install the NVIDIA utilities there"
     if reason == "smi-failed":
         return "run nvidia-smi on that node: the driver must answer before a GPU run can start"
+    if reason == "missing":
+        return "list GPUs the node has, or set `device: cpu` for a CPU rehearsal (the listed " \
+               "GPUs become CPU processes)"
     if reason == "mig":
         return "MIG instances are not plain indices: run under Slurm, or set " \
                "CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"

@@ -38,12 +38,13 @@ def test_check_and_up_say_the_same_about_a_localhost_node_without_its_gpus(tmp_p
            + os.pathsep + "/usr/bin:/bin"}
     check = run_cli("check", str(path), env=env)
     up = run_cli("up", str(path), "--runs-dir", str(tmp_path / "runs"), env=env)
-    problem = "no GPU 1 (nvidia-smi lists [0])"
+    problem = "no GPU 1 on this node (nvidia-smi lists GPUs: 0)"
     assert check.returncode == 1
     row = next(line for line in check.stdout.splitlines() if " gpus " in line)
     assert "FAIL" in row.upper() and problem in row, check.stdout
     assert "set `device: cpu` for a CPU rehearsal" in row
-    assert up.returncode == 2 and f"nodes[0].gpus: {problem}" in up.stderr, up.stderr
+    assert up.returncode == 2 and "nodes[0].gpus: node 0 (localhost) lists GPUs 0,1, but " \
+        f"{problem}" in up.stderr, up.stderr
     assert "set `device: cpu` for a CPU rehearsal" in up.stderr
 
 

@@ -43,7 +43,7 @@ def held_fds() -> list[int]:
 
 
 def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int,
-          allow_busy: bool = False, hold: bool = True,
+          allow_busy: bool = False, hold: bool = True, rehearsal: bool = False,
           lock_dir: str = gpulocks.LOCK_DIR) -> dict:
     """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``.
 
@@ -52,12 +52,20 @@ def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int
     another run holds it), or ``{"ok": False, "reason", "error", "free",
     "waitable"}``. Without nvidia-smi an explicit list goes as listed (with
     a note: no busy check, no lock) and ``all``/``free`` are refused; a
-    failing nvidia-smi is a refusal with what it said.
+    failing nvidia-smi is a refusal with what it said. A ``rehearsal``
+    (``device: cpu``) may list indices the node lacks: each is a CPU
+    process, checked and held only where it names a GPU.
     """
     found = gpus.facts(SMI_TIMEOUT_S)
     if not found["ok"]:
         return _without_smi(want, found)
     listing = found["gpus"]
+    if rehearsal and not isinstance(want, str):
+        there = {gpu["index"] for gpu in listing}
+        if any(k not in there for k in want):
+            return _rehearsed(want, [k for k in want if k in there], run_id=run_id,
+                              node_rank=node_rank, busy_mib=busy_mib, allow_busy=allow_busy,
+                              hold=hold, lock_dir=lock_dir)
     keys = {gpu["index"]: gpus.lock_key(gpu) for gpu in listing}
     for _ in range(CLAIM_TRIES):
         held = gpulocks.held_by_others(list(keys.values()), run_id, lock_dir)
@@ -77,6 +85,19 @@ def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int
     return {"ok": False, "reason": "held", "waitable": True, "free": [],
             "error": f"other runs kept taking these GPUs while this one chose ({CLAIM_TRIES} "
                      "tries)"}
+
+
+def _rehearsed(want: list[int], real: list[int], **claiming) -> dict:
+    """A CPU rehearsal's list where some indices name no GPU here: the real
+    ones are claimed as usual, the others go as CPU processes."""
+    answer = claim(real, **claiming) if real else {"ok": True, "notes": [], "gpus": []}
+    if not answer["ok"]:
+        return answer
+    missing = [k for k in want if k not in real]
+    return {**answer, "chosen": list(want), "uuids": [], "models": [],
+            "notes": [*answer.get("notes", []),
+                      f"a CPU rehearsal: GPU {','.join(map(str, missing))} is not on this node, "
+                      "and its index runs a CPU process"]}
 
 
 def _without_smi(want: "list[int] | str", found: dict) -> dict:

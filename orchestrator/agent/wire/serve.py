@@ -187,7 +187,7 @@ def _answer(op: str, request: dict, stdin: Reader) -> None:
             want if isinstance(want, str) else [int(k) for k in want],
             run_id=str(request["run_id"]), node_rank=int(request.get("node_rank", 0)),
             busy_mib=int(request["busy_mib"]), allow_busy=bool(request.get("allow_busy")),
-            hold=bool(request.get("hold", True)))
+            hold=bool(request.get("hold", True)), rehearsal=bool(request.get("rehearsal")))
         if _torch:
             answer["torch"] = _torch.pop().result()
         reply(**answer)

@@ -1,0 +1,76 @@
+"""A node's part in a launch's GPUs (``agent/node/gpuclaim.py``), against the
+stand-in nvidia-smi (``tests/labs/fakesmi.py``) and real locks in a
+temporary directory: what a request gets, what is held, what is refused."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fakesmi import fake_nvidia_smi
+from orchestrator.agent.node import gpuclaim, gpulocks
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """Four idle GPUs on PATH, locks in ``tmp_path/locks``; every hold let go after."""
+    directory = fake_nvidia_smi(tmp_path / "smi", [{}, {}, {"memory_used": 9000}, {}])
+    monkeypatch.setenv("PATH", directory + os.pathsep + os.environ["PATH"])
+    locks = str(tmp_path / "locks")
+    yield lambda want, **kw: gpuclaim.claim(want, run_id=kw.pop("run_id", "r1"), node_rank=0,
+                                            busy_mib=1024, lock_dir=locks, **kw), locks
+    gpuclaim.release()
+
+
+def held(locks: str, answer: dict) -> dict:
+    return {uuid: (who or {}).get("run_id") for uuid, who in
+            gpulocks.holders([g["uuid"] for g in answer["gpus"]], locks).items()}
+
+
+def test_a_claim_holds_what_it_chose_and_another_run_gets_the_rest(node):
+    claim, locks = node
+    first = claim("free:2")
+    assert first["ok"] and first["chosen"] == [0, 1]
+    assert list(held(locks, first).values()) == ["r1", "r1", None, None]
+    second = claim("free", run_id="r2")
+    assert second["chosen"] == [3]  # GPU 2 is busy (9000 MiB)
+    refused = claim([1], run_id="r3")
+    assert not refused["ok"] and refused["reason"] == "held" and refused["waitable"]
+    assert "run r1 of" in refused["error"]
+    gpuclaim.release()
+    assert set(held(locks, first).values()) == {None}
+
+
+def test_a_look_without_a_hold_locks_nothing(node):
+    claim, locks = node
+    answer = claim("all", hold=False, allow_busy=True)
+    assert answer["chosen"] == [0, 1, 2, 3] and set(held(locks, answer).values()) == {None}
+
+
+def test_a_rehearsal_may_list_indices_the_node_lacks_and_holds_the_real_ones(node):
+    claim, locks = node
+    assert claim([0, 7])["reason"] == "missing"
+    answer = claim([7, 0], rehearsal=True)
+    assert answer["ok"] and answer["chosen"] == [7, 0] and answer["uuids"] == []
+    assert "GPU 7 is not on this node" in answer["notes"][-1]
+    assert list(held(locks, answer).values()) == ["r1", None, None, None]
+
+
+def test_without_nvidia_smi_a_list_goes_unheld_and_a_request_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    listed = gpuclaim.claim([1, 0], run_id="r", node_rank=0, busy_mib=1024,
+                            lock_dir=str(tmp_path / "locks"))
+    assert listed["ok"] and listed["chosen"] == [1, 0] and listed["smi"] == "absent"
+    assert "no busy check and no hold" in listed["notes"][0]
+    asked = gpuclaim.claim("free:1", run_id="r", node_rank=0, busy_mib=1024)
+    assert (asked["ok"], asked["reason"], asked["waitable"]) == (False, "no-smi", False)
+
+
+def test_a_failing_nvidia_smi_is_a_refusal_with_what_it_said(tmp_path, monkeypatch):
+    directory = fake_nvidia_smi(tmp_path, [{}], fail={"code": 9, "message": "driver gone"})
+    monkeypatch.setenv("PATH", directory + os.pathsep + os.environ["PATH"])
+    answer = gpuclaim.claim([0], run_id="r", node_rank=0, busy_mib=1024)
+    assert (answer["ok"], answer["reason"]) == (False, "smi-failed")
+    assert answer["error"].startswith("nvidia-smi failed: ") and "driver gone" in answer["error"]
+    assert "(exit 9)" in answer["error"]
