@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli, start_cli
+from conftest import ROOT, run_cli, start_cli, wait_for_lines
 from fakesmi import fake_nvidia_smi, set_state, ssh_lab_path_line
 from labhome import lab_cluster, lab_home
 from procscan import environ_of, wait_gone, workers
@@ -108,16 +108,6 @@ def busy_pids():
 
 def idle(n: int, name: str = H100, **extra) -> list[dict]:
     return [{"name": name, **extra} for _ in range(n)]
-
-
-def wait_line(proc: subprocess.Popen, text: str, count: int = 1) -> str:
-    """Read ``proc``'s output until ``text`` has appeared ``count`` times."""
-    seen = ""
-    while seen.count(text) < count:
-        line = proc.stdout.readline()
-        assert line, seen
-        seen += line
-    return seen
 
 
 def wait_free(keys: list[str], timeout: float) -> dict:
@@ -250,7 +240,7 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
     a = gpus_lab.start(pair, "gpu-a")
     b = waiter = None
     try:
-        wait_line(a, "training", 2)
+        wait_for_lines(a, "training", 2)
         assert gpus_lab.plan("gpu-a")["nodes"][0]["gpus"] == [1, 3]
         held = gpulocks.holders(keys)
         assert held[keys[1]]["run_id"] == held[keys[3]]["run_id"] == "gpu-a"
@@ -263,7 +253,7 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
             assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
         b = gpus_lab.start(pair, "gpu-b")
-        wait_line(b, "training", 2)
+        wait_for_lines(b, "training", 2)
         assert gpus_lab.plan("gpu-b")["nodes"][0]["gpus"] == [0, 2]
         assert {who["run_id"] for who in gpulocks.holders(keys).values()} == {"gpu-a", "gpu-b"}
 
@@ -282,7 +272,7 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
         assert f"GPU 1 ({H100}) is held by run gpu-a of root" in forced.stderr, forced.stderr
 
         waiter = gpus_lab.start(one, "gpu-c2", "--wait-gpus", "60")
-        said = wait_line(waiter, "waiting up to")
+        said = wait_for_lines(waiter, "waiting up to")
         assert "node 0 (node0): waiting up to 60s more for GPUs: free:1 asks for 1 free GPU" \
             in said, said
         assert "held by run gpu-a" in said
@@ -316,7 +306,7 @@ def test_a_killed_supervisor_lets_go_of_its_gpus_once_its_run_is_gone(gpus_lab):
                                "workload: {script: sleeper.py, args: [--stubborn]}\n")
     proc = gpus_lab.start(cluster, "gpu-kill")
     try:
-        wait_line(proc, "training", 2)
+        wait_for_lines(proc, "training", 2)
         assert {who["run_id"] for who in gpulocks.holders(keys).values()} == {"gpu-kill"}
         state = gpus_lab.root / "remote" / "runs" / "gpu-kill" / "node-0" / "supervisor.json"
         os.kill(json.loads(state.read_text())["supervisor_pid"], signal.SIGKILL)
@@ -350,7 +340,7 @@ def test_check_shows_who_holds_and_uses_each_gpu(gpus_lab, busy_pids):
     holding = gpus_lab.start(gpus_lab.cluster("hold", ["{host: node0, gpus: 'free:1'}"], SLEEPER),
                              "gpu-hold")
     try:
-        wait_line(holding, "training")
+        wait_for_lines(holding, "training")
         assert gpulocks.holders(keys)[keys[1]]["run_id"] == "gpu-hold"
         cluster = gpus_lab.cluster("look", ["{host: node0, gpus: 'free:1'}"])
         check = run_cli("check", cluster, env=gpus_lab.env, timeout=120)
