@@ -133,16 +133,15 @@ def hint(reply: dict) -> str:
         return "list the GPUs by index (gpus: 0,1), or install the NVIDIA utilities there"
     if reason == "smi-failed":
         return "run nvidia-smi on that node: the driver must answer before a GPU run can start"
-    if reason == "missing":
-        return "list GPUs the node has, or set `device: cpu` for a CPU rehearsal (the listed " \
-               "GPUs become CPU processes)"
     if reason == "mig":
         return "MIG instances are not plain indices: run under Slurm, or set " \
                "CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"
     ready = f"gpus: {','.join(map(str, free))} are free there now" if free else ""
     waiting = "--wait-gpus SECONDS waits for them" if reason in ("held", "busy", "short") else ""
     busy = "--allow-busy-gpus goes anyway" if reason == "busy" else ""
-    return "; ".join(part for part in (ready, waiting, busy) if part) or \
+    rehearse = "or set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU " \
+        "processes)" if reason == "missing" else ""
+    return "; ".join(part for part in (ready, waiting, busy, rehearse) if part) or \
         "see `ddp-orch check` for the node's GPUs"
 
 
@@ -177,7 +176,8 @@ def torch_problem(seen: dict, reply: dict) -> str | None:
     if not seen.get("cuda"):
         return f"its torch {seen.get('torch')} is built without CUDA"
     if not seen.get("available"):
-        return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU"
+        why = f": {seen['why']}" if isinstance(seen.get("why"), str) else ""
+        return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU{why}"
     wanted = [int(i) for i in reply.get("chosen") or ()]
     count = int(seen.get("count") or 0)
     if count == 0:

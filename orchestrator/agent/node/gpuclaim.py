@@ -121,15 +121,59 @@ def release() -> None:
         _holds.pop().release()
 
 
-# torch's view, in a child: never imported here (the agent stays stdlib-only,
-# and a torch that crashes on import cannot take the agent down). With
-# CUDA_DEVICE_ORDER=PCI_BUS_ID, index i is nvidia-smi's GPU i.
+# torch's view, in a child of the node's Python: never imported here (the agent
+# stays stdlib-only, and a torch that crashes cannot take the agent down), and
+# for a CUDA build not imported at all. Importing torch takes seconds; what
+# ``device: auto`` needs is quicker to ask: the CUDA version torch was built
+# with (its version.py, read as text) and what the driver says (libcuda's
+# cuInit, cuDeviceGetCount and cuDriverGetVersion, through ctypes), as
+# torch.cuda.is_available() asks the runtime. A build this cannot read (no
+# version.py, a ROCm build) is imported instead. With CUDA_DEVICE_ORDER=
+# PCI_BUS_ID, index i is nvidia-smi's GPU i.
 _TORCH = """\
-import json, torch
-out = {"torch": torch.__version__, "cuda": torch.version.cuda,
-       "available": bool(torch.cuda.is_available())}
-if out["available"]:
-    out["count"] = torch.cuda.device_count()
+import ctypes, importlib.util, json, os, re
+def cuda_driver():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return {"available": False, "why": "no CUDA driver here (%s)" % exc}
+    count, version = ctypes.c_int(0), ctypes.c_int(0)
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return {"available": False, "why": "the CUDA driver does not start (cuInit: error %d)" % rc}
+    lib.cuDeviceGetCount(ctypes.byref(count))
+    lib.cuDriverGetVersion(ctypes.byref(version))
+    return {"available": count.value > 0, "count": count.value,
+            "driver_cuda": "%d.%d" % (version.value // 1000, version.value % 1000 // 10)}
+def from_text():
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as fh:
+        text = fh.read()
+    version = re.search(r"^__version__\\s*=\\s*'([^']+)'", text, re.M)
+    cuda = re.search(r"^cuda\\s*(?::[^=]*)?=\\s*(?:'([^']+)'|None)", text, re.M)
+    hip = re.search(r"^hip\\s*(?::[^=]*)?=\\s*'", text, re.M)
+    if version is None or cuda is None or hip is not None:
+        return None
+    out = {"torch": version.group(1), "cuda": cuda.group(1), "available": False}
+    if out["cuda"]:
+        out.update(cuda_driver())
+        major = int(out["cuda"].split(".")[0])
+        if out.get("driver_cuda") and int(out["driver_cuda"].split(".")[0]) < major:
+            out.update(available=False, why="its driver supports CUDA %s, older than the "
+                       "CUDA %s torch was built with" % (out["driver_cuda"], out["cuda"]))
+    return out
+try:
+    out = from_text()
+except OSError:
+    out = None
+if out is None:
+    import torch
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda,
+           "available": bool(torch.cuda.is_available())}
+    if out["available"]:
+        out["count"] = torch.cuda.device_count()
 print(json.dumps(out))
 """
 
@@ -146,14 +190,15 @@ class TorchProbe:
                                       stderr=subprocess.PIPE, text=True)
 
     def result(self, timeout_s: float = TORCH_TIMEOUT_S) -> dict:
-        """``{"ok": True, "torch", "cuda", "available", "count"}``, or
-        ``{"ok": False, "error"}`` with the last line torch said."""
+        """``{"ok": True, "torch", "cuda", "available", "count"}`` (and
+        ``why`` it sees no GPU, where the driver said), or ``{"ok": False,
+        "error"}`` with the last line the child said."""
         try:
             out, err = self.child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.child.kill()
             self.child.communicate()
-            return {"ok": False, "error": f"importing torch took over {timeout_s:g}s"}
+            return {"ok": False, "error": f"asking torch took over {timeout_s:g}s"}
         lines = out.strip().splitlines()
         if self.child.returncode == 0 and lines:
             try:

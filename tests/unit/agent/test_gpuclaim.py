@@ -74,3 +74,41 @@ def test_a_failing_nvidia_smi_is_a_refusal_with_what_it_said(tmp_path, monkeypat
     assert (answer["ok"], answer["reason"]) == (False, "smi-failed")
     assert answer["error"].startswith("nvidia-smi failed: ") and "driver gone" in answer["error"]
     assert "(exit 9)" in answer["error"]
+
+
+def stub_torch(tmp_path, version_py: str, init: str = "raise ImportError('imported')\n"):
+    """A ``torch`` package with this ``version.py`` and ``__init__``, first on the path."""
+    package = tmp_path / "stub" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(init)
+    (package / "version.py").write_text(version_py)
+    return {"PYTHONPATH": str(tmp_path / "stub")}
+
+
+def test_torchs_build_is_read_without_importing_it_and_the_driver_asked(tmp_path, monkeypatch):
+    for key, value in stub_torch(tmp_path, "__version__ = '2.14.1+cpu'\n"
+                                           "cuda: Optional[str] = None\nhip = None\n").items():
+        monkeypatch.setenv(key, value)
+    assert gpuclaim.TorchProbe().result() == {"ok": True, "torch": "2.14.1+cpu", "cuda": None,
+                                              "available": False}
+
+
+def test_a_cuda_build_without_a_driver_sees_no_gpu_and_says_why(tmp_path, monkeypatch):
+    for key, value in stub_torch(tmp_path, "__version__ = '2.14.1+cu130'\n"
+                                           "cuda: Optional[str] = '13.0'\n").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))  # this machine has no libcuda
+    seen = gpuclaim.TorchProbe().result()
+    assert (seen["ok"], seen["cuda"], seen["available"]) == (True, "13.0", False)
+    assert seen["why"].startswith("no CUDA driver here (libcuda.so.1")
+
+
+def test_a_build_it_cannot_read_is_imported(tmp_path, monkeypatch):
+    init = ("__version__ = '6.0+rocm'\nclass version:\n    cuda = None\n"
+            "class cuda:\n    is_available = staticmethod(lambda: True)\n"
+            "    device_count = staticmethod(lambda: 8)\n")
+    for key, value in stub_torch(tmp_path, "__version__ = '6.0+rocm'\ncuda = None\n"
+                                           "hip: Optional[str] = '6.0'\n", init).items():
+        monkeypatch.setenv(key, value)
+    assert gpuclaim.TorchProbe().result() == {"ok": True, "torch": "6.0+rocm", "cuda": None,
+                                              "available": True, "count": 8}

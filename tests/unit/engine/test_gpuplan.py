@@ -46,9 +46,10 @@ def test_each_node_is_asked_for_its_list_in_order_or_its_request():
     a, b, c = plan.nodes
     assert gpu_request(plan, a, spec, False) == {
         "want": [5, 1, 3], "run_id": "r1", "node_rank": 0, "busy_mib": 2048,
-        "allow_busy": False}
+        "allow_busy": False, "rehearsal": True}
     assert gpu_request(plan, b, spec, True) == {
-        "want": "free:2", "run_id": "r1", "node_rank": 1, "busy_mib": 2048, "allow_busy": True}
+        "want": "free:2", "run_id": "r1", "node_rank": 1, "busy_mib": 2048, "allow_busy": True,
+        "rehearsal": True}
     assert gpu_request(plan, c, spec, False) is None  # CPU processes
     assert gpu_request(plan, b, None, False)["busy_mib"] == 1024  # --local without a file
 
@@ -173,8 +174,12 @@ def test_refuse_passes_when_every_node_said_yes():
                                       "for them"),
     ({"reason": "short", "free": []}, "--wait-gpus SECONDS waits for them"),
     ({"reason": "busy"}, "--wait-gpus SECONDS waits for them; --allow-busy-gpus goes anyway"),
-    ({"reason": "missing", "free": [1, 2]}, "gpus: 1,2 are free there now"),
-    ({"reason": "missing"}, "see `ddp-orch check` for the node's GPUs"),
+    ({"reason": "missing", "free": [1, 2]}, "gpus: 1,2 are free there now; or set `device: "
+                                            "cpu` for a CPU rehearsal (the listed GPUs become "
+                                            "CPU processes)"),
+    ({"reason": "missing"}, "or set `device: cpu` for a CPU rehearsal (the listed GPUs become "
+                            "CPU processes)"),
+    ({"reason": "other"}, "see `ddp-orch check` for the node's GPUs"),
     ({"reason": "no-smi"}, "list the GPUs by index (gpus: 0,1), or install the NVIDIA "
                            "utilities there"),
     ({"reason": "smi-failed"}, "run nvidia-smi on that node: the driver must answer before a "
