@@ -496,8 +496,12 @@ def _kept_progress(record: RunRecord, replies: Mapping[int, dict],
         now = reply.get("now")
         skew = time.time() - now if is_time(now) else 0.0
         for rank, seen in (kept.get("progress") or {}).items():
+            last = seen["last_progress"]
             ranks.append({"rank": int(rank), "node_rank": k, "host": record.nodes[k].host,
-                          "step": seen["step"], "last_progress": seen["last_progress"] + skew})
+                          "step": seen["step"], "last_progress": None if last is None
+                          else last + skew,
+                          **{key: seen[key] for key in ("gpu", "gpu_util", "gpu_mem_mib")
+                             if key in seen}})
     return tuple(sorted(ranks, key=lambda r: r["rank"]))
 
 

@@ -66,14 +66,14 @@ from ..stackgroups import place
 
 from ..wire import files
 
-from ..node import probes, procs, stacks
+from ..node import gpus, probes, procs, stacks
 from .. import layout
 from ..node.procs import start_time
 from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, KeptRule, encode
 from .restarts import setup_failed, survivors_left, will_recur
 from ..worker.shim import SHIM_MODULE
 from ..node.spec import Liveness, SupervisorSpec
-from ..node.supervisor import Supervisor
+from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 
 ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
 # What one node's exit record may hold in the attempts that node 0 keeps and
@@ -293,8 +293,11 @@ class Keeper:
         are judged on (``_judge``); and the ranks' steps into keeper.json
         for ``status`` (``_record_progress``), from the same look."""
         self.progress = {}
+        watched = visible_gpus(sup.spec.env)
         while not sup.exited.wait(peers.GANG_HEARTBEAT_S):
-            self._record_progress(sup.progress())
+            use = gpus.sample(watched, GPU_SAMPLE_TIMEOUT_S) if watched else None
+            watched = watched if use else []  # no nvidia-smi, or it failed: not asked again
+            self._record_progress(sup.progress(), _rank_gpus(sup, use))
             progress = _progress_of(sup)
             if self.node_rank == 0:
                 self._progress_from(0, attempt, sup.workers_started, progress)
@@ -427,15 +430,21 @@ class Keeper:
             self.head.send({"event": "gang-stacks-done", "attempt": attempt,
                             "places": {str(k): v for k, v in places.items()}})
 
-    def _record_progress(self, heartbeats: dict) -> None:
+    def _record_progress(self, heartbeats: dict, use: dict | None = None) -> None:
         """Each rank's last step and when it made it (this node's clock) into
-        keeper.json, as the heartbeats carry them: a detached run has no
-        controller to keep ``progress.json``, so ``status`` reads them from
-        here (``describe``). Written only when something changed."""
+        keeper.json, as the heartbeats carry them, with its GPU's use now
+        (``use``: rank -> ``gpu``, ``gpu_util``, ``gpu_mem_mib``): a detached
+        run has no controller to keep ``progress.json``, so ``status`` reads
+        them from here (``describe``). Written only when something changed."""
         now = time.time()
-        seen = {rank: {"step": step, "last_progress": round(now - age, 3)}
-                for rank, (step, age) in sorted(heartbeats.items(), key=lambda kv: int(kv[0]))
-                [:MAX_PROGRESS_RANKS]}
+        use = use or {}
+        ranks = sorted(set(heartbeats) | set(use), key=int)[:MAX_PROGRESS_RANKS]
+        seen = {}
+        for rank in ranks:  # a rank with a GPU but no step heartbeat: its GPU alone
+            step, age = heartbeats.get(rank, (None, None))
+            seen[rank] = {"step": step,
+                          "last_progress": None if age is None else round(now - age, 3),
+                          **use.get(rank, {})}
         if seen and seen != self.progress:
             self.progress = seen
             self.write_state("running", unless_over=True)
@@ -949,6 +958,21 @@ def fit_attempts(attempts: list[dict], budget: int = ATTEMPTS_BUDGET) -> tuple[l
             last["nodes_omitted"] = int(last.get("nodes_omitted", 0)) + 1
         out[-1] = {**last, "nodes": nodes}
     return out, omitted
+
+
+def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:
+    """Each of this node's ranks' GPU in a sample (``gpus.sample``): rank ->
+    its index, utilisation and memory now."""
+    if not use:
+        return {}
+    visible = visible_gpus(sup.spec.env)
+    out = {}
+    for local, index in enumerate(visible[:sup.spec.nproc]):
+        if str(index) in use:
+            util, used = use[str(index)]
+            out[str(sup.spec.first_rank + local)] = {"gpu": index, "gpu_util": util,
+                                                     "gpu_mem_mib": used}
+    return out
 
 
 def _progress_of(sup: Supervisor) -> dict:

@@ -35,8 +35,14 @@ _KEEPER_FIELDS = {
     "updated": is_time, "attempts": lambda v: isinstance(v, list),
     "progress": lambda v: isinstance(v, dict),
 }
-# A rank's last step in the keeper's ``progress`` (``keeper._record_progress``).
-_PROGRESS_FIELDS = {"step": lambda v: _typed(v, _INT), "last_progress": is_time}
+# A rank's last step in the keeper's ``progress`` (``keeper._record_progress``):
+# null for a rank whose GPU is sampled but that sends no step heartbeat.
+_PROGRESS_FIELDS = {"step": lambda v: v is None or _typed(v, _INT),
+                    "last_progress": lambda v: v is None or is_time(v)}
+# Its GPU now, where the node's nvidia-smi answers (all three or none).
+_GPU_FIELDS = {"gpu": lambda v: _typed(v, _INT) and 0 <= v < 1 << 20,
+               "gpu_util": lambda v: v is None or (_typed(v, _INT) and 0 <= v <= 100),
+               "gpu_mem_mib": lambda v: v is None or (_typed(v, _INT) and 0 <= v < 1 << 40)}
 _ATTEMPT_FIELDS = {
     "attempt": lambda v: _typed(v, _INT) and v >= 0,
     "master_port": lambda v: _typed(v, _INT) and 0 <= v < 65536,
@@ -124,16 +130,19 @@ def clean_keeper_state(recorded: Any, notes: list[str]) -> dict | None:
 
 def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
     """A keeper's ranks' last steps: ``{rank: {"step", "last_progress"}}``,
-    each rank's record whole (both fields, of their type) or dropped."""
+    each rank's record whole (both fields, of their type) or dropped, with
+    its GPU (``gpu``, ``gpu_util``, ``gpu_mem_mib``) where all three are good."""
     out = {}
     for rank, seen in progress.items():
         what = f"the keeper's progress of rank {_shown(rank)}"
         if not (isinstance(rank, str) and rank.isdigit() and isinstance(seen, dict)):
             notes.append(f"ignored {what}: not a rank's record")
             continue
-        seen = _fields(seen, _PROGRESS_FIELDS, what, notes)
+        seen = _fields(seen, {**_PROGRESS_FIELDS, **_GPU_FIELDS}, what, notes)
         if all(name in seen for name in _PROGRESS_FIELDS):
             out[rank] = {name: seen[name] for name in _PROGRESS_FIELDS}
+            if all(name in seen for name in _GPU_FIELDS):
+                out[rank].update({name: seen[name] for name in _GPU_FIELDS})
         else:
             notes.append(f"ignored {what}: it lacks {' or '.join(_PROGRESS_FIELDS)}")
     return out

@@ -48,3 +48,35 @@ def test_a_bad_keeper_record_keeps_only_its_good_fields():
     assert kept == {"state": "failed"}
     assert len(notes) == 5
     assert clean_keeper_state([1, 2], notes) is None and clean_keeper_state(None, notes) is None
+
+
+def test_a_keepers_progress_keeps_each_ranks_gpu_only_whole():
+    from orchestrator.agent.kept.records import clean_progress
+
+    notes: list[str] = []
+    cleaned = clean_progress({
+        "0": {"step": 7, "last_progress": 1e9, "gpu": 3, "gpu_util": 97, "gpu_mem_mib": 4000},
+        "1": {"step": None, "last_progress": None, "gpu": 4, "gpu_util": None,
+              "gpu_mem_mib": 10},  # a GPU, no step heartbeat
+        "2": {"step": 7, "last_progress": 1e9, "gpu": 5, "gpu_util": 250, "gpu_mem_mib": 1},
+        "3": {"step": 7, "last_progress": 1e9, "gpu": 6},
+    }, notes)
+    assert cleaned == {
+        "0": {"step": 7, "last_progress": 1e9, "gpu": 3, "gpu_util": 97, "gpu_mem_mib": 4000},
+        "1": {"step": None, "last_progress": None, "gpu": 4, "gpu_util": None,
+              "gpu_mem_mib": 10},
+        "2": {"step": 7, "last_progress": 1e9}, "3": {"step": 7, "last_progress": 1e9}}
+    assert notes == ["ignored the keeper's progress of rank '2''s 'gpu_util': 250"]
+
+
+def test_each_rank_of_a_kept_node_is_given_its_gpu_from_a_sample():
+    from types import SimpleNamespace
+
+    from orchestrator.agent.kept.keeper import _rank_gpus
+
+    sup = SimpleNamespace(spec=SimpleNamespace(env={"CUDA_VISIBLE_DEVICES": "5,2"},
+                                               first_rank=3, nproc=2))
+    assert _rank_gpus(sup, {"2": [90, 100], "5": [None, 7], "0": [1, 1]}) == {
+        "3": {"gpu": 5, "gpu_util": None, "gpu_mem_mib": 7},
+        "4": {"gpu": 2, "gpu_util": 90, "gpu_mem_mib": 100}}
+    assert _rank_gpus(sup, None) == {}
