@@ -103,15 +103,23 @@ def test_the_hang_watchdog_under_slurm_names_the_odd_rank_from_a_step_in_the_job
 @pytest.mark.live
 def test_nccl_dumps_of_a_failed_gpu_run_come_home_into_nccl_trace(ssh_lab, tmp_path):
     """No GPU here: a stand-in writes each rank's dump where the flight
-    recorder would (TORCH_NCCL_DEBUG_INFO_TEMP_FILE, set for GPU layouts),
-    then a rank fails. Every node's dumps come home over its agent's
-    channel into nccl_trace/node-K/rank-R, the secret masked in them."""
+    recorder would (TORCH_NCCL_DEBUG_INFO_TEMP_FILE, which the plan sets for
+    a GPU run and a CPU rehearsal's file sets here, as a GPU run on a machine
+    without CUDA is refused before it starts), then a rank fails. Every
+    node's dumps come home over its agent's channel into
+    nccl_trace/node-K/rank-R, the secret masked in them."""
     from labhome import lab_job
 
     secret = "hf_fl1ght-rec0rder-t0ken"
+
+    def dumps(k: int) -> str:
+        return (f"env: {{TORCH_NCCL_DEBUG_INFO_TEMP_FILE: "
+                f"{tmp_path}/remote/runs/nccl/node-{k}/nccl_trace_rank_}}")
+
     env, path = lab_job(ssh_lab, tmp_path, "nccl", "nccl_dump_stand_in.py",
-                        ["{host: node0, gpus: '0,1'}", "{host: node1, gpus: 0}"],
-                        extra=f"env: {{HF_TOKEN: {secret}}}\n")
+                        [f"{{host: node0, gpus: '0,1', {dumps(0)}}}",
+                         f"{{host: node1, gpus: 0, {dumps(1)}}}"],
+                        extra=f"device: cpu\nenv: {{HF_TOKEN: {secret}}}\n")
     result = run_cli("up", path, "--run-id", "nccl", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", env=env, timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr
