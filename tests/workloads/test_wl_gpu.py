@@ -116,3 +116,46 @@ def test_a_gpu_other_than_the_planned_one_stops_the_rank(tmp_path):
     assert run.returncode != 0 and run.result is None
     assert f"ddp-orch planned {wrong}" in run.stderr
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in run.stderr
+
+
+def test_the_launchs_device_probe_agrees_with_torch():
+    """``device: auto`` is decided from a probe that reads torch's build and
+    asks the CUDA driver without importing torch (``gpuclaim.TorchProbe``):
+    on a real GPU it must see what torch sees, and the node's nvidia-smi
+    the same GPUs."""
+    import os
+
+    from orchestrator.agent.node import gpuclaim, gpus
+
+    seen = gpuclaim.TorchProbe().result()
+    assert seen["ok"] and seen["available"], seen
+    assert seen["cuda"] == torch.version.cuda
+    env_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env_visible is None:  # the probe drops CUDA_VISIBLE_DEVICES; compare where none is set
+        assert seen["count"] == torch.cuda.device_count()
+    facts = gpus.facts(30)
+    if facts["ok"]:
+        assert len(facts["gpus"]) == seen["count"]
+
+
+def test_a_free_gpu_is_chosen_from_the_real_nvidia_smi_and_a_second_run_is_refused_it(tmp_path):
+    from orchestrator.agent.node import gpuclaim, gpus
+
+    facts = gpus.facts(30)
+    if facts.get("absent"):
+        pytest.skip("no nvidia-smi on this GPU machine's PATH")
+    assert facts["ok"], facts
+    listed = {g["index"]: g for g in facts["gpus"]}
+    locks = str(tmp_path / "locks")
+    first = gpuclaim.claim("all", run_id="gpu-a", node_rank=0, busy_mib=1 << 20,
+                           allow_busy=True, lock_dir=locks)
+    try:
+        assert first["ok"], first
+        assert first["chosen"] == sorted(listed)
+        assert first["uuids"] == [listed[k]["uuid"] for k in first["chosen"]]
+        second = gpuclaim.claim([first["chosen"][0]], run_id="gpu-b", node_rank=0,
+                                busy_mib=1 << 20, allow_busy=True, lock_dir=locks)
+        assert (second["ok"], second["reason"]) == (False, "held"), second
+        assert "run gpu-a of" in second["error"]
+    finally:
+        gpuclaim.release()
