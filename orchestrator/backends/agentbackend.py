@@ -107,7 +107,7 @@ class AgentBackend(LaunchBackend):
             opened, started = open_agents(
                 transports, {n.node_rank: n.python for n in plan.nodes},
                 self.options.start_timeout_s + wait_s,
-                first=lambda k, agent: self._prepare(plan, k, agent, bundle, console.info),
+                first=lambda k, agent: self._prepare(plan, k, agent, bundle, wait_s, console.info),
                 run_id=plan.run_id)
             agents.update(started)
             hung = [k for k, exc in opened.failed.items() if isinstance(exc, TimeoutError)]
@@ -321,18 +321,20 @@ class AgentBackend(LaunchBackend):
             return self.options.wait_gpus_s
         return self.spec.wait_gpus if self.spec else 0.0
 
-    def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle, bundle: bytes,
+    def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle, bundle: bytes, wait_s: float,
                  say: Callable[[str], None]) -> tuple[int | None, str | None, dict | None]:
         """Everything a node needs before its supervisor starts, sent in one go
         behind the agent itself (no round trip waits on the node's shell):
         torch's view of the GPUs first (its import overlaps the rest), its new
         run directory, the code bundle, on node 0 the master port check, the
         interface its ranks use (``plan/network.py``) and its GPUs, held for
-        the run (``engine/gpuplan.py``). Returns the port (node 0, else
-        None), the interface (or None) and the node's GPU answer (or None)."""
+        the run (``engine/gpuplan.py``), waiting up to ``wait_s`` for them.
+        Returns the port (node 0, else None), the interface (or None) and the
+        node's GPU answer (or None)."""
         node = plan.nodes[k]
         gpus = gpuplan.gpu_request(plan, node, self.spec, self.options.allow_busy_gpus)
-        if gpus is not None and gpuplan.wants_torch(plan, node):
+        probe_torch = gpus is not None and gpuplan.wants_torch(plan, node)
+        if probe_torch:
             agent.send("torch")
         agent.send("mkrun", run_dir=node.run_dir, root=self._root(node))
         agent.send_put(bundle, f"{node.run_dir}/{BUNDLE_NAME}")
@@ -343,7 +345,7 @@ class AgentBackend(LaunchBackend):
             agent.send("route", **route)
         if gpus is not None:
             agent.send("gpus", **gpus)
-        if gpus is not None and gpuplan.wants_torch(plan, node):
+        if probe_torch:
             agent.reply("torch")
         made = agent.reply("mkrun")
         if not made["ok"]:
@@ -358,7 +360,7 @@ class AgentBackend(LaunchBackend):
 
             placed = gpuplan.wait_for_gpus(ask(agent.reply("gpus")),
                                            lambda: ask(agent.call("gpus", **gpus)),
-                                           self._wait_gpus_s(), say, _labeller(plan)(k))
+                                           wait_s, say, _labeller(plan)(k))
         return port, ifname, placed
 
     def _root(self, node: NodePlan) -> str:
@@ -496,12 +498,10 @@ def _kept_progress(record: RunRecord, replies: Mapping[int, dict],
         now = reply.get("now")
         skew = time.time() - now if is_time(now) else 0.0
         for rank, seen in (kept.get("progress") or {}).items():
-            last = seen["last_progress"]
-            ranks.append({"rank": int(rank), "node_rank": k, "host": record.nodes[k].host,
-                          "step": seen["step"], "last_progress": None if last is None
-                          else last + skew,
-                          **{key: seen[key] for key in ("gpu", "gpu_util", "gpu_mem_mib")
-                             if key in seen}})
+            last = seen["last_progress"]  # the record is cleaned: its GPU fields too
+            ranks.append({**seen, "rank": int(rank), "node_rank": k,
+                          "host": record.nodes[k].host,
+                          "last_progress": None if last is None else last + skew})
     return tuple(sorted(ranks, key=lambda r: r["rank"]))
 
 

@@ -19,7 +19,7 @@ from workloads.catalog import CATALOG
 from ..agent.node.outputs import pattern_problem
 from ..errors import ConfigError
 from .blocks import blocks, top_keys
-from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_SETUP_TIMEOUT,
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT,
                    DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS, ClusterSpec, NodeSpec, SshSpec,
                    WorkloadSpec, default_backend, placed_host)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
@@ -378,10 +378,11 @@ def _nodes(field: Located, ssh: SshSpec, python: str | None,
         host = _host(entries["host"])
         default_python = python or (sys.executable if host in LOCAL_HOSTS else "python3")
         gpus = _gpus(entries["gpus"]) if "gpus" in entries else None
-        if "gpus" in entries and _is_one_integer(entries["gpus"].value()) and gpus[0] > 1:
-            warnings.append(one_index_warning(
-                gpus[0], f"{entries['gpus'].source}:{entries['gpus'].line}: "
-                f"nodes[{len(nodes)}].gpus"))
+        if gpus is not None:
+            warned = one_index_warning(entries["gpus"].value(), gpus,
+                                       f"{entries['gpus'].source}:{entries['gpus'].line}: "
+                                       f"nodes[{len(nodes)}].gpus")
+            warnings += [warned] if warned else []
         nodes.append(NodeSpec(
             host=host,
             gpus=gpus if not isinstance(gpus, str) else None,
@@ -404,15 +405,16 @@ def _gpus(field: Located) -> tuple[int, ...] | str:
         raise field.error(message, hint) from None
 
 
-def _is_one_integer(raw: Any) -> bool:
-    """``gpus: 4`` (or ``"4"``): one index, where a torchrun or SkyPilot user
-    may mean a count (said for 2 and more: 0 and 1 are one GPU either way)."""
-    return (isinstance(raw, int) and not isinstance(raw, bool)) or \
+def one_index_warning(raw: Any, gpus: tuple[int, ...] | str, where: str) -> str | None:
+    """What ``gpus: 4`` (or ``"4"``, ``--gpus 4``; ``raw`` as given, ``gpus``
+    as parsed) means, and how to ask for four GPUs: one index, where a
+    torchrun or SkyPilot user may mean a count. None for anything else, and
+    for 0 and 1 (one GPU either way)."""
+    one = (isinstance(raw, int) and not isinstance(raw, bool)) or \
         (isinstance(raw, str) and bool(_DIGITS_RE.match(raw.strip())))
-
-
-def one_index_warning(index: int, where: str) -> str:
-    """What ``gpus: 4`` means, and how to ask for four GPUs."""
+    if not one or isinstance(gpus, str) or gpus[0] < 2:
+        return None
+    index = gpus[0]
     return (f"warning: {where}: {index} means GPU index {index}, one process; for {index} "
             f"GPUs write `gpus: free:{index}` (any {index} free ones) or list them, e.g. "
             f"`gpus: {','.join(map(str, range(min(index, 16))))}`")

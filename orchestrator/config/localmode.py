@@ -53,10 +53,10 @@ def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | No
             gpu_list, nproc = parse_gpus(gpus), None
         except ValueError as exc:
             raise ConfigError(exc.args[0], path="--gpus", source=CLI, hint=exc.args[1]) from None
+        warned = one_index_warning(gpus, gpu_list, "--gpus")
+        warnings = (warned,) if warned else ()
         if isinstance(gpu_list, str):  # --gpus free:2: chosen at launch
             request, gpu_list = gpu_list, None
-        elif len(gpu_list) == 1 and gpus.strip().isdigit() and int(gpus) > 1:
-            warnings = (one_index_warning(gpu_list[0], "--gpus"),)
     else:
         gpu_list, nproc = None, procs if procs is not None else _default_procs(base)
     chosen = choose_workload(base, workload, args)

@@ -161,10 +161,3 @@ class ClusterSpec:
     @property
     def world_size(self) -> int:
         return sum(node.nproc for node in self.nodes)
-
-    @property
-    def world_size_known(self) -> bool:
-        """False while a node asks for ``all`` or ``free`` GPUs: its node
-        says how many at launch."""
-        return all(n.gpu_request is None or requested_count(n.gpu_request) is not None
-                   for n in self.nodes)

@@ -31,7 +31,6 @@ from ..agent.stackgroups import place
 from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
 from ..plan.dryrun import DryRun
-from ..plan.model import NodePlan
 from ..records.outcome import RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
@@ -269,10 +268,11 @@ class Gang:
         self._progress_written = now
         wall = time.time()
         ranks = {}
+        gpu_of = {r.rank: r.gpu for r in self.plan.ranks}
         for h in self.handles:
             seen = dict(h.progress)
             for rank in h.node.ranks:
-                gpu = rank_gpu(h.gpu_use, _gpu_of(h.node, rank))
+                gpu = rank_gpu(h.gpu_use, gpu_of.get(rank))
                 if rank not in seen and not gpu:
                     continue
                 step, at = seen.get(rank, (None, None))
@@ -353,12 +353,6 @@ def wait_all(handles: list[NodeHandle], timeout_s: float,
     while time.monotonic() < deadline and any(h.poll() is None for h in handles) \
             and not until():
         time.sleep(0.05)
-
-
-def _gpu_of(node: NodePlan, rank: int) -> int | None:
-    """The GPU index a rank of ``node`` uses (its place in CUDA_VISIBLE_DEVICES)."""
-    local = rank - node.first_rank
-    return node.gpus[local] if node.gpus is not None and 0 <= local < len(node.gpus) else None
 
 
 def _gpu_words(ranks: list[dict]) -> str:

@@ -21,8 +21,6 @@ import time
 from typing import Any, Callable, Mapping
 
 from ..agent.node.gpus import mixed_models
-
-MIXED = mixed_models(["a", "b"]).split(":", 1)[0]  # how that warning starts
 from ..config.spec import DEFAULT_GPU_BUSY_MIB, ClusterSpec
 from ..errors import ConfigError, TransportError
 from ..plan.model import GpuChoice, NodePlan, RunPlan
@@ -175,13 +173,11 @@ def torch_problem(seen: dict, reply: dict) -> str | None:
         return f"its torch did not answer: {seen.get('error')}"
     if not seen.get("cuda"):
         return f"its torch {seen.get('torch')} is built without CUDA"
-    if not seen.get("available"):
+    count = int(seen.get("count") or 0)
+    if not seen.get("available") or count == 0:
         why = f": {seen['why']}" if isinstance(seen.get("why"), str) else ""
         return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU{why}"
     wanted = [int(i) for i in reply.get("chosen") or ()]
-    count = int(seen.get("count") or 0)
-    if count == 0:
-        return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU"
     beyond = [i for i in wanted if i >= count]
     if beyond:
         return (f"its torch sees {count} GPU(s) (indices 0-{count - 1}), and GPU "
@@ -190,12 +186,11 @@ def torch_problem(seen: dict, reply: dict) -> str | None:
 
 
 def node_notes(plan: RunPlan, reply: dict) -> list[str]:
-    """A node's notes on its GPUs, less what the gang says once (mixed
-    models) and, on a CPU rehearsal, the missing nvidia-smi (nothing of a
-    GPU is used then)."""
+    """A node's notes on its GPUs, less, on a CPU rehearsal, the missing
+    nvidia-smi (nothing of a GPU is used then)."""
     if plan.device == "cpu" and reply.get("smi") == "absent":
         return []
-    return [note for note in reply.get("notes") or () if not note.startswith(MIXED)]
+    return list(reply.get("notes") or ())
 
 
 def notes(plan: RunPlan, replies: Mapping[int, dict]) -> list[str]:

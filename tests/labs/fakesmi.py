@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import secrets
-import stat
 import sys
 from pathlib import Path
 

@@ -24,11 +24,10 @@ Standard library only, like the rest of the agent package.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
-from . import gpulocks, gpus
+from . import gpulocks, gpus, probes
 
 SMI_TIMEOUT_S = 20.0  # each nvidia-smi query; a hung driver answers never
 CLAIM_TRIES = 3  # another run may take a GPU between our look and our lock
@@ -183,9 +182,7 @@ class TorchProbe:
     at once and read when the launch needs it (``result``)."""
 
     def __init__(self, python: str = sys.executable) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        self.child = subprocess.Popen([python, "-c", _TORCH], env=env,
+        self.child = subprocess.Popen([python, "-c", _TORCH], env=probes.every_gpu_env(),
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)
 

@@ -225,13 +225,14 @@ def lock_key(gpu: dict) -> str:
 
 def choose(request: "list[int] | tuple[int, ...] | str", gpus: list[dict], apps: list[dict],
            *, threshold_mib: int = 1024, held: "dict[str, dict] | None" = None,
-           allow_busy: bool = False, own_pids: "frozenset[int] | set[int]" = frozenset()) -> dict:
+           allow_busy: bool = False) -> dict:
     """The GPUs ``request`` gets on a node whose ``facts`` are ``gpus`` and
     ``apps``, where the GPUs in ``held`` (lock key -> holder, see
     ``lock_key``) are another run's now.
 
-    A GPU is busy when a compute process not in ``own_pids`` runs on it, or
-    more than ``threshold_mib`` of its memory is used by others; it is free
+    A GPU is busy when a compute process runs on it, or more than
+    ``threshold_mib`` of its memory is used (a launch chooses before any
+    process of its run exists, so every process is another's); it is free
     when it is neither busy nor held nor in MIG mode. An explicit list and
     ``"all"`` refuse MIG, held and (unless ``allow_busy``) busy GPUs; ``"free"``
     takes every free GPU, ``"free:N"`` N of them (see ``_pick``).
@@ -240,7 +241,7 @@ def choose(request: "list[int] | tuple[int, ...] | str", gpus: list[dict], apps:
     ``{"ok": False, "reason", "error", "free", "waitable"}``: ``reason`` is
     one of ``REASONS``; ``waitable`` says whether waiting could clear it.
     """
-    node = _Node(gpus, apps, held or {}, threshold_mib, frozenset(own_pids))
+    node = _Node(gpus, apps, held or {}, threshold_mib)
     if isinstance(request, str) and request.startswith("free"):
         return _choose_free(node, _free_count(request))
     if request == "all":
@@ -267,28 +268,23 @@ class _Node:
     """One node's GPUs with what makes each unavailable, worked out once."""
 
     def __init__(self, gpus: list[dict], apps: list[dict], held: dict[str, dict],
-                 threshold_mib: int, own_pids: frozenset[int]):
+                 threshold_mib: int):
         self.by_index = {gpu["index"]: gpu for gpu in gpus}
         self.held = held
         self.threshold_mib = threshold_mib
         self.procs: dict[str, list[dict]] = collections.defaultdict(list)
-        self.own_mib: dict[str, int] = collections.Counter()
         for app in apps:
-            if app["pid"] in own_pids:
-                self.own_mib[app["gpu_uuid"]] += app.get("used_mib") or 0
-            else:
-                self.procs[app["gpu_uuid"]].append(app)
+            self.procs[app["gpu_uuid"]].append(app)
 
     def holder(self, gpu: dict) -> dict | None:
         return self.held.get(lock_key(gpu))
 
     def busy(self, gpu: dict) -> bool:
-        """Someone else's process runs on it, or someone else's memory is on
-        it (a process of another container is not listed, its memory is)."""
+        """A process runs on it, or memory is in use on it (a process of
+        another container is not listed, its memory is)."""
         used = gpu.get("memory_used_mib")
-        others = None if used is None else used - self.own_mib[gpu.get("uuid")]
         return bool(self.procs[gpu.get("uuid")]) or \
-            (others is not None and others > self.threshold_mib)
+            (used is not None and used > self.threshold_mib)
 
     def is_free(self, gpu: dict) -> bool:
         return not (gpu.get("mig") or self.holder(gpu) is not None or self.busy(gpu))
@@ -333,12 +329,13 @@ class _Node:
                 "free": free, "waitable": waitable and reasons <= WAITABLE}
 
     def chosen(self, indices: list[int], notes: list[str]) -> dict:
+        """The answer for ``indices``; mixed models are the gang's to say
+        (``engine/gpuplan.notes``, ``check``), from the ``models`` here."""
         gpus = [self.by_index[i] for i in indices]
-        models = [gpu.get("name", "") for gpu in gpus]
-        mixed = mixed_models(models)
         return {"ok": True, "chosen": indices, "uuids": [gpu.get("uuid", "") for gpu in gpus],
-                "models": models, "bus_ids": [gpu.get("bus_id", "") for gpu in gpus],
-                "notes": notes + ([mixed] if mixed else []), "free": self.free()}
+                "models": [gpu.get("name", "") for gpu in gpus],
+                "bus_ids": [gpu.get("bus_id", "") for gpu in gpus], "notes": notes,
+                "free": self.free()}
 
 
 def _choose_listed(node: _Node, indices: list[int], allow_busy: bool) -> dict:

@@ -96,11 +96,9 @@ def probe(timeout_s: float = 60.0) -> dict:
 
     out: dict = {"ok": True, "python": sys.executable,
                  "python_version": sys.version.split()[0], **hostname_info()}
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
         ran = subprocess.run([sys.executable, "-c", _TORCH], capture_output=True, text=True,
-                             timeout=timeout_s, env=env)
+                             timeout=timeout_s, env=every_gpu_env())
         lines = ran.stdout.strip().splitlines()
         if ran.returncode == 0 and lines:
             out.update(json.loads(lines[-1]))
@@ -110,6 +108,15 @@ def probe(timeout_s: float = 60.0) -> dict:
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         out["torch_error"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def every_gpu_env() -> dict[str, str]:
+    """This agent's environment for a child that asks torch or CUDA about the
+    node's GPUs: every GPU visible, in nvidia-smi's order (PCI bus), so that
+    index i is nvidia-smi's GPU i whatever the login's CUDA_VISIBLE_DEVICES."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
 
 
 def hostname_info() -> dict:

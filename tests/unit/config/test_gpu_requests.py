@@ -14,9 +14,15 @@ from orchestrator.config.localmode import local_spec
 from orchestrator.config.schema import cluster_schema
 from orchestrator.config.spec import DEFAULT_GPU_BUSY_MIB, requested_count
 from orchestrator.errors import ConfigError
+from orchestrator.plan.build import build_plan
 
 LINEAR = "workload: {name: linear}\n"
 FREE_N_HINT = "free:N asks for N free GPUs, N from 1 to 1024"
+
+
+def known(spec) -> bool:
+    """Does the plan of ``spec`` know its world size before the launch?"""
+    return build_plan(spec, run_id="r", local_run_dir="/tmp/r").world_size_known
 
 
 def load(text: str):
@@ -72,7 +78,7 @@ def test_free_n_is_a_request_with_a_known_count():
     a, b = spec.nodes
     assert (a.gpus, a.gpu_request, a.nproc, a.on_gpus) == (None, "free:3", 3, True)
     assert (b.gpus, b.gpu_request, b.nproc) == ((5, 1), None, 2)
-    assert spec.world_size_known and spec.world_size == 5 and spec.uses_gpus
+    assert known(spec) and spec.world_size == 5 and spec.uses_gpus
     assert spec.warnings == ()
 
 
@@ -82,7 +88,7 @@ def test_all_and_free_leave_the_world_size_to_the_launch(word):
     a, b = spec.nodes
     assert (a.gpus, a.gpu_request, a.nproc) == (None, word, 0)
     assert b.nproc == 2
-    assert not spec.world_size_known
+    assert not known(spec)
     assert requested_count(word) is None and requested_count("free:7") == 7
 
 
@@ -105,8 +111,8 @@ def test_a_list_or_a_request_does_not_warn(value):
 
 
 def test_the_warnings_example_list_counts_up_to_the_number():
-    assert one_index_warning(3, "w").endswith("e.g. `gpus: 0,1,2`")
-    assert one_index_warning(8, "w").endswith("e.g. `gpus: 0,1,2,3,4,5,6,7`")
+    assert one_index_warning(3, (3,), "w").endswith("e.g. `gpus: 0,1,2`")
+    assert one_index_warning(8, (8,), "w").endswith("e.g. `gpus: 0,1,2,3,4,5,6,7`")
 
 
 def suggested(warning: str) -> str:
@@ -209,8 +215,12 @@ def test_local_gpus_free_n_is_a_request():
     spec = local("free:2")
     node, = spec.nodes
     assert (node.host, node.gpus, node.gpu_request, node.nproc) == ("localhost", None, "free:2", 2)
-    assert spec.warnings == () and spec.world_size_known
-    assert local("all").nodes[0].gpu_request == "all" and not local("all").world_size_known
+    assert spec.warnings == () and known(spec)
+    assert local("all").nodes[0].gpu_request == "all" and not known(local("all"))
+    assert local("4").warnings == ("warning: --gpus: 4 means GPU index 4, one process; for 4 "
+                                   "GPUs write `gpus: free:4` (any 4 free ones) or list them, "
+                                   "e.g. `gpus: 0,1,2,3`",)
+    assert local("1").warnings == local("0,5").warnings == ()
 
 
 def test_local_gpus_one_integer_warns_in_the_options_words():
