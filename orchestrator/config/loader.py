@@ -522,7 +522,7 @@ def _workload(field: Located, base_dir: str) -> WorkloadSpec:
             raise entries["args"].error(
                 "a built-in workload takes its args as a mapping (ddp-orch checks each one)",
                 hint=f"e.g. args: {{epochs: 10}}; `ddp-orch workloads` lists {name}'s arguments")
-        _check_builtin_args(name, entries["args"] if "args" in entries else None, args)
+        args = _check_builtin_args(name, entries["args"] if "args" in entries else None, args)
         return WorkloadSpec(name=name, script=None, args=args)
     code = code_dir(entries["code"], base_dir) if "code" in entries else None
     if "module" in entries:
@@ -658,18 +658,30 @@ def _arg_list(field: Located) -> tuple[str, ...]:
     return tuple(words)
 
 
-def _check_builtin_args(name: str, field: Located | None, args: Mapping[str, Any]) -> None:
+def _check_builtin_args(name: str, field: Located | None,
+                        args: Mapping[str, Any]) -> dict[str, Any]:
     entries = field.mapping(None) if field is not None else {}
     try:
-        check_workload_args(name, args)
+        return check_workload_args(name, args)
     except ValueError as exc:
         key, message, hint = exc.args
         raise entries[key].error(message, hint) from None
 
 
-def check_workload_args(name: str, args: Mapping[str, Any]) -> None:
-    """Check ``args`` against the catalog; ``ValueError(key, message, hint)``."""
+# The words YAML 1.1 (PyYAML's resolver) reads as booleans, by the value read.
+_YAML_BOOL_WORDS = {True: ("true", "yes", "on", "y"), False: ("false", "no", "off", "n")}
+
+
+def check_workload_args(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """``args`` checked against the catalog, as the workload takes them;
+    ``ValueError(key, message, hint)``.
+
+    YAML reads ``amp: off`` (and ``--arg amp=off``) as false; for a string
+    argument one of whose choices YAML reads so, the value is that choice,
+    as the user wrote it.
+    """
     info = CATALOG[name]
+    checked = dict(args)
     for key, value in args.items():
         spec = info.arg(key)
         if spec is None:
@@ -677,13 +689,20 @@ def check_workload_args(name: str, args: Mapping[str, Any]) -> None:
             close = closest_hint(key.replace("-", "_"), known)
             raise ValueError(key, f"workload {name!r} has no argument {key!r}",
                              close or ("it takes: " + ", ".join(known) if known else "it takes none"))
+        if spec.type is str and isinstance(value, bool):
+            words = [c for c in spec.choices if str(c).lower() in _YAML_BOOL_WORDS[value]]
+            if len(words) == 1:
+                value = checked[key] = words[0]
         if not _matches_type(spec.type, value):
-            raise ValueError(key, f"expected {spec.type.__name__}, got {shown(value)}", "")
+            quote = ("YAML reads yes/no/on/off/true/false as a boolean: quote the word, "
+                     f"{key}: 'off'" if spec.type is str and isinstance(value, bool) else "")
+            raise ValueError(key, f"expected {spec.type.__name__}, got {shown(value)}", quote)
         if spec.choices and value not in spec.choices:
             choices = ", ".join(map(str, spec.choices))
             raise ValueError(key, f"{shown(value)} is not one of {choices}", "")
         if spec.minimum is not None and value < spec.minimum:
             raise ValueError(key, f"{shown(value)} is below the minimum {spec.minimum}", "")
+    return checked
 
 
 def _matches_type(kind: type, value: Any) -> bool:

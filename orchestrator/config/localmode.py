@@ -184,7 +184,7 @@ def choose_workload(base: ClusterSpec | None, name: str | None,
     merged = {**chosen.args, **args} if not isinstance(chosen.args, tuple) else chosen.args
     if chosen.name is not None:
         try:
-            check_workload_args(chosen.name, merged)
+            merged = check_workload_args(chosen.name, merged)
         except ValueError as exc:
             key, message, hint = exc.args
             raise ConfigError(message, path=f"--arg {key}", source=CLI, hint=hint) from None

@@ -9,16 +9,21 @@ from typing import Any
 
 def node_gpus(planned: dict | None) -> dict[str, Any]:
     """A node's GPUs as its recorded plan (``plan.json``) has them: indices,
-    the request they were chosen by, their models; nulls where none."""
+    the request they were chosen by, their models and UUIDs (what a GPU
+    monitor such as DCGM keys on); nulls where none."""
     planned = planned or {}
     gpus = planned.get("gpus")
     ok = isinstance(gpus, list) and all(isinstance(i, int) and not isinstance(i, bool)
                                         for i in gpus)
-    request, models = planned.get("gpu_request"), planned.get("gpu_models")
+    request = planned.get("gpu_request")
     return {"gpus": gpus if ok else None,
             "gpu_request": request if isinstance(request, str) else None,
-            "gpu_models": [m for m in models if isinstance(m, str)]
-            if isinstance(models, list) else []}
+            "gpu_models": _strings(planned.get("gpu_models")),
+            "gpu_uuids": _strings(planned.get("gpu_uuids"))}
+
+
+def _strings(value: object) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def gpu_lines(plan: object) -> list[str]:

@@ -130,6 +130,14 @@ def test_arg_overrides_the_file_in_a_cluster_dry_run():
     assert "-m workloads.linear --epochs 3 --lr 0.5" in result.stdout
 
 
+def test_arg_amp_off_reaches_the_workload_as_off():
+    """YAML reads the value of ``--arg amp=off`` as false; mnist takes the word."""
+    result = run_cli("up", "--local", "--workload", "mnist", "--procs", "1", "--dry-run",
+                     "--arg", "amp=off")
+    assert result.returncode == 0, result.stderr
+    assert "-m workloads.mnist --amp off" in result.stdout
+
+
 def test_workloads_lists_the_catalog():
     result = run_cli("workloads")
     assert result.returncode == 0

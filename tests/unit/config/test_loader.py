@@ -106,6 +106,8 @@ def test_per_node_overrides_merge():
      "workload.args.epoch", "did you mean 'epochs'?"),
     ("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear, args: {epochs: many}}\n", 3,
      "workload.args.epochs", "expected int"),
+    ("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: mnist, args: {amp: on}}\n", 3,
+     "workload.args.amp", "quote the word"),
     ("nodes:\n  - {host: a, gpus: 0}\n", 1, "", "missing 'workload'"),
     ("devcie: cpu\n" + BASE, 1, "devcie", "did you mean 'device'?"),
     ("device: gpu\n" + BASE, 1, "device", "'gpu' is not one of auto, cuda, cpu"),
@@ -171,6 +173,13 @@ def test_script_path_is_relative_to_the_file(tmp_path):
 def test_missing_file_is_a_config_error():
     with pytest.raises(ConfigError, match="no such file"):
         load_cluster_file("/nonexistent/cluster.yaml")
+
+
+@pytest.mark.parametrize("word", ["off", "Off", "OFF", "'off'"])
+def test_a_choice_yaml_reads_as_a_boolean_is_the_word_written(word):
+    """``amp: off`` is false to YAML 1.1; mnist's ``--amp`` takes the word off."""
+    spec = load(f"nodes:\n  - {{host: a, gpus: 0}}\nworkload: {{name: mnist, args: {{amp: {word}}}}}\n")
+    assert spec.workload.args == {"amp": "off"}
 
 
 # --- your own project: workload.code, module, list args ----------------------------

@@ -23,7 +23,7 @@ from orchestrator.report.summary import gpu_summary
 H100 = "NVIDIA H100 80GB HBM3"
 PLAN = {"device": "cuda", "world_size": 6, "name": "demo", "nodes": [
     {"node_rank": 0, "host": "gpu01", "gpus": [3, 4, 5], "gpu_request": "free:3",
-     "gpu_models": [H100, H100, H100]},
+     "gpu_models": [H100, H100, H100], "gpu_uuids": ["GPU-3", "GPU-4", "GPU-5"]},
     {"node_rank": 1, "host": "gpu02", "gpus": [1, 0], "gpu_models": ["NVIDIA A100", H100]},
     {"node_rank": 2, "host": "cpu01", "gpus": None},
 ]}
@@ -31,10 +31,13 @@ PLAN = {"device": "cuda", "world_size": 6, "name": "demo", "nodes": [
 
 def test_node_gpus_reads_a_plan_node_and_nulls_what_is_not_there():
     assert node_gpus(PLAN["nodes"][0]) == {"gpus": [3, 4, 5], "gpu_request": "free:3",
-                                           "gpu_models": [H100] * 3}
-    assert node_gpus(None) == {"gpus": None, "gpu_request": None, "gpu_models": []}
-    assert node_gpus({"gpus": [1, True], "gpu_request": 3, "gpu_models": ["x", 2]}) == \
-        {"gpus": None, "gpu_request": None, "gpu_models": ["x"]}
+                                           "gpu_models": [H100] * 3,
+                                           "gpu_uuids": ["GPU-3", "GPU-4", "GPU-5"]}
+    assert node_gpus(None) == {"gpus": None, "gpu_request": None, "gpu_models": [],
+                               "gpu_uuids": []}
+    assert node_gpus({"gpus": [1, True], "gpu_request": 3, "gpu_models": ["x", 2],
+                      "gpu_uuids": "GPU-1"}) == \
+        {"gpus": None, "gpu_request": None, "gpu_models": ["x"], "gpu_uuids": []}
 
 
 def test_gpu_lines_name_each_gpu_node_its_request_and_models():
