@@ -12,22 +12,23 @@ import time
 
 PROGRAM = """
 import os, subprocess, sys, time
-SURVIVOR = ("# unkillable-rank\\nimport signal, sys, time; signal.signal(signal.SIGTERM, "
-            "signal.SIG_IGN); time.sleep(float(sys.argv[1])); "
+SURVIVOR = ("# unkillable-rank\\nimport os, signal, sys, time; signal.signal(signal.SIGTERM, "
+            "signal.SIG_IGN)\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\\n"
             "open(sys.argv[2], 'w').write(repr(time.time()))")
 k, attempt = sys.argv[1], os.environ["DDP_ORCH_RESTART_COUNT"]
 print(f"node {k} attempt {attempt} port {sys.argv[3]} secret {os.environ.get('TOKEN')} "
       f"at {time.time()}", flush=True)
 if f"{k}:{attempt}" not in os.environ.get("NO_WORKERS", "").split(","):
     subprocess.Popen(["sleep", "3600"])
-for spec in os.environ.get("UNKILLABLE", "").split(","):
-    if spec.startswith(f"{k}:{attempt}:"):
-        subprocess.Popen([sys.executable, "-c", SURVIVOR, spec.rsplit(":", 1)[1],
-                          os.environ["GONE_FILE"]])
+if f"{k}:{attempt}" in os.environ.get("UNKILLABLE", "").split(","):
+    subprocess.Popen([sys.executable, "-c", SURVIVOR, os.environ["RELEASE_FILE"],
+                      os.environ["GONE_FILE"]])
 codes = dict((c.rsplit(":", 1)[0], int(c.rsplit(":", 1)[1]))
              for c in os.environ.get("CODES", "").split(",") if c)
 if f"{k}:{attempt}" in codes:
     time.sleep(0.5)
+    print(f"node {k} attempt {attempt} exits {codes[f'{k}:{attempt}']} at {time.time()}",
+          flush=True)
     sys.exit(codes[f"{k}:{attempt}"])
 time.sleep(float(os.environ.get("SLEEP", "2")))
 """

@@ -343,6 +343,21 @@ def ipv6_loopback() -> bool:
         return False
 
 
+def require_ipv6_loopback() -> None:
+    """Skip a test that needs ``::1`` only where this kernel has no IPv6 at
+    all; where it has IPv6 but loopback does not bind ``::1``, skip, and
+    under ``CI=true`` fail, as the labs do: CI must not skip by accident."""
+    if ipv6_loopback():
+        return
+    if not os.path.exists("/proc/net/if_inet6"):
+        pytest.skip("this kernel has no IPv6 (no /proc/net/if_inet6)")
+    reason = ("IPv6 is off on loopback: ::1 does not bind "
+              "(sysctl net.ipv6.conf.lo.disable_ipv6=0 turns it on)")
+    if _in_ci():
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL,
                             timeout=30)

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 from labhome import lab_cluster, lab_home
 from procscan import wait_gone
-from netlab import ipv6_loopback
+from netlab import require_ipv6_loopback
 
 pytestmark = pytest.mark.live
 
@@ -160,8 +160,8 @@ def test_an_interface_a_node_lacks_fails_check_and_up_starts_nothing(ssh_lab, tm
     assert not list((tmp_path / "remote").rglob("torchrun"))  # no torchrun ran anywhere
 
 
-@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on loopback here")
 def test_ipv6_loopback_master_works_in_check_and_up(tmp_path):
+    require_ipv6_loopback()
     cluster = tmp_path / "v6.yaml"
     cluster.write_text('master: {addr: "::1"}\n'
                        "nodes:\n  - {host: localhost, procs: 1}\n  - {host: localhost, procs: 1}\n"

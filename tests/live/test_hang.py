@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -37,7 +38,7 @@ def test_a_real_hang_is_caught_and_the_odd_rank_named(tmp_path):
             proc.kill()
     assert proc.returncode == 1, out
     summary = out.split("\nrun hung: ")[1]
-    assert ("root cause: node 1 (localhost): hang: no progress for 1" in summary
+    assert (re.search(r"root cause: node 1 \(localhost\): hang: no progress for 1[0-2]s", summary)
             and "ranks 0-1 wait in all_reduce <- hang_rank2.py:8; rank 2 is elsewhere: "
                 "<module> (hang_rank2.py:14)" in summary), summary
     records = teardowns(tmp_path / "runs", "hung")
@@ -89,7 +90,7 @@ def test_the_hang_watchdog_under_slurm_names_the_odd_rank_from_a_step_in_the_job
     result = up(slurm_lab, tmp_path, path, "shang", "--hang-timeout", "10")
     assert result.returncode == 1, result.stdout + result.stderr
     summary = result.stdout.split("\nrun shang: ")[1]
-    assert ("root cause: node 1 (node2): hang: no progress for 1" in summary
+    assert (re.search(r"root cause: node 1 \(node2\): hang: no progress for 1[0-2]s", summary)
             and "ranks 0-1 wait in all_reduce <- hang_rank2.py:8; rank 2 is elsewhere: "
                 "<module> (hang_rank2.py:14)" in summary), summary
     kept = os.listdir(tmp_path / "runs" / "shang" / "stacks")
@@ -148,7 +149,8 @@ def test_a_detached_run_is_found_hung_by_its_keepers_and_status_names_rank_2(
     started = up(env, tmp_path, cluster, "dhung", "--detach", "--hang-timeout", "10")
     assert started.returncode == 0, started.stdout + started.stderr
     status = status_until(env, tmp_path, "dhung", "failed", timeout=120)
-    assert "root cause: node 1 (node1): hang: no progress for 1" in status, status
+    assert re.search(r"root cause: node 1 \(node1\): hang: no progress for 1[0-2]s",
+                     status), status
     assert HANG_WORDS in status, status
     for k, ranks in ((0, ["rank-0.txt", "rank-1.txt"]), (1, ["rank-2.txt"])):
         stacks = node_dir(tmp_path, "dhung", k) / "stacks"
@@ -171,7 +173,7 @@ def test_a_hang_is_a_failure_the_keepers_restart_while_restarts_remain(ssh_lab, 
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     assert "attempt 1 (master port" in out, out
-    assert "root cause: node 1 (node1): hang: no progress for 1" in out, out
+    assert re.search(r"root cause: node 1 \(node1\): hang: no progress for 1[0-2]s", out), out
     assert HANG_WORDS in out, out
     assert "restarting" in out, out
     nothing_left(ssh_lab, "rhung", 15)

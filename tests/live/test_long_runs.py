@@ -285,7 +285,8 @@ def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab
     wait_for_lines(proc, "step 3 attempt 0", 3)
     assert json.loads((tmp_path / "runs" / "att" / "plan.json").read_text())["liveness"] \
         == "attached"
-    time.sleep(35)  # past PEER_TIMEOUT_S: the controller's pings keep the followers content
+    # (that the controller's pings keep a follower content past the peer
+    # timeout: test_keeper.py's test_pings_keep_a_follower_past_the_peer_timeout...)
     assert keeper(tmp_path, "att", 0)["state"] == "running" and run_pids("att")
     killed_at = time.time()
     os.killpg(proc.pid, signal.SIGKILL)

@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from conftest import ROOT, local_job, run_cli
+from procscan import wait_gone
 from runrecords import schema, state
 
 
@@ -79,7 +80,8 @@ def ended_runs(tmp_path_factory):
         while json.loads(keeper.read_text()).get("state") == "running":
             assert time.monotonic() < deadline, f"run {run_id} did not end"
             time.sleep(0.2)
-    time.sleep(1.0)  # each keeper exits right after its last write; attach comes later
+    for run_id in ("seen", "lines", "unseen"):  # each keeper exits right after its last write
+        assert wait_gone(run_id, 30) == set(), run_id
     return runs
 
 

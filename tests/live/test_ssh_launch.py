@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -168,7 +169,8 @@ def test_a_hang_across_two_hosts_is_caught_and_rank2_named(ssh_lab, tmp_path):
     result = run_cli("up", cluster, "--run-id", "hung", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", env=env, timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert ("root cause: node 1 (node1): hang: no progress for 1" in result.stdout
+    assert (re.search(r"root cause: node 1 \(node1\): hang: no progress for 1[0-2]s",
+                      result.stdout)
             and "rank 2 is elsewhere: <module> (hang_rank2.py:14)" in result.stdout)
     assert (tmp_path / "runs" / "hung" / "stacks").is_dir()
     assert wait_gone("hung", 15, labs=[ssh_lab]) == set()
