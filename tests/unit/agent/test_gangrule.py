@@ -132,3 +132,57 @@ def test_without_an_odd_group_the_quiet_rank_names_the_node_else_every_running_o
     quiet = [node(0), node(1)]
     v = judge(quiet, t, tick(Clock(0.0), quiet, 0.0), 20.0)
     assert hang_words(v, None, {0: [0], 1: [1]})[1] == (0, 1)
+
+
+def test_a_node_that_exited_0_and_then_stays_silent_is_not_lost():
+    """Once a node's torchrun has exited 0 nothing more comes from it (its
+    relay ended): its silence is no loss, however long the others run."""
+    for heard in (31.0, 1000.0, 1e6):
+        ended = [node(0, code=0, heard_s=heard), node(1, heard_s=1.0)]
+        assert judge(ended, T, Clock(0.0), 5000.0) is None
+    # a silent running node is still named, and alone
+    v = judge([node(0, code=0, heard_s=1000.0), node(1, heard_s=31.0), node(2, heard_s=2.0)],
+              T, Clock(0.0), 5000.0)
+    assert (v.stop, v.nodes, v.why) == (Stop.LOST, (1,), "node 1 (h1) silent for 30s")
+    # a node that failed and then went silent failed: it is not lost
+    v = judge([node(0, code=1, heard_s=1000.0), node(1, heard_s=1.0)], T, Clock(0.0), 5000.0)
+    assert (v.stop, v.nodes, v.why) == (Stop.FAILED, (0,), "node 0 (h0) failed (exit 1)")
+
+
+def test_silence_is_a_loss_only_past_the_peer_timeout():
+    assert judge([node(0, heard_s=30.0)], T, Clock(0.0), 1.0) is None
+    assert judge([node(0, heard_s=30.01)], T, Clock(0.0), 1.0).stop is Stop.LOST
+
+
+def first_hang(nodes_at, hang_s: float, until: float, step: float = 0.05) -> float:
+    """Snapshot the gang every ``step`` seconds of a fake clock from 0, as a
+    follower does; the time of the first hang verdict (``nodes_at(now)``:
+    the snapshot then)."""
+    t = Timeouts(start_s=1e9, peer_s=30.0, hang_s=hang_s)
+    clock = Clock(0.0)
+    for i in range(int(until / step) + 1):
+        now = i * step
+        nodes = nodes_at(now)
+        clock = tick(clock, nodes, now)
+        verdict = judge(nodes, t, clock, now)
+        if verdict is not None:
+            assert verdict.stop is Stop.HANG, verdict
+            return now
+    raise AssertionError(f"no hang verdict within {until}s")
+
+
+def test_the_hang_verdict_comes_no_earlier_than_hang_s_and_within_a_second_after():
+    # every node started at 2 s, no progress since: the hang counts from then
+    def quiet(now):
+        return [node(0, started=now >= 2.0), node(1, started=now >= 2.0)]
+
+    for hang_s in (10.0, 30.0, 60.0):
+        at = first_hang(quiet, hang_s, 200.0)
+        assert 2.0 + hang_s <= at <= 2.0 + hang_s + 1.0, (hang_s, at)
+
+    # progress until 7.5 s (rank 1's last), then none: the hang counts from 7.5 s
+    def progressing(now):
+        return [node(0, progress=((0, min(now, 5.0)),)), node(1, progress=((1, min(now, 7.5)),))]
+
+    at = first_hang(progressing, 10.0, 100.0)
+    assert 17.5 <= at <= 18.5, at

@@ -230,3 +230,139 @@ def test_the_last_n_lines_are_the_programs_not_the_agents_control_lines(tmp_path
         assert shown.startswith(b"three\n")
         assert daemon.offset_of_last_lines(fh, 0) == len(data)
         assert daemon.offset_of_last_lines(fh, 9) == 0
+
+
+# -- a restart waits for what the last attempt left (fake clock) ---------------------------
+
+class KeeperClock:
+    """The keeper module's ``time`` on a fake clock: ``sleep`` advances it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1_700_000_000.0 + self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+SURVIVORS = [{"pid": 4242, "cmd": "python train.py --rank 1"}]
+
+
+@pytest.fixture
+def fake_keeper(tmp_path, monkeypatch):
+    """Node 1's keeper (nothing started), its module on a fake clock, and the
+    processes the last attempt left there: present until ``gone_at[0]``."""
+    from orchestrator.agent.kept import keeper as keeper_module
+
+    clock = KeeperClock()
+    gone_at = [float("inf")]
+    monkeypatch.setattr(keeper_module, "time", clock)
+    monkeypatch.setattr(keeper_module, "_still_there",
+                        lambda survivor: survivor["pid"] == 4242 and clock.now < gone_at[0])
+    keeper = keeper_module.Keeper(keeper_specs(tmp_path, 2)[1])
+    return keeper, clock, gone_at
+
+
+class LeftOver:
+    """A supervisor whose attempt ended with processes that would not die."""
+
+    def __init__(self, spec=None):
+        import threading
+
+        self.spec = spec
+        self.exited = threading.Event()
+        self.exited.set()
+        self.workers_started = False
+        self.last_exit = {"code": 1, "reason": "torchrun exited", "failures": [],
+                          "last_lines": [], "duration_s": 3.0, "survivors": list(SURVIVORS)}
+
+    def run(self) -> None:
+        pass
+
+    def progress(self) -> dict:
+        return {}
+
+
+def test_the_keeper_waits_for_survivors_until_they_are_gone(fake_keeper):
+    from orchestrator.agent.kept.keeper import SURVIVOR_WAIT_S
+
+    keeper, clock, gone_at = fake_keeper
+    gone_at[0] = 12.0
+    sup = LeftOver()
+    keeper._await_survivors(sup)
+    assert 12.0 <= clock.now <= 12.5 < SURVIVOR_WAIT_S  # waited, and no longer than needed
+    assert sup.last_exit["survivors"] == [] and sup.last_exit["survivors_gone"] is True
+
+
+def test_the_keeper_waits_survivor_wait_s_for_survivors_that_stay_and_reports_them(fake_keeper):
+    from orchestrator.agent.kept.keeper import SURVIVOR_WAIT_S
+
+    keeper, clock, _gone_at = fake_keeper
+    sup = LeftOver()
+    keeper._await_survivors(sup)
+    assert SURVIVOR_WAIT_S <= clock.now <= SURVIVOR_WAIT_S + 0.5
+    assert sup.last_exit["survivors"] == SURVIVORS and "survivors_gone" not in sup.last_exit
+    # so the head does not restart on top of them
+    assert keeper._why_no_restart({0: {"failures": []}, 1: sup.last_exit}) == (
+        "node 1: 1 process(es) of the attempt would not die (pid 4242 (python train.py "
+        "--rank 1)); a restart would start on top of them")
+
+
+def test_an_attempt_reports_only_once_its_survivors_are_gone(fake_keeper, monkeypatch):
+    """``run_attempt`` itself waits: the exit record it returns (what the
+    head decides a restart on) is written after the survivors went."""
+    from orchestrator.agent.kept import keeper as keeper_module
+
+    keeper, clock, gone_at = fake_keeper
+    gone_at[0] = 6.0
+    monkeypatch.setattr(keeper_module, "Supervisor", LeftOver)
+    event = keeper.run_attempt(0, 29500)
+    assert clock.now >= 6.0
+    assert event["survivors"] == [] and event["survivors_gone"] is True
+
+
+def test_survivors_or_a_failed_setup_rule_out_a_restart_that_would_otherwise_come(fake_keeper):
+    keeper, _clock, _gone_at = fake_keeper
+    transient = {"failures": [{"message": "RuntimeError: CUDA error: an illegal memory access",
+                               "local_rank": 0, "timestamp": 1.0}], "stepped": True}
+    assert keeper._why_no_restart({0: transient, 1: {"failures": []}}) == ""  # would restart
+    assert keeper._why_no_restart({0: transient, 1: {"failures": [], "survivors": SURVIVORS}}) \
+        .startswith("node 1: 1 process(es) of the attempt would not die (pid 4242 ")
+    assert keeper._why_no_restart({0: {**transient, "survivors": []}, 1: {"failures": []}}) == ""
+    assert keeper._why_no_restart({0: transient, 1: {"failures": [], "setup_failed": True}}) \
+        .startswith("node 1's setup failed")
+
+
+def test_the_head_decides_a_restart_only_once_every_surviving_node_has_ended(tmp_path,
+                                                                             monkeypatch):
+    """Node 0 (the head) of three: its own attempt ended, node 1's too; node
+    2 still tears down. ``_await_ended`` (what ``lead`` decides a restart on)
+    must wait for node 2's end, not restart on top of it."""
+    import threading
+
+    from orchestrator.agent.kept import keeper as keeper_module
+
+    monkeypatch.setattr(keeper_module, "time", KeeperClock())
+    head = keeper_module.Keeper(keeper_specs(tmp_path, 3)[0])
+    stopped = {"code": 143, "reason": "got SIGTERM", "failures": []}
+    head.ended = {1: stopped}
+    late = {"code": 1, "reason": "torchrun exited", "failures": []}
+
+    def node_2_reports() -> None:
+        with head.lock:  # held by the head until it waits for the others
+            while 0 not in head.ended:  # (the head notifies no one of its own end)
+                head.lock.wait(0.01)
+            head.ended.setdefault(2, late)
+            head.lock.notify_all()
+
+    reporter = threading.Thread(target=node_2_reports, daemon=True)
+    reporter.start()
+    ended = head._await_ended(0, {"code": 0, "reason": "torchrun exited", "failures": []})
+    reporter.join(10)
+    assert ended == {0: {"code": 0, "reason": "torchrun exited", "failures": []},
+                     1: stopped, 2: late}

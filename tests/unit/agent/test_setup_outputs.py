@@ -26,7 +26,6 @@ from orchestrator.agent.kept.keeper import attempt_spec, compact
 from orchestrator.agent.kept.restarts import setup_failed
 from orchestrator.agent.node.spec import SupervisorSpec
 from orchestrator.config.loader import load_cluster_text
-from orchestrator.config.spec import DEFAULT_SETUP_TIMEOUT
 from orchestrator.controller.prune import parse_duration
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
@@ -66,7 +65,7 @@ def test_setup_takes_a_string_a_list_of_strings_and_argv_lists():
     assert spec.setup_timeout == 120
     one = spec_of("setup: |\n  echo one\n  echo two\n")
     assert one.setup == ("echo one\necho two\n",)
-    assert one.setup_timeout == DEFAULT_SETUP_TIMEOUT
+    assert one.setup_timeout == 1800  # the README's default
     assert spec_of("").setup == () and spec_of("").outputs == ()
 
 
@@ -120,7 +119,7 @@ def test_the_plan_holds_each_command_as_the_argv_every_node_runs():
     plan = build_plan(spec_of("setup: [pip install x, [python3, -c, 'print(1)']]\n"
                               "outputs: [out/]\n"), run_id="r1", local_run_dir="/tmp/runs/r1")
     assert plan.setup == (("sh", "-c", "pip install x"), ("python3", "-c", "print(1)"))
-    assert plan.setup_timeout_s == DEFAULT_SETUP_TIMEOUT
+    assert plan.setup_timeout_s == 1800
     assert plan.outputs == ("out/",)
     assert build_plan(spec_of(""), run_id="r1", local_run_dir="/x").setup == ()
 
@@ -363,3 +362,21 @@ def test_the_node_removes_only_a_run_node_directory_and_never_a_live_one(tmp_pat
     link.mkdir()
     os.symlink(str(tmp_path), link / "node-0")
     assert "not a directory" in prune.prune(str(link / "node-0"), "run-3", 0)["error"]
+
+
+def test_a_sibling_directory_sharing_the_roots_name_is_not_inside(tmp_path):
+    """``node-10`` (or ``node-1.old``) is not inside ``node-1``, nor is what a
+    link inside the root points to there."""
+    root = tmp_path / "node-1"
+    for name in ("node-1", "node-10", "node-1.old"):
+        (tmp_path / name / "out").mkdir(parents=True)
+        (tmp_path / name / "out" / "metrics.json").write_text("{}")
+    (root / "out" / "sibling").symlink_to(tmp_path / "node-10" / "out")
+    assert outputs.inside(str(root), str(root / "out" / "metrics.json"))
+    assert outputs.inside(str(root) + "/", str(root / "out" / "metrics.json"))
+    assert not outputs.inside(str(root), str(tmp_path / "node-10" / "out" / "metrics.json"))
+    assert not outputs.inside(str(root), str(tmp_path / "node-1.old" / "out" / "metrics.json"))
+    assert not outputs.inside(str(root), str(root / ".." / "node-10" / "out" / "metrics.json"))
+    assert not outputs.inside(str(root), str(root / "out" / "sibling" / "metrics.json"))
+    assert not outputs.inside(str(root), str(tmp_path / "node-10"))
+    assert not outputs.inside(str(root), str(root))  # the root itself is no file in it

@@ -255,3 +255,130 @@ def test_every_cluster_file_key_is_in_the_readme_table():
     keys = set(re.findall(r"^\| `([a-z_]+)[`.\[]", table, re.M))
     keys |= set(re.findall(r"/ `([a-z_]+)`", table))
     assert set(TOP_KEYS) <= keys, f"keys the table leaves out: {set(TOP_KEYS) - keys}"
+
+
+# the numbers it promises --------------------------------------------------------
+
+UNITS = {"": 1, "s": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def amount(text: str) -> float | None:
+    """A README number as the code keeps it: ``64 MiB`` in bytes, ``30 s``
+    and ``30s`` in seconds, ``off``/``none`` as None, ``a second`` as 1."""
+    if text in ("off", "none"):
+        return None
+    if text == "second":
+        return 1
+    number, unit = re.fullmatch(r"(\d+) ?(KiB|MiB|GiB|s)?", text).groups()
+    return int(number) * UNITS[unit or ""]
+
+
+def option(command: str, flag: str) -> click.Parameter:
+    """``ddp-orch COMMAND``'s option ``flag``, as click parses it."""
+    cmd = cli.get_command(click.Context(cli), command)
+    return next(param for param in cmd.params if flag in param.opts)
+
+
+def _numbers() -> list[tuple[str, object]]:
+    """(the README's words, each number a group; where the code keeps those
+    numbers): every number with a unit the README promises of ddp-orch's own
+    behaviour, not its example output or the benchmarks' measurements. A
+    CLI default is read through click; a constant is imported."""
+    from orchestrator.agent.kept import keeper, peers
+    from orchestrator.agent.node import outputs
+    from orchestrator.agent.wire import protocol
+    from orchestrator.config import spec
+    from orchestrator.config.loader import MIN_HANG_TIMEOUT
+    from orchestrator.engine import bundle, checknet, gang, gpuplan, results
+    from orchestrator.plan import secrets
+    from workloads import contract
+
+    grace = option("up", "--grace").default
+    return [
+        # uploads and what comes home
+        (r"over the (\d+ MiB) upload cap", bundle.MAX_SCRIPT_DIR_BYTES),
+        (r"its secrets masked; (\d+ MiB) at most", bundle.MAX_SCRIPT_DIR_BYTES),
+        (r"rank 0's `result\.json` \((\d+ MiB) at most\)", results.MAX_RESULT_BYTES),
+        (r"Each file may have (\d+ MiB), all of them", results.MAX_OUTPUT_FILE_BYTES),
+        (r"all of them (\d+ GiB) and \d+ files", results.MAX_OUTPUTS_BYTES),
+        (r"all of them \d+ GiB and (\d+) files", results.MAX_OUTPUT_FILES),
+        (r"all of them \d+ GiB and (\d+) files", outputs.MAX_FILES),  # node 0's own count
+        # secrets
+        (r"could be a credential: at least (\d+) characters", secrets.MIN_SECRET_CHARS),
+        # the controller and its nodes
+        (r"exchange a heartbeat every (\d+ s)", protocol.HEARTBEAT_S),
+        (r"a silent partition is noticed on both sides within (\d+ s)", protocol.PEER_TIMEOUT_S),
+        (r"`node 1 \(host\) silent for (\d+s); stopping every node`", protocol.PEER_TIMEOUT_S),
+        (r"`lost: nothing from the node for (\d+s)`", protocol.PEER_TIMEOUT_S),
+        (r"(\d+ s) of silence, then the teardown", protocol.PEER_TIMEOUT_S),
+        (r"`--start-timeout` \(default (\d+ s)\)", option("up", "--start-timeout").default),
+        (r"`--start-timeout` \(default (\d+ s)\)", option("compare", "--start-timeout").default),
+        (r"`attempt 1 did not start within (\d+s) on node 0",
+         option("up", "--start-timeout").default),
+        (r"SIGTERM, `--grace` seconds, default (\d+), SIGKILL", option("down", "--grace").default),
+        (r"SIGTERM, `up --grace` seconds, default (\d+), SIGKILL", grace),
+        (r"`up --grace` seconds, default (\d+)", option("compare", "--grace").default),
+        (r"one progress line per node every (\d+ s)", gang.QUIET_PROGRESS_S),
+        # kept runs: the keepers' gang
+        (r"within (\d+ s) with the default grace", peers.GANG_TIMEOUT_S + grace),
+        (r"then the grace period: (\d+ s) at most with the default grace",
+         peers.GANG_TIMEOUT_S + grace),
+        (r"every node starts its teardown within (\d+ s)", peers.GANG_TIMEOUT_S),
+        (r"when it is silent, (\d+ s) after the last heartbeat it sent \(so (\d+)-(\d+ s) after "
+         r"it froze; heartbeats every (\d+ s)\)",
+         (peers.GANG_TIMEOUT_S, peers.GANG_TIMEOUT_S - peers.GANG_HEARTBEAT_S,
+          peers.GANG_TIMEOUT_S, peers.GANG_HEARTBEAT_S)),
+        (r"notices its follower gone within (\d+ s)", keeper.FOLLOWER_POLL_S),
+        (r"with at most (\d+) connections waiting for their hello", peers.MAX_PENDING),
+        # restarts
+        (r"waits up to (\d+ s) for any process of the attempt that would not die",
+         keeper.SURVIVOR_WAIT_S),
+        (r"would not die; waiting up to (\d+s)`", keeper.SURVIVOR_WAIT_S),
+        (r"the restart waits until they are gone, (\d+ s) at most", keeper.SURVIVOR_WAIT_S),
+        (r"still there (\d+ s) after the teardown", keeper.SURVIVOR_WAIT_S),
+        (r"a backoff \((\d+ s) before the first restart, (\d+ s) before the second, doubling, "
+         r"(\d+ s) at most\)",
+         (keeper.restart_backoff(1), keeper.restart_backoff(2), keeper.MAX_BACKOFF_S)),
+        (r"a backoff \((\d+ s) before the first restart, doubling, (\d+ s) at most\)",
+         (keeper.restart_backoff(1), keeper.MAX_BACKOFF_S)),
+        (r"`max_restarts: N` in the file; default (\d+)\)", spec.ClusterSpec.max_restarts),
+        # hangs and progress
+        (r"`hang_timeout:` in the file; at least (\d+ s), default (off)\)",
+         (option("up", "--hang-timeout").type.min, option("up", "--hang-timeout").default)),
+        (r"at least (\d+ s), default off", MIN_HANG_TIMEOUT),  # the cluster file's key too
+        (r"at most one small file write a (second)", contract.HEARTBEAT_EVERY_S),
+        # check
+        (r"each step with a timeout \(`--timeout`, (\d+ s)\)",
+         option("check", "--timeout").default),
+        (r"all at once, (\d+ s) each", checknet.CONNECT_TIMEOUT_S),
+        (r"\*\*clock\*\* \(a warning beyond (\d+ s)\)", checknet.CLOCK_SKEW_S),
+        (r"clocks within (\d+s) of each other", checknet.CLOCK_SKEW_S),
+        # the cluster file's defaults
+        (r"\| `setup` / `setup_timeout` \| none / (\d+) \|", spec.DEFAULT_SETUP_TIMEOUT),
+        (r"setup_timeout: (\d+) +# seconds for a node's whole setup \(the default\)",
+         spec.ClusterSpec.setup_timeout),
+        (r"\| `gpu_policy\.busy_memory_mib` / `gpu_policy\.wait` \| (\d+) / (\d+) \|",
+         (spec.ClusterSpec.gpu_busy_mib, spec.ClusterSpec.wait_gpus)),
+        (r"`gpu_policy\.busy_memory_mib` \(default (\d+) MiB", spec.DEFAULT_GPU_BUSY_MIB),
+        (r"free, saying every (\d+ s) who holds them", gpuplan.WAIT_SAY_S),
+        (r"`--queue-timeout SECONDS` \(default: (none)\)", option("up", "--queue-timeout").default),
+        (r'An `auto` master port is `"\$\{MASTER_PORT:-(\d+)\}"`', spec.DEFAULT_PORT),
+    ]
+
+
+def test_every_number_the_readme_promises_is_the_codes():
+    """Each number the README promises, read from the README in its words,
+    equals the code's constant or CLI default: changing either alone fails."""
+    text = re.sub(r"\s+", " ", read("README.md"))
+    wrong = []
+    for phrase, code in _numbers():
+        found = re.findall(phrase, text)
+        if not found:
+            wrong.append(f"the README no longer says /{phrase}/")
+            continue
+        want = code if isinstance(code, tuple) else (code,)
+        for groups in found:
+            said = tuple(amount(g) for g in ((groups,) if isinstance(groups, str) else groups))
+            if said != want:
+                wrong.append(f"/{phrase}/: the README says {said}, the code {want}")
+    assert not wrong, "\n".join(wrong)

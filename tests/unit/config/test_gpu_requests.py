@@ -12,7 +12,7 @@ import yaml
 from orchestrator.config.loader import load_cluster_text, one_index_warning, parse_gpus
 from orchestrator.config.localmode import local_spec
 from orchestrator.config.schema import cluster_schema
-from orchestrator.config.spec import DEFAULT_GPU_BUSY_MIB, requested_count
+from orchestrator.config.spec import requested_count
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
 
@@ -158,7 +158,7 @@ def test_gpu_policy_sets_the_busy_threshold_and_the_wait():
     assert (spec.gpu_busy_mib, spec.wait_gpus) == (4096, 600.0)
     assert isinstance(spec.wait_gpus, float)
     only_wait = load("gpu_policy: {wait: 5}\nnodes: [{host: a, gpus: free}]\n")
-    assert (only_wait.gpu_busy_mib, only_wait.wait_gpus) == (DEFAULT_GPU_BUSY_MIB, 5.0)
+    assert (only_wait.gpu_busy_mib, only_wait.wait_gpus) == (1024, 5.0)  # the README's default
     none = load("nodes: [{host: a, gpus: free}]\n")
     assert (none.gpu_busy_mib, none.wait_gpus) == (1024, 0.0)
     edges = load("gpu_policy: {busy_memory_mib: 0, wait: 604800}\nnodes: [{host: a, gpus: 0}]\n")

@@ -274,3 +274,35 @@ def test_a_default_code_directory_that_is_home_is_refused_at_its_field(tmp_path,
     assert err.path == "workload.script" and err.line == 4
     assert "by default the script's directory" in err.message
     assert "is your home directory" in err.message and "workload.code" in err.hint
+
+
+@pytest.mark.parametrize("hosts, gpus, line, path, words", [
+    # nodes 0 and 2 share host a and GPU 1; node 1 (host b) lies between them
+    (("a", "b", "a"), ("'0,1'", "'1,2'", "[1, 3]"), 4, "nodes[2].gpus",
+     "GPU 1 of a is already used by nodes[0]"),
+    # every node on host a: node 2 clashes with node 0 only (GPU 0), not with node 1
+    (("a", "a", "a"), ("'0,1'", "'2,3'", "'4,0'"), 4, "nodes[2].gpus",
+     "GPU 0 of a is already used by nodes[0]"),
+    # node 3 clashes with node 1, two entries back
+    (("a", "b", "c", "b"), ("0", "'5,6'", "0", "[7, 6]"), 5, "nodes[3].gpus",
+     "GPU 6 of b is already used by nodes[1]"),
+])
+def test_a_gpu_shared_by_any_two_nodes_of_one_host_is_refused(hosts, gpus, line, path, words):
+    nodes = "".join(f"  - {{host: {h}, gpus: {g}}}\n" for h, g in zip(hosts, gpus))
+    err = error_of(f"nodes:\n{nodes}workload: {{name: linear}}\n")
+    assert (err.line, err.path) == (line, path), str(err)
+    assert words in str(err)
+
+
+def test_one_host_listed_three_times_with_disjoint_gpus_loads():
+    spec = load("""\
+        nodes:
+          - {host: a, gpus: '0,1'}
+          - {host: b, gpus: '0,1'}
+          - {host: a, gpus: '3,2'}
+          - {host: a, gpus: 4}
+        workload: {name: linear}
+        """)
+    assert [(n.host, n.gpus) for n in spec.nodes] == [
+        ("a", (0, 1)), ("b", (0, 1)), ("a", (3, 2)), ("a", (4,))]
+    assert spec.world_size == 7

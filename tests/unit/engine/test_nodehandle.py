@@ -46,19 +46,32 @@ def test_malformed_messages_are_refused(line):
         decode(line)
 
 
-@pytest.mark.parametrize("line", [
-    CONTROL_PREFIX + b"[" * 4000 + b"\n",  # RecursionError in the parser
-    CONTROL_PREFIX + b'{"event": "exit", "failures": ' + b"[" * 100000 + b"\n",
-    CONTROL_PREFIX + b'{"event": "gang-hello", "node_rank": 1, "token": "\\ud800"}\n',
-    CONTROL_PREFIX + b'{"event": "reply", "ok": true, "n": 1' + b"0" * 5000 + b"}\n",
+@pytest.mark.parametrize("line, why", [
+    (CONTROL_PREFIX + b"[" * 4000 + b"\n", "RecursionError"),  # the parser's stack exhausted
+    (CONTROL_PREFIX + b'{"event": "exit", "failures": ' + b"[" * 100000 + b"\n",
+     "RecursionError"),
+    (CONTROL_PREFIX + b'{"event": "reply", "ok": true, "n": 1' + b"0" * 5000 + b"}\n",
+     "not JSON"),  # a number too long to convert
 ])
-def test_any_parse_failure_is_a_protocol_error(line):
+def test_any_parse_failure_is_a_protocol_error(line, why):
     """Whatever a line does to the parser (a stack exhausted by nesting, a
-    number too long to convert), the reader sees one malformed line."""
-    try:
+    number too long to convert), the reader sees one malformed line: a
+    ProtocolError, never another exception and never a message."""
+    with pytest.raises(ProtocolError, match=why):
         decode(line)
-    except ProtocolError:
-        pass  # or it decodes: never another exception
+
+
+def test_a_hello_whose_token_cannot_be_encoded_is_a_protocol_error():
+    """A lone surrogate is valid JSON, so the line decodes; the gang's head
+    then refuses the hello as a ProtocolError, not a UnicodeEncodeError."""
+    from orchestrator.agent.kept.peers import check_hello
+
+    line = CONTROL_PREFIX + b'{"event": "gang-hello", "node_rank": 1, "token": "\\ud800"}\n'
+    assert decode(line)["token"] == "\ud800"
+    with pytest.raises(ProtocolError, match="not a node of this run"):
+        check_hello(line + b"after", "the-token", 2)
+    good = encode({"event": "gang-hello", "node_rank": 1, "token": "the-token"})
+    assert check_hello(good + b"after", "the-token", 2) == (1, b"after")
 
 
 def test_reader_keeps_payloads_whole_whatever_the_chunking():

@@ -23,10 +23,22 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config.loader import load_cluster_text
-from orchestrator.plan.secrets import MASK, is_secret, scrub, secret_values, stored_cluster_file
+from orchestrator.plan.secrets import stored_cluster_file
 
-SECRET_NAMES = ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "MY_SECRET", "AWS_CREDENTIALS"]
-PLAIN_NAMES = ["PROJECT", "TOKENIZERS_PARALLELISM", "NCCL_DEBUG", "OMP_NUM_THREADS", "MODE"]
+# Each name the generator writes, with the secret-name pattern it holds
+# (README, "Secrets": *TOKEN*, *SECRET*, *PASSWORD*, *PASSWD*, *KEY*,
+# *CREDENTIAL*, any case), or None: the oracle's half of the rule, written
+# out by hand rather than asked of ``is_secret``.
+NAMES = {"HF_TOKEN": "TOKEN", "hub_token": "TOKEN", "TOKENIZERS_PARALLELISM": "TOKEN",
+         "MY_SECRET": "SECRET", "Db_Password": "PASSWORD", "DB_PASSWORD": "PASSWORD",
+         "PGPASSWD": "PASSWD", "mysql_passwd": "PASSWD", "WANDB_API_KEY": "KEY",
+         "AWS_CREDENTIALS": "CREDENTIAL", "PROJECT": None, "NCCL_DEBUG": None,
+         "OMP_NUM_THREADS": None, "MODE": None,
+         # names of the examples below
+         "OTHER_TOKEN": "TOKEN", "B": None}
+PATTERNS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+GENERATED_NAMES = sorted(set(NAMES) - {"OTHER_TOKEN", "B"})
+MASK = "********"
 SETTINGS = ["false", "true", "disabled", "auto", "none"]
 
 # A credential: a letter and a digit first, so that it is never a word of the
@@ -94,7 +106,7 @@ def cluster_files(draw) -> str:
         return draw(st.sampled_from(["", "", f"  # was {draw(st.sampled_from(secrets))}"]))
 
     def env_text(indent: int) -> str:
-        names = draw(st.lists(st.sampled_from(SECRET_NAMES + PLAIN_NAMES), min_size=1,
+        names = draw(st.lists(st.sampled_from(GENERATED_NAMES), min_size=1,
                               max_size=4, unique=True))
         pad = " " * indent
         if draw(st.booleans()):  # flow
@@ -126,32 +138,51 @@ def base_dir(tmp_path_factory) -> str:
     return str(base)
 
 
+def credential(value: str) -> bool:
+    """The oracle's other half, for the values the generator writes: a
+    credential (8 characters or more, a letter first) is one; a number (all
+    digits), a settings word or a short word is not."""
+    return len(value) >= 8 and not value.isdigit() and value not in SETTINGS
+
+
+def secret(name: str, value: str) -> bool:
+    return NAMES[name] is not None and credential(value)
+
+
+def secrets_of(spec) -> list[str]:
+    """The values that must not survive anywhere: every secret entry's, in
+    the top-level env and each node's (a secret every node overrides too)."""
+    return sorted({value for env in (spec.env, *(node.env for node in spec.nodes))
+                   for name, value in env.items() if secret(name, value)}, key=len, reverse=True)
+
+
 def check(text: str, base_dir: str) -> None:
     spec = load_cluster_text(text, source="c.yaml", base_dir=base_dir)
-    envs = (spec.env, *(node.env for node in spec.nodes))
-    secrets = tuple(sorted({v for env in envs for v in secret_values(env)}, key=len,
-                           reverse=True))
+    secrets = secrets_of(spec)
     masked = stored_cluster_file(spec)  # as the run directory and the bundle keep it
     back = load_cluster_text(masked, source="c.yaml", base_dir=base_dir)
 
-    def hidden(value: str) -> str:
-        return scrub(value.encode(), secrets).decode()
+    def hidden(value: str) -> str:  # every secret replaced where it appears, longest first
+        for secret_value in secrets:
+            value = value.replace(secret_value, MASK)
+        return value
 
-    want_nodes = tuple(dataclasses.replace(node, line=None, env={
-        name: MASK if is_secret(name, value) else hidden(value)
-        for name, value in node.env.items()}) for node in spec.nodes)
+    def masked_env(env):
+        return {name: MASK if secret(name, value) else hidden(value)
+                for name, value in env.items()}
+
+    want_nodes = tuple(dataclasses.replace(node, line=None, env=masked_env(node.env))
+                       for node in spec.nodes)
     args = spec.workload.args
     want = dataclasses.replace(
-        spec, text=masked, nodes=want_nodes, env={
-            name: MASK if is_secret(name, value) else hidden(value)
-            for name, value in spec.env.items()},
+        spec, text=masked, nodes=want_nodes, env=masked_env(spec.env),
         workload=dataclasses.replace(spec.workload, args=tuple(map(hidden, args))
                                      if isinstance(args, tuple) else args))
     got = dataclasses.replace(back, nodes=tuple(dataclasses.replace(node, line=None)
                                                 for node in back.nodes))
     assert got == want, masked
-    for secret in secrets:
-        assert secret.decode() not in masked, masked
+    for secret_value in secrets:
+        assert secret_value not in masked, masked
 
 
 ANCHORED = ("env:\n  HF_TOKEN: &t s3cr3tvalue\nnodes:\n  - host: a\n    procs: 1\n"
@@ -168,20 +199,28 @@ ANCHORED = ("env:\n  HF_TOKEN: &t s3cr3tvalue\nnodes:\n  - host: a\n    procs: 1
 @example(text="env: {PROJECT: &a ab000000, HF_TOKEN: *a}\n"  # a secret every node overrides
               "nodes: [{host: a, procs: 1, env: {HF_TOKEN: aa000000}}]\n"
               "workload: {script: train.py, args: [ab000000]}\n")
+@example(text="env: {PGPASSWD: pa55w0rdpg, mysql_passwd: my5qlpass}\n"
+              "nodes: [{host: a, procs: 1}]\nworkload: {script: train.py, args: [pa55w0rdpg]}\n")
 def test_a_masked_cluster_file_loads_to_the_same_spec_with_the_secrets_replaced(text, base_dir):
     check(text, base_dir)
 
 
-def test_the_generator_reaches_anchors_aliases_and_secrets_outside_env(base_dir):
-    """Guard against a generator that never writes what broke the masking."""
-    seen = {"alias of an anchored secret": 0, "secret in args": 0, "secret in a comment": 0}
+def test_the_generator_reaches_anchors_aliases_secrets_outside_env_and_every_name(base_dir):
+    """Guard against a generator that never writes what broke the masking,
+    nor a secret under each name pattern the rule promises (one without
+    PASSWD names let PASSWD drop out of the rule unnoticed)."""
+    seen = {"alias of an anchored secret": 0, "secret in args": 0, "secret in a comment": 0,
+            **{f"a secret *{pattern}*": 0 for pattern in PATTERNS},
+            "a credential under a plain name": 0, "a setting under a secret name": 0}
 
     @settings(max_examples=200, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
     @given(text=cluster_files())
     def run(text):
         spec = load_cluster_text(text, source="c.yaml", base_dir=base_dir)
-        values = [v.decode() for node in spec.nodes for v in secret_values(node.env)]
+        values = secrets_of(spec)
+        entries = [(n, v) for env in (spec.env, *(node.env for node in spec.nodes))
+                   for n, v in env.items()]
         events = list(yaml.parse(text))
         anchored = {e.anchor for e in events if isinstance(e, yaml.ScalarEvent)
                     and e.anchor and e.value in values}
@@ -189,6 +228,13 @@ def test_the_generator_reaches_anchors_aliases_and_secrets_outside_env(base_dir)
             isinstance(e, yaml.AliasEvent) and e.anchor in anchored for e in events)
         seen["secret in args"] += any(v in str(spec.workload.args) for v in values)
         seen["secret in a comment"] += any(f"# was {v}" in text for v in values)
+        for pattern in PATTERNS:
+            seen[f"a secret *{pattern}*"] += any(NAMES[n] == pattern and credential(v)
+                                                 for n, v in entries)
+        seen["a credential under a plain name"] += any(NAMES[n] is None and credential(v)
+                                                       for n, v in entries)
+        seen["a setting under a secret name"] += any(NAMES[n] and v in SETTINGS
+                                                     for n, v in entries)
 
     run()
     assert all(count >= 10 for count in seen.values()), seen

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.config.loader import load_cluster_file, load_cluster_text
 from orchestrator.plan.build import build_plan, resolve_plan
+from orchestrator.plan.model import GpuChoice
 from orchestrator.plan.torchrun import torchrun_argv
 
 RUN = "demo-run"
@@ -43,6 +44,58 @@ def test_seed_layout_ranks_are_prefix_sums():
         assert flag(argv, "--rdzv-backend") == "static"
         assert argv[:3] == ("python3", "-m", "torch.distributed.run")
         assert argv[-4:] == ("-m", "workloads.linear", "--epochs", "10")
+
+
+def test_cuda_visible_devices_keeps_the_users_gpu_order():
+    """``gpus: 3,1,2`` means local rank 0 on GPU 3, 1 on GPU 1, 2 on GPU 2:
+    CUDA_VISIBLE_DEVICES lists them in that order, before and after the
+    launch (a choice the node made keeps its order too)."""
+    plan = plan_of("""\
+        nodes:
+          - {host: a, gpus: '3,1,2'}
+          - {host: b, gpus: [2, 0]}
+          - {host: c, gpus: free:2}
+        workload: {name: linear}
+        """)
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes[:2]] == ["3,1,2", "2,0"]
+    assert [n.gpus for n in plan.nodes[:2]] == [(3, 1, 2), (2, 0)]
+    assert [(r.rank, r.node_rank, r.local_rank, r.gpu) for r in plan.ranks] == [
+        (0, 0, 0, 3), (1, 0, 1, 1), (2, 0, 2, 2), (3, 1, 0, 2), (4, 1, 1, 0),
+        (5, 2, 0, None), (6, 2, 1, None)]
+    resolved = resolve_plan(plan, master_port=29500, homes={},
+                            gpus={2: GpuChoice((5, 4)), 1: GpuChoice((2, 0))})
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in resolved.nodes] == ["3,1,2", "2,0", "5,4"]
+    assert [r.gpu for r in resolved.ranks] == [3, 1, 2, 2, 0, 5, 4]
+
+
+def test_an_uneven_three_node_layout_numbers_every_rank():
+    """3 + 1 + 4 processes: global ranks are prefix sums (0-2, 3, 4-7),
+    local ranks restart per node, the world size is 8 on every node."""
+    plan = plan_of("""\
+        master: {addr: 10.0.0.1, port: 29500}
+        nodes:
+          - {host: a, gpus: '3,4,5'}
+          - {host: b, gpus: 0}
+          - {host: c, gpus: '0,1,2,3'}
+        workload: {name: linear}
+        """)
+    assert plan.world_size == 8
+    assert [(r.rank, r.node_rank, r.host, r.local_rank, r.gpu) for r in plan.ranks] == [
+        (0, 0, "a", 0, 3), (1, 0, "a", 1, 4), (2, 0, "a", 2, 5),
+        (3, 1, "b", 0, 0),
+        (4, 2, "c", 0, 0), (5, 2, "c", 1, 1), (6, 2, "c", 2, 2), (7, 2, "c", 3, 3)]
+    assert [(n.first_rank, n.nproc, list(n.ranks)) for n in plan.nodes] == [
+        (0, 3, [0, 1, 2]), (3, 1, [3]), (4, 4, [4, 5, 6, 7])]
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["3,4,5", "0", "0,1,2,3"]
+    for k, node in enumerate(plan.nodes):
+        argv = torchrun_argv(plan, node)
+        assert flag(argv, "--nnodes") == "3" and flag(argv, "--node-rank") == str(k)
+        assert flag(argv, "--nproc-per-node") == ["3", "1", "4"][k]
+    # resolved: the same numbers (no node chose anything at launch)
+    resolved = resolve_plan(plan, master_port=29500, homes={})
+    assert resolved.world_size == 8
+    assert [(r.rank, r.local_rank) for r in resolved.ranks] == [
+        (0, 0), (1, 1), (2, 2), (3, 0), (4, 0), (5, 1), (6, 2), (7, 3)]
 
 
 def test_worker_identical_is_always_unset():

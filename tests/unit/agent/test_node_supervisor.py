@@ -1,0 +1,98 @@
+"""The node supervisor's own rules (``agent/node/supervisor.py``), with no
+torchrun: how long it goes on without hearing from its controller, on a fake
+clock. (``tests/live/test_supervisor.py`` runs real ones.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.agent.node import supervisor as supervisor_module
+from orchestrator.agent.node.spec import Liveness, SupervisorSpec
+from orchestrator.agent.node.supervisor import Supervisor
+
+SILENCE_S = 30.0  # the README: a supervisor stops its run after 30 s without its controller
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1_700_000_000.0 + self.now
+
+
+class FakeWakeup:
+    """The supervisor's wait: ``timeout`` fake seconds at once, and the
+    controller's pings (each one a line on stdin: ``last_heard`` now) at
+    the fake times in ``pings``."""
+
+    def __init__(self, clock: FakeClock, sup: Supervisor, pings: list[float]):
+        self.clock, self.sup, self.pings = clock, sup, sorted(pings)
+
+    def wait(self, timeout: float | None) -> None:
+        self.clock.now += timeout or 0.0
+        while self.pings and self.pings[0] <= self.clock.now:
+            self.sup.last_heard = self.pings.pop(0)
+
+    def set(self) -> None:
+        pass
+
+
+class Stdin:
+    eof = False
+
+
+def supervisor(tmp_path, monkeypatch, liveness: Liveness, pings: list[float],
+               started: bool = False):
+    """A supervisor on a fake clock whose torchrun (no process: pid 999999)
+    has joined and started a worker (``started``), else never does."""
+    clock = FakeClock()
+    monkeypatch.setattr(supervisor_module, "time", clock)
+    monkeypatch.setattr(supervisor_module.procs, "connected_to", lambda pid, port: started)
+    monkeypatch.setattr(supervisor_module.procs, "proc_table",
+                        lambda: [(1000, 999999, "S")] if started else [])
+    spec = SupervisorSpec(run_id="r", node_rank=0, run_dir=str(tmp_path), first_rank=0, nproc=1,
+                          master_port=29500, argv=("torchrun",), env={}, unset_env=(),
+                          bundle=None, grace_s=3.0, heartbeat_s=5.0, liveness=liveness)
+    sup = Supervisor(spec, stdin=Stdin())
+    sup.wakeup.close()  # its pipe: the fake below waits instead
+    sup.wakeup = FakeWakeup(clock, sup, pings)
+    return sup, clock
+
+
+@pytest.mark.parametrize("pings, last", [
+    ([], 0.0),  # never heard after the start
+    ([5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0], 40.0),  # pinged, then silent
+    ([29.0, 58.0], 58.0),  # pings just inside the timeout keep it going
+])
+@pytest.mark.parametrize("started", [False, True], ids=["starting", "running"])
+def test_the_run_stops_once_the_controller_is_silent_for_the_timeout_not_later(
+        tmp_path, monkeypatch, pings, last, started):
+    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, pings, started)
+    assert sup.wait(pid=999999) is None  # a stop, not torchrun's exit
+    assert last + SILENCE_S < clock.now <= last + SILENCE_S + 1.0, clock.now
+    assert sup.controller_lost and sup.stop_requested
+    assert sup.stop_reason == "lost the controller (nothing from it for 30s)"
+    assert sup.stopped_at == pytest.approx(1_700_000_000.0 + clock.now)
+    assert sup.workers_started is started
+
+
+def test_a_keepers_supervisor_does_not_watch_for_a_controller(tmp_path, monkeypatch):
+    """No controller to hear (a keeper, a scheduler): silence stops nothing;
+    torchrun's exit ends the wait."""
+    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.KEEPER, [])
+    wakeup = sup.wakeup
+
+    class ExitLater(FakeWakeup):
+        def wait(self, timeout):
+            wakeup.wait(timeout)
+            if clock.now >= 10 * SILENCE_S:
+                sup.exit_code = 0
+                sup.exited.set()
+
+    sup.wakeup = ExitLater(clock, sup, [])
+    assert sup.wait(pid=999999) == 0
+    assert clock.now >= 10 * SILENCE_S and not sup.controller_lost and not sup.stop_requested

@@ -1,0 +1,298 @@
+"""The attached gang (``engine/gang.py``) on a fake clock, with fake node
+channels: no process starts and no test waits for real time to pass.
+
+The gang reads ``time.monotonic`` and sleeps through its module's ``time``,
+and waits on its ``_changed`` event; all three are the fake clock's here.
+Each time the gang reads the clock, every byte the fake nodes have sent so
+far has been relayed first (``settle``), so what the gang sees at fake time
+``t`` is exactly what the nodes sent up to ``t``.
+"""
+
+from __future__ import annotations
+
+import collections
+import textwrap
+import threading
+import time as real_time
+
+import pytest
+
+from orchestrator.agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, Control, encode
+from orchestrator.config.loader import load_cluster_text
+from orchestrator.console import Console
+from orchestrator.engine import gang as gang_module
+from orchestrator.engine import nodehandle as nodehandle_module
+from orchestrator.engine.gang import Gang, Mode
+from orchestrator.plan.build import build_plan
+from orchestrator.plan.dryrun import DryRun, NodeLaunch
+from orchestrator.plan.torchrun import torchrun_argv
+from orchestrator.records.outcome import NodeState, RunState
+from orchestrator.records.rundir import RunDir
+
+
+def exit_line(code: int, reason: str) -> bytes:
+    return encode({"event": "exit", "code": code, "reason": reason, "duration_s": 0.1,
+                   "last_lines": [], "failures": []})
+
+
+class FakeClock:
+    """Fake seconds from 0. ``advance`` moves it and lets each node send what
+    it has scheduled up to then; ``monotonic`` (the gang's) first waits, in
+    real time, until every node's relay has taken in all that was sent."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.nodes: list[FakeNode] = []
+        self.settle = lambda: None
+
+    def monotonic(self) -> float:
+        self.settle()
+        return self.now
+
+    def time(self) -> float:
+        return 1_700_000_000.0 + self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for node in self.nodes:
+            node.due(self.now)
+
+
+class NodeClock:
+    """What the relay threads read (``nodehandle``'s ``time``): the same fake
+    time, without waiting on themselves."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+
+    def monotonic(self) -> float:
+        return self.clock.now
+
+    def time(self) -> float:
+        return self.clock.time()
+
+
+class FakeEvent:
+    """The gang's ``_changed``: its 0.5 s wait is 0.5 fake seconds, at once."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.clock.advance(timeout or 0.0)
+        return False
+
+    def set(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+class FakeNode:
+    """A node's channel (``engine/channel.NodeChannel``). Once told to
+    supervise, it prints a rank line and says it started; then it sends a
+    heartbeat every HEARTBEAT_S while it runs (unless ``frozen``), what
+    ``script`` holds at its fake times, and exits with ``exit_at``'s code.
+    ``stop`` ends it (exit 143) unless ``ignores_stop``; ``kill`` always
+    does (exit 137). Every control word it gets is kept with its fake time."""
+
+    liveness_ours = True
+
+    def __init__(self, clock: FakeClock, *, exit_at: tuple[float, int] | None = None,
+                 script: tuple[tuple[float, bytes], ...] = (), ignores_stop: bool = False):
+        self.clock = clock
+        self.host = "fake"
+        self.exit_at = exit_at
+        self.script = list(script)
+        self.ignores_stop = ignores_stop
+        self.sent: list[tuple[Control, float]] = []
+        self.ended = False
+        self.next_beat = HEARTBEAT_S
+        self.cond = threading.Condition()
+        self.buffer: collections.deque[bytes] = collections.deque()
+        self.asks = self.handed = 0
+        clock.nodes.append(self)
+
+    # the node's side
+    def emit(self, data: bytes) -> None:
+        with self.cond:
+            self.buffer.append(data)
+            self.cond.notify_all()
+
+    def end(self, code: int, reason: str) -> None:
+        if not self.ended:
+            self.ended = True
+            self.emit(exit_line(code, reason))
+
+    def due(self, now: float) -> None:
+        if self.ended:
+            return
+        while self.script and self.script[0][0] <= now:
+            self.emit(self.script.pop(0)[1])
+        if self.exit_at is not None and self.exit_at[0] <= now:
+            self.end(self.exit_at[1], "torchrun exited")
+            return
+        while self.next_beat <= now:
+            self.emit(encode({"event": "heartbeat"}))
+            self.next_beat += HEARTBEAT_S
+
+    def quiet(self) -> bool:
+        """Everything sent was taken and the relay waits for more."""
+        with self.cond:
+            return not self.buffer and self.asks == self.handed + 1
+
+    # the controller's side
+    def supervise(self, spec) -> None:
+        self.emit(f"[rank{spec.first_rank}]: training\n".encode()
+                  + encode({"event": "started", "workers": spec.nproc}))
+        self.due(self.clock.now)
+
+    def read_chunk(self, size: int) -> bytes:
+        with self.cond:
+            self.asks += 1
+            while not self.buffer:
+                self.cond.wait()
+            self.handed += 1
+            return self.buffer.popleft()
+
+    def send_control(self, word: Control) -> None:
+        self.sent.append((word, self.clock.now))
+        if word is Control.KILL:
+            self.end(137, "killed")
+        elif word is Control.STOP and not self.ignores_stop:
+            self.end(143, "got SIGTERM")
+
+    def at(self, word: Control) -> list[float]:
+        return [t for w, t in self.sent if w is word]
+
+    def unread(self, data: bytes) -> None:
+        pass
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout: float) -> int:
+        raise TimeoutError
+
+    def hang_up(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.emit(b"")
+
+    def release(self):
+        return None
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(gang_module, "time", fake)
+    monkeypatch.setattr(nodehandle_module, "time", NodeClock(fake))
+    return fake
+
+
+def start_gang(tmp_path, clock: FakeClock, nodes: list[FakeNode], **kw) -> Gang:
+    text = "nodes:\n" + "  - {host: localhost, procs: 1}\n" * len(nodes) + textwrap.dedent("""\
+        workload: {script: train.py}
+        master: {port: 29500}
+        """)
+    (tmp_path / "train.py").write_text("")
+    spec = load_cluster_text(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+    plan = build_plan(spec, run_id="r", local_run_dir=str(tmp_path / "runs" / "r"))
+    info = DryRun(backend="fake", plan=plan, liveness="attached", nodes=tuple(
+        NodeLaunch(node=n, where="nowhere", env=n.env, unset_env=n.unset_env,
+                   argv=torchrun_argv(plan, n)) for n in plan.nodes))
+    gang = Gang(info, RunDir.create(str(tmp_path / "runs"), "r"), dict(enumerate(nodes)),
+                Console("quiet"), mode=Mode.ATTACHED, **kw)
+    gang._changed = FakeEvent(clock)
+
+    def settle() -> None:
+        deadline = real_time.monotonic() + 10.0
+        for handle, node in zip(gang.handles, nodes):
+            while handle._relay is not None and handle._relay.is_alive() and not node.quiet():
+                assert real_time.monotonic() < deadline, "a relay did not take its bytes"
+                real_time.sleep(0.0005)
+
+    clock.settle = settle
+    return gang
+
+
+def test_a_node_that_exited_0_and_then_stays_silent_is_not_lost(tmp_path, clock):
+    """Node 0 exits 0 at 1 s and is silent from then on; node 1 runs (heard
+    every HEARTBEAT_S) for 4 peer timeouts more, then exits 0 too."""
+    early = FakeNode(clock, exit_at=(1.0, 0))
+    late = FakeNode(clock, exit_at=(4 * PEER_TIMEOUT_S, 0))
+    outcome = start_gang(tmp_path, clock, [early, late]).run()
+    assert [n.state for n in outcome.nodes] == [NodeState.SUCCEEDED, NodeState.SUCCEEDED]
+    assert outcome.state is RunState.SUCCEEDED
+    assert late.at(Control.STOP) == [] and late.at(Control.KILL) == []
+    assert clock.now >= 4 * PEER_TIMEOUT_S
+
+
+def test_a_running_node_silent_past_the_peer_timeout_is_lost(tmp_path, clock):
+    """The check above is not blind: a running node that stops being heard
+    (a heartbeat every HEARTBEAT_S until 10 s, then nothing) is lost once
+    PEER_TIMEOUT_S has passed since it was last heard, not before."""
+    frozen = FakeNode(clock)
+    other = FakeNode(clock)
+    original = frozen.due
+
+    def due(now: float) -> None:
+        if now <= 10.0:
+            original(now)
+
+    frozen.due = due
+    outcome = start_gang(tmp_path, clock, [other, frozen], grace_s=1.0).run()
+    assert outcome.nodes[1].state is NodeState.LOST
+    assert outcome.nodes[0].state is NodeState.STOPPED
+    (stopped,) = other.at(Control.STOP)
+    assert 10.0 + PEER_TIMEOUT_S < stopped <= 10.0 + PEER_TIMEOUT_S + 1.0
+
+
+@pytest.mark.parametrize("hang_s", [10.0, 25.0])
+def test_the_hang_verdict_comes_no_earlier_than_hang_s_and_within_a_second_after(
+        tmp_path, clock, hang_s):
+    """Both ranks print at 0 s; rank 0 reports progress at 4 s (a heartbeat
+    with its step), then neither does anything but heartbeats: the hang
+    counts from 4 s, so every node is told to stop between 4 + hang_s and
+    4 + hang_s + 1, and the rank that went quiet first (rank 1) is named."""
+    progress = encode({"event": "heartbeat", "progress": {"0": [3, 0.0]}})
+    nodes = [FakeNode(clock, script=((4.0, progress),)), FakeNode(clock)]
+    outcome = start_gang(tmp_path, clock, nodes, hang_timeout_s=hang_s, grace_s=1.0).run()
+    for node in nodes:
+        (stopped,) = node.at(Control.STOP)
+        assert 4.0 + hang_s <= stopped <= 4.0 + hang_s + 1.0, (hang_s, stopped)
+    assert outcome.state is RunState.FAILED
+    assert outcome.root_cause.node_rank == 1
+    assert outcome.root_cause.reason.startswith("hang: no progress for ")
+    assert "rank 1 went quiet first" in outcome.root_cause.reason
+
+
+def test_a_node_that_ignores_stop_gets_kill_after_the_grace_period(tmp_path, clock):
+    """Node 1 fails at 2 s; node 0 is told to stop and ignores it: the gang
+    sends kill once the grace period (and the supervisor's own margin, 5 s)
+    has passed, not before, and the run ends with node 1 its root cause."""
+    grace = 7.0
+    stubborn = FakeNode(clock, ignores_stop=True)
+    failing = FakeNode(clock, exit_at=(2.0, 1))
+    outcome = start_gang(tmp_path, clock, [stubborn, failing], grace_s=grace).run()
+    (stopped,) = stubborn.at(Control.STOP)
+    (killed,) = stubborn.at(Control.KILL)
+    assert 2.0 <= stopped <= 3.0
+    assert stopped + grace <= killed <= stopped + grace + 5.0 + 0.5, (stopped, killed)
+    assert failing.at(Control.STOP) == [] and failing.at(Control.KILL) == []
+    assert outcome.state is RunState.FAILED and outcome.root_cause.node_rank == 1
+    assert [n.state for n in outcome.nodes] == [NodeState.STOPPED, NodeState.FAILED]
+
+
+def test_a_node_that_obeys_stop_is_not_killed(tmp_path, clock):
+    obeying = FakeNode(clock)
+    failing = FakeNode(clock, exit_at=(2.0, 1))
+    outcome = start_gang(tmp_path, clock, [obeying, failing], grace_s=7.0).run()
+    assert len(obeying.at(Control.STOP)) == 1 and obeying.at(Control.KILL) == []
+    assert [n.state for n in outcome.nodes] == [NodeState.STOPPED, NodeState.FAILED]
