@@ -255,8 +255,8 @@ def test_a_workload_resumed_after_a_restart_ends_where_an_uninterrupted_run_does
     nodes = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
     env, cluster = setup(ssh_lab, tmp_path, "fo", args, program="fault_once.py", nodes=nodes,
                          extra=f"env: {{FAULT_WORKLOAD: {workload}}}\n")
-    straight = up(env, tmp_path, cluster, "fo0", timeout=300)  # attempt 0 fails, no restarts
-    assert straight.returncode == 1 and "planned fault after epoch 1" in straight.stdout
+    # (no run without restarts first: the restarted run's own output shows
+    # attempt 0's planned fault, and a third run cost 20-40 s)
     restarted = up(env, tmp_path, cluster, "fo1", "--max-restarts", "1", timeout=300)
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
     assert "planned fault after epoch 1" in restarted.stdout and "-> restarting" in restarted.stdout
