@@ -26,6 +26,29 @@ for path in (ROOT, TESTS, LABS, LIVE):
 # go to a directory of its own instead, inherited by every command it starts.
 os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="ddp-orch-tests-xdg-")
 
+# scripts/mutation runs the tests once per mutant: there Hypothesis draws 10
+# examples per test, a test's own @settings(max_examples=...) included.
+if os.environ.get("DDP_ORCH_MUTATION"):
+    from hypothesis import settings as _settings
+
+    _settings.register_profile("mutation", max_examples=10, deadline=None, database=None)
+    _settings.load_profile("mutation")
+
+
+def pytest_collection_modifyitems(items):
+    """Under ``DDP_ORCH_MUTATION``, cap a test's own ``@settings`` too (they
+    win over a profile): Hypothesis keeps them on the test function."""
+    if not os.environ.get("DDP_ORCH_MUTATION"):
+        return
+    from hypothesis import settings as _settings
+
+    for item in items:
+        test = getattr(item, "obj", None)
+        own = getattr(test, "_hypothesis_internal_use_settings", None)
+        if own is not None:
+            test._hypothesis_internal_use_settings = _settings(own, max_examples=10, deadline=None,
+                                                               database=None)
+
 
 def run_cli(*args: str, cwd: str | None = None, timeout: float = 300,
             env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,0 +1,70 @@
+"""The golden dry-runs (``tests/golden``), rendered in this process.
+
+``unit/cli/test_cli.py`` and ``unit/backends/test_slurm_plan.py`` compare
+them through a ``python -m orchestrator`` subprocess; the same comparison
+in-process lets ``scripts/mutation`` see a mutant of ``plan/render.py`` or
+``plan/shell.py`` change a golden file's word. The expected text is the
+reviewed golden files, not the code under test."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+from orchestrator.cli import main
+from orchestrator.plan.render import dryrun_from_dict, dryrun_to_dict, render
+
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+
+
+def dry_run(*args: str) -> str:
+    old = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        result = CliRunner().invoke(main, ["up", *args, "--dry-run"], catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def golden(name: str) -> str:
+    with open(os.path.join(GOLDEN, name), encoding="utf-8") as fh:
+        return fh.read()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "shell"])
+def test_the_example_s_dry_run_matches_golden_in_process(fmt):
+    assert dry_run("cluster.yaml.example", "--run-id", "resnet-demo-golden", "--runs-dir", "runs",
+                   "--format", fmt) == golden(f"example.{fmt}.txt")
+
+
+@pytest.mark.parametrize("fmt,runs", [("text", "runs"), ("shell", "/shared/runs")])
+def test_the_slurm_dry_run_matches_golden_in_process(fmt, runs):
+    assert dry_run("tests/golden/slurm.yaml", "--run-id", "slurm-golden", "--runs-dir", runs,
+                   "--format", fmt) == golden(f"slurm.{fmt}.txt")
+
+
+def test_the_json_record_reads_back_to_the_same_json():
+    """``dryrun.json`` as a run keeps it: read back (``dryrun_from_dict``)
+    and written again, the golden JSON comes out unchanged, every field."""
+    data = json.loads(golden("example.json.txt"))
+    info = dryrun_from_dict(data)
+    assert dryrun_to_dict(info) == data
+    assert render(info, "json") == golden("example.json.txt")
+
+
+def test_a_record_s_liveness_restarts_and_extras_read_back():
+    data = json.loads(golden("example.json.txt"))
+    data.update(liveness="detached", max_restarts=3, extras={"batch script": "#!/bin/sh"})
+    info = dryrun_from_dict(data)
+    assert (info.liveness, info.max_restarts, dict(info.extras)) == (
+        "detached", 3, {"batch script": "#!/bin/sh"})
+    for key in ("liveness", "max_restarts", "extras"):
+        del data[key]
+    info = dryrun_from_dict(data)  # an older record: the defaults
+    assert (info.liveness, info.max_restarts, dict(info.extras)) == ("attached", 0, {})
