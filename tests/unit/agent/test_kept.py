@@ -18,6 +18,7 @@ from orchestrator.agent.wire.protocol import ProtocolError, decode, encode
 from orchestrator.agent.kept.restarts import will_recur
 from orchestrator.engine.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
+from fakes import FakeClock
 from keepers import keeper_specs, wait_until, _plan
 
 
@@ -234,22 +235,6 @@ def test_the_last_n_lines_are_the_programs_not_the_agents_control_lines(tmp_path
 
 # -- a restart waits for what the last attempt left (fake clock) ---------------------------
 
-class KeeperClock:
-    """The keeper module's ``time`` on a fake clock: ``sleep`` advances it."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return 1_700_000_000.0 + self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 SURVIVORS = [{"pid": 4242, "cmd": "python train.py --rank 1"}]
 
 
@@ -259,7 +244,7 @@ def fake_keeper(tmp_path, monkeypatch):
     processes the last attempt left there: present until ``gone_at[0]``."""
     from orchestrator.agent.kept import keeper as keeper_module
 
-    clock = KeeperClock()
+    clock = FakeClock()
     gone_at = [float("inf")]
     monkeypatch.setattr(keeper_module, "time", clock)
     monkeypatch.setattr(keeper_module, "_still_there",
@@ -347,7 +332,7 @@ def test_the_head_decides_a_restart_only_once_every_surviving_node_has_ended(tmp
 
     from orchestrator.agent.kept import keeper as keeper_module
 
-    monkeypatch.setattr(keeper_module, "time", KeeperClock())
+    monkeypatch.setattr(keeper_module, "time", FakeClock())
     head = keeper_module.Keeper(keeper_specs(tmp_path, 3)[0])
     stopped = {"code": 143, "reason": "got SIGTERM", "failures": []}
     head.ended = {1: stopped}

@@ -9,19 +9,9 @@ import pytest
 from orchestrator.agent.node import supervisor as supervisor_module
 from orchestrator.agent.node.spec import Liveness, SupervisorSpec
 from orchestrator.agent.node.supervisor import Supervisor
+from fakes import FakeClock
 
 SILENCE_S = 30.0  # the README: a supervisor stops its run after 30 s without its controller
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return 1_700_000_000.0 + self.now
 
 
 class FakeWakeup:

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from fakes import QuietChannel
 from orchestrator.agent.wire.protocol import Control, encode
 from orchestrator.backends.base import LaunchBackend, LaunchOptions
 from orchestrator.config.loader import load_cluster_text
@@ -29,7 +30,7 @@ def exit_event(code: int, reason: str = "torchrun exited") -> bytes:
                    "last_lines": [], "failures": []})
 
 
-class FakeAgent:
+class FakeAgent(QuietChannel):
     """A node's channel (``engine/channel.NodeChannel``): once told to
     supervise, it prints a line, says it started, and (unless ``code`` is
     None: it runs until stopped) exits; ``stop`` and ``kill`` end the fake
@@ -64,23 +65,8 @@ class FakeAgent:
     def read_chunk(self, size: int) -> bytes:
         return self.chunks.get(timeout=10)
 
-    def unread(self, data: bytes) -> None:
-        pass
-
-    def poll(self):
-        return None
-
-    def wait(self, timeout: float) -> int:
-        raise TimeoutError
-
-    def hang_up(self) -> None:
-        pass
-
     def abort(self) -> None:
         self.chunks.put(b"")
-
-    def release(self):
-        return None
 
 
 class FakeRun(RunHandle):

@@ -28,6 +28,7 @@ from orchestrator.plan.dryrun import DryRun, NodeLaunch
 from orchestrator.plan.torchrun import torchrun_argv
 from orchestrator.records.outcome import NodeState, RunState
 from orchestrator.records.rundir import RunDir
+from fakes import FakeClock, QuietChannel
 
 
 def exit_line(code: int, reason: str) -> bytes:
@@ -35,22 +36,19 @@ def exit_line(code: int, reason: str) -> bytes:
                    "last_lines": [], "failures": []})
 
 
-class FakeClock:
+class GangClock(FakeClock):
     """Fake seconds from 0. ``advance`` moves it and lets each node send what
     it has scheduled up to then; ``monotonic`` (the gang's) first waits, in
     real time, until every node's relay has taken in all that was sent."""
 
     def __init__(self):
-        self.now = 0.0
+        super().__init__()
         self.nodes: list[FakeNode] = []
         self.settle = lambda: None
 
     def monotonic(self) -> float:
         self.settle()
         return self.now
-
-    def time(self) -> float:
-        return 1_700_000_000.0 + self.now
 
     def sleep(self, seconds: float) -> None:
         self.advance(seconds)
@@ -65,7 +63,7 @@ class NodeClock:
     """What the relay threads read (``nodehandle``'s ``time``): the same fake
     time, without waiting on themselves."""
 
-    def __init__(self, clock: FakeClock):
+    def __init__(self, clock: GangClock):
         self.clock = clock
 
     def monotonic(self) -> float:
@@ -78,7 +76,7 @@ class NodeClock:
 class FakeEvent:
     """The gang's ``_changed``: its 0.5 s wait is 0.5 fake seconds, at once."""
 
-    def __init__(self, clock: FakeClock):
+    def __init__(self, clock: GangClock):
         self.clock = clock
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -92,7 +90,7 @@ class FakeEvent:
         pass
 
 
-class FakeNode:
+class FakeNode(QuietChannel):
     """A node's channel (``engine/channel.NodeChannel``). Once told to
     supervise, it prints a rank line and says it started; then it sends a
     heartbeat every HEARTBEAT_S while it runs (unless ``frozen``), what
@@ -102,7 +100,7 @@ class FakeNode:
 
     liveness_ours = True
 
-    def __init__(self, clock: FakeClock, *, exit_at: tuple[float, int] | None = None,
+    def __init__(self, clock: GangClock, *, exit_at: tuple[float, int] | None = None,
                  script: tuple[tuple[float, bytes], ...] = (), ignores_stop: bool = False):
         self.clock = clock
         self.host = "fake"
@@ -169,34 +167,19 @@ class FakeNode:
     def at(self, word: Control) -> list[float]:
         return [t for w, t in self.sent if w is word]
 
-    def unread(self, data: bytes) -> None:
-        pass
-
-    def poll(self):
-        return None
-
-    def wait(self, timeout: float) -> int:
-        raise TimeoutError
-
-    def hang_up(self) -> None:
-        pass
-
     def abort(self) -> None:
         self.emit(b"")
 
-    def release(self):
-        return None
-
 
 @pytest.fixture
-def clock(monkeypatch) -> FakeClock:
-    fake = FakeClock()
+def clock(monkeypatch) -> GangClock:
+    fake = GangClock()
     monkeypatch.setattr(gang_module, "time", fake)
     monkeypatch.setattr(nodehandle_module, "time", NodeClock(fake))
     return fake
 
 
-def start_gang(tmp_path, clock: FakeClock, nodes: list[FakeNode], **kw) -> Gang:
+def start_gang(tmp_path, clock: GangClock, nodes: list[FakeNode], **kw) -> Gang:
     text = "nodes:\n" + "  - {host: localhost, procs: 1}\n" * len(nodes) + textwrap.dedent("""\
         workload: {script: train.py}
         master: {port: 29500}
