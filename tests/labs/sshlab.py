@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 import paramiko
 import pytest
@@ -414,13 +414,18 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("true", "1", "yes")
 
 
+def lacking(reason: str) -> NoReturn:
+    """This machine lacks what a lab or a test needs: skip, saying why;
+    under ``CI=true`` fail instead, since CI must never skip by accident."""
+    if _in_ci():
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def _require_sshd() -> None:
     for tool in (SSHD, SSH_KEYGEN):
         if not os.access(tool, os.X_OK):
-            reason = f"{tool} not found; {INSTALL_HINT}"
-            if _in_ci():
-                pytest.fail(f"CI=true but {reason}", pytrace=False)
-            pytest.skip(reason)
+            lacking(f"{tool} not found; {INSTALL_HINT}")
 
 
 def lab_factory(lab_class: type, require: Callable[[], None]) -> Iterator[Callable[..., SshLab]]:
