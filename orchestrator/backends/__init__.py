@@ -13,7 +13,8 @@ from typing import Callable
 
 from ..config.spec import BACKENDS, ClusterSpec
 from ..errors import ConfigError
-from .base import LaunchBackend, LaunchOptions
+from ..engine.options import LaunchOptions
+from .base import LaunchBackend
 
 
 def backend_class(name: str) -> type[LaunchBackend]:

@@ -14,37 +14,31 @@ import json
 import os
 import time
 from abc import abstractmethod
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from workloads.contract import MAX_RESTARTS_ENV
 
 from ..agent.wire.protocol import KeptRule, is_time
-from ..agent.kept.records import clean_keeper_state
-from ..console import Console
 from ..errors import ConfigError, TransportError
-from ..plan.build import resolve_plan
 from ..plan.dryrun import ByHand, DryRun, NodeLaunch
-from ..plan.model import NodePlan, RunPlan
 from ..plan.torchrun import torchrun_argv
-from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
-from ..records.rundir import RunDir
-from ..records.store import NodeRecord, RunRecord
-from ..transport.base import Transport
-from ..engine import gpuplan
-from ..engine.agentlink import AgentHandle, open_agents
 from .base import (CancelResult, LaunchBackend, PruneResult, RunDescription,
                    in_local_run_dir, recorded_dryrun)
-from ..engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
-from ..engine.preflight import Preflight
-from ..engine.bundle import build_bundle, code_notes, stand_ins
-from ..engine.fanout import on_all
-from ..engine.keptgang import attempt_outcomes
-from ..engine.run import Mode, RunHandle, node_records
-from ..engine.nodehandle import BUNDLE_NAME, describe_survivors
-from ..engine.preflight import (bind_request, interface_from, master_port_from, route_request,
-                        run_checks)
-from ..engine.results import fetch_outputs, keep, wanted_files
 
+# The engine (agents, the gang, fetching, preflight) is imported by the
+# methods that start or reach nodes, not here: a dry-run, `ps` and `--help`
+# load this module without it (bench/cli_latency.py).
+if TYPE_CHECKING:
+    from ..console import Console
+    from ..engine.agentlink import AgentHandle
+    from ..engine.preflight import Preflight
+    from ..engine.stacks import StacksResult
+    from ..plan.model import NodePlan, RunPlan
+    from ..records.outcome import RunOutcome
+    from ..records.rundir import RunDir
+    from ..records.store import NodeRecord, RunRecord
+    from ..transport.base import Transport
+    from .agentrun import AgentRun
 
 
 class AgentBackend(LaunchBackend):
@@ -70,6 +64,8 @@ class AgentBackend(LaunchBackend):
     # -- the interface -------------------------------------------------------
 
     def dryrun(self, plan: RunPlan) -> DryRun:
+        from ..engine.bundle import code_notes
+
         restarts = {MAX_RESTARTS_ENV: str(self.options.max_restarts)} \
             if self.options.max_restarts else {}
         nodes = tuple(NodeLaunch(node=node, where=self.where(node),
@@ -93,6 +89,15 @@ class AgentBackend(LaunchBackend):
         dry-run with what they found. The supervisors (or keepers) start
         when the engine follows. A failure half-way closes every agent
         (each exits: nothing runs there yet)."""
+        from ..engine import gpuplan
+        from ..engine.agentlink import open_agents
+        from ..engine.bundle import build_bundle, stand_ins
+        from ..engine.fanout import on_all
+        from ..engine.nodehandle import BUNDLE_NAME
+        from ..engine.run import Mode
+        from ..plan.build import resolve_plan
+        from .agentrun import AgentRun
+
         plan = info.plan
         transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}
         agents: dict[int, AgentHandle] = {}
@@ -138,6 +143,10 @@ class AgentBackend(LaunchBackend):
 
     def reconnect(self, record: RunRecord, *, lines: int | None = None) -> "AgentRun":
         """An agent on every node of a detached run, to follow its keepers."""
+        from ..engine.agentlink import open_agents
+        from ..engine.run import Mode
+        from .agentrun import AgentRun
+
         info = recorded_dryrun(record)
         transports = {n.node_rank: self.transport(n.node_rank, n.host, n.connection)
                       for n in record.nodes}
@@ -155,6 +164,8 @@ class AgentBackend(LaunchBackend):
             raise
 
     def cancel(self, record: RunRecord) -> list[CancelResult]:
+        from ..engine.fanout import on_all
+
         def down(k: int) -> CancelResult:
             node = record.nodes[k]
             reply = self._ask(record.run_id, node, "down", run_id=record.run_id,
@@ -173,6 +184,8 @@ class AgentBackend(LaunchBackend):
         """Each node's run directory removed by its agent (``agent/node/prune.py``,
         which refuses a run alive there), all at once; one inside the local
         run directory goes with it."""
+        from ..engine.fanout import on_all
+
         remote = [n for n in record.nodes if not in_local_run_dir(record, n)]
 
         def prune(node: NodeRecord) -> PruneResult:
@@ -194,6 +207,11 @@ class AgentBackend(LaunchBackend):
     def describe(self, record: RunRecord) -> RunDescription:
         """A detached run's state is its nodes': node 0's keeper records every
         attempt once the run is over; until then each keeper says how far it is."""
+        from ..agent.kept.records import clean_keeper_state
+        from ..engine.fanout import on_all
+        from ..engine.keptgang import attempt_outcomes
+        from ..records.outcome import NodeOutcome, NodeState, RunState, gang_outcome
+
         if record.rule != KeptRule.DETACHED or not record.live:
             return super().describe(record)
         info = recorded_dryrun(record)
@@ -256,6 +274,9 @@ class AgentBackend(LaunchBackend):
                 native: bool = False) -> StacksResult:
         """One agent per host (a host may hold several nodes), all at once; each
         dumps the run's ranks there (``agent/node/stacks.py``)."""
+        from ..engine.fanout import on_all
+        from ..engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
+
         hosts: dict[str, list[int]] = {}  # one agent per way of reaching a host
         for node in nodes:
             key = f"{node.host} {json.dumps(dict(node.connection), sort_keys=True)}"
@@ -277,6 +298,8 @@ class AgentBackend(LaunchBackend):
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), tuple(unreachable))
 
     def check(self, plan: RunPlan) -> Preflight:
+        from ..engine.preflight import run_checks
+
         transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}
         try:
             return run_checks(plan, transports, self.where, self.options.check_timeout_s,
@@ -300,6 +323,8 @@ class AgentBackend(LaunchBackend):
     def _not_joined(self, info: DryRun, hung: list[int], console: Console) -> RunOutcome:
         """Nodes whose agent never answered within the start timeout (a hung
         interpreter, a login that never finishes) fail the run as not joined."""
+        from ..records.outcome import NodeOutcome, NodeState, gang_outcome
+
         label = _labeller(info.plan)
         timeout = self.options.start_timeout_s
         console.info(f"the rendezvous did not complete within {timeout:g}s; not joined: "
@@ -331,6 +356,10 @@ class AgentBackend(LaunchBackend):
         the run (``engine/gpuplan.py``), waiting up to ``wait_s`` for them.
         Returns the port (node 0, else None), the interface (or None) and the
         node's GPU answer (or None)."""
+        from ..engine import gpuplan
+        from ..engine.nodehandle import BUNDLE_NAME
+        from ..engine.preflight import bind_request, interface_from, master_port_from, route_request
+
         node = plan.nodes[k]
         gpus = gpuplan.gpu_request(plan, node, self.spec, self.options.allow_busy_gpus)
         probe_torch = gpus is not None and gpuplan.wants_torch(plan, node)
@@ -380,6 +409,10 @@ class AgentBackend(LaunchBackend):
         connection would only wait out the SSH connect timeout on the same
         dead path, and its supervisor already tears the run down by itself,
         ``PEER_TIMEOUT_S`` after our last ping."""
+        from ..engine.fanout import on_all
+        from ..engine.nodehandle import describe_survivors
+        from ..records.outcome import NodeState
+
         lost = [o.node_rank for o in outcome.nodes
                 if o.state is NodeState.LOST and o.node_rank not in silent]
         for k in sorted(silent):
@@ -406,6 +439,10 @@ class AgentBackend(LaunchBackend):
         """What the run brings home (``results.wanted_files``): over the run's
         own channel where it is still open, else over a fresh agent. Best
         effort; a node that cannot be reached leaves a note in its log."""
+        from ..engine.agentlink import AgentHandle
+        from ..engine.fanout import on_all
+        from ..engine.results import fetch_outputs, keep, wanted_files
+
         wanted = wanted_files(info, outcome)
 
         def fetch(k: int) -> None:
@@ -436,48 +473,11 @@ class AgentBackend(LaunchBackend):
         return result if isinstance(result, dict) else None
 
 
-class AgentRun(RunHandle):
-    """A run whose nodes' agents this controller holds open: the gang's
-    channels, then the fetch's (an agent whose supervisor ended cleanly
-    serves it on the same channel, ``NodeHandle.release``)."""
-
-    def __init__(self, backend: AgentBackend, info: DryRun, run: RunDir, mode: Mode,
-                 transports: dict[int, Transport], agents: dict[int, AgentHandle], *,
-                 records: tuple[NodeRecord, ...] = (), lines: int | None = None):
-        super().__init__(info, run, mode, channels=agents, records=records, lines=lines,
-                         dump_stacks=lambda: backend._stacks(info.plan.run_id, self.records))
-        self.backend = backend
-        self.transports = transports
-        self.agents = agents
-
-    def resolved(self, info: DryRun) -> None:
-        """The dry-run with each node's launch-time facts (port, home)."""
-        self.dryrun = info
-        self.records = node_records(info)
-
-    def fetch(self, outcome: RunOutcome) -> dict | None:
-        reusable = {h.node.node_rank: agent for h in self.gang.handles
-                    if (agent := h.release()) is not None}
-        return self.backend._fetch(self.dryrun, self.transports, outcome, self.run, reusable)
-
-    def tidy(self, outcome: RunOutcome) -> None:
-        """What a lost node left behind is ended (not when only observing)."""
-        if self.mode is not Mode.OBSERVED:
-            self.backend._sweep_lost(self.dryrun, self.transports, outcome, self.run,
-                                     silent={h.node.node_rank for h in self.gang.handles
-                                             if h.partitioned})
-
-    def close(self, left: bool = False) -> None:
-        """EOF to every agent: each exits, its supervisor tearing its run down
-        first (a keeper goes on: it is not the agent's child)."""
-        on_all(lambda k: self.agents[k].close(), list(self.agents))
-        for transport in self.transports.values():
-            transport.close()
-
-
 def _call(transport: Transport, python: str, run: str, op: str, /, **fields: Any) -> dict:
     """One request over a fresh agent on ``transport`` (marked as run
     ``run``'s), which then exits."""
+    from ..engine.agentlink import AgentHandle
+
     agent = AgentHandle(transport, python, run_id=run)
     try:
         return agent.call(op, **fields)

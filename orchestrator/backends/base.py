@@ -40,21 +40,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
-from ..config.spec import ClusterSpec
-from ..console import Console
-from ..engine.preflight import Preflight
-from ..engine.run import LaunchOptions, RunHandle, collect, follow
-from ..engine.stacks import StacksResult
 from ..errors import LaunchError
-from ..plan.build import build_plan
-from ..plan.dryrun import LIVENESS, DryRun
-from ..plan.render import dryrun_from_dict
-from ..plan.model import RunPlan
-from ..records.outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
-from ..records.rundir import RunDir
-from ..records.store import NodeRecord, RunRecord
+from ..plan.dryrun import LIVENESS
+
+if TYPE_CHECKING:  # the engine loads when a run starts, not for a dry-run or --help
+    from ..config.spec import ClusterSpec
+    from ..console import Console
+    from ..engine.options import LaunchOptions
+    from ..engine.preflight import Preflight
+    from ..engine.run import RunHandle
+    from ..engine.stacks import StacksResult
+    from ..plan.dryrun import DryRun
+    from ..plan.model import RunPlan
+    from ..records.outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
+    from ..records.rundir import RunDir
+    from ..records.store import NodeRecord, RunRecord
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class RunDescription:
 
 def recorded_dryrun(record: RunRecord) -> DryRun:
     """The resolved dry-run a recorded run was launched with (``plan.json``)."""
+    from ..plan.render import dryrun_from_dict
+
     data = record.run.plan()
     try:
         return dryrun_from_dict(data)
@@ -105,7 +109,7 @@ def recorded_dryrun(record: RunRecord) -> DryRun:
                           f"started, or its directory is damaged") from None
 
 
-OnRunning = Callable[[RunHandle], None]
+OnRunning = Callable[["RunHandle"], None]
 
 
 class LaunchBackend(ABC):
@@ -135,6 +139,8 @@ class LaunchBackend(ABC):
 
     def plan(self, run_id: str, local_run_dir: str) -> RunPlan:
         """The rank plan of ``self.spec`` under this backend (pure)."""
+        from ..plan.build import build_plan
+
         return build_plan(self.require_spec(), run_id=run_id, local_run_dir=local_run_dir,
                           master_addr=self.default_master_addr())
 
@@ -207,6 +213,9 @@ class LaunchBackend(ABC):
         gets the handle when its records are worth keeping (``follow``).
         The handle is closed whatever happens: a run not left to its nodes
         is ended (Ctrl-C, an error); not meant to be overridden."""
+        from ..engine.run import collect, follow
+        from ..records.outcome import RunState
+
         handle = self.submit(info, run, console)
         outcome = None
         try:
@@ -219,6 +228,8 @@ class LaunchBackend(ABC):
                ) -> RunOutcome:
         """Follow a detached run from its nodes until it ends (or Ctrl-C, which
         leaves it), bringing its results home: reconnect + follow + collect."""
+        from ..engine.run import collect, follow
+
         handle = self.reconnect(record, lines=lines)
         try:
             return collect(handle, follow(handle, console, self.options))

@@ -16,12 +16,8 @@ from typing import Any, Callable
 import click
 
 from .. import __version__
-from ..backends.base import LaunchOptions
-from ..config.loader import (MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT,
-                             load_cluster_file)
-from ..config.localmode import local_spec, with_args, with_program
-from ..config.spec import BACKENDS
-from ..config.yamlsrc import parse
+from ..engine.options import LaunchOptions
+from ..config.spec import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError
 from ..records.rundir import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
@@ -127,6 +123,8 @@ def _parse_args(pairs: tuple[str, ...]) -> dict[str, Any]:
     so ``--arg note=a: b`` passes through; the workload's argument check
     then says whether the value fits.
     """
+    from ..config.yamlsrc import parse
+
     args: dict[str, Any] = {}
     for pair in pairs:
         key, eq, raw = pair.partition("=")
@@ -245,7 +243,6 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                                f"--format {fmt}; or drop --format to launch")
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs, program)
-    _refuse_queue_timeout(spec, queue_timeout)
     runs_dir = locate(runs_dir).path
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
@@ -258,8 +255,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             max_restarts=max_restarts if max_restarts is not None
                             else spec.max_restarts, wait_gpus_s=wait_gpus,
                             allow_busy_gpus=allow_busy_gpus)
-    _refuse_restarts(spec, options.max_restarts)
-    _refuse_unwatched_hang(spec, options)
+    _refuse_unsupported(spec, options)
     if dry_run:
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
                  _job_words(cluster_file, backend, local, workload, gpus, procs, device,
@@ -326,15 +322,17 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     if baseline_run is None or ddp_run is None:
         spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                                   arg_pairs)
-        _refuse_queue_timeout(spec, queue_timeout)
-        base_spec = runs.baseline_spec(spec, baseline_kind)  # refuses before anything runs
-        spec = runs.ddp_spec(spec, baseline_kind)
-    console = Console("rank0" if show_output else "quiet")
-    launch = _launcher(runs_dir, console, LaunchOptions(
+    options = LaunchOptions(
         grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
         queue_timeout_s=queue_timeout, wait_gpus_s=wait_gpus, allow_busy_gpus=allow_busy_gpus,
         hang_timeout_s=hang_timeout if hang_timeout is not None or spec is None
-        else spec.hang_timeout))
+        else spec.hang_timeout)
+    if spec is not None:
+        _refuse_unsupported(spec, options)
+        base_spec = runs.baseline_spec(spec, baseline_kind)  # refuses before anything runs
+        spec = runs.ddp_spec(spec, baseline_kind)
+    console = Console("rank0" if show_output else "quiet")
+    launch = _launcher(runs_dir, console, options)
     base = runs.run_or_load("baseline", base_spec, baseline_run,
                             runs_dir=runs_dir, launch=launch)
     ddp = runs.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)
@@ -353,6 +351,9 @@ def _spec_from_options(cluster_file: str | None, backend: str | None, local: boo
                        program: tuple[str, ...] | None = None) -> Any:
     """The spec ``up`` and ``compare`` run: the file, or --local's one node;
     ``program``, the words after ``--``, replaces its workload."""
+    from ..config.loader import load_cluster_file
+    from ..config.localmode import local_spec, with_args, with_program
+
     spec = load_cluster_file(cluster_file) if cluster_file else None
     args = _parse_args(arg_pairs)
     if program is not None and args:
@@ -373,12 +374,22 @@ def _spec_from_options(cluster_file: str | None, backend: str | None, local: boo
     return _with_backend(spec, backend)
 
 
-def _refuse_queue_timeout(spec: Any, queue_timeout: float | None) -> None:
-    """``--queue-timeout`` bounds a scheduler's queue (``LaunchBackend.queue``).
-    Any other backend starts at once, so the option would be silently moot."""
+def _refuse_unsupported(spec: Any, options: LaunchOptions) -> None:
+    """The options ``spec``'s backend cannot honour, refused before anything
+    runs, from its capabilities (``LaunchBackend``'s class attributes):
+
+    * ``--queue-timeout`` bounds a scheduler's queue (``queue``); any other
+      backend starts at once, so the option would be silently moot;
+    * ``--max-restarts`` where it has no gang restarts (``no_restarts`` says
+      why, and what to do instead);
+    * ``--hang-timeout`` with ``--detach`` where no keeper would watch: a
+      detached run's watchdog is its keepers' head, and a backend without
+      gang restarts starts no keepers, so its job would run unwatched.
+    """
     from ..backends import backend_class, backends_with
 
-    if queue_timeout is not None and not backend_class(spec.backend).queue:
+    chosen = backend_class(spec.backend)
+    if options.queue_timeout_s is not None and not chosen.queue:
         queued = backends_with(lambda cls: bool(cls.queue))
         words = "; ".join(backend_class(name).queue for name in queued)
         raise ConfigError(f"only the {' or '.join(queued)} backend has a queue to time out "
@@ -387,28 +398,11 @@ def _refuse_queue_timeout(spec: Any, queue_timeout: float | None) -> None:
                           source="command line",
                           hint="drop --queue-timeout; --start-timeout bounds how long every "
                                f"node has to join (or use --backend {' or '.join(queued)})")
-
-
-def _refuse_restarts(spec: Any, max_restarts: int) -> None:
-    """``--max-restarts`` where the backend has no gang restarts
-    (``LaunchBackend.no_restarts`` says why, and what to do instead)."""
-    from ..backends import backend_class, backends_with
-
-    why_not = backend_class(spec.backend).no_restarts
-    if max_restarts and why_not:
+    if options.max_restarts and chosen.no_restarts:
         having = backends_with(lambda cls: not cls.no_restarts)
         raise ConfigError(f"gang restarts are for the {' and '.join(having)} backends",
-                          path="--max-restarts", source="command line", hint=why_not)
-
-
-def _refuse_unwatched_hang(spec: Any, options: LaunchOptions) -> None:
-    """``--hang-timeout`` with ``--detach`` where no keeper would watch: a
-    detached run's watchdog is its keepers' head, and a backend without gang
-    restarts (``no_restarts``) starts no keepers; its job would run unwatched."""
-    from ..backends import backend_class
-
-    if options.detach and options.hang_timeout_s is not None \
-            and backend_class(spec.backend).no_restarts:
+                          path="--max-restarts", source="command line", hint=chosen.no_restarts)
+    if options.detach and options.hang_timeout_s is not None and chosen.no_restarts:
         raise ConfigError(f"a detached {spec.backend} job has no hang watchdog: the nodes' "
                           f"keepers run it, and the {spec.backend} backend starts none",
                           path="--hang-timeout", source="command line",
@@ -520,6 +514,7 @@ def check(cluster_file: str, backend: str | None, timeout: float,
     that differ) pass; exits 1 if anything fails.
     """
     from ..backends import backend_for
+    from ..config.loader import load_cluster_file
     from ..report.runs import render_check
 
     spec = _with_backend(load_cluster_file(cluster_file), backend)

@@ -45,7 +45,7 @@ def ps(runs_dir: str | None, as_json: bool) -> None:
 
 def _described(record):
     from ..backends import get_backend
-    from ..backends.base import LaunchOptions
+    from ..engine.options import LaunchOptions
 
     return get_backend(record.backend, LaunchOptions()).describe(record)
 
@@ -138,7 +138,7 @@ def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str | None)
     record = find_run(locate(runs_dir).path, run_id)
     if follow and kept_without_controller(record):  # the nodes have the live log
         from ..backends import get_backend
-        from ..backends.base import LaunchOptions
+        from ..engine.options import LaunchOptions
         from ..console import Console
 
         get_backend(record.backend, LaunchOptions()).attach(record, Console("all"))
@@ -241,7 +241,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
     import json
 
     from ..backends import get_backend
-    from ..backends.base import LaunchOptions
+    from ..engine.options import LaunchOptions
     from ..engine.stacks import keep
 
     record = find_run(locate(runs_dir).path, run_id)
@@ -283,7 +283,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     import dataclasses
 
     from ..backends import get_backend
-    from ..backends.base import LaunchOptions
+    from ..engine.options import LaunchOptions
     from ..console import Console
     from ..records.outcome import RunState
     from ..report.runs import render_detached

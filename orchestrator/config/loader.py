@@ -19,9 +19,9 @@ from workloads.catalog import CATALOG
 from ..agent.node.outputs import pattern_problem
 from ..errors import ConfigError
 from .blocks import blocks, top_keys
-from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT,
-                   DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS, ClusterSpec, NodeSpec, SshSpec,
-                   WorkloadSpec, default_backend, placed_host)
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS,
+                   LOCAL_HOSTS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT,
+                   ClusterSpec, NodeSpec, SshSpec, WorkloadSpec, default_backend, placed_host)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 # The core keys, and each backend's block after the key it follows (``blocks``).
@@ -31,11 +31,6 @@ TOP_KEYS = top_keys(("name", "master", "ssh", "python", "workdir", "env", "devic
 MAX_SETUP_COMMANDS = 100
 MAX_SETUP_TIMEOUT = 7 * 86400
 MAX_OUTPUTS = 100
-# Progress reaches the controller with the agents' heartbeats (every 5 s), so a
-# shorter hang timeout would take a quiet but healthy run for a hung one.
-MIN_HANG_TIMEOUT = 10
-MAX_HANG_TIMEOUT = 7 * 86400
-MAX_RESTARTS = 100  # whole-gang restarts of one run
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
 COUNT_KEYS = ("count", "gpus", "procs")  # nodes: {count: N, gpus: G} (Slurm places them)
 MAX_NODES = 4096
@@ -43,7 +38,6 @@ SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeou
 MASTER_KEYS = ("addr", "port")
 NETWORK_KEYS = ("interface",)
 GPU_POLICY_KEYS = ("busy_memory_mib", "wait")
-MAX_GPU_WAIT = 7 * 86400
 MAX_BUSY_MIB = 1 << 20
 # ``free:3``: three free GPUs (1 to 1024, as many as there are indices),
 # chosen on the node at launch.

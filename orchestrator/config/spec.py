@@ -1,7 +1,7 @@
 """What the user asked for: the validated contents of a cluster file.
 
 ``*Spec`` objects are user input after validation, nothing derived. The
-rank plan (``plan.py``) is computed from them by pure code.
+rank plan (``plan/build.py``) is computed from them by pure code.
 """
 
 from __future__ import annotations
@@ -22,6 +22,14 @@ DEFAULT_GPU_BUSY_MIB = 1024
 GPU_REQUESTS = ("all", "free")
 # The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
 BACKENDS = ("local", "ssh", "slurm")
+# Bounds the cluster file and the command line share (the CLI's options are
+# built from them without loading the loader).
+# Progress reaches the controller with the agents' heartbeats (every 5 s), so a
+# shorter hang timeout would take a quiet but healthy run for a hung one.
+MIN_HANG_TIMEOUT = 10
+MAX_HANG_TIMEOUT = 7 * 86400
+MAX_RESTARTS = 100  # whole-gang restarts of one run
+MAX_GPU_WAIT = 7 * 86400
 
 
 def default_backend(hosts: "tuple[str, ...] | list[str]") -> str:

@@ -22,7 +22,8 @@ import time
 from typing import Callable
 
 from ..backends import get_backend
-from ..backends.base import CancelResult, LaunchOptions
+from ..backends.base import CancelResult
+from ..engine.options import LaunchOptions
 from ..records.store import RunRecord, controller_alive, recorded_elsewhere
 
 Note = Callable[[str], None]

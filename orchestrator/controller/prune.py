@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from ..agent.node.prune import tree_bytes
 from ..backends import backend_class, get_backend
-from ..backends.base import LaunchOptions, PruneResult
+from ..backends.base import PruneResult
+from ..engine.options import LaunchOptions
 from ..errors import ConfigError, OrchestratorError
 from ..records.store import RunRecord
 

@@ -28,7 +28,7 @@ from workloads.catalog import CATALOG, Layout
 from ..agent.node import gpus as node_gpus
 from ..agent.node.gpuclaim import TorchProbe
 from ..engine.gpuplan import torch_problem
-from ..backends.base import LaunchOptions
+from ..engine.options import LaunchOptions
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError
 from ..plan.model import RunPlan

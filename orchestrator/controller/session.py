@@ -17,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import TYPE_CHECKING
 
 from ..backends import backend_for
-from ..backends.base import LaunchBackend, LaunchOptions
+from ..backends.base import LaunchBackend
+from ..engine.options import LaunchOptions
 from ..config.spec import ClusterSpec
 from ..console import Console
 from ..errors import OrchestratorError
-from ..engine.run import RunHandle, node_records
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
 from ..plan.secrets import stored_cluster_file
@@ -31,6 +32,9 @@ from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir, new_run_id
 from ..records.store import write_state
 from .refusals import refuse, refuse_resolved
+
+if TYPE_CHECKING:
+    from ..engine.run import RunHandle
 
 
 def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
@@ -48,6 +52,8 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
        options: LaunchOptions = LaunchOptions(),
        run_id: str | None = None) -> tuple[RunOutcome, RunDir]:
     """Launch ``spec`` and return how it ended, with its run directory."""
+    from ..engine.run import node_records  # the engine: for a launch, not a dry-run
+
     run_id = run_id or new_run_id(spec.name)
     backend, info = prepare(spec, options, run_id=run_id,
                             local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))

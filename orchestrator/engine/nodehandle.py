@@ -94,7 +94,7 @@ class NodeHandle:
         self.log_mode = "ab"  # "wb": the stream is the node's whole log (attach from the start)
 
     def follow(self, **request) -> None:
-        """Relay a kept run's stream (``agent/daemon.follow``) from this channel."""
+        """Relay a kept run's stream (``agent/kept/daemon.follow``) from this channel."""
         self.kept = True
         self.channel = KeeperFollower(self.agent, request)
         self.channel.supervise()

@@ -103,7 +103,7 @@ def fetch_outputs(info: DryRun, run: RunDir, listing: Callable[..., dict],
     """Bring node 0's ``outputs:`` home into ``<run dir>/outputs/``, as they
     lie under its code root, and record what happened in ``outputs.json``
     (which the summary, ``status`` and ``logs`` read). ``listing(**request)``
-    is node 0's ``outputs`` answer (``agent/outputs.collect``), ``get(path,
+    is node 0's ``outputs`` answer (``agent/node/outputs.collect``), ``get(path,
     limit)`` a file's bytes: over the agent's channel, or from the shared run
     directory. None when the run has no ``outputs:``.
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ..agent.wire.protocol import is_time
 from ..backends.base import CancelResult, RunDescription
 
-from ..engine.preflight import NodeGpus, Preflight, holder_text
-from ..engine.results import outputs_lines
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome
 from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
 from ..tables import format_table
 from .gpus import GPU_KEYS, gpu_lines, gpu_words
+
+if TYPE_CHECKING:  # `ps` and `status` read records; `check` loads the preflight
+    from ..engine.preflight import NodeGpus, Preflight
 
 
 PS_WHY_WIDTH = 70  # the ROOT CAUSE column of ``ps``: status shows it whole
@@ -106,6 +108,8 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
         lines += [f"  {key} = {value}" for key, value in (result.get("metrics") or {}).items()]
     elif then and not described.state.live:
         lines.append(f"result: not brought home yet: {then}")
+    from ..engine.results import outputs_lines
+
     lines += outputs_lines(record.run.outputs(), record.run.path)
     lines.append(f"run directory: {record.run.path}")
     return "\n".join(lines) + "\n"
@@ -185,6 +189,8 @@ def render_check(report: Preflight) -> str:
 def render_gpus(node: NodeGpus) -> str:
     """One node's GPUs for ``check``: each with its memory, utilisation,
     processes and holder, and whether the run would take it now."""
+    from ..engine.preflight import holder_text
+
     torch = f"; torch sees {node.torch_sees}" if node.torch_sees is not None else ""
     head = f"\nnode {node.node_rank} ({node.host}) GPUs, driver {node.driver or '?'}{torch}\n"
     if not node.gpus:

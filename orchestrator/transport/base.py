@@ -85,7 +85,7 @@ class ProcessHandle(ABC):
 
 class Transport(ABC):
     """Runs commands on one node. That is all a node must allow: files move
-    over a command's stdin and stdout (``backends.agentlink``), so no SFTP
+    over a command's stdin and stdout (``engine.agentlink``), so no SFTP
     or other file service is needed there."""
 
     host: str

@@ -3,9 +3,10 @@
 Same signatures and result types as ``LocalTransport``. What SSH adds, and
 how this module handles it:
 
-* Settings are resolved once, up front (``orchestrator.sshconfig``): cluster
-  file values, then ``~/.ssh/config``, then defaults; ProxyJump is applied by
-  tunnelling a ``direct-tcpip`` channel through the jump host's connection.
+* Settings are resolved once, up front (``orchestrator.transport.sshconfig``):
+  cluster file values, then ``~/.ssh/config``, then defaults; ProxyJump is
+  applied by tunnelling a ``direct-tcpip`` channel through the jump host's
+  connection.
 * Host keys are checked against known_hosts like OpenSSH does; unknown keys
   are refused unless ``strict_host_keys="accept-new"``, changed keys always.
 * The connection is opened lazily on first use, shared by all threads, and

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from orchestrator.backends.base import LaunchOptions
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.controller.session import prepare
 from orchestrator.errors import ConfigError

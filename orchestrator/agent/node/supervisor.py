@@ -1,7 +1,7 @@
 """ddp-orch node supervisor: runs one node's torchrun and owns its teardown.
 
 Part of the agent package (stdlib only), which the controller ships to every
-node with each run (``bootstrap.py``), so a node needs nothing but Python
+node with each run (``wire/bootstrap.py``), so a node needs nothing but Python
 and torch. The agent's ``serve`` loop becomes the supervisor when the
 controller sends ``supervise`` with the node's spec.
 
@@ -58,11 +58,11 @@ class Supervisor:
             else SupervisorSpec.from_dict(spec)
         self.stdin = stdin or Reader(0)  # what serve left of stdin, if it read ahead
         self.run_dir = spec.run_dir
-        # torchrun's --log-dir: each attempt of a kept run has its own (keeper.py)
+        # torchrun's --log-dir: each attempt of a kept run has its own (kept/keeper.py)
         self.log_dir = spec.log_dir or os.path.join(self.run_dir, layout.TORCHRUN_LOGS)
         self.last_exit: dict | None = None  # the exit event, once emitted
         # Called with torchrun's exit code as soon as it is reaped (a keeper
-        # tells the gang at once; keeper.py).
+        # tells the gang at once; kept/keeper.py).
         self.on_torchrun_exit = lambda code: None
         self.marker = procs.run_marker(spec.run_id, spec.node_rank)
         self.grace_s = float(spec.grace_s)
@@ -108,7 +108,7 @@ class Supervisor:
         self.guardian = guardian.start(self.marker, self.grace_s)
         guardian.arm(self.guardian, self.log_dir, list(self.spec.secrets),
                      os.path.join(self.run_dir, layout.GUARDIAN_RECORD))
-        if self.spec.owns_signals:  # a keeper (keeper.py) handles them itself
+        if self.spec.owns_signals:  # a keeper (kept/keeper.py) handles them itself
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, lambda signum, _f: self.request_stop(
                     f"got {signal.Signals(signum).name}"))

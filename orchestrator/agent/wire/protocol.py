@@ -115,15 +115,15 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "joined": {},
     "heartbeat": {},
     "started": {"workers": (int,)},
-    # A node's ``setup:`` ended (``nodesetup.py``); torchrun waits for every node's.
+    # A node's ``setup:`` ended (``node/nodesetup.py``); torchrun waits for every node's.
     "setup": {"ok": (bool,)},
     "exit": {"code": (int,), "reason": (str,), "failures": (list,), "last_lines": (list,),
              "duration_s": _NUM},
-    # A kept run (``keeper.py``): its node's stream (``agent.out``) marks each
+    # A kept run (``kept/keeper.py``): its node's stream (``agent.out``) marks each
     # attempt and ends with ``finished``; node 0's carries the gang's attempts.
     "attempt": {"attempt": (int,), "master_port": (int,)},
     "finished": {"code": (int,), "state": (str,)},
-    # Between the keepers of a kept run, over node 0's gang port (``peers.py``).
+    # Between the keepers of a kept run, over node 0's gang port (``kept/peers.py``).
     "gang-hello": {"node_rank": (int,), "token": (str,)},
     "gang-start": {"attempt": (int,), "master_port": (int,)},
     "gang-stop": {"attempt": (int,), "reason": (str,), "final": (bool,)},

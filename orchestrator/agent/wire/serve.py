@@ -8,12 +8,12 @@ requests (``protocol.request``) one at a time until stdin closes:
 ``discard``    remove the run directories this agent created (a launch abandoned)
 ``put``        receive a file (size and SHA-256 checked), write it atomically
 ``get``        send a regular file back, size-capped (and, given a root, inside it)
-``outputs``    which files of a run's ``outputs:`` may come home (``outputs.py``)
-``prune``      remove an ended run's node directory, never a live one (``prune.py``)
+``outputs``    which files of a run's ``outputs:`` may come home (``node/outputs.py``)
+``prune``      remove an ended run's node directory, never a live one (``node/prune.py``)
 ``bind``       can the master port be bound here (0: pick a free one), in its family
-``route``      the interface and address this node's ranks use (``netroute.py``)
-``torch``      start asking the node's torch about CUDA, in a child (``gpuclaim.py``)
-``gpus``       the GPUs the run gets here, locked for its life (``gpuclaim.py``),
+``route``      the interface and address this node's ranks use (``node/netroute.py``)
+``torch``      start asking the node's torch about CUDA, in a child (``node/gpuclaim.py``)
+``gpus``       the GPUs the run gets here, locked for its life (``node/gpuclaim.py``),
                with torch's answer when ``torch`` was asked first
 ``probe``      Python, torch, CUDA, NCCL and the host name, for ``ddp-orch check``
 ``clock``      this node's ``time.time()``, for ``ddp-orch check``'s skew check
@@ -21,9 +21,9 @@ requests (``protocol.request``) one at a time until stdin closes:
                background, until stdin closes or its timeout; replies with its port
 ``connect``    open TCP connections (one, or a list at once), for ``ddp-orch check``
 ``down``       end a run's processes here, found by their marker variables
-``stacks``     dump the run's ranks' stacks here (``stacks.py``)
+``stacks``     dump the run's ranks' stacks here (``node/stacks.py``)
 ``supervise``  become the run's node supervisor; the reply is its output
-``detach``     start the node's keeper of a kept run, as a daemon (``daemon.py``)
+``detach``     start the node's keeper of a kept run, as a daemon (``kept/daemon.py``)
 ``follow``     stream a kept run's ``agent.out``; the agent's last request
 ``keeper``     a kept run's ``keeper.json`` here, and whether its keeper runs
 =============  ==============================================================

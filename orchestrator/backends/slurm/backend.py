@@ -3,7 +3,7 @@
 Slurm places, starts, signals and accounts for the nodes; we never imitate
 it. The controller runs where ``sbatch`` works (a login or submit host) and
 writes everything the job needs into the run directory, which must be on a
-file system that the compute nodes share (``slurmcheck.shared_dir_problem``):
+file system that the compute nodes share (``check.shared_dir_problem``):
 
 * ``agent.pyz``: the node agent (stdlib only), as a zipapp;
 * ``bundle.tar.gz``: the workload code, unpacked by each node's agent;
@@ -12,7 +12,7 @@ file system that the compute nodes share (``slurmcheck.shared_dir_problem``):
 
 It submits with ``sbatch --parsable``, shows the job pending with Slurm's
 reason, and once it runs reads every node's ``node-K/agent.out`` as it
-grows (``slurmjob.py``), so the gang, the output, the root cause and the
+grows (``slurm/job.py``), so the gang, the output, the root cause and the
 summary are the same as over SSH. Teardown is ``scancel``: SIGTERM to every
 agent, whose supervisor tears its torchrun down, Slurm's KillWait, SIGKILL.
 ``srun --kill-on-bad-exit`` stops the other nodes when one fails even if

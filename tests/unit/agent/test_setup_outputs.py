@@ -43,7 +43,7 @@ def spec_of(extra: str):
 
 def dryrun_of(extra: str):
     from orchestrator.backends import backend_for
-    from orchestrator.backends.base import LaunchOptions
+    from orchestrator.engine.options import LaunchOptions
 
     spec = spec_of(extra)
     backend = backend_for(spec, LaunchOptions())

@@ -13,7 +13,8 @@ import pytest
 
 from fakes import QuietChannel
 from orchestrator.agent.wire.protocol import Control, encode
-from orchestrator.backends.base import LaunchBackend, LaunchOptions
+from orchestrator.backends.base import LaunchBackend
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.console import Console
 from orchestrator.engine.run import Mode, RunHandle, collect, follow, node_records

@@ -16,7 +16,7 @@ from orchestrator.agent.node.spec import Liveness
 from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
                                         node_spec, secret_variable)
 from orchestrator.backends.slurm import ctl as slurmctl
-from orchestrator.backends.base import LaunchOptions
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.backends.slurm.backend import PLACEMENT, Backend
 from orchestrator.backends.slurm.check import shared_dir_problem
 from orchestrator.config.loader import load_cluster_text

@@ -69,6 +69,41 @@ def test_the_dry_run_and_every_controller_module_load_without_torch():
     assert probe["torch"] == []
 
 
+# One command run in-process, then the modules it loaded, as JSON.
+LOADED_PROBE = """
+import contextlib, io, json, runpy, sys
+sys.argv = ['ddp-orch', *json.loads(sys.argv[1])]
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        runpy.run_module('orchestrator', run_name='__main__')
+    except SystemExit:
+        pass
+print(json.dumps(sorted(sys.modules)))
+"""
+# What starts, follows or reaches a run: a command that only reads a file or
+# the run records must not pay for it (bench/cli_latency.py times them).
+ENGINE = {"orchestrator.engine.run", "orchestrator.engine.gang", "orchestrator.engine.keptgang",
+          "orchestrator.engine.nodehandle", "orchestrator.engine.agentlink",
+          "orchestrator.engine.preflight", "orchestrator.backends.agentrun", "paramiko"}
+
+
+@pytest.mark.parametrize("argv, also_unloaded", [
+    (["--help"], {"yaml", "orchestrator.config.loader", "orchestrator.engine.results"}),
+    (["ps"], {"yaml", "orchestrator.config.loader", "orchestrator.engine.results"}),
+    (["status", "no-such-run"], {"yaml", "orchestrator.config.loader"}),
+    (["up", "cluster.yaml.example", "--dry-run"], set()),
+], ids=["help", "ps", "status", "dry-run"])
+def test_commands_that_start_nothing_do_not_load_the_engine(argv, also_unloaded, tmp_path):
+    result = subprocess.run([sys.executable, "-c", LOADED_PROBE, json.dumps(argv)], cwd=ROOT,
+                            capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT,
+                                 "DDP_ORCH_RUNS_DIR": str(tmp_path / "runs")})
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout.splitlines()[-1]))
+    assert "orchestrator.cli.main" in loaded  # the command really ran
+    assert not loaded & (ENGINE | also_unloaded), sorted(loaded & (ENGINE | also_unloaded))
+
+
 def test_bad_file_exits_2_with_one_message_and_no_traceback(tmp_path):
     bad = tmp_path / "cluster.yaml"
     bad.write_text("nodes:\n  - host: a\n    gpus: 0\n  - host: b\n    gpus: 2,2\n"

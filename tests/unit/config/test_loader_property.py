@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from orchestrator.errors import ConfigError
 from orchestrator.config.loader import (MAX_GPU_INDEX, NODE_KEYS, RESERVED_ENV, SSH_KEYS, TOP_KEYS,
                                  load_cluster_text)
-from orchestrator.backends.base import LaunchOptions
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.controller.session import prepare
 from orchestrator.plan.render import render_json, render_text
 from orchestrator.config.spec import ClusterSpec

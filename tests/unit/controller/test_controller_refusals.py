@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import LaunchOptions
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_file, load_cluster_text
 from orchestrator.config.localmode import local_spec
 from orchestrator.controller.refusals import refuse

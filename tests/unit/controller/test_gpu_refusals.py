@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import LaunchOptions
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.controller.refusals import refuse, refuse_resolved
 from orchestrator.errors import ConfigError

@@ -24,7 +24,7 @@ from orchestrator.agent.node import outputs
 from orchestrator.agent.wire import files
 from orchestrator.agent.wire.protocol import PEER_TIMEOUT_S
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import LaunchOptions
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.cli.main import main as cli
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.engine import checknet, gang, gpuplan

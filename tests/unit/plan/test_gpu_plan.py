@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import LaunchOptions
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.plan.build import build_plan, resolve_plan
 from orchestrator.plan.model import GpuChoice

@@ -1,0 +1,62 @@
+"""The run of an ``AgentBackend``: the nodes' agents this controller holds
+open, as the engine follows them (``engine/run.py``'s ``RunHandle``).
+
+Apart from ``agentbackend.py`` because it is the engine's side: the backend
+module loads without the engine (a dry-run, ``ps``), this one when a run
+starts or is reached again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..engine.fanout import on_all
+from ..engine.run import Mode, RunHandle, node_records
+
+if TYPE_CHECKING:
+    from ..engine.agentlink import AgentHandle
+    from ..plan.dryrun import DryRun
+    from ..records.outcome import RunOutcome
+    from ..records.rundir import RunDir
+    from ..records.store import NodeRecord
+    from ..transport.base import Transport
+    from .agentbackend import AgentBackend
+
+
+class AgentRun(RunHandle):
+    """A run whose nodes' agents this controller holds open: the gang's
+    channels, then the fetch's (an agent whose supervisor ended cleanly
+    serves it on the same channel, ``NodeHandle.release``)."""
+
+    def __init__(self, backend: AgentBackend, info: DryRun, run: RunDir, mode: Mode,
+                 transports: dict[int, Transport], agents: dict[int, AgentHandle], *,
+                 records: tuple[NodeRecord, ...] = (), lines: int | None = None):
+        super().__init__(info, run, mode, channels=agents, records=records, lines=lines,
+                         dump_stacks=lambda: backend._stacks(info.plan.run_id, self.records))
+        self.backend = backend
+        self.transports = transports
+        self.agents = agents
+
+    def resolved(self, info: DryRun) -> None:
+        """The dry-run with each node's launch-time facts (port, home)."""
+        self.dryrun = info
+        self.records = node_records(info)
+
+    def fetch(self, outcome: RunOutcome) -> dict | None:
+        reusable = {h.node.node_rank: agent for h in self.gang.handles
+                    if (agent := h.release()) is not None}
+        return self.backend._fetch(self.dryrun, self.transports, outcome, self.run, reusable)
+
+    def tidy(self, outcome: RunOutcome) -> None:
+        """What a lost node left behind is ended (not when only observing)."""
+        if self.mode is not Mode.OBSERVED:
+            self.backend._sweep_lost(self.dryrun, self.transports, outcome, self.run,
+                                     silent={h.node.node_rank for h in self.gang.handles
+                                             if h.partitioned})
+
+    def close(self, left: bool = False) -> None:
+        """EOF to every agent: each exits, its supervisor tearing its run down
+        first (a keeper goes on: it is not the agent's child)."""
+        on_all(lambda k: self.agents[k].close(), list(self.agents))
+        for transport in self.transports.values():
+            transport.close()
