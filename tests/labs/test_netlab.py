@@ -284,8 +284,8 @@ def test_gloo_needs_each_hosts_own_nic_name(make_net_lab, tmp_path):
     lab = make_net_lab(2, family="ipv4")
     # Without GLOO_SOCKET_IFNAME, each rank binds 127.0.1.1 and tells the other
     # to connect there: the other connects to its own loopback and fails.
-    # (gloo retries its connect a few times: a 3 s timeout takes about 15 s.)
-    failed = _torchrun_by_hand(lab, tmp_path, ifname=False, gloo_timeout=3, port=29511)
+    # (gloo retries its connect a few times: a 1 s timeout takes about 5 s.)
+    failed = _torchrun_by_hand(lab, tmp_path, ifname=False, gloo_timeout=1, port=29511)
     outputs = "\n".join(out for _, out in failed)
     assert [rc for rc, _ in failed] == [1, 1], outputs
     assert "ALLREDUCE" not in outputs

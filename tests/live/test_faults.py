@@ -29,11 +29,14 @@ PROGRAMS = os.path.join(ROOT, "tests", "programs")
 GRACE_S = 3.0  # start_up's --grace
 STOPPED = "stopped by the controller"
 STDIN_CLOSED = "lost the controller (stdin closed)"
-TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
+# One rank a node: every fault here is about a node and its processes, and
+# a rank costs a torch import; the worker test kills a local rank 1.
+ONE_EACH = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
+TWO_ON_NODE0 = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
 SLEEPER = "workload: {script: sleeper.py}\n"
 
 
-def setup_run(lab, tmp_path, name: str, nodes=TWO_NODES, workload=SLEEPER, extra=""):
+def setup_run(lab, tmp_path, name: str, nodes=ONE_EACH, workload=SLEEPER, extra=""):
     shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), tmp_path)
     env = lab_home(lab, tmp_path)
     return env, lab_cluster(lab, tmp_path, nodes, workload, extra=extra, name=name)
@@ -47,7 +50,7 @@ def start_up(cluster: str, env: dict, tmp_path, run_id: str, *extra: str) -> sub
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def wait_training(proc: subprocess.Popen, ranks: int = 3) -> str:
+def wait_training(proc: subprocess.Popen, ranks: int = 2) -> str:
     seen = ""
     while seen.count("training") < ranks:
         line = proc.stdout.readline()
@@ -68,9 +71,9 @@ def state_of(tmp_path, run_id: str) -> dict:
 def test_worker_sigkilled_on_node0(ssh_lab, tmp_path):
     """README: gone within the grace period. Node 0's torchrun ends on its
     own; node 1 is stopped at once and torn down a grace period later."""
-    env, cluster = setup_run(ssh_lab, tmp_path, "w9")
+    env, cluster = setup_run(ssh_lab, tmp_path, "w9", nodes=TWO_ON_NODE0)
     proc = start_up(cluster, env, tmp_path, "w9")
-    wait_training(proc)
+    wait_training(proc, 3)
     killed_at = time.time()
     os.kill(workers("w9", 0)[1], signal.SIGKILL)
     out = finish(proc)

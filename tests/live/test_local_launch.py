@@ -16,34 +16,28 @@ from procscan import wait_gone
 pytestmark = pytest.mark.live
 
 
-def test_linear_on_two_local_processes(tmp_path):
-    result = run_cli("up", "--local", "--workload", "linear", "--procs", "2",
-                     "--arg", "epochs=4", "--arg", "samples=4000",
-                     "--runs-dir", str(tmp_path), "--run-id", "lin2")
-    assert result.returncode == 0, result.stdout + result.stderr
-    run = tmp_path / "lin2"
-    res = json.loads((run / "result.json").read_text())
-    assert res["world_size"] == 2
-    assert abs(res["metrics"]["w"] - 2) < 0.05 and abs(res["metrics"]["b"] - 3) < 0.05
-    assert "SUCCEEDED" in result.stdout and " w=" in result.stdout
-    assert {"cluster.yaml", "plan.json", "state.json", "node-0.log"} <= set(os.listdir(run))
-    assert json.loads((run / "state.json").read_text())["state"] == "succeeded"
-    assert "[rank0]:" in (run / "node-0.log").read_text()
-    assert oct(os.stat(run).st_mode & 0o777) == "0o700"
-
-
-def test_heterogeneous_local_nodes_get_the_planned_ranks(tmp_path):
+def test_linear_on_heterogeneous_local_nodes_converges_with_the_planned_ranks(tmp_path):
+    """Two nodes of 1 and 2 processes on this machine: the planned rank
+    table, a converging run and the run directory it leaves. (`up --local`,
+    one node, runs in tests/workloads/test_wl_orchestrated.py.)"""
     cluster = tmp_path / "two-nodes.yaml"
     cluster.write_text("name: hetero\nnodes:\n  - {host: localhost, procs: 1}\n"
                        "  - {host: localhost, procs: 2}\n"
-                       "workload:\n  name: linear\n  args: {epochs: 1, samples: 600, global_batch_size: 30}\n")
-    result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"), "--run-id", "het",
-                     "--quiet")
+                       "workload:\n  name: linear\n  args: {epochs: 4, samples: 4000}\n")
+    result = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"), "--run-id", "het")
     assert result.returncode == 0, result.stdout + result.stderr
-    res = json.loads((tmp_path / "runs" / "het" / "result.json").read_text())
+    run = tmp_path / "runs" / "het"
+    res = json.loads((run / "result.json").read_text())
     table = sorted((r["rank"], r["node_rank"], r["local_rank"]) for r in res["rank_table"])
     assert table == [(0, 0, 0), (1, 1, 0), (2, 1, 1)]
     assert res["world_size"] == 3
+    assert abs(res["metrics"]["w"] - 2) < 0.05 and abs(res["metrics"]["b"] - 3) < 0.05
+    assert "SUCCEEDED" in result.stdout and " w=" in result.stdout
+    assert {"cluster.yaml", "plan.json", "state.json", "node-0.log", "node-1.log"} \
+        <= set(os.listdir(run))
+    assert json.loads((run / "state.json").read_text())["state"] == "succeeded"
+    assert "[rank0]:" in (run / "node-0.log").read_text()
+    assert oct(os.stat(run).st_mode & 0o777) == "0o700"
 
 
 def test_a_failing_rank_stops_every_node_and_is_named(tmp_path):
