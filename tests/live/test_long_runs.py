@@ -24,6 +24,9 @@ from procscan import run_pids, wait_gone
 
 pytestmark = pytest.mark.live
 TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
+# One rank a node: a gang across both hosts, for the tests whose subject is
+# the run's life (detach, restarts, teardown), not how ranks share a node.
+ONE_EACH = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
 BOUND_S = 30.0
 
 
@@ -66,30 +69,69 @@ def status_until(env, tmp_path, run_id: str, word: str, timeout: float = 60) -> 
         time.sleep(0.5)
 
 
-def test_detach_returns_then_status_and_attach_follow_it_to_the_result(ssh_lab, tmp_path):
-    env, cluster = setup(ssh_lab, tmp_path, "det", "{steps: 40, sleep: 0.25}")
-    started = up(env, tmp_path, cluster, "det", "--detach")
+def test_a_detached_run_goes_on_without_its_controller_restarts_and_attach_follows_it(
+        ssh_lab, tmp_path):
+    """One detached run with a restart, from ``up --detach`` to its result
+    (three tests once, each with a gang of its own, now one run that checks
+    all they did, in order):
+
+    * ``up --detach`` returns while the run goes on, and ``status`` shows it
+      running (was test_detach_returns_then_status_and_attach_follow_it_to_the_result);
+    * Ctrl-C on ``attach`` leaves the run going (exit 130), and
+      ``logs --follow`` follows it to its end
+      (was test_ctrl_c_on_attach_leaves_the_run_and_logs_follow_it);
+    * with no controller, rank 1 fails at step 30 of attempt 0, the keepers
+      restart the gang, and ``attach`` (from the start, its default) follows
+      it through the restart to the result
+      (was test_restarts_happen_without_a_controller_and_attach_shows_them;
+      ``attach --from-start``, the same start spelled out, is in
+      test_net_launch.py's test_kept_runs_use_the_chosen_interfaces).
+    """
+    env, cluster = setup(ssh_lab, tmp_path, "det",
+                         "{steps: 40, sleep: 0.2, fail_rank: 1, fail_step: 30}", nodes=ONE_EACH)
+    started = up(env, tmp_path, cluster, "det", "--detach", "--max-restarts", "1")
     assert started.returncode == 0, started.stdout + started.stderr
     assert "run det is running on node 0 (node0), node 1 (node1)" in started.stdout
     assert "ddp-orch attach det" in started.stdout
     assert run_pids("det"), "the run ended with its controller"
     state = json.loads((tmp_path / "runs" / "det" / "state.json").read_text())
     assert state["rule"] == "detached" and state["state"] == "running"
-    assert json.loads((tmp_path / "runs" / "det" / "plan.json").read_text())["liveness"] \
-        == "detached"
+    plan = json.loads((tmp_path / "runs" / "det" / "plan.json").read_text())
+    assert plan["liveness"] == "detached" and plan["max_restarts"] == 1
 
     status = cli(env, tmp_path, "status", "det")
     assert " running " in status.stdout.splitlines()[1], status.stdout
     assert "node 1 (node1): running, attempt 0" in status.stdout
 
-    attached = cli(env, tmp_path, "attach", "det")
-    assert attached.returncode == 0, attached.stdout + attached.stderr
-    assert "[node0 node0] [rank0]: rank 0 step 0 attempt 0" in attached.stdout  # from the start
-    assert "[node1 node1] [rank2]: rank 2 step 39 attempt 0" in attached.stdout
-    assert "run det: SUCCEEDED" in attached.stdout
-    assert "result: world_size=3 restart_count=0 steps=40" in attached.stdout
-    assert json.loads((tmp_path / "runs" / "det" / "result.json").read_text())["world_size"] == 3
+    proc = start_cli("attach", "det", "--lines", "2", "--runs-dir", str(tmp_path / "runs"),
+                     env=env)
+    wait_for_lines(proc, "attempt 0", 4)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "left run det; it goes on on its nodes" in out
+    assert run_pids("det")
+
+    follow = start_cli("logs", "det", "--follow", "--runs-dir", str(tmp_path / "runs"), env=env)
+    try:
+        attached = cli(env, tmp_path, "attach", "det")
+        followed, _ = follow.communicate(timeout=60)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    out = attached.stdout
+    assert attached.returncode == 0, out + attached.stderr
+    assert "[node0 node0] [rank0]: rank 0 step 0 attempt 0" in out  # from the start
+    assert "ddp-orch: attempt 1 (master port" in out
+    assert "[node1 node1] [rank1]: rank 1 step 39 attempt 1" in out
+    assert "attempts: 2" in out and "-> restarting" in out
+    assert "run det: SUCCEEDED" in out
+    assert "result: world_size=2 restart_count=1 steps=40" in out
+    assert json.loads((tmp_path / "runs" / "det" / "result.json").read_text())["world_size"] == 2
+    assert follow.returncode == 0, followed
+    assert "[node1 node1] [rank1]: rank 1 step 39 attempt 1" in followed
     nothing_left(ssh_lab, "det", 15)
+    assert "rank 1 step 39 attempt 1" in (tmp_path / "runs" / "det" / "node-1.log").read_text()
     assert " succeeded " in cli(env, tmp_path, "ps").stdout
 
 
@@ -97,7 +139,7 @@ def test_detached_run_whose_rank_raises_stops_everywhere_within_the_bound(ssh_la
     """README: with the default grace, every node's teardown starts within
     10 s of the failure (at once here) and is over within 20 s."""
     env, cluster = setup(ssh_lab, tmp_path, "raise",
-                         "{steps: 400, sleep: 0.1, fail_rank: 2, fail_step: 30}")
+                         "{steps: 400, sleep: 0.1, fail_rank: 1, fail_step: 30}", nodes=ONE_EACH)
     assert up(env, tmp_path, cluster, "raise", "--detach", grace="").returncode == 0
     nothing_left(ssh_lab, "raise", BOUND_S)
     failed_at = keeper(tmp_path, "raise", 0)["attempts"][0]["nodes"]["1"]["failures"][0][
@@ -113,7 +155,7 @@ def test_detached_run_whose_rank_raises_stops_everywhere_within_the_bound(ssh_la
           f"(node 0 asked to stop after {node0['stopped_at'] - failed_at:.1f}s)")
     out = status_until(env, tmp_path, "raise", "failed")
     assert " failed " in out.splitlines()[1], out
-    assert "root cause: node 1 (node1): torchrun exited 1; rank 2 (local rank 0) failed: " \
+    assert "root cause: node 1 (node1): torchrun exited 1; rank 1 (local rank 0) failed: " \
            "RuntimeError: planned failure at step 30 of attempt 0" in out
     node0 = [line for line in out.splitlines() if "node 0 (node0):" in line][0]
     assert "stopped" in node0 or "Connection closed by peer" in node0, out  # or its cascade
@@ -121,15 +163,22 @@ def test_detached_run_whose_rank_raises_stops_everywhere_within_the_bound(ssh_la
     assert recorded["state"] == "failed"  # status wrote down what the nodes said
 
 
-def test_detached_run_survives_nothing_of_a_sigkilled_keeper(ssh_lab, tmp_path):
+def test_a_sigkilled_keeper_ends_a_detached_run_everywhere_with_restarts_left_unused(
+        ssh_lab, tmp_path):
     """README: at once when its link closes (not the 10 s link timeout),
-    then the grace period (3 s here). Measured on node 0's records."""
-    env, cluster = setup(ssh_lab, tmp_path, "k9", "{steps: 4000, sleep: 0.1}")
-    assert up(env, tmp_path, cluster, "k9", "--detach").returncode == 0
+    then the grace period (3 s here). Measured on node 0's records. And no
+    restart, though two were left: a restart needs every node. (Was two
+    tests, each with a gang of its own: test_long_runs.py's
+    test_detached_run_survives_nothing_of_a_sigkilled_keeper and
+    test_restart_rules.py's test_a_lost_keeper_is_not_restarted_while_restarts_remain.)"""
+    env, cluster = setup(ssh_lab, tmp_path, "k9", "{steps: 4000, sleep: 0.1}", nodes=ONE_EACH)
+    started = up(env, tmp_path, cluster, "k9", "--detach", "--max-restarts", "2")
+    assert started.returncode == 0, started.stdout + started.stderr
     killed_at = time.time()
     os.kill(keeper(tmp_path, "k9", 1)["pid"], signal.SIGKILL)
     nothing_left(ssh_lab, "k9", BOUND_S)
-    lost = keeper(tmp_path, "k9", 0)["attempts"][0]["nodes"]["1"]
+    head = keeper(tmp_path, "k9", 0)
+    lost = head["attempts"][0]["nodes"]["1"]
     assert lost["lost"] == "the link closed", lost
     assert lost["lost_at"] - killed_at < AT_ONCE_S < 10, (killed_at, lost)
     node0 = teardowns(tmp_path / "runs", "k9")[0]
@@ -137,25 +186,22 @@ def test_detached_run_survives_nothing_of_a_sigkilled_keeper(ssh_lab, tmp_path):
     took = assert_gone_within([node0], killed_at, 3)
     print(f"a SIGKILLed keeper: lost {lost['lost_at'] - killed_at:.1f}s after the kill, "
           f"node 0 torn down {took:.1f}s after it")
+    assert head["state"] == "failed"
+    assert [(a["restart"], a["no_restart"]) for a in head["attempts"]] == [
+        ("", "node(s) 1 lost: a restart needs every node")]  # 2 restarts were left
     out = status_until(env, tmp_path, "k9", "failed")
-    assert "root cause: node 1 (node1): its keeper could not be heard" in out, out
+    assert "root cause: node 1 (node1): its keeper could not be heard: the link closed" in out, out
     assert "node 0 (node0): stopped" in out and "lost node 1" in out
+    assert "-> no restart: node(s) 1 lost: a restart needs every node" in out, out
 
 
-def test_down_stops_a_detached_run(ssh_lab, tmp_path):
-    env, cluster = setup(ssh_lab, tmp_path, "dd", "{steps: 4000, sleep: 0.1}")
-    assert up(env, tmp_path, cluster, "dd", "--detach").returncode == 0
-    down = cli(env, tmp_path, "down", "dd")
-    assert down.returncode == 0, down.stdout + down.stderr
-    nothing_left(ssh_lab, "dd", 5)  # down waited for the keepers
-    out = status_until(env, tmp_path, "dd", "interrupted")
-    assert " interrupted " in out.splitlines()[1], out
-    assert "-> stopped on purpose" not in out  # one attempt: no restart line
-
-
-def test_status_of_a_live_detached_run_shows_each_ranks_step(ssh_lab, tmp_path):
+def test_status_of_a_live_detached_run_shows_each_ranks_step_and_down_stops_it(
+        ssh_lab, tmp_path):
     """No controller keeps progress.json for a detached run: each node's keeper
-    records its ranks' last step, and status reads it from the nodes."""
+    records its ranks' last step, and status reads it from the nodes (two
+    ranks on node 0: each is shown). Then ``down`` stops the run, waiting for
+    the keepers, and status says interrupted. (Was two tests, each with a
+    gang of its own: this one and test_down_stops_a_detached_run.)"""
     env, cluster = setup(ssh_lab, tmp_path, "prog", "{steps: 4000, sleep: 0.1}")
     assert up(env, tmp_path, cluster, "prog", "--detach").returncode == 0
     deadline = time.monotonic() + 60
@@ -174,47 +220,54 @@ def test_status_of_a_live_detached_run_shows_each_ranks_step(ssh_lab, tmp_path):
     assert [(r["rank"], r["node_rank"], r["host"]) for r in progress] == [
         (0, 0, "node0"), (1, 0, "node0"), (2, 1, "node1")], progress
     assert all(r["step"] >= 0 and r["last_progress_s_ago"] < 30 for r in progress), progress
-    assert cli(env, tmp_path, "down", "prog").returncode == 0
-    nothing_left(ssh_lab, "prog", 15)
+
+    down = cli(env, tmp_path, "down", "prog")
+    assert down.returncode == 0, down.stdout + down.stderr
+    nothing_left(ssh_lab, "prog", 5)  # down waited for the keepers
+    out = status_until(env, tmp_path, "prog", "interrupted")
+    assert " interrupted " in out.splitlines()[1], out
+    assert "-> stopped on purpose" not in out  # one attempt: no restart line
 
 
-def up_with_restarts(lab, tmp_path, run_id: str, args: str, restarts: int, code: int) -> str:
-    """``up --max-restarts`` of steps.py to its end; its output."""
-    env, cluster = setup(lab, tmp_path, run_id, args)
-    done = up(env, tmp_path, cluster, run_id, "--max-restarts", str(restarts))
-    assert done.returncode == code, done.stdout + done.stderr
-    return done.stdout
-
-
-def test_max_restarts_recovers_a_failure_of_the_first_attempt(ssh_lab, tmp_path):
-    out = up_with_restarts(ssh_lab, tmp_path, "re1", "{steps: 4, fail_rank: 1, fail_step: 1}",
-                           1, 0)
-    assert "attempts: 2" in out
-    assert "attempt 0 (port " in out and "RuntimeError: planned failure at step 1 of attempt " \
-           "0 (steps.py:" in out and "-> restarting" in out
-    assert "attempt 1 (port " in out and "): succeeded" in out
-    assert "result: world_size=3 restart_count=1 steps=4" in out  # from attempt 1
+def test_max_restarts_restarts_an_import_error_after_the_first_step_until_an_attempt_succeeds(
+        ssh_lab, tmp_path):
+    """``up --max-restarts 2``: rank 1 raises ImportError at step 2 of
+    attempts 0 and 1 (after a step, so it may depend on the data: restarted,
+    README "Long runs"), and attempt 2 succeeds. Was three tests, each with
+    a gang of its own, now one run that checks all they did:
+    test_max_restarts_recovers_a_failure_of_the_first_attempt (a fresh port
+    and kept logs per attempt, the result from the last), test_restart_rules.py's
+    test_an_import_error_after_the_first_step_is_restarted, and
+    test_a_recurring_failure_stops_after_n_restarts (two restarts in a row;
+    that a run stops after its N restarts: the keepers' own
+    test_keeper.py::test_restarts_stop_at_max_and_the_head_records_every_attempt
+    for N=2, and live, test_hang.py's hang in a detached run, restarted
+    once and then FAILED)."""
+    env, cluster = setup(ssh_lab, tmp_path, "re", "{steps: 4, fail_rank: 1, fail_step: 2, "
+                         "fail_attempts: 2, fail_with: ImportError}", nodes=ONE_EACH)
+    done = up(env, tmp_path, cluster, "re", "--max-restarts", "2")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "attempts: 3" in out, out
+    assert out.count("-> restarting") == 2, out
+    assert "attempt 0 (port " in out and "ImportError: planned failure at step 2 of attempt " \
+           "0 (steps.py:" in out
+    assert "attempt 2 (port " in out and "planned failure at step 2 of attempt 1" in out
+    assert "): succeeded" in out
+    assert "result: world_size=2 restart_count=2 steps=4" in out  # from attempt 2
     ports = [line.split("(port ")[1].split(")")[0] for line in out.splitlines()
              if line.strip().startswith("attempt ") and "(port " in line]
-    assert len(set(ports)) == 2, ports  # a fresh rendezvous port
-    for k in (0, 1):  # both attempts' logs are kept, on the node and here
-        assert (node_dir(tmp_path, "re1", k) / "torchrun").is_dir()
-        assert (node_dir(tmp_path, "re1", k) / "torchrun.attempt-1").is_dir()
-        log = (tmp_path / "runs" / "re1" / f"node-{k}.log").read_text()
+    assert len(set(ports)) == 3, ports  # a fresh rendezvous port each time
+    for k in (0, 1):  # every attempt's logs are kept, on the node and here
+        assert (node_dir(tmp_path, "re", k) / "torchrun").is_dir()
+        assert (node_dir(tmp_path, "re", k) / "torchrun.attempt-1").is_dir()
+        assert (node_dir(tmp_path, "re", k) / "torchrun.attempt-2").is_dir()
+        log = (tmp_path / "runs" / "re" / f"node-{k}.log").read_text()
         assert "attempt 0" in log and "ddp-orch: attempt 1 (master port" in log
-    recorded = json.loads((tmp_path / "runs" / "re1" / "state.json").read_text())
-    assert [a["state"] for a in recorded["attempts"]] == ["failed", "succeeded"]
-    assert wait_gone("re1", 10, labs=[ssh_lab]) == set()
-
-
-def test_a_recurring_failure_stops_after_n_restarts(ssh_lab, tmp_path):
-    out = up_with_restarts(ssh_lab, tmp_path, "re3",
-                           "{steps: 4, fail_rank: 2, fail_step: 1, fail_attempts: 9}", 2, 1)
-    assert "attempts: 3" in out, out
-    assert out.count("-> restarting") == 2
-    assert "attempt 2 (port " in out and "planned failure at step 1 of attempt 2" in out
-    assert "run re3: FAILED" in out
-    assert wait_gone("re3", 10, labs=[ssh_lab]) == set()
+        assert "ddp-orch: attempt 2 (master port" in log
+    recorded = json.loads((tmp_path / "runs" / "re" / "state.json").read_text())
+    assert [a["state"] for a in recorded["attempts"]] == ["failed", "failed", "succeeded"]
+    assert wait_gone("re", 10, labs=[ssh_lab]) == set()
 
 
 def test_an_import_error_is_not_restarted(ssh_lab, tmp_path):
@@ -229,30 +282,33 @@ def test_an_import_error_is_not_restarted(ssh_lab, tmp_path):
     assert "ModuleNotFoundError before the first step, which a restart meets again" in out
 
 
-def tiny_data(workload: str, root) -> tuple[str, str]:
-    """A tiny dataset of ``workload``'s in the real format, and its arguments."""
-    from workloads.make_tiny_datasets import write_cifar10, write_mnist
+def tiny_data(root) -> str:
+    """A tiny MNIST in the real format, and mnist's arguments for it."""
+    from workloads.make_tiny_datasets import write_mnist
 
     data = root / "data"
-    if workload == "mnist":
-        write_mnist(str(data), train=48, test=16)
-        return (f"{{epochs: 2, global_batch_size: 12, num_workers: 0, data_dir: {data}, "
-                "log_every: 100}")
-    write_cifar10(str(data), train=8, test=4)
-    return (f"{{epochs: 2, global_batch_size: 4, image_size: 8, num_workers: 0, eval: false, "
-            f"data_dir: {data}, log_every: 100}}")
+    write_mnist(str(data), train=48, test=16)
+    return (f"{{epochs: 2, global_batch_size: 12, num_workers: 0, data_dir: {data}, "
+            "log_every: 100}")
 
 
-@pytest.mark.parametrize("workload", ["mnist", "resnet"])
 def test_a_workload_resumed_after_a_restart_ends_where_an_uninterrupted_run_does(
-        ssh_lab, tmp_path, workload):
-    """Tiny sizes on CPU, two ranks, one per host: bit for bit. (With three
-    or more, gloo's ring sums each element in an order set by its place in
-    DDP's buckets, which DDP rebuilds after a process's first step, so a
-    resumed run can differ from a straight one in the last bit of a few
-    values.)"""
-    args = tiny_data(workload, tmp_path)
-    nodes = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
+        ssh_lab, tmp_path):
+    """mnist, tiny sizes on CPU, two ranks, one per host: bit for bit, after
+    a real gang restart by ddp-orch's keepers resuming from the checkpoint.
+    (With three or more, gloo's ring sums each element in an order set by
+    its place in DDP's buckets, which DDP rebuilds after a process's first
+    step, so a resumed run can differ from a straight one in the last bit
+    of a few values.) resnet was a second case here (65 s); its own
+    checkpoint wiring is now tests/workloads/test_wl_inprocess.py's
+    test_resnet_resumes_from_its_own_checkpoint_as_if_never_stopped (in one
+    process), and the rest -- the restart, the checkpoint's travel between
+    ranks, the resume -- is the harness's and ddp-orch's, the same for every
+    workload, proven here with mnist (and under plain torchrun by
+    tests/workloads/test_wl_live.py's test_mnist_resume_continues_exactly)."""
+    workload = "mnist"
+    args = tiny_data(tmp_path)
+    nodes = ONE_EACH
     env, cluster = setup(ssh_lab, tmp_path, "fo", args, program="fault_once.py", nodes=nodes,
                          extra=f"env: {{FAULT_WORKLOAD: {workload}}}\n")
     # (no run without restarts first: the restarted run's own output shows
@@ -279,10 +335,10 @@ def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab
     """--max-restarts alone keeps the attached rule: the followers lose their
     controller, and each stops its keeper."""
 
-    env, cluster = setup(ssh_lab, tmp_path, "att", "{steps: 4000, sleep: 0.1}")
+    env, cluster = setup(ssh_lab, tmp_path, "att", "{steps: 4000, sleep: 0.1}", nodes=ONE_EACH)
     proc = start_cli("up", cluster, "--run-id", "att", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", "--max-restarts", "2", env=env)
-    wait_for_lines(proc, "step 3 attempt 0", 3)
+    wait_for_lines(proc, "step 3 attempt 0", 2)  # every rank
     assert json.loads((tmp_path / "runs" / "att" / "plan.json").read_text())["liveness"] \
         == "attached"
     # (that the controller's pings keep a follower content past the peer
@@ -300,36 +356,3 @@ def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab
     assert_gone_within(records, killed_at, 3)
     assert keeper(tmp_path, "att", 0)["state"] == "interrupted"
     assert len(keeper(tmp_path, "att", 0)["attempts"]) == 1  # and no restart
-
-
-def test_ctrl_c_on_attach_leaves_the_run_and_logs_follow_it(ssh_lab, tmp_path):
-
-    env, cluster = setup(ssh_lab, tmp_path, "cc", "{steps: 60, sleep: 0.2}")
-    assert up(env, tmp_path, cluster, "cc", "--detach").returncode == 0
-    proc = start_cli("attach", "cc", "--lines", "2", "--runs-dir", str(tmp_path / "runs"),
-                     env=env)
-    wait_for_lines(proc, "attempt 0", 4)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130, out
-    assert "left run cc; it goes on on its nodes" in out
-    assert run_pids("cc")
-    follow = cli(env, tmp_path, "logs", "cc", "--follow")
-    assert follow.returncode == 0, follow.stdout + follow.stderr
-    assert "[node1 node1] [rank2]: rank 2 step 59 attempt 0" in follow.stdout
-    nothing_left(ssh_lab, "cc", 15)
-    assert "rank 2 step 59" in (tmp_path / "runs" / "cc" / "node-1.log").read_text()
-
-
-def test_restarts_happen_without_a_controller_and_attach_shows_them(ssh_lab, tmp_path):
-    env, cluster = setup(ssh_lab, tmp_path, "dre",
-                         "{steps: 30, sleep: 0.2, fail_rank: 2, fail_step: 3}")
-    assert up(env, tmp_path, cluster, "dre", "--detach", "--max-restarts", "1").returncode == 0
-    assert json.loads((tmp_path / "runs" / "dre" / "plan.json").read_text())["max_restarts"] == 1
-    attached = cli(env, tmp_path, "attach", "dre", "--from-start")
-    out = attached.stdout
-    assert attached.returncode == 0, out + attached.stderr
-    assert "ddp-orch: attempt 1 (master port" in out and "rank 2 step 29 attempt 1" in out
-    assert "attempts: 2" in out and "-> restarting" in out
-    assert "result: world_size=3 restart_count=1 steps=30" in out
-    nothing_left(ssh_lab, "dre", 15)
