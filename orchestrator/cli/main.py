@@ -20,7 +20,7 @@ from ..engine.options import LaunchOptions
 from ..config.spec import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError
-from ..records.rundir import DEFAULT_RUNS_DIR, new_run_id, valid_run_id
+from ..records.rundir import DEFAULT_RUNS_DIR, RunDir, new_run_id, valid_run_id
 from ..records.runsdir import RUNS_DIR_ENV, locate
 
 
@@ -257,6 +257,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             allow_busy_gpus=allow_busy_gpus)
     _refuse_unsupported(spec, options)
     if dry_run:
+        if run_id is not None:
+            RunDir.refuse_taken(runs_dir, run_id)  # what `up --run-id` would refuse
         _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
                  _job_words(cluster_file, backend, local, workload, gpus, procs, device,
                             arg_pairs, program))
@@ -309,7 +311,6 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     warns of any difference. Writes report.md, report.json and PNG plots
     into a new run directory.
     """
-    from ..records.rundir import RunDir
     from ..controller import compare as runs
     from ..report import compare as cmp
 

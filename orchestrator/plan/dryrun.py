@@ -47,7 +47,8 @@ class NodeLaunch:
             return (f"node {plan.node_rank}  {plan.host}  ranks chosen at launch (gpus: "
                     f"{plan.gpu_request}, {self.where})")
         last = plan.first_rank + plan.nproc - 1
-        return (f"node {plan.node_rank}  {plan.host}  ranks {plan.first_rank}-{last} "
+        ranks = f"rank {last}" if plan.nproc == 1 else f"ranks {plan.first_rank}-{last}"
+        return (f"node {plan.node_rank}  {plan.host}  {ranks} "
                 f"({plan.nproc} process{'es' if plan.nproc != 1 else ''}, {self.where})")
 
 

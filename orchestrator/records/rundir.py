@@ -53,6 +53,15 @@ def valid_run_id(run_id: str) -> bool:
     return bool(_RUN_ID_RE.match(run_id))
 
 
+def taken(runs_dir: str, run_id: str) -> ConfigError:
+    """The refusal of a run id that a run in ``runs_dir`` already has."""
+    where = os.path.dirname(os.path.abspath(os.path.join(runs_dir, run_id)))
+    return ConfigError(f"run id {run_id!r} is already taken in {where}",
+                       path="--run-id", source="command line",
+                       hint="choose another --run-id, or leave it out for a fresh one; "
+                            f"`ddp-orch prune {run_id}` removes that run if it has ended")
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: str
@@ -65,13 +74,16 @@ class RunDir:
         try:
             os.mkdir(path, mode=0o700)  # fails if the id is already taken
         except FileExistsError:
-            raise ConfigError(f"run id {run_id!r} is already taken in {os.path.dirname(path)}",
-                              path="--run-id", source="command line",
-                              hint="choose another --run-id, or leave it out for a fresh one; "
-                                   f"`ddp-orch prune {run_id}` removes that run if it has "
-                                   "ended") from None
+            raise taken(runs_dir, run_id) from None
         os.chmod(path, 0o700)
         return cls(path)
+
+    @staticmethod
+    def refuse_taken(runs_dir: str, run_id: str) -> None:
+        """What ``create`` would refuse, said without creating anything (the
+        dry-run refuses what ``up`` refuses)."""
+        if os.path.lexists(os.path.join(runs_dir, run_id)):
+            raise taken(runs_dir, run_id)
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)

@@ -27,6 +27,14 @@ def test_a_run_id_already_taken_is_a_clear_error_not_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr and "FileExistsError" not in result.stderr
     assert "--run-id: run id 'mine' is already taken" in result.stderr
     assert "hint: choose another --run-id" in result.stderr
+    # The dry-run refuses what `up` refuses, in the same words (issue 32 item 7).
+    dry = run_cli("up", "--local", "--workload", "noop", "--procs", "1", "--dry-run",
+                  "--runs-dir", str(tmp_path), "--run-id", "mine")
+    assert (dry.returncode, dry.stdout, dry.stderr) == (2, "", result.stderr)
+    fresh = run_cli("up", "--local", "--workload", "noop", "--procs", "1", "--dry-run",
+                    "--runs-dir", str(tmp_path), "--run-id", "other")
+    assert fresh.returncode == 0, fresh.stderr
+    assert not (tmp_path / "other").exists()  # a dry-run creates nothing
 
 
 @pytest.mark.parametrize("word", ["gpu", "GPU", "gpus"])

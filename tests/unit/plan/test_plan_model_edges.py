@@ -30,7 +30,10 @@ def test_the_header_names_the_node_its_ranks_and_how_it_is_reached():
 def test_the_header_of_one_process_says_process():
     launch = NodeLaunch(node=node(nproc=1, first_rank=0, node_rank=0), where="local subprocess",
                         env={}, unset_env=(), argv=())
-    assert launch.header() == "node 0  gpu2  ranks 0-0 (1 process, local subprocess)"
+    assert launch.header() == "node 0  gpu2  rank 0 (1 process, local subprocess)"
+    later = NodeLaunch(node=node(nproc=1, first_rank=2), where="local subprocess",
+                       env={}, unset_env=(), argv=())
+    assert later.header() == "node 1  gpu2  rank 2 (1 process, local subprocess)"  # not 2-2
 
 
 def test_the_header_of_gpus_chosen_at_launch():
