@@ -16,6 +16,12 @@ from .gpus import gpu_lines, node_gpus
 _KEY_METRICS = 8
 
 
+# A rank is named slow only when its mean step time stands well above the
+# median rank's; below this ratio ranks differ by noise (DDP's all-reduce
+# makes every rank wait for the slowest), and the summary names none.
+SLOW_RANK_VS_MEDIAN = 1.2
+
+
 def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
                    outputs: Any = None, progress: Any = None) -> str:
     """The summary; ``plan`` is the run's ``plan.json`` (the resolved plan),
@@ -45,14 +51,31 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
         lines.append("result: " + _metrics_line(outcome.result))
         lines += data_lines(outcome.result)
         slowest = outcome.result.get("slowest_rank")
-        if isinstance(slowest, dict) and len(outcome.result.get("rank_step_times") or ()) > 1:
+        if isinstance(slowest, dict) and len(outcome.result.get("rank_step_times") or ()) > 1 \
+                and _number_or(slowest.get("vs_median"), 1.0) >= SLOW_RANK_VS_MEDIAN:
+            host = _plan_host(plan, slowest.get("node_rank")) or slowest.get("host")
             lines.append(f"slowest rank: rank {slowest.get('rank')} (node "
-                         f"{slowest.get('node_rank')}, {slowest.get('host')}), "
+                         f"{slowest.get('node_rank')}, {host}), "
                          f"{_number(float(slowest.get('mean_s', 0)) * 1000)} ms/step, "
                          f"{float(slowest.get('vs_median', 1)):.2f}x the median rank")
     lines += outputs_lines(outputs, run_path)
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
+
+
+def _plan_host(plan: Any, node_rank: Any) -> str | None:
+    """Node ``node_rank``'s host as the cluster file names it (the workload
+    knows only the machine's own host name)."""
+    for node in (plan or {}).get("nodes", ()) if isinstance(plan, dict) else ():
+        if isinstance(node, dict) and node.get("node_rank") == node_rank \
+                and isinstance(node.get("host"), str):
+            return node["host"]
+    return None
+
+
+def _number_or(value: Any, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else default
 
 
 def gpu_summary(plan: Any, progress: Any = None) -> list[str]:

@@ -441,3 +441,29 @@ def test_the_slowest_rank_is_named_with_its_node_and_host():
                          {"world_size": 3, "metrics": {}, **report})
     assert "slowest rank: rank 2 (node 1, lab1), 31 ms/step, 2.58x the median rank" in \
         render_summary(outcome, "/runs/r")
+    # with the run's plan, the host is the cluster file's, not the machine's own name
+    plan = {"nodes": [{"node_rank": 0, "host": "gpu-a"}, {"node_rank": 1, "host": "gpu-b"}]}
+    assert "slowest rank: rank 2 (node 1, gpu-b), 31 ms/step" in \
+        render_summary(outcome, "/runs/r", plan)
+
+
+@pytest.mark.parametrize("slow_s, named", [(0.0105, False), (0.0118, False), (0.0125, True)])
+def test_a_rank_is_named_slowest_only_when_it_stands_above_the_median(slow_s, named):
+    """Issue #32: "slowest rank ... 1.00x the median" was printed when nothing
+    was slow. The median rank here steps in 11 ms; 1.2x of it is the line."""
+    from orchestrator.records.outcome import RunOutcome, RunState
+    from orchestrator.report.summary import render_summary
+    from workloads.harness.evidence import straggler_report
+    from workloads.harness.timing import StepTimer
+
+    timers = []
+    for slow in (0.010, 0.010, slow_s):
+        timer = StepTimer()
+        for step in range(20):
+            timer.record(step, 0.001, slow)
+        timers.append(timer)
+    everyone = [{"row": {"rank": r, "node_rank": 0, "hostname": "vm"}, "steps": t.rank_stats()}
+                for r, t in enumerate(timers)]
+    outcome = RunOutcome("r", RunState.SUCCEEDED, 1.0, (), None,
+                         {"world_size": 3, "metrics": {}, **straggler_report(everyone)})
+    assert ("slowest rank: rank 2" in render_summary(outcome, "/runs/r")) is named
