@@ -58,6 +58,23 @@ def failure_hint(root: Failed, nodes: Sequence[Failed] = ()) -> str | None:
                     [(n.node_rank, n.host) for n in nodes if n.node_rank != root.node_rank])
 
 
+# What says a failure was the network's: the rules above, and a node gone
+# silent (a partition or a frozen host) or its connection lost.
+_NETWORK = (_GLOO_REMOTE, _NCCL_REMOTE, _GLOO_NO_IFACE, _NCCL_NO_IFACE, _NCCL_NET, _STORE,
+            re.compile(re.escape(_NOT_JOINED)),
+            re.compile(r"nothing from the node for|connection lost|Connection closed by peer"
+                       r"|Connection reset by peer|No route to host"))
+
+
+def is_network_failure(root: Failed) -> bool:
+    """Whether ``root``'s own words say the network failed it (the summary
+    then lists each node's interface; after any other failure that list is
+    noise)."""
+    texts = [root.reason, *(str(f.get("message", "")) for f in root.failures
+                            if isinstance(f, dict))]
+    return any(rule.search(text) for rule in _NETWORK for text in texts)
+
+
 def hint_for(texts: Iterable[str], node_rank: int, host: str,
              peers: Sequence[tuple[int, str]] = ()) -> str | None:
     """The hint for a failure of node ``node_rank`` (``host``) whose own words

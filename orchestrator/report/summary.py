@@ -7,7 +7,7 @@ from typing import Any
 from ..engine.gpuuse import idle_rank
 from ..engine.results import outputs_lines
 from ..plan.network import AUTO, GLOO_IFNAME
-from ..records.hints import failure_hint
+from ..records.hints import failure_hint, is_network_failure
 from ..records.outcome import RunOutcome
 from ..tables import format_table
 from ..agent.node.gpus import mixed_models
@@ -25,7 +25,7 @@ SLOW_RANK_VS_MEDIAN = 1.2
 def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
                    outputs: Any = None, progress: Any = None) -> str:
     """The summary; ``plan`` is the run's ``plan.json`` (the resolved plan),
-    from which a failed run lists the interface each node's ranks used;
+    from which a run the network failed lists the interface each node's ranks used;
     ``outputs`` its ``outputs.json`` (what of ``outputs:`` came home);
     ``progress`` its ``progress.json`` (each rank's GPU use over the run)."""
     lines = ["", f"run {outcome.run_id}: {outcome.state.value.upper()} in {outcome.wall_s:.1f}s"]
@@ -44,7 +44,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
     if len(outcome.attempts) > 1 or any(a.note for a in outcome.attempts):
         lines += render_attempts(outcome.attempts)
     used = interfaces_of(plan)
-    if used and not outcome.ok:
+    if used and root is not None and is_network_failure(root):
         lines.append("network: " + ", ".join(f"node {k} {name}" for k, name in sorted(used.items()))
                      + " (the interface of each node's ranks; `ddp-orch check` tests every pair)")
     if outcome.result:

@@ -48,3 +48,35 @@ def test_the_summary_of_a_failed_run_lists_each_nodes_interface():
                       {"node_rank": 2, "env": {"GLOO_SOCKET_IFNAME": "auto"}}, "junk"]}
     assert interfaces_of(plan) == {0: "eth0", 1: "ens5"}
     assert interfaces_of(None) == {} and interfaces_of([1]) == {}
+
+
+def failed_run(reason: str, failures: tuple = ()) -> RunOutcome:
+    from orchestrator.records.outcome import NodeOutcome, NodeState
+
+    root = NodeOutcome(1, "gpu-b", NodeState.FAILED, 1, reason, 10.0, failures)
+    other = NodeOutcome(0, "gpu-a", NodeState.STOPPED, None, "stopped by the controller", 10.5)
+    return RunOutcome("r", RunState.FAILED, 12.0, (other, root), root, None)
+
+
+INTERFACES = {"nodes": [{"node_rank": 0, "env": {"GLOO_SOCKET_IFNAME": "eth0"}},
+                        {"node_rank": 1, "env": {"GLOO_SOCKET_IFNAME": "ens5"}}]}
+
+
+def test_the_interfaces_are_listed_after_a_network_failure_only():
+    """Issue #32: under the default interface choice every failure summary
+    ended with `network: node 0 eth0, ...` whatever the cause."""
+    line = "network: node 0 eth0, node 1 ens5"
+    network = [
+        failed_run("torchrun exited 1; rank 2 (local rank 0) failed: RuntimeError: Gloo "
+                   "connectFullMesh failed with ... remote=[127.0.1.1]:7569"),
+        failed_run("nothing from the node for 30s (a silent partition or a frozen node)"),
+        failed_run("did not join the rendezvous before the start timeout (no answer)"),
+        failed_run("torchrun exited 1", ({"message": "socketStartConnect: Connect to "
+                                                     "10.0.0.2<45763> failed"},)),
+    ]
+    for outcome in network:
+        assert line in render_summary(outcome, "/runs/r", INTERFACES), outcome.root_cause.reason
+    for reason in ("torchrun exited 1; rank 2 (local rank 0) failed: ValueError: bad batch",
+                   "torchrun exited 1; rank 0 (local rank 0) failed: SIGKILL",
+                   "setup failed: pip install exited 1"):
+        assert "network:" not in render_summary(failed_run(reason), "/runs/r", INTERFACES), reason
