@@ -115,7 +115,12 @@ class Gang:
                 on_all(lambda k: by_rank[k].start(
                     supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),
                     by_rank).values("starting the nodes", self._label)
-            if self.mode is Mode.ATTACHED:
+            if self.mode is Mode.ATTACHED and self.plan.setup:
+                # no rank exists yet: each node runs its setup first (_release_setup)
+                self.console.info(f"running setup: on {len(self.handles)} node(s) before their "
+                                  f"{self.plan.world_size} processes start; logs in "
+                                  f"{self.run_dir.path}")
+            elif self.mode is Mode.ATTACHED:
                 self.console.info(f"started {self.plan.world_size} processes on "
                                   f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
             # The nodes hear us (``ping``): a supervisor, or an attached kept
@@ -255,6 +260,10 @@ class Gang:
         fails ends with its exit event, which stops the gang like any failure."""
         if self.mode is Mode.ATTACHED and self.plan.setup \
                 and all(h.setup_ok for h in self.handles):
+            if not any(h.go_sent for h in self.handles):
+                self.console.info(f"setup: done on every node; started "
+                                  f"{self.plan.world_size} processes on {len(self.handles)} "
+                                  "node(s)")
             for handle in self.handles:
                 handle.go()
 

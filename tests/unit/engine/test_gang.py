@@ -11,6 +11,7 @@ far has been relayed first (``settle``), so what the gang sees at fake time
 from __future__ import annotations
 
 import collections
+import io
 import textwrap
 import threading
 import time as real_time
@@ -179,11 +180,12 @@ def clock(monkeypatch) -> GangClock:
     return fake
 
 
-def start_gang(tmp_path, clock: GangClock, nodes: list[FakeNode], **kw) -> Gang:
+def start_gang(tmp_path, clock: GangClock, nodes: list[FakeNode], *, extra: str = "",
+               console: Console | None = None, **kw) -> Gang:
     text = "nodes:\n" + "  - {host: localhost, procs: 1}\n" * len(nodes) + textwrap.dedent("""\
         workload: {script: train.py}
         master: {port: 29500}
-        """)
+        """) + extra
     (tmp_path / "train.py").write_text("")
     spec = load_cluster_text(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
     plan = build_plan(spec, run_id="r", local_run_dir=str(tmp_path / "runs" / "r"))
@@ -191,7 +193,7 @@ def start_gang(tmp_path, clock: GangClock, nodes: list[FakeNode], **kw) -> Gang:
         NodeLaunch(node=n, where="nowhere", env=n.env, unset_env=n.unset_env,
                    argv=torchrun_argv(plan, n)) for n in plan.nodes))
     gang = Gang(info, RunDir.create(str(tmp_path / "runs"), "r"), dict(enumerate(nodes)),
-                Console("quiet"), mode=Mode.ATTACHED, **kw)
+                console or Console("quiet"), mode=Mode.ATTACHED, **kw)
     gang._changed = FakeEvent(clock)
 
     def settle() -> None:
@@ -279,3 +281,24 @@ def test_a_node_that_obeys_stop_is_not_killed(tmp_path, clock):
     outcome = start_gang(tmp_path, clock, [obeying, failing], grace_s=7.0).run()
     assert len(obeying.at(Control.STOP)) == 1 and obeying.at(Control.KILL) == []
     assert [n.state for n in outcome.nodes] == [NodeState.STOPPED, NodeState.FAILED]
+
+
+def test_with_setup_the_processes_are_said_started_once_every_nodes_setup_is_done(
+        tmp_path, clock):
+    """Issue #32: "started 4 processes on 3 node(s)" was printed before
+    `setup:` ran, long before any process existed. Node 0's setup ends at
+    2 s, node 1's at 6 s: only then are the processes said started, and
+    only then does either node get its go."""
+    done = encode({"event": "setup", "ok": True})
+    first = FakeNode(clock, script=((2.0, done),), exit_at=(20.0, 0))
+    second = FakeNode(clock, script=((6.0, done),), exit_at=(20.0, 0))
+    out = io.StringIO()
+    outcome = start_gang(tmp_path, clock, [first, second], extra="setup: [make]\n",
+                         console=Console("all", out)).run()
+    assert outcome.state is RunState.SUCCEEDED
+    said = [line for line in out.getvalue().splitlines() if line.startswith("ddp-orch: ")]
+    assert said[0].startswith("ddp-orch: running setup: on 2 node(s) before their 2 processes "
+                              "start; logs in "), said
+    assert [line for line in said if "started" in line] == [
+        "ddp-orch: setup: done on every node; started 2 processes on 2 node(s)"], said
+    assert min(first.at(Control.GO) + second.at(Control.GO)) >= 6.0
