@@ -10,10 +10,13 @@ torchrun itself and, for every failed rank, its traceback again (read from
 the error files), 30 lines and more per rank after the ranks printed theirs.
 The console shows one line in its place (``TorchrunReport``); the node's log
 keeps it, and the summary names the root cause from the same error files.
+So too torchrun's own traceback when a signal stops it (``SignalException``:
+every node ddp-orch stops, and every node on Ctrl-C), about 30 lines each.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from typing import TextIO
@@ -37,6 +40,9 @@ def visible(text: str) -> str:
 
 _TRACEBACK = "Traceback (most recent call last):"
 _CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+# torchrun's traceback when a signal ends it (every node ddp-orch stops)
+_SIGNALLED = re.compile(r"torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: "
+                        r"Process \d+ got signal: (\d+)")
 _RULER = "=" * 60  # torchrun's report starts and ends with one
 # torchrun's error log line after a failed rank, whatever its prefix: noise here.
 _NO_PARENT_FILE = "no error file defined for parent, to copy child error file"
@@ -71,8 +77,12 @@ class TorchrunReport:
                 self.held.append(line)
                 if line[:1] in (" ", "\t") and len(self.held) < _MAX_HELD:
                     continue  # a frame of the traceback
+                signalled = _SIGNALLED.match(line)
                 if line.startswith(_CHILD_FAILED):
                     self.rulers = 0
+                elif signalled:
+                    out.append(f"torchrun: stopped by signal {signalled.group(1)} (its "
+                               f"traceback is in node-{self.node_rank}.log)")
                 else:
                     out.extend(self.held)
                 self.held = []

@@ -95,6 +95,38 @@ def test_torchruns_failure_report_is_one_line_on_the_console_whatever_the_blocks
         "[node0 h] agent: after"]
 
 
+# torchrun's own output when ddp-orch stops its node (SIGTERM; torch 2.14, paths shortened).
+TORCHRUN_SIGNALLED = """\
+W1126 21:16:08.994000 1291 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, shutting down workers
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1142, in <module>
+    main()
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 923, in _invoke_run
+    time.sleep(monitor_interval)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 1291 got signal: 15
+"""
+
+
+@pytest.mark.parametrize("cut", [None, 2, 6])
+def test_torchruns_traceback_when_stopped_by_a_signal_is_one_line(cut):
+    """Issue #32: every node ddp-orch stopped printed torchrun's ~30-line
+    SignalException traceback (123 lines on a Ctrl-C of a 3-node run)."""
+    out = io.StringIO()
+    console = Console("all", out)
+    text = "[rank0]: step 3\n" + TORCHRUN_SIGNALLED + "agent: after\n"
+    lines = text.splitlines(keepends=True)
+    for block in [text] if cut is None else ["".join(lines[:cut]), "".join(lines[cut:])]:
+        console.node_lines(1, "h", block)
+    assert out.getvalue().splitlines() == [
+        "[node1 h] [rank0]: step 3",
+        "[node1 h] " + TORCHRUN_SIGNALLED.splitlines()[0],
+        "[node1 h] torchrun: stopped by signal 15 (its traceback is in node-1.log)",
+        "[node1 h] agent: after"]
+
+
 def test_any_other_traceback_of_torchrun_is_shown_whole():
     out = io.StringIO()
     text = ("Traceback (most recent call last):\n  File \"run.py\", line 1, in <module>\n"
