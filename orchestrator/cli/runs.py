@@ -319,26 +319,40 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
 @click.argument("run_ids", nargs=-1)
 @click.option("--older-than", "older_than", metavar="DURATION",
               help="Only runs that ended at least this long ago: 30m, 12h, 7d, 2w, 1d12h.")
+@click.option("--forget-unreachable", is_flag=True,
+              help="Remove a run here even where a node cannot be reached; what it left on "
+                   "that node stays, and is named.")
 @runs_dir_option
-def prune(run_ids: tuple[str, ...], older_than: str | None, runs_dir: str | None) -> None:
+def prune(run_ids: tuple[str, ...], older_than: str | None, forget_unreachable: bool,
+          runs_dir: str | None) -> None:
     """Remove ended runs here and their run directories on their nodes.
 
     RUN_IDS (unique prefixes are enough) or, without them, every run in the
     runs directory; never a live one (a detached run's nodes and a Slurm
     job's queue are asked first, and each node checks again). Says how much
-    it freed. A node that cannot be reached keeps the run for a later prune.
+    it freed. A node that cannot be reached keeps the run for a later prune
+    (unless --forget-unreachable); a run refused before it started needs
+    none of its nodes. An unknown RUN_ID is named, and the others go on.
     """
-    from ..controller.prune import parse_duration, prune_run, render_pruned
+    from ..controller.prune import Pruned, parse_duration, prune_run, render_pruned
 
     older_than_s = parse_duration(older_than) if older_than is not None else None
     named = bool(run_ids)
     where = locate(runs_dir)
-    records = [find_run(where.path, run_id) for run_id in dict.fromkeys(run_ids)] if named \
-        else list(list_runs(where.path))
-    if not records:
+    results: list = []
+    records = []
+    for run_id in dict.fromkeys(run_ids):
+        try:
+            records.append(find_run(where.path, run_id))
+        except ConfigError as exc:  # one unknown id does not stop the others
+            results.append(Pruned(run_id, False, exc.message))
+    if not named:
+        records = list(list_runs(where.path))
+    if not records and not results:
         click.echo(f"no runs in {where.shown} ({where.source})")
         return
-    results = [prune_run(record, older_than_s) for record in records]
+    results += [prune_run(record, older_than_s, forget_unreachable=forget_unreachable)
+                for record in records]
     click.echo(visible(render_pruned(results)), nl=False)
     troubled = any(not r.removed and not r.why_kept.startswith(("live", "ended"))
                    for r in results)

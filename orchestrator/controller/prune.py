@@ -29,6 +29,7 @@ from ..backends import backend_class, get_backend
 from ..backends.base import PruneResult
 from ..engine.options import LaunchOptions
 from ..errors import ConfigError, OrchestratorError
+from ..records.rundir import PLAN_FILE
 from ..records.store import RunRecord
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -55,6 +56,7 @@ class Pruned:
     why_kept: str = ""  # when not removed
     local_bytes: int = 0
     nodes: tuple[PruneResult, ...] = field(default_factory=tuple)
+    left: tuple[str, ...] = ()  # removed here, but what stays on an unreachable node
 
     @property
     def freed(self) -> int:
@@ -98,9 +100,16 @@ def _scheduled(record: RunRecord) -> bool:
         return False
 
 
-def prune_run(record: RunRecord, older_than_s: float | None, now: float | None = None
-              ) -> Pruned:
-    """Remove one run here and on its nodes, unless it is alive or too new."""
+def prune_run(record: RunRecord, older_than_s: float | None, now: float | None = None, *,
+              forget_unreachable: bool = False) -> Pruned:
+    """Remove one run here and on its nodes, unless it is alive or too new.
+
+    A node that cannot be reached keeps the run (its record is how a later
+    prune finds that node's directory), except where nothing of the run can
+    be there: a run refused before it started (no ``plan.json``: its nodes
+    were connecting when it ended, and took back what they had prepared), or
+    where the user says so (``forget_unreachable``: the node's directory,
+    if any, is named and left)."""
     now = time.time() if now is None else now
     if older_than_s is not None:
         ended = ended_at(record)
@@ -112,6 +121,16 @@ def prune_run(record: RunRecord, older_than_s: float | None, now: float | None =
         return Pruned(record.run_id, False, f"live: {live}")
     nodes = tuple(get_backend(record.backend, LaunchOptions()).prune(record))
     troubles = [n for n in nodes if n.error]
+    never_started = not os.path.exists(record.run.file(PLAN_FILE))
+    if troubles and not any(n.live for n in troubles) and (never_started or forget_unreachable):
+        left = [] if never_started else [
+            f"node {n.node_rank} ({n.host}): {record_dir(record, n.node_rank)} left there "
+            f"({n.error})" for n in troubles]
+        local = tree_bytes(record.run.path)
+        shutil.rmtree(record.run.path, ignore_errors=True)
+        removed = not os.path.exists(record.run.path)
+        return Pruned(record.run_id, removed, "" if removed else "could not remove it all here",
+                      local, nodes, tuple(left))
     if troubles:
         why = "; ".join(f"node {n.node_rank} ({n.host}): {n.error}" for n in troubles)
         return Pruned(record.run_id, False, ("live on a node: " if any(n.live for n in troubles)
@@ -131,6 +150,7 @@ def render_pruned(results: list[Pruned]) -> str:
                 f"{human(n.freed)} on node {n.node_rank} ({n.host})" for n in one.nodes
                 if n.remote]
             lines.append(f"pruned {one.run_id}: {', '.join(where)}")
+            lines += [f"  not reached: {what}" for what in one.left]
         else:
             lines.append(f"kept   {one.run_id}: {one.why_kept}")
     pruned = [r for r in results if r.removed]
@@ -138,6 +158,11 @@ def render_pruned(results: list[Pruned]) -> str:
     lines.append(f"freed {human(total)} in all ({len(pruned)} run(s) pruned, "
                  f"{len(results) - len(pruned)} kept)")
     return "\n".join(lines) + "\n"
+
+
+def record_dir(record: RunRecord, node_rank: int) -> str:
+    """Where node ``node_rank`` keeps the run, as recorded."""
+    return next((n.run_dir for n in record.nodes if n.node_rank == node_rank), "?")
 
 
 def human(n: int) -> str:
