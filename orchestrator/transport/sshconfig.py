@@ -3,7 +3,8 @@
 Resolution order, per setting, is the one a user of ``ssh`` expects:
 
 1. explicit values from the cluster file (the keyword arguments below);
-2. ``~/.ssh/config`` (or the ``ssh_config`` path given): ``HostName``,
+2. ``~/.ssh/config`` (or the ``ssh_config`` path given, with the files its
+   ``Include`` lines name): ``HostName``,
    ``Port``, ``User``, ``IdentityFile``, ``IdentitiesOnly``, ``ProxyJump``,
    ``UserKnownHostsFile``, ``ConnectTimeout``, ``StrictHostKeyChecking``;
 3. defaults: port 22, the current user, ``~/.ssh/known_hosts``, and (at
@@ -17,7 +18,10 @@ on a config file alone.
 from __future__ import annotations
 
 import getpass
+import glob
 import os
+import re
+import shlex
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -180,9 +184,42 @@ def _load_config(path: str | None) -> paramiko.SSHConfig:
     if not os.path.isfile(path):
         return paramiko.SSHConfig()
     try:
-        return paramiko.SSHConfig.from_path(path)
+        return paramiko.SSHConfig.from_text(_with_includes(path))
+    except OSError as exc:
+        raise ValueError(f"cannot read ssh config {path}: {exc}") from exc
     except Exception as exc:  # paramiko raises several types for bad syntax
         raise ValueError(f"cannot parse ssh config {path}: {exc}") from exc
+
+
+_INCLUDE = re.compile(r"^\s*include(?:\s+|\s*=\s*)(?P<paths>.+?)\s*$", re.IGNORECASE)
+_MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+
+
+def _with_includes(path: str, depth: int = 0) -> str:
+    """The file's text with each ``Include`` replaced by what it names, as
+    ``ssh`` reads it: paramiko returns the keyword unread, so a host that
+    only an included file describes would resolve as its bare name. Like
+    OpenSSH, a relative path is taken under ``~/.ssh``, wildcards expand in
+    sorted order, a pattern matching nothing is no error, and an included
+    file's ``Host`` lines start blocks of their own."""
+    if depth > _MAX_INCLUDE_DEPTH:
+        raise ValueError(f"Include nested deeper than {_MAX_INCLUDE_DEPTH} (a loop?) at {path}")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().splitlines()
+    out = []
+    for line in lines:
+        match = _INCLUDE.match(line)
+        if match is None:
+            out.append(line)
+            continue
+        for word in shlex.split(match.group("paths"), comments=False):
+            pattern = _expand(word)
+            if not os.path.isabs(pattern):
+                pattern = os.path.join(_expand("~/.ssh"), pattern)
+            for included in sorted(glob.glob(pattern)):
+                if os.path.isfile(included):
+                    out.append(_with_includes(included, depth + 1))
+    return "\n".join(out) + "\n"
 
 
 def _expand(path: str) -> str:

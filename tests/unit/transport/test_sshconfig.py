@@ -84,3 +84,30 @@ def test_unsupported_settings_are_clear_errors(config_file, tmp_path):
 ])
 def test_parse_jump_spec(spec, expected):
     assert parse_jump_spec(spec) == expected
+
+
+def test_include_brings_in_the_hosts_its_files_describe(tmp_path, monkeypatch):
+    """Issue #32: with `Include .../lab_ssh_config` in ~/.ssh/config, `check`
+    said every node was unreachable ("cannot resolve host name 'nw0'") while
+    `ssh nw0` worked: paramiko hands the keyword back unread. As ssh reads
+    it: a relative path is under ~/.ssh, wildcards expand, a pattern that
+    matches nothing is fine, and included files may include more."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh_dir = tmp_path / ".ssh"
+    (ssh_dir / "conf.d").mkdir(parents=True)
+    lab = tmp_path / "lab" / "lab_ssh_config"
+    lab.parent.mkdir()
+    lab.write_text("Host nw0\n    HostName 10.9.0.10\n    Port 2222\n"
+                   "Include conf.d/nested\n")
+    (ssh_dir / "conf.d" / "nested").write_text("Host nw1\n    HostName 10.9.0.11\n")
+    (ssh_dir / "conf.d" / "b.conf").write_text("Host nw2\n    User bee\n")
+    config = ssh_dir / "config"
+    config.write_text(f"Include {lab}\nInclude conf.d/*.conf nothing/here*\n"
+                      "Host *\n    User everyone\n")
+    nw0 = resolve_target("nw0", ssh_config=str(config))
+    assert (nw0.hostname, nw0.port, nw0.user) == ("10.9.0.10", 2222, "everyone")
+    assert resolve_target("nw1", ssh_config=str(config)).hostname == "10.9.0.11"
+    assert resolve_target("nw2", ssh_config=str(config)).user == "bee"
+    (ssh_dir / "loop").write_text("Include loop\n")
+    with pytest.raises(ValueError, match="Include nested deeper than 16"):
+        resolve_target("x", ssh_config=str(ssh_dir / "loop"))
