@@ -76,7 +76,7 @@ import os
 import stat
 import tarfile
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import workloads
 
@@ -219,19 +219,26 @@ class ScriptDirScan:
     files: tuple[tuple[str, int], ...]
     total_bytes: int
     skipped: tuple[str, ...]
+    # What an ignore file held back, outermost entries only (a directory ends
+    # in "/"), each with its size (None: larger than the dry-run would walk).
+    ignored: tuple[tuple[str, int | None], ...] = ()
 
     def summary(self, max_names: int = 10) -> str:
         """One line for the dry-run, e.g. ``code dir   /x: 12 files, 3.4 MiB
-        uploaded to each node; 2 skipped as secret-looking: .ssh/id_ed25519, .env``."""
+        uploaded to each node; 2 skipped as secret-looking: .ssh/id_ed25519, .env;
+        held back by .gitignore/.ddp-orch-ignore: data/ (20.0 MiB)``."""
         count = len(self.files)
         line = (f"code dir   {self.directory}: {count} file{'' if count == 1 else 's'}, "
                 f"{human_size(self.total_bytes)} uploaded to each node")
         if self.skipped:
-            names = ", ".join(self.skipped[:max_names])
-            more = len(self.skipped) - max_names
-            if more > 0:
-                names += f" and {more} more"
-            line += f"; {len(self.skipped)} skipped as secret-looking: {names}"
+            line += (f"; {len(self.skipped)} skipped as secret-looking: "
+                     f"{_names(self.skipped, max_names)}")
+        if self.ignored:
+            largest = sorted(self.ignored, key=lambda e: (-(e[1] if e[1] is not None
+                                                           else 1 << 62), e[0]))
+            shown = [f"{rel} ({'large' if size is None else human_size(size)})"
+                     for rel, size in largest]
+            line += f"; held back by {'/'.join(IGNORE_FILES)}: {_names(shown, max_names)}"
         return line
 
     def largest(self, n: int = 10) -> tuple[tuple[str, int], ...]:
@@ -292,6 +299,8 @@ def scan_script_dir(directory: str) -> ScriptDirScan:
     include = _read_patterns(directory, (INCLUDE_FILE,))
     files: list[tuple[str, int]] = []
     skipped: list[str] = []
+    ignored: list[tuple[str, int | None]] = []
+    budget = [_IGNORED_WALK_BUDGET]
 
     def walk(path: str, prefix: str, included: bool, secret: bool) -> None:
         try:
@@ -313,6 +322,8 @@ def scan_script_dir(directory: str) -> ScriptDirScan:
             if not is_dir and (not stat.S_ISREG(st.st_mode) or name.endswith((".pyc", ".pyo"))):
                 continue  # links, devices, sockets, fifos; bytecode
             if _last_match(ignore, rel, is_dir):
+                ignored.append((rel + "/" if is_dir else rel,
+                                _sized(entry.path, budget) if is_dir else st.st_size))
                 continue
             inc = _last_match(include, rel, is_dir)
             now_included = included if inc is None else inc
@@ -326,7 +337,44 @@ def scan_script_dir(directory: str) -> ScriptDirScan:
 
     walk(directory, "", False, False)
     return ScriptDirScan(directory=directory, files=tuple(files),
-                         total_bytes=sum(size for _, size in files), skipped=tuple(skipped))
+                         total_bytes=sum(size for _, size in files), skipped=tuple(skipped),
+                         ignored=tuple(ignored))
+
+
+# Entries the dry-run walks to size what was held back (a dataset directory
+# may hold millions of files; past this its size is shown as "large").
+_IGNORED_WALK_BUDGET = 20000
+
+
+def _sized(path: str, budget: list[int]) -> int | None:
+    """Bytes of the regular files under ``path`` (links not followed), or
+    None once ``budget[0]`` entries have been visited in all."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    budget[0] -= 1
+                    if budget[0] < 0:
+                        return None
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(entry.path)
+                    elif stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+        except OSError:
+            continue
+    return total
+
+
+def _names(names: Sequence[str], max_names: int) -> str:
+    shown = ", ".join(names[:max_names])
+    more = len(names) - max_names
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 # --- the bundle ---------------------------------------------------------------

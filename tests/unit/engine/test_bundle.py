@@ -184,7 +184,8 @@ def test_scan_totals_and_the_dry_run_line(tmp_path):
     assert scan.skipped == (".env", ".ssh/id_ed25519")
     assert render_scan(scan) == scan.summary() == (
         f"code dir   {project}: 3 files, 3.4 MiB uploaded to each node; "
-        "2 skipped as secret-looking: .env, .ssh/id_ed25519")
+        "2 skipped as secret-looking: .env, .ssh/id_ed25519; "
+        "held back by .gitignore/.ddp-orch-ignore: weights.ckpt (99 B)")
     with pytest.raises(dataclasses.FrozenInstanceError):
         scan.total_bytes = 0  # type: ignore[misc]
     # the bundle holds exactly the scanned files
@@ -199,6 +200,25 @@ def test_the_dry_run_line_without_skips_and_with_many(tmp_path):
     line = render_scan(scan_script_dir(str(many)))
     assert line.endswith("13 skipped as secret-looking: " + ", ".join(
         f".d/k{i:02}" for i in range(10)) + " and 3 more")
+
+
+def test_the_dry_run_line_names_what_the_ignore_files_held_back_largest_first(tmp_path,
+                                                                               monkeypatch):
+    """Issue #32 item 6: "6 files, 3.2 KiB" and never a word of the 20 MiB
+    data/ that .gitignore kept home. Outermost entries only, with sizes; a
+    directory too big to walk for a dry-run is "large"."""
+    project = make_tree(tmp_path / "project", {
+        "train.py": "t", "data/train/a.bin": "a" * 3000, "data/train/b.bin": "b" * 2000,
+        "data/val/c.bin": "c" * 100, "logs/x.log": "x" * 10, "model.ckpt": "m" * 50,
+        ".gitignore": "data/\n*.ckpt\n", ".ddp-orch-ignore": "logs/\n"})
+    scan = scan_script_dir(str(project))
+    assert scan.ignored == (("data/", 5100), ("logs/", 10), ("model.ckpt", 50))
+    assert scan.summary().endswith(
+        "; held back by .gitignore/.ddp-orch-ignore: data/ (5.0 KiB), model.ckpt (50 B), "
+        "logs/ (10 B)")
+    monkeypatch.setattr(bundle_mod, "_IGNORED_WALK_BUDGET", 3)
+    assert scan_script_dir(str(project)).ignored[0] == ("data/", None)
+    assert "data/ (large)" in scan_script_dir(str(project)).summary()
 
 
 def test_a_script_the_upload_would_leave_out_is_refused_before_anything_starts(tmp_path):
