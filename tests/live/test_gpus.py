@@ -226,35 +226,37 @@ def test_a_busy_listed_gpu_is_refused_and_allow_busy_goes(gpus_lab, busy_pids):
 # -- 3. runs side by side on one host -------------------------------------------
 
 def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
-    """Node 0 has 4 idle GPUs with a little memory used on some: run A
-    (free:2) takes the two least used, 1 and 3; run B (free:2) the other
-    two; run C (free:1) is refused, naming the holders, and so is GPU 1
-    listed with --allow-busy-gpus (held is not busy); C with --wait-gpus
-    waits, saying so, and starts once A ends, on A's least used GPU; once
-    every run is over no lock is held."""
+    """Node 0 has 3 idle GPUs with a little memory used on some: run A
+    (free:2) takes the two least used, 1 and 2 (not the lowest indices);
+    run B (free:1) the other one; run C (free:1) is refused, naming the
+    holders, and so is GPU 1 listed with --allow-busy-gpus (held is not
+    busy); C with --wait-gpus waits, saying so, and starts once A ends, on
+    A's least used GPU; once every run is over no lock is held. (B held two
+    of four GPUs before: one rank fewer, and two runs still share the host.)"""
     written = gpus_lab.set([{"memory_used": 600}, {"memory_used": 0},
-                            {"memory_used": 900, "utilization": 5}, {"memory_used": 10}])
+                            {"memory_used": 10, "utilization": 5}])
     keys = gpus_lab.uuids(written, 0)
     pair = gpus_lab.cluster("pair", ["{host: node0, gpus: 'free:2'}"], SLEEPER)
+    single = gpus_lab.cluster("single", ["{host: node0, gpus: 'free:1'}"], SLEEPER)
     one = gpus_lab.cluster("one", ["{host: node0, gpus: 'free:1'}"])
     a = gpus_lab.start(pair, "gpu-a")
     b = waiter = None
     try:
         wait_for_lines(a, "training", 2)
-        assert gpus_lab.plan("gpu-a")["nodes"][0]["gpus"] == [1, 3]
+        assert gpus_lab.plan("gpu-a")["nodes"][0]["gpus"] == [1, 2]
         held = gpulocks.holders(keys)
-        assert held[keys[1]]["run_id"] == held[keys[3]]["run_id"] == "gpu-a"
-        assert held[keys[0]] is None and held[keys[2]] is None
+        assert held[keys[1]]["run_id"] == held[keys[2]]["run_id"] == "gpu-a"
+        assert held[keys[0]] is None
         seen = {rank: environ_of(pid) for rank, pid in workers("gpu-a", 0).items()}
         assert sorted(seen) == [0, 1]
         for env in seen.values():
-            assert env["CUDA_VISIBLE_DEVICES"] == "1,3"
-            assert env["DDP_ORCH_GPU_UUIDS"] == f"{keys[1]},{keys[3]}"
+            assert env["CUDA_VISIBLE_DEVICES"] == "1,2"
+            assert env["DDP_ORCH_GPU_UUIDS"] == f"{keys[1]},{keys[2]}"
             assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
-        b = gpus_lab.start(pair, "gpu-b")
-        wait_for_lines(b, "training", 2)
-        assert gpus_lab.plan("gpu-b")["nodes"][0]["gpus"] == [0, 2]
+        b = gpus_lab.start(single, "gpu-b")
+        wait_for_lines(b, "training")
+        assert gpus_lab.plan("gpu-b")["nodes"][0]["gpus"] == [0]
         assert {who["run_id"] for who in gpulocks.holders(keys).values()} == {"gpu-a", "gpu-b"}
 
         refused = gpus_lab.up(one, "gpu-c", timeout=120)
@@ -283,7 +285,7 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
         out = waiter.communicate(timeout=120)[0]
         assert waiter.returncode == 0, out
         assert gpus_lab.plan("gpu-c2")["nodes"][0]["gpus"] == [1]
-        assert gpulocks.holders([keys[1], keys[3]]) == {keys[1]: None, keys[3]: None}
+        assert gpulocks.holders([keys[1], keys[2]]) == {keys[1]: None, keys[2]: None}
         assert gpulocks.holders([keys[0]])[keys[0]]["run_id"] == "gpu-b"
     finally:
         for proc in (a, b, waiter):

@@ -27,7 +27,9 @@ from labhome import lab_cluster, lab_home
 from procscan import wait_gone
 
 pytestmark = pytest.mark.live
-TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
+# one rank a node: the barrier and the outputs are per node (a node's ranks
+# are one torchrun's), and each rank more costs a torch import
+TWO_NODES = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
 
 TRAIN = '''\
 """Imports what setup installed, records when each rank started, writes outputs."""
@@ -139,6 +141,12 @@ def test_setup_installs_on_every_node_before_any_rank_and_outputs_come_home(ssh_
                          .read_text())
     assert metrics["labdep"] == "installed by setup"
     assert min(metrics["started"]) > max(stamps), (metrics["started"], stamps)
+    # and ddp-orch says the processes started then, not before setup ran
+    said = [line for line in result.stdout.splitlines() if line.startswith("ddp-orch: ")]
+    running = said.index(next(line for line in said if "running setup: on 2 node(s)" in line))
+    assert said[running + 1:].count("ddp-orch: setup: done on every node; started 2 processes "
+                                    "on 2 node(s)") == 1, said
+    assert not any("started" in line for line in said[:running]), said
     # outputs: home from node 0's code root; the link refused, the unmatched glob named
     outputs = tmp_path / "runs" / "setup-ok" / "outputs"
     assert (outputs / "out" / "plot.png").read_bytes() == bytes(range(256))
@@ -195,14 +203,22 @@ def test_a_failing_setup_names_its_node_and_starts_no_rank(ssh_lab, tmp_path):
     assert wait_gone("setup-bad-kept", 10, labs=[ssh_lab]) == set()
 
 
-def test_outputs_come_home_after_a_failure_and_a_glob_that_escapes_is_refused(ssh_lab,
-                                                                              tmp_path):
+def test_outputs_come_home_after_a_failure_and_on_attach_and_prune_spares_a_live_run(
+        ssh_lab, tmp_path):
+    """One test for what were two, whose runs were alike (no ``setup:``: not
+    the subject; it took 2 s and two pip installs per run): the failed run
+    whose outputs came home is the ended run ``prune`` removes (it was a
+    run of its own, which is ended all the same), while a detached run,
+    lingering 6 s so that ``prune`` finds it live, is spared and brings its
+    outputs home on ``attach``. (Were test_outputs_come_home_after_a_failure_
+    and_a_glob_that_escapes_is_refused and test_a_kept_run_brings_outputs_
+    home_on_attach_and_prune_spares_it_while_live.)"""
     env, cluster = lab_project(ssh_lab, tmp_path, "out-fail", args="[--fail]", extra=OUTPUTS)
     result = cli(env, tmp_path, "up", cluster, "--run-id", "out-fail", "--grace", "3")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "planned failure after writing the outputs" in result.stdout
     metrics = tmp_path / "runs" / "out-fail" / "outputs" / "out" / "metrics.json"
-    assert len(json.loads(metrics.read_text())["started"]) == 3
+    assert len(json.loads(metrics.read_text())["started"]) == 2  # every rank's
     assert "outputs: 2 file(s)" in result.stdout
     escaping = tmp_path / "escaping.yaml"
     escaping.write_text(open(cluster).read().replace("out/metrics.json", "../../*.json"))
@@ -210,24 +226,20 @@ def test_outputs_come_home_after_a_failure_and_a_glob_that_escapes_is_refused(ss
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "outputs[0]: '../../*.json' escapes the code root (..)" in refused.stderr
 
-
-def test_a_kept_run_brings_outputs_home_on_attach_and_prune_spares_it_while_live(ssh_lab,
-                                                                                 tmp_path):
-    env, cluster = lab_project(ssh_lab, tmp_path, "kept", args="[--steps, '6']")
-    ended = cli(env, tmp_path, "up", cluster, "--run-id", "ended-run")
-    assert ended.returncode == 0, ended.stdout + ended.stderr
-    started = cli(env, tmp_path, "up", cluster, "--run-id", "kept-run", "--detach")
+    kept = tmp_path / "kept.yaml"
+    kept.write_text(open(cluster).read().replace("args: [--fail]", "args: [--steps, '6']"))
+    started = cli(env, tmp_path, "up", str(kept), "--run-id", "kept-run", "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
     remote = tmp_path / "remote" / "runs"
-    assert (remote / "ended-run" / "node-1").is_dir() and (remote / "kept-run" / "node-1").is_dir()
+    assert (remote / "out-fail" / "node-1").is_dir() and (remote / "kept-run" / "node-1").is_dir()
 
     pruned = cli(env, tmp_path, "prune")
     assert pruned.returncode == 0, pruned.stdout + pruned.stderr
-    assert "pruned ended-run: " in pruned.stdout and " on node 1 (node1)" in pruned.stdout
+    assert "pruned out-fail: " in pruned.stdout and " on node 1 (node1)" in pruned.stdout
     assert "kept   kept-run: live" in pruned.stdout
     assert "freed " in pruned.stdout.splitlines()[-1]
-    assert not (tmp_path / "runs" / "ended-run").exists()
-    assert not (remote / "ended-run").exists()
+    assert not (tmp_path / "runs" / "out-fail").exists()
+    assert not (remote / "out-fail").exists()
     assert (remote / "kept-run" / "node-0").is_dir() and (tmp_path / "runs" / "kept-run").is_dir()
 
     attached = cli(env, tmp_path, "attach", "kept-run")

@@ -17,6 +17,17 @@ from workloads.harness.train import Trainer, evaluate, make_step, resolve_amp, w
 
 
 @pytest.fixture
+def one_thread():
+    """torch on one thread for the test, as every rank runs (OMP_NUM_THREADS=1):
+    on a loaded 2-core machine its default of one thread per core made a
+    tiny ResNet-18 run ten times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def ctx():
     """A world of one on the CPU, with its process group open for the test."""
     c = read_context({}, "cpu")
@@ -244,3 +255,55 @@ def test_a_node_without_the_dataset_is_refused_not_reported_as_real(ctx, tiny_da
     assert message.startswith(f"the ranks would train on different data: node 0 (gpu-a): "
                               f"{real.source}; node 1 (gpu-b): {fake.source}. ")
     assert "--data synthetic" in message and "on every node" in message
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record, under capsys
+def test_resnet_resumes_from_its_own_checkpoint_as_if_never_stopped(tmp_path, monkeypatch,
+                                                                    capsys, one_thread):
+    """resnet's checkpoint wiring (``resume_state``, ``restore``,
+    ``epoch_saver`` in workloads/resnet.py), in a world of one on tiny
+    images: 2 epochs straight end on the same weights as 1 epoch followed
+    by the rest resumed from the checkpoint that epoch saved -- after a gang
+    restart (``DDP_ORCH_RESTART_COUNT``, the default ``checkpoint.pt`` of a
+    run that may restart) and with ``--resume``. A resnet that saved nothing
+    cannot resume; one that loaded but did not restore starts at epoch 0
+    again (start_epoch, steps) or from fresh weights and momentum (checksum).
+    This is what test_long_runs.py's resnet resume case (a two-host gang
+    restart) proved for resnet; the checkpoint's travel from rank 0 to the
+    other ranks is the harness's, proven there by its mnist case and by
+    test_wl_live.py's test_mnist_resume_continues_exactly."""
+    import shutil
+
+    import workloads.resnet as resnet
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DDP_ORCH_RESULT_FILE",
+                 "DDP_ORCH_RESTART_COUNT", "DDP_ORCH_MAX_RESTARTS"):
+        monkeypatch.delenv(name, raising=False)
+    common = ["--data", "synthetic", "--train-samples", "8", "--test-samples", "4",
+              "--image-size", "8", "--global-batch-size", "4", "--no-eval",
+              "--num-workers", "0", "--device", "cpu", "--log-every", "100"]
+    straight = resnet.main([*common, "--epochs", "2"])
+    assert not os.path.exists("checkpoint.pt")  # no restarts, no --checkpoint: none kept
+    monkeypatch.setenv("DDP_ORCH_MAX_RESTARTS", "1")
+    first = resnet.main([*common, "--epochs", "1"])
+    assert os.path.exists("checkpoint.pt")  # the default of a run that may restart
+    shutil.copy("checkpoint.pt", "split.pt")
+    capsys.readouterr()
+    monkeypatch.setenv("DDP_ORCH_RESTART_COUNT", "1")
+    restarted = resnet.main([*common, "--epochs", "2"])
+    assert "restart 1: resuming from checkpoint.pt (epoch 1, step 2)" in capsys.readouterr().out
+    monkeypatch.delenv("DDP_ORCH_RESTART_COUNT")
+    monkeypatch.delenv("DDP_ORCH_MAX_RESTARTS")
+    resumed = resnet.main([*common, "--epochs", "2", "--resume", "--checkpoint", "split.pt"])
+
+    assert straight["resumed"] is False and straight["metrics"]["start_epoch"] == 0
+    assert straight["timing"]["steps"] == 4 and first["timing"]["steps"] == 2
+    assert first["checksum"] != straight["checksum"]  # the second epoch changes the weights
+    for result in (restarted, resumed):
+        assert result["resumed"] is True
+        assert result["metrics"]["start_epoch"] == 1 and result["metrics"]["end_epoch"] == 2
+        assert result["timing"]["steps"] == 2  # only the second epoch's
+        assert result["checksum"] == straight["checksum"]
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # the restarted run's
+    assert (saved["workload"], saved["epoch"], saved["step"]) == ("resnet", 2, 4)

@@ -1,6 +1,11 @@
 """Live runs: each workload under torchrun with 2 CPU processes, as ddp-orch launches it.
 
-Small on purpose (a few steps, tiny images): CI has two cores.
+Small on purpose (a few steps, tiny images): CI has two cores. linear, toy
+and mnist run on a node with torch alone (``wl_support.no_numpy``), as the
+README promises: that is what test_wl_no_numpy.py proved with runs of its
+own, now proven by these (its gang-restart resume without numpy is
+test_mnist_resume_continues_exactly's). mlp's and resnet's runs are in
+test_wl_orchestrated.py, through ``ddp-orch up``.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import sys
 import pytest
 import torch
 
-from wl_support import (TIMEOUT_S, _finish, check_complete, free_port, run_alone,
-                        run_torchrun, workload_env)
+from wl_support import (TIMEOUT_S, _finish, check_complete, free_port, no_numpy, run_alone,
+                        run_torchrun, without_numpy, workload_env)
 
 pytestmark = pytest.mark.live
 
@@ -75,43 +80,37 @@ def test_bad_config_fails_fast_with_torchrun_error_files(tmp_path):
         assert "WorkloadError: --global-batch-size must be positive, got 0" in message
 
 
-def test_linear_converges_and_equals_a_single_process_run(tmp_path):
-    """Seed 001's averaging math: 2 ranks x batch 16 == 1 process x batch 32."""
-    args = ("--samples", "2000", "--epochs", "10", "--global-batch-size", "32")
-    ddp = run_torchrun(tmp_path, "linear", *args, name="ddp").check()
+def test_linear_on_an_uneven_world_converges_and_equals_a_single_process_run(tmp_path):
+    """Seed 001's averaging math on an uneven world: 3 ranks, global batch
+    32 dealt 11,11,10 (last batch of each epoch: 8 as 3,3,2), losses
+    weighted by share: the one-process steps, to float rounding, and every
+    sample once per epoch (no padding). (It was also run on 2 ranks x 16:
+    an even split is the case of equal shares, and the 3 + 4 layout's 32 =
+    4 x 5 + 3 x 4 is test_wl_seed_layout.py's.)"""
+    args = ("--samples", "1000", "--epochs", "2", "--global-batch-size", "32", "--lr", "0.1")
+    ddp = without_numpy(run_torchrun(tmp_path, "linear", *args, nproc=3, name="ddp",
+                                     env_extra=no_numpy(tmp_path)))
     single = run_alone(tmp_path, "linear", *args, name="single").check()
-    check_complete(ddp, "linear", 2)
+    check_complete(ddp, "linear", 3)
     check_complete(single, "linear", 1)
     w, b = ddp["metrics"]["w"], ddp["metrics"]["b"]
     assert abs(w - 2) < 0.05 and abs(b - 3) < 0.05
-    assert ddp["metrics"]["per_rank_batch"] == 16 and single["metrics"]["per_rank_batch"] == 32
-    assert ddp["timing"]["steps"] == single["timing"]["steps"] == 630
-    assert abs(w - single["metrics"]["w"]) < 1e-5 and abs(b - single["metrics"]["b"]) < 1e-5
-    assert ddp["data"] == "generated" and ddp["init_replicas_identical"]
-    timing = ddp["timing"]
-    assert timing["samples"] == 20000 and timing["samples_per_s"] > 0
-    assert 0 < len(timing["series"]["rows"]) <= 1000
-    assert ddp["loss_curve"] and ddp["loss_curve"][-1][0] == 630
-
-
-def test_linear_on_an_uneven_world_equals_a_single_process_run(tmp_path):
-    """3 ranks, global batch 32 dealt 11,11,10 (last batch of each epoch: 8
-    as 3,3,2), losses weighted by share: the one-process steps, to float
-    rounding, and every sample once per epoch (no padding)."""
-    args = ("--samples", "1000", "--epochs", "2", "--global-batch-size", "32", "--lr", "0.1")
-    ddp = run_torchrun(tmp_path, "linear", *args, nproc=3, name="ddp").check()
-    single = run_alone(tmp_path, "linear", *args, name="single").check()
-    check_complete(ddp, "linear", 3)
     assert ddp["batch_split"] == [11, 11, 10] and ddp["metrics"]["per_rank_batch"] == 11
+    assert single["metrics"]["per_rank_batch"] == 32
     assert ddp["timing"]["steps"] == single["timing"]["steps"] == 2 * 32
     assert ddp["timing"]["samples"] == single["timing"]["samples"] == 2000
+    assert abs(w - single["metrics"]["w"]) < 1e-5 and abs(b - single["metrics"]["b"]) < 1e-5
     for key in ("w", "b", "final_loss"):
         assert ddp["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5), key
-    assert abs(ddp["metrics"]["w"] - 2) < 0.05 and abs(ddp["metrics"]["b"] - 3) < 0.05
+    assert ddp["data"] == "generated" and ddp["init_replicas_identical"]
+    timing = ddp["timing"]
+    assert timing["samples_per_s"] > 0
+    assert 0 < len(timing["series"]["rows"]) <= 1000
+    assert ddp["loss_curve"] and ddp["loss_curve"][-1][0] == 2 * 32
 
 
 def test_toy_accuracy_is_reduced_over_all_ranks(tmp_path):
-    result = run_torchrun(tmp_path, "toy").check()
+    result = without_numpy(run_torchrun(tmp_path, "toy", env_extra=no_numpy(tmp_path)))
     check_complete(result, "toy", 2)
     m = result["metrics"]
     # every example counted once over both ranks (exact shards, no padding)
@@ -120,14 +119,8 @@ def test_toy_accuracy_is_reduced_over_all_ranks(tmp_path):
     assert m["train_correct"] == round(m["train_accuracy"] * 5)
 
 
-def test_mlp_on_tiny_real_cifar10(tmp_path, tiny_data):
-    result = run_torchrun(tmp_path, "mlp", "--data-dir", tiny_data, "--epochs", "2",
-                          "--global-batch-size", "8", "--num-workers", "0").check()
-    check_complete(result, "mlp", 2)
-    assert result["data"] == "real" and result["data_verified"] is False
-    assert result["mode"] == "ddp" and result["versions"]["torchvision"]
-    assert result["metrics"]["test_total"] == 20
-    assert len(result["test_curve"]) == 2
+# test_mlp_on_tiny_real_cifar10: its run and every check are
+# test_wl_orchestrated.py's test_workload_under_ddp_orch_up_local[mlp] now.
 
 
 def test_mlp_dp_mode_refuses_without_gpus(tmp_path):
@@ -136,27 +129,42 @@ def test_mlp_dp_mode_refuses_without_gpus(tmp_path):
     assert "--mode dp needs at least 2 visible CUDA devices" in run.stderr
 
 
-def test_mnist_resume_continues_exactly(tmp_path, tiny_data):
-    common = ("--data-dir", tiny_data, "--global-batch-size", "8", "--lr", "0.01",
-              "--momentum", "0.9", "--num-workers", "1")
-    straight = run_torchrun(tmp_path, "mnist", *common, "--epochs", "2",
-                            "--checkpoint", "two.pt", name="two").check()
-    first = run_torchrun(tmp_path, "mnist", *common, "--epochs", "1",
-                         "--checkpoint", "split.pt", name="first").check()
-    resumed = run_torchrun(tmp_path, "mnist", *common, "--epochs", "2", "--resume",
-                           "--checkpoint", "split.pt", name="resumed").check()
+def test_mnist_resume_continues_exactly(tmp_path):
+    """2 epochs straight == 1 epoch, then a gang restart (as ``up
+    --max-restarts`` makes it: the default checkpoint.pt of a run that may
+    restart, resumed by DDP_ORCH_RESTART_COUNT) that continues from it, bit
+    for bit, on a node without numpy: the checkpoint travels from rank 0 to
+    the others (and rank 0 says whether there is one) with no
+    ``broadcast_object_list``, which needs numpy. Synthetic data, because
+    torchvision's MNIST reader imports numpy (real tiny MNIST: the 3 + 4
+    layout's run in test_wl_seed_layout.py); ``--resume``'s own path:
+    test_wl_inprocess.py's resnet resume test."""
+    env = no_numpy(tmp_path)
+    restarts = {**env, "DDP_ORCH_MAX_RESTARTS": "1"}
+    common = ("--data", "synthetic", "--train-samples", "48", "--test-samples", "20",
+              "--global-batch-size", "8", "--lr", "0.01", "--momentum", "0.9",
+              "--num-workers", "1")
+    straight = without_numpy(run_torchrun(tmp_path, "mnist", *common, "--epochs", "2",
+                                          "--checkpoint", "two.pt", name="two", env_extra=env))
+    first = without_numpy(run_torchrun(tmp_path, "mnist", *common, "--epochs", "1",
+                                       name="first", env_extra=restarts))
+    assert (tmp_path / "checkpoint.pt").exists()  # the default of a run that may restart
+    again = run_torchrun(tmp_path, "mnist", *common, "--epochs", "2", name="again",
+                         env_extra={**restarts, "DDP_ORCH_RESTART_COUNT": "1"})
+    resumed = without_numpy(again)
     for result in (straight, first, resumed):
         check_complete(result, "mnist", 2)
-        assert result["data"] == "real"
+        assert result["data"] == "synthetic"
         assert result["sync_bn"] is False and "CUDA" in result["sync_bn_reason"]
     per_epoch = first["metrics"]["end_step"]
     assert per_epoch == 48 // 8
+    assert f"resuming from checkpoint.pt (epoch 1, step {per_epoch})" in again.stdout
     assert resumed["resumed"] and resumed["metrics"]["start_step"] == per_epoch
     assert resumed["metrics"]["start_epoch"] == 1 and resumed["timing"]["steps"] == per_epoch
     assert resumed["metrics"]["end_step"] == straight["metrics"]["end_step"] == 2 * per_epoch
     assert resumed["checksum"] == straight["checksum"]
     a = torch.load(tmp_path / "two.pt", weights_only=True)
-    b = torch.load(tmp_path / "split.pt", weights_only=True)
+    b = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 2 * per_epoch)
     for key, tensor in a["model"].items():
         assert torch.allclose(tensor.double(), b["model"][key].double(), atol=1e-6), key
@@ -166,21 +174,5 @@ def test_mnist_resume_continues_exactly(tmp_path, tiny_data):
     assert resumed["metrics"]["test_accuracy"] == straight["metrics"]["test_accuracy"]
 
 
-def test_resnet_on_synthetic_data_reports_the_time_breakdown(tmp_path):
-    empty = tmp_path / "no-data"
-    empty.mkdir()
-    run = run_torchrun(tmp_path, "resnet", "--data-dir", str(empty), "--image-size", "32",
-                       "--train-samples", "64", "--test-samples", "16",
-                       "--global-batch-size", "16", "--epochs", "1", "--num-workers", "0")
-    result = run.check()
-    check_complete(result, "resnet", 2)
-    assert result["data"] == "synthetic"
-    first = next(line for line in run.stdout.splitlines() if line.startswith("[resnet]"))
-    assert "data=synthetic" in first and "SYNTHETIC" in first
-    t = result["timing"]
-    assert t["steps"] == 4 and t["samples"] == 64
-    assert t["avg_batch_s"] == pytest.approx(t["avg_data_s"] + t["avg_compute_s"])
-    assert len(t["series"]["rows"]) == 4
-    assert result["metrics"]["lr"] == pytest.approx(0.01)  # lr_scaling none: as given
-    assert result["metrics"]["test_total"] == 16 and len(result["test_curve"]) == 1
-    assert result["accuracy_curve"] and result["loss_curve"]
+# test_resnet_on_synthetic_data_reports_the_time_breakdown: its run and every
+# check are test_wl_orchestrated.py's test_workload_under_ddp_orch_up_local[resnet].

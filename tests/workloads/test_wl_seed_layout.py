@@ -61,8 +61,12 @@ def up(tmp_path, cluster: str, run_id: str, *args: str) -> tuple[str, dict]:
     return proc.stdout, json.loads((tmp_path / "runs" / run_id / "result.json").read_text())
 
 
-def check_seed_layout(result: dict, workload: str) -> None:
+def check_seed_layout(result: dict, workload: str, run_id: str) -> None:
+    """(Also what test_wl_orchestrated.py checked of linear, toy and mnist
+    under ``up --local --procs 2``: the run id and CPU ranks.)"""
     check_complete(result, workload, 7)
+    assert result["run_id"] == run_id
+    assert {r["device"] for r in result["rank_table"]} == {"cpu"}
     assert [r["node_rank"] for r in result["rank_table"]] == [0, 0, 0, 1, 1, 1, 1]
     assert result["config"]["global_batch_size"] == CATALOG[workload].arg(
         "global_batch_size").default
@@ -73,7 +77,7 @@ def test_example_cluster_file_runs_as_shipped_on_localhost(tmp_path):
     """linear, epochs 10, global batch 32 on 3 + 4 ranks; one epoch of it
     (the steps of a one-process run: ceil(10000 / 32) = 313 per epoch)."""
     out, result = up(tmp_path, local_example(tmp_path), "example", "--arg", "max_steps=313")
-    check_seed_layout(result, "linear")
+    check_seed_layout(result, "linear", "example")
     assert "global batch 32 = 4 x 5 + 3 x 4" in out
     assert "] epoch 1/10 step 313 loss " in out
     assert result["timing"]["samples"] == 10000  # each sample once, no padding
@@ -87,7 +91,7 @@ def test_default_batches_run_on_the_3_plus_4_layout(workload, tmp_path, tiny_dat
     args = {"data_dir": tiny_data, "num_workers": 0} if workload == "mnist" else {}
     cluster = local_example(tmp_path, {"name": workload, "args": args})
     _, result = up(tmp_path, cluster, workload, "--quiet")
-    check_seed_layout(result, workload)
+    check_seed_layout(result, workload, workload)
     if workload == "mnist":
         assert result["data"] == "real" and result["metrics"]["end_step"] == 3
         assert result["timing"]["samples"] == 3 * 48

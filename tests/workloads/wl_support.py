@@ -98,6 +98,27 @@ def run_alone(tmp_path, module: str, *args: str, name: str | None = "result",
     return _finish(proc, result_file)
 
 
+NO_NUMPY = ("import sys\n"
+            "sys.modules['numpy'] = None  # `import numpy` raises ImportError\n")
+
+
+def no_numpy(tmp_path) -> dict:
+    """``env_extra`` for a node with torch alone, as the README promises: a
+    ``sitecustomize`` on every process's path blocks ``import numpy`` (torch
+    then runs as it does without numpy: ``.numpy()`` and ``all_gather_object``
+    raise "Numpy is not available")."""
+    blocker = tmp_path / "no-numpy"
+    blocker.mkdir(exist_ok=True)
+    (blocker / "sitecustomize.py").write_text(NO_NUMPY)
+    return {"PYTHONPATH": f"{blocker}:{ROOT}"}
+
+
+def without_numpy(run: Run) -> dict:
+    """``run``'s result, once it is clear that nothing in it missed numpy."""
+    assert "Numpy is not available" not in run.stderr, run.stderr[-3000:]
+    return run.check()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
