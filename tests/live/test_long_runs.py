@@ -85,7 +85,7 @@ def test_a_detached_run_goes_on_without_its_controller_restarts_and_attach_follo
       it through the restart to the result
       (was test_restarts_happen_without_a_controller_and_attach_shows_them;
       ``attach --from-start``, the same start spelled out, is in
-      test_net_launch.py's test_kept_runs_use_the_chosen_interfaces).
+      test_net_launch.py's test_a_kept_run_uses_the_chosen_interfaces).
     """
     env, cluster = setup(ssh_lab, tmp_path, "det",
                          "{steps: 40, sleep: 0.2, fail_rank: 1, fail_step: 30}", nodes=ONE_EACH)
