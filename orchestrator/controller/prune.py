@@ -122,24 +122,19 @@ def prune_run(record: RunRecord, older_than_s: float | None, now: float | None =
     nodes = tuple(get_backend(record.backend, LaunchOptions()).prune(record))
     troubles = [n for n in nodes if n.error]
     never_started = not os.path.exists(record.run.file(PLAN_FILE))
-    if troubles and not any(n.live for n in troubles) and (never_started or forget_unreachable):
-        left = [] if never_started else [
-            f"node {n.node_rank} ({n.host}): {record_dir(record, n.node_rank)} left there "
-            f"({n.error})" for n in troubles]
-        local = tree_bytes(record.run.path)
-        shutil.rmtree(record.run.path, ignore_errors=True)
-        removed = not os.path.exists(record.run.path)
-        return Pruned(record.run_id, removed, "" if removed else "could not remove it all here",
-                      local, nodes, tuple(left))
-    if troubles:
+    live_there = any(n.live for n in troubles)
+    if troubles and (live_there or not (never_started or forget_unreachable)):
         why = "; ".join(f"node {n.node_rank} ({n.host}): {n.error}" for n in troubles)
-        return Pruned(record.run_id, False, ("live on a node: " if any(n.live for n in troubles)
+        return Pruned(record.run_id, False, ("live on a node: " if live_there
                                              else "kept for a later prune: ") + why, 0, nodes)
+    left = () if never_started else tuple(
+        f"node {n.node_rank} ({n.host}): {record_dir(record, n.node_rank)} left there "
+        f"({n.error})" for n in troubles)
     local = tree_bytes(record.run.path)
     shutil.rmtree(record.run.path, ignore_errors=True)
-    return Pruned(record.run_id, not os.path.exists(record.run.path),
-                  "" if not os.path.exists(record.run.path) else "could not remove it all here",
-                  local, nodes)
+    removed = not os.path.exists(record.run.path)
+    return Pruned(record.run_id, removed, "" if removed else "could not remove it all here",
+                  local, nodes, left)
 
 
 def render_pruned(results: list[Pruned]) -> str:
