@@ -52,9 +52,7 @@ class Failed(Protocol):
 def failure_hint(root: Failed, nodes: Sequence[Failed] = ()) -> str | None:
     """The hint for ``root``, the run's root cause, or None when no rule fits.
     ``nodes`` (every node of the run) lets a hint name the peer at fault."""
-    texts = [root.reason, *(str(f.get("message", "")) for f in root.failures
-                            if isinstance(f, dict))]
-    return hint_for(texts, root.node_rank, root.host,
+    return hint_for(_own_words(root), root.node_rank, root.host,
                     [(n.node_rank, n.host) for n in nodes if n.node_rank != root.node_rank])
 
 
@@ -70,9 +68,13 @@ def is_network_failure(root: Failed) -> bool:
     """Whether ``root``'s own words say the network failed it (the summary
     then lists each node's interface; after any other failure that list is
     noise)."""
-    texts = [root.reason, *(str(f.get("message", "")) for f in root.failures
-                            if isinstance(f, dict))]
-    return any(rule.search(text) for rule in _NETWORK for text in texts)
+    return any(rule.search(text) for rule in _NETWORK for text in _own_words(root))
+
+
+def _own_words(root: Failed) -> list[str]:
+    """What a failed node said of itself: its reason and its ranks' messages."""
+    return [root.reason, *(str(f.get("message", "")) for f in root.failures
+                           if isinstance(f, dict))]
 
 
 def hint_for(texts: Iterable[str], node_rank: int, host: str,
