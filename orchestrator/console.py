@@ -94,10 +94,15 @@ class TorchrunReport:
 
 
 class Console:
-    def __init__(self, view: str = "all", stream: TextIO | None = None):
+    """``view`` as above; ``rank``: only that rank's lines (``rank0`` is
+    ``rank=0``; ``logs --rank N --follow``)."""
+
+    def __init__(self, view: str = "all", stream: TextIO | None = None,
+                 rank: int | None = None):
         if view not in VIEWS:
             raise ValueError(f"unknown view {view!r}")
         self.view = view
+        self.rank = 0 if view == "rank0" else rank
         self.stream = stream or sys.stdout
         self._lock = threading.Lock()
         self._reports: dict[int, TorchrunReport] = {}
@@ -108,8 +113,8 @@ class Console:
         if self.view == "quiet":
             return
         lines = (text[:-1] if text.endswith("\n") else text).split("\n")
-        if self.view == "rank0":
-            lines = [line for line in lines if line.startswith("[rank0]:")]
+        if self.rank is not None:
+            lines = [line for line in lines if line.startswith(f"[rank{self.rank}]:")]
         else:
             report = self._reports.setdefault(node_rank, TorchrunReport(node_rank))
             lines = report.feed(lines)

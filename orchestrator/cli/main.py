@@ -219,13 +219,16 @@ launch_options = _options(
               help="Restart the whole gang this many times after a failure, on a fresh "
                    "port, with DDP_ORCH_RESTART_COUNT raised (default: the file's "
                    "max_restarts, else 0). Not after an error that recurs, down or Ctrl-C.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
+              help="An environment variable for every rank, over the file's env:, "
+                   "repeatable: --env NCCL_DEBUG=INFO.")
 @launch_options
 @friendly_errors
 def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | None, local: bool,
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str | None, rank0_only: bool,
-       quiet: bool, detach: bool, max_restarts: int | None, accept_new_host_keys: bool,
-       start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
+       quiet: bool, detach: bool, max_restarts: int | None, env_pairs: tuple[str, ...],
+       accept_new_host_keys: bool, start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
        grace: float, wait_gpus: float | None, allow_busy_gpus: bool) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local).
 
@@ -243,6 +246,10 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                                f"--format {fmt}; or drop --format to launch")
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                               arg_pairs, program)
+    if env_pairs:
+        from ..config.localmode import with_env
+
+        spec = with_env(spec, env_pairs)
     runs_dir = locate(runs_dir).path
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",

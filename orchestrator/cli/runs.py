@@ -13,7 +13,8 @@ from ..console import visible
 from ..errors import ConfigError
 from ..records.rundir import RunDir
 from ..records.runsdir import locate
-from ..records.store import find_run, kept_without_controller, list_runs, read_record
+from ..records.store import (find_run, kept_without_controller, latest_run, list_runs,
+                             read_record)
 from ..report.runs import render_ps
 from .main import RUNS_DIR_HELP
 
@@ -22,6 +23,26 @@ runs_dir_option = click.option("--runs-dir", default=None, type=click.Path(file_
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="As JSON, for scripts (schema/ps.schema.json, "
                                 "schema/status.schema.json).")
+# RUN_ID, a unique prefix of one; without it the latest run (``the_run``).
+latest_run_argument = click.argument("run_id", required=False)
+
+
+def the_run(runs_dir: str | None, run_id: str | None, *, attachable: bool = False):
+    """The run a command names, or without a name the latest one, as
+    ``sky logs`` and ``docker logs $(docker ps -lq)`` habits expect; for
+    ``attach`` the latest one it can follow. Which one was taken is said on
+    stderr, so a script's stdout stays the command's own."""
+    where = locate(runs_dir)
+    if run_id is not None:
+        return find_run(where.path, run_id)
+    if attachable:
+        record = latest_run(where.path, lambda r: r.rule == "detached"
+                            or kept_without_controller(r), "detached run")
+    else:
+        record = latest_run(where.path)
+    click.echo(f"ddp-orch: run {record.run_id}, the latest{' detached' if attachable else ''} "
+               f"in {where.shown}", err=True)
+    return record
 
 
 @click.command()
@@ -104,11 +125,12 @@ RECORD_END_WAIT_S = 5.0
 
 
 @click.command()
-@click.argument("run_id")
+@latest_run_argument
 @runs_dir_option
 @json_option
-def status(run_id: str, runs_dir: str | None, as_json: bool) -> None:
-    """Show one run: state, per-node outcomes, root cause and result.
+def status(run_id: str | None, runs_dir: str | None, as_json: bool) -> None:
+    """Show one run (default: the latest): state, per-node outcomes, root
+    cause and result.
 
     A detached run that ended while nobody followed it shows how it ended,
     from its nodes' records; `ddp-orch attach RUN` then brings its results
@@ -116,7 +138,7 @@ def status(run_id: str, runs_dir: str | None, as_json: bool) -> None:
     """
     from ..report.runs import render_status
 
-    record = find_run(locate(runs_dir).path, run_id)
+    record = the_run(runs_dir, run_id)
     described = _described(record)
     if kept_without_controller(record):
         record = _settled(record, described)
@@ -129,33 +151,59 @@ def status(run_id: str, runs_dir: str | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id")
+@latest_run_argument
 @click.option("--node", "node_rank", type=int, help="Only this node's log.")
+@click.option("--rank", "rank", type=click.IntRange(0), help="Only this rank's lines.")
+@click.option("--lines", "-n", "last", type=click.IntRange(0, 100000), default=None,
+              help="Only the last N lines of each node (with --follow: then what comes).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing while the run is live.")
 @runs_dir_option
-def logs(run_id: str, node_rank: int | None, follow: bool, runs_dir: str | None) -> None:
-    """Print a run's stored node logs (prefixed by node when there are several)."""
-    record = find_run(locate(runs_dir).path, run_id)
+def logs(run_id: str | None, node_rank: int | None, rank: int | None, last: int | None,
+         follow: bool, runs_dir: str | None) -> None:
+    """Print a run's stored node logs (default: the latest run), prefixed by
+    node when there are several."""
+    record = the_run(runs_dir, run_id)
+    nodes = list(range(len(record.hosts)))
+    if node_rank is not None and node_rank not in nodes:
+        raise ConfigError(f"run {record.run_id} has nodes {nodes}, not {node_rank}",
+                          path="--node", source="command line")
+    if rank is not None:
+        holder = _node_of_rank(record, rank)
+        if node_rank is not None and node_rank != holder:
+            raise ConfigError(f"rank {rank} of run {record.run_id} is on node {holder}, "
+                              f"not node {node_rank}", path="--rank", source="command line",
+                              hint="give --rank alone")
+        node_rank = holder
     if follow and kept_without_controller(record):  # the nodes have the live log
         from ..backends import get_backend
         from ..engine.options import LaunchOptions
         from ..console import Console
 
-        get_backend(record.backend, LaunchOptions()).attach(record, Console("all"))
+        get_backend(record.backend, LaunchOptions()).attach(
+            record, Console("all", rank=rank), lines=last)
         return
     if kept_without_controller(record):
         click.echo(f"ddp-orch logs: run {record.run_id} goes on without its controller: "
                    f"these logs end where a controller last followed it; "
                    f"`ddp-orch logs {record.run_id} --follow` streams it from its nodes",
                    err=True)
-    nodes = list(range(len(record.hosts)))
-    if node_rank is not None:
-        if node_rank not in nodes:
-            raise ConfigError(f"run {record.run_id} has nodes {nodes}, not {node_rank}",
-                              path="--node", source="command line")
-        nodes = [node_rank]
-    _print_logs(record.run, nodes, follow)
+    _print_logs(record.run, nodes if node_rank is None else [node_rank], follow,
+                rank=rank, last=last)
     _say_outputs(record.run)
+
+
+def _node_of_rank(record, rank: int) -> int:
+    """The node that runs global ``rank``, from the recorded plan's rank
+    ranges (``[first, last]`` per node)."""
+    plan = record.run.plan() or {}
+    for node in plan.get("nodes") or ():
+        first, final = (node.get("ranks") or (None, None))[:2]
+        if isinstance(first, int) and isinstance(final, int) and first <= rank <= final:
+            return int(node["node_rank"])
+    world = plan.get("world_size")
+    raise ConfigError(f"run {record.run_id} has no rank {rank}"
+                      + (f" (ranks 0-{world - 1})" if isinstance(world, int) else ""),
+                      path="--rank", source="command line")
 
 
 def _say_outputs(run: RunDir) -> None:
@@ -166,16 +214,29 @@ def _say_outputs(run: RunDir) -> None:
         click.echo(f"ddp-orch logs: {visible(line.strip())}", err=True)
 
 
-def _print_logs(run: RunDir, nodes: list[int], follow: bool) -> None:
+def _print_logs(run: RunDir, nodes: list[int], follow: bool, rank: int | None = None,
+                last: int | None = None) -> None:
+    """Each of ``nodes``' log as it is on disk (``follow``: and as it grows);
+    with ``rank``, only that rank's lines (torchrun's ``[rankN]:`` prefix);
+    with ``last``, from the last ``last`` lines (of that rank) of each."""
     offsets = {k: 0 for k in nodes}
     buffers = {k: LineBuffer() for k in nodes}
     heads = {k: f"[node{k}] ".encode() if len(nodes) > 1 else b"" for k in nodes}
+    prefix = f"[rank{rank}]:".encode() if rank is not None else None
     out = sys.stdout.buffer
+    tails: dict[int, int | None] = {k: last for k in nodes}  # None once the tail is out
 
     def emit(k: int, block: bytes) -> None:
-        if block:
-            lines = block[:-1] if block.endswith(b"\n") else block
-            text = visible(lines.decode("utf-8", "replace")).encode()  # the file keeps the bytes
+        lines = block.split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
+        if prefix is not None:
+            lines = [line for line in lines if line.startswith(prefix)]
+        if tails[k] is not None:  # the first block: only its last lines
+            lines = lines[len(lines) - tails[k]:] if tails[k] else []
+            tails[k] = None
+        if lines:
+            text = visible(b"\n".join(lines).decode("utf-8", "replace")).encode()
             out.write(heads[k] + text.replace(b"\n", b"\n" + heads[k]) + b"\n")
 
     while True:
@@ -186,10 +247,11 @@ def _print_logs(run: RunDir, nodes: list[int], follow: bool) -> None:
                     fh.seek(offsets[k])
                     data = fh.read()
             except FileNotFoundError:
-                continue
+                data = b""
             offsets[k] += len(data)
             grew = grew or bool(data)
-            emit(k, buffers[k].feed(data))
+            block = buffers[k].feed(data)
+            emit(k, block if follow else block + buffers[k].flush())
         out.flush()
         record = read_record(run)
         # A run kept without its controller (a Slurm job whose `up` was
@@ -261,7 +323,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
 
 
 @click.command()
-@click.argument("run_id")
+@latest_run_argument
 @click.option("--from-start", is_flag=True,
               help="Stream each node's output from its start (the default).")
 @click.option("--lines", "-n", type=click.IntRange(0, 100000), default=None,
@@ -271,10 +333,10 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust (and record) the key of a host seen for the first time.")
 @runs_dir_option
-def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, quiet: bool,
+def attach(run_id: str | None, from_start: bool, lines: int | None, rank0_only: bool, quiet: bool,
            accept_new_host_keys: bool, runs_dir: str | None) -> None:
-    """Follow a detached run (`up --detach`), or a Slurm job whose `up` is
-    gone, from its nodes until it ends.
+    """Follow a detached run (`up --detach`; default: the latest), or a
+    Slurm job whose `up` is gone, from its nodes until it ends.
 
     Streams every node's output, then brings the results home and prints the
     summary, exiting with the run's code. Ctrl-C leaves the run running;
@@ -292,7 +354,7 @@ def attach(run_id: str, from_start: bool, lines: int | None, rank0_only: bool, q
     if from_start and lines is not None:
         raise ConfigError("--from-start and --lines are two places to start; give one",
                           path="--lines", source="command line")
-    record = find_run(locate(runs_dir).path, run_id)
+    record = the_run(runs_dir, run_id, attachable=True)
     if record.rule != "detached" and not kept_without_controller(record):
         raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
                           source="command line",

@@ -281,17 +281,26 @@ def _workdir(field: Located) -> str:
 def _env(field: Located, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(base or {})
     for name, value_field in field.mapping(None).items():
-        if not ENV_NAME_RE.match(name):
-            raise value_field.error("not a valid environment variable name")
-        if name in RESERVED_ENV or name.startswith("DDP_ORCH_"):
-            hint = "set GPUs with `gpus:`" if name == "CUDA_VISIBLE_DEVICES" else \
-                "ddp-orch and torchrun set it for every process"
-            raise value_field.error(f"{name} cannot be set here", hint=hint)
+        problem = env_name_problem(name)
+        if problem:
+            raise value_field.error(problem[0], hint=problem[1] or "")
         value = value_field.scalar()
         if value is None or isinstance(value, (dict, list)):
             raise value_field.error(f"expected a string or number, got {value_field.describe()}")
         env[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
     return env
+
+
+def env_name_problem(name: str) -> tuple[str, str | None] | None:
+    """Why ``name`` cannot be set by the user (the file's ``env:`` or
+    ``up --env``), with a hint; None if it can."""
+    if not ENV_NAME_RE.match(name):
+        return "not a valid environment variable name", None
+    if name in RESERVED_ENV or name.startswith("DDP_ORCH_"):
+        hint = "set GPUs with `gpus:`" if name == "CUDA_VISIBLE_DEVICES" else \
+            "ddp-orch and torchrun set it for every process"
+        return f"{name} cannot be set here", hint
+    return None
 
 
 def _ssh(field: Located, base: SshSpec) -> SshSpec:

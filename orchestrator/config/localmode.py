@@ -13,8 +13,8 @@ from typing import Any, Mapping
 from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
-from .loader import (check_workload_args, cuda_without_gpus, default_name, module_name,
-                     one_index_warning, parse_gpus, script_in, too_broad)
+from .loader import (check_workload_args, cuda_without_gpus, default_name, env_name_problem,
+                     module_name, one_index_warning, parse_gpus, script_in, too_broad)
 from .spec import AUTO_PORT, DEFAULT_WORKDIR, ClusterSpec, NodeSpec, SshSpec, WorkloadSpec
 from .yamlsrc import closest_hint
 
@@ -114,6 +114,30 @@ def with_args(spec: ClusterSpec, args: Mapping[str, Any]) -> ClusterSpec:
     if not args:
         return spec
     return dataclasses.replace(spec, workload=choose_workload(spec, None, args))
+
+
+def with_env(spec: ClusterSpec, pairs: tuple[str, ...]) -> ClusterSpec:
+    """``spec`` with ``up --env KEY=VALUE`` over every node's env: the
+    command line wins over the file's top-level and per-node ``env:``, under
+    the same name rules (``env_name_problem``); the plan masks secret names
+    whichever way they came."""
+    given: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"{pair!r} is not KEY=VALUE", path="--env", source=CLI,
+                              hint="--env NCCL_DEBUG=INFO (repeat --env for more)")
+        problem = env_name_problem(name)
+        if problem:
+            message = problem[0] if name in problem[0] else f"{name!r}: {problem[0]}"
+            raise ConfigError(message, path="--env", source=CLI,
+                              hint=problem[1] or "")
+        given[name] = value
+    if not given:
+        return spec
+    return dataclasses.replace(
+        spec, env={**spec.env, **given},
+        nodes=tuple(dataclasses.replace(node, env={**node.env, **given}) for node in spec.nodes))
 
 
 def with_program(spec: ClusterSpec, words: tuple[str, ...]) -> ClusterSpec:

@@ -102,14 +102,26 @@ def is_runs_dir(path: str) -> bool:
 
 
 def mark(runs_dir: str) -> None:
-    """Leave ``MARKER`` in ``runs_dir`` so that ``find_above`` finds it;
-    best effort (a read-only runs directory still holds runs)."""
-    path = os.path.join(runs_dir, MARKER)
-    if os.path.exists(path):
-        return
+    """Leave ``MARKER`` in ``runs_dir`` so that ``find_above`` finds it, and,
+    with it, a ``.gitignore`` of everything: a ``runs/`` made inside a git
+    project ignores itself, as a venv does (a runs directory is logs,
+    bundles and results, never source). Both only once, when ddp-orch first
+    uses the directory, so a ``.gitignore`` the user changed or removed
+    later stays as they left it. Best effort (a read-only runs directory
+    still holds runs)."""
+    if _create(os.path.join(runs_dir, MARKER), MARKER_TEXT):
+        _create(os.path.join(runs_dir, ".gitignore"), GITIGNORE_TEXT)
+
+
+GITIGNORE_TEXT = "# ddp-orch's runs: logs, bundles and results, not source\n*\n"
+
+
+def _create(path: str, text: str) -> bool:
+    """Write ``path`` if it does not exist yet; whether it was written."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except OSError:
-        return
+        return False
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(MARKER_TEXT)
+        fh.write(text)
+    return True

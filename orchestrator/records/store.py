@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import ConfigError
 from .outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
@@ -283,6 +283,19 @@ def list_runs(runs_dir: str) -> Iterator[RunRecord]:
 
 
 AMBIGUOUS_SHOWN = 10  # the runs an ambiguous prefix lists, newest first
+
+
+def latest_run(runs_dir: str, which: Callable[[RunRecord], bool] = lambda record: True,
+               what: str = "run") -> RunRecord:
+    """The newest recorded run ``which`` accepts: what ``status``, ``logs``
+    and ``attach`` mean without a run id (as ``sky logs`` does), or a
+    ConfigError naming the runs directory."""
+    for record in list_runs(runs_dir):
+        if which(record):
+            return record
+    raise ConfigError(f"no {what} in {os.path.abspath(runs_dir)}", source="command line",
+                      hint="`ddp-orch ps` lists the runs; pass --runs-dir if they live "
+                           "elsewhere")
 
 
 def find_run(runs_dir: str, run_id: str) -> RunRecord:

@@ -126,6 +126,13 @@ def test_bad_file_exits_2_with_one_message_and_no_traceback(tmp_path):
     (["up", "cluster.yaml.example", "--arg", "epochs=x", "--dry-run"], "expected int"),
     (["up", "cluster.yaml.example", "--run-id", "../x", "--dry-run"], "not a valid run id"),
     (["up", "/nonexistent.yaml"], "no such file"),
+    (["up", "cluster.yaml.example", "--env", "RANK=3", "--dry-run"],
+     "--env: RANK cannot be set here"),
+    (["up", "cluster.yaml.example", "--env", "DDP_ORCH_RUN_ID=x", "--dry-run"],
+     "cannot be set here"),
+    (["up", "cluster.yaml.example", "--env", "9LIVES=1", "--dry-run"],
+     "'9LIVES': not a valid environment variable name"),
+    (["up", "cluster.yaml.example", "--env", "NCCL_DEBUG", "--dry-run"], "is not KEY=VALUE"),
 ])
 def test_bad_command_lines_exit_2(args, words):
     result = run_cli(*args)
@@ -147,6 +154,25 @@ def test_secret_env_values_are_never_printed_by_any_dry_run_format(tmp_path):
         assert ("********" in out) == (fmt != "shell")
     assert ' HF_TOKEN="${HF_TOKEN:?export HF_TOKEN on this node first}" ' in out
     assert "# Secret values are not printed: the lines take HF_TOKEN, WANDB_API_KEY from" in out
+
+
+def test_env_on_the_command_line_wins_over_the_files_and_is_masked(tmp_path):
+    """``up --env`` over the top-level and the per-node ``env:``, on every
+    node; a secret name given this way is masked like the file's."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("env: {LEVEL: file, KEEP: same}\n"
+                       "nodes:\n  - {host: a, gpus: 0, env: {LEVEL: node}}\n"
+                       "  - {host: b, gpus: 0}\nworkload: {name: linear}\n")
+    result = run_cli("up", str(cluster), "--dry-run", "--format", "json",
+                     "--env", "LEVEL=cli", "--env", "HF_TOKEN=hunter2-value",
+                     "--env", "EMPTY=")
+    assert result.returncode == 0, result.stderr
+    assert "hunter2-value" not in result.stdout
+    nodes = json.loads(result.stdout)["nodes"]
+    assert [n["env"]["LEVEL"] for n in nodes] == ["cli", "cli"]
+    assert [n["env"]["KEEP"] for n in nodes] == ["same", "same"]
+    assert [n["env"]["EMPTY"] for n in nodes] == ["", ""]
+    assert [n["env"]["HF_TOKEN"] for n in nodes] == ["********", "********"]
 
 
 def test_local_dry_run_shows_one_local_node():

@@ -3,6 +3,7 @@ are run, and the run schemas hold what `ps` and `status` print."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -82,3 +83,93 @@ def test_the_run_schemas_are_valid_and_status_holds_every_key_of_a_ps_run():
     for key, described in run["properties"].items():
         assert status["properties"][key] == described, key
     assert status["$defs"]["node"] == ps["$defs"]["node"]
+
+
+def _run_with_logs(runs, run_id: str, started: float, rule: str = "attached") -> None:
+    """A recorded run of two nodes (ranks 0-1 on node 0, 2-3 on node 1)
+    with a log each: rank lines and torchrun's own unprefixed lines."""
+    record(runs, run_id, started)
+    run = runs / run_id
+    state = json.loads((run / "state.json").read_text())
+    state.update(rule=rule, nodes=[{"node_rank": k, "host": f"h{k}", "run_dir": f"/r/{k}"}
+                                   for k in (0, 1)])
+    (run / "state.json").write_text(json.dumps(state))
+    (run / "plan.json").write_text(json.dumps({"world_size": 4, "nodes": [
+        {"node_rank": 0, "ranks": [0, 1]}, {"node_rank": 1, "ranks": [2, 3]}]}))
+    for k in (0, 1):
+        lines = [f"[rank{2 * k + r}]: {run_id} step {s}" for s in range(3) for r in (0, 1)]
+        (run / f"node-{k}.log").write_text("\n".join(["torchrun starting", *lines,
+                                                      "torchrun done"]) + "\n")
+
+
+def test_status_logs_and_attach_without_a_run_id_take_the_latest_and_say_which(tmp_path):
+    runs = tmp_path / "runs"
+    now = time.time()
+    _run_with_logs(runs, "older-detached", now - 60, rule="detached")
+    _run_with_logs(runs, "newest", now)
+    _run_with_logs(runs, "oldest", now - 120)
+    env = clean_env(tmp_path)
+    status = run_cli("status", "--runs-dir", str(runs), env=env)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[1].split()[0] == "newest"
+    assert f"ddp-orch: run newest, the latest in {runs}" in status.stderr
+    logs = run_cli("logs", "--runs-dir", str(runs), env=env)
+    assert logs.returncode == 0, logs.stderr
+    assert "[node1] [rank3]: newest step 2" in logs.stdout
+    assert "older-detached" not in logs.stdout and "oldest" not in logs.stdout
+
+    from orchestrator.cli.runs import the_run
+
+    assert the_run(str(runs), None, attachable=True).run_id == "older-detached"
+    assert the_run(str(runs), "oldest").run_id == "oldest"  # an id still wins
+
+
+def test_attach_without_a_run_id_and_no_detached_run_says_so(tmp_path):
+    runs = tmp_path / "runs"
+    _run_with_logs(runs, "attached-only", time.time())
+    result = run_cli("attach", "--runs-dir", str(runs), env=clean_env(tmp_path))
+    assert result.returncode == 2
+    assert f"no detached run in {runs}" in result.stderr
+
+
+def test_logs_rank_and_lines_show_one_rank_and_the_tail(tmp_path):
+    runs = tmp_path / "runs"
+    _run_with_logs(runs, "r", time.time())
+    env = clean_env(tmp_path)
+
+    def logs(*args: str):
+        return run_cli("logs", "r", *args, "--runs-dir", str(runs), env=env)
+
+    rank3 = logs("--rank", "3")
+    assert rank3.returncode == 0, rank3.stderr
+    assert rank3.stdout.splitlines() == [f"[rank3]: r step {s}" for s in range(3)]
+    assert logs("--rank", "3", "-n", "1").stdout.splitlines() == ["[rank3]: r step 2"]
+    assert logs("--rank", "2", "--lines", "0").stdout == ""
+    tails = logs("-n", "2").stdout.splitlines()
+    assert tails == ["[node0] [rank1]: r step 2", "[node0] torchrun done",
+                     "[node1] [rank3]: r step 2", "[node1] torchrun done"]
+    assert logs("--node", "1", "--rank", "2").stdout.splitlines()[0] == "[rank2]: r step 0"
+    wrong_node = logs("--node", "0", "--rank", "2")
+    assert wrong_node.returncode == 2
+    assert "rank 2 of run r is on node 1, not node 0" in wrong_node.stderr
+    missing = logs("--rank", "4")
+    assert missing.returncode == 2 and "run r has no rank 4 (ranks 0-3)" in missing.stderr
+
+
+def test_a_runs_directory_made_in_a_git_project_ignores_itself(tmp_path):
+    """git itself is the oracle: nothing under the runs directory is
+    untracked, and a ``.gitignore`` the user changed later stays theirs."""
+    import subprocess
+
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    record(project / "runs", "first", time.time())
+    (project / "train.py").write_text("print('hi')\n")
+    untracked = subprocess.run(["git", "-C", str(project), "status", "--porcelain",
+                                "--untracked-files=all"], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    assert untracked == ["?? train.py"]
+    (project / "runs" / ".gitignore").write_text("*.tar.gz\n")
+    record(project / "runs", "second", time.time())
+    assert (project / "runs" / ".gitignore").read_text() == "*.tar.gz\n"
