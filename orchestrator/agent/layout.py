@@ -34,6 +34,7 @@ PROGRESS_DIR = "progress"
 STACKS_DIR = "stacks"
 RENDEZVOUS = "rendezvous.json"
 SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank
+DOWN_REQUEST = "down.request"  # `down` writes it before it signals the keeper: the sender named
 
 
 def attempt_logs(attempt: int) -> str:

@@ -226,6 +226,12 @@ def test_status_of_a_live_detached_run_shows_each_ranks_step_and_down_stops_it(
     nothing_left(ssh_lab, "prog", 5)  # down waited for the keepers
     out = status_until(env, tmp_path, "prog", "interrupted")
     assert " interrupted " in out.splitlines()[1], out
+    # down is named as the stopper, not the signal it sent (issue #32): on the
+    # node whose keeper heard it first, and through the gang on the other
+    nodes = [line for line in out.splitlines() if line.startswith("  node ")]
+    assert len(nodes) == 2 and all("ddp-orch down" in line for line in nodes), out
+    assert any(line.endswith("stopped, exit 1: stopped by ddp-orch down") for line in nodes), out
+    assert "got SIGTERM" not in out, out
     assert "-> stopped on purpose" not in out  # one attempt: no restart line
 
 

@@ -197,7 +197,16 @@ def signal_keeper(run_dir: str, sig: int = signal.SIGTERM) -> int | None:
 
 
 def stop(run_dir: str, wait_s: float) -> int | None:
-    """SIGTERM the keeper and wait for it to tear its node down (``down``)."""
+    """SIGTERM the keeper and wait for it to tear its node down (``down``).
+    A SIGTERM does not say who sent it: ``down`` first leaves its request
+    in the run directory, so the keeper records that ``down`` stopped it."""
+    if keeper_pid(run_dir) is not None:
+        try:
+            fd = os.open(os.path.join(run_dir, layout.DOWN_REQUEST),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+        except OSError:
+            pass  # the keeper then says only which signal it got
     pid = signal_keeper(run_dir)
     deadline = time.monotonic() + wait_s
     while pid is not None and keeper_pid(run_dir) == pid and time.monotonic() < deadline:

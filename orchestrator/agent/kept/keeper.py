@@ -212,6 +212,11 @@ class Keeper:
             signum = os.read(self._signalled[0], 1)[0]
             self.signals += 1
             name = signal.Signals(signum).name
+            if signum == signal.SIGTERM and os.path.lexists(
+                    os.path.join(self.run_dir, layout.DOWN_REQUEST)):
+                self.stop_for_good(f"stopped by `ddp-orch down` on node {self.node_rank}",
+                                   "stopped by ddp-orch down", hurry=self.signals > 1)
+                continue
             self.stop_for_good(f"got {name} on node {self.node_rank}", f"got {name}",
                                hurry=self.signals > 1)
 
