@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,14 @@ for path in (ROOT, TESTS, LABS, LIVE):
 # to the user's default (~/.local/share/ddp-orch/runs): the suite's own runs
 # go to a directory of its own instead, inherited by every command it starts.
 os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="ddp-orch-tests-xdg-")
+
+# A suite started in the background of a shell without job control (`cmd &`,
+# `nohup cmd &`) has SIGINT ignored, and every command it starts inherits
+# that: a test's Ctrl-C (attach, up) would then do nothing and the test
+# would fail for the way it was started. A user's terminal delivers SIGINT;
+# so do the suite's commands, whatever started the suite.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # scripts/mutation runs the tests once per mutant: there Hypothesis draws 10
 # examples per test, a test's own @settings(max_examples=...) included.
