@@ -100,6 +100,8 @@ class AgentBackend(LaunchBackend):
 
         plan = info.plan
         transports = {n.node_rank: self._node_transport(n) for n in plan.nodes}
+        for warning in dict.fromkeys(w for t in transports.values() for w in t.warnings):
+            console.info(f"warning: {warning}")
         agents: dict[int, AgentHandle] = {}
         handle = AgentRun(self, info, run, Mode.KEPT if self.options.kept else Mode.ATTACHED,
                           transports, agents)

@@ -14,7 +14,9 @@ import math
 from typing import Any, Mapping
 
 from ..config.spec import SshSpec
-from ..plan.model import NodePlan
+from ..errors import ConfigError
+from ..plan.dryrun import DryRun
+from ..plan.model import NodePlan, RunPlan
 from ..transport.base import Transport
 from ..transport.local import LocalTransport
 from .agentbackend import AgentBackend
@@ -23,16 +25,33 @@ from .agentbackend import AgentBackend
 class Backend(AgentBackend):
     name = "ssh"
 
+    # What ~/.ssh/config said about node 0's host and ddp-orch did not use,
+    # when its HostName became the master address (``default_master_addr``).
+    master_addr_warnings: tuple[str, ...] = ()
+
     def default_master_addr(self) -> str | None:
         """Node 0's ``HostName`` from ``~/.ssh/config``: its host may be an alias
         that the other nodes cannot resolve. Reads a local file, no network;
-        paramiko is imported only when needed, to keep dry-runs fast."""
+        paramiko is imported only when needed, to keep dry-runs fast. What
+        the file says of the host but ddp-orch does not use (a ``Match exec``
+        that might set another HostName) becomes a note of the dry-run."""
         first = self.require_spec().nodes[0]
         if self.spec.master_addr is not None or first.is_local:
             return None
         from ..transport.sshconfig import config_hostname
 
-        return config_hostname(first.host)
+        try:
+            addr, self.master_addr_warnings = config_hostname(first.host)
+        except ValueError as exc:
+            raise ConfigError(f"node 0's master address from ~/.ssh/config: {exc}",
+                              path="master.addr", source=self.spec.source,
+                              hint="fix the ssh config, or set master.addr") from None
+        return addr
+
+    def dryrun(self, plan: RunPlan) -> DryRun:
+        info = super().dryrun(plan)
+        notes = tuple(f"warning: {w}" for w in self.master_addr_warnings)
+        return dataclasses.replace(info, notes=(*info.notes, *notes)) if notes else info
 
     def connection(self, node_rank: int) -> dict[str, Any]:
         return {"ssh": dataclasses.asdict(self.require_spec().nodes[node_rank].ssh)}

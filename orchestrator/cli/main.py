@@ -441,7 +441,8 @@ def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt:
              job_words: list[str]) -> None:
     """Print the dry-run. The shell lines ``cd`` on the nodes, so there the
     local run directory is absolute; on this machine they write the bundle
-    with ``ddp-orch bundle`` and this command's own job options."""
+    with this very ddp-orch (``self_argv``: a bare ``ddp-orch`` is not on
+    PATH after ``.venv/bin/ddp-orch``) and this command's own job options."""
     from ..controller.session import prepare
     from ..plan.render import render
 
@@ -449,9 +450,22 @@ def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt:
     _backend, info = prepare(spec, options, run_id=run_id, local_run_dir=os.path.abspath(
         local_run_dir) if fmt == "shell" else local_run_dir)
     bundle_path = f"{local_run_dir}/{BUNDLE_FILE}"
-    shell = {"bundle": ("ddp-orch", "bundle", "--output", bundle_path, *job_words),
+    shell = {"bundle": (*self_argv(), "bundle", "--output", bundle_path, *job_words),
              "bundle_path": bundle_path} if fmt == "shell" else {}
     click.echo(render(info, fmt, **shell), nl=False)
+
+
+def self_argv() -> tuple[str, ...]:
+    """The argv that runs this ddp-orch again from a shell, wherever PATH
+    points: the script that started it, absolute (``.venv/bin/ddp-orch``
+    as typed, or as found on PATH), else, under ``python -m orchestrator``
+    (``argv[0]`` is then the package's ``__main__.py``, which cannot run as
+    a script) or in-process, this interpreter with ``-m orchestrator``."""
+    script = sys.argv[0] if sys.argv else ""
+    if (script and os.path.basename(script) != "__main__.py" and os.path.isfile(script)
+            and os.access(script, os.X_OK)):
+        return (os.path.abspath(script),)
+    return (sys.executable or "python3", "-m", "orchestrator")
 
 
 def _job_words(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,

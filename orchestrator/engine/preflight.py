@@ -6,8 +6,9 @@ launch needs: reach the node and start the agent, run its Python with
 torch (the same torch everywhere), see its GPUs; then the network
 (``checknet.py``): the interface each node's ranks use, a free master port
 on node 0 reachable from every node, and every node reaching every other
-on its ranks' address. Warnings (a host name on loopback, clock skew,
-CUDA or NCCL versions that differ) are shown and pass.
+on its ranks' address. Warnings (an ``~/.ssh/config`` keyword that applies
+to a node but is not used, a host name on loopback, clock skew, CUDA or
+NCCL versions that differ) are shown and pass.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
             else:
                 results.append(CheckResult(k, node.host, "reach", False,
                                            _describe(opened.failed[k])))
+            results.extend(CheckResult(k, node.host, "ssh config", True, warning, warning=True)
+                           for warning in transports[k].warnings)
         probes = on_all(lambda k: _probe(plan.nodes[k], agents[k], plan, spec), agents,
                         timeout_s=timeout_s + 5)
         infos = {k: info for k, (_rows, info, _gpus) in probes.succeeded.items()}

@@ -2,8 +2,9 @@
 
 They run as printed, in order, and do what ``up`` does:
 
-1. on this machine, ``ddp-orch bundle`` writes the code bundle ``up``
-   uploads (the built-in workloads, the worker shim, the user's
+1. on this machine, ``ddp-orch bundle`` (the ddp-orch that printed the
+   lines, by its path: the CLI gives that argv) writes the code bundle
+   ``up`` uploads (the built-in workloads, the worker shim, the user's
    ``workload.code``), and each node's run directory gets it unpacked: over
    the backend's own way in (``ssh``) for a remote node, in place for a
    node that shares this machine's files;

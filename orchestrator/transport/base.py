@@ -89,6 +89,9 @@ class Transport(ABC):
     or other file service is needed there."""
 
     host: str
+    # What the way to the node was configured with but will not use (an
+    # ~/.ssh/config keyword ddp-orch does not support), for `check` and `up`.
+    warnings: tuple[str, ...] = ()
 
     @abstractmethod
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,

@@ -178,6 +178,7 @@ class SshTransport(Transport):
                 known_hosts=known_hosts, ssh_config=ssh_config, proxy_jump=proxy_jump)
         except ValueError as exc:
             raise TransportError(host, f"bad SSH settings: {exc}") from exc
+        self.warnings = self.target.warnings
         self.keepalive_s = keepalive_s
         self._lock = threading.Lock()       # guards connecting and the chain
         self._chain: list[paramiko.Transport] = []  # jump hosts..., then the node

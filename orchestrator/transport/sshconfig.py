@@ -13,6 +13,19 @@ Resolution order, per setting, is the one a user of ``ssh`` expects:
 paramiko's ``SSHConfig`` only parses the file; applying what it finds is our
 job, and this module is the one place that does it, so it can be unit-tested
 on a config file alone.
+
+Nothing in the file is dropped in silence. A keyword that applies to a host
+and is neither used above (``USED``) nor one that cannot change a
+non-interactive connection (``IGNORED``, each group with its reason) is a
+warning naming the keyword, its file and line, and the host
+(``SshTarget.warnings``: ``check`` shows them as rows, ``up`` prints them,
+the dry-run notes node 0's when its ``HostName`` is the master address).
+``Match`` is evaluated by paramiko where it can (``host``, ``originalhost``,
+``user``, ``localuser``, ``all``, ``canonical``, ``final``); a block with
+any other criterion (``exec``, ``localnetwork``, ``address`` ...) is not
+applied, with a warning for each host whose other criteria it matches:
+paramiko would take an unknown criterion as matched, and would run an
+``exec`` command only where the optional ``invoke`` is installed.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ import glob
 import os
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import paramiko
@@ -54,6 +67,8 @@ class SshTarget:
     strict_host_keys: str = "yes"
     known_hosts: tuple[str, ...] = ()
     jump: "SshTarget | None" = None
+    # What of ~/.ssh/config applies to this host (or a hop) but is not used.
+    warnings: tuple[str, ...] = ()
 
     @property
     def known_hosts_name(self) -> str:
@@ -83,18 +98,18 @@ def resolve_target(host: str, *, user: str | None = None, port: int | None = Non
     (``[user@]host[:port][,...]``, or ``none``). Raises ``ValueError`` for
     settings we cannot honour (so the caller can name the node in its error).
     """
-    config = _load_config(ssh_config)
+    config = load_config(ssh_config)
     return _resolve(host, config, user=user, port=port, identity_file=identity_file,
                     connect_timeout=connect_timeout, strict_host_keys=strict_host_keys,
                     known_hosts=known_hosts, proxy_jump=proxy_jump, depth=0)
 
 
-def _resolve(host: str, config: paramiko.SSHConfig, *, user, port, identity_file,
+def _resolve(host: str, config: "SshConfig", *, user, port, identity_file,
              connect_timeout, strict_host_keys, known_hosts, proxy_jump,
              depth: int) -> SshTarget:
     if depth > _MAX_JUMPS:
         raise ValueError(f"ProxyJump chain longer than {_MAX_JUMPS} hops (a loop?)")
-    opts = config.lookup(host)
+    opts, warnings = config.lookup(host)
     jumps = proxy_jump if proxy_jump is not None else opts.get("proxyjump", "none")
     if jumps.strip().lower() == "none" and opts.get("proxycommand", "none").lower() != "none":
         raise ValueError(f"ProxyCommand (ssh config for {host!r}) is not supported; "
@@ -124,6 +139,7 @@ def _resolve(host: str, config: paramiko.SSHConfig, *, user, port, identity_file
         connect_timeout=timeout,
         strict_host_keys=strict,
         known_hosts=tuple(_expand(p) for p in known_hosts),
+        warnings=warnings,
     )
 
     if jumps.strip().lower() == "none":
@@ -142,7 +158,8 @@ def _resolve(host: str, config: paramiko.SSHConfig, *, user, port, identity_file
         if jump is not None:
             hop = replace(hop, jump=jump)
         jump = hop
-    return replace(target, jump=jump)
+        warnings += hop.warnings
+    return replace(target, jump=jump, warnings=tuple(dict.fromkeys(warnings)))
 
 
 def parse_jump_spec(spec: str) -> tuple[str | None, str, int | None]:
@@ -177,55 +194,242 @@ def _strict_from_config(value: str | None) -> str:
     return "accept-new" if value in ("accept-new", "no", "off") else "yes"
 
 
-def _load_config(path: str | None) -> paramiko.SSHConfig:
+# The keywords applied above (the first three are read by paramiko's own
+# lookup: Host and Match choose the blocks, Include is read by ``_read``).
+USED = frozenset({
+    "host", "match", "include", "hostname", "port", "user", "identityfile", "identitiesonly",
+    "proxyjump", "proxycommand", "userknownhostsfile", "connecttimeout",
+    "stricthostkeychecking", "canonicalizehostname", "canonicaldomains",
+    "canonicalizemaxdots", "canonicalizefallbacklocal"})
+
+# The keywords ddp-orch leaves unused without a warning, by why they cannot
+# change whether, or to which host and as whom, a run's non-interactive
+# connection is made. Any other keyword that applies to a host is a warning.
+IGNORED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("for an interactive session only: a terminal, escape characters, X11 and "
+     "agent forwarding, commands run here after login",
+     ("ForwardAgent", "ForwardX11", "ForwardX11Timeout", "ForwardX11Trusted", "XAuthLocation",
+      "RequestTTY", "EscapeChar", "EnableEscapeCommandline", "ObscureKeystrokeTiming",
+      "PermitLocalCommand", "LocalCommand", "SessionType", "StdinNull", "ForkAfterAuthentication",
+      "AddKeysToAgent", "UseKeychain")),
+    ("port forwarding and tunnels, which a run does not use",
+     ("LocalForward", "RemoteForward", "DynamicForward", "GatewayPorts", "ExitOnForwardFailure",
+      "ClearAllForwardings", "PermitRemoteOpen", "StreamLocalBindMask", "StreamLocalBindUnlink",
+      "Tunnel", "TunnelDevice")),
+    ("keepalives and connection sharing: ddp-orch keeps each of its own connections "
+     "alive (every 15 s)",
+     ("ServerAliveInterval", "ServerAliveCountMax", "TCPKeepAlive", "ControlMaster",
+      "ControlPath", "ControlPersist")),
+    ("what ssh prints or logs, and how fast it sends, not what it connects to",
+     ("LogLevel", "LogVerbose", "SyslogFacility", "VisualHostKey", "FingerprintHash",
+      "Compression", "IPQoS")),
+    ("prompts ddp-orch never shows: it logs in with keys only",
+     ("BatchMode", "PasswordAuthentication", "KbdInteractiveAuthentication",
+      "ChallengeResponseAuthentication", "NumberOfPasswordPrompts")),
+    ("how known_hosts is kept, not whether a key is accepted",
+     ("HashKnownHosts", "UpdateHostKeys", "CheckHostIP")),
+    ("the client's environment: a run's is the explicit env of each node",
+     ("SendEnv",)),
+    ("about reading the file itself", ("IgnoreUnknown",)),
+)
+_IGNORED = frozenset(word.lower() for _why, words in IGNORED for word in words)
+
+# ``Match`` criteria paramiko evaluates; it takes any other as matched.
+MATCH_EVALUATED = frozenset({"all", "canonical", "final", "host", "originalhost", "user",
+                             "localuser"})
+_MARK = "xddporchblock"  # a keyword of our own at the top of each block, to see it applied
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One setting of the file, where it was written."""
+
+    keyword: str  # as written
+    value: str
+    text: str
+    file: str
+    number: int
+
+    @property
+    def where(self) -> str:
+        home = os.path.expanduser("~")
+        shown = "~" + self.file[len(home):] if self.file.startswith(home + os.sep) else self.file
+        return f"{shown} line {self.number}"
+
+
+@dataclass
+class _Block:
+    """A ``Host`` or ``Match`` block (``header`` None: the lines before any)."""
+
+    header: _Line | None
+    lines: list[_Line] = field(default_factory=list)
+    unevaluated: tuple[str, ...] = ()  # its Match criteria paramiko cannot evaluate
+
+
+class SshConfig:
+    """An ssh config file read once (``load_config``), looked up per host.
+
+    paramiko's lookup chooses the blocks and the values; each block carries a
+    keyword of ours, so the lookup also says which blocks applied, and the
+    warnings name the lines of those blocks that ddp-orch does not use.
+    """
+
+    def __init__(self, lines: Sequence[_Line] = (), source: str = ""):
+        self.blocks: list[_Block] = [_Block(None)]
+        for line in lines:
+            if line.keyword.lower() in ("host", "match"):
+                self.blocks.append(_Block(line, unevaluated=_unevaluated(line)))
+            else:
+                self.blocks[-1].lines.append(line)
+        text = []
+        for n, block in enumerate(self.blocks):
+            if block.header is not None:
+                text.append(_evaluable_header(block) if block.unevaluated else block.header.text)
+            text.append(f"{_MARK}{n} yes")
+            if not block.unevaluated:  # a block we cannot evaluate is not applied
+                text += [line.text for line in block.lines]
+        try:
+            self._paramiko = paramiko.SSHConfig.from_text("\n".join(text) + "\n")
+        except Exception as exc:  # paramiko raises several types for bad syntax
+            raise ValueError(f"cannot parse ssh config {source}: {exc}") from exc
+        self._looked_up: dict[str, tuple[dict, tuple[str, ...]]] = {}
+
+    def lookup(self, host: str) -> tuple[dict, tuple[str, ...]]:
+        """``host``'s settings (paramiko's lookup, lower-case keys) and the
+        warnings about what applies to it but is not used; once per host."""
+        if host not in self._looked_up:
+            found = self._paramiko.lookup(host)
+            applied = sorted(int(key[len(_MARK):]) for key in found if key.startswith(_MARK))
+            options = {k: v for k, v in found.items() if not k.startswith(_MARK)}
+            self._looked_up[host] = (options, self._warnings(host, applied))
+        options, warnings = self._looked_up[host]
+        return dict(options), warnings
+
+    def _warnings(self, host: str, applied: Sequence[int]) -> tuple[str, ...]:
+        out, seen = [], set()
+        for block in (self.blocks[n] for n in applied):
+            if block.unevaluated:
+                if block.lines:
+                    assert block.header is not None
+                    out.append(f"{block.header.where}: `{block.header.text}` may apply to "
+                               f"host {host}, but ddp-orch cannot evaluate "
+                               f"{', '.join(block.unevaluated)}; the block's settings are not "
+                               f"applied (`ssh -G {host}` shows what ssh applies)")
+                continue
+            for line in block.lines:
+                key = line.keyword.lower()
+                if key in seen:
+                    continue  # the first value is the one in effect
+                seen.add(key)
+                if key not in USED and key not in _IGNORED:
+                    out.append(f"{line.where}: `{line.text}` applies to host {host}, but "
+                               f"ddp-orch does not support {line.keyword}; it connects "
+                               "without it")
+        return tuple(out)
+
+
+def _unevaluated(header: _Line) -> tuple[str, ...]:
+    """The ``Match`` criteria of ``header`` that paramiko cannot evaluate."""
+    if header.keyword.lower() != "match":
+        return ()
+    return tuple(dict.fromkeys(criterion for criterion, _words in _criteria(header)
+                               if criterion not in MATCH_EVALUATED))
+
+
+def _criteria(header: _Line) -> list[tuple[str, list[str]]]:
+    """``Match``'s criteria, each with its words as written (as paramiko reads them)."""
+    try:
+        tokens = shlex.split(header.value)
+    except ValueError as exc:
+        raise ValueError(f"{header.where}: cannot parse `{header.text}`: {exc}") from None
+    out = []
+    while tokens:
+        word = tokens.pop(0)
+        criterion = word.lstrip("!").lower()
+        words = [word] if criterion in ("all", "canonical", "final") or not tokens \
+            else [word, tokens.pop(0)]
+        out.append((criterion, words))
+    return out
+
+
+def _evaluable_header(block: _Block) -> str:
+    """The block's ``Match`` line with only the criteria paramiko evaluates,
+    so the lookup says whether the rest would let the block apply."""
+    assert block.header is not None
+    kept = [word for criterion, words in _criteria(block.header)
+            if criterion in MATCH_EVALUATED for word in words]
+    return "Match " + (shlex.join(kept) if kept else "all")
+
+
+_CONFIGS: dict[tuple[str, int, int], SshConfig] = {}
+
+
+def load_config(path: str | None) -> SshConfig:
+    """The config file at ``path`` (with its Includes), read once per process
+    while it is unchanged; an empty one for None or a missing file."""
     if path is None:
-        return paramiko.SSHConfig()
+        return SshConfig()
     path = _expand(path)
     if not os.path.isfile(path):
-        return paramiko.SSHConfig()
+        return SshConfig()
     try:
-        return paramiko.SSHConfig.from_text(_with_includes(path))
+        stat = os.stat(path)
     except OSError as exc:
         raise ValueError(f"cannot read ssh config {path}: {exc}") from exc
-    except Exception as exc:  # paramiko raises several types for bad syntax
-        raise ValueError(f"cannot parse ssh config {path}: {exc}") from exc
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _CONFIGS:
+        try:
+            _CONFIGS[key] = SshConfig(_read(path), path)
+        except OSError as exc:
+            raise ValueError(f"cannot read ssh config {path}: {exc}") from exc
+    return _CONFIGS[key]
 
 
 _INCLUDE = re.compile(r"^\s*include(?:\s+|\s*=\s*)(?P<paths>.+?)\s*$", re.IGNORECASE)
 _MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 
 
-def _with_includes(path: str, depth: int = 0) -> str:
-    """The file's text with each ``Include`` replaced by what it names, as
-    ``ssh`` reads it: paramiko returns the keyword unread, so a host that
-    only an included file describes would resolve as its bare name. Like
-    OpenSSH, a relative path is taken under ``~/.ssh``, wildcards expand in
-    sorted order, a pattern matching nothing is no error, and an included
-    file's ``Host`` lines start blocks of their own."""
+def _read(path: str, depth: int = 0) -> list[_Line]:
+    """The file's settings, each with its file and line, with each
+    ``Include`` replaced by what it names, as ``ssh`` reads it: paramiko
+    returns the keyword unread, so a host that only an included file
+    describes would resolve as its bare name. Like OpenSSH, a relative path
+    is taken under ``~/.ssh``, wildcards expand in sorted order, a pattern
+    matching nothing is no error, and an included file's ``Host`` lines
+    start blocks of their own."""
     if depth > _MAX_INCLUDE_DEPTH:
         raise ValueError(f"Include nested deeper than {_MAX_INCLUDE_DEPTH} (a loop?) at {path}")
     with open(path, encoding="utf-8", errors="replace") as fh:
         lines = fh.read().splitlines()
     out = []
-    for line in lines:
-        match = _INCLUDE.match(line)
-        if match is None:
-            out.append(line)
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
             continue
-        for word in shlex.split(match.group("paths"), comments=False):
-            pattern = _expand(word)
-            if not os.path.isabs(pattern):
-                pattern = os.path.join(_expand("~/.ssh"), pattern)
-            for included in sorted(glob.glob(pattern)):
-                if os.path.isfile(included):
-                    out.append(_with_includes(included, depth + 1))
-    return "\n".join(out) + "\n"
+        match = _INCLUDE.match(line)
+        if match is not None:
+            for word in shlex.split(match.group("paths"), comments=False):
+                pattern = _expand(word)
+                if not os.path.isabs(pattern):
+                    pattern = os.path.join(_expand("~/.ssh"), pattern)
+                for included in sorted(glob.glob(pattern)):
+                    if os.path.isfile(included):
+                        out += _read(included, depth + 1)
+            continue
+        setting = paramiko.SSHConfig.SETTINGS_REGEX.match(text)
+        if setting is None:
+            raise ValueError(f"cannot parse ssh config {path} line {number}: {text!r}")
+        out.append(_Line(setting.group(1), setting.group(2), text, path, number))
+    return out
 
 
 def _expand(path: str) -> str:
     return os.path.expanduser(path)
 
 
-def config_hostname(host: str, ssh_config: str | None = DEFAULT_SSH_CONFIG) -> str:
-    """The ``HostName`` that ``~/.ssh/config`` gives alias ``host`` (else ``host``)."""
-    return _load_config(ssh_config).lookup(host).get("hostname", host)
+def config_hostname(host: str, ssh_config: str | None = DEFAULT_SSH_CONFIG
+                    ) -> tuple[str, tuple[str, ...]]:
+    """The ``HostName`` that ``~/.ssh/config`` gives alias ``host`` (else
+    ``host``), with the warnings about what applies to it but is not used."""
+    options, warnings = load_config(ssh_config).lookup(host)
+    return options.get("hostname", host), warnings

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +14,16 @@ from conftest import ROOT
 
 
 PYTHON = sys.executable
+# The golden shell dry-runs call the ddp-orch that printed them by its path,
+# which is this machine's: they hold SELF_WORD in its place. ``run_cli``
+# (``python -m orchestrator``) prints SELF for it.
+SELF_WORD = "{ddp-orch}"
+SELF = shlex.join([PYTHON, "-m", "orchestrator"])
+
+
+def golden_shell(text: str, self_words: str = SELF) -> str:
+    """A golden shell dry-run as printed by ``self_words``."""
+    return text.replace(SELF_WORD, self_words)
 
 
 def sections(text: str) -> tuple[list[str], dict[int, list[str]], list[str]]:
@@ -33,12 +45,13 @@ def sections(text: str) -> tuple[list[str], dict[int, list[str]], list[str]]:
 
 
 def user_path(tmp_path, ssh_config: str | None = None) -> dict[str, str]:
-    """PATH with `ddp-orch` (this tree's) and, for the SSH lab, an `ssh`
-    that reads the lab's config; plus MASTER_PORT, a free port."""
+    """The environment of the shell that ran the dry-run (PYTHONPATH: this
+    tree, as ``run_cli`` gives it), with no `ddp-orch` on PATH: the lines
+    call the one that printed them by its path (a user of
+    `.venv/bin/ddp-orch` has none on PATH). For the SSH lab, an `ssh` that
+    reads the lab's config; MASTER_PORT, a free port."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "ddp-orch").write_text(
-        f"#!/bin/sh\nPYTHONPATH={ROOT} exec {PYTHON} -m orchestrator \"$@\"\n")
     if ssh_config:
         (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {ssh_config} \"$@\"\n")
     for tool in bin_dir.iterdir():
@@ -46,7 +59,10 @@ def user_path(tmp_path, ssh_config: str | None = None) -> dict[str, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MASTER_PORT": str(port)}
+    path = [str(bin_dir)] + [d for d in os.environ["PATH"].split(os.pathsep)
+                             if d and not os.access(os.path.join(d, "ddp-orch"), os.X_OK)]
+    assert shutil.which("ddp-orch", path=os.pathsep.join(path)) is None
+    return {"PATH": os.pathsep.join(path), "PYTHONPATH": ROOT, "MASTER_PORT": str(port)}
 
 
 def run_here(lines: list[str], cwd, env: dict[str, str]) -> None:

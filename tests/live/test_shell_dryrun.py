@@ -2,11 +2,12 @@
 stands, on this machine, on the SSH lab's hosts and in the Slurm lab's
 allocation, starts the run by hand and it finishes with its result.
 
-The only help the lines get is what a user's machine has: `ddp-orch` on
-PATH (here a two-line wrapper around this tree's `python -m orchestrator`),
-`ssh` reading the user's config (here the lab's, which OpenSSH would not
-find through $HOME), and MASTER_PORT set to a free port, as the lines' own
-header says to do when 29500 may be taken (other tests run beside these).
+The only help the lines get is what a user's machine has: no `ddp-orch` on
+PATH (the lines call the one that printed them, here this tree's `python -m
+orchestrator`, by its path; PYTHONPATH as the dry-run had it), `ssh` reading
+the user's config (here the lab's, which OpenSSH would not find through
+$HOME), and MASTER_PORT set to a free port, as the lines' own header says to
+do when 29500 may be taken (other tests run beside these).
 
 Golden: tests/golden/slurm.shell.txt is
     python -m orchestrator up tests/golden/slurm.yaml --dry-run --format shell \\

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cli
+from dryrun import golden_shell
 
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 
@@ -22,7 +23,7 @@ def test_dry_run_of_the_example_matches_golden_word_for_word(fmt):
                      "--runs-dir", "runs", "--format", fmt)
     assert result.returncode == 0, result.stderr
     with open(os.path.join(GOLDEN, f"example.{fmt}.txt"), encoding="utf-8") as fh:
-        assert result.stdout == fh.read()
+        assert result.stdout == golden_shell(fh.read())
 
 
 def test_json_dry_run_is_the_plan():

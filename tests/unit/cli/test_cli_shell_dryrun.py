@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tarfile
 
 from conftest import TESTS, run_cli
 from orchestrator.engine.bundle import build_bundle
-from dryrun import sections, user_path, run_here
+from dryrun import SELF, golden_shell, sections, user_path, run_here
 
 
 GOLDEN = os.path.join(TESTS, "golden")
@@ -20,7 +22,7 @@ def test_the_slurm_shell_dry_run_matches_golden_word_for_word():
                      "--run-id", "slurm-golden", "--runs-dir", "/shared/runs")
     assert result.returncode == 0, result.stderr
     with open(os.path.join(GOLDEN, "slurm.shell.txt"), encoding="utf-8") as fh:
-        assert result.stdout == fh.read()
+        assert result.stdout == golden_shell(fh.read())
 
 
 def test_every_format_shows_the_same_master_port(tmp_path):
@@ -48,7 +50,7 @@ def test_slurm_lines_agree_with_themselves():
                      "--run-id", "s", "--runs-dir", "/shared/runs")
     here, nodes, after = sections(result.stdout)
     bundle = "/shared/runs/s/bundle.tar.gz"
-    assert here[0] == f"ddp-orch bundle --output {bundle} tests/golden/slurm.yaml"
+    assert here[0] == f"{SELF} bundle --output {bundle} tests/golden/slurm.yaml"
     assert here[1:3] == [f"mkdir -p /shared/runs/s/node-{k} && tar -xzf {bundle} "
                          f"-C /shared/runs/s/node-{k}" for k in (0, 1)]
     assert here[3].startswith("salloc ") and "--nodelist=node1,node2" in here[3]
@@ -71,7 +73,7 @@ def test_the_printed_bundle_command_writes_the_bundle_up_uploads(project, tmp_pa
     dry = run_cli("up", "--local", "--procs", "2", "--dry-run", "--format", "shell",
                   "--run-id", "b", "--runs-dir", "runs", "--", "-m", "proj.train", "--out", "a b", cwd=str(project))
     here, _nodes, _after = sections(dry.stdout)
-    assert here[0] == ("ddp-orch bundle --output runs/b/bundle.tar.gz --local --procs 2 -- "
+    assert here[0] == (f"{SELF} bundle --output runs/b/bundle.tar.gz --local --procs 2 -- "
                        "-m proj.train --out 'a b'")
     elsewhere = tmp_path_factory.mktemp("user")  # not in the project, which is uploaded
     run_here(here[:1], project, user_path(elsewhere))
@@ -82,3 +84,29 @@ def test_the_printed_bundle_command_writes_the_bundle_up_uploads(project, tmp_pa
         names = got.getnames()
         assert names == want.getnames()
     assert {"code/ddp_orch_shim.py", "project/proj/train.py"} <= set(names)
+
+
+def test_the_lines_call_the_ddp_orch_that_printed_them_by_its_path(tmp_path):
+    """Issue #32: run as `.venv/bin/ddp-orch` (the README's Quick start),
+    the lines called a bare `ddp-orch`: "command not found" without one on
+    PATH, then a failed tar. Now they call that very script by its absolute
+    path, quoted (here a console script like pip's, in a directory with a
+    space, started by a relative path), and run as printed with no
+    `ddp-orch` on PATH."""
+    bin_dir = tmp_path / "my bin"
+    bin_dir.mkdir()
+    script = bin_dir / "ddp-orch"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom orchestrator.cli import main\n"
+                      "sys.exit(main())\n")
+    script.chmod(0o755)
+    env = user_path(tmp_path)
+    dry = subprocess.run([os.path.join(".", "my bin", "ddp-orch"), "up", "--local", "--workload",
+                          "noop", "--procs", "1", "--dry-run", "--format", "shell", "--run-id",
+                          "s", "--runs-dir", "runs"], cwd=str(tmp_path), env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    here, _nodes, _after = sections(dry.stdout)
+    assert here[0] == (f"'{script}' bundle --output runs/s/bundle.tar.gz --local "
+                       "--workload noop --procs 1")
+    run_here(here, tmp_path, env)
+    assert (tmp_path / "runs" / "s" / "node-0" / "code" / "ddp_orch_shim.py").is_file()

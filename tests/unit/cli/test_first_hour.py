@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 import pytest
@@ -62,3 +63,43 @@ def test_ps_lists_the_newest_run_first_by_start_time_not_by_name(tmp_path):
     assert [line.split()[0] for line in listed] == [
         "short-20261124-120735", "aaa-20261124-120700", "sleepy-20261124-120647"]
     assert os.path.isdir(tmp_path / "short-20261124-120735")
+
+
+def test_what_the_ssh_config_says_but_ddp_orch_does_not_use_is_shown_by_dry_run_check_and_up(
+        tmp_path):
+    """Issue #32: a keyword of ~/.ssh/config that applies to a node but is
+    not used, and a `Match` block ddp-orch cannot evaluate, were dropped in
+    silence (paramiko even took `Match exec` as a match where `invoke` is
+    installed, and made its HostName the master address). Now the dry-run
+    notes them where node 0's HostName is the master address, `check` shows
+    a warning row per line, and `up` says them before it connects."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    with socket.socket() as sock:  # a port nothing listens on: refused at once
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (home / ".ssh" / "config").write_text(
+        f"Host node0\n    HostName 127.0.0.1\n    Port {port}\n"
+        "    CertificateFile ~/.ssh/node0-cert.pub\n"
+        "Match originalhost node0 exec true\n    HostName 10.0.0.99\n")
+    cluster = tmp_path / "cfg.yaml"
+    cluster.write_text("name: cfg\npython: python3\nnodes: [{host: node0, procs: 1}]\n"
+                       "workload: {name: noop}\n")
+    env = {"HOME": str(home)}
+    cert = ("~/.ssh/config line 4: `CertificateFile ~/.ssh/node0-cert.pub` applies to host "
+            "node0, but ddp-orch does not support CertificateFile; it connects without it")
+    match = ("~/.ssh/config line 5: `Match originalhost node0 exec true` may apply to host "
+             "node0, but ddp-orch cannot evaluate exec; the block's settings are not applied "
+             "(`ssh -G node0` shows what ssh applies)")
+    dry = run_cli("up", str(cluster), "--dry-run", "--run-id", "cfg", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "master     127.0.0.1:auto" in dry.stdout
+    assert f"\nwarning: {cert}\nwarning: {match}\n" in dry.stdout
+    checked = run_cli("check", str(cluster), "--timeout", "5", env=env)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert [line for line in checked.stdout.splitlines() if " ssh config " in line] == [
+        f"0     node0  ssh config  warn    {cert}", f"0     node0  ssh config  warn    {match}"]
+    up = run_cli("up", str(cluster), "--runs-dir", str(tmp_path / "runs"), "--start-timeout", "5",
+                 env=env)
+    assert up.returncode != 0
+    assert f"ddp-orch: warning: {cert}\nddp-orch: warning: {match}\n" in up.stdout, up.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -89,10 +90,13 @@ class FakeAgent:
         self.closed = True
 
 
-def check(monkeypatch, plan, agents: dict, unreachable: dict | None = None):
+def check(monkeypatch, plan, agents: dict, unreachable: dict | None = None,
+          warnings: dict | None = None):
     """``run_checks`` with ``agents`` answering and ``unreachable`` (rank ->
-    error) failing to start; returns the rows as (rank, check, status, detail)."""
+    error) failing to start, each node's transport with its ``warnings``
+    (rank -> tuple); returns the rows as (rank, check, status, detail)."""
     unreachable = unreachable or {}
+    warnings = warnings or {}
 
     def fake_open(transports, pythons, timeout_s, run_id=None):
         assert set(transports) == {n.node_rank for n in plan.nodes} and run_id == plan.run_id
@@ -100,7 +104,8 @@ def check(monkeypatch, plan, agents: dict, unreachable: dict | None = None):
                             failed=dict(unreachable)), dict(agents))
 
     monkeypatch.setattr(preflight, "open_agents", fake_open)
-    report = run_checks(plan, {n.node_rank: object() for n in plan.nodes},
+    report = run_checks(plan, {n.node_rank: SimpleNamespace(warnings=warnings.get(n.node_rank, ()))
+                               for n in plan.nodes},
                         lambda node: f"ssh {node.host}", timeout_s=5)
     assert all(agent.closed for agent in agents.values())  # answering or not, all closed
     return report
@@ -153,6 +158,20 @@ def test_a_node_that_cannot_be_reached_fails_its_row_and_is_skipped_for_the_rest
     assert (0, "torch", "ok") in rows(report) and (0, "interface", "ok") in rows(report)
     assert not {"master-port", "reach-master", "data-path"} & {r.check for r in report.results}
     assert not report.ok
+
+
+def test_what_the_ssh_config_says_but_is_not_used_is_a_warning_row_after_reach(monkeypatch):
+    """Issue #32: a keyword of ~/.ssh/config that applies to a node but
+    that ddp-orch does not use (the transport's warnings) is shown, reached
+    or not, and passes."""
+    agents = {0: FakeAgent(0), 1: FakeAgent(1)}
+    said = "~/.ssh/config line 4: `CertificateFile ~/.ssh/c.pub` applies to host node1, ..."
+    refused = TransportError("node1", "connection refused", "is sshd running there?")
+    report = check(monkeypatch, plan_of(), agents, unreachable={1: refused},
+                   warnings={1: (said,)})
+    assert rows(report)[:3] == [(0, "reach", "ok"), (1, "reach", "FAIL"),
+                                (1, "ssh config", "warn")]
+    assert detail(report, 1, "ssh config") == said and report.warnings == 1
 
 
 def test_a_node_without_torch_fails_its_torch_row_and_says_what_to_install(monkeypatch):

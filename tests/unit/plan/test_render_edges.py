@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT
+from dryrun import golden_shell
 from orchestrator.cli import main
 from orchestrator.plan.render import dryrun_from_dict, dryrun_to_dict, render
 
@@ -22,19 +24,23 @@ GOLDEN = os.path.join(ROOT, "tests", "golden")
 
 
 def dry_run(*args: str) -> str:
-    old = os.getcwd()
+    """``up ARGS --dry-run`` in this process, as ``python -m orchestrator``
+    runs it (``sys.argv[0]``: the package's ``__main__.py``)."""
+    old, argv = os.getcwd(), sys.argv
     os.chdir(ROOT)
+    sys.argv = [os.path.join(ROOT, "orchestrator", "__main__.py")]
     try:
         result = CliRunner().invoke(main, ["up", *args, "--dry-run"], catch_exceptions=False)
     finally:
         os.chdir(old)
+        sys.argv = argv
     assert result.exit_code == 0, result.output
     return result.output
 
 
 def golden(name: str) -> str:
     with open(os.path.join(GOLDEN, name), encoding="utf-8") as fh:
-        return fh.read()
+        return golden_shell(fh.read())
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "shell"])

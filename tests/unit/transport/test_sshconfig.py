@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from orchestrator.transport.sshconfig import SshTarget, parse_jump_spec, resolve_target  # noqa: E402
+from orchestrator.transport.sshconfig import (IGNORED, USED, SshTarget, parse_jump_spec,  # noqa: E402
+                                              resolve_target)
 from orchestrator.errors import TransportError  # noqa: E402
 from orchestrator.transport.ssh import SshTransport
 
@@ -111,3 +112,89 @@ def test_include_brings_in_the_hosts_its_files_describe(tmp_path, monkeypatch):
     (ssh_dir / "loop").write_text("Include loop\n")
     with pytest.raises(ValueError, match="Include nested deeper than 16"):
         resolve_target("x", ssh_config=str(ssh_dir / "loop"))
+
+
+def test_a_keyword_that_matters_but_is_not_used_is_a_warning_naming_file_line_and_host(
+        tmp_path, monkeypatch):
+    """Issue #32: paramiko reads every keyword, ddp-orch applies a few; the
+    rest of what applies to a host was dropped in silence. Now each one
+    that could change the connection is a warning with its file and line
+    (an included file's own), the first value only, and only for the hosts
+    its block applies to; those that cannot (``IGNORED``) stay quiet."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh_dir = tmp_path / ".ssh"
+    ssh_dir.mkdir()
+    (ssh_dir / "certs").write_text("# certificates\nHost web\n"
+                                   "    CertificateFile ~/.ssh/web-cert.pub\n")
+    config = ssh_dir / "config"
+    config.write_text("Include certs\n"
+                      "Host web\n"
+                      "    HostName 10.1.2.3\n"
+                      "    ForwardAgent yes\n"
+                      "    ServerAliveInterval 30\n"
+                      "    KnownHostsCommand /usr/bin/hosts %H\n"
+                      "Host db\n"
+                      "    HostKeyAlias shared\n"
+                      "Host *\n"
+                      "    CertificateFile ~/.ssh/other-cert.pub\n"
+                      "    IdentityAgent none\n")
+    web = SshTransport("web", ssh_config=str(config))
+    assert web.target.hostname == "10.1.2.3"
+    assert web.warnings == web.target.warnings == (
+        "~/.ssh/certs line 3: `CertificateFile ~/.ssh/web-cert.pub` applies to host web, but "
+        "ddp-orch does not support CertificateFile; it connects without it",
+        "~/.ssh/config line 6: `KnownHostsCommand /usr/bin/hosts %H` applies to host web, but "
+        "ddp-orch does not support KnownHostsCommand; it connects without it",
+        "~/.ssh/config line 11: `IdentityAgent none` applies to host web, but ddp-orch does "
+        "not support IdentityAgent; it connects without it")
+    db = resolve_target("db", ssh_config=str(config))
+    assert [w.split(":")[0] for w in db.warnings] == [
+        "~/.ssh/config line 8", "~/.ssh/config line 10", "~/.ssh/config line 11"]
+    assert "host db" in db.warnings[0] and "HostKeyAlias" in db.warnings[0]
+    # a hop's warnings are the node's too: it connects through the hop
+    config.write_text("Host node\n    ProxyJump gate\nHost gate\n    AddressFamily inet6\n")
+    [hop] = resolve_target("node", ssh_config=str(config)).warnings
+    assert hop.startswith("~/.ssh/config line 4: `AddressFamily inet6` applies to host gate")
+    assert resolve_target("gate", ssh_config=str(config)).warnings == (hop,)
+
+
+@pytest.mark.parametrize("why, keywords", IGNORED, ids=[why[:30] for why, _ in IGNORED])
+def test_the_keywords_left_unused_in_silence_are_the_listed_ones(tmp_path, why, keywords):
+    config = tmp_path / "config"
+    config.write_text("Host h\n" + "".join(f"    {word} x\n" for word in keywords))
+    assert resolve_target("h", ssh_config=str(config)).warnings == ()
+    assert not {word.lower() for word in keywords} & USED
+
+
+def test_a_match_paramiko_cannot_evaluate_is_not_applied_and_says_so(tmp_path):
+    """paramiko took an unknown Match criterion as matched (its settings
+    applied to every host) and ran `Match exec` only where `invoke` is
+    installed. Now such a block is not applied, and a host whose other
+    criteria it matches gets a warning naming the line; no command runs."""
+    ran = tmp_path / "ran"
+    config = tmp_path / "config"
+    config.write_text("Host web\n"
+                      "    User alice\n"
+                      f"Match originalhost web exec \"touch {ran}\"\n"
+                      "    HostName 10.9.9.9\n"
+                      "Match localnetwork 10.0.0.0/8\n"
+                      "    Port 2222\n"
+                      "Match !originalhost web,gate localaddress 10.0.0.1\n"
+                      "    User nobody\n"
+                      "Match originalhost db\n"
+                      "    HostName 10.1.1.1\n")
+    web = resolve_target("web", ssh_config=str(config))
+    assert (web.hostname, web.port, web.user) == ("web", 22, "alice")
+    assert not ran.exists()
+    where = str(config)
+    assert web.warnings == (
+        f"{where} line 3: `Match originalhost web exec \"touch {ran}\"` may apply to host web, "
+        "but ddp-orch cannot evaluate exec; the block's settings are not applied "
+        "(`ssh -G web` shows what ssh applies)",
+        f"{where} line 5: `Match localnetwork 10.0.0.0/8` may apply to host web, but ddp-orch "
+        "cannot evaluate localnetwork; the block's settings are not applied "
+        "(`ssh -G web` shows what ssh applies)")
+    db = resolve_target("db", ssh_config=str(config))
+    assert (db.hostname, db.port) == ("10.1.1.1", 22)
+    assert [w.split(":")[0] for w in db.warnings] == [f"{where} line 5", f"{where} line 7"]
+    assert "cannot evaluate localaddress" in db.warnings[1]
