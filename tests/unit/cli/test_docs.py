@@ -5,12 +5,16 @@ examples that stay true to the code (commands, flags, links, its outline).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
+import shlex
+import sys
 
 import click
 
 from conftest import ROOT
+from sshlab import lacking
 from orchestrator.cli.main import main as cli
 from orchestrator.backends import backend_class
 from orchestrator.config.spec import BACKENDS
@@ -50,10 +54,18 @@ FOREIGN_FLAGS = {
     "--config": "the example project's train.py",
     "--cache": "the example project's mypkg.prepare",
     "--test": "scripts/bootstrap",
+    # accelerate launch's, in the Accelerate example's by-hand lines; the
+    # lines themselves are parsed with accelerate's own parser below.
+    "--multi_gpu": "accelerate launch", "--num_machines": "accelerate launch",
+    "--num_processes": "accelerate launch", "--machine_rank": "accelerate launch",
+    "--main_process_ip": "accelerate launch", "--main_process_port": "accelerate launch",
+    "--gpu_ids": "accelerate launch", "--cpu": "accelerate launch",
+    "--mpirun_hostfile": "accelerate launch",
 }
 # `ddp-orch` followed by a word in a message, not a command.
 NOT_COMMANDS = {"agent"}  # "the ddp-orch agent did not answer"
-REPO_DIRS = ("orchestrator", "workloads", "tests", "bench", "schema", "scripts", "docs")
+REPO_DIRS = ("orchestrator", "workloads", "tests", "bench", "schema", "scripts", "docs",
+             "examples")
 
 
 def read(name: str) -> str:
@@ -109,7 +121,9 @@ def cli_options() -> dict[str, set[str]]:
 
 
 def flags_in(text: str) -> set[str]:
-    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+    """Every long flag, whole: other programs' flags may hold underscores
+    (`--num_processes`)."""
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9_-]*)", text))
 
 
 def command_uses(text: str, commands: set[str]) -> list[tuple[str, str]]:
@@ -255,6 +269,39 @@ def test_every_cluster_file_key_is_in_the_readme_table():
     keys = set(re.findall(r"^\| `([a-z_]+)[`.\[]", table, re.M))
     keys |= set(re.findall(r"/ `([a-z_]+)`", table))
     assert set(TOP_KEYS) <= keys, f"keys the table leaves out: {set(TOP_KEYS) - keys}"
+
+
+def accelerate_launch_lines(text: str) -> list[list[str]]:
+    """The words after `accelerate launch` on each fenced line that runs it,
+    a line continued with `\\` read whole."""
+    lines = [line for block in fences(text) for line in block.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line.split("accelerate launch ", 1)[1])
+            for line in lines if "accelerate launch " in line and not line.startswith("#")]
+
+
+def test_the_accelerate_launch_lines_are_accelerates_own_and_run_the_example(monkeypatch):
+    """The by-hand lines that the Accelerate example is compared with parse
+    with accelerate's own parser, as the text reads them: 8 processes in all
+    on 2 machines, this one rank 0, and the example's script with its own
+    arguments."""
+    if importlib.util.find_spec("accelerate") is None:
+        lacking(f"accelerate is not installed in {sys.prefix}: scripts/bootstrap --test "
+                "installs it")
+    from accelerate.commands.launch import launch_command_parser
+
+    section_text = read("README.md").split("### Hugging Face Accelerate\n", 1)[1]
+    words = accelerate_launch_lines(section_text.split("\n## ", 1)[0])
+    assert len(words) == 1, words
+    args = launch_command_parser().parse_args(words[0])
+    assert (args.multi_gpu, args.num_machines, args.num_processes, args.machine_rank) \
+        == (True, 2, 8, 0)
+    assert (args.main_process_ip, args.main_process_port) == ("gpu-a", 29500)
+    example = os.path.join(ROOT, "examples", "accelerate", args.training_script)
+    spec = importlib.util.spec_from_file_location("accelerate_example", example)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines; trains only as __main__
+    monkeypatch.setattr(sys, "argv", [example, *args.training_script_args])
+    assert module.parse_args().epochs == 5
 
 
 # the numbers it promises --------------------------------------------------------

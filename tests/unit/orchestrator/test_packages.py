@@ -5,12 +5,21 @@ from the source, and each package may import only the packages below it in
 ``LAYERS``: the CLI on top, the node agent at the bottom importing nothing
 of the rest. A cycle between packages cannot follow this order, so it fails
 here, naming the importing module. The root holds at most eight modules.
+
+What the installed packages (``orchestrator``, ``workloads``) import from
+outside the standard library is their declared dependencies and nothing
+else: what only an example or a test needs (accelerate, for
+``examples/accelerate``) is a test tool, in pyproject's ``test`` extra alone.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
+import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -20,6 +29,16 @@ PACKAGE = os.path.join(ROOT, "orchestrator")
 LAYERS = ("cli", "controller", "report", "backends", "engine", "plan", "transport",
           "records", "config", "tables", "console", "errors", "agent", "__init__")
 MAX_ROOT_MODULES = 8
+# Each installed package's imports from outside the standard library: the
+# controller's dependencies and its `report` extra (matplotlib, imported
+# lazily), the workloads' extra (torch, torchvision; numpy only for
+# make_tiny_datasets, a tool).
+OUTSIDE_IMPORTS = {
+    "orchestrator": {"click", "yaml", "paramiko", "matplotlib", "workloads"},
+    "workloads": {"torch", "torchvision", "numpy"},
+}
+# Needed by the examples and their tests only, never by what is installed.
+EXAMPLES_ONLY = "accelerate"
 
 
 def _imports(package: str, path: str) -> list[str]:
@@ -40,6 +59,31 @@ def _imports(package: str, path: str) -> list[str]:
         elif isinstance(node, ast.Import):
             out += [a.name[len(top):] for a in node.names if a.name.startswith(top)]
     return out
+
+
+def outside_imports(package: str) -> dict[str, set[str]]:
+    """Each top-level module from outside the standard library and the
+    package itself that a file of ``package`` imports (function-level and
+    guarded imports too), with the files that import it."""
+    seen: dict[str, set[str]] = {}
+    own, parent = os.path.basename(package), os.path.dirname(package)
+    for folder, dirs, names in os.walk(package):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    tops = [a.name.split(".")[0] for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    tops = [node.module.split(".")[0]]
+                else:
+                    continue
+                for top in tops:
+                    if top != own and top not in sys.stdlib_module_names:
+                        seen.setdefault(top, set()).add(os.path.relpath(path, parent))
+    return seen
 
 
 def layer_violations(package: str) -> list[str]:
@@ -86,3 +130,36 @@ def test_an_upward_or_cyclic_import_is_named(tmp_path):
 def test_the_root_holds_at_most_eight_modules():
     modules = [n for n in os.listdir(PACKAGE) if n.endswith(".py")]
     assert len(modules) <= MAX_ROOT_MODULES, sorted(modules)
+
+
+@pytest.mark.parametrize("package", sorted(OUTSIDE_IMPORTS))
+def test_the_installed_packages_import_only_their_declared_dependencies(package):
+    seen = outside_imports(os.path.join(ROOT, package))
+    undeclared = {top: sorted(files) for top, files in seen.items()
+                  if top not in OUTSIDE_IMPORTS[package]}
+    assert undeclared == {}, f"{package} imports what it does not declare: {undeclared}"
+    assert EXAMPLES_ONLY not in OUTSIDE_IMPORTS[package]
+
+
+def test_an_undeclared_import_is_named_with_its_file(tmp_path):
+    """The check can fail: a workload importing accelerate, even inside a
+    function, is found."""
+    pkg = tmp_path / "workloads"
+    (pkg / "harness").mkdir(parents=True)
+    (pkg / "harness" / "loop.py").write_text(
+        "import os\nimport torch.nn\nfrom . import data\nfrom workloads import contract\n"
+        "def train():\n    from accelerate import Accelerator\n")
+    seen = outside_imports(str(pkg))
+    assert {top: sorted(files) for top, files in seen.items()} == {
+        "torch": ["workloads/harness/loop.py"], "accelerate": ["workloads/harness/loop.py"]}
+
+
+def test_accelerate_is_a_test_tool_and_no_dependency_of_what_is_installed():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        project = tomllib.load(fh)["project"]
+    groups = {"dependencies": project["dependencies"], **project["optional-dependencies"]}
+    holding = sorted(group for group, reqs in groups.items()
+                     if any(re.match(r"[\w.-]+", req).group(0) == EXAMPLES_ONLY
+                            for req in reqs))
+    assert holding == ["test"]
