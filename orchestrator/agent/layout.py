@@ -34,7 +34,9 @@ PROGRESS_DIR = "progress"
 STACKS_DIR = "stacks"
 RENDEZVOUS = "rendezvous.json"
 SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank
-DOWN_REQUEST = "down.request"  # `down` writes it before it signals the keeper: the sender named
+# Who asks the keeper to stop, and why, written before the SIGTERM that asks
+# (``daemon.signal_keeper``): a signal does not say who sent it.
+STOP_REQUEST = "stop.request"
 
 
 def attempt_logs(attempt: int) -> str:

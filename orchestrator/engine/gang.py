@@ -87,6 +87,9 @@ class Gang:
         self.lines = lines  # where to follow a kept run from (attach)
         self.keepers_started: set[int] = set()
         self.lost_contact = ""  # why the controller left a kept run, when not asked to
+        # A kept run's nodes whose followers went silent or were cut, and how
+        # (``keptgang.contact_lost``): the outcome names them
+        self.lost_nodes: dict[int, str] = {}
         self._progress_written = self._progress_shown = time.monotonic()
         self._changed = threading.Event()  # some node's command ended
         self._over = threading.Event()  # the gang is done: stop pinging
@@ -328,9 +331,11 @@ class Gang:
             pass
 
     def await_finish(self) -> None:
-        """A kept run: until every keeper has finished (``poll`` gives the
-        code of its ``finished`` event), bounded by the grace period."""
-        wait_all(self.handles, self.grace_s + 30.0)
+        """A kept run: until every keeper we can still hear has finished
+        (``poll`` gives the code of its ``finished`` event), bounded by the
+        grace period. A node we lost cannot tell us: its keeper stops on its
+        own, and waiting for its word would only add the bound."""
+        wait_all([h for h in self.handles if not h.partitioned], self.grace_s + 30.0)
 
     def _teardown(self) -> None:
         """Stop what still runs: gracefully, then SIGKILL through the

@@ -31,7 +31,7 @@ from typing import Mapping
 
 from ..agent.kept.records import clean_attempts
 from ..agent.node.spec import SupervisorSpec
-from ..agent.wire.protocol import KeptRule
+from ..agent.wire.protocol import PEER_TIMEOUT_S, KeptRule
 from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
     gang_outcome
@@ -127,21 +127,32 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
 def contact_lost(gang) -> bool:
     """A node's follower gone or silent: True once the gang has acted on it.
     Where the nodes own the run (detached, attach) the controller leaves it
-    to them; an attached kept run stops (that node's follower stops its
-    keeper; we stop the rest)."""
+    to them; an attached kept run stops, as an attached run does: that
+    node's follower stops its keeper (``daemon.follow``: its controller is
+    silent, or gone), we stop the rest through theirs, and the outcome names
+    the node we lost (``kept_outcome``), not the stop it caused."""
     gone = [h for h in gang.handles if h.control is None and h.poll() is not None]
-    silent = [h for h in gang.handles if h.silent]
+    silent = [h for h in gang.handles if h.silent and h not in gone]
     if not (gone or silent):
         return False
-    names = ", ".join(gang._label(h.node.node_rank) for h in gone + silent)
+    for handle in gone:
+        gang.lost_nodes[handle.node.node_rank] = (
+            "lost contact with the node's follower (a dropped connection); its keeper "
+            "stops the run there on its own")
+    for handle in silent:
+        gang.lost_nodes[handle.node.node_rank] = (
+            f"nothing from the node for {PEER_TIMEOUT_S:g}s (a silent partition or a frozen "
+            f"node); its keeper stops the run there after {PEER_TIMEOUT_S:g}s without us")
     for handle in gone + silent:
         handle.partitioned = True
+    names = ", ".join(gang._label(h.node.node_rank) for h in gone + silent)
     if gang.detach or gang.keepers is None:
         gang.left = True
         gang.lost_contact = f"lost contact with {names}"
         gang.console.info(f"{gang.lost_contact}; the run goes on there under its keepers")
         return True
-    gang._stop_all(f"lost contact with {names}")
+    gang._stop_all(f"{names} silent for {PEER_TIMEOUT_S:g}s" if not gone
+                   else f"lost contact with {names}")
     gang.await_finish()
     return True
 
@@ -155,29 +166,41 @@ def kept_outcome(gang, wall_s: float) -> RunOutcome:
             handle.drain(5.0)
     head = gang.handles[0].control if gang.handles else None
     if gang.left:
-        nodes = tuple(_so_far(h) for h in gang.handles)
+        nodes = tuple(_so_far(h, gang.lost_nodes) for h in gang.handles)
         return RunOutcome(plan.run_id, RunState.RUNNING, wall_s, nodes, None, None)
     if head is None:  # node 0 is out of reach: what each node said, or lost
-        return gang_outcome(plan.run_id, tuple(_so_far(h) for h in gang.handles),
+        return gang_outcome(plan.run_id,
+                            tuple(_so_far(h, gang.lost_nodes) for h in gang.handles),
                             wall_s, interrupted=gang.interrupted)
     notes: list[str] = []
     attempts = attempt_outcomes(plan, head.get("attempts") or [], notes)
     for note in notes:  # node 0's record is checked, never trusted
         gang.run_dir.note(0, note)
-    last = attempts[-1][1] if attempts else tuple(_so_far(h) for h in gang.handles)
+    last = attempts[-1][1] if attempts else \
+        tuple(_so_far(h, gang.lost_nodes) for h in gang.handles)
+    # The nodes we lost: the keepers record a stop on purpose (ours, and the
+    # lost node's follower's); the run failed, and they are why.
+    by_rank = {h.node.node_rank: h for h in gang.handles}
+    last = tuple(_so_far(by_rank[o.node_rank], gang.lost_nodes)
+                 if o.node_rank in gang.lost_nodes and o.node_rank in by_rank else o
+                 for o in last)
+    stopped_by_us = bool(gang.lost_nodes) and not gang.interrupted
     outcome = gang_outcome(plan.run_id, last, wall_s,
-                           interrupted=gang.interrupted or head.get("state") == "interrupted")
+                           interrupted=gang.interrupted or (head.get("state") == "interrupted"
+                                                            and not stopped_by_us))
     return RunOutcome(outcome.run_id, outcome.state, wall_s, outcome.nodes,
                       outcome.root_cause, None, tuple(a for a, _ in attempts))
 
 
-def _so_far(handle) -> NodeOutcome:
+def _so_far(handle, lost: Mapping[int, str] | None = None) -> NodeOutcome:
     if handle.exits and handle.control is not None:
         return exit_outcome(handle.node, handle.exits[-1], handle.stop_sent, handle.ended_at)
     if handle.partitioned:
+        how = (lost or {}).get(handle.node.node_rank) or (
+            "lost contact with the node's follower (a dropped connection or a silent "
+            "partition); its keeper stops on its own")
         return NodeOutcome(handle.node.node_rank, handle.node.host, NodeState.LOST, None,
-                           "lost contact with the node's follower (a dropped connection "
-                           "or a silent partition); its keeper stops on its own", None)
+                           how, None)
     state = "started" if handle.started else "joined" if handle.joined else "starting"
     return NodeOutcome(handle.node.node_rank, handle.node.host, NodeState.NOT_STARTED
                        if not handle.supervising else NodeState.STOPPED, None,

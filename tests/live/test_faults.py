@@ -217,6 +217,44 @@ def test_a_frozen_link_is_over_on_both_sides_within_45s(make_ssh_lab, tmp_path):
     assert wait_gone("frz", 15, labs=[lab]) == set()  # thawed, the sessions see the EOF
 
 
+@pytest.mark.parametrize("extra", [(), ("--max-restarts", "1")], ids=["attached", "kept"])
+def test_a_link_frozen_as_the_workers_start_is_over_within_45s_as_silence(make_ssh_lab, tmp_path,
+                                                                          extra):
+    """The same freeze in the start phase (issue #32): node1's workers have
+    started and are loading data, no process group yet (when hosts often
+    hang). The same 45 s and the same root cause as in training."""
+    lab = make_ssh_lab(2)
+    env, cluster = setup_run(lab, tmp_path, "frz0",
+                             workload="workload: {script: sleeper.py, args: [--load, '60']}\n")
+    proc = start_up(cluster, env, tmp_path, "frz0", "--grace", "10", *extra)
+    seen = ""
+    while "rank 1 loading" not in seen:
+        line = proc.stdout.readline()
+        assert line, seen
+        seen += line
+    frozen = [lab.listener_pid("node1"), *lab.session_pids("node1")]
+    frozen_at = time.time()
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        assert wait_gone("frz0", 60) == set()
+        out = finish(proc, timeout=120)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 1, out
+    assert "node 1 (node1) silent for 30s; stopping every node" in out
+    assert "root cause: node 1 (node1): nothing from the node for 30s" in out
+    node0, node1 = records = teardowns(tmp_path / "runs", "frz0")
+    assert node1["reason"] == "lost the controller (nothing from it for 30s)", node1
+    assert node0["reason"] == STOPPED, node0
+    gone_s = assert_gone_within(records, frozen_at, 10, stop_within=30 + MARGIN_S)
+    assert gone_s < 45, gone_s
+    exited_s = state_of(tmp_path, "frz0")["ended"] - frozen_at
+    assert exited_s < 45, exited_s
+    assert wait_gone("frz0", 15, labs=[lab]) == set()
+
+
 def test_controller_sigkilled_nodes_clean_themselves_up(ssh_lab, tmp_path):
     """README: at once, each supervisor sees EOF (not the 30 s of silence)."""
     env, cluster = setup_run(ssh_lab, tmp_path, "ctl9")

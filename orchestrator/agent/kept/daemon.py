@@ -22,8 +22,12 @@ directory for as long as it runs; the kernel drops it however the follower
 ends (``kill -9`` included), so the keeper of an attached run sees its
 follower go (``follower_present``) and stops the gang itself.
 
-``signal_keeper`` is ``down``'s way in: the keeper is found by the pid and
-start time it records in ``keeper.json``, never by name.
+``signal_keeper`` is ``down``'s way in, and a follower's: the keeper is found
+by the pid and start time it records in ``keeper.json``, never by name. A
+signal does not say who sent it, so the sender first leaves its reason in
+the run directory (``STOP_REQUEST``; the first one stays), and the keeper
+records "stopped by ddp-orch down" or "lost the controller (nothing from it
+for 30s)" where it would say only "got SIGTERM".
 
 Files here are opened with ``O_NOFOLLOW``: a symlink planted in the run
 directory is refused, never written through.
@@ -186,9 +190,13 @@ def follower_present(run_dir: str) -> bool:
     return False
 
 
-def signal_keeper(run_dir: str, sig: int = signal.SIGTERM) -> int | None:
+def signal_keeper(run_dir: str, sig: int = signal.SIGTERM, why: str = "") -> int | None:
+    """Signal the run's keeper; ``why`` (who asks, and why) is left for it
+    first (``stop_request``)."""
     pid = keeper_pid(run_dir)
     if pid is not None:
+        if why:
+            _leave_stop_request(run_dir, why)
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
@@ -196,18 +204,40 @@ def signal_keeper(run_dir: str, sig: int = signal.SIGTERM) -> int | None:
     return pid
 
 
+STOP_REQUEST_MAX = 200  # bytes of a stop request the keeper reads
+
+
+def _leave_stop_request(run_dir: str, why: str) -> None:
+    """The first request stays: the stop it explains is the first one."""
+    try:
+        fd = os.open(os.path.join(run_dir, layout.STOP_REQUEST),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return  # one is there already, or none can be: the keeper says which signal
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(why.encode("utf-8", "replace")[:STOP_REQUEST_MAX])
+
+
+def stop_request(run_dir: str) -> str:
+    """Why the keeper was asked to stop, as its sender left it ("" if none):
+    one line of printable text, capped."""
+    try:
+        fd = os.open(os.path.join(run_dir, layout.STOP_REQUEST), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read(STOP_REQUEST_MAX).decode("utf-8", "replace")
+    return "".join(c for c in text.split("\n")[0] if c.isprintable()).strip()
+
+
+DOWN_REASON = "stopped by ddp-orch down"
+SILENT_CONTROLLER = f"lost the controller (nothing from it for {PEER_TIMEOUT_S:g}s)"
+CLOSED_CONTROLLER = "lost the controller (its connection closed)"
+
+
 def stop(run_dir: str, wait_s: float) -> int | None:
-    """SIGTERM the keeper and wait for it to tear its node down (``down``).
-    A SIGTERM does not say who sent it: ``down`` first leaves its request
-    in the run directory, so the keeper records that ``down`` stopped it."""
-    if keeper_pid(run_dir) is not None:
-        try:
-            fd = os.open(os.path.join(run_dir, layout.DOWN_REQUEST),
-                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            os.close(fd)
-        except OSError:
-            pass  # the keeper then says only which signal it got
-    pid = signal_keeper(run_dir)
+    """SIGTERM the keeper and wait for it to tear its node down (``down``)."""
+    pid = signal_keeper(run_dir, why=DOWN_REASON)
     deadline = time.monotonic() + wait_s
     while pid is not None and keeper_pid(run_dir) == pid and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -243,7 +273,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
             heard[0] = time.monotonic()
             if not line and stdin.eof:
                 if attached:
-                    signal_keeper(run_dir)
+                    signal_keeper(run_dir, why=CLOSED_CONTROLLER)
                 gone.set()
                 return
             word = Control.parse(line)
@@ -261,7 +291,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
         while not gone.wait(1.0):
             if time.monotonic() - heard[0] > PEER_TIMEOUT_S:
                 if attached:
-                    signal_keeper(run_dir)
+                    signal_keeper(run_dir, why=SILENT_CONTROLLER)
                 os._exit(0)
 
     threading.Thread(target=listen, daemon=True).start()
@@ -287,7 +317,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
                     out.flush()
                 except (BrokenPipeError, ValueError):
                     if attached:
-                        signal_keeper(run_dir)
+                        signal_keeper(run_dir, why=CLOSED_CONTROLLER)
                     return
                 sent_at, whole = time.monotonic(), data.endswith(b"\n")
                 continue

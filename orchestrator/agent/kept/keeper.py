@@ -212,13 +212,10 @@ class Keeper:
             signum = os.read(self._signalled[0], 1)[0]
             self.signals += 1
             name = signal.Signals(signum).name
-            if signum == signal.SIGTERM and os.path.lexists(
-                    os.path.join(self.run_dir, layout.DOWN_REQUEST)):
-                self.stop_for_good(f"stopped by `ddp-orch down` on node {self.node_rank}",
-                                   "stopped by ddp-orch down", hurry=self.signals > 1)
-                continue
-            self.stop_for_good(f"got {name} on node {self.node_rank}", f"got {name}",
-                               hurry=self.signals > 1)
+            # who sent it, if they said (``daemon.signal_keeper``): down, a follower
+            why = daemon.stop_request(self.run_dir) if signum == signal.SIGTERM else ""
+            why = why or f"got {name}"
+            self.stop_for_good(f"{why} on node {self.node_rank}", why, hurry=self.signals > 1)
 
     def stop_for_good(self, why: str, short: str = "", hurry: bool = False) -> None:
         """Stop the run, with no restart: this node's attempt and the gang's."""

@@ -172,7 +172,7 @@ class Supervisor:
             env = {**env, "PATH": f"{setup['path_first']}:{env.get('PATH', os.defpath)}"}
         done = nodesetup.run_setup(
             [list(argv) for argv in setup["commands"]], setup["cwd"], env,
-            float(setup["timeout_s"]), self.write_out, lambda: self.stop_requested)
+            float(setup["timeout_s"]), self.write_out, self.controller_silent)
         self.emit({"event": Event.SETUP.value, "ok": done["ok"]})
         if done["ok"]:
             (self.setup_barrier or _await_go)(self)
@@ -195,6 +195,19 @@ class Supervisor:
         self.emit(self.last_exit)
         self.wakeup.close()
         return False
+
+    def controller_silent(self) -> bool:
+        """Whether the run must stop: asked for, or the controller silent for
+        the peer timeout (a frozen link: no FIN, no RST, only missing pings),
+        when the run stops and our output is dropped from then on. Asked in
+        every phase (``setup:``, the wait for every node's, torchrun's run),
+        so a partition is over here within the same bound whenever it comes."""
+        timeout = self.spec.peer_timeout_s
+        if timeout and not self.stop_requested and \
+                time.monotonic() - self.last_heard > timeout:
+            self.controller_lost = True
+            self.request_stop(f"lost the controller (nothing from it for {timeout:g}s)")
+        return self.stop_requested
 
     def request_stop(self, reason: str) -> None:
         if not self.stop_requested:
@@ -324,10 +337,7 @@ class Supervisor:
                 return None
             if milestones:
                 self.check_milestones(pid, milestones)
-            timeout = self.spec.peer_timeout_s
-            if timeout and time.monotonic() - self.last_heard > timeout:
-                self.controller_lost = True
-                self.request_stop(f"lost the controller (nothing from it for {timeout:g}s)")
+            if self.controller_silent():
                 continue
             self.wakeup.wait(0.25 if milestones else 1.0)
 
@@ -434,7 +444,7 @@ def _await_go(sup: "Supervisor") -> None:
     there is nobody to wait for."""
     if not sup.spec.watches_stdin:
         return
-    while not (sup.go.is_set() or sup.stop_requested):
+    while not (sup.go.is_set() or sup.controller_silent()):
         sup.wakeup.wait(0.5)
 
 

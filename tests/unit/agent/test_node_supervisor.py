@@ -4,6 +4,8 @@ clock. (``tests/live/test_supervisor.py`` runs real ones.)"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.agent.node import supervisor as supervisor_module
@@ -28,6 +30,9 @@ class FakeWakeup:
             self.sup.last_heard = self.pings.pop(0)
 
     def set(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -86,3 +91,49 @@ def test_a_keepers_supervisor_does_not_watch_for_a_controller(tmp_path, monkeypa
     sup.wakeup = ExitLater(clock, sup, [])
     assert sup.wait(pid=999999) == 0
     assert clock.now >= 10 * SILENCE_S and not sup.controller_lost and not sup.stop_requested
+
+
+@pytest.mark.parametrize("pings, last", [([], 0.0), ([10.0, 20.0, 30.0], 30.0)])
+def test_waiting_for_every_nodes_setup_ends_once_the_controller_is_silent(
+        tmp_path, monkeypatch, pings, last):
+    """The setup phase (issue #32): after its own ``setup:`` a node waits for
+    the controller's ``go``; a frozen link sends neither ``go`` nor pings,
+    and the wait ends 30 s after the last one, not never."""
+    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, pings)
+    wait = sup.wakeup.wait
+
+    def bounded(timeout):
+        assert clock.now < 10 * SILENCE_S, "still waiting for go long after the silence"
+        wait(timeout)
+
+    sup.wakeup.wait = bounded
+    supervisor_module._await_go(sup)
+    assert last + SILENCE_S < clock.now <= last + SILENCE_S + 1.0, clock.now
+    assert sup.controller_lost and not sup.go.is_set()
+    assert sup.stop_reason == "lost the controller (nothing from it for 30s)"
+
+
+def test_a_setup_command_is_stopped_once_the_controller_is_silent(tmp_path, monkeypatch):
+    """The same while a ``setup:`` command runs: what ``run_setup`` asks
+    between reads (``stopped``) says stop 30 s into the silence, and the
+    node's exit says why."""
+    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, [12.0])
+    asked_at: list[float] = []
+
+    def run_setup(commands, cwd, env, timeout_s, write, stopped):
+        while not stopped():  # a command that never ends: `pip install` on a hung mirror
+            assert clock.now < 10 * SILENCE_S, "setup went on long after the silence"
+            sup.wakeup.wait(0.2)  # time passes; the pings up to now arrive
+        asked_at.append(clock.now)
+        return {"ok": False, "stopped": True}
+
+    monkeypatch.setattr(supervisor_module.nodesetup, "run_setup", run_setup)
+    monkeypatch.setattr(supervisor_module.guardian, "release", lambda guardian: None)
+    monkeypatch.setattr(sup, "teardown", lambda pid, grace_s=None: 0)
+    sup.out = open(tmp_path / "out", "wb")
+    sup.spec = dataclasses.replace(sup.spec, setup={"commands": [["pip", "install", "x"]],
+                                                    "cwd": str(tmp_path), "timeout_s": 1800})
+    assert sup.prepare({}, 0.0) is False
+    assert 12.0 + SILENCE_S < asked_at[0] <= 12.0 + SILENCE_S + 1.0, asked_at
+    assert sup.last_exit["reason"] == "lost the controller (nothing from it for 30s)"
+    assert sup.last_exit["code"] == 128 + 15 and not sup.last_exit.get("setup_failed")
