@@ -20,6 +20,10 @@ A Slurm job's directory, shared by its nodes, also holds ``RENDEZVOUS``
 (node 0's address and port) and one ``SETUP_DONE_PREFIX`` + rank file per
 node whose ``setup:`` is done.
 
+Beside the runs, in the runs directory that holds them, ``SETUP_STAMPS``
+keeps each host's stamp of its last successful ``setup:`` with
+``when_changed`` (``node/setupstamp.py``): it outlives every run.
+
 Stdlib only, like the rest of the agent package (it imports nothing).
 """
 
@@ -37,6 +41,7 @@ SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank
 # Who asks the keeper to stop, and why, written before the SIGTERM that asks
 # (``daemon.signal_keeper``): a signal does not say who sent it.
 STOP_REQUEST = "stop.request"
+SETUP_STAMPS = ".setup-stamps"  # in the runs directory: one stamp per host and python
 
 
 def attempt_logs(attempt: int) -> str:

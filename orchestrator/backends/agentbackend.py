@@ -72,7 +72,8 @@ class AgentBackend(LaunchBackend):
                                  env=dict(sorted({**node.env, **restarts}.items())),
                                  unset_env=node.unset_env, argv=torchrun_argv(plan, node),
                                  connection=self.connection(node.node_rank), setup=plan.setup,
-                                 setup_timeout_s=plan.setup_timeout_s)
+                                 setup_timeout_s=plan.setup_timeout_s,
+                                 setup_when_changed=plan.setup_when_changed)
                       for node in plan.nodes)
         notes = code_notes(plan, self.spec.source if self.spec else "")
         reach = {node.node_rank: self.reach(node) for node in plan.nodes}

@@ -17,6 +17,7 @@ import yaml
 from workloads.catalog import CATALOG
 
 from ..agent.node.outputs import pattern_problem
+from ..agent.node.setupstamp import path_problem
 from ..errors import ConfigError
 from .blocks import blocks, top_keys
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS,
@@ -29,6 +30,8 @@ TOP_KEYS = top_keys(("name", "master", "ssh", "python", "workdir", "env", "devic
                      "hang_timeout", "max_restarts", "network", "gpu_policy", "nodes", "workload",
                      "setup", "setup_timeout", "outputs"))
 MAX_SETUP_COMMANDS = 100
+SETUP_KEYS = ("commands", "when_changed")  # ``setup:`` as a mapping
+MAX_WHEN_CHANGED = 100
 MAX_SETUP_TIMEOUT = 7 * 86400
 MAX_OUTPUTS = 100
 NODE_KEYS = ("host", "gpus", "procs", "ssh", "python", "env")
@@ -135,7 +138,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         if "hang_timeout" in top else None,
         max_restarts=top["max_restarts"].integer(0, MAX_RESTARTS) if "max_restarts" in top else 0,
         interface=_network(top["network"]) if "network" in top else "auto",
-        setup=_setup(top["setup"]) if "setup" in top else (),
+        **(_setup_block(top["setup"], workload, warnings) if "setup" in top else {}),
         setup_timeout=float(top["setup_timeout"].integer(1, MAX_SETUP_TIMEOUT))
         if "setup_timeout" in top else DEFAULT_SETUP_TIMEOUT,
         outputs=_outputs(top["outputs"]) if "outputs" in top else (),
@@ -768,6 +771,62 @@ def _check_layout(spec: ClusterSpec, top: Mapping[str, Located]) -> None:
     if mixed and spec.master_addr is None:
         raise top["nodes"].error("node 0 is localhost but other nodes are remote",
                                  hint="set master.addr to this machine's address as the other nodes see it")
+
+
+_WHEN_CHANGED_EXAMPLE = ("setup: {commands: [pip install -r requirements.txt], "
+                         "when_changed: [requirements.txt]}")
+
+
+def _setup_block(field: Located, workload: WorkloadSpec, warnings: list[str]) -> dict[str, Any]:
+    """``setup:``: its commands (``_setup``), or a mapping of ``commands`` and
+    ``when_changed``, the files under the code root whose content, with the
+    commands, env and python, decides whether a node runs its setup again."""
+    if not isinstance(field.node, yaml.MappingNode):
+        return {"setup": _setup(field)}
+    entries = field.mapping(SETUP_KEYS)
+    if "commands" not in entries:
+        raise field.error("missing 'commands'", hint=f"e.g. {_WHEN_CHANGED_EXAMPLE}")
+    out: dict[str, Any] = {"setup": _setup(entries["commands"])}
+    if "when_changed" in entries:
+        out["setup_when_changed"] = _when_changed(entries["when_changed"], workload, warnings)
+    return out
+
+
+def _when_changed(field: Located, workload: WorkloadSpec, warnings: list[str]) -> tuple[str, ...]:
+    """``setup.when_changed``: one file or a list, relative to the code root.
+    A directory is refused; a file the code directory lacks is a warning (it
+    is weighed as missing, so the setup runs again once it is there)."""
+    items = [field] if not isinstance(field.node, yaml.SequenceNode) else field.sequence()
+    if not items:
+        raise field.error("no files are listed",
+                          hint=f"list the files setup reads, e.g. {_WHEN_CHANGED_EXAMPLE}; "
+                               "without when_changed the setup runs on every run")
+    if len(items) > MAX_WHEN_CHANGED:
+        raise field.error(f"{len(items)} files, more than {MAX_WHEN_CHANGED}",
+                          hint="list the few files setup reads (requirements.txt, a lock file)")
+    paths: list[str] = []
+    for item in items:
+        path = item.string()
+        problem = path_problem(path)
+        if problem:
+            raise item.error(f"{path!r} {problem}",
+                             hint="when_changed lists files relative to the code root "
+                                  "(workload.code), e.g. requirements.txt or env/lock.txt")
+        if path in paths:
+            raise item.error(f"{path!r} is listed twice", hint="list each file once")
+        where = f"{item.source}:{item.line}: {item.path}"
+        if workload.code is None:
+            warnings.append(f"warning: {where}: a built-in workload's code root is ddp-orch's "
+                            f"code/, which has no {path}; it is weighed as missing")
+        elif os.path.isdir(os.path.join(workload.code, path)):
+            raise item.error(f"{path!r} is a directory in the code directory {workload.code}",
+                             hint="list the files in it that setup reads")
+        elif not os.path.isfile(os.path.join(workload.code, path)):
+            warnings.append(f"warning: {where}: {path} is not in the code directory "
+                            f"{workload.code}; it is weighed as missing, so setup runs again "
+                            "once it is there")
+        paths.append(path)
+    return tuple(paths)
 
 
 def _setup(field: Located) -> tuple[str | tuple[str, ...], ...]:

@@ -30,7 +30,7 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      MAX_NODES, MAX_RESTARTS, MIN_HANG_TIMEOUT, MAX_PROCS, MODULE_RE, NAME_RE,
                      NETWORK_KEYS, NODE_KEYS,
                      RESERVED_ENV, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
-from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT
+from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT, MAX_WHEN_CHANGED, SETUP_KEYS
 from .loader import FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_GPU_WAIT
 from .blocks import blocks
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_PORT,
@@ -83,7 +83,8 @@ LEFT_TO_THE_LOADER = (
     "wants (`gpus: free:2`): Slurm chooses them",
     "one host listed twice where an entry asks for `all`, `free` or `free:N`",
     "what is on disk: the identity_file, the script (inside the code directory), the code "
-    "directory itself (not the filesystem root or a home directory)",
+    "directory itself (not the filesystem root or a home directory), a `setup.when_changed` "
+    "file that is a directory there",
 )
 
 
@@ -303,15 +304,35 @@ def _setup() -> dict[str, Any]:
     argv = {"type": "array", "minItems": 1, "items": {"type": ["string", "number"]},
             "description": "One program and its arguments, run as they are (no shell: "
                            "nothing is expanded or split)."}
+    commands = [shell, {"type": "array", "maxItems": MAX_SETUP_COMMANDS,
+                        "items": {"oneOf": [shell, argv]},
+                        "description": "Several commands, run in turn; the first that fails "
+                                       "ends the setup."}]
+    path = {"type": "string", "pattern": _NON_BLANK,
+            "not": {"anyOf": [{"pattern": r"^[/~\\]"},
+                              {"pattern": r"(?:^|[/\\])\.\.(?:[/\\]|$)"},
+                              {"pattern": r"[*?\[\x00-\x1f]"}, {"pattern": r"/$"},
+                              {"pattern": r"^[/. ]*$"}]},
+            "description": "A file relative to the code root (requirements.txt); never "
+                           "absolute, ~, .., a glob or a directory."}
+    block = {"type": "object", "additionalProperties": False, "required": ["commands"],
+             "properties": _keyed(SETUP_KEYS, {
+                 "commands": {"description": "The setup's commands, as setup: takes them.",
+                              "oneOf": commands},
+                 "when_changed": {
+                     "description": "Run the setup on a node only when these files' content, "
+                                    "the commands, the env or the python changed since its "
+                                    "last successful setup there: for a setup whose effect "
+                                    "outlives the run (a pip install into the node's python).",
+                     "oneOf": [path, {"type": "array", "minItems": 1,
+                                      "maxItems": MAX_WHEN_CHANGED, "uniqueItems": True,
+                                      "items": path}]}}, "setup")}
     return {"description": "Commands run on every node, in parallel, before torchrun "
                            "starts: in the node's code root, with the run's environment, "
                            "once per run (not per restart). Output goes to the console and "
-                           "the node log; a failure stops the run before any rank starts.",
-            "oneOf": [shell,
-                      {"type": "array", "maxItems": MAX_SETUP_COMMANDS,
-                       "items": {"oneOf": [shell, argv]},
-                       "description": "Several commands, run in turn; the first that fails "
-                                      "ends the setup."}]}
+                           "the node log; a failure stops the run before any rank starts. "
+                           "As a mapping, `commands` and `when_changed`.",
+            "oneOf": [*commands, block]}
 
 
 def _outputs() -> dict[str, Any]:

@@ -147,6 +147,10 @@ class ClusterSpec:
     # each a string (run by ``sh -c``) or an argv tuple (run as it is).
     setup: tuple[str | tuple[str, ...], ...] = ()
     setup_timeout: float = DEFAULT_SETUP_TIMEOUT  # seconds for all of a node's setup
+    # ``setup: {commands, when_changed}``: files under the code root whose
+    # content, with the commands, env and python, decides whether a node runs
+    # its setup again (``agent/node/setupstamp.py``); () runs it every time.
+    setup_when_changed: tuple[str, ...] = ()
     # ``outputs:``: paths or globs under node 0's code root, brought home after the run.
     outputs: tuple[str, ...] = ()
     base_dir: str = "."  # the cluster file's directory: relative paths start there

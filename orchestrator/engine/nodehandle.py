@@ -44,7 +44,10 @@ def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
         bundle=BUNDLE_NAME, grace_s=grace_s, heartbeat_s=HEARTBEAT_S,
         secrets=tuple(value.decode() for value in secret_values(launch.env)),
         setup={"commands": [list(argv) for argv in launch.setup], "cwd": node.code_root,
-               "timeout_s": launch.setup_timeout_s, "path_first": setup_path_first(node.python)}
+               "timeout_s": launch.setup_timeout_s, "path_first": setup_path_first(node.python),
+               **({"when_changed": {"paths": list(launch.setup_when_changed),
+                                    "env": [k for k in node.user_env if k in launch.env]}}
+                  if launch.setup_when_changed else {})}
         if launch.setup else None,
         liveness=Liveness.CONTROLLER)
 

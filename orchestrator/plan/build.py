@@ -121,7 +121,8 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
             first_rank=starts[k], nproc=node.nproc, run_dir=run_dir,
             env=MappingProxyType(dict(sorted(env.items()))), unset_env=UNSET_ENV,
             code_rel=PROJECT_DIR if spec.workload.code else BUILTIN_DIR,
-            gpu_request=node.gpu_request, one_process=node.one_process))
+            gpu_request=node.gpu_request, one_process=node.one_process,
+            user_env=tuple(sorted(node.env))))
     ranks = rank_plans(nodes)
     workload = spec.workload
     entrypoint = entrypoint_of(workload)
@@ -133,6 +134,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
                    entrypoint=entrypoint, nodes=tuple(nodes), ranks=ranks,
                    setup=tuple(setup_argv(command) for command in spec.setup),
                    setup_timeout_s=spec.setup_timeout if spec.setup else 0.0,
+                   setup_when_changed=spec.setup_when_changed if spec.setup else (),
                    outputs=spec.outputs)
 
 

@@ -27,6 +27,7 @@ class NodeLaunch:
     # before torchrun (``agent/node/nodesetup.py``); the plan's timeout holds for all.
     setup: tuple[tuple[str, ...], ...] = ()
     setup_timeout_s: float = 0.0
+    setup_when_changed: tuple[str, ...] = ()  # skipped while unchanged (``RunPlan``'s)
 
     @property
     def node_rank(self) -> int:

@@ -89,6 +89,10 @@ class NodePlan:
     gpu_models: tuple[str, ...] = ()
     # One process over all the node's GPUs (compare's DataParallel baseline).
     one_process: bool = False
+    # The names in ``env`` the cluster file gave (``env:``, the node's over
+    # it), not ddp-orch's own: the env that ``setup: when_changed`` weighs
+    # (ddp-orch's own hold the run id and its paths, new every run).
+    user_env: tuple[str, ...] = ()
 
     @property
     def gpus_pending(self) -> bool:
@@ -136,6 +140,10 @@ class RunPlan:
     # (a string becomes ``sh -c STRING``), within ``setup_timeout_s`` in all.
     setup: tuple[tuple[str, ...], ...] = ()
     setup_timeout_s: float = 0.0
+    # ``setup: {when_changed}``: files under the code root; a node skips its
+    # setup while they, the commands, its env and python are as at its last
+    # successful one (``agent/node/setupstamp.py``). (): setup runs every time.
+    setup_when_changed: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()  # globs under node 0's code root, brought home
 
     @property

@@ -76,6 +76,10 @@ def _setup_lines(plan: RunPlan) -> list[str]:
         out.append(f"setup      {count} command{'s' if count != 1 else ''} on every node in its "
                    f"code root before torchrun starts, once per run; timeout "
                    f"{plan.setup_timeout_s:g}s (setup_timeout)")
+        if plan.setup_when_changed:
+            out.append(f"           when_changed: {', '.join(plan.setup_when_changed)}: skipped on "
+                       "a node where these files, the commands, env and python are as at its "
+                       "last successful setup")
     if plan.outputs:
         out.append(f"outputs    {', '.join(plan.outputs)} (node 0's code root) -> the run "
                    f"directory's outputs/, after the run")
@@ -119,7 +123,10 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
         "master_addr": plan.master_addr, "master_port": plan.master_port,
         "device": plan.device, "workload": plan.workload,
         "setup": [list(argv) for argv in plan.setup],
-        "setup_timeout_s": plan.setup_timeout_s, "outputs": list(plan.outputs),
+        "setup_timeout_s": plan.setup_timeout_s,
+        **({"setup_when_changed": list(plan.setup_when_changed)}
+           if plan.setup_when_changed else {}),
+        "outputs": list(plan.outputs),
         "ranks": [_rank_dict(r) for r in plan.ranks],
         "nodes": [{
             "node_rank": n.node_rank, "host": n.host, "where": n.where,
@@ -155,6 +162,7 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
     TypeError or ValueError on a record that does not fit."""
     from .model import Entrypoint, NodePlan, RankPlan, RunPlan
 
+    when_changed = tuple(map(str, data.get("setup_when_changed") or ()))
     nodes = []
     for n in data["nodes"]:
         node = NodePlan(node_rank=int(n["node_rank"]), host=str(n["host"]),
@@ -172,7 +180,8 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
                                 connection=dict(n.get("connection") or {}),
                                 setup=tuple(tuple(map(str, argv))
                                             for argv in data.get("setup") or ()),
-                                setup_timeout_s=float(data.get("setup_timeout_s") or 0)))
+                                setup_timeout_s=float(data.get("setup_timeout_s") or 0),
+                                setup_when_changed=when_changed))
     plan = RunPlan(run_id=str(data["run_id"]), name=str(data["name"]),
                    backend=str(data["backend"]), world_size=int(data["world_size"]),
                    master_addr=str(data["master_addr"]), master_port=data["master_port"],
@@ -181,6 +190,7 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
                    ranks=tuple(RankPlan(**r) for r in data["ranks"]),
                    setup=tuple(tuple(map(str, argv)) for argv in data.get("setup") or ()),
                    setup_timeout_s=float(data.get("setup_timeout_s") or 0),
+                   setup_when_changed=when_changed,
                    outputs=tuple(map(str, data.get("outputs") or ())))
     return DryRun(backend=plan.backend, plan=plan, nodes=tuple(nodes),
                   extras=dict(data.get("extras") or {}),

@@ -212,11 +212,20 @@ def test_outputs_come_home_after_a_failure_and_on_attach_and_prune_spares_a_live
     lingering 6 s so that ``prune`` finds it live, is spared and brings its
     outputs home on ``attach``. (Were test_outputs_come_home_after_a_failure_
     and_a_glob_that_escapes_is_refused and test_a_kept_run_brings_outputs_
-    home_on_attach_and_prune_spares_it_while_live.)"""
-    env, cluster = lab_project(ssh_lab, tmp_path, "out-fail", args="[--fail]", extra=OUTPUTS)
+    home_on_attach_and_prune_spares_it_while_live.) Both runs have a
+    ``setup:`` with ``when_changed``, which costs them an ``echo``: the
+    first runs it on both nodes, the second (its keepers) skips it, since
+    requirements.txt, the command, env and python are unchanged."""
+    count = tmp_path / "setup-count"  # outside every run directory, as a pip install's effect
+    when_changed = (f"setup: {{commands: 'echo ran >> {count}', "
+                    "when_changed: [requirements.txt]}\n")
+    env, cluster = lab_project(ssh_lab, tmp_path, "out-fail", args="[--fail]",
+                               extra=when_changed + OUTPUTS)
     result = cli(env, tmp_path, "up", cluster, "--run-id", "out-fail", "--grace", "3")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "planned failure after writing the outputs" in result.stdout
+    assert count.read_text() == "ran\nran\n"  # each node's setup ran: no stamp yet
+    assert "ddp-orch: setup runs: no successful setup recorded here yet" in result.stdout
     metrics = tmp_path / "runs" / "out-fail" / "outputs" / "out" / "metrics.json"
     assert len(json.loads(metrics.read_text())["started"]) == 2  # every rank's
     assert "outputs: 2 file(s)" in result.stdout
@@ -246,6 +255,11 @@ def test_outputs_come_home_after_a_failure_and_on_attach_and_prune_spares_a_live
     assert attached.returncode == 0, attached.stdout + attached.stderr
     assert "outputs: 2 file(s)" in attached.stdout
     assert (tmp_path / "runs" / "kept-run" / "outputs" / "out" / "metrics.json").exists()
+    assert count.read_text() == "ran\nran\n", "an unchanged setup ran again"
+    for k in (0, 1):  # each node's keeper said so, in the node's stream
+        stream = (remote / "kept-run" / f"node-{k}" / "agent.out").read_text()
+        assert "ddp-orch: setup skipped: requirements.txt, commands, env and python unchanged " \
+               "since " in stream, stream[:2000]
     again = cli(env, tmp_path, "prune", "kept-run", "--older-than", "1h")
     assert again.returncode == 1 and "within --older-than" in again.stdout
     gone = cli(env, tmp_path, "prune", "kept-run")

@@ -56,7 +56,8 @@ class SupervisorSpec:
     grace_s: float = 10.0  # SIGTERM to SIGKILL
     heartbeat_s: float | None = None  # a heartbeat event this often (None: none)
     secrets: tuple[str, ...] = ()  # values masked in what the node keeps and sends
-    # ``setup:`` (``nodesetup.py``): {"commands": [[argv]], "cwd", "timeout_s", "path_first"}
+    # ``setup:`` (``nodesetup.py``): {"commands": [[argv]], "cwd", "timeout_s", "path_first",
+    # "when_changed": {"paths", "env"} or absent (``setupstamp.py``: skipped while unchanged)}
     setup: dict | None = None
     log_dir: str | None = None  # torchrun's --log-dir (a keeper's attempt: its own); else run_dir/torchrun
     liveness: Liveness = Liveness.CONTROLLER
@@ -136,10 +137,18 @@ def _optional(check):
 
 
 def _setup(value: object) -> bool:
-    return isinstance(value, dict) and set(value) <= {"commands", "cwd", "timeout_s", "path_first"} \
+    return isinstance(value, dict) \
+        and set(value) <= {"commands", "cwd", "timeout_s", "path_first", "when_changed"} \
         and isinstance(value.get("commands"), list) and all(_strings(c) for c in value["commands"]) \
         and isinstance(value.get("cwd"), str) and _number(value.get("timeout_s")) \
-        and _optional(lambda v: isinstance(v, str))(value.get("path_first"))
+        and _optional(lambda v: isinstance(v, str))(value.get("path_first")) \
+        and _optional(_when_changed)(value.get("when_changed"))
+
+
+def _when_changed(value: object) -> bool:
+    """``{paths: [file under the code root], env: [name]}`` (``setupstamp.py``)."""
+    return isinstance(value, dict) and set(value) == {"paths", "env"} \
+        and _strings(value["paths"]) and bool(value["paths"]) and _strings(value["env"])
 
 
 _CHECKS = {
@@ -163,6 +172,6 @@ _WANTED = {
     "master_port": "a port (0 to 65535)", "bundle": "a file name or null",
     "grace_s": "seconds (0 or more)", "heartbeat_s": "seconds (more than 0) or null",
     "secrets": "a list of strings",
-    "setup": "{commands: [[argv]], cwd, timeout_s, path_first} or null",
+    "setup": "{commands: [[argv]], cwd, timeout_s, path_first, when_changed} or null",
     "log_dir": "a directory path or null", "liveness": "a liveness word",
 }

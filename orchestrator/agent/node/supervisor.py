@@ -39,7 +39,7 @@ from . import failures, gpus, guardian, procs
 from .. import layout
 
 from ..wire import files
-from . import nodesetup
+from . import nodesetup, setupstamp
 from ..wire.protocol import ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader, encode, exit_event
 from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
@@ -168,15 +168,28 @@ class Supervisor:
         when torchrun must not start (a failure, a stop), after the exit event
         that says why (``setup_failed`` in it: no restart runs it again)."""
         setup = self.spec.setup
+        commands = [list(argv) for argv in setup["commands"]]
+        stamp = skip = None
+        if setup.get("when_changed"):  # skipped while its inputs are as at the last success
+            stamp = setupstamp.NodeStamp(self.run_dir, setup["cwd"], commands,
+                                         setup["when_changed"], dict(self.spec.env))
+            skip, line = stamp.check()
+            self.write_out(f"ddp-orch: {line}\n".encode())
         if setup.get("path_first"):  # the run's python first: its pip, as if activated
             env = {**env, "PATH": f"{setup['path_first']}:{env.get('PATH', os.defpath)}"}
-        done = nodesetup.run_setup(
-            [list(argv) for argv in setup["commands"]], setup["cwd"], env,
+        done = {"ok": True} if skip else nodesetup.run_setup(
+            commands, setup["cwd"], env,
             float(setup["timeout_s"]), self.write_out, self.controller_silent)
         self.emit({"event": Event.SETUP.value, "ok": done["ok"]})
         if done["ok"]:
             (self.setup_barrier or _await_go)(self)
             if not self.stop_requested:
+                # Stamped once every node's setup succeeded: two nodes on one
+                # host share a stamp, and one's success must not stand for
+                # the other's failure.
+                trouble = stamp.done() if stamp is not None and not skip else ""
+                if trouble:
+                    self.write_out(f"ddp-orch: {trouble}; the next run sets up again\n".encode())
                 return True
         code = 128 + signal.SIGTERM if self.stop_requested else int(done.get("code") or 1)
         failed = not done["ok"] and not done.get("stopped")

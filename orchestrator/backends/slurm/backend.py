@@ -107,7 +107,8 @@ class Backend(LaunchBackend):
             dataclasses.replace(plan, master_port=PORT_SLOT)
         nodes = tuple(NodeLaunch(node=n, where=self.where(n), env=n.env, unset_env=n.unset_env,
                                  argv=torchrun_argv(shown, n), setup=plan.setup,
-                                 setup_timeout_s=plan.setup_timeout_s)
+                                 setup_timeout_s=plan.setup_timeout_s,
+                                 setup_when_changed=plan.setup_when_changed)
                       for n in plan.nodes)
         notes = list(code_notes(plan, self.spec.source if self.spec else ""))
         if self.require_spec().placed:

@@ -1,7 +1,8 @@
 """``setup:``, ``outputs:`` and ``prune``, unit by unit (issue 21, items 4-8).
 
 The loader and the plan (the keys, their errors, the dry-run showing each
-command and the timeout), the node side (``agent/node/nodesetup.py`` running the
+command and the timeout; ``setup: {commands, when_changed}`` from the file to
+every node's supervisor spec, the stamp itself in ``test_setupstamp.py``), the node side (``agent/node/nodesetup.py`` running the
 commands, ``agent/node/outputs.py`` deciding what may come home,
 ``agent/node/prune.py`` refusing what it must), and the controller's side of
 outputs (``backends/results.fetch_outputs``) with a hostile listing. The
@@ -102,17 +103,155 @@ def test_the_schema_takes_and_refuses_what_the_loader_does():
     validator = jsonschema.Draft202012Validator(cluster_schema())
     base = {"nodes": [{"host": "a", "procs": 1}], "workload": {"name": "linear"}}
     good = [{"setup": "pip install x"}, {"setup": ["a", ["b", "-c", 1]]},
-            {"setup_timeout": 60}, {"outputs": "out/"}, {"outputs": ["out/*.json", "a/**/b"]}]
+            {"setup_timeout": 60}, {"outputs": "out/"}, {"outputs": ["out/*.json", "a/**/b"]},
+            {"setup": {"commands": "make", "when_changed": ["requirements.txt", "a/b.lock"]}},
+            {"setup": {"commands": ["make", ["b", 1]], "when_changed": "./r.txt"}},
+            {"setup": {"commands": "make"}}]
     bad = [{"setup": 3}, {"setup": [{"a": 1}]}, {"setup": [[]]}, {"setup_timeout": 0},
            {"outputs": ["../x"]}, {"outputs": "/etc"}, {"outputs": ["a/../../b"]},
            {"outputs": ["~/x"]}]
+    bad += [{"setup": {"commands": "make", "when_changed": [path]}}
+            for path in ("../r", "/r", "~/r", "a/../../r", "r*.txt", "r[1].txt", ".", "./",
+                         "deps/", "a\nb", "")]
+    bad += [{"setup": {"when_changed": ["r.txt"]}}, {"setup": {"commands": [{"a": 1}]}},
+            {"setup": {"commands": "make", "when_changed": []}},
+            {"setup": {"commands": "make", "when_changed": ["r", "r"]}},
+            {"setup": {"commands": "make", "when_chnaged": ["r"]}}]
     for extra in good:
         assert not list(validator.iter_errors({**base, **extra})), extra
     for extra in bad:
         assert list(validator.iter_errors({**base, **extra})), extra
 
 
+def project_spec(tmp_path, setup: str, files=("requirements.txt",)):
+    """A cluster file in ``tmp_path`` running ``proj/train.py``, with ``setup``."""
+    proj = tmp_path / "proj"
+    proj.mkdir(exist_ok=True)
+    (proj / "train.py").write_text("print(1)\n")
+    for name in files:
+        (proj / name).parent.mkdir(parents=True, exist_ok=True)
+        (proj / name).write_text("torch\n")
+    text = ("nodes: [{host: a, procs: 1}, {host: b, procs: 1, env: {NODE_ONLY: x}}]\n"
+            "workload: {script: proj/train.py}\nenv: {HF_HOME: /data/hf}\n"
+            + textwrap.dedent(setup))
+    return load_cluster_text(text, source="c.yaml", base_dir=str(tmp_path))
+
+
+def test_setup_as_a_mapping_takes_its_commands_and_when_changed(tmp_path):
+    spec = project_spec(tmp_path, """\
+        setup:
+          commands: pip install -r requirements.txt
+          when_changed: [requirements.txt, env/lock.txt]
+        """, files=("requirements.txt", "env/lock.txt"))
+    assert spec.setup == ("pip install -r requirements.txt",)
+    assert spec.setup_when_changed == ("requirements.txt", "env/lock.txt")
+    assert spec.warnings == ()
+    one = project_spec(tmp_path, "setup: {commands: [make, [python3, x.py]], "
+                                 "when_changed: requirements.txt}\n")
+    assert one.setup == ("make", ("python3", "x.py")) and one.setup_when_changed == \
+        ("requirements.txt",)
+    plain = project_spec(tmp_path, "setup: {commands: make}\n")
+    assert plain.setup == ("make",) and plain.setup_when_changed == ()
+    assert project_spec(tmp_path, "setup: make\n").setup_when_changed == ()
+
+
+@pytest.mark.parametrize("setup, path, line, message, hint", [
+    ("setup: {commands: make, when_changed: ['../r.txt']}", "setup.when_changed[0]", 4,
+     "'../r.txt' escapes the code root (..)", "relative to the code root"),
+    ("setup:\n  commands: make\n  when_changed:\n    - requirements.txt\n    - /etc/r.txt",
+     "setup.when_changed[1]", 8, "is an absolute path", "relative to the code root"),
+    ("setup: {commands: make, when_changed: '~/r.txt'}", "setup.when_changed", 4,
+     "starts with ~", ""),
+    ("setup: {commands: make, when_changed: ['req*.txt']}", "setup.when_changed[0]", 4,
+     "is a glob", ""),
+    ("setup: {commands: make, when_changed: [deps/]}", "setup.when_changed[0]", 4,
+     "names a directory", ""),
+    ("setup: {commands: make, when_changed: [proj]}", "setup.when_changed[0]", 4,
+     "'proj' is a directory in the code directory", "list the files in it"),
+    ("setup: {commands: make, when_changed: []}", "setup.when_changed", 4,
+     "no files are listed", "without when_changed the setup runs on every run"),
+    ("setup: {commands: make, when_changed: [requirements.txt, requirements.txt]}",
+     "setup.when_changed[1]", 4, "'requirements.txt' is listed twice", ""),
+    ("setup: {commands: make, when_changed: [{a: 1}]}", "setup.when_changed[0]", 4,
+     "expected a", ""),
+    ("setup: {commands: make, when_chnaged: [requirements.txt]}", "setup.when_chnaged", 4,
+     "unknown key 'when_chnaged'", "did you mean 'when_changed'?"),
+    ("setup: {when_changed: [requirements.txt]}", "setup", 4, "missing 'commands'",
+     "setup: {commands: [pip install -r requirements.txt], when_changed: [requirements.txt]}"),
+    ("setup: {commands: [{a: 1}], when_changed: [requirements.txt]}", "setup.commands[0]", 4,
+     "must be a string or a list, got a mapping", ""),
+])
+def test_a_bad_when_changed_is_named_at_its_field_and_line(tmp_path, setup, path, line, message,
+                                                            hint):
+    (tmp_path / "proj" / "proj").mkdir(parents=True)
+    with pytest.raises(ConfigError) as info:
+        project_spec(tmp_path, setup + "\n")
+    assert (info.value.path, info.value.line) == (path, line), str(info.value)
+    assert message in info.value.message and hint in info.value.hint, str(info.value)
+
+
+def test_a_listed_file_the_code_lacks_is_a_warning_at_its_line(tmp_path):
+    spec = project_spec(tmp_path, "setup:\n  commands: make\n  when_changed:\n"
+                                  "    - requirements.txt\n    - lock.txt\n")
+    assert spec.setup_when_changed == ("requirements.txt", "lock.txt")
+    assert spec.warnings == (
+        f"warning: c.yaml:8: setup.when_changed[1]: lock.txt is not in the code directory "
+        f"{tmp_path / 'proj'}; it is weighed as missing, so setup runs again once it is there",)
+    builtin = spec_of("setup: {commands: make, when_changed: requirements.txt}\n")
+    assert builtin.warnings[0].startswith("warning: c.yaml:3: setup.when_changed: a built-in "
+                                          "workload's code root is ddp-orch's code/")
+
+
 # -- the plan and its dry-run ----------------------------------------------------
+
+
+def test_the_plan_and_dry_run_carry_when_changed_to_every_nodes_supervisor(tmp_path):
+    from orchestrator.backends import backend_for
+    from orchestrator.engine.nodehandle import supervisor_spec
+    from orchestrator.engine.options import LaunchOptions
+
+    spec = project_spec(tmp_path, "setup:\n  commands: pip install -r requirements.txt\n"
+                                  "  when_changed: [requirements.txt]\n")
+    backend = backend_for(spec, LaunchOptions())
+    info = backend.dryrun(backend.plan("r1", "/tmp/runs/r1"))
+    assert info.plan.setup_when_changed == ("requirements.txt",)
+    text = render_text(info)
+    assert ("setup      1 command on every node in its code root before torchrun starts, once "
+            "per run; timeout 1800s (setup_timeout)\n"
+            "           when_changed: requirements.txt: skipped on a node where these files, the "
+            "commands, env and python are as at its last successful setup\n") in text
+    data = dryrun_to_dict(info)
+    assert data["setup_when_changed"] == ["requirements.txt"]
+    back = dryrun_from_dict(json.loads(json.dumps(data)))
+    assert back.plan.setup_when_changed == ("requirements.txt",)
+    assert back.nodes[1].setup_when_changed == ("requirements.txt",)
+    # each node weighs the env the file gives it, not ddp-orch's own (new every run)
+    for k, names in ((0, ["HF_HOME"]), (1, ["HF_HOME", "NODE_ONLY"])):
+        sup = supervisor_spec(info.nodes[k], "r1", 29500, 5.0)
+        assert sup.setup["when_changed"] == {"paths": ["requirements.txt"], "env": names}
+        assert SupervisorSpec.from_dict(json.loads(json.dumps(sup.to_dict()))).setup == sup.setup
+    # without when_changed: nothing of it anywhere
+    plain = dryrun_of("setup: make\n")
+    assert "when_changed" not in render_text(plain)
+    assert "setup_when_changed" not in dryrun_to_dict(plain)
+    assert "when_changed" not in supervisor_spec(plain.nodes[0], "r1", 1, 5.0).setup
+
+
+@pytest.mark.parametrize("when_changed", [
+    {"paths": ["r.txt"]}, {"paths": [], "env": []}, {"paths": "r.txt", "env": []},
+    {"paths": ["r.txt"], "env": [1]}, {"paths": ["r.txt"], "env": [], "x": 1}, ["r.txt"],
+])
+def test_a_supervisor_spec_with_a_bad_when_changed_is_refused(when_changed):
+    from orchestrator.agent.node.spec import SpecError
+
+    good = SupervisorSpec(run_id="r", node_rank=0, run_dir="/r/node-0", argv=("torchrun",),
+                          env={}, setup={"commands": [["true"]], "cwd": "/r", "timeout_s": 5,
+                                         "when_changed": {"paths": ["r.txt"], "env": ["A"]}})
+    wire = good.to_dict()
+    assert SupervisorSpec.from_dict(wire).setup == good.setup
+    wire["setup"] = {**wire["setup"], "when_changed": when_changed}
+    with pytest.raises(SpecError):
+        SupervisorSpec.from_dict(wire)
 
 
 def test_the_plan_holds_each_command_as_the_argv_every_node_runs():
