@@ -341,9 +341,11 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
         spec = runs.ddp_spec(spec, baseline_kind)
     console = Console("rank0" if show_output else "quiet")
     launch = _launcher(runs_dir, console, options)
-    base = runs.run_or_load("baseline", base_spec, baseline_run,
-                            runs_dir=runs_dir, launch=launch)
-    ddp = runs.run_or_load("ddp", spec, ddp_run, runs_dir=runs_dir, launch=launch)
+    # Reused runs first: one that cannot serve is said before anything runs.
+    reused = {label: runs.load_run(label, run_id, runs_dir)
+              for label, run_id in (("baseline", baseline_run), ("ddp", ddp_run)) if run_id}
+    base = reused.get("baseline") or runs.launch_run("baseline", base_spec, launch)
+    ddp = reused.get("ddp") or runs.launch_run("ddp", spec, launch)
     report = cmp.comparison(base, ddp)
     out = RunDir.create(runs_dir, new_run_id("compare"))
     plots, note = cmp.write_report(report, out.path)

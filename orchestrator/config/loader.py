@@ -533,9 +533,13 @@ def _workload(field: Located, base_dir: str) -> WorkloadSpec:
     code = code_dir(entries["code"], base_dir) if "code" in entries else None
     if "module" in entries:
         module = _module(entries["module"])
-        return WorkloadSpec(name=None, script=None, args=args, module=module,
-                            code=code or _default_code(entries["module"], base_dir,
-                                                       "this file's directory"))
+        code = code or _default_code(entries["module"], base_dir, "this file's directory")
+        where = f"{entries['module'].source}:{entries['module'].line}: workload.module"
+        given = f"from `code: {entries['code'].string()}`" if "code" in entries else \
+            "without `code:` it is the cluster file's directory"
+        warned = module_warning(module, code, where, given)
+        return WorkloadSpec(name=None, script=None, args=args, module=module, code=code,
+                            warnings=(warned,) if warned else ())
     raw = entries["script"].string()
     try:
         script = script_in(code or base_dir, raw, code is not None)
@@ -581,6 +585,35 @@ def module_name(module: str) -> str:
             "a dotted name as `python -m` takes it, e.g. pkg.train"
         raise ValueError(f"{module!r} is not a module name", hint)
     return module
+
+
+def module_found(module: str, code: str) -> bool:
+    """Whether ``python -m module`` would find it in ``code``: its source
+    file, its package directory with an ``__init__`` or a ``__main__``, or
+    its top package's directory (a namespace package). A few stat calls:
+    no walk, no import."""
+    parts = module.split(".")
+    path = os.path.join(code, *parts)
+    return (os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py"))
+            or os.path.isfile(os.path.join(path, "__main__.py"))
+            or os.path.isdir(os.path.join(code, parts[0])))
+
+
+def module_warning(module: str, code: str, where: str, given: str) -> str | None:
+    """What to say when ``module`` is not in the code directory ``code``
+    (``given``: where that directory came from), or None when it is there.
+    A warning, not a refusal: ``setup:`` may install the module on the
+    nodes, or the node's Python may have it; but otherwise every rank fails
+    with ``No module named ...``, and nothing there points at ``code:``."""
+    if module_found(module, code):
+        return None
+    rel = "/".join(module.split("."))
+    top = module.split(".")[0]
+    return (f"warning: {where}: module {module!r} is not in the code directory {code} (no "
+            f"{rel}.py, {rel}/__init__.py, {rel}/__main__.py or {top}/ there; {given}): "
+            f"every rank will fail with `No module named '{top}'` unless `setup:` installs "
+            f"it or the nodes' `python:` has it; else set `code:` (relative to the cluster "
+            f"file) to the directory that holds {top}/")
 
 
 def code_dir(field: Located, base_dir: str) -> str:

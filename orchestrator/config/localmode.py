@@ -14,7 +14,8 @@ from workloads.catalog import CATALOG
 
 from ..errors import ConfigError
 from .loader import (check_workload_args, cuda_without_gpus, default_name, env_name_problem,
-                     module_name, one_index_warning, parse_gpus, script_in, too_broad)
+                     module_name, module_warning, one_index_warning, parse_gpus, script_in,
+                     too_broad)
 from .spec import AUTO_PORT, DEFAULT_WORKDIR, ClusterSpec, NodeSpec, SshSpec, WorkloadSpec
 from .yamlsrc import closest_hint
 
@@ -174,7 +175,12 @@ def program_workload(base: WorkloadSpec | None, words: tuple[str, ...],
             module = module_name(rest[0])
         except ValueError as exc:
             raise ConfigError(exc.args[0], path=PROGRAM, source=CLI, hint=exc.args[1]) from None
-        return WorkloadSpec(name=None, script=None, args=rest[1:], module=module, code=code)
+        given = ("the cluster file's workload.code" if base is not None and base.code
+                 else "the cluster file's directory" if base is not None
+                 else "the current directory, without a cluster file")
+        warned = module_warning(module, code, PROGRAM, given)
+        return WorkloadSpec(name=None, script=None, args=rest[1:], module=module, code=code,
+                            warnings=(warned,) if warned else ())
     if head.startswith("-"):
         raise ConfigError(f"{head!r} is not a program", path=PROGRAM, source=CLI,
                           hint=usage + "; to change only the arguments, give the program too")

@@ -150,8 +150,8 @@ def _env() -> dict[str, Any]:
 def _python() -> dict[str, Any]:
     return {"type": "string", "pattern": r"^\S+$",
             "description": "Python interpreter on the nodes, with torch installed (one path, no "
-                           "arguments); default: python3, and for localhost nodes the Python "
-                           "running ddp-orch."}
+                           "arguments; ~/ is each node's own home); default: python3, and for "
+                           "localhost nodes the Python running ddp-orch."}
 
 
 def _gpus() -> dict[str, Any]:

@@ -115,6 +115,10 @@ class WorkloadSpec:
     args: Mapping[str, Any] | tuple[str, ...] = field(default_factory=dict)
     module: str | None = None
     code: str | None = None
+    # What was given that is valid but likely not meant about the program (a
+    # ``module`` not found in ``code``); it goes wherever the workload goes
+    # (``ClusterSpec.all_warnings``).
+    warnings: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -161,6 +165,12 @@ class ClusterSpec:
     # What was given that is valid but likely not meant (``gpus: 4``): said by
     # the dry-run and by ``up`` before anything starts.
     warnings: tuple[str, ...] = ()
+
+    @property
+    def all_warnings(self) -> tuple[str, ...]:
+        """Every warning the dry-run and ``up`` say: the layout's, then the
+        workload's (the program that runs, the file's or ``-- PROGRAM``)."""
+        return (*self.warnings, *self.workload.warnings)
 
     def block(self, key: str) -> Any:
         """The backend block ``key`` (``slurm``), or None when not given."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from workloads import contract
+
 from ..config.localmode import with_args
 from ..config.spec import GPU_REQUESTS, ClusterSpec, NodeSpec
 from ..errors import ConfigError, LaunchError
@@ -101,20 +103,50 @@ def check_dp_baseline(spec: ClusterSpec) -> None:
                           hint=f"on a machine with 2 or more GPUs: {DP_EXAMPLE}")
 
 
-def run_or_load(label: str, spec: ClusterSpec | None, run_id: str | None, *, runs_dir: str,
-                launch: Any) -> RunSummary:
-    """An existing run's result (``run_id``), or a fresh run of ``spec``."""
-    if run_id is not None:
-        record = find_run(runs_dir, run_id)
-        result = record.run.result()
-        if record.state is not RunState.SUCCEEDED or not isinstance(result, dict):
-            raise LaunchError(f"run {record.run_id} is {record.state} and has "
-                              f"{'a' if isinstance(result, dict) else 'no'} result; "
-                              "compare needs two succeeded runs")
-        return summarize(label, record.run_id, result)
-    assert spec is not None
-    outcome, _run = launch(spec)
+def load_run(label: str, run_id: str, runs_dir: str) -> RunSummary:
+    """A finished run's result, reused as the ``label`` side; ``LaunchError``
+    if it did not succeed or wrote no result. Cheap: the CLI loads reused
+    runs before it launches anything."""
+    record = find_run(runs_dir, run_id)
+    result = record.run.result()
+    if record.state is RunState.SUCCEEDED and not isinstance(result, dict):
+        raise LaunchError(no_result(label, record.run_id, record.run.plan()))
+    if record.state is not RunState.SUCCEEDED or not isinstance(result, dict):
+        raise LaunchError(f"run {record.run_id} is {record.state} and has "
+                          f"{'a' if isinstance(result, dict) else 'no'} result; "
+                          "compare needs two succeeded runs")
+    return summarize(label, record.run_id, result)
+
+
+def launch_run(label: str, spec: ClusterSpec, launch: Any) -> RunSummary:
+    """A fresh run of ``spec`` as the ``label`` side; ``LaunchError`` if it
+    failed or wrote no result, so the other side does not run for nothing."""
+    outcome, run = launch(spec)
+    if outcome.ok and not outcome.result:
+        raise LaunchError(no_result(label, outcome.run_id, run.plan()))
     if not outcome.ok or not outcome.result:
         raise LaunchError(f"the {label} run {outcome.run_id} {outcome.state}; see "
                           f"`ddp-orch status {outcome.run_id}`")
     return summarize(label, outcome.run_id, outcome.result)
+
+
+def no_result(label: str, run_id: str, plan: Any) -> str:
+    """Why a run that succeeded is no side of a comparison: its program
+    wrote no result file. A built-in workload always writes one; a user's
+    script writes one only if it follows the contract
+    (``workloads/contract.py``), which no one can tell before it runs."""
+    try:
+        node0 = plan["nodes"][0]
+        where = f" (for this run {node0['env'][contract.RESULT_FILE_ENV]} on node 0, " \
+                f"{node0['host']})"
+        program = f"`{plan['workload']}`"
+    except (KeyError, IndexError, TypeError):
+        where, program = "", "the program"
+    return (f"the {label} run {run_id} succeeded, but {program} wrote no result: compare "
+            f"reads the JSON object that rank 0 writes to the path in "
+            f"${contract.RESULT_FILE_ENV}{where}\n"
+            f"  hint: at the end of training, on rank 0: `from workloads.contract import "
+            f"RESULT_FILE_ENV, write_json_atomic` then `write_json_atomic(os.environ["
+            f"RESULT_FILE_ENV], {{\"world_size\": ..., \"timing\": {{\"samples_per_s\": ..., "
+            f"\"avg_batch_s\": ..., \"train_s\": ...}}}})` (workloads.contract is on the "
+            f"nodes' PYTHONPATH; the README's compare section lists what compare reads)")

@@ -21,6 +21,7 @@ The upload cap on the code directory is the backends' dry-run's own
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping
 
 from workloads.catalog import CATALOG, Layout
@@ -64,7 +65,8 @@ def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
         return
     found = gpus_here()
     for node in local:
-        seen = torch_here(node.python) if found.get("absent") else None  # as the launch asks
+        # as the launch asks; a localhost node's ``~`` is this machine's home
+        seen = torch_here(os.path.expanduser(node.python)) if found.get("absent") else None
         problem = _missing(node.gpus or (), found) if seen is None else \
             torch_problem(seen, {"chosen": node.gpus})
         if problem is not None and seen is not None:

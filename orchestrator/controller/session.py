@@ -45,7 +45,7 @@ def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
     plan = backend.plan(run_id, local_run_dir)
     refuse(spec, plan, options)
     info = backend.dryrun(plan)
-    return backend, dataclasses.replace(info, notes=(*spec.warnings, *info.notes))
+    return backend, dataclasses.replace(info, notes=(*spec.all_warnings, *info.notes))
 
 
 def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
@@ -57,7 +57,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     run_id = run_id or new_run_id(spec.name)
     backend, info = prepare(spec, options, run_id=run_id,
                             local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))
-    for warning in spec.warnings:
+    for warning in spec.all_warnings:
         console.info(warning)
     run = RunDir.create(runs_dir, run_id)
     run.write_text("cluster.yaml", stored_cluster_file(spec))

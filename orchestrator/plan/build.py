@@ -173,10 +173,13 @@ def setup_argv(command: str | tuple[str, ...]) -> tuple[str, ...]:
 
 def setup_path_first(python: str) -> str | None:
     """The directory put first on ``PATH`` for a node's setup commands: that
-    of its ``python:`` when it is an absolute path, so ``pip`` and
-    ``python`` in a setup command are the run's own (a virtualenv's, a
+    of its ``python:`` when it is a path (absolute, or under the node's
+    ``~/``, which the launch fills in as it does ``workdir``'s), so ``pip``
+    and ``python`` in a setup command are the run's own (a virtualenv's, a
     conda env's), as if it were activated; None for a bare name."""
-    return python.rsplit("/", 1)[0] or "/" if python.startswith("/") else None
+    if not python.startswith(("/", "~/")):
+        return None
+    return python.rsplit("/", 1)[0] or "/"
 
 
 def _default_master(spec: ClusterSpec) -> str:
@@ -191,11 +194,12 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
                  interfaces: Mapping[int, str] | None = None,
                  gpus: Mapping[int, GpuChoice] | None = None,
                  device: str | None = None) -> RunPlan:
-    """Fill in the launch-time facts: the master port, each node's ``~`` and
-    the interface each node's agent found for its ranks (``interfaces``, for
-    the ``auto`` ones: ``network.py``); under a scheduler that places the
-    nodes, also their hosts and the master address, which are known only
-    once the job runs.
+    """Fill in the launch-time facts: the master port, each node's ``~`` (in
+    its run directory, its env and its ``python:``, so ``~/venv/bin/python``
+    is that node's own venv) and the interface each node's agent found for
+    its ranks (``interfaces``, for the ``auto`` ones: ``network.py``);
+    under a scheduler that places the nodes, also their hosts and the
+    master address, which are known only once the job runs.
 
     ``gpus``: each GPU node's choice (``gpus: free:N`` and the like, or a
     list as found there), which sets its process count, the ranks after it
@@ -230,7 +234,7 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
                           gpu_uuids=chosen.uuids, gpu_models=chosen.models)
         nodes.append(dataclasses.replace(
             node, host=(hosts or {}).get(node.node_rank, node.host),
-            run_dir=fix(node.run_dir, home), first_rank=first,
+            run_dir=fix(node.run_dir, home), python=fix(node.python, home), first_rank=first,
             env=MappingProxyType(dict(sorted(env.items()))), **placed))
         first += nodes[-1].nproc
     return dataclasses.replace(plan, master_port=master_port, nodes=tuple(nodes),

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Iterable, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from ..agent.node.probes import hostport
+from ..agent.worker.shim import SHIM_MODULE
 
 CHECK = "`ddp-orch check` shows the interface each node uses and tests every pair of nodes"
 PYTHON = "set `python:` to an interpreter that has torch"
@@ -35,6 +36,8 @@ _STORE = re.compile(r"failed to connect to any network address of \((?P<host>[^,
                     r"(?P<port>\d+)\)|client socket has timed out after \d+\w* while trying "
                     r"to connect to \((?P<host2>[^,]+), (?P<port2>\d+)\)")
 _NO_TORCH = re.compile(r"No module named '?torch'?(?![\w.])")
+# ModuleNotFoundError's words, and the shim's and `python -m`'s (no quotes)
+_NO_MODULE = re.compile(r"No module named '?(?P<name>[A-Za-z_][\w.]*?)'?(?![\w.])")
 _NOT_JOINED = "did not join the rendezvous before the start timeout"
 # Docker's default bridge: the same address on every host, reaching nothing
 _DOCKER = ipaddress.ip_network("172.17.0.0/16")
@@ -49,11 +52,28 @@ class Failed(Protocol):
     failures: tuple
 
 
-def failure_hint(root: Failed, nodes: Sequence[Failed] = ()) -> str | None:
+def failure_hint(root: Failed, nodes: Sequence[Failed] = (), plan: Any = None) -> str | None:
     """The hint for ``root``, the run's root cause, or None when no rule fits.
-    ``nodes`` (every node of the run) lets a hint name the peer at fault."""
+    ``nodes`` (every node of the run) lets a hint name the peer at fault;
+    ``plan`` (the run's ``plan.json``) tells the run's own module, whose
+    absence is a matter of ``code:`` (``run_module``)."""
     return hint_for(_own_words(root), root.node_rank, root.host,
-                    [(n.node_rank, n.host) for n in nodes if n.node_rank != root.node_rank])
+                    [(n.node_rank, n.host) for n in nodes if n.node_rank != root.node_rank],
+                    module=run_module(plan))
+
+
+def run_module(plan: Any) -> str | None:
+    """The user's ``module:`` (``python -m``) a run ran, from its recorded
+    ``plan.json``: the word after the shim's ``-m`` in node 0's argv, when
+    it is the run's workload (a built-in's module, ``workloads.linear``, is
+    not ``linear``); None for a script, a built-in or no record."""
+    try:
+        argv = [str(word) for word in plan["nodes"][0]["argv"]]
+        at = argv.index(SHIM_MODULE)
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    module = argv[at + 2] if argv[at + 1:at + 2] == ["-m"] and len(argv) > at + 2 else None
+    return module if module is not None and module == plan.get("workload") else None
 
 
 # What says a failure was the network's: the rules above, and a node gone
@@ -78,9 +98,10 @@ def _own_words(root: Failed) -> list[str]:
 
 
 def hint_for(texts: Iterable[str], node_rank: int, host: str,
-             peers: Sequence[tuple[int, str]] = ()) -> str | None:
+             peers: Sequence[tuple[int, str]] = (), module: str | None = None) -> str | None:
     """The hint for a failure of node ``node_rank`` (``host``) whose own words
-    are ``texts``; ``peers``: the run's other nodes, (rank, host)."""
+    are ``texts``; ``peers``: the run's other nodes, (rank, host);
+    ``module``: the run's own ``module:``, if it ran one."""
     text = "\n".join(t for t in texts if t)
     node = f"node {node_rank} ({host})"
     nccl = "nccl" in text.lower() and "gloo" not in text.lower()
@@ -123,7 +144,24 @@ def hint_for(texts: Iterable[str], node_rank: int, host: str,
                 f"reachable from that node, or a firewall blocks the master port; {CHECK}")
     if _NO_TORCH.search(text):
         return f"{node} has no torch for its `python:`: {PYTHON}"
+    missing = _NO_MODULE.search(text)
+    if missing:
+        return _module_hint(node, missing.group("name"), module)
     return None
+
+
+def _module_hint(node: str, name: str, module: str | None) -> str:
+    """A rank could not import ``name``; ``module`` is the run's own."""
+    elsewhere = ("install it on the nodes with `setup:` (`pip install ...`, with the node's "
+                 "`python:` first on PATH), or set `python:` to an interpreter that has it")
+    if module is not None and (module == name or module.startswith(name + ".")):
+        top = name.split(".")[0]
+        whose = "the run's own module" if module == name else \
+            f"the package of the run's own module {module}"
+        return (f"{node} cannot import {name!r}, {whose}: every node gets the `code:` "
+                f"directory, which is relative to the cluster file; point `code:` at the "
+                f"directory that holds {top}/, or {elsewhere}")
+    return f"{node} cannot import {name!r}: {elsewhere}"
 
 
 def _peer_hint(node: str, addr: str, port: str, var: str,

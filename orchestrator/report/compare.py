@@ -79,7 +79,8 @@ def summarize(label: str, run_id: str, result: dict[str, Any]) -> RunSummary:
     missing = [k for k in ("samples_per_s", "avg_batch_s") if k not in timing]
     if missing:
         raise LaunchError(f"run {run_id} has no training timing ({', '.join(missing)}): "
-                          "compare needs a training workload such as linear, mlp or resnet")
+                          "compare needs a training workload such as linear, mlp or resnet, "
+                          "or a result whose \"timing\" has samples_per_s and avg_batch_s")
     accuracy = next((metrics[k] for k in ("test_accuracy", "accuracy", "train_accuracy")
                      if isinstance(metrics.get(k), (int, float))), None)
     config = result.get("config") if isinstance(result.get("config"), dict) else {}

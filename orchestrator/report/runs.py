@@ -90,7 +90,7 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     root = described.root_cause
     if root:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
-        hint = failure_hint(root, described.nodes)
+        hint = failure_hint(root, described.nodes, record.run.plan())
         if hint:
             lines.append(f"hint: {hint}")
     if len(described.attempts) > 1 or any(a.note for a in described.attempts):

@@ -43,7 +43,8 @@ def status_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
             "detail": described.detail or None,
             "attempts": [_attempt(a) for a in described.attempts],
             "progress": live_progress(record, described),
-            "hint": (failure_hint(root, described.nodes) or None) if root else None}
+            "hint": (failure_hint(root, described.nodes, record.run.plan()) or None)
+            if root else None}
 
 
 def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:

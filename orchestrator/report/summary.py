@@ -38,7 +38,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
     root = outcome.root_cause
     if root is not None:
         lines.append(f"root cause: node {root.node_rank} ({root.host}): {root.reason}")
-        hint = failure_hint(root, outcome.nodes)
+        hint = failure_hint(root, outcome.nodes, plan)
         if hint:
             lines.append(f"hint: {hint}")
     if len(outcome.attempts) > 1 or any(a.note for a in outcome.attempts):

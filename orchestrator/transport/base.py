@@ -12,6 +12,7 @@ concatenated into shell text anywhere else.
 
 from __future__ import annotations
 
+import os
 import shlex
 import threading
 import time
@@ -139,15 +140,34 @@ def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     Every word is quoted with ``shlex.quote``; ``env`` is passed through
     ``env(1)`` as NAME=VALUE words, so a value full of quotes, ``$()``,
     backticks, ``;`` or newlines reaches the program verbatim and runs
-    nothing.
+    nothing. One exception: an argv word that is ``~`` or starts with
+    ``~/`` (``python: ~/venv/bin/python``) means the node's home, so it
+    becomes ``"$HOME"/'rest'`` for the node's shell to fill in, as the
+    shell dry-run writes it (``plan/shell.py``); the rest stays quoted.
     """
-    words = list(argv)
-    if env:
-        for name in env:
-            if not name or "=" in name or not name.replace("_", "a").isalnum():
-                raise ValueError(f"invalid environment variable name {name!r}")
-        words = ["env", *(f"{k}={v}" for k, v in env.items()), *words]
-    command = "exec " + shlex.join(words)
+    for name in env or {}:
+        if not name or "=" in name or not name.replace("_", "a").isalnum():
+            raise ValueError(f"invalid environment variable name {name!r}")
+    words = [*(["env", *(shlex.quote(f"{k}={v}") for k, v in env.items())] if env else []),
+             *map(_home_word, argv)]
+    command = "exec " + " ".join(words)
     if cwd:
         command = f"cd {shlex.quote(cwd)} && {command}"
     return command
+
+
+def _home_word(word: str) -> str:
+    """``word`` quoted for the shell, a leading ``~/`` left to it as ``"$HOME"``."""
+    if word == "~" or word.startswith("~/"):
+        rest = word[2:]
+        return '"$HOME"' + ("/" + shlex.quote(rest) if rest else "")
+    return shlex.quote(word)
+
+
+def home_expanded(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a leading ``~`` in a word expanded to this machine's
+    home: what ``shell_command``'s words become on a node whose shell reads
+    them, for a transport that starts its command without a shell
+    (``LocalTransport``)."""
+    return [os.path.expanduser(word) if word == "~" or word.startswith("~/") else word
+            for word in argv]

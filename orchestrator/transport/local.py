@@ -7,7 +7,7 @@ import signal
 import subprocess
 from typing import Mapping, Sequence
 
-from .base import ProcessHandle, Transport, TransportError
+from .base import ProcessHandle, Transport, TransportError, home_expanded
 
 
 class LocalProcessHandle(ProcessHandle):
@@ -63,7 +63,7 @@ class LocalTransport(Transport):
         full_env.update(env or {})
         try:
             popen = subprocess.Popen(
-                list(argv), env=full_env, cwd=cwd,
+                home_expanded(argv), env=full_env, cwd=cwd,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: teardown reaches all of it
             )

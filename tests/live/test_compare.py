@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import json
+import os
 
 import pytest
 
@@ -40,3 +41,24 @@ def report_of(stdout: str) -> str:
     head = stdout.split("report:")[0]
     return "".join(line for line in head.splitlines(keepends=True)
                    if not line.startswith("ddp-orch: node "))
+
+
+@pytest.mark.live
+def test_compare_of_a_script_that_writes_no_result_says_so_after_one_side(tmp_path):
+    """(issue 32) A user's script without a result file: one short run of
+    the baseline, then the real reason, with the file the script should
+    have written; the DDP side never starts."""
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    (tmp_path / "c.yaml").write_text("nodes: [{host: localhost, procs: 1}]\ndevice: cpu\n"
+                                     "workload: {script: train.py}\n")
+    runs = tmp_path / "runs"
+    result = run_cli("compare", str(tmp_path / "c.yaml"), "--runs-dir", str(runs), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    ran = [p for p in os.listdir(runs) if not p.startswith(".")]
+    assert len(ran) == 1 and ran[0].startswith("train-baseline-"), ran
+    assert (f"error: the baseline run {ran[0]} succeeded, but `train.py` wrote no result: "
+            "compare reads the JSON object that rank 0 writes to the path in "
+            f"$DDP_ORCH_RESULT_FILE (for this run {runs}/{ran[0]}/node-0/result.json on node "
+            "0, localhost)") in result.stderr
+    assert "hint: at the end of training, on rank 0: `from workloads.contract import" \
+        in result.stderr

@@ -134,10 +134,24 @@ def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> Supervis
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place["gpus"]), place)
     if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
         env = with_interface(env, where, len(job["nodes"]) > 1)
+    argv = [slots.get(word, word) for word in spec.argv]
+    home = environ.get("HOME") or os.path.expanduser("~")
+    argv[:1] = [at_home(word, home) for word in argv[:1]]
+    setup = spec.setup
+    if setup and setup.get("path_first"):
+        setup = {**setup, "path_first": at_home(setup["path_first"], home)}
     return dataclasses.replace(
-        spec, argv=tuple(slots.get(word, word) for word in spec.argv),
+        spec, argv=tuple(argv), setup=setup,
         master_port=where["port"], env=env, secrets=secrets, unset_env=unset_env,
         liveness=Liveness.SCHEDULER)  # liveness is Slurm's; stdin is /dev/null
+
+
+def at_home(path: str, home: str) -> str:
+    """``path`` with a leading ``~`` made this node's ``home``: a ``python:``
+    under ``~/`` names each node's own interpreter, and under Slurm no
+    controller asks a node for its home before the job runs (over SSH the
+    launch fills it in, ``plan.build.resolve_plan``)."""
+    return home + path[1:] if path == "~" or path.startswith("~/") else path
 
 
 def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:

@@ -254,6 +254,21 @@ def test_the_master_slots_are_replaced_word_for_word_and_secrets_come_from_sbatc
     assert spec.liveness is Liveness.SCHEDULER and not spec.watches_stdin
 
 
+def test_a_python_under_home_is_the_nodes_own_under_slurm():
+    """``python: ~/venv/bin/python``: no controller asks a Slurm node for its
+    home, so the node fills it in, in torchrun's program word and setup's
+    PATH; a ``~/`` among the program's own arguments is left as it is."""
+    job = _job()
+    spec = job["nodes"][0]["spec"]
+    spec["argv"] = ["~/venv/bin/python", "-m", "torch.distributed.run", "--data", "~/d"]
+    spec["setup"] = {"commands": [["pip", "install", "x"]], "cwd": "/r/project",
+                     "timeout_s": 60.0, "path_first": "~/venv/bin"}
+    here = node_spec(job, 0, {"addr": "host0", "port": 1}, {"HOME": "/home/u"})
+    assert here.argv == ("/home/u/venv/bin/python", "-m", "torch.distributed.run", "--data",
+                         "~/d")
+    assert here.setup["path_first"] == "/home/u/venv/bin"
+
+
 def test_the_agent_zipapp_runs_with_the_standard_library_alone(tmp_path):
     pyz = str(tmp_path / "agent.pyz")
     bootstrap.zipapp(pyz)

@@ -103,3 +103,67 @@ def test_what_the_ssh_config_says_but_ddp_orch_does_not_use_is_shown_by_dry_run_
                  env=env)
     assert up.returncode != 0
     assert f"ddp-orch: warning: {cert}\nddp-orch: warning: {match}\n" in up.stdout, up.stdout
+
+
+# A `module:` that is not in `code:` (issue 32): warned at plan time -------------------
+
+
+def module_file(project, module: str, code: str | None = None) -> str:
+    """A cluster file in ``project`` running ``module`` (from ``code``)."""
+    code_line = f"  code: {code}\n" if code is not None else ""
+    (project / "cluster.yaml").write_text(
+        f"nodes: [{{host: gpu-a, procs: 1}}]\nworkload:\n  module: {module}\n{code_line}")
+    return str(project / "cluster.yaml")
+
+
+def test_a_module_not_in_the_code_directory_is_a_warning_naming_where_it_looked(project):
+    (project / "src" / "mypkg").mkdir(parents=True)
+    (project / "src" / "mypkg" / "train.py").write_text("")
+    path = module_file(project, "mypkg.train")
+    result = run_cli("up", path, "--dry-run", "--run-id", "w")
+    assert result.returncode == 0, result.stderr  # a warning, not a refusal
+    warning, = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    assert warning.startswith(f"warning: {path}:3: workload.module: module 'mypkg.train' is "
+                              f"not in the code directory {project} (no mypkg/train.py, ")
+    assert "without `code:` it is the cluster file's directory" in warning
+    assert "`setup:`" in warning and "`python:`" in warning
+    assert "set `code:` (relative to the cluster file) to the directory that holds mypkg/" \
+        in warning
+    assert not [w for w in load_cluster_text(
+        (project / "cluster.yaml").read_text().replace("train\n", "train\n  code: src\n"),
+        source=path, base_dir=str(project)).all_warnings]
+    # `up` says the same before it starts anything: the spec carries it
+    from orchestrator.config.loader import load_cluster_file
+
+    assert load_cluster_file(path).all_warnings == (warning,)
+
+
+@pytest.mark.parametrize("layout", ["proj/train.py", "proj/train/__init__.py",
+                                    "proj/train/__main__.py", "proj/"])
+def test_a_module_found_in_any_form_python_m_takes_is_no_warning(tmp_path, layout):
+    if layout.endswith("/"):  # a namespace package: a directory without __init__.py
+        (tmp_path / layout).mkdir()
+    else:
+        (tmp_path / layout).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / layout).write_text("")
+    spec = load_cluster_text("nodes: [{host: a, procs: 1}]\nworkload: {module: proj.train}\n",
+                             source="c.yaml", base_dir=str(tmp_path))
+    assert spec.all_warnings == ()
+
+
+def test_the_program_after_dashes_is_the_one_checked(project):
+    """``up FILE -- -m other``: the file's module is no longer what runs, so
+    its warning goes; the new one is checked in the same code directory."""
+    from orchestrator.config.localmode import local_spec, with_program
+
+    module_file(project, "nope.train")
+    spec = load_cluster_text((project / "cluster.yaml").read_text(), source="c.yaml",
+                             base_dir=str(project))
+    assert len(spec.all_warnings) == 1
+    assert with_program(spec, ("-m", "proj.train")).all_warnings == ()
+    other, = with_program(spec, ("-m", "other.mod")).all_warnings
+    assert other.startswith("warning: -- PROGRAM: module 'other.mod' is not in the code "
+                            f"directory {project} ")
+    # --local keeps the file's program, and so its warning
+    local = local_spec(spec, workload=None, gpus=None, procs=1, device=None, args={})
+    assert local.all_warnings == spec.all_warnings

@@ -4,6 +4,7 @@ runs (one process on node 0, the DataParallel baseline, threads per process)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import pytest
@@ -86,3 +87,72 @@ def test_the_baseline_of_gpus_chosen_at_launch_is_one_gpu_chosen_the_same_way():
     assert [(n.gpu_request, n.gpus) for n in baseline_spec(listed).nodes] == [(None, (5,))]
     dp = baseline_spec(spec, "dp").nodes[0]  # one process over the three it is given
     assert (dp.gpu_request, dp.nproc, dp.one_process) == ("free:3", 1, True)
+
+
+class _Run:
+    """A launched run's directory, as far as compare reads it."""
+
+    def __init__(self, plan):
+        self._plan = plan
+
+    def plan(self):
+        return self._plan
+
+
+def test_a_side_that_succeeds_without_a_result_names_the_file_and_how_to_write_it():
+    """(issue 32) A user's script that writes no result: the real reason,
+    not "the baseline run ... succeeded"; raised at once, so the other side
+    never runs."""
+    from orchestrator.controller.compare import launch_run
+    from orchestrator.errors import LaunchError
+    from orchestrator.records.outcome import RunOutcome, RunState
+
+    plan = {"workload": "train.py", "nodes": [
+        {"host": "gpu-a", "env": {"DDP_ORCH_RESULT_FILE": "/home/u/.ddp-orch/runs/b/node-0/"
+                                                          "result.json"}}]}
+    launched = []
+
+    def launch(spec):
+        launched.append(spec)
+        return RunOutcome("b", RunState.SUCCEEDED, 1.0, (), None, None), _Run(plan)
+
+    with pytest.raises(LaunchError) as caught:
+        launch_run("baseline", "the spec", launch)
+    message = str(caught.value)
+    assert launched == ["the spec"]
+    assert message.startswith("the baseline run b succeeded, but `train.py` wrote no result: "
+                              "compare reads the JSON object that rank 0 writes to the path "
+                              "in $DDP_ORCH_RESULT_FILE (for this run /home/u/.ddp-orch/runs/"
+                              "b/node-0/result.json on node 0, gpu-a)")
+    assert "write_json_atomic(os.environ[RESULT_FILE_ENV]" in message
+    assert '"samples_per_s"' in message and '"avg_batch_s"' in message
+    assert caught.value.exit_code == 1  # known only once it ran: not bad input
+
+
+def test_a_reused_run_without_a_result_is_refused_before_anything_runs(tmp_path):
+    import json
+
+    from conftest import run_cli
+    from orchestrator.records.outcome import RunOutcome, RunState
+    from orchestrator.records.rundir import RunDir
+    from orchestrator.records.store import NodeRecord, write_state
+
+    runs = tmp_path / "runs"
+    run_id = "mine-20261126-120000-abcd"
+    run = RunDir.create(str(runs), run_id)
+    run.write_plan({"workload": "train.py", "nodes": [
+        {"host": "localhost", "env": {"DDP_ORCH_RESULT_FILE": f"{run.path}/node-0/result.json"}}]})
+    write_state(run, run_id=run_id, backend="local", state=RunState.SUCCEEDED, started=1.0,
+                nodes=[NodeRecord(0, "localhost", f"{run.path}/node-0", "python3")],
+                outcome=RunOutcome(run_id, RunState.SUCCEEDED, 1.0, (), None, None))
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    (tmp_path / "c.yaml").write_text("nodes: [{host: localhost, procs: 1}]\ndevice: cpu\n"
+                                     "workload: {script: train.py}\n")
+    result = run_cli("compare", str(tmp_path / "c.yaml"), "--ddp-run", run_id,
+                     "--runs-dir", str(runs), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"the ddp run {run_id} succeeded, but `train.py` wrote no result" in result.stderr
+    assert f"{run.path}/node-0/result.json" in result.stderr
+    # nothing ran: no baseline run beside the reused one
+    assert [p for p in os.listdir(runs) if not p.startswith(".")] == [run_id]
+    assert json.loads((runs / run_id / "state.json").read_text())["state"] == "succeeded"

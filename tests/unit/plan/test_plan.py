@@ -315,3 +315,32 @@ def test_every_attempt_of_a_kept_run_starts_the_same_program_in_the_same_code_ro
     assert again.cwd == spec.cwd
     assert again.argv[again.argv.index("ddp_orch_shim") + 1:] == \
         ("-m", "proj.train", "50", "10")
+
+
+def test_a_python_under_home_is_each_nodes_own_in_the_dry_run_and_at_launch():
+    """``python: ~/venv/bin/python`` (issue 32): the dry-run shows it as the
+    node's shell reads it (``"$HOME"/venv/bin/python``, its directory first
+    on PATH for setup), and the launch fills in each node's own home, as it
+    does for ``workdir``'s ``~``, in torchrun's argv and setup's PATH."""
+    from orchestrator.controller.session import prepare
+    from orchestrator.engine.nodehandle import supervisor_spec
+    from orchestrator.engine.options import LaunchOptions
+    from orchestrator.plan.render import render_text
+    from orchestrator.plan.shell import render_shell
+
+    spec = load_cluster_text("python: ~/venv/bin/python\nsetup: pip install x\n"
+                             "nodes: [{host: a, procs: 1}, {host: b, procs: 1}]\n"
+                             "workload: {name: noop}\n", source="c.yaml")
+    backend, info = prepare(spec, LaunchOptions(), run_id=RUN, local_run_dir=f"/tmp/runs/{RUN}")
+    text = render_text(info)
+    assert text.count('\n    "$HOME"/venv/bin/python -m torch.distributed.run ') == 2
+    assert text.count(", ~/venv/bin first on PATH\n") == 2
+    shell = render_shell(info)
+    assert shell.count('PATH="$HOME"/venv/bin:"$PATH" sh -c ') == 2
+    assert shell.count(' "$HOME"/venv/bin/python -m torch.distributed.run ') == 2
+    resolved = backend.dryrun(resolve_plan(info.plan, master_port=29500,
+                                           homes={0: "/home/u", 1: "/root"}))
+    assert [n.argv[0] for n in resolved.nodes] == ["/home/u/venv/bin/python",
+                                                   "/root/venv/bin/python"]
+    assert [supervisor_spec(n, RUN, 29500, 3.0).setup["path_first"]
+            for n in resolved.nodes] == ["/home/u/venv/bin", "/root/venv/bin"]

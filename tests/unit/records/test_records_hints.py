@@ -189,8 +189,45 @@ def test_no_torch_gets_the_python_hint_and_nothing_else_does():
                        "ModuleNotFoundError: No module named 'torch'", 1.0)
     assert PYTHON in failure_hint(root)
     assert failure_hint(failed(0, "lab0", "RuntimeError: planned crash")) is None
-    assert failure_hint(failed(0, "lab0", "ModuleNotFoundError: No module named "
-                                          "'torchvision'")) is None
+    assert PYTHON not in failure_hint(failed(0, "lab0", "ModuleNotFoundError: No module named "
+                                                        "'torchvision'"))
+
+
+def plan_running(workload: str, *program: str) -> dict:
+    """A run's ``plan.json`` as far as the hints read it: node 0's argv."""
+    return {"workload": workload, "nodes": [{"argv": [
+        "python3", "-m", "torch.distributed.run", "--nnodes", "1", "-m", "ddp_orch_shim",
+        *program]}]}
+
+
+def test_a_missing_module_points_at_setup_and_python():
+    """(issue 32) Another module than the run's own: install it on the nodes
+    or use an interpreter that has it; nothing about `code:`."""
+    root = failed(1, "gpu-b", "ModuleNotFoundError: No module named 'yaml'")
+    hint = failure_hint(root, [root], plan_running("mypkg.train", "-m", "mypkg.train"))
+    assert hint.startswith("node 1 (gpu-b) cannot import 'yaml': install it on the nodes with "
+                           "`setup:`")
+    assert "set `python:` to an interpreter that has it" in hint and "code:" not in hint
+
+
+def test_the_runs_own_module_missing_points_at_code_relative_to_the_cluster_file():
+    """The package of the run's ``module:`` not found (ModuleNotFoundError
+    from the shim's lookup, or its ImportError for a module of a package):
+    ``code:``, relative to the cluster file, is the first suspect."""
+    own = plan_running("mypkg.train", "-m", "mypkg.train", "--lr", "0.1")
+    for line, name in (("ModuleNotFoundError: No module named 'mypkg'", "mypkg"),
+                       ("ImportError: No module named mypkg.train", "mypkg.train")):
+        hint = failure_hint(failed(0, "gpu-a", line), (), own)
+        assert hint.startswith(f"node 0 (gpu-a) cannot import {name!r}, "), hint
+        assert "`code:` directory, which is relative to the cluster file; point `code:` at " \
+            "the directory that holds mypkg/" in hint
+        assert "`setup:`" in hint and "`python:`" in hint
+    # a built-in's module (workloads.linear) or a script is not the user's module
+    root = failed(0, "gpu-a", "ModuleNotFoundError: No module named 'workloads'")
+    assert "code:" not in failure_hint(root, (), plan_running("linear", "-m", "workloads.linear"))
+    root = failed(0, "gpu-a", "ModuleNotFoundError: No module named 'train'")
+    assert "code:" not in failure_hint(root, (), plan_running("train.py", "train.py"))
+    assert "code:" not in failure_hint(root, (), None)  # no plan.json
 
 
 def test_hint_for_reads_plain_texts():
@@ -205,3 +242,31 @@ def test_transport_hints_fit_their_failure():
     assert transport_hint("cannot start '/opt/py/bin/python': No such file or directory") == PYTHON
     assert "firewall" in transport_hint("unreachable: no answer from 10.0.0.9:22 within 10s")
     assert transport_hint("something else entirely") == ""
+
+
+def test_the_summary_and_status_read_the_runs_own_module_from_its_plan(tmp_path):
+    import json
+
+    from orchestrator.records.outcome import RunOutcome, RunState
+    from orchestrator.records.rundir import RunDir
+    from orchestrator.records.store import NodeRecord, find_run, write_state
+    from orchestrator.report.runs import render_status
+    from orchestrator.report.runsjson import status_json
+    from orchestrator.report.summary import render_summary
+    from orchestrator.backends.base import RunDescription
+
+    root = failed(0, "gpu-a", "ModuleNotFoundError: No module named 'mypkg'")
+    plan = plan_running("mypkg.train", "-m", "mypkg.train")
+    summary = render_summary(RunOutcome("r", RunState.FAILED, 1.0, (root,), root, None),
+                             "/runs/r", plan)
+    assert "hint: node 0 (gpu-a) cannot import 'mypkg', the package of the run's own " \
+        "module mypkg.train: " in summary
+    run = RunDir.create(str(tmp_path), "r")
+    run.write_plan(plan)
+    write_state(run, run_id="r", backend="local", state=RunState.FAILED, started=1.0,
+                nodes=[NodeRecord(0, "gpu-a", "/r/node-0", "python3")],
+                outcome=RunOutcome("r", RunState.FAILED, 1.0, (root,), root, None))
+    record = find_run(str(tmp_path), "r")
+    described = RunDescription(record.state, record.outcomes, record.root_cause)
+    assert "relative to the cluster file" in render_status(record, described)
+    assert "relative to the cluster file" in status_json(record, described)["hint"]
