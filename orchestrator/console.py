@@ -3,7 +3,10 @@
 Node lines are prefixed with node rank and host; worker lines already
 carry torchrun's ``[rankN]:`` prefix. Views: ``all`` (default), ``rank0``
 (only rank 0's lines) and ``quiet`` (only ddp-orch's messages and the
-summary). Logs on disk always keep everything.
+summary). Every view shows the milestones (``milestone``: the start) and
+the node agents' own lines (``AGENT_SAYS``: a keeper's "attempt 0 failed
+...; restarting"), so a quiet run still says that it started and that it
+restarted. Logs on disk always keep everything.
 
 When ranks fail, torchrun ends with a report of its own: a traceback of
 torchrun itself and, for every failed rank, its traceback again (read from
@@ -22,6 +25,9 @@ import threading
 from typing import TextIO
 
 VIEWS = ("all", "rank0", "quiet")
+# How a node agent's own line starts (a keeper's restart, a setup step): no
+# worker line does (torchrun prefixes them ``[rankN]:``), nor torchrun's own.
+AGENT_SAYS = "ddp-orch: "
 # Control characters from a node are shown, not obeyed: an escape sequence in
 # a worker's output must not move the cursor, retitle or reprogram the
 # terminal. Tab and newline pass; everything else in C0, DEL and C1 becomes
@@ -110,11 +116,14 @@ class Console:
     def node_lines(self, node_rank: int, host: str, text: str) -> None:
         """A block of complete lines (what the relay read in one go), in one
         write: a flush per line would cost more than the lines themselves."""
-        if self.view == "quiet":
+        if self.view == "quiet" and AGENT_SAYS not in text:
             return
         lines = (text[:-1] if text.endswith("\n") else text).split("\n")
-        if self.rank is not None:
-            lines = [line for line in lines if line.startswith(f"[rank{self.rank}]:")]
+        if self.view == "quiet":
+            lines = [line for line in lines if line.startswith(AGENT_SAYS)]
+        elif self.rank is not None:
+            lines = [line for line in lines
+                     if line.startswith((f"[rank{self.rank}]:", AGENT_SAYS))]
         else:
             report = self._reports.setdefault(node_rank, TorchrunReport(node_rank))
             lines = report.feed(lines)
@@ -125,6 +134,11 @@ class Console:
     def info(self, message: str) -> None:
         if self.view != "quiet":
             self._write(f"ddp-orch: {message}\n")
+
+    def milestone(self, message: str) -> None:
+        """ddp-orch's own line that every view shows: the run started (the
+        restarts and the end are the agents' lines and the summary)."""
+        self._write(f"{AGENT_SAYS}{message}\n")
 
     def always(self, text: str) -> None:
         self._write(text if text.endswith("\n") else text + "\n")

@@ -12,7 +12,8 @@ name here is the one they agree on. A node's run directory holds:
   channel to it (a kept run, a Slurm job);
 * ``BUNDLE``: the run's code, unpacked in place;
 * ``TORCHRUN_LOGS`` (``attempt_logs``): torchrun's --log-dir, one per attempt;
-* ``PROGRESS_DIR``: each rank's last step (``rank-N``), for heartbeats;
+* ``PROGRESS_DIR``: each rank's last step (``rank-N``), for heartbeats
+  (the step report ``worker/progress.py`` keeps its own copy of this name);
 * ``STACKS_DIR``: each rank's stack dump (the worker shim keeps its own copy
   of this name: it runs in the workers, without the agent package).
 

@@ -502,9 +502,11 @@ def _kept_progress(record: RunRecord, replies: Mapping[int, dict],
         skew = time.time() - now if is_time(now) else 0.0
         for rank, seen in (kept.get("progress") or {}).items():
             last = seen["last_progress"]  # the record is cleaned: its GPU fields too
+            line = seen.get("last_output")  # absent from an older keeper's record
             ranks.append({**seen, "rank": int(rank), "node_rank": k,
                           "host": record.nodes[k].host,
-                          "last_progress": None if last is None else last + skew})
+                          "last_progress": None if last is None else last + skew,
+                          "last_output": None if line is None else line + skew})
     return tuple(sorted(ranks, key=lambda r: r["rank"]))
 
 

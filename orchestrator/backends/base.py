@@ -93,7 +93,8 @@ class RunDescription:
     attempts: tuple[AttemptOutcome, ...] = ()
     ended: float | None = None  # when the nodes say the run ended (time.time())
     # A live run's ranks as its nodes recorded them, where no controller keeps
-    # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress"}.
+    # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress",
+    # "last_output"}.
     progress: tuple[dict, ...] = ()
 
 

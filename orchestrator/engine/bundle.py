@@ -5,6 +5,7 @@ run directory::
 
     code/workloads/...    the built-in workloads package (and the contract)
     code/ddp_orch_shim.py the worker shim
+    code/ddp_orch_progress.py  a program's step report (``agent/worker/progress.py``)
     project/...           the user's code directory (``workload.code``; by
                           default the script's directory), if any: the
                           workers' working directory on the node
@@ -80,7 +81,7 @@ from typing import Mapping, Sequence
 
 import workloads
 
-from ..agent.worker import shim
+from ..agent.worker import progress, shim
 from ..config.loader import too_broad
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError, LaunchError
@@ -399,9 +400,9 @@ def stand_ins(spec: ClusterSpec | None) -> dict[str, bytes]:
 
 def build_bundle(path: str, code: str | None = None,
                  replaced: Mapping[str, bytes] | None = None) -> int:
-    """Write the bundle to ``path``: the built-ins, the shim and the code
-    directory ``code`` (if any, under ``project/``); returns its size in
-    bytes. A file whose real path is in ``replaced`` (``stand_ins``) carries
+    """Write the bundle to ``path``: the built-ins, the shim, the step
+    report and the code directory ``code`` (if any, under ``project/``);
+    returns its size in bytes. A file whose real path is in ``replaced`` (``stand_ins``) carries
     that text instead."""
     replaced = replaced or {}
     package_dir = os.path.dirname(os.path.abspath(workloads.__file__))
@@ -412,6 +413,8 @@ def build_bundle(path: str, code: str | None = None,
     with tarfile.open(path, "w:gz", compresslevel=3) as tar:
         tar.add(package_dir, arcname=f"{BUILTIN_DIR}/workloads", filter=_skip)
         tar.add(shim.__file__, arcname=f"{BUILTIN_DIR}/{SHIM}.py", filter=_normalize)
+        tar.add(progress.__file__, arcname=f"{BUILTIN_DIR}/{progress.MODULE}.py",
+                filter=_normalize)
         if scan is not None:
             root = tarfile.TarInfo(PROJECT_DIR)  # there even when empty: the workers' cwd
             root.type, root.mode, root.mtime = tarfile.DIRTYPE, 0o755, int(os.stat(code).st_mtime)

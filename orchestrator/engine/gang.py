@@ -95,8 +95,9 @@ class Gang:
         self._over = threading.Event()  # the gang is done: stop pinging
         self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
                                    on_change=self._changed.set) for launch in info.nodes]
-        for handle in self.handles:
-            handle.watch_output = hang_timeout_s is not None and mode is Mode.ATTACHED
+        for handle in self.handles:  # a live stream's lines are progress (not attach's replay)
+            handle.watch_output = mode is Mode.ATTACHED or (mode is Mode.KEPT
+                                                            and keepers is not None)
         self.interrupted = False
         # From the first Ctrl-C on, another one (or a SIGTERM) is a flag the
         # teardown's wait looks at (kill at once), not an exception that could
@@ -120,12 +121,12 @@ class Gang:
                     by_rank).values("starting the nodes", self._label)
             if self.mode is Mode.ATTACHED and self.plan.setup:
                 # no rank exists yet: each node runs its setup first (_release_setup)
-                self.console.info(f"running setup: on {len(self.handles)} node(s) before their "
-                                  f"{self.plan.world_size} processes start; logs in "
-                                  f"{self.run_dir.path}")
+                self.console.milestone(f"running setup: on {len(self.handles)} node(s) before "
+                                       f"their {self.plan.world_size} processes start; logs "
+                                       f"in {self.run_dir.path}")
             elif self.mode is Mode.ATTACHED:
-                self.console.info(f"started {self.plan.world_size} processes on "
-                                  f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
+                self.console.milestone(f"started {self.plan.world_size} processes on "
+                                       f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
             # The nodes hear us (``ping``): a supervisor, or an attached kept
             # run's follower, stops its run after PEER_TIMEOUT_S of silence.
             threading.Thread(target=self._ping, daemon=True, name="gang-ping").start()
@@ -264,16 +265,19 @@ class Gang:
         if self.mode is Mode.ATTACHED and self.plan.setup \
                 and all(h.setup_ok for h in self.handles):
             if not any(h.go_sent for h in self.handles):
-                self.console.info(f"setup: done on every node; started "
-                                  f"{self.plan.world_size} processes on {len(self.handles)} "
-                                  "node(s)")
+                self.console.milestone(f"setup: done on every node; started "
+                                       f"{self.plan.world_size} processes on "
+                                       f"{len(self.handles)} node(s)")
             for handle in self.handles:
                 handle.go()
 
     def _report_progress(self) -> None:
         """Each rank's last step and progress time into ``progress.json`` (for
         ``status`` of a live run), and with ``--quiet`` one line per node now
-        and then, so a long quiet run still shows it is alive."""
+        and then, so a long quiet run still shows it is alive. Progress is a
+        step heartbeat or an output line (``NodeHandle.progress``, the hang
+        rule's); once a node's workers run, a rank with neither is listed too,
+        as one with no output (most programs print on rank 0 only)."""
         now = time.monotonic()
         if now - self._progress_written < PROGRESS_WRITE_S:
             return
@@ -282,15 +286,18 @@ class Gang:
         ranks = {}
         gpu_of = {r.rank: r.gpu for r in self.plan.ranks}
         for h in self.handles:
-            seen = dict(h.progress)
+            seen, lines = dict(h.progress), dict(h.output_at)
             for rank in h.node.ranks:
                 gpu = rank_gpu(h.gpu_use, gpu_of.get(rank))
-                if rank not in seen and not gpu:
+                if rank not in seen and not gpu and not h.started:
                     continue
                 step, at = seen.get(rank, (None, None))
+                line_at = lines.get(rank)
                 ranks[rank] = {"node_rank": h.node.node_rank, "host": h.node.host, "step": step,
                                "last_progress": None if at is None else
-                               round(wall - (now - at), 3), **gpu}
+                               round(wall - (now - at), 3),
+                               "last_output": None if line_at is None else
+                               round(wall - (now - line_at), 3), **gpu}
         if not ranks:
             return
         self.run_dir.write_progress({"updated": wall, "ranks": ranks})
@@ -298,15 +305,8 @@ class Gang:
             self._progress_shown = now
             for h in self.handles:
                 mine = [ranks[r] for r in h.node.ranks if r in ranks]
-                stamps = [r["last_progress"] for r in mine if r["last_progress"] is not None]
-                if stamps:
-                    steps = sorted(r["step"] for r in mine if r["step"] is not None)
-                    at = f" at step {steps[0]}" + (f"-{steps[-1]}" if steps[-1] != steps[0]
-                                                    else "") if steps else ""
-                    age = wall - max(stamps)
-                    self.console.always(f"ddp-orch: node {h.node.node_rank} ({h.node.host}): "
-                                        f"{len(mine)} rank(s){at}, last progress "
-                                        f"{age:.0f}s ago{_gpu_words(mine)}\n")
+                if mine:
+                    self.console.always(progress_line(h.node.node_rank, h.node.host, mine, wall))
 
     def _ping(self) -> None:
         """``ping`` every node while the gang runs (see ``protocol.HEARTBEAT_S``)."""
@@ -367,6 +367,23 @@ def wait_all(handles: list[NodeHandle], timeout_s: float,
     while time.monotonic() < deadline and any(h.poll() is None for h in handles) \
             and not until():
         time.sleep(0.05)
+
+
+def progress_line(node_rank: int, host: str, ranks: list[dict], wall: float) -> str:
+    """``--quiet``'s line for one node: its ranks' steps and its latest
+    progress (``progress.json``'s records of its ranks, ``wall`` now); a
+    rank that made none is counted as having no output, not as stalled."""
+    stamps = [r["last_progress"] for r in ranks if r["last_progress"] is not None]
+    silent = len(ranks) - len(stamps)
+    head = f"ddp-orch: node {node_rank} ({host}): {len(ranks)} rank(s)"
+    if not stamps:
+        return f"{head}, no output yet{_gpu_words(ranks)}\n"
+    steps = sorted(r["step"] for r in ranks if r["step"] is not None)
+    at = f" at step {steps[0]}" + (f"-{steps[-1]}" if steps[-1] != steps[0] else "") \
+        if steps else ""
+    quiet = f" ({silent} with no output yet)" if silent else ""
+    return (f"{head}{at}, last progress {wall - max(stamps):.0f}s ago{quiet}"
+            f"{_gpu_words(ranks)}\n")
 
 
 def _gpu_words(ranks: list[dict]) -> str:

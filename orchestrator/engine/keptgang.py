@@ -116,12 +116,13 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
         "starting the keepers", gang._label)
     what = "detached" if gang.detach else f"up to {gang.keepers.max_restarts} gang restart(s)"
     if plan.setup:  # no rank exists yet: each node's keeper runs its setup first
-        gang.console.info(f"started the keepers on {len(gang.handles)} node(s) ({what}); each "
-                          f"runs setup:, then its share of {plan.world_size} processes; logs "
-                          f"in {gang.run_dir.path}")
+        gang.console.milestone(f"started the keepers on {len(gang.handles)} node(s) ({what}); "
+                               f"each runs setup:, then its share of {plan.world_size} "
+                               f"processes; logs in {gang.run_dir.path}")
     else:
-        gang.console.info(f"started {plan.world_size} processes on {len(gang.handles)} "
-                          f"node(s), kept by their agents ({what}); logs in {gang.run_dir.path}")
+        gang.console.milestone(f"started {plan.world_size} processes on {len(gang.handles)} "
+                               f"node(s), kept by their agents ({what}); logs in "
+                               f"{gang.run_dir.path}")
 
 
 def contact_lost(gang) -> bool:

@@ -13,7 +13,7 @@ from ..agent.wire.files import mask_strings
 from .gpuuse import GpuUse
 from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
                               Control, Event, LineBuffer, ProtocolError, decode)
-from ..console import Console
+from ..console import AGENT_SAYS, Console  # AGENT_SAYS: a line of the agent's own
 from ..plan.dryrun import NodeLaunch
 from ..plan.build import setup_path_first
 from ..plan.model import NodePlan
@@ -25,7 +25,6 @@ from .channel import KeeperFollower, NodeChannel
 
 BUNDLE_NAME = layout.BUNDLE  # in each node's run directory
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # torchrun's prefix
-AGENT_SAYS = "ddp-orch: "  # a last line of the agent's own, not torchrun's
 # Exit code ProcessHandle.poll gives when the connection died without a status.
 LOST = 255
 
@@ -84,10 +83,13 @@ class NodeHandle:
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
         # Per global rank: (last step, monotonic time of its last progress): a
-        # heartbeat (workloads.contract.heartbeat) or, with watch_output, a line.
+        # step heartbeat (workloads.contract.heartbeat, ddp_orch_progress.step)
+        # or, with watch_output, an output line: what the hang rule, status
+        # and --quiet's progress line count. ``output_at``: its last line alone.
         self.progress: dict[int, tuple[int | None, float]] = {}
+        self.output_at: dict[int, float] = {}
         self.gpu_use = GpuUse()  # its GPUs' utilisation and memory, from its heartbeats
-        self.watch_output = False  # count output lines as progress (hang watchdog)
+        self.watch_output = False  # count output lines as progress (a stream read live)
         self.hung_reason = ""  # set by the hang watchdog on the odd rank's node
         # A kept run (agent/kept/keeper.py): the stream holds every attempt; its
         # end is the keeper's ``finished`` event, not one attempt's ``exit``.
@@ -134,9 +136,9 @@ class NodeHandle:
                 kept, rest = self._take_control(block)
                 if self.watch_output and kept:
                     now = time.monotonic()
-                    for rank in set(_RANK_LINE.findall(kept)):
-                        step = self.progress.get(int(rank), (None, 0.0))[0]
-                        self.progress[int(rank)] = (step, now)
+                    for rank in map(int, set(_RANK_LINE.findall(kept))):
+                        self.progress[rank] = (self.progress.get(rank, (None, 0.0))[0], now)
+                        self.output_at[rank] = now
                 if secrets:
                     kept = scrub(kept, secrets)
                 if kept:
@@ -195,6 +197,7 @@ class NodeHandle:
             self.attempt = event["attempt"]
             if event["attempt"]:
                 self.joined = self.started = False
+                self.progress, self.output_at = {}, {}  # new ranks; their step files are gone
                 return (f"{AGENT_SAYS}attempt {event['attempt']} (master port "
                         f"{event['master_port']})\n").encode()
         elif event["event"] == Event.HEARTBEAT:

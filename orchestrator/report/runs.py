@@ -79,11 +79,8 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
                      f"exit {outcome.exit_code}: {outcome.reason}")
     lines += gpu_lines(record.run.plan())
     for rank in live_progress(record, described):
-        step = "-" if rank["step"] is None else rank["step"]
-        ago = rank["last_progress_s_ago"]
-        seen = "no progress reported" if ago is None else f"last progress {ago:.0f}s ago"
         lines.append(f"  rank {rank['rank']} (node {rank['node_rank']}, {rank['host']}): "
-                     f"step {step}, {seen}{gpu_words(rank)}")
+                     f"{progress_words(rank)}{gpu_words(rank)}")
     if record.error:
         text = record.error.replace("\n", "\n  ")
         lines.append(f"error: {text}")
@@ -115,12 +112,24 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
     return "\n".join(lines) + "\n"
 
 
+def progress_words(rank: dict) -> str:
+    """A rank's progress for ``status`` (a ``live_progress`` entry): its step
+    and its last progress (a step heartbeat or an output line); a rank that
+    made none has "no output yet", never a stall (most programs print on
+    rank 0 only)."""
+    ago = rank["last_progress_s_ago"]
+    if ago is None:
+        return "no output yet"
+    step = "-" if rank["step"] is None else rank["step"]
+    return f"step {step}, last progress {ago:.0f}s ago"
+
+
 def live_progress(record: RunRecord, described: RunDescription | None = None) -> list[dict]:
     """Each rank's last step of a live run, rank by rank: as its nodes
     recorded it where no controller keeps it (a detached run:
     ``described.progress``), else as its controller keeps it
     (``progress.json``): ``{"rank", "node_rank", "host", "step",
-    "last_progress_s_ago"}``."""
+    "last_progress_s_ago", "last_output_s_ago"}``."""
     if not record.state.live:
         return []
     if described is not None and described.progress:
@@ -132,10 +141,11 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     now = time.time()
     out = []
     for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
-        last = seen.get("last_progress")
+        last, line = seen.get("last_progress"), seen.get("last_output")
         out.append({"rank": int(rank), "node_rank": seen.get("node_rank"),
                     "host": seen.get("host"), "step": seen.get("step"),
                     "last_progress_s_ago": now - float(last) if is_time(last) else None,
+                    "last_output_s_ago": now - float(line) if is_time(line) else None,
                     **{key: seen[key] for key in GPU_KEYS if key in seen}})
     return out
 

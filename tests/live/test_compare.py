@@ -36,11 +36,12 @@ def test_local_compare_writes_report_and_plots_and_reuses_runs(tmp_path):
 
 
 def report_of(stdout: str) -> str:
-    """What compare printed before its report's path, less the progress
-    lines a quiet run prints every 15 s (a loaded machine reaches them)."""
+    """What compare printed before its report's path, less ddp-orch's lines
+    about the runs it starts: each one's start and the progress lines a
+    quiet run prints every 15 s (a loaded machine reaches them)."""
     head = stdout.split("report:")[0]
     return "".join(line for line in head.splitlines(keepends=True)
-                   if not line.startswith("ddp-orch: node "))
+                   if not line.startswith("ddp-orch: "))
 
 
 @pytest.mark.live

@@ -60,17 +60,27 @@ def test_a_real_hang_is_caught_and_the_odd_rank_named(ssh_lab, tmp_path):
 
 @pytest.mark.live
 def test_a_quiet_run_with_step_heartbeats_is_not_a_hang_and_shows_its_progress(tmp_path):
-    """No output for 20 s, but step heartbeats: not a hang; `status` shows
-    each rank's step, and `up --quiet` prints a progress line per node."""
+    """No output for 20 s after one line from rank 0, but step heartbeats
+    (rank 1's from ``ddp_orch_progress.step``, as a user's own script
+    sends them): not a hang; `status` shows each rank's step and `status
+    --json` rank 0's output line; `up --quiet` says it started and prints
+    a progress line per node."""
     cluster = local_job(tmp_path, "quiet", "quiet_steps.py", "[{host: localhost, procs: 2}]",
                         extra="hang_timeout: 10\n")
     runs = str(tmp_path / "runs")
     proc = start_cli("up", cluster, "--run-id", "quiet", "--runs-dir", runs, "--quiet")
     try:
         deadline = time.monotonic() + 60
-        while not os.path.exists(os.path.join(runs, "quiet", "progress.json")):
-            assert time.monotonic() < deadline and proc.poll() is None
+        progress = os.path.join(runs, "quiet", "progress.json")
+        while not stepped(progress, 2):  # a cheap look: no CLI while the ranks start
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline
             time.sleep(0.2)
+        seen = run_cli("status", "quiet", "--runs-dir", runs, "--json")
+        ranks = {r["rank"]: r for r in json.loads(seen.stdout)["progress"]}
+        assert sorted(ranks) == [0, 1], ranks
+        assert ranks[0]["last_output_s_ago"] is not None, ranks  # "rank 0 starting"
+        assert ranks[1]["last_output_s_ago"] is None, ranks  # steps only
         status = run_cli("status", "quiet", "--runs-dir", runs)
         assert "rank 0 (node 0, localhost): step " in status.stdout, status.stdout
         assert "rank 1 (node 0, localhost): step " in status.stdout
@@ -79,9 +89,20 @@ def test_a_quiet_run_with_step_heartbeats_is_not_a_hang_and_shows_its_progress(t
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
+    assert "ddp-orch: started 2 processes on 1 node(s)" in out, out
     assert "node 0 (localhost): 2 rank(s) at step " in out, out
     state = json.loads((tmp_path / "runs" / "quiet" / "state.json").read_text())
     assert state["state"] == "succeeded"
+
+
+def stepped(path: str, ranks: int) -> bool:
+    """Whether ``progress.json`` at ``path`` has a step for ``ranks`` ranks."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            seen = json.load(fh)["ranks"].values()
+    except (OSError, ValueError, KeyError):
+        return False  # not written yet, or caught mid-write
+    return sum(r.get("step") is not None for r in seen) >= ranks
 
 
 @pytest.mark.live

@@ -59,6 +59,7 @@ import signal
 import socket
 import threading
 import time
+from typing import Iterable
 
 from . import daemon, peers
 from .. import gangrule
@@ -271,8 +272,7 @@ class Keeper:
                 return {"code": 128 + signal.SIGTERM, "reason": why, "failures": [],
                         "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
             self.supervisor = sup = Supervisor(spec)
-            if self.hang_s is not None:
-                sup.line_seen = {}
+            sup.line_seen = {}  # output lines are progress: the hang rule's and status's
             sup.setup_barrier = self._setup_barrier
             # The gang hears of a failure when torchrun exits, not after this
             # node's teardown, log draining and failure collection.
@@ -299,7 +299,9 @@ class Keeper:
         while not sup.exited.wait(peers.GANG_HEARTBEAT_S):
             use = gpus.sample(watched, GPU_SAMPLE_TIMEOUT_S) if watched else None
             watched = watched if use else []  # no nvidia-smi, or it failed: not asked again
-            self._record_progress(sup.progress(), _rank_gpus(sup, use))
+            self._record_progress(sup.progress(), _rank_gpus(sup, use), dict(sup.line_seen or {}),
+                                  range(sup.spec.first_rank, sup.spec.first_rank + sup.spec.nproc)
+                                  if sup.workers_started else ())
             progress = _progress_of(sup)
             if self.node_rank == 0:
                 self._progress_from(0, attempt, sup.workers_started, progress)
@@ -432,20 +434,30 @@ class Keeper:
             self.head.send({"event": "gang-stacks-done", "attempt": attempt,
                             "places": {str(k): v for k, v in places.items()}})
 
-    def _record_progress(self, heartbeats: dict, use: dict | None = None) -> None:
-        """Each rank's last step and when it made it (this node's clock) into
-        keeper.json, as the heartbeats carry them, with its GPU's use now
-        (``use``: rank -> ``gpu``, ``gpu_util``, ``gpu_mem_mib``): a detached
-        run has no controller to keep ``progress.json``, so ``status`` reads
-        them from here (``describe``). Written only when something changed."""
+    def _record_progress(self, heartbeats: dict, use: dict | None = None,
+                         lines: dict | None = None, ranks: Iterable[int] = ()) -> None:
+        """Each rank's last step and when it made progress (this node's
+        clock) into keeper.json, as the heartbeats carry them and its output
+        lines (``lines``: rank -> wall time of its last line, the supervisor's
+        ``line_seen``) show it, with its GPU's use now (``use``: rank ->
+        ``gpu``, ``gpu_util``, ``gpu_mem_mib``): a detached run has no
+        controller to keep ``progress.json``, so ``status`` reads them from
+        here (``describe``). ``ranks``: this node's ranks once its workers
+        run, each listed even with nothing (a rank with no output yet).
+        Written only when something changed."""
         now = time.time()
         use = use or {}
-        ranks = sorted(set(heartbeats) | set(use), key=int)[:MAX_PROGRESS_RANKS]
+        lines = {str(rank): at for rank, at in (lines or {}).items()}
+        ranks = sorted(set(heartbeats) | set(use) | set(lines) | set(map(str, ranks)),
+                       key=int)[:MAX_PROGRESS_RANKS]
         seen = {}
-        for rank in ranks:  # a rank with a GPU but no step heartbeat: its GPU alone
+        for rank in ranks:
             step, age = heartbeats.get(rank, (None, None))
+            line = lines.get(rank)
+            times = [t for t in (None if age is None else now - age, line) if t is not None]
             seen[rank] = {"step": step,
-                          "last_progress": None if age is None else round(now - age, 3),
+                          "last_progress": round(max(times), 3) if times else None,
+                          "last_output": None if line is None else round(line, 3),
                           **use.get(rank, {})}
         if seen and seen != self.progress:
             self.progress = seen
@@ -978,8 +990,8 @@ def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:
 
 
 def _progress_of(sup: Supervisor) -> dict:
-    """{rank: [step, age_s]}: the ranks' heartbeats, and where the hang rule
-    counts them (``line_seen``), their output lines (the younger of the two)."""
+    """{rank: [step, age_s]}: the ranks' heartbeats and their output lines
+    (``line_seen``), the younger of the two: what the hang rule counts."""
     progress = sup.progress()
     now = time.time()
     for rank, at in dict(sup.line_seen or {}).items():

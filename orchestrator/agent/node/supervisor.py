@@ -95,8 +95,8 @@ class Supervisor:
         self.setup_barrier = None  # (supervisor) -> None; returns once all are ready or stopping
         self.setup_over = threading.Event()  # setup done everywhere (or none): torchrun may start
         self.workers_started = False  # torchrun has spawned workers (``started``)
-        # rank -> wall time of its last output line, where a keeper's hang rule
-        # counts lines as progress (the attached controller counts them itself)
+        # rank -> wall time of its last output line, where a keeper counts lines
+        # as progress (its hang rule, status); the attached controller counts them itself
         self.line_seen: dict[int, float] | None = None
 
     def run(self) -> int:

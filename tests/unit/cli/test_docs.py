@@ -334,6 +334,7 @@ def _numbers() -> list[tuple[str, object]]:
     from orchestrator.agent.kept import keeper, peers
     from orchestrator.agent.node import outputs
     from orchestrator.agent.wire import protocol
+    from orchestrator.agent.worker import progress
     from orchestrator.config import spec
     from orchestrator.config.loader import MIN_HANG_TIMEOUT
     from orchestrator.engine import bundle, checknet, gang, gpuplan, results
@@ -394,6 +395,7 @@ def _numbers() -> list[tuple[str, object]]:
          (option("up", "--hang-timeout").type.min, option("up", "--hang-timeout").default)),
         (r"at least (\d+ s), default off", MIN_HANG_TIMEOUT),  # the cluster file's key too
         (r"at most one small file write a (second)", contract.HEARTBEAT_EVERY_S),
+        (r"node's run directory, at most once a (second)\)", progress.EVERY_S),
         # check
         (r"each step with a timeout \(`--timeout`, (\d+ s)\)",
          option("check", "--timeout").default),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import io
+import re
 import textwrap
 import threading
 import time as real_time
@@ -302,3 +303,38 @@ def test_with_setup_the_processes_are_said_started_once_every_nodes_setup_is_don
     assert [line for line in said if "started" in line] == [
         "ddp-orch: setup: done on every node; started 2 processes on 2 node(s)"], said
     assert min(first.at(Control.GO) + second.at(Control.GO)) >= 6.0
+
+
+class SilentNode(FakeNode):
+    """A node whose rank prints nothing and reports no step (most programs
+    print on rank 0 only): it only says its workers started."""
+
+    def supervise(self, spec) -> None:
+        self.emit(encode({"event": "started", "workers": spec.nproc}))
+        self.due(self.clock.now)
+
+
+def test_a_quiet_own_script_run_says_it_started_and_its_output_lines_are_progress(
+        tmp_path, clock):
+    """Issue #32: `up --quiet` with a user's own script (no step heartbeats,
+    no hang watchdog) showed nothing until the summary. Now it says it
+    started, node 0's rank, which printed at 0 s, has made progress then
+    (in progress.json, as status reads it, and in the progress line at 15
+    s), and node 1's rank, which printed nothing, has no output yet: listed,
+    not left out and not stalled."""
+    out = io.StringIO()
+    nodes = [FakeNode(clock, exit_at=(20.0, 0)), SilentNode(clock, exit_at=(20.0, 0))]
+    gang = start_gang(tmp_path, clock, nodes, console=Console("quiet", out))
+    outcome = gang.run()
+    assert outcome.state is RunState.SUCCEEDED
+    said = out.getvalue().splitlines()
+    assert said[0].startswith("ddp-orch: started 2 processes on 2 node(s); logs in "), said
+    assert len(said) == 3 and re.fullmatch(
+        r"ddp-orch: node 0 \(localhost\): 1 rank\(s\), last progress 1[56]s ago", said[1]), said
+    assert said[2] == "ddp-orch: node 1 (localhost): 1 rank(s), no output yet", said
+    last = {int(rank): seen for rank, seen in gang.run_dir.progress()["ranks"].items()}
+    printed_at = FakeClock.EPOCH  # fake 0 s, on the wall clock
+    assert (last[0]["step"], last[0]["last_progress"], last[0]["last_output"]) == (
+        None, printed_at, printed_at)
+    assert (last[1]["step"], last[1]["last_progress"], last[1]["last_output"]) == (
+        None, None, None)

@@ -268,6 +268,25 @@ def test_a_restart_attempt_is_announced_in_the_log_and_on_the_console(tmp_path):
     assert "ddp-orch: attempt 2 (master port 29517)" in console
 
 
+def test_a_restarted_attempts_progress_starts_afresh(tmp_path):
+    """The ranks' lines and step heartbeats are progress; after a gang
+    restart (attempt 1), what attempt 0's ranks did no longer is: rank 2,
+    which has said nothing since, has no output, and rank 3 no step."""
+    node = NodePlan(node_rank=1, host="h1", python="python3", gpus=None, first_rank=2, nproc=2,
+                    run_dir="/r", env={}, unset_env=())
+    launch = NodeLaunch(node=node, where="local subprocess", env={}, unset_env=(), argv=())
+    data = (b"[rank2]: attempt 0\n" + encode({"event": "heartbeat", "progress": {"3": [5, 0.0]}})
+            + encode({"event": "attempt", "attempt": 1, "master_port": 29517})
+            + b"[rank3]: attempt 1\n" + encode(dict(EXIT, code=0, failures=[])))
+    handle = NodeHandle(launch, StreamAgent(data, 13), RunDir(str(tmp_path)),
+                        Console("all", io.StringIO()))
+    handle.watch_output = True
+    handle.start(None)
+    handle.finish(timeout=10)
+    assert list(handle.output_at) == [3]
+    assert list(handle.progress) == [3] and handle.progress[3][0] is None
+
+
 @pytest.mark.parametrize("code, state, reason", [
     (255, NodeState.LOST, "connection lost without an exit status"),
     (-9, NodeState.LOST, "the node agent ended without reporting (killed by signal 9); "

@@ -43,6 +43,25 @@ def test_console_views_filter_blocks(view, expected):
     assert out.getvalue() == expected
 
 
+RESTART = ("ddp-orch: attempt 0 failed (node 1 (b) failed (exit 1)); restarting the whole gang "
+           "in 1s (1 of 2 restart(s))")
+
+
+@pytest.mark.parametrize("view", ["quiet", "rank0", "all"])
+def test_every_view_shows_the_start_and_a_keepers_restart_line(view):
+    """A quiet run still says that it started and that it restarted: the
+    controller's start line and a node agent's own lines (``ddp-orch: ...``,
+    which no rank's line and no torchrun line is), never the ranks' lines."""
+    out = io.StringIO()
+    console = Console(view, out)
+    console.milestone("started 3 processes on 2 node(s); logs in runs/r")
+    console.node_lines(0, "a", f"[rank1]: a\n{RESTART}\n[rank0]: b\n")
+    shown = out.getvalue().splitlines()
+    assert shown[0] == "ddp-orch: started 3 processes on 2 node(s); logs in runs/r"
+    assert f"[node0 a] {RESTART}" in shown
+    assert ("[node0 a] [rank1]: a" in shown) is (view == "all")
+
+
 # torchrun's own output after two of its ranks failed (torch 2.x, paths shortened).
 TORCHRUN_REPORT = """\
 E1124 15:57:53.614000 22025 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 22087) of binary: /venv/bin/python

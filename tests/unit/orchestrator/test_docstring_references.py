@@ -67,8 +67,10 @@ EXTENSIONS = {"py", "out", "err", "log", "txt", "json", "jsonl", "yaml", "yml", 
               "md", "tar", "gz", "pyz", "pt", "sbatch", "sh", "lock", "pid", "png", "html"}
 # Files the text names that are not this project's: the user's program in
 # examples (``ddp-orch up c.yaml -- train.py``, a stack frame ``train.py:42``),
-# the shim's name inside a run's bundle on a node, and torch's own files.
-NOT_OURS = re.compile(r"(train|script|x|scripts/train|code/ddp_orch_shim|version|torch/.*)\.py")
+# the shim's and the step report's names inside a run's bundle on a node, and
+# torch's own files.
+NOT_OURS = re.compile(r"(train|script|x|scripts/train|code/ddp_orch_(shim|progress)|version"
+                      r"|torch/.*)\.py")
 # The cluster file's settings by block (``network.interface``): the blocks
 # share their names with modules.
 with open(os.path.join(ROOT, "schema", "cluster.schema.json"), encoding="utf-8") as _fh:

@@ -1,0 +1,87 @@
+"""``ddp_orch_progress.step(n)``: a user program's step report
+(``orchestrator/agent/worker/progress.py``, shipped as
+``code/ddp_orch_progress.py``): a no-op outside ddp-orch, and inside it the
+record the node agent reads as the rank's progress."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.agent.node.supervisor import Supervisor
+from orchestrator.agent.worker import progress
+from orchestrator.engine.bundle import build_bundle
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A process that has reported no step yet, at monotonic time 1000."""
+    monkeypatch.setattr(progress, "_last", [float("-inf")])
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock.now)
+    return clock
+
+
+def test_outside_ddp_orch_it_returns_at_once_and_writes_nothing(tmp_path, monkeypatch, fresh):
+    monkeypatch.delenv("DDP_ORCH_RESULT_FILE", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.chdir(tmp_path)
+    assert progress.step(5) is None
+    assert os.listdir(tmp_path) == []
+
+
+def test_inside_ddp_orch_the_node_agent_reads_the_ranks_step(tmp_path, monkeypatch, fresh):
+    """The record is the built-ins' heartbeat file: ``progress/rank-3`` in
+    the node's run directory holding ``"<step> <time>"``, which the
+    supervisor reports as rank 3's step and its age."""
+    run_dir = tmp_path / "node-0"
+    run_dir.mkdir()
+    monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(run_dir / "result.json"))
+    monkeypatch.setenv("RANK", "3")
+    progress.step(41)
+    step, stamp = (run_dir / "progress" / "rank-3").read_text().split()
+    assert step == "41"
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(run_dir)))
+    assert list(seen) == ["3"] and seen["3"][0] == 41 and 0 <= seen["3"][1] < 5
+    assert sorted(os.listdir(run_dir / "progress")) == ["rank-3"]  # no .tmp left
+
+
+def test_it_writes_at_most_once_a_second(tmp_path, monkeypatch, fresh):
+    monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(tmp_path / "result.json"))
+    monkeypatch.setenv("RANK", "0")
+    record = tmp_path / "progress" / "rank-0"
+    progress.step(1)
+    fresh.now += 0.9
+    progress.step(2)
+    assert record.read_text().split()[0] == "1"
+    fresh.now += 0.1
+    progress.step(3)
+    assert record.read_text().split()[0] == "3"
+
+
+def test_a_run_dir_it_cannot_write_never_reaches_the_training_loop(tmp_path, monkeypatch,
+                                                                    fresh):
+    (tmp_path / "progress").write_text("a file where the directory goes")
+    monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(tmp_path / "result.json"))
+    progress.step(1)  # no exception
+
+
+def test_the_bundle_ships_it_so_a_rank_imports_it_by_name(tmp_path):
+    """As on a node: the bundle's ``code/`` on PYTHONPATH (the plan's env)
+    and the rank's working directory elsewhere (the project's copy)."""
+    build_bundle(str(tmp_path / "b.tar.gz"))
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        tar.extractall(tmp_path / "node-0", filter="data")
+    cwd = tmp_path / "project"
+    cwd.mkdir()
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path / "node-0" / "code"),
+           "DDP_ORCH_RESULT_FILE": str(tmp_path / "node-0" / "result.json"), "RANK": "1"}
+    subprocess.run([sys.executable, "-c", "import ddp_orch_progress\n"
+                    "for i in range(3): ddp_orch_progress.step(i)"],
+                   cwd=cwd, env=env, check=True, timeout=60)
+    assert (tmp_path / "node-0" / "progress" / "rank-1").read_text().split()[0] == "0"
