@@ -217,16 +217,20 @@ def test_a_frozen_link_is_over_on_both_sides_within_45s(make_ssh_lab, tmp_path):
     assert wait_gone("frz", 15, labs=[lab]) == set()  # thawed, the sessions see the EOF
 
 
-@pytest.mark.parametrize("extra", [(), ("--max-restarts", "1")], ids=["attached", "kept"])
-def test_a_link_frozen_as_the_workers_start_is_over_within_45s_as_silence(make_ssh_lab, tmp_path,
-                                                                          extra):
-    """The same freeze in the start phase (issue #32): node1's workers have
-    started and are loading data, no process group yet (when hosts often
-    hang). The same 45 s and the same root cause as in training."""
+def test_a_link_frozen_as_a_kept_runs_workers_start_is_over_within_45s_as_silence(
+        make_ssh_lab, tmp_path):
+    """The same freeze in the start phase of a run with --max-restarts, kept
+    by its nodes' keepers (issue #32): node1's workers have started and are
+    loading data, no process group yet (when hosts often hang). The same
+    45 s and the same root cause as an attached run in training; it took
+    84 s, INTERRUPTED, with "got SIGTERM on node 1" as the root cause. (An
+    attached run in that phase held already; the phases of either rule are
+    test_gangrule.py's test_a_silent_node_is_lost_in_every_phase_of_a_run
+    and the node side's are test_node_supervisor.py's.)"""
     lab = make_ssh_lab(2)
     env, cluster = setup_run(lab, tmp_path, "frz0",
                              workload="workload: {script: sleeper.py, args: [--load, '60']}\n")
-    proc = start_up(cluster, env, tmp_path, "frz0", "--grace", "10", *extra)
+    proc = start_up(cluster, env, tmp_path, "frz0", "--grace", "10", "--max-restarts", "1")
     seen = ""
     while "rank 1 loading" not in seen:
         line = proc.stdout.readline()
@@ -246,8 +250,12 @@ def test_a_link_frozen_as_the_workers_start_is_over_within_45s_as_silence(make_s
     assert "node 1 (node1) silent for 30s; stopping every node" in out
     assert "root cause: node 1 (node1): nothing from the node for 30s" in out
     node0, node1 = records = teardowns(tmp_path / "runs", "frz0")
-    assert node1["reason"] == "lost the controller (nothing from it for 30s)", node1
-    assert node0["reason"] == STOPPED, node0
+    silent = "lost the controller (nothing from it for 30s)"
+    assert node1["reason"] == silent, node1
+    # node 0 stops for whichever of the two 30 s timers fired first: ours, or
+    # node 1's follower's, through the keepers' gang
+    assert node0["reason"] in (STOPPED, f"{silent} on node 1"), node0
+    assert "INTERRUPTED" not in out and "got SIGTERM" not in out, out
     gone_s = assert_gone_within(records, frozen_at, 10, stop_within=30 + MARGIN_S)
     assert gone_s < 45, gone_s
     exited_s = state_of(tmp_path, "frz0")["ended"] - frozen_at

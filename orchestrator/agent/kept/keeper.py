@@ -616,7 +616,11 @@ class Keeper:
             self.write_state("running")
             if why_not or attempt == restarts:
                 break
-            self.say(f"ddp-orch: attempt {attempt} failed ({record['stop_reason']}); "
+            # no stop was needed when every node failed on its own: name the failures
+            why = record["stop_reason"] or ", ".join(
+                f"node {k} failed (exit {e.get('code')})" for k, e in sorted(ended.items())
+                if e.get("code") not in (0, None)) or "no node succeeded"
+            self.say(f"ddp-orch: attempt {attempt} failed ({why}); "
                      f"restarting the whole gang in {restart_backoff(attempt + 1):g}s "
                      f"({attempt + 1} of {restarts} restart(s))")
         state = "interrupted" if self.final else "failed"

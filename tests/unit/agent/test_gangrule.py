@@ -3,6 +3,8 @@ and which wins when several hold at once."""
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.agent.gangrule import (Clock, NodeView, Stop, Timeouts, hang_words, judge,
                                          tick)
 
@@ -186,3 +188,22 @@ def test_the_hang_verdict_comes_no_earlier_than_hang_s_and_within_a_second_after
 
     at = first_hang(progressing, 10.0, 100.0)
     assert 17.5 <= at <= 18.5, at
+
+
+@pytest.mark.parametrize("phase", [
+    dict(setup_done=False, joined=False, started=False),  # setup: runs, or waits for the others'
+    dict(joined=False, started=False),  # torchrun started, not yet at the rendezvous
+    dict(started=False),  # at the rendezvous, the others not yet
+    dict(),  # workers started: loading data, initialising NCCL
+    dict(progress=((1, 0.0),)),  # training
+], ids=["setup", "start", "rendezvous", "workers-start", "training"])
+def test_a_silent_node_is_lost_in_every_phase_of_a_run(phase):
+    """Issue #32: the peer timeout holds whatever the node is doing, and
+    wins over the start timeout and the hang rule of that phase."""
+    timeouts = Timeouts(start_s=10.0, peer_s=30.0, hang_s=10.0)
+    quiet = [node(0, heard_s=1.0, **phase), node(1, heard_s=30.0, **phase)]
+    assert judge(quiet, Timeouts(start_s=1e9, peer_s=30.0), Clock(0.0), 5.0) is None
+    silent = [node(0, heard_s=1.0, **phase), node(1, heard_s=30.5, **phase)]
+    clock = Clock(0.0, all_started_at=0.0 if phase.get("started") else None)
+    v = judge(silent, timeouts, clock, 60.0)
+    assert v.stop is Stop.LOST and v.nodes == (1,) and v.why == "node 1 (h1) silent for 30s"
