@@ -58,9 +58,19 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
                          f"{slowest.get('node_rank')}, {host}), "
                          f"{_number(float(slowest.get('mean_s', 0)) * 1000)} ms/step, "
                          f"{float(slowest.get('vs_median', 1)):.2f}x the median rank")
-    lines += outputs_lines(outputs, run_path)
+    if outcome.ok or _outputs_to_tell(outputs):
+        lines += outputs_lines(outputs, run_path)
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
+
+
+def _outputs_to_tell(outputs: Any) -> bool:
+    """Whether a run that did not succeed has anything of its ``outputs:``
+    to tell: files that came home, or why some did not. "0 files" and
+    patterns that matched nothing explain nothing after a failure, which
+    came before the program wrote them."""
+    return isinstance(outputs, dict) and bool(outputs.get("files") or outputs.get("error")
+                                              or outputs.get("refused"))
 
 
 def _plan_host(plan: Any, node_rank: Any) -> str | None:

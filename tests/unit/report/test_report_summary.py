@@ -80,3 +80,26 @@ def test_the_interfaces_are_listed_after_a_network_failure_only():
                    "torchrun exited 1; rank 0 (local rank 0) failed: SIGKILL",
                    "setup failed: pip install exited 1"):
         assert "network:" not in render_summary(failed_run(reason), "/runs/r", INTERFACES), reason
+
+
+def test_the_outputs_line_after_a_failure_only_when_it_says_something():
+    """Issue #32: every failure summary ended with "outputs: 0 file(s)" (and
+    the patterns the crashed program never wrote). After a failure the line
+    stays only where files came home or some did not come for a reason; a
+    success always says what came home, nothing included."""
+    nothing = {"files": [], "unmatched": ["out/*.png"]}
+    some = {"files": [{"path": "out/ckpt.pt", "size": 2048}]}
+    broken = {"files": [], "error": "node 0 could not be reached"}
+    refused = {"files": [], "refused": [{"path": "out/big.bin", "why": "over 256 MiB"}]}
+    fail = failed_run("exit 1")
+    assert "outputs:" not in render_summary(fail, "/runs/r", outputs=nothing)
+    assert "outputs: 1 file(s), 2.0 KiB in /runs/r/outputs/ (out/ckpt.pt)" in \
+        render_summary(fail, "/runs/r", outputs=some)
+    assert "  not fetched: node 0 could not be reached" in \
+        render_summary(fail, "/runs/r", outputs=broken)
+    assert "  refused: out/big.bin: over 256 MiB" in render_summary(fail, "/runs/r",
+                                                                    outputs=refused)
+    ok = RunOutcome("r", RunState.SUCCEEDED, 1.0, (), None, None)
+    shown = render_summary(ok, "/runs/r", outputs=nothing)
+    assert "outputs: 0 file(s), 0 B in /runs/r/outputs/\n  no match on node 0: out/*.png\n" \
+        in shown
