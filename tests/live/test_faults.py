@@ -185,6 +185,18 @@ def test_a_frozen_link_is_over_on_both_sides_within_45s(make_ssh_lab, tmp_path):
     env, cluster = setup_run(lab, tmp_path, "frz")
     proc = start_up(cluster, env, tmp_path, "frz", "--grace", "10")  # the default
     wait_training(proc)
+    freeze_node1_and_see_both_sides_over_within_45s(lab, proc, tmp_path, "frz", (STOPPED,))
+
+
+SILENT_CONTROLLER = "lost the controller (nothing from it for 30s)"
+
+
+def freeze_node1_and_see_both_sides_over_within_45s(lab, proc, tmp_path, run_id: str,
+                                                    node0_reasons: tuple[str, ...]) -> None:
+    """Freeze node1's sshd (listener and sessions) now; the run must end as
+    a silent node 1 (FAILED, its root cause), noticed on both sides within
+    30 s of silence (plus the watch's 1 s look, measured on the nodes'
+    records), every process gone and the controller done within 45 s."""
     frozen = [lab.listener_pid("node1"), *lab.session_pids("node1")]
     frozen_at = time.time()
     for pid in frozen:
@@ -192,7 +204,7 @@ def test_a_frozen_link_is_over_on_both_sides_within_45s(make_ssh_lab, tmp_path):
     try:
         # node 0 by the controller, node 1 by itself; the frozen sshd
         # sessions themselves can only go once thawed (below)
-        assert wait_gone("frz", 60) == set()
+        assert wait_gone(run_id, 60) == set()
         out = finish(proc, timeout=120)
     finally:
         for pid in frozen:
@@ -200,21 +212,19 @@ def test_a_frozen_link_is_over_on_both_sides_within_45s(make_ssh_lab, tmp_path):
     assert proc.returncode == 1, out
     assert "node 1 (node1) silent for 30s; stopping every node" in out
     assert "root cause: node 1 (node1): nothing from the node for 30s" in out
-    # measured on the records: noticed on both sides within 30 s of silence
-    # (plus the watch's 1 s look), all over within 45 s
-    node0, node1 = records = teardowns(tmp_path / "runs", "frz")
-    assert node1["reason"] == "lost the controller (nothing from it for 30s)", node1
-    assert node0["reason"] == STOPPED, node0
+    assert "INTERRUPTED" not in out and "got SIGTERM" not in out, out
+    node0, node1 = records = teardowns(tmp_path / "runs", run_id)
+    assert node1["reason"] == SILENT_CONTROLLER, node1
+    assert node0["reason"] in node0_reasons, node0
     for record in records:
         assert record["stopped_at"] - frozen_at < 30 + MARGIN_S, (frozen_at, record)
     gone_s = assert_gone_within(records, frozen_at, 10, stop_within=30 + MARGIN_S)
     assert gone_s < 45, gone_s
-    state = json.loads((tmp_path / "runs" / "frz" / "state.json").read_text())
-    exited_s = state["ended"] - frozen_at
+    exited_s = state_of(tmp_path, run_id)["ended"] - frozen_at
     assert exited_s < 45, exited_s
-    print(f"frozen link: every process of the run gone {gone_s:.1f}s after the freeze; "
-          f"the controller done after {exited_s:.1f}s")
-    assert wait_gone("frz", 15, labs=[lab]) == set()  # thawed, the sessions see the EOF
+    print(f"frozen link ({run_id}): every process of the run gone {gone_s:.1f}s after the "
+          f"freeze; the controller done after {exited_s:.1f}s")
+    assert wait_gone(run_id, 15, labs=[lab]) == set()  # thawed, the sessions see the EOF
 
 
 def test_a_link_frozen_as_a_kept_runs_workers_start_is_over_within_45s_as_silence(
@@ -236,31 +246,10 @@ def test_a_link_frozen_as_a_kept_runs_workers_start_is_over_within_45s_as_silenc
         line = proc.stdout.readline()
         assert line, seen
         seen += line
-    frozen = [lab.listener_pid("node1"), *lab.session_pids("node1")]
-    frozen_at = time.time()
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        assert wait_gone("frz0", 60) == set()
-        out = finish(proc, timeout=120)
-    finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-    assert proc.returncode == 1, out
-    assert "node 1 (node1) silent for 30s; stopping every node" in out
-    assert "root cause: node 1 (node1): nothing from the node for 30s" in out
-    node0, node1 = records = teardowns(tmp_path / "runs", "frz0")
-    silent = "lost the controller (nothing from it for 30s)"
-    assert node1["reason"] == silent, node1
     # node 0 stops for whichever of the two 30 s timers fired first: ours, or
     # node 1's follower's, through the keepers' gang
-    assert node0["reason"] in (STOPPED, f"{silent} on node 1"), node0
-    assert "INTERRUPTED" not in out and "got SIGTERM" not in out, out
-    gone_s = assert_gone_within(records, frozen_at, 10, stop_within=30 + MARGIN_S)
-    assert gone_s < 45, gone_s
-    exited_s = state_of(tmp_path, "frz0")["ended"] - frozen_at
-    assert exited_s < 45, exited_s
-    assert wait_gone("frz0", 15, labs=[lab]) == set()
+    freeze_node1_and_see_both_sides_over_within_45s(
+        lab, proc, tmp_path, "frz0", (STOPPED, f"{SILENT_CONTROLLER} on node 1"))
 
 
 def test_controller_sigkilled_nodes_clean_themselves_up(ssh_lab, tmp_path):
