@@ -78,7 +78,8 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
             refuse_resolved(spec, handle.dryrun.plan, options)
         run.write_plan(dryrun_to_dict(handle.dryrun))
         nodes = handle.records
-        record(RunState.RUNNING)
+        # a scheduler's job waits in its queue for nodes first (``RunHandle.pending``)
+        record(RunState.PENDING if handle.pending else RunState.RUNNING)
 
     record(RunState.STARTING)
     outcome = None

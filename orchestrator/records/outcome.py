@@ -15,6 +15,7 @@ from typing import Any
 
 class RunState(str, Enum):
     STARTING = "starting"
+    PENDING = "pending"  # a scheduler's job, submitted, waiting in its queue for nodes
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -22,7 +23,7 @@ class RunState(str, Enum):
 
     @property
     def live(self) -> bool:
-        return self in (RunState.STARTING, RunState.RUNNING)
+        return self in (RunState.STARTING, RunState.PENDING, RunState.RUNNING)
 
     def __str__(self) -> str:
         return self.value

@@ -45,6 +45,14 @@ def state_of(tmp_path, run_id: str) -> dict:
     return json.loads((tmp_path / "runs" / run_id / "state.json").read_text())
 
 
+def state_of_or_none(tmp_path, run_id: str) -> str | None:
+    """The recorded state, or None before the record exists."""
+    try:
+        return state_of(tmp_path, run_id)["state"]
+    except (OSError, ValueError):
+        return None
+
+
 SEED_SECRET = "hf_s33d-layout-t0ken"
 
 
@@ -172,12 +180,43 @@ def test_down_of_a_running_job_and_status_and_logs(slurm_lab, tmp_path):
 
 
 def test_pending_job_shows_its_reason_and_the_queue_timeout_ends_it(slurm_lab, tmp_path):
-    """The one-node partition is full: the job waits (Resources), then is cancelled."""
+    """The one-node partition is full: the job waits (Resources). While it
+    waits, its run is PENDING in ps, ps --json and status (issue #31: it was
+    recorded as running), a live run that prune keeps and down ends; a second
+    job waits until its queue timeout cancels it."""
     blocker = slurm_lab.run("sbatch", "--parsable", "--partition=solo", "--exclusive",
                             "--output=/dev/null", "--wrap=sleep 120").strip()
+    runs = str(tmp_path / "runs")
     try:
         path = cluster(tmp_path, "pending", "[{host: node1, procs: 1}]",
                        "workload: {name: noop}\n", extra="slurm: {partition: solo}\n")
+        queued = start_up(slurm_lab, tmp_path, path, "queued", "--queue-timeout", "120")
+        try:
+            deadline = time.monotonic() + 60
+            while state_of_or_none(tmp_path, "queued") != "pending":
+                assert time.monotonic() < deadline and queued.poll() is None, \
+                    state_of_or_none(tmp_path, "queued")
+                time.sleep(0.3)
+            listed = json.loads(run_cli("ps", "--json", "--runs-dir", runs,
+                                        env=slurm_lab.env()).stdout)
+            assert [r["state"] for r in listed["runs"] if r["run_id"] == "queued"] == \
+                ["pending"], listed
+            assert " pending " in run_cli("ps", "--runs-dir", runs, env=slurm_lab.env()).stdout
+            status = run_cli("status", "queued", "--runs-dir", runs, env=slurm_lab.env())
+            assert " pending " in status.stdout.splitlines()[1], status.stdout
+            assert "PENDING" in status.stdout and "Slurm job" in status.stdout, status.stdout
+            pruned = run_cli("prune", "queued", "--runs-dir", runs, env=slurm_lab.env())
+            assert "live: it is pending" in pruned.stdout + pruned.stderr, pruned.stdout
+            assert os.path.isdir(os.path.join(runs, "queued"))
+            down = run_cli("down", "queued", "--runs-dir", runs, env=slurm_lab.env(),
+                           timeout=120)
+            assert down.returncode == 0, down.stdout + down.stderr
+            out, _ = queued.communicate(timeout=60)
+        finally:
+            if queued.poll() is None:
+                queued.kill()
+        assert queued.returncode in (1, 130), out
+        assert state_of(tmp_path, "queued")["state"] in ("interrupted", "failed")
         started = time.monotonic()
         result = up(slurm_lab, tmp_path, path, "pending", "--queue-timeout", "4")
         assert result.returncode == 1, result.stdout + result.stderr

@@ -447,7 +447,9 @@ class Backend(LaunchBackend):
         if state is not None and not state.ended:
             where = f" on {state.nodelist}" if state.running else ""
             reason = f" ({state.reason})" if state.reason else ""
-            live = RunState.RUNNING if record.state.live else record.state
+            queued = state.state in ("PENDING", "CONFIGURING")  # waiting for its nodes
+            live = (RunState.PENDING if queued else RunState.RUNNING) \
+                if record.state.live else record.state
             return RunDescription(live, record.outcomes, record.root_cause,
                                   f"Slurm job {job_id}: {state.state}{reason}{where}")
         accounted = slurmctl.accounting(job_id)

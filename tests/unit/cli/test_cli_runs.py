@@ -83,6 +83,14 @@ def test_the_run_schemas_are_valid_and_status_holds_every_key_of_a_ps_run():
     for key, described in run["properties"].items():
         assert status["properties"][key] == described, key
     assert status["$defs"]["node"] == ps["$defs"]["node"]
+    # every state a run can be recorded in, pending included (issue #31), and
+    # the live ones are the ones the schema calls live
+    from orchestrator.records.outcome import RunState
+
+    assert run["properties"]["state"]["enum"] == [s.value for s in RunState]
+    assert [s.value for s in RunState if s.live] == ["starting", "pending", "running"]
+    assert run["properties"]["state"]["description"].startswith(
+        "starting, pending (a scheduler's job waiting in its queue) and running are live")
 
 
 def _run_with_logs(runs, run_id: str, started: float, rule: str = "attached") -> None:

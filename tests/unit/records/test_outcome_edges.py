@@ -15,8 +15,10 @@ def node(rank: int, state: NodeState = NodeState.FAILED, *, ended=None, failures
 
 
 def test_the_state_words():
-    assert [str(s) for s in RunState] == ["starting", "running", "succeeded", "failed", "interrupted"]
-    assert [s for s in RunState if s.live] == [RunState.STARTING, RunState.RUNNING]
+    assert [str(s) for s in RunState] == ["starting", "pending", "running", "succeeded", "failed",
+                                          "interrupted"]
+    assert [s for s in RunState if s.live] == [RunState.STARTING, RunState.PENDING,
+                                               RunState.RUNNING]
     assert [str(s) for s in NodeState] == ["succeeded", "failed", "stopped", "lost", "not-started"]
     assert [s for s in NodeState if s.failed] == [NodeState.FAILED, NodeState.LOST]
 
