@@ -351,3 +351,29 @@ def test_the_head_decides_a_restart_only_once_every_surviving_node_has_ended(tmp
     reporter.join(10)
     assert ended == {0: {"code": 0, "reason": "torchrun exited", "failures": []},
                      1: stopped, 2: late}
+
+
+def test_who_stops_a_keeper_is_left_for_it_and_the_first_reason_stays(tmp_path):
+    """A SIGTERM does not say who sent it (issue #32: "got SIGTERM" after
+    `down`): its sender leaves its reason first; the first one explains the
+    stop, and what the keeper reads is one printable line, capped."""
+    run_dir = str(tmp_path)
+    assert daemon.stop_request(run_dir) == ""  # nobody said: the keeper names the signal
+    daemon._leave_stop_request(run_dir, daemon.DOWN_REASON)
+    daemon._leave_stop_request(run_dir, daemon.SILENT_CONTROLLER)
+    assert daemon.stop_request(run_dir) == "stopped by ddp-orch down"
+    os.unlink(tmp_path / "stop.request")
+    daemon._leave_stop_request(run_dir, "lost\x1b[2J the controller\nsecond line" + "x" * 500)
+    read = daemon.stop_request(run_dir)
+    assert read.startswith("lost[2J the controller") and "second" not in read
+    assert len(read) <= daemon.STOP_REQUEST_MAX
+
+
+def test_a_stop_request_is_never_written_or_read_through_a_symlink(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("planted reason")
+    (tmp_path / "run").mkdir()
+    os.symlink(target, tmp_path / "run" / "stop.request")
+    daemon._leave_stop_request(str(tmp_path / "run"), daemon.DOWN_REASON)
+    assert target.read_text() == "planted reason"
+    assert daemon.stop_request(str(tmp_path / "run")) == ""
