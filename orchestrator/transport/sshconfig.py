@@ -126,6 +126,11 @@ def _resolve(host: str, config: "SshConfig", *, user, port, identity_file,
     elif isinstance(known_hosts, str):
         known_hosts = [known_hosts]
     known_hosts = list(known_hosts) or [DEFAULT_KNOWN_HOSTS]
+    # GlobalKnownHostsFile: keys are checked against these too, as OpenSSH
+    # does, after the user's files (a new key is recorded in the first of
+    # those, never here); "none" or /dev/null adds nothing.
+    known_hosts += [p for p in opts.get("globalknownhostsfile", "").split()
+                    if p.lower() != "none" and p not in known_hosts]
     timeout = connect_timeout if connect_timeout is not None else \
         float(opts.get("connecttimeout", DEFAULT_CONNECT_TIMEOUT))
 
@@ -198,7 +203,7 @@ def _strict_from_config(value: str | None) -> str:
 # lookup: Host and Match choose the blocks, Include is read by ``_read``).
 USED = frozenset({
     "host", "match", "include", "hostname", "port", "user", "identityfile", "identitiesonly",
-    "proxyjump", "proxycommand", "userknownhostsfile", "connecttimeout",
+    "proxyjump", "proxycommand", "userknownhostsfile", "globalknownhostsfile", "connecttimeout",
     "stricthostkeychecking", "canonicalizehostname", "canonicaldomains",
     "canonicalizemaxdots", "canonicalizefallbacklocal"})
 

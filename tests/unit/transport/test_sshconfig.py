@@ -198,3 +198,20 @@ def test_a_match_paramiko_cannot_evaluate_is_not_applied_and_says_so(tmp_path):
     assert (db.hostname, db.port) == ("10.1.1.1", 22)
     assert [w.split(":")[0] for w in db.warnings] == [f"{where} line 5", f"{where} line 7"]
     assert "cannot evaluate localaddress" in db.warnings[1]
+
+
+def test_global_known_hosts_files_are_checked_after_the_users_and_never_warned(tmp_path):
+    """OpenSSH checks a host key against GlobalKnownHostsFile too: a key a
+    site lists there only was refused by ddp-orch, and the keyword drew an
+    "unsupported" warning. The user's files come first (a new key is
+    recorded in the first of them); "none" adds nothing."""
+    config = tmp_path / "config"
+    config.write_text("Host site\n    UserKnownHostsFile ~/kh\n"
+                      "    GlobalKnownHostsFile /etc/ssh/site_hosts /etc/ssh/more\n"
+                      "Host bare\n    GlobalKnownHostsFile none\n")
+    home = os.path.expanduser("~")
+    site = resolve_target("site", ssh_config=str(config))
+    assert site.known_hosts == (f"{home}/kh", "/etc/ssh/site_hosts", "/etc/ssh/more")
+    assert site.warnings == ()
+    bare = resolve_target("bare", ssh_config=str(config))
+    assert bare.known_hosts == (f"{home}/.ssh/known_hosts",) and bare.warnings == ()
