@@ -140,34 +140,37 @@ def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     Every word is quoted with ``shlex.quote``; ``env`` is passed through
     ``env(1)`` as NAME=VALUE words, so a value full of quotes, ``$()``,
     backticks, ``;`` or newlines reaches the program verbatim and runs
-    nothing. One exception: an argv word that is ``~`` or starts with
-    ``~/`` (``python: ~/venv/bin/python``) means the node's home, so it
-    becomes ``"$HOME"/'rest'`` for the node's shell to fill in, as the
-    shell dry-run writes it (``plan/shell.py``); the rest stays quoted.
+    nothing. One exception: the program itself (``argv[0]``), when it starts
+    with ``~/`` (``python: ~/venv/bin/python``), is under the node's home,
+    so it becomes ``"$HOME"/'rest'`` for the node's shell to fill in, as the
+    shell dry-run writes it (``plan/shell.py``). Its arguments, ``~`` or
+    not, arrive verbatim.
     """
     for name in env or {}:
         if not name or "=" in name or not name.replace("_", "a").isalnum():
             raise ValueError(f"invalid environment variable name {name!r}")
     words = [*(["env", *(shlex.quote(f"{k}={v}") for k, v in env.items())] if env else []),
-             *map(_home_word, argv)]
+             *[_home_word(word) if i == 0 else shlex.quote(word)
+               for i, word in enumerate(argv)]]
     command = "exec " + " ".join(words)
     if cwd:
         command = f"cd {shlex.quote(cwd)} && {command}"
     return command
 
 
-def _home_word(word: str) -> str:
-    """``word`` quoted for the shell, a leading ``~/`` left to it as ``"$HOME"``."""
-    if word == "~" or word.startswith("~/"):
-        rest = word[2:]
-        return '"$HOME"' + ("/" + shlex.quote(rest) if rest else "")
-    return shlex.quote(word)
+def _home_word(program: str) -> str:
+    """The program quoted for the shell, a leading ``~/`` left to it as ``"$HOME"``."""
+    if program.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(program[2:])
+    return shlex.quote(program)
 
 
 def home_expanded(argv: Sequence[str]) -> list[str]:
-    """``argv`` with a leading ``~`` in a word expanded to this machine's
-    home: what ``shell_command``'s words become on a node whose shell reads
-    them, for a transport that starts its command without a shell
-    (``LocalTransport``)."""
-    return [os.path.expanduser(word) if word == "~" or word.startswith("~/") else word
-            for word in argv]
+    """``argv`` with a leading ``~/`` of its program expanded to this
+    machine's home: what ``shell_command`` makes of it on a node whose shell
+    reads it, for a transport that starts its command without a shell
+    (``LocalTransport``). The arguments stay as they are."""
+    words = list(argv)
+    if words and words[0].startswith("~/"):
+        words[0] = os.path.expanduser(words[0])
+    return words

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from conftest import run_cli
 from orchestrator.config.localmode import local_spec
 from orchestrator.errors import ConfigError
 from orchestrator.plan.build import build_plan
@@ -132,7 +133,6 @@ def test_a_side_that_succeeds_without_a_result_names_the_file_and_how_to_write_i
 def test_a_reused_run_without_a_result_is_refused_before_anything_runs(tmp_path):
     import json
 
-    from conftest import run_cli
     from orchestrator.records.outcome import RunOutcome, RunState
     from orchestrator.records.rundir import RunDir
     from orchestrator.records.store import NodeRecord, write_state
