@@ -48,7 +48,7 @@ from ..node import gpuclaim
 from .. import layout
 from ..node.procs import running, start_time
 from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Event, Reader,
-                             encode)
+                             controller_silent_for, encode)
 
 FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
@@ -231,7 +231,7 @@ def stop_request(run_dir: str) -> str:
 
 
 DOWN_REASON = "stopped by ddp-orch down"
-SILENT_CONTROLLER = f"lost the controller (nothing from it for {PEER_TIMEOUT_S:g}s)"
+SILENT_CONTROLLER = controller_silent_for(PEER_TIMEOUT_S)
 CLOSED_CONTROLLER = "lost the controller (its connection closed)"
 
 

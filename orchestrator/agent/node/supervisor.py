@@ -40,7 +40,8 @@ from .. import layout
 
 from ..wire import files
 from . import nodesetup, setupstamp
-from ..wire.protocol import ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader, encode, exit_event
+from ..wire.protocol import (ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader,
+                             controller_silent_for, encode, exit_event)
 from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
 
@@ -219,7 +220,7 @@ class Supervisor:
         if timeout and not self.stop_requested and \
                 time.monotonic() - self.last_heard > timeout:
             self.controller_lost = True
-            self.request_stop(f"lost the controller (nothing from it for {timeout:g}s)")
+            self.request_stop(controller_silent_for(timeout))
         return self.stop_requested
 
     def request_stop(self, reason: str) -> None:

@@ -40,6 +40,12 @@ ENDED_ON_ITS_OWN = "torchrun exited"
 # both sides, where TCP alone takes 15 minutes to hours.
 HEARTBEAT_S = 5.0
 PEER_TIMEOUT_S = 30.0
+
+
+def controller_silent_for(timeout_s: float) -> str:
+    """A node's words when its controller went silent past ``timeout_s``:
+    the supervisor's stop reason, and a follower's for its keeper."""
+    return f"lost the controller (nothing from it for {timeout_s:g}s)"
 MAX_CONTROL_LINE = 1 << 20  # a longer control line is a broken or hostile node
 MAX_TRANSFER = 1 << 30  # no single put/get is larger (bundles are capped far below)
 
