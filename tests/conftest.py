@@ -44,11 +44,51 @@ if os.environ.get("DDP_ORCH_MUTATION"):
     _settings.load_profile("mutation")
 
 
-def pytest_collection_modifyitems(items):
+# Under `pytest -n 2` (README's test command) the live tests, labs' own
+# included, run one after another on one worker, in file order, exactly as
+# without xdist: the labs are session-scoped, the tests' time bounds assume no
+# second run beside them, and their run ids and addresses are unique only
+# within one session. The other worker takes the unit and in-process workload
+# tests, which start no run. (xdist's own `--dist loadgroup` cannot do it:
+# under pytest 9 its group suffix never reaches the node id.) The modules
+# are named by path, since xdist's scheduler sees only node ids; a live test
+# outside them is a usage error, so the rule cannot drift from the marker.
+LIVE_MODULES = ("tests/live/", "tests/labs/", "tests/workloads/test_wl_live.py",
+                "tests/workloads/test_wl_seed_layout.py", "tests/workloads/test_wl_orchestrated.py",
+                "tests/workloads/test_wl_device_policy.py", "tests/workloads/test_wl_gpu.py")
+LIVE_GROUP = "live"
+
+
+def runs_apart(nodeid: str) -> bool:
+    """Is the test ``nodeid`` one of the live tests run one at a time?"""
+    return nodeid.startswith(LIVE_MODULES)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The live tests are one unit of xdist's work, every other test a unit
+    of its own; the largest unit (the live tests) is handed out first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LiveTestsApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return LIVE_GROUP if runs_apart(nodeid) else nodeid
+
+    return LiveTestsApart(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    strays = [item.nodeid for item in items
+              if item.get_closest_marker("live") is not None and not runs_apart(item.nodeid)]
+    if strays:
+        raise pytest.UsageError(f"live tests outside tests/conftest.py's LIVE_MODULES (add "
+                                f"their modules there, or move them): {', '.join(strays[:5])}")
+    if os.environ.get("DDP_ORCH_MUTATION"):
+        _cap_hypothesis(items)
+
+
+def _cap_hypothesis(items) -> None:
     """Under ``DDP_ORCH_MUTATION``, cap a test's own ``@settings`` too (they
     win over a profile): Hypothesis keeps them on the test function."""
-    if not os.environ.get("DDP_ORCH_MUTATION"):
-        return
     from hypothesis import settings as _settings
 
     for item in items:
