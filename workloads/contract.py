@@ -26,14 +26,17 @@ too, or simply follow the same rules:
   (``restart_count``); the built-in workloads do (``harness/checkpoint.py``).
   ``DDP_ORCH_MAX_RESTARTS``, set when a run may restart at all, tells a
   program that it should checkpoint.
-* ``heartbeat(step)``: a rank's sign of progress for ddp-orch's hang
-  watchdog (``up --hang-timeout``). The built-in workloads call it every
-  step; a user script may too. Without ddp-orch it does nothing.
+* ``heartbeat(step, samples=None)``: a rank's sign of progress for
+  ddp-orch's hang watchdog (``up --hang-timeout``), and its step (and, where
+  given, the training samples it has processed so far) for ``status``. The
+  built-in workloads call it every step, with their samples; a user script
+  may too. Without ddp-orch it does nothing.
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from typing import Any
 
@@ -55,15 +58,19 @@ ONE_LINE_ERROR = "ddp_orch_one_line"
 
 RESULT_FILE_NAME = "result.json"
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
-PROGRESS_DIR = "progress"  # in the node's run directory: rank-<RANK> holds "<step> <time>"
+# In the node's run directory: rank-<RANK> holds "<step> <time>" or "<step> <time> <samples>".
+PROGRESS_DIR = "progress"
 HEARTBEAT_EVERY_S = 1.0
 _last_heartbeat = [0.0]
 
 
-def heartbeat(step: int) -> None:
-    """Record that this rank reached ``step``. At most one small file write
-    per HEARTBEAT_EVERY_S, so calling it every step costs nothing; the node
-    agent reads these files and reports each rank's last step and its age."""
+def heartbeat(step: int, samples: int | None = None) -> None:
+    """Record that this rank reached ``step``, having processed ``samples``
+    training samples so far (cumulative, an int >= 0) where given; a bad
+    ``samples`` (negative, not an integer, a bool) is left out. At most one
+    small file write per HEARTBEAT_EVERY_S, so calling it every step costs
+    nothing; the node agent reads these files and reports each rank's last
+    step, its age and its samples."""
     import time  # here: the controller imports this module and never calls this
 
     now = time.monotonic()
@@ -75,10 +82,17 @@ def heartbeat(step: int) -> None:
     try:
         os.makedirs(directory, exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write(f"{int(step)} {time.time():.3f}\n")
+            fh.write(f"{int(step)} {time.time():.3f}{_samples_field(samples)}\n")
         os.replace(path + ".tmp", path)
     except OSError:
         pass  # progress reports are best effort; training goes on
+
+
+def _samples_field(samples: object) -> str:
+    """`` <samples>`` for a count (an integer >= 0, not a bool), else nothing."""
+    if isinstance(samples, numbers.Integral) and not isinstance(samples, bool) and samples >= 0:
+        return f" {int(samples)}"
+    return ""
 
 
 def restart_count() -> int:

@@ -94,7 +94,7 @@ class RunDescription:
     ended: float | None = None  # when the nodes say the run ended (time.time())
     # A live run's ranks as its nodes recorded them, where no controller keeps
     # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress",
-    # "last_output"}.
+    # "last_output"}, and "samples" where its keeper recorded them.
     progress: tuple[dict, ...] = ()
 
 

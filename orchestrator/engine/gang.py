@@ -272,7 +272,8 @@ class Gang:
                 handle.go()
 
     def _report_progress(self) -> None:
-        """Each rank's last step and progress time into ``progress.json`` (for
+        """Each rank's last step (with its samples so far, null where its step
+        heartbeat says none) and progress time into ``progress.json`` (for
         ``status`` of a live run), and with ``--quiet`` one line per node now
         and then, so a long quiet run still shows it is alive. Progress is a
         step heartbeat or an output line (``NodeHandle.progress``, the hang
@@ -287,6 +288,7 @@ class Gang:
         gpu_of = {r.rank: r.gpu for r in self.plan.ranks}
         for h in self.handles:
             seen, lines = dict(h.progress), dict(h.output_at)
+            samples = dict(h.samples)
             for rank in h.node.ranks:
                 gpu = rank_gpu(h.gpu_use, gpu_of.get(rank))
                 if rank not in seen and not gpu and not h.started:
@@ -294,6 +296,7 @@ class Gang:
                 step, at = seen.get(rank, (None, None))
                 line_at = lines.get(rank)
                 ranks[rank] = {"node_rank": h.node.node_rank, "host": h.node.host, "step": step,
+                               "samples": samples.get(rank),
                                "last_progress": None if at is None else
                                round(wall - (now - at), 3),
                                "last_output": None if line_at is None else

@@ -12,7 +12,8 @@ from ..agent.node.spec import Liveness, SupervisorSpec
 from ..agent.wire.files import mask_strings
 from .gpuuse import GpuUse
 from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
-                              Control, Event, LineBuffer, ProtocolError, decode)
+                              Control, Event, LineBuffer, ProtocolError, decode,
+                              rank_progress)
 from ..console import AGENT_SAYS, Console  # AGENT_SAYS: a line of the agent's own
 from ..plan.dryrun import NodeLaunch
 from ..plan.build import setup_path_first
@@ -87,6 +88,9 @@ class NodeHandle:
         # or, with watch_output, an output line: what the hang rule, status
         # and --quiet's progress line count. ``output_at``: its last line alone.
         self.progress: dict[int, tuple[int | None, float]] = {}
+        # Per global rank: the training samples its last step heartbeat said it
+        # had processed so far, where that heartbeat said (``progress.json``).
+        self.samples: dict[int, int] = {}
         self.output_at: dict[int, float] = {}
         self.gpu_use = GpuUse()  # its GPUs' utilisation and memory, from its heartbeats
         self.watch_output = False  # count output lines as progress (a stream read live)
@@ -197,7 +201,8 @@ class NodeHandle:
             self.attempt = event["attempt"]
             if event["attempt"]:
                 self.joined = self.started = False
-                self.progress, self.output_at = {}, {}  # new ranks; their step files are gone
+                # new ranks; their step files are gone
+                self.progress, self.samples, self.output_at = {}, {}, {}
                 return (f"{AGENT_SAYS}attempt {event['attempt']} (master port "
                         f"{event['master_port']})\n").encode()
         elif event["event"] == Event.HEARTBEAT:
@@ -206,18 +211,23 @@ class NodeHandle:
         return b""
 
     def _on_progress(self, progress: object) -> None:
-        """A heartbeat's {rank: [step, age_s]} (the node's own clock for the age)."""
+        """A heartbeat's {rank: [step, age_s]} or {rank: [step, age_s,
+        samples]} (``rank_progress``; the node's own clock for the age)."""
         if not isinstance(progress, dict):
             return
         now = time.monotonic()
         for key, value in list(progress.items())[:4096]:
-            if not (isinstance(key, str) and key.isdigit() and isinstance(value, list)
-                    and len(value) == 2 and isinstance(value[0], int)
-                    and isinstance(value[1], (int, float)) and value[1] >= 0):
+            entry = rank_progress(value) if isinstance(key, str) and key.isdigit() else None
+            if entry is None or not isinstance(entry[0], int):
                 continue
-            rank, seen_at = int(key), now - float(value[1])
+            step, age, samples = entry
+            rank, seen_at = int(key), now - age
             if seen_at > self.progress.get(rank, (None, float("-inf")))[1]:
-                self.progress[rank] = (value[0], seen_at)
+                self.progress[rank] = (step, seen_at)
+                if samples is None:
+                    self.samples.pop(rank, None)
+                else:
+                    self.samples[rank] = samples
 
     def poll(self) -> int | None:
         """torchrun's exit code once the node's run is over (its exit event,

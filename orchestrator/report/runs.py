@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..agent.wire.protocol import is_time
+from ..agent.wire.protocol import is_count, is_time
 from ..backends.base import CancelResult, RunDescription
 
 from ..records.hints import failure_hint
@@ -113,23 +113,26 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
 
 
 def progress_words(rank: dict) -> str:
-    """A rank's progress for ``status`` (a ``live_progress`` entry): its step
-    and its last progress (a step heartbeat or an output line); a rank that
-    made none has "no output yet", never a stall (most programs print on
-    rank 0 only)."""
+    """A rank's progress for ``status`` (a ``live_progress`` entry): its step,
+    with its samples so far where its step heartbeat says them, and its last
+    progress (a step heartbeat or an output line); a rank that made none has
+    "no output yet", never a stall (most programs print on rank 0 only)."""
     ago = rank["last_progress_s_ago"]
     if ago is None:
         return "no output yet"
     step = "-" if rank["step"] is None else rank["step"]
-    return f"step {step}, last progress {ago:.0f}s ago"
+    samples = rank.get("samples")
+    seen = "" if samples is None else f" ({samples} sample{'s' if samples != 1 else ''})"
+    return f"step {step}{seen}, last progress {ago:.0f}s ago"
 
 
 def live_progress(record: RunRecord, described: RunDescription | None = None) -> list[dict]:
     """Each rank's last step of a live run, rank by rank: as its nodes
     recorded it where no controller keeps it (a detached run:
     ``described.progress``), else as its controller keeps it
-    (``progress.json``): ``{"rank", "node_rank", "host", "step",
-    "last_progress_s_ago", "last_output_s_ago"}``."""
+    (``progress.json``): ``{"rank", "node_rank", "host", "step", "samples",
+    "last_progress_s_ago", "last_output_s_ago"}`` (``samples``: null where
+    the rank's step heartbeat says none)."""
     if not record.state.live:
         return []
     if described is not None and described.progress:
@@ -141,9 +144,11 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     now = time.time()
     out = []
     for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
-        last, line = seen.get("last_progress"), seen.get("last_output")
+        last, line, samples = seen.get("last_progress"), seen.get("last_output"), \
+            seen.get("samples")
         out.append({"rank": int(rank), "node_rank": seen.get("node_rank"),
                     "host": seen.get("host"), "step": seen.get("step"),
+                    "samples": samples if is_count(samples) else None,
                     "last_progress_s_ago": now - float(last) if is_time(last) else None,
                     "last_output_s_ago": now - float(line) if is_time(line) else None,
                     **{key: seen[key] for key in GPU_KEYS if key in seen}})

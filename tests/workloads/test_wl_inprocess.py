@@ -148,6 +148,32 @@ def test_trainer_resumes_step_and_epoch_counters(ctx):
     assert (trainer.step, trainer.epoch, trainer.timer.steps) == (30, 3, 10)
 
 
+@pytest.mark.parametrize("start_epoch", [0, 2])
+def test_each_step_heartbeat_carries_the_ranks_samples_so_far(ctx, monkeypatch, start_epoch):
+    """The step report's samples: this rank's training samples since the
+    run began, a resumed run's whole epochs before it included (100 points
+    in global batches of 10 over one rank: 10 steps of 10 an epoch)."""
+    from workloads.harness import train
+
+    beats = []
+    monkeypatch.setattr(train, "heartbeat",
+                        lambda step, samples=None: beats.append((step, samples)))
+    trainer, _ = make_trainer(ctx, epochs=3, start_epoch=start_epoch, start_step=10 * start_epoch)
+    trainer.run()
+    assert beats == [(step, 10 * step) for step in range(10 * start_epoch + 1, 31)]
+
+
+@pytest.mark.parametrize("rank", range(7))
+def test_a_resumed_ranks_samples_before_are_its_share_of_each_whole_epoch(rank):
+    """32 over 7 ranks (5,5,5,5,4,4,4), 100 samples an epoch: the last
+    global batch (4) gives ranks 0-3 one more and the rest none."""
+    from types import SimpleNamespace
+
+    sampler = hdata.GlobalBatchSampler(100, hdata.BatchSplit(32, 7), rank, shuffle=False, seed=0)
+    me = SimpleNamespace(loader=SimpleNamespace(batch_sampler=sampler))
+    assert Trainer._epoch_share(me) == sum(len(batch) for batch in sampler)
+
+
 def test_evaluate_counts_every_example_once(ctx):
     from torch.utils.data import TensorDataset
 

@@ -156,7 +156,9 @@ class Trainer:
         self.timer = StepTimer()
         self.loss_curve = CappedSeries()
         self.acc_curve = CappedSeries()
-        self.local_samples = 0
+        self.local_samples = 0  # this rank's training samples in this attempt
+        # and over the epochs a resumed run starts after (for its step heartbeat)
+        self.samples_before = start_epoch * self._epoch_share() if start_epoch else 0
         self.stopped = False
         self.epoch_complete = False  # did the last epoch run to its end?
         self.last_loss = math.nan  # the last window's mean (see module doc)
@@ -211,7 +213,8 @@ class Trainer:
             self.timer.record(self.step, t_data - t_end, t_done - t_data)
             self.step += 1
             steps += 1
-            heartbeat(self.step)  # the hang watchdog's sign of progress (a no-op alone)
+            # the hang watchdog's sign of progress, and status's (a no-op alone)
+            heartbeat(self.step, samples=self.samples_before + self.local_samples)
             if self._win_steps == self.curve_every:
                 self._flush(epoch, show=bool(self.log_every))
             if self.max_steps and self.step >= self.max_steps:
@@ -269,6 +272,13 @@ class Trainer:
             rate = n / seconds if seconds > 0 else 0.0
             self.log(f"epoch {epoch + 1}/{self.epochs} step {self.step} "
                      f"loss {self.last_loss:.5f}{acc_text} samples/s {rate:.1f}")
+
+    def _epoch_share(self) -> int:
+        """This rank's training samples in one whole epoch: its share of every
+        global batch (the same each epoch; a checkpoint is of whole epochs)."""
+        sampler = self.loader.batch_sampler
+        return sum(sampler.split.share(sampler.rank, sampler.global_size(b))
+                   for b in range(len(sampler)))
 
     def global_samples(self) -> int:
         """Samples trained on by all ranks together (a collective)."""

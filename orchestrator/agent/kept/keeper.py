@@ -70,7 +70,7 @@ from ..wire import files
 from ..node import gpus, probes, procs, stacks
 from .. import layout
 from ..node.procs import start_time
-from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, KeptRule, encode
+from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE, KeptRule, encode, rank_progress
 from .restarts import setup_failed, survivors_left, will_recur
 from ..worker.shim import SHIM_MODULE
 from ..node.spec import Liveness, SupervisorSpec
@@ -171,7 +171,8 @@ class Keeper:
         self.hanging = False  # the stacks of a hang are being dumped
         self.places: dict[int, dict[int, str]] = {}  # node -> rank -> place (a hang)
         self.hang_s = spec.get("hang_timeout_s")
-        self.progress: dict[str, dict] = {}  # this attempt's ranks here: rank -> step, when
+        # this attempt's ranks here: rank -> step, samples, when
+        self.progress: dict[str, dict] = {}
 
     # -- shared ---------------------------------------------------------------
 
@@ -284,8 +285,8 @@ class Keeper:
         with self.lock:
             self.supervisor = None
         event = compact(self.masked(dict(sup.last_exit or {})))  # mask, then cut
-        event["stepped"] = any(step is not None and step >= 0
-                               for step, _age in sup.progress().values())
+        event["stepped"] = any(seen[0] is not None and seen[0] >= 0
+                               for seen in sup.progress().values())
         return event
 
     def _report_progress(self, sup: Supervisor, attempt: int) -> None:
@@ -310,15 +311,14 @@ class Keeper:
                                 "started": sup.workers_started, "progress": progress})
 
     def _progress_from(self, k: int, attempt: int, started: bool, progress: object) -> None:
-        """Node 0: node ``k``'s report; {rank: [step, age_s]} on its clock,
-        kept as times on ours."""
+        """Node 0: node ``k``'s report; {rank: [step, age_s]} or {rank: [step,
+        age_s, samples]} (``rank_progress``) on its clock, kept as times on ours."""
         now = time.monotonic()
         seen = {}
         for key, value in list(progress.items() if isinstance(progress, dict) else ())[:4096]:
-            if isinstance(key, str) and key.isdigit() and isinstance(value, list) \
-                    and len(value) == 2 and isinstance(value[1], (int, float)) \
-                    and not isinstance(value[1], bool) and value[1] >= 0:
-                seen[int(key)] = now - float(value[1])
+            entry = rank_progress(value) if isinstance(key, str) and key.isdigit() else None
+            if entry is not None:
+                seen[int(key)] = now - entry[1]
         with self.lock:
             if attempt == self.current:
                 self.reported[k] = (bool(started), seen)
@@ -436,8 +436,10 @@ class Keeper:
 
     def _record_progress(self, heartbeats: dict, use: dict | None = None,
                          lines: dict | None = None, ranks: Iterable[int] = ()) -> None:
-        """Each rank's last step and when it made progress (this node's
-        clock) into keeper.json, as the heartbeats carry them and its output
+        """Each rank's last step, its samples so far (null where its step
+        heartbeat says none: ``Supervisor.progress``) and when it made
+        progress (this node's clock) into keeper.json, as the heartbeats
+        carry them and its output
         lines (``lines``: rank -> wall time of its last line, the supervisor's
         ``line_seen``) show it, with its GPU's use now (``use``: rank ->
         ``gpu``, ``gpu_util``, ``gpu_mem_mib``): a detached run has no
@@ -452,10 +454,10 @@ class Keeper:
                        key=int)[:MAX_PROGRESS_RANKS]
         seen = {}
         for rank in ranks:
-            step, age = heartbeats.get(rank, (None, None))
+            step, age, *samples = heartbeats.get(rank, (None, None))
             line = lines.get(rank)
             times = [t for t in (None if age is None else now - age, line) if t is not None]
-            seen[rank] = {"step": step,
+            seen[rank] = {"step": step, "samples": samples[0] if samples else None,
                           "last_progress": round(max(times), 3) if times else None,
                           "last_output": None if line is None else round(line, 3),
                           **use.get(rank, {})}
@@ -994,14 +996,15 @@ def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:
 
 
 def _progress_of(sup: Supervisor) -> dict:
-    """{rank: [step, age_s]}: the ranks' heartbeats and their output lines
+    """{rank: [step, age_s]}, or [step, age_s, samples] where the rank's
+    heartbeat says its samples: the ranks' heartbeats and their output lines
     (``line_seen``), the younger of the two: what the hang rule counts."""
     progress = sup.progress()
     now = time.time()
     for rank, at in dict(sup.line_seen or {}).items():
-        step, age = progress.get(str(rank), [None, None])
+        step, age, *samples = progress.get(str(rank), [None, None])
         line_age = round(max(0.0, now - at), 3)
-        progress[str(rank)] = [step, line_age if age is None else min(age, line_age)]
+        progress[str(rank)] = [step, line_age if age is None else min(age, line_age), *samples]
     return progress
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..wire.protocol import ProtocolError, is_time, validate
+from ..wire.protocol import ProtocolError, is_count, is_time, validate
 
 _INT, _STR, _BOOL = (int,), (str,), (bool,)
 
@@ -42,6 +42,9 @@ _PROGRESS_FIELDS = {"step": lambda v: v is None or _typed(v, _INT),
 # When the rank last printed a line (null: it printed none); absent in the
 # records of keepers older than it, so optional.
 _OUTPUT_FIELD = {"last_output": lambda v: v is None or is_time(v)}
+# The training samples its step heartbeat says it processed so far (null: it
+# says none); optional too, for the same reason.
+_SAMPLES_FIELD = {"samples": lambda v: v is None or is_count(v)}
 # Its GPU now, where the node's nvidia-smi answers (all three or none).
 _GPU_FIELDS = {"gpu": lambda v: _typed(v, _INT) and 0 <= v < 1 << 20,
                "gpu_util": lambda v: v is None or (_typed(v, _INT) and 0 <= v <= 100),
@@ -134,7 +137,7 @@ def clean_keeper_state(recorded: Any, notes: list[str]) -> dict | None:
 def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
     """A keeper's ranks' last steps: ``{rank: {"step", "last_progress"}}``,
     each rank's record whole (both fields, of their type) or dropped, with
-    ``last_output`` where it is good, and
+    ``last_output`` and ``samples`` where each is good, and
     its GPU (``gpu``, ``gpu_util``, ``gpu_mem_mib``) where all three are good."""
     out = {}
     for rank, seen in progress.items():
@@ -142,10 +145,11 @@ def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
         if not (isinstance(rank, str) and rank.isdigit() and isinstance(seen, dict)):
             notes.append(f"ignored {what}: not a rank's record")
             continue
-        seen = _fields(seen, {**_PROGRESS_FIELDS, **_OUTPUT_FIELD, **_GPU_FIELDS}, what, notes)
+        seen = _fields(seen, {**_PROGRESS_FIELDS, **_OUTPUT_FIELD, **_SAMPLES_FIELD,
+                              **_GPU_FIELDS}, what, notes)
         if all(name in seen for name in _PROGRESS_FIELDS):
-            out[rank] = {name: seen[name] for name in (*_PROGRESS_FIELDS, *_OUTPUT_FIELD)
-                         if name in seen}
+            out[rank] = {name: seen[name] for name in (*_PROGRESS_FIELDS, *_OUTPUT_FIELD,
+                                                       *_SAMPLES_FIELD) if name in seen}
             if all(name in seen for name in _GPU_FIELDS):
                 out[rank].update({name: seen[name] for name in _GPU_FIELDS})
         else:

@@ -47,6 +47,7 @@ from .workerlogs import WorkerLogs
 
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
+PROGRESS_READ = 64  # characters of a rank's step report read ("<step> <time> [<samples>]\n")
 GPU_SAMPLE_TIMEOUT_S = 3.0  # one nvidia-smi query in a heartbeat; it delays the beat at most this
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (WorkerLogs)
 
@@ -373,7 +374,11 @@ class Supervisor:
 
     def progress(self) -> dict:
         """{rank: [last step, seconds since]} from the ranks' heartbeat files
-        (``workloads.contract.heartbeat``); the age is this node's own clock."""
+        (``workloads.contract.heartbeat``, ``agent/worker/progress.step``), with
+        the rank's samples so far as a third item, ``[step, age, samples]``,
+        where its file has a good one (``"<step> <time> <samples>"``); the age
+        is this node's own clock. A file is read up to PROGRESS_READ characters:
+        a line cut there keeps its step, not its samples."""
         directory = os.path.join(self.run_dir, layout.PROGRESS_DIR)
         out = {}
         try:
@@ -386,10 +391,17 @@ class Supervisor:
                 continue
             try:
                 with open(os.path.join(directory, name), encoding="utf-8") as fh:
-                    step, stamp = fh.read(64).split()
-                out[name[5:]] = [int(step), round(max(0.0, now - float(stamp)), 3)]
+                    text = fh.read(PROGRESS_READ)
+                step, stamp, *samples = text.split()
+                if len(samples) > 1:
+                    continue  # no step report: ignored, as any bad line
+                seen = [int(step), round(max(0.0, now - float(stamp)), 3)]
             except (OSError, ValueError):
                 continue
+            whole = text.endswith("\n") or len(text) < PROGRESS_READ
+            if samples and samples[0].isascii() and samples[0].isdigit() and whole:
+                seen.append(int(samples[0]))
+            out[name[5:]] = seen
         return out
 
     def check_milestones(self, pid: int, milestones: list[str]) -> None:

@@ -140,7 +140,8 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "gang-setup": {"node_rank": (int,)},
     "gang-go": {},
     # A node's torchrun has started, and its ranks' progress {rank: [step, age_s]}
-    # (every ``peers.GANG_HEARTBEAT_S``, to the head: the start timeout, the hang rule).
+    # or [step, age_s, samples] (``rank_progress``; every ``peers.GANG_HEARTBEAT_S``,
+    # to the head: the start timeout, the hang rule).
     "gang-progress": {"attempt": (int,), "started": (bool,), "progress": (dict,)},
     # A hang: every node dumps its ranks' stacks into ``stacks/<stamp>/`` (from
     # the head), and says where each rank stands (to the head).
@@ -173,6 +174,29 @@ def is_time(value: Any) -> bool:
     cannot fail, and no bool."""
     return isinstance(value, _NUM) and not isinstance(value, bool) and math.isfinite(value) \
         and 0 <= value < 1e11
+
+
+def is_count(value: Any) -> bool:
+    """An int of at least 0, and no bool: a count (a rank's samples so far)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def rank_progress(value: Any) -> tuple[Any, float, int | None] | None:
+    """A rank's entry in a heartbeat's or a ``gang-progress``'s progress
+    (``Supervisor.progress``): ``[step, age_s]``, or ``[step, age_s,
+    samples]`` with the training samples the rank reported, as ``(step,
+    age_s, samples or None)``; None for anything else, an entry to ignore
+    (another length, an age that is no number of seconds, samples that are
+    no count). The step is the caller's to check."""
+    if not (isinstance(value, list) and len(value) in (2, 3)):
+        return None
+    age = value[1]
+    if not (isinstance(age, _NUM) and not isinstance(age, bool) and age >= 0):
+        return None
+    samples = value[2] if len(value) == 3 else None
+    if len(value) == 3 and not is_count(samples):
+        return None
+    return value[0], float(age), samples
 
 
 class ProtocolError(ValueError):

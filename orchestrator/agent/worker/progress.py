@@ -1,4 +1,4 @@
-"""Your program's step, for ddp-orch: ``ddp_orch_progress.step(n)``.
+"""Your program's step, for ddp-orch: ``ddp_orch_progress.step(n, samples=None)``.
 
 The bundle ships this file as ``code/ddp_orch_progress.py``, on every rank's
 ``PYTHONPATH`` on every node and backend, so a script run by ddp-orch
@@ -7,14 +7,20 @@ nothing (most programs print on rank 0 only)::
 
     import ddp_orch_progress
     ...
-        ddp_orch_progress.step(step)
+        ddp_orch_progress.step(step, samples=seen)  # samples= is optional
+
+``samples``, where given, is how many training samples this rank has
+processed so far (cumulative, an int >= 0); ``status`` shows it after the
+step. A value that is no such count (negative, not an integer, a bool) is
+left out, and the step still recorded.
 
 That is the step heartbeat the built-in workloads send
 (``workloads/contract.py``'s ``heartbeat``), by the same channel: a file
-``progress/rank-<RANK>`` holding ``"<step> <time>"`` in the node's run
-directory (the directory of ``DDP_ORCH_RESULT_FILE``), which the node agent
-reads (``agent/node/supervisor.py``'s ``progress``). ddp-orch counts it as
-the rank's progress: ``status``, ``up --quiet``'s progress line, the hang
+``progress/rank-<RANK>`` holding ``"<step> <time>"``, or ``"<step> <time>
+<samples>"``, in the node's run directory (the directory of
+``DDP_ORCH_RESULT_FILE``), which the node agent reads
+(``agent/node/supervisor.py``'s ``progress``). ddp-orch counts it as the
+rank's progress: ``status``, ``up --quiet``'s progress line, the hang
 watchdog. Without ddp-orch (no ``DDP_ORCH_RESULT_FILE``) it returns at
 once. It is standard library only and stands alone, so a project that also
 runs under plain ``torchrun`` copies it in, beside its script.
@@ -22,6 +28,7 @@ runs under plain ``torchrun`` copies it in, beside its script.
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 
@@ -32,9 +39,10 @@ EVERY_S = 1.0  # at most one file write a second: calling it every step costs no
 _last = [float("-inf")]
 
 
-def step(n: int) -> None:
-    """Record that this rank reached step ``n`` (best effort: an error
-    writing it never reaches the training loop)."""
+def step(n: int, samples: int | None = None) -> None:
+    """Record that this rank reached step ``n``, having processed ``samples``
+    training samples so far where given (best effort: an error writing it
+    never reaches the training loop; a bad ``samples`` is left out)."""
     result = os.environ.get(RESULT_FILE_ENV)
     if not result:
         return
@@ -47,7 +55,14 @@ def step(n: int) -> None:
     try:
         os.makedirs(directory, exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write(f"{int(n)} {time.time():.3f}\n")
+            fh.write(f"{int(n)} {time.time():.3f}{_samples_field(samples)}\n")
         os.replace(path + ".tmp", path)
     except (OSError, ValueError, TypeError):
         pass
+
+
+def _samples_field(samples: object) -> str:
+    """`` <samples>`` for a count (an integer >= 0, not a bool), else nothing."""
+    if isinstance(samples, numbers.Integral) and not isinstance(samples, bool) and samples >= 0:
+        return f" {int(samples)}"
+    return ""

@@ -377,3 +377,28 @@ def test_a_stop_request_is_never_written_or_read_through_a_symlink(tmp_path):
     daemon._leave_stop_request(str(tmp_path / "run"), daemon.DOWN_REASON)
     assert target.read_text() == "planted reason"
     assert daemon.stop_request(str(tmp_path / "run")) == ""
+
+
+def test_a_nodes_gang_progress_counts_ranks_with_samples_for_the_hang_rule(monkeypatch):
+    """A node tells the head its ranks' [step, age] or [step, age, samples]
+    (``_progress_of``: its heartbeats, with its output lines' times, keeping
+    the samples); the head counts both as progress (``_progress_from``) and
+    ignores any other entry."""
+    import threading
+    from types import SimpleNamespace
+
+    from orchestrator.agent.kept import keeper
+
+    clock = FakeClock()
+    monkeypatch.setattr(keeper.time, "time", clock.time)
+    monkeypatch.setattr(keeper.time, "monotonic", clock.monotonic)
+    clock.now = 100.0
+    sup = SimpleNamespace(progress=lambda: {"0": [40, 5.0, 1280], "1": [40, 5.0]},
+                          line_seen={0: clock.time() - 1.0, 2: clock.time() - 3.0})
+    sent = keeper._progress_of(sup)
+    assert sent == {"0": [40, 1.0, 1280], "1": [40, 5.0], "2": [None, 3.0]}
+    head = SimpleNamespace(lock=threading.Lock(), current=0, reported={}, judged=[])
+    head._judge = lambda: head.judged.append(1)
+    keeper.Keeper._progress_from(head, 1, 0, True,
+                                 {**sent, "3": [40, 1.0, -1], "4": [40, 1.0, 1, 2]})
+    assert head.reported == {1: (True, {0: 99.0, 1: 95.0, 2: 97.0})} and head.judged == [1]

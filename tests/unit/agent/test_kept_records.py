@@ -69,6 +69,27 @@ def test_a_keepers_progress_keeps_each_ranks_gpu_only_whole():
     assert notes == ["ignored the keeper's progress of rank '2''s 'gpu_util': 250"]
 
 
+def test_a_keepers_progress_keeps_a_ranks_good_samples_and_drops_a_bad_one_with_a_note():
+    from orchestrator.agent.kept.records import clean_progress
+
+    notes: list[str] = []
+    cleaned = clean_progress({
+        "0": {"step": 40, "last_progress": 1e9, "samples": 1280},
+        "1": {"step": 40, "last_progress": 1e9, "samples": None},  # its heartbeat says none
+        "2": {"step": 40, "last_progress": 1e9, "samples": -3},
+        "3": {"step": 40, "last_progress": 1e9, "samples": True},
+        "4": {"step": 40, "last_progress": 1e9, "samples": "1280"},
+        "5": {"step": 40, "last_progress": 1e9},  # an older keeper's record
+    }, notes)
+    assert cleaned == {
+        "0": {"step": 40, "last_progress": 1e9, "samples": 1280},
+        "1": {"step": 40, "last_progress": 1e9, "samples": None},
+        **{rank: {"step": 40, "last_progress": 1e9} for rank in "2345"}}
+    assert notes == ["ignored the keeper's progress of rank '2''s 'samples': -3",
+                     "ignored the keeper's progress of rank '3''s 'samples': True",
+                     "ignored the keeper's progress of rank '4''s 'samples': '1280'"]
+
+
 def test_each_rank_of_a_kept_node_is_given_its_gpu_from_a_sample():
     from types import SimpleNamespace
 

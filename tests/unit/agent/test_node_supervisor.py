@@ -137,3 +137,22 @@ def test_a_setup_command_is_stopped_once_the_controller_is_silent(tmp_path, monk
     assert 12.0 + SILENCE_S < asked_at[0] <= 12.0 + SILENCE_S + 1.0, asked_at
     assert sup.last_exit["reason"] == "lost the controller (nothing from it for 30s)"
     assert sup.last_exit["code"] == 128 + 15 and not sup.last_exit.get("setup_failed")
+
+
+def test_a_ranks_step_report_gives_its_step_age_and_samples_where_it_has_them(
+        tmp_path, monkeypatch):
+    """``progress/rank-N`` as the step reports write it: ``"<step> <time>"``
+    gives [step, age]; ``"<step> <time> <samples>"`` [step, age, samples].
+    Samples that are no count, or a line cut at the read bound, keep the
+    step without them; a line of four fields is no step report."""
+    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, [])
+    clock.now = 10.0
+    stamp = f"{FakeClock.EPOCH + 8.0:.3f}"  # 2 s before now
+    reports = {"0": f"40 {stamp}\n", "1": f"40 {stamp} 1280\n", "2": f"40 {stamp} -3\n",
+               "3": f"40 {stamp} 12.5\n", "4": f"40 {stamp} 7 9\n",
+               "5": f"40 {stamp} " + "1" * supervisor_module.PROGRESS_READ + "\n"}
+    (tmp_path / "progress").mkdir()
+    for rank, text in reports.items():
+        (tmp_path / "progress" / f"rank-{rank}").write_text(text)
+    assert sup.progress() == {"0": [40, 2.0], "1": [40, 2.0, 1280], "2": [40, 2.0],
+                              "3": [40, 2.0], "5": [40, 2.0]}

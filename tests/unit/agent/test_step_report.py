@@ -1,4 +1,4 @@
-"""``ddp_orch_progress.step(n)``: a user program's step report
+"""``ddp_orch_progress.step(n, samples=None)``: a user program's step report
 (``orchestrator/agent/worker/progress.py``, shipped as
 ``code/ddp_orch_progress.py``): a no-op outside ddp-orch, and inside it the
 record the node agent reads as the rank's progress."""
@@ -16,6 +16,7 @@ import pytest
 from orchestrator.agent.node.supervisor import Supervisor
 from orchestrator.agent.worker import progress
 from orchestrator.engine.bundle import build_bundle
+from workloads import contract
 
 
 @pytest.fixture
@@ -51,6 +52,43 @@ def test_inside_ddp_orch_the_node_agent_reads_the_ranks_step(tmp_path, monkeypat
     assert sorted(os.listdir(run_dir / "progress")) == ["rank-3"]  # no .tmp left
 
 
+def report_with(writer: str, monkeypatch):
+    """``ddp_orch_progress.step`` or ``workloads.contract.heartbeat``, each
+    free to write now (no report in the last second)."""
+    if writer == "step":
+        return progress.step
+    monkeypatch.setattr(contract, "_last_heartbeat", [float("-inf")])
+    return contract.heartbeat
+
+
+@pytest.mark.parametrize("writer", ["step", "heartbeat"])
+def test_samples_ride_as_a_third_field_that_the_node_agent_reads(tmp_path, monkeypatch, fresh,
+                                                                  writer):
+    run_dir = tmp_path / "node-0"
+    run_dir.mkdir()
+    monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(run_dir / "result.json"))
+    monkeypatch.setenv("RANK", "2")
+    report_with(writer, monkeypatch)(40, samples=1280)
+    step, _stamp, samples = (run_dir / "progress" / "rank-2").read_text().split()
+    assert (step, samples) == ("40", "1280")
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(run_dir)))
+    assert seen["2"][0] == 40 and 0 <= seen["2"][1] < 5 and seen["2"][2] == 1280
+
+
+@pytest.mark.parametrize("writer", ["step", "heartbeat"])
+@pytest.mark.parametrize("samples", [None, -1, 2.5, True, "12", [3]])
+def test_no_samples_or_bad_ones_leave_the_step_report_as_it_was(tmp_path, monkeypatch, fresh,
+                                                                writer, samples):
+    """Best effort: a bad count is left out, the step still recorded."""
+    monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(tmp_path / "result.json"))
+    monkeypatch.setenv("RANK", "0")
+    report_with(writer, monkeypatch)(7, samples=samples)
+    fields = (tmp_path / "progress" / "rank-0").read_text().split()
+    assert len(fields) == 2 and fields[0] == "7"
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path)))
+    assert len(seen["0"]) == 2 and seen["0"][0] == 7
+
+
 def test_it_writes_at_most_once_a_second(tmp_path, monkeypatch, fresh):
     monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(tmp_path / "result.json"))
     monkeypatch.setenv("RANK", "0")
@@ -82,6 +120,7 @@ def test_the_bundle_ships_it_so_a_rank_imports_it_by_name(tmp_path):
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path / "node-0" / "code"),
            "DDP_ORCH_RESULT_FILE": str(tmp_path / "node-0" / "result.json"), "RANK": "1"}
     subprocess.run([sys.executable, "-c", "import ddp_orch_progress\n"
-                    "for i in range(3): ddp_orch_progress.step(i)"],
+                    "for i in range(3): ddp_orch_progress.step(i, samples=32 * i)"],
                    cwd=cwd, env=env, check=True, timeout=60)
-    assert (tmp_path / "node-0" / "progress" / "rank-1").read_text().split()[0] == "0"
+    fields = (tmp_path / "node-0" / "progress" / "rank-1").read_text().split()
+    assert (fields[0], fields[2]) == ("0", "0")

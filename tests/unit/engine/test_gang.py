@@ -338,3 +338,18 @@ def test_a_quiet_own_script_run_says_it_started_and_its_output_lines_are_progres
         None, printed_at, printed_at)
     assert (last[1]["step"], last[1]["last_progress"], last[1]["last_output"]) == (
         None, None, None)
+
+
+def test_progress_json_gives_each_ranks_samples_where_its_heartbeat_says_them(tmp_path, clock):
+    """Rank 0's step heartbeat carries its samples, rank 1's does not: in
+    ``progress.json`` (what ``status`` of a live run reads) rank 0 has them
+    and rank 1 null."""
+    with_samples = encode({"event": "heartbeat", "progress": {"0": [40, 0.0, 1280]}})
+    without = encode({"event": "heartbeat", "progress": {"1": [40, 0.0]}})
+    nodes = [FakeNode(clock, script=((4.0, with_samples),), exit_at=(10.0, 0)),
+             FakeNode(clock, script=((4.0, without),), exit_at=(10.0, 0))]
+    gang = start_gang(tmp_path, clock, nodes)
+    assert gang.run().state is RunState.SUCCEEDED
+    last = {int(rank): seen for rank, seen in gang.run_dir.progress()["ranks"].items()}
+    assert (last[0]["step"], last[0]["samples"]) == (40, 1280)
+    assert (last[1]["step"], last[1]["samples"]) == (40, None)

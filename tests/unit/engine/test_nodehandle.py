@@ -287,6 +287,39 @@ def test_a_restarted_attempts_progress_starts_afresh(tmp_path):
     assert list(handle.progress) == [3] and handle.progress[3][0] is None
 
 
+def handle_after(tmp_path, data: bytes) -> NodeHandle:
+    """Node 1 (ranks 2 and 3)'s handle once its stream ``data`` is relayed."""
+    node = NodePlan(node_rank=1, host="h1", python="python3", gpus=None, first_rank=2, nproc=2,
+                    run_dir="/r", env={}, unset_env=())
+    launch = NodeLaunch(node=node, where="local subprocess", env={}, unset_env=(), argv=())
+    handle = NodeHandle(launch, StreamAgent(data + encode(dict(EXIT, code=0, failures=[])), 13),
+                        RunDir(str(tmp_path)), Console("all", io.StringIO()))
+    handle.start(None)
+    handle.finish(timeout=10)
+    return handle
+
+
+def test_a_heartbeat_carries_a_ranks_samples_where_it_has_them(tmp_path):
+    """[step, age] and [step, age, samples] are a rank's progress; a fourth
+    item, samples that are no count or an age that is none is not, and is
+    ignored whole."""
+    beat = {"2": [40, 0.5, 1280], "3": [41, 0.5], "4": [42, 0.5, 10, 1], "5": [43, 0.5, -1],
+            "6": [44, 0.5, True], "7": [45, 0.5, 2.0], "8": [46, True, 1], "9": [47, -1.0, 1]}
+    handle = handle_after(tmp_path, encode({"event": "heartbeat", "progress": beat}))
+    assert {rank: step for rank, (step, _at) in handle.progress.items()} == {2: 40, 3: 41}
+    assert handle.samples == {2: 1280}
+
+
+def test_a_later_heartbeat_without_samples_forgets_them_and_an_attempt_starts_afresh(tmp_path):
+    first = encode({"event": "heartbeat", "progress": {"2": [5, 9.0, 160], "3": [5, 9.0, 160]}})
+    later = encode({"event": "heartbeat", "progress": {"2": [6, 0.0]}})
+    handle = handle_after(tmp_path, first + later)
+    assert handle.samples == {3: 160} and handle.progress[2][0] == 6
+    restarted = encode({"event": "attempt", "attempt": 1, "master_port": 29517})
+    handle = handle_after(tmp_path, first + restarted)
+    assert handle.samples == {} and handle.progress == {}
+
+
 @pytest.mark.parametrize("code, state, reason", [
     (255, NodeState.LOST, "connection lost without an exit status"),
     (-9, NodeState.LOST, "the node agent ended without reporting (killed by signal 9); "

@@ -9,6 +9,7 @@ import os
 import time
 
 import jsonschema
+import pytest
 
 from conftest import ROOT
 from orchestrator.agent.kept import keeper
@@ -82,18 +83,19 @@ def test_status_shows_output_lines_as_progress_and_a_silent_rank_as_no_output(tm
 def test_a_keeper_records_output_lines_as_progress_and_lists_its_silent_ranks(monkeypatch):
     """What ``status`` of a kept run (--detach, --max-restarts) reads from
     keeper.json: rank 4 printed at NOW - 2 and stepped 10 s ago, rank 5
-    stepped only, rank 6 (one of this node's running ranks) did neither."""
+    stepped only (saying its samples), rank 6 (one of this node's running
+    ranks) did neither."""
     monkeypatch.setattr(keeper.time, "time", lambda: NOW)
     written = []
     me = type("Me", (), {})()
     me.progress = {}
     me.write_state = lambda state, unless_over=False: written.append(dict(me.progress))
-    keeper.Keeper._record_progress(me, {"4": [3, 10.0], "5": [8, 1.0]}, None,
+    keeper.Keeper._record_progress(me, {"4": [3, 10.0], "5": [8, 1.0, 256]}, None,
                                    {4: NOW - 2}, range(4, 7))
     assert written == [{
-        "4": {"step": 3, "last_progress": NOW - 2, "last_output": NOW - 2},
-        "5": {"step": 8, "last_progress": NOW - 1, "last_output": None},
-        "6": {"step": None, "last_progress": None, "last_output": None}}]
+        "4": {"step": 3, "samples": None, "last_progress": NOW - 2, "last_output": NOW - 2},
+        "5": {"step": 8, "samples": 256, "last_progress": NOW - 1, "last_output": None},
+        "6": {"step": None, "samples": None, "last_progress": None, "last_output": None}}]
     notes: list[str] = []
     assert clean_progress(written[0], notes) == written[0] and notes == []
 
@@ -106,3 +108,45 @@ def test_an_older_keepers_record_without_last_output_still_counts():
     assert clean_progress({"0": {"step": 1, "last_progress": NOW, "last_output": "x"}},
                           notes) == {"0": {"step": 1, "last_progress": NOW}}
     assert notes  # the bad field is named, the rank's record kept
+
+
+def test_status_shows_a_ranks_samples_after_its_step_in_text_and_json(tmp_path):
+    """Rank 0's step heartbeat says 1280 samples, rank 1's one, rank 2's
+    none, and rank 3's record has samples that are no count (progress.json
+    is a file: not trusted)."""
+    now = time.time()
+    ranks = {str(r): {"node_rank": 0, "host": "localhost", "step": 40, "samples": samples,
+                      "last_progress": now - 2, "last_output": None}
+             for r, samples in enumerate((1280, 1, None, -4))}
+    record = live_run(tmp_path, ranks)
+    described = RunDescription(RunState.RUNNING, (), None)
+    text = render_status(record, described)
+    assert "  rank 0 (node 0, localhost): step 40 (1280 samples), last progress 2s ago\n" in text
+    assert "  rank 1 (node 0, localhost): step 40 (1 sample), last progress 2s ago\n" in text
+    assert "  rank 2 (node 0, localhost): step 40, last progress 2s ago\n" in text, text
+    assert "  rank 3 (node 0, localhost): step 40, last progress 2s ago\n" in text, text
+    data = json.loads(json.dumps(status_json(record, described)))
+    with open(os.path.join(ROOT, "schema", "status.schema.json"), encoding="utf-8") as fh:
+        schema = json.load(fh)
+    jsonschema.validate(data, schema)
+    assert [r["samples"] for r in data["progress"]] == [1280, 1, None, None]
+    for bad in (-4, 2.5, "1280"):  # the schema holds a promise: a count or null
+        data["progress"][0]["samples"] = bad
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(data, schema)
+    del data["progress"][0]["samples"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, schema)
+
+
+def test_status_of_a_detached_run_shows_the_samples_its_keepers_recorded(tmp_path):
+    """Where no controller keeps progress.json, ``status`` reads what the
+    nodes' keepers recorded (``described.progress``), samples included."""
+    now = time.time()
+    record = live_run(tmp_path, {})
+    described = RunDescription(RunState.RUNNING, (), None, progress=(
+        {"rank": 0, "node_rank": 0, "host": "localhost", "step": 7, "samples": 224,
+         "last_progress": now - 3, "last_output": None},))
+    assert "  rank 0 (node 0, localhost): step 7 (224 samples), last progress 3s ago\n" in (
+        render_status(record, described))
+    assert status_json(record, described)["progress"][0]["samples"] == 224
