@@ -210,13 +210,13 @@ class AgentBackend(LaunchBackend):
     def describe(self, record: RunRecord) -> RunDescription:
         """A detached run's state is its nodes': node 0's keeper records every
         attempt once the run is over; until then each keeper says how far it is."""
+        if record.rule != KeptRule.DETACHED or not record.live:
+            return super().describe(record)  # its records say it: no engine to import
         from ..agent.kept.records import clean_keeper_state
         from ..engine.fanout import on_all
         from ..engine.keptgang import attempt_outcomes
         from ..records.outcome import NodeOutcome, NodeState, RunState, gang_outcome
 
-        if record.rule != KeptRule.DETACHED or not record.live:
-            return super().describe(record)
         info = recorded_dryrun(record)
 
         def ask(k: int) -> dict:
