@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 import threading
 import time
@@ -28,6 +29,52 @@ BUNDLE_NAME = layout.BUNDLE  # in each node's run directory
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # torchrun's prefix
 # Exit code ProcessHandle.poll gives when the connection died without a status.
 LOST = 255
+
+
+class NodePhase(enum.IntEnum):
+    """How far a node's run has come: one value where there were six flags.
+
+    Ordered, and forward only (``NEXT``): the agent's events move it, and a
+    late or repeated event never moves it back. A node may skip phases (a run
+    without ``setup:`` goes from SUPERVISED to JOINED; torchrun's STARTED
+    implies JOINED), and a kept run's new attempt goes back to SET_UP, since
+    its torchrun starts afresh and its setup is done. Whether a node has
+    ended is its exit status (``NodeHandle.poll``), not a phase: an ended node
+    keeps the phase it reached, which the gang rule reads (had it started?).
+    What the controller asked of it is ``Ask``; facts about the node
+    (partitioned, timed out) and the relay's settings (kept, watch_output)
+    are neither, and are attributes of their own."""
+
+    NEW = 0         # nothing asked of the node yet (the gang may never start it)
+    SUPERVISED = 1  # its supervisor runs: its ``setup:``, if any, then torchrun
+    SET_UP = 2      # past its ``setup:`` (it succeeded); torchrun waits for GO
+    GO = 3          # told to go: every node's setup succeeded (the controller's barrier)
+    JOINED = 4      # torchrun reached the rendezvous store on node 0
+    STARTED = 5     # torchrun spawned its workers: the rendezvous completed
+
+
+NEXT: dict[NodePhase, frozenset[NodePhase]] = {
+    NodePhase.NEW: frozenset({NodePhase.SUPERVISED}),
+    NodePhase.SUPERVISED: frozenset({NodePhase.SET_UP, NodePhase.JOINED, NodePhase.STARTED}),
+    # a kept run's gang holds its own barrier: no GO from us before torchrun
+    NodePhase.SET_UP: frozenset({NodePhase.GO, NodePhase.JOINED, NodePhase.STARTED}),
+    NodePhase.GO: frozenset({NodePhase.JOINED, NodePhase.STARTED}),
+    NodePhase.JOINED: frozenset({NodePhase.STARTED}),
+    NodePhase.STARTED: frozenset(),
+}
+# A kept run's next attempt: torchrun again, after the setup it already did.
+ATTEMPT_FROM = frozenset({NodePhase.SET_UP, NodePhase.JOINED, NodePhase.STARTED})
+
+
+class Ask(enum.IntEnum):
+    """What the controller asked of a node's run, the strongest so far: a
+    graceful stop, then a kill (which also closes its stdin, so its channel
+    is not reused). Apart from ``NodePhase``: a node asked to stop keeps the
+    phase it had reached."""
+
+    NOTHING = 0
+    STOP = 1
+    KILL = 2
 
 
 def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
@@ -68,19 +115,15 @@ class NodeHandle:
         self.on_change = on_change  # called once the node's command has ended
         self.run = run
         self.console = console
-        self.supervising = False
+        self.phase = NodePhase.NEW  # how far its run has come (``advance``)
+        self.asked = Ask.NOTHING  # what the controller asked of it
         self.control: dict | None = None
-        self.stop_sent = False
-        self.killed = False  # kill closed stdin: the channel cannot be reused
         self.last_heard = time.monotonic()  # the node's last bytes (a heartbeat at least)
         self.secrets = secret_values(launch.env)
         self.secret_strings = [value.decode() for value in self.secrets]
+        # Facts about the node, which the gang finds out (not phases):
         self.partitioned = False  # silent for PEER_TIMEOUT_S: given up on
-        self.joined = False  # torchrun reached the rendezvous store on node 0
-        self.started = False  # torchrun spawned workers: the rendezvous completed
-        self.setup_ok = False  # its ``setup:`` succeeded (a run without one: never set)
-        self.go_sent = False
-        self.timed_out = False
+        self.timed_out = False  # not started within the start timeout
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
         # Per global rank: (last step, monotonic time of its last progress): a
@@ -93,8 +136,9 @@ class NodeHandle:
         self.samples: dict[int, int] = {}
         self.output_at: dict[int, float] = {}
         self.gpu_use = GpuUse()  # its GPUs' utilisation and memory, from its heartbeats
+        self.hung_reason = ""  # a fact: set by the hang watchdog on the odd rank's node
+        # Settings of the relay, set before it runs:
         self.watch_output = False  # count output lines as progress (a stream read live)
-        self.hung_reason = ""  # set by the hang watchdog on the odd rank's node
         # A kept run (agent/kept/keeper.py): the stream holds every attempt; its
         # end is the keeper's ``finished`` event, not one attempt's ``exit``.
         self.kept = False
@@ -102,19 +146,37 @@ class NodeHandle:
         self.exits: list[dict] = []  # each attempt's exit event, in a kept run
         self.log_mode = "ab"  # "wb": the stream is the node's whole log (attach from the start)
 
+    def advance(self, to: NodePhase) -> bool:
+        """Move to phase ``to`` where ``NEXT`` allows it; False (and no
+        move) otherwise: an event out of order, or one repeated, changes
+        nothing (the node's events are its word, not ours)."""
+        if to not in NEXT[self.phase]:
+            return False
+        self.phase = to
+        return True
+
+    # The phases and requests as the gang asks about them.
+    supervising = property(lambda self: self.phase is not NodePhase.NEW)
+    setup_ok = property(lambda self: self.phase >= NodePhase.SET_UP)  # past its setup
+    go_sent = property(lambda self: self.phase >= NodePhase.GO)
+    joined = property(lambda self: self.phase >= NodePhase.JOINED)
+    started = property(lambda self: self.phase >= NodePhase.STARTED)
+    stop_sent = property(lambda self: self.asked >= Ask.STOP)
+    killed = property(lambda self: self.asked is Ask.KILL)
+
     def follow(self, **request) -> None:
         """Relay a kept run's stream (``agent/kept/daemon.follow``) from this channel."""
         self.kept = True
         self.channel = KeeperFollower(self.agent, request)
         self.channel.supervise()
-        self.supervising = True
+        self.advance(NodePhase.SUPERVISED)
         self._relay = threading.Thread(target=self._relay_output, daemon=True,
                                        name=f"follow-node{self.node.node_rank}")
         self._relay.start()
 
     def start(self, spec: SupervisorSpec) -> None:
         self.channel.supervise(spec)
-        self.supervising = True
+        self.advance(NodePhase.SUPERVISED)
         self._relay = threading.Thread(target=self._relay_output, daemon=True,
                                        name=f"relay-node{self.node.node_rank}")
         self._relay.start()
@@ -188,11 +250,12 @@ class NodeHandle:
             note = f"ddp-orch: ignored a malformed control line from the node: {exc}\n"
             return scrub(note.encode(), self.secrets)
         if event["event"] == Event.JOINED:
-            self.joined = True
+            self.advance(NodePhase.JOINED)
         elif event["event"] == Event.STARTED:
-            self.joined = self.started = True
+            self.advance(NodePhase.STARTED)
         elif event["event"] == Event.SETUP:
-            self.setup_ok = event["ok"]
+            if event["ok"]:
+                self.advance(NodePhase.SET_UP)
         elif event["event"] == Event.EXIT and self.kept:
             self.exits.append(event)
         elif event["event"] in (Event.EXIT, Event.FINISHED):
@@ -200,7 +263,8 @@ class NodeHandle:
         elif event["event"] == Event.ATTEMPT:
             self.attempt = event["attempt"]
             if event["attempt"]:
-                self.joined = self.started = False
+                if self.phase in ATTEMPT_FROM:  # torchrun again, its setup done
+                    self.phase = NodePhase.SET_UP
                 # new ranks; their step files are gone
                 self.progress, self.samples, self.output_at = {}, {}, {}
                 return (f"{AGENT_SAYS}attempt {event['attempt']} (master port "
@@ -241,23 +305,22 @@ class NodeHandle:
 
     def go(self) -> None:
         """Every node's setup is done: this node's torchrun may start."""
-        if self.supervising and self.poll() is None and not self.go_sent and not self.killed:
-            self.go_sent = True
+        if self.poll() is None and not self.killed and self.advance(NodePhase.GO):
             self.channel.send_control(Control.GO)
 
     def stop(self) -> None:
         """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL)."""
         if self.supervising and self.poll() is None and not self.stop_sent:
-            self.stop_sent = True
+            self.asked = Ask.STOP
             self.channel.send_control(Control.STOP)
 
     def kill(self) -> None:
         """Ask the supervisor to SIGKILL the run now; closing stdin backs it up."""
         if self.supervising and self.poll() is None:
-            self.stop_sent = True
+            self.asked = Ask.STOP  # a kill is a stop, should the channel fail below
             self.channel.send_control(Control.KILL)
             self.channel.hang_up()
-            self.killed = True
+            self.asked = Ask.KILL
 
     @property
     def heard_s(self) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 
 import pytest
 
@@ -86,6 +87,13 @@ def test_a_node_handle_steers_its_node_with_control_words_through_the_channel(tm
     handle.start(spec)
     assert channel.spec is spec
     handle.ping()
+    handle.go()  # its setup: is not done: no go yet
+    assert channel.sent == [Control.PING]
+    channel.feed(encode({"event": "setup", "ok": True}))
+    deadline = time.monotonic() + 10
+    while not handle.setup_ok:
+        assert time.monotonic() < deadline, "the relay did not take the setup event"
+        time.sleep(0.01)
     handle.go()
     handle.go()  # once only
     handle.stop()

@@ -94,7 +94,8 @@ class FakeEvent:
 
 class FakeNode(QuietChannel):
     """A node's channel (``engine/channel.NodeChannel``). Once told to
-    supervise, it prints a rank line and says it started; then it sends a
+    supervise (with ``sets_up``, once told to go, as a supervisor whose
+    torchrun waits for its setup), it prints a rank line and says it started; then it sends a
     heartbeat every HEARTBEAT_S while it runs (unless ``frozen``), what
     ``script`` holds at its fake times, and exits with ``exit_at``'s code.
     ``stop`` ends it (exit 143) unless ``ignores_stop``; ``kill`` always
@@ -103,8 +104,10 @@ class FakeNode(QuietChannel):
     liveness_ours = True
 
     def __init__(self, clock: GangClock, *, exit_at: tuple[float, int] | None = None,
-                 script: tuple[tuple[float, bytes], ...] = (), ignores_stop: bool = False):
+                 script: tuple[tuple[float, bytes], ...] = (), ignores_stop: bool = False,
+                 sets_up: bool = False):
         self.clock = clock
+        self.sets_up = sets_up  # runs a setup: first (its ``script`` says when it is done)
         self.host = "fake"
         self.exit_at = exit_at
         self.script = list(script)
@@ -115,6 +118,7 @@ class FakeNode(QuietChannel):
         self.cond = threading.Condition()
         self.buffer: collections.deque[bytes] = collections.deque()
         self.asks = self.handed = 0
+        self.on_go = b""  # what it says once told to go (a run with setup:)
         clock.nodes.append(self)
 
     # the node's side
@@ -147,8 +151,12 @@ class FakeNode(QuietChannel):
 
     # the controller's side
     def supervise(self, spec) -> None:
-        self.emit(f"[rank{spec.first_rank}]: training\n".encode()
-                  + encode({"event": "started", "workers": spec.nproc}))
+        begun = (f"[rank{spec.first_rank}]: training\n".encode()
+                 + encode({"event": "started", "workers": spec.nproc}))
+        if self.sets_up:  # as a real supervisor's: its torchrun waits for go
+            self.on_go = begun
+        else:
+            self.emit(begun)
         self.due(self.clock.now)
 
     def read_chunk(self, size: int) -> bytes:
@@ -161,6 +169,9 @@ class FakeNode(QuietChannel):
 
     def send_control(self, word: Control) -> None:
         self.sent.append((word, self.clock.now))
+        if word is Control.GO and self.on_go:
+            self.emit(self.on_go)
+            self.on_go = b""
         if word is Control.KILL:
             self.end(137, "killed")
         elif word is Control.STOP and not self.ignores_stop:
@@ -291,8 +302,8 @@ def test_with_setup_the_processes_are_said_started_once_every_nodes_setup_is_don
     2 s, node 1's at 6 s: only then are the processes said started, and
     only then does either node get its go."""
     done = encode({"event": "setup", "ok": True})
-    first = FakeNode(clock, script=((2.0, done),), exit_at=(20.0, 0))
-    second = FakeNode(clock, script=((6.0, done),), exit_at=(20.0, 0))
+    first = FakeNode(clock, script=((2.0, done),), exit_at=(20.0, 0), sets_up=True)
+    second = FakeNode(clock, script=((6.0, done),), exit_at=(20.0, 0), sets_up=True)
     out = io.StringIO()
     outcome = start_gang(tmp_path, clock, [first, second], extra="setup: [make]\n",
                          console=Console("all", out)).run()

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from orchestrator.agent.wire.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, encode
-from orchestrator.engine.nodehandle import NodeHandle
+from orchestrator.engine.nodehandle import ATTEMPT_FROM, NEXT, Ask, NodeHandle, NodePhase
 from orchestrator.console import Console
 from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.model import NodePlan
@@ -349,3 +349,70 @@ def test_the_reason_names_the_first_failure_and_the_ranks_that_failed_the_same_w
     assert _failure_reason(1, failures[:2], 0, []).endswith(f"{MESSAGE}; the same on rank 0")
     assert _failure_reason(1, failures[2:3], 0, []) == \
         "torchrun exited 1; rank 1 (local rank 1) failed: RuntimeError: other"
+
+
+# A node's phase (``NodePhase``): one value, forward only ------------------------------
+
+def _streamed(tmp_path, *events: dict) -> NodeHandle:
+    """A handle that relayed ``events`` (and then an exit), as its node sent them."""
+    node = NodePlan(node_rank=0, host="h", python="python3", gpus=None, first_rank=0, nproc=1,
+                    run_dir="/r", env={}, unset_env=())
+    launch = NodeLaunch(node=node, where="local subprocess", env={}, unset_env=(), argv=())
+    data = b"".join(encode(e) for e in events) + encode({**EXIT, "code": 0, "failures": []})
+    handle = NodeHandle(launch, FakeAgent(data), RunDir(str(tmp_path)), Console("quiet"))
+    assert handle.phase is NodePhase.NEW and not handle.supervising
+    handle.start(None)
+    handle.finish(timeout=10)
+    return handle
+
+
+SETUP_OK, JOINED, STARTED = ({"event": "setup", "ok": True}, {"event": "joined"},
+                             {"event": "started", "workers": 1})
+
+
+def test_a_phase_is_reached_once_and_a_late_or_repeated_event_never_moves_it_back(tmp_path):
+    handle = _streamed(tmp_path, SETUP_OK, JOINED, STARTED, JOINED, SETUP_OK)
+    assert handle.phase is NodePhase.STARTED
+    assert handle.joined and handle.started and handle.setup_ok
+    # an ended node keeps the phase it reached: the gang rule asks whether it had started
+    assert handle.poll() == 0 and handle.started
+
+
+def test_a_run_without_setup_skips_to_joined_and_a_failed_setup_is_no_phase(tmp_path):
+    assert _streamed(tmp_path, JOINED).phase is NodePhase.JOINED
+    assert _streamed(tmp_path, STARTED).phase is NodePhase.STARTED  # started: joined too
+    failed = _streamed(tmp_path, {"event": "setup", "ok": False})
+    assert failed.phase is NodePhase.SUPERVISED and not failed.setup_ok
+
+
+def test_go_only_after_the_nodes_setup_and_never_once_torchrun_runs(tmp_path):
+    handle = _streamed(tmp_path)
+    assert not handle.advance(NodePhase.GO)  # supervised, setup not done
+    assert handle.advance(NodePhase.SET_UP) and handle.advance(NodePhase.GO)
+    assert handle.go_sent and not handle.advance(NodePhase.GO)
+    ran = _streamed(tmp_path, JOINED)
+    assert not ran.advance(NodePhase.GO) and not ran.advance(NodePhase.SET_UP)
+
+
+def test_a_kept_runs_next_attempt_starts_torchrun_again_after_its_setup(tmp_path):
+    handle = _streamed(tmp_path, SETUP_OK, STARTED,
+                       {"event": "attempt", "attempt": 1, "master_port": 29501})
+    assert handle.phase is NodePhase.SET_UP
+    assert handle.setup_ok and not handle.joined and not handle.started
+    first = _streamed(tmp_path, {"event": "attempt", "attempt": 0, "master_port": 29500}, JOINED)
+    assert first.phase is NodePhase.JOINED  # attempt 0 is the first: nothing to undo
+
+
+def test_what_the_controller_asked_is_apart_from_the_phase_it_reached(tmp_path):
+    handle = _streamed(tmp_path, STARTED)
+    handle.asked = Ask.STOP
+    assert handle.stop_sent and not handle.killed and handle.started
+    handle.asked = Ask.KILL
+    assert handle.stop_sent and handle.killed and handle.phase is NodePhase.STARTED
+
+
+def test_every_move_of_the_table_goes_forward_and_only_an_attempt_goes_back():
+    for phase, moves in NEXT.items():
+        assert all(to > phase for to in moves), (phase, moves)
+    assert set(NEXT) == set(NodePhase) and NEXT[NodePhase.STARTED] == frozenset()
+    assert min(ATTEMPT_FROM) == NodePhase.SET_UP
