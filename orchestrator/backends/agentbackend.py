@@ -271,10 +271,10 @@ class AgentBackend(LaunchBackend):
         return RunDescription(RunState.FAILED, tuple(gone), gone[0] if gone else None, detail)
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
-        return self._stacks(record.run_id, record.nodes, native)
+        return self.stacks_of(record.run_id, record.nodes, native)
 
-    def _stacks(self, run_id: str, nodes: Sequence[NodeRecord],
-                native: bool = False) -> StacksResult:
+    def stacks_of(self, run_id: str, nodes: Sequence[NodeRecord],
+                  native: bool = False) -> StacksResult:
         """One agent per host (a host may hold several nodes), all at once; each
         dumps the run's ranks there (``agent/node/stacks.py``)."""
         from ..engine.fanout import on_all
@@ -403,8 +403,8 @@ class AgentBackend(LaunchBackend):
     def _node_transport(self, node: NodePlan) -> Transport:
         return self.transport(node.node_rank, node.host, self.connection(node.node_rank))
 
-    def _sweep_lost(self, info: DryRun, transports: Mapping[int, Transport],
-                    outcome: RunOutcome, run: RunDir, silent: set[int] = frozenset()) -> None:
+    def sweep_lost(self, info: DryRun, transports: Mapping[int, Transport],
+                   outcome: RunOutcome, run: RunDir, silent: set[int] = frozenset()) -> None:
         """A node whose agent vanished may still run the job: end what is left
         there over a fresh connection (its guardian should have; this checks).
 
@@ -437,8 +437,9 @@ class AgentBackend(LaunchBackend):
             run.note(k, f"node lost, and it cannot be reached to clean up: {_message(exc)}; "
                           f"run `ddp-orch down {info.plan.run_id}` once it is back")
 
-    def _fetch(self, info: DryRun, transports: Mapping[int, Transport], outcome: RunOutcome,
-               run: RunDir, reusable: Mapping[int, AgentHandle]) -> dict | None:
+    def fetch_results(self, info: DryRun, transports: Mapping[int, Transport],
+                      outcome: RunOutcome, run: RunDir,
+                      reusable: Mapping[int, AgentHandle]) -> dict | None:
         """What the run brings home (``results.wanted_files``): over the run's
         own channel where it is still open, else over a fresh agent. Best
         effort; a node that cannot be reached leaves a note in its log."""

@@ -32,7 +32,7 @@ class AgentRun(RunHandle):
                  transports: dict[int, Transport], agents: dict[int, AgentHandle], *,
                  records: tuple[NodeRecord, ...] = (), lines: int | None = None):
         super().__init__(info, run, mode, channels=agents, records=records, lines=lines,
-                         dump_stacks=lambda: backend._stacks(info.plan.run_id, self.records))
+                         dump_stacks=lambda: backend.stacks_of(info.plan.run_id, self.records))
         self.backend = backend
         self.transports = transports
         self.agents = agents
@@ -45,12 +45,13 @@ class AgentRun(RunHandle):
     def fetch(self, outcome: RunOutcome) -> dict | None:
         reusable = {h.node.node_rank: agent for h in self.gang.handles
                     if (agent := h.release()) is not None}
-        return self.backend._fetch(self.dryrun, self.transports, outcome, self.run, reusable)
+        return self.backend.fetch_results(self.dryrun, self.transports, outcome, self.run,
+                                          reusable)
 
     def tidy(self, outcome: RunOutcome) -> None:
         """What a lost node left behind is ended (not when only observing)."""
         if self.mode is not Mode.OBSERVED:
-            self.backend._sweep_lost(self.dryrun, self.transports, outcome, self.run,
+            self.backend.sweep_lost(self.dryrun, self.transports, outcome, self.run,
                                      silent={h.node.node_rank for h in self.gang.handles
                                              if h.partitioned})
 

@@ -118,7 +118,7 @@ class Gang:
                 port = int(self.plan.master_port)
                 on_all(lambda k: by_rank[k].start(
                     supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),
-                    by_rank).values("starting the nodes", self._label)
+                    by_rank).values("starting the nodes", self.label)
             if self.mode is Mode.ATTACHED and self.plan.setup:
                 # no rank exists yet: each node runs its setup first (_release_setup)
                 self.console.milestone(f"running setup: on {len(self.handles)} node(s) before "
@@ -167,10 +167,10 @@ class Gang:
         self.console.always("ddp-orch: interrupted; stopping every node "
                             "(press Ctrl-C again to kill at once)")
         if self.mode is Mode.KEPT:  # the keepers stop the run; they report its end
-            self._stop_all("interrupted")
+            self.stop_all("interrupted")
             self.await_finish()
 
-    def _label(self, node_rank: int) -> str:
+    def label(self, node_rank: int) -> str:
         return f"node {node_rank} ({self.plan.nodes[node_rank].host})"
 
     def _watch(self) -> None:
@@ -211,7 +211,7 @@ class Gang:
     def _view(self, handle: NodeHandle) -> NodeView:
         """A node as the rule sees it. A kept run's node has no end of its
         own to judge here (each attempt's is its keepers')."""
-        return NodeView(handle.node.node_rank, self._label(handle.node.node_rank),
+        return NodeView(handle.node.node_rank, self.label(handle.node.node_rank),
                         code=handle.poll() if self.mode is Mode.ATTACHED else None,
                         joined=handle.joined, started=handle.started,
                         setup_done=not self.plan.setup or handle.setup_ok,
@@ -233,7 +233,7 @@ class Gang:
                 handle.timed_out = True
         elif verdict.stop is Stop.HANG:
             why = self._hang(verdict, by_rank)
-        self._stop_all(why)
+        self.stop_all(why)
         if self.mode is Mode.KEPT:
             self.await_finish()
 
@@ -317,7 +317,7 @@ class Gang:
             for handle in self.handles:
                 handle.ping()
 
-    def _stop_all(self, why: str) -> None:
+    def stop_all(self, why: str) -> None:
         self.console.info(f"{why}; stopping every node")
         for handle in self.handles:
             handle.stop()

@@ -68,7 +68,7 @@ def begin_kept(gang, by_rank: Mapping) -> None:
         on_all(lambda k: by_rank[k].follow(
             run_dir=by_rank[k].node.run_dir, attached=attached,
             **({"lines": gang.lines} if gang.lines is not None else {"offset": 0})),
-            by_rank).values("following the nodes", gang._label)
+            by_rank).values("following the nodes", gang.label)
     except BaseException:
         if gang.keepers is not None:  # keepers that nobody follows must not run on: end them
             _down_started(gang, by_rank)
@@ -113,7 +113,7 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
 
     gang_port = start(0, 0)
     on_all(lambda k: start(k, gang_port), [k for k in by_rank if k != 0]).values(
-        "starting the keepers", gang._label)
+        "starting the keepers", gang.label)
     what = "detached" if gang.detach else f"up to {gang.keepers.max_restarts} gang restart(s)"
     if plan.setup:  # no rank exists yet: each node's keeper runs its setup first
         gang.console.milestone(f"started the keepers on {len(gang.handles)} node(s) ({what}); "
@@ -146,13 +146,13 @@ def contact_lost(gang) -> bool:
             f"node); its keeper stops the run there after {PEER_TIMEOUT_S:g}s without us")
     for handle in gone + silent:
         handle.partitioned = True
-    names = ", ".join(gang._label(h.node.node_rank) for h in gone + silent)
+    names = ", ".join(gang.label(h.node.node_rank) for h in gone + silent)
     if gang.detach or gang.keepers is None:
         gang.left = True
         gang.lost_contact = f"lost contact with {names}"
         gang.console.info(f"{gang.lost_contact}; the run goes on there under its keepers")
         return True
-    gang._stop_all(f"{names} silent for {PEER_TIMEOUT_S:g}s" if not gone
+    gang.stop_all(f"{names} silent for {PEER_TIMEOUT_S:g}s" if not gone
                    else f"lost contact with {names}")
     gang.await_finish()
     return True
