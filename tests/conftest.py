@@ -44,44 +44,75 @@ if os.environ.get("DDP_ORCH_MUTATION"):
     _settings.load_profile("mutation")
 
 
-# Under `pytest -n 2` (README's test command) the live tests, labs' own
-# included, run one after another on one worker, in file order, exactly as
-# without xdist: the labs are session-scoped, the tests' time bounds assume no
-# second run beside them, and their run ids and addresses are unique only
-# within one session. The other worker takes the unit and in-process workload
-# tests, which start no run. (xdist's own `--dist loadgroup` cannot do it:
-# under pytest 9 its group suffix never reaches the node id.) The modules
-# are named by path, since xdist's scheduler sees only node ids; a live test
-# outside them is a usage error, so the rule cannot drift from the marker.
+# Under `pytest -n 2` (README's test command) the live tests run two at a
+# time, one module per xdist worker, beside the unit tests: most of a live
+# test's time is spent waiting (for a timeout, a hang verdict, a link given
+# up on), so a second one beside it nearly halves the suite's wall time on
+# 2 cores. What two live modules may not share:
+# * the Slurm lab: one slurmctld per session, so every module that uses it is
+#   one unit of work (SLURM_MODULES), run on one worker in file order;
+# * run ids: the "nothing left" scan (labs/procscan.py) finds a run's
+#   processes by its id, so an id is one module's (procscan refuses an id a
+#   second module uses, whichever ran first);
+# * anything else machine-wide: SSH labs listen on ports of their own,
+#   network labs take a free 10.77.N.0/24 under a lock, GPU locks are per
+#   (fake) GPU, and each worker has its own XDG_DATA_HOME.
+# The bounds the live tests assert are measured on the runs' own records
+# (labs/bounds.py), not on the wall clock around them, so a busy machine
+# does not fail them. (xdist's own `--dist loadgroup` cannot group by
+# module: under pytest 9 its group suffix never reaches the node id.) The
+# modules are named by path, since xdist's scheduler sees only node ids; a
+# live test outside them is a usage error, so the rule cannot drift from
+# the marker, and so is a Slurm-lab test outside SLURM_MODULES.
 LIVE_MODULES = ("tests/live/", "tests/labs/", "tests/workloads/test_wl_live.py",
                 "tests/workloads/test_wl_seed_layout.py", "tests/workloads/test_wl_orchestrated.py",
                 "tests/workloads/test_wl_device_policy.py", "tests/workloads/test_wl_gpu.py")
-LIVE_GROUP = "live"
+SLURM_MODULES = ("tests/live/test_hang.py", "tests/live/test_setup_outputs_live.py",
+                 "tests/live/test_shell_dryrun.py", "tests/live/test_slurm_keeps_the_job.py",
+                 "tests/live/test_slurm_launch.py")
+SLURM_UNIT = "slurm-lab"
+SLURM_FIXTURE = "slurm_lab"
+RUN_IDS_ENV = "DDP_ORCH_TEST_RUN_IDS"  # labs/procscan.py: which module took each run id
+
+if not os.environ.get("PYTEST_XDIST_WORKER"):  # the session's process; workers inherit it
+    os.environ[RUN_IDS_ENV] = tempfile.mkdtemp(prefix="ddp-orch-tests-run-ids-")
 
 
-def runs_apart(nodeid: str) -> bool:
-    """Is the test ``nodeid`` one of the live tests run one at a time?"""
-    return nodeid.startswith(LIVE_MODULES)
+def work_unit(nodeid: str) -> str:
+    """The unit of xdist's work ``nodeid`` belongs to: a unit test alone, a
+    live test with its module, a Slurm-lab test with every other one."""
+    if nodeid.startswith(SLURM_MODULES):
+        return SLURM_UNIT
+    if nodeid.startswith(LIVE_MODULES):
+        return nodeid.split("::", 1)[0]
+    return nodeid
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """The live tests are one unit of xdist's work, every other test a unit
-    of its own; the largest unit (the live tests) is handed out first."""
+    """xdist's scope scheduling over ``work_unit``: the units with the most
+    tests are handed out first, so the live modules start at once and the
+    single unit tests fill in wherever a worker runs out."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class LiveTestsApart(LoadScopeScheduling):
+    class LiveModulesApart(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return LIVE_GROUP if runs_apart(nodeid) else nodeid
+            return work_unit(nodeid)
 
-    return LiveTestsApart(config, log)
+    return LiveModulesApart(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     strays = [item.nodeid for item in items
-              if item.get_closest_marker("live") is not None and not runs_apart(item.nodeid)]
+              if item.get_closest_marker("live") is not None
+              and not item.nodeid.startswith(LIVE_MODULES)]
     if strays:
         raise pytest.UsageError(f"live tests outside tests/conftest.py's LIVE_MODULES (add "
                                 f"their modules there, or move them): {', '.join(strays[:5])}")
+    slurm = [item.nodeid for item in items if SLURM_FIXTURE in getattr(item, "fixturenames", ())
+             and not item.nodeid.startswith(SLURM_MODULES)]
+    if slurm:
+        raise pytest.UsageError(f"Slurm-lab tests outside tests/conftest.py's SLURM_MODULES (add "
+                                f"their modules there): {', '.join(slurm[:5])}")
     if os.environ.get("DDP_ORCH_MUTATION"):
         _cap_hypothesis(items)
 

@@ -17,6 +17,12 @@ machine's processes):
 ``wait_gone`` is the "nothing left" check of every live test. It returns
 a ``Leftovers`` set: empty compares equal to ``set()``, and a failing
 assertion shows each pid with what it is and its command line.
+
+Two live modules run side by side under ``pytest -n 2`` (tests/conftest.py),
+so a run id scanned here must be one module's: the first scan of an id
+claims it for its module (``claim``), and a scan of the same id from another
+module fails, whichever order they ran in, before two runs can be mistaken
+for each other.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from orchestrator.agent.node.procs import OWN_MARKER, proc_table
 
 WORKER_MARKER = "DDP_ORCH_RUN_ID"
+RUN_IDS_ENV = "DDP_ORCH_TEST_RUN_IDS"
 
 
 class Leftovers(set):
@@ -41,6 +48,7 @@ class Leftovers(set):
 def run_pids(run_id: str, labs=()) -> Leftovers:
     """Every live (non-zombie) process of ``run_id`` here, and with ``labs``
     the sshd sessions it holds open on those labs' hosts."""
+    claim(run_id)
     table = _table()
     found = Leftovers(pid for pid, (_ppid, state) in table.items()
                       if state not in ("Z", "X") and run_of(pid) == run_id)
@@ -58,6 +66,27 @@ def wait_gone(run_id: str, timeout: float, labs=()) -> Leftovers:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def claim(run_id: str) -> None:
+    """Record that the running test's module uses ``run_id``; fail if another
+    module of this session already did (the registry is the directory in
+    ``$DDP_ORCH_TEST_RUN_IDS``, made by tests/conftest.py)."""
+    registry = os.environ.get(RUN_IDS_ENV)
+    module = os.environ.get("PYTEST_CURRENT_TEST", "").split("::", 1)[0]
+    if not registry or not module:
+        return
+    path = os.path.join(registry, run_id.replace("/", "%2F"))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        with open(path, encoding="utf-8") as fh:
+            owner = fh.read()
+        assert owner == module, (f"run id {run_id!r} is used by {owner} and {module}: live "
+                                 f"modules run side by side, so give one of them another id")
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(module)
 
 
 def lab_sessions(lab, run_id: str, table: dict | None = None) -> set[int]:
@@ -112,6 +141,7 @@ def describe(pid: int) -> str:
 def worker_pids(run_id: str) -> set[int]:
     """Live processes with the worker marker only (``DDP_ORCH_RUN_ID``):
     torchrun, the workers and setup commands, what the teardown ends."""
+    claim(run_id)
     return {pid for pid, (_ppid, state) in _table().items()
             if state not in ("Z", "X") and environ_of(pid).get(WORKER_MARKER) == run_id}
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from orchestrator.agent.node.procs import OWN_MARKER, own_marker, run_marker
-from procscan import run_pids, wait_gone, worker_pids
+from procscan import RUN_IDS_ENV, claim, run_pids, wait_gone, worker_pids
 
 pytestmark = pytest.mark.live
 
@@ -28,6 +28,25 @@ def sleeper(env: dict) -> subprocess.Popen:
                 return process
         time.sleep(0.02)
     raise AssertionError("the sleeper did not start")
+
+
+def test_a_run_id_is_one_modules_and_a_second_module_scanning_it_fails(tmp_path, monkeypatch):
+    """Live modules run side by side: the same id in two of them would make
+    one test's scan count the other's processes. The second module to scan
+    an id fails, with both names; the first may scan it again."""
+    monkeypatch.setenv(RUN_IDS_ENV, str(tmp_path))
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/live/test_a.py::test_one (call)")
+    claim("toy")
+    run_pids("a/b")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/live/test_a.py::test_two (call)")
+    claim("toy")
+    worker_pids("a/b")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/live/test_b.py::test_three (call)")
+    claim("other")
+    for scan in (lambda: claim("toy"), lambda: run_pids("toy"), lambda: wait_gone("a/b", 0)):
+        with pytest.raises(AssertionError) as failed:
+            scan()
+        assert "tests/live/test_a.py and tests/live/test_b.py" in str(failed.value)
 
 
 def test_both_markers_are_the_run_and_only_the_worker_marker_is_a_worker():

@@ -109,27 +109,28 @@ def test_count_mode_with_cpu_processes(slurm_lab, tmp_path):
 
 
 def test_a_rank_that_raises_is_the_root_cause_and_nothing_stays_queued(slurm_lab, tmp_path):
-    path = cluster(tmp_path, "raise", "[{host: node1, procs: 1}, {host: node2, procs: 2}]",
+    path = cluster(tmp_path, "slurm-raise", "[{host: node1, procs: 1}, {host: node2, procs: 2}]",
                    "workload: {script: fail_on_rank.py, args: {rank: 2}}\n",
                    program="fail_on_rank.py")
-    result = up(slurm_lab, tmp_path, path, "raise")
+    result = up(slurm_lab, tmp_path, path, "slurm-raise")
     assert result.returncode == 1, result.stdout + result.stderr
-    summary = result.stdout.split("\nrun raise: ")[1]
+    summary = result.stdout.split("\nrun slurm-raise: ")[1]
     assert summary.startswith("FAILED")
     assert "root cause: node 1 (node2)" in summary
     assert "rank 2" in summary and "injected failure on rank 2" in summary
     assert slurm_lab.wait_queue_empty() == []
-    assert wait_gone("raise", 15) == set()
-    assert (tmp_path / "runs" / "raise" / "errors" / "node-1" / "rank-2.json").exists()
+    assert wait_gone("slurm-raise", 15) == set()
+    assert (tmp_path / "runs" / "slurm-raise" / "errors" / "node-1" / "rank-2.json").exists()
 
 
 def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
-    path = cluster(tmp_path, "ctrlc", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+    path = cluster(tmp_path, "slurm-ctrlc", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
                    "workload: {script: sleeper.py}\n", program="sleeper.py")
-    proc = start_up(slurm_lab, tmp_path, path, "ctrlc")
+    proc = start_up(slurm_lab, tmp_path, path, "slurm-ctrlc")
     try:
         wait_for_lines(proc, "training", 2)
-        assert run_pids("ctrlc") > worker_pids("ctrlc")  # the job's agents are the run's too
+        # the job's agents are the run's too
+        assert run_pids("slurm-ctrlc") > worker_pids("slurm-ctrlc")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -140,17 +141,17 @@ def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
     ours = [line for line in out.splitlines() if not line.startswith("[node")]
     assert "ddp-orch: interrupted; stopping every node (press Ctrl-C again to kill at once)" \
         in ours, out
-    summary = out.split("\nrun ctrlc: ")[1]
+    summary = out.split("\nrun slurm-ctrlc: ")[1]
     assert summary.startswith("INTERRUPTED")
     for k, host in enumerate(["node1", "node2"]):
         assert re.search(rf"^  {k}\s+{host}\s+stopped\s", summary, re.M), summary
     # Cancelled (scancel), not a job that ended by itself: Slurm keeps the
     # ended job's state for MinJobAge (30 s in the lab).
-    job = state_of(tmp_path, "ctrlc")["nodes"][0]["connection"]["slurm_job"]
+    job = state_of(tmp_path, "slurm-ctrlc")["nodes"][0]["connection"]["slurm_job"]
     assert "JobState=CANCELLED" in slurm_lab.run("scontrol", "show", "job", job)
     assert slurm_lab.wait_queue_empty() == []
-    assert wait_gone("ctrlc", 15) == set()
-    assert state_of(tmp_path, "ctrlc")["state"] == "interrupted"
+    assert wait_gone("slurm-ctrlc", 15) == set()
+    assert state_of(tmp_path, "slurm-ctrlc")["state"] == "interrupted"
 
 
 def test_down_of_a_running_job_and_status_and_logs(slurm_lab, tmp_path):
@@ -290,12 +291,12 @@ def test_pinned_gpus_that_another_job_holds_are_refused_by_name(slurm_lab, tmp_p
 
 
 def test_stacks_of_a_slurm_run_come_from_a_step_in_the_job(slurm_lab, tmp_path):
-    path = cluster(tmp_path, "stk", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
+    path = cluster(tmp_path, "slurm-stk", "[{host: node1, procs: 2}, {host: node2, procs: 1}]",
                    "workload: {script: hang_rank2.py}\n", program="hang_rank2.py")
-    proc = start_up(slurm_lab, tmp_path, path, "stk")
+    proc = start_up(slurm_lab, tmp_path, path, "slurm-stk")
     try:
         wait_for_lines(proc, "training", 3)
-        result = run_cli("stacks", "stk", "--runs-dir", str(tmp_path / "runs"),
+        result = run_cli("stacks", "slurm-stk", "--runs-dir", str(tmp_path / "runs"),
                          env=slurm_lab.env(), timeout=90)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "ranks 0-1 (node1): all_reduce <- hang_rank2.py:" in result.stdout
@@ -304,7 +305,7 @@ def test_stacks_of_a_slurm_run_come_from_a_step_in_the_job(slurm_lab, tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=90)
     assert slurm_lab.wait_queue_empty() == []
-    assert wait_gone("stk", 15) == set()
+    assert wait_gone("slurm-stk", 15) == set()
 
 
 def test_detach_leaves_the_job_to_slurm_and_attach_follows_it_to_the_result(slurm_lab, tmp_path):

@@ -24,6 +24,11 @@ from ..worker.shim import SHIM_MODULE, STACK_SIGNAL, stacks_file
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
 MAX_DUMP = 1 << 20  # bytes kept of one rank's dump
+# ``py-spy --native`` reads the symbols of every library a rank has loaded
+# (libtorch's run to hundreds of MB): seconds per rank, more on a node whose
+# cores the training keeps busy, so a native dump gets this many times the
+# budget of a Python one before the rank falls back to faulthandler.
+NATIVE_SLOWER = 3
 
 
 def environ_of(pid: int) -> dict[str, str]:
@@ -83,15 +88,17 @@ def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
     py_spy = shutil.which("py-spy")
     results: dict[int, dict] = {}
     if py_spy:  # ranks it cannot read (ptrace not allowed) fall back to faulthandler
+        spy_s = timeout_s * (NATIVE_SLOWER if native else 1)
+
         def spy(rank: int) -> None:
             pid, node = found[rank]
             argv = [py_spy, "dump", "--pid", str(pid), *(["--native"] if native else [])]
             try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=spy_s)
                 text, error = done.stdout[-MAX_DUMP:], done.stderr.strip()[-500:] \
                     if done.returncode else ""
             except subprocess.TimeoutExpired:
-                text, error = "", f"py-spy took more than {timeout_s:g}s"
+                text, error = "", f"py-spy took more than {spy_s:g}s"
             results[rank] = {"rank": rank, "node_rank": node, "pid": pid, "how": "py-spy",
                              "text": text, "error": error}
 
@@ -99,7 +106,7 @@ def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(timeout_s + 5)
+            thread.join(spy_s + 5)
         spied = {rank: r for rank, r in results.items() if r["text"]}
         rest = {rank: v for rank, v in found.items() if rank not in spied}
         return sorted([*spied.values(), *_faulthandler(run_id, rest, run_dirs, timeout_s)],
