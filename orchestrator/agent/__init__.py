@@ -13,8 +13,10 @@ the gang's stop rule and the grouping of stacks exist once.
                  torchrun and its teardown, the guardian, the run's processes,
                  failures, logs, probes, routes, setup, outputs, stacks, a
                  node a scheduler started (``jobnode``)
-* ``kept/``      a run its nodes keep: the keeper daemon, attempts and the gang
-                 among the nodes, their links, restarts, checked records
+* ``kept/``      a run its nodes keep: the keeper daemon, what every keeper
+                 does, node 0's role (the head) and the others' (members),
+                 the attempts' record, the gang's links, restarts, checked
+                 records
 * ``worker/``    the shim every rank runs in
 * ``gangrule``   when a gang must stop (pure; the controller's gang and the
                  keepers' head both ask it)

@@ -1,7 +1,7 @@
 """When a gang must stop, and why: the one stop rule of every gang.
 
 A gang is followed by whoever owns it: the controller (``engine/gang.py``,
-an attached run) or node 0's keeper (``agent/kept/keeper.py``, a kept run:
+an attached run) or node 0's keeper (``agent/kept/head.py``, a kept run:
 ``--detach``, ``--max-restarts``). Both take a snapshot of their nodes
 (``NodeView``) and ask ``judge``; the rule is written here once:
 

@@ -2,7 +2,7 @@
 
 Pure (no I/O, stdlib only), because two sides read stacks: the controller
 (``ddp-orch stacks``, the attached hang watchdog, ``engine/stacks.py``) and
-a kept run's head keeper (``agent/kept/keeper.py``), which names the odd
+a kept run's head keeper (``agent/kept/head.py``), which names the odd
 rank of a hang with no controller there. A rank's dump (faulthandler's or
 py-spy's text) is reduced to its main thread's frames; ranks whose main
 threads stand at the same place (the innermost frame and the innermost

@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from workloads.contract import MAX_RESTARTS_ENV
 
-from ..agent.wire.protocol import KeptRule, is_time
+from ..agent.wire.protocol import KeptRule
 from ..errors import ConfigError, TransportError
 from ..plan.dryrun import ByHand, DryRun, NodeLaunch
 from ..plan.torchrun import torchrun_argv
-from .base import (CancelResult, LaunchBackend, PruneResult, RunDescription,
-                   in_local_run_dir, recorded_dryrun)
+from .base import CancelResult, LaunchBackend, PruneResult, in_local_run_dir, recorded_dryrun
 
 # The engine (agents, the gang, fetching, preflight) is imported by the
 # methods that start or reach nodes, not here: a dry-run, `ps` and `--help`
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
     from ..engine.preflight import Preflight
     from ..engine.stacks import StacksResult
     from ..plan.model import NodePlan, RunPlan
-    from ..records.outcome import RunOutcome
+    from ..records.outcome import RunDescription, RunOutcome
     from ..records.rundir import RunDir
     from ..records.store import NodeRecord, RunRecord
     from ..transport.base import Transport
@@ -212,10 +211,8 @@ class AgentBackend(LaunchBackend):
         attempt once the run is over; until then each keeper says how far it is."""
         if record.rule != KeptRule.DETACHED or not record.live:
             return super().describe(record)  # its records say it: no engine to import
-        from ..agent.kept.records import clean_keeper_state
         from ..engine.fanout import on_all
-        from ..engine.keptgang import attempt_outcomes
-        from ..records.outcome import NodeOutcome, NodeState, RunState, gang_outcome
+        from ..engine.keptgang import kept_status
 
         info = recorded_dryrun(record)
 
@@ -227,48 +224,8 @@ class AgentBackend(LaunchBackend):
             return reply
 
         done = on_all(ask, range(len(record.nodes)), timeout_s=self.options.check_timeout_s)
-        notes: dict[int, list[str]] = {k: [] for k in range(len(record.nodes))}
-        # Each keeper's record, checked field by field: a node's bad record
-        # is ignored with a note, never a crash of ``status`` or ``ps``.
-        kept_by = {k: clean_keeper_state(reply.get("keeper"), notes[k]) or {}
-                   for k, reply in done.succeeded.items()}
-        noted = [f"  node {k}: {note}" for k in sorted(notes) for note in notes[k]]
-        head = kept_by.get(0) or {}
-        if head.get("state") not in (None, "running") and isinstance(head.get("attempts"), list):
-            for k in sorted(notes):  # the run is over: said once, as the record settles
-                for note in notes[k]:
-                    record.run.note(k, note)
-            attempts = attempt_outcomes(info.plan, head["attempts"])
-            ran = gang_outcome(record.run_id, attempts[-1][1] if attempts else (), 0.0,
-                               interrupted=head["state"] == "interrupted")
-            ended = head.get("updated")
-            return RunDescription(ran.state, ran.nodes, ran.root_cause,
-                                  "\n".join([f"ended {_when(ended)}, as node 0's keeper "
-                                             "recorded"] + noted),
-                                  tuple(a for a, _ in attempts), ended)
-        lines, gone = [], []
-        for k, node in enumerate(record.nodes):
-            reply = done.succeeded.get(k)
-            kept = kept_by.get(k) or {}
-            if reply is None:
-                lines.append(f"  node {k} ({node.host}): cannot be reached: "
-                             f"{_message(done.failed[k])}")
-            elif reply.get("alive"):
-                lines.append(f"  node {k} ({node.host}): running, attempt {kept.get('attempt', 0)}")
-            elif kept.get("state") not in (None, "running"):
-                lines.append(f"  node {k} ({node.host}): {kept['state']} "
-                             f"(exit {kept.get('code')})")
-            else:  # recorded as running, but its keeper is not: killed
-                gone.append(NodeOutcome(k, node.host, NodeState.LOST, kept.get("code"),
-                                        "its keeper is gone without finishing (killed?)",
-                                        kept.get("updated")))
-                lines.append(f"  node {k} ({node.host}): its keeper is gone without finishing")
-        detail = "the nodes say:\n" + "\n".join(lines + noted)
-        # Over only on firm ground: every node answered and no keeper runs.
-        if done.failed or any(r.get("alive") for r in done.succeeded.values()):
-            return RunDescription(RunState.RUNNING, (), None, detail,
-                                  progress=_kept_progress(record, done.succeeded, kept_by))
-        return RunDescription(RunState.FAILED, tuple(gone), gone[0] if gone else None, detail)
+        return kept_status(record, info.plan, done.succeeded,
+                           {k: _message(exc) for k, exc in done.failed.items()})
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
         return self.stacks_of(record.run_id, record.nodes, native)
@@ -487,34 +444,6 @@ def _call(transport: Transport, python: str, run: str, op: str, /, **fields: Any
         return agent.call(op, **fields)
     finally:
         agent.close()
-
-
-def _kept_progress(record: RunRecord, replies: Mapping[int, dict],
-                   kept_by: Mapping[int, dict]) -> tuple[dict, ...]:
-    """Each rank's last step as the live nodes' keepers recorded it (cleaned:
-    ``clean_keeper_state``), rank by rank, its time moved from the node's
-    clock to this one by what the node's clock said when it replied."""
-    ranks = []
-    for k, kept in kept_by.items():
-        reply = replies[k]
-        if not reply.get("alive"):
-            continue
-        now = reply.get("now")
-        skew = time.time() - now if is_time(now) else 0.0
-        for rank, seen in (kept.get("progress") or {}).items():
-            last = seen["last_progress"]  # the record is cleaned: its GPU fields too
-            line = seen.get("last_output")  # absent from an older keeper's record
-            ranks.append({**seen, "rank": int(rank), "node_rank": k,
-                          "host": record.nodes[k].host,
-                          "last_progress": None if last is None else last + skew,
-                          "last_output": None if line is None else line + skew})
-    return tuple(sorted(ranks, key=lambda r: r["rank"]))
-
-
-def _when(stamp: object) -> str:
-    if not is_time(stamp):
-        return "at an unknown time"
-    return "at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
 
 def _labeller(plan: RunPlan):

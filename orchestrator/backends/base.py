@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # the engine loads when a run starts, not for a dry-run or --
     from ..engine.stacks import StacksResult
     from ..plan.dryrun import DryRun
     from ..plan.model import RunPlan
-    from ..records.outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
+    from ..records.outcome import RunDescription, RunOutcome
     from ..records.rundir import RunDir
     from ..records.store import NodeRecord, RunRecord
 
@@ -80,22 +80,6 @@ class PruneResult:
     error: str = ""
     live: bool = False  # refused: the run is alive there
     remote: bool = True  # False: the node's directory lies in the local run directory
-
-
-@dataclass(frozen=True)
-class RunDescription:
-    """A run as its backend sees it now (``ddp-orch status``)."""
-
-    state: RunState
-    nodes: tuple[NodeOutcome, ...]
-    root_cause: NodeOutcome | None
-    detail: str = ""
-    attempts: tuple[AttemptOutcome, ...] = ()
-    ended: float | None = None  # when the nodes say the run ended (time.time())
-    # A live run's ranks as its nodes recorded them, where no controller keeps
-    # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress",
-    # "last_output"}, and "samples" where its keeper recorded them.
-    progress: tuple[dict, ...] = ()
 
 
 def recorded_dryrun(record: RunRecord) -> DryRun:
@@ -203,6 +187,8 @@ class LaunchBackend(ABC):
     def describe(self, record: RunRecord) -> RunDescription:
         """The run's state from its records; backends whose nodes or scheduler
         outlive the controller (a detached run, a job) ask them."""
+        from ..records.outcome import RunDescription
+
         return RunDescription(record.state, record.outcomes, record.root_cause,
                               attempts=record.attempts)
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..agent.wire import bootstrap
 from ..agent.node.procs import own_marker
-from ..agent.wire.protocol import (CONTROL_PREFIX, Control, ProtocolError, Reader, decode, digest,
-                                   request)
+from ..agent.wire.protocol import (CONTROL_PREFIX, Control, ProtocolError, Reader, check_reply,
+                                   decode, digest, request)
 from ..errors import TransportError
 from ..records.hints import PYTHON as _PYTHON_HINT
 from ..records.hints import transport_hint
@@ -86,7 +86,9 @@ class AgentHandle:
 
     def call(self, op: str, payload: bytes = b"", *, max_reply: int = 1 << 20,
              **fields: Any) -> dict:
-        """Send one request (and its payload) and return its reply."""
+        """Send one request (and its payload) and return its reply. Both are
+        checked against ``protocol.REQUESTS``: a request the agent would refuse
+        raises ProtocolError here, and an ok reply carries its declared fields."""
         self.send(op, payload, **fields)
         return self.reply(op, max_reply=max_reply)
 
@@ -115,7 +117,11 @@ class AgentHandle:
             if reply.get("sha256") not in (None, digest(reply["data"])):
                 raise TransportError(self.host, f"{op}: the data arrived corrupted "
                                                 "(checksum mismatch)")
-        return reply
+        try:
+            return check_reply(op, reply)  # an ok reply has what ``REQUESTS`` says
+        except ProtocolError as exc:
+            raise TransportError(self.host, f"the agent sent a malformed message: {exc}") \
+                from None
 
     def put(self, data: bytes, path: str, mode: int = 0o600) -> str:
         """Write ``data`` to ``path`` on the node; returns the absolute path."""

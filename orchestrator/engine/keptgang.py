@@ -13,6 +13,9 @@ controller:
 * returns when every node has started (``--detach``) or when every
   keeper has finished, and builds the outcome from node 0's record of
   every attempt.
+* reads a detached run's state back from its keepers' records for
+  ``status`` and ``ps`` (``kept_status``), with the same outcomes of
+  every attempt (``attempt_outcomes``).
 
 These are helpers of the one gang (``gang.py``, ``Mode.KEPT``), which
 follows the nodes in its one watch loop. ``attach`` is the same gang
@@ -26,17 +29,21 @@ controller uses (``agent/gangrule.py``), the hang rule included
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from ..agent.kept.records import clean_attempts
+from ..agent.kept.records import clean_attempts, clean_keeper_state
 from ..agent.node.spec import SupervisorSpec
-from ..agent.wire.protocol import PEER_TIMEOUT_S, KeptRule
+from ..agent.wire.protocol import PEER_TIMEOUT_S, KeptRule, is_time
 from ..errors import TransportError
-from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunOutcome, RunState, \
-    gang_outcome
+from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunDescription, RunOutcome, \
+    RunState, gang_outcome
 from .fanout import on_all
 from .nodehandle import exit_outcome, supervisor_spec
+
+if TYPE_CHECKING:
+    from ..records.store import RunRecord
 
 
 def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,
@@ -242,3 +249,82 @@ def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
                                    ran.root_cause, note), tuple(nodes)))
     return out
 
+
+def kept_status(record: "RunRecord", plan, replies: Mapping[int, dict],
+                unreachable: Mapping[int, str]) -> RunDescription:
+    """A live detached run as its nodes' keepers say it (``status``, ``ps``):
+    ``replies`` are the nodes' ``keeper`` replies (``kept/daemon.state``),
+    ``unreachable`` why the others could not be asked. Node 0's keeper
+    records every attempt once the run is over, and the attempts' outcomes
+    come from that record (``attempt_outcomes``); until then each keeper
+    says how far its node is, and each rank's last step (``progress``)."""
+    notes: dict[int, list[str]] = {k: [] for k in range(len(record.nodes))}
+    # Each keeper's record, checked field by field: a node's bad record
+    # is ignored with a note, never a crash of ``status`` or ``ps``.
+    kept_by = {k: clean_keeper_state(reply.get("keeper"), notes[k]) or {}
+               for k, reply in replies.items()}
+    noted = [f"  node {k}: {note}" for k in sorted(notes) for note in notes[k]]
+    head = kept_by.get(0) or {}
+    if head.get("state") not in (None, "running") and isinstance(head.get("attempts"), list):
+        for k in sorted(notes):  # the run is over: said once, as the record settles
+            for note in notes[k]:
+                record.run.note(k, note)
+        attempts = attempt_outcomes(plan, head["attempts"])
+        ran = gang_outcome(record.run_id, attempts[-1][1] if attempts else (), 0.0,
+                           interrupted=head["state"] == "interrupted")
+        ended = head.get("updated")
+        return RunDescription(ran.state, ran.nodes, ran.root_cause,
+                              "\n".join([f"ended {_when(ended)}, as node 0's keeper "
+                                         "recorded"] + noted),
+                              tuple(a for a, _ in attempts), ended)
+    lines, gone = [], []
+    for k, node in enumerate(record.nodes):
+        reply = replies.get(k)
+        kept = kept_by.get(k) or {}
+        if reply is None:
+            lines.append(f"  node {k} ({node.host}): cannot be reached: "
+                         f"{unreachable.get(k, 'no answer')}")
+        elif reply.get("alive"):
+            lines.append(f"  node {k} ({node.host}): running, attempt {kept.get('attempt', 0)}")
+        elif kept.get("state") not in (None, "running"):
+            lines.append(f"  node {k} ({node.host}): {kept['state']} "
+                         f"(exit {kept.get('code')})")
+        else:  # recorded as running, but its keeper is not: killed
+            gone.append(NodeOutcome(k, node.host, NodeState.LOST, kept.get("code"),
+                                    "its keeper is gone without finishing (killed?)",
+                                    kept.get("updated")))
+            lines.append(f"  node {k} ({node.host}): its keeper is gone without finishing")
+    detail = "the nodes say:\n" + "\n".join(lines + noted)
+    # Over only on firm ground: every node answered and no keeper runs.
+    if unreachable or any(r.get("alive") for r in replies.values()):
+        return RunDescription(RunState.RUNNING, (), None, detail,
+                              progress=_kept_progress(record, replies, kept_by))
+    return RunDescription(RunState.FAILED, tuple(gone), gone[0] if gone else None, detail)
+
+
+def _kept_progress(record: "RunRecord", replies: Mapping[int, dict],
+                   kept_by: Mapping[int, dict]) -> tuple[dict, ...]:
+    """Each rank's last step as the live nodes' keepers recorded it (cleaned:
+    ``clean_keeper_state``), rank by rank, its time moved from the node's
+    clock to this one by what the node's clock said when it replied."""
+    ranks = []
+    for k, kept in kept_by.items():
+        reply = replies[k]
+        if not reply.get("alive"):
+            continue
+        now = reply.get("now")
+        skew = time.time() - now if is_time(now) else 0.0
+        for rank, seen in (kept.get("progress") or {}).items():
+            last = seen["last_progress"]  # the record is cleaned: its GPU fields too
+            line = seen.get("last_output")  # absent from an older keeper's record
+            ranks.append({**seen, "rank": int(rank), "node_rank": k,
+                          "host": record.nodes[k].host,
+                          "last_progress": None if last is None else last + skew,
+                          "last_output": None if line is None else line + skew})
+    return tuple(sorted(ranks, key=lambda r: r["rank"]))
+
+
+def _when(stamp: object) -> str:
+    if not is_time(stamp):
+        return "at an unknown time"
+    return "at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))

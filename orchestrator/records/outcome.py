@@ -152,3 +152,19 @@ def gang_outcome(run_id: str, nodes: tuple[NodeOutcome, ...], wall_s: float, *,
     else:
         state = RunState.SUCCEEDED
     return RunOutcome(run_id, state, wall_s, nodes, root, None)
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """A run as its backend sees it now (``ddp-orch status``)."""
+
+    state: RunState
+    nodes: tuple[NodeOutcome, ...]
+    root_cause: NodeOutcome | None
+    detail: str = ""
+    attempts: tuple[AttemptOutcome, ...] = ()
+    ended: float | None = None  # when the nodes say the run ended (time.time())
+    # A live run's ranks as its nodes recorded them, where no controller keeps
+    # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress",
+    # "last_output"}, and "samples" where its keeper recorded them.
+    progress: tuple[dict, ...] = ()

@@ -6,7 +6,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ..agent.wire.protocol import is_count, is_time
-from ..backends.base import CancelResult, RunDescription
+from ..backends.base import CancelResult
+from ..records.outcome import RunDescription
 
 from ..records.hints import failure_hint
 from ..records.outcome import RunOutcome

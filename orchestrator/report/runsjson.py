@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import RunDescription
 from ..records.hints import failure_hint
-from ..records.outcome import AttemptOutcome, NodeOutcome, RunState
+from ..records.outcome import AttemptOutcome, NodeOutcome, RunDescription, RunState
 from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
 from .gpus import node_gpus

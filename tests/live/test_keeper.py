@@ -526,9 +526,9 @@ def test_a_later_attempt_that_never_starts_is_stopped_by_the_start_timeout(tmp_p
 @pytest.mark.live  # real daemons: about 8 s
 def test_a_node_lost_between_attempts_ends_the_run_without_starting_the_next(
         tmp_path, monkeypatch):
-    from orchestrator.agent.kept import keeper
+    from orchestrator.agent.kept import head
 
-    monkeypatch.setattr(keeper, "restart_backoff", lambda n: 5.0)  # a window to lose it in
+    monkeypatch.setattr(head, "restart_backoff", lambda n: 5.0)  # a window to lose it in
     specs = keeper_specs(tmp_path, 3, restarts=1, env={"CODES": "1:0:3", "SLEEP": "60"})
     replies = start_all(specs)
     deadline = time.monotonic() + 20

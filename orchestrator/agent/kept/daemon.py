@@ -48,7 +48,7 @@ from ..node import gpuclaim
 from .. import layout
 from ..node.procs import running, start_time
 from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Event, Reader,
-                             controller_silent_for, encode)
+                             controller_silent_for, encode, message)
 
 FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
@@ -81,9 +81,7 @@ def start(spec: dict, listen: bool) -> dict:
                                           *gpuclaim.held_fds()})
             os.write(write_end, str(os.getpid()).encode())
             os.close(write_end)
-            from .keeper import Keeper
-
-            code = Keeper(spec, sock).run()
+            code = keeper_for(spec, sock).run()
         except BaseException as exc:  # noqa: BLE001 (a daemon reports, then ends)
             os.write(2, f"ddp-orch: keeper failed to start: {exc!r}\n".encode())
         os._exit(code)
@@ -100,6 +98,18 @@ def start(spec: dict, listen: bool) -> dict:
         return {"ok": False, "error": "the keeper did not start; see agent.out in the run "
                                       "directory"}
     return {"ok": True, "pid": int(said), "gang_port": port}
+
+
+def keeper_for(spec: dict, listener=None):
+    """The keeper of ``spec``'s node: node 0's is the head (listening on
+    ``listener``, the gang's port), every other node's a member. (Imported
+    here, not at the top: the keepers import this module.)"""
+    from .head import Head
+    from .member import Member
+
+    if int(spec["supervisor"]["node_rank"]) == 0:
+        return Head(spec, listener)
+    return Member(spec)
 
 
 def _become_daemon(run_dir: str, keep: set[int]) -> None:
@@ -310,7 +320,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
             alive = keeper_pid(run_dir) is not None
             data = fh.read(1 << 20)
             if not data and whole and time.monotonic() - sent_at > HEARTBEAT_S:
-                data = encode({"event": Event.HEARTBEAT.value})  # the controller hears us between attempts
+                data = encode(message(Event.HEARTBEAT))  # the controller hears us between attempts
             if data:
                 try:
                     out.write(data)

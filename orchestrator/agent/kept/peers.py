@@ -37,7 +37,7 @@ import time
 from typing import Callable
 
 from ..node.probes import hostport
-from ..wire.protocol import LineBuffer, ProtocolError, decode, encode
+from ..wire.protocol import Event, LineBuffer, ProtocolError, decode, encode, message
 
 GANG_HEARTBEAT_S = 2.0
 GANG_TIMEOUT_S = 10.0
@@ -45,6 +45,7 @@ MAX_LINE = 1 << 20
 MAX_PENDING = 16  # connections waiting for their hello at once; the oldest gives way
 MAX_HELLO = 4096  # a hello is one short line
 ACCEPT_PAUSE_S = 0.1  # after an accept error (EMFILE...), before accepting again
+HEARTBEAT = message(Event.HEARTBEAT)  # what each end of a link sends every GANG_HEARTBEAT_S
 
 
 class Link:
@@ -92,7 +93,7 @@ class Link:
 
     def _beat(self) -> None:
         while not self.closed.wait(GANG_HEARTBEAT_S):
-            self.send({"event": "heartbeat"})
+            self.send(HEARTBEAT)
 
     def _read(self) -> None:
         why = "the link closed"
@@ -331,8 +332,7 @@ def connect(addr: str, port: int, node_rank: int, token: str,
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=GANG_TIMEOUT_S)
-            sock.sendall(encode({"event": "gang-hello", "node_rank": node_rank,
-                                 "token": token}))
+            sock.sendall(encode(message(Event.GANG_HELLO, node_rank=node_rank, token=token)))
             return sock
         except OSError as exc:
             if time.monotonic() > deadline:

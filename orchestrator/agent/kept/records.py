@@ -1,6 +1,6 @@
 """The shape of a kept run's records, checked wherever they are read.
 
-Node 0's keeper keeps the gang's attempts (``keeper.py``) and every keeper
+Node 0's keeper keeps the gang's attempts (``head.py``, ``attempts.py``) and every keeper
 its state (``keeper.json``); the controller reads them back from the
 ``finished`` line, the ``keeper`` reply (``status``, ``ps``) and ``attach``.
 They come from a node and from a file on it, so they are checked field by

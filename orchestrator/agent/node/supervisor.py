@@ -41,7 +41,7 @@ from .. import layout
 from ..wire import files
 from . import nodesetup, setupstamp
 from ..wire.protocol import (ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader,
-                             controller_silent_for, encode, exit_event)
+                             controller_silent_for, encode, exit_event, message)
 from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
 
@@ -182,7 +182,7 @@ class Supervisor:
         done = {"ok": True} if skip else nodesetup.run_setup(
             commands, setup["cwd"], env,
             float(setup["timeout_s"]), self.write_out, self.controller_silent)
-        self.emit({"event": Event.SETUP.value, "ok": done["ok"]})
+        self.emit(message(Event.SETUP, ok=done["ok"]))
         if done["ok"]:
             (self.setup_barrier or _await_go)(self)
             if not self.stop_requested:
@@ -364,7 +364,7 @@ class Supervisor:
         every = self.spec.heartbeat_s
         watched = visible_gpus(self.spec.env)
         while every and not self.exited.wait(every):
-            event = {"event": Event.HEARTBEAT.value, "progress": self.progress()}
+            event = message(Event.HEARTBEAT, progress=self.progress())
             use = gpus.sample(watched, min(every, GPU_SAMPLE_TIMEOUT_S)) if watched else None
             if use:
                 event["gpus"] = use
@@ -408,13 +408,13 @@ class Supervisor:
         port = self.spec.master_port
         if milestones[0] == "joined" and port and procs.connected_to(pid, int(port)):
             milestones.pop(0)
-            self.emit({"event": Event.JOINED.value})
+            self.emit(message(Event.JOINED))
         if milestones and milestones[0] == "started":
             workers = [p for p, ppid, state in procs.proc_table() if ppid == pid and state != "Z"]
             if workers:
                 milestones.pop(0)
                 self.workers_started = True
-                self.emit({"event": Event.STARTED.value, "workers": len(workers)})
+                self.emit(message(Event.STARTED, workers=len(workers)))
 
     def teardown(self, pid: int, grace_s: float | None = None) -> int:
         """SIGTERM every process of the run, wait, SIGKILL the rest; torchrun's code."""

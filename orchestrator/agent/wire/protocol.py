@@ -101,6 +101,9 @@ class Event(str, Enum):
     GANG_FINISH = "gang-finish"
     GANG_SETUP = "gang-setup"
     GANG_GO = "gang-go"
+    GANG_PROGRESS = "gang-progress"
+    GANG_STACKS = "gang-stacks"
+    GANG_STACKS_DONE = "gang-stacks-done"
 
 
 class KeptRule(str, Enum):
@@ -148,10 +151,54 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     "gang-stacks": {"attempt": (int,), "stamp": (str,)},
     "gang-stacks-done": {"attempt": (int,), "places": (dict,)},
 }
+# The requests the agent serves (``serve.py`` answers each, the controller
+# sends them through ``request``): op -> (the fields it takes, the fields
+# its reply carries when ``ok``, beside ``ok``; a failed reply carries
+# ``error``). A name ending in "?" may be left out; ``None`` for the reply:
+# the op has none (the supervisor's output follows, or the keeper's stream).
+_STR, _INT, _BOOL, _LIST, _DICT = (str,), (int,), (bool,), (list,), (dict,)
+_STR_OR_NONE = (str, type(None))
+REQUESTS: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]] | None]] = {
+    "mkrun": ({"run_dir": _STR, "root": _STR}, {"path": _STR}),
+    "discard": ({}, {"removed": _LIST}),
+    "put": ({"path": _STR, "size": _INT, "sha256": _STR, "mode?": _INT}, {"path": _STR}),
+    "get": ({"path": _STR, "max": _INT, "root?": _STR}, {"size": _INT, "sha256": _STR}),
+    "outputs": ({"root": _STR, "patterns": _LIST, "max_file": _INT, "max_total": _INT},
+                {"files": _LIST, "refused": _LIST}),
+    "prune": ({"run_dir": _STR, "run_id": _STR, "node_rank": _INT}, {"freed": _INT, "path": _STR}),
+    "bind": ({"port": _INT, "host?": _STR_OR_NONE}, {"port": _INT}),
+    "route": ({"host": _STR, "port": _INT, "remote_peers?": _BOOL}, {"ifname": _STR, "addr": _STR}),
+    "torch": ({}, {}),
+    "gpus": ({"want": (str, list), "run_id": _STR, "node_rank?": _INT, "busy_mib": _INT,
+              "allow_busy?": _BOOL, "hold?": _BOOL, "rehearsal?": _BOOL}, {"gpus": _LIST}),
+    "probe": ({}, {"python": _STR}),
+    "clock": ({}, {"time": _NUM}),
+    "listen": ({"port": _INT, "addr?": _STR_OR_NONE, "host?": _STR_OR_NONE,
+                "ifname?": _STR_OR_NONE, "timeout?": _NUM}, {"addr": _STR, "port": _INT}),
+    # one connection (addr, port), or a list of [addr, port] at once (targets: results)
+    "connect": ({"addr?": _STR, "port?": _INT, "targets?": _LIST, "timeout?": _NUM}, {}),
+    "down": ({"run_id": _STR, "node_rank": _INT, "run_dir?": _STR_OR_NONE, "grace_s?": _NUM},
+             {"killed": _LIST, "survivors": _LIST}),
+    "stacks": ({"run_id": _STR, "run_dirs?": _DICT, "native?": _BOOL, "timeout?": _NUM},
+               {"size": _INT, "sha256": _STR}),
+    "keeper": ({"run_dir": _STR}, {"alive": _BOOL, "now": _NUM}),
+    "detach": ({"spec": _DICT, "listen?": _BOOL}, {"pid": _INT}),
+    "supervise": ({"spec": _DICT}, None),
+    "follow": ({"run_dir": _STR, "offset?": _INT, "lines?": (int, type(None)),
+                "attached?": _BOOL}, None),
+}
 FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
     "local_rank": (int,), "message": (str,), "timestamp": _NUM,
     "error_file": (str, type(None)),
 }
+
+
+def message(event: Event, **fields: Any) -> dict[str, Any]:
+    """A control message: ``event`` with ``fields``, checked as its receiver
+    checks it (``validate``), so a sender cannot build one that every
+    receiver would drop. Every sender builds its messages here (the exit
+    event through ``exit_event``)."""
+    return validate({"event": event.value, **fields})
 
 
 def exit_event(code: int, reason: str, *, duration_s: float, failures: list | tuple = (),
@@ -229,13 +276,24 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError(f"malformed control line: {type(exc).__name__}") from None
 
 
+def check_fields(what: str, value: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+    """The one field checker of the protocol's tables (``MESSAGES``,
+    ``REQUESTS``): each field's value is one of its types, and a bool is no
+    number; a name ending in "?" may be absent. ProtocolError names ``what``
+    and the first field that is not so."""
+    for name, types in fields.items():
+        key = name[:-1] if name.endswith("?") else name
+        if key != name and key not in value:
+            continue
+        field = value.get(key)
+        if not isinstance(field, types) or isinstance(field, bool) and bool not in types:
+            raise ProtocolError(f"{what}: bad or missing {key!r}")
+
+
 def validate(message: Any) -> dict[str, Any]:
     if not isinstance(message, dict) or message.get("event") not in MESSAGES:
         raise ProtocolError(f"unknown control message: {str(message)[:200]}")
-    for name, types in MESSAGES[message["event"]].items():
-        if not isinstance(message.get(name), types) or isinstance(message.get(name), bool) \
-                and bool not in types:
-            raise ProtocolError(f"{message['event']} message: bad or missing {name!r}")
+    check_fields(f"{message['event']} message", message, MESSAGES[message["event"]])
     if message["event"] == "reply" and "size" in message:
         size = message["size"]
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_TRANSFER:
@@ -263,8 +321,29 @@ def validate(message: Any) -> dict[str, Any]:
 
 
 def request(op: str, **fields: Any) -> bytes:
-    """One request line for the agent's ``serve`` loop."""
-    return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
+    """One request line for the agent's ``serve`` loop, checked as the agent
+    checks it (``check_request``): a request the agent would refuse is the
+    controller's bug, raised here."""
+    return json.dumps(check_request({"op": op, **fields}), separators=(",", ":")).encode() + b"\n"
+
+
+def check_request(asked: Any) -> dict[str, Any]:
+    """A request (``{"op": ..., fields}``) as ``REQUESTS`` declares it; else
+    ProtocolError: an unknown op, or a field missing or of the wrong type."""
+    op = asked.get("op") if isinstance(asked, dict) else None
+    if not isinstance(op, str) or op not in REQUESTS:
+        raise ProtocolError(f"unknown request {op!r}")
+    check_fields(f"{op} request", asked, REQUESTS[op][0])
+    return asked
+
+
+def check_reply(op: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """A reply to ``op``: when ``ok``, it carries the fields ``REQUESTS`` says
+    (so the controller reads them with plain indexing); else ProtocolError."""
+    fields = REQUESTS[op][1]
+    if reply.get("ok") and fields:
+        check_fields(f"{op} reply", reply, fields)
+    return reply
 
 
 def digest(data: bytes) -> str:

@@ -45,21 +45,22 @@ import threading
 from . import files
 
 from ..node import probes, procs
-from .protocol import Control, ProtocolError, Reader, digest, encode, exit_event
+from .protocol import (Control, Event, ProtocolError, Reader, check_request, digest, encode,
+                       exit_event, message)
 
 _LOCK = threading.Lock()
 _made: list[str] = []  # run directories this agent created (for ``discard``)
-_torch: list = []  # the ``torch`` request's probe, read by ``gpus``
+_torch_probe: list = []  # the ``torch`` request's probe, read by ``gpus``
 
 
 def reply(payload: bytes = b"", **fields) -> None:
     """One reply control line, and its payload right after it."""
-    message = {"event": "reply", **fields}
     if payload:
-        message["size"] = len(payload)
+        fields["size"] = len(payload)
+    said = message(Event.REPLY, **fields)
     with _LOCK:
         out = sys.stdout.buffer
-        out.write(encode(message) + payload)
+        out.write(encode(said) + payload)
         out.flush()
 
 
@@ -68,8 +69,8 @@ def serve() -> int:
     refused = False
     code = None  # torchrun's exit code, once this agent has supervised a run
     with _LOCK:
-        sys.stdout.buffer.write(encode({"event": "hello", "home": probes.home(),
-                                        "pid": os.getpid(), "python": sys.executable}))
+        sys.stdout.buffer.write(encode(message(Event.HELLO, home=probes.home(), pid=os.getpid(),
+                                               python=sys.executable)))
         sys.stdout.buffer.flush()
     while True:
         line = stdin.readline()
@@ -83,12 +84,18 @@ def serve() -> int:
             reply(ok=False, error=f"bad request: {exc}")
             continue
         op = request.get("op")
+        try:
+            check_request(request)
+        except ProtocolError as exc:
+            if op == "put" and isinstance(request.get("size"), int) and request["size"] >= 0:
+                stdin.read_exact(request["size"])  # its payload is no request line
+            reply(ok=False, error=str(exc))
+            continue
         if op == "follow":
             from ..kept import daemon
 
-            daemon.follow(str(request["run_dir"]), stdin, offset=int(request.get("offset", 0)),
-                          lines=None if request.get("lines") is None else int(request["lines"]),
-                          attached=bool(request.get("attached")))
+            daemon.follow(request["run_dir"], stdin, offset=request.get("offset", 0),
+                          lines=request.get("lines"), attached=request.get("attached", False))
             return code or 0
         if op == "supervise" and code is None:
             from ..node.spec import SpecError
@@ -112,9 +119,9 @@ def serve() -> int:
             if code is not None and op not in ("get", "outputs"):
                 raise ValueError("after a run only `get` and `outputs` are served")
             if op == "put" and refused:
-                stdin.read_exact(int(request["size"]))
+                stdin.read_exact(request["size"])
                 raise files.TransferError("not written: the run directory was refused")
-            _answer(op, request, stdin)
+            ANSWERS[op](request, stdin)
         except (files.TransferError, ProtocolError, OSError, KeyError, TypeError,
                 ValueError) as exc:
             refused = refused or op == "mkrun"  # pipelined uploads behind it must not land
@@ -135,128 +142,161 @@ def _refuse_spec(why: str, stdin: Reader) -> int:
             return 1
 
 
-def _answer(op: str, request: dict, stdin: Reader) -> None:
-    if op == "put":
-        data = stdin.read_exact(int(request["size"]))
-        path = files.put(request["path"], data, size=int(request["size"]),
-                         sha256=str(request["sha256"]), mode=int(request.get("mode", 0o600)))
-        reply(ok=True, path=path)
-    elif op == "mkrun":
-        _made.append(files.make_run_dir(str(request["run_dir"]), str(request["root"])))
-        reply(ok=True, path=_made[-1])
-    elif op == "discard":
-        import shutil
+def _put(request: dict, stdin: Reader) -> None:
+    data = stdin.read_exact(request["size"])
+    path = files.put(request["path"], data, size=request["size"], sha256=request["sha256"],
+                     mode=request.get("mode", 0o600))
+    reply(ok=True, path=path)
 
-        from ..node import gpuclaim
 
-        for path in _made:  # only what this channel created: the launch was abandoned
-            shutil.rmtree(path, ignore_errors=True)
-        gpuclaim.release()
-        reply(ok=True, removed=list(_made))
-        _made.clear()
-    elif op == "get":
-        if request.get("root") is not None:
-            from ..node.outputs import inside
+def _mkrun(request: dict, stdin: Reader) -> None:
+    _made.append(files.make_run_dir(request["run_dir"], request["root"]))
+    reply(ok=True, path=_made[-1])
 
-            if not inside(str(request["root"]), str(request["path"])):
-                raise files.TransferError(f"{request['path']}: not fetched: it leads out of "
-                                          f"{request['root']} (a symbolic link?)")
-        data = files.get(request["path"], int(request["max"]))
-        if data is None:
-            reply(ok=False, missing=True, error=f"{request['path']}: no such file")
-        else:
-            reply(data, ok=True, size=len(data), sha256=digest(data))
-    elif op == "bind":
-        reply(**probes.bind(int(request["port"]),
-                            None if request.get("host") is None else str(request["host"])))
-    elif op == "route":
-        from ..node import netroute
 
-        reply(**netroute.route(str(request["host"]), int(request["port"]),
-                               bool(request.get("remote_peers", True))))
-    elif op == "torch":
-        from ..node import gpuclaim
+def _discard(request: dict, stdin: Reader) -> None:
+    import shutil
 
-        _torch[:] = [gpuclaim.TorchProbe()]
-        reply(ok=True)
-    elif op == "gpus":
-        from ..node import gpuclaim
+    from ..node import gpuclaim
 
-        want = request["want"]
-        answer = gpuclaim.claim(
-            want if isinstance(want, str) else [int(k) for k in want],
-            run_id=str(request["run_id"]), node_rank=int(request.get("node_rank", 0)),
-            busy_mib=int(request["busy_mib"]), allow_busy=bool(request.get("allow_busy")),
-            hold=bool(request.get("hold", True)), rehearsal=bool(request.get("rehearsal")))
-        if _torch:
-            answer["torch"] = _torch.pop().result()
-        reply(**answer)
-    elif op == "outputs":
-        from ..node import outputs
+    for path in _made:  # only what this channel created: the launch was abandoned
+        shutil.rmtree(path, ignore_errors=True)
+    gpuclaim.release()
+    reply(ok=True, removed=list(_made))
+    _made.clear()
 
-        reply(**outputs.collect(str(request["root"]), [str(p) for p in request["patterns"]],
-                                int(request["max_file"]), int(request["max_total"])))
-    elif op == "prune":
-        from ..node import prune
 
-        reply(**prune.prune(str(request["run_dir"]), str(request["run_id"]),
-                            int(request["node_rank"])))
-    elif op == "probe":
-        reply(**probes.probe())
-    elif op == "clock":
-        import time
+def _get(request: dict, stdin: Reader) -> None:
+    if request.get("root") is not None:
+        from ..node.outputs import inside
 
-        reply(ok=True, time=time.time())
-    elif op == "listen":
-        def text(key: str) -> str | None:
-            return None if request.get(key) is None else str(request[key])
-
-        sock = probes.listener(int(request["port"]), addr=text("addr"), host=text("host"),
-                               ifname=text("ifname"))
-        addr, port = sock.getsockname()[:2]
-        # In the background: the agent answers further requests (the checks'
-        # connections) meanwhile; it ends at its timeout or when the agent does.
-        threading.Thread(target=probes.serve_listener, daemon=True,
-                         args=(sock, float(request.get("timeout", 120)), threading.Event())
-                         ).start()
-        reply(ok=True, addr=str(addr), port=int(port))
-    elif op == "connect":
-        if "targets" in request:
-            reply(ok=True, results=probes.connect_all(list(request["targets"]),
-                                                      float(request.get("timeout", 5))))
-        else:
-            reply(**probes.connect(str(request["addr"]), int(request["port"]),
-                                   float(request.get("timeout", 5))))
-    elif op == "stacks":
-        from ..node import stacks
-
-        dirs = {int(k): str(v) for k, v in dict(request.get("run_dirs") or {}).items()}
-        ranks = stacks.dump(str(request["run_id"]), dirs, bool(request.get("native")),
-                            float(request.get("timeout", 5)))
-        data = json.dumps(ranks).encode()  # a payload: dumps outgrow a control line
-        reply(data, ok=True, sha256=digest(data))
-    elif op == "keeper":
-        from ..kept import daemon
-
-        reply(**daemon.state(str(request["run_dir"])))
-    elif op == "detach":
-        from ..kept import daemon
-
-        reply(**daemon.start(dict(request["spec"]), bool(request.get("listen"))))
-    elif op == "down":
-        from ..kept import daemon
-
-        keeper = daemon.stop(str(request["run_dir"]), float(request.get("grace_s", 5)) + 15) \
-            if request.get("run_dir") else None
-        marker = procs.run_marker(request["run_id"], request["node_rank"])
-        killed, survivors = procs.terminate(lambda: procs.marked_processes(marker),
-                                            float(request.get("grace_s", 5)),
-                                            still_ours=lambda pid: procs.has_marker(pid, marker))
-        if keeper:  # it tore its node down and ended, or it would not
-            killed.add(keeper)
-            if daemon.keeper_pid(str(request["run_dir"])) == keeper:
-                survivors[keeper] = procs.command_line(keeper) + " (the run's keeper)"
-        reply(ok=True, killed=sorted(killed),
-              survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])
+        if not inside(request["root"], request["path"]):
+            raise files.TransferError(f"{request['path']}: not fetched: it leads out of "
+                                      f"{request['root']} (a symbolic link?)")
+    data = files.get(request["path"], request["max"])
+    if data is None:
+        reply(ok=False, missing=True, error=f"{request['path']}: no such file")
     else:
-        reply(ok=False, error=f"unknown request {op!r}")
+        reply(data, ok=True, size=len(data), sha256=digest(data))
+
+
+def _bind(request: dict, stdin: Reader) -> None:
+    reply(**probes.bind(request["port"], request.get("host")))
+
+
+def _route(request: dict, stdin: Reader) -> None:
+    from ..node import netroute
+
+    reply(**netroute.route(request["host"], request["port"], request.get("remote_peers", True)))
+
+
+def _torch(request: dict, stdin: Reader) -> None:
+    from ..node import gpuclaim
+
+    _torch_probe[:] = [gpuclaim.TorchProbe()]
+    reply(ok=True)
+
+
+def _gpus(request: dict, stdin: Reader) -> None:
+    from ..node import gpuclaim
+
+    want = request["want"]
+    answer = gpuclaim.claim(
+        want if isinstance(want, str) else [int(k) for k in want],
+        run_id=request["run_id"], node_rank=request.get("node_rank", 0),
+        busy_mib=request["busy_mib"], allow_busy=request.get("allow_busy", False),
+        hold=request.get("hold", True), rehearsal=request.get("rehearsal", False))
+    if _torch_probe:
+        answer["torch"] = _torch_probe.pop().result()
+    reply(**answer)
+
+
+def _outputs(request: dict, stdin: Reader) -> None:
+    from ..node import outputs
+
+    reply(**outputs.collect(request["root"], [str(p) for p in request["patterns"]],
+                            request["max_file"], request["max_total"]))
+
+
+def _prune(request: dict, stdin: Reader) -> None:
+    from ..node import prune
+
+    reply(**prune.prune(request["run_dir"], request["run_id"], request["node_rank"]))
+
+
+def _probe(request: dict, stdin: Reader) -> None:
+    reply(**probes.probe())
+
+
+def _clock(request: dict, stdin: Reader) -> None:
+    import time
+
+    reply(ok=True, time=time.time())
+
+
+def _listen(request: dict, stdin: Reader) -> None:
+    sock = probes.listener(request["port"], addr=request.get("addr"), host=request.get("host"),
+                           ifname=request.get("ifname"))
+    addr, port = sock.getsockname()[:2]
+    # In the background: the agent answers further requests (the checks'
+    # connections) meanwhile; it ends at its timeout or when the agent does.
+    threading.Thread(target=probes.serve_listener, daemon=True,
+                     args=(sock, float(request.get("timeout", 120)), threading.Event())).start()
+    reply(ok=True, addr=str(addr), port=int(port))
+
+
+def _connect(request: dict, stdin: Reader) -> None:
+    timeout = float(request.get("timeout", 5))
+    if "targets" in request:
+        reply(ok=True, results=probes.connect_all(request["targets"], timeout))
+    else:
+        reply(**probes.connect(request["addr"], request["port"], timeout))
+
+
+def _stacks(request: dict, stdin: Reader) -> None:
+    from ..node import stacks
+
+    dirs = {int(k): str(v) for k, v in request.get("run_dirs", {}).items()}
+    ranks = stacks.dump(request["run_id"], dirs, request.get("native", False),
+                        float(request.get("timeout", 5)))
+    data = json.dumps(ranks).encode()  # a payload: dumps outgrow a control line
+    reply(data, ok=True, sha256=digest(data))
+
+
+def _keeper(request: dict, stdin: Reader) -> None:
+    from ..kept import daemon
+
+    reply(**daemon.state(request["run_dir"]))
+
+
+def _detach(request: dict, stdin: Reader) -> None:
+    from ..kept import daemon
+
+    reply(**daemon.start(request["spec"], request.get("listen", False)))
+
+
+def _down(request: dict, stdin: Reader) -> None:
+    from ..kept import daemon
+
+    grace_s = float(request.get("grace_s", 5))
+    run_dir = request.get("run_dir")
+    keeper = daemon.stop(run_dir, grace_s + 15) if run_dir else None
+    marker = procs.run_marker(request["run_id"], request["node_rank"])
+    killed, survivors = procs.terminate(lambda: procs.marked_processes(marker), grace_s,
+                                        still_ours=lambda pid: procs.has_marker(pid, marker))
+    if keeper:  # it tore its node down and ended, or it would not
+        killed.add(keeper)
+        if daemon.keeper_pid(run_dir) == keeper:
+            survivors[keeper] = procs.command_line(keeper) + " (the run's keeper)"
+    reply(ok=True, killed=sorted(killed),
+          survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])
+
+
+# Every request but ``supervise`` and ``follow`` (``serve`` itself handles
+# those two: they take the channel over): op -> its answer. What each takes
+# and replies is declared in ``protocol.REQUESTS``, checked before it is called.
+ANSWERS = {"put": _put, "mkrun": _mkrun, "discard": _discard, "get": _get, "bind": _bind,
+           "route": _route, "torch": _torch, "gpus": _gpus, "outputs": _outputs,
+           "prune": _prune, "probe": _probe, "clock": _clock, "listen": _listen,
+           "connect": _connect, "stacks": _stacks, "keeper": _keeper, "detach": _detach,
+           "down": _down}

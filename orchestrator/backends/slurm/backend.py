@@ -50,11 +50,12 @@ from ...plan.model import NodePlan, RunPlan
 from ...plan.shell import shell_join
 from ...plan.secrets import is_secret
 from ...plan.torchrun import torchrun_argv
-from ...records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
+from ...records.outcome import (NodeOutcome, NodeState, RunDescription, RunOutcome, RunState,
+                               gang_outcome)
 from ...records.rundir import RunDir
 from ...records.store import NodeRecord, RunRecord, controller_alive
 from . import ctl as slurmctl
-from ..base import CancelResult, LaunchBackend, RunDescription, recorded_dryrun
+from ..base import CancelResult, LaunchBackend, recorded_dryrun
 from ...engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ...engine.preflight import Preflight
 from ...engine.bundle import build_bundle, code_notes, stand_ins

@@ -163,13 +163,14 @@ def realistic_exit(k: int, attempt: int, own: bool) -> dict:
 
 
 def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_path):
-    from orchestrator.agent.kept.keeper import Keeper, compact
+    from orchestrator.agent.kept.attempts import compact
+    from orchestrator.agent.kept.head import Head
     from orchestrator.agent.wire.protocol import MAX_CONTROL_LINE
 
     nnodes, attempts = 128, 10
     spec = keeper_specs(tmp_path, nnodes)[0]
     os.makedirs(spec["supervisor"]["run_dir"])
-    keeper = Keeper(spec)
+    keeper = Head(spec)
     for a in range(attempts):
         # every node is asked to stop, node 5 too (its torchrun failed first)
         nodes = {str(k): {**compact(realistic_exit(k, a, k == 5)), "stop_asked": True}
@@ -199,7 +200,7 @@ def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_pa
 
 
 def test_a_very_long_run_drops_its_oldest_attempts_first():
-    from orchestrator.agent.kept.keeper import fit_attempts
+    from orchestrator.agent.kept.attempts import fit_attempts
 
     records = [{"attempt": a, "master_port": a, "state": "failed", "stop_reason": "x" * 400,
                 "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": []}}}
@@ -211,7 +212,7 @@ def test_a_very_long_run_drops_its_oldest_attempts_first():
 
 
 def test_the_restart_backoff_is_short_and_bounded():
-    from orchestrator.agent.kept.keeper import restart_backoff
+    from orchestrator.agent.kept.head import restart_backoff
 
     assert [restart_backoff(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
 
@@ -243,14 +244,25 @@ def fake_keeper(tmp_path, monkeypatch):
     """Node 1's keeper (nothing started), its module on a fake clock, and the
     processes the last attempt left there: present until ``gone_at[0]``."""
     from orchestrator.agent.kept import keeper as keeper_module
+    from orchestrator.agent.kept.member import Member
 
     clock = FakeClock()
     gone_at = [float("inf")]
     monkeypatch.setattr(keeper_module, "time", clock)
     monkeypatch.setattr(keeper_module, "_still_there",
                         lambda survivor: survivor["pid"] == 4242 and clock.now < gone_at[0])
-    keeper = keeper_module.Keeper(keeper_specs(tmp_path, 2)[1])
+    keeper = daemon.keeper_for(keeper_specs(tmp_path, 2)[1])
+    assert type(keeper) is Member
     return keeper, clock, gone_at
+
+
+def a_head(tmp_path):
+    """Node 0's keeper of two nodes (nothing started): what decides a restart."""
+    from orchestrator.agent.kept.head import Head
+
+    head = daemon.keeper_for(keeper_specs(tmp_path, 2)[0])
+    assert type(head) is Head
+    return head
 
 
 class LeftOver:
@@ -284,7 +296,8 @@ def test_the_keeper_waits_for_survivors_until_they_are_gone(fake_keeper):
     assert sup.last_exit["survivors"] == [] and sup.last_exit["survivors_gone"] is True
 
 
-def test_the_keeper_waits_survivor_wait_s_for_survivors_that_stay_and_reports_them(fake_keeper):
+def test_the_keeper_waits_survivor_wait_s_for_survivors_that_stay_and_reports_them(fake_keeper,
+                                                                                  tmp_path):
     from orchestrator.agent.kept.keeper import SURVIVOR_WAIT_S
 
     keeper, clock, _gone_at = fake_keeper
@@ -293,7 +306,7 @@ def test_the_keeper_waits_survivor_wait_s_for_survivors_that_stay_and_reports_th
     assert SURVIVOR_WAIT_S <= clock.now <= SURVIVOR_WAIT_S + 0.5
     assert sup.last_exit["survivors"] == SURVIVORS and "survivors_gone" not in sup.last_exit
     # so the head does not restart on top of them
-    assert keeper._why_no_restart({0: {"failures": []}, 1: sup.last_exit}) == (
+    assert a_head(tmp_path)._why_no_restart({0: {"failures": []}, 1: sup.last_exit}) == (
         "node 1: 1 process(es) of the attempt would not die (pid 4242 (python train.py "
         "--rank 1)); a restart would start on top of them")
 
@@ -311,8 +324,8 @@ def test_an_attempt_reports_only_once_its_survivors_are_gone(fake_keeper, monkey
     assert event["survivors"] == [] and event["survivors_gone"] is True
 
 
-def test_survivors_or_a_failed_setup_rule_out_a_restart_that_would_otherwise_come(fake_keeper):
-    keeper, _clock, _gone_at = fake_keeper
+def test_survivors_or_a_failed_setup_rule_out_a_restart_that_would_otherwise_come(tmp_path):
+    keeper = a_head(tmp_path)
     transient = {"failures": [{"message": "RuntimeError: CUDA error: an illegal memory access",
                                "local_rank": 0, "timestamp": 1.0}], "stepped": True}
     assert keeper._why_no_restart({0: transient, 1: {"failures": []}}) == ""  # would restart
@@ -326,14 +339,14 @@ def test_survivors_or_a_failed_setup_rule_out_a_restart_that_would_otherwise_com
 def test_the_head_decides_a_restart_only_once_every_surviving_node_has_ended(tmp_path,
                                                                              monkeypatch):
     """Node 0 (the head) of three: its own attempt ended, node 1's too; node
-    2 still tears down. ``_await_ended`` (what ``lead`` decides a restart on)
+    2 still tears down. ``_await_ended`` (what ``Head.keep`` decides a restart on)
     must wait for node 2's end, not restart on top of it."""
     import threading
 
-    from orchestrator.agent.kept import keeper as keeper_module
+    from orchestrator.agent.kept import head as head_module
 
-    monkeypatch.setattr(keeper_module, "time", FakeClock())
-    head = keeper_module.Keeper(keeper_specs(tmp_path, 3)[0])
+    monkeypatch.setattr(head_module, "time", FakeClock())
+    head = head_module.Head(keeper_specs(tmp_path, 3)[0])
     stopped = {"code": 143, "reason": "got SIGTERM", "failures": []}
     head.ended = {1: stopped}
     late = {"code": 1, "reason": "torchrun exited", "failures": []}
@@ -388,6 +401,7 @@ def test_a_nodes_gang_progress_counts_ranks_with_samples_for_the_hang_rule(monke
     from types import SimpleNamespace
 
     from orchestrator.agent.kept import keeper
+    from orchestrator.agent.kept.head import Head
 
     clock = FakeClock()
     monkeypatch.setattr(keeper.time, "time", clock.time)
@@ -399,6 +413,31 @@ def test_a_nodes_gang_progress_counts_ranks_with_samples_for_the_hang_rule(monke
     assert sent == {"0": [40, 1.0, 1280], "1": [40, 5.0], "2": [None, 3.0]}
     head = SimpleNamespace(lock=threading.Lock(), current=0, reported={}, judged=[])
     head._judge = lambda: head.judged.append(1)
-    keeper.Keeper._progress_from(head, 1, 0, True,
-                                 {**sent, "3": [40, 1.0, -1], "4": [40, 1.0, 1, 2]})
+    Head._progress_from(head, 1, 0, True,
+                        {**sent, "3": [40, 1.0, -1], "4": [40, 1.0, 1, 2]})
     assert head.reported == {1: (True, {0: 99.0, 1: 95.0, 2: 97.0})} and head.judged == [1]
+
+
+def test_node_0_is_the_head_and_only_the_head_records_attempts(tmp_path):
+    """``keeper_for``: node 0's keeper is the head, every other node's a
+    member. Both write keeper.json (``status`` reads every node's); only the
+    head's carries the attempts and their count, in the record and in the
+    ``finished`` line."""
+    from orchestrator.agent.kept.head import Head
+    from orchestrator.agent.kept.member import Member
+
+    specs = keeper_specs(tmp_path, 3)
+    keepers = [daemon.keeper_for(spec) for spec in specs]
+    assert [type(k) for k in keepers] == [Head, Member, Member]
+    head = keepers[0]
+    head.attempts.append({"attempt": 0, "master_port": 29500, "stop_reason": "", "state":
+                          "failed", "restart": "restarting", "no_restart": "", "nodes": {}})
+    for keeper, spec in zip(keepers, specs):
+        os.makedirs(spec["supervisor"]["run_dir"])
+        keeper.write_state("running")
+    recorded = [daemon.state(spec["supervisor"]["run_dir"])["keeper"] for spec in specs]
+    assert [(r["node_rank"], r["attempt"], "attempts" in r) for r in recorded] == [
+        (0, 1, True), (1, 0, False), (2, 0, False)]
+    assert recorded[0]["attempts"][0]["master_port"] == 29500
+    assert [sorted(k.finished_message(1, "failed")) for k in keepers] == [
+        ["attempts", "code", "event", "state"]] + [["code", "event", "state"]] * 2

@@ -23,7 +23,8 @@ import pytest
 
 from orchestrator.agent.node import nodesetup as setup
 from orchestrator.agent.node import outputs, prune
-from orchestrator.agent.kept.keeper import attempt_spec, compact
+from orchestrator.agent.kept.attempts import compact
+from orchestrator.agent.kept.keeper import attempt_spec
 from orchestrator.agent.kept.restarts import setup_failed
 from orchestrator.agent.node.spec import SupervisorSpec
 from orchestrator.config.loader import load_cluster_text

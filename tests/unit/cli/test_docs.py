@@ -331,7 +331,7 @@ def _numbers() -> list[tuple[str, object]]:
     numbers): every number with a unit the README promises of ddp-orch's own
     behaviour, not its example output or the benchmarks' measurements. A
     CLI default is read through click; a constant is imported."""
-    from orchestrator.agent.kept import keeper, peers
+    from orchestrator.agent.kept import head, keeper, peers
     from orchestrator.agent.node import outputs
     from orchestrator.agent.wire import protocol
     from orchestrator.agent.worker import progress
@@ -386,9 +386,9 @@ def _numbers() -> list[tuple[str, object]]:
         (r"still there (\d+ s) after the teardown", keeper.SURVIVOR_WAIT_S),
         (r"a backoff \((\d+ s) before the first restart, (\d+ s) before the second, doubling, "
          r"(\d+ s) at most\)",
-         (keeper.restart_backoff(1), keeper.restart_backoff(2), keeper.MAX_BACKOFF_S)),
+         (head.restart_backoff(1), head.restart_backoff(2), head.MAX_BACKOFF_S)),
         (r"a backoff \((\d+ s) before the first restart, doubling, (\d+ s) at most\)",
-         (keeper.restart_backoff(1), keeper.MAX_BACKOFF_S)),
+         (head.restart_backoff(1), head.MAX_BACKOFF_S)),
         (r"`max_restarts: N` in the file; default (\d+)\)", spec.ClusterSpec.max_restarts),
         # hangs and progress
         (r"`hang_timeout:` in the file; at least (\d+ s), default (off)\)",

@@ -253,7 +253,7 @@ def test_the_summary_and_status_read_the_runs_own_module_from_its_plan(tmp_path)
     from orchestrator.report.runs import render_status
     from orchestrator.report.runsjson import status_json
     from orchestrator.report.summary import render_summary
-    from orchestrator.backends.base import RunDescription
+    from orchestrator.records.outcome import RunDescription
 
     root = failed(0, "gpu-a", "ModuleNotFoundError: No module named 'mypkg'")
     plan = plan_running("mypkg.train", "-m", "mypkg.train")

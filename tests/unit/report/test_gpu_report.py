@@ -10,9 +10,8 @@ import os
 import jsonschema
 
 from conftest import ROOT
-from orchestrator.backends.base import RunDescription
 from orchestrator.engine.preflight import NodeGpus
-from orchestrator.records.outcome import RunState
+from orchestrator.records.outcome import RunDescription, RunState
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import NodeRecord, RunRecord
 from orchestrator.report.gpus import gpu_lines, node_gpus

@@ -14,9 +14,8 @@ import pytest
 from conftest import ROOT
 from orchestrator.agent.kept import keeper
 from orchestrator.agent.kept.records import clean_progress
-from orchestrator.backends.base import RunDescription
 from orchestrator.engine.gang import progress_line
-from orchestrator.records.outcome import RunState
+from orchestrator.records.outcome import RunDescription, RunState
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import NodeRecord, RunRecord
 from orchestrator.report.runs import render_status
