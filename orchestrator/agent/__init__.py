@@ -12,9 +12,10 @@ the gang's stop rule and the grouping of stacks exist once.
 * ``node/``      one node's run: the typed supervisor spec, the supervisor of
                  torchrun and its teardown, the guardian, the run's processes,
                  failures, logs, probes, routes, setup, outputs, stacks, a
-                 node a scheduler started (``jobnode``)
-* ``kept/``      a run its nodes keep: the keeper daemon, what every keeper
-                 does, node 0's role (the head) and the others' (members),
+                 node a scheduler started (``jobnode``) and its job file
+                 (``jobfile``)
+* ``kept/``      a run its nodes keep: the keeper daemon and its spec, what
+                 every keeper does, node 0's role (the head) and the others' (members),
                  the attempts' record, the gang's links, restarts, checked
                  records
 * ``worker/``    the shim every rank runs in

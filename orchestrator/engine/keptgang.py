@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from ..agent.kept.records import clean_attempts, clean_keeper_state
+from ..agent.kept.spec import GangPort, KeeperSpec
 from ..agent.node.spec import SupervisorSpec
 from ..agent.wire.protocol import PEER_TIMEOUT_S, KeptRule, is_time
 from ..errors import TransportError
@@ -47,12 +48,11 @@ if TYPE_CHECKING:
 
 
 def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,
-                gang_port: int, max_restarts: int, start_timeout_s: float, rule: str,
-                hang_timeout_s: float | None = None) -> dict:
-    return {"supervisor": sup.to_dict(), "nnodes": nnodes, "max_restarts": max_restarts,
-            "start_timeout_s": start_timeout_s, "rule": rule,
-            **({"hang_timeout_s": hang_timeout_s} if hang_timeout_s is not None else {}),
-            "gang": {"addr": master_addr, "port": gang_port, "token": token}}
+                gang_port: int, max_restarts: int, start_timeout_s: float, rule: KeptRule,
+                hang_timeout_s: float | None = None) -> KeeperSpec:
+    """A node's keeper's spec: its supervisor's (the dry-run's), and the gang's."""
+    return KeeperSpec(sup, nnodes, rule, start_timeout_s, GangPort(master_addr, gang_port, token),
+                      max_restarts, hang_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
             gang_port=gang_port, max_restarts=gang.keepers.max_restarts,
             start_timeout_s=gang.start_timeout_s,
             rule=KeptRule.DETACHED if gang.detach else KeptRule.ATTACHED,
-            hang_timeout_s=gang.hang_timeout_s))
+            hang_timeout_s=gang.hang_timeout_s).to_dict())
         if not reply.get("ok"):
             raise TransportError(by_rank[k].node.host, f"the keeper did not start: "
                                                        f"{reply.get('error')}")

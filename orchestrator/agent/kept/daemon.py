@@ -35,6 +35,7 @@ directory is refused, never written through.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -44,7 +45,9 @@ import threading
 import time
 
 from . import peers
+from .spec import KeeperSpec
 from ..node import gpuclaim
+from ..node.spec import SpecError
 from .. import layout
 from ..node.procs import running, start_time
 from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Event, Reader,
@@ -54,18 +57,23 @@ FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
 
 
-def start(spec: dict, listen: bool) -> dict:
+def start(asked: dict, listen: bool) -> dict:
     """Fork the keeper off as a daemon; its pid, and node 0's gang port
     (none for a run of one node: there is nobody to link to it). The port
     listens on the address the other nodes reach node 0 at, the gang's
-    ``addr`` (the run's master address; ``peers.listener``)."""
-    run_dir = spec["supervisor"]["run_dir"]
+    ``addr`` (the run's master address; ``peers.listener``). ``asked`` is the
+    controller's spec (``KeeperSpec.to_dict``), checked before anything
+    forks: a bad one is refused, naming the field."""
+    try:
+        spec = KeeperSpec.from_dict(asked)
+    except SpecError as exc:
+        return {"ok": False, "error": str(exc)}
+    run_dir = spec.supervisor.run_dir
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
     sock = None
-    if listen and int(spec.get("nnodes", 1)) > 1:
-        sock, note = peers.listener(str(spec["gang"]["addr"]),
-                                    avoid=int(spec["supervisor"]["master_port"]))
-        spec = {**spec, "gang": {**spec["gang"], "listen_note": note}}
+    if listen and spec.nnodes > 1:
+        sock, note = peers.listener(spec.gang.addr, avoid=spec.supervisor.master_port)
+        spec = dataclasses.replace(spec, gang=dataclasses.replace(spec.gang, listen_note=note))
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     child = os.fork()
@@ -100,14 +108,14 @@ def start(spec: dict, listen: bool) -> dict:
     return {"ok": True, "pid": int(said), "gang_port": port}
 
 
-def keeper_for(spec: dict, listener=None):
+def keeper_for(spec: KeeperSpec, listener=None):
     """The keeper of ``spec``'s node: node 0's is the head (listening on
     ``listener``, the gang's port), every other node's a member. (Imported
     here, not at the top: the keepers import this module.)"""
     from .head import Head
     from .member import Member
 
-    if int(spec["supervisor"]["node_rank"]) == 0:
+    if spec.node_rank == 0:
         return Head(spec, listener)
     return Member(spec)
 

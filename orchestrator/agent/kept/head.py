@@ -24,6 +24,7 @@ import time
 from . import peers
 from .attempts import FULL_ATTEMPTS, MAX_MESSAGE, compact, fit_attempts, shrink
 from .keeper import MAX_PLACE, Keeper
+from .spec import KeeperSpec
 from .restarts import setup_failed, survivors_left, will_recur
 from .. import gangrule
 from ..node import probes
@@ -43,7 +44,7 @@ def restart_backoff(restart: int) -> float:
 class Head(Keeper):
     """Node 0's keeper; ``keep`` leads the gang through its attempts."""
 
-    def __init__(self, spec: dict, listener: socket.socket | None = None):
+    def __init__(self, spec: KeeperSpec, listener: socket.socket | None = None):
         super().__init__(spec)
         self.listener = listener  # the gang's port, bound by the daemon
         self.attempts: list[dict] = []  # one record per attempt (``attempts.py``)
@@ -63,7 +64,7 @@ class Head(Keeper):
         self.hung: dict[int, str] = {}  # node -> the hang's root cause (its record's "hung")
         self.hanging = False  # the stacks of a hang are being dumped
         self.places: dict[int, dict[int, str]] = {}  # node -> rank -> place (a hang)
-        self.hang_s = spec.get("hang_timeout_s")
+        self.hang_s = spec.hang_timeout_s
 
     def on_local_stop(self) -> None:
         with self.lock:
@@ -96,12 +97,12 @@ class Head(Keeper):
         return {"attempts": attempts, **({"attempts_omitted": omitted} if omitted else {})}
 
     def keep(self) -> tuple[int, str]:
-        gang = self.spec.get("gang") or {}
-        if gang.get("listen_note"):
-            self.say(f"ddp-orch: {gang['listen_note']}")
-        gate = peers.Gate(self.listener, gang["token"], self.nnodes, self._joined).start() \
+        gang = self.spec.gang
+        if gang.listen_note:
+            self.say(f"ddp-orch: {gang.listen_note}")
+        gate = peers.Gate(self.listener, gang.token, self.nnodes, self._joined).start() \
             if self.listener is not None else None
-        deadline = time.monotonic() + float(self.spec["start_timeout_s"])
+        deadline = time.monotonic() + self.spec.start_timeout_s
         with self.lock:
             while len(self.links) + len(self.lost) < self.nnodes - 1 and not self.final:
                 left = deadline - time.monotonic()
@@ -119,7 +120,7 @@ class Head(Keeper):
             self.finishing = True
             self._broadcast(message(Event.GANG_FINISH, state="failed"))
             return 1, "interrupted" if self.final else "failed"
-        restarts = int(self.spec.get("max_restarts", 0))
+        restarts = self.spec.max_restarts
         port = self.sup_spec.master_port
         for attempt in range(restarts + 1):
             if attempt:
@@ -128,7 +129,7 @@ class Head(Keeper):
                     self.attempts[-1].update(restart="", no_restart=why_not)
                     self.say(f"ddp-orch: no restart after all: {why_not}")
                     break
-                port = _fresh_port((self.spec.get("gang") or {}).get("addr"))
+                port = _fresh_port(gang.addr)
             with self.lock:
                 self.current, self.ended, self.stop_asked = attempt, {}, set()
                 self.failing, self.reported, self.hung = {}, {}, {}
@@ -349,7 +350,7 @@ class Head(Keeper):
                 progress=tuple(seen.items())))
         self.clock = gangrule.tick(self.clock, views, now)
         verdict = gangrule.judge(views, gangrule.Timeouts(
-            float(self.spec["start_timeout_s"]), None,
+            self.spec.start_timeout_s, None,
             float(self.hang_s) if self.hang_s is not None else None, attempt=self.current),
             self.clock, now)
         if verdict is None:

@@ -62,6 +62,7 @@ from typing import Iterable
 
 from . import daemon, peers
 from .attempts import compact
+from .spec import KeeperSpec
 from .. import layout
 from ..node import gpus, procs, stacks
 from ..node.procs import start_time
@@ -109,11 +110,11 @@ class Keeper:
     torchrun code. A role (``head.Head`` on node 0, ``member.Member`` on
     every other node: ``keeper_for``) holds the gang."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: KeeperSpec):
         self.spec = spec
-        self.sup_spec = SupervisorSpec.from_dict(spec["supervisor"])
+        self.sup_spec = spec.supervisor
         self.node_rank = self.sup_spec.node_rank
-        self.nnodes = int(spec["nnodes"])
+        self.nnodes = spec.nnodes
         self.run_dir = self.sup_spec.run_dir
         self.lock = threading.Condition()
         self.supervisor: Supervisor | None = None
@@ -177,7 +178,7 @@ class Keeper:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         self.write_state("running")
-        if self.spec.get("rule") == KeptRule.ATTACHED:
+        if self.spec.rule is KeptRule.ATTACHED:
             threading.Thread(target=self._watch_follower, daemon=True,
                              name="keeper-follower").start()
         try:
@@ -226,7 +227,7 @@ class Keeper:
         """The attached rule, held by the keeper itself: once its follower
         (the controller's channel, ``daemon.follow``) is gone, however it went,
         or if none came within the start timeout, the run stops."""
-        deadline = time.monotonic() + float(self.spec["start_timeout_s"])
+        deadline = time.monotonic() + self.spec.start_timeout_s
         seen = False
         while not self.over.wait(FOLLOWER_POLL_S):
             if daemon.follower_present(self.run_dir):
@@ -236,7 +237,7 @@ class Keeper:
             elif seen or time.monotonic() > deadline:
                 why = (f"the controller's follower on node {self.node_rank} is gone"
                        if seen else f"no controller followed node {self.node_rank} within "
-                                    f"{float(self.spec['start_timeout_s']):g}s")
+                                    f"{self.spec.start_timeout_s:g}s")
                 self.say(f"ddp-orch: {why} (an attached run); stopping the run")
                 self.stop_for_good(why)
                 return
@@ -395,7 +396,7 @@ class Keeper:
                 return
             payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
                        "node_rank": self.node_rank, "run_id": self.sup_spec.run_id,
-                       "rule": self.spec.get("rule"), "state": state, "code": code,
+                       "rule": self.spec.rule.value, "state": state, "code": code,
                        "attempt": self.attempts_done(), "updated": time.time(),
                        **({"followed": True} if self.followed else {}),
                        **({"progress": self.progress} if self.progress else {}),

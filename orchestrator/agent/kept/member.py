@@ -19,13 +19,14 @@ import time
 
 from . import peers
 from .keeper import Keeper
+from .spec import KeeperSpec
 from ..wire.protocol import Event, message
 
 
 class Member(Keeper):
     """A keeper on a node other than node 0; ``keep`` follows the head."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: KeeperSpec):
         super().__init__(spec)
         self.head: peers.Link | None = None  # the link to node 0, once made
         self.inbox: queue.Queue = queue.Queue()  # the head's gang-start and gang-finish
@@ -49,10 +50,9 @@ class Member(Keeper):
             self.head.send(message(Event.GANG_SETUP, node_rank=self.node_rank))
 
     def keep(self) -> tuple[int, str]:
-        gang = self.spec["gang"]
-        deadline = time.monotonic() + float(self.spec["start_timeout_s"])
-        sock = peers.connect(gang["addr"], int(gang["port"]), self.node_rank, gang["token"],
-                             deadline)
+        gang = self.spec.gang
+        deadline = time.monotonic() + self.spec.start_timeout_s
+        sock = peers.connect(gang.addr, gang.port, self.node_rank, gang.token, deadline)
         self.head = peers.Link(sock, self._from_head, self._head_lost).start()
         if self.final:  # signalled while connecting
             self.on_local_stop()

@@ -5,7 +5,8 @@ per node (``python agent.pyz job JOB.json``), and everything the
 controller would have sent lives in the job's run directory, on a file
 system that the login host and the compute nodes share:
 
-* ``JOB.json``: every node's supervisor spec, as the controller built it;
+* ``JOB.json``: every node's supervisor spec, as the controller built it
+  (``jobfile.JobSpec``, checked as it is read);
 * ``rendezvous.json``: written here, by node 0, once it has a free port;
 * ``node-K/agent.out``: this node's output and control lines, which the
   controller tails exactly as it reads an SSH channel (``protocol``).
@@ -14,10 +15,8 @@ Which entry of the plan is this node: the one whose host is the
 scheduler's name for this node when the file pinned the hosts, else the
 node's index in the allocation, which is how the scheduler numbers the
 hosts it chose. The job file says which environment variables hold them
-(``placement``: the backend that wrote it knows its scheduler; this agent
-reads only the names it was given): ``scheduler`` (its name, for messages),
-``node_name``, ``node_index``, ``gpus`` (the GPUs allocated on this node)
-and ``whole_node`` (how the cluster file asks for a node whole).
+(``jobfile.Placement``: the backend that wrote it knows its scheduler; this
+agent reads only the names it was given).
 
 The master address and port are known only inside the job. The argv the
 controller built carries two exact placeholder words for them (``ADDR_SLOT``,
@@ -42,6 +41,7 @@ import time
 
 from . import netroute
 from .. import layout
+from .jobfile import JobSpec, Placement
 from .spec import Liveness, SpecError, SupervisorSpec
 from ..wire.protocol import encode, exit_event
 
@@ -59,20 +59,20 @@ def secret_variable(node_rank: int, name: str) -> str:
     return f"{SECRET_PREFIX}{node_rank}_{name}"
 
 
-def node_rank_here(job: dict, environ: dict) -> int:
+def node_rank_here(job: JobSpec, environ: dict) -> int:
     """This node's rank in the plan, from what the scheduler set for the task
     (in the variables the job file's ``placement`` names)."""
-    place = job["placement"]
-    if job.get("placed"):
-        node_id = environ.get(place["node_index"], "")
-        if not node_id.isdigit() or int(node_id) >= len(job["nodes"]):
-            raise JobNodeError(f"{place['node_index']}={node_id!r} is not a node of this "
-                               f"{len(job['nodes'])}-node job")
+    place = job.placement
+    if job.placed:
+        node_id = environ.get(place.node_index, "")
+        if not node_id.isdigit() or int(node_id) >= len(job.nodes):
+            raise JobNodeError(f"{place.node_index}={node_id!r} is not a node of this "
+                               f"{len(job.nodes)}-node job")
         return int(node_id)
-    name = environ.get(place["node_name"], "")
-    hosts = [node["host"] for node in job["nodes"]]
+    name = environ.get(place.node_name, "")
+    hosts = [node.host for node in job.nodes]
     if name not in hosts:
-        raise JobNodeError(f"this is {place['scheduler']} node {name!r}, which is not in the "
+        raise JobNodeError(f"this is {place.scheduler} node {name!r}, which is not in the "
                            f"plan ({', '.join(hosts)})")
     return hosts.index(name)
 
@@ -113,27 +113,27 @@ def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
         time.sleep(POLL_S)
 
 
-def node_spec(job: dict, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
+def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
     """The supervisor spec of this node, with the master filled in and the
     secrets taken from the environment sbatch passed on; Slurm keeps it
     alive (``Liveness.SCHEDULER``: stdin is /dev/null)."""
-    spec = SupervisorSpec.from_dict(job["nodes"][node_rank]["spec"])
+    node = job.nodes[node_rank]
+    spec = node.spec
     slots = {ADDR_SLOT: where["addr"], PORT_SLOT: str(where["port"])}
     env = dict(spec.env)
-    for name in job["nodes"][node_rank].get("secret_env", ()):
+    for name in node.secret_env:
         if secret_variable(node_rank, name) not in environ:
             raise JobNodeError(f"{name} did not reach the job (sbatch passes it in the "
                                f"environment); is SBATCH_EXPORT or a site policy limiting "
                                f"--export=ALL?")
         env[name] = environ[secret_variable(node_rank, name)]
-    secrets = tuple(sorted({v for n, v in env.items()
-                            if n in job["nodes"][node_rank].get("secret_env", ()) and v}))
+    secrets = tuple(sorted({v for n, v in env.items() if n in node.secret_env and v}))
     unset_env = tuple(spec.unset_env) + tuple(sorted(
         name for name in environ if name.startswith(SECRET_PREFIX)))
-    place = job["placement"]
-    check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place["gpus"]), place)
+    place = job.placement
+    check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place.gpus), place)
     if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
-        env = with_interface(env, where, len(job["nodes"]) > 1)
+        env = with_interface(env, where, len(job.nodes) > 1)
     argv = [slots.get(word, word) for word in spec.argv]
     home = environ.get("HOME") or os.path.expanduser("~")
     argv[:1] = [at_home(word, home) for word in argv[:1]]
@@ -166,9 +166,9 @@ def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
     return netroute.resolve_interfaces(env, found["ifname"])
 
 
-def check_gpus(pinned: str | None, allocated: str | None, place: dict) -> None:
+def check_gpus(pinned: str | None, allocated: str | None, place: Placement) -> None:
     """The user's GPU indices must be among those the scheduler gave the job
-    on this node (``place["gpus"]`` names the variable; under Slurm
+    on this node (``place.gpus`` names the variable; under Slurm
     ``SLURM_STEP_GPUS``: physical indices, per node), or they may be another
     job's."""
     if not pinned or allocated is None:
@@ -176,36 +176,34 @@ def check_gpus(pinned: str | None, allocated: str | None, place: dict) -> None:
     mine = set(allocated.split(","))
     outside = [gpu for gpu in pinned.split(",") if gpu not in mine]
     if outside:
-        raise JobNodeError(f"GPU {','.join(outside)} is not among the GPUs {place['scheduler']} "
+        raise JobNodeError(f"GPU {','.join(outside)} is not among the GPUs {place.scheduler} "
                            f"allocated to this job here ({allocated}); another job may hold it. "
-                           f"Ask for the node whole ({place['whole_node']}) or list GPUs by "
+                           f"Ask for the node whole ({place.whole_node}) or list GPUs by "
                            f"count (nodes: {{count: N, gpus: G}})")
 
 
 def run(job_path: str) -> int:
     """One node of the job, start to end; the exit code is torchrun's."""
-    with open(job_path, encoding="utf-8") as fh:
-        job = json.load(fh)
     environ = dict(os.environ)
     try:
+        job = JobSpec.read(job_path)
         node_rank = node_rank_here(job, environ)
-    except JobNodeError as exc:  # before any stream: srun's output file (slurm-JOBID.out)
+    except (JobNodeError, SpecError) as exc:  # before any stream: srun's output (slurm-JOBID.out)
         print(f"ddp-orch agent: {exc}", file=sys.stderr)
         return 1
-    spec = job["nodes"][node_rank]["spec"]
-    os.makedirs(spec["run_dir"], mode=0o700, exist_ok=True)
-    out = os.open(os.path.join(spec["run_dir"], layout.STREAM),
+    run_dir = job.nodes[node_rank].spec.run_dir
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    out = os.open(os.path.join(run_dir, layout.STREAM),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
     try:
         if node_rank == 0:
-            where = publish_rendezvous(job["job_dir"], job.get("master_addr"),
-                                       job.get("master_port"),
-                                       environ.get(job["placement"]["node_name"], ""))
+            where = publish_rendezvous(job.job_dir, job.master_addr, job.master_port,
+                                       environ.get(job.placement.node_name, ""))
         else:
-            where = await_rendezvous(job["job_dir"], float(job["start_timeout_s"]))
+            where = await_rendezvous(job.job_dir, job.start_timeout_s)
         spec = node_spec(job, node_rank, where, environ)
     except (JobNodeError, SpecError) as exc:
         os.write(1, encode(exit_event(1, str(exc), last_lines=[f"ddp-orch: {exc}"],
@@ -214,8 +212,8 @@ def run(job_path: str) -> int:
     from .supervisor import Supervisor
 
     supervisor = Supervisor(spec)
-    supervisor.setup_barrier = lambda sup: await_setups(job["job_dir"], node_rank,
-                                                        len(job["nodes"]), sup)
+    supervisor.setup_barrier = lambda sup: await_setups(job.job_dir, node_rank, len(job.nodes),
+                                                        sup)
     return supervisor.run()
 
 
@@ -241,10 +239,9 @@ def stacks(job_path: str, out_prefix: str, native: bool = False) -> int:
     long lines)."""
     from .stacks import dump
 
-    with open(job_path, encoding="utf-8") as fh:
-        job = json.load(fh)
+    job = JobSpec.read(job_path)
     node_rank = node_rank_here(job, dict(os.environ))
-    ranks = dump(job["run_id"], {node_rank: job["nodes"][node_rank]["spec"]["run_dir"]}, native)
+    ranks = dump(job.run_id, {node_rank: job.nodes[node_rank].spec.run_dir}, native)
     path = f"{out_prefix}-node-{node_rank}.json"
     with open(path + ".tmp", "w", encoding="utf-8") as fh:
         json.dump({"host": socket.gethostname(), "ranks": ranks}, fh)

@@ -39,6 +39,7 @@ from ...agent.node.procs import own_marker
 from ...agent.node.spec import Liveness
 from ...agent import layout
 from ...agent.layout import RENDEZVOUS as RENDEZVOUS_FILE, STREAM as STREAM_FILE
+from ...agent.node.jobfile import JobNode, JobSpec, Placement
 from ...agent.node.jobnode import ADDR_SLOT, PORT_SLOT, secret_variable
 from ...config.blocks.slurm import SlurmSpec
 from ...config.spec import AUTO_PORT
@@ -70,8 +71,8 @@ JOB_FILE = "job.json"
 # Where a node's agent finds its place in the job (``jobnode.node_rank_here``,
 # ``check_gpus``): the environment variables Slurm sets for each task, and the
 # words its messages use; written into job.json, so the agent names no scheduler.
-PLACEMENT = {"scheduler": "Slurm", "node_name": "SLURMD_NODENAME", "node_index": "SLURM_NODEID",
-             "gpus": "SLURM_STEP_GPUS", "whole_node": "slurm: {extra: [--exclusive]}"}
+PLACEMENT = Placement(scheduler="Slurm", node_name="SLURMD_NODENAME", node_index="SLURM_NODEID",
+                      gpus="SLURM_STEP_GPUS", whole_node="slurm: {extra: [--exclusive]}")
 SCRIPT_FILE = "job.sbatch"
 SQUEUE_GIVE_UP_S = 120.0  # squeue failing that long while queued: give up (and scancel)
 
@@ -343,14 +344,12 @@ class Backend(LaunchBackend):
             spec = dataclasses.replace(
                 spec, env={k: v for k, v in spec.env.items() if k not in hidden}, secrets=(),
                 bundle=run.file(BUNDLE_NAME), liveness=Liveness.SCHEDULER)
-            nodes.append({"host": launch.host, "spec": spec.to_dict(), "secret_env": hidden})
-        spec = self.require_spec()
-        job = {"run_id": plan.run_id, "job_dir": job_dir(plan), "placed": spec.placed,
-               "placement": PLACEMENT,
-               "master_addr": None if plan.master_addr == ADDR_SLOT else plan.master_addr,
-               "master_port": None if plan.master_port == AUTO_PORT else int(plan.master_port),
-               "start_timeout_s": self.options.start_timeout_s, "nodes": nodes}
-        run.write_json(JOB_FILE, job)
+            nodes.append(JobNode(launch.host, spec, tuple(hidden)))
+        job = JobSpec(plan.run_id, job_dir(plan), self.require_spec().placed, PLACEMENT,
+                      None if plan.master_addr == ADDR_SLOT else plan.master_addr,
+                      None if plan.master_port == AUTO_PORT else int(plan.master_port),
+                      self.options.start_timeout_s, tuple(nodes))
+        run.write_json(JOB_FILE, job.to_dict())
         run.write_text(SCRIPT_FILE, self.batch_script(plan))
         os.chmod(run.file(SCRIPT_FILE), 0o700)
         return env

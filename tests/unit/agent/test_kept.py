@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.agent.kept import daemon, peers
 from orchestrator.agent.kept.keeper import attempt_spec
+from orchestrator.agent.kept.spec import KeeperSpec
 from orchestrator.agent.node.spec import SupervisorSpec
 from orchestrator.agent.wire.protocol import ProtocolError, decode, encode
 from orchestrator.agent.kept.restarts import will_recur
@@ -170,7 +171,7 @@ def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_pa
     nnodes, attempts = 128, 10
     spec = keeper_specs(tmp_path, nnodes)[0]
     os.makedirs(spec["supervisor"]["run_dir"])
-    keeper = Head(spec)
+    keeper = Head(KeeperSpec.from_dict(spec))
     for a in range(attempts):
         # every node is asked to stop, node 5 too (its torchrun failed first)
         nodes = {str(k): {**compact(realistic_exit(k, a, k == 5)), "stop_asked": True}
@@ -251,7 +252,7 @@ def fake_keeper(tmp_path, monkeypatch):
     monkeypatch.setattr(keeper_module, "time", clock)
     monkeypatch.setattr(keeper_module, "_still_there",
                         lambda survivor: survivor["pid"] == 4242 and clock.now < gone_at[0])
-    keeper = daemon.keeper_for(keeper_specs(tmp_path, 2)[1])
+    keeper = daemon.keeper_for(KeeperSpec.from_dict(keeper_specs(tmp_path, 2)[1]))
     assert type(keeper) is Member
     return keeper, clock, gone_at
 
@@ -260,7 +261,7 @@ def a_head(tmp_path):
     """Node 0's keeper of two nodes (nothing started): what decides a restart."""
     from orchestrator.agent.kept.head import Head
 
-    head = daemon.keeper_for(keeper_specs(tmp_path, 2)[0])
+    head = daemon.keeper_for(KeeperSpec.from_dict(keeper_specs(tmp_path, 2)[0]))
     assert type(head) is Head
     return head
 
@@ -346,7 +347,7 @@ def test_the_head_decides_a_restart_only_once_every_surviving_node_has_ended(tmp
     from orchestrator.agent.kept import head as head_module
 
     monkeypatch.setattr(head_module, "time", FakeClock())
-    head = head_module.Head(keeper_specs(tmp_path, 3)[0])
+    head = head_module.Head(KeeperSpec.from_dict(keeper_specs(tmp_path, 3)[0]))
     stopped = {"code": 143, "reason": "got SIGTERM", "failures": []}
     head.ended = {1: stopped}
     late = {"code": 1, "reason": "torchrun exited", "failures": []}
@@ -427,7 +428,7 @@ def test_node_0_is_the_head_and_only_the_head_records_attempts(tmp_path):
     from orchestrator.agent.kept.member import Member
 
     specs = keeper_specs(tmp_path, 3)
-    keepers = [daemon.keeper_for(spec) for spec in specs]
+    keepers = [daemon.keeper_for(KeeperSpec.from_dict(spec)) for spec in specs]
     assert [type(k) for k in keepers] == [Head, Member, Member]
     head = keepers[0]
     head.attempts.append({"attempt": 0, "master_port": 29500, "stop_reason": "", "state":

@@ -3,6 +3,7 @@ and the agent's job mode (unit tests; the live ones are test_slurm_launch.py).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from orchestrator.agent.wire import bootstrap
+from orchestrator.agent.node.jobfile import JobSpec
 from orchestrator.agent.node.spec import Liveness
 from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
                                         node_spec, secret_variable)
@@ -223,13 +225,37 @@ def test_pinned_gpus_outside_slurms_allocation_are_refused():
         check_gpus("3,4,5", "0,1,2,3,4,6", PLACEMENT)
 
 
-def _job(placed: bool = False) -> dict:
+def _job_file(placed: bool = False) -> dict:
+    """A job file as the backend writes it (``JobSpec.to_dict``)."""
     spec = {"run_id": "r", "node_rank": 0,
             "argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
                      "--device", "auto", "<slurm node 0>x"],
             "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r"}
-    return {"placed": placed, "placement": PLACEMENT, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
-                                        {"host": "n2", "spec": dict(spec), "secret_env": ["K"]}]}
+    return {"run_id": "r", "job_dir": "/r", "placed": placed,
+            "placement": dataclasses.asdict(PLACEMENT), "master_addr": None, "master_port": None,
+            "start_timeout_s": 300, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
+                                              {"host": "n2", "spec": dict(spec),
+                                               "secret_env": ["K"]}]}
+
+
+def _job(placed: bool = False) -> JobSpec:
+    return JobSpec.from_dict(_job_file(placed))
+
+
+def test_the_job_file_is_read_back_as_written_and_a_bad_one_is_refused_by_field():
+    from orchestrator.agent.node.spec import SpecError
+
+    job = _job()
+    assert JobSpec.from_dict(json.loads(json.dumps(job.to_dict()))) == job
+    assert job.placement == PLACEMENT and job.nodes[1].secret_env == ("K",)
+    for change, named in [({"placed": 1}, "'placed'"), ({"master_port": 0}, "'master_port'"),
+                          ({"start_timeout_s": "5"}, "'start_timeout_s'"),
+                          ({"nodes": []}, "'nodes'"),
+                          ({"placement": {"scheduler": "Slurm"}}, "'placement'"),
+                          ({"nodes": [{"host": "n1", "spec": {}}]}, "bad supervisor spec")]:
+        with pytest.raises(SpecError, match="^bad ") as refused:
+            JobSpec.from_dict({**_job_file(), **change})
+        assert named in str(refused.value)
 
 
 def test_a_node_finds_its_entry_by_slurm_name_or_allocation_index():
@@ -258,12 +284,12 @@ def test_a_python_under_home_is_the_nodes_own_under_slurm():
     """``python: ~/venv/bin/python``: no controller asks a Slurm node for its
     home, so the node fills it in, in torchrun's program word and setup's
     PATH; a ``~/`` among the program's own arguments is left as it is."""
-    job = _job()
+    job = _job_file()
     spec = job["nodes"][0]["spec"]
     spec["argv"] = ["~/venv/bin/python", "-m", "torch.distributed.run", "--data", "~/d"]
     spec["setup"] = {"commands": [["pip", "install", "x"]], "cwd": "/r/project",
                      "timeout_s": 60.0, "path_first": "~/venv/bin"}
-    here = node_spec(job, 0, {"addr": "host0", "port": 1}, {"HOME": "/home/u"})
+    here = node_spec(JobSpec.from_dict(job), 0, {"addr": "host0", "port": 1}, {"HOME": "/home/u"})
     assert here.argv == ("/home/u/venv/bin/python", "-m", "torch.distributed.run", "--data",
                          "~/d")
     assert here.setup["path_first"] == "/home/u/venv/bin"
@@ -274,12 +300,18 @@ def test_the_agent_zipapp_runs_with_the_standard_library_alone(tmp_path):
     bootstrap.zipapp(pyz)
     usage = subprocess.run([sys.executable, "-I", "-S", pyz], capture_output=True, text=True)
     assert usage.returncode == 2 and "job JOB.json" in usage.stderr
-    job = _job()
+    job = _job_file()
     job["nodes"][0]["spec"]["run_dir"] = str(tmp_path / "node-0")
     (tmp_path / "job.json").write_text(json.dumps(job))
     wrong = subprocess.run([sys.executable, "-I", "-S", pyz, "job", str(tmp_path / "job.json")],
                            capture_output=True, text=True, env={"SLURMD_NODENAME": "n7"})
     assert wrong.returncode != 0 and "Slurm node 'n7', which is not in the plan" in wrong.stderr
+    # a job file that is not one: the field named, no traceback
+    (tmp_path / "job.json").write_text(json.dumps({**job, "placed": "yes"}))
+    bad = subprocess.run([sys.executable, "-I", "-S", pyz, "job", str(tmp_path / "job.json")],
+                         capture_output=True, text=True, env={"SLURMD_NODENAME": "n1"})
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "ddp-orch agent: bad job file: 'placed' is 'yes': true or false" in bad.stderr
 
 
 @pytest.mark.parametrize("gres, count", [("gpu:8", 8), ("gpu:a100:4(S:0-1)", 4), ("(null)", 0),
@@ -334,7 +366,7 @@ def test_a_project_runs_under_slurm_with_the_same_argv_and_code_root(tmp_path):
             ["-m", "proj.train", "50", "10", "--config", "configs/x.yaml"]
         assert node["spec"]["cwd"] == f"{run.path}/node-{k}/project"
         where = {"addr": "127.0.0.1", "port": 12345}
-        assert node_spec(job, k, where, {}).cwd == node["spec"]["cwd"]
+        assert node_spec(JobSpec.from_dict(job), k, where, {}).cwd == node["spec"]["cwd"]
     from orchestrator.engine.nodehandle import BUNDLE_NAME
 
     with tarfile.open(run.file(BUNDLE_NAME)) as tar:

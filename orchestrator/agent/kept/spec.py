@@ -1,0 +1,93 @@
+"""What a node's keeper is started with, typed: ``KeeperSpec``.
+
+The controller builds one per node (``engine/keptgang.keeper_spec``) around
+the node's ``SupervisorSpec``; it crosses the wire as JSON (``to_dict``, in
+``serve``'s ``detach``) and is checked on arrival (``from_dict``), before
+the keeper forks: a bad spec is a ``SpecError`` naming the field, never a
+KeyError inside a daemon nobody watches.
+
+Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..node.spec import SpecError, SupervisorSpec
+from ..wire.protocol import KeptRule
+
+
+@dataclasses.dataclass(frozen=True)
+class GangPort:
+    """Node 0's gang port, where every other node's keeper links to the head."""
+
+    addr: str  # the run's master address: what the other nodes reach node 0 at
+    port: int  # 0 until node 0's keeper has bound it (its ``detach`` reply says it)
+    token: str  # the run's random token; a hello without it is refused
+    listen_note: str = ""  # node 0: how the port was bound, said once in its stream
+
+
+@dataclasses.dataclass(frozen=True)
+class KeeperSpec:
+    supervisor: SupervisorSpec  # each attempt's, before ``keeper.attempt_spec``
+    nnodes: int
+    rule: KeptRule  # attached: the controller's follower holds it too; detached: not
+    start_timeout_s: float  # every attempt's, and the gang's joining
+    gang: GangPort
+    max_restarts: int = 0
+    hang_timeout_s: float | None = None  # the hang rule (``gangrule``); None: off
+
+    @property
+    def node_rank(self) -> int:
+        return self.supervisor.node_rank
+
+    def to_dict(self) -> dict:
+        return {"supervisor": self.supervisor.to_dict(), "nnodes": self.nnodes,
+                "rule": self.rule.value, "start_timeout_s": self.start_timeout_s,
+                "gang": dataclasses.asdict(self.gang), "max_restarts": self.max_restarts,
+                **({"hang_timeout_s": self.hang_timeout_s}
+                   if self.hang_timeout_s is not None else {})}
+
+    @classmethod
+    def from_dict(cls, data: object) -> "KeeperSpec":
+        """The spec ``data`` describes; SpecError naming the first field that
+        is missing or not what it must be."""
+        if not isinstance(data, dict):
+            raise SpecError(f"bad keeper spec: not an object: {str(data)[:200]}")
+        gang = data.get("gang")
+        checks = {
+            "nnodes": (_count(data.get("nnodes")) and data["nnodes"] >= 1, "a count (1 or more)"),
+            "rule": (data.get("rule") in {r.value for r in KeptRule},
+                     "one of " + ", ".join(r.value for r in KeptRule)),
+            "start_timeout_s": (_seconds(data.get("start_timeout_s")), "seconds (more than 0)"),
+            "max_restarts": (_count(data.get("max_restarts", 0)), "a count (0 or more)"),
+            "hang_timeout_s": (data.get("hang_timeout_s") is None
+                               or _seconds(data["hang_timeout_s"]), "seconds or null"),
+            "gang": (isinstance(gang, dict) and isinstance(gang.get("addr"), str)
+                     and _count(gang.get("port")) and gang["port"] < 65536
+                     and isinstance(gang.get("token"), str)
+                     and isinstance(gang.get("listen_note", ""), str),
+                     "{addr, port, token}"),
+        }
+        for name, (ok, wanted) in checks.items():
+            if not ok:
+                raise SpecError(f"bad keeper spec: {name!r} is "
+                                f"{str(data.get(name))[:200]!r}: {wanted}")
+        unknown = sorted(set(data) - {"supervisor", *checks})
+        if unknown:
+            raise SpecError(f"bad keeper spec: unknown field(s) {', '.join(map(repr, unknown))}")
+        return cls(SupervisorSpec.from_dict(data.get("supervisor")), data["nnodes"],
+                   KeptRule(data["rule"]), float(data["start_timeout_s"]),
+                   GangPort(gang["addr"], gang["port"], gang["token"],
+                            gang.get("listen_note", "")),
+                   data.get("max_restarts", 0),
+                   None if data.get("hang_timeout_s") is None
+                   else float(data["hang_timeout_s"]))
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

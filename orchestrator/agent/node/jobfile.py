@@ -1,0 +1,116 @@
+"""A scheduler job's file (``job.json``), typed: ``JobSpec``.
+
+The scheduler backend writes it into the job's shared run directory
+(``backends/slurm/backend._write_job``) and every node's agent reads it
+(``jobnode.run``): it is all a node started by the scheduler is told, since
+no controller opens a channel to it. It is read back as any message from
+elsewhere is: checked field by field (``from_dict``), a bad file a
+``SpecError`` naming the field, never a KeyError in a node's agent.
+
+Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from .spec import SpecError, SupervisorSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a node's agent finds its place in the job: the environment
+    variables the scheduler sets for each task, and the words its messages
+    use (the backend that writes the file knows its scheduler; the agent
+    reads only these names)."""
+
+    scheduler: str  # its name, for messages ("Slurm")
+    node_name: str  # the variable with the scheduler's name for this node
+    node_index: str  # the variable with this node's index in the allocation
+    gpus: str  # the variable with the GPUs allocated on this node
+    whole_node: str  # how the cluster file asks for a node whole, for a message
+
+
+@dataclasses.dataclass(frozen=True)
+class JobNode:
+    """One node of the job: its host as the cluster file pinned it (or a
+    placeholder), its supervisor spec, and the names of its secret env
+    values, which reach it through the scheduler's environment instead."""
+
+    host: str
+    spec: SupervisorSpec
+    secret_env: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    run_id: str
+    job_dir: str  # the shared directory: rendezvous.json and the setup barrier's files
+    placed: bool  # the scheduler chose the hosts: a node is its index in the allocation
+    placement: Placement
+    master_addr: str | None  # None: node 0's host name, known only inside the job
+    master_port: int | None  # None: a free port node 0 binds
+    start_timeout_s: float  # how long the other nodes wait for node 0's rendezvous
+    nodes: tuple[JobNode, ...]
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "job_dir": self.job_dir, "placed": self.placed,
+                "placement": dataclasses.asdict(self.placement),
+                "master_addr": self.master_addr, "master_port": self.master_port,
+                "start_timeout_s": self.start_timeout_s,
+                "nodes": [{"host": n.host, "spec": n.spec.to_dict(),
+                           "secret_env": list(n.secret_env)} for n in self.nodes]}
+
+    @classmethod
+    def read(cls, path: str) -> "JobSpec":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"bad job file {path}: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: object) -> "JobSpec":
+        """The job ``data`` describes; SpecError naming the first field that is
+        missing or not what it must be."""
+        if not isinstance(data, dict):
+            raise SpecError(f"bad job file: not an object: {str(data)[:200]}")
+        place = data.get("placement")
+        port = data.get("master_port")
+        checks = {
+            "run_id": (isinstance(data.get("run_id"), str), "a string"),
+            "job_dir": (isinstance(data.get("job_dir"), str) and bool(data["job_dir"]),
+                        "a directory path"),
+            "placed": (isinstance(data.get("placed"), bool), "true or false"),
+            "placement": (isinstance(place, dict)
+                          and set(place) == {f.name for f in dataclasses.fields(Placement)}
+                          and all(isinstance(v, str) for v in place.values()),
+                          "{" + ", ".join(f.name for f in dataclasses.fields(Placement)) + "}"),
+            "master_addr": (data.get("master_addr") is None
+                            or isinstance(data["master_addr"], str), "a host or null"),
+            "master_port": (port is None or isinstance(port, int) and not isinstance(port, bool)
+                            and 0 < port < 65536, "a port (1 to 65535) or null"),
+            "start_timeout_s": (isinstance(data.get("start_timeout_s"), (int, float))
+                                and not isinstance(data["start_timeout_s"], bool)
+                                and data["start_timeout_s"] > 0, "seconds (more than 0)"),
+            "nodes": (isinstance(data.get("nodes"), list) and bool(data["nodes"])
+                      and all(_node_ok(n) for n in data["nodes"]),
+                      "a list of {host, spec, secret_env}"),
+        }
+        for name, (ok, wanted) in checks.items():
+            if not ok:
+                raise SpecError(f"bad job file: {name!r} is {str(data.get(name))[:200]!r}: "
+                                f"{wanted}")
+        return cls(data["run_id"], data["job_dir"], data["placed"], Placement(**place),
+                   data.get("master_addr"), port, float(data["start_timeout_s"]),
+                   tuple(JobNode(n["host"], SupervisorSpec.from_dict(n["spec"]),
+                                 tuple(n.get("secret_env", ()))) for n in data["nodes"]))
+
+
+def _node_ok(node: object) -> bool:
+    return isinstance(node, dict) and isinstance(node.get("host"), str) \
+        and isinstance(node.get("spec"), dict) \
+        and isinstance(node.get("secret_env", []), list) \
+        and all(isinstance(name, str) for name in node.get("secret_env", []))
