@@ -79,26 +79,39 @@ if not os.environ.get("PYTEST_XDIST_WORKER"):  # the session's process; workers 
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of xdist's work ``nodeid`` belongs to: a unit test alone, a
-    live test with its module, a Slurm-lab test with every other one."""
+    """The unit of xdist's work ``nodeid`` belongs to: its module (so a
+    module-scoped fixture is set up once, not once per worker), every
+    Slurm-lab test together."""
     if nodeid.startswith(SLURM_MODULES):
         return SLURM_UNIT
-    if nodeid.startswith(LIVE_MODULES):
-        return nodeid.split("::", 1)[0]
-    return nodeid
+    return nodeid.split("::", 1)[0]
+
+
+def unit_order(unit: str, size: int) -> tuple[int, int]:
+    """Which unit a free worker takes first: the Slurm lab's (the longest),
+    then the live modules, then the unit tests, each the largest first.
+    Live modules mostly wait, so they start at once and overlap; the unit
+    tests are pure CPU and fill in at the end, wherever a worker is free."""
+    kind = 0 if unit == SLURM_UNIT else 1 if unit.startswith(LIVE_MODULES) else 2
+    return kind, -size
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduling over ``work_unit``: the units with the most
-    tests are handed out first, so the live modules start at once and the
-    single unit tests fill in wherever a worker runs out."""
+    """xdist's scope scheduling over ``work_unit``, handing units out in
+    ``unit_order``."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class LiveModulesApart(LoadScopeScheduling):
+    class LiveModulesFirst(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
-    return LiveModulesApart(config, log)
+        def _assign_work_unit(self, node) -> None:
+            first = min(self.workqueue, key=lambda unit: unit_order(unit,
+                                                                    len(self.workqueue[unit])))
+            self.workqueue.move_to_end(first, last=False)  # what xdist pops next
+            super()._assign_work_unit(node)
+
+    return LiveModulesFirst(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -124,10 +124,12 @@ def test_a_real_rendezvous_that_never_completes_fails_after_the_start_timeout(
         f"{{host: node1, procs: 1, env: {{GLOO_SOCKET_IFNAME: {nic1}, "
         f"NCCL_SOCKET_IFNAME: {nic1}}}}}"])
     result = run_cli("up", cluster, "--run-id", "rdzv", "--runs-dir", str(tmp_path / "runs"),
-                     "--grace", "3", "--start-timeout", "15", env=env, timeout=240)
+                     "--grace", "3", "--start-timeout", "30", env=env, timeout=240)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
-    assert ("ddp-orch: the rendezvous did not complete within 15s; not joined: node 1 (node1); "
+    # 30 s: node 0's own torchrun joins well within it even with another live
+    # module busy beside this one (it took over 15 s there once), so only node 1 is named
+    assert ("ddp-orch: the rendezvous did not complete within 30s; not joined: node 1 (node1); "
             "stopping every node") in out
     summary = out.split("\nrun rdzv: ")[1]
     assert re.search(r"^  0\s+node0\s+stopped\s", summary, re.M), summary
