@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..node.spec import SpecError, SupervisorSpec
-from ..wire.protocol import KeptRule
+from ..wire.protocol import KeptRule, is_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +56,15 @@ class KeeperSpec:
             raise SpecError(f"bad keeper spec: not an object: {str(data)[:200]}")
         gang = data.get("gang")
         checks = {
-            "nnodes": (_count(data.get("nnodes")) and data["nnodes"] >= 1, "a count (1 or more)"),
+            "nnodes": (is_count(data.get("nnodes")) and data["nnodes"] >= 1, "a count (1 or more)"),
             "rule": (data.get("rule") in {r.value for r in KeptRule},
                      "one of " + ", ".join(r.value for r in KeptRule)),
             "start_timeout_s": (_seconds(data.get("start_timeout_s")), "seconds (more than 0)"),
-            "max_restarts": (_count(data.get("max_restarts", 0)), "a count (0 or more)"),
+            "max_restarts": (is_count(data.get("max_restarts", 0)), "a count (0 or more)"),
             "hang_timeout_s": (data.get("hang_timeout_s") is None
                                or _seconds(data["hang_timeout_s"]), "seconds or null"),
             "gang": (isinstance(gang, dict) and isinstance(gang.get("addr"), str)
-                     and _count(gang.get("port")) and gang["port"] < 65536
+                     and is_count(gang.get("port")) and gang["port"] < 65536
                      and isinstance(gang.get("token"), str)
                      and isinstance(gang.get("listen_note", ""), str),
                      "{addr, port, token}"),
@@ -83,10 +83,6 @@ class KeeperSpec:
                    data.get("max_restarts", 0),
                    None if data.get("hang_timeout_s") is None
                    else float(data["hang_timeout_s"]))
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _seconds(value: object) -> bool:
