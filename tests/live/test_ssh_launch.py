@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -18,29 +20,56 @@ TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
 HOSTILE = "it's \"quoted\" $(touch /tmp/ddp-orch-pwned) `id` ; rm -rf / \n second line \\ $HOME"
 
 
+def toy_alone(tmp_path) -> dict:
+    """``python -m workloads.toy`` at its defaults in one process: the
+    oracle for the same workload dealt over many ranks."""
+    result_file = tmp_path / "alone.json"
+    env = {**os.environ, "PYTHONPATH": ROOT, "DDP_ORCH_DEVICE": "cpu",
+           "OMP_NUM_THREADS": "1", "DDP_ORCH_RESULT_FILE": str(result_file)}
+    proc = subprocess.run([sys.executable, "-m", "workloads.toy"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(result_file.read_text())
+
+
 @pytest.mark.parametrize("ssh_lab", [3], indirect=True)
 def test_seed_layout_over_two_ssh_hosts(ssh_lab, tmp_path):
-    """gpus 3,4,5 + 0,1,2,3 with device cpu: 7 processes, ranks as planned."""
+    """gpus 3,4,5 + 0,1,2,3 with device cpu: 7 processes, ranks as planned,
+    running toy at its defaults. Its global batch of 4 over 7 ranks leaves
+    three ranks an empty share each step (harness.data.BatchSplit), and the
+    gang still takes the one-process run's steps and ends at its losses.
+    (This was also test_wl_seed_layout.py's toy case, a second 7-rank gang
+    on localhost; the layout itself is the same there for mnist.)"""
     env = lab_home(ssh_lab, tmp_path)
     cluster = lab_cluster(ssh_lab, tmp_path, ["{host: node0, gpus: '3,4,5'}",
                                               "{host: node1, gpus: [0, 1, 2, 3]}"],
-                          "workload: {name: linear, args: {epochs: 1, samples: 700, "
-                          "global_batch_size: 35}}\n", extra="device: cpu\n", name="seed")
+                          "workload: {name: toy}\n", extra="device: cpu\n", name="seed")
     result = run_cli("up", cluster, "--run-id", "seed-layout", "--runs-dir", str(tmp_path / "runs"),
                      env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     res = json.loads((tmp_path / "runs" / "seed-layout" / "result.json").read_text())
-    assert res["world_size"] == 7
+    assert res["world_size"] == 7 and res["run_id"] == "seed-layout"
     table = sorted(res["rank_table"], key=lambda r: r["rank"])
     assert [(r["rank"], r["node_rank"], r["local_rank"]) for r in table] == [
         (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2), (6, 1, 3)]
     assert {r["cuda_visible_devices"] for r in table[:3]} == {"3,4,5"}
     assert {r["cuda_visible_devices"] for r in table[3:]} == {"0,1,2,3"}
+    assert {r["device"] for r in table} == {"cpu"}
+    assert len(set(res["checksums"])) == 1 and res["replicas_identical"] is True
     assert "[node1 node1] [rank3]:" in result.stdout or "[node0 node0] [rank0]:" in result.stdout
     node1 = tmp_path / "remote" / "runs" / "seed-layout" / "node-1"
     assert (node1 / "code" / "workloads").is_dir()
     for private in (node1.parent, node1):
         assert private.stat().st_mode & 0o777 == 0o700
+    # toy's global batch 4 over 7 ranks: the first four take one sample each
+    assert res["config"]["global_batch_size"] == 4
+    assert res["batch_split"] == [1, 1, 1, 1, 0, 0, 0]
+    single = toy_alone(tmp_path)
+    assert res["timing"]["steps"] == single["timing"]["steps"] == 6
+    assert res["timing"]["samples"] == single["timing"]["samples"] == 15
+    for key in ("final_loss", "train_loss", "test_loss"):
+        assert res["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5), key
+    assert (res["metrics"]["train_total"], res["metrics"]["test_total"]) == (5, 2)
 
 
 @pytest.mark.parametrize("ssh_lab", [3], indirect=True)

@@ -4,7 +4,8 @@ World size 7 divides none of the default global batches (32, 4, 64, ...).
 The batch rule (harness.data.BatchSplit) deals a global batch over any
 world size and weights each rank's loss by its share, so these run as
 shipped: ``cluster.yaml.example`` itself, with its two hosts made local,
-and the same layout with ``toy`` and ``mnist`` at their default batches.
+and the same layout with ``mnist`` at its default batch (``toy``'s batch of
+4 over 7 ranks: test_ssh_launch.py's test_seed_layout_over_two_ssh_hosts).
 On one machine two nodes may not list the same GPU index, so each node's
 ``gpus:`` becomes as many CPU processes (``procs:``); the layout, world size
 and rank numbering are the example's.
@@ -20,14 +21,13 @@ import sys
 import pytest
 import yaml
 
-from wl_support import ROOT, check_complete, run_alone
+from wl_support import ROOT, check_complete
 from workloads.catalog import CATALOG
 
 pytestmark = pytest.mark.live
 
 EXAMPLE = os.path.join(ROOT, "cluster.yaml.example")
 SPLITS = {"linear": [5, 5, 5, 5, 4, 4, 4],   # 32 over 7
-          "toy": [1, 1, 1, 1, 0, 0, 0],      # 4 over 7: three ranks step on empty batches
           "mnist": [10, 9, 9, 9, 9, 9, 9]}   # 64 over 7
 
 
@@ -84,26 +84,17 @@ def test_example_cluster_file_runs_as_shipped_on_localhost(tmp_path):
     assert result["config"]["epochs"] == 10
 
 
-@pytest.mark.parametrize("workload", ["toy", "mnist"])
-def test_default_batches_run_on_the_3_plus_4_layout(workload, tmp_path, tiny_data):
-    """toy (batch 4 < 7 ranks) and mnist (64) at their defaults; mnist reads
-    the tiny MNIST (48 train samples: one step an epoch) without workers."""
-    args = {"data_dir": tiny_data, "num_workers": 0} if workload == "mnist" else {}
-    cluster = local_example(tmp_path, {"name": workload, "args": args})
-    _, result = up(tmp_path, cluster, workload, "--quiet")
-    check_seed_layout(result, workload, workload)
-    if workload == "mnist":
-        assert result["data"] == "real" and result["metrics"]["end_step"] == 3
-        assert result["timing"]["samples"] == 3 * 48
-        return
-    # the 7-rank run, empty shares included, takes the one-process steps
-    single = run_alone(tmp_path, "toy").check()
-    assert result["timing"]["steps"] == single["timing"]["steps"] == 6
-    assert result["timing"]["samples"] == single["timing"]["samples"] == 15
-    m, s = result["metrics"], single["metrics"]
-    for key in ("final_loss", "train_loss", "test_loss"):
-        assert m[key] == pytest.approx(s[key], rel=1e-5), key
-    assert (m["train_total"], m["test_total"]) == (5, 2)
+def test_mnist_at_its_default_batch_runs_on_the_3_plus_4_layout(tmp_path, tiny_data):
+    """mnist at its default global batch (64 over 7 ranks), reading the tiny
+    MNIST (48 train samples: one step an epoch) without workers. (toy's
+    batch of 4 over 7 ranks, with three empty shares, runs on this layout
+    over two SSH hosts: test_ssh_launch.py's test_seed_layout_over_two_ssh_hosts.)"""
+    args = {"data_dir": tiny_data, "num_workers": 0}
+    cluster = local_example(tmp_path, {"name": "mnist", "args": args})
+    _, result = up(tmp_path, cluster, "mnist", "--quiet")
+    check_seed_layout(result, "mnist", "mnist")
+    assert result["data"] == "real" and result["metrics"]["end_step"] == 3
+    assert result["timing"]["samples"] == 3 * 48
 
 
 def test_a_global_batch_below_one_is_refused_before_launch(tmp_path):
