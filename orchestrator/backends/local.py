@@ -11,7 +11,6 @@ from typing import Any, Mapping
 
 from ..plan.model import NodePlan
 from ..transport.base import Transport
-from ..transport.local import LocalTransport
 from .agentbackend import AgentBackend
 
 
@@ -20,6 +19,8 @@ class Backend(AgentBackend):
     this_machine = True
 
     def transport(self, node_rank: int, host: str, connection: Mapping[str, Any]) -> Transport:
+        from ..transport.local import LocalTransport
+
         return LocalTransport(host)
 
     def where(self, node: NodePlan) -> str:

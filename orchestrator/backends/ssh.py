@@ -18,7 +18,6 @@ from ..errors import ConfigError
 from ..plan.dryrun import DryRun
 from ..plan.model import NodePlan, RunPlan
 from ..transport.base import Transport
-from ..transport.local import LocalTransport
 from .agentbackend import AgentBackend
 
 
@@ -58,6 +57,8 @@ class Backend(AgentBackend):
 
     def transport(self, node_rank: int, host: str, connection: Mapping[str, Any]) -> Transport:
         if host == "localhost":
+            from ..transport.local import LocalTransport
+
             return LocalTransport(host)
         from ..transport.ssh import SshTransport
 

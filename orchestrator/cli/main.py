@@ -11,17 +11,19 @@ import functools
 import os
 import signal
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from .. import __version__
-from ..engine.options import LaunchOptions
-from ..config.spec import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT
+from ..config.limits import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError
 from ..records.rundir import DEFAULT_RUNS_DIR, RunDir, new_run_id, valid_run_id
 from ..records.runsdir import RUNS_DIR_ENV, locate
+
+if TYPE_CHECKING:  # built by the commands that launch or plan, not by --help
+    from ..engine.options import LaunchOptions
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,13 +51,39 @@ class DdpOrchGroup(click.Group):
     one ``ddp-orch: error:`` line and a hint, exit code 2.
 
     The run-management commands (``runs.py``) load only when named, so
-    ``up`` and ``--dry-run`` do not pay for their imports.
+    ``up`` and ``--dry-run`` do not pay for their imports, and ``--help``
+    lists them from ``LAZY``: the first paragraph of each one's help, as its
+    docstring says it (tests/unit/cli/test_cli_lazy.py keeps the two equal).
     """
 
-    LAZY = ("ps", "status", "logs", "down", "stacks", "attach", "prune")
+    LAZY = {
+        "ps": "List the runs recorded in the runs directory, newest first, and say "
+              "which runs directory that is.",
+        "status": "Show one run (default: the latest): state, per-node outcomes, root "
+                  "cause and result.",
+        "logs": "Print a run's stored node logs (default: the latest run), prefixed by "
+                "node when there are several.",
+        "down": "End whatever of RUN_ID still runs, on every node, using its records.",
+        "stacks": "Dump the Python stack of every rank of a live run, on every node at once.",
+        "attach": "Follow a detached run (`up --detach`; default: the latest), or a Slurm "
+                  "job whose `up` is gone, from its nodes until it ends.",
+        "prune": "Remove ended runs here and their run directories on their nodes.",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's command list, with each not-yet-loaded command's short help
+        taken from ``LAZY`` rather than by importing ``runs.py``."""
+        listed = {name: self.commands.get(name) or click.Command(name, help=self.LAZY[name])
+                  for name in self.list_commands(ctx)}
+        limit = formatter.width - 6 - max(len(name) for name in listed)
+        rows = [(name, cmd.get_short_help_str(limit)) for name, cmd in listed.items()
+                if not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.LAZY and name not in self.commands:
@@ -254,6 +282,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
     if run_id is not None and not valid_run_id(run_id):
         raise ConfigError(f"{run_id!r} is not a valid run id", path="--run-id", source="command line",
                           hint="letters, digits, '.', '_' and '-'")
+    from ..engine.options import LaunchOptions
+
     options = LaunchOptions(grace_s=grace, start_timeout_s=start_timeout,
                             accept_new_host_keys=accept_new_host_keys,
                             queue_timeout_s=queue_timeout,
@@ -330,6 +360,8 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     if baseline_run is None or ddp_run is None:
         spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
                                   arg_pairs)
+    from ..engine.options import LaunchOptions
+
     options = LaunchOptions(
         grace_s=grace, start_timeout_s=start_timeout, accept_new_host_keys=accept_new_host_keys,
         queue_timeout_s=queue_timeout, wait_gpus_s=wait_gpus, allow_busy_gpus=allow_busy_gpus,
@@ -505,8 +537,9 @@ def bundle(cluster_file: str | None, backend: str | None, local: bool, workload:
     `up --dry-run --format shell` prints this command and the lines that
     unpack it into each node's run directory.
     """
-    from ..engine.bundle import build_bundle, human_size, stand_ins
     from ..controller.session import prepare
+    from ..engine.bundle import build_bundle, human_size, stand_ins
+    from ..engine.options import LaunchOptions
 
     program = click.get_current_context().meta.get(PROGRAM_META)
     spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
@@ -539,6 +572,7 @@ def check(cluster_file: str, backend: str | None, timeout: float,
     """
     from ..backends import backend_for
     from ..config.loader import load_cluster_file
+    from ..engine.options import LaunchOptions
     from ..report.runs import render_check
 
     spec = _with_backend(load_cluster_file(cluster_file), backend)

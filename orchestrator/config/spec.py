@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+# The launch backends and the bounds the command line shares: ``limits``, so
+# that the CLI builds its options without this module's dataclasses.
+from .limits import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT  # noqa: F401
+
 AUTO_PORT = "auto"
 LOCAL_HOSTS = frozenset({"localhost"})
 DEFAULT_WORKDIR = "~/.ddp-orch"
@@ -20,16 +24,6 @@ DEFAULT_GPU_BUSY_MIB = 1024
 # ``gpus:`` asked by what it wants rather than by index (``free:3``); the
 # node's agent chooses at launch (``agent/node/gpus.py``).
 GPU_REQUESTS = ("all", "free")
-# The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
-BACKENDS = ("local", "ssh", "slurm")
-# Bounds the cluster file and the command line share (the CLI's options are
-# built from them without loading the loader).
-# Progress reaches the controller with the agents' heartbeats (every 5 s), so a
-# shorter hang timeout would take a quiet but healthy run for a hung one.
-MIN_HANG_TIMEOUT = 10
-MAX_HANG_TIMEOUT = 7 * 86400
-MAX_RESTARTS = 100  # whole-gang restarts of one run
-MAX_GPU_WAIT = 7 * 86400
 
 
 def default_backend(hosts: "tuple[str, ...] | list[str]") -> str:

@@ -26,9 +26,6 @@ from typing import Any, Callable, Mapping
 
 from workloads.catalog import CATALOG, Layout
 
-from ..agent.node import gpus as node_gpus
-from ..agent.node.gpuclaim import TorchProbe
-from ..engine.gpuplan import torch_problem
 from ..engine.options import LaunchOptions
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError
@@ -37,10 +34,21 @@ from ..plan.model import RunPlan
 CLI = "command line"
 
 
+def _gpus_here() -> dict:
+    from ..agent.node import gpus as node_gpus  # (only a localhost node with GPUs asks)
+
+    return node_gpus.facts()
+
+
+def _torch_here(python: str) -> dict:
+    from ..agent.node.gpuclaim import TorchProbe
+
+    return TorchProbe(python).result()
+
+
 def refuse(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions,
-           gpus_here: Callable[[], dict] = node_gpus.facts,
-           torch_here: Callable[[str], dict] = lambda python: TorchProbe(python).result()
-           ) -> None:
+           gpus_here: Callable[[], dict] = _gpus_here,
+           torch_here: Callable[[str], dict] = _torch_here) -> None:
     """Raise ``ConfigError`` for the first thing the launch would fail on;
     ``gpus_here`` asks this machine's nvidia-smi (``gpus.facts``), and
     where there is none, ``torch_here`` its torch (``gpuclaim.TorchProbe``)."""
@@ -63,6 +71,8 @@ def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
     local = [node for node in plan.nodes if node.is_local and node.gpus is not None]
     if plan.device == "cpu" or not local:
         return
+    from ..engine.gpuplan import torch_problem
+
     found = gpus_here()
     for node in local:
         # as the launch asks; a localhost node's ``~`` is this machine's home
@@ -90,6 +100,8 @@ NO_GPU_FIX = "set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU 
 def _missing(wanted: tuple[int, ...], found: dict) -> str | None:
     """Why GPUs ``wanted`` cannot be had here whatever else runs: nvidia-smi
     fails, or does not list them (or lists them in MIG mode)."""
+    from ..agent.node import gpus as node_gpus
+
     if not found.get("ok"):
         return f"nvidia-smi failed here: {found.get('error')}"
     answer = node_gpus.choose(list(wanted), found["gpus"], found["apps"], allow_busy=True)

@@ -27,14 +27,12 @@ from ..console import Console
 from ..errors import OrchestratorError
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
-from ..plan.secrets import stored_cluster_file
-from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir, new_run_id
-from ..records.store import write_state
 from .refusals import refuse, refuse_resolved
 
 if TYPE_CHECKING:
     from ..engine.run import RunHandle
+    from ..records.outcome import RunOutcome
 
 
 def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
@@ -52,7 +50,11 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
        options: LaunchOptions = LaunchOptions(),
        run_id: str | None = None) -> tuple[RunOutcome, RunDir]:
     """Launch ``spec`` and return how it ended, with its run directory."""
-    from ..engine.run import node_records  # the engine: for a launch, not a dry-run
+    # the engine and the records: for a launch, not a dry-run
+    from ..engine.run import node_records
+    from ..plan.secrets import stored_cluster_file
+    from ..records.outcome import RunState
+    from ..records.store import write_state
 
     run_id = run_id or new_run_id(spec.name)
     backend, info = prepare(spec, options, run_id=run_id,

@@ -75,9 +75,8 @@ import fnmatch
 import io
 import os
 import stat
-import tarfile
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import workloads
 
@@ -88,6 +87,9 @@ from ..errors import ConfigError, LaunchError
 from ..plan.model import BUILTIN_DIR, PROJECT_DIR, RunPlan
 from ..plan.secrets import stored_cluster_file
 from ..plan.torchrun import SHIM
+
+if TYPE_CHECKING:  # a dry run's code notes scan the directory; only a bundle is a tar
+    import tarfile
 
 MAX_SCRIPT_DIR_BYTES = 64 * 1024 * 1024
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", "node_modules",
@@ -404,6 +406,8 @@ def build_bundle(path: str, code: str | None = None,
     report and the code directory ``code`` (if any, under ``project/``);
     returns its size in bytes. A file whose real path is in ``replaced`` (``stand_ins``) carries
     that text instead."""
+    import tarfile
+
     replaced = replaced or {}
     package_dir = os.path.dirname(os.path.abspath(workloads.__file__))
     scan = None

@@ -114,16 +114,17 @@ class RunOutcome:
 
 # What a rank says when it fails because a peer went away: the cascade of a
 # failure elsewhere, never its cause while an original failure is on record.
-CASCADE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|"
-    r"remote process exited|NCCL communicator was aborted|DistNetworkError|"
-    r"Socket Timeout|Signal 15 \(SIGTERM\)", re.IGNORECASE)
+# (A pattern, compiled on first use by ``re``'s own cache: ``ps`` and a
+# dry run never ask.)
+CASCADE = (r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+           r"remote process exited|NCCL communicator was aborted|DistNetworkError|"
+           r"Socket Timeout|Signal 15 \(SIGTERM\)")
 
 
 def is_cascade(outcome: NodeOutcome) -> bool:
     """Every worker failure the node reported is a peer-loss cascade."""
-    return bool(outcome.failures) and all(CASCADE.search(str(f.get("message", "")))
-                                          for f in outcome.failures)
+    return bool(outcome.failures) and all(
+        re.search(CASCADE, str(f.get("message", "")), re.IGNORECASE) for f in outcome.failures)
 
 
 def gang_outcome(run_id: str, nodes: tuple[NodeOutcome, ...], wall_s: float, *,

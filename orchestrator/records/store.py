@@ -24,7 +24,6 @@ fall back to "is the pid alive".
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -36,6 +35,12 @@ from .rundir import STATE_FILE, RunDir, valid_run_id  # noqa: F401 (STATE_FILE: 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 # what must match, besides the host, for a live pid to still be the controller
 IDENTITY_KEYS = ("boot_id", "start_time", "cmdline")
+
+
+def _this_host() -> str:
+    """This machine's host name, as ``socket.gethostname()`` gives it on
+    Linux (uname's node name), without importing socket for ``ps``."""
+    return os.uname().nodename
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
         "rule": rule,
         "controller_pid": os.getpid(),
         "controller": process_identity(os.getpid()) or {"pid": os.getpid(),
-                                                         "host": socket.gethostname()},
+                                                         "host": _this_host()},
         "ended": ended,
         "wall_s": (outcome.wall_s if outcome else max(0.0, ended - started)) if over else None,
         "results_home": over if results_home is None else results_home,
@@ -164,7 +169,7 @@ def process_identity(pid: int) -> dict[str, Any] | None:
     args = cmdline.split(b"\0")
     if args[-1] == b"":  # each argument ends in a NUL
         args.pop()
-    return {"pid": pid, "host": socket.gethostname(), "boot_id": _boot_id(),
+    return {"pid": pid, "host": _this_host(), "boot_id": _boot_id(),
             "start_time": start_time, "cmdline": [a.decode("utf-8", "replace") for a in args]}
 
 
@@ -179,7 +184,7 @@ def _boot_id() -> str | None:
 def recorded_elsewhere(record: RunRecord) -> bool:
     """Whether the run's controller ran on another host than this one."""
     host = record.controller.get("host")
-    return host is not None and host != socket.gethostname()
+    return host is not None and host != _this_host()
 
 
 def controller_alive(record: RunRecord) -> bool:
@@ -207,7 +212,7 @@ def _controller_alive(pid: Any, info: Mapping[str, Any]) -> bool:
     if not process_alive(pid):
         return False
     if not any(key in info for key in IDENTITY_KEYS):  # written where /proc was missing
-        return info.get("host") == socket.gethostname()
+        return info.get("host") == _this_host()
     return same_controller(info, process_identity(pid))
 
 

@@ -6,17 +6,15 @@ import time
 from typing import TYPE_CHECKING
 
 from ..agent.wire.protocol import is_count, is_time
-from ..backends.base import CancelResult
-from ..records.outcome import RunDescription
-
 from ..records.hints import failure_hint
-from ..records.outcome import RunOutcome
+from ..records.outcome import RunDescription, RunOutcome
 from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
 from ..tables import format_table
 from .gpus import GPU_KEYS, gpu_lines, gpu_words
 
 if TYPE_CHECKING:  # `ps` and `status` read records; `check` loads the preflight
+    from ..backends.base import CancelResult
     from ..engine.preflight import NodeGpus, Preflight
 
 

@@ -23,11 +23,11 @@ Stdlib only, like the rest of the agent package.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 from enum import Enum
+from typing import Any, Callable
 
 CONTROL_PREFIX = b"::ddp-orch:: "
 # The exit event's reason when torchrun ended before any stop request: the
@@ -347,6 +347,8 @@ def check_reply(op: str, reply: dict[str, Any]) -> dict[str, Any]:
 
 
 def digest(data: bytes) -> str:
+    import hashlib  # (only file moves need it: not ps, status or a dry run)
+
     return hashlib.sha256(data).hexdigest()
 
 
