@@ -96,6 +96,14 @@ def unit_order(unit: str, size: int) -> tuple[int, int]:
     return kind, -size
 
 
+def pytest_configure(config):
+    """``DDP_ORCH_TEST_CPU=FILE``: each test's CPU, its processes' included
+    (labs/cpuusage.py: where the suite's time goes)."""
+    import cpuusage
+
+    cpuusage.register(config)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling over ``work_unit``, handing units out in
     ``unit_order``."""
