@@ -9,9 +9,11 @@ the ones the program accepts.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:  # a rank builds its parser; the controller reads the table only
+    import argparse
 
 
 @dataclass(frozen=True)
@@ -302,6 +304,8 @@ CATALOG: dict[str, WorkloadInfo] = {
 
 def build_parser(name: str) -> argparse.ArgumentParser:
     """An argparse parser for workload ``name``; bools get --x/--no-x."""
+    import argparse
+
     info = CATALOG[name]
     parser = argparse.ArgumentParser(prog=info.module, description=info.summary)
     for arg in info.args:

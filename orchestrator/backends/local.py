@@ -7,11 +7,13 @@ heterogeneous layout can be rehearsed on one machine.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..plan.model import NodePlan
-from ..transport.base import Transport
 from .agentbackend import AgentBackend
+
+if TYPE_CHECKING:  # (a dry run starts no transport)
+    from ..transport.base import Transport
 
 
 class Backend(AgentBackend):

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config.spec import SshSpec
 from ..errors import ConfigError
 from ..plan.dryrun import DryRun
 from ..plan.model import NodePlan, RunPlan
-from ..transport.base import Transport
 from .agentbackend import AgentBackend
+
+if TYPE_CHECKING:  # (a dry run starts no transport)
+    from ..transport.base import Transport
 
 
 class Backend(AgentBackend):
