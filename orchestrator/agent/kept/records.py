@@ -17,62 +17,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..wire.protocol import ProtocolError, is_count, is_time, validate
+from ..wire import fields
+from ..wire.fields import Field, TEXT, count, is_count, is_int, is_time, optional, shown
+from ..wire.protocol import ProtocolError, validate
 
-_INT, _STR, _BOOL = (int,), (str,), (bool,)
-
-
-def _typed(value: Any, types: tuple[type, ...]) -> bool:
-    return isinstance(value, types) and (bool in types or not isinstance(value, bool))
-
-
-# field -> check, for what a keeper writes; a field that fails is dropped.
+_RANK = count(0)
+_TIME = Field(is_time, "a time")
+# field -> what it must be, for what a keeper writes; a field that is not is
+# dropped, with a note (``fields.keep_good``).
 _KEEPER_FIELDS = {
-    "pid": lambda v: _typed(v, _INT) and v > 0, "start_time": lambda v: _typed(v, _INT),
-    "node_rank": lambda v: _typed(v, _INT) and v >= 0, "run_id": lambda v: _typed(v, _STR),
-    "rule": lambda v: _typed(v, _STR), "state": lambda v: _typed(v, _STR),
-    "code": lambda v: v is None or _typed(v, _INT), "attempt": lambda v: _typed(v, _INT) and v >= 0,
-    "updated": is_time, "attempts": lambda v: isinstance(v, list),
-    "progress": lambda v: isinstance(v, dict),
+    "pid": count(1), "start_time": Field(is_int, "an int"), "node_rank": _RANK,
+    "run_id": TEXT, "rule": TEXT, "state": TEXT, "code": optional(Field(is_int, "an int")),
+    "attempt": _RANK, "updated": _TIME, "attempts": fields.LIST, "progress": fields.RECORD,
 }
 # A rank's last step in the keeper's ``progress`` (``keeper._record_progress``):
 # null for a rank whose GPU is sampled but that sends no step heartbeat.
-_PROGRESS_FIELDS = {"step": lambda v: v is None or _typed(v, _INT),
-                    "last_progress": lambda v: v is None or is_time(v)}
+_PROGRESS_FIELDS = {"step": optional(Field(is_int, "an int")), "last_progress": optional(_TIME)}
 # When the rank last printed a line (null: it printed none); absent in the
 # records of keepers older than it, so optional.
-_OUTPUT_FIELD = {"last_output": lambda v: v is None or is_time(v)}
+_OUTPUT_FIELD = {"last_output": optional(_TIME)}
 # The training samples its step heartbeat says it processed so far (null: it
 # says none); optional too, for the same reason.
-_SAMPLES_FIELD = {"samples": lambda v: v is None or is_count(v)}
+_SAMPLES_FIELD = {"samples": optional(Field(is_count, "a count"))}
 # Its GPU now, where the node's nvidia-smi answers (all three or none).
-_GPU_FIELDS = {"gpu": lambda v: _typed(v, _INT) and 0 <= v < 1 << 20,
-               "gpu_util": lambda v: v is None or (_typed(v, _INT) and 0 <= v <= 100),
-               "gpu_mem_mib": lambda v: v is None or (_typed(v, _INT) and 0 <= v < 1 << 40)}
+_GPU_FIELDS = {"gpu": Field(lambda v: is_int(v) and 0 <= v < 1 << 20, "a GPU index"),
+               "gpu_util": optional(Field(lambda v: is_int(v) and 0 <= v <= 100, "a percentage")),
+               "gpu_mem_mib": optional(Field(lambda v: is_int(v) and 0 <= v < 1 << 40, "MiB"))}
 _ATTEMPT_FIELDS = {
-    "attempt": lambda v: _typed(v, _INT) and v >= 0,
-    "master_port": lambda v: _typed(v, _INT) and 0 <= v < 65536,
-    "state": lambda v: _typed(v, _STR), "stop_reason": lambda v: _typed(v, _STR),
-    "restart": lambda v: _typed(v, _STR), "no_restart": lambda v: _typed(v, _STR),
-    "nodes": lambda v: isinstance(v, dict),
+    "attempt": _RANK, "master_port": fields.PORT, "state": TEXT, "stop_reason": TEXT,
+    "restart": TEXT, "no_restart": TEXT, "nodes": fields.RECORD,
 }
 # A node's part of an attempt beyond its exit event (``protocol``'s checks).
-_PART_FIELDS = {"stop_asked": lambda v: _typed(v, _BOOL), "stepped": lambda v: _typed(v, _BOOL),
-                "hung": lambda v: _typed(v, _STR)}  # the hang rule's root cause, on its node
-
-
-def _fields(record: dict, checks: dict, what: str, notes: list[str]) -> dict:
-    out = dict(record)
-    for name, check in checks.items():
-        if name in out and not check(out[name]):
-            notes.append(f"ignored {what}'s {name!r}: {_shown(out.pop(name))}")
-    return out
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
+_PART_FIELDS = {"stop_asked": fields.FLAG, "stepped": fields.FLAG,
+                "hung": TEXT}  # the hang rule's root cause, on its node
 
 def clean_part(part: Any, what: str, notes: list[str]) -> dict | None:
     """A node's part of an attempt: ``{"lost": why}``, or its exit event with
@@ -90,7 +67,7 @@ def clean_part(part: Any, what: str, notes: list[str]) -> dict | None:
     except ProtocolError as exc:
         notes.append(f"ignored {what}: {exc}")
         return None
-    return _fields(part, _PART_FIELDS, what, notes)
+    return fields.keep_good(part, _PART_FIELDS, what, notes)
 
 
 def clean_attempts(attempts: Any, notes: list[str]) -> list[dict]:
@@ -104,11 +81,11 @@ def clean_attempts(attempts: Any, notes: list[str]) -> list[dict]:
         if not isinstance(entry, dict):
             notes.append(f"ignored attempt record {i}: not a record")
             continue
-        entry = _fields(entry, _ATTEMPT_FIELDS, f"attempt record {i}", notes)
+        entry = fields.keep_good(entry, _ATTEMPT_FIELDS, f"attempt record {i}", notes)
         nodes = {}
         for key, part in (entry.get("nodes") or {}).items():
             if not (isinstance(key, str) and key.isdigit()):
-                notes.append(f"ignored attempt record {i}'s node {_shown(key)}")
+                notes.append(f"ignored attempt record {i}'s node {shown(key)}")
                 continue
             part = clean_part(part, f"attempt {i}'s record of node {key}", notes)
             if part is not None:
@@ -126,7 +103,7 @@ def clean_keeper_state(recorded: Any, notes: list[str]) -> dict | None:
     if not isinstance(recorded, dict):
         notes.append("ignored the keeper's record: not a JSON object")
         return None
-    out = _fields(recorded, _KEEPER_FIELDS, "the keeper's record", notes)
+    out = fields.keep_good(recorded, _KEEPER_FIELDS, "the keeper's record", notes)
     if "attempts" in out:
         out["attempts"] = clean_attempts(out["attempts"], notes)
     if "progress" in out:
@@ -141,11 +118,11 @@ def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
     its GPU (``gpu``, ``gpu_util``, ``gpu_mem_mib``) where all three are good."""
     out = {}
     for rank, seen in progress.items():
-        what = f"the keeper's progress of rank {_shown(rank)}"
+        what = f"the keeper's progress of rank {shown(rank)}"
         if not (isinstance(rank, str) and rank.isdigit() and isinstance(seen, dict)):
             notes.append(f"ignored {what}: not a rank's record")
             continue
-        seen = _fields(seen, {**_PROGRESS_FIELDS, **_OUTPUT_FIELD, **_SAMPLES_FIELD,
+        seen = fields.keep_good(seen, {**_PROGRESS_FIELDS, **_OUTPUT_FIELD, **_SAMPLES_FIELD,
                               **_GPU_FIELDS}, what, notes)
         if all(name in seen for name in _PROGRESS_FIELDS):
             out[rank] = {name: seen[name] for name in (*_PROGRESS_FIELDS, *_OUTPUT_FIELD,

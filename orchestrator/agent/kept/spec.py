@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..node.spec import SpecError, SupervisorSpec
-from ..wire.protocol import KeptRule, is_count
+from ..wire import fields
+from ..wire.protocol import KeptRule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,28 +55,15 @@ class KeeperSpec:
         is missing or not what it must be."""
         if not isinstance(data, dict):
             raise SpecError(f"bad keeper spec: not an object: {str(data)[:200]}")
-        gang = data.get("gang")
-        checks = {
-            "nnodes": (is_count(data.get("nnodes")) and data["nnodes"] >= 1, "a count (1 or more)"),
-            "rule": (data.get("rule") in {r.value for r in KeptRule},
-                     "one of " + ", ".join(r.value for r in KeptRule)),
-            "start_timeout_s": (_seconds(data.get("start_timeout_s")), "seconds (more than 0)"),
-            "max_restarts": (is_count(data.get("max_restarts", 0)), "a count (0 or more)"),
-            "hang_timeout_s": (data.get("hang_timeout_s") is None
-                               or _seconds(data["hang_timeout_s"]), "seconds or null"),
-            "gang": (isinstance(gang, dict) and isinstance(gang.get("addr"), str)
-                     and is_count(gang.get("port")) and gang["port"] < 65536
-                     and isinstance(gang.get("token"), str)
-                     and isinstance(gang.get("listen_note", ""), str),
-                     "{addr, port, token}"),
-        }
-        for name, (ok, wanted) in checks.items():
-            if not ok:
-                raise SpecError(f"bad keeper spec: {name!r} is "
-                                f"{str(data.get(name))[:200]!r}: {wanted}")
-        unknown = sorted(set(data) - {"supervisor", *checks})
+        bad = fields.first_bad(data, _FIELDS)
+        if bad is not None:
+            name, field = bad
+            raise SpecError(f"bad keeper spec: {name!r} is "
+                            f"{str(data.get(name))[:200]!r}: {field.wanted}")
+        unknown = fields.unknown(data, _FIELDS, "supervisor")
         if unknown:
             raise SpecError(f"bad keeper spec: unknown field(s) {', '.join(map(repr, unknown))}")
+        gang = data["gang"]
         return cls(SupervisorSpec.from_dict(data.get("supervisor")), data["nnodes"],
                    KeptRule(data["rule"]), float(data["start_timeout_s"]),
                    GangPort(gang["addr"], gang["port"], gang["token"],
@@ -85,5 +73,17 @@ class KeeperSpec:
                    else float(data["hang_timeout_s"]))
 
 
-def _seconds(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+def _gang(value: object) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("addr"), str) \
+        and fields.PORT.check(value.get("port")) and isinstance(value.get("token"), str) \
+        and isinstance(value.get("listen_note", ""), str)
+
+
+# A keeper spec's fields beside its supervisor's (``fields.first_bad``; "?": may be absent).
+_FIELDS = {
+    "nnodes": fields.count(1), "rule": fields.one_of(rule.value for rule in KeptRule),
+    "start_timeout_s": fields.seconds(positive=True), "max_restarts?": fields.count(0),
+    "hang_timeout_s?": fields.Field(lambda v: v is None or fields.seconds(positive=True).check(v),
+                                    "seconds or null"),
+    "gang": fields.Field(_gang, "{addr, port, token}"),
+}

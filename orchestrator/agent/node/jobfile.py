@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ..wire import fields
 from .spec import SpecError, SupervisorSpec
 
 
@@ -77,32 +78,12 @@ class JobSpec:
         missing or not what it must be."""
         if not isinstance(data, dict):
             raise SpecError(f"bad job file: not an object: {str(data)[:200]}")
-        place = data.get("placement")
-        port = data.get("master_port")
-        checks = {
-            "run_id": (isinstance(data.get("run_id"), str), "a string"),
-            "job_dir": (isinstance(data.get("job_dir"), str) and bool(data["job_dir"]),
-                        "a directory path"),
-            "placed": (isinstance(data.get("placed"), bool), "true or false"),
-            "placement": (isinstance(place, dict)
-                          and set(place) == {f.name for f in dataclasses.fields(Placement)}
-                          and all(isinstance(v, str) for v in place.values()),
-                          "{" + ", ".join(f.name for f in dataclasses.fields(Placement)) + "}"),
-            "master_addr": (data.get("master_addr") is None
-                            or isinstance(data["master_addr"], str), "a host or null"),
-            "master_port": (port is None or isinstance(port, int) and not isinstance(port, bool)
-                            and 0 < port < 65536, "a port (1 to 65535) or null"),
-            "start_timeout_s": (isinstance(data.get("start_timeout_s"), (int, float))
-                                and not isinstance(data["start_timeout_s"], bool)
-                                and data["start_timeout_s"] > 0, "seconds (more than 0)"),
-            "nodes": (isinstance(data.get("nodes"), list) and bool(data["nodes"])
-                      and all(_node_ok(n) for n in data["nodes"]),
-                      "a list of {host, spec, secret_env}"),
-        }
-        for name, (ok, wanted) in checks.items():
-            if not ok:
-                raise SpecError(f"bad job file: {name!r} is {str(data.get(name))[:200]!r}: "
-                                f"{wanted}")
+        bad = fields.first_bad(data, _FIELDS)
+        if bad is not None:
+            name, field = bad
+            raise SpecError(f"bad job file: {name!r} is {str(data.get(name))[:200]!r}: "
+                            f"{field.wanted}")
+        place, port = data["placement"], data.get("master_port")
         return cls(data["run_id"], data["job_dir"], data["placed"], Placement(**place),
                    data.get("master_addr"), port, float(data["start_timeout_s"]),
                    tuple(JobNode(n["host"], SupervisorSpec.from_dict(n["spec"]),
@@ -114,3 +95,22 @@ def _node_ok(node: object) -> bool:
         and isinstance(node.get("spec"), dict) \
         and isinstance(node.get("secret_env", []), list) \
         and all(isinstance(name, str) for name in node.get("secret_env", []))
+
+
+def _placement(value: object) -> bool:
+    return isinstance(value, dict) and set(value) == {f.name for f in dataclasses.fields(Placement)} \
+        and all(isinstance(v, str) for v in value.values())
+
+
+# A job file's fields (``fields.first_bad``; "?": may be absent).
+_FIELDS = {
+    "run_id": fields.TEXT, "job_dir": fields.PATH, "placed": fields.FLAG,
+    "placement": fields.Field(_placement, "{" + ", ".join(
+        f.name for f in dataclasses.fields(Placement)) + "}"),
+    "master_addr?": fields.Field(lambda v: v is None or isinstance(v, str), "a host or null"),
+    "master_port?": fields.Field(lambda v: v is None or fields.is_int(v) and 0 < v < 65536,
+                                 "a port (1 to 65535) or null"),
+    "start_timeout_s": fields.seconds(positive=True),
+    "nodes": fields.Field(lambda v: isinstance(v, list) and bool(v) and all(map(_node_ok, v)),
+                          "a list of {host, spec, secret_env}"),
+}

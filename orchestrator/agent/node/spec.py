@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from enum import Enum
 
+from ..wire import fields
 from ..wire.protocol import PEER_TIMEOUT_S
 
 
@@ -96,19 +97,17 @@ class SupervisorSpec:
     def _from_dict(cls, data: object) -> "SupervisorSpec":
         if not isinstance(data, dict):
             raise SpecError(f"not an object: {str(data)[:200]}")
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = fields.unknown(data, _FIELDS)
         if unknown:
             raise SpecError(f"unknown field(s) {', '.join(map(repr, unknown))}")
-        missing = [name for name in ("run_id", "node_rank", "run_dir", "argv", "env")
-                   if name not in data]
+        missing = [name for name in _FIELDS if not name.endswith("?") and name not in data]
         if missing:
             raise SpecError(f"missing field(s) {', '.join(map(repr, missing))}")
+        bad = fields.first_bad(data, _FIELDS)
+        if bad is not None:
+            name, field = bad
+            raise SpecError(f"{name!r} is {str(data[name])[:200]!r}: {field.wanted}")
         given = dict(data)
-        for name, value in given.items():
-            check = _CHECKS[name]
-            if not check(value):
-                raise SpecError(f"{name!r} is {str(value)[:200]!r}: {_WANTED[name]}")
         try:
             given["liveness"] = Liveness(given.get("liveness", Liveness.CONTROLLER))
         except ValueError:
@@ -120,58 +119,39 @@ class SupervisorSpec:
         return cls(**given)
 
 
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-
-
-def _strings(value: object) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-
-
-def _optional(check):
-    return lambda value: value is None or check(value)
-
-
 def _setup(value: object) -> bool:
     return isinstance(value, dict) \
         and set(value) <= {"commands", "cwd", "timeout_s", "path_first", "when_changed"} \
-        and isinstance(value.get("commands"), list) and all(_strings(c) for c in value["commands"]) \
-        and isinstance(value.get("cwd"), str) and _number(value.get("timeout_s")) \
-        and _optional(lambda v: isinstance(v, str))(value.get("path_first")) \
-        and _optional(_when_changed)(value.get("when_changed"))
+        and isinstance(value.get("commands"), list) \
+        and all(fields.STRINGS.check(c) for c in value["commands"]) \
+        and isinstance(value.get("cwd"), str) and _SECONDS.check(value.get("timeout_s")) \
+        and _OPTIONAL_TEXT.check(value.get("path_first")) \
+        and (value.get("when_changed") is None or _when_changed(value["when_changed"]))
 
 
 def _when_changed(value: object) -> bool:
     """``{paths: [file under the code root], env: [name]}`` (``setupstamp.py``)."""
     return isinstance(value, dict) and set(value) == {"paths", "env"} \
-        and _strings(value["paths"]) and bool(value["paths"]) and _strings(value["env"])
+        and fields.STRINGS.check(value["paths"]) and bool(value["paths"]) \
+        and fields.STRINGS.check(value["env"])
 
 
-_CHECKS = {
-    "run_id": lambda v: isinstance(v, str), "node_rank": lambda v: _int(v) and v >= 0,
-    "run_dir": lambda v: isinstance(v, str) and bool(v), "argv": lambda v: _strings(v) and bool(v),
-    "env": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
-                                                 for k, x in v.items()),
-    "unset_env": _strings, "cwd": _optional(lambda v: isinstance(v, str)),
-    "first_rank": lambda v: _int(v) and v >= 0, "nproc": lambda v: _int(v) and v >= 0,
-    "master_port": lambda v: _int(v) and 0 <= v < 65536,
-    "bundle": _optional(lambda v: isinstance(v, str)), "grace_s": _number,
-    "heartbeat_s": _optional(lambda v: _number(v) and v > 0), "secrets": _strings,
-    "setup": _optional(_setup), "log_dir": _optional(lambda v: isinstance(v, str)),
-    "liveness": lambda v: isinstance(v, str),
-}
-_WANTED = {
-    "run_id": "a string", "node_rank": "a rank (0 or more)", "run_dir": "a directory path",
-    "argv": "a command (a non-empty list of strings)", "env": "a map of strings to strings",
-    "unset_env": "a list of variable names", "cwd": "a directory path or null",
-    "first_rank": "a rank (0 or more)", "nproc": "a count (0 or more)",
-    "master_port": "a port (0 to 65535)", "bundle": "a file name or null",
-    "grace_s": "seconds (0 or more)", "heartbeat_s": "seconds (more than 0) or null",
-    "secrets": "a list of strings",
-    "setup": "{commands: [[argv]], cwd, timeout_s, path_first, when_changed} or null",
-    "log_dir": "a directory path or null", "liveness": "a liveness word",
+_SECONDS = fields.seconds()
+_OPTIONAL_TEXT = fields.optional(fields.TEXT)
+_RANK = fields.count(0, "a rank (0 or more)")
+# Every field of a spec, as ``fields.first_bad`` reads it ("?": may be absent).
+_FIELDS = {
+    "run_id": fields.TEXT, "node_rank": _RANK, "run_dir": fields.PATH,
+    "argv": fields.COMMAND, "env": fields.ENV,
+    "unset_env?": fields.Field(fields.STRINGS.check, "a list of variable names"),
+    "cwd?": fields.Field(_OPTIONAL_TEXT.check, "a directory path or null"),
+    "first_rank?": _RANK, "nproc?": fields.count(0), "master_port?": fields.PORT,
+    "bundle?": fields.Field(_OPTIONAL_TEXT.check, "a file name or null"),
+    "grace_s?": _SECONDS,
+    "heartbeat_s?": fields.optional(fields.seconds(positive=True)),
+    "secrets?": fields.STRINGS,
+    "setup?": fields.Field(lambda v: v is None or _setup(v), "{commands: [[argv]], cwd, "
+                           "timeout_s, path_first, when_changed} or null"),
+    "log_dir?": fields.Field(_OPTIONAL_TEXT.check, "a directory path or null"),
+    "liveness?": fields.Field(lambda v: isinstance(v, str), "a liveness word"),
 }

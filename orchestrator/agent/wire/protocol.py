@@ -24,10 +24,11 @@ Stdlib only, like the rest of the agent package.
 from __future__ import annotations
 
 import json
-import math
 import os
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+from .fields import Field, first_bad, is_count, is_time, of_types  # noqa: F401 (is_count: its importers')
 
 CONTROL_PREFIX = b"::ddp-orch:: "
 # The exit event's reason when torchrun ended before any stop request: the
@@ -187,9 +188,9 @@ REQUESTS: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...
     "follow": ({"run_dir": _STR, "offset?": _INT, "lines?": (int, type(None)),
                 "attached?": _BOOL}, None),
 }
-FAILURE_FIELDS: dict[str, tuple[type, ...]] = {
-    "local_rank": (int,), "message": (str,), "timestamp": _NUM,
-    "error_file": (str, type(None)),
+FAILURE_FIELDS: dict[str, Field] = {
+    "local_rank": of_types(int), "message": of_types(str), "timestamp": of_types(*_NUM),
+    "error_file?": of_types(str, type(None)),
 }
 
 
@@ -213,19 +214,6 @@ def exit_event(code: int, reason: str, *, duration_s: float, failures: list | tu
             "failures": list(failures), "stopped_at": stopped_at,
             "last_lines": list(last_lines), "survivors": list(survivors),
             "duration_s": duration_s, **extra}
-
-
-def is_time(value: Any) -> bool:
-    """A number that is a wall-clock time or a duration: finite, not negative
-    and below 1e11 (year 5138), so ``time.localtime`` and arithmetic on it
-    cannot fail, and no bool."""
-    return isinstance(value, _NUM) and not isinstance(value, bool) and math.isfinite(value) \
-        and 0 <= value < 1e11
-
-
-def is_count(value: Any) -> bool:
-    """An int of at least 0, and no bool: a count (a rank's samples so far)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def rank_progress(value: Any) -> tuple[Any, float, int | None] | None:
@@ -276,18 +264,16 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError(f"malformed control line: {type(exc).__name__}") from None
 
 
-def check_fields(what: str, value: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
-    """The one field checker of the protocol's tables (``MESSAGES``,
-    ``REQUESTS``): each field's value is one of its types, and a bool is no
-    number; a name ending in "?" may be absent. ProtocolError names ``what``
-    and the first field that is not so."""
-    for name, types in fields.items():
-        key = name[:-1] if name.endswith("?") else name
-        if key != name and key not in value:
-            continue
-        field = value.get(key)
-        if not isinstance(field, types) or isinstance(field, bool) and bool not in types:
-            raise ProtocolError(f"{what}: bad or missing {key!r}")
+def check_fields(what: str, value: dict[str, Any],
+                 table: Mapping[str, tuple[type, ...] | Field]) -> None:
+    """The protocol's tables (``MESSAGES``, ``REQUESTS``) through the one
+    field checker (``fields.first_bad``): each field's value is one of its
+    types (a bool is no number), and a name ending in "?" may be absent.
+    ProtocolError names ``what`` and the first field that is not so."""
+    bad = first_bad(value, {name: kind if isinstance(kind, Field) else of_types(*kind)
+                            for name, kind in table.items()})
+    if bad is not None:
+        raise ProtocolError(f"{what}: bad or missing {bad[0]!r}")
 
 
 def validate(message: Any) -> dict[str, Any]:
@@ -302,9 +288,7 @@ def validate(message: Any) -> dict[str, Any]:
         if not is_time(message["duration_s"]):
             raise ProtocolError("exit message: duration_s must be a number of seconds")
         for failure in message["failures"]:
-            if not isinstance(failure, dict) or any(
-                    not isinstance(failure.get(k), t) or isinstance(failure.get(k), bool)
-                    for k, t in FAILURE_FIELDS.items()) \
+            if not isinstance(failure, dict) or first_bad(failure, FAILURE_FIELDS) is not None \
                     or failure["local_rank"] < 0 or not is_time(failure["timestamp"]):
                 raise ProtocolError(f"exit message: bad failure record {str(failure)[:200]}")
         if not all(isinstance(line, str) for line in message["last_lines"]):

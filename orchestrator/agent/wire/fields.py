@@ -1,0 +1,127 @@
+"""The one field checker for every record that crosses into the agent or back.
+
+A supervisor's spec, a keeper's spec, a scheduler's job file, the control
+messages and requests (``protocol.MESSAGES``, ``REQUESTS``) and a keeper's
+records (``kept/records.py``) all come from another process or a file on
+a node, and each is a table of ``Field``s: what a value must be, and how
+to say so. Two policies read a table:
+
+* ``first_bad``: a spec or a message is refused whole, naming its first
+  field that is missing or not what it must be (the spec's ``SpecError``,
+  the protocol's ``ProtocolError``);
+* ``keep_good``: a record is read field by field, and a bad field is
+  dropped with a note (``status`` shows what a keeper's record got wrong,
+  never raises on it).
+
+A name ending in "?" may be absent. A bool is never a number here, as in
+JSON it is not. Stdlib only, like the rest of the agent package.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+
+class Field(NamedTuple):
+    """What a field's value must be (``check``) and the words for it (``wanted``)."""
+
+    check: Callable[[Any], bool]
+    wanted: str
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_time(value: Any) -> bool:
+    """A number that is a wall-clock time or a duration: finite, not negative
+    and below 1e11 (year 5138), so ``time.localtime`` and arithmetic on it
+    cannot fail, and no bool."""
+    return is_number(value) and math.isfinite(value) and 0 <= value < 1e11
+
+
+def is_count(value: Any) -> bool:
+    """An int of at least 0, and no bool: a count (a rank's samples so far)."""
+    return is_int(value) and value >= 0
+
+
+def of_types(*types: type) -> Field:
+    """A value of one of ``types`` (a bool only where ``bool`` is one of them)."""
+    return Field(lambda v: isinstance(v, types) and (bool in types or not isinstance(v, bool)),
+                 " or ".join(t.__name__ for t in types))
+
+
+def optional(field: Field) -> Field:
+    """``field``, or null."""
+    return Field(lambda v: v is None or field.check(v), f"{field.wanted} or null")
+
+
+TEXT = Field(lambda v: isinstance(v, str), "a string")
+PATH = Field(lambda v: isinstance(v, str) and bool(v), "a directory path")
+FLAG = Field(lambda v: isinstance(v, bool), "true or false")
+RECORD = Field(lambda v: isinstance(v, dict), "an object")
+LIST = Field(lambda v: isinstance(v, list), "a list")
+STRINGS = Field(lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+                "a list of strings")
+COMMAND = Field(lambda v: STRINGS.check(v) and bool(v), "a command (a non-empty list of strings)")
+ENV = Field(lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                  for k, x in v.items()),
+            "a map of strings to strings")
+PORT = Field(lambda v: is_int(v) and 0 <= v < 65536, "a port (0 to 65535)")
+TIME = Field(is_time, "a time")
+
+
+def count(minimum: int = 0, wanted: str = "") -> Field:
+    return Field(lambda v: is_count(v) and v >= minimum,
+                 wanted or f"a count ({minimum} or more)")
+
+
+def seconds(positive: bool = False) -> Field:
+    if positive:
+        return Field(lambda v: is_number(v) and v > 0, "seconds (more than 0)")
+    return Field(lambda v: is_number(v) and v >= 0, "seconds (0 or more)")
+
+
+def one_of(values: Iterable[Any]) -> Field:
+    values = tuple(values)
+    return Field(lambda v: v in values, "one of " + ", ".join(map(str, values)))
+
+
+def first_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> tuple[str, Field] | None:
+    """The first field of ``fields`` that ``data`` lacks (unless its name ends
+    in "?") or holds a value of the wrong kind; None when every one is good."""
+    for name, field in fields.items():
+        key = name[:-1] if name.endswith("?") else name
+        if key != name and key not in data:
+            continue
+        if key not in data or not field.check(data[key]):
+            return key, field
+    return None
+
+
+def unknown(data: Mapping[str, Any], fields: Mapping[str, Field], *also: str) -> list[str]:
+    """The names in ``data`` that neither ``fields`` nor ``also`` declare, sorted."""
+    known = {name.rstrip("?") for name in fields} | set(also)
+    return sorted(str(name) for name in set(data) - known)
+
+
+def keep_good(record: Mapping[str, Any], fields: Mapping[str, Field], what: str,
+              notes: list[str]) -> dict:
+    """``record`` less each field present with a value of the wrong kind,
+    with a note for each dropped one: the policy for a node's records."""
+    out = dict(record)
+    for name, field in fields.items():
+        key = name.rstrip("?")
+        if key in out and not field.check(out[key]):
+            notes.append(f"ignored {what}'s {key!r}: {shown(out.pop(key))}")
+    return out
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
