@@ -29,8 +29,10 @@ PROGRAMS = os.path.join(ROOT, "tests", "programs")
 GRACE_S = 3.0  # start_up's --grace
 STOPPED = "stopped by the controller"
 STDIN_CLOSED = "lost the controller (stdin closed)"
-# One rank a node: every fault here is about a node and its processes, and
-# a rank costs a torch import; the worker test kills a local rank 1.
+# One rank a node: every fault here is about a node and its processes; the
+# worker test kills a local rank 1. The ranks are sleeper.py, which imports
+# no torch: no fault here looks inside a rank (the collectives' cascades are
+# test_local_launch.py's and test_ssh_launch.py's, with real gloo).
 ONE_EACH = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
 TWO_ON_NODE0 = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
 SLEEPER = "workload: {script: sleeper.py}\n"
@@ -231,7 +233,7 @@ def test_a_link_frozen_as_a_kept_runs_workers_start_is_over_within_45s_as_silenc
         make_ssh_lab, tmp_path):
     """The same freeze in the start phase of a run with --max-restarts, kept
     by its nodes' keepers (issue #32): node1's workers have started and are
-    loading data, no process group yet (when hosts often hang). The same
+    loading data (when hosts often hang). The same
     45 s and the same root cause as an attached run in training; it took
     84 s, INTERRUPTED, with "got SIGTERM on node 1" as the root cause. (An
     attached run in that phase held already; the phases of either rule are

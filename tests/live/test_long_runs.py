@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -28,6 +29,10 @@ TWO_NODES = ["{host: node0, procs: 2}", "{host: node1, procs: 1}"]
 # the run's life (detach, restarts, teardown), not how ranks share a node.
 ONE_EACH = ["{host: node0, procs: 1}", "{host: node1, procs: 1}"]
 BOUND_S = 30.0
+# A wait that also covers a detached run's own life before its failure (the
+# ranks' start and their steps); what the README bounds is measured on the
+# records, from the failure.
+RUN_AND_BOUND_S = 120.0
 
 
 def setup(lab, tmp_path, name: str, args: str, program: str = "steps.py",
@@ -141,7 +146,10 @@ def test_detached_run_whose_rank_raises_stops_everywhere_within_the_bound(ssh_la
     env, cluster = setup(ssh_lab, tmp_path, "raise",
                          "{steps: 400, sleep: 0.1, fail_rank: 1, fail_step: 30}", nodes=ONE_EACH)
     assert up(env, tmp_path, cluster, "raise", "--detach", grace="").returncode == 0
-    nothing_left(ssh_lab, "raise", BOUND_S)
+    # The wait runs from the launch, and rank 1 fails only after its start
+    # and 30 steps: on a loaded machine, many seconds. The bound is measured
+    # on the records below, from the failure, so the scan only waits.
+    nothing_left(ssh_lab, "raise", RUN_AND_BOUND_S)
     failed_at = keeper(tmp_path, "raise", 0)["attempts"][0]["nodes"]["1"]["failures"][0][
         "timestamp"]
     node0, node1 = records = teardowns(tmp_path / "runs", "raise")
@@ -232,7 +240,10 @@ def test_status_of_a_live_detached_run_shows_each_ranks_step_and_down_stops_it(
     # node whose keeper heard it first, and through the gang on the other
     nodes = [line for line in out.splitlines() if line.startswith("  node ")]
     assert len(nodes) == 2 and all("ddp-orch down" in line for line in nodes), out
-    assert any(line.endswith("stopped, exit 1: stopped by ddp-orch down") for line in nodes), out
+    # (exit 1 when torchrun ended within the grace of 3 s, 137 when it was
+    # killed after it, as on a loaded machine: the grace is not the subject)
+    assert any(re.search(r"stopped, exit (1|137): stopped by ddp-orch down$", line)
+               for line in nodes), out
     assert "got SIGTERM" not in out, out
     assert "-> stopped on purpose" not in out  # one attempt: no restart line
 
