@@ -52,6 +52,7 @@ the start timeout, stops the gang too.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 import shutil
@@ -105,7 +106,7 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
     return out
 
 
-class Keeper:
+class Keeper(abc.ABC):
     """What every node's keeper does; ``run()`` returns the node's last
     torchrun code. A role (``head.Head`` on node 0, ``member.Member`` on
     every other node: ``keeper_for``) holds the gang."""
@@ -138,26 +139,26 @@ class Keeper:
 
     # -- what each role does ----------------------------------------------------
 
+    @abc.abstractmethod
     def keep(self) -> tuple[int, str]:
         """Hold the gang until the run ends: (this node's last torchrun code, state)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def on_local_stop(self) -> None:
         """Tell the rest of the gang that this node stops the run for good."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def on_own_failure(self, attempt: int, code: int) -> None:
         """This node's torchrun exited non-zero (called from its reaper thread)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def tell_progress(self, attempt: int, started: bool, progress: dict) -> None:
         """Whether this node's torchrun has started, and its ranks' progress
         (``_progress_of``): what the gang's rule is judged on."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def setup_done_here(self) -> None:
         """This node's ``setup:`` is done (the gang's barrier)."""
-        raise NotImplementedError
 
     def fitted_attempts(self) -> dict:
         """The attempts' records for keeper.json and the ``finished`` line

@@ -55,11 +55,9 @@ class KeeperSpec:
         is missing or not what it must be."""
         if not isinstance(data, dict):
             raise SpecError(f"bad keeper spec: not an object: {str(data)[:200]}")
-        bad = fields.first_bad(data, _FIELDS)
-        if bad is not None:
-            name, field = bad
-            raise SpecError(f"bad keeper spec: {name!r} is "
-                            f"{str(data.get(name))[:200]!r}: {field.wanted}")
+        why = fields.why_bad(data, _FIELDS)
+        if why is not None:
+            raise SpecError(f"bad keeper spec: {why}")
         unknown = fields.unknown(data, _FIELDS, "supervisor")
         if unknown:
             raise SpecError(f"bad keeper spec: unknown field(s) {', '.join(map(repr, unknown))}")

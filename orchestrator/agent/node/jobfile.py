@@ -78,11 +78,9 @@ class JobSpec:
         missing or not what it must be."""
         if not isinstance(data, dict):
             raise SpecError(f"bad job file: not an object: {str(data)[:200]}")
-        bad = fields.first_bad(data, _FIELDS)
-        if bad is not None:
-            name, field = bad
-            raise SpecError(f"bad job file: {name!r} is {str(data.get(name))[:200]!r}: "
-                            f"{field.wanted}")
+        why = fields.why_bad(data, _FIELDS)
+        if why is not None:
+            raise SpecError(f"bad job file: {why}")
         place, port = data["placement"], data.get("master_port")
         return cls(data["run_id"], data["job_dir"], data["placed"], Placement(**place),
                    data.get("master_addr"), port, float(data["start_timeout_s"]),

@@ -103,10 +103,9 @@ class SupervisorSpec:
         missing = [name for name in _FIELDS if not name.endswith("?") and name not in data]
         if missing:
             raise SpecError(f"missing field(s) {', '.join(map(repr, missing))}")
-        bad = fields.first_bad(data, _FIELDS)
-        if bad is not None:
-            name, field = bad
-            raise SpecError(f"{name!r} is {str(data[name])[:200]!r}: {field.wanted}")
+        why = fields.why_bad(data, _FIELDS)
+        if why is not None:
+            raise SpecError(why)
         given = dict(data)
         try:
             given["liveness"] = Liveness(given.get("liveness", Liveness.CONTROLLER))

@@ -104,6 +104,17 @@ def first_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> tuple[str
     return None
 
 
+def why_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> str | None:
+    """``first_bad``'s field in words, as a refused spec says it: ``'port'
+    is '70000': a port (0 to 65535)`` (an absent field reads 'None'); None
+    when every field is good."""
+    bad = first_bad(data, fields)
+    if bad is None:
+        return None
+    name, field = bad
+    return f"{name!r} is {str(data.get(name))[:200]!r}: {field.wanted}"
+
+
 def unknown(data: Mapping[str, Any], fields: Mapping[str, Field], *also: str) -> list[str]:
     """The names in ``data`` that neither ``fields`` nor ``also`` declare, sorted."""
     known = {name.rstrip("?") for name in fields} | set(also)
