@@ -18,27 +18,26 @@ from __future__ import annotations
 from typing import Any
 
 from ..wire import fields
-from ..wire.fields import Field, TEXT, count, is_count, is_int, is_time, optional, shown
+from ..wire.fields import TEXT, TIME, Field, count, is_int, of_types, optional, shown
 from ..wire.protocol import ProtocolError, validate
 
-_RANK = count(0)
-_TIME = Field(is_time, "a time")
+_RANK, _INT = count(0), of_types(int)
 # field -> what it must be, for what a keeper writes; a field that is not is
 # dropped, with a note (``fields.keep_good``).
 _KEEPER_FIELDS = {
-    "pid": count(1), "start_time": Field(is_int, "an int"), "node_rank": _RANK,
-    "run_id": TEXT, "rule": TEXT, "state": TEXT, "code": optional(Field(is_int, "an int")),
-    "attempt": _RANK, "updated": _TIME, "attempts": fields.LIST, "progress": fields.RECORD,
+    "pid": count(1), "start_time": _INT, "node_rank": _RANK,
+    "run_id": TEXT, "rule": TEXT, "state": TEXT, "code": optional(_INT),
+    "attempt": _RANK, "updated": TIME, "attempts": fields.LIST, "progress": fields.RECORD,
 }
 # A rank's last step in the keeper's ``progress`` (``keeper._record_progress``):
 # null for a rank whose GPU is sampled but that sends no step heartbeat.
-_PROGRESS_FIELDS = {"step": optional(Field(is_int, "an int")), "last_progress": optional(_TIME)}
+_PROGRESS_FIELDS = {"step": optional(_INT), "last_progress": optional(TIME)}
 # When the rank last printed a line (null: it printed none); absent in the
 # records of keepers older than it, so optional.
-_OUTPUT_FIELD = {"last_output": optional(_TIME)}
+_OUTPUT_FIELD = {"last_output": optional(TIME)}
 # The training samples its step heartbeat says it processed so far (null: it
 # says none); optional too, for the same reason.
-_SAMPLES_FIELD = {"samples": optional(Field(is_count, "a count"))}
+_SAMPLES_FIELD = {"samples": optional(count(0))}
 # Its GPU now, where the node's nvidia-smi answers (all three or none).
 _GPU_FIELDS = {"gpu": Field(lambda v: is_int(v) and 0 <= v < 1 << 20, "a GPU index"),
                "gpu_util": optional(Field(lambda v: is_int(v) and 0 <= v <= 100, "a percentage")),

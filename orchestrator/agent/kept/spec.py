@@ -81,7 +81,7 @@ def _gang(value: object) -> bool:
 _FIELDS = {
     "nnodes": fields.count(1), "rule": fields.one_of(rule.value for rule in KeptRule),
     "start_timeout_s": fields.seconds(positive=True), "max_restarts?": fields.count(0),
-    "hang_timeout_s?": fields.Field(lambda v: v is None or fields.seconds(positive=True).check(v),
+    "hang_timeout_s?": fields.Field(fields.optional(fields.seconds(positive=True)).check,
                                     "seconds or null"),
     "gang": fields.Field(_gang, "{addr, port, token}"),
 }
