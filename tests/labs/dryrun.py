@@ -6,11 +6,12 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
+import time
 
 from conftest import ROOT
+from ports import free_port
 
 
 PYTHON = sys.executable
@@ -56,13 +57,31 @@ def user_path(tmp_path, ssh_config: str | None = None) -> dict[str, str]:
         (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {ssh_config} \"$@\"\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     path = [str(bin_dir)] + [d for d in os.environ["PATH"].split(os.pathsep)
                              if d and not os.access(os.path.join(d, "ddp-orch"), os.X_OK)]
     assert shutil.which("ddp-orch", path=os.pathsep.join(path)) is None
     return {"PATH": os.pathsep.join(path), "PYTHONPATH": ROOT, "MASTER_PORT": str(port)}
+
+
+def run_gang(commands: list[list[str]], timeout: float) -> list[tuple[int, str]]:
+    """Start every command at once and wait for them as a gang: when one
+    fails, the rest are stopped rather than waited on (a node whose peer
+    died waits for it until torchrun's rendezvous times out). Each one's
+    (exit status, output)."""
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for argv in commands]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [(p.wait(), p.stdout.read()) for p in procs]
 
 
 def run_here(lines: list[str], cwd, env: dict[str, str]) -> None:

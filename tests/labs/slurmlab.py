@@ -33,6 +33,7 @@ from typing import Iterator
 
 import pytest
 
+from ports import free_port
 from sshlab import lacking
 
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -59,8 +60,8 @@ class SlurmLab:
         self.conf = os.path.join(self.root, "slurm.conf")
         self.procs: list[subprocess.Popen] = []
         self.munge_socket = os.path.join(self.root, "munge", "munge.socket")
-        self.ctld_port = _free_port()
-        self.node_ports = [_free_port() for _ in self.nodes]
+        self.ctld_port = free_port()
+        self.node_ports = [free_port() for _ in self.nodes]
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -262,12 +263,6 @@ PartitionName=solo Nodes={self.nodes[0]} MaxTime=INFINITE State=UP
 def _write(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:

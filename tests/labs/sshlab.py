@@ -33,6 +33,8 @@ from typing import Callable, Iterator, NoReturn
 import paramiko
 import pytest
 
+from ports import free_port
+
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 FIRST_ADDR = (127, 0, 55, 10)
@@ -260,7 +262,7 @@ class SshLab:
         if FIRST_ADDR[3] + index > 254:
             raise SshLabError("too many lab hosts for 127.0.55.0/24")
         key_path = self._path(f"host_{index}_ed25519")
-        return LabHost(index, f"node{index}", addr, _free_port(addr), key_path,
+        return LabHost(index, f"node{index}", addr, free_port(addr), key_path,
                        self._keygen(key_path))
 
     def _sshd_config(self, host: LabHost, with_penalties_off: bool) -> str:
@@ -358,14 +360,6 @@ class SshLab:
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
-
-
-def _free_port(addr: str) -> int:
-    """A port that is free on ``addr`` right now (bind-test; the lab addresses are
-    not used by anything else, so the usual reuse race is negligible)."""
-    with socket.socket() as sock:
-        sock.bind((addr, 0))
-        return sock.getsockname()[1]
 
 
 def _terminate(proc: subprocess.Popen, grace: float = 3.0) -> None:

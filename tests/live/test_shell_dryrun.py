@@ -24,7 +24,7 @@ import pytest
 
 from conftest import run_cli
 from labhome import lab_cluster, lab_home
-from dryrun import PYTHON, sections, user_path, run_here
+from dryrun import PYTHON, run_gang, run_here, sections, user_path
 
 
 @pytest.mark.live
@@ -63,12 +63,9 @@ def test_the_ssh_shell_dry_run_runs_on_two_lab_hosts(ssh_lab, tmp_path):
     config = os.path.join(home["HOME"], ".ssh", "config")
     env = user_path(tmp_path, config)
     run_here(here, tmp_path, env)
-    procs = [subprocess.Popen(["ssh", "-F", config, f"node{k}",
-                               f"export MASTER_PORT={env['MASTER_PORT']}; {line}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for k in (0, 1) for line in nodes[k]]
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    done = run_gang([["ssh", "-F", config, f"node{k}", f"export MASTER_PORT={env['MASTER_PORT']}; {line}"]
+                     for k in (0, 1) for line in nodes[k]], timeout=240)
+    assert [code for code, _ in done] == [0, 0], done
     remote = tmp_path / "remote" / "runs" / "byhand"
     result = json.loads((remote / "node-0" / "result.json").read_text())
     assert result["world_size"] == 2 and result["timing"]["steps"] == 2

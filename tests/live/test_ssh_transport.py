@@ -15,6 +15,7 @@ import paramiko
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from ports import free_port  # noqa: E402
 from sshlab import make_ssh_lab, ssh_lab  # noqa: E402,F401
 
 from orchestrator.errors import TransportError  # noqa: E402
@@ -311,7 +312,7 @@ def test_a_revoked_key_of_another_host_or_another_key_does_not_block(ssh_lab, tm
 def test_dead_host_is_unreachable_fast():
     """Refused at once: not after the connect timeout (30 s here) it would
     otherwise wait out; the bound leaves a loaded machine its margin."""
-    port = _free_port("127.0.55.200")  # a lab address nothing listens on
+    port = free_port("127.0.55.200")  # a lab address nothing listens on
     started = time.monotonic()
     with pytest.raises(TransportError, match=rf"unreachable: connection refused by "
                                              rf"127\.0\.55\.200:{port}") as caught:
@@ -385,7 +386,7 @@ def test_proxy_jump_tunnels_through_another_host(make_ssh_lab, tmp_path, how):
 
 @live
 def test_proxy_jump_failures_name_the_hop(ssh_lab):
-    dead_port = _free_port("127.0.55.202")
+    dead_port = free_port("127.0.55.202")
     behind_dead = SshTransport("127.0.55.202", port=dead_port, ssh_config=ssh_lab.ssh_config,
                                known_hosts=ssh_lab.known_hosts, proxy_jump="node0")
     with pytest.raises(TransportError, match=rf"jump host \S+ cannot connect to "
@@ -394,12 +395,6 @@ def test_proxy_jump_failures_name_the_hop(ssh_lab):
     via_dead = _transport(ssh_lab, "node1", proxy_jump=f"127.0.55.202:{dead_port}")
     with pytest.raises(TransportError, match=r"jump host .*127\.0\.55\.202.*connection refused"):
         via_dead.run(["true"])
-
-
-def _free_port(addr):
-    with socket.socket() as probe:
-        probe.bind((addr, 0))
-        return probe.getsockname()[1]
 
 
 # -- settings resolution, pure ------------------------------------------------

@@ -17,7 +17,8 @@ import sys
 import pytest
 import torch
 
-from wl_support import (TIMEOUT_S, _finish, check_complete, free_port, no_numpy, run_alone,
+from ports import free_port
+from wl_support import (TIMEOUT_S, _finish, check_complete, no_numpy, run_alone,
                         run_torchrun, without_numpy, workload_env)
 
 pytestmark = pytest.mark.live

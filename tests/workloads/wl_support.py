@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -117,12 +116,6 @@ def without_numpy(run: Run) -> dict:
     """``run``'s result, once it is clear that nothing in it missed numpy."""
     assert "Numpy is not available" not in run.stderr, run.stderr[-3000:]
     return run.check()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_complete(result: dict, workload: str, world_size: int) -> None:
