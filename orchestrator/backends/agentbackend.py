@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from workloads.contract import MAX_RESTARTS_ENV
 
-from ..agent.wire.protocol import KeptRule
 from ..errors import ConfigError, TransportError
 from ..plan.dryrun import ByHand, DryRun, NodeLaunch
 from ..plan.torchrun import torchrun_argv
@@ -76,10 +75,10 @@ class AgentBackend(LaunchBackend):
                       for node in plan.nodes)
         notes = code_notes(plan, self.spec.source if self.spec else "")
         reach = {node.node_rank: self.reach(node) for node in plan.nodes}
-        rule, words = self.liveness_rule()
+        owner, words = self.owner()
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,
                       source=self.spec.source if self.spec else "",
-                      liveness=rule, liveness_words=words,
+                      owner=owner, owner_words=words,
                       max_restarts=self.options.max_restarts,
                       by_hand=ByHand(reach={k: argv for k, argv in reach.items() if argv}))
 
@@ -94,7 +93,6 @@ class AgentBackend(LaunchBackend):
         from ..engine.bundle import build_bundle, stand_ins
         from ..engine.fanout import on_all
         from ..engine.nodehandle import BUNDLE_NAME
-        from ..engine.run import Mode
         from ..plan.build import resolve_plan
         from .agentrun import AgentRun
 
@@ -103,8 +101,7 @@ class AgentBackend(LaunchBackend):
         for warning in dict.fromkeys(w for t in transports.values() for w in t.warnings):
             console.info(f"warning: {warning}")
         agents: dict[int, AgentHandle] = {}
-        handle = AgentRun(self, info, run, Mode.KEPT if self.options.kept else Mode.ATTACHED,
-                          transports, agents)
+        handle = AgentRun(self, info, run, transports, agents)
         label = _labeller(plan)
         wait_s = self._wait_gpus_s()
         try:
@@ -146,14 +143,13 @@ class AgentBackend(LaunchBackend):
     def reconnect(self, record: RunRecord, *, lines: int | None = None) -> "AgentRun":
         """An agent on every node of a detached run, to follow its keepers."""
         from ..engine.agentlink import open_agents
-        from ..engine.run import Mode
         from .agentrun import AgentRun
 
         info = recorded_dryrun(record)
         transports = {n.node_rank: self.transport(n.node_rank, n.host, n.connection)
                       for n in record.nodes}
         agents: dict[int, AgentHandle] = {}
-        handle = AgentRun(self, info, record.run, Mode.OBSERVED, transports, agents,
+        handle = AgentRun(self, info, record.run, transports, agents, watching=True,
                           records=record.nodes, lines=lines)
         try:
             opened, started = open_agents(transports, {n.node_rank: n.python for n in record.nodes},
@@ -209,7 +205,7 @@ class AgentBackend(LaunchBackend):
     def describe(self, record: RunRecord) -> RunDescription:
         """A detached run's state is its nodes': node 0's keeper records every
         attempt once the run is over; until then each keeper says how far it is."""
-        if record.rule != KeptRule.DETACHED or not record.live:
+        if not record.owner.detached or not record.live:
             return super().describe(record)  # its records say it: no engine to import
         from ..engine.fanout import on_all
         from ..engine.keptgang import kept_status

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..engine.fanout import on_all
-from ..engine.run import Mode, RunHandle, node_records
+from ..engine.run import RunHandle, node_records
 
 if TYPE_CHECKING:
     from ..engine.agentlink import AgentHandle
@@ -28,10 +28,12 @@ class AgentRun(RunHandle):
     channels, then the fetch's (an agent whose supervisor ended cleanly
     serves it on the same channel, ``NodeHandle.release``)."""
 
-    def __init__(self, backend: AgentBackend, info: DryRun, run: RunDir, mode: Mode,
+    def __init__(self, backend: AgentBackend, info: DryRun, run: RunDir,
                  transports: dict[int, Transport], agents: dict[int, AgentHandle], *,
-                 records: tuple[NodeRecord, ...] = (), lines: int | None = None):
-        super().__init__(info, run, mode, channels=agents, records=records, lines=lines,
+                 watching: bool = False, records: tuple[NodeRecord, ...] = (),
+                 lines: int | None = None):
+        super().__init__(info, run, watching=watching, channels=agents, records=records,
+                         lines=lines,
                          dump_stacks=lambda: backend.stacks_of(info.plan.run_id, self.records))
         self.backend = backend
         self.transports = transports
@@ -50,7 +52,7 @@ class AgentRun(RunHandle):
 
     def tidy(self, outcome: RunOutcome) -> None:
         """What a lost node left behind is ended (not when only observing)."""
-        if self.mode is not Mode.OBSERVED:
+        if not self.watching:
             self.backend.sweep_lost(self.dryrun, self.transports, outcome, self.run,
                                      silent={h.node.node_rank for h in self.gang.handles
                                              if h.partitioned})

@@ -39,11 +39,12 @@ Every backend then has, without writing them:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, ClassVar
 
+from ..agent.wire.owner import Owner
 from ..errors import LaunchError
-from ..plan.dryrun import LIVENESS
+from ..plan.dryrun import owner_words
 
 if TYPE_CHECKING:  # the engine loads when a run starts, not for a dry-run or --help
     from ..config.spec import ClusterSpec
@@ -87,8 +88,8 @@ def recorded_dryrun(record: RunRecord) -> DryRun:
     from ..plan.render import dryrun_from_dict
 
     data = record.run.plan()
-    try:
-        return dryrun_from_dict(data)
+    try:  # the record's owner: the same, but one read from before owners knows its backend
+        return replace(dryrun_from_dict(data), owner=record.owner)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LaunchError(f"run {record.run_id} has no readable plan.json ({exc}); it never "
                           f"started, or its directory is damaged") from None
@@ -103,10 +104,10 @@ class LaunchBackend(ABC):
 
     name: ClassVar[str]
     # What the CLI, the plan and the controller ask of a backend instead of
-    # its name. ``liveness``: the dry-run's rule and its words when this
-    # backend, not the controller or the nodes' agents, keeps an attached run
-    # alive ("" and "": the controller does, ``plan.dryrun.LIVENESS``).
-    liveness: ClassVar[tuple[str, str]] = ("", "")
+    # its name. ``scheduler``: what its scheduler does with a run, in words,
+    # when the backend's job owns the run ("": no scheduler; the controller
+    # or the nodes' keepers do, ``owner``).
+    scheduler: ClassVar[str] = ""
     # ``queue``: what its scheduler's queue is, in words ("": none; the run
     # starts at once): ``--queue-timeout`` bounds the wait there, and a
     # recorded job is asked of the scheduler (``describe``) even once ended.
@@ -133,12 +134,13 @@ class LaunchBackend(ABC):
         """The master address for a file that gives none (None: node 0's host)."""
         return None
 
-    def liveness_rule(self) -> tuple[str, str]:
-        """Who keeps this run alive, and in words, for its dry-run: the nodes'
-        agents (``--detach``), this backend (``liveness``), or the controller."""
-        if self.options.detach:
-            return "detached", LIVENESS["detached"]
-        return self.liveness if self.liveness[0] else ("attached", LIVENESS["attached"])
+    def owner(self) -> tuple[Owner, str]:
+        """Who owns this run, and in words, for its dry-run: decided here,
+        once, from this backend's capabilities and the options; everything
+        after reads the dry-run's (``agent/wire/owner.py``)."""
+        owner = Owner.decide(scheduler=bool(self.scheduler), detach=self.options.detach,
+                             max_restarts=self.options.max_restarts)
+        return owner, owner_words(owner, self.scheduler)
 
     def require_spec(self) -> ClusterSpec:
         if self.spec is None:

@@ -36,7 +36,7 @@ def the_run(runs_dir: str | None, run_id: str | None, *, attachable: bool = Fals
     if run_id is not None:
         return find_run(where.path, run_id)
     if attachable:
-        record = latest_run(where.path, lambda r: r.rule == "detached"
+        record = latest_run(where.path, lambda r: r.owner.detached
                             or kept_without_controller(r), "detached run")
     else:
         record = latest_run(where.path)
@@ -355,7 +355,7 @@ def attach(run_id: str | None, from_start: bool, lines: int | None, rank0_only: 
         raise ConfigError("--from-start and --lines are two places to start; give one",
                           path="--lines", source="command line")
     record = the_run(runs_dir, run_id, attachable=True)
-    if record.rule != "detached" and not kept_without_controller(record):
+    if not record.owner.detached and not kept_without_controller(record):
         raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
                           source="command line",
                           hint=f"`ddp-orch logs {record.run_id}` shows what it printed")

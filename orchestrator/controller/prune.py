@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..agent.node.prune import tree_bytes
-from ..backends import backend_class, get_backend
+from ..agent.wire.owner import Holder
+from ..backends import get_backend
 from ..backends.base import PruneResult
 from ..engine.options import LaunchOptions
 from ..errors import ConfigError, OrchestratorError
@@ -77,8 +78,8 @@ def ended_at(record: RunRecord) -> float | None:
 def still_live(record: RunRecord) -> str:
     """Why ``record`` counts as alive ("" if it has ended). A run its
     backend must be asked about (a detached run, a Slurm job) is asked."""
-    scheduled = _scheduled(record)
-    if record.live and record.rule != "detached" and not scheduled:
+    scheduled = record.owner.holder is Holder.SCHEDULER
+    if record.live and not record.owner.detached and not scheduled:
         return f"it is {record.state} (its controller runs)"
     if record.live or scheduled:
         try:
@@ -89,15 +90,6 @@ def still_live(record: RunRecord) -> str:
             return f"it is {described.state}" + (
                 f" ({described.detail.splitlines()[0]})" if described.detail else "")
     return ""
-
-
-def _scheduled(record: RunRecord) -> bool:
-    """Whether a scheduler holds the run's job (``LaunchBackend.queue``), so
-    only it can say whether the job still runs."""
-    try:
-        return bool(backend_class(record.backend).queue)
-    except OrchestratorError:  # a backend this version does not know
-        return False
 
 
 def prune_run(record: RunRecord, older_than_s: float | None, now: float | None = None, *,

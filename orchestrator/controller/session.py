@@ -66,11 +66,9 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     nodes = node_records(info)
     started = time.time()
 
-    rule = info.liveness  # attached, detached, or a scheduler's
-
     def record(state: RunState, outcome: RunOutcome | None = None, error: str = "") -> None:
         write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
-                    started=started, nodes=nodes, outcome=outcome, rule=rule, error=error)
+                    started=started, nodes=nodes, outcome=outcome, owner=info.owner, error=error)
 
     def on_running(handle: RunHandle) -> None:  # the job id, then the resolved run
         nonlocal nodes

@@ -35,8 +35,6 @@ NOISE_KEPT = 20  # lines a node printed before its agent spoke, kept for the err
 class AgentHandle:
     """A running agent on one node (``serve``), owned by the controller."""
 
-    liveness_ours = True  # a silent channel is a lost node (``NodeHandle.heard_s``)
-
     def __init__(self, transport: Transport, python: str, *, wait: bool = True,
                  run_id: str | None = None, boot: bool = True):
         """Start the agent; with ``wait``, also wait for its hello (``await_hello``).

@@ -30,9 +30,6 @@ class NodeChannel(Protocol):
     """One node's stream, as the gang sees it."""
 
     host: str
-    # Whether the node's silence is ours to watch (a lost node past
-    # ``PEER_TIMEOUT_S``); False where someone else owns its liveness (Slurm).
-    liveness_ours: bool
 
     def supervise(self, spec: "SupervisorSpec") -> None:
         """The node runs ``spec`` from now on, and its output follows."""
@@ -69,8 +66,6 @@ class KeeperFollower:
     and ``kill`` reach the keeper through the follower (``daemon.follow``),
     and the stream ends with the keeper's ``finished`` event: nothing is
     given back."""
-
-    liveness_ours = True  # the follower pings and hears the keeper's heartbeats
 
     def __init__(self, agent: "AgentHandle", request: dict[str, Any]):
         self.agent = agent

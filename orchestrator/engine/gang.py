@@ -1,9 +1,11 @@
-"""Follow a resolved dry-run on its nodes as one gang, under an explicit mode.
+"""Follow a resolved dry-run on its nodes as one gang, as its owner says.
 
-One gang, one watch loop, for every backend and every way a run is held
-(``Mode``):
+One gang, one watch loop, for every backend and every way a run is held.
+What the gang may do is its dry-run's ``owner`` (``agent/wire/owner.py``),
+and whether this controller started the run or only watches it (``attach``):
 
-* ``ATTACHED``: every node's agent, which has the code already (see
+* the controller's run, or a scheduler's job it submitted (``controls``):
+  every node's agent, which has the code already (see
   ``AgentBackend.launch``), becomes its supervisor, all in parallel; the
   gang watches them and stops them all on the rule's verdict
   (``agent/gangrule.py``: a lost node, the first failure, a hang, the start
@@ -11,16 +13,15 @@ One gang, one watch loop, for every backend and every way a run is held
   ``finally`` block stops every node still running: ``stop`` on stdin, a
   deadline, ``kill``, then the channel is cut, which the supervisors also
   treat as "tear down".
-* ``KEPT``: the nodes' keepers hold the gang (and the same rule); the gang
+* the keepers' run (``kept``): they hold the gang (and the same rule); the gang
   starts them (``keptgang.py``) or follows what runs (``attach``), and its
   outcome is node 0's record of every attempt.
-* ``OBSERVED``: someone else's job (``attach`` to a Slurm job): watch it
+* a scheduler's job it only watches (``watching``, ``attach``): watch it
   end, stop nothing; Ctrl-C only leaves.
 """
 
 from __future__ import annotations
 
-import enum
 import signal
 import threading
 import time
@@ -28,6 +29,7 @@ from typing import Callable, Mapping
 
 from ..agent.gangrule import Clock, NodeView, Stop, Timeouts, Verdict, hang_words, judge, tick
 from ..agent.stackgroups import place
+from ..agent.wire.owner import Holder
 from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
 from ..console import Console
 from ..plan.dryrun import DryRun
@@ -45,36 +47,37 @@ PROGRESS_WRITE_S = 2.0  # progress.json at most this often
 QUIET_PROGRESS_S = 15.0  # with --quiet, a progress line per node at most this often
 
 
-class Mode(enum.Enum):
-    """Who owns the gang the controller follows, and so what it may do to it."""
-
-    ATTACHED = "attached"  # the controller: it stops the gang (the rule) and tears it down
-    KEPT = "kept"  # the nodes' keepers (``agent/kept/keeper.py``): it starts and follows them
-    OBSERVED = "observed"  # someone else (a Slurm job we attach to): watch it end, stop nothing
-
-
 class Gang:
-    """One run of a resolved ``DryRun`` on its nodes, followed under ``mode``;
-    ``run()`` returns its ``RunOutcome``.
+    """One run of a resolved ``DryRun`` on its nodes, followed as its
+    ``owner`` says; ``run()`` returns its ``RunOutcome``.
 
-    ``detach``: leave once every node has started (the run is the nodes' or
-    the scheduler's from then on). ``keepers``: a kept run to start (its
-    restarts); None in ``KEPT`` follows what runs (``attach``), from
-    ``lines`` before the end of each node's stream. Whether a node's silence
-    is a loss is its channel's (``NodeHandle.heard_s``: Slurm owns its
-    nodes' liveness). The stop decisions are ``agent/gangrule.py``'s."""
+    ``watching``: the run was started elsewhere (``attach``); follow it from
+    ``lines`` before the end of each node's stream. A detached owner: leave
+    once every node has started (the run is the keepers' or the scheduler's
+    from then on). ``keepers``: a kept run to start (its restarts). A node's
+    silence is a loss only where the owner lets it count
+    (``Owner.peer_timeout_applies``: a scheduler owns its nodes' liveness).
+    The stop decisions are ``agent/gangrule.py``'s."""
 
     def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
-                 console: Console, *, mode: Mode = Mode.ATTACHED, grace_s: float = 10.0,
+                 console: Console, *, watching: bool = False, grace_s: float = 10.0,
                  start_timeout_s: float = 300.0, hang_timeout_s: float | None = None,
                  dump_stacks: Callable[[], StacksResult] | None = None,
-                 detach: bool = False, keepers: Keepers | None = None,
+                 keepers: Keepers | None = None,
                  lines: int | None = None):
         self.info = info
         self.plan = info.plan
         self.run_dir = run
         self.console = console
-        self.mode = mode
+        self.owner = info.owner
+        # The keepers hold the gang (they judge it; we start or follow them)...
+        self.kept = self.owner.holder is Holder.KEEPERS
+        # ...else, unless only watching, the controller does: it judges the
+        # gang's rule, releases the setup barrier and tears the gang down.
+        self.controls = not self.kept and not watching
+        self.watching = watching
+        # Detached and started here: leave once every node has started.
+        self.leaves = self.owner.detached and not watching
         self.grace_s = grace_s
         self.start_timeout_s = start_timeout_s
         # The hang rule: no rank's progress (a heartbeat or a line) for this
@@ -82,8 +85,7 @@ class Gang:
         # stop. A kept run's keepers hold it (``keeper_spec``), not us.
         self.hang_timeout_s = hang_timeout_s
         self.dump_stacks = dump_stacks
-        self.detach = detach
-        self.keepers = keepers if mode is Mode.KEPT else None
+        self.keepers = keepers if self.kept and not watching else None
         self.lines = lines  # where to follow a kept run from (attach)
         self.keepers_started: set[int] = set()
         self.lost_contact = ""  # why the controller left a kept run, when not asked to
@@ -96,8 +98,7 @@ class Gang:
         self.handles = [NodeHandle(launch, agents[launch.node_rank], run, console,
                                    on_change=self._changed.set) for launch in info.nodes]
         for handle in self.handles:  # a live stream's lines are progress (not attach's replay)
-            handle.watch_output = mode is Mode.ATTACHED or (mode is Mode.KEPT
-                                                            and keepers is not None)
+            handle.watch_output = not watching
         self.interrupted = False
         # From the first Ctrl-C on, another one (or a SIGTERM) is a flag the
         # teardown's wait looks at (kill at once), not an exception that could
@@ -111,20 +112,21 @@ class Gang:
         keepers, or follow what runs; watch; tear down what is ours."""
         started = time.monotonic()
         by_rank = {h.node.node_rank: h for h in self.handles}
-        if self.mode is Mode.KEPT:
+        if self.kept:
             begin_kept(self, by_rank)
         try:
-            if self.mode is not Mode.KEPT:
+            if not self.kept:
                 port = int(self.plan.master_port)
                 on_all(lambda k: by_rank[k].start(
-                    supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s)),
+                    supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s,
+                                    self.owner)),
                     by_rank).values("starting the nodes", self.label)
-            if self.mode is Mode.ATTACHED and self.plan.setup:
+            if self.controls and self.plan.setup:
                 # no rank exists yet: each node runs its setup first (_release_setup)
                 self.console.milestone(f"running setup: on {len(self.handles)} node(s) before "
                                        f"their {self.plan.world_size} processes start; logs "
                                        f"in {self.run_dir.path}")
-            elif self.mode is Mode.ATTACHED:
+            elif self.controls:
                 self.console.milestone(f"started {self.plan.world_size} processes on "
                                        f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
             # The nodes hear us (``ping``): a supervisor, or an attached kept
@@ -136,9 +138,9 @@ class Gang:
         finally:
             self._over.set()
             try:
-                if self.mode is Mode.ATTACHED and not self.left:
+                if self.controls and not self.left:
                     self._teardown()
-                elif self.mode is Mode.KEPT:
+                elif self.kept:
                     for handle in self.handles:
                         if self.left or handle.control is None:
                             handle.agent.close(timeout_s=2.0)  # the follower leaves; the run goes on
@@ -146,7 +148,7 @@ class Gang:
                 for sig, handler in self._handlers.items():
                     signal.signal(sig, handler)
         wall = time.monotonic() - started
-        if self.mode is Mode.KEPT:
+        if self.kept:
             return kept_outcome(self, wall)
         if self.left:
             return RunOutcome(self.plan.run_id, RunState.RUNNING, wall,
@@ -156,17 +158,17 @@ class Gang:
                             interrupted=self.interrupted)
 
     def _interrupted(self) -> None:
-        """Ctrl-C: ours to stop (attached, or a kept run started attached),
-        else we only leave."""
-        if self.mode is Mode.ATTACHED:
+        """Ctrl-C: ours to stop (a run we control, or a kept run started
+        attached), else we only leave."""
+        if self.controls:
             self._hurry_on_signals()
-        elif self.mode is Mode.OBSERVED or self.keepers is None or self.detach:
+        elif self.watching or self.leaves:
             self.left = True
             return
         self.interrupted = True
         self.console.always("ddp-orch: interrupted; stopping every node "
                             "(press Ctrl-C again to kill at once)")
-        if self.mode is Mode.KEPT:  # the keepers stop the run; they report its end
+        if self.kept:  # the keepers stop the run; they report its end
             self.stop_all("interrupted")
             self.await_finish()
 
@@ -180,14 +182,14 @@ class Gang:
         clock = Clock(time.monotonic())
         while True:
             self._changed.clear()
-            if self.mode is Mode.KEPT:
+            if self.kept:
                 if all(h.control is not None for h in self.handles):  # every keeper finished
                     return
                 if contact_lost(self):
                     return
             elif all(h.poll() is not None for h in self.handles):
                 return
-            if self.detach and all(h.started for h in self.handles):
+            if self.leaves and all(h.started for h in self.handles):
                 self.left = True
                 return
             self._release_setup()
@@ -195,7 +197,7 @@ class Gang:
             views = [self._view(h) for h in self.handles]
             clock = tick(clock, views, now)
             verdict = None
-            if self.mode is Mode.ATTACHED:
+            if self.controls:
                 verdict = judge(views, Timeouts(self.start_timeout_s, PEER_TIMEOUT_S,
                                                 self.hang_timeout_s), clock, now)
             elif self.keepers is not None and all(h.attempt == 0 for h in self.handles):
@@ -212,10 +214,11 @@ class Gang:
         """A node as the rule sees it. A kept run's node has no end of its
         own to judge here (each attempt's is its keepers')."""
         return NodeView(handle.node.node_rank, self.label(handle.node.node_rank),
-                        code=handle.poll() if self.mode is Mode.ATTACHED else None,
+                        code=handle.poll() if self.controls else None,
                         joined=handle.joined, started=handle.started,
                         setup_done=not self.plan.setup or handle.setup_ok,
-                        heard_s=handle.heard_s if self.mode is Mode.ATTACHED else None,
+                        heard_s=handle.heard_s if self.controls
+                        and self.owner.peer_timeout_applies else None,
                         progress=tuple((rank, at) for rank, (_step, at)
                                        in dict(handle.progress).items()))
 
@@ -234,7 +237,7 @@ class Gang:
         elif verdict.stop is Stop.HANG:
             why = self._hang(verdict, by_rank)
         self.stop_all(why)
-        if self.mode is Mode.KEPT:
+        if self.kept:
             self.await_finish()
 
     def _hang(self, verdict: Verdict, by_rank: Mapping[int, NodeHandle]) -> str:
@@ -262,7 +265,7 @@ class Gang:
         where the controller holds the barrier (an attached run; a Slurm
         job's files and a kept run's gang hold their own). A node whose setup
         fails ends with its exit event, which stops the gang like any failure."""
-        if self.mode is Mode.ATTACHED and self.plan.setup \
+        if self.controls and self.plan.setup \
                 and all(h.setup_ok for h in self.handles):
             if not any(h.go_sent for h in self.handles):
                 self.console.milestone(f"setup: done on every node; started "

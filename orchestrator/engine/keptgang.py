@@ -17,7 +17,7 @@ controller:
   ``status`` and ``ps`` (``kept_status``), with the same outcomes of
   every attempt (``attempt_outcomes``).
 
-These are helpers of the one gang (``gang.py``, ``Mode.KEPT``), which
+These are helpers of the one gang (``gang.py``, a run its keepers own), which
 follows the nodes in its one watch loop. ``attach`` is the same gang
 without the start: it follows what runs. Ctrl-C while attached with
 restarts stops the run (the attached rule); Ctrl-C in ``attach`` only
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Mapping
 from ..agent.kept.records import clean_attempts, clean_keeper_state
 from ..agent.kept.spec import GangPort, KeeperSpec
 from ..agent.node.spec import SupervisorSpec
-from ..agent.wire.protocol import PEER_TIMEOUT_S, KeptRule, is_time
+from ..agent.wire.protocol import PEER_TIMEOUT_S, is_time
 from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunDescription, RunOutcome, \
     RunState, gang_outcome
@@ -48,10 +48,11 @@ if TYPE_CHECKING:
 
 
 def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,
-                gang_port: int, max_restarts: int, start_timeout_s: float, rule: KeptRule,
+                gang_port: int, max_restarts: int, start_timeout_s: float,
                 hang_timeout_s: float | None = None) -> KeeperSpec:
-    """A node's keeper's spec: its supervisor's (the dry-run's), and the gang's."""
-    return KeeperSpec(sup, nnodes, rule, start_timeout_s, GangPort(master_addr, gang_port, token),
+    """A node's keeper's spec: its supervisor's (the dry-run's, with the
+    run's owner), and the gang's."""
+    return KeeperSpec(sup, nnodes, start_timeout_s, GangPort(master_addr, gang_port, token),
                       max_restarts, hang_timeout_s)
 
 
@@ -71,7 +72,7 @@ def begin_kept(gang, by_rank: Mapping) -> None:
         for handle in gang.handles:  # from the start, the stream is the whole log
             handle.log_mode = "ab" if gang.keepers is not None or gang.lines is not None \
                 else "wb"
-        attached = gang.keepers is not None and not gang.detach
+        attached = gang.keepers is not None and not gang.owner.detached
         on_all(lambda k: by_rank[k].follow(
             run_dir=by_rank[k].node.run_dir, attached=attached,
             **({"lines": gang.lines} if gang.lines is not None else {"offset": 0})),
@@ -102,7 +103,7 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
     plan = gang.plan
     token = secrets.token_hex(16)
     port = int(plan.master_port)
-    specs = {k: supervisor_spec(h.launch, plan.run_id, port, gang.grace_s)
+    specs = {k: supervisor_spec(h.launch, plan.run_id, port, gang.grace_s, gang.owner)
              for k, h in by_rank.items()}
 
     def start(k: int, gang_port: int) -> int:
@@ -110,7 +111,6 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
             specs[k], nnodes=len(gang.handles), token=token, master_addr=plan.master_addr,
             gang_port=gang_port, max_restarts=gang.keepers.max_restarts,
             start_timeout_s=gang.start_timeout_s,
-            rule=KeptRule.DETACHED if gang.detach else KeptRule.ATTACHED,
             hang_timeout_s=gang.hang_timeout_s).to_dict())
         if not reply.get("ok"):
             raise TransportError(by_rank[k].node.host, f"the keeper did not start: "
@@ -121,7 +121,8 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
     gang_port = start(0, 0)
     on_all(lambda k: start(k, gang_port), [k for k in by_rank if k != 0]).values(
         "starting the keepers", gang.label)
-    what = "detached" if gang.detach else f"up to {gang.keepers.max_restarts} gang restart(s)"
+    what = "detached" if gang.owner.detached \
+        else f"up to {gang.keepers.max_restarts} gang restart(s)"
     if plan.setup:  # no rank exists yet: each node's keeper runs its setup first
         gang.console.milestone(f"started the keepers on {len(gang.handles)} node(s) ({what}); "
                                f"each runs setup:, then its share of {plan.world_size} "
@@ -154,7 +155,7 @@ def contact_lost(gang) -> bool:
     for handle in gone + silent:
         handle.partitioned = True
     names = ", ".join(gang.label(h.node.node_rank) for h in gone + silent)
-    if gang.detach or gang.keepers is None:
+    if gang.leaves or gang.keepers is None:
         gang.left = True
         gang.lost_contact = f"lost contact with {names}"
         gang.console.info(f"{gang.lost_contact}; the run goes on there under its keepers")

@@ -9,7 +9,8 @@ import time
 from typing import Callable
 
 from ..agent import layout
-from ..agent.node.spec import Liveness, SupervisorSpec
+from ..agent.node.spec import SupervisorSpec
+from ..agent.wire.owner import Owner
 from ..agent.wire.files import mask_strings
 from .gpuuse import GpuUse
 from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
@@ -78,10 +79,10 @@ class Ask(enum.IntEnum):
 
 
 def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
-                    grace_s: float) -> SupervisorSpec:
+                    grace_s: float, owner: Owner = Owner()) -> SupervisorSpec:
     """What the node supervisor runs: the dry-run's env and argv, verbatim,
-    kept alive by the controller (``Liveness.CONTROLLER``); a Slurm job and a
-    keeper derive theirs from it."""
+    and the run's owner as the dry-run decided it; a Slurm job and a keeper
+    derive theirs from it."""
     node = launch.node
     return SupervisorSpec(
         run_id=run_id, node_rank=node.node_rank, run_dir=node.run_dir,
@@ -96,7 +97,7 @@ def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
                                     "env": [k for k in node.user_env if k in launch.env]}}
                   if launch.setup_when_changed else {})}
         if launch.setup else None,
-        liveness=Liveness.CONTROLLER)
+        owner=owner)
 
 
 class NodeHandle:
@@ -323,11 +324,9 @@ class NodeHandle:
             self.asked = Ask.KILL
 
     @property
-    def heard_s(self) -> float | None:
-        """Seconds since the node was last heard; None where its liveness is
-        not ours to watch (its channel says so: Slurm owns a job's nodes')."""
-        if not self.channel.liveness_ours:
-            return None
+    def heard_s(self) -> float:
+        """Seconds since the node was last heard (a loss past PEER_TIMEOUT_S
+        where the run's owner lets silence count: ``Owner.peer_timeout_applies``)."""
         return time.monotonic() - self.last_heard
 
     def drain(self, timeout: float) -> None:

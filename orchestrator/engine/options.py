@@ -26,8 +26,3 @@ class LaunchOptions:
     max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
     allow_busy_gpus: bool = False  # listed GPUs someone else uses: go anyway
     wait_gpus_s: float | None = None  # wait for free GPUs this long (None: the file's gpu_policy)
-
-    @property
-    def kept(self) -> bool:
-        """Do the nodes' keepers hold the gang (agent/kept/keeper.py), not the controller?"""
-        return self.detach or self.max_restarts > 0

@@ -3,7 +3,7 @@ a launch that every backend shares.
 
 A backend starts a run's nodes (``submit``) or finds a running one again
 (``reconnect``) and hands back a ``RunHandle``: the run's resolved dry-run,
-its node channels, its mode and its records. From there the engine does the
+its node channels, whether it was started here, and its records. From there the engine does the
 rest the same way for every backend:
 
 * ``follow(handle, console, options)`` runs the gang to its end (or until
@@ -28,7 +28,7 @@ from ..plan.dryrun import DryRun
 from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord
-from .gang import Gang, Mode
+from .gang import Gang
 from .keptgang import Keepers
 from .options import LaunchOptions
 from .stacks import StacksResult
@@ -51,23 +51,22 @@ class RunHandle(ABC):
     has returned None. ``channels`` are the nodes' channels by node rank
     (agents, keeper followers, a job's node streams). ``pending``: submitted
     but not running yet (a queued job), so its records are worth keeping
-    before ``running`` waits. ``scheduled``: a scheduler holds the nodes'
-    liveness and their setup barrier (no silence check, no ``go``), and a
-    detached run is left to it once every node runs. ``gang`` is set by
+    before ``running`` waits. ``watching``: the run was started elsewhere
+    (``reconnect``); the gang follows it and stops nothing. Who owns the
+    run is the dry-run's ``owner``. ``gang`` is set by
     ``follow``; ``ended`` is an outcome reached before any gang formed.
     """
 
-    def __init__(self, dryrun: DryRun, run: RunDir, mode: Mode, *,
+    def __init__(self, dryrun: DryRun, run: RunDir, *, watching: bool = False,
                  channels: Mapping[int, Any] | None = None,
-                 records: tuple[NodeRecord, ...] = (), scheduled: bool = False,
+                 records: tuple[NodeRecord, ...] = (),
                  lines: int | None = None,
                  dump_stacks: Callable[[], StacksResult] | None = None):
         self.dryrun = dryrun
         self.run = run
-        self.mode = mode
+        self.watching = watching
         self.channels: Mapping[int, Any] = channels if channels is not None else {}
         self.records = records or node_records(dryrun)
-        self.scheduled = scheduled
         self.lines = lines  # observed: follow from each node's last N lines (None: the start)
         self.dump_stacks = dump_stacks  # the hang watchdog's dump of every rank
         self.pending = False
@@ -100,21 +99,17 @@ class RunHandle(ABC):
 
 
 def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gang:
-    """The gang that follows ``handle``'s channels under its mode: the one
-    place a gang is built. Liveness is each channel's own (a scheduler's
-    node stream is never "silent"), and so is the setup barrier (``go`` is
-    a no-op where the nodes hold it), so no backend needs a flag here."""
+    """The gang that follows ``handle``'s channels as its dry-run's owner
+    says: the one place a gang is built. The setup barrier is each
+    channel's own (``go`` is a no-op where the nodes hold it), so no
+    backend needs a flag here."""
     info, run, channels = handle.dryrun, handle.run, handle.channels
-    if handle.mode is Mode.OBSERVED and not handle.scheduled:
-        # ``attach`` to a run its keepers hold: follow them, start nothing.
-        return Gang(info, run, channels, console, mode=Mode.KEPT, grace_s=options.grace_s,
+    if handle.watching:  # ``attach``: follow what runs, start and stop nothing
+        return Gang(info, run, channels, console, watching=True, grace_s=options.grace_s,
                     lines=handle.lines)
-    if handle.mode is Mode.OBSERVED:  # a scheduler's job we did not start
-        return Gang(info, run, channels, console, mode=Mode.OBSERVED, grace_s=options.grace_s)
-    return Gang(info, run, channels, console, mode=handle.mode, grace_s=options.grace_s,
+    return Gang(info, run, channels, console, grace_s=options.grace_s,
                 start_timeout_s=options.start_timeout_s, hang_timeout_s=options.hang_timeout_s,
-                dump_stacks=handle.dump_stacks, detach=options.detach,
-                keepers=Keepers(options.max_restarts) if handle.mode is Mode.KEPT else None)
+                dump_stacks=handle.dump_stacks, keepers=Keepers(info.max_restarts))
 
 
 def follow(handle: RunHandle, console: Console, options: LaunchOptions,
@@ -132,7 +127,7 @@ def follow(handle: RunHandle, console: Console, options: LaunchOptions,
     gang = handle.gang = new_gang(handle, console, options)
     outcome = gang.run()
     lost = gang.lost_contact
-    if handle.mode is Mode.OBSERVED and lost:
+    if handle.watching and lost:
         run_id = handle.dryrun.plan.run_id
         raise LaunchError(f"{lost}; run {run_id} goes on there (`ddp-orch status {run_id}` "
                           f"asks the nodes; attach again once they are reachable)")

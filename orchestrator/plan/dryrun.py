@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..agent.wire.owner import Holder, Owner
 from .model import NodePlan, RunPlan
 
 
@@ -86,18 +87,26 @@ class DryRun:
     source: str = ""
     notes: tuple[str, ...] = ()
     extras: Mapping[str, str] = field(default_factory=dict)
-    # Who keeps the run alive, in the backend's words (``liveness_words``;
-    # else ``LIVENESS``), and its whole-gang restarts.
-    liveness: str = "attached"
-    liveness_words: str = ""
+    # Who owns the run (``agent/wire/owner.py``), decided once by the
+    # backend (``LaunchBackend.owner``), in words for the dry-run
+    # (``owner_words``), and its whole-gang restarts.
+    owner: Owner = Owner()
+    owner_words: str = ""
     max_restarts: int = 0
     by_hand: ByHand = field(default_factory=ByHand)
 
 
-# The rules every backend shares; a backend that keeps its runs itself (a
-# scheduler) names its own rule and words (``LaunchBackend.liveness``).
-LIVENESS = {
-    "attached": "the nodes stop when this controller goes (Ctrl-C, kill, a lost link)",
-    "detached": "the nodes' agents keep the run and its gang without a controller; "
-                "`ddp-orch attach RUN` follows it",
-}
+def owner_words(owner: Owner, scheduler: str = "") -> str:
+    """What ``owner`` means for this run, in words; ``scheduler``: what a
+    scheduler backend does with its job (``LaunchBackend.scheduler``)."""
+    if owner.holder is Holder.SCHEDULER:
+        return scheduler + ("; `up` leaves once every node runs, `ddp-orch attach RUN` follows "
+                            "it and `ddp-orch down RUN` cancels it" if owner.detached
+                            else "; Ctrl-C on `up` cancels it")
+    if owner.detached:
+        return ("the nodes' keepers hold the run and its gang without a controller; "
+                "`ddp-orch attach RUN` follows it")
+    if owner.holder is Holder.KEEPERS:
+        return ("the nodes' keepers hold the gang and its restarts, and stop it when this "
+                "controller goes (Ctrl-C, kill, a lost link)")
+    return "the nodes stop when this controller goes (Ctrl-C, kill, a lost link)"

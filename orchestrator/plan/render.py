@@ -14,7 +14,8 @@ from ..agent.node.probes import hostport
 from ..config.spec import AUTO_PORT
 from ..tables import format_table
 from .build import setup_path_first
-from .dryrun import LIVENESS, DryRun, NodeLaunch
+from ..agent.wire.owner import Owner
+from .dryrun import DryRun, NodeLaunch, owner_words
 from .model import RunPlan
 from .secrets import mask_env
 from .shell import render_shell, shell_join
@@ -43,7 +44,7 @@ def render_text(info: DryRun) -> str:
         f"{_world_size(plan)}, device {plan.device}",
         f"master     {hostport(plan.master_addr, _port_text(plan))} (torchrun static rendezvous)",
         f"workload   {plan.workload}",
-        f"liveness   {info.liveness}: {info.liveness_words or LIVENESS.get(info.liveness, '?')}",
+        f"owner      {info.owner}: {info.owner_words or owner_words(info.owner)}",
         *([f"restarts   up to {info.max_restarts} whole-gang restart(s) after a failure"]
           if info.max_restarts else []),
         *_setup_lines(plan),
@@ -117,7 +118,8 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
     """A JSON-ready dict of the dry-run (secret env values masked)."""
     plan = info.plan
     return {
-        "backend": info.backend, "liveness": info.liveness,
+        "backend": info.backend, "owner": info.owner.to_json(),
+        "liveness": info.owner.liveness(info.backend),
         "max_restarts": info.max_restarts,
         "run_id": plan.run_id, "name": plan.name, "world_size": plan.world_size,
         "master_addr": plan.master_addr, "master_port": plan.master_port,
@@ -194,7 +196,9 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
                    outputs=tuple(map(str, data.get("outputs") or ())))
     return DryRun(backend=plan.backend, plan=plan, nodes=tuple(nodes),
                   extras=dict(data.get("extras") or {}),
-                  liveness=str(data.get("liveness", "attached")),
+                  # before owners, the word (``recorded_dryrun`` takes the record's owner)
+                  owner=Owner.from_json(data["owner"]) if "owner" in data
+                  else Owner.from_liveness(data.get("liveness")),
                   max_restarts=int(data.get("max_restarts", 0)))
 
 

@@ -94,7 +94,7 @@ def render_shell(info: DryRun, bundle: Sequence[str] = (),
     if secrets:
         out.append(f"# Secret values are not printed: the lines take {', '.join(secrets)} "
                    "from the node's environment.")
-    if info.liveness == "detached" or info.max_restarts:
+    if info.owner.detached or info.max_restarts:
         out.append("# By hand nothing keeps the run: no --detach, no gang restarts.")
     out += ["# Worker output goes to files (--redirects 3), which `up` relays; by hand:",
             "# tail -F torchrun/*/attempt_0/*/std*.log in a node's run directory.",

@@ -3,7 +3,7 @@
 Everything about recorded runs (``ps``, ``status``, ``logs``, ``down``,
 ``compare --baseline-run``) reads through ``read_record``, so it survives a
 controller restart and there is one vocabulary (``outcome.RunState``). An
-attached run (``rule``) recorded as live whose controller process is gone is
+attached run (its ``owner``) recorded as live whose controller process is gone is
 shown as ``interrupted``: its agents saw the controller's connection close
 and tore their nodes down. A detached run is the nodes' to keep, and a Slurm
 job Slurm's: their state comes from them (``LaunchBackend.describe``), not
@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from ..agent.wire.owner import Owner
 from ..errors import ConfigError
 from .outcome import AttemptOutcome, NodeOutcome, RunOutcome, RunState
 from .rundir import STATE_FILE, RunDir, valid_run_id  # noqa: F401 (STATE_FILE: its importers')
@@ -68,9 +69,8 @@ class RunRecord:
     controller_pid: int | None
     # the controller's identity (``process_identity``); empty in old records
     controller: Mapping[str, Any] = field(default_factory=dict)
-    # who keeps the run alive: "attached" (the controller: it ends with it) or
-    # "detached" (the nodes' keepers: ``up --detach``)
-    rule: str = "attached"
+    # who owns the run (``agent/wire/owner.py``), as its dry-run decided
+    owner: Owner = Owner()
     attempts: tuple[AttemptOutcome, ...] = ()
     ended: float | None = None  # when the run ended (time.time()); None while live
     # why the controller stopped with no outcome to record (a busy port, the
@@ -95,7 +95,7 @@ class RunRecord:
 
 def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, started: float,
                 nodes: Sequence[NodeRecord], outcome: RunOutcome | None = None,
-                rule: str = "attached", ended: float | None = None, error: str = "",
+                owner: Owner = Owner(), ended: float | None = None, error: str = "",
                 results_home: bool | None = None) -> None:
     """``ended``: when the run ended, if not now (a detached run that ended
     before anyone asked); ``error``: why there is no ``outcome`` for a run
@@ -106,7 +106,7 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
     ended = (ended or time.time()) if over else None
     payload: dict[str, Any] = {
         "run_id": run_id, "backend": backend, "state": state.value, "started": started,
-        "rule": rule,
+        "owner": owner.to_json(),
         "controller_pid": os.getpid(),
         "controller": process_identity(os.getpid()) or {"pid": os.getpid(),
                                                          "host": _this_host()},
@@ -134,7 +134,7 @@ def record_end(record: RunRecord, outcome: RunOutcome, *, ended: float | None = 
     ``results_home``: whether its results were brought home (``attach``)."""
     write_state(record.run, run_id=record.run_id, backend=record.backend, state=outcome.state,
                 started=record.started or time.time(), nodes=record.nodes, outcome=outcome,
-                rule=record.rule, ended=ended, results_home=results_home)
+                owner=record.owner, ended=ended, results_home=results_home)
 
 
 def process_alive(pid: int | None) -> bool:
@@ -233,9 +233,12 @@ def read_record(run: RunDir) -> RunRecord | None:
         controller = controller if isinstance(controller, dict) else {}
         started = data.get("started")
         root = data.get("root_cause")
+        backend = str(data.get("backend", "ssh"))
+        owner = Owner.from_json(data["owner"]) if "owner" in data else Owner.from_liveness(
+            data.get("rule"), scheduler=backend in _SCHEDULERS_BEFORE_OWNERS)
         record = RunRecord(
             run_id=os.path.basename(run.path), run=run, state=state,
-            backend=str(data.get("backend", "ssh")), started=started,
+            backend=backend, started=started,
             wall_s=data.get("wall_s"),
             nodes=tuple(NodeRecord(int(n["node_rank"]), str(n["host"]), str(n["run_dir"]),
                                    str(n.get("python", "python3")), n.get("connection") or {})
@@ -243,13 +246,13 @@ def read_record(run: RunDir) -> RunRecord | None:
             outcomes=tuple(NodeOutcome.from_dict(o) for o in data.get("outcomes") or []),
             root_cause=NodeOutcome.from_dict(root) if root else None,
             controller_pid=pid, controller=controller,
-            rule=str(data.get("rule") or "attached"),
+            owner=owner,
             attempts=tuple(AttemptOutcome.from_dict(a) for a in data.get("attempts") or []),
             ended=_number(data.get("ended")), error=str(data.get("error") or ""),
-            results_home=bool(data.get("results_home", data.get("rule") != "detached")))
+            results_home=bool(data.get("results_home", not owner.detached)))
         # Only an attached run ends with its controller: a detached run is its
-        # nodes' keepers', and a scheduler's job (rule ``slurm``) is Slurm's.
-        if state.live and record.rule == "attached" and not recorded_elsewhere(record) \
+        # nodes' keepers', and a scheduler's job is the scheduler's.
+        if state.live and owner.ends_with_controller and not recorded_elsewhere(record) \
                 and not controller_alive(record):
             state = RunState.INTERRUPTED
         wall = record.wall_s
@@ -258,6 +261,12 @@ def read_record(run: RunDir) -> RunRecord | None:
         return replace(record, state=state, wall_s=wall)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+# Runs recorded before owners (``agent/wire/owner.py``) said ``rule``, a word
+# that does not tell a detached Slurm job from a detached run its keepers hold;
+# Slurm was the only scheduler then. A record names its backend; this reads it.
+_SCHEDULERS_BEFORE_OWNERS = frozenset({"slurm"})
 
 
 def _number(value: Any) -> float | None:
@@ -269,11 +278,11 @@ def kept_without_controller(record: RunRecord) -> bool:
     """Whether ``record`` is a live run that goes on with no controller to
     record its end, so that only its backend (``describe``, ``attach``) can
     say how it is now: a detached run, its nodes' keepers hold it; a
-    scheduler's job (rule ``slurm``) whose controller is gone (killed, or
-    the machine that ran ``up`` went down), Slurm holds it."""
-    if not record.live or record.rule == "attached":
+    scheduler's job whose controller is gone (killed, or the machine that
+    ran ``up`` went down), the scheduler holds it."""
+    if not record.live or record.owner.ends_with_controller:
         return False
-    return record.rule == "detached" or not controller_alive(record)
+    return record.owner.detached or not controller_alive(record)
 
 
 def list_runs(runs_dir: str) -> Iterator[RunRecord]:

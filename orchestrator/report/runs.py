@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from ..agent.wire.owner import Holder
 from ..agent.wire.protocol import is_count, is_time
 from ..records.hints import failure_hint
 from ..records.outcome import RunDescription, RunOutcome
@@ -59,7 +60,7 @@ def _brief(text: str, width: int) -> str:
 def next_step(record: RunRecord, described: RunDescription) -> str:
     """What to run next for a detached run: follow it while it runs; once it
     has ended unwatched, ``attach`` brings its results home."""
-    if record.rule != "detached":
+    if not record.owner.detached:
         return ""
     if described.state.live:
         return f"`ddp-orch attach {record.run_id}` follows it"
@@ -94,10 +95,13 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
 
         lines += render_attempts(described.attempts)
     then = next_step(record, described)
-    if record.rule == "detached":
-        lines.append(f"liveness: detached (the nodes' agents keep the run; {then})"
+    if record.owner.detached:
+        keep, kept = ("the nodes' keepers keep", "the nodes' keepers kept") \
+            if record.owner.holder is Holder.KEEPERS else (f"{record.backend} keeps",
+                                                           f"{record.backend} kept")
+        lines.append(f"owner: {record.owner} ({keep} the run; {then})"
                      if described.state.live else
-                     "liveness: detached (the nodes' agents kept the run to its end)")
+                     f"owner: {record.owner} ({kept} the run to its end)")
     result = record.run.result()
     if isinstance(result, dict):
         lines.append(f"result: {record.run.result_file()}")

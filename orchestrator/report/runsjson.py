@@ -61,7 +61,8 @@ def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
         "name": plan.get("name") if isinstance(plan.get("name"), str) else None,
         "state": record.state.value,
         "backend": record.backend,
-        "liveness": record.rule,
+        "owner": record.owner.to_json(),
+        "liveness": record.owner.liveness(record.backend),  # the word before owners
         "started": record.started,
         "ended": record.ended,
         "duration_s": record.wall_s,

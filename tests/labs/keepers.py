@@ -45,14 +45,14 @@ def keeper_specs(tmp_path, nnodes: int, *, restarts: int = 0, env: dict | None =
                     "DDP_ORCH_RESTART_COUNT": "0", **(env or {})}
         out.append({
             "nnodes": nnodes, "max_restarts": restarts, "start_timeout_s": 20,
-            "rule": "detached", "gang": {"addr": "127.0.0.1", "port": 0, "token": token},
+            "gang": {"addr": "127.0.0.1", "port": 0, "token": token},
             "supervisor": {
                 "run_id": run_id, "node_rank": k, "run_dir": run_dir, "first_rank": k,
                 "nproc": 1, "master_port": 29500,
                 "argv": [sys.executable, "-c", PROGRAM, str(k), "--master-port", "29500",
                          "--log-dir", f"{run_dir}/torchrun"],
                 "env": node_env, "unset_env": [], "grace_s": 2, "heartbeat_s": 1,
-                "liveness": "keeper",
+                "owner": {"holder": "keepers", "detached": True},
                 "secrets": [node_env["TOKEN"]] if "TOKEN" in node_env else []}})
     return out
 

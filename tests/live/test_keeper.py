@@ -358,7 +358,7 @@ def test_an_attached_kept_run_stops_when_its_follower_is_killed(tmp_path):
 
     specs = keeper_specs(tmp_path, 2, restarts=2, env={"SLEEP": "60"})
     for spec in specs:
-        spec["rule"] = "attached"
+        spec["supervisor"]["owner"] = {"holder": "keepers", "detached": False}
         spec["start_timeout_s"] = 8  # a keeper that never saw its follower stops then
     start_all(specs)
     followers = [subprocess.Popen([sys.executable, "-c", FOLLOWER, spec["supervisor"]["run_dir"]],
@@ -565,7 +565,8 @@ def test_a_supervisor_leaves_no_file_descriptor_behind(tmp_path):
     import subprocess
 
     spec = keeper_specs(tmp_path, 1)[0]["supervisor"]
-    spec.update(argv=[sys.executable, "-c", "pass"], liveness="keeper")
+    spec.update(argv=[sys.executable, "-c", "pass"],
+                owner={"holder": "keepers", "detached": False})
     ran = subprocess.run([sys.executable, "-c", SUPERVISE_THRICE, json.dumps(spec)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     counts = json.loads(ran.stdout.rsplit("FDS ", 1)[1])

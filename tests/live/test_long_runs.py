@@ -100,7 +100,8 @@ def test_a_detached_run_goes_on_without_its_controller_restarts_and_attach_follo
     assert "ddp-orch attach det" in started.stdout
     assert run_pids("det"), "the run ended with its controller"
     state = json.loads((tmp_path / "runs" / "det" / "state.json").read_text())
-    assert state["rule"] == "detached" and state["state"] == "running"
+    assert state["owner"] == {"holder": "keepers", "detached": True}
+    assert state["state"] == "running"
     plan = json.loads((tmp_path / "runs" / "det" / "plan.json").read_text())
     assert plan["liveness"] == "detached" and plan["max_restarts"] == 1
 

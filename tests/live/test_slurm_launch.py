@@ -316,7 +316,7 @@ def test_detach_leaves_the_job_to_slurm_and_attach_follows_it_to_the_result(slur
     assert started.returncode == 0, started.stdout + started.stderr
     assert "run sdet is running on node 0 (node1), node 1 (node2)" in started.stdout
     assert slurm_lab.queue(), "the job was cancelled with its controller"
-    assert state_of(tmp_path, "sdet")["rule"] == "detached"
+    assert state_of(tmp_path, "sdet")["owner"] == {"holder": "scheduler", "detached": True}
     status = run_cli("status", "sdet", "--runs-dir", str(tmp_path / "runs"), env=slurm_lab.env())
     assert " running " in status.stdout.splitlines()[1], status.stdout
     attached = run_cli("attach", "sdet", "--runs-dir", str(tmp_path / "runs"),

@@ -41,9 +41,9 @@ its teardown within ``peers.GANG_TIMEOUT_S`` (at once when the link
 closes) and is gone a grace period later: at most 10 s + the grace
 period (10 s by default), 20 s in all.
 
-The liveness rule (``rule``): ``detached``: the nodes own the run, and the
-controller's channel (``serve``'s ``follow``) may come and go; ``attached``
-(``--max-restarts`` without ``--detach``): the follower that loses its
+The run's owner (``wire/owner.py``) is the keepers. Detached: the nodes own
+the run, and the controller's channel (``serve``'s ``follow``) may come and
+go. Attached (``--max-restarts`` without ``--detach``): the follower that loses its
 controller signals the keeper, which stops the gang, as an attached run does;
 and the keeper watches its follower (``daemon.follower_present``): one that
 is gone however it went (``kill -9`` included), or that never came within
@@ -67,11 +67,11 @@ from .spec import KeeperSpec
 from .. import layout
 from ..node import gpus, procs, stacks
 from ..node.procs import start_time
-from ..node.spec import Liveness, SupervisorSpec
+from ..node.spec import SupervisorSpec
 from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
 from ..wire import files
-from ..wire.protocol import Event, KeptRule, encode, message
+from ..wire.protocol import Event, encode, message
 from ..worker.shim import SHIM_MODULE
 
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
@@ -88,8 +88,8 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
     run directory keeps every attempt's) and ``DDP_ORCH_RESTART_COUNT``.
     The argv is the dry-run's with exactly two values of torchrun's own
     options swapped, by flag; nothing after ``-m ddp_orch_shim`` (the user's
-    program and its arguments) is touched. The keeper holds it
-    (``Liveness.KEEPER``)."""
+    program and its arguments) is touched. Its owner is the dry-run's, the
+    keepers."""
     log_dir = os.path.join(spec.run_dir, layout.attempt_logs(attempt))
     swap = {"--master-port": str(master_port), "--log-dir": log_dir}
     argv = list(spec.argv)
@@ -98,7 +98,6 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
         if word in swap:
             argv[i + 1] = swap[word]
     out = dataclasses.replace(spec, argv=tuple(argv), master_port=master_port, log_dir=log_dir,
-                              liveness=Liveness.KEEPER,
                               env={**spec.env, "DDP_ORCH_RESTART_COUNT": str(attempt)})
     if attempt and out.setup:  # ``setup:`` runs once, before the first attempt
         # the bundle is unpacked once too: a restart runs on what setup made of it
@@ -179,7 +178,7 @@ class Keeper(abc.ABC):
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         self.write_state("running")
-        if self.spec.rule is KeptRule.ATTACHED:
+        if not self.spec.owner.detached:
             threading.Thread(target=self._watch_follower, daemon=True,
                              name="keeper-follower").start()
         try:
@@ -397,7 +396,7 @@ class Keeper(abc.ABC):
                 return
             payload = {"pid": os.getpid(), "start_time": start_time(os.getpid()),
                        "node_rank": self.node_rank, "run_id": self.sup_spec.run_id,
-                       "rule": self.spec.rule.value, "state": state, "code": code,
+                       "owner": self.spec.owner.to_json(), "state": state, "code": code,
                        "attempt": self.attempts_done(), "updated": time.time(),
                        **({"followed": True} if self.followed else {}),
                        **({"progress": self.progress} if self.progress else {}),

@@ -26,7 +26,7 @@ _RANK, _INT = count(0), of_types(int)
 # dropped, with a note (``fields.keep_good``).
 _KEEPER_FIELDS = {
     "pid": count(1), "start_time": _INT, "node_rank": _RANK,
-    "run_id": TEXT, "rule": TEXT, "state": TEXT, "code": optional(_INT),
+    "run_id": TEXT, "owner?": fields.RECORD, "rule?": TEXT, "state": TEXT, "code": optional(_INT),
     "attempt": _RANK, "updated": TIME, "attempts": fields.LIST, "progress": fields.RECORD,
 }
 # A rank's last step in the keeper's ``progress`` (``keeper._record_progress``):

@@ -15,7 +15,7 @@ import dataclasses
 
 from ..node.spec import SpecError, SupervisorSpec
 from ..wire import fields
-from ..wire.protocol import KeptRule
+from ..wire.owner import Holder, Owner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,6 @@ class GangPort:
 class KeeperSpec:
     supervisor: SupervisorSpec  # each attempt's, before ``keeper.attempt_spec``
     nnodes: int
-    rule: KeptRule  # attached: the controller's follower holds it too; detached: not
     start_timeout_s: float  # every attempt's, and the gang's joining
     gang: GangPort
     max_restarts: int = 0
@@ -42,9 +41,16 @@ class KeeperSpec:
     def node_rank(self) -> int:
         return self.supervisor.node_rank
 
+    @property
+    def owner(self) -> Owner:
+        """The run's owner, the keepers (its supervisor spec's): detached, the
+        nodes own the run and the controller may come and go; attached, the
+        controller's follower holds it too."""
+        return self.supervisor.owner
+
     def to_dict(self) -> dict:
         return {"supervisor": self.supervisor.to_dict(), "nnodes": self.nnodes,
-                "rule": self.rule.value, "start_timeout_s": self.start_timeout_s,
+                "start_timeout_s": self.start_timeout_s,
                 "gang": dataclasses.asdict(self.gang), "max_restarts": self.max_restarts,
                 **({"hang_timeout_s": self.hang_timeout_s}
                    if self.hang_timeout_s is not None else {})}
@@ -62,8 +68,11 @@ class KeeperSpec:
         if unknown:
             raise SpecError(f"bad keeper spec: unknown field(s) {', '.join(map(repr, unknown))}")
         gang = data["gang"]
-        return cls(SupervisorSpec.from_dict(data.get("supervisor")), data["nnodes"],
-                   KeptRule(data["rule"]), float(data["start_timeout_s"]),
+        supervisor = SupervisorSpec.from_dict(data.get("supervisor"))
+        if supervisor.owner.holder is not Holder.KEEPERS:
+            raise SpecError(f"bad keeper spec: the run's owner is {supervisor.owner}, "
+                            f"not the keepers")
+        return cls(supervisor, data["nnodes"], float(data["start_timeout_s"]),
                    GangPort(gang["addr"], gang["port"], gang["token"],
                             gang.get("listen_note", "")),
                    data.get("max_restarts", 0),
@@ -79,7 +88,7 @@ def _gang(value: object) -> bool:
 
 # A keeper spec's fields beside its supervisor's (``fields.first_bad``; "?": may be absent).
 _FIELDS = {
-    "nnodes": fields.count(1), "rule": fields.one_of(rule.value for rule in KeptRule),
+    "nnodes": fields.count(1),
     "start_timeout_s": fields.seconds(positive=True), "max_restarts?": fields.count(0),
     "hang_timeout_s?": fields.Field(fields.optional(fields.seconds(positive=True)).check,
                                     "seconds or null"),

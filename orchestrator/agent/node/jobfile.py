@@ -16,6 +16,7 @@ import dataclasses
 import json
 
 from ..wire import fields
+from ..wire.owner import Holder
 from .spec import SpecError, SupervisorSpec
 
 
@@ -82,10 +83,14 @@ class JobSpec:
         if why is not None:
             raise SpecError(f"bad job file: {why}")
         place, port = data["placement"], data.get("master_port")
+        nodes = tuple(JobNode(n["host"], SupervisorSpec.from_dict(n["spec"]),
+                              tuple(n.get("secret_env", ()))) for n in data["nodes"])
+        for node in nodes:
+            if node.spec.owner.holder is not Holder.SCHEDULER:
+                raise SpecError(f"bad job file: the run's owner is {node.spec.owner}, "
+                                f"not the scheduler")
         return cls(data["run_id"], data["job_dir"], data["placed"], Placement(**place),
-                   data.get("master_addr"), port, float(data["start_timeout_s"]),
-                   tuple(JobNode(n["host"], SupervisorSpec.from_dict(n["spec"]),
-                                 tuple(n.get("secret_env", ()))) for n in data["nodes"]))
+                   data.get("master_addr"), port, float(data["start_timeout_s"]), nodes)
 
 
 def _node_ok(node: object) -> bool:

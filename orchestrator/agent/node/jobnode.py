@@ -22,7 +22,8 @@ The master address and port are known only inside the job. The argv the
 controller built carries two exact placeholder words for them (``ADDR_SLOT``,
 ``PORT_SLOT``); they are replaced word for word, nothing else is parsed.
 
-Liveness is Slurm's: there is no controller on stdin, so stdin EOF is not a
+The scheduler owns the run (its spec's ``owner``, as the dry-run decided
+it): there is no controller on stdin, so stdin EOF is not a
 reason to stop. ``scancel`` (SIGTERM to every task), ``srun
 --kill-on-bad-exit`` (the same when a node fails) and the supervisor's own
 teardown end the run. Secret env values never touch the shared disk: they
@@ -42,7 +43,7 @@ import time
 from . import netroute
 from .. import layout
 from .jobfile import JobSpec, Placement
-from .spec import Liveness, SpecError, SupervisorSpec
+from .spec import SpecError, SupervisorSpec
 from ..wire.protocol import encode, exit_event
 
 ADDR_SLOT = "<slurm node 0>"
@@ -115,8 +116,8 @@ def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
 
 def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
     """The supervisor spec of this node, with the master filled in and the
-    secrets taken from the environment sbatch passed on; Slurm keeps it
-    alive (``Liveness.SCHEDULER``: stdin is /dev/null)."""
+    secrets taken from the environment sbatch passed on; its owner is the
+    job file's (the scheduler: stdin is /dev/null)."""
     node = job.nodes[node_rank]
     spec = node.spec
     slots = {ADDR_SLOT: where["addr"], PORT_SLOT: str(where["port"])}
@@ -142,8 +143,7 @@ def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> Super
         setup = {**setup, "path_first": at_home(setup["path_first"], home)}
     return dataclasses.replace(
         spec, argv=tuple(argv), setup=setup,
-        master_port=where["port"], env=env, secrets=secrets, unset_env=unset_env,
-        liveness=Liveness.SCHEDULER)  # liveness is Slurm's; stdin is /dev/null
+        master_port=where["port"], env=env, secrets=secrets, unset_env=unset_env)
 
 
 def at_home(path: str, home: str) -> str:

@@ -1,4 +1,4 @@
-"""What a node supervisor runs, typed: ``SupervisorSpec``, and who keeps it alive.
+"""What a node supervisor runs, typed: ``SupervisorSpec``, and who owns its run.
 
 The controller builds one per node from the dry-run
 (``engine/nodehandle.supervisor_spec``); a Slurm job
@@ -15,26 +15,10 @@ Stdlib only, like the rest of the agent package.
 from __future__ import annotations
 
 import dataclasses
-from enum import Enum
 
 from ..wire import fields
+from ..wire.owner import Holder, Owner, OwnerError
 from ..wire.protocol import PEER_TIMEOUT_S
-
-
-class Liveness(str, Enum):
-    """Who keeps a supervisor's run alive, and so what ends it besides torchrun."""
-
-    __str__ = str.__str__  # the word itself, in JSON and f-strings alike
-
-    # The controller, over the channel: it pings on stdin, and stdin's EOF or
-    # PEER_TIMEOUT_S of silence tears the run down; SIGTERM/SIGINT/SIGHUP too.
-    CONTROLLER = "controller"
-    # A keeper (``agent/kept/keeper.py``) holds it: no stdin to watch, and the
-    # keeper handles the signals itself (it stops, or restarts, the gang).
-    KEEPER = "keeper"
-    # A scheduler (Slurm): no stdin (it is /dev/null); its signals (scancel,
-    # srun --kill-on-bad-exit) are the stop.
-    SCHEDULER = "scheduler"
 
 
 class SpecError(ValueError):
@@ -61,28 +45,33 @@ class SupervisorSpec:
     # "when_changed": {"paths", "env"} or absent (``setupstamp.py``: skipped while unchanged)}
     setup: dict | None = None
     log_dir: str | None = None  # torchrun's --log-dir (a keeper's attempt: its own); else run_dir/torchrun
-    liveness: Liveness = Liveness.CONTROLLER
+    # Who owns the run (``wire/owner.py``), as the dry-run decided it. The
+    # supervisor reads its holder: the controller pings on stdin, and stdin's
+    # EOF or PEER_TIMEOUT_S of silence tears the run down; a keeper handles
+    # the signals itself (it stops, or restarts, the gang); a scheduler's
+    # signals (scancel, srun --kill-on-bad-exit) are the stop, stdin is /dev/null.
+    owner: Owner = Owner()
 
     @property
     def peer_timeout_s(self) -> float | None:
         """Silence from the controller past this tears the run down (None: never)."""
-        return PEER_TIMEOUT_S if self.liveness is Liveness.CONTROLLER else None
+        return PEER_TIMEOUT_S if self.owner.holder is Holder.CONTROLLER else None
 
     @property
     def watches_stdin(self) -> bool:
         """The controller's words (``protocol.Control``) arrive on stdin."""
-        return self.liveness is Liveness.CONTROLLER
+        return self.owner.holder is Holder.CONTROLLER
 
     @property
     def owns_signals(self) -> bool:
         """SIGTERM, SIGINT and SIGHUP stop the run (not under a keeper: it handles them)."""
-        return self.liveness is not Liveness.KEEPER
+        return self.owner.holder is not Holder.KEEPERS
 
     def to_dict(self) -> dict:
         """The JSON form (``from_dict`` reads it back)."""
         out = dataclasses.asdict(self)
         out.update(argv=list(self.argv), unset_env=list(self.unset_env),
-                   secrets=list(self.secrets), liveness=self.liveness.value)
+                   secrets=list(self.secrets), owner=self.owner.to_json())
         return out
 
     @classmethod
@@ -107,11 +96,11 @@ class SupervisorSpec:
         if why is not None:
             raise SpecError(why)
         given = dict(data)
-        try:
-            given["liveness"] = Liveness(given.get("liveness", Liveness.CONTROLLER))
-        except ValueError:
-            raise SpecError(f"'liveness' is {given['liveness']!r}: one of "
-                            f"{', '.join(m.value for m in Liveness)}") from None
+        if "owner" in given:
+            try:
+                given["owner"] = Owner.from_json(given["owner"])
+            except OwnerError as exc:
+                raise SpecError(f"'owner': {exc}") from None
         for name in ("argv", "unset_env", "secrets"):
             if name in given:
                 given[name] = tuple(given[name])
@@ -152,5 +141,5 @@ _FIELDS = {
     "setup?": fields.Field(lambda v: v is None or _setup(v), "{commands: [[argv]], cwd, "
                            "timeout_s, path_first, when_changed} or null"),
     "log_dir?": fields.Field(_OPTIONAL_TEXT.check, "a directory path or null"),
-    "liveness?": fields.Field(lambda v: isinstance(v, str), "a liveness word"),
+    "owner?": fields.RECORD,  # checked whole by ``Owner.from_json``
 }

@@ -107,16 +107,6 @@ class Event(str, Enum):
     GANG_STACKS_DONE = "gang-stacks-done"
 
 
-class KeptRule(str, Enum):
-    """Who keeps a kept run (``agent/kept/keeper.py``) alive: its word in the
-    keeper's spec (``rule``), in ``keeper.json`` and in the run's record."""
-
-    __str__ = str.__str__  # the word itself, in JSON and f-strings alike
-
-    ATTACHED = "attached"  # the controller: its keepers stop the run when it goes
-    DETACHED = "detached"  # the keepers alone (``up --detach``): it goes on without one
-
-
 # What each control message must carry: field -> accepted types.
 _NUM = (int, float)
 MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {

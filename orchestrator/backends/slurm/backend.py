@@ -36,7 +36,6 @@ from ...agent.wire import bootstrap, files
 from ...agent.node import outputs
 from ...agent.kept.daemon import offset_of_last_lines
 from ...agent.node.procs import own_marker
-from ...agent.node.spec import Liveness
 from ...agent import layout
 from ...agent.layout import RENDEZVOUS as RENDEZVOUS_FILE, STREAM as STREAM_FILE
 from ...agent.node.jobfile import JobNode, JobSpec, Placement
@@ -60,7 +59,7 @@ from ..base import CancelResult, LaunchBackend, recorded_dryrun
 from ...engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ...engine.preflight import Preflight
 from ...engine.bundle import build_bundle, code_notes, stand_ins
-from ...engine.run import Mode, RunHandle, node_records
+from ...engine.run import RunHandle, node_records
 from ...engine.nodehandle import BUNDLE_NAME, supervisor_spec
 from ...engine.results import fetch_outputs, keep, wanted_files
 from .check import slurm_checks
@@ -85,7 +84,7 @@ def job_dir(plan: RunPlan) -> str:
 
 class Backend(LaunchBackend):
     name = "slurm"
-    liveness = ("slurm", "Slurm keeps the job; Ctrl-C on `up` cancels it")
+    scheduler = "Slurm keeps the job"
     queue = "how long a job may wait in Slurm's queue"
     no_restarts = ("under Slurm, resubmit (the built-in workloads resume from --checkpoint "
                    "with --resume), or use sbatch's --requeue")
@@ -123,10 +122,10 @@ class Backend(LaunchBackend):
             f"sbatch (from {directory})": shell_join(self.sbatch_argv(plan)),
             f"batch script ({directory}/{SCRIPT_FILE})": self.batch_script(plan),
         }
-        rule, words = self.liveness_rule()
+        owner, words = self.owner()
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=tuple(notes),
                       source=self.spec.source if self.spec else "", extras=extras,
-                      liveness=rule, liveness_words=words,
+                      owner=owner, owner_words=words,
                       by_hand=self.by_hand(plan))
 
     def sbatch_argv(self, plan: RunPlan) -> list[str]:
@@ -208,7 +207,7 @@ class Backend(LaunchBackend):
                               + "\n".join(f"  {r.host}: {r.check}: {r.detail}" for r in problems))
         env = self._write_job(info, run)
         job_id = slurmctl.submit(self.sbatch_argv(plan), env)
-        handle = SlurmRun(self, info, run, SlurmJob(job_id, poll=False), Mode.ATTACHED, started)
+        handle = SlurmRun(self, info, run, SlurmJob(job_id, poll=False), started)
         try:  # from here on, whatever happens, nothing of the job stays queued (close)
             console.info(f"submitted Slurm job {job_id}; run directory {run.path}")
         except BaseException:
@@ -224,7 +223,7 @@ class Backend(LaunchBackend):
             raise LaunchError(f"run {record.run_id} has no Slurm job on record")
         resolved = recorded_dryrun(record)
         started = time.monotonic()
-        handle = SlurmRun(self, resolved, record.run, SlurmJob(job_id), Mode.OBSERVED, started,
+        handle = SlurmRun(self, resolved, record.run, SlurmJob(job_id), started, watching=True,
                           records=record.nodes)
         if lines is not None:
             for stream in handle.streams.values():
@@ -337,13 +336,13 @@ class Backend(LaunchBackend):
         env = {**os.environ, **own_marker(plan.run_id)}
         nodes = []
         for launch in info.nodes:
-            spec = supervisor_spec(launch, plan.run_id, 0, self.options.grace_s)
+            spec = supervisor_spec(launch, plan.run_id, 0, self.options.grace_s, info.owner)
             hidden = sorted(name for name, value in spec.env.items() if is_secret(name, value))
             for name in hidden:
                 env[secret_variable(launch.node_rank, name)] = spec.env[name]
             spec = dataclasses.replace(
                 spec, env={k: v for k, v in spec.env.items() if k not in hidden}, secrets=(),
-                bundle=run.file(BUNDLE_NAME), liveness=Liveness.SCHEDULER)
+                bundle=run.file(BUNDLE_NAME))
             nodes.append(JobNode(launch.host, spec, tuple(hidden)))
         job = JobSpec(plan.run_id, job_dir(plan), self.require_spec().placed, PLACEMENT,
                       None if plan.master_addr == ADDR_SLOT else plan.master_addr,
@@ -472,15 +471,16 @@ class SlurmRun(RunHandle):
     ``down`` while it waits in the queue). Submitted, it is pending: the
     engine's ``running`` waits in the queue, then for node 0's rendezvous."""
 
-    def __init__(self, backend: Backend, info: DryRun, run: RunDir, job: SlurmJob, mode: Mode,
-                 started: float, *, records: tuple[NodeRecord, ...] = ()):
-        super().__init__(info, run, mode, records=records or node_records(
-            info, {"slurm_job": job.job_id}), scheduled=True, dump_stacks=lambda: backend._stacks(
+    def __init__(self, backend: Backend, info: DryRun, run: RunDir, job: SlurmJob,
+                 started: float, *, watching: bool = False,
+                 records: tuple[NodeRecord, ...] = ()):
+        super().__init__(info, run, watching=watching, records=records or node_records(
+            info, {"slurm_job": job.job_id}), dump_stacks=lambda: backend._stacks(
                 job.job_id, self.records, info.plan.run_id))
         self.backend = backend
         self.job = job
         self.started = started  # the outcome's wall time counts from here
-        self.pending = mode is not Mode.OBSERVED
+        self.pending = not watching
         self.streams: dict[int, JobStream] = {} if self.pending else self._streams(info)
         self.channels = self.streams
 

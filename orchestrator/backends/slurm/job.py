@@ -109,10 +109,6 @@ class SlurmJob:
 class JobStream:
     """A node's ``agent.out``, read as it grows: the node's channel, mapped onto the job."""
 
-    # No silence check: liveness is Slurm's, and a shared file system may
-    # hold a node's bytes back for as long as that check would wait.
-    liveness_ours = False
-
     def __init__(self, path: str, job: SlurmJob, host: str):
         self.path = path
         self.host = host

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from orchestrator.agent.node import supervisor as supervisor_module
-from orchestrator.agent.node.spec import Liveness, SupervisorSpec
+from orchestrator.agent.node.spec import SupervisorSpec
+from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.agent.node.supervisor import Supervisor
 from fakes import FakeClock
 
@@ -40,7 +41,7 @@ class Stdin:
     eof = False
 
 
-def supervisor(tmp_path, monkeypatch, liveness: Liveness, pings: list[float],
+def supervisor(tmp_path, monkeypatch, holder: Holder, pings: list[float],
                started: bool = False):
     """A supervisor on a fake clock whose torchrun (no process: pid 999999)
     has joined and started a worker (``started``), else never does."""
@@ -51,7 +52,7 @@ def supervisor(tmp_path, monkeypatch, liveness: Liveness, pings: list[float],
                         lambda: [(1000, 999999, "S")] if started else [])
     spec = SupervisorSpec(run_id="r", node_rank=0, run_dir=str(tmp_path), first_rank=0, nproc=1,
                           master_port=29500, argv=("torchrun",), env={}, unset_env=(),
-                          bundle=None, grace_s=3.0, heartbeat_s=5.0, liveness=liveness)
+                          bundle=None, grace_s=3.0, heartbeat_s=5.0, owner=Owner(holder))
     sup = Supervisor(spec, stdin=Stdin())
     sup.wakeup.close()  # its pipe: the fake below waits instead
     sup.wakeup = FakeWakeup(clock, sup, pings)
@@ -66,7 +67,7 @@ def supervisor(tmp_path, monkeypatch, liveness: Liveness, pings: list[float],
 @pytest.mark.parametrize("started", [False, True], ids=["starting", "running"])
 def test_the_run_stops_once_the_controller_is_silent_for_the_timeout_not_later(
         tmp_path, monkeypatch, pings, last, started):
-    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, pings, started)
+    sup, clock = supervisor(tmp_path, monkeypatch, Holder.CONTROLLER, pings, started)
     assert sup.wait(pid=999999) is None  # a stop, not torchrun's exit
     assert last + SILENCE_S < clock.now <= last + SILENCE_S + 1.0, clock.now
     assert sup.controller_lost and sup.stop_requested
@@ -78,7 +79,7 @@ def test_the_run_stops_once_the_controller_is_silent_for_the_timeout_not_later(
 def test_a_keepers_supervisor_does_not_watch_for_a_controller(tmp_path, monkeypatch):
     """No controller to hear (a keeper, a scheduler): silence stops nothing;
     torchrun's exit ends the wait."""
-    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.KEEPER, [])
+    sup, clock = supervisor(tmp_path, monkeypatch, Holder.KEEPERS, [])
     wakeup = sup.wakeup
 
     class ExitLater(FakeWakeup):
@@ -99,7 +100,7 @@ def test_waiting_for_every_nodes_setup_ends_once_the_controller_is_silent(
     """The setup phase (issue #32): after its own ``setup:`` a node waits for
     the controller's ``go``; a frozen link sends neither ``go`` nor pings,
     and the wait ends 30 s after the last one, not never."""
-    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, pings)
+    sup, clock = supervisor(tmp_path, monkeypatch, Holder.CONTROLLER, pings)
     wait = sup.wakeup.wait
 
     def bounded(timeout):
@@ -117,7 +118,7 @@ def test_a_setup_command_is_stopped_once_the_controller_is_silent(tmp_path, monk
     """The same while a ``setup:`` command runs: what ``run_setup`` asks
     between reads (``stopped``) says stop 30 s into the silence, and the
     node's exit says why."""
-    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, [12.0])
+    sup, clock = supervisor(tmp_path, monkeypatch, Holder.CONTROLLER, [12.0])
     asked_at: list[float] = []
 
     def run_setup(commands, cwd, env, timeout_s, write, stopped):
@@ -145,7 +146,7 @@ def test_a_ranks_step_report_gives_its_step_age_and_samples_where_it_has_them(
     gives [step, age]; ``"<step> <time> <samples>"`` [step, age, samples].
     Samples that are no count, or a line cut at the read bound, keep the
     step without them; a line of four fields is no step report."""
-    sup, clock = supervisor(tmp_path, monkeypatch, Liveness.CONTROLLER, [])
+    sup, clock = supervisor(tmp_path, monkeypatch, Holder.CONTROLLER, [])
     clock.now = 10.0
     stamp = f"{FakeClock.EPOCH + 8.0:.3f}"  # 2 s before now
     reports = {"0": f"40 {stamp}\n", "1": f"40 {stamp} 1280\n", "2": f"40 {stamp} -3\n",

@@ -1,5 +1,5 @@
-"""The supervisor's spec (``orchestrator.agent.node.spec``): typed, one
-``liveness`` word instead of three flags, checked when it arrives, and the
+"""The supervisor's spec (``orchestrator.agent.node.spec``): typed, the
+run's ``owner`` instead of three flags, checked when it arrives, and the
 one exit event (``protocol.exit_event``) every sender builds."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from orchestrator.agent.node.spec import Liveness, SpecError, SupervisorSpec
+from orchestrator.agent.node.spec import SpecError, SupervisorSpec
+from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.agent.wire.protocol import (CONTROL_PREFIX, Control, decode, encode,
                                               exit_event, request)
 from orchestrator.config.loader import load_cluster_text
@@ -36,20 +37,26 @@ def _launch() -> NodeLaunch:
 
 def test_the_controllers_spec_crosses_the_wire_and_back_unchanged():
     spec = supervisor_spec(_launch(), "r1", 29500, 5.0)
-    assert spec.liveness is Liveness.CONTROLLER and spec.peer_timeout_s == 30.0
+    assert spec.owner == Owner(Holder.CONTROLLER) and spec.peer_timeout_s == 30.0
     wire = json.loads(json.dumps(spec.to_dict()))
-    assert wire["liveness"] == "controller"
+    assert wire["owner"] == {"holder": "controller", "detached": False}
     assert SupervisorSpec.from_dict(wire) == spec
+    kept = supervisor_spec(_launch(), "r1", 29500, 5.0, Owner(Holder.KEEPERS, detached=True))
+    assert json.loads(json.dumps(kept.to_dict()))["owner"] == {"holder": "keepers",
+                                                                "detached": True}
+    assert SupervisorSpec.from_dict(kept.to_dict()) == kept
 
 
-@pytest.mark.parametrize("liveness, stdin, signals, peer_timeout", [
-    (Liveness.CONTROLLER, True, True, 30.0),
-    (Liveness.KEEPER, False, False, None),
-    (Liveness.SCHEDULER, False, True, None),
+@pytest.mark.parametrize("owner, stdin, signals, peer_timeout", [
+    (Owner(Holder.CONTROLLER), True, True, 30.0),
+    (Owner(Holder.KEEPERS), False, False, None),
+    (Owner(Holder.KEEPERS, detached=True), False, False, None),
+    (Owner(Holder.SCHEDULER), False, True, None),
+    (Owner(Holder.SCHEDULER, detached=True), False, True, None),
 ])
-def test_liveness_alone_decides_stdin_signals_and_the_peer_timeout(liveness, stdin, signals,
+def test_the_owner_alone_decides_stdin_signals_and_the_peer_timeout(owner, stdin, signals,
                                                                     peer_timeout):
-    spec = dataclasses.replace(SupervisorSpec.from_dict(GOOD), liveness=liveness)
+    spec = dataclasses.replace(SupervisorSpec.from_dict(GOOD), owner=owner)
     assert (spec.watches_stdin, spec.owns_signals, spec.peer_timeout_s) == \
         (stdin, signals, peer_timeout)
 
@@ -61,7 +68,10 @@ def test_liveness_alone_decides_stdin_signals_and_the_peer_timeout(liveness, std
     ({"env": {"A": 1}}, "'env'"),
     ({"master_port": 70000}, "'master_port'"),
     ({"grace_s": True}, "'grace_s'"),
-    ({"liveness": "nobody"}, "'liveness'"),
+    ({"owner": "controller"}, "'owner'"),
+    ({"owner": {"holder": "nobody", "detached": False}}, "'owner': 'holder' is 'nobody'"),
+    ({"owner": {"holder": "controller", "detached": True}}, "'owner': a run the controller"),
+    ({"liveness": "controller"}, "unknown field(s) 'liveness'"),  # the word before owners
     ({"setup": {"commands": "make"}}, "'setup'"),
     ({"watch_stdin": False}, "unknown field(s) 'watch_stdin'"),  # the old flags are gone
     ({"run_dir": None}, "'run_dir'"),

@@ -12,12 +12,13 @@ import textwrap
 import pytest
 
 from fakes import QuietChannel
+from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.agent.wire.protocol import Control, encode
 from orchestrator.backends.base import LaunchBackend
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.console import Console
-from orchestrator.engine.run import Mode, RunHandle, collect, follow, node_records
+from orchestrator.engine.run import RunHandle, collect, follow, node_records
 from orchestrator.plan.dryrun import DryRun, NodeLaunch
 from orchestrator.plan.torchrun import torchrun_argv
 from orchestrator.records.outcome import NodeState, RunState
@@ -38,7 +39,6 @@ class FakeAgent(QuietChannel):
     run with the supervisor's exit event."""
 
     host = "fake"
-    liveness_ours = True
 
     def __init__(self, code: int | None):
         self.code = code
@@ -71,8 +71,8 @@ class FakeAgent(QuietChannel):
 
 
 class FakeRun(RunHandle):
-    def __init__(self, backend: "FakeBackend", info: DryRun, run: RunDir, mode: Mode, **kw):
-        super().__init__(info, run, mode, **kw)
+    def __init__(self, backend: "FakeBackend", info: DryRun, run: RunDir, **kw):
+        super().__init__(info, run, **kw)
         self.backend = backend
 
     def fetch(self, outcome):
@@ -98,27 +98,29 @@ class FakeBackend(LaunchBackend):
                  scheduled: bool = False):
         super().__init__(options, None)
         self.codes = codes
-        self.scheduled = scheduled
+        if scheduled:  # a scheduler's backend: its job owns the run (``owner``)
+            self.scheduler = "the fake queue keeps the job"
         self.calls: list[str] = []
         self.agents: dict[int, FakeAgent] = {}
 
     def dryrun(self, plan):
-        return DryRun(backend=self.name, plan=plan, liveness="attached", nodes=tuple(
+        owner, words = self.owner()
+        return DryRun(backend=self.name, plan=plan, owner=owner, owner_words=words, nodes=tuple(
             NodeLaunch(node=n, where="nowhere", env=n.env, unset_env=n.unset_env,
                        argv=torchrun_argv(plan, n), connection={"fake": n.node_rank})
             for n in plan.nodes))
 
-    def _handle(self, info, run, mode):
+    def _handle(self, info, run, watching):
         self.agents = {k: FakeAgent(code) for k, code in enumerate(self.codes)}
-        return FakeRun(self, info, run, mode, channels=self.agents, scheduled=self.scheduled)
+        return FakeRun(self, info, run, watching=watching, channels=self.agents)
 
     def submit(self, info, run, console):
         self.calls.append("submit")
-        return self._handle(info, run, Mode.ATTACHED)
+        return self._handle(info, run, False)
 
     def reconnect(self, record, *, lines=None):
         self.calls.append("reconnect")
-        return self._handle(record.dryrun, record.run, Mode.OBSERVED)
+        return self._handle(record.dryrun, record.run, True)
 
     def cancel(self, record):
         raise AssertionError("not called")
@@ -147,9 +149,9 @@ def job(tmp_path):
     """), source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
     from orchestrator.plan.build import build_plan
 
-    def make(name: str):
+    def make(name: str, backend: FakeBackend | None = None):
         plan = build_plan(spec, run_id=name, local_run_dir=str(tmp_path / "runs" / name))
-        return FakeBackend(LaunchOptions(), ()).dryrun(plan), RunDir.create(
+        return (backend or FakeBackend(LaunchOptions(), ())).dryrun(plan), RunDir.create(
             str(tmp_path / "runs"), name)
 
     return make
@@ -190,8 +192,8 @@ def test_a_failing_node_stops_the_gang_and_launch_ends_the_run(job):
 
 
 def test_attach_is_reconnect_then_follow_then_collect_and_leaves_the_run(job):
-    info, run = job("attached-later")
     backend = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0), scheduled=True)
+    info, run = job("attached-later", backend)
     outcome = backend.attach(Recorded(info, run), quiet())
     assert backend.calls == ["reconnect", "fetch", "tidy", "close(left=True)"]
     assert (outcome.state, outcome.result) == (RunState.SUCCEEDED, RESULT)
@@ -200,8 +202,9 @@ def test_attach_is_reconnect_then_follow_then_collect_and_leaves_the_run(job):
 
 
 def test_a_run_left_to_its_nodes_is_not_ended_and_brings_nothing_home(job):
-    info, run = job("detached")
     backend = FakeBackend(LaunchOptions(grace_s=1.0, detach=True), (None, None), scheduled=True)
+    info, run = job("detached", backend)
+    assert info.owner == Owner(Holder.SCHEDULER, detached=True)
     outcome = backend.launch(info, run, quiet())
     assert outcome.state is RunState.RUNNING
     assert backend.calls == ["submit", "close(left=True)"]
@@ -238,8 +241,7 @@ def test_a_pending_job_is_recorded_when_submitted_and_one_that_never_runs_brings
 
     def submit(info, run, console):
         backend.calls.append("submit")
-        handle = QueuedRun(backend, info, run, Mode.ATTACHED,
-                           records=node_records(info, {"job": "42"}))
+        handle = QueuedRun(backend, info, run, records=node_records(info, {"job": "42"}))
         handle.pending = True
         return handle
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, run_cli
 from orchestrator.agent.wire import bootstrap
 from orchestrator.agent.node.jobfile import JobSpec
-from orchestrator.agent.node.spec import Liveness
+from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
                                         node_spec, secret_variable)
 from orchestrator.backends.slurm import ctl as slurmctl
@@ -230,7 +230,8 @@ def _job_file(placed: bool = False) -> dict:
     spec = {"run_id": "r", "node_rank": 0,
             "argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
                      "--device", "auto", "<slurm node 0>x"],
-            "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r"}
+            "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r",
+            "owner": {"holder": "scheduler", "detached": False}}
     return {"run_id": "r", "job_dir": "/r", "placed": placed,
             "placement": dataclasses.asdict(PLACEMENT), "master_addr": None, "master_port": None,
             "start_timeout_s": 300, "nodes": [{"host": "n1", "spec": spec, "secret_env": []},
@@ -252,7 +253,10 @@ def test_the_job_file_is_read_back_as_written_and_a_bad_one_is_refused_by_field(
                           ({"start_timeout_s": "5"}, "'start_timeout_s'"),
                           ({"nodes": []}, "'nodes'"),
                           ({"placement": {"scheduler": "Slurm"}}, "'placement'"),
-                          ({"nodes": [{"host": "n1", "spec": {}}]}, "bad supervisor spec")]:
+                          ({"nodes": [{"host": "n1", "spec": {}}]}, "bad supervisor spec"),
+                          ({"nodes": [{"host": "n1", "spec": {**_job_file()["nodes"][0]["spec"],
+                                                             "owner": Owner().to_json()}}]},
+                           "the run's owner is controller, not the scheduler")]:
         with pytest.raises(SpecError, match="^bad ") as refused:
             JobSpec.from_dict({**_job_file(), **change})
         assert named in str(refused.value)
@@ -277,7 +281,7 @@ def test_the_master_slots_are_replaced_word_for_word_and_secrets_come_from_sbatc
     assert spec.master_port == 12345 and spec.env["K"] == "v4lue"
     assert spec.secrets == ("v4lue",)
     assert set(environ) <= set(spec.unset_env)  # not passed on to the workers
-    assert spec.liveness is Liveness.SCHEDULER and not spec.watches_stdin
+    assert spec.owner == Owner(Holder.SCHEDULER) and not spec.watches_stdin
 
 
 def test_a_python_under_home_is_the_nodes_own_under_slurm():

@@ -18,7 +18,7 @@ from sshlab import lacking
 from orchestrator.cli.main import main as cli
 from orchestrator.backends import backend_class
 from orchestrator.config.spec import BACKENDS
-from orchestrator.plan.dryrun import LIVENESS
+from orchestrator.engine.options import LaunchOptions
 from workloads.catalog import CATALOG
 
 DOCS = ("README.md", "docs/ARCHITECTURE.md")
@@ -189,19 +189,24 @@ def test_kept_run_is_defined_once_before_any_use():
     assert "`--detach`" in sentence and "`--max-restarts`" in sentence
 
 
-def test_liveness_rules_are_one_table_that_quotes_the_dry_run():
+def test_the_owner_rules_are_one_table_that_quotes_the_dry_run():
+    """Every owner a backend decides, for every way of launching it
+    (``--detach``, ``--max-restarts``), has its row quoting the dry-run's
+    owner line word for word, once in the README."""
     text = read("README.md")
     table = section(text, "Runs and managing them")
-    rules = {**LIVENESS, **{rule: words for name in BACKENDS
-                            for rule, words in [backend_class(name).liveness] if rule}}
-    assert len(rules) > len(LIVENESS)  # a backend's own rule (Slurm's) is quoted too
-    for rule, words in rules.items():
-        quoted = f'"{rule}: {words}"'
-        assert quoted in table, f"the liveness table lacks the dry-run's {rule!r} line"
-        assert text.count(quoted) == 1, f"the {rule!r} rule is explained more than once"
     rows = [line for line in table.splitlines() if line.startswith("| ")]
-    assert sum('" |' in row and any(f'"{rule}: ' in row for rule in rules)
-               for row in rows) >= len(rules)
+    lines = set()
+    for name in BACKENDS:
+        cls = backend_class(name)
+        for detach in (False, True):
+            for restarts in ((0, 1) if not cls.no_restarts else (0,)):
+                owner, words = cls(LaunchOptions(detach=detach, max_restarts=restarts)).owner()
+                lines.add(f'"{owner}: {words}"')
+    assert len(lines) == 5  # controller, keepers (attached, detached), scheduler (both)
+    for quoted in lines:
+        assert text.count(quoted) == 1, f"the owner line {quoted} is not explained once"
+        assert sum(quoted in row for row in rows) == 1, f"no row of the table quotes {quoted}"
 
 
 # the examples are true ---------------------------------------------------------

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from orchestrator.agent.wire.owner import Holder, Owner  # noqa: E402
 from orchestrator.controller import down as down_mod  # noqa: E402
 from orchestrator.records.outcome import RunState  # noqa: E402
 from orchestrator.records.rundir import RunDir  # noqa: E402
@@ -174,24 +175,57 @@ def test_a_dead_controller_is_not_signalled(tmp_path, sleeper, how):
     assert down_mod._stop_controller(record, 2) is False
 
 
-@pytest.mark.parametrize("rule, state", [("attached", RunState.INTERRUPTED),
-                                         ("slurm", RunState.RUNNING),
-                                         ("detached", RunState.RUNNING)])
-def test_only_an_attached_run_ends_with_its_dead_controller(tmp_path, sleeper, rule, state):
-    """A Slurm job is Slurm's, a detached run its keepers': with the
-    controller gone they are still running, and only their backend can say
-    otherwise (``kept_without_controller``)."""
+_CONTROLLER = {"holder": "controller", "detached": False}
+_KEPT = {"holder": "keepers", "detached": False}
+_DETACHED = {"holder": "keepers", "detached": True}
+_JOB = {"holder": "scheduler", "detached": False}
+_DETACHED_JOB = {"holder": "scheduler", "detached": True}
+
+
+@pytest.mark.parametrize("written, state, detached", [
+    ({"owner": _CONTROLLER}, RunState.INTERRUPTED, False),
+    ({"owner": _KEPT}, RunState.INTERRUPTED, False),  # attached keepers stop with it
+    ({"owner": _JOB}, RunState.RUNNING, False),
+    ({"owner": _DETACHED}, RunState.RUNNING, True),
+    ({"owner": _DETACHED_JOB}, RunState.RUNNING, True),
+    # recorded before owners: the ``rule`` word, and the backend it names
+    ({"rule": "attached"}, RunState.INTERRUPTED, False),
+    ({"rule": "slurm", "backend": "slurm"}, RunState.RUNNING, False),
+    ({"rule": "detached"}, RunState.RUNNING, True),
+    ({"rule": "detached", "backend": "slurm"}, RunState.RUNNING, True),
+])
+def test_only_an_attached_run_ends_with_its_dead_controller(tmp_path, sleeper, written, state,
+                                                            detached):
+    """A scheduler's job is the scheduler's, a detached run its keepers':
+    with the controller gone they are still running, and only their
+    backend can say otherwise (``kept_without_controller``)."""
     run = recorded_run(tmp_path, sleeper.pid)
     data = json.loads(open(run.file(STATE_FILE)).read())
-    run.write_json(STATE_FILE, {**data, "rule": rule})
+    data.pop("owner")
+    run.write_json(STATE_FILE, {**data, **written})
     alive = read_record(run)
     assert alive.state is RunState.RUNNING
-    assert kept_without_controller(alive) is (rule == "detached")  # else the controller records
+    assert kept_without_controller(alive) is detached  # else the controller records
     sleeper.kill()
     sleeper.wait()
     record = read_record(run)
     assert record.state is state
-    assert kept_without_controller(record) is (rule != "attached")
+    assert kept_without_controller(record) is (state is RunState.RUNNING)
+
+
+@pytest.mark.parametrize("written, owner", [
+    ({"rule": "attached", "backend": "ssh"}, Owner()),
+    ({"backend": "local"}, Owner()),  # older still: no word at all
+    ({"rule": "detached", "backend": "ssh"}, Owner(Holder.KEEPERS, detached=True)),
+    ({"rule": "slurm", "backend": "slurm"}, Owner(Holder.SCHEDULER)),
+    ({"rule": "detached", "backend": "slurm"}, Owner(Holder.SCHEDULER, detached=True)),
+])
+def test_a_run_recorded_before_owners_reads_back_with_the_owner_it_had(tmp_path, written, owner):
+    run = recorded_run(tmp_path, os.getpid())
+    data = json.loads(open(run.file(STATE_FILE)).read())
+    data.pop("owner")
+    run.write_json(STATE_FILE, {**data, **written})
+    assert read_record(run).owner == owner
 
 
 # -- not allowed to signal ------------------------------------------------------

@@ -29,7 +29,6 @@ class FakeChannel:
 
     def __init__(self):
         self.host = "fake"
-        self.liveness_ours = True
         self.sent: list[Control] = []
         self.spec = None
         self.hung_up = self.aborted = False

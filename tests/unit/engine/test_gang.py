@@ -24,7 +24,7 @@ from orchestrator.config.loader import load_cluster_text
 from orchestrator.console import Console
 from orchestrator.engine import gang as gang_module
 from orchestrator.engine import nodehandle as nodehandle_module
-from orchestrator.engine.gang import Gang, Mode
+from orchestrator.engine.gang import Gang
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.dryrun import DryRun, NodeLaunch
 from orchestrator.plan.torchrun import torchrun_argv
@@ -100,8 +100,6 @@ class FakeNode(QuietChannel):
     ``script`` holds at its fake times, and exits with ``exit_at``'s code.
     ``stop`` ends it (exit 143) unless ``ignores_stop``; ``kill`` always
     does (exit 137). Every control word it gets is kept with its fake time."""
-
-    liveness_ours = True
 
     def __init__(self, clock: GangClock, *, exit_at: tuple[float, int] | None = None,
                  script: tuple[tuple[float, bytes], ...] = (), ignores_stop: bool = False,
@@ -201,11 +199,11 @@ def start_gang(tmp_path, clock: GangClock, nodes: list[FakeNode], *, extra: str 
     (tmp_path / "train.py").write_text("")
     spec = load_cluster_text(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
     plan = build_plan(spec, run_id="r", local_run_dir=str(tmp_path / "runs" / "r"))
-    info = DryRun(backend="fake", plan=plan, liveness="attached", nodes=tuple(
+    info = DryRun(backend="fake", plan=plan, nodes=tuple(
         NodeLaunch(node=n, where="nowhere", env=n.env, unset_env=n.unset_env,
                    argv=torchrun_argv(plan, n)) for n in plan.nodes))
     gang = Gang(info, RunDir.create(str(tmp_path / "runs"), "r"), dict(enumerate(nodes)),
-                console or Console("quiet"), mode=Mode.ATTACHED, **kw)
+                console or Console("quiet"), **kw)
     gang._changed = FakeEvent(clock)
 
     def settle() -> None:

@@ -35,7 +35,8 @@ def _record(nnodes: int):
 
 
 def _keeper(k: int, state: str = "running", **more) -> dict:
-    return {"pid": 100 + k, "start_time": 1, "node_rank": k, "run_id": "r", "rule": "detached",
+    return {"pid": 100 + k, "start_time": 1, "node_rank": k, "run_id": "r",
+            "owner": {"holder": "keepers", "detached": True},
             "state": state, "code": None, "attempt": 0, "updated": 1.7e9, **more}
 
 

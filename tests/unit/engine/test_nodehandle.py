@@ -173,7 +173,6 @@ class StreamAgent:
     hands back (``unread``) is kept."""
 
     host = "h1"
-    liveness_ours = True
 
     def __init__(self, data: bytes, size: int, code=None):
         self.data = io.BytesIO(data)

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from dryrun import golden_shell
+from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.cli import main
 from orchestrator.plan.render import dryrun_from_dict, dryrun_to_dict, render
 
@@ -64,13 +65,36 @@ def test_the_json_record_reads_back_to_the_same_json():
     assert render(info, "json") == golden("example.json.txt")
 
 
-def test_a_record_s_liveness_restarts_and_extras_read_back():
+def test_a_record_s_owner_restarts_and_extras_read_back():
     data = json.loads(golden("example.json.txt"))
-    data.update(liveness="detached", max_restarts=3, extras={"batch script": "#!/bin/sh"})
+    data.update(owner={"holder": "keepers", "detached": True}, liveness="detached",
+                max_restarts=3, extras={"batch script": "#!/bin/sh"})
     info = dryrun_from_dict(data)
-    assert (info.liveness, info.max_restarts, dict(info.extras)) == (
-        "detached", 3, {"batch script": "#!/bin/sh"})
-    for key in ("liveness", "max_restarts", "extras"):
+    assert (info.owner, info.max_restarts, dict(info.extras)) == (
+        Owner(Holder.KEEPERS, detached=True), 3, {"batch script": "#!/bin/sh"})
+    for key in ("owner", "max_restarts", "extras"):
         del data[key]
-    info = dryrun_from_dict(data)  # an older record: the defaults
-    assert (info.liveness, info.max_restarts, dict(info.extras)) == ("attached", 0, {})
+    info = dryrun_from_dict(data)  # a record from before owners: its liveness word
+    assert (info.owner, info.max_restarts, dict(info.extras)) == (
+        Owner(Holder.KEEPERS, detached=True), 0, {})
+    del data["liveness"]
+    assert dryrun_from_dict(data).owner == Owner()  # older still: the controller's
+
+
+@pytest.mark.parametrize("liveness, backend, owner", [
+    ("attached", "ssh", Owner()),
+    ("detached", "ssh", Owner(Holder.KEEPERS, detached=True)),
+    ("detached", "local", Owner(Holder.KEEPERS, detached=True)),
+    ("slurm", "slurm", Owner(Holder.SCHEDULER)),
+])
+def test_a_plan_recorded_before_owners_reads_back_with_the_owner_it_had(liveness, backend,
+                                                                        owner):
+    """plan.json of a run launched before owners says ``liveness``; it reads
+    back as the owner that run had, and writes back the same word. (A
+    detached Slurm job's word is "detached": its record, which names its
+    backend, says whose it was; ``recorded_dryrun`` takes the record's.)"""
+    data = {**json.loads(golden("example.json.txt")), "backend": backend, "liveness": liveness}
+    del data["owner"]
+    info = dryrun_from_dict(data)
+    assert info.owner == owner
+    assert dryrun_to_dict(info)["liveness"] == liveness

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from conftest import ROOT
+from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.model import NodePlan
 from orchestrator.plan.render import dryrun_from_dict, render
@@ -97,7 +98,8 @@ def example():
 def test_a_kept_run_by_hand_is_said_to_be_kept_by_nothing():
     note = "# By hand nothing keeps the run: no --detach, no gang restarts."
     assert note not in render(example(), "shell").splitlines()
-    assert note in render(dataclasses.replace(example(), liveness="detached"), "shell").splitlines()
+    assert note in render(dataclasses.replace(example(), owner=Owner(Holder.KEEPERS, detached=True)),
+                         "shell").splitlines()
     assert note in render(dataclasses.replace(example(), max_restarts=2), "shell").splitlines()
 
 
