@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import textwrap
+import threading
 
 import pytest
 
@@ -40,8 +41,9 @@ class FakeAgent(QuietChannel):
 
     host = "fake"
 
-    def __init__(self, code: int | None):
+    def __init__(self, code: int | None, after_s: float = 0.0):
         self.code = code
+        self.after_s = after_s  # how long it runs before it exits with ``code``
         self.chunks: queue.Queue[bytes] = queue.Queue()
         self.sent: list[Control] = []
         self.spec = None
@@ -56,7 +58,7 @@ class FakeAgent(QuietChannel):
         self.emit(f"[rank{spec.first_rank}]: training\n".encode()
                   + encode({"event": "started", "workers": spec.nproc}))
         if self.code is not None:
-            self.emit(exit_event(self.code))
+            threading.Timer(self.after_s, self.emit, (exit_event(self.code),)).start()
 
     def send_control(self, word: Control) -> None:
         self.sent.append(word)
@@ -98,6 +100,7 @@ class FakeBackend(LaunchBackend):
                  scheduled: bool = False):
         super().__init__(options, None)
         self.codes = codes
+        self.after_s = 0.0
         if scheduled:  # a scheduler's backend: its job owns the run (``owner``)
             self.scheduler = "the fake queue keeps the job"
         self.calls: list[str] = []
@@ -111,7 +114,7 @@ class FakeBackend(LaunchBackend):
             for n in plan.nodes))
 
     def _handle(self, info, run, watching):
-        self.agents = {k: FakeAgent(code) for k, code in enumerate(self.codes)}
+        self.agents = {k: FakeAgent(code, self.after_s) for k, code in enumerate(self.codes)}
         return FakeRun(self, info, run, watching=watching, channels=self.agents)
 
     def submit(self, info, run, console):
@@ -199,6 +202,17 @@ def test_attach_is_reconnect_then_follow_then_collect_and_leaves_the_run(job):
     assert (outcome.state, outcome.result) == (RunState.SUCCEEDED, RESULT)
     # observed: the gang never stopped a node
     assert not any(Control.STOP in a.sent for a in backend.agents.values())
+
+
+def test_attach_follows_a_detached_job_to_its_end_rather_than_leaving_it_again(job):
+    """Detached is ``up``'s to leave once every node has started; ``attach``
+    to that run watches it to its end and brings its results home."""
+    backend = FakeBackend(LaunchOptions(grace_s=1.0, detach=True), (0, 0), scheduled=True)
+    info, run = job("detached-then-attached", backend)
+    backend.after_s = 1.0  # every node has started well before it ends
+    outcome = backend.attach(Recorded(info, run), quiet())
+    assert (outcome.state, outcome.result) == (RunState.SUCCEEDED, RESULT)
+    assert backend.calls == ["reconnect", "fetch", "tidy", "close(left=True)"]
 
 
 def test_a_run_left_to_its_nodes_is_not_ended_and_brings_nothing_home(job):

@@ -24,6 +24,7 @@ from orchestrator.config.loader import load_cluster_text
 from orchestrator.console import Console
 from orchestrator.engine import gang as gang_module
 from orchestrator.engine import nodehandle as nodehandle_module
+from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.engine.gang import Gang
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.dryrun import DryRun, NodeLaunch
@@ -191,7 +192,7 @@ def clock(monkeypatch) -> GangClock:
 
 
 def start_gang(tmp_path, clock: GangClock, nodes: list[FakeNode], *, extra: str = "",
-               console: Console | None = None, **kw) -> Gang:
+               console: Console | None = None, owner: Owner = Owner(), **kw) -> Gang:
     text = "nodes:\n" + "  - {host: localhost, procs: 1}\n" * len(nodes) + textwrap.dedent("""\
         workload: {script: train.py}
         master: {port: 29500}
@@ -199,7 +200,7 @@ def start_gang(tmp_path, clock: GangClock, nodes: list[FakeNode], *, extra: str 
     (tmp_path / "train.py").write_text("")
     spec = load_cluster_text(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
     plan = build_plan(spec, run_id="r", local_run_dir=str(tmp_path / "runs" / "r"))
-    info = DryRun(backend="fake", plan=plan, nodes=tuple(
+    info = DryRun(backend="fake", plan=plan, owner=owner, nodes=tuple(
         NodeLaunch(node=n, where="nowhere", env=n.env, unset_env=n.unset_env,
                    argv=torchrun_argv(plan, n)) for n in plan.nodes))
     gang = Gang(info, RunDir.create(str(tmp_path / "runs"), "r"), dict(enumerate(nodes)),
@@ -247,6 +248,24 @@ def test_a_running_node_silent_past_the_peer_timeout_is_lost(tmp_path, clock):
     assert outcome.nodes[0].state is NodeState.STOPPED
     (stopped,) = other.at(Control.STOP)
     assert 10.0 + PEER_TIMEOUT_S < stopped <= 10.0 + PEER_TIMEOUT_S + 1.0
+
+
+def test_a_schedulers_node_silent_past_the_peer_timeout_is_not_lost(tmp_path, clock):
+    """A scheduler owns its nodes' liveness (``Owner.peer_timeout_applies``):
+    the node silent from 10 s on is not lost; the gang waits for its end."""
+    frozen = FakeNode(clock, exit_at=(4 * PEER_TIMEOUT_S, 0))
+    other = FakeNode(clock, exit_at=(4 * PEER_TIMEOUT_S, 0))
+    original = frozen.due
+
+    def due(now: float) -> None:
+        if now <= 10.0 or now >= 4 * PEER_TIMEOUT_S:
+            original(now)
+
+    frozen.due = due
+    outcome = start_gang(tmp_path, clock, [other, frozen], grace_s=1.0,
+                         owner=Owner(Holder.SCHEDULER)).run()
+    assert [n.state for n in outcome.nodes] == [NodeState.SUCCEEDED, NodeState.SUCCEEDED]
+    assert other.at(Control.STOP) == []
 
 
 @pytest.mark.parametrize("hang_s", [10.0, 25.0])
