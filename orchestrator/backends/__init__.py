@@ -1,33 +1,144 @@
 """Launch backends, by the name a cluster file's ``backend:`` gives.
 
-Each backend is one module here defining ``Backend``, a ``LaunchBackend``
-(``base.py``); its name is listed in ``config.spec.BACKENDS``, the grammar
-of the cluster file. The module is imported only when that backend is
-used, so a dry-run of a local file never loads paramiko.
+A built-in backend is a module here defining ``Backend``, a
+``LaunchBackend`` (``base.py``), listed in the one registry,
+``config.limits.BUILTIN_BACKENDS``. A backend from outside the tree is an
+installed distribution's entry point in the ``ddp_orch.backends`` group
+(``config.limits.PLUGIN_GROUP``), as torchx finds its schedulers: a site
+adds its scheduler without forking. Either module is imported only when
+that backend is named, so a dry-run of a local file never loads paramiko,
+and a broken plugin cannot break ``--help`` or ``ps``.
+
+A plugin declares the interface it was built for (``interface = 1`` in
+its class: ``INTERFACE``); a mismatch is a clear error, not an
+AttributeError in the middle of a launch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from dataclasses import dataclass
 from typing import Callable
 
-from ..config.spec import BACKENDS, ClusterSpec
-from ..errors import ConfigError
+from ..config.limits import BUILTIN_BACKENDS, backend_names, plugin_backends
+from ..config.spec import ClusterSpec
 from ..engine.options import LaunchOptions
+from ..errors import ConfigError
 from .base import LaunchBackend
+
+# The version of the interface a backend fills (``LaunchBackend``, and
+# ``scheduler.backend.SchedulerBackend`` for a scheduler). It goes up when a
+# method a backend must provide, or what the engine asks of it, changes.
+INTERFACE = 1
+
+
+@dataclass(frozen=True)
+class BackendOrigin:
+    """Where a backend comes from: built in, or a plugin's distribution."""
+
+    builtin: bool
+    where: str  # the module, or "package.module:Class" of the entry point
+    distribution: str = ""  # "name version" of a plugin's distribution
+
+    def __str__(self) -> str:
+        return "built in" if self.builtin else f"{self.distribution} ({self.where})"
 
 
 def backend_class(name: str) -> type[LaunchBackend]:
-    if name not in BACKENDS:
+    """The class of backend ``name``, importing its module now."""
+    if name in BUILTIN_BACKENDS:
+        return importlib.import_module(BUILTIN_BACKENDS[name][0]).Backend
+    entry = plugin_backends().get(name)
+    if entry is None:
+        from ..config.yamlsrc import closest_hint
+
+        names = backend_names()
         raise ConfigError(f"unknown backend {name!r}", path="backend",
-                          hint=f"one of {', '.join(BACKENDS)}")
-    return importlib.import_module(f"{__name__}.{name}").Backend
+                          hint=closest_hint(name, names) or f"one of {', '.join(names)}")
+    origin = origin_of(name)
+    try:
+        cls = entry.load()
+    except Exception as exc:  # noqa: BLE001 (whatever a plugin raises, said as its fault)
+        raise ConfigError(f"backend {name!r} ({origin}) could not be loaded: "
+                          f"{type(exc).__name__}: {exc}", path="backend",
+                          hint="reinstall it, or ask its authors; the built-in backends "
+                               "work without it") from None
+    if not (isinstance(cls, type) and issubclass(cls, LaunchBackend)):
+        raise ConfigError(f"backend {name!r} ({origin}) is not a LaunchBackend class",
+                          path="backend", hint="its entry point must name the class")
+    declared = getattr(cls, "interface", None)
+    if declared != INTERFACE:
+        raise ConfigError(f"backend {name!r} ({origin}) was built for backend interface "
+                          f"{declared!r}; this ddp-orch has interface {INTERFACE}",
+                          path="backend", hint="install the plugin's release for this "
+                          "ddp-orch, or the ddp-orch it was built for")
+    if getattr(cls, "name", None) != name:
+        raise ConfigError(f"backend {name!r} ({origin}) calls itself "
+                          f"{getattr(cls, 'name', None)!r}", path="backend",
+                          hint="its class's `name` must be its entry point's name")
+    return cls
+
+
+def origin_of(name: str) -> BackendOrigin:
+    """Where backend ``name`` comes from, without importing it."""
+    if name in BUILTIN_BACKENDS:
+        return BackendOrigin(True, BUILTIN_BACKENDS[name][0])
+    entry = plugin_backends()[name]
+    dist = getattr(entry, "dist", None)
+    return BackendOrigin(False, entry.value,
+                         f"{dist.name} {dist.version}" if dist is not None else "a plugin")
 
 
 def backends_with(has: Callable[[type[LaunchBackend]], bool]) -> list[str]:
-    """The registered backends' names whose class ``has`` (a capability), in
+    """The built-in backends' names whose class ``has`` (a capability), in
     the registry's order."""
-    return [name for name in BACKENDS if has(backend_class(name))]
+    return [name for name in BUILTIN_BACKENDS if has(backend_class(name))]
+
+
+def fit(spec: ClusterSpec, options: LaunchOptions, backend: str | None = None) -> ClusterSpec:
+    """``spec`` under ``backend`` (``--backend``, over the file's choice), once
+    everything the chosen backend cannot honour is refused, before anything
+    runs, from its capabilities (``LaunchBackend``'s class attributes): the
+    one place the command line's options meet a backend's.
+
+    * a backend that runs every node here (``this_machine``) with remote hosts;
+    * ``--queue-timeout`` without a scheduler's queue (``queue``): the run
+      would start at once, and the option would be silently moot;
+    * ``--max-restarts`` where it has no gang restarts (``no_restarts`` says
+      why, and what to do instead);
+    * ``--hang-timeout`` with ``--detach`` where no keeper would watch: a
+      detached run's watchdog is its keepers' head, and a backend without
+      gang restarts starts no keepers, so its job would run unwatched.
+    """
+    if backend is not None and backend != spec.backend:
+        if backend_class(backend).this_machine and not all(n.is_local for n in spec.nodes):
+            raise ConfigError(f"--backend {backend} runs every node on this machine, but the "
+                              "file lists remote hosts", path="--backend",
+                              source="command line",
+                              hint="use --local to run the file's workload here")
+        spec = dataclasses.replace(spec, backend=backend)
+    chosen = backend_class(spec.backend)
+    if options.queue_timeout_s is not None and not chosen.queue:
+        queued = backends_with(lambda cls: bool(cls.queue))
+        words = "; ".join(backend_class(name).queue for name in queued)
+        raise ConfigError(f"only the {' or '.join(queued)} backend has a queue to time out "
+                          f"({words}); this run uses the {spec.backend} "
+                          "backend, which starts at once", path="--queue-timeout",
+                          source="command line",
+                          hint="drop --queue-timeout; --start-timeout bounds how long every "
+                               f"node has to join (or use --backend {' or '.join(queued)})")
+    if options.max_restarts and chosen.no_restarts:
+        having = backends_with(lambda cls: not cls.no_restarts)
+        raise ConfigError(f"gang restarts are for the {' and '.join(having)} backends",
+                          path="--max-restarts", source="command line", hint=chosen.no_restarts)
+    if options.detach and options.hang_timeout_s is not None and chosen.no_restarts:
+        raise ConfigError(f"a detached {spec.backend} job has no hang watchdog: the nodes' "
+                          f"keepers run it, and the {spec.backend} backend starts none",
+                          path="--hang-timeout", source="command line",
+                          hint="follow the job (drop --detach) to keep the watchdog, or "
+                               "drop --hang-timeout (or hang_timeout:)")
+    return spec
 
 
 def get_backend(name: str, options: LaunchOptions,

@@ -174,8 +174,29 @@ def _options(*decorators: Callable[..., Any]) -> Callable[..., Any]:
     return apply
 
 
+class BackendName(click.ParamType):
+    """A backend's name: a built-in one at once, else an installed plugin's
+    (``ddp_orch.backends`` entry points, read only then)."""
+
+    name = "backend"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "[" + "|".join(BACKENDS) + "|PLUGIN]"
+
+    def convert(self, value, param, ctx):
+        if value in BACKENDS:
+            return value
+        from ..config.limits import backend_names
+
+        names = backend_names()
+        if value not in names:
+            self.fail(f"{value!r} is not one of {', '.join(names)} "
+                      f"(`ddp-orch backends` lists them)", param, ctx)
+        return value
+
+
 backend_option = click.option(
-    "--backend", type=click.Choice(BACKENDS),
+    "--backend", type=BackendName(),
     help="Launch backend, over the file's `backend:` (default: local when every host "
          "is localhost, else ssh).")
 
@@ -272,7 +293,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                           path="--format", source="command line",
                           hint=f"add --dry-run to see the plan: ddp-orch up ... --dry-run "
                                f"--format {fmt}; or drop --format to launch")
-    spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
+    spec = _spec_from_options(cluster_file, local, workload, gpus, procs, device,
                               arg_pairs, program)
     if env_pairs:
         from ..config.localmode import with_env
@@ -292,7 +313,9 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             max_restarts=max_restarts if max_restarts is not None
                             else spec.max_restarts, wait_gpus_s=wait_gpus,
                             allow_busy_gpus=allow_busy_gpus)
-    _refuse_unsupported(spec, options)
+    from ..backends import fit
+
+    spec = fit(spec, options, backend)
     if dry_run:
         if run_id is not None:
             RunDir.refuse_taken(runs_dir, run_id)  # what `up --run-id` would refuse
@@ -358,7 +381,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     runs_dir = locate(runs_dir).path
     spec = base_spec = None
     if baseline_run is None or ddp_run is None:
-        spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
+        spec = _spec_from_options(cluster_file, local, workload, gpus, procs, device,
                                   arg_pairs)
     from ..engine.options import LaunchOptions
 
@@ -368,7 +391,9 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
         hang_timeout_s=hang_timeout if hang_timeout is not None or spec is None
         else spec.hang_timeout)
     if spec is not None:
-        _refuse_unsupported(spec, options)
+        from ..backends import fit
+
+        spec = fit(spec, options, backend)
         base_spec = runs.baseline_spec(spec, baseline_kind)  # refuses before anything runs
         spec = runs.ddp_spec(spec, baseline_kind)
     console = Console("rank0" if show_output else "quiet")
@@ -387,7 +412,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
     click.echo(f"report: {out.file('report.md')}")
 
 
-def _spec_from_options(cluster_file: str | None, backend: str | None, local: bool,
+def _spec_from_options(cluster_file: str | None, local: bool,
                        workload: str | None, gpus: str | None, procs: int | None,
                        device: str | None, arg_pairs: tuple[str, ...],
                        program: tuple[str, ...] | None = None) -> Any:
@@ -413,58 +438,7 @@ def _spec_from_options(cluster_file: str | None, backend: str | None, local: boo
                           source="command line", hint="edit the cluster file for a cluster run")
     else:
         spec = with_program(spec, program) if program is not None else with_args(spec, args)
-    return _with_backend(spec, backend)
-
-
-def _refuse_unsupported(spec: Any, options: LaunchOptions) -> None:
-    """The options ``spec``'s backend cannot honour, refused before anything
-    runs, from its capabilities (``LaunchBackend``'s class attributes):
-
-    * ``--queue-timeout`` bounds a scheduler's queue (``queue``); any other
-      backend starts at once, so the option would be silently moot;
-    * ``--max-restarts`` where it has no gang restarts (``no_restarts`` says
-      why, and what to do instead);
-    * ``--hang-timeout`` with ``--detach`` where no keeper would watch: a
-      detached run's watchdog is its keepers' head, and a backend without
-      gang restarts starts no keepers, so its job would run unwatched.
-    """
-    from ..backends import backend_class, backends_with
-
-    chosen = backend_class(spec.backend)
-    if options.queue_timeout_s is not None and not chosen.queue:
-        queued = backends_with(lambda cls: bool(cls.queue))
-        words = "; ".join(backend_class(name).queue for name in queued)
-        raise ConfigError(f"only the {' or '.join(queued)} backend has a queue to time out "
-                          f"({words}); this run uses the {spec.backend} "
-                          "backend, which starts at once", path="--queue-timeout",
-                          source="command line",
-                          hint="drop --queue-timeout; --start-timeout bounds how long every "
-                               f"node has to join (or use --backend {' or '.join(queued)})")
-    if options.max_restarts and chosen.no_restarts:
-        having = backends_with(lambda cls: not cls.no_restarts)
-        raise ConfigError(f"gang restarts are for the {' and '.join(having)} backends",
-                          path="--max-restarts", source="command line", hint=chosen.no_restarts)
-    if options.detach and options.hang_timeout_s is not None and chosen.no_restarts:
-        raise ConfigError(f"a detached {spec.backend} job has no hang watchdog: the nodes' "
-                          f"keepers run it, and the {spec.backend} backend starts none",
-                          path="--hang-timeout", source="command line",
-                          hint="follow the job (drop --detach) to keep the watchdog, or "
-                               "drop --hang-timeout (or hang_timeout:)")
-
-
-def _with_backend(spec: Any, backend: str | None) -> Any:
-    """``--backend`` over the file's choice; a local spec stays local."""
-    if backend is None or backend == spec.backend:
-        return spec
-    from ..backends import backend_class
-
-    if backend_class(backend).this_machine and not all(node.is_local for node in spec.nodes):
-        raise ConfigError(f"--backend {backend} runs every node on this machine, but the file "
-                          "lists remote hosts", path="--backend", source="command line",
-                          hint="use --local to run the file's workload here")
-    import dataclasses
-
-    return dataclasses.replace(spec, backend=backend)
+    return spec
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -537,13 +511,14 @@ def bundle(cluster_file: str | None, backend: str | None, local: bool, workload:
     `up --dry-run --format shell` prints this command and the lines that
     unpack it into each node's run directory.
     """
+    from ..backends import fit
     from ..controller.session import prepare
     from ..engine.bundle import build_bundle, human_size, stand_ins
     from ..engine.options import LaunchOptions
 
     program = click.get_current_context().meta.get(PROGRAM_META)
-    spec = _spec_from_options(cluster_file, backend, local, workload, gpus, procs, device,
-                              arg_pairs, program)
+    spec = fit(_spec_from_options(cluster_file, local, workload, gpus, procs, device,
+                                  arg_pairs, program), LaunchOptions(), backend)
     _backend, info = prepare(spec, LaunchOptions(), run_id="bundle",  # the same checks as up
                              local_run_dir=os.path.dirname(os.path.abspath(output)))
     os.makedirs(os.path.dirname(os.path.abspath(output)), mode=0o700, exist_ok=True)
@@ -570,14 +545,14 @@ def check(cluster_file: str, backend: str | None, timeout: float,
     Warnings (a host name on loopback, clock skew, CUDA or NCCL versions
     that differ) pass; exits 1 if anything fails.
     """
-    from ..backends import backend_for
+    from ..backends import backend_for, fit
     from ..config.loader import load_cluster_file
     from ..engine.options import LaunchOptions
     from ..report.runs import render_check
 
-    spec = _with_backend(load_cluster_file(cluster_file), backend)
-    chosen = backend_for(spec, LaunchOptions(accept_new_host_keys=accept_new_host_keys,
-                                              check_timeout_s=timeout))
+    options = LaunchOptions(accept_new_host_keys=accept_new_host_keys, check_timeout_s=timeout)
+    spec = fit(load_cluster_file(cluster_file), options, backend)
+    chosen = backend_for(spec, options)
     report = chosen.check(chosen.plan("check", os.path.abspath(
         os.path.join(DEFAULT_RUNS_DIR, "check"))))
     click.echo(render_check(report), nl=False)
@@ -592,6 +567,31 @@ def schema() -> None:
     from ..config.schema import cluster_schema
 
     click.echo(json.dumps(cluster_schema(), indent=2))
+
+
+@main.command("backends")
+def list_backends() -> None:
+    """List the launch backends: built in or from an installed plugin, and what each can do."""
+    from ..backends import backend_class, origin_of
+    from ..config.limits import backend_names
+
+    for name in backend_names():
+        click.echo(f"{name:<10} {origin_of(name)}")
+        try:
+            cls = backend_class(name)
+        except OrchestratorError as exc:  # a broken plugin: said, and the rest still listed
+            click.echo(f"    cannot be used: {exc}\n")
+            continue
+        owner = (f"a run is its scheduler's job ({cls.scheduler})" if cls.scheduler else
+                 "a run is held by `up`, or by the nodes' keepers (--detach, --max-restarts)")
+        click.echo(f"    {owner}")
+        click.echo(f"    queue: {cls.queue} (--queue-timeout)" if cls.queue else
+                   "    no queue: a run starts at once")
+        click.echo(f"    no gang restarts: {cls.no_restarts}" if cls.no_restarts else
+                   "    gang restarts (--max-restarts)")
+        click.echo("    every node on this machine" if cls.this_machine else
+                   "    nodes on other hosts")
+        click.echo("")
 
 
 @main.command("workloads")

@@ -4,10 +4,43 @@ The CLI builds its options (``--backend``, ``--hang-timeout``,
 ``--max-restarts``, ``--wait-gpus``) from these before it knows whether the
 command will read a cluster file at all, so this module imports nothing:
 ``ddp-orch --help`` and ``ps`` must not pay for ``config.spec``'s dataclasses.
+The installed plugins' names are read (``importlib.metadata``) only when a
+name is not a built-in's, or when every name is listed.
 """
 
-# The launch backends a cluster file may name (``orchestrator/backends/<name>.py``).
-BACKENDS = ("local", "ssh", "slurm")
+# The registry of built-in launch backends, the one list of them: a name
+# (what a cluster file's ``backend:`` and ``--backend`` say) -> the module
+# that defines its ``Backend`` class, and the module of its own top-level
+# block of a cluster file (``config/blocks/``), if it has one.
+BUILTIN_BACKENDS = {
+    "local": ("orchestrator.backends.local", None),
+    "ssh": ("orchestrator.backends.ssh", None),
+    "slurm": ("orchestrator.backends.slurm", "orchestrator.config.blocks.slurm"),
+}
+BACKENDS = tuple(BUILTIN_BACKENDS)
+# Backends from outside the tree: installed distributions' entry points in
+# this group, ``name = "package.module:BackendClass"``, as torchx finds its
+# schedulers. Only their names are read until one is named (``backends``).
+PLUGIN_GROUP = "ddp_orch.backends"
+_plugins: dict | None = None
+
+
+def plugin_backends() -> dict:
+    """The installed entry points of ``PLUGIN_GROUP`` by name, none loaded
+    (a built-in's name is the built-in's: a plugin cannot take it)."""
+    global _plugins
+    if _plugins is None:
+        from importlib.metadata import entry_points
+
+        _plugins = {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)
+                    if ep.name not in BUILTIN_BACKENDS}
+    return _plugins
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend a cluster file may name here: the built-ins, then the
+    installed plugins' (the grammar, the schema and the messages list these)."""
+    return BACKENDS + tuple(sorted(plugin_backends()))
 # Progress reaches the controller with the agents' heartbeats (every 5 s), so a
 # shorter hang timeout would take a quiet but healthy run for a hung one.
 MIN_HANG_TIMEOUT = 10

@@ -20,9 +20,10 @@ from ..agent.node.outputs import pattern_problem
 from ..agent.node.setupstamp import path_problem
 from ..errors import ConfigError
 from .blocks import blocks, top_keys
+from .limits import backend_names
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS,
                    LOCAL_HOSTS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT,
-                   ClusterSpec, NodeSpec, SshSpec, WorkloadSpec, default_backend, placed_host)
+                   ClusterSpec, NodeSpec, SshSpec, WorkloadSpec, default_backend)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
 # The core keys, and each backend's block after the key it follows (``blocks``).
@@ -107,9 +108,11 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     env = _env(top["env"]) if "env" in top else {}
     if "nodes" not in top:
         raise root.error("missing 'nodes'", hint="list at least one node with host and gpus")
-    placed = top["nodes"].has_key("count")  # nodes: {count: N, ...}: Slurm places them
+    placed = top["nodes"].has_key("count")  # nodes: {count: N, ...}: a scheduler places them
+    # The backend whose block says it places nodes (``PLACES_NODES``): it names them.
+    placer = next((block for block in blocks() if block.PLACES_NODES), None) if placed else None
     warnings: list[str] = []
-    nodes = _placed_nodes(top["nodes"], python, env) if placed else \
+    nodes = _placed_nodes(top["nodes"], python, env, placer) if placed else \
         _nodes(top["nodes"], ssh_default, python, env, warnings)
     if "workload" not in top:
         raise root.error("missing 'workload'",
@@ -118,9 +121,9 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
     device = _device(top["device"]) if "device" in top else "auto"
     given = [block for block in blocks() if block.KEY in top]
-    placer = next((block for block in blocks() if block.PLACES_NODES), None) if placed else None
     if "backend" in top:
-        backend = _choice(top["backend"], BACKENDS)
+        backend = top["backend"].scalar() if top["backend"].scalar() in BACKENDS \
+            else _choice(top["backend"], backend_names())  # a plugin's, or a mistake
     elif placer or given:
         backend = (placer or given[0]).BACKEND
     else:
@@ -348,10 +351,12 @@ def _identity_file(field: Located) -> str:
     return path
 
 
-def _placed_nodes(field: Located, python: str | None,
-                  env: Mapping[str, str]) -> tuple[NodeSpec, ...]:
+def _placed_nodes(field: Located, python: str | None, env: Mapping[str, str],
+                  placer) -> tuple[NodeSpec, ...]:
     """``nodes: {count: N, gpus: G}`` or ``{count: N, procs: P}``: N nodes that
-    Slurm chooses, each running G GPU processes (from its GRES) or P CPU ones."""
+    the scheduler (``placer``'s backend) chooses, each running G GPU processes
+    (from its allocation) or P CPU ones; named by ``placer.placed_host``
+    until the job runs."""
     entries = field.mapping(COUNT_KEYS)
     if "count" not in entries:
         raise field.error("missing 'count'", hint="nodes: {count: 2, gpus: 8} lets Slurm choose "
@@ -363,7 +368,7 @@ def _placed_nodes(field: Located, python: str | None,
     count = entries["count"].integer(1, MAX_NODES)
     gpus = entries["gpus"].integer(1, MAX_GPU_INDEX + 1) if "gpus" in entries else None
     procs = entries["procs"].integer(1, MAX_PROCS) if "procs" in entries else None
-    return tuple(NodeSpec(host=placed_host(k), gpus=None, procs=procs, ssh=SshSpec(),
+    return tuple(NodeSpec(host=placer.placed_host(k), gpus=None, procs=procs, ssh=SshSpec(),
                           python=python or "python3", env=dict(env), line=field.line,
                           gpu_count=gpus) for k in range(count))
 

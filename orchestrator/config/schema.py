@@ -33,6 +33,7 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
 from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT, MAX_WHEN_CHANGED, SETUP_KEYS
 from .loader import FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_GPU_WAIT
 from .blocks import blocks
+from .limits import backend_names
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_PORT,
                    DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS)
 
@@ -406,9 +407,10 @@ def cluster_schema() -> dict[str, Any]:
         "device": {"enum": list(DEVICES), "default": "auto",
                    "description": "auto | cuda | cpu. cpu: gloo on the CPU, each listed GPU index "
                                   "becomes one CPU process (handy for rehearsals)."},
-        "backend": {"enum": list(BACKENDS),
+        "backend": {"enum": list(backend_names()),
                     "description": "How nodes are launched: local (every node on this machine), "
-                                   "ssh, or slurm (sbatch from a login host); default: slurm "
+                                   "ssh, or slurm (sbatch from a login host), or an installed "
+                                   "plugin's (`ddp-orch backends`); default: slurm "
                                    "with a slurm: block or a node count, else local when every "
                                    "host is localhost, else ssh."},
         **{block.KEY: {"$ref": f"#/$defs/{block.KEY}"} for block in blocks()},

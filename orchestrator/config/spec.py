@@ -31,12 +31,6 @@ def default_backend(hosts: "tuple[str, ...] | list[str]") -> str:
     return "local" if all(host in LOCAL_HOSTS for host in hosts) else "ssh"
 
 
-def placed_host(node_rank: int) -> str:
-    """The host of a node that Slurm places (``nodes: {count: N}``), until the
-    job starts and the allocation names it."""
-    return f"<slurm node {node_rank}>"
-
-
 @dataclass(frozen=True)
 class SshSpec:
     """SSH settings for one node; None means "ask ~/.ssh/config, then defaults"

@@ -11,8 +11,8 @@ learns what carries them. Three things do:
 * ``KeeperFollower`` (here): the same link after ``follow``, relaying a kept
   run's stream (``agent/kept/daemon.follow``); the words reach the node's
   keeper through the follower, and the channel ends with the stream.
-* ``JobStream`` (``backends/slurm/job.py``): a Slurm node's ``agent.out`` in
-  the shared run directory; ``stop`` and ``kill`` become ``scancel``.
+* ``JobStream`` (``backends/scheduler/job.py``): a scheduled node's ``agent.out`` in
+  the shared run directory; ``stop`` and ``kill`` become the scheduler's cancel.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A scheduler job's file (``job.json``), typed: ``JobSpec``.
 
 The scheduler backend writes it into the job's shared run directory
-(``backends/slurm/backend._write_job``) and every node's agent reads it
+(``backends/scheduler/backend.write_job``) and every node's agent reads it
 (``jobnode.run``): it is all a node started by the scheduler is told, since
 no controller opens a channel to it. It is read back as any message from
 elsewhere is: checked field by field (``from_dict``), a bad file a
@@ -32,6 +32,17 @@ class Placement:
     node_index: str  # the variable with this node's index in the allocation
     gpus: str  # the variable with the GPUs allocated on this node
     whole_node: str  # how the cluster file asks for a node whole, for a message
+
+    # Until the job runs, the master's address and port in the argv the
+    # controller built are these exact placeholder words; node 0's agent
+    # publishes the real ones, and every node replaces the words, nothing else.
+    @property
+    def addr_slot(self) -> str:
+        return f"<{self.scheduler.lower()} node 0>"
+
+    @property
+    def port_slot(self) -> str:
+        return f"<free port on {self.scheduler.lower()} node 0>"
 
 
 @dataclasses.dataclass(frozen=True)

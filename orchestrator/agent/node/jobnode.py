@@ -19,8 +19,9 @@ hosts it chose. The job file says which environment variables hold them
 agent reads only the names it was given).
 
 The master address and port are known only inside the job. The argv the
-controller built carries two exact placeholder words for them (``ADDR_SLOT``,
-``PORT_SLOT``); they are replaced word for word, nothing else is parsed.
+controller built carries two exact placeholder words for them
+(``Placement.addr_slot``, ``port_slot``); they are replaced word for word,
+nothing else is parsed.
 
 The scheduler owns the run (its spec's ``owner``, as the dry-run decided
 it): there is no controller on stdin, so stdin EOF is not a
@@ -46,8 +47,6 @@ from .jobfile import JobSpec, Placement
 from .spec import SpecError, SupervisorSpec
 from ..wire.protocol import encode, exit_event
 
-ADDR_SLOT = "<slurm node 0>"
-PORT_SLOT = "<free port on slurm node 0>"
 SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
 POLL_S = 0.05
 
@@ -120,7 +119,8 @@ def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> Super
     job file's (the scheduler: stdin is /dev/null)."""
     node = job.nodes[node_rank]
     spec = node.spec
-    slots = {ADDR_SLOT: where["addr"], PORT_SLOT: str(where["port"])}
+    place = job.placement
+    slots = {place.addr_slot: where["addr"], place.port_slot: str(where["port"])}
     env = dict(spec.env)
     for name in node.secret_env:
         if secret_variable(node_rank, name) not in environ:
@@ -131,7 +131,6 @@ def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> Super
     secrets = tuple(sorted({v for n, v in env.items() if n in node.secret_env and v}))
     unset_env = tuple(spec.unset_env) + tuple(sorted(
         name for name in environ if name.startswith(SECRET_PREFIX)))
-    place = job.placement
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place.gpus), place)
     if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
         env = with_interface(env, where, len(job.nodes) > 1)

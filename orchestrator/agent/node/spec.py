@@ -2,7 +2,7 @@
 
 The controller builds one per node from the dry-run
 (``engine/nodehandle.supervisor_spec``); a Slurm job
-(``backends/slurm/backend._write_job``, then ``jobnode.node_spec`` on the
+(``backends/scheduler/backend.write_job``, then ``jobnode.node_spec`` on the
 node) and a kept run's keeper (``keeper.attempt_spec``) derive theirs from
 it with ``dataclasses.replace``. It crosses the wire as JSON (``to_dict``)
 and is checked on arrival (``from_dict``), like every other message: a bad

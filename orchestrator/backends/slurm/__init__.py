@@ -1,5 +1,4 @@
-"""The Slurm backend: Slurm places and starts the nodes (``backend``); its
-commands and their parsing (``ctl``), its preflight (``check``), and a job's
-state and each node's stream (``job``)."""
+"""The Slurm backend: it fills in the scheduler base (``backend``); its
+commands and their parsing (``ctl``) and its preflight (``check``)."""
 
 from .backend import Backend  # noqa: F401 (the registry's name for it)

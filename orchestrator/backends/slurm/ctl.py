@@ -50,6 +50,23 @@ class JobState:
     def running(self) -> bool:
         return self.state in ("RUNNING", "COMPLETING")
 
+    @property
+    def queued(self) -> bool:
+        """Waiting for its nodes (``RunState.PENDING``)."""
+        return self.state in ("PENDING", "CONFIGURING")
+
+    @property
+    def cancelled(self) -> bool:
+        return self.state == "CANCELLED"
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The allocation's hosts in Slurm's order (SLURM_NODEID); () until
+        it has them (squeue shows the reason in parentheses until then)."""
+        if not self.nodelist or self.nodelist.startswith("("):
+            return ()
+        return tuple(hostnames(self.nodelist))
+
 
 @dataclass(frozen=True)
 class NodeInfo:

@@ -18,6 +18,14 @@ AFTER = "backend"
 BACKEND = "slurm"
 PLACES_NODES = True  # nodes: {count: N}: Slurm chooses the hosts
 PLACED_WORDS = "nodes: {count: N} (Slurm places the nodes)"
+
+
+def placed_host(node_rank: int) -> str:
+    """The host of a node that Slurm places (``nodes: {count: N}``), until the
+    job starts and the allocation names it."""
+    return f"<slurm node {node_rank}>"
+
+
 WORKDIR_UNUSED = ("under backend: slurm every node's files live in the run directory on the "
                   "shared file system (runs/<run id>/node-<k>)")
 

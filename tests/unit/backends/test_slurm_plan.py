@@ -15,7 +15,7 @@ from conftest import ROOT, run_cli
 from orchestrator.agent.wire import bootstrap
 from orchestrator.agent.node.jobfile import JobSpec
 from orchestrator.agent.wire.owner import Holder, Owner
-from orchestrator.agent.node.jobnode import (ADDR_SLOT, PORT_SLOT, JobNodeError, node_rank_here,
+from orchestrator.agent.node.jobnode import (JobNodeError, node_rank_here,
                                         node_spec, secret_variable)
 from orchestrator.backends.slurm import ctl as slurmctl
 from orchestrator.engine.options import LaunchOptions
@@ -134,7 +134,7 @@ def test_the_job_files_hold_no_secret_and_sbatch_carries_it(tmp_path, monkeypatc
                 "nodes: [{host: a, procs: 1}, {host: b, procs: 1}]\nworkload: {name: noop}\n")
     run = RunDir.create(str(tmp_path), "r")
     backend, info = prepare(spec, LaunchOptions(), run_id="r", local_run_dir=run.path)
-    env = backend._write_job(info, run)
+    env = backend.write_job(info, run)
     assert env[secret_variable(1, "HF_TOKEN")] == "hf-s3cret-value"
     for name in os.listdir(run.path):
         path = os.path.join(run.path, name)
@@ -179,24 +179,24 @@ def test_a_stream_reads_what_arrives_after_the_job_ended_and_stops_when_closed(t
                                                                                 monkeypatch):
     import threading
 
-    from orchestrator.backends.slurm import job as slurmjob
+    from orchestrator.backends.scheduler import job as slurmjob
 
     monkeypatch.setattr(slurmjob, "SETTLE_S", 0.5)
-    job = slurmjob.SlurmJob("1", poll=False)
+    job = slurmjob.Job("1", Backend(LaunchOptions()), poll=False)
     job.gone = True  # Slurm has forgotten it: the job is over
     path = tmp_path / "agent.out"
     stream = slurmjob.JobStream(str(path), job, "n1")
     threading.Timer(0.2, lambda: path.write_bytes(b"late line\n")).start()
     assert stream.read_chunk(100) == b"late line\n"  # shown late, as over NFS
     assert stream.read_chunk(100) == b""  # then nothing for SETTLE_S: the end
-    live = slurmjob.SlurmJob("2", poll=False)  # not ended: would wait for ever
+    live = slurmjob.Job("2", Backend(LaunchOptions()), poll=False)  # not ended: would wait for ever
     waiting = slurmjob.JobStream(str(tmp_path / "none.out"), live, "n2")
     threading.Timer(0.2, waiting.close).start()
     assert waiting.read_chunk(100) == b""
 
 
 def test_a_cancel_that_fails_is_not_counted_as_sent(monkeypatch):
-    from orchestrator.backends.slurm import job as slurmjob
+    from orchestrator.backends.scheduler import job as slurmjob
 
     calls = []
 
@@ -206,7 +206,7 @@ def test_a_cancel_that_fails_is_not_counted_as_sent(monkeypatch):
             raise slurmctl.SlurmError("scancel", "slurmctld is busy")
 
     monkeypatch.setattr(slurmctl, "cancel", cancel)
-    job = slurmjob.SlurmJob("3", poll=False)
+    job = slurmjob.Job("3", Backend(LaunchOptions()), poll=False)
     with pytest.raises(slurmctl.SlurmError):
         job.cancel()
     job.cancel()
@@ -228,7 +228,8 @@ def test_pinned_gpus_outside_slurms_allocation_are_refused():
 def _job_file(placed: bool = False) -> dict:
     """A job file as the backend writes it (``JobSpec.to_dict``)."""
     spec = {"run_id": "r", "node_rank": 0,
-            "argv": ["python3", "--master-addr", ADDR_SLOT, "--master-port", PORT_SLOT,
+            "argv": ["python3", "--master-addr", "<slurm node 0>", "--master-port",
+                     "<free port on slurm node 0>",
                      "--device", "auto", "<slurm node 0>x"],
             "env": {"A": "1"}, "unset_env": ["TORCH_ELASTIC_WORKER_IDENTICAL"], "run_dir": "/r",
             "owner": {"holder": "scheduler", "detached": False}}
@@ -362,7 +363,7 @@ def test_a_project_runs_under_slurm_with_the_same_argv_and_code_root(tmp_path):
     run = RunDir.create(str(tmp_path / "runs"), "r")
     backend, info = prepare(spec, LaunchOptions(), run_id="r", local_run_dir=run.path)
     assert any(note.startswith(f"code dir   {project}: 3 files") for note in info.notes)
-    backend._write_job(info, run)
+    backend.write_job(info, run)
     job = json.loads(open(run.file("job.json")).read())
     for k, node in enumerate(job["nodes"]):
         argv = node["spec"]["argv"]

@@ -13,7 +13,9 @@ import pytest
 
 from orchestrator.agent.wire.protocol import Control, encode, exit_event
 from orchestrator.backends.slurm import ctl as slurmctl
-from orchestrator.backends.slurm import job as slurmjob
+from orchestrator.backends.scheduler import job as slurmjob
+from orchestrator.backends.slurm import Backend as SlurmBackend
+from orchestrator.engine.options import LaunchOptions
 from orchestrator.console import Console
 from orchestrator.engine.channel import KeeperFollower, NodeChannel
 from orchestrator.engine.nodehandle import NodeHandle, supervisor_spec
@@ -160,7 +162,8 @@ def test_a_slurm_stream_turns_stop_and_kill_into_scancel_and_ignores_the_rest(mo
     monkeypatch.setattr(slurmctl, "cancel", lambda job_id, signal=None: calls.append(
         (job_id, signal)))
     stream = slurmjob.JobStream(str(tmp_path / "agent.out"),
-                                slurmjob.SlurmJob("42", poll=False), "n1")
+                                slurmjob.Job("42", SlurmBackend(LaunchOptions()),
+                                             poll=False), "n1")
     for word in (Control.PING, Control.GO, Control.DONE):
         stream.send_control(word)
     assert calls == []  # Slurm owns liveness; the nodes hold their own barrier

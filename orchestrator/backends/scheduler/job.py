@@ -1,17 +1,19 @@
-"""A submitted Slurm job as the gang sees it: its state, and each node's stream.
+"""A submitted job as the gang sees it: its state, and each node's stream.
 
-Under Slurm the controller holds no channel to a node. Each node's agent
-writes its output and control lines to ``node-K/agent.out`` in the shared
-run directory (``agent/node/jobnode.py``), and ``JobStream`` reads that file as
-it grows: a node channel (``engine/channel.NodeChannel``), so ``NodeHandle``
-relays and judges a Slurm node exactly as it does an SSH one. The control
-words the handle sends become Slurm's own controls: ``stop`` is ``scancel``
-(SIGTERM to every task, then Slurm's KillWait), ``kill`` is ``scancel
---signal=KILL --full``, and pings are not needed, because Slurm owns the
-nodes' liveness.
+Under a scheduler the controller holds no channel to a node. Each node's
+agent writes its output and control lines to ``node-K/agent.out`` in the
+shared run directory (``agent/node/jobnode.py``), and ``JobStream`` reads
+that file as it grows: a node channel (``engine/channel.NodeChannel``), so
+``NodeHandle`` relays and judges a scheduled node exactly as it does an SSH
+one. The control words the handle sends become the scheduler's own
+controls (``SchedulerBackend.cancel_job``): ``stop`` is a plain cancel (the
+scheduler's SIGTERM to every task, then its grace), ``kill`` a cancel with
+SIGKILL, and pings are not needed, because the scheduler owns the nodes'
+liveness (``Owner.peer_timeout_applies``).
 
-``SlurmJob`` polls ``squeue`` on one thread for the whole job; a stream
-ends when its file has no more bytes and the job is over.
+``Job`` asks the scheduler for the job's state (``SchedulerBackend.job_state``)
+on one thread for the whole job; a stream ends when its file has no more
+bytes and the job is over.
 """
 
 from __future__ import annotations
@@ -19,25 +21,64 @@ from __future__ import annotations
 import threading
 import time
 
-from . import ctl as slurmctl
+from typing import Protocol
+
 from ...agent.wire.protocol import Control
 from ...engine.nodehandle import LOST
+from ...errors import OrchestratorError
 
 POLL_S = 0.1  # how often a quiet stream file is looked at
-STATE_POLL_S = 1.0  # how often squeue is asked
+STATE_POLL_S = 1.0  # how often the scheduler is asked
 # After the job has ended, how long a stream still waits for bytes to show up:
 # a network file system may show a file's last writes to other hosts late.
 SETTLE_S = 5.0
 
 
-class SlurmJob:
+class JobState(Protocol):
+    """A job as its scheduler lists it (``SchedulerBackend.job_state``)."""
+
+    state: str  # the scheduler's own word (RUNNING, PENDING, COMPLETED)
+    reason: str  # why it waits or ended, in the scheduler's words ("" if none)
+    nodelist: str  # its nodes as the scheduler writes them ("" until it has them)
+
+    @property
+    def queued(self) -> bool:
+        """Waiting for its nodes."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    @property
+    def cancelled(self) -> bool:
+        """Ended by a cancel (someone's, or ours)."""
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The allocation's hosts in node order, once it has them (else ())."""
+
+
+class Scheduler(Protocol):
+    """What a ``Job`` asks of its scheduler (the backend, ``SchedulerBackend``)."""
+
+    def job_state(self, job_id: str) -> JobState | None:
+        """The job as listed now; None once the scheduler no longer lists it."""
+
+    def cancel_job(self, job_id: str, signal: str | None = None) -> None:
+        """End the job (``signal``: KILL, else the scheduler's plain cancel)."""
+
+
+class Job:
     """One job id; ``state`` is refreshed in the background until ``close``."""
 
-    def __init__(self, job_id: str, *, poll: bool = True):
+    def __init__(self, job_id: str, scheduler: Scheduler, *, poll: bool = True):
         self.job_id = job_id
-        self.state: slurmctl.JobState | None = None
-        self.gone = False  # Slurm no longer lists it
-        self.error = ""  # the last squeue failure, while it keeps failing
+        self.scheduler = scheduler
+        self.state: JobState | None = None
+        self.gone = False  # the scheduler no longer lists it
+        self.error = ""  # the last failure to ask, while asking keeps failing
         self._failing_since: float | None = None
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -47,15 +88,15 @@ class SlurmJob:
             self.start_polling()
 
     def start_polling(self) -> None:
-        """Ask squeue now, then every STATE_POLL_S on a thread of its own."""
+        """Ask the scheduler now, then every STATE_POLL_S on a thread of its own."""
         self.refresh()
         self._thread = threading.Thread(target=self._poll, daemon=True,
-                                        name=f"slurm-job-{self.job_id}")
+                                        name=f"job-{self.job_id}")
         self._thread.start()
 
     @property
     def failing_for(self) -> float:
-        """Seconds squeue has failed in a row (0 when its last answer was good)."""
+        """Seconds asking has failed in a row (0 when the last answer was good)."""
         since = self._failing_since
         return 0.0 if since is None else time.monotonic() - since
 
@@ -63,10 +104,10 @@ class SlurmJob:
     def ended(self) -> bool:
         return self.gone or (self.state is not None and self.state.ended)
 
-    def refresh(self) -> slurmctl.JobState | None:
+    def refresh(self) -> JobState | None:
         try:
-            state = slurmctl.job_state(self.job_id)
-        except slurmctl.SlurmError as exc:
+            state = self.scheduler.job_state(self.job_id)
+        except OrchestratorError as exc:
             self.error = str(exc)
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
@@ -90,12 +131,12 @@ class SlurmJob:
         return self.ended
 
     def cancel(self, signal: str | None = None) -> None:
-        """``scancel`` once per kind (plain, or a signal), whoever asks."""
+        """Cancel once per kind (plain, or a signal), whoever asks."""
         kind = signal or "TERM"
-        with self._lock:  # held across scancel: a second caller waits, then skips
+        with self._lock:  # held across the cancel: a second caller waits, then skips
             if kind in self._cancelled or self.ended:
                 return
-            slurmctl.cancel(self.job_id, signal)
+            self.scheduler.cancel_job(self.job_id, signal)
             self._cancelled.add(kind)  # only once it was sent
 
     @property
@@ -109,7 +150,7 @@ class SlurmJob:
 class JobStream:
     """A node's ``agent.out``, read as it grows: the node's channel, mapped onto the job."""
 
-    def __init__(self, path: str, job: SlurmJob, host: str):
+    def __init__(self, path: str, job: Job, host: str):
         self.path = path
         self.host = host
         self.job = job
@@ -118,14 +159,15 @@ class JobStream:
         self._closed = False
 
     def supervise(self, spec: object) -> None:
-        """The agent was started by srun with its spec (``job.json``)."""
+        """The agent was started by the scheduler with its spec (``job.json``)."""
 
     def send_control(self, word: Control) -> None:
         if word is Control.STOP:
             self.job.cancel()
         elif word is Control.KILL:
             self.job.cancel("KILL")
-        # ping, go and done: nothing to do; Slurm owns liveness, the nodes their barrier
+        # ping, go and done: nothing to do; the scheduler owns liveness, the nodes
+        # their barrier
 
     def poll(self) -> int | None:
         """None while the job runs; LOST once it ended with no word from the node."""
@@ -137,10 +179,10 @@ class JobStream:
         return LOST
 
     def hang_up(self) -> None:
-        """Nothing to close: ``kill`` was the scancel."""
+        """Nothing to close: ``kill`` was the cancel."""
 
     def abort(self) -> None:
-        """Nothing to cut: the job is Slurm's (``scancel`` ends it)."""
+        """Nothing to cut: the job is the scheduler's (its cancel ends it)."""
 
     def release(self) -> None:
         """No agent to give back: the run's files are in the shared run directory."""
