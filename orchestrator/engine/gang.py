@@ -283,7 +283,9 @@ class Gang:
         rule's); once a node's workers run, a rank with neither is listed too,
         as one with no output (most programs print on rank 0 only)."""
         now = time.monotonic()
-        if now - self._progress_written < PROGRESS_WRITE_S:
+        if self.leaves or now - self._progress_written < PROGRESS_WRITE_S:
+            # A run we leave once it has started keeps its progress on its
+            # nodes (``status`` asks them): a file here would go stale.
             return
         self._progress_written = now
         wall = time.time()

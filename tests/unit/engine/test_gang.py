@@ -268,6 +268,31 @@ def test_a_schedulers_node_silent_past_the_peer_timeout_is_not_lost(tmp_path, cl
     assert other.at(Control.STOP) == []
 
 
+class LateNode(FakeNode):
+    """A node whose torchrun says it started only at ``at`` (a slow start)."""
+
+    def __init__(self, clock: GangClock, at: float):
+        super().__init__(clock)
+        self.at = at
+
+    def supervise(self, spec) -> None:
+        self.script.append((self.at, f"[rank{spec.first_rank}]: training\n".encode()
+                            + encode({"event": "started", "workers": spec.nproc})))
+        self.due(self.clock.now)
+
+
+def test_a_detached_run_is_left_once_started_with_no_progress_file_to_go_stale(tmp_path,
+                                                                               clock):
+    """``up --detach`` leaves once every node has started; one node that is
+    slow to start must not leave a progress.json behind that nothing would
+    update (``status`` asks a detached run's nodes)."""
+    outcome = start_gang(tmp_path, clock, [FakeNode(clock), LateNode(clock, 6.0)],
+                         owner=Owner(Holder.SCHEDULER, detached=True)).run()
+    assert outcome.state is RunState.RUNNING
+    assert clock.now >= 6.0
+    assert not (tmp_path / "runs" / "r" / "progress.json").exists()
+
+
 @pytest.mark.parametrize("hang_s", [10.0, 25.0])
 def test_the_hang_verdict_comes_no_earlier_than_hang_s_and_within_a_second_after(
         tmp_path, clock, hang_s):
