@@ -79,7 +79,7 @@ def still_live(record: RunRecord) -> str:
     """Why ``record`` counts as alive ("" if it has ended). A run its
     backend must be asked about (a detached run, a Slurm job) is asked."""
     scheduled = record.owner.holder is Holder.SCHEDULER
-    if record.live and not record.owner.detached and not scheduled:
+    if record.live and record.owner.ends_with_controller:
         return f"it is {record.state} (its controller runs)"
     if record.live or scheduled:
         try:

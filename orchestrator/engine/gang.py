@@ -54,7 +54,8 @@ class Gang:
     ``watching``: the run was started elsewhere (``attach``); follow it from
     ``lines`` before the end of each node's stream. A detached owner: leave
     once every node has started (the run is the keepers' or the scheduler's
-    from then on). ``keepers``: a kept run to start (its restarts). A node's
+    from then on). ``keepers``: the keepers' run to start here, with the
+    dry-run's gang restarts. A node's
     silence is a loss only where the owner lets it count
     (``Owner.peer_timeout_applies``: a scheduler owns its nodes' liveness).
     The stop decisions are ``agent/gangrule.py``'s."""
@@ -63,7 +64,6 @@ class Gang:
                  console: Console, *, watching: bool = False, grace_s: float = 10.0,
                  start_timeout_s: float = 300.0, hang_timeout_s: float | None = None,
                  dump_stacks: Callable[[], StacksResult] | None = None,
-                 keepers: Keepers | None = None,
                  lines: int | None = None):
         self.info = info
         self.plan = info.plan
@@ -85,7 +85,8 @@ class Gang:
         # stop. A kept run's keepers hold it (``keeper_spec``), not us.
         self.hang_timeout_s = hang_timeout_s
         self.dump_stacks = dump_stacks
-        self.keepers = keepers if self.kept and not watching else None
+        # A kept run to start here: its gang restarts, as the dry-run says.
+        self.keepers = Keepers(info.max_restarts) if self.kept and not watching else None
         self.lines = lines  # where to follow a kept run from (attach)
         self.keepers_started: set[int] = set()
         self.lost_contact = ""  # why the controller left a kept run, when not asked to

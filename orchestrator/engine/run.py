@@ -29,7 +29,6 @@ from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord
 from .gang import Gang
-from .keptgang import Keepers
 from .options import LaunchOptions
 from .stacks import StacksResult
 
@@ -109,7 +108,7 @@ def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gan
                     lines=handle.lines)
     return Gang(info, run, channels, console, grace_s=options.grace_s,
                 start_timeout_s=options.start_timeout_s, hang_timeout_s=options.hang_timeout_s,
-                dump_stacks=handle.dump_stacks, keepers=Keepers(info.max_restarts))
+                dump_stacks=handle.dump_stacks)
 
 
 def follow(handle: RunHandle, console: Console, options: LaunchOptions,

@@ -69,9 +69,9 @@ class KeeperSpec:
             raise SpecError(f"bad keeper spec: unknown field(s) {', '.join(map(repr, unknown))}")
         gang = data["gang"]
         supervisor = SupervisorSpec.from_dict(data.get("supervisor"))
-        if supervisor.owner.holder is not Holder.KEEPERS:
-            raise SpecError(f"bad keeper spec: the run's owner is {supervisor.owner}, "
-                            f"not the keepers")
+        foreign = supervisor.owner.not_held_by(Holder.KEEPERS)
+        if foreign:
+            raise SpecError(f"bad keeper spec: {foreign}")
         return cls(supervisor, data["nnodes"], float(data["start_timeout_s"]),
                    GangPort(gang["addr"], gang["port"], gang["token"],
                             gang.get("listen_note", "")),

@@ -97,9 +97,9 @@ class JobSpec:
         nodes = tuple(JobNode(n["host"], SupervisorSpec.from_dict(n["spec"]),
                               tuple(n.get("secret_env", ()))) for n in data["nodes"])
         for node in nodes:
-            if node.spec.owner.holder is not Holder.SCHEDULER:
-                raise SpecError(f"bad job file: the run's owner is {node.spec.owner}, "
-                                f"not the scheduler")
+            foreign = node.spec.owner.not_held_by(Holder.SCHEDULER)
+            if foreign:
+                raise SpecError(f"bad job file: {foreign}")
         return cls(data["run_id"], data["job_dir"], data["placed"], Placement(**place),
                    data.get("master_addr"), port, float(data["start_timeout_s"]), nodes)
 

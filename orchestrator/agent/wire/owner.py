@@ -80,6 +80,11 @@ class Owner:
         as the check would wait); the keepers judge their own gang."""
         return self.holder is Holder.CONTROLLER
 
+    def not_held_by(self, holder: Holder) -> str:
+        """Why a spec meant for ``holder``'s nodes (a keeper's, a scheduler
+        job's) must be refused for this run; "" when ``holder`` owns it."""
+        return "" if self.holder is holder else f"the run's owner is {self}, not the {holder}"
+
     def liveness(self, backend: str) -> str:
         """The word of the ``liveness`` field documented before owners
         (``docs/runs-json.md``): ``attached``, ``detached``, or a

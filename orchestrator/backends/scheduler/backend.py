@@ -254,9 +254,10 @@ class SchedulerBackend(LaunchBackend):
         hosts: dict[int, str] = {}
         if self.require_spec().placed:
             state = job.state or job.refresh()
-            if state is None or not state.hosts:
+            placed = state.hosts if state is not None else ()  # Slurm's asks scontrol: once
+            if not placed:
                 return None
-            hosts = dict(enumerate(state.hosts))
+            hosts = dict(enumerate(placed))
         path = posixpath.join(job_dir(plan), RENDEZVOUS_FILE)
         deadline = time.monotonic() + self.options.start_timeout_s
         while True:
