@@ -10,7 +10,8 @@ name here is the one they agree on. A node's run directory holds:
 * ``FOLLOWER_LOCK``: held (shared) by every attached follower of a kept run;
 * ``STREAM``: the node's output and control lines, where nobody holds a
   channel to it (a kept run, a Slurm job);
-* ``BUNDLE``: the run's code, unpacked in place;
+* ``BUNDLE``: the run's code, unpacked in place, with the worker shim as
+  ``SHIM_MODULE`` in its ``code/``;
 * ``TORCHRUN_LOGS`` (``attempt_logs``): torchrun's --log-dir, one per attempt;
 * ``PROGRESS_DIR``: each rank's last step (``rank-N``), for heartbeats
   (the step report ``worker/progress.py`` keeps its own copy of this name);
@@ -34,6 +35,7 @@ KEEPER_STATE = "keeper.json"
 FOLLOWER_LOCK = "follower.lock"
 STREAM = "agent.out"
 BUNDLE = "bundle.tar.gz"
+SHIM_MODULE = "ddp_orch_shim"  # the worker shim, as the bundle ships it (code/ddp_orch_shim.py)
 TORCHRUN_LOGS = "torchrun"
 PROGRESS_DIR = "progress"
 STACKS_DIR = "stacks"

@@ -62,8 +62,6 @@ class AgentBackend(LaunchBackend):
     # -- the interface -------------------------------------------------------
 
     def dryrun(self, plan: RunPlan) -> DryRun:
-        from ..engine.bundle import code_notes
-
         restarts = {MAX_RESTARTS_ENV: str(self.options.max_restarts)} \
             if self.options.max_restarts else {}
         nodes = tuple(NodeLaunch(node=node, where=self.where(node),
@@ -73,7 +71,12 @@ class AgentBackend(LaunchBackend):
                                  setup_timeout_s=plan.setup_timeout_s,
                                  setup_when_changed=plan.setup_when_changed)
                       for node in plan.nodes)
-        notes = code_notes(plan, self.spec.source if self.spec else "")
+        if plan.code is None:  # a built-in workload: no code directory to scan
+            notes: tuple[str, ...] = ()
+        else:
+            from ..engine.bundle import code_notes
+
+            notes = code_notes(plan, self.spec.source if self.spec else "")
         reach = {node.node_rank: self.reach(node) for node in plan.nodes}
         owner, words = self.owner()
         return DryRun(backend=self.name, plan=plan, nodes=nodes, notes=notes,

@@ -7,7 +7,6 @@ validator can say ``cluster.yaml:14: nodes[1].gpus: ...`` for any value.
 
 from __future__ import annotations
 
-import difflib
 import re
 import reprlib
 from typing import Any, Iterable, Iterator
@@ -244,6 +243,8 @@ def _bare_number_key(key: yaml.Node, value: yaml.Node) -> bool:
 
 def closest_hint(word: str, options: Iterable[str]) -> str:
     """``did you mean 'gpus'?`` for a misspelt ``gpu``, or "" if nothing is close."""
+    import difflib  # only a mistake pays for it
+
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else ""
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..agent.node.probes import hostport
+from ..agent.wire.addr import hostport
 from ..config.spec import AUTO_PORT
 from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..agent.node.probes import hostport
+from ..agent.wire.addr import hostport
 from ..config.spec import AUTO_PORT
 from ..tables import format_table
 from .build import setup_path_first

@@ -32,7 +32,7 @@ import re
 import shlex
 from typing import Sequence
 
-from ..agent.node.probes import hostport
+from ..agent.wire.addr import hostport
 from ..config.spec import AUTO_PORT, DEFAULT_PORT
 from .build import setup_path_first
 from .dryrun import DryRun, NodeLaunch

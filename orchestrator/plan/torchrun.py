@@ -6,7 +6,7 @@ the process count reads the plan.
 
 from __future__ import annotations
 
-from ..agent.worker.shim import SHIM_MODULE
+from ..agent.layout import SHIM_MODULE
 from .model import NodePlan, RunPlan
 
 TORCHRUN = ("-m", "torch.distributed.run")

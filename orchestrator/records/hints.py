@@ -14,6 +14,8 @@ import ipaddress
 import re
 from typing import Any, Iterable, Protocol, Sequence
 
+from ..agent.layout import SHIM_MODULE
+
 
 CHECK = "`ddp-orch check` shows the interface each node uses and tests every pair of nodes"
 PYTHON = "set `python:` to an interpreter that has torch"
@@ -65,8 +67,6 @@ def run_module(plan: Any) -> str | None:
     ``plan.json``: the word after the shim's ``-m`` in node 0's argv, when
     it is the run's workload (a built-in's module, ``workloads.linear``, is
     not ``linear``); None for a script, a built-in or no record."""
-    from ..agent.worker.shim import SHIM_MODULE  # (its imports are a worker's, not ps's)
-
     try:
         argv = [str(word) for word in plan["nodes"][0]["argv"]]
         at = argv.index(SHIM_MODULE)
@@ -125,7 +125,7 @@ def hint_for(texts: Iterable[str], node_rank: int, host: str,
                 f"{{interface: auto}}; {CHECK}")
     store = _STORE.search(text)
     if store:
-        from ..agent.node.probes import hostport
+        from ..agent.wire.addr import hostport
 
         where = hostport(store.group("host") or store.group("host2"),
                           store.group("port") or store.group("port2"))
@@ -169,7 +169,7 @@ def _module_hint(node: str, name: str, module: str | None) -> str:
 def _peer_hint(node: str, addr: str, port: str, var: str,
                peers: Sequence[tuple[int, str]]) -> str:
     """A rank could not connect to a peer's advertised address ``addr``."""
-    from ..agent.node.probes import hostport
+    from ..agent.wire.addr import hostport
 
     where = hostport(addr, port)
     ip = _address(addr)

@@ -72,7 +72,6 @@ from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
 from ..wire import files
 from ..wire.protocol import Event, encode, message
-from ..worker.shim import SHIM_MODULE
 
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
 FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
@@ -93,7 +92,7 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
     log_dir = os.path.join(spec.run_dir, layout.attempt_logs(attempt))
     swap = {"--master-port": str(master_port), "--log-dir": log_dir}
     argv = list(spec.argv)
-    own = argv.index(SHIM_MODULE) - 1 if SHIM_MODULE in argv else len(argv)
+    own = argv.index(layout.SHIM_MODULE) - 1 if layout.SHIM_MODULE in argv else len(argv)
     for i, word in enumerate(argv[:own - 1]):
         if word in swap:
             argv[i + 1] = swap[word]

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable
 
-from ..node.probes import hostport
+from ..wire.addr import hostport
 from ..wire.protocol import Event, LineBuffer, ProtocolError, decode, encode, message
 
 GANG_HEARTBEAT_S = 2.0

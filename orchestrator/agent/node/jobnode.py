@@ -41,7 +41,7 @@ import socket
 import sys
 import time
 
-from . import netroute
+from . import ifvars, netroute
 from .. import layout
 from .jobfile import JobSpec, Placement
 from .spec import SpecError, SupervisorSpec
@@ -132,7 +132,7 @@ def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> Super
     unset_env = tuple(spec.unset_env) + tuple(sorted(
         name for name in environ if name.startswith(SECRET_PREFIX)))
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place.gpus), place)
-    if any(env.get(var) == netroute.AUTO for var in netroute.IFNAME_VARS):
+    if any(env.get(var) == ifvars.AUTO for var in ifvars.IFNAME_VARS):
         env = with_interface(env, where, len(job.nodes) > 1)
     argv = [slots.get(word, word) for word in spec.argv]
     home = environ.get("HOME") or os.path.expanduser("~")
@@ -162,7 +162,7 @@ def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
         raise JobNodeError(f"cannot choose the interface the ranks use: {found['error']}; set "
                            f"GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the cluster file's "
                            f"env (this node has {', '.join(found['interfaces'])})")
-    return netroute.resolve_interfaces(env, found["ifname"])
+    return ifvars.resolve_interfaces(env, found["ifname"])
 
 
 def check_gpus(pinned: str | None, allocated: str | None, place: Placement) -> None:

@@ -32,7 +32,6 @@ import ipaddress
 import os
 import socket
 import struct
-from typing import Mapping
 
 # rtnetlink (linux/rtnetlink.h, linux/if_addr.h)
 _RTM_GETADDR, _NLM_F_REQUEST, _NLM_F_DUMP = 22, 0x1, 0x300
@@ -150,50 +149,3 @@ def route(host: str, port: int, remote_peers: bool) -> dict:
         return {"ok": False, "error": f"no interface holds {addr} ({via})", "interfaces": names}
     return {"ok": True, "ifname": owners[0], "addr": addr, "via": via,
             "loopback": is_loopback(addr), "interfaces": names}
-
-
-# -- the variables that select it (``plan/network.py`` decides who sets them) --
-
-GLOO_IFNAME, NCCL_IFNAME = "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"
-IFNAME_VARS = (GLOO_IFNAME, NCCL_IFNAME)
-AUTO = "auto"  # the plan's value until the node's agent has found its interface
-
-
-def value_for(var: str, ifname: str) -> str:
-    """``var``'s value that selects exactly ``ifname``."""
-    return f"={ifname}" if var == NCCL_IFNAME else ifname
-
-
-def resolve_interfaces(env: Mapping[str, str], ifname: str | None) -> dict[str, str]:
-    """``env`` with its ``auto`` interface variables set to ``ifname``."""
-    if ifname is None:
-        return dict(env)
-    return {k: value_for(k, ifname) if k in IFNAME_VARS and v == AUTO else v
-            for k, v in env.items()}
-
-
-def named_interfaces(env: Mapping[str, str]) -> dict[str, list[str]]:
-    """{variable: interface names it requires to exist}, for the values the
-    user set. Gloo takes a comma-separated list of exact names; NCCL a list
-    of prefixes (``eth`` matches ``eth0``), ``=`` for exact names, ``^``
-    for exclusions (never required, so not checked)."""
-    out = {}
-    for var in IFNAME_VARS:
-        value = env.get(var)
-        if not value or value == AUTO or value.startswith("^"):
-            continue
-        out[var] = [name for name in value.lstrip("=").split(",") if name]
-    return out
-
-
-def unknown_interfaces(env: Mapping[str, str], present: list[str]) -> list[str]:
-    """``VAR=VALUE`` for each user-set variable that names no interface of
-    the node, whose interfaces are ``present``."""
-    bad = []
-    for var, names in named_interfaces(env).items():
-        exact = var == GLOO_IFNAME or env[var].startswith("=")
-        missing = [n for n in names if not (n in present if exact
-                                            else any(p.startswith(n) for p in present))]
-        if missing:
-            bad.append(f"{var}={env[var]}")
-    return bad

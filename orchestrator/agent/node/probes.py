@@ -29,15 +29,6 @@ _TORCH = ("import json, torch\n"
           "print(json.dumps(out))")
 
 
-def hostport(addr: str, port: int | str) -> str:
-    """``addr:port`` as it is written: ``10.0.0.1:29500``, ``node0:29500``,
-    ``[fd77::10]:29500`` (an IPv6 address in brackets, never doubled)."""
-    addr = str(addr)
-    if ":" in addr and not addr.startswith("["):
-        addr = f"[{addr}]"
-    return f"{addr}:{port}"
-
-
 def family_of(host: str) -> int:
     """The address family torchrun's store would use for ``host``: that of an
     address literal, else of the first address the name resolves to here

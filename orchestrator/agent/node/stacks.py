@@ -20,7 +20,8 @@ import threading
 import time
 
 from . import procs
-from ..worker.shim import SHIM_MODULE, STACK_SIGNAL, stacks_file
+from ..layout import SHIM_MODULE
+from ..worker.shim import STACK_SIGNAL, stacks_file
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
 MAX_DUMP = 1 << 20  # bytes kept of one rank's dump

@@ -38,7 +38,6 @@ import sys
 import time
 import traceback
 
-SHIM_MODULE = "ddp_orch_shim"  # the name the bundle ships this file under
 
 # A real-time signal: SIGUSR1/SIGUSR2 are what Slurm, Lightning and submitit
 # use for preemption and requeueing, and a user's handler must not fire on a dump.

@@ -52,11 +52,16 @@ NEVER = {"torch", "paramiko", "cryptography", "orchestrator.engine.gang",
     # ps reads records: no plan, no backend, no cluster-file parsing
     (("ps",), {"yaml", "orchestrator.backends.base", "orchestrator.plan.model",
                "orchestrator.config.loader", "socket", "hashlib"}),
-    # a dry run renders a plan: no records to write, no bundle to tar, no local GPUs to ask
+    # a dry run renders a plan: no records to write, no bundle to tar or code directory to
+    # scan (a built-in workload), no local GPUs to ask, no socket (the address rule and the
+    # interface variables are pure), no worker shim, and no "did you mean" without a mistake
     (("up", EXAMPLE, "--dry-run"), {"orchestrator.records.store", "orchestrator.records.outcome",
-                                    "tarfile", "orchestrator.agent.node.gpuclaim",
+                                    "tarfile", "orchestrator.engine.bundle",
+                                    "orchestrator.agent.node.gpuclaim",
                                     "orchestrator.agent.node.gpulocks", "subprocess",
-                                    "orchestrator.cli.runs"}),
+                                    "orchestrator.cli.runs", "socket",
+                                    "orchestrator.agent.node.netroute",
+                                    "orchestrator.agent.worker.shim", "difflib"}),
 ], ids=["help", "ps", "dry-run"])
 def test_a_command_that_starts_nothing_loads_none_of_what_it_does_not_use(argv, unused, tmp_path):
     loaded = modules_of(*argv, runs_dir=str(tmp_path / "runs"))

@@ -10,7 +10,7 @@ import pytest
 from netlab import require_ipv6_loopback
 
 from orchestrator.agent.node import probes
-from orchestrator.agent.node.probes import hostport
+from orchestrator.agent.wire.addr import hostport
 from orchestrator.engine.preflight import CheckResult, Preflight
 from orchestrator.engine.checknet import (NodeNet, clock_offset, clock_rows,
                                             hostname_row, pair_rows, version_rows)
