@@ -26,11 +26,13 @@ too, or simply follow the same rules:
   (``restart_count``); the built-in workloads do (``harness/checkpoint.py``).
   ``DDP_ORCH_MAX_RESTARTS``, set when a run may restart at all, tells a
   program that it should checkpoint.
-* ``heartbeat(step, samples=None)``: a rank's sign of progress for
-  ddp-orch's hang watchdog (``up --hang-timeout``), and its step (and, where
-  given, the training samples it has processed so far) for ``status``. The
-  built-in workloads call it every step, with their samples; a user script
-  may too. Without ddp-orch it does nothing.
+* ``heartbeat(step, samples=None, compute_s=None, data_s=None)``: a rank's
+  sign of progress for ddp-orch's hang watchdog (``up --hang-timeout``), and
+  its step (and, where given, the training samples it has processed so far,
+  and the step's seconds outside collectives: computing before the
+  gradients' all-reduce, and waiting for data) for ``status`` and ``top``.
+  The built-in workloads call it every step, with all of them; a user
+  script may too. Without ddp-orch it does nothing.
 """
 
 from __future__ import annotations
@@ -58,41 +60,65 @@ ONE_LINE_ERROR = "ddp_orch_one_line"
 
 RESULT_FILE_NAME = "result.json"
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
-# In the node's run directory: rank-<RANK> holds "<step> <time>" or "<step> <time> <samples>".
+# In the node's run directory: rank-<RANK> holds "<step> <time>", "<step> <time> <samples>"
+# or "<step> <time> <samples or -> <compute_s> <data_s>" (the means since the last write).
 PROGRESS_DIR = "progress"
 HEARTBEAT_EVERY_S = 1.0
 _last_heartbeat = [0.0]
+_pace = [0.0, 0.0, 0]  # compute and data seconds since the last write, over this many steps
 
 
-def heartbeat(step: int, samples: int | None = None) -> None:
+def heartbeat(step: int, samples: int | None = None, compute_s: float | None = None,
+              data_s: float | None = None) -> None:
     """Record that this rank reached ``step``, having processed ``samples``
-    training samples so far (cumulative, an int >= 0) where given; a bad
-    ``samples`` (negative, not an integer, a bool) is left out. At most one
-    small file write per HEARTBEAT_EVERY_S, so calling it every step costs
-    nothing; the node agent reads these files and reports each rank's last
-    step, its age and its samples."""
+    training samples so far (cumulative, an int >= 0) where given, and spent
+    ``compute_s`` seconds computing before the gradients' all-reduce and
+    ``data_s`` waiting for its batch on this step where given (both or
+    neither). A bad ``samples`` (negative, not an integer, a bool) or pair
+    of times is left out. At most one small file write per
+    HEARTBEAT_EVERY_S, holding the times' means since the last, so calling
+    it every step costs nothing; the node agent reads these files and
+    reports each rank's last step, its age, its samples and its times. The
+    line is the step report's (``agent/worker/progress.py``), which a user's
+    program imports
+    (``tests/unit/agent/test_step_report.py`` holds the two to it)."""
+    import math
     import time  # here: the controller imports this module and never calls this
 
+    if RESULT_FILE_ENV not in os.environ:
+        return
+    if all(isinstance(t, numbers.Real) and not isinstance(t, bool) and math.isfinite(t)
+           and t >= 0 for t in (compute_s, data_s)):
+        _pace[0] += float(compute_s)
+        _pace[1] += float(data_s)
+        _pace[2] += 1
     now = time.monotonic()
-    if now - _last_heartbeat[0] < HEARTBEAT_EVERY_S or RESULT_FILE_ENV not in os.environ:
+    if now - _last_heartbeat[0] < HEARTBEAT_EVERY_S:
         return
     _last_heartbeat[0] = now
+    pace, _pace[:] = list(_pace), [0.0, 0.0, 0]
     directory = os.path.join(os.path.dirname(os.environ[RESULT_FILE_ENV]), PROGRESS_DIR)
     path = os.path.join(directory, f"rank-{os.environ.get('RANK', '0')}")
     try:
         os.makedirs(directory, exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write(f"{int(step)} {time.time():.3f}{_samples_field(samples)}\n")
+            fh.write(f"{int(step)} {time.time():.3f}{_fields(samples, pace)}\n")
         os.replace(path + ".tmp", path)
     except OSError:
         pass  # progress reports are best effort; training goes on
 
 
-def _samples_field(samples: object) -> str:
-    """`` <samples>`` for a count (an integer >= 0, not a bool), else nothing."""
-    if isinstance(samples, numbers.Integral) and not isinstance(samples, bool) and samples >= 0:
-        return f" {int(samples)}"
-    return ""
+def _fields(samples: object, pace: list) -> str:
+    """What follows ``<step> <time>``: `` <samples>`` for a count (an integer
+    >= 0, not a bool), and with the times of ``pace`` (compute and data
+    seconds summed over its steps) `` <samples or -> <compute_s> <data_s>``,
+    their means per step."""
+    good = isinstance(samples, numbers.Integral) and not isinstance(samples, bool) \
+        and samples >= 0
+    counted = f" {int(samples)}" if good else ""
+    if not pace[2]:
+        return counted
+    return f"{counted or ' -'} {pace[0] / pace[2]:.6f} {pace[1] / pace[2]:.6f}"
 
 
 def restart_count() -> int:

@@ -68,6 +68,7 @@ class DdpOrchGroup(click.Group):
         "attach": "Follow a detached run (`up --detach`; default: the latest), or a Slurm "
                   "job whose `up` is gone, from its nodes until it ends.",
         "prune": "Remove ended runs here and their run directories on their nodes.",
+        "top": "Every rank of a live run on one screen (default: the latest live run).",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -1,4 +1,5 @@
-"""Commands about recorded runs: ``ps``, ``status``, ``logs``, ``down``, ``stacks``, ``attach``."""
+"""Commands about recorded runs: ``ps``, ``status``, ``logs``, ``down``, ``stacks``,
+``attach``, ``prune``, ``top``."""
 
 from __future__ import annotations
 
@@ -419,3 +420,88 @@ def prune(run_ids: tuple[str, ...], older_than: str | None, forget_unreachable: 
     troubled = any(not r.removed and not r.why_kept.startswith(("live", "ended"))
                    for r in results)
     sys.exit(1 if troubled or (named and not all(r.removed for r in results)) else 0)
+
+
+@click.command()
+@latest_run_argument
+@click.option("--interval", type=click.FloatRange(0.2, 3600), default=2.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--once", is_flag=True,
+              help="Print one frame and exit: 0 while the run is live; once it has ended, "
+                   "0 for a success and 1 otherwise. It looks twice, --interval apart, so "
+                   "that the frame has rates.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Each frame as one line of JSON (schema/top.schema.json).")
+@click.option("--sort", type=click.Choice(["rank", "slowness"]), default="rank",
+              show_default=True, help="Row order: by rank, or the slowest first.")
+@runs_dir_option
+def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: str,
+        runs_dir: str | None) -> None:
+    """Every rank of a live run on one screen (default: the latest live run).
+
+    A row per rank: its node and host, GPU and model, step, steps/s and
+    samples/s over the last seconds, time since its last progress, time per
+    step outside collectives, and its GPU's use; the rank that holds the gang
+    back is marked, with why. It refreshes until the run ends (a final frame
+    says how) or Ctrl-C. Attached runs are read from their controller's
+    records, detached ones from their nodes' keepers.
+    """
+    import os
+    import shutil
+
+    from ..report.pace import PaceWindow
+    from ..report.runs import live_progress
+    from ..report.top import build_frame, render
+
+    where = locate(runs_dir)
+    record = find_run(where.path, run_id) if run_id is not None else \
+        latest_run(where.path, lambda r: r.live, "live run")
+    tty = sys.stdout.isatty()
+    colour = tty and not os.environ.get("NO_COLOR")
+    window, rows, looked_at, looks = PaceWindow(), [], None, 0
+    try:
+        while True:
+            record = find_run(where.path, record.run_id)
+            described = _described(record) if record.live else None
+            if described is not None and kept_without_controller(record):
+                record = _settled(record, described)
+            now = time.time()
+            if record.live:
+                rows, looked_at = live_progress(record, described), now
+            # an ended run: its ranks as the last look saw them, at that time
+            frame = build_frame(record, rows, window, looked_at or now)
+            looks += 1
+            if once and frame.live and looks < 2:
+                time.sleep(interval)
+                continue
+            if sort == "slowness":
+                frame = _slowest_first(frame)
+            if as_json:
+                click.echo(json.dumps(frame.to_json(), separators=(",", ":")))
+            else:
+                size = shutil.get_terminal_size()
+                text = render(frame, size.columns, size.lines,
+                              (lambda s: click.style(s, fg="red", bold=True)) if colour
+                              else (lambda s: s))
+                click.echo(("\x1b[H\x1b[2J" if tty and not once else "") + text, nl=False)
+            if once or not frame.live:
+                sys.exit(0 if frame.live or frame.state == "succeeded" else 1)
+            if not tty and not as_json:
+                click.echo()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+def _slowest_first(frame):
+    """The frame's ranks, the stragglers first (the worst first), then the
+    oldest progress, silent ranks last."""
+    import dataclasses
+
+    order = {s: i for i, s in enumerate(r.rank for r in frame.ranks if r.straggler)}
+    if frame.slowest is not None:
+        order[frame.slowest.rank] = -1
+    ranks = sorted(frame.ranks, key=lambda r: (
+        order.get(r.rank, len(order)), r.silent,
+        -(r.last_progress_s_ago or 0.0), r.rank))
+    return dataclasses.replace(frame, ranks=tuple(ranks))

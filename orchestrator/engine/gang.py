@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 from ..agent.gangrule import Clock, NodeView, Stop, Timeouts, Verdict, hang_words, judge, tick
 from ..agent.stackgroups import place
 from ..agent.wire.owner import Holder
-from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S
+from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, pace_fields
 from ..console import Console
 from ..plan.dryrun import DryRun
 from ..records.outcome import RunOutcome, RunState, gang_outcome
@@ -277,7 +277,8 @@ class Gang:
 
     def _report_progress(self) -> None:
         """Each rank's last step (with its samples so far, null where its step
-        heartbeat says none) and progress time into ``progress.json`` (for
+        heartbeat says none, and its seconds per step outside collectives,
+        ``compute_s`` and ``data_s``, where it says them) and progress time into ``progress.json`` (for
         ``status`` of a live run), and with ``--quiet`` one line per node now
         and then, so a long quiet run still shows it is alive. Progress is a
         step heartbeat or an output line (``NodeHandle.progress``, the hang
@@ -294,7 +295,7 @@ class Gang:
         gpu_of = {r.rank: r.gpu for r in self.plan.ranks}
         for h in self.handles:
             seen, lines = dict(h.progress), dict(h.output_at)
-            samples = dict(h.samples)
+            samples, pace = dict(h.samples), dict(h.pace)
             for rank in h.node.ranks:
                 gpu = rank_gpu(h.gpu_use, gpu_of.get(rank))
                 if rank not in seen and not gpu and not h.started:
@@ -303,6 +304,7 @@ class Gang:
                 line_at = lines.get(rank)
                 ranks[rank] = {"node_rank": h.node.node_rank, "host": h.node.host, "step": step,
                                "samples": samples.get(rank),
+                               **pace_fields(pace.get(rank)),
                                "last_progress": None if at is None else
                                round(wall - (now - at), 3),
                                "last_output": None if line_at is None else

@@ -135,6 +135,9 @@ class NodeHandle:
         # Per global rank: the training samples its last step heartbeat said it
         # had processed so far, where that heartbeat said (``progress.json``).
         self.samples: dict[int, int] = {}
+        # Per global rank: its seconds per step outside collectives, computing
+        # and waiting for data, where its last step heartbeat said them.
+        self.pace: dict[int, tuple[float, float]] = {}
         self.output_at: dict[int, float] = {}
         self.gpu_use = GpuUse()  # its GPUs' utilisation and memory, from its heartbeats
         self.hung_reason = ""  # a fact: set by the hang watchdog on the odd rank's node
@@ -267,7 +270,7 @@ class NodeHandle:
                 if self.phase in ATTEMPT_FROM:  # torchrun again, its setup done
                     self.phase = NodePhase.SET_UP
                 # new ranks; their step files are gone
-                self.progress, self.samples, self.output_at = {}, {}, {}
+                self.progress, self.samples, self.pace, self.output_at = {}, {}, {}, {}
                 return (f"{AGENT_SAYS}attempt {event['attempt']} (master port "
                         f"{event['master_port']})\n").encode()
         elif event["event"] == Event.HEARTBEAT:
@@ -276,8 +279,9 @@ class NodeHandle:
         return b""
 
     def _on_progress(self, progress: object) -> None:
-        """A heartbeat's {rank: [step, age_s]} or {rank: [step, age_s,
-        samples]} (``rank_progress``; the node's own clock for the age)."""
+        """A heartbeat's {rank: [step, age_s]}, {rank: [step, age_s,
+        samples]} or {rank: [step, age_s, samples, compute_s, data_s]}
+        (``rank_progress``; the node's own clock for the age)."""
         if not isinstance(progress, dict):
             return
         now = time.monotonic()
@@ -285,14 +289,12 @@ class NodeHandle:
             entry = rank_progress(value) if isinstance(key, str) and key.isdigit() else None
             if entry is None or not isinstance(entry[0], int):
                 continue
-            step, age, samples = entry
-            rank, seen_at = int(key), now - age
+            rank, seen_at = int(key), now - entry.age_s
             if seen_at > self.progress.get(rank, (None, float("-inf")))[1]:
-                self.progress[rank] = (step, seen_at)
-                if samples is None:
-                    self.samples.pop(rank, None)
-                else:
-                    self.samples[rank] = samples
+                self.progress[rank] = (entry.step, seen_at)
+                _keep(self.samples, rank, entry.samples)
+                _keep(self.pace, rank, None if entry.compute_s is None
+                      else (entry.compute_s, entry.data_s))
 
     def poll(self) -> int | None:
         """torchrun's exit code once the node's run is over (its exit event,
@@ -455,3 +457,11 @@ def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
         if same else ""
     return (f"torchrun exited {code}; rank {rank} (local rank {first['local_rank']}) failed: "
             f"{message[-1] if message else '?'}{also}")
+
+
+def _keep(seen: dict, rank: int, value: object) -> None:
+    """``seen[rank] = value``, or no entry for None (the rank said none)."""
+    if value is None:
+        seen.pop(rank, None)
+    else:
+        seen[rank] = value

@@ -13,6 +13,7 @@ from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
 from ..tables import format_table
 from .gpus import GPU_KEYS, gpu_lines, gpu_words
+from .pace import marked, pace_of
 
 if TYPE_CHECKING:  # `ps` and `status` read records; `check` loads the preflight
     from ..backends.base import CancelResult
@@ -78,9 +79,13 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
         lines.append(f"  node {outcome.node_rank} ({outcome.host}): {outcome.state.value}, "
                      f"exit {outcome.exit_code}: {outcome.reason}")
     lines += gpu_lines(record.run.plan())
-    for rank in live_progress(record, described):
+    ranks = live_progress(record, described)
+    slow = marked(ranks)
+    for rank in ranks:
+        why = slow.get(rank["rank"])
         lines.append(f"  rank {rank['rank']} (node {rank['node_rank']}, {rank['host']}): "
-                     f"{progress_words(rank)}{gpu_words(rank)}")
+                     f"{progress_words(rank)}{gpu_words(rank)}"
+                     + (f"; holds the gang back: {why}" if why else ""))
     if record.error:
         text = record.error.replace("\n", "\n  ")
         lines.append(f"error: {text}")
@@ -135,7 +140,8 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     ``described.progress``), else as its controller keeps it
     (``progress.json``): ``{"rank", "node_rank", "host", "step", "samples",
     "last_progress_s_ago", "last_output_s_ago"}`` (``samples``: null where
-    the rank's step heartbeat says none)."""
+    the rank's step heartbeat says none), with its GPU's use and its
+    ``compute_s`` and ``data_s`` (``pace_of``) where they were reported."""
     if not record.state.live:
         return []
     if described is not None and described.progress:
@@ -154,7 +160,8 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
                     "samples": samples if is_count(samples) else None,
                     "last_progress_s_ago": now - float(last) if is_time(last) else None,
                     "last_output_s_ago": now - float(line) if is_time(line) else None,
-                    **{key: seen[key] for key in GPU_KEYS if key in seen}})
+                    **{key: seen[key] for key in GPU_KEYS if key in seen},
+                    **pace_of(seen)})
     return out
 
 

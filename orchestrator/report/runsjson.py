@@ -20,6 +20,7 @@ from ..records.outcome import AttemptOutcome, NodeOutcome, RunDescription, RunSt
 from ..records.runsdir import RunsDir
 from ..records.store import RunRecord
 from .gpus import node_gpus
+from .pace import marked
 from .runs import live_progress, next_step
 
 VERSION = 1
@@ -41,7 +42,7 @@ def status_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
     return {"version": VERSION, **run_json(record, described),
             "detail": described.detail or None,
             "attempts": [_attempt(a) for a in described.attempts],
-            "progress": live_progress(record, described),
+            "progress": _with_marks(live_progress(record, described)),
             "hint": (failure_hint(root, described.nodes, record.run.plan()) or None)
             if root else None}
 
@@ -108,3 +109,10 @@ def _result(record: RunRecord) -> dict[str, Any] | None:
             else None,
             "metrics": result["metrics"] if isinstance(result.get("metrics"), dict) else {},
             "timing": result["timing"] if isinstance(result.get("timing"), dict) else {}}
+
+
+def _with_marks(ranks: list[dict]) -> list[dict]:
+    """Each rank with ``straggler``: why it holds the gang back (``report/pace.py``'s
+    rule, as ``status`` and ``top`` apply it), or null."""
+    slow = marked(ranks)
+    return [{**rank, "straggler": slow.get(rank["rank"])} for rank in ranks]

@@ -155,12 +155,16 @@ def test_each_step_heartbeat_carries_the_ranks_samples_so_far(ctx, monkeypatch, 
     in global batches of 10 over one rank: 10 steps of 10 an epoch)."""
     from workloads.harness import train
 
-    beats = []
-    monkeypatch.setattr(train, "heartbeat",
-                        lambda step, samples=None: beats.append((step, samples)))
+    beats, times = [], []
+    monkeypatch.setattr(train, "heartbeat", lambda step, samples=None, compute_s=None,
+                        data_s=None: (beats.append((step, samples)),
+                                      times.append((compute_s, data_s))))
     trainer, _ = make_trainer(ctx, epochs=3, start_epoch=start_epoch, start_step=10 * start_epoch)
     trainer.run()
     assert beats == [(step, 10 * step) for step in range(10 * start_epoch + 1, 31)]
+    # and every step's time outside collectives: its forward pass, its wait for data
+    assert all(isinstance(c, float) and c > 0 and isinstance(d, float) and d >= 0
+               for c, d in times), times
 
 
 @pytest.mark.parametrize("rank", range(7))

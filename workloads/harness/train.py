@@ -112,15 +112,25 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     empty batch backpropagates a zero through the model instead of a mean
     over nothing (NaN): every parameter still gets its (zero) gradient, as
     DDP's all-reduce needs, and the returned loss is 0 over 0 samples.
+
+    ``step.forward_s`` is the last step's forward pass and loss in seconds
+    (on a GPU, up to a synchronise): the part of the step before the
+    gradients' all-reduce, which runs inside ``backward()`` and waits for the
+    slowest rank. The step heartbeat reports it as the rank's compute time
+    outside collectives (``Trainer``; ``ddp-orch top`` compares the ranks on it).
     """
     amp = amp or Amp("off", "cpu", None, None)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor, weight: float = 1.0):
+        started = now()
         optimizer.zero_grad(set_to_none=True)
         with amp.autocast():
             outputs = model(inputs)
             loss = loss_fn(outputs, targets) if len(targets) else outputs.sum()
             objective = loss if weight == 1.0 else loss * weight
+        if inputs.is_cuda:
+            torch.cuda.synchronize(inputs.device)
+        step.forward_s = now() - started
         if amp.scaler is not None:
             amp.scaler.scale(objective).backward()
             amp.scaler.step(optimizer)
@@ -130,6 +140,7 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,
             optimizer.step()
         return loss, outputs
 
+    step.forward_s = None
     return step
 
 
@@ -213,8 +224,11 @@ class Trainer:
             self.timer.record(self.step, t_data - t_end, t_done - t_data)
             self.step += 1
             steps += 1
-            # the hang watchdog's sign of progress, and status's (a no-op alone)
-            heartbeat(self.step, samples=self.samples_before + self.local_samples)
+            # the hang watchdog's sign of progress, and status's and top's (a
+            # no-op alone): with the step's time outside collectives
+            heartbeat(self.step, samples=self.samples_before + self.local_samples,
+                      compute_s=getattr(self.step_fn, "forward_s", None),
+                      data_s=t_data - t_end)
             if self._win_steps == self.curve_every:
                 self._flush(epoch, show=bool(self.log_every))
             if self.max_steps and self.step >= self.max_steps:

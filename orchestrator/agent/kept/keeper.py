@@ -71,7 +71,7 @@ from ..node.spec import SupervisorSpec
 from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
 from ..wire import files
-from ..wire.protocol import Event, encode, message
+from ..wire.protocol import Event, encode, message, pace_fields
 
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
 FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
@@ -307,7 +307,8 @@ class Keeper(abc.ABC):
     def _record_progress(self, heartbeats: dict, use: dict | None = None,
                          lines: dict | None = None, ranks: Iterable[int] = ()) -> None:
         """Each rank's last step, its samples so far (null where its step
-        heartbeat says none: ``Supervisor.progress``) and when it made
+        heartbeat says none: ``Supervisor.progress``), its seconds per step
+        outside collectives where it says them (``compute_s``, ``data_s``) and when it made
         progress (this node's clock) into keeper.json, as the heartbeats
         carry them and its output
         lines (``lines``: rank -> wall time of its last line, the supervisor's
@@ -324,10 +325,11 @@ class Keeper(abc.ABC):
                        key=int)[:MAX_PROGRESS_RANKS]
         seen = {}
         for rank in ranks:
-            step, age, *samples = heartbeats.get(rank, (None, None))
+            step, age, *rest = heartbeats.get(rank, (None, None))
             line = lines.get(rank)
             times = [t for t in (None if age is None else now - age, line) if t is not None]
-            seen[rank] = {"step": step, "samples": samples[0] if samples else None,
+            seen[rank] = {"step": step, "samples": rest[0] if rest else None,
+                          **pace_fields(tuple(rest[1:3]) if len(rest) == 3 else None),
                           "last_progress": round(max(times), 3) if times else None,
                           "last_output": None if line is None else round(line, 3),
                           **use.get(rank, {})}
@@ -420,7 +422,8 @@ def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:
 
 def _progress_of(sup: Supervisor) -> dict:
     """{rank: [step, age_s]}, or [step, age_s, samples] where the rank's
-    heartbeat says its samples: the ranks' heartbeats and their output lines
+    heartbeat says its samples, or [step, age_s, samples, compute_s, data_s]
+    (``Supervisor.progress``): the ranks' heartbeats and their output lines
     (``line_seen``), the younger of the two: what the hang rule counts."""
     progress = sup.progress()
     now = time.time()

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..wire import fields
-from ..wire.fields import TEXT, TIME, Field, count, is_int, of_types, optional, shown
-from ..wire.protocol import ProtocolError, validate
+from ..wire.fields import TEXT, TIME, Field, count, is_int, is_number, of_types, optional, shown
+from ..wire.protocol import PACE_KEYS, ProtocolError, validate
 
 _RANK, _INT = count(0), of_types(int)
 # field -> what it must be, for what a keeper writes; a field that is not is
@@ -38,6 +38,10 @@ _OUTPUT_FIELD = {"last_output": optional(TIME)}
 # The training samples its step heartbeat says it processed so far (null: it
 # says none); optional too, for the same reason.
 _SAMPLES_FIELD = {"samples": optional(count(0))}
+# Its seconds per step outside collectives (both or neither), absent from older
+# keepers' records and where its step heartbeat says none.
+_PACE_FIELDS = {key: Field(lambda v: is_number(v) and 0 <= v < 1e9, "seconds")
+                for key in PACE_KEYS}
 # Its GPU now, where the node's nvidia-smi answers (all three or none).
 _GPU_FIELDS = {"gpu": Field(lambda v: is_int(v) and 0 <= v < 1 << 20, "a GPU index"),
                "gpu_util": optional(Field(lambda v: is_int(v) and 0 <= v <= 100, "a percentage")),
@@ -113,7 +117,8 @@ def clean_keeper_state(recorded: Any, notes: list[str]) -> dict | None:
 def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
     """A keeper's ranks' last steps: ``{rank: {"step", "last_progress"}}``,
     each rank's record whole (both fields, of their type) or dropped, with
-    ``last_output`` and ``samples`` where each is good, and
+    ``last_output`` and ``samples`` where each is good, its ``compute_s`` and
+    ``data_s`` where both are, and
     its GPU (``gpu``, ``gpu_util``, ``gpu_mem_mib``) where all three are good."""
     out = {}
     for rank, seen in progress.items():
@@ -122,10 +127,12 @@ def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
             notes.append(f"ignored {what}: not a rank's record")
             continue
         seen = fields.keep_good(seen, {**_PROGRESS_FIELDS, **_OUTPUT_FIELD, **_SAMPLES_FIELD,
-                              **_GPU_FIELDS}, what, notes)
+                              **_PACE_FIELDS, **_GPU_FIELDS}, what, notes)
         if all(name in seen for name in _PROGRESS_FIELDS):
             out[rank] = {name: seen[name] for name in (*_PROGRESS_FIELDS, *_OUTPUT_FIELD,
                                                        *_SAMPLES_FIELD) if name in seen}
+            if all(name in seen for name in _PACE_FIELDS):
+                out[rank].update({name: seen[name] for name in _PACE_FIELDS})
             if all(name in seen for name in _GPU_FIELDS):
                 out[rank].update({name: seen[name] for name in _GPU_FIELDS})
         else:

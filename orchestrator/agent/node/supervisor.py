@@ -26,6 +26,7 @@ files.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import select
@@ -51,6 +52,20 @@ PROGRESS_READ = 64  # characters of a rank's step report read ("<step> <time> [<
 GPU_SAMPLE_TIMEOUT_S = 3.0  # one nvidia-smi query in a heartbeat; it delays the beat at most this
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (WorkerLogs)
 
+
+
+def _pace(words: list[str]) -> list[float] | None:
+    """``[compute_s, data_s]`` from a step file's last two words, each a
+    finite number of seconds >= 0 (rounded to the microsecond); else None."""
+    if len(words) != 2:
+        return None
+    try:
+        times = [float(word) for word in words]
+    except ValueError:
+        return None
+    if not all(math.isfinite(t) and t >= 0 for t in times):
+        return None
+    return [round(t, 6) for t in times]
 
 class Supervisor:
     def __init__(self, spec: SupervisorSpec | dict, stdin: Reader | None = None):
@@ -376,9 +391,12 @@ class Supervisor:
         """{rank: [last step, seconds since]} from the ranks' heartbeat files
         (``workloads.contract.heartbeat``, ``agent/worker/progress.step``), with
         the rank's samples so far as a third item, ``[step, age, samples]``,
-        where its file has a good one (``"<step> <time> <samples>"``); the age
-        is this node's own clock. A file is read up to PROGRESS_READ characters:
-        a line cut there keeps its step, not its samples."""
+        where its file has a good one (``"<step> <time> <samples>"``), and its
+        seconds per step outside collectives, ``[step, age, samples or None,
+        compute_s, data_s]``, where it has those (``"<step> <time> <samples
+        or -> <compute_s> <data_s>"``); the age is this node's own clock. A
+        file is read up to PROGRESS_READ characters: a line cut there keeps
+        its step, not what follows it."""
         directory = os.path.join(self.run_dir, layout.PROGRESS_DIR)
         out = {}
         try:
@@ -392,15 +410,20 @@ class Supervisor:
             try:
                 with open(os.path.join(directory, name), encoding="utf-8") as fh:
                     text = fh.read(PROGRESS_READ)
-                step, stamp, *samples = text.split()
-                if len(samples) > 1:
+                step, stamp, *rest = text.split()
+                if len(rest) not in (0, 1, 3):
                     continue  # no step report: ignored, as any bad line
                 seen = [int(step), round(max(0.0, now - float(stamp)), 3)]
             except (OSError, ValueError):
                 continue
             whole = text.endswith("\n") or len(text) < PROGRESS_READ
-            if samples and samples[0].isascii() and samples[0].isdigit() and whole:
-                seen.append(int(samples[0]))
+            samples = int(rest[0]) if whole and rest and rest[0].isascii() \
+                and rest[0].isdigit() else None
+            pace = _pace(rest[1:]) if whole else None
+            if pace is not None:
+                seen += [samples, *pace]
+            elif samples is not None:
+                seen.append(samples)
             out[name[5:]] = seen
         return out
 

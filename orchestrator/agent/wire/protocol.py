@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from enum import Enum
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from .fields import Field, first_bad, is_count, is_time, of_types  # noqa: F401 (is_count: its importers')
 
@@ -133,8 +133,9 @@ MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
     # A node's setup is done (to the head); every node's is (from the head).
     "gang-setup": {"node_rank": (int,)},
     "gang-go": {},
-    # A node's torchrun has started, and its ranks' progress {rank: [step, age_s]}
-    # or [step, age_s, samples] (``rank_progress``; every ``peers.GANG_HEARTBEAT_S``,
+    # A node's torchrun has started, and its ranks' progress {rank: [step, age_s]},
+    # [step, age_s, samples] or [step, age_s, samples or null, compute_s, data_s]
+    # (``rank_progress``; every ``peers.GANG_HEARTBEAT_S``,
     # to the head: the start timeout, the hang rule).
     "gang-progress": {"attempt": (int,), "started": (bool,), "progress": (dict,)},
     # A hang: every node dumps its ranks' stacks into ``stacks/<stamp>/`` (from
@@ -206,22 +207,53 @@ def exit_event(code: int, reason: str, *, duration_s: float, failures: list | tu
             "duration_s": duration_s, **extra}
 
 
-def rank_progress(value: Any) -> tuple[Any, float, int | None] | None:
+class RankProgress(NamedTuple):
+    """A rank's entry in a heartbeat's or a ``gang-progress``'s progress, read
+    (``rank_progress``): its step, the seconds since it reported it (the
+    node's clock), its training samples so far, and its last seconds per
+    step outside collectives, computing and waiting for data (None: not
+    reported)."""
+
+    step: Any
+    age_s: float
+    samples: int | None = None
+    compute_s: float | None = None
+    data_s: float | None = None
+
+
+def rank_progress(value: Any) -> RankProgress | None:
     """A rank's entry in a heartbeat's or a ``gang-progress``'s progress
-    (``Supervisor.progress``): ``[step, age_s]``, or ``[step, age_s,
-    samples]`` with the training samples the rank reported, as ``(step,
-    age_s, samples or None)``; None for anything else, an entry to ignore
-    (another length, an age that is no number of seconds, samples that are
-    no count). The step is the caller's to check."""
-    if not (isinstance(value, list) and len(value) in (2, 3)):
+    (``Supervisor.progress``): ``[step, age_s]``, ``[step, age_s,
+    samples]`` with the training samples the rank reported, or ``[step,
+    age_s, samples or null, compute_s, data_s]`` with its seconds per step
+    outside collectives too; None for anything else, an entry to ignore
+    (another length, an age or time that is no number of seconds, samples
+    that are no count). The step is the caller's to check."""
+    if not (isinstance(value, list) and len(value) in (2, 3, 5)):
         return None
-    age = value[1]
-    if not (isinstance(age, _NUM) and not isinstance(age, bool) and age >= 0):
+    if not all(_seconds(t) for t in (value[1], *value[3:])):
         return None
-    samples = value[2] if len(value) == 3 else None
-    if len(value) == 3 and not is_count(samples):
+    samples = value[2] if len(value) >= 3 else None
+    if len(value) == 3 and not is_count(samples) \
+            or len(value) == 5 and samples is not None and not is_count(samples):
         return None
-    return value[0], float(age), samples
+    return RankProgress(value[0], float(value[1]), samples,
+                        *(float(t) for t in value[3:]))
+
+
+# A rank's seconds per step outside collectives, as its records name them
+# (``progress.json``, ``keeper.json``, ``status --json``, ``top --json``).
+PACE_KEYS = ("compute_s", "data_s")
+
+
+def pace_fields(pace: tuple[float, float] | None) -> dict[str, float]:
+    """``{"compute_s": c, "data_s": d}`` for a rank's pace, {} for none."""
+    return {} if pace is None else dict(zip(PACE_KEYS, pace))
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, _NUM) and not isinstance(value, bool) and value >= 0 \
+        and value != float("inf")
 
 
 class ProtocolError(ValueError):

@@ -1,4 +1,5 @@
-"""Your program's step, for ddp-orch: ``ddp_orch_progress.step(n, samples=None)``.
+"""Your program's step, for ddp-orch: ``ddp_orch_progress.step(n, samples=None,
+compute_s=None, data_s=None)``.
 
 The bundle ships this file as ``code/ddp_orch_progress.py``, on every rank's
 ``PYTHONPATH`` on every node and backend, so a script run by ddp-orch
@@ -14,10 +15,20 @@ processed so far (cumulative, an int >= 0); ``status`` shows it after the
 step. A value that is no such count (negative, not an integer, a bool) is
 left out, and the step still recorded.
 
+``compute_s`` and ``data_s``, where given, are this step's seconds spent
+outside collectives: computing before the gradients' all-reduce (the
+forward pass and the loss; DDP's all-reduce runs inside ``backward()``,
+where every rank waits for the slowest, so that is left out) and waiting
+for the batch. The record holds their means over the steps since the last
+write. ``ddp-orch top`` names the rank that spends the most time there as
+the one that holds the gang back (``report/pace.py``). Both or neither: a
+bad one (negative, not a number) leaves out the pair.
+
 That is the step heartbeat the built-in workloads send
 (``workloads/contract.py``'s ``heartbeat``), by the same channel: a file
-``progress/rank-<RANK>`` holding ``"<step> <time>"``, or ``"<step> <time>
-<samples>"``, in the node's run directory (the directory of
+``progress/rank-<RANK>`` holding ``"<step> <time>"``, ``"<step> <time>
+<samples>"``, or ``"<step> <time> <samples or -> <compute_s> <data_s>"``, in
+the node's run directory (the directory of
 ``DDP_ORCH_RESULT_FILE``), which the node agent reads
 (``agent/node/supervisor.py``'s ``progress``). ddp-orch counts it as the
 rank's progress: ``status``, ``up --quiet``'s progress line, the hang
@@ -28,6 +39,7 @@ runs under plain ``torchrun`` copies it in, beside its script.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import time
@@ -37,32 +49,53 @@ RESULT_FILE_ENV = "DDP_ORCH_RESULT_FILE"  # workloads/contract.py's: <node run d
 PROGRESS_DIR = "progress"  # agent/layout.py's PROGRESS_DIR (this file runs without the agent)
 EVERY_S = 1.0  # at most one file write a second: calling it every step costs nothing
 _last = [float("-inf")]
+_pace = [0.0, 0.0, 0]  # compute and data seconds since the last write, over this many steps
 
 
-def step(n: int, samples: int | None = None) -> None:
+def step(n: int, samples: int | None = None, compute_s: float | None = None,
+         data_s: float | None = None) -> None:
     """Record that this rank reached step ``n``, having processed ``samples``
-    training samples so far where given (best effort: an error writing it
-    never reaches the training loop; a bad ``samples`` is left out)."""
+    training samples so far where given, and spent ``compute_s`` and
+    ``data_s`` seconds on this step outside collectives where given (best
+    effort: an error writing it never reaches the training loop; a bad
+    ``samples`` or pair of times is left out)."""
     result = os.environ.get(RESULT_FILE_ENV)
     if not result:
         return
+    if _seconds(compute_s) and _seconds(data_s):
+        _pace[0] += float(compute_s)
+        _pace[1] += float(data_s)
+        _pace[2] += 1
     now = time.monotonic()
     if now - _last[0] < EVERY_S:
         return
     _last[0] = now
+    pace, _pace[:] = list(_pace), [0.0, 0.0, 0]
     directory = os.path.join(os.path.dirname(result), PROGRESS_DIR)
     path = os.path.join(directory, f"rank-{os.environ.get('RANK', '0')}")
     try:
         os.makedirs(directory, exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write(f"{int(n)} {time.time():.3f}{_samples_field(samples)}\n")
+            fh.write(f"{int(n)} {time.time():.3f}{_fields(samples, pace)}\n")
         os.replace(path + ".tmp", path)
     except (OSError, ValueError, TypeError):
         pass
 
 
-def _samples_field(samples: object) -> str:
-    """`` <samples>`` for a count (an integer >= 0, not a bool), else nothing."""
-    if isinstance(samples, numbers.Integral) and not isinstance(samples, bool) and samples >= 0:
-        return f" {int(samples)}"
-    return ""
+def _seconds(value: object) -> bool:
+    """Is ``value`` a duration: a finite real >= 0, not a bool?"""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
+def _fields(samples: object, pace: list) -> str:
+    """What follows ``<step> <time>``: `` <samples>`` for a count (an integer
+    >= 0, not a bool), and with the times of ``pace`` (compute and data
+    seconds summed over its steps) `` <samples or -> <compute_s> <data_s>``,
+    their means per step."""
+    good = isinstance(samples, numbers.Integral) and not isinstance(samples, bool) \
+        and samples >= 0
+    counted = f" {int(samples)}" if good else ""
+    if not pace[2]:
+        return counted
+    return f"{counted or ' -'} {pace[0] / pace[2]:.6f} {pace[1] / pace[2]:.6f}"

@@ -1,0 +1,206 @@
+"""Which rank holds the gang back: one rule for ``top`` and ``status``.
+
+In synchronous DDP every rank steps at the same rate, because each
+all-reduce waits for the slowest rank; the step rate names nobody. The rank
+that holds the others back is the one that spends the most time *outside*
+collectives: loading its data and computing before the gradients'
+all-reduce. So the rule (``stragglers``) takes the best evidence there is:
+
+1. each rank's seconds per step outside collectives (``compute_s`` +
+   ``data_s``, from its step heartbeat: the built-ins report them, and so
+   does a program that passes them to the step report,
+   ``agent/worker/progress.py``);
+2. otherwise each rank's step rate, where ranks report their steps on
+   their own and do not move in lock-step (in lock-step the rates agree and
+   this names nobody, as it should);
+3. and, whatever else is known, a rank whose progress stopped while others
+   go on (``STOPPED_S``).
+
+A rank is compared with the median of the *other* ranks, so that in a gang
+of two the slow one is still named. A rank that never reported progress is
+silent: shown as such, never marked (most programs print on rank 0 only).
+
+Pure: the callers bring the observations, and ``PaceWindow`` turns a
+sequence of snapshots into rates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..agent.wire.protocol import PACE_KEYS
+
+SLOW_VS_MEDIAN = 1.5  # this many times the others' median time (or their rate over this)
+MIN_GAP_S = 0.005  # and at least this much more per step: a tiny step's noise names nobody
+# No progress for this long, while another rank's is at most half as old: stopped.
+# (A node's heartbeat carries its ranks' steps every 5 s, and a controller
+# rewrites progress.json every 2 s: a moving rank's age reaches about 7 s.)
+STOPPED_S = 20.0
+WINDOW_S = 10.0  # the rates are over the last this many seconds
+SAME_REPORT_S = 1.0  # a step seen again this soon after is the same report
+DATA_SHARE = 0.1
+FAR = 999.0  # the ratio to others of a rank with no pace at all (JSON has no infinity)  # a straggler's data-loading share worth naming
+
+OUTSIDE, RATE, STOPPED = "outside-collectives", "step-rate", "stopped"
+
+
+@dataclass(frozen=True)
+class RankPace:
+    """What is known of one rank's pace now: its seconds since its last
+    progress (None: it never made any), its seconds per step outside
+    collectives, and its step rate over the window (None where unknown)."""
+
+    rank: int
+    age_s: float | None
+    compute_s: float | None = None
+    data_s: float | None = None
+    rate: float | None = None
+
+    @property
+    def outside_s(self) -> float | None:
+        if self.compute_s is None or self.data_s is None:
+            return None
+        return self.compute_s + self.data_s
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank named as holding the gang back: by which evidence, how far
+    from the others (``vs_others``, a ratio >= 1; 0 for a stopped rank) and
+    why, in words."""
+
+    rank: int
+    evidence: str  # OUTSIDE, RATE or STOPPED
+    vs_others: float
+    why: str
+
+
+def pace_of(seen: dict[str, Any]) -> dict[str, float]:
+    """``compute_s`` and ``data_s`` of a rank's record, where both are
+    numbers of seconds >= 0; else {}."""
+    times = [seen.get(key) for key in PACE_KEYS]
+    if all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in times):
+        return dict(zip(PACE_KEYS, (float(t) for t in times)))
+    return {}
+
+
+def stragglers(ranks: Sequence[RankPace]) -> tuple[Straggler, ...]:
+    """The ranks that hold the gang back, the worst first: stopped ranks,
+    then the slow ones by rule 1 (or, lacking its evidence, rule 2)."""
+    ages = {r.rank: r.age_s for r in ranks if r.age_s is not None}
+    stopped = []
+    for rank, age in ages.items():
+        others = [a for k, a in ages.items() if k != rank]
+        if age >= STOPPED_S and others and min(others) <= age / 2:
+            stopped.append(Straggler(rank, STOPPED, 0.0,
+                                     f"no progress for {age:.0f}s while the others go on"))
+    gone = {s.rank for s in stopped}
+    going = [r for r in ranks if r.age_s is not None and r.rank not in gone]
+    slow = _by_outside(going)
+    if slow is None:  # no rule-1 evidence: the rates, where ranks step on their own
+        slow = _by_rate(going)
+    return (*sorted(stopped, key=lambda s: -(ages[s.rank])),
+            *sorted(slow, key=lambda s: -s.vs_others))
+
+
+def _by_outside(ranks: Sequence[RankPace]) -> list[Straggler] | None:
+    """Rule 1; None where fewer than two ranks report their times (no evidence)."""
+    timed = {r.rank: r for r in ranks if r.outside_s is not None}
+    if len(timed) < 2:
+        return None
+    out = []
+    for rank, r in timed.items():
+        median = _median(o.outside_s for k, o in timed.items() if k != rank)
+        if r.outside_s >= SLOW_VS_MEDIAN * median and r.outside_s - median >= MIN_GAP_S:
+            ratio = r.outside_s / median if median > 0 else FAR
+            share = r.data_s / r.outside_s if r.outside_s > 0 else 0.0
+            data = f", {share:.0%} of it waiting for data" if share >= DATA_SHARE else ""
+            out.append(Straggler(rank, OUTSIDE, ratio,
+                                 f"{r.outside_s * 1000:.0f} ms/step outside collectives, "
+                                 f"{_times(ratio)} the others' median "
+                                 f"({median * 1000:.0f} ms){data}"))
+    return out
+
+
+def _by_rate(ranks: Sequence[RankPace]) -> list[Straggler]:
+    rated = {r.rank: r.rate for r in ranks if r.rate is not None}
+    if len(rated) < 2:
+        return []
+    out = []
+    for rank, rate in rated.items():
+        moving = [v for k, v in rated.items() if k != rank and v > 0]  # a still rank is no pace
+        median = _median(moving) if moving else 0.0
+        if median > 0 and rate * SLOW_VS_MEDIAN <= median:
+            ratio = median / rate if rate > 0 else FAR
+            out.append(Straggler(rank, RATE, ratio,
+                                 f"{rate:.2f} steps/s, {_times(ratio)} slower than the "
+                                 f"others' median ({median:.2f} steps/s)"))
+    return out
+
+
+def _median(values: Iterable[float]) -> float:
+    """The median (``statistics`` costs ``status`` more to import than this)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _times(ratio: float) -> str:
+    return "far" if ratio >= FAR else f"{ratio:.1f}x"
+
+
+class PaceWindow:
+    """Each rank's (time, step, samples) over the last ``WINDOW_S``, from
+    successive snapshots: its steps and samples per second."""
+
+    def __init__(self, window_s: float = WINDOW_S):
+        self.window_s = window_s
+        self.seen: dict[int, deque] = {}
+
+    def add(self, at: float, rank: int, step: object, samples: object) -> None:
+        """``rank`` reported ``step`` (and ``samples``) at ``at``, its own
+        progress time: the rates are over the times the ranks reported, not
+        the times they were looked at (a heartbeat comes every few seconds)."""
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        points = self.seen.setdefault(rank, deque())
+        if points and (at <= points[-1][0] or step == points[-1][1]
+                       and at - points[-1][0] < SAME_REPORT_S):
+            return  # the same report, seen again (its time read off another clock)
+        points.append((at, step, samples if isinstance(samples, int) else None))
+        while len(points) > 2 and at - points[1][0] >= self.window_s:
+            points.popleft()
+
+    def rate(self, rank: int) -> float | None:
+        """Steps per second over the window; None before two snapshots."""
+        return self._per_s(rank, 1)
+
+    def samples_rate(self, rank: int) -> float | None:
+        """Samples per second over the window, where the rank reports them."""
+        return self._per_s(rank, 2)
+
+    def _per_s(self, rank: int, field: int) -> float | None:
+        points = self.seen.get(rank)
+        if not points or len(points) < 2:
+            return None
+        first, last = points[0], points[-1]
+        if first[field] is None or last[field] is None or last[0] <= first[0]:
+            return None
+        return max(0, last[field] - first[field]) / (last[0] - first[0])
+
+
+def marked(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
+    """{rank: why} for the stragglers among ``live_progress`` rows seen once
+    (``status``: no rates, so rules 1 and 3)."""
+    return {s.rank: s.why for s in stragglers(paces(rows))}
+
+
+def paces(rows: Iterable[dict[str, Any]], window: PaceWindow | None = None) -> list[RankPace]:
+    """``RankPace`` of each ``live_progress`` row (``report/runs.py``), with
+    its rate from ``window`` where given."""
+    return [RankPace(row["rank"], row.get("last_progress_s_ago"),
+                     *(pace_of(row).get(key) for key in PACE_KEYS),
+                     rate=window.rate(row["rank"]) if window else None)
+            for row in rows]

@@ -1,0 +1,248 @@
+"""Which rank holds the gang back (issue #33): the one rule ``top`` and
+``status`` share (``report/pace.py``), the step report's times on their way
+from a rank's file to a frame, and ``top``'s frame in text and JSON.
+
+The oracles are hand-made: ranks whose numbers say by construction which one
+is slow (three times the others' time outside collectives, a third of their
+rate, progress that stopped), never the rule's own output."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+from conftest import ROOT
+from orchestrator.agent.node.supervisor import Supervisor
+from orchestrator.agent.wire.protocol import rank_progress
+from orchestrator.agent.worker import progress
+from orchestrator.records.outcome import RunDescription, RunState
+from orchestrator.records.rundir import RunDir
+from orchestrator.records.store import NodeRecord, RunRecord
+from orchestrator.report.pace import (OUTSIDE, RATE, STOPPED, PaceWindow, RankPace, marked,
+                                      stragglers)
+from orchestrator.report.runs import render_status
+from orchestrator.report.runsjson import status_json
+from orchestrator.report.top import build_frame, render
+from workloads import contract
+
+
+def named(ranks) -> dict[int, str]:
+    return {s.rank: s.evidence for s in stragglers(ranks)}
+
+
+# -- rule 1: time outside collectives -------------------------------------------
+
+def test_the_rank_that_computes_three_times_longer_is_named_and_no_other():
+    """In lock-step every rate is the same; rank 2's 150 ms outside
+    collectives against the others' 50 ms names it."""
+    ranks = [RankPace(r, 2.0, 0.050 * (3 if r == 2 else 1), 0.001, rate=6.4) for r in range(4)]
+    assert named(ranks) == {2: OUTSIDE}
+    why = stragglers(ranks)[0].why
+    assert "151 ms/step outside collectives" in why and "3.0x" in why, why
+
+
+def test_in_a_gang_of_two_the_slow_rank_is_still_named():
+    """Against the median of the *others*: with two ranks, the mean of both
+    would halve the gap and name nobody."""
+    assert named([RankPace(0, 1.0, 0.05, 0.0), RankPace(1, 1.0, 0.15, 0.0)]) == {1: OUTSIDE}
+
+
+def test_a_data_bound_rank_says_so_and_tiny_steps_noise_names_nobody():
+    slow = named([RankPace(0, 1.0, 0.02, 0.01), RankPace(1, 1.0, 0.02, 0.01),
+                  RankPace(2, 1.0, 0.02, 0.08)])
+    assert slow == {2: OUTSIDE}
+    assert "80% of it waiting for data" in stragglers(
+        [RankPace(0, 1.0, 0.02, 0.01), RankPace(1, 1.0, 0.02, 0.01),
+         RankPace(2, 1.0, 0.02, 0.08)])[0].why
+    # 3 ms against 1 ms is three times, but no gang is held back by 2 ms
+    assert named([RankPace(r, 1.0, 0.001 * (3 if r == 1 else 1), 0.0) for r in range(3)]) == {}
+
+
+def test_rule_one_wins_over_the_rates_when_both_are_known():
+    """In DDP the step rate names nobody; a rank that steps slower in the
+    window (a late heartbeat) is not a straggler when the times say no."""
+    ranks = [RankPace(r, 1.0, 0.05, 0.0, rate=6.0 if r == 1 else 12.0) for r in range(3)]
+    assert named(ranks) == {}
+
+
+# -- rule 2: rates of ranks that report on their own -------------------------------
+
+def test_a_rank_stepping_at_a_third_of_the_others_rate_is_named():
+    ranks = [RankPace(r, 1.0, rate=6.7 if r == 2 else 20.0) for r in range(4)]
+    assert named(ranks) == {2: RATE}
+    assert "3.0x slower" in stragglers(ranks)[0].why
+
+
+def test_lock_step_rates_name_nobody():
+    assert named([RankPace(r, 1.0, rate=6.4 + 0.01 * r) for r in range(4)]) == {}
+
+
+def test_a_rank_with_no_step_in_the_window_does_not_drag_the_others_median_down():
+    """Rank 1 stood still over the window (rate 0): it is named, and rank 2
+    at a third of rank 0's rate still is too, against the moving ranks."""
+    ranks = [RankPace(0, 1.0, rate=20.0), RankPace(1, 9.0, rate=0.0),
+             RankPace(2, 1.0, rate=6.7)]
+    assert named(ranks) == {1: RATE, 2: RATE}
+
+
+# -- rule 3, and the silent ---------------------------------------------------------
+
+def test_a_rank_whose_progress_stopped_while_the_others_go_on_is_marked_first():
+    ranks = [RankPace(0, 3.0, rate=20.0), RankPace(1, 25.0), RankPace(2, 4.0, rate=20.0)]
+    found = stragglers(ranks)
+    assert [(s.rank, s.evidence) for s in found] == [(1, STOPPED)]
+    assert "no progress for 25s" in found[0].why
+
+
+def test_a_gang_that_stopped_together_names_nobody_and_a_silent_rank_is_never_marked():
+    assert named([RankPace(0, 40.0), RankPace(1, 41.0), RankPace(2, 39.0)]) == {}
+    ranks = [RankPace(0, 2.0, 0.05, 0.0, rate=5.0), RankPace(1, 2.0, 0.05, 0.0, rate=5.0),
+             RankPace(2, None)]
+    assert named(ranks) == {}
+
+
+# -- the rates --------------------------------------------------------------------
+
+def test_rates_are_over_the_ranks_report_times_and_a_report_seen_again_is_one_point():
+    window = PaceWindow(window_s=10.0)
+    window.add(100.0, 0, 10, 40)
+    window.add(100.0004, 0, 10, 40)  # the same report, its age read off another clock
+    assert window.rate(0) is None
+    window.add(105.0, 0, 60, 240)
+    assert window.rate(0) == pytest.approx(10.0) and window.samples_rate(0) == pytest.approx(40)
+    window.add(120.0, 0, 60, 240)  # stood still: over the last 10 s, no step
+    assert window.rate(0) == pytest.approx(0.0)
+
+
+# -- the step report's times, from the rank's file to the heartbeat ----------------------
+
+@pytest.mark.parametrize("writer", ["step", "heartbeat"])
+def test_the_step_reports_times_are_their_means_since_the_last_write(writer, tmp_path,
+                                                                    monkeypatch):
+    """Both writers (the user's ``ddp_orch_progress.step``, the built-ins'
+    heartbeat) write one line at most a second, with the means of the steps
+    since the last; the supervisor reads them as [step, age, samples,
+    compute_s, data_s] and ``rank_progress`` as the rank's pace."""
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock.now)
+    monkeypatch.setattr(progress, "_last", [float("-inf")])
+    monkeypatch.setattr(progress, "_pace", [0.0, 0.0, 0])
+    monkeypatch.setattr(contract, "_last_heartbeat", [float("-inf")])
+    monkeypatch.setattr(contract, "_pace", [0.0, 0.0, 0])
+    monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(tmp_path / "result.json"))
+    monkeypatch.setenv("RANK", "2")
+    report = progress.step if writer == "step" else contract.heartbeat
+    report(1, samples=4, compute_s=0.1, data_s=0.01)  # written now
+    clock.now += 0.5
+    report(2, samples=8, compute_s=0.3, data_s=0.03)  # within the second: summed
+    clock.now += 0.2
+    report(3, samples=12, compute_s=0.5, data_s=0.05)
+    clock.now += 1.0
+    report(4, samples=16, compute_s=0.7, data_s=0.07)  # written: the means of steps 2-4
+    words = (tmp_path / "progress" / "rank-2").read_text().split()
+    assert words[0] == "4" and words[2] == "16"
+    assert float(words[3]) == pytest.approx(0.5) and float(words[4]) == pytest.approx(0.05)
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path)))["2"]
+    entry = rank_progress(seen)
+    assert (entry.step, entry.samples) == (4, 16)
+    assert (entry.compute_s, entry.data_s) == pytest.approx((0.5, 0.05))
+
+
+def test_a_report_without_samples_keeps_its_times_and_bad_times_leave_the_pair_out(tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(progress, "_last", [float("-inf")])
+    monkeypatch.setattr(progress, "_pace", [0.0, 0.0, 0])
+    monkeypatch.setenv("DDP_ORCH_RESULT_FILE", str(tmp_path / "result.json"))
+    monkeypatch.setenv("RANK", "0")
+    progress.step(7, compute_s=0.2, data_s=0.0)
+    assert (tmp_path / "progress" / "rank-0").read_text().split()[2:] == ["-", "0.200000",
+                                                                          "0.000000"]
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path)))["0"]
+    assert seen[:1] == [7] and seen[2:] == [None, 0.2, 0.0]
+    monkeypatch.setattr(progress, "_last", [float("-inf")])
+    progress.step(8, samples=3, compute_s=-1.0, data_s=0.1)
+    assert len((tmp_path / "progress" / "rank-0").read_text().split()) == 3
+
+
+@pytest.mark.parametrize("entry", [[1, 2.0, None, -0.1, 0.0], [1, 2.0, None, 0.1],
+                                   [1, 2.0, -3, 0.1, 0.0], [1, 2.0, None, float("nan"), 0.0]])
+def test_a_heartbeat_entry_with_bad_times_is_ignored(entry):
+    assert rank_progress(entry) is None
+
+
+# -- status and top ---------------------------------------------------------------------
+
+def live_run(tmp_path, ranks: dict, plan: dict | None = None) -> RunRecord:
+    run = RunDir(str(tmp_path / "r1"))
+    os.makedirs(run.path)
+    run.write_progress({"updated": time.time(), "ranks": ranks})
+    with open(os.path.join(run.path, "plan.json"), "w", encoding="utf-8") as fh:
+        json.dump(plan or {"world_size": len(ranks), "nodes": []}, fh)
+    return RunRecord(run_id="r1", run=run, state=RunState.RUNNING, backend="local",
+                     started=time.time() - 60, wall_s=None, ended=None, controller_pid=None,
+                     nodes=(NodeRecord(node_rank=0, host="a", run_dir="/w/0", python="python3"),
+                            NodeRecord(node_rank=1, host="b", run_dir="/w/1",
+                                       python="python3")),
+                     outcomes=(), root_cause=None)
+
+
+def paced(node, step, ago, compute=None, gpu=None) -> dict:
+    now = time.time()
+    out = {"node_rank": node, "host": "ab"[node], "step": step,
+           "samples": None if step is None else step * 4,
+           "last_progress": None if ago is None else now - ago, "last_output": None}
+    if compute is not None:
+        out.update(compute_s=compute, data_s=0.001)
+    if gpu is not None:
+        out.update(gpu=gpu, gpu_util=97, gpu_mem_mib=2048)
+    return out
+
+
+def test_status_marks_the_slow_rank_in_text_and_json(tmp_path):
+    record = live_run(tmp_path, {"0": paced(0, 50, 2, 0.05), "1": paced(0, 50, 2, 0.05),
+                                 "2": paced(1, 50, 2, 0.15), "3": paced(1, None, None)})
+    described = RunDescription(RunState.RUNNING, (), None)
+    text = render_status(record, described)
+    assert "rank 2 (node 1, b): step 50 (200 samples), last progress 2s ago; holds the " \
+           "gang back: 151 ms/step outside collectives" in text, text
+    assert text.count("holds the gang back") == 1
+    data = json.loads(json.dumps(status_json(record, described)))
+    with open(os.path.join(ROOT, "schema", "status.schema.json"), encoding="utf-8") as fh:
+        jsonschema.validate(data, json.load(fh))
+    assert [r["rank"] for r in data["progress"] if r["straggler"]] == [2]
+    assert marked(data["progress"]).keys() == {2}
+
+
+def test_a_top_frame_names_the_slow_rank_with_its_gpu_and_validates(tmp_path):
+    plan = {"world_size": 4, "nodes": [
+        {"node_rank": 0, "gpus": [0, 1], "gpu_models": ["NVIDIA H100", "NVIDIA H100"]},
+        {"node_rank": 1, "gpus": [0, 1], "gpu_models": ["NVIDIA A100", "NVIDIA A100"]}]}
+    record = live_run(tmp_path, {"0": paced(0, 50, 2, 0.05, 0), "1": paced(0, 50, 2, 0.05, 1),
+                                 "2": paced(1, 50, 2, 0.15, 0), "3": paced(1, None, None, None, 1)},
+                      plan)
+    from orchestrator.report.runs import live_progress
+
+    window = PaceWindow()
+    frame = build_frame(record, live_progress(record), window)
+    assert frame.slowest.rank == 2 and frame.live
+    rows = {r.rank: r for r in frame.ranks}
+    assert rows[2].gpu_model == "NVIDIA A100" and rows[2].straggler
+    assert rows[3].silent and rows[3].straggler is None
+    assert not any(rows[r].straggler for r in (0, 1, 3))
+    with open(os.path.join(ROOT, "schema", "top.schema.json"), encoding="utf-8") as fh:
+        jsonschema.validate(json.loads(json.dumps(frame.to_json())), json.load(fh))
+    wide = render(frame, width=140, height=40)
+    assert "RANK" in wide and "STRAGGLER" in wide and "silent" in wide
+    assert "slowest: rank 2 (node 1, b, NVIDIA A100): 151 ms/step outside" in wide, wide
+    narrow = render(frame, width=60, height=40).splitlines()
+    assert any(line.startswith("rank 2 node 1 b GPU 0 NVIDIA A100:") and "STRAGGLER" in line
+               for line in narrow), narrow
+    short = render(frame, width=140, height=8)  # 4 ranks do not fit: a row per node
+    assert "one row per node, its worst rank" in short
+    # node 0: its ranks alike, the first; node 1: rank 2, the straggler, over silent rank 3
+    assert [line.split()[0] for line in short.splitlines()[3:5]] == ["0", "2"], short
