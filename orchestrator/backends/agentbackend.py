@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -21,7 +22,8 @@ from workloads.contract import MAX_RESTARTS_ENV
 from ..errors import ConfigError, TransportError
 from ..plan.dryrun import ByHand, DryRun, NodeLaunch
 from ..plan.torchrun import torchrun_argv
-from .base import CancelResult, LaunchBackend, PruneResult, in_local_run_dir, recorded_dryrun
+from .base import (CancelResult, LaunchBackend, PruneResult, Watch, in_local_run_dir,
+                   recorded_dryrun)
 
 # The engine (agents, the gang, fetching, preflight) is imported by the
 # methods that start or reach nodes, not here: a dry-run, `ps` and `--help`
@@ -210,19 +212,28 @@ class AgentBackend(LaunchBackend):
         attempt once the run is over; until then each keeper says how far it is."""
         if not record.owner.detached or not record.live:
             return super().describe(record)  # its records say it: no engine to import
+        return self.kept_status(record, lambda node: self._ask(
+            record.run_id, node, "keeper", run_dir=node.run_dir))
+
+    def watch(self) -> Watch:
+        return _KeeperWatch(self)
+
+    def kept_status(self, record: RunRecord, ask: Callable[["NodeRecord"], dict]
+                    ) -> RunDescription:
+        """A detached run as its keepers say it, each node's ``keeper``
+        reply from ``ask`` (every node at once)."""
         from ..engine.fanout import on_all
         from ..engine.keptgang import kept_status
 
         info = recorded_dryrun(record)
 
-        def ask(k: int) -> dict:
-            node = record.nodes[k]
-            reply = self._ask(record.run_id, node, "keeper", run_dir=node.run_dir)
+        def checked(k: int) -> dict:
+            reply = ask(record.nodes[k])
             if not reply.get("ok"):
-                raise TransportError(node.host, str(reply.get("error")))
+                raise TransportError(record.nodes[k].host, str(reply.get("error")))
             return reply
 
-        done = on_all(ask, range(len(record.nodes)), timeout_s=self.options.check_timeout_s)
+        done = on_all(checked, range(len(record.nodes)), timeout_s=self.options.check_timeout_s)
         return kept_status(record, info.plan, done.succeeded,
                            {k: _message(exc) for k, exc in done.failed.items()})
 
@@ -431,6 +442,63 @@ class AgentBackend(LaunchBackend):
             run.note(k, f"fetching results failed: {_message(exc)}")
         result = run.result()
         return result if isinstance(result, dict) else None
+
+
+class _KeeperWatch(Watch):
+    """A detached run's keepers asked again and again (``top``) through one
+    agent per node, opened at the first look and kept: one SSH session per
+    node for the life of the watch, not one per refresh. An agent whose call
+    fails is closed, and the next look opens another; one still answering a
+    look that gave up on it (``check_timeout_s``) is not asked again until
+    it has answered."""
+
+    def __init__(self, backend: AgentBackend):
+        super().__init__(backend)
+        self.backend: AgentBackend = backend
+        self.agents: dict[int, AgentHandle] = {}
+        self.busy: dict[int, threading.Lock] = {}
+
+    def look(self, record: RunRecord) -> RunDescription:
+        if not record.owner.detached or not record.live:
+            return self.backend.describe(record)
+        return self.backend.kept_status(record, lambda node: self._keeper(record, node))
+
+    def _keeper(self, record: RunRecord, node: "NodeRecord") -> dict:
+        from ..engine.agentlink import AgentHandle
+
+        busy = self.busy.setdefault(node.node_rank, threading.Lock())
+        if not busy.acquire(blocking=False):
+            raise TransportError(node.host, "its agent has not answered the last look yet")
+        try:
+            agent = self.agents.get(node.node_rank)
+            if agent is None:
+                transport = self.backend.transport(node.node_rank, node.host, node.connection)
+                try:
+                    agent = AgentHandle(transport, node.python, run_id=record.run_id)
+                except BaseException:
+                    transport.close()
+                    raise
+                self.agents[node.node_rank] = agent
+            try:
+                return agent.call("keeper", run_dir=node.run_dir)
+            except BaseException:
+                self.agents.pop(node.node_rank, None)
+                _close_agent(agent)
+                raise
+        finally:
+            busy.release()
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            _close_agent(agent)
+        self.agents.clear()
+
+
+def _close_agent(agent: "AgentHandle") -> None:
+    try:
+        agent.close()
+    finally:
+        agent.transport.close()
 
 
 def _call(transport: Transport, python: str, run: str, op: str, /, **fields: Any) -> dict:

@@ -98,6 +98,28 @@ def recorded_dryrun(record: RunRecord) -> DryRun:
 OnRunning = Callable[["RunHandle"], None]
 
 
+class Watch:
+    """One run looked at again and again (``ddp-orch top``): ``look`` is
+    ``describe``, and a backend that must reach its nodes for it keeps
+    what it opened from one look to the next (``AgentBackend``: one agent
+    per node for the life of the watch), closed by ``close``."""
+
+    def __init__(self, backend: "LaunchBackend"):
+        self.backend = backend
+
+    def look(self, record: RunRecord) -> RunDescription:
+        return self.backend.describe(record)
+
+    def close(self) -> None:
+        """Nothing held here."""
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class LaunchBackend(ABC):
     """One way of starting a run's nodes. ``spec`` is None when the backend
     only serves a recorded run (``cancel``, ``describe``)."""
@@ -193,6 +215,10 @@ class LaunchBackend(ABC):
 
         return RunDescription(record.state, record.outcomes, record.root_cause,
                               attempts=record.attempts)
+
+    def watch(self) -> Watch:
+        """``describe`` again and again, for ``top``; see ``Watch``."""
+        return Watch(self)
 
     # -- the same for every backend ----------------------------------------
 

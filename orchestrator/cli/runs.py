@@ -443,54 +443,109 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
     samples/s over the last seconds, time since its last progress, time per
     step outside collectives, and its GPU's use; the rank that holds the gang
     back is marked, with why. It refreshes until the run ends (a final frame
-    says how) or Ctrl-C. Attached runs are read from their controller's
-    records, detached ones from their nodes' keepers.
+    says how), `q` or Ctrl-C. Attached runs are read from their controller's
+    records, detached ones from their nodes' keepers, Slurm jobs from their
+    nodes' streams.
     """
-    import os
-    import shutil
-
+    from ..backends import get_backend
+    from ..engine.options import LaunchOptions
     from ..report.pace import PaceWindow
     from ..report.runs import live_progress
-    from ..report.top import build_frame, render
+    from ..report.top import build_frame
 
     where = locate(runs_dir)
     record = find_run(where.path, run_id) if run_id is not None else \
         latest_run(where.path, lambda r: r.live, "live run")
     tty = sys.stdout.isatty()
-    colour = tty and not os.environ.get("NO_COLOR")
     window, rows, looked_at, looks = PaceWindow(), [], None, 0
+    watch = get_backend(record.backend, LaunchOptions()).watch()
     try:
-        while True:
-            record = find_run(where.path, record.run_id)
-            described = _described(record) if record.live else None
-            if described is not None and kept_without_controller(record):
-                record = _settled(record, described)
-            now = time.time()
-            if record.live:
-                rows, looked_at = live_progress(record, described), now
-            # an ended run: its ranks as the last look saw them, at that time
-            frame = build_frame(record, rows, window, looked_at or now)
-            looks += 1
-            if once and frame.live and looks < 2:
-                time.sleep(interval)
-                continue
-            if sort == "slowness":
-                frame = _slowest_first(frame)
-            if as_json:
-                click.echo(json.dumps(frame.to_json(), separators=(",", ":")))
-            else:
-                size = shutil.get_terminal_size()
-                text = render(frame, size.columns, size.lines,
-                              (lambda s: click.style(s, fg="red", bold=True)) if colour
-                              else (lambda s: s))
-                click.echo(("\x1b[H\x1b[2J" if tty and not once else "") + text, nl=False)
-            if once or not frame.live:
-                sys.exit(0 if frame.live or frame.state == "succeeded" else 1)
-            if not tty and not as_json:
-                click.echo()
-            time.sleep(interval)
+        with _Keys(tty and not once and not as_json) as keys:
+            while True:
+                record = find_run(where.path, record.run_id)
+                described = watch.look(record) if record.live else None
+                if described is not None and kept_without_controller(record):
+                    record = _settled(record, described)
+                now = time.time()
+                if record.live:
+                    rows, looked_at = live_progress(record, described), now
+                # an ended run: its ranks as the last look saw them, at that time
+                frame = build_frame(record, rows, window, looked_at or now,
+                                    described.attempts if described else ())
+                looks += 1
+                if once and frame.live and looks < 2:
+                    time.sleep(interval)
+                    continue
+                _draw(_slowest_first(frame) if sort == "slowness" else frame, as_json,
+                      redraw=tty and not once)
+                if once or not frame.live:
+                    sys.exit(0 if frame.live or frame.state == "succeeded" else 1)
+                if not tty and not as_json:
+                    click.echo()  # plain frames one after another, a blank line between
+                if keys.quit_within(interval):
+                    return
     except KeyboardInterrupt:
         sys.exit(0)
+    finally:
+        watch.close()
+
+
+class _Keys:
+    """``q`` quits ``top`` drawing on a terminal (``active``): its stdin in
+    cbreak mode (no echo, no line buffering) for the life of ``top``, read
+    between frames; elsewhere the wait is a plain sleep."""
+
+    def __init__(self, active: bool):
+        self.active = active
+
+    def __enter__(self) -> "_Keys":
+        self.saved = None
+        if self.active and sys.stdin.isatty():
+            import termios
+            import tty
+
+            self.fd = sys.stdin.fileno()
+            self.saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd)
+        return self
+
+    def quit_within(self, seconds: float) -> bool:
+        """Wait ``seconds``; True as soon as ``q`` is pressed."""
+        if self.saved is None:
+            time.sleep(seconds)
+            return False
+        import os
+        import select
+
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([self.fd], [], [], left)[0] and os.read(self.fd, 1) in (b"q", b"Q"):
+                return True
+        return False
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is not None:
+            import termios
+
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+
+
+def _draw(frame, as_json: bool, redraw: bool) -> None:
+    """One frame: a line of JSON, or its text (over the last frame with
+    ``redraw``, on a terminal); colour only on a terminal without ``NO_COLOR``."""
+    import os
+    import shutil
+
+    from ..report.top import render
+
+    if as_json:
+        click.echo(json.dumps(frame.to_json(), separators=(",", ":")))
+        return
+    size = shutil.get_terminal_size()
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    text = render(frame, size.columns, size.lines,
+                  (lambda s: click.style(s, fg="red", bold=True)) if colour else (lambda s: s))
+    click.echo(("\x1b[H\x1b[2J" if redraw else "") + text, nl=False)
 
 
 def _slowest_first(frame):

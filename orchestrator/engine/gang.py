@@ -295,7 +295,7 @@ class Gang:
         gpu_of = {r.rank: r.gpu for r in self.plan.ranks}
         for h in self.handles:
             seen, lines = dict(h.progress), dict(h.output_at)
-            samples, pace = dict(h.samples), dict(h.pace)
+            samples, pace, stepped = dict(h.samples), dict(h.pace), dict(h.step_at)
             for rank in h.node.ranks:
                 gpu = rank_gpu(h.gpu_use, gpu_of.get(rank))
                 if rank not in seen and not gpu and not h.started:
@@ -307,6 +307,8 @@ class Gang:
                                **pace_fields(pace.get(rank)),
                                "last_progress": None if at is None else
                                round(wall - (now - at), 3),
+                               "last_step": None if rank not in stepped else
+                               round(wall - (now - stepped[rank]), 3),
                                "last_output": None if line_at is None else
                                round(wall - (now - line_at), 3), **gpu}
         if not ranks:

@@ -318,10 +318,12 @@ def _kept_progress(record: "RunRecord", replies: Mapping[int, dict],
         for rank, seen in (kept.get("progress") or {}).items():
             last = seen["last_progress"]  # the record is cleaned: its GPU fields too
             line = seen.get("last_output")  # absent from an older keeper's record
+            step = seen.get("last_step")  # likewise
             ranks.append({**seen, "rank": int(rank), "node_rank": k,
                           "host": record.nodes[k].host,
                           "last_progress": None if last is None else last + skew,
-                          "last_output": None if line is None else line + skew})
+                          "last_output": None if line is None else line + skew,
+                          "last_step": None if step is None else step + skew})
     return tuple(sorted(ranks, key=lambda r: r["rank"]))
 
 

@@ -138,6 +138,9 @@ class NodeHandle:
         # Per global rank: its seconds per step outside collectives, computing
         # and waiting for data, where its last step heartbeat said them.
         self.pace: dict[int, tuple[float, float]] = {}
+        # Per global rank: the monotonic time of its last step report alone (an
+        # output line moves ``progress``'s time, not this): what its rate is over.
+        self.step_at: dict[int, float] = {}
         self.output_at: dict[int, float] = {}
         self.gpu_use = GpuUse()  # its GPUs' utilisation and memory, from its heartbeats
         self.hung_reason = ""  # a fact: set by the hang watchdog on the odd rank's node
@@ -270,7 +273,8 @@ class NodeHandle:
                 if self.phase in ATTEMPT_FROM:  # torchrun again, its setup done
                     self.phase = NodePhase.SET_UP
                 # new ranks; their step files are gone
-                self.progress, self.samples, self.pace, self.output_at = {}, {}, {}, {}
+                self.progress, self.samples, self.pace, self.step_at, self.output_at = \
+                    {}, {}, {}, {}, {}
                 return (f"{AGENT_SAYS}attempt {event['attempt']} (master port "
                         f"{event['master_port']})\n").encode()
         elif event["event"] == Event.HEARTBEAT:
@@ -290,11 +294,16 @@ class NodeHandle:
             if entry is None or not isinstance(entry[0], int):
                 continue
             rank, seen_at = int(key), now - entry.age_s
-            if seen_at > self.progress.get(rank, (None, float("-inf")))[1]:
-                self.progress[rank] = (entry.step, seen_at)
-                _keep(self.samples, rank, entry.samples)
-                _keep(self.pace, rank, None if entry.compute_s is None
-                      else (entry.compute_s, entry.data_s))
+            if seen_at <= self.step_at.get(rank, float("-inf")):
+                continue  # no newer than a report already seen
+            # the step is the report's; the progress time the younger of it and
+            # the rank's last output line (a rank that prints keeps its step too)
+            self.step_at[rank] = seen_at
+            self.progress[rank] = (entry.step,
+                                   max(seen_at, self.progress.get(rank, (None, seen_at))[1]))
+            _keep(self.samples, rank, entry.samples)
+            _keep(self.pace, rank, None if entry.compute_s is None
+                  else (entry.compute_s, entry.data_s))
 
     def poll(self) -> int | None:
         """torchrun's exit code once the node's run is over (its exit event,

@@ -1,4 +1,4 @@
-"""Which rank holds the gang back: one rule for ``top`` and ``status``.
+"""Which rank holds the gang back: one rule for ``top``, ``status`` and the summary.
 
 In synchronous DDP every rank steps at the same rate, because each
 all-reduce waits for the slowest rank; the step rate names nobody. The rank
@@ -20,8 +20,9 @@ A rank is compared with the median of the *other* ranks, so that in a gang
 of two the slow one is still named. A rank that never reported progress is
 silent: shown as such, never marked (most programs print on rank 0 only).
 
-Pure: the callers bring the observations, and ``PaceWindow`` turns a
-sequence of snapshots into rates.
+Pure: the callers bring the observations (a live run's rows, or a
+finished run's per-rank step times: ``from_step_times``), and
+``PaceWindow`` turns a sequence of snapshots into rates.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def pace_of(seen: dict[str, Any]) -> dict[str, float]:
     """``compute_s`` and ``data_s`` of a rank's record, where both are
     numbers of seconds >= 0; else {}."""
     times = [seen.get(key) for key in PACE_KEYS]
-    if all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in times):
+    if all(_seconds(t) for t in times):
         return dict(zip(PACE_KEYS, (float(t) for t in times)))
     return {}
 
@@ -189,6 +190,28 @@ class PaceWindow:
         if first[field] is None or last[field] is None or last[0] <= first[0]:
             return None
         return max(0, last[field] - first[field]) / (last[0] - first[0])
+
+
+def from_step_times(rows: object) -> list[RankPace]:
+    """``RankPace`` of each rank of a finished run's ``rank_step_times`` (the
+    built-ins' result): its time outside collectives where it has it
+    (``forward_mean_s``, ``data_mean_s``: rule 1), else its mean step time
+    as a rate (rule 2; in DDP's lock-step these agree and name nobody)."""
+    out = []
+    for row in rows if isinstance(rows, list) else ():
+        if not (isinstance(row, dict) and isinstance(row.get("rank"), int)):
+            continue
+        times = [row.get("forward_mean_s"), row.get("data_mean_s")]
+        mean = row.get("mean_s")
+        if all(_seconds(t) for t in times):
+            out.append(RankPace(row["rank"], 0.0, float(times[0]), float(times[1])))
+        elif _seconds(mean) and mean > 0:
+            out.append(RankPace(row["rank"], 0.0, rate=1.0 / mean))
+    return out
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def marked(rows: Sequence[dict[str, Any]]) -> dict[int, str]:

@@ -139,9 +139,11 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     recorded it where no controller keeps it (a detached run:
     ``described.progress``), else as its controller keeps it
     (``progress.json``): ``{"rank", "node_rank", "host", "step", "samples",
-    "last_progress_s_ago", "last_output_s_ago"}`` (``samples``: null where
-    the rank's step heartbeat says none), with its GPU's use and its
-    ``compute_s`` and ``data_s`` (``pace_of``) where they were reported."""
+    "last_progress_s_ago", "last_output_s_ago", "last_step_s_ago"}``
+    (``samples``: null where the rank's step heartbeat says none; the last
+    step's own time, which a rate is over, where a record has it), with its
+    GPU's use and its ``compute_s`` and ``data_s`` (``pace_of``) where they
+    were reported."""
     if not record.state.live:
         return []
     if described is not None and described.progress:
@@ -153,13 +155,14 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     now = time.time()
     out = []
     for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
-        last, line, samples = seen.get("last_progress"), seen.get("last_output"), \
-            seen.get("samples")
+        last, line, samples, stepped = seen.get("last_progress"), seen.get("last_output"), \
+            seen.get("samples"), seen.get("last_step")
         out.append({"rank": int(rank), "node_rank": seen.get("node_rank"),
                     "host": seen.get("host"), "step": seen.get("step"),
                     "samples": samples if is_count(samples) else None,
                     "last_progress_s_ago": now - float(last) if is_time(last) else None,
                     "last_output_s_ago": now - float(line) if is_time(line) else None,
+                    "last_step_s_ago": now - float(stepped) if is_time(stepped) else None,
                     **{key: seen[key] for key in GPU_KEYS if key in seen},
                     **pace_of(seen)})
     return out

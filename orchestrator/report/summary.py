@@ -12,14 +12,9 @@ from ..records.outcome import RunOutcome
 from ..tables import format_table
 from ..agent.node.gpus import mixed_models
 from .gpus import gpu_lines, node_gpus
+from .pace import from_step_times, stragglers
 
 _KEY_METRICS = 8
-
-
-# A rank is named slow only when its mean step time stands well above the
-# median rank's; below this ratio ranks differ by noise (DDP's all-reduce
-# makes every rank wait for the slowest), and the summary names none.
-SLOW_RANK_VS_MEDIAN = 1.2
 
 
 def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
@@ -50,18 +45,25 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
     if outcome.result:
         lines.append("result: " + _metrics_line(outcome.result))
         lines += data_lines(outcome.result)
-        slowest = outcome.result.get("slowest_rank")
-        if isinstance(slowest, dict) and len(outcome.result.get("rank_step_times") or ()) > 1 \
-                and _number_or(slowest.get("vs_median"), 1.0) >= SLOW_RANK_VS_MEDIAN:
-            host = _plan_host(plan, slowest.get("node_rank")) or slowest.get("host")
-            lines.append(f"slowest rank: rank {slowest.get('rank')} (node "
-                         f"{slowest.get('node_rank')}, {host}), "
-                         f"{_number(float(slowest.get('mean_s', 0)) * 1000)} ms/step, "
-                         f"{float(slowest.get('vs_median', 1)):.2f}x the median rank")
+        lines += slowest_rank(outcome.result.get("rank_step_times"), plan)
     if outcome.ok or _outputs_to_tell(outputs):
         lines += outputs_lines(outputs, run_path)
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
+
+
+def slowest_rank(rows: Any, plan: Any = None) -> list[str]:
+    """``slowest rank: ...`` for the rank that held the gang back, by the
+    rule ``top`` and ``status`` use (``report/pace.py``) on each rank's step
+    times (``rank_step_times``); none where no rank stands out."""
+    named = stragglers(from_step_times(rows))
+    if not named:
+        return []
+    slow = named[0]
+    row = next(r for r in rows if isinstance(r, dict) and r.get("rank") == slow.rank)
+    host = _plan_host(plan, row.get("node_rank")) or row.get("host")
+    return [f"slowest rank: rank {slow.rank} (node {row.get('node_rank')}, {host}), "
+            f"{_number(float(row.get('mean_s') or 0) * 1000)} ms/step: {slow.why}"]
 
 
 def _outputs_to_tell(outputs: Any) -> bool:
@@ -81,11 +83,6 @@ def _plan_host(plan: Any, node_rank: Any) -> str | None:
                 and isinstance(node.get("host"), str):
             return node["host"]
     return None
-
-
-def _number_or(value: Any, default: float) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else default
 
 
 def gpu_summary(plan: Any, progress: Any = None) -> list[str]:

@@ -76,12 +76,13 @@ class TopFrame:
 
 
 def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceWindow,
-                now: float | None = None) -> TopFrame:
+                now: float | None = None, attempts: Sequence[object] = ()) -> TopFrame:
     """A frame of ``record`` from its ranks' rows (``report.runs.live_progress``),
-    adding them to ``window`` first."""
+    adding them to ``window`` first; ``attempts``, a kept run's attempts as
+    its nodes say them now (else the record's)."""
     now = time.time() if now is None else now
-    for row in rows:
-        ago = row.get("last_progress_s_ago")
+    for row in rows:  # a rate is over the step reports' own times
+        ago = row.get("last_step_s_ago")
         if ago is not None:
             window.add(now - ago, row["rank"], row.get("step"), row.get("samples"))
     marked = stragglers(paces(rows, window))
@@ -104,7 +105,7 @@ def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceW
     end = record.ended if record.ended is not None else now
     return TopFrame(
         run_id=record.run_id, state=str(record.state), owner=str(record.owner),
-        attempt=len(record.attempts), elapsed_s=None if record.started is None
+        attempt=max(0, len(attempts or record.attempts) - 1), elapsed_s=None if record.started is None
         else round(max(0.0, end - record.started), 1),
         world_size=world if isinstance(world, int) else None, ranks=ranks,
         samples_per_s=round(sum(rates), 1) if rates else None,

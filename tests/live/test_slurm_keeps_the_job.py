@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import stat
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ from test_slurm_launch import cluster, start_up, state_of, up
 
 pytestmark = pytest.mark.live
 STEPS = "workload: {script: steps.py, args: {steps: 30, sleep: 0.3}}\n"
+LONGER = "workload: {script: steps.py, args: {steps: 60, sleep: 0.3}}\n"
 TWO = "[{host: node1, procs: 1}, {host: node2, procs: 1}]"
 
 
@@ -47,7 +49,7 @@ def test_logs_follow_streams_a_slurm_run_to_its_end(slurm_lab, tmp_path):
 
 def test_a_slurm_job_outlives_its_killed_controller_and_status_and_attach_give_its_end(
         slurm_lab, tmp_path):
-    path = cluster(tmp_path, "orph", TWO, STEPS, program="steps.py")
+    path = cluster(tmp_path, "orph", TWO, LONGER, program="steps.py")
     proc = start_up(slurm_lab, tmp_path, path, "orph")
     wait_for_lines(proc, "step 2 attempt 0", 2)
     os.killpg(proc.pid, signal.SIGKILL)  # the machine that ran `up` is gone, as far as we know
@@ -59,16 +61,34 @@ def test_a_slurm_job_outlives_its_killed_controller_and_status_and_attach_give_i
     assert status.returncode == 0, status.stderr
     assert " running " in status.stdout.splitlines()[1], status.stdout  # not "interrupted"
     assert f"Slurm job {job}: RUNNING on node[1-2]" in status.stdout
+    # No controller keeps progress.json now: each rank's step comes from the
+    # last heartbeat in its node's stream, for status and top alike (issue #33).
+    deadline = time.monotonic() + 30
+    while True:
+        progress = json.loads(cli(slurm_lab, tmp_path, "status", "orph", "--json").stdout)[
+            "progress"]
+        steps = {r["rank"]: r["step"] for r in progress}
+        if (len(steps) == 2 and all(steps.values()) and max(steps.values()) > 3) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert [(r["rank"], r["node_rank"]) for r in progress] == [(0, 0), (1, 1)], progress
+    assert max(steps.values()) > 3 and all(r["last_progress_s_ago"] < 30 for r in progress)
+    top = cli(slurm_lab, tmp_path, "top", "orph", "--once", "--json", "--interval", "0.5")
+    assert top.returncode == 0, top.stdout + top.stderr
+    frame = json.loads(top.stdout)
+    assert [(r["rank"], r["node_rank"], r["silent"]) for r in frame["ranks"]] == [
+        (0, 0, False), (1, 1, False)], frame
     # The controller's node logs stopped at the kill; --follow reads the job's streams.
     follow = cli(slurm_lab, tmp_path, "logs", "orph", "--follow")
     assert follow.returncode == 0, follow.stdout + follow.stderr
-    assert "[node1 node2] [rank1]: rank 1 step 29 attempt 0" in follow.stdout
+    assert "[node1 node2] [rank1]: rank 1 step 59 attempt 0" in follow.stdout
     assert slurm_lab.wait_queue_empty() == []
 
     attached = cli(slurm_lab, tmp_path, "attach", "orph")
     assert attached.returncode == 0, attached.stdout + attached.stderr
     assert "run orph: SUCCEEDED" in attached.stdout
-    assert "result: world_size=2 restart_count=0 steps=30" in attached.stdout
+    assert "result: world_size=2 restart_count=0 steps=60" in attached.stdout
     assert json.loads((tmp_path / "runs" / "orph" / "result.json").read_text())["world_size"] == 2
     status = cli(slurm_lab, tmp_path, "status", "orph")
     assert " succeeded " in status.stdout.splitlines()[1], status.stdout

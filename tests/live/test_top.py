@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
+import sys
 import time
 
 import jsonschema
+import pytest
 
 from conftest import ROOT, run_cli, start_cli
 
+pytestmark = pytest.mark.live
 PROGRAM = "tests/programs/paced_ranks.py"
 with open(os.path.join(ROOT, "schema", "top.schema.json"), encoding="utf-8") as fh:
     SCHEMA = json.load(fh)
@@ -118,3 +123,75 @@ def test_a_slow_free_stepping_rank_a_stopped_rank_and_a_silent_one(tmp_path):
     assert stopped[0]["slowest"]["rank"] == 1  # a stopped rank is named first
     assert all(0 not in marks(f) and 3 not in marks(f) for f in seen), [marks(f) for f in seen]
     assert all(r["silent"] for f in seen for r in f["ranks"] if r["rank"] == 3)
+
+
+def test_q_quits_top_on_a_terminal_and_the_run_goes_on(tmp_path):
+    """On a terminal ``top`` redraws in place until ``q``: it exits 0 at once,
+    and the run it watched is untouched (``down`` ends it after)."""
+    # the sleeper (no torch): a run that goes on until it is ended
+    started = run_cli("up", "--local", "--procs", "2", "--device", "cpu", "--run-id", "keys",
+                      "--runs-dir", str(tmp_path / "runs"), "--detach", "--",
+                      "tests/programs/sleeper.py", timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: top on the pty's terminal
+        os.chdir(ROOT)
+        os.execvpe(sys.executable, [sys.executable, "-m", "orchestrator", "top", "keys",
+                                    "--interval", "0.5", "--runs-dir", str(tmp_path / "runs")],
+                   {**os.environ, "PYTHONPATH": ROOT})
+    done = (0, 0)
+    try:
+        shown, deadline = b"", time.monotonic() + 60
+        while shown.count(b"\x1b[H\x1b[2J") < 2 and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                shown += os.read(fd, 65536)
+        assert shown.count(b"\x1b[H\x1b[2J") >= 2, shown  # redrawn in place, twice
+        os.write(fd, b"q")
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert done[0] == pid, "top did not quit on q"
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        if done[0] != pid:  # not reaped: it never quit
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    status = run_cli("status", "keys", "--runs-dir", str(tmp_path / "runs"), timeout=60)
+    assert " running " in status.stdout.splitlines()[1], status.stdout
+    assert run_cli("down", "keys", "--runs-dir", str(tmp_path / "runs"),
+                   timeout=60).returncode == 0
+
+
+def test_top_of_a_detached_ssh_run_keeps_one_session_per_node(ssh_lab, tmp_path):
+    """A detached run's ranks come from its nodes' keepers: ``top`` asks them
+    through one agent per node, kept for its life, not one SSH login per
+    refresh. The sshd sessions of the run seen at the 3rd and the 8th frame
+    are the same two."""
+    from labhome import lab_job
+    from procscan import lab_sessions
+
+    env, cluster = lab_job(ssh_lab, tmp_path, "watched", "steps.py",
+                           ["{host: node0, procs: 1}", "{host: node1, procs: 1}"],
+                           args="{steps: 4000, sleep: 0.1}")
+    runs = str(tmp_path / "runs")
+    started = run_cli("up", cluster, "--run-id", "watched", "--detach", "--runs-dir", runs,
+                      env=env, timeout=180)
+    assert started.returncode == 0, started.stdout + started.stderr
+    before = lab_sessions(ssh_lab, "watched")  # none: the keepers are daemons
+    top = start_cli("top", "watched", "--json", "--interval", "0.5", "--runs-dir", runs,
+                    env=env)
+    seen, count = [], 0
+    try:
+        for line in top.stdout:
+            if line.startswith("{"):
+                count += 1
+                if count in (3, 8):
+                    seen.append(lab_sessions(ssh_lab, "watched") - before)
+                if count == 8:
+                    break
+    finally:
+        os.killpg(top.pid, signal.SIGTERM)
+        top.wait(10)
+    assert count == 8 and len(seen[0]) >= 2 and seen[0] == seen[1], seen  # two nodes
+    assert run_cli("down", "watched", "--runs-dir", runs, env=env, timeout=120).returncode == 0

@@ -6,10 +6,10 @@ all-reduce, and every rank reports its step with its compute and data
 seconds (``ddp_orch_progress.step``): rule 1's evidence. Every rank steps at
 the same rate, as DDP makes them.
 
-``--mode free``: no collective; each rank reports its steps on its own, the
-slow rank at a third of the others' rate (rule 2); the rank ``--stop-rank``
-names stops reporting after a few seconds (rule 3), and the rank
-``--silent-rank`` names never reports anything.
+``--mode free``: no collective; each rank prints and reports its steps on
+its own, the slow rank at a third of the others' rate (rule 2); the rank
+``--stop-rank`` names stops printing and reporting after 4 s (rule 3), and
+the rank ``--silent-rank`` names never prints or reports anything.
 
 Runs for ``--seconds`` and ends with exit 0.
 """
@@ -64,5 +64,7 @@ else:
         step += 1
         if rank == args.silent_rank or (rank == args.stop_rank and time.monotonic() > stop_at):
             continue
+        print(f"rank {rank} step {step}", flush=True)
         ddp_orch_progress.step(step)
-print(f"rank {rank} done", flush=True)
+if rank != args.silent_rank:
+    print(f"rank {rank} done", flush=True)

@@ -149,9 +149,12 @@ def broadcast_json(ctx: DistContext, value):
 
 
 def straggler_report(everyone: list[dict]) -> dict:
-    """Each rank's step time (mean, p50, p95) and the slowest rank, named by
-    node and host, against the median rank's mean (heterogeneous nodes show
-    their slow rank here first)."""
+    """Each rank's step time (mean, p50, p95; and its means outside
+    collectives, forward pass and wait for data, where its steps gave them)
+    and the rank with the longest mean step, by node and host, against the
+    median rank's mean. Raw facts: the summary names the rank that held the
+    gang back from ``rank_step_times`` by the rule ``top`` uses
+    (``orchestrator/report/pace.py``)."""
     rows = sorted(({"rank": e["row"]["rank"], "node_rank": e["row"]["node_rank"],
                     "host": e["row"]["hostname"], **e["steps"]} for e in everyone),
                   key=lambda r: r["rank"])

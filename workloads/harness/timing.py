@@ -41,18 +41,27 @@ class CappedSeries:
 
 
 class StepTimer:
-    """Sums and a capped series of the three per-step times (seconds)."""
+    """Sums and a capped series of the three per-step times (seconds), and
+    the sum of the steps' forward passes where the step gives them (its part
+    before the gradients' all-reduce: with data, the rank's time outside
+    collectives, which names the slowest rank, ``report/pace.py``)."""
 
     def __init__(self, cap: int = 1000):
         self.steps = 0
         self.data_s = 0.0
         self.compute_s = 0.0
+        self.forward_s = 0.0
+        self.forward_steps = 0
         self.series = CappedSeries(cap)
 
-    def record(self, step: int, data_s: float, compute_s: float) -> None:
+    def record(self, step: int, data_s: float, compute_s: float,
+               forward_s: float | None = None) -> None:
         self.steps += 1
         self.data_s += data_s
         self.compute_s += compute_s
+        if forward_s is not None:
+            self.forward_s += forward_s
+            self.forward_steps += 1
         self.series.add(step, data_s, compute_s, data_s + compute_s)
 
     @property
@@ -61,7 +70,9 @@ class StepTimer:
 
     def rank_stats(self) -> dict:
         """This rank's step time: mean over all steps, p50 and p95 over the kept
-        series (at most ``cap`` evenly spaced steps), in seconds."""
+        series (at most ``cap`` evenly spaced steps), in seconds; where every
+        step gave its forward pass, the means of that and of the wait for
+        data (``forward_mean_s``, ``data_mean_s``)."""
         times = sorted(row[3] for row in self.series.rows)
         if not times:
             return {"steps": self.steps, "mean_s": 0.0, "p50_s": 0.0, "p95_s": 0.0}
@@ -69,8 +80,11 @@ class StepTimer:
         def pick(q: float) -> float:
             return times[min(len(times) - 1, int(q * (len(times) - 1) + 0.5))]
 
+        outside = {"forward_mean_s": self.forward_s / self.steps,
+                   "data_mean_s": self.data_s / self.steps} \
+            if self.forward_steps == self.steps else {}
         return {"steps": self.steps, "mean_s": self.batch_s / max(self.steps, 1),
-                "p50_s": pick(0.50), "p95_s": pick(0.95)}
+                "p50_s": pick(0.50), "p95_s": pick(0.95), **outside}
 
     def summary(self, global_samples: int) -> dict:
         """The ``timing`` fields of the result (``total_s`` is added by report)."""

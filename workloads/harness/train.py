@@ -221,13 +221,14 @@ class Trainer:
             self._accumulate(loss, outputs, targets)
             synchronize(self.ctx)
             t_done = now()
-            self.timer.record(self.step, t_data - t_end, t_done - t_data)
+            forward_s = getattr(self.step_fn, "forward_s", None)
+            self.timer.record(self.step, t_data - t_end, t_done - t_data, forward_s)
             self.step += 1
             steps += 1
             # the hang watchdog's sign of progress, and status's and top's (a
             # no-op alone): with the step's time outside collectives
             heartbeat(self.step, samples=self.samples_before + self.local_samples,
-                      compute_s=getattr(self.step_fn, "forward_s", None),
+                      compute_s=forward_s,
                       data_s=t_data - t_end)
             if self._win_steps == self.curve_every:
                 self._flush(epoch, show=bool(self.log_every))

@@ -329,6 +329,7 @@ class Keeper(abc.ABC):
             line = lines.get(rank)
             times = [t for t in (None if age is None else now - age, line) if t is not None]
             seen[rank] = {"step": step, "samples": rest[0] if rest else None,
+                          "last_step": None if age is None else round(now - age, 3),
                           **pace_fields(tuple(rest[1:3]) if len(rest) == 3 else None),
                           "last_progress": round(max(times), 3) if times else None,
                           "last_output": None if line is None else round(line, 3),

@@ -34,7 +34,9 @@ _KEEPER_FIELDS = {
 _PROGRESS_FIELDS = {"step": optional(_INT), "last_progress": optional(TIME)}
 # When the rank last printed a line (null: it printed none); absent in the
 # records of keepers older than it, so optional.
-_OUTPUT_FIELD = {"last_output": optional(TIME)}
+_OUTPUT_FIELD = {"last_output": optional(TIME),
+                 # when it last reported a step (null: never); absent likewise
+                 "last_step": optional(TIME)}
 # The training samples its step heartbeat says it processed so far (null: it
 # says none); optional too, for the same reason.
 _SAMPLES_FIELD = {"samples": optional(count(0))}

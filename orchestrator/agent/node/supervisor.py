@@ -375,11 +375,13 @@ class Supervisor:
         """A heartbeat event every ``heartbeat_s`` while torchrun runs, so the
         controller can tell a quiet run from a silent partition; with each,
         the node's GPUs' utilisation and memory (``gpus.sample``), until
-        nvidia-smi first fails to answer within its bound."""
+        nvidia-smi first fails to answer within its bound, and this node's
+        wall clock (``now``: a heartbeat read later from a job's stream,
+        ``scheduler/job.stream_progress``, dates its ranks' progress by it)."""
         every = self.spec.heartbeat_s
         watched = visible_gpus(self.spec.env)
         while every and not self.exited.wait(every):
-            event = message(Event.HEARTBEAT, progress=self.progress())
+            event = message(Event.HEARTBEAT, progress=self.progress(), now=round(time.time(), 3))
             use = gpus.sample(watched, min(every, GPU_SAMPLE_TIMEOUT_S)) if watched else None
             if use:
                 event["gpus"] = use

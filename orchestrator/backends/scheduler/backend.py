@@ -61,7 +61,7 @@ from ...records.outcome import (NodeOutcome, NodeState, RunDescription, RunOutco
 from ...records.rundir import RunDir
 from ...records.store import NodeRecord, RunRecord, controller_alive
 from ..base import CancelResult, LaunchBackend, recorded_dryrun
-from .job import Job, JobState, JobStream
+from .job import Job, JobState, JobStream, stream_progress
 
 AGENT_FILE = "agent.pyz"
 JOB_FILE = "job.json"
@@ -411,8 +411,12 @@ class SchedulerBackend(LaunchBackend):
             reason = f" ({state.reason})" if state.reason else ""
             live = (RunState.PENDING if state.queued else RunState.RUNNING) \
                 if record.state.live else record.state
+            # no controller keeps progress.json: each rank's step from its node's stream
+            progress = stream_progress(record) if state.running and (
+                record.owner.detached or not controller_alive(record)) else ()
             return RunDescription(live, record.outcomes, record.root_cause,
-                                  f"{name} job {job_id}: {state.state}{reason}{where}")
+                                  f"{name} job {job_id}: {state.state}{reason}{where}",
+                                  progress=progress)
         accounted = "" if state is not None else self.accounted(job_id)
         if state is not None:
             detail = f"{name} job {job_id}: {state.state}"

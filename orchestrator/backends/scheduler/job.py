@@ -18,20 +18,28 @@ bytes and the job is over.
 
 from __future__ import annotations
 
+import posixpath
 import threading
 import time
+from typing import TYPE_CHECKING, Protocol
 
-from typing import Protocol
-
-from ...agent.wire.protocol import Control
+from ...agent.layout import STREAM
+from ...agent.wire.protocol import (CONTROL_PREFIX, Control, Event, ProtocolError, decode,
+                                    is_time, pace_fields, rank_progress)
 from ...engine.nodehandle import LOST
 from ...errors import OrchestratorError
+
+if TYPE_CHECKING:
+    from ...records.store import RunRecord
 
 POLL_S = 0.1  # how often a quiet stream file is looked at
 STATE_POLL_S = 1.0  # how often the scheduler is asked
 # After the job has ended, how long a stream still waits for bytes to show up:
 # a network file system may show a file's last writes to other hosts late.
 SETTLE_S = 5.0
+# How much of the end of a node's stream ``stream_progress`` reads for its last
+# heartbeat (one comes every 5 s; a chatty program's lines sit between them).
+TAIL_BYTES = 256 * 1024
 
 
 class JobState(Protocol):
@@ -224,3 +232,50 @@ class JobStream:
     def close(self) -> None:
         """A reader still in ``read_chunk`` gets b"" at its next look."""
         self._closed = True
+
+
+def stream_progress(record: RunRecord) -> tuple[dict, ...]:
+    """Each rank's last step as the last heartbeat in its node's stream says
+    (``agent.out`` in the shared run directory): ``status`` and ``top`` of a
+    job that no controller follows, whose ``progress.json`` nobody keeps.
+    Rank by rank, ``{rank, node_rank, host, step, samples, last_progress,
+    last_output}`` with its ``compute_s`` and ``data_s`` where reported;
+    ``last_progress`` on the node's clock (the heartbeat's ``now``), and no
+    output time (the lines are not counted here)."""
+    ranks = []
+    for node in record.nodes:
+        beat = _last_heartbeat(posixpath.join(node.run_dir, STREAM))
+        sent = None if beat is None else beat.get("now")
+        progress = None if beat is None else beat.get("progress")
+        for key, value in list(progress.items())[:4096] if isinstance(progress, dict) else ():
+            entry = rank_progress(value) if isinstance(key, str) and key.isdigit() else None
+            if entry is None or not (entry.step is None or isinstance(entry.step, int)):
+                continue
+            ranks.append({"rank": int(key), "node_rank": node.node_rank, "host": node.host,
+                          "step": entry.step, "samples": entry.samples,
+                          "last_progress": sent - entry.age_s if is_time(sent) else None,
+                          "last_step": sent - entry.age_s if is_time(sent) else None,
+                          "last_output": None,
+                          **pace_fields(None if entry.compute_s is None
+                                        else (entry.compute_s, entry.data_s))})
+    return tuple(sorted(ranks, key=lambda r: r["rank"]))
+
+
+def _last_heartbeat(path: str) -> dict | None:
+    """The last heartbeat message in the last ``TAIL_BYTES`` of ``path``."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - TAIL_BYTES))
+            data = fh.read(TAIL_BYTES)
+    except OSError:
+        return None
+    for line in reversed(data.split(b"\n")):
+        if line.startswith(CONTROL_PREFIX) and Event.HEARTBEAT.value.encode() in line:
+            try:
+                message = decode(line)
+            except ProtocolError:
+                continue
+            if message["event"] == Event.HEARTBEAT:
+                return message
+    return None

@@ -58,7 +58,8 @@ def test_a_live_detached_run_is_running_while_a_node_cannot_be_asked(monkeypatch
     assert described.detail.splitlines() == ["the nodes say:", "  node 0 (h0): running, attempt 0",
                                              "  node 1 (h1): cannot be reached: timed out"]
     assert described.progress == ({"step": 40, "samples": 1280, "rank": 0, "node_rank": 0,
-                                   "host": "h0", "last_progress": 1995.0, "last_output": None},)
+                                   "host": "h0", "last_progress": 1995.0, "last_output": None,
+                                   "last_step": None},)
     # node 0's keeper gone too: still not over while node 1 cannot say
     gone = {0: {**replies[0], "alive": False}}
     assert kept_status(record, _plan(2), gone, {1: "timed out"}).state is RunState.RUNNING

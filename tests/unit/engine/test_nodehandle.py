@@ -286,6 +286,28 @@ def test_a_restarted_attempts_progress_starts_afresh(tmp_path):
     assert list(handle.progress) == [3] and handle.progress[3][0] is None
 
 
+def test_a_rank_that_prints_keeps_the_step_its_heartbeat_reports(tmp_path):
+    """Issue #33: a rank's output lines are progress, but its step is its
+    step report's: a heartbeat a few seconds old (its age, 3 s) that
+    arrives after a line still moves the step, and its own time is kept
+    apart from the line's (``step_at``, what ``top``'s rates are over)."""
+    node = NodePlan(node_rank=1, host="h1", python="python3", gpus=None, first_rank=2, nproc=2,
+                    run_dir="/r", env={}, unset_env=())
+    launch = NodeLaunch(node=node, where="local subprocess", env={}, unset_env=(), argv=())
+    data = (encode({"event": "heartbeat", "progress": {"2": [5, 10.0]}}) + b"[rank2]: step 9\n"
+            + encode({"event": "heartbeat", "progress": {"2": [12, 3.0, 48, 0.05, 0.01]}})
+            + encode(dict(EXIT, code=0, failures=[])))
+    handle = NodeHandle(launch, StreamAgent(data, 13), RunDir(str(tmp_path)),
+                        Console("all", io.StringIO()))
+    handle.watch_output = True
+    handle.start(None)
+    handle.finish(timeout=10)
+    step, progressed = handle.progress[2]
+    assert step == 12 and handle.samples[2] == 48 and handle.pace[2] == (0.05, 0.01)
+    assert progressed == handle.output_at[2]  # the line is younger than the report
+    assert handle.step_at[2] < progressed - 2.5  # the report's own time: 3 s before
+
+
 def handle_after(tmp_path, data: bytes) -> NodeHandle:
     """Node 1 (ranks 2 and 3)'s handle once its stream ``data`` is relayed."""
     node = NodePlan(node_rank=1, host="h1", python="python3", gpus=None, first_rank=2, nproc=2,

@@ -282,7 +282,7 @@ def test_quiet_shows_a_progress_line_per_node_every_15s(monkeypatch):
     clock = FakeClock(1000.0)
     monkeypatch.setattr(gang.time, "monotonic", clock.monotonic)
     lines = []
-    handle = SimpleNamespace(progress={0: (7, 1000.0)}, samples={}, pace={}, output_at={}, started=True,
+    handle = SimpleNamespace(progress={0: (7, 1000.0)}, samples={}, pace={}, step_at={}, output_at={}, started=True,
                              gpu_use=SimpleNamespace(now={}),
                              node=SimpleNamespace(ranks=[0], node_rank=0, host="a"))
     me = SimpleNamespace(_progress_written=1000.0, _progress_shown=1000.0, handles=[handle],

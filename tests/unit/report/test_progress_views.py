@@ -92,9 +92,12 @@ def test_a_keeper_records_output_lines_as_progress_and_lists_its_silent_ranks(mo
     keeper.Keeper._record_progress(me, {"4": [3, 10.0], "5": [8, 1.0, 256]}, None,
                                    {4: NOW - 2}, range(4, 7))
     assert written == [{
-        "4": {"step": 3, "samples": None, "last_progress": NOW - 2, "last_output": NOW - 2},
-        "5": {"step": 8, "samples": 256, "last_progress": NOW - 1, "last_output": None},
-        "6": {"step": None, "samples": None, "last_progress": None, "last_output": None}}]
+        "4": {"step": 3, "samples": None, "last_step": NOW - 10, "last_progress": NOW - 2,
+              "last_output": NOW - 2},
+        "5": {"step": 8, "samples": 256, "last_step": NOW - 1, "last_progress": NOW - 1,
+              "last_output": None},
+        "6": {"step": None, "samples": None, "last_step": None, "last_progress": None,
+              "last_output": None}}]
     notes: list[str] = []
     assert clean_progress(written[0], notes) == written[0] and notes == []
 
