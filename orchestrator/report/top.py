@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from ..records.store import RunRecord
 from ..tables import format_table
 from .pace import PaceWindow, Straggler, paces, stragglers
 
+if TYPE_CHECKING:
+    from ..records.store import RunRecord
+
 NARROW = 100  # columns below which each rank is one line of words, not a table row
-SCHEMA = "schema/top.schema.json"
 
 
 @dataclass(frozen=True)
