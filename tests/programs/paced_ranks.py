@@ -55,6 +55,10 @@ if args.mode == "ddp":
         optimizer.step()
         step += 1
         ddp_orch_progress.step(step, samples=4 * step, compute_s=t2 - t1, data_s=t1 - t0)
+    # DDP's reducer first, then the group, every rank together: a rank that
+    # tore down while another still held its gloo pairs aborted at exit (CI)
+    del model, optimizer
+    dist.barrier()
     dist.destroy_process_group()
 else:
     step = 0
