@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from ..agent.wire.fields import is_time
 from ..agent.wire.protocol import PACE_KEYS
 
 SLOW_VS_MEDIAN = 1.5  # this many times the others' median time (or their rate over this)
@@ -82,7 +83,7 @@ def pace_of(seen: dict[str, Any]) -> dict[str, float]:
     """``compute_s`` and ``data_s`` of a rank's record, where both are
     numbers of seconds >= 0; else {}."""
     times = [seen.get(key) for key in PACE_KEYS]
-    if all(_seconds(t) for t in times):
+    if all(is_time(t) for t in times):
         return dict(zip(PACE_KEYS, (float(t) for t in times)))
     return {}
 
@@ -203,15 +204,11 @@ def from_step_times(rows: object) -> list[RankPace]:
             continue
         times = [row.get("forward_mean_s"), row.get("data_mean_s")]
         mean = row.get("mean_s")
-        if all(_seconds(t) for t in times):
+        if all(is_time(t) for t in times):
             out.append(RankPace(row["rank"], 0.0, float(times[0]), float(times[1])))
-        elif _seconds(mean) and mean > 0:
+        elif is_time(mean) and mean > 0:
             out.append(RankPace(row["rank"], 0.0, rate=1.0 / mean))
     return out
-
-
-def _seconds(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def marked(rows: Sequence[dict[str, Any]]) -> dict[int, str]:

@@ -231,7 +231,7 @@ def rank_progress(value: Any) -> RankProgress | None:
     that are no count). The step is the caller's to check."""
     if not (isinstance(value, list) and len(value) in (2, 3, 5)):
         return None
-    if not all(_seconds(t) for t in (value[1], *value[3:])):
+    if not all(is_time(t) for t in (value[1], *value[3:])):
         return None
     samples = value[2] if len(value) >= 3 else None
     if len(value) == 3 and not is_count(samples) \
@@ -249,11 +249,6 @@ PACE_KEYS = ("compute_s", "data_s")
 def pace_fields(pace: tuple[float, float] | None) -> dict[str, float]:
     """``{"compute_s": c, "data_s": d}`` for a rank's pace, {} for none."""
     return {} if pace is None else dict(zip(PACE_KEYS, pace))
-
-
-def _seconds(value: Any) -> bool:
-    return isinstance(value, _NUM) and not isinstance(value, bool) and value >= 0 \
-        and value != float("inf")
 
 
 class ProtocolError(ValueError):
