@@ -23,6 +23,12 @@ import os
 AT_ONCE_S = 5.0
 # After the grace period: the SIGKILL, the reaping, the record.
 MARGIN_S = 1.5
+# torchrun ending a node's own ranks after one of them raised: the failing
+# rank's interpreter exit (torch's teardown, seconds when the machine is busy
+# importing torch elsewhere), torchrun's 0.1 s monitor, SIGTERM to the others.
+# That is torchrun's, not ddp-orch's; well under the 30 s torchrun itself
+# waits before SIGKILL, so a test that holds it shows nothing waited on that.
+TORCHRUN_ENDS_S = 15.0
 
 
 def node_dirs(runs_dir, run_id: str) -> list[str]:
