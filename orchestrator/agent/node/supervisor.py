@@ -26,7 +26,6 @@ files.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import select
@@ -40,6 +39,7 @@ from . import failures, gpus, guardian, procs
 from .. import layout
 
 from ..wire import files
+from ..wire.fields import is_time
 from . import nodesetup, setupstamp
 from ..wire.protocol import (ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader,
                              controller_silent_for, encode, exit_event, message)
@@ -48,24 +48,25 @@ from .workerlogs import WorkerLogs
 
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
 FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
-PROGRESS_READ = 64  # characters of a rank's step report read ("<step> <time> [<samples>]\n")
+PROGRESS_READ = 64  # characters of a rank's step report read ("<step> <time> [<samples> ...]\n")
 GPU_SAMPLE_TIMEOUT_S = 3.0  # one nvidia-smi query in a heartbeat; it delays the beat at most this
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (WorkerLogs)
 
 
-
 def _pace(words: list[str]) -> list[float] | None:
     """``[compute_s, data_s]`` from a step file's last two words, each a
-    finite number of seconds >= 0 (rounded to the microsecond); else None."""
+    number of seconds (``fields.is_time``, as the controller's
+    ``rank_progress`` checks them; rounded to the microsecond); else None."""
     if len(words) != 2:
         return None
     try:
         times = [float(word) for word in words]
     except ValueError:
         return None
-    if not all(math.isfinite(t) and t >= 0 for t in times):
+    if not all(is_time(t) for t in times):
         return None
     return [round(t, 6) for t in times]
+
 
 class Supervisor:
     def __init__(self, spec: SupervisorSpec | dict, stdin: Reader | None = None):

@@ -169,6 +169,17 @@ def test_a_report_without_samples_keeps_its_times_and_bad_times_leave_the_pair_o
     assert len((tmp_path / "progress" / "rank-0").read_text().split()) == 3
 
 
+def test_a_step_file_whose_times_the_controller_refuses_keeps_its_step(tmp_path):
+    """A step file written by hand (any program may write one) with a time
+    no number of seconds (``fields.is_time``: 1e12 s is past it): the node
+    leaves out the pair, as the controller would refuse the whole entry."""
+    (tmp_path / "progress").mkdir()
+    (tmp_path / "progress" / "rank-0").write_text(f"7 {time.time():.3f} 3 1e12 0.1\n")
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path)))["0"]
+    assert seen[0] == 7 and seen[2:] == [3]
+    assert rank_progress(seen) == (7, seen[1], 3, None, None)
+
+
 @pytest.mark.parametrize("entry", [[1, 2.0, None, -0.1, 0.0], [1, 2.0, None, 0.1],
                                    [1, 2.0, -3, 0.1, 0.0], [1, 2.0, None, float("nan"), 0.0]])
 def test_a_heartbeat_entry_with_bad_times_is_ignored(entry):
