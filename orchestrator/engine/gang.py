@@ -278,12 +278,13 @@ class Gang:
     def _report_progress(self) -> None:
         """Each rank's last step (with its samples so far, null where its step
         heartbeat says none, and its seconds per step outside collectives,
-        ``compute_s`` and ``data_s``, where it says them) and progress time into ``progress.json`` (for
-        ``status`` of a live run), and with ``--quiet`` one line per node now
-        and then, so a long quiet run still shows it is alive. Progress is a
-        step heartbeat or an output line (``NodeHandle.progress``, the hang
-        rule's); once a node's workers run, a rank with neither is listed too,
-        as one with no output (most programs print on rank 0 only)."""
+        ``compute_s`` and ``data_s``, where it says them) and progress time
+        into ``progress.json`` (for ``status`` of a live run), and with
+        ``--quiet`` one line per node now and then, so a long quiet run still
+        shows it is alive. Progress is a step heartbeat or an output line
+        (``NodeHandle.progress``, the hang rule's); once a node's workers
+        run, a rank with neither is listed too, as one with no output (most
+        programs print on rank 0 only)."""
         now = time.monotonic()
         if self.leaves or now - self._progress_written < PROGRESS_WRITE_S:
             # A run we leave once it has started keeps its progress on its

@@ -302,8 +302,7 @@ class NodeHandle:
             self.progress[rank] = (entry.step,
                                    max(seen_at, self.progress.get(rank, (None, seen_at))[1]))
             _keep(self.samples, rank, entry.samples)
-            _keep(self.pace, rank, None if entry.compute_s is None
-                  else (entry.compute_s, entry.data_s))
+            _keep(self.pace, rank, entry.pace)
 
     def poll(self) -> int | None:
         """torchrun's exit code once the node's run is over (its exit event,

@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..agent.node.ifvars import (AUTO, GLOO_IFNAME, IFNAME_VARS,  # noqa: F401 (re-exported)
-                                 named_interfaces, resolve_interfaces, unknown_interfaces, value_for)
+                                 named_interfaces, resolve_interfaces, unknown_interfaces,
+                                 value_for)
 
 OFF = "off"  # network: {interface: off}: the libraries choose
 

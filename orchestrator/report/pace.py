@@ -42,8 +42,8 @@ MIN_GAP_S = 0.005  # and at least this much more per step: a tiny step's noise n
 STOPPED_S = 20.0
 WINDOW_S = 10.0  # the rates are over the last this many seconds
 SAME_REPORT_S = 1.0  # a step seen again this soon after is the same report
-DATA_SHARE = 0.1
-FAR = 999.0  # the ratio to others of a rank with no pace at all (JSON has no infinity)  # a straggler's data-loading share worth naming
+DATA_SHARE = 0.1  # a straggler's data-loading share worth naming
+FAR = 999.0  # the ratio to others of a rank with no pace at all (JSON has no infinity)
 
 OUTSIDE, RATE, STOPPED = "outside-collectives", "step-rate", "stopped"
 
@@ -220,7 +220,10 @@ def marked(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
 def paces(rows: Iterable[dict[str, Any]], window: PaceWindow | None = None) -> list[RankPace]:
     """``RankPace`` of each ``live_progress`` row (``report/runs.py``), with
     its rate from ``window`` where given."""
-    return [RankPace(row["rank"], row.get("last_progress_s_ago"),
-                     *(pace_of(row).get(key) for key in PACE_KEYS),
-                     rate=window.rate(row["rank"]) if window else None)
-            for row in rows]
+    out = []
+    for row in rows:
+        pace = pace_of(row)
+        out.append(RankPace(row["rank"], row.get("last_progress_s_ago"),
+                            *(pace.get(key) for key in PACE_KEYS),
+                            rate=window.rate(row["rank"]) if window else None))
+    return out

@@ -3,8 +3,9 @@
 A frame (``TopFrame``) is built from what ``status`` reads, with no channel
 of its own: a run followed by its controller has ``progress.json``, which
 the controller rewrites every few seconds from its nodes' heartbeats; a
-detached run's keepers keep each rank's last step in ``keeper.json``
-(``backend.describe``). Rates come from the frames before it
+detached run's keepers keep each rank's last step in ``keeper.json``, and a
+Slurm job no controller follows has its nodes' heartbeats in their streams
+(the backend's ``Watch.look``). Rates come from the frames before it
 (``pace.PaceWindow``), the marks from ``pace.stragglers``, the GPU models
 from the recorded plan. Rendering is plain text: a table, one line per rank
 in a narrow terminal, one row per node (its worst rank) when the ranks do
@@ -106,8 +107,8 @@ def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceW
     end = record.ended if record.ended is not None else now
     return TopFrame(
         run_id=record.run_id, state=str(record.state), owner=str(record.owner),
-        attempt=max(0, len(attempts or record.attempts) - 1), elapsed_s=None if record.started is None
-        else round(max(0.0, end - record.started), 1),
+        attempt=max(0, len(attempts or record.attempts) - 1),
+        elapsed_s=None if record.started is None else round(max(0.0, end - record.started), 1),
         world_size=world if isinstance(world, int) else None, ranks=ranks,
         samples_per_s=round(sum(rates), 1) if rates else None,
         steps_per_s=round(min(steps), 3) if steps else None,

@@ -228,8 +228,7 @@ class Trainer:
             # the hang watchdog's sign of progress, and status's and top's (a
             # no-op alone): with the step's time outside collectives
             heartbeat(self.step, samples=self.samples_before + self.local_samples,
-                      compute_s=forward_s,
-                      data_s=t_data - t_end)
+                      compute_s=forward_s, data_s=t_data - t_end)
             if self._win_steps == self.curve_every:
                 self._flush(epoch, show=bool(self.log_every))
             if self.max_steps and self.step >= self.max_steps:

@@ -308,9 +308,9 @@ class Keeper(abc.ABC):
                          lines: dict | None = None, ranks: Iterable[int] = ()) -> None:
         """Each rank's last step, its samples so far (null where its step
         heartbeat says none: ``Supervisor.progress``), its seconds per step
-        outside collectives where it says them (``compute_s``, ``data_s``) and when it made
-        progress (this node's clock) into keeper.json, as the heartbeats
-        carry them and its output
+        outside collectives where it says them (``compute_s``, ``data_s``)
+        and when it made progress (this node's clock) into keeper.json, as
+        the heartbeats carry them and its output
         lines (``lines``: rank -> wall time of its last line, the supervisor's
         ``line_seen``) show it, with its GPU's use now (``use``: rank ->
         ``gpu``, ``gpu_util``, ``gpu_mem_mib``): a detached run has no

@@ -220,6 +220,11 @@ class RankProgress(NamedTuple):
     compute_s: float | None = None
     data_s: float | None = None
 
+    @property
+    def pace(self) -> tuple[float, float] | None:
+        """``(compute_s, data_s)``, or None where the rank reported neither."""
+        return None if self.compute_s is None else (self.compute_s, self.data_s)
+
 
 def rank_progress(value: Any) -> RankProgress | None:
     """A rank's entry in a heartbeat's or a ``gang-progress``'s progress

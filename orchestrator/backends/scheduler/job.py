@@ -251,13 +251,11 @@ def stream_progress(record: RunRecord) -> tuple[dict, ...]:
             entry = rank_progress(value) if isinstance(key, str) and key.isdigit() else None
             if entry is None or not (entry.step is None or isinstance(entry.step, int)):
                 continue
+            stepped = sent - entry.age_s if is_time(sent) else None
             ranks.append({"rank": int(key), "node_rank": node.node_rank, "host": node.host,
                           "step": entry.step, "samples": entry.samples,
-                          "last_progress": sent - entry.age_s if is_time(sent) else None,
-                          "last_step": sent - entry.age_s if is_time(sent) else None,
-                          "last_output": None,
-                          **pace_fields(None if entry.compute_s is None
-                                        else (entry.compute_s, entry.data_s))})
+                          "last_progress": stepped, "last_step": stepped,
+                          "last_output": None, **pace_fields(entry.pace)})
     return tuple(sorted(ranks, key=lambda r: r["rank"]))
 
 
