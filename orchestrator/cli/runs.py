@@ -66,10 +66,10 @@ def ps(runs_dir: str | None, as_json: bool) -> None:
 
 
 def _described(record):
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
 
-    return get_backend(record.backend, LaunchOptions()).describe(record)
+    return backend_of(record, LaunchOptions()).describe(record)
 
 
 def _settled(record, described=None):
@@ -176,11 +176,11 @@ def logs(run_id: str | None, node_rank: int | None, rank: int | None, last: int 
                               hint="give --rank alone")
         node_rank = holder
     if follow and kept_without_controller(record):  # the nodes have the live log
-        from ..backends import get_backend
+        from ..backends import backend_of
         from ..engine.options import LaunchOptions
         from ..console import Console
 
-        get_backend(record.backend, LaunchOptions()).attach(
+        backend_of(record, LaunchOptions()).attach(
             record, Console("all", rank=rank), lines=last)
         return
     if kept_without_controller(record):
@@ -303,7 +303,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
     import dataclasses
     import json
 
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..engine.stacks import keep
 
@@ -311,7 +311,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
     if not record.state.live:
         raise ConfigError(f"run {record.run_id} is {record.state}: no rank is running",
                           hint="stacks are dumped from a live run; see `ddp-orch status`")
-    result = get_backend(record.backend, LaunchOptions()).stacks(record, native=native)
+    result = backend_of(record, LaunchOptions()).stacks(record, native=native)
     saved, text = keep(record.run.path, result, record.run_id)
     if as_json:
         click.echo(json.dumps({"run_id": record.run_id, "saved_in": saved,
@@ -345,7 +345,7 @@ def attach(run_id: str | None, from_start: bool, lines: int | None, rank0_only: 
     """
     import dataclasses
 
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..console import Console
     from ..records.outcome import RunState
@@ -361,7 +361,7 @@ def attach(run_id: str | None, from_start: bool, lines: int | None, rank0_only: 
                           source="command line",
                           hint=f"`ddp-orch logs {record.run_id}` shows what it printed")
     console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
-    backend = get_backend(record.backend, LaunchOptions(
+    backend = backend_of(record, LaunchOptions(
         accept_new_host_keys=accept_new_host_keys))
     outcome = backend.attach(record, console, lines=lines)
     if outcome.state is RunState.RUNNING:
@@ -447,7 +447,7 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
     records, detached ones from their nodes' keepers, Slurm jobs from their
     nodes' streams.
     """
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..report.pace import PaceWindow
     from ..report.runs import live_progress
@@ -458,7 +458,7 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
         latest_run(where.path, lambda r: r.live, "live run")
     tty = sys.stdout.isatty()
     window, rows, looked_at, looks = PaceWindow(), [], None, 0
-    watch = get_backend(record.backend, LaunchOptions()).watch()
+    watch = backend_of(record, LaunchOptions()).watch()
     try:
         with _Keys(tty and not once and not as_json) as keys:
             while True:
