@@ -357,3 +357,36 @@ def test_a_home_python_is_the_nodes_own_in_check_and_up(slurm_lab, tmp_path):
     assert "rank 1 step 1 attempt 0" in result.stdout
     assert slurm_lab.wait_queue_empty() == []
     assert wait_gone("slurm-homepy", 15) == set()
+
+
+def test_ctrl_c_while_sbatch_answers_cancels_the_job_it_queued(slurm_lab, tmp_path):
+    """Ctrl-C (or `ddp-orch down`'s SIGTERM) between the job's submission and
+    the controller's first record of its id (issue 43): the signal waits
+    until sbatch has answered and the id is recorded, then the job is
+    cancelled like any interrupted run's; none stays queued."""
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    marker = tmp_path / "submitted"
+    (slow / "sbatch").write_text(f"#!/bin/sh\nout=$({shutil.which('sbatch')} \"$@\") || exit $?\n"
+                                 f"touch {marker}\nsleep 3\necho \"$out\"\n")
+    (slow / "sbatch").chmod(0o755)
+    path = cluster(tmp_path, "slurm-early", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+                   "workload: {script: sleeper.py}\n", program="sleeper.py")
+    env = {**slurm_lab.env(), "PATH": f"{slow}:{os.environ['PATH']}"}
+    proc = start_cli("up", path, "--run-id", "slurm-early", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.05)
+        assert len(slurm_lab.queue()) == 1  # queued, and sbatch has not answered yet
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert slurm_lab.wait_queue_empty() == [], out
+    assert wait_gone("slurm-early", 15) == set()
+    assert state_of(tmp_path, "slurm-early")["state"] == "interrupted"
