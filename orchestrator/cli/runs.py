@@ -180,8 +180,8 @@ def logs(run_id: str | None, node_rank: int | None, rank: int | None, last: int 
         from ..engine.options import LaunchOptions
         from ..console import Console
 
-        backend_of(record, LaunchOptions()).attach(
-            record, Console("all", rank=rank), lines=last)
+        with Console("all", rank=rank) as console:
+            backend_of(record, LaunchOptions()).attach(record, console, lines=last)
         return
     if kept_without_controller(record):
         click.echo(f"ddp-orch logs: run {record.run_id} goes on without its controller: "
@@ -360,22 +360,22 @@ def attach(run_id: str | None, from_start: bool, lines: int | None, rank0_only: 
         raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
                           source="command line",
                           hint=f"`ddp-orch logs {record.run_id}` shows what it printed")
-    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
-    backend = backend_of(record, LaunchOptions(
-        accept_new_host_keys=accept_new_host_keys))
-    outcome = backend.attach(record, console, lines=lines)
-    if outcome.state is RunState.RUNNING:
-        console.always(f"ddp-orch: left run {record.run_id}; it goes on on its nodes\n"
-                       + render_detached(outcome, record.run.path))
-        sys.exit(130)
-    from ..records.store import record_end
+    with Console("quiet" if quiet else "rank0" if rank0_only else "all") as console:
+        backend = backend_of(record, LaunchOptions(
+            accept_new_host_keys=accept_new_host_keys))
+        outcome = backend.attach(record, console, lines=lines)
+        if outcome.state is RunState.RUNNING:
+            console.always(f"ddp-orch: left run {record.run_id}; it goes on on its nodes\n"
+                           + render_detached(outcome, record.run.path))
+            sys.exit(130)
+        from ..records.store import record_end
 
-    ended, wall_s = _run_end(read_record(record.run) or record, backend)
-    outcome = dataclasses.replace(outcome, wall_s=wall_s)  # the run's, not attach's
-    record_end(record, outcome, ended=ended, results_home=True)
-    console.always(render_summary(outcome, record.run.path, record.run.plan(),
-                                  record.run.outputs(), record.run.progress()))
-    sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
+        ended, wall_s = _run_end(read_record(record.run) or record, backend)
+        outcome = dataclasses.replace(outcome, wall_s=wall_s)  # the run's, not attach's
+        record_end(record, outcome, ended=ended, results_home=True)
+        console.always(render_summary(outcome, record.run.path, record.run.plan(),
+                                      record.run.outputs(), record.run.progress()))
+        sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 
 @click.command()
