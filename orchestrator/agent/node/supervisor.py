@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from . import failures, gpus, guardian, procs
+from . import failures, gpus, guardian, probes, procs
 from .. import layout
 
 from ..wire import files
@@ -143,6 +143,7 @@ class Supervisor:
         self.setup_over.set()
         # torchrun, and so every worker, starts in the node's code root
         # (``NodePlan.code_root``: the uploaded project, or the built-ins' code/)
+        probes.release_ports()  # node 0's master port, held since it was found free
         child = subprocess.Popen(list(self.spec.argv), env=env,
                                  cwd=self.spec.cwd or self.run_dir,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
