@@ -338,7 +338,7 @@ class AgentBackend(LaunchBackend):
         agent.send("mkrun", run_dir=node.run_dir, root=self._root(node))
         agent.send_put(bundle, f"{node.run_dir}/{BUNDLE_NAME}")
         if k == 0:
-            agent.send("bind", **bind_request(plan))
+            agent.send("bind", **bind_request(plan, hold=True))
         route = route_request(plan, node)
         if route is not None:
             agent.send("route", **route)

@@ -230,8 +230,7 @@ class Gang:
         why = verdict.why
         if verdict.stop is Stop.LOST:
             for handle in blamed:
-                handle.partitioned = True
-                handle.abort()  # it cannot hear a stop; its agent gives up on us too
+                handle.give_up()
         elif verdict.stop is Stop.START_TIMEOUT:
             for handle in blamed:
                 handle.timed_out = True
@@ -361,7 +360,7 @@ class Gang:
         try:
             for handle in running:
                 handle.stop()
-            wait_all(running, self.grace_s + 5.0, until=lambda: self._hurried)
+            self._await_stopped(running, self.grace_s + 5.0)
             if self._hurried:
                 self.console.always("ddp-orch: second interrupt; killing now")
         except KeyboardInterrupt:
@@ -374,12 +373,26 @@ class Gang:
                 handle.abort()
 
 
-def wait_all(handles: list[NodeHandle], timeout_s: float,
-             until: Callable[[], bool] = lambda: False) -> None:
-    """Until every handle's command has ended, ``timeout_s`` or ``until()``."""
+    def _await_stopped(self, handles: list[NodeHandle], timeout_s: float) -> None:
+        """Until every node has ended, ``timeout_s``, or a second Ctrl-C.
+        A node that turns silent meanwhile (it went silent just before
+        another node's failure stopped the gang) is given up on at once, as
+        the rule gives up on one that is silent first: waiting out the grace
+        period for a stop it cannot hear would only delay the end."""
+        deadline = time.monotonic() + timeout_s
+        while any(h.poll() is None for h in handles) and time.monotonic() < deadline \
+                and not self._hurried:
+            if self.owner.peer_timeout_applies:
+                for handle in handles:
+                    if handle.silent:
+                        handle.give_up()
+            time.sleep(0.05)
+
+
+def wait_all(handles: list[NodeHandle], timeout_s: float) -> None:
+    """Until every handle's command has ended, or ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(h.poll() is None for h in handles) \
-            and not until():
+    while time.monotonic() < deadline and any(h.poll() is None for h in handles):
         time.sleep(0.05)
 
 

@@ -367,6 +367,16 @@ class NodeHandle:
         if self.supervising and self.poll() is None:
             self.channel.abort()
 
+    def give_up(self) -> None:
+        """Silent past the peer timeout (a partition, a frozen host): it
+        cannot hear a stop, and its agent gives up on us too. Its end is
+        dated when it was last heard: its silence began there, before any
+        failure it caused on the other nodes."""
+        if self.poll() is None:
+            self.partitioned = True
+            self.ended_at = time.time() - self.heard_s
+            self.abort()
+
     def finish(self, timeout: float = 5.0) -> NodeOutcome:
         """Drain the relay and describe how the node ended."""
         if self._relay is not None:

@@ -181,11 +181,12 @@ def holder_text(holder: dict | None) -> str:
     return describe_holder(holder) if holder else "-"
 
 
-def bind_request(plan: RunPlan) -> dict:
+def bind_request(plan: RunPlan, hold: bool = False) -> dict:
     """Node 0's ``bind`` request: the master port (0: any free one), in the
-    master address's family (``agent/node/probes.py``)."""
+    master address's family (``agent/node/probes.py``); ``hold``: a
+    launch's, kept bound on the node until torchrun's store takes it."""
     return {"port": 0 if plan.master_port == AUTO_PORT else int(plan.master_port),
-            "host": plan.master_addr}
+            "host": plan.master_addr, "hold": hold}
 
 
 def master_port(plan: RunPlan, agent: AgentHandle) -> int:

@@ -158,7 +158,7 @@ REQUESTS: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...
     "outputs": ({"root": _STR, "patterns": _LIST, "max_file": _INT, "max_total": _INT},
                 {"files": _LIST, "refused": _LIST}),
     "prune": ({"run_dir": _STR, "run_id": _STR, "node_rank": _INT}, {"freed": _INT, "path": _STR}),
-    "bind": ({"port": _INT, "host?": _STR_OR_NONE}, {"port": _INT}),
+    "bind": ({"port": _INT, "host?": _STR_OR_NONE, "hold?": _BOOL}, {"port": _INT}),
     "route": ({"host": _STR, "port": _INT, "remote_peers?": _BOOL}, {"ifname": _STR, "addr": _STR}),
     "torch": ({}, {}),
     "gpus": ({"want": (str, list), "run_id": _STR, "node_rank?": _INT, "busy_mib": _INT,

@@ -181,8 +181,9 @@ def _get(request: dict, stdin: Reader) -> None:
 
 
 def _bind(request: dict, stdin: Reader) -> None:
-    # held until this agent's supervisor starts torchrun (or the agent ends)
-    reply(**probes.bind(request["port"], request.get("host"), hold=True))
+    # ``hold``: a launch's port, held until this agent's supervisor starts
+    # torchrun (or the agent ends); `check` only asks whether it is free
+    reply(**probes.bind(request["port"], request.get("host"), hold=request.get("hold", False)))
 
 
 def _route(request: dict, stdin: Reader) -> None:

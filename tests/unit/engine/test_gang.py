@@ -118,6 +118,7 @@ class FakeNode(QuietChannel):
         self.buffer: collections.deque[bytes] = collections.deque()
         self.asks = self.handed = 0
         self.on_go = b""  # what it says once told to go (a run with setup:)
+        self.aborted = False
         clock.nodes.append(self)
 
     # the node's side
@@ -180,7 +181,12 @@ class FakeNode(QuietChannel):
         return [t for w, t in self.sent if w is word]
 
     def abort(self) -> None:
+        """As an SSH channel's: the channel is cut, and reads as ended (-15)."""
+        self.aborted = True
         self.emit(b"")
+
+    def poll(self):
+        return -15 if self.aborted else None
 
 
 @pytest.fixture
@@ -248,6 +254,39 @@ def test_a_running_node_silent_past_the_peer_timeout_is_lost(tmp_path, clock):
     assert outcome.nodes[0].state is NodeState.STOPPED
     (stopped,) = other.at(Control.STOP)
     assert 10.0 + PEER_TIMEOUT_S < stopped <= 10.0 + PEER_TIMEOUT_S + 1.0
+
+
+def test_a_node_silent_just_before_another_fails_is_lost_at_once_as_the_root_cause(
+        tmp_path, clock):
+    """Issue 43: node 1 froze at 10 s. Its agent gave up on us a moment
+    before we gave up on it, tore its ranks down, and node 0's ranks failed
+    in the cascade (at 39.5 s, half a second before node 1's silence
+    reached the peer timeout here). The gang stopped for node 0's failure,
+    then waited the grace period and the kill for node 1, which could hear
+    neither, and named it "killed by signal 15". Now node 1 is given up on
+    the moment its silence reaches the timeout, named as silent, and is the
+    root cause: its silence began before node 0's failure."""
+    frozen = FakeNode(clock)
+    cascade = encode({"event": "exit", "code": 1, "reason": "torchrun exited",
+                      "duration_s": 0.1, "last_lines": [], "failures": [
+                          {"local_rank": 0, "timestamp": clock.time() + 39.4,
+                           "message": "RuntimeError: [../gloo/transport/tcp/pair.cc:534] "
+                                      "Connection closed by peer [10.0.0.2]:5301"}]})
+    other = FakeNode(clock, script=((10.0 + PEER_TIMEOUT_S - 0.5, cascade),))
+    original = frozen.due
+
+    def due(now: float) -> None:
+        if now <= 10.0:
+            original(now)
+
+    frozen.due = due
+    frozen.end = lambda code, reason: None  # frozen: it hears no stop, and says nothing
+    outcome = start_gang(tmp_path, clock, [other, frozen], grace_s=10.0).run()
+    assert outcome.nodes[1].state is NodeState.LOST, outcome.nodes[1]
+    assert outcome.nodes[1].reason.startswith(f"nothing from the node for {PEER_TIMEOUT_S:g}s")
+    assert outcome.root_cause.node_rank == 1
+    assert clock.now < 10.0 + PEER_TIMEOUT_S + 2.0, clock.now  # not the grace and the kill
+    assert frozen.at(Control.KILL) == []
 
 
 def test_a_schedulers_node_silent_past_the_peer_timeout_is_not_lost(tmp_path, clock):

@@ -278,7 +278,7 @@ def test_a_busy_master_port_fails_and_says_to_pick_another(monkeypatch):
         "master port 29500 on node0 (node 0) is already in use ([Errno 98] Address already "
         "in use); pick another `master.port`, or use `port: auto`")
     assert not any(r.check in ("reach-master", "data-path") for r in report.results)
-    assert [f for op, f in agents[0].calls if op == "bind"] == [{"port": 29500, "host": "node0"}]
+    assert [f for op, f in agents[0].calls if op == "bind"] == [{"port": 29500, "host": "node0", "hold": False}]
 
 
 def test_a_given_master_port_that_is_free_passes_as_given(monkeypatch):
