@@ -67,7 +67,8 @@ if os.environ.get("DDP_ORCH_MUTATION"):
 LIVE_MODULES = ("tests/live/", "tests/labs/", "tests/workloads/test_wl_live.py",
                 "tests/workloads/test_wl_seed_layout.py", "tests/workloads/test_wl_orchestrated.py",
                 "tests/workloads/test_wl_device_policy.py", "tests/workloads/test_wl_gpu.py")
-SLURM_MODULES = ("tests/live/test_hang.py", "tests/live/test_setup_outputs_live.py",
+SLURM_MODULES = ("tests/live/test_fault_matrix_slurm.py", "tests/live/test_hang.py",
+                 "tests/live/test_setup_outputs_live.py",
                  "tests/live/test_shell_dryrun.py", "tests/live/test_slurm_keeps_the_job.py",
                  "tests/live/test_slurm_launch.py")
 SLURM_UNIT = "slurm-lab"
@@ -136,6 +137,35 @@ def pytest_collection_modifyitems(config, items):
                                 f"their modules there): {', '.join(slurm[:5])}")
     if os.environ.get("DDP_ORCH_MUTATION"):
         _cap_hypothesis(items)
+    _fault_matrix_share(config, items)
+
+
+FAULT_MATRIX_SHARE = 10  # cells a CI run takes, chosen by its commit, besides the regressions
+
+
+def _fault_matrix_share(config, items) -> None:
+    """The fault matrix's cells run whole with ``-m faultmatrix`` (and ``-k``
+    for some); otherwise (the suite, CI) only this commit's share: cells
+    chosen by the commit's hash, so that over a few commits every cell runs,
+    and every cell that has ever failed (``labs/fault_regressions.txt``)."""
+    cells = [item for item in items if item.get_closest_marker("faultmatrix") is not None]
+    if not cells or "faultmatrix" in (config.option.markexpr or ""):
+        return
+    import faultmatrix
+
+    commit = os.environ.get("DDP_ORCH_FAULT_COMMIT") or _commit()
+    share = set(faultmatrix.ci_share(commit, FAULT_MATRIX_SHARE, faultmatrix.regressions()))
+    dropped = [item for item in cells if item.callspec.params.get("cell") not in share]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        keep = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in keep]
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True)
+    return done.stdout.strip() or "no-commit"
 
 
 def _cap_hypothesis(items) -> None:

@@ -234,7 +234,7 @@ class LaunchBackend(ABC):
         handle = self.submit(info, run, console)
         outcome = None
         try:
-            outcome = collect(handle, follow(handle, console, self.options, on_running))
+            outcome = collect(handle, follow(handle, console, self.options, on_running), console)
             return outcome
         finally:
             handle.close(left=outcome is not None and outcome.state is RunState.RUNNING)
@@ -247,7 +247,7 @@ class LaunchBackend(ABC):
 
         handle = self.reconnect(record, lines=lines)
         try:
-            return collect(handle, follow(handle, console, self.options))
+            return collect(handle, follow(handle, console, self.options), console)
         finally:
             handle.close(left=True)  # attach never ends the run it follows
 

@@ -24,7 +24,7 @@ from ..backends.base import LaunchBackend
 from ..engine.options import LaunchOptions
 from ..config.spec import ClusterSpec
 from ..console import Console
-from ..errors import OrchestratorError
+from ..errors import LaunchError, OrchestratorError
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
 from ..records.rundir import RunDir, new_run_id
@@ -61,14 +61,24 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
                             local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))
     for warning in spec.all_warnings:
         console.info(warning)
-    run = RunDir.create(runs_dir, run_id)
-    run.write_text("cluster.yaml", stored_cluster_file(spec))
+    try:
+        run = RunDir.create(runs_dir, run_id)
+        run.write_text("cluster.yaml", stored_cluster_file(spec))
+    except OSError as exc:
+        raise unwritable(runs_dir, exc) from None
     nodes = node_records(info)
     started = time.time()
 
     def record(state: RunState, outcome: RunOutcome | None = None, error: str = "") -> None:
-        write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
-                    started=started, nodes=nodes, outcome=outcome, owner=info.owner, error=error)
+        """Into state.json; a runs directory that cannot take it (full) does
+        not stop the run or hide its end: said, and the run goes on."""
+        try:
+            write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
+                        started=started, nodes=nodes, outcome=outcome, owner=info.owner,
+                        error=error)
+        except OSError as exc:
+            console.always(f"ddp-orch: could not record the run as {state} in "
+                           f"{run.state_file()}: {exc.strerror or exc}")
 
     def on_running(handle: RunHandle) -> None:  # the job id, then the resolved run
         nonlocal nodes
@@ -96,8 +106,19 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     except OrchestratorError as exc:  # a busy port, the upload cap, a node out of reach
         error = str(exc)
         raise
+    except OSError as exc:  # the run directory's records (plan.json, the bundle), full
+        failure = unwritable(run.path, exc)
+        error = str(failure)
+        raise failure from None
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
         record(final, outcome, error if outcome is None else "")
+
+
+def unwritable(where: str, exc: OSError) -> LaunchError:
+    """The launch's refusal when this machine cannot write the run's records."""
+    return LaunchError(f"cannot write the run's records in {os.path.abspath(where)}: "
+                       f"{exc.strerror or exc}; free space there, or choose another runs "
+                       "directory (--runs-dir)")

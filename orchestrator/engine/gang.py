@@ -22,6 +22,7 @@ and whether this controller started the run or only watches it (``attach``):
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -30,10 +31,10 @@ from typing import Callable, Mapping
 from ..agent.gangrule import Clock, NodeView, Stop, Timeouts, Verdict, hang_words, judge, tick
 from ..agent.stackgroups import place
 from ..agent.wire.owner import Holder
-from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, pace_fields
+from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, controller_silent_for, pace_fields
 from ..console import Console
 from ..plan.dryrun import DryRun
-from ..records.outcome import RunOutcome, RunState, gang_outcome
+from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
@@ -45,6 +46,10 @@ from .stacks import StacksResult, keep
 
 PROGRESS_WRITE_S = 2.0  # progress.json at most this often
 QUIET_PROGRESS_S = 15.0  # with --quiet, a progress line per node at most this often
+# The watch looks every 0.5 s; a gap this long means we were stopped ourselves
+# (SIGSTOP, Ctrl-Z, a laptop asleep), and the nodes were not silent: we were.
+PAUSED_S = 10.0
+PAUSE_SETTLE_S = 2.0  # after a pause, the relays' time to read what came meanwhile
 
 
 class Gang:
@@ -107,6 +112,7 @@ class Gang:
         self._hurried = False
         self._handlers: dict = {}
         self.left = False
+        self.paused_s = 0.0  # the longest we were stopped ourselves, by the watch's clock
 
     def run(self) -> RunOutcome:
         """Start the nodes (their agents have the code already) or their
@@ -154,9 +160,25 @@ class Gang:
         if self.left:
             return RunOutcome(self.plan.run_id, RunState.RUNNING, wall,
                               tuple(h.finish(timeout=0.1) for h in self.handles), None, None)
-        outcomes = tuple(h.finish() for h in self.handles)
+        outcomes = tuple(self._paused_words(h, h.finish()) for h in self.handles)
         return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,
                             interrupted=self.interrupted)
+
+    def _paused_words(self, handle: NodeHandle, outcome: NodeOutcome) -> NodeOutcome:
+        """A node that stopped its run because we were silent, while we were
+        paused past the peer timeout (SIGSTOP, Ctrl-Z, a machine asleep):
+        lost to us, and the run's end says why, on our side."""
+        if self.paused_s < PEER_TIMEOUT_S or handle.partitioned:
+            return outcome
+        reason = (handle.control or {}).get("reason")
+        if reason != controller_silent_for(PEER_TIMEOUT_S) and not (
+                handle.control is None and outcome.state is NodeState.LOST):
+            return outcome
+        return dataclasses.replace(
+            outcome, state=NodeState.LOST,
+            reason=f"stopped its run after {PEER_TIMEOUT_S:g}s without hearing from "
+                   f"ddp-orch, which was paused for {self.paused_s:.0f}s (stopped, or its "
+                   "machine asleep); keep it awake while the run goes on, or use `up --detach`")
 
     def _interrupted(self) -> None:
         """Ctrl-C: ours to stop (a run we control, or a kept run started
@@ -181,7 +203,16 @@ class Gang:
         verdict (``gangrule``) ask every node to stop and return: the
         teardown (or the keepers) enforce the deadline."""
         clock = Clock(time.monotonic())
+        looked = (time.monotonic(), time.time())
         while True:
+            # the monotonic clock stops while the machine sleeps; the wall clock does not
+            away = max(time.monotonic() - looked[0], time.time() - looked[1])
+            if away > PAUSED_S:  # we were stopped, or the machine slept
+                self.paused_s = max(self.paused_s, away)
+                # the relays were stopped with us: what the nodes sent meanwhile
+                # (their heartbeats, their ends) is read before anyone is judged
+                time.sleep(PAUSE_SETTLE_S)
+            looked = (time.monotonic(), time.time())
             self._changed.clear()
             if self.kept:
                 if all(h.control is not None for h in self.handles):  # every keeper finished
@@ -313,7 +344,10 @@ class Gang:
                                round(wall - (now - line_at), 3), **gpu}
         if not ranks:
             return
-        self.run_dir.write_progress({"updated": wall, "ranks": ranks})
+        try:
+            self.run_dir.write_progress({"updated": wall, "ranks": ranks})
+        except OSError:
+            pass  # the runs directory is full: the node logs' writer says so, once
         if self.console.view == "quiet" and now - self._progress_shown >= QUIET_PROGRESS_S:
             self._progress_shown = now
             for h in self.handles:

@@ -201,7 +201,8 @@ class NodeHandle:
         """
         secrets = self.secrets
         lines = LineBuffer()
-        with open(self.run.node_log(self.node.node_rank), self.log_mode) as log:
+        with NodeLog(self.run.node_log(self.node.node_rank), self.log_mode,
+                     self.console.info) as log:
             while self.control is None:
                 chunk = self.channel.read_chunk(65536)
                 self.last_heard = time.monotonic()
@@ -216,7 +217,6 @@ class NodeHandle:
                     kept = scrub(kept, secrets)
                 if kept:
                     log.write(kept)
-                    log.flush()
                     self.console.node_lines(self.node.node_rank, self.node.host,
                                             kept.decode("utf-8", "replace"))
                 if not chunk:
@@ -410,6 +410,51 @@ class NodeHandle:
             reason += "; " + describe_survivors(control["survivors"])
         return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
                            self.ended_at, failures)
+
+
+class NodeLog:
+    """A node's log in the run directory, written as its relay reads it.
+
+    A log that cannot be written (the runs directory full, its disk gone
+    read-only) never stops the relay, which also carries the node's
+    heartbeats and its exit event: the trouble is said once, the output is
+    still shown, and writing resumes once there is room. Unbuffered, so a
+    failed write leaves nothing half-held to fail again."""
+
+    def __init__(self, path: str, mode: str, say: Callable[[str], None]):
+        self.path, self.say, self.trouble = path, say, ""
+        try:
+            self.file = open(path, mode, buffering=0)  # noqa: SIM115 (closed in __exit__)
+        except OSError as exc:
+            self.file = None
+            self._failed(exc)
+
+    def __enter__(self) -> "NodeLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def write(self, block: bytes) -> None:
+        try:
+            if self.file is None:
+                self.file = open(self.path, "ab", buffering=0)  # noqa: SIM115
+            view = memoryview(block)
+            while view:
+                written = self.file.write(view)
+                if not written:
+                    raise OSError(f"no byte of {len(view)} written")
+                view = view[written:]
+            self.trouble = ""
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if not self.trouble:
+            self.trouble = exc.strerror or str(exc)
+            self.say(f"cannot write {self.path}: {self.trouble}; its lines are shown here, "
+                     "not kept, until it can be written again")
 
 
 def exit_outcome(node: NodePlan, control: dict, stop_sent: bool,

@@ -135,11 +135,18 @@ def follow(handle: RunHandle, console: Console, options: LaunchOptions,
     return handle.settle(outcome)
 
 
-def collect(handle: RunHandle, outcome: RunOutcome) -> RunOutcome:
+def collect(handle: RunHandle, outcome: RunOutcome, console: Console) -> RunOutcome:
     """``outcome`` with rank 0's result, once the run's files are home; a run
-    that goes on, or ended before its gang formed, brings nothing."""
+    that goes on, or ended before its gang formed, brings nothing. A run
+    directory that cannot take the files (full) leaves them on the nodes,
+    and says so: the run's end stands."""
     if handle.gang is None or outcome.state is RunState.RUNNING:
         return outcome
-    result = handle.fetch(outcome)
+    try:
+        result = handle.fetch(outcome)
+    except OSError as exc:
+        result = None
+        console.always(f"ddp-orch: could not bring the run's results into {handle.run.path}: "
+                       f"{exc.strerror or exc}; they stay on the nodes")
     handle.tidy(outcome)
     return dataclasses.replace(outcome, result=result)

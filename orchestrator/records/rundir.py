@@ -6,6 +6,7 @@ runs directory, and marks it)::
     cluster.yaml     the cluster file as given
     plan.json        the resolved plan (secret env values masked)
     state.json       the run's state and each node's outcome (``store.py``)
+    .reserve         room kept for the last state.json on a full disk
     progress.json    each rank's last step, while an attached run goes on
     node-<k>.log     everything node k printed
     result.json      rank 0's result, fetched from node 0
@@ -20,6 +21,7 @@ never a path of their own. A record that is missing or unreadable is None.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -40,6 +42,8 @@ PROGRESS_FILE = "progress.json"
 RESULT_FILE = "result.json"
 OUTPUTS_RECORD = "outputs.json"  # what came home, what was refused, what matched nothing
 OUTPUTS_DIR = "outputs"
+RESERVE_FILE = ".reserve"  # room for the last state.json on a full disk (``reserve``)
+RESERVE_BYTES = 256 << 10
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -76,7 +80,19 @@ class RunDir:
         except FileExistsError:
             raise taken(runs_dir, run_id) from None
         os.chmod(path, 0o700)
-        return cls(path)
+        run = cls(path)
+        run.reserve()
+        return run
+
+    def reserve(self) -> None:
+        """Room kept for the run's last record: a file of ``RESERVE_BYTES``
+        that ``write_state`` gives up when the disk is full, so a run that
+        filled its runs directory (its node logs) still records its end."""
+        try:
+            with open(self.file(RESERVE_FILE), "wb") as fh:
+                fh.write(b"\0" * RESERVE_BYTES)
+        except OSError:
+            pass  # no room now: nothing to keep
 
     @staticmethod
     def refuse_taken(runs_dir: str, run_id: str) -> None:
@@ -129,7 +145,14 @@ class RunDir:
         return self.read_json(STATE_FILE)
 
     def write_state(self, payload: Any) -> None:
-        self.write_json(STATE_FILE, payload)
+        try:
+            self.write_json(STATE_FILE, payload)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or \
+                    not os.path.exists(self.file(RESERVE_FILE)):
+                raise
+            os.unlink(self.file(RESERVE_FILE))  # the room kept for this
+            self.write_json(STATE_FILE, payload)
 
     def state_file(self) -> str:
         return self.file(STATE_FILE)

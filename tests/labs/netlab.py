@@ -240,7 +240,21 @@ class NetLab(SshLab):
         """Every process inside a host's network namespace (sshds, sessions, commands)."""
         return _netns_pids(self.host(host_or_ns).netns)
 
+    def cut(self, host: LabHost | int | str) -> None:
+        """Cut ``host`` off the lab's network, silently: its link leaves the
+        bridge, so nothing it sends arrives and nothing comes back, with no
+        FIN, no RST and no error on either side (a pulled cable). Its own
+        interface stays up."""
+        _run(IP, "link", "set", self._outer(host), "nomaster")
+
+    def mend(self, host: LabHost | int | str) -> None:
+        """Undo ``cut``."""
+        _run(IP, "link", "set", self._outer(host), "master", self.bridge, "up")
+
     # -- internals -------------------------------------------------------
+
+    def _outer(self, host: LabHost | int | str) -> str:
+        return f"{self._link_base}h{self.host(host).index}"
 
     def _addr(self, index: int) -> str:
         return self._net_addr(10 + index)

@@ -403,7 +403,11 @@ class Keeper(abc.ABC):
                        **({"followed": True} if self.followed else {}),
                        **({"progress": self.progress} if self.progress else {}),
                        **self.fitted_attempts()}
-            files.put_json(os.path.join(self.run_dir, layout.KEEPER_STATE), self.masked(payload))
+            try:
+                files.put_json(os.path.join(self.run_dir, layout.KEEPER_STATE),
+                               self.masked(payload))
+            except OSError as exc:  # a full disk: the record waits for room, the run goes on
+                self.say(f"ddp-orch: cannot write {layout.KEEPER_STATE}: {exc.strerror or exc}")
 
 
 def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:

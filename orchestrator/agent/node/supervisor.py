@@ -68,6 +68,19 @@ def _pace(words: list[str]) -> list[float] | None:
     return [round(t, 6) for t in times]
 
 
+def _disk_full(path: str) -> str:
+    """Why the run failed, when it may be that ``path``'s disk is full: the
+    ranks' output, torchrun's error files and our records fail with it in
+    ways that hide the cause; "" when there is room (or no way to tell)."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return ""
+    if stat.f_bavail * stat.f_frsize >= 1 << 20:
+        return ""
+    return f"the node's disk is full at {path}: No space left on device"
+
+
 def _output_steps(pattern: str | None) -> outputsteps.OutputSteps:
     """The file's ``progress: {pattern:}`` (checked where it was loaded); one
     that cannot serve here (a job file edited by hand) gives way to the
@@ -129,6 +142,7 @@ class Supervisor:
         # rank -> wall time of its last output line, where a keeper counts lines
         # as progress (its hang rule, status); the attached controller counts them itself
         self.line_seen: dict[int, float] | None = None
+        self.record_trouble = ""  # why supervisor.json could not be written, once said
         # each rank's step as its lines say it, for ranks that report none
         self.output_steps = _output_steps(spec.env.get(outputsteps.PATTERN_ENV))
 
@@ -186,6 +200,9 @@ class Supervisor:
             files.scrub_tree(self.log_dir, list(self.spec.secrets))
         self.write_state(child.pid, started, code, reason, torn_down_at)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
+        full = code and _disk_full(self.run_dir)
+        if full:  # what a full disk breaks (torchrun's error files, the logs) says little
+            last.append(f"ddp-orch: {full}")
         self.last_exit = exit_event(
             code, reason, failures=failures.collect(
                 self.run_dir, self.tail_lines(), self.log_dir,
@@ -338,6 +355,13 @@ class Supervisor:
         """
         if data and self.masks and not control:
             data = files.mask(data, self.masks)
+        if data and control and self.controller_lost:
+            # A controller that was only paused (a laptop lid, Ctrl-Z) reads
+            # its pipe on waking: a control line is offered to it, for a moment.
+            offer = threading.Thread(target=self._write_whole, args=(data,), daemon=True)
+            offer.start()
+            offer.join(1.0)
+            return
         if data and not self.controller_lost:
             # A write blocks while a partitioned controller's pipe is full:
             # once it is given up on, nothing waits on that pipe any more.
@@ -345,12 +369,21 @@ class Supervisor:
                 if self.controller_lost:
                     return
             try:
-                self.out.write(data)
-                self.out.flush()
-            except (BrokenPipeError, ValueError):  # ValueError: stdout closed
-                pass
+                self._write_held(data)
             finally:
                 self.out_lock.release()
+
+    def _write_whole(self, data: bytes) -> None:
+        with self.out_lock:
+            self._write_held(data)
+
+    def _write_held(self, data: bytes) -> None:
+        """``data`` out, the output lock held."""
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: stdout closed
+            pass
 
     def tail_lines(self) -> list[str]:
         """torchrun's last (up to 200) whole lines: once the tail was cut,
@@ -511,7 +544,13 @@ class Supervisor:
         if torn_down_at is not None:
             state.update(stopped_at=self.stopped_at, reason=files.mask_strings(
                 reason, list(self.spec.secrets)), torn_down_at=torn_down_at)
-        files.put_json(os.path.join(self.run_dir, layout.SUPERVISOR_STATE), state)
+        try:
+            files.put_json(os.path.join(self.run_dir, layout.SUPERVISOR_STATE), state)
+        except OSError as exc:  # a full disk: the record is lost, never the run or its end
+            if not self.record_trouble:
+                self.record_trouble = exc.strerror or str(exc)
+                self.write_out(f"ddp-orch: cannot write {layout.SUPERVISOR_STATE}: "
+                               f"{self.record_trouble}\n".encode())
 
 
 def _await_go(sup: "Supervisor") -> None:

@@ -174,7 +174,7 @@ def test_launch_is_submit_then_follow_then_collect(job):
     by_hand_info, by_hand_run = job("by-hand")
     by_hand = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0))
     handle = by_hand.submit(by_hand_info, by_hand_run, quiet())
-    composed = collect(handle, follow(handle, quiet(), by_hand.options))
+    composed = collect(handle, follow(handle, quiet(), by_hand.options), quiet())
     assert (launched.state, launched.result) == (composed.state, composed.result) \
         == (RunState.SUCCEEDED, RESULT)
     assert [n.state for n in launched.nodes] == [n.state for n in composed.nodes]

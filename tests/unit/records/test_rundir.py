@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
+import pytest
+
+from orchestrator.records import rundir as rundir_module
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import read_record, write_state
 from orchestrator.records.outcome import RunState
@@ -21,8 +25,32 @@ def test_each_record_reads_back_what_was_written_under_its_one_name(tmp_path):
         fh.write('{"world_size": 2}')
     assert run.plan() == {"run_id": "r1"} and run.progress() == {"ranks": {}}
     assert run.outputs() == {"files": []} and run.result() == {"world_size": 2}
-    assert sorted(os.listdir(run.path)) == ["outputs.json", "plan.json", "progress.json",
-                                             "result.json"]
+    assert sorted(os.listdir(run.path)) == [".reserve", "outputs.json", "plan.json",
+                                             "progress.json", "result.json"]
+
+
+def test_the_last_state_is_recorded_on_a_full_disk_in_the_room_kept_for_it(tmp_path,
+                                                                            monkeypatch):
+    """A run that filled its runs directory (its node logs) still records
+    its end: state.json is written in the room ``.reserve`` kept, once."""
+    run = RunDir.create(str(tmp_path / "runs"), "r9")
+    assert os.path.getsize(run.file(".reserve")) == 256 << 10
+    real = rundir_module.write_json_atomic
+    full = {"on": True}
+
+    def write(path, payload):
+        if full["on"] and os.path.exists(run.file(".reserve")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, payload)
+
+    monkeypatch.setattr(rundir_module, "write_json_atomic", write)
+    run.write_state({"state": "failed"})
+    assert run.state() == {"state": "failed"} and not os.path.exists(run.file(".reserve"))
+    with pytest.raises(OSError):  # no room kept any more: said, not hidden
+        monkeypatch.setattr(rundir_module, "write_json_atomic",
+                            lambda path, payload: (_ for _ in ()).throw(
+                                OSError(errno.ENOSPC, "No space left on device")))
+        run.write_state({"state": "succeeded"})
 
 
 def test_the_store_keeps_the_runs_state_in_the_state_record(tmp_path):
