@@ -314,7 +314,9 @@ class Gang:
                                round(wall - (now - line_at), 3), **gpu}
         if not ranks:
             return
-        self.run_dir.write_progress({"updated": wall, "ranks": ranks})
+        # a kept run's attempt, as its keepers announce each one (``top``)
+        attempt = {"attempt": max(h.attempt for h in self.handles)} if self.kept else {}
+        self.run_dir.write_progress({"updated": wall, **attempt, "ranks": ranks})
         if self.console.view == "quiet" and now - self._progress_shown >= QUIET_PROGRESS_S:
             self._progress_shown = now
             for h in self.handles:

@@ -335,3 +335,41 @@ def test_top_of_a_finished_kept_run_shows_the_attempt_it_ended_in(tmp_path):
     # the nodes' word over the record's
     assert build_frame(once, [], PaceWindow(), attempts=(first, second, second)).attempt == 2
 
+
+def keeper(k: int, attempt: int) -> dict:
+    """A live keeper's ``keeper`` reply (``kept/daemon.state``); only node
+    0's keeper counts the attempts, every other says 0."""
+    return {"ok": True, "alive": True, "now": time.time(), "keeper": {
+        "pid": 100 + k, "start_time": 1, "node_rank": k, "run_id": "r1",
+        "owner": {"holder": "keepers", "detached": True}, "state": "running", "code": None,
+        "attempt": attempt, "updated": time.time(),
+        "progress": {str(k): {"step": 5, "last_progress": time.time() - 1.0}}}}
+
+
+def test_top_of_a_live_kept_run_after_a_restart_shows_the_attempt_it_is_in(tmp_path):
+    """A detached run in its second attempt: node 0's keeper says attempt 1,
+    and so does the frame (the attempts' record, kept for the run's end,
+    says nothing yet). An attached one: as its controller keeps it in
+    ``progress.json``."""
+    import dataclasses
+
+    from orchestrator.agent.wire.owner import Holder, Owner
+    from orchestrator.engine.keptgang import kept_status
+    from orchestrator.report.runs import live_attempt, live_progress
+
+    record = dataclasses.replace(live_run(tmp_path, {}), owner=Owner(Holder.KEEPERS, True))
+    described = kept_status(record, None, {0: keeper(0, 1), 1: keeper(1, 0)}, {})
+    assert (described.state, described.attempts, described.attempt) == (RunState.RUNNING, (), 1)
+    frame = build_frame(record, live_progress(record, described), PaceWindow(),
+                        attempts=described.attempts, attempt=live_attempt(record, described))
+    assert frame.attempt == 1 and [r.step for r in frame.ranks] == [5, 5]
+    assert "  attempt 1  " in render(frame)
+    unheard = kept_status(record, None, {1: keeper(1, 0)}, {0: "timed out"})
+    assert unheard.attempt is None and live_attempt(record, unheard) is None
+    # attached: the controller's progress.json, while the run is live
+    attached = dataclasses.replace(record, owner=Owner(Holder.KEEPERS))
+    for said, read in ((2, 2), (0, 0), ("2", None), (-1, None), (True, None)):
+        attached.run.write_progress({"updated": time.time(), "attempt": said, "ranks": {}})
+        assert live_attempt(attached, RunDescription(RunState.RUNNING, (), None)) == read, said
+    ended = dataclasses.replace(attached, state=RunState.FAILED)
+    assert live_attempt(ended) is None
