@@ -11,16 +11,21 @@ is tested without a scheduler, as any scheduler would use it.
 comma-separated ``nodelist``; None: no longer listed) in turn and repeats
 the last; an ``OrchestratorError`` in the list is raised instead (the
 scheduler cannot be asked). Each cancel is recorded in ``cancels`` as
-``(job id, signal)``.
+``(job id, signal)``, and lists the job as cancelled from then on; a
+submission is job 7, its environment kept in ``submitted``; ``check``
+finds ``problems`` (none: one row that passes); ``job_output`` is
+``output`` and ``job_stacks`` records what it was asked.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import types
 
 from conftest import ROOT
 from orchestrator.engine.options import LaunchOptions
+from orchestrator.engine.preflight import CheckResult, Preflight
 
 # the out-of-tree test queue's backend and job state, its queue directory replaced by a script
 sys.path.insert(0, os.path.join(ROOT, "tests", "plugins", "testqueue"))
@@ -29,16 +34,19 @@ from ddp_orch_testqueue import Backend, QueueState as FakeState  # noqa: E402
 
 class FakeScheduler(Backend):
     def __init__(self, options: LaunchOptions | None = None, spec=None, *,
-                 states: list | None = None, accounts: str = "", stops_the_rest: str = ""):
+                 states: list | None = None, accounts: str = "", stops_the_rest: str = "",
+                 problems: tuple[CheckResult, ...] = (), output: str = ""):
         super().__init__(options or LaunchOptions(), spec)
         self.states = list(states or [])
         self.accounts = accounts
         self.stops_the_rest = stops_the_rest
-        self.asked: list[str] = []
+        self.problems = problems
+        self.output = output
+        self.submitted: list[dict] = []
         self.cancels: list[tuple[str, str | None]] = []
+        self.stacks_asked: list[tuple] = []
 
     def job_state(self, job_id: str) -> FakeState | None:
-        self.asked.append(job_id)
         answer = self.states.pop(0) if len(self.states) > 1 else \
             (self.states[0] if self.states else None)
         if isinstance(answer, Exception):
@@ -46,13 +54,50 @@ class FakeScheduler(Backend):
         return answer
 
     def cancel_job(self, job_id: str, signal: str | None = None) -> None:
+        """As a scheduler's cancel: the job is listed as cancelled from now on."""
         self.cancels.append((job_id, signal))
+        self.states = [FakeState("CANCELLED")]
 
     def submit_job(self, plan, run, env) -> str:
-        raise AssertionError("nothing is submitted in a unit test")
+        self.submitted.append(env)
+        return "7"
 
     def accounted(self, job_id: str) -> str:
         return self.accounts
 
-    def check(self, plan):
-        raise AssertionError("nothing is checked in a unit test")
+    def job_output(self, job_id: str, run) -> str:
+        return self.output
+
+    def job_stacks(self, job_id, nodes, run_id, native=False):
+        self.stacks_asked.append((job_id, tuple(nodes), run_id, native))
+        return "stacks"
+
+    def check(self, plan) -> Preflight:
+        return Preflight(self.problems or (CheckResult(-1, "*", "queue", True, "fine"),))
+
+
+class Clock:
+    """``time`` for the scheduler modules (``fake_time``): ``sleep`` moves
+    ``monotonic`` by exactly the seconds slept (to the nanosecond: ten
+    looks of 0.1 s are 1.0 s) and runs ``on_sleep`` (a job's state asked
+    again, say), so a 120 s give-up passes at once."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.on_sleep = lambda: None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now = round(self.now + seconds, 9)
+        self.on_sleep()
+
+
+def fake_time(monkeypatch, *modules) -> Clock:
+    """One ``Clock`` as the ``time`` of each of ``modules``."""
+    clock = Clock()
+    for module in modules:
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=clock.monotonic,
+                                                                  sleep=clock.sleep))
+    return clock
