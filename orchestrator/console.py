@@ -101,7 +101,18 @@ class TorchrunReport:
 
 class Console:
     """``view`` as above; ``rank``: only that rank's lines (``rank0`` is
-    ``rank=0``; ``logs --rank N --follow``)."""
+    ``rank=0``; ``logs --rank N --follow``).
+
+    Nothing that calls it ever waits on the terminal: lines go to a buffer
+    that a writer thread empties into ``stream``. A terminal that stops
+    reading (``| less``, Ctrl-S, a pipe into ``sleep``) would otherwise
+    stop the relays that read the nodes, and with them the heartbeats:
+    a healthy run would be judged lost after 30 s. Past ``HELD_MAX_BYTES``
+    held, node lines are dropped and counted (the logs keep them), never
+    ddp-orch's own. ``close`` (or leaving ``with``) waits until all is written.
+    """
+
+    HELD_MAX_BYTES = 16 << 20
 
     def __init__(self, view: str = "all", stream: TextIO | None = None,
                  rank: int | None = None):
@@ -110,8 +121,19 @@ class Console:
         self.view = view
         self.rank = 0 if view == "rank0" else rank
         self.stream = stream or sys.stdout
-        self._lock = threading.Lock()
         self._reports: dict[int, TorchrunReport] = {}
+        self._cond = threading.Condition()
+        self._held: list[str] = []  # written by the writer thread, in order
+        self._held_bytes = 0
+        self._dropped = 0  # node lines not shown since the last write
+        self._writing = False
+        self._writer: threading.Thread | None = None
+
+    def __enter__(self) -> "Console":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def node_lines(self, node_rank: int, host: str, text: str) -> None:
         """A block of complete lines (what the relay read in one go), in one
@@ -129,7 +151,7 @@ class Console:
             lines = report.feed(lines)
         if lines:
             head = f"[node{node_rank} {host}] "
-            self._write("".join(f"{head}{line.rstrip()}\n" for line in lines))
+            self._write("".join(f"{head}{line.rstrip()}\n" for line in lines), droppable=True)
 
     def info(self, message: str) -> None:
         if self.view != "quiet":
@@ -143,8 +165,42 @@ class Console:
     def always(self, text: str) -> None:
         self._write(text if text.endswith("\n") else text + "\n")
 
-    def _write(self, text: str) -> None:
+    def close(self) -> None:
+        """Wait until everything said so far is written (the terminal read it)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._held and not self._writing)
+
+    def _write(self, text: str, droppable: bool = False) -> None:
         text = visible(text)
-        with self._lock:
-            self.stream.write(text)
-            self.stream.flush()
+        with self._cond:
+            if droppable and self._held_bytes + len(text) > self.HELD_MAX_BYTES:
+                self._dropped += text.count("\n")
+                return
+            self._held.append(text)
+            self._held_bytes += len(text)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_held, daemon=True,
+                                                name="console")
+                self._writer.start()
+            self._cond.notify_all()
+
+    def _write_held(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._held or self._dropped))
+                text, dropped = "".join(self._held), self._dropped
+                self._held, self._held_bytes, self._dropped = [], 0, 0
+                self._writing = True
+            if dropped:
+                text += (f"{AGENT_SAYS}{dropped} line(s) of the nodes' output not shown here: "
+                         "the terminal did not read them in time (every node's log keeps "
+                         "them: `ddp-orch logs`)\n")
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed terminal or pipe: nobody to show it to
+                pass
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()

@@ -19,13 +19,16 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..config.limits import BUILTIN_BACKENDS, backend_names, plugin_backends
 from ..config.spec import ClusterSpec
 from ..engine.options import LaunchOptions
 from ..errors import ConfigError
 from .base import LaunchBackend
+
+if TYPE_CHECKING:
+    from ..records.store import RunRecord
 
 # The version of the interface a backend fills (``LaunchBackend``, and
 # ``scheduler.backend.SchedulerBackend`` for a scheduler). It goes up when a
@@ -144,6 +147,20 @@ def fit(spec: ClusterSpec, options: LaunchOptions, backend: str | None = None) -
 def get_backend(name: str, options: LaunchOptions,
                 spec: ClusterSpec | None = None) -> LaunchBackend:
     return backend_class(name)(options, spec)
+
+
+def backend_of(record: "RunRecord", options: LaunchOptions) -> LaunchBackend:
+    """The backend a recorded run runs on, for every command that asks it
+    (``status``, ``attach``, ``down``, ``stacks``, ``top``, ``prune``); a
+    damaged record (``RunState.DAMAGED``) names none, and says so."""
+    from ..records.outcome import RunState  # not for a dry-run, which reads no record
+
+    if record.state is RunState.DAMAGED:
+        raise ConfigError(f"run {record.run_id}: {record.error}", source="command line",
+                          hint=f"`ddp-orch prune {record.run_id}` removes it here; what it "
+                               "started on its nodes, if anything, cannot be found without "
+                               "its record")
+    return get_backend(record.backend, options)
 
 
 def backend_for(spec: ClusterSpec, options: LaunchOptions) -> LaunchBackend:

@@ -327,16 +327,17 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
     from ..records.outcome import RunState
     from ..report.summary import render_summary
 
-    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
-    outcome, run = _launcher(runs_dir, console, options)(spec, run_id=run_id)
-    if outcome.state is RunState.RUNNING:
-        from ..report.runs import render_detached
+    with Console("quiet" if quiet else "rank0" if rank0_only else "all") as console:
+        outcome, run = _launcher(runs_dir, console, options)(spec, run_id=run_id)
+        if outcome.state is RunState.RUNNING:
+            from ..report.runs import render_detached
 
-        console.always(render_detached(outcome, run.path))
-        sys.exit(0)
-    console.always(render_summary(outcome, run.path, run.plan(), run.outputs(),
-                                  run.progress()))
-    sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
+            console.always(render_detached(outcome, run.path))
+        else:
+            console.always(render_summary(outcome, run.path, run.plan(), run.outputs(),
+                                          run.progress()))
+    sys.exit(0 if outcome.ok or outcome.state is RunState.RUNNING
+             else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 
 def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callable[..., Any]:
@@ -397,13 +398,13 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
         spec = fit(spec, options, backend)
         base_spec = runs.baseline_spec(spec, baseline_kind)  # refuses before anything runs
         spec = runs.ddp_spec(spec, baseline_kind)
-    console = Console("rank0" if show_output else "quiet")
-    launch = _launcher(runs_dir, console, options)
-    # Reused runs first: one that cannot serve is said before anything runs.
-    reused = {label: runs.load_run(label, run_id, runs_dir)
-              for label, run_id in (("baseline", baseline_run), ("ddp", ddp_run)) if run_id}
-    base = reused.get("baseline") or runs.launch_run("baseline", base_spec, launch)
-    ddp = reused.get("ddp") or runs.launch_run("ddp", spec, launch)
+    with Console("rank0" if show_output else "quiet") as console:
+        launch = _launcher(runs_dir, console, options)
+        # Reused runs first: one that cannot serve is said before anything runs.
+        reused = {label: runs.load_run(label, run_id, runs_dir)
+                  for label, run_id in (("baseline", baseline_run), ("ddp", ddp_run)) if run_id}
+        base = reused.get("baseline") or runs.launch_run("baseline", base_spec, launch)
+        ddp = reused.get("ddp") or runs.launch_run("ddp", spec, launch)
     report = cmp.comparison(base, ddp)
     out = RunDir.create(runs_dir, new_run_id("compare"))
     plots, note = cmp.write_report(report, out.path)

@@ -66,10 +66,10 @@ def ps(runs_dir: str | None, as_json: bool) -> None:
 
 
 def _described(record):
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
 
-    return get_backend(record.backend, LaunchOptions()).describe(record)
+    return backend_of(record, LaunchOptions()).describe(record)
 
 
 def _settled(record, described=None):
@@ -176,12 +176,12 @@ def logs(run_id: str | None, node_rank: int | None, rank: int | None, last: int 
                               hint="give --rank alone")
         node_rank = holder
     if follow and kept_without_controller(record):  # the nodes have the live log
-        from ..backends import get_backend
+        from ..backends import backend_of
         from ..engine.options import LaunchOptions
         from ..console import Console
 
-        get_backend(record.backend, LaunchOptions()).attach(
-            record, Console("all", rank=rank), lines=last)
+        with Console("all", rank=rank) as console:
+            backend_of(record, LaunchOptions()).attach(record, console, lines=last)
         return
     if kept_without_controller(record):
         click.echo(f"ddp-orch logs: run {record.run_id} goes on without its controller: "
@@ -303,7 +303,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
     import dataclasses
     import json
 
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..engine.stacks import keep
 
@@ -311,7 +311,7 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
     if not record.state.live:
         raise ConfigError(f"run {record.run_id} is {record.state}: no rank is running",
                           hint="stacks are dumped from a live run; see `ddp-orch status`")
-    result = get_backend(record.backend, LaunchOptions()).stacks(record, native=native)
+    result = backend_of(record, LaunchOptions()).stacks(record, native=native)
     saved, text = keep(record.run.path, result, record.run_id)
     if as_json:
         click.echo(json.dumps({"run_id": record.run_id, "saved_in": saved,
@@ -345,7 +345,7 @@ def attach(run_id: str | None, from_start: bool, lines: int | None, rank0_only: 
     """
     import dataclasses
 
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..console import Console
     from ..records.outcome import RunState
@@ -360,22 +360,22 @@ def attach(run_id: str | None, from_start: bool, lines: int | None, rank0_only: 
         raise ConfigError(f"run {record.run_id} was not detached (its controller owned it)",
                           source="command line",
                           hint=f"`ddp-orch logs {record.run_id}` shows what it printed")
-    console = Console("quiet" if quiet else "rank0" if rank0_only else "all")
-    backend = get_backend(record.backend, LaunchOptions(
-        accept_new_host_keys=accept_new_host_keys))
-    outcome = backend.attach(record, console, lines=lines)
-    if outcome.state is RunState.RUNNING:
-        console.always(f"ddp-orch: left run {record.run_id}; it goes on on its nodes\n"
-                       + render_detached(outcome, record.run.path))
-        sys.exit(130)
-    from ..records.store import record_end
+    with Console("quiet" if quiet else "rank0" if rank0_only else "all") as console:
+        backend = backend_of(record, LaunchOptions(
+            accept_new_host_keys=accept_new_host_keys))
+        outcome = backend.attach(record, console, lines=lines)
+        if outcome.state is RunState.RUNNING:
+            console.always(f"ddp-orch: left run {record.run_id}; it goes on on its nodes\n"
+                           + render_detached(outcome, record.run.path))
+            sys.exit(130)
+        from ..records.store import record_end
 
-    ended, wall_s = _run_end(read_record(record.run) or record, backend)
-    outcome = dataclasses.replace(outcome, wall_s=wall_s)  # the run's, not attach's
-    record_end(record, outcome, ended=ended, results_home=True)
-    console.always(render_summary(outcome, record.run.path, record.run.plan(),
-                                  record.run.outputs(), record.run.progress()))
-    sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
+        ended, wall_s = _run_end(read_record(record.run) or record, backend)
+        outcome = dataclasses.replace(outcome, wall_s=wall_s)  # the run's, not attach's
+        record_end(record, outcome, ended=ended, results_home=True)
+        console.always(render_summary(outcome, record.run.path, record.run.plan(),
+                                      record.run.outputs(), record.run.progress()))
+        sys.exit(0 if outcome.ok else 130 if outcome.state is RunState.INTERRUPTED else 1)
 
 
 @click.command()
@@ -447,7 +447,7 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
     records, detached ones from their nodes' keepers, Slurm jobs from their
     nodes' streams.
     """
-    from ..backends import get_backend
+    from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..report.pace import PaceWindow
     from ..report.runs import live_attempt, live_progress
@@ -458,7 +458,7 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
         latest_run(where.path, lambda r: r.live, "live run")
     tty = sys.stdout.isatty()
     window, rows, looked_at, looks = PaceWindow(), [], None, 0
-    watch = get_backend(record.backend, LaunchOptions()).watch()
+    watch = backend_of(record, LaunchOptions()).watch()
     try:
         with _Keys(tty and not once and not as_json) as keys:
             while True:

@@ -21,7 +21,7 @@ import signal
 import time
 from typing import Callable
 
-from ..backends import get_backend
+from ..backends import backend_of
 from ..backends.base import CancelResult
 from ..engine.options import LaunchOptions
 from ..records.store import RunRecord, controller_alive, recorded_elsewhere
@@ -37,7 +37,7 @@ def down(record: RunRecord, grace_s: float = 5.0,
     (the CLI prints it); the nodes are cancelled either way.
     """
     stopped_controller = _stop_controller(record, grace_s + 15, note or (lambda _: None))
-    backend = get_backend(record.backend, LaunchOptions(grace_s=grace_s))
+    backend = backend_of(record, LaunchOptions(grace_s=grace_s))
     return stopped_controller, backend.cancel(record)
 
 

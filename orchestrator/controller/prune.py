@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 from ..agent.node.prune import tree_bytes
 from ..agent.wire.owner import Holder
-from ..backends import get_backend
+from ..backends import backend_of
 from ..backends.base import PruneResult
 from ..engine.options import LaunchOptions
 from ..errors import ConfigError, OrchestratorError
+from ..records.outcome import RunState
 from ..records.rundir import PLAN_FILE
 from ..records.store import RunRecord
 
@@ -83,7 +84,7 @@ def still_live(record: RunRecord) -> str:
         return f"it is {record.state} (its controller runs)"
     if record.live or scheduled:
         try:
-            described = get_backend(record.backend, LaunchOptions()).describe(record)
+            described = backend_of(record, LaunchOptions()).describe(record)
         except OrchestratorError as exc:
             return f"cannot tell whether it has ended ({exc})"
         if described.state.live:
@@ -108,10 +109,14 @@ def prune_run(record: RunRecord, older_than_s: float | None, now: float | None =
         if ended is None or now - ended < older_than_s:
             age = "an unknown time" if ended is None else f"{_age(now - ended)}"
             return Pruned(record.run_id, False, f"ended {age} ago, within --older-than")
-    live = still_live(record)
+    damaged = record.state is RunState.DAMAGED  # its nodes are not known: none is reached
+    if damaged and not forget_unreachable:
+        return Pruned(record.run_id, False, f"kept for a later prune: {record.error}; "
+                                            "--forget-unreachable removes it here")
+    live = "" if damaged else still_live(record)
     if live:
         return Pruned(record.run_id, False, f"live: {live}")
-    nodes = tuple(get_backend(record.backend, LaunchOptions()).prune(record))
+    nodes = () if damaged else tuple(backend_of(record, LaunchOptions()).prune(record))
     troubles = [n for n in nodes if n.error]
     never_started = not os.path.exists(record.run.file(PLAN_FILE))
     live_there = any(n.live for n in troubles)

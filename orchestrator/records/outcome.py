@@ -20,6 +20,9 @@ class RunState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    # state.json is there but cannot be read (cut short, edited by hand, a
+    # field out of its domain): listed, never guessed at (``store.read_record``)
+    DAMAGED = "damaged"
 
     @property
     def live(self) -> bool:

@@ -103,10 +103,15 @@ class RunDir:
     def write_json(self, name: str, payload: Any) -> None:
         write_json_atomic(self.file(name), payload)
 
+    def load_json(self, name: str) -> Any:
+        """The record ``name``; ``FileNotFoundError``, another ``OSError`` or
+        ``ValueError`` (not JSON) when it cannot be had."""
+        with open(self.file(name), encoding="utf-8") as fh:
+            return json.load(fh)
+
     def read_json(self, name: str) -> Any:
         try:
-            with open(self.file(name), encoding="utf-8") as fh:
-                return json.load(fh)
+            return self.load_json(name)
         except (OSError, ValueError):
             return None
 

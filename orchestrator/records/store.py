@@ -217,15 +217,22 @@ def _controller_alive(pid: Any, info: Mapping[str, Any]) -> bool:
 
 
 def read_record(run: RunDir) -> RunRecord | None:
-    """The run's record, or None when ``state.json`` is missing or unreadable.
+    """The run's record; None when ``state.json`` is missing (not a run, or
+    one whose directory is being made), and a ``DAMAGED`` one, saying why,
+    when it is there but cannot be read: a run never vanishes from ``ps``.
 
     A live attached run whose controller is gone (``controller_alive``)
     reads as ``interrupted``; one whose controller ran on another host keeps
     its recorded state, since from here we cannot tell.
     """
-    data = run.state()
-    if not isinstance(data, dict):
+    try:
+        data = run.load_json(STATE_FILE)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        return damaged(run, f"cannot be read: {exc}")
+    if not isinstance(data, dict):
+        return damaged(run, f"holds a {type(data).__name__}, not a run's record")
     try:
         state = RunState(data.get("state"))
         pid = data.get("controller_pid")
@@ -259,8 +266,25 @@ def read_record(run: RunDir) -> RunRecord | None:
         if wall is None and started and state.live:
             wall = time.time() - started
         return replace(record, state=state, wall_s=wall)
-    except (KeyError, TypeError, ValueError):
-        return None
+    except KeyError as exc:
+        return damaged(run, f"lacks {exc}", data)
+    except (TypeError, ValueError) as exc:  # OwnerError is a ValueError
+        return damaged(run, str(exc) or type(exc).__name__, data)
+
+
+def damaged(run: RunDir, why: str, data: Mapping[str, Any] | None = None) -> RunRecord:
+    """A run whose ``state.json`` cannot be read, as ``ps`` lists it: its
+    id, the backend if the record still says one, when the record was last
+    written, and ``error`` saying what is wrong with it."""
+    try:
+        written: float | None = os.path.getmtime(run.state_file())
+    except OSError:
+        written = None
+    backend = data.get("backend") if data else None
+    return RunRecord(run_id=os.path.basename(run.path), run=run, state=RunState.DAMAGED,
+                     backend=backend if isinstance(backend, str) else "", started=written,
+                     wall_s=None, nodes=(), outcomes=(), root_cause=None, controller_pid=None,
+                     error=f"its record is damaged: {STATE_FILE} {why}"[:500])
 
 
 # Runs recorded before owners (``agent/wire/owner.py``) said ``rule``, a word
@@ -290,8 +314,9 @@ def list_runs(runs_dir: str) -> Iterator[RunRecord]:
     started (run ids are names, which need not sort by time)."""
     if not os.path.isdir(runs_dir):
         return
-    records = [read_record(RunDir(os.path.join(os.path.abspath(runs_dir), name)))
-               for name in os.listdir(runs_dir)]
+    root = os.path.abspath(runs_dir)
+    records = [read_record(RunDir(os.path.join(root, name))) for name in os.listdir(root)
+               if os.path.isdir(os.path.join(root, name))]  # not the marker, a .gitignore
     yield from sorted((r for r in records if r is not None),
                       key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
 

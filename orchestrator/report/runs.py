@@ -39,7 +39,7 @@ def _runs_table(records: list[RunRecord], why: bool) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else "-"
         duration = f"{r.wall_s:.1f}s" if r.wall_s is not None else "-"
         codes = ",".join("-" if c is None else str(c) for c in r.exit_codes) or "-"
-        rows.append((r.run_id, r.backend, r.state.value, started, duration,
+        rows.append((r.run_id, r.backend or "-", r.state.value, started, duration,
                      ",".join(r.hosts) or "-", codes)
                     + ((_brief(why_failed(r), PS_WHY_WIDTH) or "-",) if why else ()))
     return format_table(rows) + "\n"

@@ -61,7 +61,7 @@ def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
         "run_id": record.run_id,
         "name": plan.get("name") if isinstance(plan.get("name"), str) else None,
         "state": record.state.value,
-        "backend": record.backend,
+        "backend": record.backend or None,
         "owner": record.owner.to_json(),
         "liveness": record.owner.liveness(record.backend),  # the word before owners
         "started": record.started,

@@ -134,7 +134,7 @@ class Transport(ABC):
 
 
 def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                  cwd: str | None = None) -> str:
+                  cwd: str | None = None, merge_stderr: bool = False) -> str:
     """The one place where an argv becomes shell text (for SSH exec).
 
     Every word is quoted with ``shlex.quote``; ``env`` is passed through
@@ -145,6 +145,11 @@ def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     so it becomes ``"$HOME"/'rest'`` for the node's shell to fill in, as the
     shell dry-run writes it (``plan/shell.py``). Its arguments, ``~`` or
     not, arrive verbatim.
+
+    ``merge_stderr``: the program's stderr goes to its stdout pipe (``2>&1``
+    on the ``exec``), so one stream keeps the order its lines were written
+    in; a wrapper program in front of ``argv`` would hide the program from
+    the rule above.
     """
     for name in env or {}:
         if not name or "=" in name or not name.replace("_", "a").isalnum():
@@ -152,7 +157,7 @@ def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     words = [*(["env", *(shlex.quote(f"{k}={v}") for k, v in env.items())] if env else []),
              *[_home_word(word) if i == 0 else shlex.quote(word)
                for i, word in enumerate(argv)]]
-    command = "exec " + " ".join(words)
+    command = "exec " + " ".join(words) + (" 2>&1" if merge_stderr else "")
     if cwd:
         command = f"cd {shlex.quote(cwd)} && {command}"
     return command

@@ -44,11 +44,6 @@ from .sshauth import (NETWORK_ERRORS, authenticate, check_host_key, describe,
 
 EXIT_CONNECTION_LOST = 255
 EXIT_ABORTED = -signal.SIGTERM
-# sshd carries stdout and stderr as two streams read from two pipes, so merging
-# them on our side loses their relative order. This argv prefix makes the
-# remote command write both to one pipe, like LocalTransport's
-# stderr=STDOUT; it is still quoted by shell_command like any argv.
-_MERGE_STDERR = ("sh", "-c", 'exec "$@" 2>&1', "sh")
 
 # paramiko logs failures (with tracebacks) from its own threads. Without any
 # handler Python's last-resort handler prints them on stderr, next to our own
@@ -187,7 +182,10 @@ class SshTransport(Transport):
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | None = None) -> SshProcessHandle:
-        command = shell_command([*_MERGE_STDERR, *argv], env=env, cwd=cwd)
+        # sshd carries stdout and stderr as two streams read from two pipes,
+        # so merging them on our side loses their relative order: the command
+        # writes both to one pipe, like LocalTransport's stderr=STDOUT.
+        command = shell_command(argv, env=env, cwd=cwd, merge_stderr=True)
         connection = self._connection()
         try:
             channel = connection.open_session(timeout=self.target.connect_timeout)

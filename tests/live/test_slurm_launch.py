@@ -332,3 +332,61 @@ def test_detach_leaves_the_job_to_slurm_and_attach_follows_it_to_the_result(slur
     # its end as the nodes' agents recorded it (the last exit code written), not attach's
     assert state["ended"] == max(os.path.getmtime(os.path.join(n["run_dir"], "supervisor.json"))
                                  for n in state["nodes"])
+
+
+def test_a_home_python_is_the_nodes_own_in_check_and_up(slurm_lab, tmp_path):
+    """``python: ~/venv/bin/python`` under Slurm (issue 43): the batch script's
+    shell fills in the job's home (the submitter's, exported), and each
+    node's agent the same for torchrun."""
+    home = tmp_path.parent / f"{tmp_path.name}-home"  # beside the code directory, not in it
+    home.mkdir()
+    os.symlink(os.path.dirname(os.path.dirname(PYTHON)), home / "venv")
+    path = cluster(tmp_path, "slurm-homepy", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+                   "workload: {script: steps.py, args: [--steps, 2, --sleep, '0.1']}\n",
+                   program="steps.py")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read().replace(f"python: {PYTHON}", "python: ~/venv/bin/python")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    env = slurm_lab.env({**os.environ, "HOME": str(home)})
+    checked = run_cli("check", path, env=env, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    result = run_cli("up", path, "--run-id", "slurm-homepy", "--runs-dir",
+                     str(tmp_path / "runs"), "--grace", "3", env=env, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 1 step 1 attempt 0" in result.stdout
+    assert slurm_lab.wait_queue_empty() == []
+    assert wait_gone("slurm-homepy", 15) == set()
+
+
+def test_ctrl_c_while_sbatch_answers_cancels_the_job_it_queued(slurm_lab, tmp_path):
+    """Ctrl-C (or `ddp-orch down`'s SIGTERM) between the job's submission and
+    the controller's first record of its id (issue 43): the signal waits
+    until sbatch has answered and the id is recorded, then the job is
+    cancelled like any interrupted run's; none stays queued."""
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    marker = tmp_path / "submitted"
+    (slow / "sbatch").write_text(f"#!/bin/sh\nout=$({shutil.which('sbatch')} \"$@\") || exit $?\n"
+                                 f"touch {marker}\nsleep 3\necho \"$out\"\n")
+    (slow / "sbatch").chmod(0o755)
+    path = cluster(tmp_path, "slurm-early", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+                   "workload: {script: sleeper.py}\n", program="sleeper.py")
+    env = {**slurm_lab.env(), "PATH": f"{slow}:{os.environ['PATH']}"}
+    proc = start_cli("up", path, "--run-id", "slurm-early", "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.05)
+        assert len(slurm_lab.queue()) == 1  # queued, and sbatch has not answered yet
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert slurm_lab.wait_queue_empty() == [], out
+    assert wait_gone("slurm-early", 15) == set()
+    assert state_of(tmp_path, "slurm-early")["state"] == "interrupted"

@@ -193,3 +193,48 @@ def test_stacks_of_a_live_run_on_two_hosts_list_every_rank(ssh_lab, tmp_path):
 # A hang across two hosts, caught and rank 2 named: test_hang.py's
 # test_a_real_hang_is_caught_and_the_odd_rank_named runs it on two SSH lab
 # hosts, with every check this test made (and the teardown bound).
+
+
+@pytest.fixture
+def venv_in_the_nodes_home():
+    """``~/<name>/bin/python`` in the lab hosts' home (the SSH login's: this
+    user's own, from passwd), a link to this venv, so that a ``~/`` python
+    is the node's and nothing else; removed afterwards."""
+    name = f".ddp-orch-lab-venv-{os.getpid()}"
+    link = os.path.join(os.path.expanduser("~"), name)
+    os.symlink(os.path.dirname(os.path.dirname(sys.executable)), link)
+    try:
+        yield f"~/{name}/bin/python"
+    finally:
+        os.unlink(link)
+
+
+def test_a_home_python_is_the_nodes_own_in_check_up_a_kept_run_and_its_agents(
+        ssh_lab, tmp_path, venv_in_the_nodes_home):
+    """``python: ~/venv/bin/python`` over SSH (issue 43): the node's shell
+    fills in its home for every agent of the run: `check`'s, `up`'s, the
+    keepers' of a detached run, and `status`'s, which asks them."""
+    env, cluster = lab_job(ssh_lab, tmp_path, "homepy", "steps.py",
+                           ["{host: node0, procs: 1}", "{host: node1, procs: 1}"],
+                           args="[--steps, 3, --sleep, '0.1']")
+    text = open(cluster).read().replace(f"python: {sys.executable}",
+                                        f"python: {venv_in_the_nodes_home}")
+    open(cluster, "w").write(text)
+    runs = str(tmp_path / "runs")
+    checked = run_cli("check", cluster, env=env, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "cannot run" not in checked.stdout + checked.stderr
+    attached = run_cli("up", cluster, "--run-id", "homepy", "--runs-dir", runs, env=env,
+                       timeout=180)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert "rank 1 step 2 attempt 0" in attached.stdout
+    detached = run_cli("up", cluster, "--run-id", "homepy-kept", "--runs-dir", runs,
+                       "--detach", env=env, timeout=180)
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    followed = run_cli("attach", "homepy-kept", "--runs-dir", runs, env=env, timeout=120)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    status = run_cli("status", "homepy-kept", "--runs-dir", runs, "--json", env=env,
+                     timeout=60)
+    assert json.loads(status.stdout)["state"] == "succeeded", status.stdout
+    assert wait_gone("homepy", 15, labs=[ssh_lab]) == set()
+    assert wait_gone("homepy-kept", 15, labs=[ssh_lab]) == set()

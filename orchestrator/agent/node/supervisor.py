@@ -312,15 +312,21 @@ class Supervisor:
         stdout: the output is dropped, the relay keeps draining torchrun so it
         never blocks on a full pipe, and stdin EOF drives the teardown. One
         that went silent (no FIN, no RST) is noticed by its missing pings
-        (``wait``), and from then on output is dropped too.
+        (``controller_silent``), and from then on output is dropped too.
+
+        Short of that, every write waits its turn, however long the pipe
+        stays full (a slow link, a controller under load): a control line
+        dropped here would be an exit event lost, and a node that ended
+        with a code reported as lost.
         """
         if data and self.masks and not control:
             data = files.mask(data, self.masks)
         if data and not self.controller_lost:
-            # A write blocks while a partitioned controller's pipe is full; the
-            # lock's timeout keeps the teardown and the exit event from waiting on it.
-            if not self.out_lock.acquire(timeout=5.0):
-                return
+            # A write blocks while a partitioned controller's pipe is full:
+            # once it is given up on, nothing waits on that pipe any more.
+            while not self.out_lock.acquire(timeout=1.0):
+                if self.controller_lost:
+                    return
             try:
                 self.out.write(data)
                 self.out.flush()

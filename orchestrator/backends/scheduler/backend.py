@@ -15,7 +15,9 @@ system the compute nodes share:
 * ``job.json``: every node's supervisor spec, secrets left out, and where
   a node finds its place (``placement``: the variables the scheduler sets
   in each task);
-* whatever the scheduler's own submission needs (``submit_job``).
+* whatever the scheduler's own submission needs (``submit_job``);
+* ``job.id``: the job's id, written the moment the scheduler answers, with
+  Ctrl-C held off until then, so no job is queued that ``down`` cannot find.
 
 The job starts one node agent per node (``agent_argv``). While it waits in
 the queue the run is PENDING; once it runs, every node's
@@ -31,6 +33,8 @@ import dataclasses
 import json
 import os
 import posixpath
+import signal
+import threading
 import time
 from abc import abstractmethod
 from typing import ClassVar, Mapping
@@ -65,7 +69,35 @@ from .job import Job, JobState, JobStream, stream_progress
 
 AGENT_FILE = "agent.pyz"
 JOB_FILE = "job.json"
+JOB_ID_FILE = "job.id"  # the scheduler's id of the job, written as soon as it is known
 STATE_GIVE_UP_S = 120.0  # asking for the job's state failing that long while queued: give up
+
+
+class interrupts_held:
+    """Ctrl-C and SIGTERM (which ``up`` treats alike) wait until the block
+    is over; ``raise_if_interrupted`` then raises the ``KeyboardInterrupt``
+    one of them asked for. Off the main thread signals are not ours: the
+    block runs as it is."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.caught: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "interrupts_held":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, lambda s, _: self.caught.append(s))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def raise_if_interrupted(self) -> None:
+        if self.caught:
+            raise KeyboardInterrupt
 
 
 def job_dir(plan: RunPlan) -> str:
@@ -188,9 +220,15 @@ class SchedulerBackend(LaunchBackend):
             raise LaunchError("the job cannot run as planned; nothing was submitted:\n"
                               + "\n".join(f"  {r.host}: {r.check}: {r.detail}" for r in problems))
         env = self.write_job(info, run)
-        job_id = self.submit_job(plan, run, env)
-        handle = JobRun(self, info, run, Job(job_id, self, poll=False), started)
+        # Ctrl-C or SIGTERM while the scheduler takes the job would leave it
+        # queued with no id on record: they wait until the id is written
+        # and a handle that cancels the job holds it.
+        with interrupts_held() as held:
+            job_id = self.submit_job(plan, run, env)
+            run.write_text(JOB_ID_FILE, job_id + "\n")
+            handle = JobRun(self, info, run, Job(job_id, self, poll=False), started)
         try:  # from here on, whatever happens, nothing of the job stays queued (close)
+            held.raise_if_interrupted()
             console.info(f"submitted {self.placement.scheduler} job {job_id}; "
                          f"run directory {run.path}")
         except BaseException:
@@ -213,11 +251,15 @@ class SchedulerBackend(LaunchBackend):
         return handle
 
     def job_of(self, record: RunRecord) -> str | None:
+        """The run's job id: from its nodes' records, or, where the
+        controller ended before it recorded them, from ``JOB_ID_FILE``."""
         for node in record.nodes:
             job_id = node.connection.get(self.job_key)
             if job_id:
                 return str(job_id)
-        return None
+        written = (read_capped(record.run.file(JOB_ID_FILE), 64) or b"").decode("ascii",
+                                                                               "replace")
+        return written.strip() if written.strip().isalnum() else None
 
     def await_running(self, job: Job, console: Console) -> str:
         """Wait while the job is queued, showing the scheduler's reason; ""

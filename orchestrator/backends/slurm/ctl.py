@@ -91,14 +91,19 @@ def available(command: str = "sbatch") -> bool:
 
 def run(argv: list[str], *, env: Mapping[str, str] | None = None,
         timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run one Slurm client command; a missing one is a ``SlurmError`` with the fix."""
+    """Run one Slurm client command; a missing one is a ``SlurmError`` with the fix.
+
+    In a session of its own: a Ctrl-C at the terminal is the controller's
+    to act on (it cancels what was submitted), not a kill of ``sbatch``
+    halfway through a submission whose answer would then be lost."""
     if not available(argv[0]):
         raise SlurmError(argv[0], "not found on this machine",
                          hint="run ddp-orch where sbatch works: a login or submit host of the "
                               "cluster (or install slurm-client and point SLURM_CONF at it)")
     try:
         done = subprocess.run(argv, env=None if env is None else dict(env), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
     except subprocess.TimeoutExpired:
         raise SlurmError(argv[0], f"no answer within {timeout:g}s",
                          hint="is slurmctld up? `scontrol ping` tells") from None

@@ -5,6 +5,8 @@ clock. (``tests/live/test_supervisor.py`` runs real ones.)"""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
 import pytest
 
@@ -157,3 +159,44 @@ def test_a_ranks_step_report_gives_its_step_age_and_samples_where_it_has_them(
         (tmp_path / "progress" / f"rank-{rank}").write_text(text)
     assert sup.progress() == {"0": [40, 2.0], "1": [40, 2.0, 1280], "2": [40, 2.0],
                               "3": [40, 2.0], "5": [40, 2.0]}
+
+
+class SlowPipe:
+    """The supervisor's stdout to a controller that reads slowly: the first
+    write (a burst of output) blocks for ``stall_s``; everything is kept."""
+
+    def __init__(self, stall_s: float):
+        self.stall_s, self.written, self.first = stall_s, [], True
+
+    def write(self, data: bytes) -> None:
+        if self.first:
+            self.first = False
+            time.sleep(self.stall_s)
+        self.written.append(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_control_line_waits_behind_output_on_a_slow_pipe_and_is_never_dropped(
+        tmp_path, monkeypatch):
+    """Issue 43: a write that waited 5 s for the output lock gave up, so an
+    exit event behind a burst of output on a slow link was lost, and the
+    node's real exit code read as a lost node. It waits its turn while the
+    controller lives; only a controller given up on is not waited for."""
+    sup, _ = supervisor(tmp_path, monkeypatch, Holder.CONTROLLER, pings=[])
+    sup.out = SlowPipe(stall_s=5.5)
+    burst = threading.Thread(target=sup.write_out, args=(b"x" * 65536 + b"\n",))
+    burst.start()
+    time.sleep(0.2)  # the burst holds the pipe
+    sup.emit({"event": "exit", "code": 3})
+    burst.join()
+    assert len(sup.out.written) == 2 and b'"code":3' in sup.out.written[1]
+    sup.out = SlowPipe(stall_s=1.5)
+    burst = threading.Thread(target=sup.write_out, args=(b"y\n",))
+    burst.start()
+    time.sleep(0.2)
+    sup.controller_lost = True  # silent past the peer timeout: nobody reads any more
+    sup.emit({"event": "exit", "code": 4})
+    burst.join()
+    assert len(sup.out.written) == 1  # the exit event was not waited for

@@ -376,3 +376,28 @@ def test_a_project_runs_under_slurm_with_the_same_argv_and_code_root(tmp_path):
 
     with tarfile.open(run.file(BUNDLE_NAME)) as tar:
         assert {"project/proj/train.py", "project/configs/x.yaml"} <= set(tar.getnames())
+
+
+def test_the_job_id_is_found_from_its_own_file_when_the_nodes_records_lack_it(tmp_path):
+    """A controller killed right after sbatch answered recorded no node
+    connection yet: ``down`` and ``status`` still find the job by the id
+    written beside the run (``JOB_ID_FILE``); anything else there is no id."""
+    from orchestrator.backends.scheduler.backend import JOB_ID_FILE
+    from orchestrator.records.rundir import RunDir
+    from orchestrator.records.store import NodeRecord, RunRecord
+    from orchestrator.records.outcome import RunState
+
+    run = RunDir.create(str(tmp_path), "r1")
+    record = RunRecord(run_id="r1", run=run, state=RunState.STARTING, backend="slurm",
+                       started=1.0, wall_s=None,
+                       nodes=(NodeRecord(0, "node1", str(tmp_path / "r1" / "node-0"), "python3"),),
+                       outcomes=(), root_cause=None, controller_pid=None)
+    backend = Backend(LaunchOptions())
+    assert backend.job_of(record) is None
+    run.write_text(JOB_ID_FILE, "4242\n")
+    assert backend.job_of(record) == "4242"
+    recorded = dataclasses.replace(record, nodes=(dataclasses.replace(
+        record.nodes[0], connection={"slurm_job": "77"}),))
+    assert backend.job_of(recorded) == "77"  # the record wins
+    run.write_text(JOB_ID_FILE, "42; rm -rf /\n")
+    assert backend.job_of(record) is None

@@ -183,6 +183,55 @@ def test_a_runs_directory_made_in_a_git_project_ignores_itself(tmp_path):
     assert (project / "runs" / ".gitignore").read_text() == "*.tar.gz\n"
 
 
+DAMAGES = [  # what was done to a good state.json, and words the listing must say
+    (lambda text: text[:len(text) // 2], "cannot be read: "),
+    (lambda text: json.dumps({**json.loads(text), "owner": {"holder": "nobody"}}), "holder"),
+    (lambda text: "[1, 2]", "holds a list, not a run's record"),
+    (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "nodes"}
+                             | {"nodes": [{"host": "a"}]}), "lacks 'node_rank'"),
+    (lambda text: json.dumps({**json.loads(text), "state": "exploded"}), "'exploded'"),
+]
+
+
+def test_a_damaged_record_is_listed_as_damaged_with_why_and_pruned_only_when_told(tmp_path):
+    """A state.json that cannot be read (cut short, edited by hand, an owner
+    from another version) is listed as damaged, never dropped from ``ps``
+    without a word (issue 43); ``status`` and ``down`` say so, exit 2; a
+    plain ``prune`` keeps it, ``--forget-unreachable`` removes it here."""
+    runs = tmp_path / "runs"
+    now = time.time()
+    record(runs, "good-1", now)
+    for k, (damage, _) in enumerate(DAMAGES):
+        record(runs, f"bad-{k}", now - k - 1)
+        path = runs / f"bad-{k}" / "state.json"
+        path.write_text(damage(path.read_text()))
+    env = clean_env(tmp_path)
+    listed = run_cli("ps", "--runs-dir", str(runs), env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:-1]}
+    assert sorted(rows) == ["bad-0", "bad-1", "bad-2", "bad-3", "bad-4", "good-1"]
+    assert " damaged " not in rows["good-1"]
+    as_json = run_cli("ps", "--runs-dir", str(runs), "--json", env=env)
+    shown = {r["run_id"]: r for r in json.loads(as_json.stdout)["runs"]}
+    jsonschema.validate(json.loads(as_json.stdout), schema("ps"))
+    for k, (_, words) in enumerate(DAMAGES):
+        assert rows[f"bad-{k}"].split()[2] == "damaged", rows[f"bad-{k}"]
+        assert shown[f"bad-{k}"]["state"] == "damaged"
+        assert shown[f"bad-{k}"]["error"].startswith("its record is damaged: state.json ")
+        assert words in shown[f"bad-{k}"]["error"], (words, shown[f"bad-{k}"]["error"])
+    for command in (("status", "bad-1"), ("down", "bad-1")):
+        said = run_cli(*command, "--runs-dir", str(runs), env=env)
+        assert said.returncode == 2, said.stdout + said.stderr
+        assert "run bad-1: its record is damaged: state.json " in said.stderr
+        assert "`ddp-orch prune bad-1` removes it here" in said.stderr
+        assert "Traceback" not in said.stderr
+    kept = run_cli("prune", "bad-1", "--runs-dir", str(runs), env=env)
+    assert kept.returncode == 1 and (runs / "bad-1").is_dir(), kept.stdout + kept.stderr
+    assert "--forget-unreachable removes it here" in kept.stdout
+    gone = run_cli("prune", "bad-1", "--forget-unreachable", "--runs-dir", str(runs), env=env)
+    assert gone.returncode == 0 and not (runs / "bad-1").exists(), gone.stdout + gone.stderr
+
+
 def test_top_of_a_live_attached_kept_run_shows_the_attempt_its_controller_keeps(tmp_path):
     """An attached run with gang restarts in its second attempt: its
     controller (here, this test's process) keeps the attempt in

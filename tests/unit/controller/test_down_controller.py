@@ -243,7 +243,7 @@ def test_permission_denied_is_reported_not_a_crash(tmp_path, sleeper, how, monke
 
     monkeypatch.setattr(os, "kill", lambda pid, sig: denied() if sig else None)
     monkeypatch.setattr(signal, "pidfd_send_signal", denied, raising=False)
-    monkeypatch.setattr(down_mod, "get_backend", lambda name, options: _NoBackend())
+    monkeypatch.setattr(down_mod, "backend_of", lambda record, options: _NoBackend())
     record = read_record(recorded_run(tmp_path, sleeper.pid))
     notes: list[str] = []
     assert down_mod.down(record, grace_s=0, note=notes.append) == (False, [])

@@ -40,7 +40,7 @@ def recorded(tmp_path, run_id: str, *, started: bool):
 
 @pytest.fixture(autouse=True)
 def no_nodes(monkeypatch):
-    monkeypatch.setattr(prune_module, "get_backend", lambda *a, **k: Unreachable())
+    monkeypatch.setattr(prune_module, "backend_of", lambda *a, **k: Unreachable())
 
 
 def test_a_run_that_started_is_kept_while_a_node_cannot_be_reached(tmp_path):
@@ -72,7 +72,7 @@ def test_a_live_node_is_never_forgotten(tmp_path, monkeypatch):
         def prune(self, record):
             return [PruneResult(0, "a", error="the run is alive here", live=True)]
 
-    monkeypatch.setattr(prune_module, "get_backend", lambda *a, **k: Live())
+    monkeypatch.setattr(prune_module, "backend_of", lambda *a, **k: Live())
     pruned = prune_run(recorded(tmp_path, "live", started=False), None, forget_unreachable=True)
     assert not pruned.removed and pruned.why_kept.startswith("live on a node: ")
 

@@ -347,8 +347,9 @@ def test_with_setup_the_processes_are_said_started_once_every_nodes_setup_is_don
     first = FakeNode(clock, script=((2.0, done),), exit_at=(20.0, 0), sets_up=True)
     second = FakeNode(clock, script=((6.0, done),), exit_at=(20.0, 0), sets_up=True)
     out = io.StringIO()
-    outcome = start_gang(tmp_path, clock, [first, second], extra="setup: [make]\n",
-                         console=Console("all", out)).run()
+    with Console("all", out) as console:
+        outcome = start_gang(tmp_path, clock, [first, second], extra="setup: [make]\n",
+                             console=console).run()
     assert outcome.state is RunState.SUCCEEDED
     said = [line for line in out.getvalue().splitlines() if line.startswith("ddp-orch: ")]
     assert said[0].startswith("ddp-orch: running setup: on 2 node(s) before their 2 processes "
@@ -377,8 +378,9 @@ def test_a_quiet_own_script_run_says_it_started_and_its_output_lines_are_progres
     not left out and not stalled."""
     out = io.StringIO()
     nodes = [FakeNode(clock, exit_at=(20.0, 0)), SilentNode(clock, exit_at=(20.0, 0))]
-    gang = start_gang(tmp_path, clock, nodes, console=Console("quiet", out))
-    outcome = gang.run()
+    with Console("quiet", out) as console:
+        gang = start_gang(tmp_path, clock, nodes, console=console)
+        outcome = gang.run()
     assert outcome.state is RunState.SUCCEEDED
     said = out.getvalue().splitlines()
     assert said[0].startswith("ddp-orch: started 2 processes on 2 node(s); logs in "), said

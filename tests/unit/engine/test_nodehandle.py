@@ -115,9 +115,11 @@ def test_a_malformed_control_line_is_logged_and_the_relay_goes_on(tmp_path):
     data = (CONTROL_PREFIX + b'{"event": "exit", "code": "zero"}\n' + b"worker line\n"
             + CONTROL_PREFIX + b"\xff\xfe\n" + encode(EXIT))
     out = io.StringIO()
-    handle = NodeHandle(launch, FakeAgent(data), RunDir(str(tmp_path)), Console("all", out))
+    console = Console("all", out)
+    handle = NodeHandle(launch, FakeAgent(data), RunDir(str(tmp_path)), console)
     handle.start(None)
     outcome = handle.finish(timeout=10)
+    console.close()
     log = (tmp_path / "node-0.log").read_text()
     assert log.count("ignored a malformed control line") == 2 and "worker line" in log
     assert outcome.state is NodeState.FAILED and "RuntimeError: x" in outcome.reason
@@ -203,10 +205,12 @@ def relay(tmp_path, data: bytes, size: int, code=None, env=None):
                     run_dir="/r", env=env, unset_env=())
     launch = NodeLaunch(node=node, where="local subprocess", env=env, unset_env=(), argv=())
     agent, out, changes = StreamAgent(data, size, code), io.StringIO(), []
-    handle = NodeHandle(launch, agent, RunDir(str(tmp_path)), Console("all", out),
+    console = Console("all", out)
+    handle = NodeHandle(launch, agent, RunDir(str(tmp_path)), console,
                         on_change=lambda: changes.append(1))
     handle.start(None)
     outcome = handle.finish(timeout=10)
+    console.close()
     return outcome, (tmp_path / "node-1.log").read_text(), out.getvalue(), agent, changes
 
 

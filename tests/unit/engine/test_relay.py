@@ -32,14 +32,16 @@ def test_a_line_longer_than_the_limit_is_passed_on_unsplit_by_newlines():
 
 def test_console_prefixes_every_line_of_a_block_blank_ones_too():
     out = io.StringIO()
-    Console("all", out).node_lines(1, "h", "[rank1]: a\r\n\n[rank0]: b\n")
+    with Console("all", out) as console:
+        console.node_lines(1, "h", "[rank1]: a\r\n\n[rank0]: b\n")
     assert out.getvalue() == "[node1 h] [rank1]: a\n[node1 h] \n[node1 h] [rank0]: b\n"
 
 
 @pytest.mark.parametrize("view, expected", [("rank0", "[node0 h] [rank0]: b\n"), ("quiet", "")])
 def test_console_views_filter_blocks(view, expected):
     out = io.StringIO()
-    Console(view, out).node_lines(0, "h", "[rank1]: a\n[rank0]: b\nagent line\n")
+    with Console(view, out) as console:
+        console.node_lines(0, "h", "[rank1]: a\n[rank0]: b\nagent line\n")
     assert out.getvalue() == expected
 
 
@@ -56,6 +58,7 @@ def test_every_view_shows_the_start_and_a_keepers_restart_line(view):
     console = Console(view, out)
     console.milestone("started 3 processes on 2 node(s); logs in runs/r")
     console.node_lines(0, "a", f"[rank1]: a\n{RESTART}\n[rank0]: b\n")
+    console.close()
     shown = out.getvalue().splitlines()
     assert shown[0] == "ddp-orch: started 3 processes on 2 node(s); logs in runs/r"
     assert f"[node0 a] {RESTART}" in shown
@@ -106,6 +109,7 @@ def test_torchruns_failure_report_is_one_line_on_the_console_whatever_the_blocks
     blocks = [text] if cut is None else ["".join(lines[:cut]), "".join(lines[cut:])]
     for block in blocks:
         console.node_lines(0, "h", block)
+    console.close()
     assert out.getvalue().splitlines() == [
         "[node0 h] [rank0]: WorkloadError: --data real: no MNIST at ./data",
         "[node0 h] " + TORCHRUN_REPORT.splitlines()[0],
@@ -139,6 +143,7 @@ def test_torchruns_traceback_when_stopped_by_a_signal_is_one_line(cut):
     lines = text.splitlines(keepends=True)
     for block in [text] if cut is None else ["".join(lines[:cut]), "".join(lines[cut:])]:
         console.node_lines(1, "h", block)
+    console.close()
     assert out.getvalue().splitlines() == [
         "[node1 h] [rank0]: step 3",
         "[node1 h] " + TORCHRUN_SIGNALLED.splitlines()[0],
@@ -151,7 +156,8 @@ def test_any_other_traceback_of_torchrun_is_shown_whole():
     text = ("Traceback (most recent call last):\n  File \"run.py\", line 1, in <module>\n"
             "    main()\ntorch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: "
             "timed out\n")
-    Console("all", out).node_lines(2, "h", text)
+    with Console("all", out) as console:
+        console.node_lines(2, "h", text)
     assert out.getvalue() == "".join(f"[node2 h] {line}\n" for line in text.splitlines())
 
 
@@ -229,5 +235,6 @@ def test_a_partial_line_that_stays_partial_is_shown_anyway(tmp_path, monkeypatch
 
 def test_escape_sequences_from_a_node_are_shown_not_obeyed():
     out = io.StringIO()
-    Console("all", out).node_lines(0, "h", "[rank0]: \x1b[2J\x1b]0;owned\x07 \x9b6n done\tok\n")
+    with Console("all", out) as console:
+        console.node_lines(0, "h", "[rank0]: \x1b[2J\x1b]0;owned\x07 \x9b6n done\tok\n")
     assert out.getvalue() == "[node0 h] [rank0]: \\x1b[2J\\x1b]0;owned\\x07 \\x9b6n done\tok\n"

@@ -16,7 +16,7 @@ def node(rank: int, state: NodeState = NodeState.FAILED, *, ended=None, failures
 
 def test_the_state_words():
     assert [str(s) for s in RunState] == ["starting", "pending", "running", "succeeded", "failed",
-                                          "interrupted"]
+                                          "interrupted", "damaged"]
     assert [s for s in RunState if s.live] == [RunState.STARTING, RunState.PENDING,
                                                RunState.RUNNING]
     assert [str(s) for s in NodeState] == ["succeeded", "failed", "stopped", "lost", "not-started"]
