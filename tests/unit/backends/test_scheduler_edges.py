@@ -14,7 +14,9 @@ import dataclasses
 import io
 import json
 import os
+import signal
 import tempfile
+import threading
 
 import pytest
 
@@ -58,6 +60,7 @@ def console() -> Console:
 
 
 def said(out: Console) -> list[str]:
+    out.close()  # all written
     return out.stream.getvalue().splitlines()
 
 
@@ -123,8 +126,53 @@ def test_a_submitted_job_is_pending_with_its_id_on_record(tmp_path, clock):
     assert backend.submitted[0]["DDP_ORCH_RUN"] == "r"  # the run's own marker
     job = json.loads(open(run.file("job.json"), encoding="utf-8").read())
     assert [n["host"] for n in job["nodes"]] == ["n0", "n1"]
+    assert open(run.file("job.id"), encoding="utf-8").read() == "7\n"
     assert (job["run_id"], job["master_addr"], job["master_port"]) == ("r", None, None)
     handle.close(left=True)
+
+
+def test_ctrl_c_as_the_scheduler_takes_the_job_waits_for_its_id_then_cancels_it(tmp_path,
+                                                                                 clock):
+    """The id is written beside the run (``job.id``) and the job cancelled
+    before the KeyboardInterrupt goes on: nothing stays queued unknown."""
+
+    class Interrupted(FakeScheduler):
+        def submit_job(self, plan, run, env):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the scheduler answers
+            return super().submit_job(plan, run, env)
+
+    backend = Interrupted(None, load_cluster_text(PINNED, source="c.yaml"), states=[RUNNING])
+    run = RunDir.create(tempfile.mkdtemp(dir=tmp_path), "r")
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        backend.submit(backend.dryrun(backend.plan("r", run.path)), run, console())
+    assert open(run.file("job.id"), encoding="utf-8").read() == "7\n"
+    assert backend.cancels == [("7", None)]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_held_interrupts_are_sigint_and_sigterm_and_only_on_the_main_thread():
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with sched.interrupts_held() as held:
+        os.kill(os.getpid(), signal.SIGTERM)  # held: nothing raised inside
+    assert held.caught == [signal.SIGTERM]
+    with pytest.raises(KeyboardInterrupt):
+        held.raise_if_interrupted()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    quiet = sched.interrupts_held()
+    with quiet:
+        pass
+    quiet.raise_if_interrupted()  # nothing caught: nothing raised
+    off_main = []
+
+    def elsewhere():
+        with sched.interrupts_held() as held:
+            off_main.append((held._previous, signal.getsignal(signal.SIGINT)))
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join(10)
+    assert off_main == [({}, before[signal.SIGINT])]
 
 
 # -- the queue --------------------------------------------------------------------------------------
