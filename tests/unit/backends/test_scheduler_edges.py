@@ -17,6 +17,7 @@ import os
 import signal
 import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -48,9 +49,11 @@ def clock(monkeypatch) -> Clock:
     return fake_time(monkeypatch, sched, jobmod)
 
 
-def job_of(text: str, tmp_path, options: LaunchOptions | None = None, **fake):
+def job_of(text: str, tmp_path, options: LaunchOptions | None = None, base_dir: str = ".",
+           **fake):
     """The backend, its run directory and resolved-so-far dry-run for ``text``."""
-    backend = FakeScheduler(options, load_cluster_text(text, source="c.yaml"), **fake)
+    spec = load_cluster_text(text, source="c.yaml", base_dir=base_dir)
+    backend = FakeScheduler(options, spec, **fake)
     run = RunDir.create(tempfile.mkdtemp(dir=tmp_path), "r")
     return backend, run, backend.dryrun(backend.plan("r", run.path))
 
@@ -154,7 +157,8 @@ def test_ctrl_c_as_the_scheduler_takes_the_job_waits_for_its_id_then_cancels_it(
 def test_held_interrupts_are_sigint_and_sigterm_and_only_on_the_main_thread():
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with sched.interrupts_held() as held:
-        os.kill(os.getpid(), signal.SIGTERM)  # held: nothing raised inside
+        assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # as a SIGTERM: held
     assert held.caught == [signal.SIGTERM]
     with pytest.raises(KeyboardInterrupt):
         held.raise_if_interrupted()
@@ -444,6 +448,85 @@ def test_the_handles_stack_dump_asks_the_scheduler_with_the_jobs_nodes(tmp_path,
     backend, run, handle = submitted(tmp_path, clock, [RUNNING])
     assert handle.dump_stacks() == "stacks"
     assert backend.stacks_asked == [("7", handle.records, "r", False)]
+
+
+# -- what a finished job brings home -------------------------------------------------------------
+
+SECRET = "hf-s3cret-value-xyz"
+
+
+def test_a_finished_job_brings_home_its_result_error_files_and_outputs_masked(tmp_path,
+                                                                             monkeypatch):
+    """From the shared run directory: node 0's result; node 1's error files
+    that stay inside its run directory (not one a link takes out, and one
+    that is no file is noted in its log); node 0's outputs, a file that a
+    link replaced after the listing refused. The secret is masked in all."""
+    (tmp_path / "train.py").write_text("")
+    text = ("nodes: [{host: n0, procs: 1}, {host: n1, procs: 2}]\nworkload: {script: train.py}\n"
+            f"outputs: [model.pt, 'ckpt/*']\nenv: {{HF_TOKEN: {SECRET}}}\n")
+    backend, run, info = job_of(text, tmp_path, base_dir=str(tmp_path))
+    node0, node1 = (Path(n.run_dir) for n in info.plan.nodes)
+    (node0 / "project" / "ckpt").mkdir(parents=True)
+    (node0 / "result.json").write_text('{"metrics": {"loss": 0.5}}')
+    (node0 / "project" / "model.pt").write_text(f"weights {SECRET}")
+    (node0 / "project" / "ckpt" / "a.pt").write_text("a")
+    (node1 / "torchrun").mkdir(parents=True)
+    (node1 / "torchrun" / "err.json").write_text(f'{{"message": "{SECRET} boom"}}')
+    (node1 / "torchrun" / "dir.json").mkdir()
+    os.symlink("/etc/hostname", node1 / "torchrun" / "out.json")
+    failures = ({"local_rank": 0, "error_file": "torchrun/out.json"},
+                {"local_rank": 1, "error_file": "torchrun/err.json"},
+                {"local_rank": 0, "error_file": "torchrun/dir.json"})
+    outcome = RunOutcome("r", RunState.FAILED, 3.0, (
+        NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None),
+        NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, failures)),
+        None, None)
+    listing = sched.outputs.collect
+
+    def listed_then_replaced(**request):
+        found = listing(**request)  # a.pt, as it was when listed: a link now
+        os.remove(node0 / "project" / "ckpt" / "a.pt")
+        os.symlink("/etc/hostname", node0 / "project" / "ckpt" / "a.pt")
+        return found
+
+    monkeypatch.setattr(sched.outputs, "collect", listed_then_replaced)
+    handle = sched.JobRun(backend, info, run, Job("7", backend, poll=False), 990.0)
+    assert handle.fetch(outcome) == {"metrics": {"loss": 0.5}}
+    assert open(run.file("errors/node-1/rank-2.json")).read() == '{"message": "******** boom"}'
+    assert sorted(os.listdir(run.file("errors/node-1"))) == ["rank-2.json"]
+    assert f"ddp-orch: {node1}/torchrun/dir.json: not fetched: not a regular file\n" in \
+        open(run.node_log(1)).read()
+    assert open(run.file("outputs/model.pt")).read() == "weights ********"
+    record = json.loads(open(run.file("outputs.json")).read())
+    assert [f["path"] for f in record["files"]] == ["model.pt"]
+    assert record["refused"] == [{"path": "ckpt/a.pt", "why": (
+        f"{node0}/project/ckpt/a.pt: not fetched: it leads out of {node0}/project (a symbolic "
+        "link?)")}]
+
+
+def test_an_output_that_is_no_file_when_fetched_is_refused_in_the_transfers_words(tmp_path,
+                                                                                  monkeypatch):
+    (tmp_path / "train.py").write_text("")
+    text = "nodes: [{host: n0, procs: 1}]\nworkload: {script: train.py}\noutputs: [m.pt]\n"
+    backend, run, info = job_of(text, tmp_path, base_dir=str(tmp_path))
+    root = Path(info.plan.nodes[0].code_root)
+    root.mkdir(parents=True)
+    (root / "m.pt").write_text("m")
+    listing = sched.outputs.collect
+
+    def listed_then_a_directory(**request):
+        found = listing(**request)
+        os.remove(root / "m.pt")
+        os.mkdir(root / "m.pt")
+        return found
+
+    monkeypatch.setattr(sched.outputs, "collect", listed_then_a_directory)
+    done = RunOutcome("r", RunState.SUCCEEDED, 1.0, (
+        NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None),), None, None)
+    assert backend.collect(info, done, run) is None  # no result.json
+    record = json.loads(open(run.file("outputs.json")).read())
+    assert record["refused"] == [{"path": "m.pt",
+                                  "why": f"{root}/m.pt: not fetched: not a regular file"}]
 
 
 # -- explain ----------------------------------------------------------------------------------------------
