@@ -12,9 +12,11 @@ comma-separated ``nodelist``; None: no longer listed) in turn and repeats
 the last; an ``OrchestratorError`` in the list is raised instead (the
 scheduler cannot be asked). Each cancel is recorded in ``cancels`` as
 ``(job id, signal)``, and lists the job as cancelled from then on; a
-submission is job 7, its environment kept in ``submitted``; ``check``
-finds ``problems`` (none: one row that passes); ``job_output`` is
-``output`` and ``job_stacks`` records what it was asked.
+submission is job 7, its plan, run and environment kept in ``submitted``;
+``check`` finds ``problems`` (none: one row that passes); ``job_output``
+is ``output``; ``asked`` records each question with its arguments (the
+job's state, its accounts, its output, a check) and ``stacks_asked`` each
+stack dump.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ class FakeScheduler(Backend):
         self.stops_the_rest = stops_the_rest
         self.problems = problems
         self.output = output
-        self.submitted: list[dict] = []
+        self.submitted: list[tuple] = []
         self.cancels: list[tuple[str, str | None]] = []
         self.stacks_asked: list[tuple] = []
+        self.asked: list[tuple] = []  # (what, its arguments) of every other question
 
     def job_state(self, job_id: str) -> FakeState | None:
+        self.asked.append(("state", job_id))
         answer = self.states.pop(0) if len(self.states) > 1 else \
             (self.states[0] if self.states else None)
         if isinstance(answer, Exception):
@@ -59,13 +63,15 @@ class FakeScheduler(Backend):
         self.states = [FakeState("CANCELLED")]
 
     def submit_job(self, plan, run, env) -> str:
-        self.submitted.append(env)
+        self.submitted.append((plan, run, env))
         return "7"
 
     def accounted(self, job_id: str) -> str:
+        self.asked.append(("accounted", job_id))
         return self.accounts
 
     def job_output(self, job_id: str, run) -> str:
+        self.asked.append(("output", job_id, run))
         return self.output
 
     def job_stacks(self, job_id, nodes, run_id, native=False):
@@ -73,6 +79,7 @@ class FakeScheduler(Backend):
         return "stacks"
 
     def check(self, plan) -> Preflight:
+        self.asked.append(("check", plan))
         return Preflight(self.problems or (CheckResult(-1, "*", "queue", True, "fine"),))
 
 

@@ -58,6 +58,13 @@ def job_of(text: str, tmp_path, options: LaunchOptions | None = None, base_dir: 
     return backend, run, backend.dryrun(backend.plan("r", run.path))
 
 
+class Stubborn(FakeScheduler):
+    """A scheduler whose cancel is taken but does not end the job."""
+
+    def cancel_job(self, job_id, signal=None):
+        self.cancels.append((job_id, signal))
+
+
 def console() -> Console:
     return Console("all", stream=io.StringIO())
 
@@ -93,6 +100,51 @@ def test_the_dry_run_says_where_each_task_runs_and_who_picks_the_hosts(tmp_path)
     assert placed.plan.master_port == "auto" and placed.extras == {}
 
 
+def test_each_node_launch_carries_the_setup_and_the_dry_run_its_source(tmp_path):
+    text = PINNED + ("setup: {commands: ['pip install -r r.txt'], when_changed: [r.txt]}\n"
+                     "setup_timeout: 90\n")
+    backend, run, info = job_of(text, tmp_path)
+    assert [(n.setup, n.setup_timeout_s, n.setup_when_changed) for n in info.nodes] == \
+        [(info.plan.setup, 90.0, info.plan.setup_when_changed)] * 2
+    assert info.plan.setup and info.plan.setup_when_changed and info.source == "c.yaml"
+
+
+def test_a_script_that_would_not_reach_the_nodes_is_refused_at_its_files_line(tmp_path):
+    from orchestrator.errors import ConfigError
+
+    (tmp_path / ".secret.py").write_text("")
+    spec = load_cluster_text(PINNED.replace("{name: noop}", "{script: .secret.py}"),
+                             source="c.yaml", base_dir=str(tmp_path))
+    backend = FakeScheduler(None, spec)
+    with pytest.raises(ConfigError) as refused:
+        backend.dryrun(backend.plan("r", str(tmp_path / "runs" / "r")))
+    assert (refused.value.source, refused.value.path) == ("c.yaml", "workload.script")
+    plan = backend.plan("r", str(tmp_path / "runs" / "r"))
+    with pytest.raises(LaunchError, match="needs a cluster file"):
+        FakeScheduler().dryrun(dataclasses.replace(plan, code=None))
+
+
+def test_the_placed_note_is_the_schedulers_for_this_plan(tmp_path):
+    class Noting(FakeScheduler):
+        def placed_note(self, plan):
+            return f"hosts      {len(plan.nodes)} chosen by TestQueue"
+
+    spec = load_cluster_text(PLACED, source="c.yaml")
+    backend = Noting(None, spec)
+    info = backend.dryrun(backend.plan("r", str(tmp_path / "r")))
+    assert "hosts      2 chosen by TestQueue" in info.notes
+
+
+def test_a_single_node_jobs_directory_and_agent_are_its_own_and_node_0s_python(tmp_path):
+    backend, run, info = job_of("nodes: [{host: n0, procs: 1, python: /opt/a/python}]\n"
+                                "workload: {name: noop}\n", tmp_path)
+    assert sched.job_dir(info.plan) == run.path
+    backend, run, info = job_of("nodes: [{host: n0, procs: 1, python: /opt/a/python}, "
+                                "{host: n1, procs: 1, python: /opt/b/python}]\n"
+                                "workload: {name: noop}\n", tmp_path)
+    assert sched.agent_argv(info.plan)[0] == "/opt/a/python"
+
+
 def test_what_a_scheduler_need_not_fill_in():
     backend = FakeScheduler()
     assert (backend.job_extras(None), backend.by_hand(None)) == ({}, ByHand())
@@ -126,12 +178,43 @@ def test_a_submitted_job_is_pending_with_its_id_on_record(tmp_path, clock):
     assert handle.pending and handle.streams == {} and handle.channels == {}
     assert handle.job.job_id == "7" and handle.started == 1000.0
     assert [r.connection for r in handle.records] == [{"testqueue_job": "7"}] * 2
-    assert backend.submitted[0]["DDP_ORCH_RUN"] == "r"  # the run's own marker
+    assert handle.run is run and handle.backend is backend
+    (plan, where, env), = backend.submitted
+    assert (plan, where, env["DDP_ORCH_RUN"]) == (info.plan, run, "r")  # the run's own marker
+    assert backend.asked == [("check", info.plan)]  # not the job's state: the engine's to ask
     job = json.loads(open(run.file("job.json"), encoding="utf-8").read())
     assert [n["host"] for n in job["nodes"]] == ["n0", "n1"]
+    assert [n["spec"]["bundle"] for n in job["nodes"]] == [run.file("bundle.tar.gz")] * 2
+    assert [n["spec"]["master_port"] for n in job["nodes"]] == [0, 0]  # node 0 publishes it
     assert open(run.file("job.id"), encoding="utf-8").read() == "7\n"
     assert (job["run_id"], job["master_addr"], job["master_port"]) == ("r", None, None)
     handle.close(left=True)
+
+
+def test_a_master_the_file_names_goes_in_the_job_file(tmp_path):
+    backend, run, info = job_of(PINNED + "master: {addr: 10.0.0.1, port: 29500}\n", tmp_path)
+    backend.write_job(info, run)
+    job = json.loads(open(run.file("job.json"), encoding="utf-8").read())
+    assert (job["master_addr"], job["master_port"]) == ("10.0.0.1", 29500)
+    assert all("29500" in n.argv and "<free port" not in " ".join(n.argv) for n in info.nodes)
+
+
+def test_the_bundle_carries_the_cluster_file_with_its_secrets_masked(tmp_path):
+    """The cluster file in the code directory goes as its stand-in, never
+    with the secret it holds."""
+    import tarfile
+
+    (tmp_path / "train.py").write_text("")
+    text = f"nodes: [{{host: n0, procs: 1}}]\nworkload: {{script: train.py}}\nenv: {{HF_TOKEN: {SECRET}}}\n"
+    (tmp_path / "c.yaml").write_text(text)
+    spec = load_cluster_text(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+    backend = FakeScheduler(None, spec)
+    run = RunDir.create(tempfile.mkdtemp(dir=tmp_path), "r")
+    info = backend.dryrun(backend.plan("r", run.path))
+    backend.write_job(info, run)
+    with tarfile.open(run.file("bundle.tar.gz")) as tar:
+        carried = tar.extractfile("project/c.yaml").read().decode()
+    assert SECRET not in carried and "HF_TOKEN" in carried
 
 
 def test_ctrl_c_as_the_scheduler_takes_the_job_waits_for_its_id_then_cancels_it(tmp_path,
@@ -213,7 +296,18 @@ def test_a_job_still_queued_after_the_queue_timeout_is_cancelled(tmp_path, clock
     assert said(out)[-1] == ("ddp-orch: TestQueue job 7 still queued after 1s (Priority); "
                              "cancelling it")
     assert backend.cancels == [("7", None)] and job.ended
-    assert 1001.0 < clock.now < 1001.5  # given up at the first look past the timeout
+    # looks every 0.2 s: at 1001.0 the timeout is not past yet; at 1001.2 it is, then the
+    # cancel shows at the wait's first look, 0.1 s later
+    assert clock.now == 1001.3
+
+
+def test_a_job_a_cancel_does_not_end_is_waited_for_30s_more(tmp_path, clock):
+    backend, run, info = job_of(PINNED, tmp_path, LaunchOptions(queue_timeout_s=1.0),
+                                states=[PENDING])
+    backend.__class__ = Stubborn
+    assert backend.await_running(queued_job(backend, clock), console()).startswith(
+        "the TestQueue job was still queued after the queue timeout of 1s")
+    assert clock.now == 1031.2
 
 
 def test_a_job_queued_without_a_reason_times_out_without_one(tmp_path, clock):
@@ -232,7 +326,8 @@ def test_a_scheduler_that_cannot_be_asked_for_120s_is_given_up(tmp_path, clock):
     with pytest.raises(LaunchError, match=r"^cannot follow TestQueue job 7 for 120s: "
                                           r"squeue: timed out$"):
         backend.await_running(job, console())
-    assert 1120.0 < clock.now <= 1120.5
+    # failing since the first look (1000.2): 120 s at 1120.2 is not over 120 s yet
+    assert clock.now == 1120.4
 
 
 # -- the rendezvous ---------------------------------------------------------------------------------
@@ -278,7 +373,7 @@ def test_a_rendezvous_that_never_comes_is_waited_for_start_timeout_s(tmp_path, c
     backend, run, info = job_of(PINNED, tmp_path, LaunchOptions(start_timeout_s=2.0),
                                 states=[RUNNING])
     assert backend.resolve(info, Job("7", backend, poll=False)) is None
-    assert 1002.0 < clock.now <= 1002.1
+    assert clock.now == 1002.05  # a look every 0.05 s, until one past the 2 s
     backend, run, info = job_of(PINNED, tmp_path, LaunchOptions(start_timeout_s=2.0),
                                 states=[RUNNING])
     clock.on_sleep = lambda: clock.now >= 1003.0 and publish(run, '{"addr": "a", "port": 1}')
@@ -287,8 +382,10 @@ def test_a_rendezvous_that_never_comes_is_waited_for_start_timeout_s(tmp_path, c
 
 # -- a job that ended before its rendezvous ------------------------------------------------------------
 
-def early(tmp_path, clock, states, *, wrote=(), output="", started=990.0):
+def early(tmp_path, clock, states, *, wrote=(), output="", started=990.0, dirs=()):
     backend, run, info = job_of(PINNED, tmp_path, states=states, output=output)
+    for k in dirs:
+        os.makedirs(info.plan.nodes[k].run_dir)
     for k in wrote:
         os.makedirs(info.plan.nodes[k].run_dir, exist_ok=True)
         with open(os.path.join(info.plan.nodes[k].run_dir, "agent.out"), "wb") as fh:
@@ -307,11 +404,23 @@ def test_a_job_cancelled_before_its_nodes_started(tmp_path, clock):
     # from the start (990) to the cancel seen, one look (0.1 s) after 1000
     assert (outcome.state, outcome.root_cause.node_rank) == (RunState.FAILED, 0)
     assert outcome.wall_s == pytest.approx(10.1)
+    assert (outcome.run_id, [n.host for n in outcome.nodes]) == ("r", ["n0", "n1"])
+
+
+def test_a_job_a_cancel_does_not_end_is_waited_for_its_grace_and_30s(tmp_path, clock):
+    backend, run, info = job_of(PINNED, tmp_path, LaunchOptions(grace_s=5.0), states=[RUNNING])
+    backend.__class__ = Stubborn
+    job = queued_job(backend, clock)
+    job.refresh()
+    backend.ended_early(info.plan, run, job, 990.0)
+    assert clock.now == 1035.0
 
 
 def test_a_job_that_ended_before_any_node_wrote_says_what_the_nodes_need(tmp_path, clock):
-    backend, run, outcome = early(tmp_path, clock, [DONE], output="slurmstepd: error")
+    backend, run, outcome = early(tmp_path, clock, [DONE], output="slurmstepd: error",
+                                  dirs=(0,))  # node 0's directory, but no stream in it
     assert backend.cancels == []
+    assert backend.asked[-1] == ("output", "7", run)
     assert outcome.nodes[1].reason == (
         f"the TestQueue job ended (COMPLETED) before any node wrote to {run.path}: the compute "
         "nodes must see the run directory (a shared file system), and the node's python must "
@@ -326,6 +435,15 @@ def test_a_job_whose_node_wrote_but_published_no_rendezvous_keeps_what_it_wrote(
                                        "published the rendezvous")
     with open(run.node_log(1), "rb") as fh:
         assert fh.read() == b"python3: can't open file\n"
+    assert not os.path.exists(run.node_log(0))
+
+
+def test_a_stream_over_1_mib_is_not_copied_into_the_node_log(tmp_path, clock):
+    backend, run, info = job_of(PINNED, tmp_path, states=[DONE])
+    os.makedirs(info.plan.nodes[0].run_dir)
+    with open(os.path.join(info.plan.nodes[0].run_dir, "agent.out"), "wb") as fh:
+        fh.write(b"x" * ((1 << 20) + 1))
+    sched._copy_stream(info.plan.nodes[0], run)
     assert not os.path.exists(run.node_log(0))
 
 
@@ -353,7 +471,8 @@ def test_a_job_that_runs_and_meets_gets_its_streams_and_its_final_records(tmp_pa
         assert handle.running(console()) is None
     finally:
         handle.job.close()
-    assert not handle.pending and handle.channels is handle.streams
+    assert handle.pending is False and handle.channels is handle.streams
+    assert all(s.job is handle.job for s in handle.streams.values())
     assert {k: (s.path, s.host) for k, s in handle.streams.items()} == {
         0: (f"{run.path}/node-0/agent.out", "<slurm node 0>"),  # the loader's placeholders
         1: (f"{run.path}/node-1/agent.out", "<slurm node 1>")}
@@ -374,10 +493,15 @@ def test_a_job_that_never_ran_ends_as_the_wait_says(tmp_path, clock):
 
 def test_a_job_that_ended_before_the_rendezvous_ends_early(tmp_path, clock):
     backend, run, handle = submitted(tmp_path, clock, [DONE])
+    os.makedirs(f"{run.path}/node-1")
+    with open(f"{run.path}/node-1/agent.out", "wb") as fh:
+        fh.write(b"Traceback\n")
     outcome = handle.running(console())
     handle.job.close()
-    assert outcome.nodes[0].reason.startswith("the TestQueue job ended (COMPLETED) before any")
+    assert outcome.nodes[0].reason == ("the TestQueue job ended (COMPLETED) before node 0 "
+                                       "published the rendezvous")
     assert handle.pending and set(handle.streams) == {0, 1}
+    assert open(run.node_log(1), "rb").read() == b"Traceback\n"
 
 
 @pytest.mark.parametrize("where, why", [("await_running", "cancelled while queued (Ctrl-C)"),
@@ -416,6 +540,7 @@ def test_settle_explains_each_silent_node_with_the_schedulers_view(tmp_path, clo
         "(killed, or the node failed)")))
     assert (settled.state, settled.root_cause, settled.wall_s) == (RunState.FAILED, failed,
                                                                    10.0)
+    assert settled.run_id == "r"
     assert all(s._closed for s in handle.streams.values()) and backend.cancels == []
 
 
@@ -426,6 +551,19 @@ def test_settle_cancels_a_job_that_outlives_its_gang(tmp_path, clock):
     settled = handle.settle(ran)
     assert backend.cancels == [("7", None)] and 1035.0 <= clock.now < 1036.0
     assert settled.state is RunState.INTERRUPTED
+
+
+def test_settle_and_close_wait_for_a_job_its_cancel_does_not_end(tmp_path, clock):
+    """settle: grace + 30 s for the job to end, then a cancel and 30 s more;
+    close: a cancel and grace + 60 s."""
+    backend, run, handle = submitted(tmp_path, clock, [RUNNING], grace_s=5.0)
+    backend.__class__ = Stubborn
+    handle.settle(RunOutcome("r", RunState.FAILED, 3.0, (lost(0), lost(1)), None, None))
+    assert clock.now == 1065.0 and backend.cancels == [("7", None)]
+    backend, run, handle = submitted(tmp_path, clock, [RUNNING], grace_s=5.0)
+    backend.__class__ = Stubborn
+    handle.close()
+    assert clock.now == 1130.0 and handle.job._closed.is_set()
 
 
 def test_close_cancels_what_is_left_of_the_job_unless_it_was_left_to_the_scheduler(tmp_path,
@@ -563,22 +701,28 @@ def test_a_node_with_its_own_word_is_left_as_it_said():
 
 # -- describe --------------------------------------------------------------------------------------------
 
+FAILED_1 = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", 950.0)
+
+
 def recorded(tmp_path, *, job: str | None = "7", state=RunState.RUNNING, pid=None, dirs=2,
              run: RunDir | None = None):
+    """A scheduler's run as its records hold it (node 1 failed, as its
+    controller recorded), each node's python one of its own."""
     run = run or RunDir.create(tempfile.mkdtemp(dir=tmp_path), "r")
     nodes = []
     for k in range(dirs):
-        nodes.append(NodeRecord(k, f"n{k}", f"{run.path}/node-{k}", "python3",
+        nodes.append(NodeRecord(k, f"n{k}", f"{run.path}/node-{k}", f"/opt/py{k}/bin/python",
                                 {"testqueue_job": job} if job else {}))
     return RunRecord(run_id="r", run=run, state=state, backend="testqueue", started=900.0,
                      wall_s=None, ended=None, controller_pid=pid, nodes=tuple(nodes),
-                     outcomes=(), root_cause=None, owner=Owner(Holder.SCHEDULER))
+                     outcomes=(FAILED_1,), root_cause=FAILED_1, owner=Owner(Holder.SCHEDULER))
 
 
 def test_a_run_with_no_job_on_record_is_interrupted_once_its_controller_is_gone(tmp_path):
     backend = FakeScheduler()
     gone = backend.describe(recorded(tmp_path, job=None))
     assert (gone.state, gone.detail) == (RunState.INTERRUPTED, "no TestQueue job on record")
+    assert (gone.nodes, gone.root_cause) == ((FAILED_1,), FAILED_1)
     alive = backend.describe(recorded(tmp_path, job=None, pid=os.getpid()))
     assert (alive.state, alive.detail) == (RunState.RUNNING, "")
     over = backend.describe(recorded(tmp_path, job=None, state=RunState.FAILED))
@@ -590,9 +734,12 @@ def test_a_listed_job_is_described_in_the_schedulers_words(tmp_path):
     def described(listed, **more):
         return FakeScheduler(states=[listed]).describe(recorded(tmp_path, **more))
 
-    got = described(FakeState("RUNNING", "", "c1,c2"), pid=os.getpid())
+    backend = FakeScheduler(states=[FakeState("RUNNING", "", "c1,c2")])
+    got = backend.describe(recorded(tmp_path, pid=os.getpid()))
     assert (got.state, got.detail, got.progress) == (RunState.RUNNING,
                                                      "TestQueue job 7: RUNNING on c1,c2", ())
+    assert (got.nodes, got.root_cause) == ((FAILED_1,), FAILED_1)
+    assert backend.asked == [("state", "7")]  # and not its accounts: it is listed
     assert described(FakeState("RUNNING", "Prolog"), pid=os.getpid()).detail == \
         "TestQueue job 7: RUNNING (Prolog)"
     got = described(FakeState("PENDING", "Priority", "c1"))
@@ -604,11 +751,16 @@ def test_a_listed_job_is_described_in_the_schedulers_words(tmp_path):
 
 def test_an_ended_job_is_what_its_record_says_once_recorded(tmp_path):
     record = dataclasses.replace(recorded(tmp_path, state=RunState.FAILED), ended=950.0)
-    got = FakeScheduler(states=[DONE]).describe(record)
+    listed = FakeScheduler(states=[DONE])
+    got = listed.describe(record)
     assert (got.state, got.detail, got.ended) == (RunState.FAILED, "TestQueue job 7: COMPLETED",
                                                   None)
-    got = FakeScheduler(states=[None], accounts="COMPLETED (exit 0, from sacct)").describe(record)
+    assert (got.nodes, got.root_cause, listed.asked) == ((FAILED_1,), FAILED_1,
+                                                         [("state", "7")])
+    forgotten = FakeScheduler(states=[None], accounts="COMPLETED (exit 0, from sacct)")
+    got = forgotten.describe(record)
     assert got.detail == "TestQueue job 7: COMPLETED (exit 0, from sacct)"
+    assert forgotten.asked == [("state", "7"), ("accounted", "7")]
     got = FakeScheduler(states=[None]).describe(record)
     assert got.detail == "TestQueue job 7: no longer listed by TestQueue"
 
@@ -645,6 +797,9 @@ def test_a_job_whose_controller_is_gone_ended_as_its_agents_recorded(tmp_path):
     got = FakeScheduler(states=[None]).describe(record)
     assert (got.state, got.root_cause, got.ended, got.detail) == (
         RunState.SUCCEEDED, None, 1500.0, "TestQueue job 7: no longer listed by TestQueue")
+    silent = FakeScheduler(states=[DONE]).describe(recorded(tmp_path))  # no agent recorded
+    assert (silent.state, silent.ended) == (RunState.FAILED, None)
+    assert [n.state for n in silent.nodes] == [NodeState.NOT_STARTED] * 2
 
 
 # -- cancel, stacks, reconnect ------------------------------------------------------------------------------
@@ -661,10 +816,6 @@ def test_cancel_ends_the_job_and_says_when_it_is_still_listed(tmp_path, clock):
                                                   CancelResult(1, "n1", (), "")]
     assert backend.cancels == [("7", None)]
 
-    class Stubborn(FakeScheduler):
-        def cancel_job(self, job_id, signal=None):
-            self.cancels.append((job_id, signal))  # and it stays listed as running
-
     stubborn = Stubborn(LaunchOptions(grace_s=5.0), states=[RUNNING])
     results = stubborn.cancel(recorded(tmp_path))
     assert [r.error for r in results] == ["TestQueue job 7 is still listed after its cancel"] * 2
@@ -676,8 +827,8 @@ def test_stacks_need_a_job_on_record(tmp_path):
     with pytest.raises(LaunchError, match="^run r has no TestQueue job on record$"):
         backend.stacks(recorded(tmp_path, job=None))
     record = recorded(tmp_path)
-    assert backend.stacks(record, native=True) == "stacks"
-    assert backend.stacks_asked == [("7", record.nodes, "r", True)]
+    assert backend.stacks(record, native=True) == backend.stacks(record) == "stacks"
+    assert backend.stacks_asked == [("7", record.nodes, "r", True), ("7", record.nodes, "r", False)]
 
 
 def test_reconnect_follows_each_node_from_its_last_lines(tmp_path, clock):
@@ -693,6 +844,7 @@ def test_reconnect_follows_each_node_from_its_last_lines(tmp_path, clock):
     handle = backend.reconnect(record, lines=2)
     try:
         assert handle.watching and not handle.pending and handle.records == record.nodes
+        assert (handle.backend, handle.run, handle.started) == (backend, run, 1000.0)
         assert handle.dryrun.owner == Owner(Holder.SCHEDULER) and handle.job.job_id == "7"
         assert {k: s.offset for k, s in handle.streams.items()} == {0: stream.index(b"two"),
                                                                    1: 0}
@@ -702,3 +854,16 @@ def test_reconnect_follows_each_node_from_its_last_lines(tmp_path, clock):
     handle = backend.reconnect(record)
     handle.close(left=True)
     assert [s.offset for s in handle.streams.values()] == [0, 0]
+
+
+@pytest.mark.parametrize("written, found", [
+    (b"4242\n", "4242"), (b"4242", "4242"), (b"1" * 64, "1" * 64),
+    (b"1" * 65, None),  # past the 64 bytes an id may have
+    (b"\xff42\n", None),  # no ASCII: no id (and no UnicodeDecodeError)
+    (b"42 43\n", None), (b"\n", None),
+])
+def test_a_job_id_file_is_read_as_an_ascii_word_of_64_bytes_at_most(tmp_path, written, found):
+    record = recorded(tmp_path, job=None)
+    with open(record.run.file("job.id"), "wb") as fh:
+        fh.write(written)
+    assert FakeScheduler().job_of(record) == found

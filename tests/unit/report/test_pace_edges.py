@@ -197,3 +197,9 @@ def test_samples_that_are_not_counted_have_no_rate():
     assert rate_of([(100.0, 0, 0), (102.0, 10, "40")], field="samples_rate") is None
     assert rate_of([(100.0, 0, None), (102.0, 10, 40)], field="samples_rate") is None
     assert rate_of([(100.0, 0, 0), (102.0, 10, 40)], field="samples_rate") == 20.0
+
+
+def test_the_words_give_the_others_median_in_whole_ms():
+    found = stragglers(timed((1.0, 0.0), (1.0, 0.0), (2.0, 0.0)))
+    assert found[0].why == ("2000 ms/step outside collectives, 2.0x the others' median "
+                            "(1000 ms)")
