@@ -78,6 +78,7 @@ def test_failures_to_ask_are_counted_from_the_first_and_cleared_by_an_answer(clo
 def test_a_job_listed_as_over_has_ended():
     job = Job("7", FakeScheduler(states=[DONE]), poll=False)
     assert job.refresh() == DONE and job.ended and not job.gone
+    assert job.scheduler.asked == [("state", "7")]
 
 
 # -- cancel and the end ----------------------------------------------------------------------------

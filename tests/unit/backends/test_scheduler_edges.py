@@ -611,10 +611,12 @@ def test_a_finished_job_brings_home_its_result_error_files_and_outputs_masked(tm
     (node1 / "torchrun").mkdir(parents=True)
     (node1 / "torchrun" / "err.json").write_text(f'{{"message": "{SECRET} boom"}}')
     (node1 / "torchrun" / "dir.json").mkdir()
+    (node1 / "torchrun" / "big.json").write_bytes(b"x" * ((1 << 20) + 1))  # over 1 MiB
     os.symlink("/etc/hostname", node1 / "torchrun" / "out.json")
     failures = ({"local_rank": 0, "error_file": "torchrun/out.json"},
-                {"local_rank": 1, "error_file": "torchrun/err.json"},
-                {"local_rank": 0, "error_file": "torchrun/dir.json"})
+                {"local_rank": 0, "error_file": "torchrun/dir.json"},
+                {"local_rank": 0, "error_file": "torchrun/big.json"},
+                {"local_rank": 1, "error_file": "torchrun/err.json"})
     outcome = RunOutcome("r", RunState.FAILED, 3.0, (
         NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None),
         NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, failures)),
@@ -632,8 +634,10 @@ def test_a_finished_job_brings_home_its_result_error_files_and_outputs_masked(tm
     assert handle.fetch(outcome) == {"metrics": {"loss": 0.5}}
     assert open(run.file("errors/node-1/rank-2.json")).read() == '{"message": "******** boom"}'
     assert sorted(os.listdir(run.file("errors/node-1"))) == ["rank-2.json"]
-    assert f"ddp-orch: {node1}/torchrun/dir.json: not fetched: not a regular file\n" in \
-        open(run.node_log(1)).read()
+    assert open(run.node_log(1)).read() == (
+        f"ddp-orch: {node1}/torchrun/dir.json: not fetched: not a regular file\n"
+        f"ddp-orch: {node1}/torchrun/big.json: not fetched: 1048577 bytes, more than the "
+        "1048576 accepted\n")
     assert open(run.file("outputs/model.pt")).read() == "weights ********"
     record = json.loads(open(run.file("outputs.json")).read())
     assert [f["path"] for f in record["files"]] == ["model.pt"]
@@ -642,29 +646,39 @@ def test_a_finished_job_brings_home_its_result_error_files_and_outputs_masked(tm
         "link?)")}]
 
 
-def test_an_output_that_is_no_file_when_fetched_is_refused_in_the_transfers_words(tmp_path,
-                                                                                  monkeypatch):
+def test_outputs_that_changed_since_listed_are_refused_in_the_transfers_words(tmp_path,
+                                                                             monkeypatch):
+    """Listed as files of a byte each (the cap is 4 bytes here), then one is a
+    directory and one has grown past the cap when fetched; and a result that
+    is no JSON object is none."""
+    from orchestrator.engine import results
+
+    monkeypatch.setattr(results, "MAX_OUTPUT_FILE_BYTES", 4)
     (tmp_path / "train.py").write_text("")
-    text = "nodes: [{host: n0, procs: 1}]\nworkload: {script: train.py}\noutputs: [m.pt]\n"
+    text = "nodes: [{host: n0, procs: 1}]\nworkload: {script: train.py}\noutputs: ['*.pt']\n"
     backend, run, info = job_of(text, tmp_path, base_dir=str(tmp_path))
     root = Path(info.plan.nodes[0].code_root)
     root.mkdir(parents=True)
-    (root / "m.pt").write_text("m")
+    (root / "a.pt").write_text("a")
+    (root / "b.pt").write_text("b")
+    (root.parent / "result.json").write_text("[1, 2]")
     listing = sched.outputs.collect
 
-    def listed_then_a_directory(**request):
+    def listed_then_changed(**request):
         found = listing(**request)
-        os.remove(root / "m.pt")
-        os.mkdir(root / "m.pt")
+        os.remove(root / "a.pt")
+        os.mkdir(root / "a.pt")
+        (root / "b.pt").write_text("b" * 10)
         return found
 
-    monkeypatch.setattr(sched.outputs, "collect", listed_then_a_directory)
+    monkeypatch.setattr(sched.outputs, "collect", listed_then_changed)
     done = RunOutcome("r", RunState.SUCCEEDED, 1.0, (
         NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None),), None, None)
-    assert backend.collect(info, done, run) is None  # no result.json
+    assert backend.collect(info, done, run) is None
     record = json.loads(open(run.file("outputs.json")).read())
-    assert record["refused"] == [{"path": "m.pt",
-                                  "why": f"{root}/m.pt: not fetched: not a regular file"}]
+    assert record["refused"] == [
+        {"path": "a.pt", "why": f"{root}/a.pt: not fetched: not a regular file"},
+        {"path": "b.pt", "why": f"{root}/b.pt: not fetched: 10 bytes, more than the 4 accepted"}]
 
 
 # -- explain ----------------------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ WHY = "152 ms/step outside collectives, 3.0x the others' median (51 ms)"
 RANKS = (
     rank(0, node_rank=0, host="a", gpu=0, gpu_model="H100", step=120, steps_per_s=6.37,
          samples_per_s=25.5, last_progress_s_ago=2.4, compute_s=0.05, data_s=0.001,
-         gpu_util=97, gpu_mem_mib=40960, silent=False),
+         gpu_util=97, gpu_mem_mib=81920, silent=False),
     rank(1, node_rank=1),
     rank(2, node_rank=1, host="b", gpu=1, step=118, steps_per_s=6.3, samples_per_s=25.2,
          last_progress_s_ago=12.6, compute_s=0.15, data_s=0.002, gpu_util=30,
@@ -152,7 +152,7 @@ def test_a_wide_terminal_gets_a_table_word_for_word():
     assert render(FRAME, width=100, height=9, mark=marked) == (
         "run r1  running  owner controller  attempt 0  elapsed 1:02:03  world size 3\n"
         "RANK  NODE  HOST  GPU     STEP  STEP/S  SAMPLES/S  LAST  OUTSIDE  DATA  UTIL  MEM\n"
-        "0     0     a     0 H100  120   6.37    25.5       2s    51ms     1ms   97%   40.0G\n"
+        "0     0     a     0 H100  120   6.37    25.5       2s    51ms     1ms   97%   80.0G\n"
         "1     1     -     -       -     -       -          -     -        -     -     -"
         "      silent\n"
         "2     1     b     1       118   6.30    25.2       13s   152ms    2ms   30%   1.5G"
@@ -220,3 +220,35 @@ def test_a_slowest_rank_no_longer_in_the_rows_is_named_alone_and_an_end_is_said(
     assert lines[-2:] == ["slowest: rank 9: gone", "ended: failed: node 1 (b) torchrun exited 1"]
     unknown = dataclasses.replace(FRAME, elapsed_s=None, world_size=None)
     assert render(unknown).splitlines()[0].endswith("elapsed -  world size -")
+
+
+def test_times_are_whole_ms_and_a_rank_with_data_time_but_no_compute_has_no_outside():
+    from orchestrator.report import top
+
+    assert (top._ms(2.0), top._ms(0.0005), top._ms(None)) == ("2000ms", "0ms", "-")
+    row = rank(0, silent=False, data_s=0.002)
+    assert (top._outside(row), top._ms(row.data_s)) == (None, "2ms")
+
+
+def test_a_rank_stepping_at_a_third_of_the_others_rate_is_marked_from_the_window(tmp_path):
+    """No times outside collectives: rule 2 on the window's rates names rank 1."""
+    window = PaceWindow()
+    for at, steps in ((2000.0, (0, 0, 0)), (2005.0, (60, 20, 60))):
+        rows = [{"rank": r, "step": s, "last_step_s_ago": 0.0, "last_progress_s_ago": 0.0}
+                for r, s in enumerate(steps)]
+        frame = build_frame(record(tmp_path, None), rows, window, now=at)
+    assert frame.slowest.rank == 1 and frame.slowest.evidence == "step-rate"
+    assert [r.rank for r in frame.ranks if r.straggler] == [1]
+
+
+def test_elapsed_is_to_a_tenth_and_the_gangs_samples_to_a_tenth(tmp_path):
+    """A quarter of a second is 0.2 s (to the even tenth); 10 + 0.04
+    samples/s is 10.0."""
+    assert build_frame(record(tmp_path, None), [], PaceWindow(), now=1000.25).elapsed_s == 0.2
+    window = PaceWindow()
+    for at, samples in ((2000.0, (0, 0)), (2025.0, (250, 1))):
+        rows = [{"rank": r, "step": n, "samples": n, "last_step_s_ago": 0.0,
+                 "last_progress_s_ago": 0.0} for r, n in enumerate(samples)]
+        frame = build_frame(record(tmp_path, None), rows, window, now=at)
+    assert [r.samples_per_s for r in frame.ranks] == [10.0, 0.04]
+    assert frame.samples_per_s == 10.0
