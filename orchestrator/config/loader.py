@@ -17,6 +17,7 @@ import yaml
 from workloads.catalog import CATALOG
 
 from ..agent.node.outputs import pattern_problem
+from ..agent.node.outputsteps import compile_pattern
 from ..agent.node.setupstamp import path_problem
 from ..errors import ConfigError
 from .blocks import blocks, top_keys
@@ -29,7 +30,7 @@ from .yamlsrc import Located, closest_hint, line_at, parse, shown
 # The core keys, and each backend's block after the key it follows (``blocks``).
 TOP_KEYS = top_keys(("name", "master", "ssh", "python", "workdir", "env", "device", "backend",
                      "hang_timeout", "max_restarts", "network", "gpu_policy", "nodes", "workload",
-                     "setup", "setup_timeout", "outputs"))
+                     "setup", "setup_timeout", "outputs", "progress"))
 MAX_SETUP_COMMANDS = 100
 SETUP_KEYS = ("commands", "when_changed")  # ``setup:`` as a mapping
 MAX_WHEN_CHANGED = 100
@@ -41,6 +42,8 @@ MAX_NODES = 4096
 SSH_KEYS = ("user", "port", "identity_file", "strict_host_keys", "connect_timeout")
 MASTER_KEYS = ("addr", "port")
 NETWORK_KEYS = ("interface",)
+PROGRESS_KEYS = ("pattern",)
+MAX_PROGRESS_PATTERN = 500
 GPU_POLICY_KEYS = ("busy_memory_mib", "wait")
 MAX_BUSY_MIB = 1 << 20
 # ``free:3``: three free GPUs (1 to 1024, as many as there are indices),
@@ -145,6 +148,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         setup_timeout=float(top["setup_timeout"].integer(1, MAX_SETUP_TIMEOUT))
         if "setup_timeout" in top else DEFAULT_SETUP_TIMEOUT,
         outputs=_outputs(top["outputs"]) if "outputs" in top else (),
+        progress_pattern=_progress(top["progress"]) if "progress" in top else None,
         base_dir=os.path.abspath(base_dir),
         **(_gpu_policy(top["gpu_policy"]) if "gpu_policy" in top else {}),
         warnings=tuple(warnings))
@@ -226,6 +230,26 @@ def _network(field: Located) -> str:
                  "name such as eth0 that every node has; set GLOO_SOCKET_IFNAME in a "
                  "node's env where names differ")
     return value
+
+
+def _progress(field: Located) -> str | None:
+    """``progress: {pattern: REGEX}``: a rank's step in its output lines, for
+    a program that prints its progress in its own words."""
+    entries = field.mapping(PROGRESS_KEYS)
+    if "pattern" not in entries:
+        return None
+    pattern = entries["pattern"].string()
+    try:
+        if len(pattern) > MAX_PROGRESS_PATTERN:
+            raise ValueError(f"is longer than {MAX_PROGRESS_PATTERN} characters")
+        compile_pattern(pattern)
+    except ValueError as exc:
+        raise entries["pattern"].error(
+            f"{pattern!r} {exc}",
+            hint="a Python regular expression matched in each output line, its first group "
+                 "(or the group named step) the step's digits: 'it (\\d+)/' or "
+                 "'(?P<step>\\d+) batches done'") from None
+    return pattern
 
 
 def _gpu_policy(field: Located) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      RESERVED_ENV, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT, MAX_WHEN_CHANGED, SETUP_KEYS
 from .loader import FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_GPU_WAIT
+from .loader import MAX_PROGRESS_PATTERN, PROGRESS_KEYS
 from .blocks import blocks
 from .limits import backend_names
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_PORT,
@@ -468,6 +469,13 @@ def cluster_schema() -> dict[str, Any]:
                                          "running is ended and the run fails before any "
                                          "rank starts."},
         "outputs": _outputs(),
+        "progress": _mapping(PROGRESS_KEYS, {
+            "pattern": {"type": "string", "maxLength": MAX_PROGRESS_PATTERN,
+                        "description": "A Python regular expression matched in each output "
+                                       "line of a rank that makes no step report; its first "
+                                       "group (or the group named step) is the step. Default: "
+                                       "`step N`, `iter N` and progress bars' `N/M [`."},
+        }, "progress", "How a rank's step is read from the lines it prints."),
     }, "top level")
     return {
         "$schema": SCHEMA_DIALECT,

@@ -145,6 +145,9 @@ class ClusterSpec:
     setup_when_changed: tuple[str, ...] = ()
     # ``outputs:``: paths or globs under node 0's code root, brought home after the run.
     outputs: tuple[str, ...] = ()
+    # ``progress: {pattern:}``: how a rank's step is read from its output lines
+    # where it makes no step report (``agent/node/outputsteps.py``); None: the defaults.
+    progress_pattern: str | None = None
     base_dir: str = "."  # the cluster file's directory: relative paths start there
     # ``gpu_policy:``: what makes a GPU busy, and how long a launch waits for
     # enough free ones (``--wait-gpus``; 0: refuse at once).

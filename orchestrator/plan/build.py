@@ -21,6 +21,7 @@ from typing import Mapping
 from workloads import contract
 from workloads.catalog import CATALOG, args_to_argv
 
+from ..agent.node.outputsteps import PATTERN_ENV as PROGRESS_PATTERN_ENV
 from ..config.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from .model import (BUILTIN_DIR, PROJECT_DIR, Entrypoint, GpuChoice, NodePlan, RankPlan,
                     RunPlan)
@@ -116,6 +117,8 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
         env[contract.RESTART_COUNT_ENV] = "0"  # a kept run's keeper raises it per attempt
         env["PYTHONPATH"] = f"{run_dir}/{BUILTIN_DIR}"  # the built-ins, the contract, the shim
         env["PYTHONUNBUFFERED"] = "1"  # worker lines reach their log files as printed
+        if spec.progress_pattern is not None:  # how its node reads a step from a line
+            env[PROGRESS_PATTERN_ENV] = spec.progress_pattern
         nodes.append(NodePlan(
             node_rank=k, host=node.host, python=node.python, gpus=node.gpus,
             first_rank=starts[k], nproc=node.nproc, run_dir=run_dir,

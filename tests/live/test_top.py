@@ -125,6 +125,25 @@ def test_a_slow_free_stepping_rank_a_stopped_rank_and_a_silent_one(tmp_path):
     assert all(r["silent"] for f in seen for r in f["ranks"] if r["rank"] == 3)
 
 
+def test_a_rank_that_only_prints_its_steps_is_named_by_its_rate_and_status_shows_them(
+        tmp_path):
+    """Rule 2 for a program that makes no step report (issue 43): the step
+    each rank prints (``rank 2 step 17``) is its step, so the rank at a
+    third of the others' rate is named, and ``status`` shows every step."""
+    run = up(tmp_path, "printed", "--mode", "free", "--seconds", "20", "--print-only")
+    try:
+        seen = frames(tmp_path, "printed", lambda fs: any(
+            "3.0x slower" in marks(f).get(2, "") for f in fs))
+        status = run_cli("status", "printed", "--json", "--runs-dir", str(tmp_path / "runs"))
+    finally:
+        out = run.communicate(timeout=120)[0]
+    assert run.returncode == 0, out
+    assert any("3.0x slower" in marks(f).get(2, "") for f in seen), [marks(f) for f in seen]
+    assert all(set(marks(f)) <= {2} for f in seen), [marks(f) for f in seen]
+    steps = {r["rank"]: r["step"] for r in json.loads(status.stdout)["progress"]}
+    assert sorted(steps) == [0, 1, 2, 3] and all(steps.values()), steps
+
+
 @pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
 def test_top_of_a_kept_run_shows_the_attempt_it_is_in_after_a_restart(tmp_path, detach):
     """``--max-restarts 1``: rank 1 raises at step 8 of attempt 0, the gang

@@ -9,7 +9,9 @@ the same rate, as DDP makes them.
 ``--mode free``: no collective; each rank prints and reports its steps on
 its own, the slow rank at a third of the others' rate (rule 2); the rank
 ``--stop-rank`` names stops printing and reporting after 4 s (rule 3), and
-the rank ``--silent-rank`` names never prints or reports anything.
+the rank ``--silent-rank`` names never prints or reports anything. With
+``--print-only`` the ranks print their steps and report none: their step
+is read from their lines (``agent/node/outputsteps.py``).
 
 Runs for ``--seconds`` and ends with exit 0.
 """
@@ -26,6 +28,7 @@ parser.add_argument("--slow-rank", type=int, default=2)
 parser.add_argument("--stop-rank", type=int, default=-1)
 parser.add_argument("--silent-rank", type=int, default=-1)
 parser.add_argument("--compute", type=float, default=0.05, help="a normal rank's compute, s")
+parser.add_argument("--print-only", action="store_true", help="free mode: print, report nothing")
 args = parser.parse_args()
 rank = int(os.environ["RANK"])
 slow = 3.0 if rank == args.slow_rank else 1.0
@@ -69,6 +72,7 @@ else:
         if rank == args.silent_rank or (rank == args.stop_rank and time.monotonic() > stop_at):
             continue
         print(f"rank {rank} step {step}", flush=True)
-        ddp_orch_progress.step(step)
+        if not args.print_only:
+            ddp_orch_progress.step(step)
 if rank != args.silent_rank:
     print(f"rank {rank} done", flush=True)

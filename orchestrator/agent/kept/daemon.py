@@ -46,7 +46,7 @@ import time
 
 from . import peers
 from .spec import KeeperSpec
-from ..node import gpuclaim
+from ..node import gpuclaim, probes
 from ..node.spec import SpecError
 from .. import layout
 from ..node.procs import running, start_time
@@ -86,7 +86,7 @@ def start(asked: dict, listen: bool) -> dict:
                 os._exit(0)
             # The run's GPU locks stay with the keeper, across restarts (``gpuclaim``).
             _become_daemon(run_dir, keep={write_end, sock.fileno() if sock else -1,
-                                          *gpuclaim.held_fds()})
+                                          *gpuclaim.held_fds(), *probes.held_fds()})
             os.write(write_end, str(os.getpid()).encode())
             os.close(write_end)
             code = keeper_for(spec, sock).run()
@@ -94,6 +94,7 @@ def start(asked: dict, listen: bool) -> dict:
             os.write(2, f"ddp-orch: keeper failed to start: {exc!r}\n".encode())
         os._exit(code)
     os.close(write_end)
+    probes.release_ports()  # the keeper holds the master port now, for its torchrun
     os.waitpid(child, 0)
     with os.fdopen(read_end, "rb") as fh:
         said = fh.read()

@@ -418,7 +418,7 @@ class Head(Keeper):
 def _fresh_port(master_addr: str | None = None) -> int:
     """A free port for the next attempt's rendezvous, as ``bind`` checks it,
     in the family of the master address (an IPv6 master gets an IPv6 port)."""
-    found = probes.bind(0, master_addr)
+    found = probes.bind(0, master_addr, hold=True)  # this keeper's supervisor lets it go
     if not found["ok"]:
         raise OSError(f"no free port for the next attempt: {found['error']}")
     return found["port"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import queue
 import select
 import socket
 import threading
@@ -46,18 +47,25 @@ MAX_PENDING = 16  # connections waiting for their hello at once; the oldest give
 MAX_HELLO = 4096  # a hello is one short line
 ACCEPT_PAUSE_S = 0.1  # after an accept error (EMFILE...), before accepting again
 HEARTBEAT = message(Event.HEARTBEAT)  # what each end of a link sends every GANG_HEARTBEAT_S
+OUTBOX_MAX = 4096  # messages a link holds for a peer that does not read them
 
 
 class Link:
     """One end of a head-to-node link: send messages, hand received ones to
-    ``on_message(msg)``; ``on_lost(why)`` once, when the link is gone."""
+    ``on_message(msg)``; ``on_lost(why)`` once, when the link is gone.
+
+    ``send`` never waits on the network: a message goes to the link's
+    outbox, which a thread of its own writes. The head sends while it holds
+    its lock (a stop to every node); a frozen peer whose window is full
+    would otherwise hold that lock for ``GANG_TIMEOUT_S`` per link, and every
+    other node's loss and every verdict behind it."""
 
     def __init__(self, sock: socket.socket, on_message: Callable[[dict], None],
                  on_lost: Callable[[str], None], first: bytes = b""):
         self.sock = sock
         self.on_message = on_message
         self.on_lost = on_lost
-        self.lock = threading.Lock()
+        self.outbox: queue.Queue[bytes | None] = queue.Queue(OUTBOX_MAX)
         self.closed = threading.Event()
         self.lines = LineBuffer(max_line=MAX_LINE)
         self.pending = first  # bytes already read past the hello
@@ -69,27 +77,50 @@ class Link:
 
     def start(self) -> "Link":
         threading.Thread(target=self._read, daemon=True, name="gang-link").start()
+        threading.Thread(target=self._write, daemon=True, name="gang-send").start()
         threading.Thread(target=self._beat, daemon=True, name="gang-beat").start()
         return self
 
     def send(self, message: dict) -> bool:
-        """False when the link is gone (the reader reports it)."""
+        """False when the link is gone (the reader reports it), or when its
+        peer has read nothing of ``OUTBOX_MAX`` messages (the reader's
+        timeout will say it is lost)."""
         if self.closed.is_set():
             return False
         try:
-            with self.lock:
-                self.sock.sendall(encode(message))
+            self.outbox.put_nowait(encode(message))
             return True
-        except OSError:
+        except queue.Full:
             return False
 
     def close(self) -> None:
         self.closed.set()
         try:
+            self.outbox.put_nowait(None)  # wakes the writer, which then ends
+        except queue.Full:
+            pass
+        try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
+
+    def _write(self) -> None:
+        """The outbox to the socket; a send that fails (the peer gone, or
+        not reading for ``GANG_TIMEOUT_S``) ends the link, which the reader
+        then reports."""
+        while not self.closed.is_set():
+            data = self.outbox.get()
+            if data is None:
+                return
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
 
     def _beat(self) -> None:
         while not self.closed.wait(GANG_HEARTBEAT_S):

@@ -83,7 +83,7 @@ def publish_rendezvous(job_dir: str, addr: str | None, port: int | None,
     from .probes import bind
 
     if not port:
-        found = bind(0, addr)
+        found = bind(0, addr, hold=True)  # until this node's supervisor starts torchrun
         if not found["ok"]:
             raise JobNodeError(f"no free port for the rendezvous: {found['error']}")
         port = found["port"]

@@ -7,6 +7,7 @@ stdlib-only, and a torch that crashes on import cannot take it down.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
@@ -51,28 +52,62 @@ def _wildcard(family: int) -> str:
     return "::" if family == socket.AF_INET6 else ""
 
 
-def bind(port: int, host: str | None = None) -> dict:
+def bind(port: int, host: str | None = None, *, hold: bool = False) -> dict:
     """Can torchrun's store listen on ``port``? 0 asks the kernel for a free one.
     The socket has the family of the master address ``host`` (IPv4 without
     one), bound to every address of that family, as the store's server is.
 
-    SO_REUSEADDR, as torch's TCPStore sets it: a port that a finished run left
-    in TIME_WAIT is free for it, and so it is for this check; a port someone
-    listens on is busy either way.
+    A port that a finished run left in TIME_WAIT is free for the store (it
+    sets SO_REUSEADDR), and so it is for this check; a port someone listens
+    on is busy either way.
+
+    ``hold``: keep the port bound in this process until ``release_ports``
+    (the supervisor's, right before torchrun starts): between the check and
+    the store's bind, ``setup:`` may take half an hour, and another job's
+    store would otherwise be free to take it. Bound without SO_REUSEADDR
+    where it can be, a hold that no other store's bind can share; not
+    listening, so a node that connects early is refused and retries.
     """
     family = family_of(host) if host else socket.AF_INET
+    sock = None
     try:
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        for reuse in (False, True):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            if reuse:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((_wildcard(family), port))
+                break
+            except OSError as exc:
+                sock.close()
+                if reuse or exc.errno != errno.EADDRINUSE or not port:
+                    raise
     except OSError as exc:
-        return {"ok": False, "error": f"no {_FAMILY_NAMES[family]} socket here: "
-                                      f"{exc.strerror or exc}"}
-    with sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((_wildcard(family), port))
-        except OSError as exc:
-            return {"ok": False, "error": exc.strerror or str(exc)}
-        return {"ok": True, "port": sock.getsockname()[1]}
+        if sock is None:
+            return {"ok": False, "error": f"no {_FAMILY_NAMES[family]} socket here: "
+                                          f"{exc.strerror or exc}"}
+        return {"ok": False, "error": exc.strerror or str(exc)}
+    found = sock.getsockname()[1]
+    if hold:
+        _held.append(sock)
+    else:
+        sock.close()
+    return {"ok": True, "port": found}
+
+
+# Master ports found free and held for torchrun's store (``bind(hold=True)``):
+# process state, as the sockets are; a forked keeper keeps its copy (``held_fds``).
+_held: list[socket.socket] = []
+
+
+def held_fds() -> list[int]:
+    return [sock.fileno() for sock in _held]
+
+
+def release_ports() -> None:
+    """Let torchrun's store have the ports held for it: right before it starts."""
+    while _held:
+        _held.pop().close()
 
 
 _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}

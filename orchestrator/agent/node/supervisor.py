@@ -35,12 +35,12 @@ import sys
 import threading
 import time
 
-from . import failures, gpus, guardian, procs
+from . import failures, gpus, guardian, probes, procs
 from .. import layout
 
 from ..wire import files
 from ..wire.fields import is_time
-from . import nodesetup, setupstamp
+from . import nodesetup, outputsteps, setupstamp
 from ..wire.protocol import (ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader,
                              controller_silent_for, encode, exit_event, message)
 from .spec import SupervisorSpec
@@ -66,6 +66,19 @@ def _pace(words: list[str]) -> list[float] | None:
     if not all(is_time(t) for t in times):
         return None
     return [round(t, 6) for t in times]
+
+
+def _output_steps(pattern: str | None) -> outputsteps.OutputSteps:
+    """The file's ``progress: {pattern:}`` (checked where it was loaded); one
+    that cannot serve here (a job file edited by hand) gives way to the
+    default patterns, with a note in the node's output."""
+    try:
+        return outputsteps.OutputSteps(pattern)
+    except ValueError as exc:
+        sys.stdout.buffer.write(f"ddp-orch: progress pattern {pattern!r} ignored: {exc}\n"
+                                .encode())
+        sys.stdout.buffer.flush()
+        return outputsteps.OutputSteps()
 
 
 class Supervisor:
@@ -116,6 +129,8 @@ class Supervisor:
         # rank -> wall time of its last output line, where a keeper counts lines
         # as progress (its hang rule, status); the attached controller counts them itself
         self.line_seen: dict[int, float] | None = None
+        # each rank's step as its lines say it, for ranks that report none
+        self.output_steps = _output_steps(spec.env.get(outputsteps.PATTERN_ENV))
 
     def run(self) -> int:
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -143,6 +158,7 @@ class Supervisor:
         self.setup_over.set()
         # torchrun, and so every worker, starts in the node's code root
         # (``NodePlan.code_root``: the uploaded project, or the built-ins' code/)
+        probes.release_ports()  # node 0's master port, held since it was found free
         child = subprocess.Popen(list(self.spec.argv), env=env,
                                  cwd=self.spec.cwd or self.run_dir,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -296,10 +312,11 @@ class Supervisor:
         while not self.workers_done.is_set():
             data = logs.read()
             if data:
+                now = time.time()
                 if self.line_seen is not None:
-                    now = time.time()
                     for rank in set(_RANK_LINE.findall(data)):
                         self.line_seen[int(rank)] = now
+                self.output_steps.feed(data, now)
                 self.write_out(data)
             else:
                 self.workers_done.wait(FOLLOW_POLL_S)
@@ -397,7 +414,8 @@ class Supervisor:
             self.emit(event)
 
     def progress(self) -> dict:
-        """{rank: [last step, seconds since]} from the ranks' heartbeat files
+        """{rank: [last step, seconds since]} from the ranks' heartbeat files,
+        or where a rank has none, from its output lines (``outputsteps``),
         (``workloads.contract.heartbeat``, ``agent/worker/progress.step``), with
         the rank's samples so far as a third item, ``[step, age, samples]``,
         where its file has a good one (``"<step> <time> <samples>"``), and its
@@ -407,12 +425,12 @@ class Supervisor:
         file is read up to PROGRESS_READ characters: a line cut there keeps
         its step, not what follows it."""
         directory = os.path.join(self.run_dir, layout.PROGRESS_DIR)
-        out = {}
+        now = time.time()
+        out = self.output_steps.progress(now)  # a rank's own step report wins (below)
         try:
             names = os.listdir(directory)
         except OSError:
             return out
-        now = time.time()
         for name in names:
             if not name.startswith("rank-") or not name[5:].isdigit():
                 continue

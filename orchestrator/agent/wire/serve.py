@@ -181,7 +181,8 @@ def _get(request: dict, stdin: Reader) -> None:
 
 
 def _bind(request: dict, stdin: Reader) -> None:
-    reply(**probes.bind(request["port"], request.get("host")))
+    # held until this agent's supervisor starts torchrun (or the agent ends)
+    reply(**probes.bind(request["port"], request.get("host"), hold=True))
 
 
 def _route(request: dict, stdin: Reader) -> None:

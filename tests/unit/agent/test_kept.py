@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import time
 
 import pytest
 
@@ -15,7 +16,7 @@ from orchestrator.agent.kept import daemon, peers
 from orchestrator.agent.kept.keeper import attempt_spec
 from orchestrator.agent.kept.spec import KeeperSpec
 from orchestrator.agent.node.spec import SupervisorSpec
-from orchestrator.agent.wire.protocol import ProtocolError, decode, encode
+from orchestrator.agent.wire.protocol import Event, ProtocolError, decode, encode, message
 from orchestrator.agent.kept.restarts import will_recur
 from orchestrator.engine.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
@@ -442,3 +443,21 @@ def test_node_0_is_the_head_and_only_the_head_records_attempts(tmp_path):
     assert recorded[0]["attempts"][0]["master_port"] == 29500
     assert [sorted(k.finished_message(1, "failed")) for k in keepers] == [
         ["attempts", "code", "event", "state"]] + [["code", "event", "state"]] * 2
+
+
+def test_a_send_to_a_peer_that_reads_nothing_never_waits():
+    """Issue 43: the head sends while it holds its lock (a stop to every
+    node), and a frozen peer's full window held it for the link's 10 s
+    timeout per frozen link, with every verdict behind it. A send goes to
+    the link's outbox and returns at once; a peer that never reads is lost
+    by its own silence, not by holding the sender."""
+    ours, frozen = socket.socketpair()
+    with frozen:
+        link = peers.Link(ours, lambda message: None, lambda why: None).start()
+        big = message(Event.GANG_STOP, attempt=0, reason="x" * 60000, final=False)
+        started = time.monotonic()
+        for _ in range(40):  # far more than the kernel's buffers hold
+            link.send(big)
+        took = time.monotonic() - started
+        link.close()
+    assert took < 1.0, took

@@ -238,3 +238,26 @@ def test_escape_sequences_from_a_node_are_shown_not_obeyed():
     with Console("all", out) as console:
         console.node_lines(0, "h", "[rank0]: \x1b[2J\x1b]0;owned\x07 \x9b6n done\tok\n")
     assert out.getvalue() == "[node0 h] [rank0]: \\x1b[2J\\x1b]0;owned\\x07 \\x9b6n done\tok\n"
+
+
+def test_a_held_master_port_is_no_other_stores_until_released():
+    """Issue 43: ``port: auto`` was probed free and closed, and torchrun
+    bound it only after ``setup:``, minutes later; another job's store
+    (SO_REUSEADDR, as torch's TCPStore binds) could take it meanwhile.
+    Held, it cannot; released (right before torchrun starts), it can."""
+    found = probes.bind(0, "127.0.0.1", hold=True)
+    assert found["ok"], found
+    try:
+        other = socket.socket()
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with other, pytest.raises(OSError):
+            other.bind(("", found["port"]))
+        assert probes.bind(found["port"], "127.0.0.1")["ok"] is False
+    finally:
+        probes.release_ports()
+    store = socket.socket()
+    store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with store:
+        store.bind(("", found["port"]))
+        store.listen(1)
+    assert probes.bind(found["port"], "127.0.0.1")["ok"] is True  # TIME_WAIT-free, as before

@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 
 from conftest import ROOT
+from orchestrator.agent.node.outputsteps import OutputSteps
 from orchestrator.agent.node.supervisor import Supervisor
 from orchestrator.agent.wire.protocol import rank_progress
 from orchestrator.agent.worker import progress
@@ -147,7 +148,7 @@ def test_the_step_reports_times_are_their_means_since_the_last_write(writer, tmp
     words = (tmp_path / "progress" / "rank-2").read_text().split()
     assert words[0] == "4" and words[2] == "16"
     assert float(words[3]) == pytest.approx(0.5) and float(words[4]) == pytest.approx(0.05)
-    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path)))["2"]
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path), output_steps=OutputSteps()))["2"]
     entry = rank_progress(seen)
     assert (entry.step, entry.samples) == (4, 16)
     assert (entry.compute_s, entry.data_s) == pytest.approx((0.5, 0.05))
@@ -162,7 +163,7 @@ def test_a_report_without_samples_keeps_its_times_and_bad_times_leave_the_pair_o
     progress.step(7, compute_s=0.2, data_s=0.0)
     assert (tmp_path / "progress" / "rank-0").read_text().split()[2:] == ["-", "0.200000",
                                                                           "0.000000"]
-    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path)))["0"]
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path), output_steps=OutputSteps()))["0"]
     assert seen[:1] == [7] and seen[2:] == [None, 0.2, 0.0]
     monkeypatch.setattr(progress, "_last", [float("-inf")])
     progress.step(8, samples=3, compute_s=-1.0, data_s=0.1)
@@ -175,7 +176,7 @@ def test_a_step_file_whose_times_the_controller_refuses_keeps_its_step(tmp_path)
     leaves out the pair, as the controller would refuse the whole entry."""
     (tmp_path / "progress").mkdir()
     (tmp_path / "progress" / "rank-0").write_text(f"7 {time.time():.3f} 3 1e12 0.1\n")
-    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path)))["0"]
+    seen = Supervisor.progress(SimpleNamespace(run_dir=str(tmp_path), output_steps=OutputSteps()))["0"]
     assert seen[0] == 7 and seen[2:] == [3]
     assert rank_progress(seen) == (7, seen[1], 3, None, None)
 
