@@ -21,6 +21,7 @@ stack dump.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import types
@@ -29,9 +30,23 @@ from conftest import ROOT
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.engine.preflight import CheckResult, Preflight
 
-# the out-of-tree test queue's backend and job state, its queue directory replaced by a script
-sys.path.insert(0, os.path.join(ROOT, "tests", "plugins", "testqueue"))
-from ddp_orch_testqueue import Backend, QueueState as FakeState  # noqa: E402
+
+def _testqueue():
+    """The out-of-tree test queue's module, loaded from its file: not put on
+    sys.path, where its dist-info would make it an installed plugin backend
+    for every test after (``config.limits.plugins``)."""
+    path = os.path.join(ROOT, "tests", "plugins", "testqueue", "ddp_orch_testqueue",
+                        "__init__.py")
+    spec = importlib.util.spec_from_file_location("fakesched_testqueue", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# its backend and job state, its queue directory replaced by a script
+_queue = _testqueue()
+Backend, FakeState = _queue.Backend, _queue.QueueState
 
 
 class FakeScheduler(Backend):
