@@ -450,7 +450,7 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
     from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..report.pace import PaceWindow
-    from ..report.runs import live_progress
+    from ..report.runs import live_attempt, live_progress
     from ..report.top import build_frame
 
     where = locate(runs_dir)
@@ -471,7 +471,8 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
                     rows, looked_at = live_progress(record, described), now
                 # an ended run: its ranks as the last look saw them, at that time
                 frame = build_frame(record, rows, window, looked_at or now,
-                                    described.attempts if described else ())
+                                    described.attempts if described else (),
+                                    live_attempt(record, described))
                 looks += 1
                 if once and frame.live and looks < 2:
                     time.sleep(interval)

@@ -344,8 +344,10 @@ class Gang:
                                round(wall - (now - line_at), 3), **gpu}
         if not ranks:
             return
+        # a kept run's attempt, as its keepers announce each one (``top``)
+        attempt = {"attempt": max(h.attempt for h in self.handles)} if self.kept else {}
         try:
-            self.run_dir.write_progress({"updated": wall, "ranks": ranks})
+            self.run_dir.write_progress({"updated": wall, **attempt, "ranks": ranks})
         except OSError:
             pass  # the runs directory is full: the node logs' writer says so, once
         if self.console.view == "quiet" and now - self._progress_shown >= QUIET_PROGRESS_S:

@@ -90,8 +90,9 @@ def checked(reply: object, host: str) -> dict:
             and all(strings(reply.get(key, [])) and len(reply.get(key, [])) in (0, len(chosen))
                     for key in ("uuids", "models")) and strings(reply.get("notes", []))
     elif ok:
-        ok = isinstance(reply.get("error"), str) and strings(
-            [str(i) for i in reply.get("free") or []])
+        free = reply.get("free") or []
+        ok = isinstance(reply.get("error"), str) and isinstance(free, list) \
+            and strings([str(i) for i in free])
     seen = reply.get("torch", {}) if isinstance(reply, dict) else {}
     ok = ok and isinstance(seen, dict) and isinstance(seen.get("count", 0), int)
     if not ok:

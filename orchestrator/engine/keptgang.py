@@ -299,7 +299,8 @@ def kept_status(record: "RunRecord", plan, replies: Mapping[int, dict],
     # Over only on firm ground: every node answered and no keeper runs.
     if unreachable or any(r.get("alive") for r in replies.values()):
         return RunDescription(RunState.RUNNING, (), None, detail,
-                              progress=_kept_progress(record, replies, kept_by))
+                              progress=_kept_progress(record, replies, kept_by),
+                              attempt=head.get("attempt"))
     return RunDescription(RunState.FAILED, tuple(gone), gone[0] if gone else None, detail)
 
 

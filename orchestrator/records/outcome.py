@@ -172,3 +172,6 @@ class RunDescription:
     # ``progress.json``: each {"rank", "node_rank", "host", "step", "last_progress",
     # "last_output"}, and "samples" where its keeper recorded them.
     progress: tuple[dict, ...] = ()
+    # A live kept run's attempt now (0, then 1, 2 ... after each gang
+    # restart), as node 0's keeper counts them; None where no keeper says.
+    attempt: int | None = None

@@ -168,6 +168,20 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
     return out
 
 
+def live_attempt(record: RunRecord, described: RunDescription | None = None) -> int | None:
+    """The attempt a live kept run is in (0, then 1, 2 ... after each gang
+    restart): as node 0's keeper says it (a detached run:
+    ``described.attempt``), else as its controller keeps it
+    (``progress.json``); None where neither says (not kept, or not yet)."""
+    if not record.state.live:
+        return None
+    if described is not None and described.attempt is not None:
+        return described.attempt
+    progress = record.run.progress()
+    attempt = progress.get("attempt") if isinstance(progress, dict) else None
+    return attempt if is_count(attempt) else None
+
+
 def render_detached(outcome: RunOutcome, run_path: str) -> str:
     """What ``up --detach`` prints once every node has started (or what
     ``attach`` prints when it leaves a run that goes on)."""

@@ -78,10 +78,12 @@ class TopFrame:
 
 
 def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceWindow,
-                now: float | None = None, attempts: Sequence[object] = ()) -> TopFrame:
+                now: float | None = None, attempts: Sequence[object] = (),
+                attempt: int | None = None) -> TopFrame:
     """A frame of ``record`` from its ranks' rows (``report.runs.live_progress``),
-    adding them to ``window`` first; ``attempts``, a kept run's attempts as
-    its nodes say them now (else the record's)."""
+    adding them to ``window`` first; ``attempt``, the attempt a live kept run
+    is in (``report.runs.live_attempt``), else the last of ``attempts``, a
+    kept run's attempts as its nodes say them now (else the record's)."""
     now = time.time() if now is None else now
     for row in rows:  # a rate is over the step reports' own times
         ago = row.get("last_step_s_ago")
@@ -107,7 +109,7 @@ def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceW
     end = record.ended if record.ended is not None else now
     return TopFrame(
         run_id=record.run_id, state=str(record.state), owner=str(record.owner),
-        attempt=max(0, len(attempts or record.attempts) - 1),
+        attempt=attempt if attempt is not None else max(0, len(attempts or record.attempts) - 1),
         elapsed_s=None if record.started is None else round(max(0.0, end - record.started), 1),
         world_size=world if isinstance(world, int) else None, ranks=ranks,
         samples_per_s=round(sum(rates), 1) if rates else None,

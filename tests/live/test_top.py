@@ -144,6 +144,32 @@ def test_a_rank_that_only_prints_its_steps_is_named_by_its_rate_and_status_shows
     assert sorted(steps) == [0, 1, 2, 3] and all(steps.values()), steps
 
 
+@pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
+def test_top_of_a_kept_run_shows_the_attempt_it_is_in_after_a_restart(tmp_path, detach):
+    """``--max-restarts 1``: rank 1 raises at step 8 of attempt 0, the gang
+    restarts, and while attempt 1 runs ``top`` says attempt 1 (node 0's
+    keeper's count when detached, the controller's in ``progress.json`` when
+    attached), never attempt 0 again, and its last frame too (issue #43)."""
+    from procscan import wait_gone
+
+    run_id = "kept-" + ("det" if detach else "att")
+    argv = ("up", "--local", "--procs", "2", "--device", "cpu", "--run-id", run_id,
+            "--runs-dir", str(tmp_path / "runs"), "--max-restarts", "1",
+            *(("--detach",) if detach else ()), "--", "tests/programs/steps.py", "--steps",
+            "40", "--sleep", "0.25", "--fail-rank", "1", "--fail-step", "8")
+    started = run_cli(*argv, timeout=120) if detach else start_cli(*argv)
+    try:
+        seen = frames(tmp_path, run_id, lambda fs: False, timeout=150)  # to the run's end
+    finally:
+        if not detach:
+            out = started.communicate(timeout=120)[0]
+            assert started.returncode == 0, out
+    attempts = [f["attempt"] for f in seen if f["state"] == "running"]
+    assert 1 in attempts and attempts == sorted(attempts), attempts  # 0 ... 0, 1 ... 1
+    assert seen[-1]["state"] == "succeeded" and seen[-1]["attempt"] == 1, seen[-1]
+    assert wait_gone(run_id, 10) == set()
+
+
 def test_q_quits_top_on_a_terminal_and_the_run_goes_on(tmp_path):
     """On a terminal ``top`` redraws in place until ``q``: it exits 0 at once,
     and the run it watched is untouched (``down`` ends it after)."""

@@ -106,13 +106,17 @@ def get(path: str, max_bytes: int = MAX_TRANSFER) -> bytes | None:
         return None
     except OSError as exc:  # ELOOP: a symlink
         raise TransferError(f"{path}: not fetched: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
+    try:  # before fdopen, which refuses a directory in words of its own (and its fd)
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise TransferError(f"{path}: not fetched: not a regular file")
         if info.st_size > max_bytes:
             raise TransferError(f"{path}: not fetched: {info.st_size} bytes, "
                                 f"more than the {max_bytes} accepted")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
         return fh.read(max_bytes + 1)[:max_bytes]
 
 

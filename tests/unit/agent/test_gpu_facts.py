@@ -294,6 +294,19 @@ def test_free_n_short_says_how_many_are_free_and_what_keeps_the_others():
     assert "4 are free on this node, which has 4 GPUs outside MIG mode" in got["error"]
 
 
+def test_free_n_on_a_node_with_exactly_n_gpus_can_wait_for_them():
+    """N GPUs asked of a node that has exactly N: busy now, they can free
+    up, so ``--wait-gpus`` waits; one more than the node has never can."""
+    pair = [gpu(0), gpu(1)]
+    got = choose("free:2", pair, [app(1, 4242)])
+    assert (got["ok"], got["reason"], got["waitable"], got["free"]) == (False, "short", True, [0])
+    got = choose("free", [gpu(0)], [app(0, 4242)])  # a one-GPU node, its GPU busy
+    assert (got["reason"], got["waitable"]) == ("short", True)
+    got = choose("free:3", pair, [])
+    assert (got["reason"], got["waitable"]) == ("short", False)
+    assert "2 are free on this node, which has 2 GPUs outside MIG mode" in got["error"]
+
+
 def test_the_choice_does_not_depend_on_the_order_facts_come_in():
     node = [gpu(i, [H100, A100][i % 2], used=(i * 37) % 200, util=(i * 13) % 7)
             for i in range(8)]

@@ -54,3 +54,37 @@ def test_a_node_without_a_stream_or_a_heartbeat_gives_no_rows_and_only_the_tail_
     record = job(tmp_path, {0: old + chatter * (TAIL_BYTES // len(chatter) + 10),
                             1: b"[rank1]: no heartbeat yet\n"})
     assert stream_progress(record) == ()  # the heartbeat lies before the tail read
+
+
+def test_status_of_a_running_job_whose_controller_died_reads_each_rank_from_the_streams(
+        tmp_path):
+    """An attached job (the scheduler owns it, the controller follows): once
+    its controller is gone nobody keeps ``progress.json``, so ``describe``
+    reads each rank from its node's stream; while the controller lives, it
+    keeps them (no rows here), unless the job is detached."""
+    import dataclasses
+    import os
+
+    from fakesched import FakeScheduler, FakeState
+
+    from orchestrator.agent.wire.owner import Holder, Owner
+
+    now = time.time()
+    record = job(tmp_path, {0: beat(now, {"0": [12, 1.0]}), 1: beat(now, {"1": [11, 2.0]})})
+    record = dataclasses.replace(
+        record, owner=Owner(Holder.SCHEDULER), controller_pid=None,
+        nodes=tuple(dataclasses.replace(n, connection={"testqueue_job": "7"}) for n in record.nodes))
+    running = FakeScheduler(states=[FakeState("RUNNING", nodelist="n0,n1")])
+    described = running.describe(record)
+    assert described.state is RunState.RUNNING
+    assert described.detail == "TestQueue job 7: RUNNING on n0,n1"
+    assert [(r["rank"], r["step"], r["last_progress"]) for r in described.progress] == [
+        (0, 12, now - 1.0), (1, 11, now - 2.0)]
+    followed = dataclasses.replace(record, controller_pid=os.getpid())
+    assert running.describe(followed).progress == ()
+    detached = dataclasses.replace(followed, owner=Owner(Holder.SCHEDULER, detached=True))
+    assert [r["rank"] for r in running.describe(detached).progress] == [0, 1]
+    queued = FakeScheduler(states=[FakeState("PENDING", reason="Resources")])
+    described = queued.describe(record)
+    assert (described.state, described.progress) == (RunState.PENDING, ())
+    assert described.detail == "TestQueue job 7: PENDING (Resources)"

@@ -230,3 +230,30 @@ def test_a_damaged_record_is_listed_as_damaged_with_why_and_pruned_only_when_tol
     assert "--forget-unreachable removes it here" in kept.stdout
     gone = run_cli("prune", "bad-1", "--forget-unreachable", "--runs-dir", str(runs), env=env)
     assert gone.returncode == 0 and not (runs / "bad-1").exists(), gone.stdout + gone.stderr
+
+
+def test_top_of_a_live_attached_kept_run_shows_the_attempt_its_controller_keeps(tmp_path):
+    """An attached run with gang restarts in its second attempt: its
+    controller (here, this test's process) keeps the attempt in
+    ``progress.json``, and ``top`` shows it, not the records' 0."""
+    from orchestrator.agent.wire.owner import Holder, Owner
+    from orchestrator.records.outcome import RunState
+    from orchestrator.records.rundir import RunDir
+    from orchestrator.records.store import NodeRecord, write_state
+
+    runs = tmp_path / "runs"
+    run = RunDir.create(str(runs), "kept")
+    now = time.time()
+    write_state(run, run_id="kept", backend="local", state=RunState.RUNNING, started=now - 30,
+                nodes=[NodeRecord(0, "localhost", str(tmp_path / "node-0"), "python3")],
+                owner=Owner(Holder.KEEPERS))
+    run.write_progress({"updated": now, "attempt": 1, "ranks": {"0": {
+        "node_rank": 0, "host": "localhost", "step": 9, "samples": None,
+        "last_progress": now - 1, "last_step": now - 1, "last_output": None}}})
+    top = run_cli("top", "kept", "--once", "--json", "--interval", "0.2", "--runs-dir",
+                  str(runs), timeout=60)
+    assert top.returncode == 0, top.stdout + top.stderr
+    frame = json.loads(top.stdout)
+    jsonschema.validate(frame, schema("top"))
+    assert (frame["state"], frame["owner"], frame["attempt"]) == ("running", "keepers", 1)
+    assert [r["step"] for r in frame["ranks"]] == [9]

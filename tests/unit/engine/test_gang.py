@@ -447,3 +447,32 @@ def test_progress_json_gives_each_ranks_samples_where_its_heartbeat_says_them(tm
     last = {int(rank): seen for rank, seen in gang.run_dir.progress()["ranks"].items()}
     assert (last[0]["step"], last[0]["samples"]) == (40, 1280)
     assert (last[1]["step"], last[1]["samples"]) == (40, None)
+
+
+def test_progress_json_of_a_kept_run_says_the_attempt_its_keepers_announced(tmp_path):
+    """A kept run's nodes announce each attempt (the keeper's ``attempt``
+    event, ``NodeHandle.attempt``); ``progress.json`` carries the latest, so
+    ``top`` of a live kept run shows it after a restart. A run the
+    controller holds has no attempts, and says none."""
+    from types import SimpleNamespace
+
+    from orchestrator.engine.gpuuse import GpuUse
+
+    def handle(node_rank: int, attempt: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            progress={node_rank: (7, 1.0)}, output_at={}, samples={}, pace={}, step_at={},
+            node=SimpleNamespace(ranks=[node_rank], node_rank=node_rank, host=f"h{node_rank}"),
+            gpu_use=GpuUse(), started=True, attempt=attempt)
+
+    def written(kept: bool, attempts: tuple[int, ...]) -> dict:
+        run = RunDir.create(str(tmp_path / f"runs-{kept}-{len(attempts)}"), "r")
+        gang = SimpleNamespace(
+            leaves=False, _progress_written=float("-inf"), kept=kept, run_dir=run,
+            plan=SimpleNamespace(ranks=()), console=SimpleNamespace(view="plain"),
+            handles=[handle(k, a) for k, a in enumerate(attempts)])
+        Gang._report_progress(gang)
+        return run.progress()
+
+    kept = written(True, (2, 1))  # node 1 has not seen attempt 2's announcement yet
+    assert kept["attempt"] == 2 and sorted(kept["ranks"]) == ["0", "1"]
+    assert "attempt" not in written(False, (0, 0))

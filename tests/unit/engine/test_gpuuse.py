@@ -36,3 +36,15 @@ def test_nobody_is_named_when_no_rank_stands_out_or_the_gang_is_idle_or_alone():
     assert idle_rank(ranks(10, 2, 12)) is None  # the whole gang is idle: nothing to single out
     assert idle_rank(ranks(3)) is None
     assert idle_rank({"0": {"step": 3}, "1": {"step": 4}}) is None  # no GPU sampled
+
+
+def test_the_memory_peak_is_the_highest_sample_not_the_latest():
+    """3000 MiB, then 1000, then 2000: the peak stays 3000 while the rank's
+    memory now is the latest, 2000; a sample without memory keeps both."""
+    use = GpuUse()
+    for used in (3000, 1000, 2000):
+        use.add({"1": [50, used]})
+    use.add({"1": [50, None]})
+    assert use.mem_peak == {1: 3000}
+    assert rank_gpu(use, 1)["gpu_mem_peak_mib"] == 3000
+    assert rank_gpu(use, 1)["gpu_mem_mib"] is None

@@ -286,7 +286,7 @@ def test_quiet_shows_a_progress_line_per_node_every_15s(monkeypatch):
                              gpu_use=SimpleNamespace(now={}),
                              node=SimpleNamespace(ranks=[0], node_rank=0, host="a"))
     me = SimpleNamespace(_progress_written=1000.0, _progress_shown=1000.0, handles=[handle],
-                         leaves=False,
+                         leaves=False, kept=False,
                          plan=SimpleNamespace(ranks=[SimpleNamespace(rank=0, gpu=None)]),
                          run_dir=SimpleNamespace(write_progress=lambda record: None),
                          console=SimpleNamespace(view="quiet", always=lines.append))

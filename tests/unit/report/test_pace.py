@@ -24,8 +24,8 @@ from orchestrator.agent.worker import progress
 from orchestrator.records.outcome import RunDescription, RunState
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import NodeRecord, RunRecord
-from orchestrator.report.pace import (OUTSIDE, RATE, STOPPED, PaceWindow, RankPace, marked,
-                                      stragglers)
+from orchestrator.report.pace import (OUTSIDE, RATE, STOPPED, PaceWindow, RankPace,
+                                      from_step_times, marked, stragglers)
 from orchestrator.report.runs import render_status
 from orchestrator.report.runsjson import status_json
 from orchestrator.report.top import build_frame, render
@@ -258,3 +258,119 @@ def test_a_top_frame_names_the_slow_rank_with_its_gpu_and_validates(tmp_path):
     assert "one row per node, its worst rank" in short
     # node 0: its ranks alike, the first; node 1: rank 2, the straggler, over silent rank 3
     assert [line.split()[0] for line in short.splitlines()[3:5]] == ["0", "2"], short
+
+
+def test_status_shows_a_ranks_sampled_gpu_with_its_memory_in_gib(tmp_path):
+    """40960 MiB in use is 40.0 GiB: the MiB the heartbeat carries, divided once."""
+    ranks = {"0": {**paced(0, 50, 2), "gpu": 3, "gpu_util": 97, "gpu_mem_mib": 40960},
+             "1": {**paced(1, 50, 2), "gpu": 0, "gpu_util": None, "gpu_mem_mib": None}}
+    text = render_status(live_run(tmp_path, ranks), RunDescription(RunState.RUNNING, (), None))
+    assert "rank 0 (node 0, a): step 50 (200 samples), last progress 2s ago, GPU 3 97% busy, " \
+           "40.0 GiB\n" in text, text
+    assert "rank 1 (node 1, b): step 50 (200 samples), last progress 2s ago, GPU 0 ? busy\n" \
+        in text, text
+
+
+# -- a finished run's step times (the summary) ------------------------------------------
+
+def test_a_finished_runs_mean_step_times_name_the_rank_whose_steps_take_longest():
+    """Without its time outside collectives, a rank's mean step time is a
+    rate, one over it: 0.1 s a step is 10 steps/s, and rank 2 at 0.3 s takes
+    three times as long, so it is the one named (never the quick ones)."""
+    rows = [{"rank": 0, "mean_s": 0.1}, {"rank": 1, "mean_s": 0.1}, {"rank": 2, "mean_s": 0.3},
+            {"rank": "3", "mean_s": 0.9}, "not a row", {"rank": 4, "mean_s": 0}]
+    paces = from_step_times(rows)
+    assert [(p.rank, p.rate) for p in paces] == [(0, pytest.approx(10.0)),
+                                                 (1, pytest.approx(10.0)),
+                                                 (2, pytest.approx(10 / 3))]
+    assert named(paces) == {2: RATE}
+    assert "3.33 steps/s, 3.0x slower than the others' median (10.00 steps/s)" in \
+        stragglers(paces)[0].why
+    timed = from_step_times([{"rank": r, "mean_s": 0.2, "forward_mean_s": 0.15 if r else 0.05,
+                              "data_mean_s": 0.002} for r in range(3)])
+    assert [(p.compute_s, p.data_s, p.rate) for p in timed] == [(0.05, 0.002, None),
+                                                                (0.15, 0.002, None),
+                                                                (0.15, 0.002, None)]
+    assert from_step_times({"rank": 0}) == []
+
+
+# -- top's rates and attempt -----------------------------------------------------------
+
+def row(rank: int, step: int, step_ago: float, **more) -> dict:
+    return {"rank": rank, "node_rank": 0, "host": "a", "step": step, "samples": step * 4,
+            "last_progress_s_ago": step_ago, "last_step_s_ago": step_ago, **more}
+
+
+def test_tops_rates_are_over_the_times_the_ranks_reported_not_the_times_top_looked(tmp_path):
+    """Looked at 10 s apart, rank 0's two reports were made 5 s apart (2 s
+    before the first look, 7 s before the second): 50 steps in 5 s is 10
+    steps/s; over the looks it would be 5."""
+    record = live_run(tmp_path, {})
+    window = PaceWindow()
+    build_frame(record, [row(0, 10, 2.0)], window, now=1000.0)
+    frame = build_frame(record, [row(0, 60, 7.0)], window, now=1010.0)
+    assert frame.ranks[0].steps_per_s == pytest.approx(10.0)
+    assert frame.ranks[0].samples_per_s == pytest.approx(40.0)
+    assert (frame.steps_per_s, frame.samples_per_s) == (10.0, 40.0)
+
+
+def test_top_of_a_finished_kept_run_shows_the_attempt_it_ended_in(tmp_path):
+    """Attempts count from 0: a run that ended in its second attempt (one
+    restart) ended in attempt 1; one that never restarted, in attempt 0."""
+    import dataclasses
+
+    from orchestrator.agent.wire.owner import Holder, Owner
+    from orchestrator.records.outcome import AttemptOutcome
+
+    first = AttemptOutcome(0, 29500, RunState.FAILED, None, "restarting")
+    second = AttemptOutcome(1, 29501, RunState.SUCCEEDED, None)
+    record = dataclasses.replace(live_run(tmp_path, {}), state=RunState.SUCCEEDED,
+                                 ended=time.time(), owner=Owner(Holder.KEEPERS),
+                                 attempts=(first, second))
+    frame = build_frame(record, [], PaceWindow())
+    assert (frame.attempt, frame.ended) == (1, "succeeded")
+    assert "owner keepers  attempt 1  elapsed" in render(frame)
+    once = dataclasses.replace(record, attempts=(second,))
+    assert build_frame(once, [], PaceWindow()).attempt == 0
+    assert build_frame(dataclasses.replace(record, attempts=()), [], PaceWindow()).attempt == 0
+    # the nodes' word over the record's
+    assert build_frame(once, [], PaceWindow(), attempts=(first, second, second)).attempt == 2
+
+
+def keeper(k: int, attempt: int) -> dict:
+    """A live keeper's ``keeper`` reply (``kept/daemon.state``); only node
+    0's keeper counts the attempts, every other says 0."""
+    return {"ok": True, "alive": True, "now": time.time(), "keeper": {
+        "pid": 100 + k, "start_time": 1, "node_rank": k, "run_id": "r1",
+        "owner": {"holder": "keepers", "detached": True}, "state": "running", "code": None,
+        "attempt": attempt, "updated": time.time(),
+        "progress": {str(k): {"step": 5, "last_progress": time.time() - 1.0}}}}
+
+
+def test_top_of_a_live_kept_run_after_a_restart_shows_the_attempt_it_is_in(tmp_path):
+    """A detached run in its second attempt: node 0's keeper says attempt 1,
+    and so does the frame (the attempts' record, kept for the run's end,
+    says nothing yet). An attached one: as its controller keeps it in
+    ``progress.json``."""
+    import dataclasses
+
+    from orchestrator.agent.wire.owner import Holder, Owner
+    from orchestrator.engine.keptgang import kept_status
+    from orchestrator.report.runs import live_attempt, live_progress
+
+    record = dataclasses.replace(live_run(tmp_path, {}), owner=Owner(Holder.KEEPERS, True))
+    described = kept_status(record, None, {0: keeper(0, 1), 1: keeper(1, 0)}, {})
+    assert (described.state, described.attempts, described.attempt) == (RunState.RUNNING, (), 1)
+    frame = build_frame(record, live_progress(record, described), PaceWindow(),
+                        attempts=described.attempts, attempt=live_attempt(record, described))
+    assert frame.attempt == 1 and [r.step for r in frame.ranks] == [5, 5]
+    assert "  attempt 1  " in render(frame)
+    unheard = kept_status(record, None, {1: keeper(1, 0)}, {0: "timed out"})
+    assert unheard.attempt is None and live_attempt(record, unheard) is None
+    # attached: the controller's progress.json, while the run is live
+    attached = dataclasses.replace(record, owner=Owner(Holder.KEEPERS))
+    for said, read in ((2, 2), (0, 0), ("2", None), (-1, None), (True, None)):
+        attached.run.write_progress({"updated": time.time(), "attempt": said, "ranks": {}})
+        assert live_attempt(attached, RunDescription(RunState.RUNNING, (), None)) == read, said
+    ended = dataclasses.replace(attached, state=RunState.FAILED)
+    assert live_attempt(ended) is None
