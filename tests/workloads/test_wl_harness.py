@@ -405,6 +405,8 @@ def test_the_device_pipeline_gives_the_seeds_images():
     expected = (images.float() / 255 - torch.tensor(spec.mean).view(1, 3, 1, 1)) \
         / torch.tensor(spec.std).view(1, 3, 1, 1)
     assert torch.equal(native, expected)
+    many = torch.cat([images] * 5)  # 20 images: resized 8 at a time on the CPU
+    assert torch.equal(datasets.ImagePipeline(spec, 224)(many), torch.cat([ours] * 5))
     last = datasets.ImagePipeline(spec, 64, channels_last=True)(images)
     assert last.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(last, datasets.ImagePipeline(spec, 64)(images))
