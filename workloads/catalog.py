@@ -149,6 +149,60 @@ def _image_size_rules() -> tuple[Rule, ...]:
                  "use 8 or more (32 is CIFAR-10's own size)"),)
 
 
+# The mixed precision of each image workload's tutorial, which --seed-settings
+# restores (with torch's defaults for TF32, channels_last and cuDNN's benchmark).
+SEED_AMP = {"mlp": "off", "mnist": "fp16", "resnet": "off"}
+
+
+def _speed(workload: str, *, convnet: bool) -> tuple[ArgSpec, ...]:
+    """The GPU's own speed-ups, each an option with a default
+    (``harness/speed.py``), and the tutorial's settings one flag away."""
+    seed_amp = SEED_AMP[workload]
+    return (
+        ArgSpec("amp", str, "auto",
+                "mixed precision: auto (bf16 on a GPU that has it natively, compute "
+                "capability 8.0 and up; else off), off, fp16 (CUDA only, with GradScaler, "
+                "which waits for the GPU every step) or bf16 (refused on a GPU without "
+                "native bf16)", ("auto", "off", "fp16", "bf16")),
+        ArgSpec("tf32", bool, True,
+                "TF32 for fp32 matmuls and convolutions on GPUs of compute capability 8.0 "
+                "and up (--no-tf32: IEEE fp32 throughout)"),
+        ArgSpec("cudnn_benchmark", bool, True,
+                "cuDNN times its algorithms once per input shape and keeps the fastest "
+                "(the shapes are fixed here)"),
+    ) + ((ArgSpec("channels_last", bool, True,
+                  "on a GPU, the model and its inputs in NHWC (channels-last) memory, "
+                  "which tensor cores convolve fastest"),) if convnet else ()) + (
+        ArgSpec("seed_settings", bool, False,
+                f"the tutorial's own settings over the options above: amp "
+                f"{'fp16 with GradScaler (on CUDA)' if seed_amp == 'fp16' else 'off'}, and "
+                "torch's defaults for TF32 (convolutions only) and cuDNN's benchmark "
+                f"(off){', no channels_last' if convnet else ''}"),
+    )
+
+
+def describe_speed(speed: Mapping[str, Any]) -> str:
+    """The ``speed:`` line of a result's ``speed`` (``harness/speed.py``'s
+    record): what each option came to, with the loader's workers."""
+    auto = " (auto)" if speed.get("amp_requested") == "auto" else ""
+    workers = speed.get("loader_workers")
+    loader = "" if workers is None else (
+        f"; {workers} loader worker{'s' if workers != 1 else ''} per rank"
+        + (" (auto)" if speed.get("loader_workers_auto") else ""))
+    if speed.get("device") != "cuda":
+        return (f"on the CPU: amp {speed.get('amp')}{auto} (TF32, channels_last and cuDNN's "
+                f"benchmark are GPU options){loader}")
+    tf32 = {"default": "torch's default (convolutions only)",
+            "unsupported": "none (needs compute capability 8.0)"}.get(speed.get("tf32"),
+                                                                     speed.get("tf32"))
+    parts = [f"amp {speed.get('amp')}{auto}", f"tf32 {tf32}"]
+    if speed.get("channels_last") is not None:
+        parts.append(f"channels_last {'on' if speed['channels_last'] else 'off'}")
+    parts.append(f"cudnn.benchmark {'on' if speed.get('cudnn_benchmark') else 'off'}")
+    head = "the tutorial's settings (seed_settings): " if speed.get("seed_settings") else ""
+    return head + ", ".join(parts) + loader
+
+
 def _device() -> ArgSpec:
     return ArgSpec("device", str, None,
                    "auto, cuda or cpu (default: $DDP_ORCH_DEVICE, else auto); "
@@ -185,7 +239,10 @@ def _common(*, epochs: int, batch: int, lr: float,
         ArgSpec("log_every", int, 0, "print progress every N steps (0: per epoch)"),
         ArgSpec("shuffle", bool, True,
                 "shuffle the training set each epoch (one order shared by all ranks)"),
-        ArgSpec("num_workers", int, num_workers, "DataLoader worker processes per rank"),
+        ArgSpec("num_workers", int, num_workers,
+                "DataLoader worker processes per rank (-1: chosen from the node's CPUs and "
+                "the ranks on it: on a GPU up to 4, leaving each rank one CPU; 0 on the "
+                "CPU, where the ranks compute)", minimum=-1),
         _device(),
     )
 
@@ -258,30 +315,28 @@ CATALOG: dict[str, WorkloadInfo] = {
                 "nn.DataParallel: one process over >= 2 GPUs, compared with DDP by "
                 "`ddp-orch compare --local --workload mlp --gpus 0,1 --baseline dp`",
         seed="002",
-        args=_common(epochs=1, batch=64, lr=0.01, num_workers=2) + (
+        args=_common(epochs=1, batch=64, lr=0.01, num_workers=-1) + (
             ArgSpec("mode", str, "ddp",
                     "ddp: one process per device; dp: one process driving every visible "
                     "GPU with nn.DataParallel (needs >= 2 GPUs and world size 1: "
                     "`ddp-orch compare ... --baseline dp` runs it as compare's baseline)",
                     ("ddp", "dp")),
             ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
-        ) + _image_data("50000 for CIFAR-10", "10000"),
-        rules=_device_rules() + _dp_rules(),
+        ) + _speed("mlp", convnet=False) + _image_data("50000 for CIFAR-10", "10000"),
+        rules=_device_rules() + _dp_rules() + _amp_rules(),
     ),
     "mnist": WorkloadInfo(
         name="mnist",
         module="workloads.mnist",
         summary="ConvNet with (Sync)BatchNorm on MNIST; AMP, checkpoint and resume",
         seed="004",
-        args=_common(epochs=3, batch=64, lr=1e-4, num_workers=2) + (
+        args=_common(epochs=3, batch=64, lr=1e-4, num_workers=-1) + (
             ArgSpec("momentum", float, 0.0, "SGD momentum (the tutorial uses plain SGD)"),
-            ArgSpec("amp", str, "auto",
-                    "mixed precision: auto (fp16 on CUDA, off on CPU), off, fp16 (CUDA "
-                    "only, with GradScaler) or bf16", ("auto", "off", "fp16", "bf16")),
             ArgSpec("sync_bn", bool, True,
                     "convert BatchNorm to SyncBatchNorm (CUDA only; on CPU plain "
                     "BatchNorm is kept and the result says why)"),
-        ) + _checkpointing() + _image_data("60000 for MNIST", "10000"),
+        ) + _speed("mnist", convnet=True) + _checkpointing() + _image_data("60000 for MNIST",
+                                                                          "10000"),
         rules=_device_rules() + _amp_rules() + _resume_rules(),
     ),
     "resnet": WorkloadInfo(
@@ -289,15 +344,16 @@ CATALOG: dict[str, WorkloadInfo] = {
         module="workloads.resnet",
         summary="torchvision ResNet-18 on CIFAR-10 with a data/compute time breakdown",
         seed="001",
-        args=_common(epochs=1, batch=512, lr=0.01, num_workers=4) + (
+        args=_common(epochs=1, batch=512, lr=0.01, num_workers=-1) + (
             ArgSpec("image_size", int, 224,
                     "resize the 32x32 images to this size (224 makes it compute-bound)"),
             ArgSpec("momentum", float, 0.9, "SGD momentum"),
             ArgSpec("augment", bool, False,
                     "random crop + horizontal flip (drawn per rank, see harness.data)"),
             ArgSpec("eval", bool, True, "measure test accuracy after each epoch"),
-        ) + _checkpointing() + _image_data("50000 for CIFAR-10", "10000"),
-        rules=_device_rules() + _resume_rules() + _image_size_rules(),
+        ) + _speed("resnet", convnet=True) + _checkpointing()
+        + _image_data("50000 for CIFAR-10", "10000"),
+        rules=_device_rules() + _amp_rules() + _resume_rules() + _image_size_rules(),
     ),
 }
 

@@ -50,30 +50,34 @@ def train(job: Job, dp_gpus: int) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     data = datasets.load(datasets.CIFAR10, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples)
+    amp = job.speed.amp
     datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
+    log(job.speed_line())
     log(f"mode {args.mode}" + (f" over {dp_gpus} GPUs" if dp_gpus else "")
         + f", global batch {job.split}, lr {job.lr}")
     loader = hdata.train_loader(data.train, ctx, args.global_batch_size, seed=args.seed,
-                                shuffle=args.shuffle, num_workers=args.num_workers)
+                                shuffle=args.shuffle, num_workers=job.workers)
     torch.manual_seed(args.seed)
     model = MLP().to(ctx.device)
     init_checksum = param_checksum(model)
     wrapped = nn.DataParallel(model) if args.mode == "dp" else wrap_ddp(model, ctx)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=job.lr)
-    trainer = Trainer(ctx, loader, make_step(wrapped, optimizer, F.cross_entropy), log,
+    trainer = Trainer(ctx, loader, make_step(wrapped, optimizer, F.cross_entropy, amp), log,
                       epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
-                      log_every=args.log_every, classify=True)
+                      log_every=args.log_every, classify=True, prepare=data.train_pipeline)
     # DataParallel's forward is no collective, so dp evaluates on all its GPUs
     evaluator = EpochEval(ctx, wrapped if args.mode == "dp" else model,
                           hdata.eval_loader(data.test, ctx, 2 * job.batch,
-                                            num_workers=args.num_workers), log)
+                                            num_workers=job.workers), log,
+                          amp, prepare=data.test_pipeline)
     trainer.run(evaluator if args.eval else None)
     metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "dp_gpus": dp_gpus,
                **evaluator.metrics()}
     return finish(job, trainer, model, data=data.data, metrics=metrics,
                   init_checksum=init_checksum, mode=args.mode, data_source=data.source,
+                  amp=amp.mode, speed=job.speed_record(),
                   data_verified=data.verified, test_curve=evaluator.curve)
 
 

@@ -7,8 +7,9 @@
   and SyncBatchNorm's training forward demands a GPU tensor -- so plain
   BatchNorm stays (DDP then broadcasts rank 0's running stats at each
   forward) and the result carries ``sync_bn: false`` with the reason.
-* AMP: ``--amp`` auto/off/fp16/bf16 (harness.train.resolve_amp); fp16 uses
-  a GradScaler, whose state goes into the checkpoint.
+* AMP: ``--amp`` auto/off/fp16/bf16 (``harness/speed.py``, with the other
+  speed options; ``--seed-settings`` is the tutorial's fp16); fp16 uses a
+  GradScaler, whose state goes into the checkpoint.
 * Checkpoint (``harness/checkpoint.py``): rank 0 writes model, optimizer,
   scaler, completed epochs and step after every completed epoch, atomically,
   to ``--checkpoint PATH`` (when the run may restart, ``checkpoint.pt`` in
@@ -36,7 +37,8 @@ from workloads.harness.context import DistContext
 from workloads.harness.evidence import param_checksum
 from workloads.harness.job import Job, run_job, start
 from workloads.harness.report import describe_start, finish
-from workloads.harness.train import Amp, EpochEval, Trainer, make_step, resolve_amp, wrap_ddp
+from workloads.harness.speed import Amp
+from workloads.harness.train import EpochEval, Trainer, make_step, wrap_ddp
 
 CPU_SYNC_BN_REASON = (
     "SyncBatchNorm needs CUDA: DDP rejects it on CPU modules ('SyncBatchNorm layers only "
@@ -70,16 +72,18 @@ def sync_bn_choice(ctx: DistContext, wanted: bool) -> tuple[bool, str | None]:
 def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     data = datasets.load(datasets.MNIST, args.data_dir, args.data,
-                         train_samples=args.train_samples, test_samples=args.test_samples)
+                         train_samples=args.train_samples, test_samples=args.test_samples,
+                         channels_last=job.speed.channels_last)
     datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
+    log(job.speed_line())
     log(f"global batch {job.split}, "
         f"lr {job.lr}, amp {amp.mode}, sync_bn {use_sync_bn}"
         + (f" ({sync_bn_reason})" if sync_bn_reason else ""))
     loader = hdata.train_loader(data.train, ctx, args.global_batch_size, seed=args.seed,
-                                shuffle=args.shuffle, num_workers=args.num_workers)
+                                shuffle=args.shuffle, num_workers=job.workers)
     torch.manual_seed(args.seed)
-    model = ConvNet().to(ctx.device)
+    model = ConvNet().to(ctx.device, memory_format=job.speed.memory_format)
     if use_sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     init_checksum = param_checksum(model)
@@ -91,10 +95,11 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
     trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy, amp), log,
                       epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
                       log_every=args.log_every, classify=True,
-                      start_epoch=start_epoch, start_step=start_step)
+                      start_epoch=start_epoch, start_step=start_step,
+                      prepare=data.train_pipeline)
     evaluator = EpochEval(ctx, model, hdata.eval_loader(data.test, ctx, 2 * job.batch,
-                                                        num_workers=args.num_workers),
-                          log, amp)
+                                                        num_workers=job.workers),
+                          log, amp, prepare=data.test_pipeline)
     save = checkpoint.epoch_saver(args, ctx, "mnist", model, optimizer, amp.scaler, log,
                                   amp=amp.mode)
 
@@ -109,7 +114,7 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
                "end_step": trainer.step, **evaluator.metrics()}
     return finish(job, trainer, model, data=data.data, metrics=metrics,
                   init_checksum=init_checksum, sync_bn=use_sync_bn,
-                  sync_bn_reason=sync_bn_reason, amp=amp.mode,
+                  sync_bn_reason=sync_bn_reason, amp=amp.mode, speed=job.speed_record(),
                   checkpoint=os.path.abspath(checkpoint.checkpoint_path(args))
                   if checkpoint.checkpoint_path(args) else None,
                   resumed=state is not None, data_source=data.source,
@@ -118,8 +123,9 @@ def train(job: Job, amp: Amp, use_sync_bn: bool, sync_bn_reason: str | None) -> 
 
 @record
 def main(argv=None) -> dict:
-    job = start("mnist", argv)  # refuses --resume without a checkpoint, fp16 on CPU
-    amp = resolve_amp(job.args.amp, job.ctx)
+    job = start("mnist", argv)  # refuses --resume without a checkpoint, fp16 on CPU, bf16
+    # on a GPU without it natively
+    amp = job.speed.amp
     use_sync_bn, reason = sync_bn_choice(job.ctx, job.args.sync_bn)
     return run_job(job, lambda j: train(j, amp, use_sync_bn, reason))
 

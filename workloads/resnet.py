@@ -35,29 +35,36 @@ def train(job: Job) -> dict:
     args, ctx, log = job.args, job.ctx, job.log
     data = datasets.load(datasets.CIFAR10, args.data_dir, args.data,
                          train_samples=args.train_samples, test_samples=args.test_samples,
-                         image_size=args.image_size, augment=args.augment)
+                         image_size=args.image_size, augment=args.augment,
+                         channels_last=job.speed.channels_last)
     datasets.check_same_everywhere(ctx, data)
     log(describe_start(ctx, data.data, data.source))
+    log(job.speed_line())
     log(f"ResNet-18 at {args.image_size}x{args.image_size}, global batch "
         f"{job.split}, lr {job.lr} "
         f"({args.lr_scaling} scaling), momentum {args.momentum}")
     loader = hdata.train_loader(data.train, ctx, args.global_batch_size, seed=args.seed,
-                                shuffle=args.shuffle, num_workers=args.num_workers)
+                                shuffle=args.shuffle, num_workers=job.workers)
     torch.manual_seed(args.seed)
-    model = resnet18(weights=None, num_classes=10).to(ctx.device)
+    model = resnet18(weights=None, num_classes=10).to(ctx.device,
+                                                      memory_format=job.speed.memory_format)
     init_checksum = param_checksum(model)
     ddp = wrap_ddp(model, ctx)  # no find_unused_parameters: see module docstring
     optimizer = torch.optim.SGD(ddp.parameters(), lr=job.lr, momentum=args.momentum)
     state = checkpoint.resume_state(ctx, args, log)
-    start_epoch, start_step = checkpoint.restore(state, model, optimizer, None, ctx, args,
+    amp = job.speed.amp
+    start_epoch, start_step = checkpoint.restore(state, model, optimizer, amp.scaler, ctx, args,
                                                  log, "resnet") if state else (0, 0)
-    trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy), log,
+    trainer = Trainer(ctx, loader, make_step(ddp, optimizer, F.cross_entropy, amp), log,
                       epochs=args.epochs, seed=args.seed, max_steps=args.max_steps,
                       log_every=args.log_every, classify=True,
-                      start_epoch=start_epoch, start_step=start_step)
+                      start_epoch=start_epoch, start_step=start_step,
+                      prepare=data.train_pipeline)
     evaluator = EpochEval(ctx, model, hdata.eval_loader(data.test, ctx, job.batch,
-                                                        num_workers=args.num_workers), log)
-    save = checkpoint.epoch_saver(args, ctx, "resnet", model, optimizer, None, log)
+                                                        num_workers=job.workers), log,
+                          amp, prepare=data.test_pipeline)
+    save = checkpoint.epoch_saver(args, ctx, "resnet", model, optimizer, amp.scaler, log,
+                                  amp=amp.mode)
 
     def on_epoch_end(t: Trainer) -> None:
         if args.eval:
@@ -67,15 +74,18 @@ def train(job: Job) -> dict:
     trainer.run(on_epoch_end)
     t = trainer.timer
     compute_fraction = t.compute_s / t.batch_s if t.batch_s else 0.0
+    allreduce = (f" (all-reduce {t.allreduce_s / t.steps:.4f}s of it)"
+                 if t.steps and t.allreduce_steps == t.steps else "")
     log(f"per step: data {t.data_s / max(t.steps, 1):.4f}s + compute/sync "
-        f"{t.compute_s / max(t.steps, 1):.4f}s; compute share {compute_fraction:.1%}")
+        f"{t.compute_s / max(t.steps, 1):.4f}s{allreduce}; compute share "
+        f"{compute_fraction:.1%}")
     metrics = {"final_loss": trainer.epoch_loss, "train_accuracy": trainer.epoch_acc,
                "lr": job.lr, "per_rank_batch": job.batch, "image_size": args.image_size,
                "compute_fraction": compute_fraction, "start_epoch": start_epoch,
                "end_epoch": trainer.epoch, **evaluator.metrics()}
     return finish(job, trainer, model, data=data.data, metrics=metrics,
                   init_checksum=init_checksum, resumed=state is not None,
-                  data_source=data.source,
+                  data_source=data.source, amp=amp.mode, speed=job.speed_record(),
                   data_verified=data.verified, test_curve=evaluator.curve)
 
 

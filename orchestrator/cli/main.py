@@ -356,22 +356,25 @@ def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callab
               help="single: one process on node 0's first device; dp: the mlp workload's "
                    "nn.DataParallel, one process over all of node 0's GPUs (2 or more).")
 @click.option("--baseline-run", help="Use this finished run as the baseline.")
+@click.option("--node-run", help="Use this finished run as the run on node 0 alone.")
 @click.option("--ddp-run", help="Use this finished run as the DDP run.")
 @click.option("--show-output", is_flag=True, help="Show rank 0's output of the runs.")
 @launch_options
 @friendly_errors
 def compare(cluster_file: str | None, backend: str | None, local: bool, workload: str | None,
             gpus: str | None, procs: int | None, device: str | None, arg_pairs: tuple[str, ...],
-            baseline_kind: str, baseline_run: str | None, ddp_run: str | None,
-            show_output: bool, runs_dir: str | None, accept_new_host_keys: bool,
+            baseline_kind: str, baseline_run: str | None, node_run: str | None,
+            ddp_run: str | None, show_output: bool, runs_dir: str | None, accept_new_host_keys: bool,
             start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
             grace: float, wait_gpus: float | None, allow_busy_gpus: bool) -> None:
-    """Run the job as 1 process and on the whole cluster; report the speed-up.
+    """Run the job as 1 process, on node 0 alone, and on the whole cluster;
+    report the speed-up.
 
-    Same workload arguments for both (so the same global batch and samples);
-    the report shows each side's learning rate, global batch and data, and
-    warns of any difference. Writes report.md, report.json and PNG plots
-    into a new run directory.
+    Node 0 alone runs where the cluster has more nodes and node 0 more than
+    one device. Same workload arguments for every run (so the same global
+    batch and samples); the report shows each run's learning rate, global
+    batch and data, and warns of any difference. Writes report.md,
+    report.json and PNG plots into a new run directory.
     """
     from ..controller import compare as runs
     from ..report import compare as cmp
@@ -381,7 +384,7 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
                           "reuses a finished one", path="--baseline", source="command line",
                           hint="drop one of them (a reused DataParallel run is labelled so)")
     runs_dir = locate(runs_dir).path
-    spec = base_spec = None
+    spec = base_spec = one_node = None
     if baseline_run is None or ddp_run is None:
         spec = _spec_from_options(cluster_file, local, workload, gpus, procs, device,
                                   arg_pairs)
@@ -397,15 +400,19 @@ def compare(cluster_file: str | None, backend: str | None, local: bool, workload
 
         spec = fit(spec, options, backend)
         base_spec = runs.baseline_spec(spec, baseline_kind)  # refuses before anything runs
+        one_node = runs.node_spec(spec, baseline_kind)
         spec = runs.ddp_spec(spec, baseline_kind)
     with Console("rank0" if show_output else "quiet") as console:
         launch = _launcher(runs_dir, console, options)
         # Reused runs first: one that cannot serve is said before anything runs.
         reused = {label: runs.load_run(label, run_id, runs_dir)
-                  for label, run_id in (("baseline", baseline_run), ("ddp", ddp_run)) if run_id}
+                  for label, run_id in (("baseline", baseline_run), ("node", node_run),
+                                        ("ddp", ddp_run)) if run_id}
         base = reused.get("baseline") or runs.launch_run("baseline", base_spec, launch)
+        node = reused.get("node") or (runs.launch_run("node", one_node, launch)
+                                      if one_node is not None else None)
         ddp = reused.get("ddp") or runs.launch_run("ddp", spec, launch)
-    report = cmp.comparison(base, ddp)
+    report = cmp.comparison(base, ddp, node)
     out = RunDir.create(runs_dir, new_run_id("compare"))
     plots, note = cmp.write_report(report, out.path)
     click.echo(cmp.render_table(report), nl=False)

@@ -1,9 +1,10 @@
 """``ddp-orch compare``'s two runs: which specs, and launching or reusing them.
 
 Seed 001's experiment as a command: the file's workload runs once as a
-single process on node 0's first device (the baseline) and once on the
-full cluster, with the same workload arguments, so the same global batch
-and the same number of samples. ``--baseline dp`` (seed 002) makes the
+single process on node 0's first device (the baseline), once on node 0
+alone where the cluster has other nodes and node 0 more than one device
+(N GPUs of one node), and once on the full cluster, with the same workload
+arguments, so the same global batch and the same number of samples. ``--baseline dp`` (seed 002) makes the
 baseline the ``mlp`` workload's ``nn.DataParallel``: one process driving
 all of node 0's listed GPUs, against DDP on the cluster; it needs at least
 two GPUs on node 0 and is refused before anything starts otherwise.
@@ -70,6 +71,18 @@ def baseline_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
         procs=None if on_gpu else 1)
     return one_thread_per_cpu_process(
         dataclasses.replace(spec, nodes=(single,), name=f"{spec.name}-baseline"))
+
+
+def node_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec | None:
+    """The job on node 0 alone, as the file gives node 0 (all its devices),
+    between the baseline and the cluster; None where it would repeat one of
+    them: a cluster of one node, node 0 with one process, a DataParallel
+    baseline (which is node 0's GPUs already)."""
+    first = spec.nodes[0]
+    if kind != "single" or len(spec.nodes) < 2 or first.nproc == 1:
+        return None
+    return one_thread_per_cpu_process(
+        dataclasses.replace(spec, nodes=(first,), name=f"{spec.name}-node0"))
 
 
 def ddp_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:

@@ -4,11 +4,14 @@ What the two runs are and how they are launched is the controller's
 (``controller/compare.py``); this module only reads results and renders.
 
 Seed 001's experiment as a command: the file's workload runs once as a
-single process on node 0's first device (the baseline) and once on the
-full cluster, with the same workload arguments, so the same global batch
-and the same number of samples. The report gives total and per-step time,
-the data vs compute(+sync) split, throughput, speed-up, scaling efficiency
-(speed-up / world size) and the final loss/accuracy of each run.
+single process on node 0's first device (the baseline), once on node 0
+alone where the cluster has more nodes and node 0 more than one device,
+and once on the full cluster, with the same workload arguments, so the
+same global batch and the same number of samples. The report gives each
+run's total and per-step time, the step's split into data, compute and the
+all-reduce's exposed wait, throughput, speed-up, scaling efficiency
+(speed-up / world size) against the world size, and the final
+loss/accuracy.
 
 A speed-up is only a comparison when both sides solve the same learning
 problem, so the report shows each side's effective learning rate, global
@@ -59,6 +62,8 @@ class RunSummary:
     mode: str | None = None  # mlp's ddp or dp
     dp_gpus: int = 0  # the GPUs a DataParallel process drove (0: not DataParallel)
     arguments: tuple[tuple[str, Any], ...] = ()  # the workload's arguments, by name
+    avg_allreduce_s: float | None = None  # the all-reduce's exposed wait, within compute
+    nodes: int = 1
 
     @property
     def devices(self) -> int:
@@ -69,6 +74,8 @@ class RunSummary:
     def title(self) -> str:
         if self.dp_gpus:
             return f"DataParallel (1 process, {self.dp_gpus} GPUs)"
+        if self.label == "node":
+            return f"node 0 alone ({self.world_size} processes)"
         return "baseline (1 process)" if self.label == "baseline" else "DDP"
 
 
@@ -103,7 +110,9 @@ def summarize(label: str, run_id: str, result: dict[str, Any]) -> RunSummary:
         data=_str(result.get("data")), data_source=_str(result.get("data_source")),
         mode=_str(result.get("mode")),
         dp_gpus=int(metrics.get("dp_gpus") or 0) if result.get("mode") == "dp" else 0,
-        arguments=tuple(sorted((k, v) for k, v in config.items() if k != "result_file")))
+        arguments=tuple(sorted((k, v) for k, v in config.items() if k != "result_file")),
+        avg_allreduce_s=_float(timing.get("avg_allreduce_s")),
+        nodes=int(result.get("nodes") or 1))
 
 
 def _str(value: Any) -> str | None:
@@ -144,18 +153,46 @@ def _same(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-12 * max(abs(a), abs(b))
 
 
-def comparison(base: RunSummary, ddp: RunSummary) -> dict[str, Any]:
-    """report.json's content: both runs and the derived ratios."""
+def comparison(base: RunSummary, ddp: RunSummary,
+               node: RunSummary | None = None) -> dict[str, Any]:
+    """report.json's content: the runs and the derived ratios; ``node`` is
+    the run on node 0 alone, where there was one (``scaling`` has a row
+    for every run, in order of size)."""
     speedup = base.train_s / ddp.train_s if ddp.train_s > 0 else float("nan")
+    runs = [base, *([node] if node is not None else []), ddp]
+    differences_ = differences(base, ddp)
+    if node is not None:
+        differences_ += [f"{d} (node 0 alone)" for d in differences(base, node)
+                         if d not in differences_]
     return {
         "baseline": _public(base), "ddp": _public(ddp),
+        **({"node": _public(node)} if node is not None else {}),
         "speedup": speedup,
         "throughput_ratio": ddp.samples_per_s / base.samples_per_s if base.samples_per_s else None,
         # per device: a DataParallel baseline already drives several
         "scaling_efficiency": speedup * base.devices / ddp.devices,
-        "same_samples": base.samples == ddp.samples,
-        "differences": differences(base, ddp),
+        "same_samples": all(run.samples == base.samples for run in runs),
+        "differences": differences_,
+        "scaling": [scaling_row(base, run) for run in runs],
     }
+
+
+def scaling_row(base: RunSummary, run: RunSummary) -> dict[str, Any]:
+    """One run against the baseline: its speed-up, the efficiency per
+    device, and its average step split into waiting for data, computing and
+    the all-reduce's exposed wait (None where the run did not measure it:
+    not DDP, or a result from before it was measured), in seconds and as
+    shares of the step."""
+    speedup = base.train_s / run.train_s if run.train_s > 0 else float("nan")
+    allreduce = run.avg_allreduce_s
+    compute = run.avg_compute_s - (allreduce or 0.0)
+    step = run.avg_batch_s or float("nan")
+    return {"label": run.label, "title": run.title, "run_id": run.run_id,
+            "world_size": run.world_size, "nodes": run.nodes, "devices": run.devices,
+            "speedup": speedup, "efficiency": speedup * base.devices / run.devices,
+            "data_s": run.avg_data_s, "compute_s": compute, "allreduce_s": allreduce,
+            "data_share": run.avg_data_s / step, "compute_share": compute / step,
+            "allreduce_share": None if allreduce is None else allreduce / step}
 
 
 def _public(run: RunSummary) -> dict[str, Any]:
@@ -171,51 +208,86 @@ _ROWS = (("world size", "world_size", "{:d}"), ("learning rate", "lr", "{:g}"),
          ("training time (s)", "train_s", "{:.2f}"),
          ("total time (s)", "total_s", "{:.2f}"), ("avg batch time (s)", "avg_batch_s", "{:.4f}"),
          ("  data (s)", "avg_data_s", "{:.4f}"), ("  compute+sync (s)", "avg_compute_s", "{:.4f}"),
+         ("    of it the all-reduce's wait (s)", "avg_allreduce_s", "{:.4f}"),
          ("throughput (samples/s)", "samples_per_s", "{:.1f}"), ("steps", "steps", "{:d}"),
          ("samples", "samples", "{:d}"), ("final loss (last epoch's mean)", "final_loss", "{:.4f}"),
          ("accuracy", "accuracy", "{:.4f}"))
 
 
+def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's runs in order of size: baseline, node 0 alone (if run), DDP."""
+    return [report["baseline"], *([report["node"]] if report.get("node") else []),
+            report["ddp"]]
+
+
 def render_table(report: dict[str, Any]) -> str:
-    """The table, the speed-up line, each side's data source and a warning
-    for every difference between the sides (``differences``)."""
-    base, ddp = report["baseline"], report["ddp"]
-    lines = [f"| metric | {base.get('title', 'baseline (1 process)')} | "
-             f"{ddp.get('title', 'DDP')} |", "| --- | ---: | ---: |"]
+    """The runs side by side; the scaling table (speed-up, efficiency and
+    the step's split, per run); then the speed-up line, each run's data
+    source and a warning for every difference between the runs
+    (``differences``). Three parts, a blank line between them."""
+    table, scaling, notes = _parts(report)
+    return f"{table}\n\n{scaling}\n\n" + "\n".join(notes) + "\n"
+
+
+def _parts(report: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """render_table's three parts: the runs' table, the scaling table, the notes."""
+    runs = runs_of(report)
+    lines = ["| metric | " + " | ".join(run.get("title", run["label"]) for run in runs) + " |",
+             "| --- |" + " ---: |" * len(runs)]
     for title, key, fmt in _ROWS:
-        cells = ["-" if run.get(key) is None else fmt.format(run[key]) for run in (base, ddp)]
-        lines.append(f"| {title} | {cells[0]} | {cells[1]} |")
+        cells = ["-" if run.get(key) is None else fmt.format(run[key]) for run in runs]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    base, ddp = report["baseline"], report["ddp"]
     if base.get("dp_gpus"):
         scale = (f"DDP on {ddp['world_size']} processes vs DataParallel on {base['dp_gpus']} "
                  f"GPUs, efficiency per device {report['scaling_efficiency']:.0%}")
     else:
         scale = (f"scaling efficiency {report['scaling_efficiency']:.0%} on "
                  f"{ddp['world_size']} processes")
-    lines += ["", f"speed-up: **{report['speedup']:.2f}x**, throughput ratio "
-              f"{report['throughput_ratio']:.2f}x, {scale}"]
-    for run in (base, ddp):
+    notes = [f"speed-up: **{report['speedup']:.2f}x**, throughput ratio "
+             f"{report['throughput_ratio']:.2f}x, {scale}"]
+    for row in report.get("scaling", ())[1:-1]:
+        notes.append(f"on node 0 alone: speed-up {row['speedup']:.2f}x, scaling efficiency "
+                     f"{row['efficiency']:.0%} on {row['world_size']} processes")
+    for run in runs:
         if run.get("data_source"):
-            lines.append(f"data of {run.get('title', run['label'])}: {run['data_source']}")
+            notes.append(f"data of {run.get('title', run['label'])}: {run['data_source']}")
     for difference in report.get("differences", ()):
-        lines.append(f"warning: the sides differ in {difference}")
+        notes.append(f"warning: the sides differ in {difference}")
     if not report["same_samples"]:
-        lines.append("warning: the two runs did not process the same number of samples")
-    return "\n".join(lines) + "\n"
+        notes.append("warning: the runs did not process the same number of samples")
+    return "\n".join(lines), render_scaling(report), notes
+
+
+def render_scaling(report: dict[str, Any]) -> str:
+    """Seed 001's figures per run: world size, nodes, speed-up over the
+    baseline, efficiency per device, and the step's split."""
+    lines = ["| run | world size | nodes | speed-up | efficiency | data | compute | all-reduce |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in report.get("scaling", ()):
+        shares = ["-" if row.get(k) is None else f"{row[k]:.0%}"
+                  for k in ("data_share", "compute_share", "allreduce_share")]
+        lines.append(f"| {row['title']} | {row['world_size']} | {row['nodes']} | "
+                     f"{row['speedup']:.2f}x | {row['efficiency']:.0%} | " + " | ".join(shares)
+                     + " |")
+    return "\n".join(lines)
 
 
 def render_markdown(report: dict[str, Any], plots: list[str]) -> str:
-    base, ddp = report["baseline"], report["ddp"]
+    runs = runs_of(report)
     same = ("Same workload arguments, learning rate and data, so the same global batch and "
             "the same samples" if not report.get("differences") else
             "**The sides differ** (the warnings below the table say how), so their losses "
             "and accuracies are not one learning problem")
+    ids = ", ".join(f"{run.get('title', run['label'])} `{run['run_id']}`" for run in runs)
     head = ["# DDP scaling report", "",
-            f"Baseline run `{base['run_id']}`, DDP run `{ddp['run_id']}`. {same}; time is the "
-            "training loop's, per-step figures are averages over all steps.", "", ""]
-    table, _, notes = render_table(report).partition("\n\n")
-    notes_md = "".join(f"- {line}\n" for line in notes.splitlines())  # one item each
+            f"Runs: {ids}. {same}; time is the training loop's, per-step figures are averages "
+            "over all steps; the all-reduce is the step's wait for it after its own backward "
+            "(what overlapping it with the backward did not hide).", "", ""]
+    table, scaling, notes = _parts(report)
+    notes_md = "".join(f"- {line}\n" for line in notes)  # one item each
     images = [f"![{name}]({name})" for name in plots]
-    return ("\n".join(head) + table + "\n\n" + notes_md
+    return ("\n".join(head) + table + "\n\n" + scaling + "\n\n" + notes_md
             + ("\n" + "\n\n".join(images) + "\n" if images else ""))
 
 
@@ -237,13 +309,15 @@ def write_report(report: dict[str, Any], directory: str) -> tuple[list[str], str
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "matplotlib":
             raise
-        plots, note = [], missing_matplotlib(report["baseline"]["run_id"], report["ddp"]["run_id"])
+        node = report.get("node")
+        plots, note = [], missing_matplotlib(report["baseline"]["run_id"], report["ddp"]["run_id"],
+                                             node["run_id"] if node else None)
     with open(os.path.join(directory, "report.md"), "w", encoding="utf-8") as fh:
         fh.write(render_markdown(report, plots))
     return plots, note
 
 
-def missing_matplotlib(baseline_run: str, ddp_run: str) -> str:
+def missing_matplotlib(baseline_run: str, ddp_run: str, node_run: str | None = None) -> str:
     """What to do when the plots' matplotlib is missing: the exact command
     for the Python running ddp-orch, with the version floor of the
     ``report`` extra (pyproject.toml), and how to draw the plots of these
@@ -251,8 +325,9 @@ def missing_matplotlib(baseline_run: str, ddp_run: str) -> str:
     return ("matplotlib is not installed, so the report has no plots; install it into the "
             f"Python running ddp-orch with `{sys.executable} -m pip install "
             f"'{_report_requirement()}'` (or, in a checkout of ddp-orch, pip install -e "
-            f"'.[report]'), then `ddp-orch compare --baseline-run {baseline_run} --ddp-run "
-            f"{ddp_run}` draws them from these runs without training again")
+            f"'.[report]'), then `ddp-orch compare --baseline-run {baseline_run} "
+            + (f"--node-run {node_run} " if node_run else "")
+            + f"--ddp-run {ddp_run}` draws them from these runs without training again")
 
 
 def _report_requirement() -> str:

@@ -9,42 +9,70 @@ from __future__ import annotations
 import os
 from typing import Any
 
-COLORS = ("#4C72B0", "#DD8452")
+COLORS = ("#4C72B0", "#DD8452", "#937860")
 
 
 def write_plots(report: dict[str, Any], directory: str) -> list[str]:
-    """Write the figures into ``directory`` (three, and the per-rank step times
-    when the DDP run reported them); returns their file names."""
+    """Write the figures into ``directory`` (four, and the per-rank step
+    times when the DDP run reported them); returns their file names. Each
+    shows every run: the baseline, node 0 alone where it ran, the cluster."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
 
-    base, ddp = report["baseline"], report["ddp"]
-    labels = ["1 process", f"DDP x{ddp['world_size']}"]
+    from .compare import runs_of
+
+    runs, ddp = runs_of(report), report["ddp"]
+    rows = report.get("scaling") or []
+    labels = [_label(run) for run in runs]
+    colors = [COLORS[i % len(COLORS)] for i in range(len(runs))]
     names = []
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-    left.bar(labels, [base["train_s"], ddp["train_s"]], color=COLORS)
+    left.bar(labels, [run["train_s"] for run in runs], color=colors)
     left.set_title(f"training time (speed-up {report['speedup']:.2f}x)")
     left.set_ylabel("seconds")
-    right.bar(labels, [base["samples_per_s"], ddp["samples_per_s"]], color=COLORS)
+    right.bar(labels, [run["samples_per_s"] for run in runs], color=colors)
     right.set_title("throughput")
     right.set_ylabel("samples / s")
     names.append(_save(fig, directory, "time_and_throughput.png"))
 
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    data = [base["avg_data_s"], ddp["avg_data_s"]]
-    compute = [base["avg_compute_s"], ddp["avg_compute_s"]]
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(runs) + 2), 3.6))
+    data = [run["avg_data_s"] for run in runs]
+    allreduce = [run.get("avg_allreduce_s") or 0.0 for run in runs]
+    compute = [run["avg_compute_s"] - a for run, a in zip(runs, allreduce)]
     ax.bar(labels, data, label="data loading", color="#55A868")
-    ax.bar(labels, compute, bottom=data, label="compute + sync", color="#C44E52")
+    ax.bar(labels, compute, bottom=data, label="compute", color="#C44E52")
+    ax.bar(labels, allreduce, bottom=[d + c for d, c in zip(data, compute)],
+           label="all-reduce (exposed)", color="#8172B2")
     ax.set_ylabel("seconds per step")
     ax.set_title("average time per step")
     ax.legend()
     names.append(_save(fig, directory, "time_breakdown.png"))
 
+    if rows:  # seed 001's result: speed-up and efficiency against the devices
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        devices = [row["devices"] for row in rows]
+        ax.plot(devices, [row["speedup"] for row in rows], "o-", color=COLORS[0],
+                label="speed-up")
+        ax.plot(devices, devices, ":", color="grey", label="ideal")
+        ax.set_xlabel("devices (world size)")
+        ax.set_ylabel("speed-up over 1")
+        eff = ax.twinx()
+        eff.plot(devices, [100 * row["efficiency"] for row in rows], "s--", color=COLORS[1],
+                 label="efficiency")
+        eff.set_ylabel("efficiency (%)")
+        eff.set_ylim(0, max(110, 10 + max(100 * row["efficiency"] for row in rows)))
+        ax.set_xticks(devices)
+        ax.set_title("scaling")
+        handles = ax.get_legend_handles_labels()
+        more = eff.get_legend_handles_labels()
+        ax.legend(handles[0] + more[0], handles[1] + more[1], loc="upper left")
+        names.append(_save(fig, directory, "scaling.png"))
+
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    for run, label, color in ((base, labels[0], COLORS[0]), (ddp, labels[1], COLORS[1])):
+    for run, label, color in zip(runs, labels, colors):
         if run["loss_curve"]:
             steps, losses = zip(*run["loss_curve"])
             ax.plot(steps, losses, label=label, color=color)
@@ -69,6 +97,13 @@ def write_plots(report: dict[str, Any], directory: str) -> list[str]:
         ax.set_title(f"step time per rank (slowest: rank {ranks[slowest]['rank']})")
         names.append(_save(fig, directory, "rank_step_times.png"))
     return names
+
+
+def _label(run: dict[str, Any]) -> str:
+    if run["label"] == "baseline":
+        return "1 process"
+    where = "node 0" if run["label"] == "node" else "DDP"
+    return f"{where} x{run['world_size']}"
 
 
 def _save(fig: Any, directory: str, name: str) -> str:

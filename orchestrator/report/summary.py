@@ -11,6 +11,7 @@ from ..records.hints import failure_hint, is_network_failure
 from ..records.outcome import RunOutcome
 from ..tables import format_table
 from ..agent.node.gpus import mixed_models
+from workloads.catalog import describe_speed
 from .gpus import gpu_lines, node_gpus
 from .pace import from_step_times, stragglers
 
@@ -45,6 +46,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
     if outcome.result:
         lines.append("result: " + _metrics_line(outcome.result))
         lines += data_lines(outcome.result)
+        lines += speed_lines(outcome.result)
         lines += slowest_rank(outcome.result.get("rank_step_times"), plan)
     if outcome.ok or _outputs_to_tell(outputs):
         lines += outputs_lines(outputs, run_path)
@@ -147,6 +149,15 @@ def data_lines(result: dict[str, Any]) -> list[str]:
                      "absolute path (--arg data_dir=/path/to/data, or workload.args.data_dir "
                      "in the file), and data=real to fail instead of falling back")
     return lines
+
+
+def speed_lines(result: dict[str, Any]) -> list[str]:
+    """``speed: ...``: what each of a built-in's speed options came to
+    (its result's ``speed``: amp, TF32, channels_last, cuDNN's benchmark,
+    the tutorial's settings, the loader's workers); none where the result
+    has none (a user's script, linear, toy, noop)."""
+    speed = result.get("speed")
+    return [f"speed: {describe_speed(speed)}"] if isinstance(speed, dict) and speed else []
 
 
 def _metrics_line(result: dict[str, Any]) -> str:

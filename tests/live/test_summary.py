@@ -24,3 +24,7 @@ def test_up_summary_of_mnist_without_its_data_dir_says_synthetic(tmp_path):
     assert f"data: {result['data_source']}\n" in proc.stdout
     assert "no MNIST/raw under" in result["data_source"]
     assert "hint: the real dataset was not found" in proc.stdout
+    # (issue 46) and how fast it ran: the speed options, on the CPU
+    assert ("speed: on the CPU: amp off (auto) (TF32, channels_last and cuDNN's benchmark are "
+            "GPU options); 0 loader workers per rank\n") in proc.stdout
+    assert result["speed"]["amp"] == "off" and result["amp"] == "off"

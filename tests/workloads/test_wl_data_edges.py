@@ -109,3 +109,60 @@ def test_zero_rows_of_every_container_and_the_collate_without_a_template():
     with pytest.raises(RuntimeError):
         collate([])
     assert collate([torch.tensor(1), torch.tensor(2)]).tolist() == [1, 2]
+
+
+def cuda_ctx(local_world: int) -> DistContext:
+    import dataclasses
+
+    return dataclasses.replace(ctx(0, local_world), device="cuda:0", backend="nccl",
+                               local_world_size=local_world)
+
+
+@pytest.mark.parametrize("cpus,local_world,workers", [
+    (16, 4, 3),  # 4 CPUs a rank: one for the rank, 3 load
+    (2, 2, 0),  # 1 CPU a rank: the rank's own
+    (64, 1, 4),  # at most 4
+    (96, 8, 4),
+    (10, 4, 1),  # 2 CPUs a rank (10 // 4)
+    (3, 4, 0),  # fewer CPUs than ranks
+])
+def test_the_loaders_workers_by_default_from_the_cpus_and_ranks_of_a_gpu_node(cpus, local_world,
+                                                                            workers):
+    assert hdata.loader_workers(hdata.AUTO_WORKERS, cuda_ctx(local_world), cpus) == workers
+
+
+def test_the_loaders_workers_as_given_and_none_by_default_on_the_cpu():
+    assert hdata.loader_workers(2, cuda_ctx(4), 16) == 2
+    assert hdata.loader_workers(0, cuda_ctx(1), 64) == 0
+    assert hdata.loader_workers(hdata.AUTO_WORKERS, ctx(0, 1), 64) == 0
+    assert hdata.loader_workers(3, ctx(0, 1), 64) == 3
+    assert hdata.AUTO_WORKERS == -1  # the catalog's default says so
+
+
+def test_a_batch_made_in_one_piece_passes_the_collate_and_both_loaders_as_it_is():
+    class Whole(TensorDataset):
+        def __getitems__(self, indices):
+            return hdata.Batch(self.tensors[0][indices], self.tensors[1][indices])
+
+    ds = Whole(*dataset().tensors)
+    batch = hdata.Batch(torch.ones(2, 2), torch.zeros(2))
+    assert hdata.Collate()(batch) is batch
+    train = list(hdata.train_loader(ds, ctx(1, 2), 4, seed=0, shuffle=False))
+    assert [type(b) for b in train] == [hdata.Batch] * 3
+    assert [b.targets.tolist() for b in train] == [[1, 3], [5, 7], [9]]
+    evaluated = list(hdata.eval_loader(ds, ctx(0, 3), 2))
+    assert [b.targets.tolist() for b in evaluated] == [[0, 3], [6, 9]]
+
+
+def test_seed_epoch_seeds_the_device_pipeline_from_the_ranks_stream():
+    seen = []
+
+    class Pipeline:
+        def seed(self, s, device):
+            seen.append((s, device))
+
+    loader = hdata.train_loader(dataset(), ctx(1, 2), 4, seed=7)
+    hdata.seed_epoch(loader, ctx(1, 2), 7, 3, Pipeline())
+    assert seen == [(hdata.epoch_seed(7, 1, 3), torch.device("cpu"))]
+    hdata.seed_epoch(loader, ctx(1, 2), 7, 3, object())  # no seed method: nothing to seed
+    assert len(seen) == 1

@@ -15,8 +15,10 @@ import torch
 
 from wl_support import run_alone
 from workloads import mnist
+from workloads.catalog import build_parser, describe_speed
 from workloads.harness.context import WorkloadError, bind_device, read_context
 from workloads.harness.evidence import rank_row
+from workloads.harness.speed import resolve_amp, resolve_speed
 
 BARE_UUID = "1a2b3c4d-0000-1111-2222-333344445555"
 OTHER_UUID = "GPU-9f8e7d6c-0000-1111-2222-333344445555"
@@ -25,9 +27,28 @@ LOCAL_RANK_1_OF_2 = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_W
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch) -> list[str]:
-    """Two visible "GPUs"; returns the log of the CUDA calls made, in order."""
-    calls: list[str] = []
+def backends():
+    """torch's process-wide TF32 and cuDNN flags, put back after the test."""
+    names = ((torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
+             (torch.backends.cudnn, "benchmark"))
+    before = [getattr(obj, name) for obj, name in names]
+    yield
+    for (obj, name), value in zip(names, before):
+        setattr(obj, name, value)
+
+
+class CallLog(list):
+    """The CUDA calls made, in order; ``capability[0]`` is the GPUs'."""
+
+    capability = [(9, 0)]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch, backends) -> CallLog:
+    """Two visible "GPUs" of compute capability 9.0 (``capability[0]`` sets
+    another); returns the log of the CUDA calls made, in order."""
+    calls = CallLog()
+    calls.capability = [(9, 0)]
 
     def record(name: str, result=None):
         def call(*args, **_kwargs):
@@ -39,21 +60,113 @@ def fake_cuda(monkeypatch) -> list[str]:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", record("set_device"))
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", record("is_bf16_supported", True))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda *a, **k: pytest.fail("is_bf16_supported counts emulation"))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         record("get_device_properties", props))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
+
+    def cc(device=None):
+        calls.append(f"get_device_capability {device}")
+        return calls.capability[0]
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", cc)
     return calls
 
 
-def test_a_cuda_rank_is_on_its_own_gpu_before_bf16_support_is_asked(fake_cuda, monkeypatch):
-    """``is_bf16_supported`` asks the current device: asked before
-    ``set_device``, every local rank would open a context on cuda:0."""
+def test_a_cuda_rank_is_on_its_own_gpu_before_its_capability_is_asked(fake_cuda, monkeypatch):
+    """Asked before ``set_device``, a question about "the current device"
+    would open a context on cuda:0 in every local rank; the capability
+    decides ``--amp``'s and TF32's defaults."""
     for name, value in LOCAL_RANK_1_OF_2.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(mnist, "run_job", lambda job, train: fake_cuda.append("run_job") or {})
     mnist.main(["--amp", "bf16", "--data", "synthetic"])
     asked = [c for c in fake_cuda if not c.startswith("get_device_properties")]
-    assert asked == ["set_device cuda:1", "is_bf16_supported", "run_job"]
+    assert asked == ["set_device cuda:1", "get_device_capability cuda:1", "run_job"]
+
+
+def cuda_rank():
+    return read_context({**LOCAL_RANK_1_OF_2})
+
+
+@pytest.mark.parametrize("cc,auto", [((9, 0), "bf16"), ((8, 0), "bf16"), ((8, 6), "bf16"),
+                                     ((7, 5), "off"), ((7, 0), "off")])
+def test_amp_auto_is_bf16_where_the_gpu_has_it_natively_and_off_elsewhere(fake_cuda, cc, auto):
+    fake_cuda.capability[0] = cc
+    amp = resolve_amp("auto", cuda_rank())
+    assert amp.mode == auto and amp.scaler is None
+    assert amp.dtype is (torch.bfloat16 if auto == "bf16" else None)
+    assert resolve_amp("auto", read_context({}, "cpu")).mode == "off"
+
+
+@pytest.mark.parametrize("cc", [(7, 0), (7, 5), (6, 1)])
+def test_bf16_on_a_gpu_without_it_natively_is_refused_naming_the_gpu(fake_cuda, cc):
+    """``torch.cuda.is_bf16_supported()`` says yes on a V100 or a T4, where
+    bf16 is emulated; the capability says what runs natively (8.0 and up)."""
+    fake_cuda.capability[0] = cc
+    with pytest.raises(WorkloadError) as err:
+        resolve_amp("bf16", cuda_rank())
+    assert str(err.value) == (
+        f"--amp bf16: Tesla V100-SXM2-16GB (compute capability {cc[0]}.{cc[1]}) has no native "
+        "bfloat16, which needs 8.0 or newer; torch would emulate it, slower than fp32: use "
+        "--amp fp16 (with GradScaler) or --amp off")
+    assert resolve_amp("fp16", cuda_rank()).scaler is not None
+
+
+def speed_of(workload: str, *argv: str, ctx=None):
+    args = build_parser(workload).parse_args(list(argv))
+    return resolve_speed(args, ctx or cuda_rank(), workload)
+
+
+def test_the_speed_defaults_on_a_recent_gpu_and_each_option_off(fake_cuda):
+    on = speed_of("resnet")
+    assert (on.amp.mode, on.tf32, on.channels_last, on.cudnn_benchmark) == \
+        ("bf16", "on", True, True)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    assert torch.backends.cudnn.benchmark and on.memory_format is torch.channels_last
+    off = speed_of("resnet", "--amp", "off", "--no-tf32", "--no-channels-last",
+                   "--no-cudnn-benchmark")
+    assert (off.amp.mode, off.tf32, off.channels_last, off.cudnn_benchmark) == \
+        ("off", "off", False, False)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert not torch.backends.cudnn.benchmark and off.memory_format is torch.contiguous_format
+    assert speed_of("mlp").channels_last is None  # no ConvNet
+    fake_cuda.capability[0] = (7, 0)
+    assert speed_of("resnet").tf32 == "unsupported"
+
+
+@pytest.mark.parametrize("workload,amp", [("resnet", "off"), ("mlp", "off"), ("mnist", "fp16")])
+def test_seed_settings_are_the_tutorials_whatever_the_options_say(fake_cuda, workload, amp):
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+    convnet = ("--channels-last",) if workload != "mlp" else ()
+    seed = speed_of(workload, "--seed-settings", "--amp", "bf16", *convnet)
+    assert (seed.amp.mode, seed.tf32, seed.cudnn_benchmark, seed.seed_settings) == \
+        (amp, "default", False, True)
+    assert seed.channels_last in (False, None)
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == \
+        (False, True)  # torch's defaults, untouched
+    cpu = speed_of(workload, "--seed-settings", ctx=read_context({}, "cpu"))
+    assert cpu.amp.mode == "off"  # the tutorial's fp16 needs CUDA
+
+
+def test_the_speed_line_names_every_option_and_its_value():
+    gpu = {"device": "cuda", "amp": "bf16", "amp_requested": "auto", "tf32": "on",
+           "channels_last": True, "cudnn_benchmark": True, "seed_settings": False,
+           "loader_workers": 3, "loader_workers_auto": True}
+    assert describe_speed(gpu) == ("amp bf16 (auto), tf32 on, channels_last on, "
+                                   "cudnn.benchmark on; 3 loader workers per rank (auto)")
+    seed = {**gpu, "amp": "off", "amp_requested": "off", "tf32": "default",
+            "channels_last": None, "cudnn_benchmark": False, "seed_settings": True,
+            "loader_workers": 1, "loader_workers_auto": False}
+    assert describe_speed(seed) == (
+        "the tutorial's settings (seed_settings): amp off, tf32 torch's default (convolutions "
+        "only), cudnn.benchmark off; 1 loader worker per rank")
+    cpu = {"device": "cpu", "amp": "off", "amp_requested": "auto", "loader_workers": 0,
+           "loader_workers_auto": True}
+    assert describe_speed(cpu) == ("on the CPU: amp off (auto) (TF32, channels_last and "
+                                   "cuDNN's benchmark are GPU options); 0 loader workers per "
+                                   "rank (auto)")
 
 
 def test_the_rank_table_names_each_ranks_gpu_as_nvidia_smi_does(fake_cuda):

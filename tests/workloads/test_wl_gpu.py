@@ -43,11 +43,33 @@ def test_nccl_at_world_size_one(tmp_path, launch):
 @pytest.mark.parametrize("amp", ["fp16", "bf16"])
 def test_mnist_trains_under_amp(tmp_path, amp):
     if amp == "bf16" and torch.cuda.get_device_capability(0) < (8, 0):
-        pytest.skip("bf16 needs compute capability 8.0 or newer")
+        run = run_alone(tmp_path, "mnist", *MNIST, "--epochs", "1", "--amp", amp,
+                        env_extra=CUDA)
+        assert run.returncode != 0 and "has no native bfloat16" in run.stderr
+        return
     result = run_alone(tmp_path, "mnist", *MNIST, "--epochs", "1", "--amp", amp,
                        env_extra=CUDA).check()
     check_complete(result, "mnist", 1)
     assert result["amp"] == amp and math.isfinite(result["metrics"]["final_loss"])
+
+
+def test_resnet_takes_the_gpus_speed_ups_and_the_tutorials_settings_on_request(tmp_path):
+    """(issue 46) On a real GPU: the defaults (bf16 where native, TF32,
+    channels_last, cuDNN's benchmark) as the result records them, the
+    all-reduce measured by DDP's hook, and seed_settings the tutorial's."""
+    args = ("--data", "synthetic", "--train-samples", "256", "--test-samples", "16",
+            "--global-batch-size", "64", "--image-size", "64", "--epochs", "1", "--no-eval")
+    fast = run_alone(tmp_path, "resnet", *args, name="fast", env_extra=CUDA).check()
+    native = torch.cuda.get_device_capability(0) >= (8, 0)
+    assert fast["speed"] == {**fast["speed"], "device": "cuda",
+                             "amp": "bf16" if native else "off",
+                             "tf32": "on" if native else "unsupported", "channels_last": True,
+                             "cudnn_benchmark": True, "seed_settings": False}
+    assert fast["timing"]["avg_allreduce_s"] >= 0 and fast["timing"]["steps"] == 4
+    seed = run_alone(tmp_path, "resnet", *args, "--seed-settings", name="seed",
+                     env_extra=CUDA).check()
+    assert (seed["speed"]["amp"], seed["speed"]["tf32"], seed["speed"]["channels_last"],
+            seed["speed"]["cudnn_benchmark"]) == ("off", "default", False, False)
 
 
 def test_mnist_uses_sync_batchnorm_over_nccl(tmp_path):
@@ -56,7 +78,8 @@ def test_mnist_uses_sync_batchnorm_over_nccl(tmp_path):
                           env_extra=CUDA).check()
     check_complete(result, "mnist", nproc)
     assert result["backend"] == "nccl" and result["sync_bn"] is True
-    assert result["amp"] == "fp16"  # auto on CUDA
+    native = torch.cuda.get_device_capability(0) >= (8, 0)
+    assert result["amp"] == ("bf16" if native else "off")  # auto: bf16 where native
     assert [r["device"] for r in result["rank_table"]] == [f"cuda:{i}" for i in range(nproc)]
 
 

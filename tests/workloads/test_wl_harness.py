@@ -292,40 +292,149 @@ def test_step_timer_summary():
     assert len(s["series"]["rows"]) <= 4 and s["series"]["columns"][0] == "step"
 
 
+class ScriptedMarks:
+    """Marks at the times given, in order; a mark is passed once ``upto``
+    has reached it (a device that lags), as CUDA events are."""
+
+    def __init__(self, *times: float):
+        self.times, self.made, self.upto = list(times), 0, 0
+
+    def mark(self) -> int:
+        self.made += 1
+        return self.made - 1
+
+    def passed(self, mark: int) -> bool:
+        return mark < self.upto
+
+    def wait(self, mark: int) -> None:
+        self.upto = len(self.times)
+
+    def seconds(self, start: int, end: int) -> float:
+        return self.times[end] - self.times[start]
+
+
+def test_a_steps_times_from_its_marks_read_once_the_device_has_passed_them():
+    """Two steps: begin, forward, two gradient buckets, backward, end, idle;
+    times worked out by hand. The first step's data time is the host's
+    wait; the next one's is from the last idle mark to its begin; the
+    all-reduce's exposed wait is from the last bucket to backward's end."""
+    from workloads.harness.timing import StepClock
+
+    marks = ScriptedMarks(1, 3, 5, 6, 7, 9, 10,  # step 0: begin .. idle
+                          12, 13, 15, 15.5, 18, 19)  # step 1: begin .. end
+    clock = StepClock(marks)
+    clock.begin(0, 0.25)
+    clock.forward_done(), clock.grads_ready(), clock.grads_ready()
+    clock.backward_done(), clock.end(), clock.idle()
+    clock.begin(1, 99.0)
+    clock.forward_done(), clock.grads_ready(), clock.grads_ready(), clock.backward_done()
+    clock.end()
+    assert clock.ready() == []  # the device is behind: nothing read, nothing waited for
+    marks.upto = 6  # past step 0's end, not step 1's
+    assert clock.ready() == [(0, 0.25, 8, 2, 1)]
+    assert clock.ready() == []
+    assert clock.drain() == [(1, 2, 7, 1, 2.5)]
+    clock.forward_done()  # outside a step: no mark
+    assert clock.drain() == []
+
+
 # --- datasets -----------------------------------------------------------------
 
 @pytest.mark.parametrize("spec", [datasets.MNIST, datasets.CIFAR10])
 def test_synthetic_images_have_the_real_shape_and_are_deterministic(spec):
-    a = datasets.SyntheticImages(spec, 50, "train")
-    b = datasets.SyntheticImages(spec, 50, "train")
+    a = datasets.synthetic_images(spec, 50, "train")
+    b = datasets.synthetic_images(spec, 300, "train")  # past a block of 256
     x, y = a[7]
-    assert tuple(x.shape) == spec.shape and 0 <= y < spec.num_classes
-    assert torch.equal(x, b[7][0]) and y == b[7][1]
-    assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+    assert tuple(x.shape) == spec.shape and x.dtype == torch.uint8 and 0 <= y < spec.num_classes
+    assert torch.equal(x, b[7][0]) and y == b[7][1]  # sample i is the same for any size
     assert not torch.equal(a[0][0], a[1][0])
+    assert not torch.equal(b[0][0], b[256][0])  # the next block is drawn afresh
+    assert not torch.equal(datasets.synthetic_images(spec, 50, "test")[7][0], x)
 
 
 def test_synthetic_images_are_learnable():
     """Nearest class mean (fitted on train) beats chance by far on test."""
     spec = datasets.CIFAR10
-    train = datasets.SyntheticImages(spec, 300, "train")
-    test = datasets.SyntheticImages(spec, 100, "test")
-    xs = torch.stack([train[i][0] for i in range(len(train))]).flatten(1)
-    ys = torch.tensor([train[i][1] for i in range(len(train))])
+    train = datasets.synthetic_images(spec, 300, "train")
+    test = datasets.synthetic_images(spec, 100, "test")
+    xs, ys = train.__getitems__(list(range(len(train))))
+    xt, yt = test.__getitems__(list(range(len(test))))
+    xs, xt = xs.float().flatten(1), xt.float().flatten(1)
     means = torch.stack([xs[ys == c].mean(0) for c in range(10)])
-    xt = torch.stack([test[i][0] for i in range(len(test))]).flatten(1)
-    yt = torch.tensor([test[i][1] for i in range(len(test))])
     accuracy = (torch.cdist(xt, means).argmin(1) == yt).float().mean().item()
     assert accuracy > 0.5
 
 
-def test_pipeline_resizes_normalises_and_augments():
-    pipe = datasets.ImagePipeline(datasets.CIFAR10, image_size=16, augment=True)
-    out = pipe(torch.rand(3, 32, 32))
-    assert tuple(out.shape) == (3, 16, 16)
-    torch.manual_seed(0)
-    first = pipe(torch.rand(3, 32, 32))
-    assert torch.isfinite(first).all()
+def test_a_batch_is_its_samples_stacked_in_one_piece():
+    """``__getitems__`` (what DataLoader calls with a batch's indices) is
+    the samples of ``__getitem__``, stacked, in the order asked; empty too."""
+    from workloads.harness.data import Batch
+
+    for images, hwc in ((torch.randint(0, 255, (9, 5, 6, 3), dtype=torch.uint8), True),
+                        (torch.randint(0, 255, (9, 5, 6), dtype=torch.uint8), False)):
+        ds = datasets.StoredImages(images, list(range(9)), channels_last_storage=hwc)
+        batch = ds.__getitems__([4, 0, 8])
+        assert isinstance(batch, Batch) and batch.inputs.dtype == torch.uint8
+        assert torch.equal(batch.inputs, torch.stack([ds[i][0] for i in (4, 0, 8)]))
+        assert batch.targets.tolist() == [4, 0, 8]
+        assert batch.inputs.shape[1:] == ds[0][0].shape == ((3, 5, 6) if hwc else (1, 5, 6))
+        assert ds.__getitems__([]).inputs.shape == (0, *ds[0][0].shape)
+    assert torch.equal(ds[2][0][0], images[2])  # N x H x W: one channel of the image
+
+
+def test_the_device_pipeline_gives_the_seeds_images():
+    """Seed 001 resizes each 32x32 CIFAR-10 image to 224x224 with PIL before
+    ToTensor and Normalize; the pipeline upscales the uint8 batch on the
+    device. The images agree to PIL's rounding: it resizes in two passes
+    (rows, then columns) and rounds to uint8 after each, so a pixel may be
+    up to a level (1/255, before normalisation) off, and a third of one on
+    average."""
+    from PIL import Image
+    from torchvision import transforms
+
+    spec = datasets.CIFAR10
+    images = datasets.synthetic_images(spec, 4, "train").__getitems__([0, 1, 2, 3]).inputs
+    seed = transforms.Compose([transforms.Resize(224), transforms.ToTensor(),
+                               transforms.Normalize(spec.mean, spec.std)])
+    theirs = torch.stack([seed(Image.fromarray(img.permute(1, 2, 0).numpy())) for img in images])
+    ours = datasets.ImagePipeline(spec, 224)(images)
+    assert ours.shape == theirs.shape == (4, 3, 224, 224)
+    levels = (ours - theirs).abs() * torch.tensor(spec.std).view(1, 3, 1, 1) * 255
+    assert levels.max() <= 1.0 and levels.mean() <= 0.33
+    native = datasets.ImagePipeline(spec)(images)  # 32: no resize, ToTensor's x / 255
+    expected = (images.float() / 255 - torch.tensor(spec.mean).view(1, 3, 1, 1)) \
+        / torch.tensor(spec.std).view(1, 3, 1, 1)
+    assert torch.equal(native, expected)
+    many = torch.cat([images] * 5)  # 20 images: resized 8 at a time on the CPU
+    assert torch.equal(datasets.ImagePipeline(spec, 224)(many), torch.cat([ours] * 5))
+    last = datasets.ImagePipeline(spec, 64, channels_last=True)(images)
+    assert last.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(last, datasets.ImagePipeline(spec, 64)(images))
+
+
+def test_augmentation_crops_and_flips_each_image_on_its_own_seeded_stream():
+    """Each augmented image is a 32x32 window of its own 4-pixel reflect
+    padding, flipped or not (found by trying all 81 x 2); the windows
+    differ between images; a seed repeats them and another does not."""
+    import torch.nn.functional as F
+
+    spec = datasets.CIFAR10
+    images = datasets.synthetic_images(spec, 16, "train").__getitems__(list(range(16))).inputs
+    pipe = datasets.ImagePipeline(spec, augment=True)
+    pipe.seed(5, torch.device("cpu"))
+    out = pipe(images)
+    plain = datasets.ImagePipeline(spec)(images)
+    padded = F.pad(plain, (4, 4, 4, 4), mode="reflect")
+    found = []
+    for k in range(16):
+        found.append(next((i, j, flip) for i in range(9) for j in range(9) for flip in (0, 1)
+                          if torch.allclose(out[k], (lambda w: w.flip(-1) if flip else w)(
+                              padded[k, :, i:i + 32, j:j + 32]), atol=1e-6)))
+    assert len(set(found)) > 8 and {f for *_, f in found} == {0, 1}
+    pipe.seed(5, torch.device("cpu"))
+    assert torch.equal(pipe(images), out)
+    pipe.seed(6, torch.device("cpu"))
+    assert not torch.equal(pipe(images), out)
 
 
 def test_empty_data_dir_falls_back_to_labelled_synthetic(tmp_path):
@@ -343,11 +452,32 @@ def test_tiny_real_datasets_load_through_torchvision(tiny_data):
     mnist = datasets.load(datasets.MNIST, tiny_data, "auto")
     assert mnist.data == "real" and (len(mnist.train), len(mnist.test)) == (48, 20)
     x, y = mnist.train[0]
-    assert tuple(x.shape) == (1, 28, 28) and isinstance(y, int)
+    assert tuple(x.shape) == (1, 28, 28) and x.dtype == torch.uint8 and isinstance(y, int)
     cifar = datasets.load(datasets.CIFAR10, tiny_data, "real", image_size=24, train_samples=25)
     assert cifar.data == "real" and cifar.verified is False and "NOT verified" in cifar.source
     assert (len(cifar.train), len(cifar.test)) == (25, 20)
-    assert tuple(cifar.train[3][0].shape) == (3, 24, 24)
+    assert tuple(cifar.train[3][0].shape) == (3, 32, 32)  # shipped at its stored size
+    assert tuple(cifar.train_pipeline(cifar.train[3][0][None]).shape) == (1, 3, 24, 24)
+
+
+def test_real_images_are_torchvisions_decoded_images(tiny_data):
+    """What the loader ships is what torchvision's own reader decodes for
+    the same index (its PIL image, as an array), channel-major."""
+    import numpy as np
+    from torchvision import datasets as tv
+
+    from workloads.harness.vision import UnverifiedCIFAR10
+
+    cifar = datasets.load(datasets.CIFAR10, tiny_data, "real").train
+    theirs = UnverifiedCIFAR10(tiny_data, train=True, download=False)
+    batch = cifar.__getitems__([3, 0])
+    for row, index in enumerate((3, 0)):
+        image, label = theirs[index]
+        assert torch.equal(batch.inputs[row], torch.from_numpy(np.array(image)).permute(2, 0, 1))
+        assert batch.targets[row] == label
+    mnist = datasets.load(datasets.MNIST, tiny_data, "real").test
+    image, label = tv.MNIST(tiny_data, train=False, download=False)[5]
+    assert torch.equal(mnist[5][0][0], torch.from_numpy(np.array(image))) and mnist[5][1] == label
 
 
 @pytest.mark.parametrize("subset", [0, 30])
@@ -367,11 +497,12 @@ def test_a_loader_worker_gets_real_cifar10_as_a_handle_not_a_copy(tiny_data, sub
     received = ForkingPickler.loads(ForkingPickler.dumps(train))
     for i in (0, 7, len(train) - 1):
         assert torch.equal(received[i][0], train[i][0]) and received[i][1] == train[i][1]
-    assert base.data.shared.is_shared()
+    assert base.images.shared.is_shared()
 
 
 def test_data_synthetic_ignores_present_files(tiny_data):
-    assert datasets.load(datasets.MNIST, tiny_data, "synthetic").data == "synthetic"
+    assert datasets.load(datasets.MNIST, tiny_data, "synthetic", train_samples=8,
+                         test_samples=4).data == "synthetic"
 
 
 def test_incomplete_cifar_folder_is_an_error_not_a_fallback(tiny_data, tmp_path):

@@ -13,7 +13,8 @@ from torch import nn
 from workloads.harness import data as hdata
 from workloads.harness.context import WorkloadError, process_group, read_context
 from workloads.harness.report import RankZeroLog
-from workloads.harness.train import Trainer, evaluate, make_step, resolve_amp, wrap_ddp
+from workloads.harness.speed import resolve_amp
+from workloads.harness.train import Trainer, evaluate, make_step, wrap_ddp
 
 
 @pytest.fixture
@@ -275,7 +276,7 @@ def test_a_node_without_the_dataset_is_refused_not_reported_as_real(ctx, tiny_da
     from workloads.harness import datasets, evidence
 
     real = datasets.load(datasets.MNIST, tiny_data, "auto")
-    fake = datasets.load(datasets.MNIST, str(tmp_path), "auto")
+    fake = datasets.load(datasets.MNIST, str(tmp_path), "auto", train_samples=8, test_samples=4)
     everyone = [["real", 0, "gpu-a", real.source], ["real", 0, "gpu-a", real.source],
                 ["synthetic", 1, "gpu-b", fake.source]]
     monkeypatch.setattr(evidence, "all_gather_json", lambda _ctx, _value: everyone)

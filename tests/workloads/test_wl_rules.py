@@ -21,6 +21,8 @@ CASES = [  # (workload, args, world size)
     ("resnet", {"resume": True}, 1),
     ("mnist", {"resume": True}, 2),
     ("mnist", {"amp": "fp16"}, 1),
+    ("resnet", {"amp": "fp16"}, 2),
+    ("mlp", {"amp": "fp16"}, 1),
     ("mlp", {"mode": "dp"}, 3),
     ("mlp", {"mode": "dp"}, 1),
     ("linear", {"device": "cuda"}, 2),

@@ -10,8 +10,12 @@ shows only what is particular to its experiment:
 
 * ``context``  -- who am I (rank, node, device, backend), process group life
 * ``data``     -- batch splitting, lr scaling, samplers, per-rank seeding
-* ``datasets`` -- torchvision MNIST/CIFAR-10 from disk, or synthetic stand-ins
-* ``timing``   -- per-step data/compute/batch clocks, capped series
+* ``datasets`` -- MNIST/CIFAR-10 from disk (torchvision's readers), or
+  synthetic stand-ins, shipped as stored uint8; the device-side pipeline
+* ``speed``    -- the GPU's speed-ups (amp, TF32, channels_last, cuDNN's
+  benchmark) and the tutorials' own settings
+* ``timing``   -- per-step data/compute/all-reduce clocks that never wait
+  for the device, capped series
 * ``train``    -- the training loop, the step function, distributed eval
 * ``evidence`` -- rank table and parameter checksums gathered from all ranks
 * ``report``   -- rank-0 logging and the result JSON (``workloads.contract``)

@@ -20,8 +20,9 @@ why any world size trains like one process, is ``BatchSplit``'s docstring.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Sized
+from typing import Any, Iterator, NamedTuple, Sized
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -119,17 +120,46 @@ def epoch_seed(seed: int, rank: int, epoch: int) -> int:
     return mixed % (2**63 - 1)
 
 
-def seed_epoch(loader: DataLoader, ctx: DistContext, seed: int, epoch: int) -> None:
+def seed_epoch(loader: DataLoader, ctx: DistContext, seed: int, epoch: int,
+               pipeline: Any = None) -> None:
     """Re-seed this rank's data-side randomness for ``epoch``.
 
     The loader's generator decides the base seed of its workers (re-forked
     each epoch: persistent_workers stays off for that reason); the global
-    generator covers transforms run in the main process (num_workers=0).
+    generator covers transforms run in the main process (num_workers=0); a
+    ``pipeline`` with a ``seed`` method (``datasets.ImagePipeline``: the
+    augmentation, on the device) gets the same stream's seed.
     """
     s = epoch_seed(seed, ctx.rank, epoch)
     if loader.generator is not None:
         loader.generator.manual_seed(s)
     torch.manual_seed(s)
+    if pipeline is not None and hasattr(pipeline, "seed"):
+        pipeline.seed(s, ctx.torch_device())
+
+
+AUTO_WORKERS = -1  # ``--num-workers`` default of the image workloads: ``loader_workers``
+MAX_AUTO_WORKERS = 4
+
+
+def loader_workers(requested: int, ctx: DistContext, cpus: int | None = None) -> int:
+    """``--num-workers``: the number given, or for ``AUTO_WORKERS`` one
+    chosen from this node's CPUs and the ranks sharing them.
+
+    A batch leaves the loader as stored uint8 images (``datasets``), so a
+    worker has little to do; on a GPU, one CPU of each rank's share stays
+    with the rank's own loop and up to ``MAX_AUTO_WORKERS`` of the rest load
+    (16 CPUs for 4 ranks: 3 each; 2 CPUs for 2 ranks: none). A CPU rank
+    computes on its CPUs, so there it loads in its own process (0).
+    """
+    if requested != AUTO_WORKERS:
+        return requested
+    if not ctx.is_cuda:
+        return 0
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+    return max(0, min(MAX_AUTO_WORKERS, cpus // max(1, ctx.local_world_size) - 1))
 
 
 class ShardSampler(Sampler[int]):
@@ -223,18 +253,29 @@ class GlobalBatchSampler(Sampler[list[int]]):
         return full + (1 if rest and not self.drop_last else 0)
 
 
+class Batch(NamedTuple):
+    """A batch a dataset made in one piece (its ``__getitems__``), which
+    ``Collate`` passes on as it is."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+
 class Collate:
     """``default_collate``, plus empty batches of the dataset's shape.
 
     A rank with an empty share still runs the step, through the model, so it
     needs tensors with zero rows; ``template`` is one collated sample (made
-    only when this rank can get an empty share), cut to zero rows.
+    only when this rank can get an empty share), cut to zero rows. A
+    ``Batch`` is already collated (zero rows included).
     """
 
     def __init__(self, template: Any = None):
         self.empty = _zero_rows(template) if template is not None else None
 
-    def __call__(self, batch: list) -> Any:
+    def __call__(self, batch: list | Batch) -> Any:
+        if isinstance(batch, Batch):
+            return batch
         if batch:
             return default_collate(batch)
         if self.empty is None:
@@ -277,5 +318,5 @@ def eval_loader(dataset: Dataset, ctx: DistContext, batch_size: int, *,
     """A loader over this rank's exact, unpadded share of ``dataset``."""
     return DataLoader(dataset, batch_size=batch_size,
                       sampler=ShardSampler(dataset, ctx.rank, ctx.world_size),
-                      num_workers=num_workers, pin_memory=ctx.is_cuda,
+                      collate_fn=Collate(), num_workers=num_workers, pin_memory=ctx.is_cuda,
                       multiprocessing_context=_worker_context(dataset, num_workers))

@@ -2,7 +2,8 @@
 
 ``start`` does everything that can fail without talking to other ranks
 (argument parsing, device choice and binding a CUDA rank to its GPU, the
-catalog's rules, batch split, lr scaling), so a bad configuration fails fast
+catalog's rules, batch split, lr scaling, the loader's workers, the speed
+options: ``speed.resolve_speed``), so a bad configuration fails fast
 on every rank before any rendezvous. The rules are the catalog's
 (``catalog.Rule``), the same the controller checks before launch, so both
 refuse in the same words. ``run_job`` then opens the process group around the
@@ -23,11 +24,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from workloads import contract
-from workloads.catalog import CATALOG, Layout, build_parser
+from workloads.catalog import CATALOG, Layout, build_parser, describe_speed
 from workloads.harness import data as hdata
 from workloads.harness.context import (DistContext, WorkloadError, context_from_environ,
                                        process_group, visible_gpus)
 from workloads.harness.report import RankZeroLog
+from workloads.harness.speed import Speed, resolve_speed
 from workloads.harness.timing import now
 
 
@@ -42,6 +44,16 @@ class Job:
     started: float
     split: hdata.BatchSplit | None  # --global-batch-size over the ranks (None: no batch)
     lr: float  # after --lr-scaling (0.0 for workloads without one)
+    workers: int = 0  # DataLoader workers per rank: --num-workers, or chosen (loader_workers)
+    speed: Speed | None = None  # the speed options as applied (the image workloads')
+
+    def speed_record(self) -> dict:
+        """The result's ``speed`` (empty where the workload has no speed options)."""
+        return self.speed.record(self.workers, self.args.num_workers) if self.speed else {}
+
+    def speed_line(self) -> str:
+        """The log's ``speed:`` line, the words of the summary's."""
+        return f"speed: {describe_speed(self.speed_record())}"
 
     @property
     def batch(self) -> int:
@@ -61,9 +73,12 @@ def start(name: str, argv: list[str] | None = None) -> Job:
     if hasattr(args, "global_batch_size"):
         split = hdata.split_batch(args.global_batch_size, ctx.world_size)
         lr = hdata.scaled_lr(args.lr, args.lr_scaling, ctx.world_size)
-    job = Job(name, args, ctx, RankZeroLog(ctx, name), started, split, lr)
+    workers = hdata.loader_workers(args.num_workers, ctx) if hasattr(args, "num_workers") else 0
+    speed = resolve_speed(args, ctx, name) if hasattr(args, "seed_settings") else None
+    job = Job(name, args, ctx, RankZeroLog(ctx, name), started, split, lr, workers, speed)
     if ctx.fallback:
         job.log(f"WARNING: {ctx.fallback}")
+
     if contract.restart_count() and not hasattr(args, "checkpoint"):
         job.log(f"restart {contract.restart_count()}: {name} keeps no checkpoint, so "
                 "training starts again from scratch")

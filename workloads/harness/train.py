@@ -27,9 +27,7 @@ Two losses come out of it, and they answer different questions:
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -40,12 +38,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from workloads.contract import heartbeat
 from torch.utils.data import DataLoader
 
-from workloads.catalog import AMP_FP16_ON_CPU
-from workloads.harness.context import WorkloadError, DistContext, synchronize
+from workloads.harness.context import DistContext
 from workloads.harness.data import seed_epoch
 from workloads.harness.evidence import broadcast_buffers
 from workloads.harness.report import RankZeroLog
-from workloads.harness.timing import CappedSeries, StepTimer, now
+from workloads.harness.speed import Amp
+from workloads.harness.timing import NO_CLOCK, CappedSeries, StepTimer, StepTimes, clock_for, now
 
 # step_fn(inputs, targets, loss_weight) -> (mean loss over the batch, outputs)
 StepFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
@@ -62,45 +60,6 @@ def wrap_ddp(model: nn.Module, ctx: DistContext) -> DDP:
     return DDP(model, device_ids=ids)
 
 
-@dataclass(frozen=True)
-class Amp:
-    """Mixed precision as resolved for this run: dtype None means off."""
-
-    mode: str  # off / fp16 / bf16
-    device_type: str
-    dtype: torch.dtype | None
-    scaler: torch.amp.GradScaler | None
-
-    def autocast(self):
-        if self.dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
-
-
-def resolve_amp(requested: str, ctx: DistContext) -> Amp:
-    """``--amp`` auto/off/fp16/bf16 for this device; refuses what cannot work.
-
-    auto is fp16 (+ GradScaler, as in seed 004) on CUDA and off on CPU. fp16 on
-    CPU is refused: CPU autocast is meant for bf16, and a GradScaler there
-    would only hide that.
-    """
-    dev = "cuda" if ctx.is_cuda else "cpu"
-    mode = requested if requested != "auto" else ("fp16" if ctx.is_cuda else "off")
-    if mode == "off":
-        return Amp("off", dev, None, None)
-    if mode == "fp16":
-        if not ctx.is_cuda:
-            raise WorkloadError(AMP_FP16_ON_CPU)  # the catalog's rule refuses it first
-        return Amp("fp16", dev, torch.float16, torch.amp.GradScaler("cuda"))
-    if mode == "bf16":
-        # asks about the current device: this rank's own GPU, set when the
-        # context was read (context.bind_device), never cuda:0 by default
-        if ctx.is_cuda and not torch.cuda.is_bf16_supported():
-            raise WorkloadError("--amp bf16: this GPU does not support bfloat16")
-        return Amp("bf16", dev, torch.bfloat16, None)
-    raise WorkloadError(f"--amp must be auto, off, fp16 or bf16, got {requested!r}")
-
-
 def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,
               loss_fn: Callable, amp: Amp | None = None) -> StepFn:
     """One optimizer step on a batch; returns (loss, outputs), both on device.
@@ -113,35 +72,58 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     over nothing (NaN): every parameter still gets its (zero) gradient, as
     DDP's all-reduce needs, and the returned loss is 0 over 0 samples.
 
-    ``step.forward_s`` is the last step's forward pass and loss in seconds
-    (on a GPU, up to a synchronise): the part of the step before the
-    gradients' all-reduce, which runs inside ``backward()`` and waits for the
-    slowest rank. The step heartbeat reports it as the rank's compute time
-    outside collectives (``Trainer``; ``ddp-orch top`` compares the ranks on it).
+    The step marks its phases on ``step.clock``, which the ``Trainer`` sets
+    to its own (``timing.StepClock``): the forward pass and loss (the part
+    before the gradients' all-reduce, which runs inside ``backward()`` and
+    waits for the slowest rank: the rank's compute outside collectives, which
+    ``ddp-orch top`` compares), and the end of backward. On a DDP model a
+    communication hook marks each gradient bucket's readiness before its
+    all-reduce (``timed_allreduce``), so the clock can tell the all-reduce's
+    exposed wait from the compute. Nothing here waits for the device, except
+    fp16's GradScaler, which reads its overflow check on the host every step.
     """
     amp = amp or Amp("off", "cpu", None, None)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor, weight: float = 1.0):
-        started = now()
+        clock = step.clock
         optimizer.zero_grad(set_to_none=True)
         with amp.autocast():
             outputs = model(inputs)
             loss = loss_fn(outputs, targets) if len(targets) else outputs.sum()
             objective = loss if weight == 1.0 else loss * weight
-        if inputs.is_cuda:
-            torch.cuda.synchronize(inputs.device)
-        step.forward_s = now() - started
+        clock.forward_done()
         if amp.scaler is not None:
             amp.scaler.scale(objective).backward()
+            clock.backward_done()
             amp.scaler.step(optimizer)
             amp.scaler.update()
         else:
             objective.backward()  # DDP all-reduces (averages) gradients here
+            clock.backward_done()
             optimizer.step()
         return loss, outputs
 
-    step.forward_s = None
+    step.clock = NO_CLOCK
+    if isinstance(model, DDP):
+        group = model.process_group
+        model.register_comm_hook(None, lambda _state, bucket: timed_allreduce(step, group,
+                                                                              bucket))
     return step
+
+
+def timed_allreduce(step: Any, group: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP's own all-reduce of a gradient bucket, after marking that the
+    bucket's gradients are ready (on ``step.clock``).
+
+    What DDP does without a hook, value for value: each gradient times 1/W
+    (DDP scales as it copies into the bucket; here the bucket, after), then
+    a sum over the ranks, so the averaged gradients are the same bits.
+    """
+    step.clock.grads_ready()
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / dist.get_world_size(group))
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(
+        lambda fut: fut.value()[0])
 
 
 class Trainer:
@@ -153,13 +135,22 @@ class Trainer:
     collective), and it says each step's global batch, which weights this
     rank's loss (``BatchSplit.loss_weight``).
     ``epoch``/``step`` may start past zero when resuming from a checkpoint.
+    ``prepare`` turns a batch's inputs, once on the device, into the model's
+    (``datasets.ImagePipeline``; as they are by default). The step times
+    come from a ``StepClock`` on the rank's device, which the step function
+    marks too when it has a ``clock`` (``make_step``'s).
     """
 
     def __init__(self, ctx: DistContext, loader: DataLoader, step_fn: StepFn,
                  log: RankZeroLog, *, epochs: int, seed: int, max_steps: int = 0,
                  log_every: int = 0, classify: bool = False,
-                 start_epoch: int = 0, start_step: int = 0):
+                 start_epoch: int = 0, start_step: int = 0,
+                 prepare: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.ctx, self.loader, self.step_fn, self.log = ctx, loader, step_fn, log
+        self.prepare = prepare
+        self.clock = clock_for(ctx.is_cuda)
+        if hasattr(step_fn, "clock"):
+            step_fn.clock = self.clock
         self.epochs, self.seed, self.max_steps = epochs, seed, max_steps
         self.log_every, self.classify = log_every, classify
         self.epoch, self.step = start_epoch, start_step
@@ -193,7 +184,7 @@ class Trainer:
                 self.stopped = True
                 break
             self.loader.batch_sampler.set_epoch(epoch)  # same shuffle on all ranks
-            seed_epoch(self.loader, self.ctx, self.seed, epoch)
+            seed_epoch(self.loader, self.ctx, self.seed, epoch, self.prepare)
             self.epoch_complete = self._run_epoch(epoch)
             if self.epoch_complete:
                 self.epoch = epoch + 1  # epochs fully done (what a checkpoint records)
@@ -203,43 +194,63 @@ class Trainer:
                 break
 
     def _run_epoch(self, epoch: int) -> bool:
-        """One pass over this rank's shard; False if max_steps cut it short."""
+        """One pass over this rank's shard; False if max_steps cut it short.
+
+        Nothing in a step waits for the device (see ``timing``): the step's
+        times are read when the device has passed them, and the loss window
+        is read where its all_reduce waits anyway, every ``curve_every`` steps.
+        """
         dev = self.ctx.torch_device()
         sampler = self.loader.batch_sampler
+        clock = self.clock
         complete = True
         t0, samples, steps = self.timer.batch_s, 0, 0
         self._epoch_totals = [0.0, 0.0, 0.0]
+        clock.new_epoch()
         t_end = now()
         for batch_index, (inputs, targets) in enumerate(self.loader):
-            t_data = now()
+            clock.begin(self.step, now() - t_end)
             inputs = inputs.to(dev, non_blocking=True)
+            if self.prepare is not None:
+                inputs = self.prepare(inputs)
             targets = targets.to(dev, non_blocking=True)
             global_n = sampler.global_size(batch_index)
             weight = sampler.split.loss_weight(targets.shape[0], global_n)
             loss, outputs = self.step_fn(inputs, targets, weight)
             samples += global_n
             self._accumulate(loss, outputs, targets)
-            synchronize(self.ctx)
-            t_done = now()
-            forward_s = getattr(self.step_fn, "forward_s", None)
-            self.timer.record(self.step, t_data - t_end, t_done - t_data, forward_s)
+            clock.end()
             self.step += 1
             steps += 1
             # the hang watchdog's sign of progress, and status's and top's (a
-            # no-op alone): with the step's time outside collectives
+            # no-op alone): with the times outside collectives of the steps
+            # the device finished since the last
+            compute_s, data_s = self._record(clock.ready())
             heartbeat(self.step, samples=self.samples_before + self.local_samples,
-                      compute_s=forward_s, data_s=t_data - t_end)
+                      compute_s=compute_s, data_s=data_s)
             if self._win_steps == self.curve_every:
                 self._flush(epoch, show=bool(self.log_every))
             if self.max_steps and self.step >= self.max_steps:
                 self.stopped = True
                 complete = batch_index + 1 == len(self.loader)
                 break
+            clock.idle()
             t_end = now()
         if self._win_steps:
             self._flush(epoch, show=bool(self.log_every))
+        self._record(clock.drain())
         self._end_epoch(epoch, steps, samples, self.timer.batch_s - t0)
         return complete
+
+    def _record(self, finished: list[StepTimes]) -> tuple[float | None, float | None]:
+        """Add finished steps to the timer; the mean of their forward and data
+        times (the heartbeat's), or (None, None) if not every one has them."""
+        for t in finished:
+            self.timer.record(t.step, t.data_s, t.compute_s, t.forward_s, t.allreduce_s)
+        if not finished or any(t.forward_s is None for t in finished):
+            return None, None
+        return (sum(t.forward_s for t in finished) / len(finished),
+                sum(t.data_s for t in finished) / len(finished))
 
     def _end_epoch(self, epoch: int, steps: int, samples: int, seconds: float) -> None:
         """Record the epoch's means (see module doc) and print its line."""
@@ -271,7 +282,8 @@ class Trainer:
                                device=self.ctx.device)
         totals = torch.cat([self._win, n_local])
         dist.all_reduce(totals)
-        loss_sum, correct, n = totals.tolist()
+        loss_sum, correct, n = totals.tolist()  # the window's one wait for the device
+        self._record(self.clock.drain())  # every step before it has passed: no wait
         self._epoch_totals = [a + b for a, b in zip(self._epoch_totals, (loss_sum, correct, n))]
         seconds = self.timer.batch_s - self._win_t0
         self.last_loss = loss_sum / n
@@ -303,13 +315,14 @@ class Trainer:
 
 @torch.no_grad()
 def evaluate(ctx: DistContext, module: nn.Module, loader: DataLoader,
-             amp: Amp | None = None) -> dict:
+             amp: Amp | None = None,
+             prepare: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
     """Loss and accuracy over a dataset sharded with ``ShardSampler``.
 
     Each rank counts its exact share; one all_reduce sums (loss, correct,
     total), so the accuracy is over the whole set, each example once. Pass the
     unwrapped module (``ddp.module``): shards may differ in length, and a DDP
-    forward could be a collective.
+    forward could be a collective. ``prepare`` as the Trainer's.
     """
     amp = amp or Amp("off", "cpu", None, None)
     broadcast_buffers(module)  # everyone evaluates with rank 0's BatchNorm stats
@@ -318,7 +331,9 @@ def evaluate(ctx: DistContext, module: nn.Module, loader: DataLoader,
     dev = ctx.torch_device()
     t = torch.zeros(3, dtype=torch.float64, device=dev)
     for inputs, targets in loader:
-        inputs, targets = inputs.to(dev), targets.to(dev)
+        inputs, targets = inputs.to(dev, non_blocking=True), targets.to(dev, non_blocking=True)
+        if prepare is not None:
+            inputs = prepare(inputs)
         with amp.autocast():
             out = module(inputs)
         t[0] += F.cross_entropy(out.float(), targets, reduction="sum").double()
@@ -336,13 +351,15 @@ class EpochEval:
     """An ``on_epoch_end`` hook: test loss/accuracy over all ranks, as a curve."""
 
     def __init__(self, ctx: DistContext, module: nn.Module, loader: DataLoader,
-                 log: RankZeroLog, amp: Amp | None = None):
+                 log: RankZeroLog, amp: Amp | None = None,
+                 prepare: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.ctx, self.module, self.loader, self.log, self.amp = ctx, module, loader, log, amp
+        self.prepare = prepare
         self.curve: list[list[float]] = []  # [step, epoch, test_loss, test_accuracy]
         self.last: dict | None = None
 
     def __call__(self, trainer: Trainer) -> None:
-        ev = evaluate(self.ctx, self.module, self.loader, self.amp)
+        ev = evaluate(self.ctx, self.module, self.loader, self.amp, self.prepare)
         self.last = ev
         self.curve.append([trainer.step, trainer.epoch, ev["loss"], ev["accuracy"]])
         self.log(f"test after step {trainer.step}: loss {ev['loss']:.4f} accuracy "

@@ -1,5 +1,9 @@
 """Real MNIST / CIFAR-10 through torchvision's dataset classes (download=False).
 
+torchvision reads and decodes the files; its images are then served as
+stored, uint8 (``datasets.StoredImages``), not through its per-sample PIL
+path: the rank's device does the rest (``datasets.ImagePipeline``).
+
 Imported only when real data is present: importing torchvision costs a few
 seconds per process (it pulls in torch._dynamo), which noop/linear/toy and
 synthetic runs need not pay.
@@ -21,10 +25,10 @@ import os
 from typing import Any
 
 import torch
-from torchvision import datasets, transforms
+from torchvision import datasets
 
 from workloads.harness.context import WorkloadError
-from workloads.harness.datasets import CIFAR10, MNIST, ImagePipeline, Spec
+from workloads.harness.datasets import CIFAR10, MNIST, Spec, StoredImages
 
 
 class UnverifiedCIFAR10(datasets.CIFAR10):
@@ -73,9 +77,9 @@ def _from_shared(shared: torch.Tensor) -> SharedArray:
     return SharedArray(shared.numpy(), shared)
 
 
-def _cifar10(root: str, train: bool, tf) -> tuple[datasets.CIFAR10, bool]:
+def _cifar10(root: str, train: bool) -> tuple[StoredImages, bool]:
     try:
-        ds, verified = datasets.CIFAR10(root, train=train, transform=tf, download=False), True
+        ds, verified = datasets.CIFAR10(root, train=train, download=False), True
     except RuntimeError as official:
         folder = os.path.join(root, CIFAR10.folder)
         names = [n for n, _ in UnverifiedCIFAR10.train_list + UnverifiedCIFAR10.test_list]
@@ -84,25 +88,26 @@ def _cifar10(root: str, train: bool, tf) -> tuple[datasets.CIFAR10, bool]:
         if missing:
             raise WorkloadError(f"CIFAR-10 at {folder} is incomplete (missing {missing})") \
                 from official
-        ds, verified = UnverifiedCIFAR10(root, train=train, transform=tf, download=False), False
-    ds.data = SharedArray(ds.data)  # torchvision's __getitem__ reads self.data[index]
-    return ds, verified
+        ds, verified = UnverifiedCIFAR10(root, train=train, download=False), False
+    # N x 32 x 32 x 3 uint8, as decoded; into shared memory at a worker's start
+    return StoredImages(SharedArray(ds.data), ds.targets, channels_last_storage=True), verified
 
 
-def load_real(spec: Spec, root: str, train_tf: ImagePipeline, test_tf: ImagePipeline):
-    """(train, test, verified) for ``spec`` from ``root``; PIL -> tensor -> pipeline."""
-    to_train = transforms.Compose([transforms.ToTensor(), train_tf])
-    to_test = transforms.Compose([transforms.ToTensor(), test_tf])
+def load_real(spec: Spec, root: str) -> tuple[StoredImages, StoredImages, bool | None]:
+    """(train, test, verified) for ``spec`` from ``root``: torchvision's
+    readers, their decoded uint8 images served as stored (no PIL per sample)."""
     if spec is MNIST:
         try:
-            train = datasets.MNIST(root, train=True, transform=to_train, download=False)
-            test = datasets.MNIST(root, train=False, transform=to_test, download=False)
+            train = datasets.MNIST(root, train=True, download=False)
+            test = datasets.MNIST(root, train=False, download=False)
         except RuntimeError as err:
             raise WorkloadError(f"MNIST under {root}/{spec.folder} is incomplete: {err}") from err
-        # torchvision checks MNIST's raw files for presence only (no md5)
-        return train, test, None
+        # torchvision checks MNIST's raw files for presence only (no md5); its
+        # images are one uint8 tensor, which DataLoader's workers share as is
+        return (StoredImages(train.data, train.targets), StoredImages(test.data, test.targets),
+                None)
     if spec is CIFAR10:
-        train, ok_train = _cifar10(root, True, to_train)
-        test, ok_test = _cifar10(root, False, to_test)
+        train, ok_train = _cifar10(root, True)
+        test, ok_test = _cifar10(root, False)
         return train, test, ok_train and ok_test
     raise WorkloadError(f"no real loader for {spec.name}")

@@ -156,3 +156,35 @@ def test_a_reused_run_without_a_result_is_refused_before_anything_runs(tmp_path)
     # nothing ran: no baseline run beside the reused one
     assert [p for p in os.listdir(runs) if not p.startswith(".")] == [run_id]
     assert json.loads((runs / run_id / "state.json").read_text())["state"] == "succeeded"
+
+
+def test_the_run_on_node_0_alone_is_node_0_as_the_file_gives_it():
+    """(issue 46) Seed 001's 1 GPU, then N GPUs of one node, then the
+    cluster: on the example's 3 + 4 GPUs, node 0 alone is its 3 GPUs."""
+    from orchestrator.controller.compare import node_spec
+
+    spec = load_cluster_file("cluster.yaml.example")
+    node = node_spec(spec)
+    assert node.nodes == (spec.nodes[0],) and node.world_size == 3
+    assert node.workload == spec.workload and node.name == "resnet-demo-node0"
+    plan = build_plan(node, run_id="n", local_run_dir="/r/n")
+    assert plan.nodes[0].env["CUDA_VISIBLE_DEVICES"] == "3,4,5"  # the file's node 0
+
+
+def test_node_0_alone_is_left_out_where_it_would_repeat_another_run(tmp_path):
+    """One node is the cluster run; one process on node 0 is the baseline;
+    a DataParallel baseline is node 0's GPUs already. CPU processes run one
+    thread each, as on the other sides."""
+    from orchestrator.controller.compare import node_spec
+
+    one = local_spec(None, workload="linear", args={}, gpus=None, procs=2, device=None)
+    assert node_spec(one) is None
+    text = ("nodes:\n  - {host: localhost, procs: %d}\n  - {host: localhost, procs: 2}\n"
+            "workload: {name: linear}\n")
+    (tmp_path / "single.yaml").write_text(text % 1)
+    assert node_spec(load_cluster_file(str(tmp_path / "single.yaml"))) is None
+    (tmp_path / "two.yaml").write_text(text % 2)
+    two = load_cluster_file(str(tmp_path / "two.yaml"))
+    node = node_spec(two)
+    assert node.world_size == 2 and dict(node.nodes[0].env)["OMP_NUM_THREADS"] == "1"
+    assert node_spec(two, "dp") is None

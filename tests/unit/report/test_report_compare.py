@@ -3,6 +3,8 @@ runs' results (warnings, speedup, the table, the plot note)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestrator.report.compare import (comparison, render_markdown, render_table, summarize,
@@ -115,3 +117,73 @@ def test_without_matplotlib_the_note_says_exactly_how_to_install_it(tmp_path, mo
     assert f"`{sys.executable} -m pip install 'matplotlib>=3.7'`" in note
     assert "pip install -e '.[report]'" in note
     assert "`ddp-orch compare --baseline-run b --ddp-run d` draws them" in note
+
+
+def three_runs() -> dict:
+    """1 GPU, node 0's 4 GPUs, 8 GPUs over two nodes: seed 001's experiment
+    at three sizes (train times 40, 11 and 6 s over the same samples)."""
+    def run(label, world, nodes, train_s, data_s, compute_s, allreduce_s):
+        result = fake_result(world, train_s, 1000 * 40 / train_s)
+        result["nodes"] = nodes
+        result["timing"].update(avg_batch_s=data_s + compute_s, avg_data_s=data_s,
+                                avg_compute_s=compute_s, avg_allreduce_s=allreduce_s)
+        return summarize(label, label[0], result)
+
+    return comparison(run("baseline", 1, 1, 40.0, 0.02, 0.38, 0.001),
+                      run("ddp", 8, 2, 6.0, 0.004, 0.056, 0.012),
+                      run("node", 4, 1, 11.0, 0.005, 0.105, 0.005))
+
+
+def test_three_runs_give_speed_up_efficiency_and_the_steps_split_per_size():
+    report = three_runs()
+    rows = report["scaling"]
+    assert [(r["label"], r["world_size"], r["nodes"]) for r in rows] == [
+        ("baseline", 1, 1), ("node", 4, 1), ("ddp", 8, 2)]
+    assert [r["speedup"] for r in rows] == pytest.approx([1.0, 40 / 11, 40 / 6])
+    assert [r["efficiency"] for r in rows] == pytest.approx([1.0, 40 / 11 / 4, 40 / 6 / 8])
+    node = rows[1]  # the step: 0.005 data + 0.105 compute, of it 0.005 all-reduce
+    assert (node["data_s"], node["compute_s"], node["allreduce_s"]) == pytest.approx(
+        (0.005, 0.100, 0.005))
+    assert (node["data_share"], node["compute_share"], node["allreduce_share"]) == \
+        pytest.approx((0.005 / 0.11, 0.1 / 0.11, 0.005 / 0.11))
+    assert report["speedup"] == pytest.approx(40 / 6) and report["same_samples"]
+    table = render_table(report)
+    assert table.startswith("| metric | baseline (1 process) | node 0 alone (4 processes) "
+                            "| DDP |\n| --- | ---: | ---: | ---: |\n")
+    assert "| training time (s) | 40.00 | 11.00 | 6.00 |" in table
+    assert "|     of it the all-reduce's wait (s) | 0.0010 | 0.0050 | 0.0120 |" in table
+    assert "| node 0 alone (4 processes) | 4 | 1 | 3.64x | 91% | 5% | 91% | 5% |" in table
+    assert "| DDP | 8 | 2 | 6.67x | 83% | 7% | 73% | 20% |" in table
+    assert "on node 0 alone: speed-up 3.64x, scaling efficiency 91% on 4 processes" in table
+    markdown = render_markdown(report, ["scaling.png"])
+    assert "node 0 alone (4 processes) `n`" in markdown and "![scaling.png](scaling.png)" in markdown
+    assert "- on node 0 alone: speed-up 3.64x" in markdown
+    assert "\n| run | world size | nodes | speed-up | efficiency | data | compute | all-reduce |\n" \
+        in markdown
+
+
+def test_a_run_without_the_all_reduce_measured_shows_none():
+    """A result from before the all-reduce was measured, or a user's script."""
+    report = report_of(fake_result(1, 20.0, 100.0), fake_result(2, 12.0, 170.0))
+    assert [r["allreduce_share"] for r in report["scaling"]] == [None, None]
+    assert "| DDP | 2 | 1 | 1.67x | 83% | 20% | 80% | - |" in render_table(report)
+    assert "|     of it the all-reduce's wait (s) | - | - |" in render_table(report)
+
+
+def test_the_plots_show_every_run_and_the_scaling(tmp_path):
+    pytest.importorskip("matplotlib")
+    report = three_runs()
+    plots, note = write_report(report, str(tmp_path))
+    assert note == "" and plots == ["time_and_throughput.png", "time_breakdown.png",
+                                    "scaling.png", "loss_curves.png"]
+    for name in plots:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "report.json").read_text())["node"]["world_size"] == 4
+
+
+def test_without_matplotlib_the_note_names_the_run_on_node_0_too(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    _, note = write_report(three_runs(), str(tmp_path))
+    assert "`ddp-orch compare --baseline-run b --node-run n --ddp-run d` draws them" in note

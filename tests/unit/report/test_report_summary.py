@@ -42,6 +42,20 @@ def test_summary_has_no_data_line_for_results_that_do_not_say():
     assert "data: generated\n" in summary_of({"world_size": 2, "metrics": {}, "data": "generated"})
 
 
+def test_summary_names_each_speed_option_of_a_builtin_after_its_data():
+    """(issue 46) resnet on a GPU with the defaults, as its result records
+    them (``workloads/harness/speed.py``); the line's words are
+    ``catalog.describe_speed``'s, tested with it."""
+    speed = {"device": "cuda", "amp": "bf16", "amp_requested": "auto", "tf32": "on",
+             "channels_last": True, "cudnn_benchmark": True, "seed_settings": False,
+             "loader_workers": 3, "loader_workers_auto": True}
+    out = summary_of({**mnist_result("real", "CIFAR-10 from /data"), "speed": speed})
+    assert ("data: CIFAR-10 from /data\nspeed: amp bf16 (auto), tf32 on, channels_last on, "
+            "cudnn.benchmark on; 3 loader workers per rank (auto)\n") in out
+    assert "speed:" not in summary_of(mnist_result("real", "MNIST from /data"))
+    assert "speed:" not in summary_of({"world_size": 2, "metrics": {}, "speed": {}})
+
+
 def test_the_summary_of_a_failed_run_lists_each_nodes_interface():
     plan = {"nodes": [{"node_rank": 0, "env": {"GLOO_SOCKET_IFNAME": "eth0"}},
                       {"node_rank": 1, "env": {"GLOO_SOCKET_IFNAME": "ens5"}},
