@@ -139,7 +139,8 @@ class AgentBackend(LaunchBackend):
             handle.resolved(self.dryrun(resolve_plan(
                 plan, master_port=prepared[0][0], homes={k: a.home for k, a in agents.items()},
                 interfaces={k: ifname for k, (_port, ifname, _gpus) in prepared.items()},
-                gpus=gpuplan.choices(placed), device=device)))
+                gpus=gpuplan.choices(placed), device=device,
+                cores={k: a.cores for k, a in agents.items()})))
             return handle
         except BaseException:
             handle.close()

@@ -110,7 +110,8 @@ class Event(str, Enum):
 # What each control message must carry: field -> accepted types.
 _NUM = (int, float)
 MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
-    "hello": {"home": (str,), "pid": (int,), "python": (str,)},
+    # ``cores``: the CPUs the agent may run on (``node/ompthreads.usable_cores``)
+    "hello": {"home": (str,), "pid": (int,), "python": (str,), "cores": (int,)},
     "reply": {"ok": (bool,)},
     "joined": {},
     "heartbeat": {},
