@@ -95,8 +95,10 @@ def _settled(record, described=None):
 
 
 def _since_start(record, until: float | None = None) -> float:
-    """A recorded run's wall time, to ``until`` (default: now)."""
-    return ((until or time.time()) - record.started) if record.started else 0.0
+    """A recorded run's own time, from when it started after its wait for
+    its nodes, to ``until`` (default: now)."""
+    since = record.running_since
+    return max(0.0, (until or time.time()) - since) if since is not None else 0.0
 
 
 def _run_end(record, backend) -> tuple[float | None, float]:

@@ -33,13 +33,17 @@ def render_ps(records: list[RunRecord], where: RunsDir | None = None) -> str:
 
 
 def _runs_table(records: list[RunRecord], why: bool) -> str:
-    rows = [("RUN", "BACKEND", "STATE", "STARTED", "DURATION", "NODES", "EXIT CODES")
+    """A row per run: when ``up`` started it, how long it WAITED for its
+    nodes (connecting, its GPUs, a scheduler's queue), then its own
+    DURATION: the two add up to its end."""
+    rows = [("RUN", "BACKEND", "STATE", "STARTED", "WAITED", "DURATION", "NODES", "EXIT CODES")
             + (("ROOT CAUSE",) if why else ())]
     for r in records:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else "-"
+        waited = f"{r.waited_s:.1f}s" if r.waited_s is not None else "-"
         duration = f"{r.wall_s:.1f}s" if r.wall_s is not None else "-"
         codes = ",".join("-" if c is None else str(c) for c in r.exit_codes) or "-"
-        rows.append((r.run_id, r.backend, r.state.value, started, duration,
+        rows.append((r.run_id, r.backend, r.state.value, started, waited, duration,
                      ",".join(r.hosts) or "-", codes)
                     + ((_brief(why_failed(r), PS_WHY_WIDTH) or "-",) if why else ()))
     return format_table(rows) + "\n"
