@@ -176,8 +176,10 @@ class AgentBackend(LaunchBackend):
         def down(k: int) -> CancelResult:
             node = record.nodes[k]
             reply = self._ask(record.run_id, node, "down", run_id=record.run_id,
-                              node_rank=node.node_rank,
-                              run_dir=node.run_dir, grace_s=self.options.grace_s)
+                              node_rank=node.node_rank, run_dir=node.run_dir,
+                              grace_s=self.options.grace_s,
+                              **({"why": self.options.stopped_by} if self.options.stopped_by
+                                 else {}))
             return CancelResult(node.node_rank, node.host, tuple(reply.get("killed") or ()),
                                 "" if reply["ok"] else str(reply.get("error")),
                                 tuple(reply.get("survivors") or ()))

@@ -158,8 +158,8 @@ class AgentHandle:
 
     # -- the node channel (``channel.NodeChannel``) while it supervises -----
 
-    def send_control(self, word: Control) -> None:
-        self.process.send(word.encode())
+    def send_control(self, word: Control, reason: str = "") -> None:
+        self.process.send(word.encode(reason))
 
     def poll(self) -> int | None:
         return self.process.poll()

@@ -281,7 +281,8 @@ def _down(request: dict, stdin: Reader) -> None:
 
     grace_s = float(request.get("grace_s", 5))
     run_dir = request.get("run_dir")
-    keeper = daemon.stop(run_dir, grace_s + 15) if run_dir else None
+    keeper = daemon.stop(run_dir, grace_s + 15, request.get("why") or daemon.DOWN_REASON) \
+        if run_dir else None
     marker = procs.run_marker(request["run_id"], request["node_rank"])
     killed, survivors = procs.terminate(lambda: procs.marked_processes(marker), grace_s,
                                         still_ours=lambda pid: procs.has_marker(pid, marker))
