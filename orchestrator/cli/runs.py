@@ -452,7 +452,7 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
     from ..backends import get_backend
     from ..engine.options import LaunchOptions
     from ..report.pace import PaceWindow
-    from ..report.runs import live_progress
+    from ..report.runs import final_progress, live_progress
     from ..report.top import build_frame
 
     where = locate(runs_dir)
@@ -471,7 +471,9 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
                 now = time.time()
                 if record.live:
                     rows, looked_at = live_progress(record, described), now
-                # an ended run: its ranks as the last look saw them, at that time
+                else:  # ended: its ranks as last recorded, with their means over the run
+                    rows = final_progress(record) or rows
+                # an ended run: else its ranks as the last look saw them, at that time
                 frame = build_frame(record, rows, window, looked_at or now,
                                     described.attempts if described else ())
                 looks += 1

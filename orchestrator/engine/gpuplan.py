@@ -93,8 +93,8 @@ def waiting_words(reply: dict, want: Any = None) -> str:
     busy: pid 4 python (alice)``: what a node waits for and who keeps each
     GPU it waits on, each holder once, from its refusal's GPU listing (the
     refusal's own words, whole, where it has none)."""
-    wanted = (f"GPUs {','.join(map(str, want))}" if isinstance(want, list)
-              else str(want) if want else "its GPUs")
+    wanted = (f"GPU{'s' if len(want) > 1 else ''} {','.join(map(str, want))}"
+              if isinstance(want, list) else str(want) if want else "its GPUs")
     free = reply.get("free") or []
     now = f"free now: {','.join(map(str, free))}" if free else "none free"
     head = f"waiting for {wanted} ({now})"
