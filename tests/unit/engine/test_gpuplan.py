@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from wording import shared_words
 
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.engine import gpuplan
@@ -337,3 +338,26 @@ def test_a_missing_nvidia_smi_is_a_note_on_gpus_and_nothing_on_a_cpu_rehearsal()
     assert notes(gpu, {1: with_torch}) == [
         "node 1 (b): no nvidia-smi; its torch sees 4 GPU(s), so the launch goes on from "
         "torch's count"]
+
+
+_LISTING = [{"index": k, "name": "H100", "uuid": f"U{k}", "memory_used_mib": 0}
+            for k in range(4)]
+
+
+@pytest.mark.parametrize("request_, listing, apps, held", [
+    ([3], _LISTING, [{"gpu_uuid": "U3", "pid": 5, "name": "python", "user": "al",
+                      "used_mib": 9000}], {}),  # busy
+    ([1], _LISTING, [], {"U1": {"run_id": "r", "user": "bob"}}),  # held
+    ("free:4", _LISTING, [], {"U0": {"run_id": "r", "user": "bob"}}),  # short
+    ([7], _LISTING, [], {}),  # missing
+    pytest.param([0], [{**_LISTING[0], "mig": True}], [], {}, marks=pytest.mark.xfail(
+        strict=True, reason="the MIG refusal's hint repeats its message: #44 reworks it")),
+], ids=["busy", "held", "short", "missing", "mig"])
+def test_each_gpu_hint_adds_what_its_message_does_not_say(request_, listing, apps, held):
+    """Issue #45, on the node's own words (``gpus.choose``): no hint shares a
+    run of four words with its refusal."""
+    from orchestrator.agent.node.gpus import choose
+
+    reply = choose(request_, listing, apps, threshold_mib=1024, held=held)
+    assert not reply["ok"]
+    assert not shared_words(reply["error"], hint({0: reply})), (reply["error"], hint({0: reply}))
