@@ -46,7 +46,9 @@ def rank_lines(plan: object) -> list[str]:
     """Which ranks went where, a line per node, in the plan's order (rank i
     of a node on its i-th GPU): ``ranks 0-2: node 0 (gpu01), GPUs 3,4,5
     (free:3), 3x NVIDIA H100 80GB HBM3``; what ``up`` says once the nodes
-    have chosen, before the first rank's output."""
+    have chosen, before the first rank's output. A node without indices
+    runs CPU processes, or, on a GPU run, one process per GPU its
+    scheduler allocates (``nodes: {count: N, gpus: G}``)."""
     device = plan.get("device") if isinstance(plan, dict) else None
     lines = []
     for node in _nodes(plan):
@@ -56,7 +58,9 @@ def rank_lines(plan: object) -> list[str]:
         ranks = f"rank {span[0]}" if span[0] == span[1] else f"ranks {span[0]}-{span[1]}"
         gpus = node_gpus(node)
         count = span[1] - span[0] + 1
-        where = (f"{count} CPU process{'es' if count != 1 else ''}" if gpus["gpus"] is None
+        processes = f"{count} {'CPU ' if device == 'cpu' else ''}process{'es' * (count != 1)}"
+        where = (processes + ("" if device == "cpu" else ", one per GPU the scheduler allocates")
+                 if gpus["gpus"] is None
                  else _gpus_words(gpus) + (", as CPU processes" if device == "cpu" else ""))
         lines.append(f"{ranks}: node {node.get('node_rank')} ({node.get('host')}), {where}")
     return lines
