@@ -92,7 +92,9 @@ def waiting_words(reply: dict, want: Any = None) -> str:
     """``waiting for free:2 (none free): GPUs 1,2 held by run a of bob; GPU 0
     busy: pid 4 python (alice)``: what a node waits for and who keeps each
     GPU it waits on, each holder once, from its refusal's GPU listing (the
-    refusal's own words, whole, where it has none)."""
+    refusal's own words, whole, where it has none). The listing came from
+    the node: what is not a GPU with an index is left out, and each name
+    is cut short (``_brief``)."""
     wanted = (f"GPU{'s' if len(want) > 1 else ''} {','.join(map(str, want))}"
               if isinstance(want, list) else str(want) if want else "its GPUs")
     free = reply.get("free") or []
@@ -103,13 +105,14 @@ def waiting_words(reply: dict, want: Any = None) -> str:
         return f"{head}: {reply.get('error')}"
     users: dict[str, list[int]] = {}
     for gpu in listing:
-        if not isinstance(gpu, dict) or gpu.get("index") in free:
+        index = gpu.get("index") if isinstance(gpu, dict) else None
+        if not isinstance(index, int) or index in free:
             continue
-        if isinstance(want, list) and gpu.get("index") not in want:
+        if isinstance(want, list) and index not in want:
             continue
         who = _keeper(gpu, reply.get("apps") or [])
         if who:
-            users.setdefault(who, []).append(gpu["index"])
+            users.setdefault(who, []).append(index)
     said = [f"GPU{'s' if len(ks) > 1 else ''} {','.join(map(str, ks))} {who}"
             for who, ks in list(users.items())[:MAX_HOLDERS_SAID]]
     more = len(users) - len(said)
@@ -122,19 +125,26 @@ def _keeper(gpu: dict, apps: list) -> str:
     processes on it, or its memory in use; "" for one that is free."""
     holder = gpu.get("held_by")
     if isinstance(holder, dict):
-        return f"held by run {holder.get('run_id', '?')} of {holder.get('user', '?')}"
+        return f"held by run {_brief(holder.get('run_id'))} of {_brief(holder.get('user'))}"
     if holder is not None:
         return "held by another run"
     procs = sorted((a for a in apps if isinstance(a, dict) and a.get("gpu_uuid") == gpu.get("uuid")
                     and gpu.get("uuid")), key=lambda a: str(a.get("pid")))
     if procs:
-        return "busy: " + ", ".join(f"pid {a.get('pid')} {a.get('name') or '?'} "
-                                     f"({a.get('user') or '?'})" for a in procs[:2]) + \
+        return "busy: " + ", ".join(f"pid {_brief(a.get('pid'))} {_brief(a.get('name'))} "
+                                     f"({_brief(a.get('user'))})" for a in procs[:2]) + \
             (f" and {len(procs) - 2} more" if len(procs) > 2 else "")
     if gpu.get("mig"):
         return "in MIG mode"
     used = gpu.get("memory_used_mib")
-    return f"busy: {used} MiB in use, by no process visible here" if used else ""
+    return f"busy: {_brief(used)} MiB in use, by no process visible here" if used else ""
+
+
+def _brief(value: object, width: int = 60) -> str:
+    """A value a node sent, as a wait's line shows it: ``?`` for none, cut
+    to ``width`` characters."""
+    text = "?" if value is None or value == "" else str(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def checked(reply: object, host: str) -> dict:

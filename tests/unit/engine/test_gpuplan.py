@@ -132,6 +132,15 @@ def test_a_waits_line_says_each_holder_once_whatever_the_gpus_it_holds():
         "waiting for GPUs 1,4 (free now: 2,4): GPU 1 held by run train-b of bob"
 
 
+def test_a_waits_line_takes_nothing_a_node_sent_on_trust():
+    """The listing crosses the network: an entry that is no GPU with an
+    index is left out, and a name too long is cut short."""
+    listing = [None, {"uuid": "U9"}, {"index": "1", "held_by": BOB},
+               {"index": 2, "held_by": {"run_id": "r" * 500, "user": "bob"}}]
+    words = gpuplan.waiting_words({"free": [], "gpus": listing}, "free:1")
+    assert words == f"waiting for free:1 (none free): GPU 2 held by run {'r' * 57}... of bob"
+
+
 def test_a_waits_line_names_three_holders_then_counts_the_rest():
     listing = [{"index": k, "uuid": f"U{k}", "held_by": {"run_id": f"r{k}", "user": "u"}}
                for k in range(5)]
