@@ -21,6 +21,7 @@ from typing import Mapping
 
 OMP_VAR = "OMP_NUM_THREADS"
 AT_LAUNCH = "<cores / ranks, at launch>"  # the plan's value until the node's cores are known
+MAX_CORES = 1 << 16  # more than any node has: a count beyond it is not a node's
 
 
 def usable_cores() -> int:
@@ -33,8 +34,9 @@ def usable_cores() -> int:
 
 
 def per_rank(cores: int, nproc: int) -> int:
-    """Each of ``nproc`` ranks' share of ``cores``: at least one thread."""
-    return max(1, cores // max(1, nproc))
+    """Each of ``nproc`` ranks' share of ``cores`` (as a node said them: at
+    most ``MAX_CORES``), at least one thread."""
+    return max(1, min(cores, MAX_CORES) // max(1, nproc))
 
 
 def resolve_threads(env: Mapping[str, str], cores: int | None, nproc: int) -> dict[str, str]:

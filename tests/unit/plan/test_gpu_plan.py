@@ -156,6 +156,9 @@ def test_each_ranks_threads_are_its_share_of_its_nodes_cores_once_launched():
     two = plan_of("nodes: [{host: a, gpus: all}]\nworkload: {name: linear}\n")
     chosen = resolve_plan(two, master_port=1, homes={}, gpus={0: GpuChoice((0, 1))}, cores={0: 7})
     assert chosen.nodes[0].env["OMP_NUM_THREADS"] == "3"
+    # what a node says is not taken on trust: at least 1, at most MAX_CORES over the ranks
+    odd = resolve_plan(plan, master_port=1, homes={}, gpus=CHOSEN, cores={0: -4, 1: 10 ** 12})
+    assert [n.env["OMP_NUM_THREADS"] for n in odd.nodes][:2] == ["1", str((1 << 16) // 3)]
     # a node whose cores are not known yet (a scheduler's, until its job runs) keeps the words
     assert resolve_plan(plan, master_port=1, homes={}, gpus=CHOSEN).nodes[0].env[
         "OMP_NUM_THREADS"] == "<cores / ranks, at launch>"
