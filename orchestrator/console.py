@@ -15,6 +15,12 @@ The console shows one line in its place (``TorchrunReport``); the node's log
 keeps it, and the summary names the root cause from the same error files.
 So too torchrun's own traceback when a signal stops it (``SignalException``:
 every node ddp-orch stops, and every node on Ctrl-C), about 30 lines each.
+
+Some lines of torchrun's and of c10d's say nothing a user can act on, and
+no view shows them (``noise``): c10d's warning, once per connection to the
+rendezvous store (torchrun's and every rank's), that a peer's address has
+no host name where reverse DNS does not answer, and torchrun's note that it
+has no error file of its own to copy a rank's into.
 """
 
 from __future__ import annotations
@@ -50,8 +56,11 @@ _CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedErr
 _SIGNALLED = re.compile(r"torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: "
                         r"Process \d+ got signal: (\d+)")
 _RULER = "=" * 60  # torchrun's report starts and ends with one
-# torchrun's error log line after a failed rank, whatever its prefix: noise here.
-_NO_PARENT_FILE = "no error file defined for parent, to copy child error file"
+# Lines that tell the user nothing, whatever their prefix (``noise``): torchrun's
+# error log line after a failed rank, and c10d's, once per store connection
+# (torchrun's and each rank's), where a peer's address has no name in DNS.
+_NOISE = re.compile(r"no error file defined for parent, to copy child error file"
+                    r"|\[c10d\] The hostname of the client socket cannot be retrieved\. err=")
 _MAX_HELD = 2000  # lines of an unfinished traceback held back before it is shown as is
 
 
@@ -94,9 +103,15 @@ class TorchrunReport:
                 self.held = []
             elif line == _TRACEBACK:
                 self.held = [line]
-            elif _NO_PARENT_FILE not in line:
+            else:
                 out.append(line)
         return out
+
+
+def noise(line: str) -> bool:
+    """Is ``line`` one of torchrun's or c10d's that no view shows (``_NOISE``)?
+    The node's log keeps it."""
+    return _NOISE.search(line) is not None
 
 
 class Console:
@@ -141,6 +156,8 @@ class Console:
         if self.view == "quiet" and AGENT_SAYS not in text:
             return
         lines = (text[:-1] if text.endswith("\n") else text).split("\n")
+        if _NOISE.search(text):  # rare: one search of the block, not one per line
+            lines = [line for line in lines if not noise(line)]
         if self.view == "quiet":
             lines = [line for line in lines if line.startswith(AGENT_SAYS)]
         elif self.rank is not None:

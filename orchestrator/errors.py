@@ -57,6 +57,16 @@ class LaunchError(OrchestratorError):
     """A run could not start (a node unreachable, a port busy, ...)."""
 
 
+class Signalled(KeyboardInterrupt):
+    """A signal the CLI turns into its Ctrl-C teardown (``up``'s SIGTERM:
+    ``ddp-orch down``, a plain ``kill``), with its number, so that the run
+    says who stopped it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"signal {signum}")
+
+
 class RunFailed(OrchestratorError):
     """A run started but did not succeed; carries the collected outcome."""
 

@@ -106,6 +106,14 @@ def tick(clock: Clock, nodes: Sequence[NodeView], now: float) -> Clock:
     return clock
 
 
+def stop_reason(why: str) -> str:
+    """A node's reason for its end when its gang was stopped for ``why``:
+    ``stopped: node 1 (b) failed (exit 1)``; a reason that names its
+    stopper already (``stopped by Ctrl-C on the controller``, ``stopped by
+    `ddp-orch down` from HOST``) as it is."""
+    return why if why.startswith("stopped") else f"stopped: {why}"
+
+
 def judge(nodes: Sequence[NodeView], timeouts: Timeouts, clock: Clock,
           now: float) -> Verdict | None:
     """Whether the gang must stop now, and why; None while it may go on."""

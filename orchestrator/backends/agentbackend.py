@@ -127,19 +127,23 @@ class AgentBackend(LaunchBackend):
                 handle.ended = self._not_joined(info, hung, console)
                 return handle
             prepared = opened.values("connecting to the nodes", label)
-            placed = {k: gpus for k, (_port, _ifname, gpus) in prepared.items() if gpus}
+            placed = {k: gpus for k, (_port, _ifname, gpus, _w) in prepared.items() if gpus}
             try:
                 gpuplan.refuse(plan, self.spec, placed, wait_s)
                 device = gpuplan.decide_device(plan, self.spec, placed)
             except ConfigError:  # nothing started: take back the run directories and holds
                 on_all(lambda k: agents[k].call("discard"), list(agents), timeout_s=30)
                 raise
+            waited = {k: w for k, (_port, _ifname, _gpus, w) in prepared.items() if w is not None}
+            if waited:
+                console.info(gpuplan.wait_over(plan, waited))
             for note in gpuplan.notes(plan, placed):
                 console.info(note)
             handle.resolved(self.dryrun(resolve_plan(
                 plan, master_port=prepared[0][0], homes={k: a.home for k, a in agents.items()},
-                interfaces={k: ifname for k, (_port, ifname, _gpus) in prepared.items()},
-                gpus=gpuplan.choices(placed), device=device)))
+                interfaces={k: ifname for k, (_port, ifname, _gpus, _w) in prepared.items()},
+                gpus=gpuplan.choices(placed), device=device,
+                cores={k: a.cores for k, a in agents.items()})))
             return handle
         except BaseException:
             handle.close()
@@ -172,8 +176,10 @@ class AgentBackend(LaunchBackend):
         def down(k: int) -> CancelResult:
             node = record.nodes[k]
             reply = self._ask(record.run_id, node, "down", run_id=record.run_id,
-                              node_rank=node.node_rank,
-                              run_dir=node.run_dir, grace_s=self.options.grace_s)
+                              node_rank=node.node_rank, run_dir=node.run_dir,
+                              grace_s=self.options.grace_s,
+                              **({"why": self.options.stopped_by} if self.options.stopped_by
+                                 else {}))
             return CancelResult(node.node_rank, node.host, tuple(reply.get("killed") or ()),
                                 "" if reply["ok"] else str(reply.get("error")),
                                 tuple(reply.get("survivors") or ()))
@@ -317,15 +323,17 @@ class AgentBackend(LaunchBackend):
         return self.spec.wait_gpus if self.spec else 0.0
 
     def _prepare(self, plan: RunPlan, k: int, agent: AgentHandle, bundle: bytes, wait_s: float,
-                 say: Callable[[str], None]) -> tuple[int | None, str | None, dict | None]:
+                 say: Callable[[str], None]
+                 ) -> tuple[int | None, str | None, dict | None, float | None]:
         """Everything a node needs before its supervisor starts, sent in one go
         behind the agent itself (no round trip waits on the node's shell):
         torch's view of the GPUs first (its import overlaps the rest), its new
         run directory, the code bundle, on node 0 the master port check, the
         interface its ranks use (``plan/network.py``) and its GPUs, held for
         the run (``engine/gpuplan.py``), waiting up to ``wait_s`` for them.
-        Returns the port (node 0, else None), the interface (or None) and the
-        node's GPU answer (or None)."""
+        Returns the port (node 0, else None), the interface (or None), the
+        node's GPU answer (or None) and how long it waited for its GPUs
+        (None: it did not)."""
         from ..engine import gpuplan
         from ..engine.nodehandle import BUNDLE_NAME
         from ..engine.preflight import bind_request, interface_from, master_port_from, route_request
@@ -352,15 +360,18 @@ class AgentBackend(LaunchBackend):
         agent.put_done(f"{node.run_dir}/{BUNDLE_NAME}")
         port = master_port_from(plan, agent.reply("bind")) if k == 0 else None
         ifname = interface_from(node, agent.reply("route")) if route is not None else None
-        placed = None
+        placed, waited = None, None
         if gpus is not None:
             def ask(reply: object) -> dict:
                 return gpuplan.checked(reply, agent.host)
 
-            placed = gpuplan.wait_for_gpus(ask(agent.reply("gpus")),
-                                           lambda: ask(agent.call("gpus", **gpus)),
-                                           wait_s, say, _labeller(plan)(k))
-        return port, ifname, placed
+            first = ask(agent.reply("gpus"))
+            began = time.monotonic()
+            placed = gpuplan.wait_for_gpus(first, lambda: ask(agent.call("gpus", **gpus)),
+                                           wait_s, say, _labeller(plan)(k), gpus["want"])
+            if placed.get("ok") and not first.get("ok"):
+                waited = time.monotonic() - began
+        return port, ifname, placed, waited
 
     def _root(self, node: NodePlan) -> str:
         """Where a node's run directory may be created: the workdir, or for a

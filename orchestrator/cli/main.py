@@ -18,7 +18,7 @@ import click
 from .. import __version__
 from ..config.limits import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT
 from ..console import Console
-from ..errors import ConfigError, OrchestratorError
+from ..errors import ConfigError, OrchestratorError, Signalled
 from ..records.rundir import DEFAULT_RUNS_DIR, RunDir, new_run_id, valid_run_id
 from ..records.runsdir import RUNS_DIR_ENV, locate
 
@@ -451,7 +451,7 @@ def _spec_from_options(cluster_file: str | None, local: bool,
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise Signalled(signum)
 
 
 def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt: str,

@@ -95,8 +95,10 @@ def _settled(record, described=None):
 
 
 def _since_start(record, until: float | None = None) -> float:
-    """A recorded run's wall time, to ``until`` (default: now)."""
-    return ((until or time.time()) - record.started) if record.started else 0.0
+    """A recorded run's own time, from when it started after its wait for
+    its nodes, to ``until`` (default: now)."""
+    since = record.running_since
+    return max(0.0, (until or time.time()) - since) if since is not None else 0.0
 
 
 def _run_end(record, backend) -> tuple[float | None, float]:
@@ -450,7 +452,7 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
     from ..backends import backend_of
     from ..engine.options import LaunchOptions
     from ..report.pace import PaceWindow
-    from ..report.runs import live_attempt, live_progress
+    from ..report.runs import final_progress, live_attempt, live_progress
     from ..report.top import build_frame
 
     where = locate(runs_dir)
@@ -469,7 +471,9 @@ def top(run_id: str | None, interval: float, once: bool, as_json: bool, sort: st
                 now = time.time()
                 if record.live:
                     rows, looked_at = live_progress(record, described), now
-                # an ended run: its ranks as the last look saw them, at that time
+                else:  # ended: its ranks as last recorded, with their means over the run
+                    rows = final_progress(record) or rows
+                # an ended run: else its ranks as the last look saw them, at that time
                 frame = build_frame(record, rows, window, looked_at or now,
                                     described.attempts if described else (),
                                     live_attempt(record, described))

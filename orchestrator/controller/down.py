@@ -4,6 +4,9 @@ A live controller of the run is asked to stop first (SIGTERM, which ``up``
 turns into its graceful teardown); then the run's backend cancels what is
 left on the nodes (``LaunchBackend.cancel``), never by process name.
 Running it twice is harmless: the second time there is nothing left.
+Either way the run's records name the stopper (``stopper``): the words are
+left in the run directory before the controller's signal, and go with the
+cancel to a detached run's keepers.
 
 The controller is signalled only if it still is the recorded process
 (``records.store.controller_alive``: same host, boot, start time and
@@ -29,6 +32,11 @@ from ..records.store import RunRecord, controller_alive, recorded_elsewhere
 Note = Callable[[str], None]
 
 
+def stopper() -> str:
+    """Who stops a run with ``down``, as its nodes and its summary say it."""
+    return f"`ddp-orch down` from {os.uname().nodename}"
+
+
 def down(record: RunRecord, grace_s: float = 5.0,
          note: Note | None = None) -> tuple[bool, list[CancelResult]]:
     """Stop the run's controller (if alive) and its processes on every node.
@@ -37,7 +45,8 @@ def down(record: RunRecord, grace_s: float = 5.0,
     (the CLI prints it); the nodes are cancelled either way.
     """
     stopped_controller = _stop_controller(record, grace_s + 15, note or (lambda _: None))
-    backend = backend_of(record, LaunchOptions(grace_s=grace_s))
+    backend = backend_of(record, LaunchOptions(grace_s=grace_s,
+                                               stopped_by=f"stopped by {stopper()}"))
     return stopped_controller, backend.cancel(record)
 
 
@@ -57,6 +66,7 @@ def _stop_controller(record: RunRecord, timeout_s: float, note: Note = lambda _:
         # with a pidfd, the check is about the very process the signal goes to
         if not controller_alive(record):
             return False
+        record.run.leave_stop_request(stopper())  # the signal does not say who sent it
         try:
             if pidfd is not None:
                 signal.pidfd_send_signal(pidfd, signal.SIGTERM)

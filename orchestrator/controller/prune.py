@@ -66,10 +66,11 @@ class Pruned:
 
 
 def ended_at(record: RunRecord) -> float | None:
-    """When the run ended, as recorded (its start plus its wall time), or the
-    time its ``state.json`` was last written."""
-    if record.started and record.wall_s is not None and not record.live:
-        return float(record.started) + float(record.wall_s)
+    """When the run ended, as recorded (its start, its wait, then its wall
+    time), or the time its ``state.json`` was last written."""
+    since = record.running_since
+    if since is not None and record.wall_s is not None and not record.live:
+        return since + float(record.wall_s)
     try:
         return os.path.getmtime(record.run.state_file())
     except OSError:

@@ -6,7 +6,8 @@ plan, after the refusals of what is knowable before launch
 object: only then does it create the run directory, record the run, hand
 the dry-run to the backend's ``launch`` (submit, then the engine's follow
 and collect; the handle's records are kept as soon as the nodes are
-submitted, and again once they run) and record how it ended, whatever
+submitted, and again once they run, when ``up`` says which ranks went to
+which node and GPU) and record how it ended, whatever
 happens: a launch that raises (a busy port) leaves its error in the record,
 for ``status``. So input that is refused leaves no run behind, in a dry-run
 or not. Nothing here knows which backend it holds.
@@ -28,6 +29,7 @@ from ..errors import LaunchError, OrchestratorError
 from ..plan.dryrun import DryRun
 from ..plan.render import dryrun_to_dict
 from ..records.rundir import RunDir, new_run_id
+from ..report.gpus import rank_lines
 from .refusals import refuse, refuse_resolved
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
         raise unwritable(runs_dir, exc) from None
     nodes = node_records(info)
     started = time.time()
+    running_since = None  # once every node runs: the wait for them is over
 
     def record(state: RunState, outcome: RunOutcome | None = None, error: str = "") -> None:
         """Into state.json; a runs directory that cannot take it (full) does
@@ -75,21 +78,27 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
         try:
             write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
                         started=started, nodes=nodes, outcome=outcome, owner=info.owner,
-                        error=error)
+                        error=error, running_since=running_since)
         except OSError as exc:
             console.always(f"ddp-orch: could not record the run as {state} in "
                            f"{run.state_file()}: {exc.strerror or exc}")
 
     def on_running(handle: RunHandle) -> None:  # the job id, then the resolved run
-        nonlocal nodes
+        nonlocal nodes, running_since
         if handle.dryrun.plan.resolved and not info.plan.world_size_known:
             # The nodes chose their GPUs: the world size is known only now, and
             # a built-in's rules on it are checked before any rank starts.
             refuse_resolved(spec, handle.dryrun.plan, options)
-        run.write_plan(dryrun_to_dict(handle.dryrun))
+        planned = dryrun_to_dict(handle.dryrun)
+        run.write_plan(planned)
         nodes = handle.records
+        if not handle.pending:
+            running_since = time.time()
         # a scheduler's job waits in its queue for nodes first (``RunHandle.pending``)
         record(RunState.PENDING if handle.pending else RunState.RUNNING)
+        if not handle.pending:  # where every rank went, once, in every view
+            for line in rank_lines(planned):
+                console.milestone(line)
 
     record(RunState.STARTING)
     outcome = None

@@ -80,6 +80,12 @@ class AgentHandle:
     def home(self) -> str:
         return self.hello["home"]
 
+    @property
+    def cores(self) -> int:
+        """The CPUs the node's agent may run on: its ranks' share of them is
+        their ``OMP_NUM_THREADS`` (``agent/node/ompthreads.py``)."""
+        return self.hello["cores"]
+
     # -- requests -----------------------------------------------------------
 
     def call(self, op: str, payload: bytes = b"", *, max_reply: int = 1 << 20,
@@ -152,8 +158,8 @@ class AgentHandle:
 
     # -- the node channel (``channel.NodeChannel``) while it supervises -----
 
-    def send_control(self, word: Control) -> None:
-        self.process.send(word.encode())
+    def send_control(self, word: Control, reason: str = "") -> None:
+        self.process.send(word.encode(reason))
 
     def poll(self) -> int | None:
         return self.process.poll()

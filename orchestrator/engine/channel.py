@@ -34,8 +34,9 @@ class NodeChannel(Protocol):
     def supervise(self, spec: "SupervisorSpec") -> None:
         """The node runs ``spec`` from now on, and its output follows."""
 
-    def send_control(self, word: Control) -> None:
-        """Tell the node ``word`` (a word with no meaning here is dropped)."""
+    def send_control(self, word: Control, reason: str = "") -> None:
+        """Tell the node ``word`` (a word with no meaning here is dropped);
+        ``reason``: who asked and why, for a ``stop``."""
 
     def read_chunk(self, size: int) -> bytes:
         """The node's next output (up to ``size`` bytes); b"" at its end."""
@@ -75,8 +76,8 @@ class KeeperFollower:
     def supervise(self, spec: "SupervisorSpec | None" = None) -> None:
         self.agent.send("follow", **self.request)
 
-    def send_control(self, word: Control) -> None:
-        self.agent.send_control(word)
+    def send_control(self, word: Control, reason: str = "") -> None:
+        self.agent.send_control(word, reason)
 
     def read_chunk(self, size: int) -> bytes:
         return self.agent.read_chunk(size)

@@ -23,12 +23,14 @@ and whether this controller started the run or only watches it (``attach``):
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import threading
 import time
 from typing import Callable, Mapping
 
-from ..agent.gangrule import Clock, NodeView, Stop, Timeouts, Verdict, hang_words, judge, tick
+from ..agent.gangrule import (Clock, NodeView, Stop, Timeouts, Verdict, hang_words, judge,
+                              stop_reason, tick)
 from ..agent.stackgroups import place
 from ..agent.wire.owner import Holder
 from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, controller_silent_for, pace_fields
@@ -113,6 +115,7 @@ class Gang:
         self._handlers: dict = {}
         self.left = False
         self.paused_s = 0.0  # the longest we were stopped ourselves, by the watch's clock
+        self.stop_why = ""  # who stopped the gang and why, each node's reason for its end
 
     def run(self) -> RunOutcome:
         """Start the nodes (their agents have the code already) or their
@@ -140,8 +143,8 @@ class Gang:
             # run's follower, stops its run after PEER_TIMEOUT_S of silence.
             threading.Thread(target=self._ping, daemon=True, name="gang-ping").start()
             self._watch()
-        except KeyboardInterrupt:
-            self._interrupted()
+        except KeyboardInterrupt as exc:
+            self._interrupted(exc)
         finally:
             self._over.set()
             try:
@@ -180,19 +183,23 @@ class Gang:
                    f"ddp-orch, which was paused for {self.paused_s:.0f}s (stopped, or its "
                    "machine asleep); keep it awake while the run goes on, or use `up --detach`")
 
-    def _interrupted(self) -> None:
-        """Ctrl-C: ours to stop (a run we control, or a kept run started
-        attached), else we only leave."""
+    def _interrupted(self, exc: KeyboardInterrupt) -> None:
+        """Ctrl-C, or a signal (``down``): ours to stop (a run we control, or a
+        kept run started attached), else we only leave. Every node is told
+        who stopped it (``stopper``)."""
         if self.controls:
             self._hurry_on_signals()
         elif self.watching or self.leaves:
             self.left = True
             return
         self.interrupted = True
-        self.console.always("ddp-orch: interrupted; stopping every node "
+        who = stopper(exc, self.run_dir)
+        self.console.always(f"ddp-orch: interrupted by {who}; stopping every node "
                             "(press Ctrl-C again to kill at once)")
+        self.stop_why = f"stopped by {who}"
         if self.kept:  # the keepers stop the run; they report its end
-            self.stop_all("interrupted")
+            for handle in self.handles:
+                handle.stop(self.stop_why)
             self.await_finish()
 
     def label(self, node_rank: int) -> str:
@@ -364,9 +371,12 @@ class Gang:
                 handle.ping()
 
     def stop_all(self, why: str) -> None:
+        """Stop every node for ``why`` (the gang rule's verdict), which each
+        records as its reason (``stop_reason``)."""
         self.console.info(f"{why}; stopping every node")
+        self.stop_why = self.stop_why or stop_reason(why)
         for handle in self.handles:
-            handle.stop()
+            handle.stop(self.stop_why)
 
     def _hurry_on_signals(self) -> None:
         """Ctrl-C or SIGTERM from now on sets ``_hurried`` (``_teardown``)."""
@@ -395,7 +405,7 @@ class Gang:
             return
         try:
             for handle in running:
-                handle.stop()
+                handle.stop(self.stop_why)
             self._await_stopped(running, self.grace_s + 5.0)
             if self._hurried:
                 self.console.always("ddp-orch: second interrupt; killing now")
@@ -423,6 +433,19 @@ class Gang:
                     if handle.silent:
                         handle.give_up()
             time.sleep(0.05)
+
+
+def stopper(exc: BaseException, run: RunDir) -> str:
+    """Who stopped the run with ``exc`` (a ``KeyboardInterrupt``, or the CLI's
+    ``Signalled``): the words ``down`` left before its signal (its command
+    and host), else the signal to the controller, else Ctrl-C."""
+    asked = run.stop_request()
+    if asked:
+        return asked
+    signum = getattr(exc, "signum", signal.SIGINT)
+    if signum == signal.SIGINT:
+        return "Ctrl-C on the controller"
+    return f"{signal.Signals(signum).name} to the controller (pid {os.getpid()})"
 
 
 def wait_all(handles: list[NodeHandle], timeout_s: float) -> None:

@@ -319,11 +319,12 @@ class NodeHandle:
         if self.poll() is None and not self.killed and self.advance(NodePhase.GO):
             self.channel.send_control(Control.GO)
 
-    def stop(self) -> None:
-        """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL)."""
+    def stop(self, why: str = "") -> None:
+        """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL);
+        ``why``: who stopped the run and why, the node's reason for its end."""
         if self.supervising and self.poll() is None and not self.stop_sent:
             self.asked = Ask.STOP
-            self.channel.send_control(Control.STOP)
+            self.channel.send_control(Control.STOP, why)
 
     def kill(self) -> None:
         """Ask the supervisor to SIGKILL the run now; closing stdin backs it up."""

@@ -26,3 +26,6 @@ class LaunchOptions:
     max_restarts: int = 0  # whole-gang restarts after a failure (agent/kept/restarts.py's rule)
     allow_busy_gpus: bool = False  # listed GPUs someone else uses: go anyway
     wait_gpus_s: float | None = None  # wait for free GPUs this long (None: the file's gpu_policy)
+    # who ends a run through ``cancel`` (``down``: "stopped by `ddp-orch down` from HOST"),
+    # for the nodes' records of how it ended
+    stopped_by: str = ""

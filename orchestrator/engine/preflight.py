@@ -155,7 +155,8 @@ def _gpu_row(node: NodePlan, plan: RunPlan, answer: dict, info: dict, result) ->
     words ``up`` would use; and, where the run uses CUDA, whether the
     node's torch sees them (``device: auto`` is decided on that)."""
     if not answer.get("ok"):
-        return result("gpus", False, f"{answer.get('error')}; {gpuplan.hint(answer)}")
+        return result("gpus", False,
+                      f"{answer.get('error')}; {gpuplan.hint({node.node_rank: answer})}")
     chosen = ",".join(map(str, answer["chosen"]))
     asked = f" ({node.gpu_request})" if node.gpu_request else ""
     if gpuplan.wants_torch(plan, node) and "torch_error" not in info:

@@ -22,6 +22,7 @@ from workloads import contract
 from workloads.catalog import CATALOG, args_to_argv
 
 from ..agent.node.outputsteps import PATTERN_ENV as PROGRESS_PATTERN_ENV
+from ..agent.node.ompthreads import AT_LAUNCH, OMP_VAR, resolve_threads
 from ..config.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from .model import (BUILTIN_DIR, PROJECT_DIR, Entrypoint, GpuChoice, NodePlan, RankPlan,
                     RunPlan)
@@ -110,6 +111,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(node)
         env.update(DEVICE_ORDER)
         env.update(interface_env(spec.interface, env))  # "auto" until the launch finds it
+        env.setdefault(OMP_VAR, AT_LAUNCH)  # the node's cores over its ranks; the user's wins
         env[contract.DEVICE_ENV] = device
         env[contract.RUN_ID_ENV] = run_id
         env[contract.NODE_RANK_ENV] = str(k)
@@ -196,11 +198,14 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
                  master_addr: str | None = None,
                  interfaces: Mapping[int, str] | None = None,
                  gpus: Mapping[int, GpuChoice] | None = None,
-                 device: str | None = None) -> RunPlan:
+                 device: str | None = None,
+                 cores: Mapping[int, int] | None = None) -> RunPlan:
     """Fill in the launch-time facts: the master port, each node's ``~`` (in
     its run directory, its env and its ``python:``, so ``~/venv/bin/python``
-    is that node's own venv) and the interface each node's agent found for
-    its ranks (``interfaces``, for the ``auto`` ones: ``network.py``);
+    is that node's own venv), the interface each node's agent found for
+    its ranks (``interfaces``, for the ``auto`` ones: ``network.py``) and
+    each node's usable cores (``cores``), whose share per rank becomes its
+    ``OMP_NUM_THREADS`` (``agent/node/ompthreads.py``);
     under a scheduler that places the nodes, also their hosts and the
     master address, which are known only once the job runs.
 
@@ -235,6 +240,8 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
             placed = dict(gpus=chosen.indices,
                           nproc=1 if node.one_process else len(chosen.indices),
                           gpu_uuids=chosen.uuids, gpu_models=chosen.models)
+        env = resolve_threads(env, (cores or {}).get(node.node_rank),
+                              placed.get("nproc", node.nproc))
         nodes.append(dataclasses.replace(
             node, host=(hosts or {}).get(node.node_rank, node.host),
             run_dir=fix(node.run_dir, home), python=fix(node.python, home), first_rank=first,

@@ -100,6 +100,12 @@ class NodePlan:
         return self.gpu_request is not None and self.gpus is None
 
     @property
+    def nproc_known(self) -> bool:
+        """False while ``gpus: all`` or ``free`` waits for the launch to say
+        how many (``free:N`` is N from the start)."""
+        return not (self.gpus_pending and self.gpu_request in ("all", "free"))
+
+    @property
     def ranks(self) -> range:
         return range(self.first_rank, self.first_rank + self.nproc)
 
@@ -155,5 +161,4 @@ class RunPlan:
     def world_size_known(self) -> bool:
         """False while a node's ``gpus: all`` or ``free`` waits for the launch
         to say how many (``free:N`` is N from the start)."""
-        return not any(node.gpus_pending and node.gpu_request in ("all", "free")
-                       for node in self.nodes)
+        return all(node.nproc_known for node in self.nodes)

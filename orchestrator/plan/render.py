@@ -18,7 +18,8 @@ from ..agent.wire.owner import Owner
 from .dryrun import DryRun, NodeLaunch, owner_words
 from .model import RunPlan
 from .secrets import mask_env
-from .shell import render_shell, shell_join
+from .shell import render_shell, shell_join, shell_word
+from .torchrun import NPROC_AT_LAUNCH
 
 def _port_text(plan: RunPlan) -> str:
     if plan.master_port == AUTO_PORT:
@@ -62,8 +63,8 @@ def render_text(info: DryRun) -> str:
             out += [f"  setup    in {node.node.code_root}, {plan.setup_timeout_s:g}s in all"
                     + (f", {first} first on PATH" if first else "")]
             out += [f"    {shell_join(argv)}" for argv in node.setup]
-        out += ["  command",
-                f"    {shell_join(node.argv)}"]
+        out += ["  command",  # what only the launch knows, in words as they are
+                "    " + " ".join(w if w == NPROC_AT_LAUNCH else shell_word(w) for w in node.argv)]
     for title, text in info.extras.items():
         out += ["", title] + [f"  {line}".rstrip() for line in text.splitlines()]
     return "\n".join(out) + "\n"

@@ -18,7 +18,9 @@ launch does: an ``auto`` master port is ``$MASTER_PORT`` with its stated
 default (one port for every node; ``up`` picks a free one on node 0); an
 ``auto`` interface is found with iproute2, as each node's agent finds it;
 a master address known only once a job runs is node 0's host name, as
-node 0's agent publishes it. Secret env values are never printed: a line
+node 0's agent publishes it; each rank's ``OMP_NUM_THREADS`` is the node's
+cores (``nproc``, not swayed by a value the shell already has) over its
+ranks, as the launch sets it. Secret env values are never printed: a line
 takes each from the node's environment and stops if it is not set. Paths
 on the nodes are absolute; paths on this machine are as given, from the
 directory the dry-run ran in. The backends say how they reach their nodes
@@ -32,6 +34,7 @@ import re
 import shlex
 from typing import Sequence
 
+from ..agent.node.ompthreads import AT_LAUNCH, OMP_VAR
 from ..agent.wire.addr import hostport
 from ..config.spec import AUTO_PORT, DEFAULT_PORT
 from .build import setup_path_first
@@ -137,6 +140,9 @@ _FIND_IFNAME = ("ifname=\"$(ip -o addr show to \"$(ip -o route get {addr} | "
                 "sed -n 's/.* src \\([^ ]*\\).*/\\1/p')\" | awk '{{print $2; exit}}')\" && ")
 # iproute2 takes addresses only: a host name is resolved first, as the agent does.
 _RESOLVED = "\"$(getent ahosts {addr} | awk '{{print $1; exit}}')\""
+# The node's usable cores (its affinity, as the agent counts them); nproc
+# itself would answer with an OMP_NUM_THREADS the shell has.
+_FIND_CORES = 'cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" && '
 
 
 def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False) -> str:
@@ -148,8 +154,12 @@ def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False)
     env = node.env
     auto = [k for k in IFNAME_VARS if env.get(k) == AUTO]
     env_words = ["env", *(shell_word(w) for name in node.unset_env for w in ("-u", name))]
+    share = max(1, node.node.nproc)
     for name, value in env.items():
         if name in auto:
+            continue
+        if name == OMP_VAR and value == AT_LAUNCH:  # each rank's share of the cores
+            env_words.append(f'{name}="$(( cores / {share} > 0 ? cores / {share} : 1 ))"')
             continue
         env_words.append(f'{name}="${{{name}:?export {name} on this node first}}"'
                          if is_secret(name, value) else shell_word(f"{name}={value}"))
@@ -159,6 +169,7 @@ def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False)
     if auto:
         target = addr if _is_address(master_addr) else _RESOLVED.format(addr=addr)
         find = _FIND_IFNAME.format(addr=target)
+    cores = _FIND_CORES if env.get(OMP_VAR) == AT_LAUNCH else ""  # before setup: it has the env
     chosen = "".join(f' {k}="{value_for(k, "$ifname")}"' for k in auto)
     code = shell_word(node.node.code_root)
     setup = ""
@@ -169,7 +180,7 @@ def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False)
     argv = _torchrun_words(node.argv, addr if master_addr == ADDR_WORD else None,
                            PORT_WORD if auto_port else None)
     # torchrun starts in the code root, as the node's agent starts it
-    return f"cd {code} && {setup}{find}{words}{chosen} {argv}"
+    return f"cd {code} && {cores}{setup}{find}{words}{chosen} {argv}"
 
 
 def _torchrun_words(argv: Sequence[str], addr: str | None, port: str | None) -> str:

@@ -13,6 +13,8 @@ TORCHRUN = ("-m", "torch.distributed.run")
 # Every rank runs the user's program through the worker shim (agent/worker/shim.py,
 # shipped in the bundle as code/ddp_orch_shim.py): error files and stack dumps.
 SHIM = SHIM_MODULE
+# A node's process count before its agent has chosen ``gpus: all`` or ``free``.
+NPROC_AT_LAUNCH = "<chosen at launch>"
 
 
 def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
@@ -25,11 +27,12 @@ def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
     user's program through the shim (``SHIM``), transparently, in the node's
     code root (torchrun's working directory: ``node.code_root``), so the
     program's words are the user's own (``train.py``, ``-m pkg.train``);
-    every path of ddp-orch's own here is absolute.
+    every path of ddp-orch's own here is absolute. A process count only
+    the launch knows is said so (``NPROC_AT_LAUNCH``), never a 0.
     """
     return (node.python, *TORCHRUN,
             "--nnodes", str(len(plan.nodes)), "--node-rank", str(node.node_rank),
-            "--nproc-per-node", str(node.nproc),
+            "--nproc-per-node", str(node.nproc) if node.nproc_known else NPROC_AT_LAUNCH,
             "--master-addr", plan.master_addr, "--master-port", str(plan.master_port),
             "--rdzv-backend", "static", "--rdzv-id", plan.run_id, "--max-restarts", "0",
             "--log-dir", f"{node.run_dir}/torchrun", "--redirects", "3",

@@ -11,6 +11,7 @@ runs directory, and marks it)::
     node-<k>.log     everything node k printed
     result.json      rank 0's result, fetched from node 0
     outputs.json     what came home (``outputs/``), what was refused
+    stop.request     who asked the controller to stop (``down``), left before its signal
     bundle.tar.gz    the code shipped to every node
     node-<k>/        node k's own run directory, for nodes on this machine
 
@@ -156,6 +157,22 @@ class RunDir:
 
     def state_file(self) -> str:
         return self.file(STATE_FILE)
+
+    def leave_stop_request(self, why: str) -> None:
+        """Who is about to signal the run's controller, and why (``down``):
+        a signal does not say who sent it, and the controller tells every
+        node who stopped the run. The keepers' own rule, for this directory
+        (``agent/kept/daemon.leave_stop_request``: the first one stays)."""
+        from ..agent.kept import daemon
+
+        daemon.leave_stop_request(self.path, why)
+
+    def stop_request(self) -> str:
+        """What ``leave_stop_request`` left, as one line of printable text; ""
+        for none."""
+        from ..agent.kept import daemon
+
+        return daemon.stop_request(self.path)
 
     def progress(self) -> Any:
         """Each rank's last step, while an attached run goes on."""

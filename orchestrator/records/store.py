@@ -79,6 +79,18 @@ class RunRecord:
     # whether a controller brought the results home (an attached run's, or
     # ``attach``'s); a detached run that ended unwatched has not yet
     results_home: bool = True
+    # seconds from ``started`` until the run itself started (``wall_s`` is
+    # its time from then): connecting, uploading, waiting for GPUs or in a
+    # scheduler's queue; to its end, or now, for one that never started or
+    # still waits; None where unknown (a record from before the wait was kept)
+    waited_s: float | None = None
+
+    @property
+    def running_since(self) -> float | None:
+        """When the run itself started (``started`` plus the wait), where known."""
+        if self.started is None:
+            return None
+        return self.started + (self.waited_s or 0.0)
 
     @property
     def live(self) -> bool:
@@ -96,14 +108,30 @@ class RunRecord:
 def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, started: float,
                 nodes: Sequence[NodeRecord], outcome: RunOutcome | None = None,
                 owner: Owner = Owner(), ended: float | None = None, error: str = "",
-                results_home: bool | None = None) -> None:
+                results_home: bool | None = None, running_since: float | None = None) -> None:
     """``ended``: when the run ended, if not now (a detached run that ended
     before anyone asked); ``error``: why there is no ``outcome`` for a run
     that is over (it failed before it started); ``results_home``: whether
     a controller brought its results home (default: once it is over, as
-    the launching controller does unless the run is detached)."""
+    the launching controller does unless the run is detached);
+    ``running_since``: when the run itself started, after the wait for its
+    nodes (None: not yet, or unknown where there is an ``outcome``).
+
+    ``waited_s`` is that wait, and ``wall_s`` the run's own time from then:
+    ``started + waited_s + wall_s`` is about ``ended``. A run that never
+    started waited until it ended, and has no wall time of its own."""
     over = not state.live
     ended = (ended or time.time()) if over else None
+    if running_since is not None:
+        waited: float | None = max(0.0, running_since - started)
+    else:
+        waited = max(0.0, ended - started) if over and outcome is None else None
+    if not over:
+        wall = None
+    elif outcome is not None:
+        wall = outcome.wall_s
+    else:
+        wall = max(0.0, ended - running_since) if running_since is not None else None
     payload: dict[str, Any] = {
         "run_id": run_id, "backend": backend, "state": state.value, "started": started,
         "owner": owner.to_json(),
@@ -111,7 +139,7 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
         "controller": process_identity(os.getpid()) or {"pid": os.getpid(),
                                                          "host": _this_host()},
         "ended": ended,
-        "wall_s": (outcome.wall_s if outcome else max(0.0, ended - started)) if over else None,
+        "wall_s": wall,
         "results_home": over if results_home is None else results_home,
         "nodes": [{"node_rank": n.node_rank, "host": n.host, "run_dir": n.run_dir,
                    "python": n.python, "connection": dict(n.connection)} for n in nodes],
@@ -121,6 +149,8 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
     if outcome is not None and not state.live:
         payload["outcomes"] = [o.to_dict() for o in outcome.nodes]
         payload["root_cause"] = outcome.root_cause.to_dict() if outcome.root_cause else None
+    if waited is not None:
+        payload["waited_s"] = waited
     if error:
         payload["error"] = error
     run.write_state(payload)
@@ -132,9 +162,11 @@ def record_end(record: RunRecord, outcome: RunOutcome, *, ended: float | None = 
     detached run: ``status`` asked its nodes, or ``attach`` followed it).
     ``ended``: when it ended, as its nodes recorded (default: now);
     ``results_home``: whether its results were brought home (``attach``)."""
+    started = record.started or time.time()
     write_state(record.run, run_id=record.run_id, backend=record.backend, state=outcome.state,
-                started=record.started or time.time(), nodes=record.nodes, outcome=outcome,
-                owner=record.owner, ended=ended, results_home=results_home)
+                started=started, nodes=record.nodes, outcome=outcome,
+                owner=record.owner, ended=ended, results_home=results_home,
+                running_since=None if record.waited_s is None else started + record.waited_s)
 
 
 def process_alive(pid: int | None) -> bool:
@@ -256,16 +288,20 @@ def read_record(run: RunDir) -> RunRecord | None:
             owner=owner,
             attempts=tuple(AttemptOutcome.from_dict(a) for a in data.get("attempts") or []),
             ended=_number(data.get("ended")), error=str(data.get("error") or ""),
-            results_home=bool(data.get("results_home", not owner.detached)))
+            results_home=bool(data.get("results_home", not owner.detached)),
+            waited_s=_number(data.get("waited_s")))
         # Only an attached run ends with its controller: a detached run is its
         # nodes' keepers', and a scheduler's job is the scheduler's.
         if state.live and owner.ends_with_controller and not recorded_elsewhere(record) \
                 and not controller_alive(record):
             state = RunState.INTERRUPTED
-        wall = record.wall_s
-        if wall is None and started and state.live:
-            wall = time.time() - started
-        return replace(record, state=state, wall_s=wall)
+        wall, waited = record.wall_s, record.waited_s
+        if started and state.live:
+            if waited is None and state in (RunState.STARTING, RunState.PENDING):
+                waited = time.time() - started  # still waiting: no time of its own yet
+            elif wall is None:
+                wall = time.time() - started - (waited or 0.0)
+        return replace(record, state=state, wall_s=wall, waited_s=waited)
     except KeyError as exc:
         return damaged(run, f"lacks {exc}", data)
     except (TypeError, ValueError) as exc:  # OwnerError is a ValueError

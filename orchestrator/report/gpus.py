@@ -33,17 +33,50 @@ def gpu_lines(plan: object) -> list[str]:
     nodes are named only where the GPUs were chosen or looked at."""
     lines = []
     rehearsal = isinstance(plan, dict) and plan.get("device") == "cpu"
-    for node in (plan.get("nodes") or ()) if isinstance(plan, dict) else ():
-        gpus = node_gpus(node if isinstance(node, dict) else None)
+    for node in _nodes(plan):
+        gpus = node_gpus(node)
         if gpus["gpus"] is None or (rehearsal and not gpus["gpu_request"]
                                     and not gpus["gpu_models"]):
             continue
-        asked = f" ({gpus['gpu_request']})" if gpus["gpu_request"] else ""
-        models = Counter(gpus["gpu_models"])
-        kinds = ", ".join(f"{n}x {model}" for model, n in models.most_common())
-        lines.append(f"  node {node.get('node_rank')} ({node.get('host')}): GPUs "
-                     f"{','.join(map(str, gpus['gpus']))}{asked}" + (f", {kinds}" if kinds else ""))
+        lines.append(f"  node {node.get('node_rank')} ({node.get('host')}): {_gpus_words(gpus)}")
     return lines
+
+
+def rank_lines(plan: object) -> list[str]:
+    """Which ranks went where, a line per node, in the plan's order (rank i
+    of a node on its i-th GPU): ``ranks 0-2: node 0 (gpu01), GPUs 3,4,5
+    (free:3), 3x NVIDIA H100 80GB HBM3``; what ``up`` says once the nodes
+    have chosen, before the first rank's output. A node without indices
+    runs CPU processes, or, on a GPU run, one process per GPU its
+    scheduler allocates (``nodes: {count: N, gpus: G}``)."""
+    device = plan.get("device") if isinstance(plan, dict) else None
+    lines = []
+    for node in _nodes(plan):
+        span = node.get("ranks")
+        if not (isinstance(span, list) and len(span) == 2):
+            continue
+        ranks = f"rank {span[0]}" if span[0] == span[1] else f"ranks {span[0]}-{span[1]}"
+        gpus = node_gpus(node)
+        count = span[1] - span[0] + 1
+        processes = f"{count} {'CPU ' if device == 'cpu' else ''}process{'es' * (count != 1)}"
+        where = (processes + ("" if device == "cpu" else ", one per GPU the scheduler allocates")
+                 if gpus["gpus"] is None
+                 else _gpus_words(gpus) + (", as CPU processes" if device == "cpu" else ""))
+        lines.append(f"{ranks}: node {node.get('node_rank')} ({node.get('host')}), {where}")
+    return lines
+
+
+def _nodes(plan: object) -> list[dict]:
+    nodes = plan.get("nodes") if isinstance(plan, dict) else None
+    return [n for n in nodes or () if isinstance(n, dict)] if isinstance(nodes, list) else []
+
+
+def _gpus_words(gpus: dict[str, Any]) -> str:
+    """``GPUs 3,4,5 (free:3), 3x NVIDIA H100 80GB HBM3``: a ``node_gpus``."""
+    asked = f" ({gpus['gpu_request']})" if gpus["gpu_request"] else ""
+    models = Counter(gpus["gpu_models"])
+    kinds = ", ".join(f"{n}x {model}" for model, n in models.most_common())
+    return f"GPUs {','.join(map(str, gpus['gpus']))}{asked}" + (f", {kinds}" if kinds else "")
 
 
 # What ``progress.json`` says of a rank's GPU (``engine/gpuuse.rank_gpu``).

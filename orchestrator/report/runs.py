@@ -33,13 +33,17 @@ def render_ps(records: list[RunRecord], where: RunsDir | None = None) -> str:
 
 
 def _runs_table(records: list[RunRecord], why: bool) -> str:
-    rows = [("RUN", "BACKEND", "STATE", "STARTED", "DURATION", "NODES", "EXIT CODES")
+    """A row per run: when ``up`` started it, how long it WAITED for its
+    nodes (connecting, its GPUs, a scheduler's queue), then its own
+    DURATION: the two add up to its end."""
+    rows = [("RUN", "BACKEND", "STATE", "STARTED", "WAITED", "DURATION", "NODES", "EXIT CODES")
             + (("ROOT CAUSE",) if why else ())]
     for r in records:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else "-"
+        waited = f"{r.waited_s:.1f}s" if r.waited_s is not None else "-"
         duration = f"{r.wall_s:.1f}s" if r.wall_s is not None else "-"
         codes = ",".join("-" if c is None else str(c) for c in r.exit_codes) or "-"
-        rows.append((r.run_id, r.backend or "-", r.state.value, started, duration,
+        rows.append((r.run_id, r.backend or "-", r.state.value, started, waited, duration,
                      ",".join(r.hosts) or "-", codes)
                     + ((_brief(why_failed(r), PS_WHY_WIDTH) or "-",) if why else ()))
     return format_table(rows) + "\n"
@@ -180,6 +184,39 @@ def live_attempt(record: RunRecord, described: RunDescription | None = None) -> 
     progress = record.run.progress()
     attempt = progress.get("attempt") if isinstance(progress, dict) else None
     return attempt if is_count(attempt) else None
+
+
+def final_progress(record: RunRecord) -> list[dict]:
+    """An ended run's ranks as its controller last recorded them
+    (``progress.json``: an attached run's), each with its mean rates over
+    the run's own time, from its start after the wait to the rank's last
+    step report: ``mean_steps_per_s`` and ``mean_samples_per_s`` (None
+    where it reported none). [] for a live run, and where no controller
+    kept its ranks (a detached run's keepers, a Slurm job's nodes)."""
+    progress = record.run.progress()
+    since = record.running_since
+    if record.state.live or since is None or not (
+            isinstance(progress, dict) and isinstance(progress.get("ranks"), dict)):
+        return []
+    end = record.ended or time.time()
+    out = []
+    for rank, seen in sorted(progress["ranks"].items(), key=lambda kv: int(kv[0])):
+        if not (isinstance(seen, dict) and str(rank).isdigit()):
+            continue
+        last, stepped = seen.get("last_progress"), seen.get("last_step")
+        span = float(stepped) - since if is_time(stepped) else 0.0
+        step, samples = seen.get("step"), seen.get("samples")
+        out.append({"rank": int(rank), "node_rank": seen.get("node_rank"),
+                    "host": seen.get("host"), "step": step,
+                    "samples": samples if is_count(samples) else None,
+                    "last_progress_s_ago": end - float(last) if is_time(last) else None,
+                    "last_step_s_ago": None,  # no window: the rates are the run's means
+                    "mean_steps_per_s": step / span if is_count(step) and span > 0 else None,
+                    "mean_samples_per_s": samples / span if is_count(samples) and span > 0
+                    else None,
+                    **{key: seen[key] for key in ("gpu",) if key in seen},
+                    **pace_of(seen)})
+    return out
 
 
 def render_detached(outcome: RunOutcome, run_path: str) -> str:

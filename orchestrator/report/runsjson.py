@@ -66,6 +66,7 @@ def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
         "liveness": record.owner.liveness(record.backend),  # the word before owners
         "started": record.started,
         "ended": record.ended,
+        "waited_s": record.waited_s,
         "duration_s": record.wall_s,
         "exit_code": _EXIT_CODES.get(record.state),
         "world_size": world if isinstance(world, int) and not isinstance(world, bool) else None,

@@ -10,6 +10,10 @@ Slurm job no controller follows has its nodes' heartbeats in their streams
 from the recorded plan. Rendering is plain text: a table, one line per rank
 in a narrow terminal, one row per node (its worst rank) when the ranks do
 not fit; colour only where the caller allows it.
+
+An ended run's frame says when and how it ended, with its mean rates over
+the run (``report.runs.final_progress``; where no controller kept its
+ranks, rank 0's result's own timing), not a window's.
 """
 
 from __future__ import annotations
@@ -64,6 +68,10 @@ class TopFrame:
     steps_per_s: float | None
     slowest: Straggler | None
     ended: str  # how the run ended ("" while live)
+    ended_at: float | None = None  # when (None while live, or unknown)
+    # what the rates are over: "window" (the last seconds), "mean" (the run,
+    # its ranks' reports), "result" (the run, rank 0's result's own timing)
+    rates: str = "window"
 
     @property
     def live(self) -> bool:
@@ -89,15 +97,18 @@ def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceW
         ago = row.get("last_step_s_ago")
         if ago is not None:
             window.add(now - ago, row["rank"], row.get("step"), row.get("samples"))
-    marked = stragglers(paces(rows, window))
+    mean = any("mean_steps_per_s" in row for row in rows)  # an ended run's (final_progress)
+    marked = [] if mean else stragglers(paces(rows, window))
     why = {s.rank: s.why for s in marked}
     plan = record.run.plan()
     models = _gpu_models(plan)
     ranks = tuple(RankRow(
         rank=row["rank"], node_rank=row.get("node_rank"), host=row.get("host"),
         gpu=row.get("gpu"), gpu_model=models.get((row.get("node_rank"), row.get("gpu"))),
-        step=row.get("step"), steps_per_s=window.rate(row["rank"]),
-        samples_per_s=window.samples_rate(row["rank"]),
+        step=row.get("step"),
+        steps_per_s=_rounded(row.get("mean_steps_per_s"), 3) if mean else window.rate(row["rank"]),
+        samples_per_s=_rounded(row.get("mean_samples_per_s"), 1) if mean
+        else window.samples_rate(row["rank"]),
         last_progress_s_ago=row.get("last_progress_s_ago"),
         compute_s=row.get("compute_s"), data_s=row.get("data_s"),
         gpu_util=row.get("gpu_util"), gpu_mem_mib=row.get("gpu_mem_mib"),
@@ -106,16 +117,39 @@ def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceW
     world = plan.get("world_size") if isinstance(plan, dict) else None
     rates = [r.samples_per_s for r in ranks if r.samples_per_s is not None]
     steps = [r.steps_per_s for r in ranks if r.steps_per_s is not None]
+    gang = (round(sum(rates), 1) if rates else None, round(min(steps), 3) if steps else None)
+    kind = "mean" if mean else "window"
+    if not record.live and gang == (None, None):  # no ranks kept: rank 0's own timing
+        gang, kind = _result_rates(record), "result"
     end = record.ended if record.ended is not None else now
     return TopFrame(
         run_id=record.run_id, state=str(record.state), owner=str(record.owner),
         attempt=attempt if attempt is not None else max(0, len(attempts or record.attempts) - 1),
         elapsed_s=None if record.started is None else round(max(0.0, end - record.started), 1),
         world_size=world if isinstance(world, int) else None, ranks=ranks,
-        samples_per_s=round(sum(rates), 1) if rates else None,
-        steps_per_s=round(min(steps), 3) if steps else None,
+        samples_per_s=gang[0], steps_per_s=gang[1],
         slowest=marked[0] if marked else None,
-        ended="" if record.live else _ended(record))
+        ended="" if record.live else _ended(record),
+        ended_at=None if record.live else record.ended,
+        rates="window" if record.live else kind)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _result_rates(record: RunRecord) -> tuple[float | None, float | None]:
+    """The gang's samples and steps per second over the run as rank 0's
+    result says them (the built-ins' ``timing``), where it says them."""
+    result = record.run.result()
+    timing = result.get("timing") if isinstance(result, dict) else None
+    if not isinstance(timing, dict):
+        return None, None
+    samples, steps, train = (timing.get(k) for k in ("samples_per_s", "steps", "train_s"))
+    number = (int, float)
+    return (round(samples, 1) if isinstance(samples, number) and samples >= 0 else None,
+            round(steps / train, 3) if isinstance(steps, number) and isinstance(train, number)
+            and train > 0 and steps >= 0 else None)
 
 
 def _gpu_models(plan: Any) -> dict[tuple[int, int], str]:
@@ -171,10 +205,14 @@ def _header(frame: TopFrame) -> str:
             f"{frame.attempt}  elapsed {elapsed}  world size {world}")
 
 
+_OVER = {"mean": ", mean over the run", "result": ", mean over the run (rank 0's result)"}
+
+
 def _footer(frame: TopFrame, mark) -> list[str]:
     speed = [f"{frame.samples_per_s:g} samples/s"] if frame.samples_per_s is not None else []
     speed += [f"{frame.steps_per_s:g} steps/s"] if frame.steps_per_s is not None else []
-    lines = [f"gang: {', '.join(speed) if speed else 'no rate yet'}"]
+    none = "no rate yet" if frame.live else "no rate recorded"
+    lines = [f"gang: {', '.join(speed) + _OVER.get(frame.rates, '') if speed else none}"]
     slow = frame.slowest
     if slow is not None:
         row = next((r for r in frame.ranks if r.rank == slow.rank), None)
@@ -185,7 +223,9 @@ def _footer(frame: TopFrame, mark) -> list[str]:
         lines.append("slowest: none holds the gang back" + (
             f" ({silent} silent rank{'s' if silent != 1 else ''} not judged)" if silent else ""))
     if frame.ended:
-        lines.append(f"ended: {frame.ended}")
+        at = "" if frame.ended_at is None else \
+            " " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.ended_at))
+        lines.append(f"ended{at}: {frame.ended}")
     return lines
 
 

@@ -9,6 +9,12 @@ generated per lab in a temp dir: ed25519 host keys, a client key pair,
 current user. Nothing leaves 127.0.0.0/8, and nothing global is changed
 except creating ``/run/sshd`` (sshd's privilege-separation dir) when root.
 
+``SshLab(n, reverse_dns=False)`` gives hosts whose resolver does not answer,
+as on servers without reverse DNS for their addresses: each sshd runs in a
+mount namespace of its own (root only) where ``/etc/resolv.conf`` names a
+nameserver nobody runs, so every session's lookup of a lab address fails
+at once with EAI_AGAIN (what c10d warns about on every store connection).
+
 The lead imports the fixtures into ``tests/conftest.py``::
 
     from sshlab import make_ssh_lab, ssh_lab  # noqa: F401
@@ -38,6 +44,7 @@ from ports import free_port
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 FIRST_ADDR = (127, 0, 55, 10)
+NO_NAMESERVER = "127.0.55.254"  # no lab host has it: a query there is refused at once
 INSTALL_HINT = "install it with scripts/install-system-deps"
 
 
@@ -74,7 +81,7 @@ class SshLab:
     """
 
     def __init__(self, n_hosts: int = 2, *, startup_timeout: float = 15.0, sftp: bool = False,
-                 extra_sshd: tuple[str, ...] | list[str] = ()):
+                 extra_sshd: tuple[str, ...] | list[str] = (), reverse_dns: bool = True):
         if not 1 <= n_hosts <= 200:
             raise ValueError("n_hosts must be between 1 and 200")
         self.n_hosts = n_hosts
@@ -82,6 +89,7 @@ class SshLab:
         # No SFTP subsystem by default, as on hardened hosts: ddp-orch must not need it.
         self.sftp = sftp
         self.extra_sshd = list(extra_sshd)  # more sshd_config lines for every host
+        self.reverse_dns = reverse_dns  # False: the hosts' resolver never answers
         self.user = getpass.getuser()
         self.hosts: list[LabHost] = []
         self.dir = ""
@@ -140,9 +148,24 @@ class SshLab:
         log = open(self._path(f"sshd_{host.alias}.log"), "ab")
         with log:
             self._procs[host.index] = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", cfg], stdin=subprocess.DEVNULL,
+                [*self._resolver_down(), SSHD, "-D", "-e", "-f", cfg], stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(host)
+
+    def _resolver_down(self) -> list[str]:
+        """The argv before sshd's that runs it where the resolver does not
+        answer (``reverse_dns=False``): its own mount namespace, with a
+        ``resolv.conf`` of ``NO_NAMESERVER`` over the machine's; [] otherwise.
+        ``exec`` keeps sshd's pid the one this lab knows."""
+        if self.reverse_dns:
+            return []
+        unshare = shutil.which("unshare")
+        if os.geteuid() != 0 or unshare is None:
+            raise SshLabError("a lab without reverse DNS needs root and unshare(1)")
+        conf = self._path("resolv.conf")
+        _write(conf, f"nameserver {NO_NAMESERVER}\noptions timeout:1 attempts:1\n")
+        return [unshare, "--mount", "--", "sh", "-c",
+                f'mount --bind {conf} /etc/resolv.conf && exec "$@"', "sh"]
 
     def stop_host(self, host: LabHost | int | str) -> None:
         """Stop one host's listener and its sessions, e.g. to simulate a dead node."""

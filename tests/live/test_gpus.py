@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -188,6 +189,101 @@ def test_the_dry_run_says_chosen_at_launch_and_asks_no_node(gpus_lab):
     assert "free:3: chosen at launch" in ran.stdout and "free: chosen at launch" in ran.stdout
 
 
+def test_free_and_all_the_dry_run_says_what_it_cannot_know_and_up_says_where_ranks_went(
+        gpus_lab):
+    """Issue #45, a newcomer's first file: free:3 on node 0, all on node 1.
+    The dry-run shows free:3's 3 processes, all's as chosen at launch (it
+    showed --nproc-per-node 0) and each rank's threads in words; ``up
+    --quiet`` says which ranks went to which node and GPUs once, before any
+    other line (it was only in plan.json and status); each rank's threads
+    are its node's cores over its ranks; and ``top --once`` on the ended run
+    gives its end and its mean rates (it said "gang: no rate yet")."""
+    shutil.copy(os.path.join(PROGRAMS, "paced_ranks.py"), gpus_lab.root)
+    gpus_lab.set(idle(4), idle(2, A100))
+    cluster = gpus_lab.cluster(
+        "first", ["{host: node0, gpus: 'free:3'}", "{host: node1, gpus: all}"],
+        "workload: {script: paced_ranks.py, args: [--mode, free, --seconds, '6', --slow-rank, "
+        "'-1', --compute, '0.1']}\n")
+    dry = run_cli("up", cluster, "--dry-run", env=gpus_lab.env, timeout=60)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    commands = [line for line in dry.stdout.splitlines() if "torch.distributed.run" in line]
+    assert " --node-rank 0 --nproc-per-node 3 --master-addr " in commands[0], commands
+    assert " --node-rank 1 --nproc-per-node <chosen at launch> --master-addr " in commands[1]
+    assert dry.stdout.count("\n    OMP_NUM_THREADS=<cores / ranks, at launch>\n") == 2
+
+    ran = gpus_lab.up(cluster, "gpu-first", "--quiet")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[:3] == [
+        f"ddp-orch: ranks 0-2: node 0 (node0), GPUs 0,1,2 (free:3), 3x {H100}, as CPU processes",
+        f"ddp-orch: ranks 3-4: node 1 (node1), GPUs 0,1 (all), 2x {A100}, as CPU processes",
+        f"ddp-orch: started 5 processes on 2 node(s); logs in {gpus_lab.runs}/gpu-first"], lines
+    assert ran.stdout.count("ddp-orch: ranks ") == 2
+    cores = len(os.sched_getaffinity(0))  # the lab's hosts are this machine
+    assert [n["env"]["OMP_NUM_THREADS"] for n in gpus_lab.plan("gpu-first")["nodes"]] == \
+        [str(max(1, cores // 3)), str(max(1, cores // 2))]
+
+    top = run_cli("top", "gpu-first", "--once", "--runs-dir", gpus_lab.runs, env=gpus_lab.env)
+    assert top.returncode == 0, top.stdout + top.stderr
+    assert re.search(r"^gang: [0-9.]+ steps/s, mean over the run$", top.stdout, re.M), top.stdout
+    state = json.loads((gpus_lab.root / "runs" / "gpu-first" / "state.json").read_text())
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["ended"]))
+    assert top.stdout.endswith(f"ended {when}: succeeded\n"), top.stdout
+    frame = json.loads(run_cli("top", "gpu-first", "--once", "--json", "--runs-dir",
+                               gpus_lab.runs, env=gpus_lab.env).stdout)
+    assert (frame["rates"], frame["ended_at"], len(frame["ranks"])) == ("mean", state["ended"], 5)
+    assert all(r["steps_per_s"] > 0 and r["step"] > 0 for r in frame["ranks"]), frame
+
+
+def test_gpus_held_on_two_nodes_are_refused_naming_both_and_a_wait_says_each_briefly(gpus_lab):
+    """Issue #45: a refusal for GPUs held on two nodes named only the first;
+    a wait printed about 600 characters a node every 30 s and nothing when
+    it ended. Now each node is named once, at its line, one hint says what
+    to do about both, a wait says in one short line per node what it waits
+    for and who holds it, and its end is said."""
+    gpus_lab.set(idle(2), idle(1))
+    holder = gpus_lab.cluster("holder", ["{host: node0, gpus: 'free:1'}",
+                                         "{host: node1, gpus: 'free:1'}"], SLEEPER)
+    both = gpus_lab.cluster("both", ["{host: node0, gpus: all}", "{host: node1, gpus: '0'}"])
+    hold = gpus_lab.start(holder, "gpu-h")
+    waiter = None
+    try:
+        wait_for_lines(hold, "training", 2)
+        refused = gpus_lab.up(both, "gpu-both", timeout=120)
+        assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
+        err = refused.stderr.splitlines()
+        assert err[0].startswith(f"ddp-orch: error: {both}:6: nodes[0].gpus: node 0 (node0): "
+                                 f"GPU 0 ({H100}) is held by run gpu-h of root since "), err
+        assert err[0].endswith("; free now: 1"), err
+        assert err[1].startswith(f"  {both}:7: nodes[1].gpus: node 1 (node1): GPU 0 ({H100}) "
+                                 "is held by run gpu-h of root since "), err
+        assert err[1].endswith("; none free now"), err
+        assert err[2:] == ['  hint: launch on those now (node 0: gpus: "1") or wait for them '
+                           "(--wait-gpus SECONDS)"], err
+        assert wait_gone("gpu-both", 15, labs=[gpus_lab.lab]) == set()
+
+        waiter = gpus_lab.start(both, "gpu-both2", "--wait-gpus", "90")
+        said = wait_for_lines(waiter, "waiting for", 2).splitlines()
+        waits = sorted(line for line in said if "waiting for" in line)
+        assert waits == [
+            "ddp-orch: node 0 (node0): waiting for all (free now: 1): GPU 0 held by run gpu-h "
+            "of root; up to 1m30s more",
+            "ddp-orch: node 1 (node1): waiting for GPU 0 (none free): GPU 0 held by run gpu-h "
+            "of root; up to 1m30s more"], said
+        assert all(len(line) < 120 for line in waits)
+        stop(hold)
+        out = waiter.communicate(timeout=120)[0]
+        assert waiter.returncode == 0, out
+        assert re.search(r"^ddp-orch: GPUs free after \d+s on node 0 \(node0\), \d+s on node 1 "
+                         r"\(node1\): starting$", out, re.M), out
+    finally:
+        for proc in (hold, waiter):
+            if proc is not None:
+                stop(proc)
+    for run in ("gpu-h", "gpu-both", "gpu-both2"):
+        assert wait_gone(run, 20, labs=[gpus_lab.lab]) == set()
+
+
 # -- 2. a busy listed GPU ------------------------------------------------------
 
 def test_a_busy_listed_gpu_is_refused_and_allow_busy_goes(gpus_lab, busy_pids):
@@ -206,7 +302,7 @@ def test_a_busy_listed_gpu_is_refused_and_allow_busy_goes(gpus_lab, busy_pids):
     err = refused.stderr
     assert ":7: nodes[1].gpus: node 1 (node1): GPU 1 (" in err, err
     assert f"is busy: pid {pid} /usr/bin/python3 (root, 3000 MiB)" in err, err
-    assert "free now: 0,2" in err and "gpus: 0,2 are free there now" in err, err
+    assert "free now: 0,2" in err and 'launch on those now (gpus: "0,2")' in err, err
     assert "--allow-busy-gpus" in err and "Traceback" not in err
     assert "started" not in refused.stdout
     assert wait_gone("gpu-busy", 15, labs=[gpus_lab.lab]) == set()
@@ -274,17 +370,33 @@ def test_two_runs_share_a_host_a_third_is_refused_then_waits(gpus_lab):
         assert f"GPU 1 ({H100}) is held by run gpu-a of root" in forced.stderr, forced.stderr
 
         waiter = gpus_lab.start(one, "gpu-c2", "--wait-gpus", "60")
-        said = wait_for_lines(waiter, "waiting up to")
-        assert "node 0 (node0): waiting up to 60s more for GPUs: free:1 asks for 1 free GPU" \
-            in said, said
-        assert "held by run gpu-a" in said
+        said = wait_for_lines(waiter, "waiting for")
+        # issue #45: one short line, each holder once (it was ~600 characters, the
+        # holder's whole record for every GPU)
+        assert "ddp-orch: node 0 (node0): waiting for free:1 (none free): GPU 0 held by run " \
+               "gpu-b of root; GPUs 1,2 held by run gpu-a of root; up to 1m00s more\n" in said, said
         time.sleep(3)  # it looks again, and still waits
         assert waiter.poll() is None and not (gpus_lab.root / "runs" / "gpu-c2" /
                                               "result.json").exists()
+        stopped_at = time.time()
         stop(a)
         out = waiter.communicate(timeout=120)[0]
         assert waiter.returncode == 0, out
+        # the end of the wait is said (issue #45: nothing said when it ended)
+        assert re.search(r"^ddp-orch: GPUs free after \d+s on node 0 \(node0\): starting$", out,
+                         re.M), out
+        assert out.index("GPUs free after") < out.index("started 1 processes")
         assert gpus_lab.plan("gpu-c2")["nodes"][0]["gpus"] == [1]
+        # ps: the wait apart from the run's own time, the two adding up to its end
+        state = json.loads((gpus_lab.root / "runs" / "gpu-c2" / "state.json").read_text())
+        assert stopped_at - state["started"] < state["waited_s"] < time.time() - state["started"]
+        assert state["started"] + state["waited_s"] + state["wall_s"] == \
+            pytest.approx(state["ended"], abs=3)
+        listed_ps = run_cli("ps", "--runs-dir", gpus_lab.runs, env=gpus_lab.env)
+        head, row = (line.split() for line in listed_ps.stdout.splitlines()
+                     if line.startswith(("RUN ", "gpu-c2 ")))
+        assert head[3:7] == ["STARTED", "WAITED", "DURATION", "NODES"], listed_ps.stdout
+        assert (row[5], row[6]) == (f"{state['waited_s']:.1f}s", f"{state['wall_s']:.1f}s")
         assert gpulocks.holders([keys[1], keys[2]]) == {keys[1]: None, keys[2]: None}
         assert gpulocks.holders([keys[0]])[keys[0]]["run_id"] == "gpu-b"
     finally:

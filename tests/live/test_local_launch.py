@@ -65,7 +65,7 @@ def test_a_failing_rank_stops_every_node_and_is_named(tmp_path):
     assert node1["reason"] == "torchrun exited" and node1["stopped_at"] is None, node1
     assert node1["torn_down_at"] - failed_at < TORCHRUN_ENDS_S, (failed_at, node1)
     ended_at = node1["torn_down_at"]
-    assert_stopped_at_once(node0, ended_at, "stopped by the controller")
+    assert_stopped_at_once(node0, ended_at, "stopped: node 1 (localhost) failed (exit 1)")
     assert_gone_within([node0], ended_at, 3)
     took = max(r["torn_down_at"] for r in records) - failed_at
     print(f"a failing rank: every node torn down {took:.1f}s after the rank raised")

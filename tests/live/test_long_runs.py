@@ -237,16 +237,53 @@ def test_status_of_a_live_detached_run_shows_each_ranks_step_and_down_stops_it(
     nothing_left(ssh_lab, "prog", 5)  # down waited for the keepers
     out = status_until(env, tmp_path, "prog", "interrupted")
     assert " interrupted " in out.splitlines()[1], out
-    # down is named as the stopper, not the signal it sent (issue #32): on the
-    # node whose keeper heard it first, and through the gang on the other
+    # down is named as the stopper, not the signal it sent (issue #32), as it
+    # was: from this machine, on every node alike, never "on node 1" (#45)
     nodes = [line for line in out.splitlines() if line.startswith("  node ")]
-    assert len(nodes) == 2 and all("ddp-orch down" in line for line in nodes), out
     # (exit 1 when torchrun ended within the grace of 3 s, 137 when it was
     # killed after it, as on a loaded machine: the grace is not the subject)
-    assert any(re.search(r"stopped, exit (1|137): stopped by ddp-orch down$", line)
-               for line in nodes), out
+    here = re.escape(os.uname().nodename)
+    assert len(nodes) == 2 and all(
+        re.search(rf"stopped, exit (1|137): stopped by `ddp-orch down` from {here}$", line)
+        for line in nodes), out
+    assert " on node " not in out, out
     assert "got SIGTERM" not in out, out
     assert "-> stopped on purpose" not in out  # one attempt: no restart line
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["attached", "kept-attached"])
+def test_down_is_named_as_the_stopper_on_every_node_of_an_attached_run(ssh_lab, tmp_path, kept):
+    """Issue #45: the stopper named as it was. ``down`` of a run its
+    controller follows (its own, or the keepers' with --max-restarts)
+    signals the controller, which tells every node who stopped it: the
+    console, each node's outcome and its own teardown record say "`ddp-orch
+    down` from <this machine>", not "stopped by the controller", "got
+    SIGTERM" or "... on node 1". (A detached run's down: the test above.)"""
+    run_id = f"down-{'kept' if kept else 'att'}"
+    env, cluster = setup(ssh_lab, tmp_path, run_id, "", "sleeper.py", nodes=ONE_EACH)
+    proc = start_cli("up", cluster, "--run-id", run_id, "--runs-dir", str(tmp_path / "runs"),
+                     "--grace", "3", *(("--max-restarts", "1") if kept else ()), env=env)
+    try:
+        wait_for_lines(proc, "training", 2)
+        down = cli(env, tmp_path, "down", run_id)
+        assert down.returncode == 0, down.stdout + down.stderr
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    here = os.uname().nodename
+    stopper = f"stopped by `ddp-orch down` from {here}"
+    assert f"ddp-orch: interrupted by `ddp-orch down` from {here}; stopping every node " \
+           "(press Ctrl-C again to kill at once)\n" in out, out
+    summary = out.split(f"\nrun {run_id}: ")[1]
+    assert summary.startswith("INTERRUPTED"), summary
+    for k in range(2):
+        assert re.search(rf"^  {k}\s+node{k}\s+stopped\s+\d+\s+{re.escape(stopper)}$",
+                         summary, re.M), summary
+    assert " on node " not in summary and "got SIGTERM" not in summary, summary
+    assert [r["reason"] for r in teardowns(tmp_path / "runs", run_id)] == [stopper] * 2
+    nothing_left(ssh_lab, run_id, BOUND_S)
 
 
 def test_max_restarts_restarts_an_import_error_after_the_first_step_until_an_attempt_succeeds(

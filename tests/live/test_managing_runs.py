@@ -134,7 +134,9 @@ def test_attach_keeps_the_duration_the_nodes_recorded_not_the_time_until_attach(
     assert attached.returncode == 0, attached.stdout + attached.stderr
     recorded = state(runs, "unseen")
     assert recorded["ended"] == keeper_end(runs, "unseen")
-    assert recorded["wall_s"] == pytest.approx(recorded["ended"] - recorded["started"])
+    # its own time, after its wait for its nodes (issue #45: ps showed them mixed)
+    assert recorded["wall_s"] == pytest.approx(
+        recorded["ended"] - recorded["started"] - recorded["waited_s"])
     assert f"run unseen: SUCCEEDED in {recorded['wall_s']:.1f}s" in attached.stdout
     listed = assert_valid(run_cli("ps", "--runs-dir", runs, "--json").stdout, "ps")
     unseen = next(r for r in listed["runs"] if r["run_id"] == "unseen")
@@ -167,7 +169,9 @@ def test_a_run_that_fails_before_starting_records_why_for_status_and_ps(tmp_path
     as_json = assert_valid(run_cli("status", "busy", "--runs-dir", runs, "--json").stdout,
                            "status")
     assert why in as_json["error"] and as_json["exit_code"] == 1
-    assert as_json["ended"] is not None and as_json["duration_s"] >= 0
+    # it never ran: it waited until its error, with no time of its own
+    assert as_json["ended"] is not None and as_json["duration_s"] is None
+    assert as_json["waited_s"] == pytest.approx(as_json["ended"] - as_json["started"])
     listed = assert_valid(run_cli("ps", "--runs-dir", runs, "--json").stdout, "ps")
     assert [r["error"] for r in listed["runs"]] == [as_json["error"]]
 

@@ -184,7 +184,7 @@ def test_a_failing_setup_names_its_node_and_starts_no_rank(ssh_lab, tmp_path):
     # barrier, is stopped at once after node 1's setup failed there
     node0, node1 = teardowns(tmp_path / "runs", "setup-bad")
     assert node1["reason"] == "setup failed", node1
-    assert_stopped_at_once(node0, node1["torn_down_at"], "stopped by the controller")
+    assert_stopped_at_once(node0, node1["torn_down_at"], "stopped: node 1 (node1) failed (exit 7)")
     assert_gone_within([node0], node1["torn_down_at"], 3)
     assert wait_gone("setup-bad", 10, labs=[ssh_lab]) == set()
 

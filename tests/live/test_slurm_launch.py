@@ -139,8 +139,8 @@ def test_ctrl_c_cancels_the_job_and_leaves_nothing(slurm_lab, tmp_path):
     assert proc.returncode == 130, out
     # The controller's own words, not a node's line that happens to hold them.
     ours = [line for line in out.splitlines() if not line.startswith("[node")]
-    assert "ddp-orch: interrupted; stopping every node (press Ctrl-C again to kill at once)" \
-        in ours, out
+    assert "ddp-orch: interrupted by Ctrl-C on the controller; stopping every node (press Ctrl-C " \
+           "again to kill at once)" in ours, out
     summary = out.split("\nrun slurm-ctrlc: ")[1]
     assert summary.startswith("INTERRUPTED")
     for k, host in enumerate(["node1", "node2"]):

@@ -72,6 +72,34 @@ def test_seed_layout_over_two_ssh_hosts(ssh_lab, tmp_path):
     assert (res["metrics"]["train_total"], res["metrics"]["test_total"]) == (5, 2)
 
 
+def test_a_plain_run_prints_no_c10d_hostname_line_nor_torchruns_thread_banner(make_ssh_lab,
+                                                                            tmp_path):
+    """Issue #45: on hosts without reverse DNS every store connection made
+    c10d print "The hostname of the client socket cannot be retrieved"
+    (nine lines for 7 ranks), and every node printed torchrun's
+    OMP_NUM_THREADS banner. Neither is on the console now; c10d's lines are
+    still in the node's log, and each rank's threads are its node's cores
+    over its ranks (here: node 0 runs 2, node 1 one)."""
+    lab = make_ssh_lab(2, reverse_dns=False)
+    shutil.copy(os.path.join(PROGRAMS, "echo_env.py"), tmp_path / "echo_env.py")
+    env = lab_home(lab, tmp_path)
+    cluster = lab_cluster(lab, tmp_path, TWO_NODES, "workload: {script: echo_env.py}\n",
+                          name="plain")
+    result = run_cli("up", cluster, "--run-id", "plain-console", "--runs-dir",
+                     str(tmp_path / "runs"), env=env, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "[c10d] The hostname of the client socket cannot be retrieved" not in out, out
+    assert "Setting OMP_NUM_THREADS" not in out and "*****" not in out, out
+    log = (tmp_path / "runs" / "plain-console" / "node-0.log").read_text()
+    assert "[c10d] The hostname of the client socket cannot be retrieved. err=-3" in log
+    cores = len(os.sched_getaffinity(0))  # the lab's hosts are this machine
+    res = json.loads((tmp_path / "runs" / "plain-console" / "result.json").read_text())
+    assert sorted((r["rank"], r["omp_num_threads"]) for r in res["ranks"]) == [
+        (0, str(max(1, cores // 2))), (1, str(max(1, cores // 2))), (2, str(cores))]
+    assert wait_gone("plain-console", 15, labs=[lab]) == set()
+
+
 @pytest.mark.parametrize("ssh_lab", [3], indirect=True)
 def test_three_nodes_user_script_and_hostile_values_arrive_verbatim(ssh_lab, tmp_path):
     shutil.copy(os.path.join(PROGRAMS, "echo_env.py"), tmp_path / "echo_env.py")

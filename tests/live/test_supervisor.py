@@ -49,14 +49,19 @@ def control_of(handle) -> dict:
     return decode(line)
 
 
-def test_stop_kills_workers_in_their_own_sessions(tmp_path):
-    run_id = f"sup-stop-{os.getpid()}"
+@pytest.mark.parametrize("line, reason", [
+    (b"stop\n", "stopped by the controller"),
+    (b"stop stopped: node 1 (b) failed (exit 1)\n", "stopped: node 1 (b) failed (exit 1)")])
+def test_stop_kills_workers_in_their_own_sessions(tmp_path, line, reason):
+    """A ``stop`` carries who stopped the run, which the node records as its
+    reason (issue #45); a bare one is the controller's."""
+    run_id = f"sup-stop-{os.getpid()}-{len(line)}"
     handle = start(tmp_path, run_id)
     assert len(worker_pids(run_id)) == 3  # the program and its two workers
-    handle.send(b"stop\n")
+    handle.send(line)
     code = handle.wait(timeout=20)
     assert code == 128 + 9  # the program ignores SIGTERM, so it is killed
-    assert control_of(handle)["reason"] == "stopped by the controller"
+    assert control_of(handle)["reason"] == reason
     assert wait_gone(run_id, 5) == set()
 
 

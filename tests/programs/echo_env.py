@@ -9,7 +9,8 @@ from workloads.contract import write_json_atomic
 
 dist.init_process_group("gloo")
 seen = {"rank": dist.get_rank(), "argv": sys.argv[1:], "hostile": os.environ.get("HOSTILE"),
-        "node_rank": os.environ.get("GROUP_RANK"), "cwd_name": os.path.basename(os.getcwd())}
+        "node_rank": os.environ.get("GROUP_RANK"), "cwd_name": os.path.basename(os.getcwd()),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 gathered = [None] * dist.get_world_size()
 dist.all_gather_object(gathered, seen)
 if dist.get_rank() == 0:

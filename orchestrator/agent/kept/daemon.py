@@ -26,8 +26,10 @@ follower go (``follower_present``) and stops the gang itself.
 by the pid and start time it records in ``keeper.json``, never by name. A
 signal does not say who sent it, so the sender first leaves its reason in
 the run directory (``STOP_REQUEST``; the first one stays), and the keeper
-records "stopped by ddp-orch down" or "lost the controller (nothing from it
-for 30s)" where it would say only "got SIGTERM".
+records "stopped by `ddp-orch down` from HOST", the controller's own
+reason for a stop ("stopped by Ctrl-C on the controller"), or "lost the
+controller (nothing from it for 30s)" where it would say only "got
+SIGTERM".
 
 Files here are opened with ``O_NOFOLLOW``: a symlink planted in the run
 directory is refused, never written through.
@@ -215,7 +217,7 @@ def signal_keeper(run_dir: str, sig: int = signal.SIGTERM, why: str = "") -> int
     pid = keeper_pid(run_dir)
     if pid is not None:
         if why:
-            _leave_stop_request(run_dir, why)
+            leave_stop_request(run_dir, why)
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
@@ -226,7 +228,7 @@ def signal_keeper(run_dir: str, sig: int = signal.SIGTERM, why: str = "") -> int
 STOP_REQUEST_MAX = 200  # bytes of a stop request the keeper reads
 
 
-def _leave_stop_request(run_dir: str, why: str) -> None:
+def leave_stop_request(run_dir: str, why: str) -> None:
     """The first request stays: the stop it explains is the first one."""
     try:
         fd = os.open(os.path.join(run_dir, layout.STOP_REQUEST),
@@ -249,14 +251,15 @@ def stop_request(run_dir: str) -> str:
     return "".join(c for c in text.split("\n")[0] if c.isprintable()).strip()
 
 
-DOWN_REASON = "stopped by ddp-orch down"
+DOWN_REASON = "stopped by `ddp-orch down`"  # down says from where (its ``why``)
 SILENT_CONTROLLER = controller_silent_for(PEER_TIMEOUT_S)
 CLOSED_CONTROLLER = "lost the controller (its connection closed)"
 
 
-def stop(run_dir: str, wait_s: float) -> int | None:
-    """SIGTERM the keeper and wait for it to tear its node down (``down``)."""
-    pid = signal_keeper(run_dir, why=DOWN_REASON)
+def stop(run_dir: str, wait_s: float, why: str = DOWN_REASON) -> int | None:
+    """SIGTERM the keeper and wait for it to tear its node down (``down``;
+    ``why``: who asks, which the keeper records)."""
+    pid = signal_keeper(run_dir, why=why)
     deadline = time.monotonic() + wait_s
     while pid is not None and keeper_pid(run_dir) == pid and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -296,8 +299,8 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
                 gone.set()
                 return
             word = Control.parse(line)
-            if word is Control.STOP:
-                signal_keeper(run_dir)
+            if word is Control.STOP:  # the controller's reason for the stop, for the keeper
+                signal_keeper(run_dir, why=Control.reason(line))
             elif word is Control.KILL:  # a second signal: the keeper skips the grace period
                 signal_keeper(run_dir)
                 time.sleep(0.1)

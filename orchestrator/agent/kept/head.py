@@ -300,7 +300,7 @@ class Head(Keeper):
         self._broadcast(message(Event.GANG_STOP, attempt=self.current, reason=reason,
                                 final=bool(self.final)))
         if self.supervisor is not None:
-            self.supervisor.request_stop(reason)
+            self.supervisor.request_stop(gangrule.stop_reason(reason))
 
     def _broadcast(self, said: dict) -> None:
         for link in list(self.links.values()):

@@ -68,6 +68,7 @@ from .. import layout
 from ..node import gpus, procs, stacks
 from ..node.procs import start_time
 from ..node.spec import SupervisorSpec
+from ..gangrule import stop_reason
 from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
 from ..wire import files
@@ -102,6 +103,19 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
         # the bundle is unpacked once too: a restart runs on what setup made of it
         out = dataclasses.replace(out, setup=None, bundle=None)
     return out
+
+
+def signalled(said: str, name: str, node_rank: int) -> str:
+    """Why a keeper stops for good on signal ``name``, from what its sender
+    left (``said``, ``daemon.signal_keeper``): ``down``'s words or the
+    controller's stop through a follower name the stopper, the same on every
+    node ("stopped by `ddp-orch down` from HOST"); a follower that lost the
+    controller is this node's ("... on node 1"); nothing said, the signal."""
+    if said.startswith("stopped by"):
+        return said
+    if said:
+        return f"{said} on node {node_rank}"
+    return f"stopped by {name} to node {node_rank}'s keeper"
 
 
 class Keeper(abc.ABC):
@@ -204,14 +218,13 @@ class Keeper(abc.ABC):
         while True:
             signum = os.read(self._signalled[0], 1)[0]
             self.signals += 1
-            name = signal.Signals(signum).name
-            # who sent it, if they said (``daemon.signal_keeper``): down, a follower
-            why = daemon.stop_request(self.run_dir) if signum == signal.SIGTERM else ""
-            why = why or f"got {name}"
-            self.stop_for_good(f"{why} on node {self.node_rank}", why, hurry=self.signals > 1)
+            said = daemon.stop_request(self.run_dir) if signum == signal.SIGTERM else ""
+            why = signalled(said, signal.Signals(signum).name, self.node_rank)
+            self.stop_for_good(why, said or why, hurry=self.signals > 1)  # this node's: no "on"
 
     def stop_for_good(self, why: str, short: str = "", hurry: bool = False) -> None:
-        """Stop the run, with no restart: this node's attempt and the gang's."""
+        """Stop the run, with no restart: this node's attempt and the gang's
+        (``why``; ``short``: the same for this node's own record)."""
         self.final = self.final or why
         sup = self.supervisor
         if sup is not None:
@@ -251,7 +264,7 @@ class Keeper(abc.ABC):
             self.current = attempt
             why = self.final or self.stop_for.get(attempt)
             if why:  # stopped before it started: nothing to run
-                return {"code": 128 + signal.SIGTERM, "reason": why, "failures": [],
+                return {"code": 128 + signal.SIGTERM, "reason": stop_reason(why), "failures": [],
                         "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
             self.supervisor = sup = Supervisor(spec)
             sup.line_seen = {}  # output lines are progress: the hang rule's and status's

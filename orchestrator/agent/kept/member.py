@@ -20,6 +20,7 @@ import time
 from . import peers
 from .keeper import Keeper
 from .spec import KeeperSpec
+from ..gangrule import stop_reason
 from ..wire.protocol import Event, message
 
 
@@ -85,7 +86,7 @@ class Member(Keeper):
             with self.lock:
                 self.stop_for.setdefault(said["attempt"], said["reason"])
                 if self.supervisor is not None and self.current == said["attempt"]:
-                    self.supervisor.request_stop(f"stopped by the gang: {said['reason']}")
+                    self.supervisor.request_stop(stop_reason(said["reason"]))
             return
         self.inbox.put(said)
 

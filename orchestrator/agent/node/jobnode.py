@@ -42,6 +42,7 @@ import sys
 import time
 
 from . import ifvars, netroute
+from .ompthreads import resolve_threads, usable_cores
 from .. import layout
 from .jobfile import JobSpec, Placement
 from .spec import SpecError, SupervisorSpec
@@ -114,9 +115,10 @@ def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
 
 
 def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
-    """The supervisor spec of this node, with the master filled in and the
-    secrets taken from the environment sbatch passed on; its owner is the
-    job file's (the scheduler: stdin is /dev/null)."""
+    """The supervisor spec of this node, with the master filled in, the
+    secrets taken from the environment sbatch passed on, and each rank's
+    share of the cores the scheduler gave the task (``ompthreads``); its
+    owner is the job file's (the scheduler: stdin is /dev/null)."""
     node = job.nodes[node_rank]
     spec = node.spec
     place = job.placement
@@ -134,6 +136,7 @@ def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> Super
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place.gpus), place)
     if any(env.get(var) == ifvars.AUTO for var in ifvars.IFNAME_VARS):
         env = with_interface(env, where, len(job.nodes) > 1)
+    env = resolve_threads(env, usable_cores(), spec.nproc)  # the cores the task was given
     argv = [slots.get(word, word) for word in spec.argv]
     home = environ.get("HOME") or os.path.expanduser("~")
     argv[:1] = [at_home(word, home) for word in argv[:1]]

@@ -303,8 +303,8 @@ class Supervisor:
             if word is Control.GO:  # every node's setup is done (``_await_go``)
                 self.go.set()
                 self.wakeup.set()
-            elif word is Control.STOP:
-                self.request_stop("stopped by the controller")
+            elif word is Control.STOP:  # who stopped the run, as the controller says
+                self.request_stop(Control.reason(line) or "stopped by the controller")
             elif word is Control.KILL:
                 self.request_stop("killed by the controller")
                 self.hurry.set()

@@ -8,8 +8,8 @@ installed. On that channel:
   object per line, each followed by exactly ``size`` bytes of payload when
   it says so (``put``). Once the agent supervises a run, the lines are just
   the ``Control`` words: ``ping`` (every ``HEARTBEAT_S``), ``go`` (every
-  node's ``setup:`` is done: torchrun may start), ``stop``, ``kill`` and
-  ``done``.
+  node's ``setup:`` is done: torchrun may start), ``stop`` (with who asked
+  and why, ``Control.reason``), ``kill`` and ``done``.
 * **stdout, agent to controller**: control lines, ``CONTROL_PREFIX`` and a
   JSON object, each a line of its own, followed by ``size`` payload bytes
   when a reply says so (``get``). Everything else on stdout is node output
@@ -52,11 +52,17 @@ MAX_TRANSFER = 1 << 30  # no single put/get is larger (bundles are capped far be
 
 
 
+MAX_REASON = 300  # characters of the reason a ``stop`` carries
+
+
 class Control(Enum):
     """The words a node's stdin carries once its agent supervises a run (or
-    follows a kept one): one word a line, from the controller to the node.
-    Every sender writes ``word.encode()`` and every reader ``Control.parse``;
-    nobody matches the bytes themselves."""
+    follows a kept one): one word a line, from the controller to the node;
+    ``stop`` may carry, after a space, who stopped the run and why (``stopped
+    by Ctrl-C on the controller``, ``stopped: node 1 (b) failed (exit 1)``),
+    which the node records as its reason. Every sender writes
+    ``word.encode()`` and every reader ``Control.parse`` (and
+    ``Control.reason``); nobody matches the bytes themselves."""
 
     PING = "ping"  # the controller is still there (every HEARTBEAT_S)
     GO = "go"  # every node's ``setup:`` is done: torchrun may start
@@ -64,18 +70,28 @@ class Control(Enum):
     KILL = "kill"  # teardown now, no grace
     DONE = "done"  # the controller has the exit event: the channel is the agent's again
 
-    def encode(self) -> bytes:
-        """The word as its line on the wire."""
-        return self.value.encode() + b"\n"
+    def encode(self, reason: str = "") -> bytes:
+        """The word as its line on the wire, with ``reason`` (one line of
+        printable text, at most ``MAX_REASON`` characters) after it."""
+        said = "".join(c for c in reason if c.isprintable())[:MAX_REASON].strip()
+        return (f"{self.value} {said}" if said else self.value).encode("utf-8") + b"\n"
 
     @classmethod
     def parse(cls, line: bytes) -> "Control | None":
-        """The word on ``line`` (surrounding whitespace ignored); None for
-        anything else (an empty line, a stray word)."""
+        """The word on ``line`` (surrounding whitespace and a reason after it
+        ignored); None for anything else (an empty line, a stray word)."""
         try:
-            return cls(line.strip().decode("ascii"))
+            return cls(line.strip().split(b" ", 1)[0].decode("ascii"))
         except (ValueError, UnicodeDecodeError):
             return None
+
+    @staticmethod
+    def reason(line: bytes) -> str:
+        """The reason ``line`` carries after its word ("" for none), as a
+        node may record it: printable, at most ``MAX_REASON`` characters."""
+        said = line.strip().split(b" ", 1)[1:]
+        text = said[0].decode("utf-8", "replace") if said else ""
+        return "".join(c for c in text if c.isprintable())[:MAX_REASON].strip()
 
 
 class Event(str, Enum):
@@ -110,7 +126,8 @@ class Event(str, Enum):
 # What each control message must carry: field -> accepted types.
 _NUM = (int, float)
 MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
-    "hello": {"home": (str,), "pid": (int,), "python": (str,)},
+    # ``cores``: the CPUs the agent may run on (``node/ompthreads.usable_cores``)
+    "hello": {"home": (str,), "pid": (int,), "python": (str,), "cores": (int,)},
     "reply": {"ok": (bool,)},
     "joined": {},
     "heartbeat": {},
@@ -169,7 +186,8 @@ REQUESTS: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...
                 "ifname?": _STR_OR_NONE, "timeout?": _NUM}, {"addr": _STR, "port": _INT}),
     # one connection (addr, port), or a list of [addr, port] at once (targets: results)
     "connect": ({"addr?": _STR, "port?": _INT, "targets?": _LIST, "timeout?": _NUM}, {}),
-    "down": ({"run_id": _STR, "node_rank": _INT, "run_dir?": _STR_OR_NONE, "grace_s?": _NUM},
+    "down": ({"run_id": _STR, "node_rank": _INT, "run_dir?": _STR_OR_NONE, "grace_s?": _NUM,
+              "why?": _STR},
              {"killed": _LIST, "survivors": _LIST}),
     "stacks": ({"run_id": _STR, "run_dirs?": _DICT, "native?": _BOOL, "timeout?": _NUM},
                {"size": _INT, "sha256": _STR}),

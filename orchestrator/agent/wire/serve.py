@@ -1,7 +1,7 @@
 """The agent's request loop: what a node does for the controller, on one channel.
 
-It starts by saying hello (the node's home, pid and Python), then answers
-requests (``protocol.request``) one at a time until stdin closes:
+It starts by saying hello (the node's home, pid, Python and usable cores),
+then answers requests (``protocol.request``) one at a time until stdin closes:
 
 =============  ==============================================================
 ``mkrun``      create the run directory, refusing one that exists or a root not ours
@@ -45,6 +45,7 @@ import threading
 from . import files
 
 from ..node import probes, procs
+from ..node.ompthreads import usable_cores
 from .protocol import (Control, Event, ProtocolError, Reader, check_request, digest, encode,
                        exit_event, message)
 
@@ -70,7 +71,7 @@ def serve() -> int:
     code = None  # torchrun's exit code, once this agent has supervised a run
     with _LOCK:
         sys.stdout.buffer.write(encode(message(Event.HELLO, home=probes.home(), pid=os.getpid(),
-                                               python=sys.executable)))
+                                               python=sys.executable, cores=usable_cores())))
         sys.stdout.buffer.flush()
     while True:
         line = stdin.readline()
@@ -282,7 +283,8 @@ def _down(request: dict, stdin: Reader) -> None:
 
     grace_s = float(request.get("grace_s", 5))
     run_dir = request.get("run_dir")
-    keeper = daemon.stop(run_dir, grace_s + 15) if run_dir else None
+    keeper = daemon.stop(run_dir, grace_s + 15, request.get("why") or daemon.DOWN_REASON) \
+        if run_dir else None
     marker = procs.run_marker(request["run_id"], request["node_rank"])
     killed, survivors = procs.terminate(lambda: procs.marked_processes(marker), grace_s,
                                         still_ours=lambda pid: procs.has_marker(pid, marker))

@@ -169,7 +169,9 @@ class JobStream:
     def supervise(self, spec: object) -> None:
         """The agent was started by the scheduler with its spec (``job.json``)."""
 
-    def send_control(self, word: Control) -> None:
+    def send_control(self, word: Control, reason: str = "") -> None:
+        """A stop is the job's cancel (its nodes' tasks get SIGTERM: the
+        scheduler carries no reason)."""
         if word is Control.STOP:
             self.job.cancel()
         elif word is Control.KILL:

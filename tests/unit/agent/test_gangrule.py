@@ -207,3 +207,14 @@ def test_a_silent_node_is_lost_in_every_phase_of_a_run(phase):
     clock = Clock(0.0, all_started_at=0.0 if phase.get("started") else None)
     v = judge(silent, timeouts, clock, 60.0)
     assert v.stop is Stop.LOST and v.nodes == (1,) and v.why == "node 1 (h1) silent for 30s"
+
+
+def test_a_stopped_nodes_reason_names_why_its_gang_stopped():
+    """Each node the gang stops records why (issue #45: "stopped by the
+    controller", "stopped by the gang: ..."); a reason that names its
+    stopper already stays as it is."""
+    from orchestrator.agent.gangrule import stop_reason
+
+    assert stop_reason("node 1 (b) failed (exit 1)") == "stopped: node 1 (b) failed (exit 1)"
+    assert stop_reason("stopped by Ctrl-C on the controller") == \
+        "stopped by Ctrl-C on the controller"

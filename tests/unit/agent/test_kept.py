@@ -374,11 +374,11 @@ def test_who_stops_a_keeper_is_left_for_it_and_the_first_reason_stays(tmp_path):
     stop, and what the keeper reads is one printable line, capped."""
     run_dir = str(tmp_path)
     assert daemon.stop_request(run_dir) == ""  # nobody said: the keeper names the signal
-    daemon._leave_stop_request(run_dir, daemon.DOWN_REASON)
-    daemon._leave_stop_request(run_dir, daemon.SILENT_CONTROLLER)
-    assert daemon.stop_request(run_dir) == "stopped by ddp-orch down"
+    daemon.leave_stop_request(run_dir, daemon.DOWN_REASON)
+    daemon.leave_stop_request(run_dir, daemon.SILENT_CONTROLLER)
+    assert daemon.stop_request(run_dir) == "stopped by `ddp-orch down`"
     os.unlink(tmp_path / "stop.request")
-    daemon._leave_stop_request(run_dir, "lost\x1b[2J the controller\nsecond line" + "x" * 500)
+    daemon.leave_stop_request(run_dir, "lost\x1b[2J the controller\nsecond line" + "x" * 500)
     read = daemon.stop_request(run_dir)
     assert read.startswith("lost[2J the controller") and "second" not in read
     assert len(read) <= daemon.STOP_REQUEST_MAX
@@ -389,7 +389,7 @@ def test_a_stop_request_is_never_written_or_read_through_a_symlink(tmp_path):
     target.write_text("planted reason")
     (tmp_path / "run").mkdir()
     os.symlink(target, tmp_path / "run" / "stop.request")
-    daemon._leave_stop_request(str(tmp_path / "run"), daemon.DOWN_REASON)
+    daemon.leave_stop_request(str(tmp_path / "run"), daemon.DOWN_REASON)
     assert target.read_text() == "planted reason"
     assert daemon.stop_request(str(tmp_path / "run")) == ""
 
@@ -461,3 +461,19 @@ def test_a_send_to_a_peer_that_reads_nothing_never_waits():
         took = time.monotonic() - started
         link.close()
     assert took < 1.0, took
+
+
+def test_a_keeper_signalled_names_who_stopped_the_run_once_not_per_node():
+    """Issue #45: after `down`, node 0 said "stopped by ddp-orch down on node 1":
+    down (and the controller's own stop, through each follower) names the
+    stopper, the same on every node; a follower that lost the controller is
+    its node's; a bare signal names itself and the node it hit."""
+    from orchestrator.agent.kept.keeper import signalled
+
+    down = "stopped by `ddp-orch down` from box1"
+    assert signalled(down, "SIGTERM", 1) == down
+    assert signalled("stopped by Ctrl-C on the controller", "SIGTERM", 0) == \
+        "stopped by Ctrl-C on the controller"
+    assert signalled(daemon.CLOSED_CONTROLLER, "SIGTERM", 1) == \
+        "lost the controller (its connection closed) on node 1"
+    assert signalled("", "SIGINT", 2) == "stopped by SIGINT to node 2's keeper"

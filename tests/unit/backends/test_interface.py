@@ -6,6 +6,7 @@ followed by the real gang; no process is started."""
 
 from __future__ import annotations
 
+import os
 import queue
 import textwrap
 import threading
@@ -17,6 +18,7 @@ from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.agent.wire.protocol import Control, encode
 from orchestrator.backends.base import LaunchBackend
 from orchestrator.engine.options import LaunchOptions
+from orchestrator.errors import Signalled
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.console import Console
 from orchestrator.engine.run import RunHandle, collect, follow, node_records
@@ -60,10 +62,10 @@ class FakeAgent(QuietChannel):
         if self.code is not None:
             threading.Timer(self.after_s, self.emit, (exit_event(self.code),)).start()
 
-    def send_control(self, word: Control) -> None:
+    def send_control(self, word: Control, reason: str = "") -> None:
         self.sent.append(word)
         if word in (Control.STOP, Control.KILL) and not self.ended:
-            self.emit(exit_event(143, "got SIGTERM"))
+            self.emit(exit_event(143, reason or "got SIGTERM"))
 
     def read_chunk(self, size: int) -> bytes:
         return self.chunks.get(timeout=10)
@@ -191,7 +193,35 @@ def test_a_failing_node_stops_the_gang_and_launch_ends_the_run(job):
     assert outcome.root_cause.node_rank == 1
     assert Control.STOP in backend.agents[0].sent
     assert outcome.nodes[0].state is NodeState.STOPPED
+    # the node is told why, and says it (issue #45: "stopped by the controller")
+    assert outcome.nodes[0].reason == "stopped: node 1 (localhost) failed (exit 1)"
     assert backend.calls[-1] == "close(left=False)"
+
+
+@pytest.mark.parametrize("left, interrupt, why", [
+    ("", KeyboardInterrupt(), "stopped by Ctrl-C on the controller"),
+    ("", Signalled(15), f"stopped by SIGTERM to the controller (pid {os.getpid()})"),
+    ("`ddp-orch down` from box1", Signalled(15), "stopped by `ddp-orch down` from box1")])
+def test_every_node_is_told_who_stopped_the_run(job, monkeypatch, left, interrupt, why):
+    """Issue #45: the stopper named as it was: Ctrl-C, a signal, or ``down``
+    (which leaves its words in the run directory before its signal)."""
+    from orchestrator.engine.gang import Gang
+
+    info, run = job(f"stopped-{len(left)}-{type(interrupt).__name__}")
+    if left:
+        run.leave_stop_request(left)
+    calls = []
+
+    def interrupted(gang) -> None:  # the signal lands while the gang watches
+        calls.append(1)
+        if len(calls) == 1:
+            raise interrupt
+
+    monkeypatch.setattr(Gang, "_report_progress", interrupted)
+    backend = FakeBackend(LaunchOptions(grace_s=1.0), (None, None))
+    outcome = backend.launch(info, run, quiet())
+    assert outcome.state is RunState.INTERRUPTED
+    assert [(n.state, n.reason) for n in outcome.nodes] == [(NodeState.STOPPED, why)] * 2
 
 
 def test_attach_is_reconnect_then_follow_then_collect_and_leaves_the_run(job):

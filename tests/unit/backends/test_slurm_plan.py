@@ -300,6 +300,20 @@ def test_a_python_under_home_is_the_nodes_own_under_slurm():
     assert here.setup["path_first"] == "/home/u/venv/bin"
 
 
+def test_each_ranks_threads_are_its_share_of_the_cores_slurm_gave_the_task():
+    """No controller asks a Slurm node for its cores before the job runs: the
+    node fills in ``OMP_NUM_THREADS`` from its task's affinity, over its
+    ranks; a value the user set is left as it is."""
+    job = _job_file()
+    job["nodes"][0]["spec"].update(nproc=3, env={"OMP_NUM_THREADS": "<cores / ranks, at launch>"})
+    job["nodes"][1]["spec"] = {**job["nodes"][1]["spec"], "env": {"OMP_NUM_THREADS": "5"}}
+    here = node_spec(JobSpec.from_dict(job), 0, {"addr": "host0", "port": 1}, {})
+    assert here.env["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 3))
+    there = node_spec(JobSpec.from_dict(job), 1, {"addr": "host0", "port": 1},
+                      {secret_variable(1, "K"): "v"})
+    assert there.env["OMP_NUM_THREADS"] == "5"
+
+
 def test_the_agent_zipapp_runs_with_the_standard_library_alone(tmp_path):
     pyz = str(tmp_path / "agent.pyz")
     bootstrap.zipapp(pyz)

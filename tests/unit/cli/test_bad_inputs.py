@@ -28,6 +28,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, run_cli
+from wording import shared_words
 
 CORPUS_DIR = os.path.join("tests", "bad_inputs")
 CORPUS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, CORPUS_DIR, "*.yaml")))
@@ -107,6 +108,15 @@ def test_each_bad_file_gives_one_clear_error(name, corpus_results):
     assert_one_error(corpus_results[name], source=os.path.join(CORPUS_DIR, name),
                      line=expect["expect-line"], path="" if path == "(none)" else path,
                      expect=expect["expect"], hint=expect.get("expect-hint", ""))
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_each_hint_adds_what_its_message_does_not_say(name, corpus_results):
+    """Issue #45: a hint that repeats its message tells the user nothing more;
+    no hint shares a run of four words with its message."""
+    lines = corpus_results[name].stderr.splitlines()
+    hint = next((line.split("hint: ", 1)[1] for line in lines if "  hint: " in line), "")
+    assert not shared_words(lines[0], hint), (lines[0], hint)
 
 
 # files written at test time -------------------------------------------------

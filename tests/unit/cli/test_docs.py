@@ -414,7 +414,8 @@ def _numbers() -> list[tuple[str, object]]:
         (r"\| `gpu_policy\.busy_memory_mib` / `gpu_policy\.wait` \| (\d+) / (\d+) \|",
          (spec.ClusterSpec.gpu_busy_mib, spec.ClusterSpec.wait_gpus)),
         (r"`gpu_policy\.busy_memory_mib` \(default (\d+) MiB", spec.DEFAULT_GPU_BUSY_MIB),
-        (r"free, saying every (\d+ s) who holds them", gpuplan.WAIT_SAY_S),
+        (r"GPUs are free, saying every (\d+ s), in one short line per waiting node",
+         gpuplan.WAIT_SAY_S),
         (r"`--queue-timeout SECONDS` \(default: (none)\)", option("up", "--queue-timeout").default),
         (r'An `auto` master port is `"\$\{MASTER_PORT:-(\d+)\}"`', spec.DEFAULT_PORT),
     ]

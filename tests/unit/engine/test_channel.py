@@ -32,6 +32,7 @@ class FakeChannel:
     def __init__(self):
         self.host = "fake"
         self.sent: list[Control] = []
+        self.reasons: list[str] = []
         self.spec = None
         self.hung_up = self.aborted = False
         self.left_over = b""
@@ -46,8 +47,9 @@ class FakeChannel:
     def supervise(self, spec) -> None:
         self.spec = spec
 
-    def send_control(self, word: Control) -> None:
+    def send_control(self, word: Control, reason: str = "") -> None:
         self.sent.append(word)
+        self.reasons.append(reason)
 
     def read_chunk(self, size: int) -> bytes:
         with self._more:
@@ -143,8 +145,8 @@ class FakeAgent:
     def send(self, op, payload=b"", **fields):
         self.requests.append((op, fields))
 
-    def send_control(self, word):
-        self.words.append(word)
+    def send_control(self, word, reason=""):
+        self.words.append((word, reason) if reason else word)
 
 
 def test_a_keeper_follower_sends_follow_instead_of_supervise_and_gives_nothing_back():

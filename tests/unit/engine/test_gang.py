@@ -112,6 +112,7 @@ class FakeNode(QuietChannel):
         self.script = list(script)
         self.ignores_stop = ignores_stop
         self.sent: list[tuple[Control, float]] = []
+        self.reasons: list[str] = []
         self.ended = False
         self.next_beat = HEARTBEAT_S
         self.cond = threading.Condition()
@@ -167,8 +168,9 @@ class FakeNode(QuietChannel):
             self.handed += 1
             return self.buffer.popleft()
 
-    def send_control(self, word: Control) -> None:
+    def send_control(self, word: Control, reason: str = "") -> None:
         self.sent.append((word, self.clock.now))
+        self.reasons.append(reason)
         if word is Control.GO and self.on_go:
             self.emit(self.on_go)
             self.on_go = b""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from wording import shared_words
 
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.engine import gpuplan
@@ -98,11 +99,61 @@ OK = {"ok": True, "chosen": [3, 4]}
 def test_a_wait_asks_again_until_the_gpus_are_free_and_says_so_every_say_interval(clock):
     replies = iter([HELD] * 5 + [OK])
     said: list[str] = []
-    got = wait_for_gpus(HELD, lambda: next(replies), 60, said.append, "node 1 (b)")
+    got = wait_for_gpus(HELD, lambda: next(replies), 60, said.append, "node 1 (b)", "free:2")
     assert got is OK
     assert clock.slept == [2.0] * 6  # asked six times, two seconds apart
-    assert said == ["node 1 (b): waiting up to 60s more for GPUs: GPU 3 is held by run x",
-                    "node 1 (b): waiting up to 54s more for GPUs: GPU 3 is held by run x"]
+    # no GPU listing in the refusal: its own words stand for who holds them
+    assert said == ["node 1 (b): waiting for free:2 (none free): GPU 3 is held by run x; "
+                    "up to 1m00s more",
+                    "node 1 (b): waiting for free:2 (none free): GPU 3 is held by run x; "
+                    "up to 54s more"]
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+BOB = {"run_id": "train-b", "user": "bob", "started": 1764000000, "pid": 7, "host": "gpu-a"}
+LISTING = [{"index": 0, "name": H100, "uuid": "U0", "held_by": BOB},
+           {"index": 1, "name": H100, "uuid": "U1", "held_by": BOB},
+           {"index": 2, "name": H100, "uuid": "U2", "memory_used_mib": 40960},
+           {"index": 3, "name": H100, "uuid": "U3", "memory_used_mib": 5000},
+           {"index": 4, "name": H100, "uuid": "U4", "memory_used_mib": 0}]
+APPS = [{"gpu_uuid": "U2", "pid": 48211, "name": "python", "user": "alice", "used_mib": 40960}]
+
+
+def test_a_waits_line_says_each_holder_once_whatever_the_gpus_it_holds():
+    """Issue #45: a wait repeated the holder's whole text (run, user, start,
+    pid and host) for every GPU, about 600 characters a node every 30 s."""
+    short = {"ok": False, "reason": "short", "waitable": True, "free": [4], "gpus": LISTING,
+             "apps": APPS, "error": "free:3 asks for 3 free GPUs; 1 is free on this node; ..."}
+    assert gpuplan.waiting_words(short, "free:3") == (
+        "waiting for free:3 (free now: 4): GPUs 0,1 held by run train-b of bob; GPU 2 busy: "
+        "pid 48211 python (alice); GPU 3 busy: 5000 MiB in use, by no process visible here")
+    listed = {**short, "reason": "held", "free": [2, 4]}
+    assert gpuplan.waiting_words(listed, [1, 4]) == \
+        "waiting for GPUs 1,4 (free now: 2,4): GPU 1 held by run train-b of bob"
+
+
+def test_a_waits_line_takes_nothing_a_node_sent_on_trust():
+    """The listing crosses the network: an entry that is no GPU with an
+    index is left out, and a name too long is cut short."""
+    listing = [None, {"uuid": "U9"}, {"index": "1", "held_by": BOB},
+               {"index": 2, "held_by": {"run_id": "r" * 500, "user": "bob"}}]
+    words = gpuplan.waiting_words({"free": [], "gpus": listing}, "free:1")
+    assert words == f"waiting for free:1 (none free): GPU 2 held by run {'r' * 57}... of bob"
+
+
+def test_a_waits_line_names_three_holders_then_counts_the_rest():
+    listing = [{"index": k, "uuid": f"U{k}", "held_by": {"run_id": f"r{k}", "user": "u"}}
+               for k in range(5)]
+    words = gpuplan.waiting_words({"free": [], "gpus": listing}, "all")
+    assert words == ("waiting for all (none free): GPU 0 held by run r0 of u; GPU 1 held by run "
+                     "r1 of u; GPU 2 held by run r2 of u; and 2 more holders")
+
+
+def test_the_end_of_a_wait_names_each_node_that_waited_and_for_how_long():
+    _, plan = spec_plan()
+    assert gpuplan.wait_over(plan, {1: 130.2}) == "GPUs free after 2m10s on node 1 (b): starting"
+    assert gpuplan.wait_over(plan, {1: 4, 0: 61}) == \
+        "GPUs free after 1m01s on node 0 (a), 4s on node 1 (b): starting"
 
 
 def test_a_wait_gives_up_at_its_deadline_with_the_last_answer(clock):
@@ -142,18 +193,38 @@ def test_a_refusal_names_the_node_at_its_gpus_line_with_the_free_gpus_to_paste()
     spec, plan = spec_plan()
     replies = {0: {"ok": True, "chosen": [5, 1, 3]},
                1: {"ok": False, "reason": "busy", "waitable": True, "free": [6, 7],
-                   "error": "GPU 2 is busy (pid 9 python (bob, 30000 MiB))"}}
+                   "error": "GPU 2 is busy (pid 9 python (bob, 30000 MiB)); free now: 6,7"}}
     with pytest.raises(ConfigError) as caught:
         refuse(plan, spec, replies, 30)
     error = caught.value
     assert str(error).startswith("c.yaml:4: nodes[1].gpus: node 1 (b): GPU 2 is busy "
-                                 "(pid 9 python (bob, 30000 MiB)) (waited 30s)")
+                                 "(pid 9 python (bob, 30000 MiB)); free now: 6,7 (waited 30s)")
     assert (error.path, error.line, error.source) == ("nodes[1].gpus", 4, "c.yaml")
-    assert error.hint == ("gpus: 6,7 are free there now; --wait-gpus SECONDS waits for them; "
-                          "--allow-busy-gpus goes anyway")
+    assert error.hint == ('launch on those now (gpus: "6,7"), wait longer than 30s '
+                          "(--wait-gpus SECONDS) or go on the busy ones anyway "
+                          "(--allow-busy-gpus; never on another run's)")
     with pytest.raises(ConfigError) as unwaited:
         refuse(plan, spec, replies, 0)
     assert "(waited" not in str(unwaited.value)
+
+
+def test_a_refusal_on_two_nodes_names_both_once_each_at_their_lines():
+    """Issue #45: GPUs held on two nodes named only the first."""
+    spec, plan = spec_plan()
+    replies = {1: {"ok": False, "reason": "held", "waitable": True, "free": [],
+                   "error": "GPU 0 (H100) is held by run x of bob; none free now"},
+               0: {"ok": False, "reason": "held", "waitable": True, "free": [3],
+                   "error": "GPU 5 (H100) is held by run x of bob; free now: 3"}}
+    with pytest.raises(ConfigError) as caught:
+        refuse(plan, spec, replies, 0)
+    error = caught.value
+    assert str(error).splitlines() == [
+        "c.yaml:3: nodes[0].gpus: node 0 (a): GPU 5 (H100) is held by run x of bob; free now: 3",
+        "  c.yaml:4: nodes[1].gpus: node 1 (b): GPU 0 (H100) is held by run x of bob; none "
+        "free now",
+        '  hint: launch on those now (node 0: gpus: "3") or wait for them '
+        "(--wait-gpus SECONDS)"]
+    assert (error.path, error.line) == ("nodes[0].gpus", 3)
 
 
 def test_a_refusal_without_a_file_is_the_gpus_option():
@@ -170,16 +241,17 @@ def test_refuse_passes_when_every_node_said_yes():
 
 
 @pytest.mark.parametrize("reply, words", [
-    ({"reason": "held", "free": [0]}, "gpus: 0 are free there now; --wait-gpus SECONDS waits "
-                                      "for them"),
-    ({"reason": "short", "free": []}, "--wait-gpus SECONDS waits for them"),
-    ({"reason": "busy"}, "--wait-gpus SECONDS waits for them; --allow-busy-gpus goes anyway"),
-    ({"reason": "missing", "free": [1, 2]}, "gpus: 1,2 are free there now; or set `device: "
-                                            "cpu` for a CPU rehearsal (the listed GPUs become "
-                                            "CPU processes)"),
-    ({"reason": "missing"}, "or set `device: cpu` for a CPU rehearsal (the listed GPUs become "
-                            "CPU processes)"),
-    ({"reason": "other"}, "see `ddp-orch check` for the node's GPUs"),
+    ({"reason": "held", "free": [0]}, 'launch on those now (gpus: "0") or wait for them '
+                                      "(--wait-gpus SECONDS)"),
+    ({"reason": "short", "free": []}, "wait for them (--wait-gpus SECONDS)"),
+    ({"reason": "busy"}, "wait for them (--wait-gpus SECONDS) or go on the busy ones anyway "
+                         "(--allow-busy-gpus; never on another run's)"),
+    ({"reason": "missing", "free": [1, 2]}, 'launch on those now (gpus: "1,2") or rehearse on '
+                                            "the CPU (device: cpu: each listed index a CPU "
+                                            "process)"),
+    ({"reason": "missing"}, "rehearse on the CPU (device: cpu: each listed index a CPU process)"),
+    ({"reason": "other"}, "`ddp-orch check` shows each node's GPUs, who holds them and who "
+                          "uses them"),
     ({"reason": "no-smi"}, "list the GPUs by index (gpus: 0,1), or install the NVIDIA "
                            "utilities there"),
     ({"reason": "smi-failed"}, "run nvidia-smi on that node: the driver must answer before a "
@@ -188,7 +260,24 @@ def test_refuse_passes_when_every_node_said_yes():
                                      "set CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"),
 ])
 def test_each_refusal_has_its_hint(reply, words):
-    assert hint(reply) == words
+    assert hint({0: reply}) == words
+
+
+def test_a_hint_says_what_to_do_not_again_what_is_free():
+    """Issue #45: each hint adds something its message does not say. The
+    message says which GPUs are free now ("free now: 0,1,6", the agent's
+    words); the hint was "gpus: 0,1,6 are free there now; ...": the same
+    fact again. Now it says what to do with them."""
+    from orchestrator.agent.node.gpus import choose
+
+    listing = [{"index": k, "name": "H100", "uuid": f"U{k}", "memory_used_mib": 0}
+               for k in range(4)]
+    busy = choose([3], listing, [{"gpu_uuid": "U3", "pid": 5, "name": "python", "user": "al",
+                                  "used_mib": 9000}], threshold_mib=1024, held={})
+    assert busy["error"].endswith("free now: 0,1,2")
+    words = hint({0: busy})
+    assert "free" not in words
+    assert words.startswith('launch on those now (gpus: "0,1,2")')
 
 
 # the device --------------------------------------------------------------------------------
@@ -258,3 +347,26 @@ def test_a_missing_nvidia_smi_is_a_note_on_gpus_and_nothing_on_a_cpu_rehearsal()
     assert notes(gpu, {1: with_torch}) == [
         "node 1 (b): no nvidia-smi; its torch sees 4 GPU(s), so the launch goes on from "
         "torch's count"]
+
+
+_LISTING = [{"index": k, "name": "H100", "uuid": f"U{k}", "memory_used_mib": 0}
+            for k in range(4)]
+
+
+@pytest.mark.parametrize("request_, listing, apps, held", [
+    ([3], _LISTING, [{"gpu_uuid": "U3", "pid": 5, "name": "python", "user": "al",
+                      "used_mib": 9000}], {}),  # busy
+    ([1], _LISTING, [], {"U1": {"run_id": "r", "user": "bob"}}),  # held
+    ("free:4", _LISTING, [], {"U0": {"run_id": "r", "user": "bob"}}),  # short
+    ([7], _LISTING, [], {}),  # missing
+    pytest.param([0], [{**_LISTING[0], "mig": True}], [], {}, marks=pytest.mark.xfail(
+        strict=True, reason="the MIG refusal's hint repeats its message: #44 reworks it")),
+], ids=["busy", "held", "short", "missing", "mig"])
+def test_each_gpu_hint_adds_what_its_message_does_not_say(request_, listing, apps, held):
+    """Issue #45, on the node's own words (``gpus.choose``): no hint shares a
+    run of four words with its refusal."""
+    from orchestrator.agent.node.gpus import choose
+
+    reply = choose(request_, listing, apps, threshold_mib=1024, held=held)
+    assert not reply["ok"]
+    assert not shared_words(reply["error"], hint({0: reply})), (reply["error"], hint({0: reply}))

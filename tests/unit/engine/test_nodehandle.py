@@ -131,7 +131,7 @@ class LyingProcess:
 
     def __init__(self):
         self.data = io.BytesIO(
-            encode({"event": "hello", "home": "/h", "pid": 1, "python": "p"})
+            encode({"event": "hello", "home": "/h", "pid": 1, "python": "p", "cores": 2})
             + encode({"event": "reply", "ok": True, "size": 50 << 20}) + b"x" * 1000)
         self.aborted = False
 

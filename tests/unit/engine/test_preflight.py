@@ -198,8 +198,9 @@ def test_a_refused_gpu_fails_the_gpus_row_with_the_launchs_words_and_fix(monkeyp
     report = check(monkeypatch, plan_of(), {0: FakeAgent(0, gpus=busy), 1: FakeAgent(1)})
     assert (0, "gpus", "FAIL") in rows(report) and (1, "gpus", "ok") in rows(report)
     assert detail(report, 0, "gpus") == (
-        "GPU 1 (H100) is busy: pid 7 python (bob, 40000 MiB); free now: 0; gpus: 0 are free "
-        "there now; --wait-gpus SECONDS waits for them; --allow-busy-gpus goes anyway")
+        "GPU 1 (H100) is busy: pid 7 python (bob, 40000 MiB); free now: 0; launch on those now "
+        "(gpus: \"0\"), wait for them (--wait-gpus SECONDS) or go on the busy ones anyway "
+        "(--allow-busy-gpus; never on another run's)")
 
 
 def test_gpus_torch_does_not_see_fail_the_gpus_row(monkeypatch):

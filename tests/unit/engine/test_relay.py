@@ -151,6 +151,30 @@ def test_torchruns_traceback_when_stopped_by_a_signal_is_one_line(cut):
         "[node1 h] agent: after"]
 
 
+# Node 0's first lines on hosts whose reverse DNS does not answer (torch 2.14.1,
+# the SSH lab with its resolver down): c10d's warning once per connection to
+# the rendezvous store, from torchrun itself and from every rank.
+C10D_NO_HOSTNAME = """\
+[W1128 13:01:46.494230374 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3
+[rank0]: [W1128 13:01:52.849393717 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3
+[rank1]: [W1128 13:01:52.209029588 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3
+[rank0]: [linear plain1] global batch 32 = 4 x 8, lr 0.01
+[rank0]: [W1128 13:01:53.000000000 socket.cpp:207] [c10d] The client socket has failed to connect to [node1]:29500 (errno: 111 - Connection refused).
+"""
+
+
+@pytest.mark.parametrize("view", ["all", "rank0"])
+def test_c10ds_no_hostname_warning_is_on_no_console(view):
+    """Issue #45: nine such lines on every run of a 7-rank gang over SSH.
+    Another c10d warning (one a user can act on) is shown as it was."""
+    out = io.StringIO()
+    Console(view, out).node_lines(0, "h", C10D_NO_HOSTNAME)
+    assert out.getvalue().splitlines() == [
+        "[node0 h] [rank0]: [linear plain1] global batch 32 = 4 x 8, lr 0.01",
+        "[node0 h] [rank0]: [W1128 13:01:53.000000000 socket.cpp:207] [c10d] The client socket "
+        "has failed to connect to [node1]:29500 (errno: 111 - Connection refused)."]
+
+
 def test_any_other_traceback_of_torchrun_is_shown_whole():
     out = io.StringIO()
     text = ("Traceback (most recent call last):\n  File \"run.py\", line 1, in <module>\n"

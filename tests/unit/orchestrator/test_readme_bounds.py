@@ -254,7 +254,8 @@ def test_a_gpu_wait_says_every_30s_who_holds_them(monkeypatch):
     held = {"ok": False, "waitable": True, "error": "GPU 3 is held"}
     said = []
     assert gpuplan.wait_for_gpus(held, lambda: held, 100, said.append, "node 0") is held
-    assert [line.split("up to ")[1].split("s")[0] for line in said] == ["100", "70", "40", "10"]
+    assert [line.split("up to ")[1].split(" more")[0] for line in said] == \
+        ["1m40s", "1m10s", "40s", "10s"]
 
 
 def test_the_survivors_of_an_attempt_are_awaited_30s(monkeypatch):

@@ -140,6 +140,30 @@ def test_a_choice_smaller_than_planned_moves_every_later_rank():
     assert done.device == "auto" and done.nodes[0].env[contract.DEVICE_ENV] == "auto"
 
 
+def test_each_ranks_threads_are_its_share_of_its_nodes_cores_once_launched():
+    """``OMP_NUM_THREADS``: said in words until the launch knows each node's
+    cores (torchrun would give every rank 1 and print its banner), then
+    the cores over the node's ranks as chosen, at least 1; a user's wins."""
+    plan = plan_of(MIXED.replace("{host: c, gpus: all}",
+                                 "{host: c, gpus: all, env: {OMP_NUM_THREADS: '6'}}"))
+    assert [n.env["OMP_NUM_THREADS"] for n in plan.nodes] == \
+        ["<cores / ranks, at launch>"] * 2 + ["6"]
+    done = resolve_plan(plan, master_port=29500, homes={}, gpus=CHOSEN,
+                        cores={0: 16, 1: 2, 2: 64})
+    # a: 16 cores, 2 ranks; b: 2 cores, 3 ranks (chosen); c: the user's
+    assert [n.env["OMP_NUM_THREADS"] for n in done.nodes] == ["8", "1", "6"]
+    # all's count is the chosen one: 7 cores over its 2 GPUs' ranks
+    two = plan_of("nodes: [{host: a, gpus: all}]\nworkload: {name: linear}\n")
+    chosen = resolve_plan(two, master_port=1, homes={}, gpus={0: GpuChoice((0, 1))}, cores={0: 7})
+    assert chosen.nodes[0].env["OMP_NUM_THREADS"] == "3"
+    # what a node says is not taken on trust: at least 1, at most MAX_CORES over the ranks
+    odd = resolve_plan(plan, master_port=1, homes={}, gpus=CHOSEN, cores={0: -4, 1: 10 ** 12})
+    assert [n.env["OMP_NUM_THREADS"] for n in odd.nodes][:2] == ["1", str((1 << 16) // 3)]
+    # a node whose cores are not known yet (a scheduler's, until its job runs) keeps the words
+    assert resolve_plan(plan, master_port=1, homes={}, gpus=CHOSEN).nodes[0].env[
+        "OMP_NUM_THREADS"] == "<cores / ranks, at launch>"
+
+
 def test_a_listed_node_found_on_the_node_keeps_its_count():
     plan = resolved(plan_of(MIXED), {**CHOSEN, 0: GpuChoice((5, 3), ("U5", "U3"), ("X", "X"))})
     assert plan.nodes[0].env[contract.GPU_UUIDS_ENV] == "U5,U3" and plan.world_size == 7
@@ -161,6 +185,21 @@ def test_the_dry_run_shows_pending_nodes_as_one_row_and_the_world_size_as_decide
     assert "node 1  b  ranks chosen at launch (gpus: free:3, " in text
     assert "    CUDA_VISIBLE_DEVICES=<free:3: chosen at launch>\n" in text
     assert "    CUDA_DEVICE_ORDER=PCI_BUS_ID\n" in text
+
+
+def test_the_dry_run_never_shows_a_process_count_of_0():
+    """Issue #45: ``gpus: all`` showed ``--nproc-per-node 0``; ``free:3``
+    knows its 3 already."""
+    info = dryrun(MIXED)
+    text = render_text(info)
+    commands = [line for line in text.splitlines() if "torch.distributed.run" in line]
+    assert [c.split("--nproc-per-node ")[1].split(" --master-addr")[0] for c in commands] == \
+        ["2", "3", "<chosen at launch>"]
+    assert "--nproc-per-node 0" not in text
+    assert [n.argv[n.argv.index("--nproc-per-node") + 1] for n in info.nodes] == \
+        ["2", "3", "<chosen at launch>"]  # the json's argv, word for word
+    done = dryrun(MIXED, CHOSEN, "cuda")
+    assert [n.argv[n.argv.index("--nproc-per-node") + 1] for n in done.nodes] == ["2", "3", "2"]
 
 
 def test_free_n_alone_shows_its_count_and_the_world_size():

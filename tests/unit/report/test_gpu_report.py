@@ -14,7 +14,7 @@ from orchestrator.engine.preflight import NodeGpus
 from orchestrator.records.outcome import RunDescription, RunState
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import NodeRecord, RunRecord
-from orchestrator.report.gpus import gpu_lines, node_gpus
+from orchestrator.report.gpus import gpu_lines, node_gpus, rank_lines
 from orchestrator.report.runs import render_gpus
 from orchestrator.report.runsjson import status_json
 from orchestrator.report.summary import gpu_summary
@@ -51,6 +51,29 @@ def test_a_cpu_rehearsals_plain_list_says_nothing_but_a_request_does():
                                         "gpu_request": "free:1"}]}
     assert gpu_lines(plan) == ["  node 1 (b): GPUs 2 (free:1)"]
     assert gpu_lines(None) == [] and gpu_lines([1]) == []
+
+
+def test_rank_lines_say_which_ranks_went_to_which_node_gpus_and_models():
+    """What ``up`` prints once the nodes have chosen (issue #45: the rank
+    table was only in plan.json and status): rank i of a node on its i-th
+    GPU, a CPU node's processes, a rehearsal's indices said to be CPU ones."""
+    plan = {**PLAN, "nodes": [{**node, "ranks": span} for node, span in
+                              zip(PLAN["nodes"][:2], ([0, 2], [3, 4]))]}
+    assert rank_lines(plan) == [
+        f"ranks 0-2: node 0 (gpu01), GPUs 3,4,5 (free:3), 3x {H100}",
+        f"ranks 3-4: node 1 (gpu02), GPUs 1,0, 1x NVIDIA A100, 1x {H100}"]
+    cpu = {"device": "cpu", "nodes": [{"node_rank": 0, "host": "c", "gpus": None, "ranks": [0, 1]},
+                                      {"node_rank": 1, "host": "d", "gpus": None, "ranks": [2, 2]}]}
+    assert rank_lines(cpu) == ["ranks 0-1: node 0 (c), 2 CPU processes",
+                               "rank 2: node 1 (d), 1 CPU process"]
+    rehearsal = {"device": "cpu", "nodes": [{"node_rank": 0, "host": "a", "gpus": [2, 3],
+                                             "gpu_request": "free:2", "ranks": [0, 1]}]}
+    assert rank_lines(rehearsal) == ["ranks 0-1: node 0 (a), GPUs 2,3 (free:2), as CPU processes"]
+    assert rank_lines(None) == [] and rank_lines({"nodes": [{"ranks": "0-1"}]}) == []
+    slurm = {"device": "auto", "nodes": [{"node_rank": 0, "host": "n1", "gpus": None,
+                                          "ranks": [0, 3]}]}  # nodes: {count: 1, gpus: 4}
+    assert rank_lines(slurm) == ["ranks 0-3: node 0 (n1), 4 processes, one per GPU the "
+                                 "scheduler allocates"]
 
 
 def test_the_summary_warns_once_of_mixed_models_for_the_whole_gang():

@@ -374,3 +374,53 @@ def test_top_of_a_live_kept_run_after_a_restart_shows_the_attempt_it_is_in(tmp_p
         assert live_attempt(attached, RunDescription(RunState.RUNNING, (), None)) == read, said
     ended = dataclasses.replace(attached, state=RunState.FAILED)
     assert live_attempt(ended) is None
+
+
+def test_an_ended_runs_frame_says_when_it_ended_with_its_mean_rates(tmp_path):
+    """Issue #45: ``top --once`` on a finished run printed "gang: no rate
+    yet". Its frame now has its ranks as last recorded and their means over
+    the run's own time (from its start after the wait, 100 s before the last
+    step here), and its end; no straggler is judged on means."""
+    import dataclasses
+
+    record = live_run(tmp_path, {})
+    started, waited, end = 1000.0, 30.0, 1140.0
+    stepped = started + waited + 100.0
+    ranks = {str(k): {"node_rank": k // 2, "host": "ab"[k // 2], "step": 600,
+                      "samples": 2400 + 100 * k, "last_step": stepped, "last_progress": stepped,
+                      "last_output": None} for k in range(4)}
+    record.run.write_progress({"updated": stepped, "ranks": ranks})
+    ended = dataclasses.replace(record, state=RunState.SUCCEEDED, started=started,
+                                waited_s=waited, wall_s=end - started - waited, ended=end)
+    from orchestrator.report.runs import final_progress
+
+    frame = build_frame(ended, final_progress(ended), PaceWindow(), now=end)
+    assert [(r.rank, r.steps_per_s, r.samples_per_s) for r in frame.ranks] == [
+        (0, 6.0, 24.0), (1, 6.0, 25.0), (2, 6.0, 26.0), (3, 6.0, 27.0)]
+    assert (frame.samples_per_s, frame.steps_per_s, frame.rates) == (102.0, 6.0, "mean")
+    assert frame.slowest is None and frame.ended == "succeeded" and frame.ended_at == end
+    text = render(frame, width=140, height=40)
+    assert "gang: 102 samples/s, 6 steps/s, mean over the run\n" in text, text
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end))
+    assert text.endswith(f"ended {when}: succeeded\n"), text
+    with open(os.path.join(ROOT, "schema", "top.schema.json"), encoding="utf-8") as fh:
+        jsonschema.validate(json.loads(json.dumps(frame.to_json())), json.load(fh))
+
+
+def test_an_ended_runs_frame_without_its_ranks_takes_rank_0s_own_timing(tmp_path):
+    """A detached run's ranks are its keepers', gone with the run: rank 0's
+    result still says the run's throughput."""
+    import dataclasses
+
+    record = live_run(tmp_path, {})
+    os.unlink(os.path.join(record.run.path, "progress.json"))
+    with open(record.run.result_file(), "w", encoding="utf-8") as fh:
+        json.dump({"timing": {"samples_per_s": 5660.27, "steps": 313, "train_s": 1.76}}, fh)
+    ended = dataclasses.replace(record, state=RunState.FAILED, ended=2000.0)
+    frame = build_frame(ended, [], PaceWindow(), now=2000.0)
+    assert (frame.samples_per_s, frame.steps_per_s, frame.rates) == (5660.3, 177.841, "result")
+    assert "gang: 5660.3 samples/s, 177.841 steps/s, mean over the run (rank 0's result)" in \
+        render(frame)
+    silent = build_frame(dataclasses.replace(ended, run=RunDir(str(tmp_path / "none"))), [],
+                         PaceWindow(), now=2000.0)
+    assert "gang: no rate recorded" in render(silent)
