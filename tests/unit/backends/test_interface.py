@@ -200,8 +200,9 @@ def test_a_failing_node_stops_the_gang_and_launch_ends_the_run(job):
 
 @pytest.mark.parametrize("left, interrupt, why", [
     ("", KeyboardInterrupt(), "stopped by Ctrl-C on the controller"),
-    ("", Signalled(15), f"stopped by SIGTERM to the controller (pid {os.getpid()})"),
-    ("`ddp-orch down` from box1", Signalled(15), "stopped by `ddp-orch down` from box1")])
+    ("", Signalled(15), "stopped by SIGTERM to the controller (pid {pid})"),
+    ("`ddp-orch down` from box1", Signalled(15), "stopped by `ddp-orch down` from box1")],
+    ids=["ctrl-c", "sigterm", "down"])  # stable ids: xdist's workers must collect the same
 def test_every_node_is_told_who_stopped_the_run(job, monkeypatch, left, interrupt, why):
     """Issue #45: the stopper named as it was: Ctrl-C, a signal, or ``down``
     (which leaves its words in the run directory before its signal)."""
@@ -221,7 +222,8 @@ def test_every_node_is_told_who_stopped_the_run(job, monkeypatch, left, interrup
     backend = FakeBackend(LaunchOptions(grace_s=1.0), (None, None))
     outcome = backend.launch(info, run, quiet())
     assert outcome.state is RunState.INTERRUPTED
-    assert [(n.state, n.reason) for n in outcome.nodes] == [(NodeState.STOPPED, why)] * 2
+    assert [(n.state, n.reason) for n in outcome.nodes] == \
+        [(NodeState.STOPPED, why.format(pid=os.getpid()))] * 2
 
 
 def test_attach_is_reconnect_then_follow_then_collect_and_leaves_the_run(job):

@@ -95,8 +95,8 @@ def test_a_wait_says_again_exactly_every_say_interval(monkeypatch):
     held = {"ok": False, "waitable": True, "error": "held"}
     got = gpuplan.wait_for_gpus(held, lambda: held, 9.0, said.append, "n")
     assert got is held and slept == [2.0, 2.0, 2.0, 2.0, 1.0]
-    assert said == ["n: waiting up to 9s more for GPUs: held", "n: waiting up to 5s more for "
-                    "GPUs: held", "n: waiting up to 1s more for GPUs: held"]
+    assert said == [f"n: waiting for its GPUs (none free): held; up to {s}s more"
+                    for s in (9, 5, 1)]
     ok = {"ok": True, "chosen": [0]}
     assert gpuplan.wait_for_gpus(held, lambda: ok, 9.0, said.append, "n") is ok
 

@@ -168,7 +168,8 @@ def test_c10ds_no_hostname_warning_is_on_no_console(view):
     """Issue #45: nine such lines on every run of a 7-rank gang over SSH.
     Another c10d warning (one a user can act on) is shown as it was."""
     out = io.StringIO()
-    Console(view, out).node_lines(0, "h", C10D_NO_HOSTNAME)
+    with Console(view, out) as console:
+        console.node_lines(0, "h", C10D_NO_HOSTNAME)
     assert out.getvalue().splitlines() == [
         "[node0 h] [rank0]: [linear plain1] global batch 32 = 4 x 8, lr 0.01",
         "[node0 h] [rank0]: [W1128 13:01:53.000000000 socket.cpp:207] [c10d] The client socket "

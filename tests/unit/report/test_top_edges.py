@@ -120,7 +120,8 @@ def test_the_json_has_every_field_with_the_ranks_and_the_slowest_as_objects():
     assert frame.to_json() == {
         "run_id": "r1", "state": "running", "owner": "controller", "attempt": 0,
         "elapsed_s": 1.5, "world_size": 1, "samples_per_s": None, "steps_per_s": None,
-        "ended": "", "slowest": {"rank": 0, "evidence": OUTSIDE, "vs_others": 2.0, "why": "why"},
+        "ended": "", "ended_at": None, "rates": "window",
+        "slowest": {"rank": 0, "evidence": OUTSIDE, "vs_others": 2.0, "why": "why"},
         "ranks": [{"rank": 0, "node_rank": None, "host": None, "gpu": None, "gpu_model": None,
                    "step": None, "steps_per_s": None, "samples_per_s": None,
                    "last_progress_s_ago": None, "compute_s": None, "data_s": None,
