@@ -177,11 +177,16 @@ class Gang:
         if reason != controller_silent_for(PEER_TIMEOUT_S) and not (
                 handle.control is None and outcome.state is NodeState.LOST):
             return outcome
-        return dataclasses.replace(
-            outcome, state=NodeState.LOST,
-            reason=f"stopped its run after {PEER_TIMEOUT_S:g}s without hearing from "
-                   f"ddp-orch, which was paused for {self.paused_s:.0f}s (stopped, or its "
-                   "machine asleep); keep it awake while the run goes on, or use `up --detach`")
+        return dataclasses.replace(outcome, state=NodeState.LOST, reason=self.paused_words())
+
+    def paused_words(self) -> str:
+        """Why the nodes stopped, when we were paused past the peer timeout
+        ("" when we were not): they stopped because we were silent."""
+        if self.paused_s < PEER_TIMEOUT_S:
+            return ""
+        return (f"stopped its run after {PEER_TIMEOUT_S:g}s without hearing from ddp-orch, "
+                f"which was paused for {self.paused_s:.0f}s (stopped, or its machine asleep); "
+                "keep it awake while the run goes on, or use `up --detach`")
 
     def _interrupted(self, exc: KeyboardInterrupt) -> None:
         """Ctrl-C, or a signal (``down``): ours to stop (a run we control, or a

@@ -144,8 +144,8 @@ def contact_lost(gang) -> bool:
     silent = [h for h in gang.handles if h.silent and h not in gone]
     if not (gone or silent):
         return False
-    for handle in gone:
-        gang.lost_nodes[handle.node.node_rank] = (
+    for handle in gone:  # its follower ended: the link dropped, or we were paused too long
+        gang.lost_nodes[handle.node.node_rank] = gang.paused_words() or (
             "lost contact with the node's follower (a dropped connection); its keeper "
             "stops the run there on its own")
     for handle in silent:

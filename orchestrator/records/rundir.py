@@ -109,9 +109,14 @@ class RunDir:
         return self.file(f"node-{node_rank}.log")
 
     def note(self, node_rank: int, text: str) -> None:
-        """A line of ddp-orch's own in a node's log (what it could not fetch, say)."""
-        with open(self.node_log(node_rank), "a", encoding="utf-8") as fh:
-            fh.write(f"ddp-orch: {text}\n")
+        """A line of ddp-orch's own in a node's log (what it could not fetch,
+        say); a log that cannot take it (a full disk) loses the note, never
+        the run's end that it was written on the way to."""
+        try:
+            with open(self.node_log(node_rank), "a", encoding="utf-8") as fh:
+                fh.write(f"ddp-orch: {text}\n")
+        except OSError:
+            pass
 
     def write_text(self, name: str, text: str) -> None:
         with open(self.file(name), "w", encoding="utf-8") as fh:

@@ -291,9 +291,11 @@ def read_record(run: RunDir) -> RunRecord | None:
             results_home=bool(data.get("results_home", not owner.detached)),
             waited_s=_number(data.get("waited_s")))
         # Only an attached run ends with its controller: a detached run is its
-        # nodes' keepers', and a scheduler's job is the scheduler's.
-        if state.live and owner.ends_with_controller and not recorded_elsewhere(record) \
-                and not controller_alive(record):
+        # nodes' keepers', and a scheduler's job is the scheduler's, once they
+        # have it. A run still STARTING had handed itself to nobody yet (no
+        # keeper started, no job submitted): it ended with its controller too.
+        if state.live and (owner.ends_with_controller or state is RunState.STARTING) \
+                and not recorded_elsewhere(record) and not controller_alive(record):
             state = RunState.INTERRUPTED
         wall, waited = record.wall_s, record.waited_s
         if started and state.live:

@@ -213,8 +213,9 @@ def expect(cell: Cell) -> Expect | Excluded:
         if slurm:
             return Expect(SURVIVES, "the job goes on: `status` and `attach` give its end",
                           within_s=0.0, bound="-")
-        if after_detach:
-            return Expect(SURVIVES, "nothing: the run is its keepers' (killed: `attach`, "
+        if o == "detached" and p != "connect":
+            return Expect(SURVIVES, "nothing: the run is its keepers' from their start "
+                                    "(killed: `up` before it returned, or `attach`, "
                                     "which only follows)", within_s=0.0, bound="-")
         return Expect(INTERRUPTED, "`ddp-orch ps` shows the run as interrupted",
                       within_s=AT_ONCE_S + grace_end + (2.0 if keepers else 0.0),
@@ -239,6 +240,13 @@ def expect(cell: Cell) -> Expect | Excluded:
         if p == "connect":
             return Expect(REFUSED, "`No space left on device`, naming the runs directory",
                           r"No space left|no space|full", AT_ONCE_S + MARGIN_S, "at once")
+        if b == "local" and keepers:  # a keeper's stream (agent.out) is on that disk too
+            return Expect(FAILS, "each node's `ddp-orch: the node's disk is full at ...: No "
+                                 "space left on device`, then `silent for 30s` (its keeper "
+                                 "can no longer write the stream the controller follows)",
+                          r"No space left|nothing from the node for 30s",
+                          SILENCE_S + grace_end + 10.0,
+                          "30 s of silence, then the teardown", node=None)
         if b == "local":  # the nodes' own run directories are in it: their logs fill
             return Expect(FAILS, "`root cause: node K (host): the node's disk is full at "
                                  "...: No space left on device`",
@@ -320,7 +328,10 @@ def render() -> str:
             if isinstance(verdict, Excluded):
                 excluded.append((cell, verdict.why))
                 continue
-            key = (cell.owner, verdict.describe(), verdict.shown, verdict.bound)
+            bound = verdict.bound
+            if verdict.within_s:
+                bound += f" (tested: {verdict.within_s:g} s at most, `--grace {GRACE_S:g}`)"
+            key = (cell.owner, verdict.describe(), verdict.shown, bound)
             rows.setdefault(key, []).append(f"{cell.backend} {cell.phase}")
         for (owner, does, shown, bound), where in rows.items():
             places = ", ".join(_grouped(where))

@@ -13,9 +13,11 @@ ended and every byte is sent. On the same channel the controller sends
 (a second SIGTERM: no grace period). Losing the controller (EOF, or no
 ping for ``PEER_TIMEOUT_S``) ends the follower; for a run whose rule is
 ``attached`` it stops the keeper first, for a ``detached`` one it just
-leaves. While the file is quiet the follower sends a heartbeat of its own
-every ``HEARTBEAT_S``, so the controller can tell a quiet node from a
-silent link.
+leaves. The stream is never quiet while the keeper lives: its supervisor
+beats every ``HEARTBEAT_S``, and between attempts the keeper itself does.
+So a stream that goes quiet is a keeper that stopped (SIGSTOP, a hung
+host) and the controller's silence rule sees it, which a heartbeat of the
+follower's own would hide.
 
 An attached follower holds a shared lock on ``follower.lock`` in the run
 directory for as long as it runs; the kernel drops it however the follower
@@ -52,8 +54,8 @@ from ..node import gpuclaim, probes
 from ..node.spec import SpecError
 from .. import layout
 from ..node.procs import running, start_time
-from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Event, Reader,
-                             controller_silent_for, encode, message)
+from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Reader,
+                             controller_silent_for)
 
 FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
@@ -235,8 +237,11 @@ def leave_stop_request(run_dir: str, why: str) -> None:
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError:
         return  # one is there already, or none can be: the keeper says which signal
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(why.encode("utf-8", "replace")[:STOP_REQUEST_MAX])
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(why.encode("utf-8", "replace")[:STOP_REQUEST_MAX])
+    except OSError:
+        pass  # a full disk: the stop itself (the signal after this) matters, not its words
 
 
 def stop_request(run_dir: str) -> str:
@@ -326,13 +331,16 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
         out.write(f"ddp-orch: no stream to follow here: {exc}\n".encode())
         out.flush()
         return
+    full_said = False
     with fh:
         fh.seek(offset_of_last_lines(fh, lines) if lines is not None else offset)
         while not gone.is_set():
             alive = keeper_pid(run_dir) is not None
             data = fh.read(1 << 20)
-            if not data and whole and time.monotonic() - sent_at > HEARTBEAT_S:
-                data = encode(message(Event.HEARTBEAT))  # the controller hears us between attempts
+            if not data and not full_said and time.monotonic() - sent_at > 2 * HEARTBEAT_S:
+                full = probes.disk_full(run_dir)  # the keeper cannot write the stream we follow
+                if full:
+                    data, full_said = f"ddp-orch: {full}\n".encode(), True
             if data:
                 try:
                     out.write(data)

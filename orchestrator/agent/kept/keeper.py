@@ -72,7 +72,7 @@ from ..gangrule import stop_reason
 from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
 from ..wire import files
-from ..wire.protocol import Event, encode, message, pace_fields
+from ..wire.protocol import HEARTBEAT_S, Event, encode, message, pace_fields
 
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
 FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
@@ -191,6 +191,7 @@ class Keeper(abc.ABC):
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         self.write_state("running")
+        threading.Thread(target=self._beat, daemon=True, name="keeper-beat").start()
         if not self.spec.owner.detached:
             threading.Thread(target=self._watch_follower, daemon=True,
                              name="keeper-follower").start()
@@ -234,6 +235,15 @@ class Keeper(abc.ABC):
         with self.lock:
             self.lock.notify_all()  # a backoff waiting for a restart ends now
         self.on_local_stop()
+
+    def _beat(self) -> None:
+        """A heartbeat in the stream every ``HEARTBEAT_S`` while no attempt's
+        supervisor beats (before the first, between two): the stream goes
+        quiet only when this process does (stopped, or its host hung), and
+        then its follower's controller sees the silence."""
+        while not self.over.wait(HEARTBEAT_S):
+            if self.supervisor is None:
+                self.emit(message(Event.HEARTBEAT))
 
     def _watch_follower(self) -> None:
         """The attached rule, held by the keeper itself: once its follower

@@ -235,3 +235,16 @@ def connect_all(targets: list, timeout_s: float) -> list[dict]:
 
 def home() -> str:
     return os.path.expanduser("~")
+
+
+def disk_full(path: str) -> str:
+    """Why the run failed, when it may be that ``path``'s disk is full: the
+    ranks' output, torchrun's error files and our records fail with it in
+    ways that hide the cause; "" when there is room (or no way to tell)."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return ""
+    if stat.f_bavail * stat.f_frsize >= 1 << 20:
+        return ""
+    return f"the node's disk is full at {path}: No space left on device"

@@ -68,19 +68,6 @@ def _pace(words: list[str]) -> list[float] | None:
     return [round(t, 6) for t in times]
 
 
-def _disk_full(path: str) -> str:
-    """Why the run failed, when it may be that ``path``'s disk is full: the
-    ranks' output, torchrun's error files and our records fail with it in
-    ways that hide the cause; "" when there is room (or no way to tell)."""
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return ""
-    if stat.f_bavail * stat.f_frsize >= 1 << 20:
-        return ""
-    return f"the node's disk is full at {path}: No space left on device"
-
-
 def _output_steps(pattern: str | None) -> outputsteps.OutputSteps:
     """The file's ``progress: {pattern:}`` (checked where it was loaded); one
     that cannot serve here (a job file edited by hand) gives way to the
@@ -200,7 +187,7 @@ class Supervisor:
             files.scrub_tree(self.log_dir, list(self.spec.secrets))
         self.write_state(child.pid, started, code, reason, torn_down_at)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
-        full = code and _disk_full(self.run_dir)
+        full = code and probes.disk_full(self.run_dir)
         if full:  # what a full disk breaks (torchrun's error files, the logs) says little
             last.append(f"ddp-orch: {full}")
         self.last_exit = exit_event(

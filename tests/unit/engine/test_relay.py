@@ -286,3 +286,17 @@ def test_a_held_master_port_is_no_other_stores_until_released():
         store.bind(("", found["port"]))
         store.listen(1)
     assert probes.bind(found["port"], "127.0.0.1")["ok"] is True  # TIME_WAIT-free, as before
+
+
+def test_a_full_disk_is_named_where_a_run_fails_on_it(monkeypatch, tmp_path):
+    """Under 1 MiB free is full: torchrun's error files and the logs fail
+    there in ways that hide why, so the node says it (issue 43)."""
+    from types import SimpleNamespace
+
+    free = {"blocks": 255}
+    monkeypatch.setattr(probes.os, "statvfs",
+                        lambda path: SimpleNamespace(f_bavail=free["blocks"], f_frsize=4096))
+    assert probes.disk_full(str(tmp_path)) == (f"the node's disk is full at {tmp_path}: No space "
+                                               "left on device")
+    free["blocks"] = 256  # 1 MiB
+    assert probes.disk_full(str(tmp_path)) == ""
