@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from workloads.catalog import CATALOG, Layout
 
+from ..engine import gpuplan
 from ..engine.options import LaunchOptions
 from ..config.spec import ClusterSpec
 from ..errors import ConfigError
@@ -94,7 +95,7 @@ def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
                           source=spec.source, line=given.line, hint=NO_GPU_FIX)
 
 
-NO_GPU_FIX = "set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU processes)"
+NO_GPU_FIX = gpuplan.CPU_REHEARSAL
 
 
 def _missing(wanted: tuple[int, ...], found: dict) -> str | None:

@@ -202,6 +202,11 @@ def refuse(plan: RunPlan, spec: ClusterSpec | None, replies: Mapping[int, dict],
                       hint=hint({k: replies[k] for k in refused}, wait_s))
 
 
+# the way out for GPUs a node does not have, the same in ``check``, ``up`` and
+# the localhost refusal (controller/refusals.py)
+CPU_REHEARSAL = "set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU processes)"
+
+
 def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
     """What to do about the GPU refusals in ``replies`` (by node rank), in
     words their messages do not have: the GPUs free now as ``gpus:`` takes
@@ -222,7 +227,7 @@ def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
     if "busy" in reasons:
         actions.append("go on the busy ones anyway (--allow-busy-gpus; never on another run's)")
     if "missing" in reasons:
-        actions.append("rehearse on the CPU (device: cpu: each listed index a CPU process)")
+        actions.append(CPU_REHEARSAL)
     if not actions:
         return "`ddp-orch check` shows each node's GPUs, who holds them and who uses them"
     return actions[0] if len(actions) == 1 else \

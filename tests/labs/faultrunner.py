@@ -129,9 +129,10 @@ class CellRun:
                                            python=sys.executable))
             path.chmod(0o755)
         gpus = cell.fault == "smi_hangs"
+        slurm = rig.backend == "slurm"  # one python runs a Slurm job: the wrapper reads SLURM_NODEID
         nodes = "".join(
-            f"  - {{host: {host}, {f'gpus: [{k}]' if gpus else 'procs: 1'}, "
-            f"python: {self.gates / f'python-node{k}'}}}\n"
+            f"  - {{host: {host}, {f'gpus: [{k}]' if gpus else 'procs: 1'}"
+            + ("" if slurm else f", python: {self.gates / f'python-node{k}'}") + "}\n"
             for k, host in enumerate(rig.hosts))
         program = self.tmp / "faultable.py"
         shutil.copy(PROGRAM, program)
@@ -140,7 +141,8 @@ class CellRun:
             args += ["--chatty-at", "5"]
         if cell.phase == "teardown":
             args += ["--slow-stop", "1", "--stop-s", "20"]
-        text = (f"name: fm\n" + ("backend: slurm\n" if rig.backend == "slurm" else "")
+        text = (f"name: fm\n" + (f"backend: slurm\npython: {self.gates / 'python-node1'}\n"
+                                  if slurm else "")
                 + ("device: cpu\n" if gpus else "")
                 + (f"workdir: {self.tmp / 'remote'}\n" if rig.backend == "ssh" else "")
                 + f"nodes:\n{nodes}workload: {{script: faultable.py, args: {json.dumps(args)}}}\n")
@@ -304,7 +306,7 @@ class CellRun:
         if self.rig.lab is not None:
             return [self.rig.lab.listener_pid(1), *self.rig.lab.session_pids(1)]
         if self.cell.phase == "connect":  # its agent has not started: its wrapper waits
-            return self.wait_for(lambda: _gated(self.gates / "python-node1"))
+            return self.wait_for(lambda: _gated(self.gates / "python-node1", node=1))
         return [self.wait_for(lambda: self.node_agent(1))]
 
     def node_agent(self, k: int) -> int | None:
@@ -470,18 +472,22 @@ def _own_pids(run_id: str) -> list[int]:
     return out
 
 
-def _gated(wrapper) -> list[int]:
-    """The shell of a node's ``python:`` wrapper holding its agent's start."""
+def _gated(wrapper, node: int) -> list[int]:
+    """The shell of node ``node``'s ``python:`` wrapper holding its agent's
+    start (under Slurm every node runs the same wrapper: its SLURM_NODEID says
+    whose it is)."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as fh:
-                if str(wrapper).encode() in fh.read().split(b"\0")[:2]:
-                    out.append(int(name))
+                if str(wrapper).encode() not in fh.read().split(b"\0")[:2]:
+                    continue
         except OSError:
             continue
+        if environ_of(int(name)).get("SLURM_NODEID", str(node)) == str(node):
+            out.append(int(name))
     return out
 
 

@@ -246,10 +246,11 @@ def test_refuse_passes_when_every_node_said_yes():
     ({"reason": "short", "free": []}, "wait for them (--wait-gpus SECONDS)"),
     ({"reason": "busy"}, "wait for them (--wait-gpus SECONDS) or go on the busy ones anyway "
                          "(--allow-busy-gpus; never on another run's)"),
-    ({"reason": "missing", "free": [1, 2]}, 'launch on those now (gpus: "1,2") or rehearse on '
-                                            "the CPU (device: cpu: each listed index a CPU "
-                                            "process)"),
-    ({"reason": "missing"}, "rehearse on the CPU (device: cpu: each listed index a CPU process)"),
+    ({"reason": "missing", "free": [1, 2]}, 'launch on those now (gpus: "1,2") or set `device: '
+                                            "cpu` for a CPU rehearsal (the listed GPUs become "
+                                            "CPU processes)"),
+    ({"reason": "missing"}, "set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU "
+                            "processes)"),
     ({"reason": "other"}, "`ddp-orch check` shows each node's GPUs, who holds them and who "
                           "uses them"),
     ({"reason": "no-smi"}, "list the GPUs by index (gpus: 0,1), or install the NVIDIA "
