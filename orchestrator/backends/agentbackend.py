@@ -355,7 +355,7 @@ class AgentBackend(LaunchBackend):
         placed = None
         if gpus is not None:
             def ask(reply: object) -> dict:
-                return gpuplan.checked(reply, agent.host)
+                return gpuplan.checked(reply, agent.host, torch=probe_torch)
 
             placed = gpuplan.wait_for_gpus(ask(agent.reply("gpus")),
                                            lambda: ask(agent.call("gpus", **gpus)),

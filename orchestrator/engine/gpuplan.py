@@ -73,10 +73,12 @@ def wait_for_gpus(first: dict, ask: Callable[[], dict], wait_s: float,
     return reply
 
 
-def checked(reply: object, host: str) -> dict:
+def checked(reply: object, host: str, torch: bool = False) -> dict:
     """A node's ``gpus`` answer, as far as the launch reads it: what crosses
     the network is checked before it becomes the plan (``TransportError``
-    naming the node otherwise)."""
+    naming the node otherwise). ``torch``: the node's torch was asked
+    (``wants_torch``), so every answer must carry its view, the one that
+    ends a wait too: ``decide_device`` reads it."""
     def strings(value: object) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) and len(v) <= 256
                                                for v in value)
@@ -93,7 +95,8 @@ def checked(reply: object, host: str) -> dict:
         ok = isinstance(reply.get("error"), str) and strings(
             [str(i) for i in reply.get("free") or []])
     seen = reply.get("torch", {}) if isinstance(reply, dict) else {}
-    ok = ok and isinstance(seen, dict) and isinstance(seen.get("count", 0), int)
+    ok = ok and isinstance(seen, dict) and isinstance(seen.get("count", 0), int) \
+        and (not torch or "torch" in reply)
     if not ok:
         raise TransportError(host, f"its agent's answer about its GPUs is malformed: "
                                    f"{str(reply)[:200]}")

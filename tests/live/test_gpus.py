@@ -421,3 +421,29 @@ def test_device_auto_on_a_torch_that_sees_no_gpu_is_refused(gpus_lab):
     assert "started" not in ran.stdout
     assert wait_gone("gpu-auto", 15, labs=[gpus_lab.lab]) == set()
     assert wait_free(keys, 10) == {}
+
+
+def test_device_auto_is_decided_after_a_wait_from_the_answer_that_ended_it(gpus_lab, busy_pids):
+    """``--wait-gpus`` with ``device: auto``: node 0's GPU is busy at first,
+    so the launch waits; the answer that ends the wait must carry the node
+    torch's view as the first one did, and the CPU-only torch of the lab is
+    then refused as without a wait. (Before, only the first ``gpus`` reply
+    carried it: the run went on, its ranks on the CPU while it held the GPU.)"""
+    [pid] = busy_pids(1)
+    busy = [{"name": H100, "memory_used": 3000, "processes": [{"pid": pid, "used_mib": 3000}]}]
+    written = gpus_lab.set(busy, [])
+    keys = gpus_lab.uuids(written, 0)
+    cluster = gpus_lab.cluster("waitauto", ["{host: node0, gpus: '0'}"], extra="")
+    proc = gpus_lab.start(cluster, "gpu-waitauto", "--wait-gpus", "90")
+    try:
+        said = wait_for_lines(proc, "waiting up to")
+        assert "node 0 (node0)" in said, said
+        gpus_lab.set(idle(1), [])
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        stop(proc)
+    assert proc.returncode == EXIT_REFUSED, out
+    assert "nodes[0].gpus: node 0 (node0): device auto, but its torch " in out, out
+    assert "started" not in out and "Traceback" not in out
+    assert wait_gone("gpu-waitauto", 15, labs=[gpus_lab.lab]) == set()
+    assert wait_free(keys, 10) == {}

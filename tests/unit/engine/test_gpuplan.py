@@ -258,3 +258,31 @@ def test_a_missing_nvidia_smi_is_a_note_on_gpus_and_nothing_on_a_cpu_rehearsal()
     assert notes(gpu, {1: with_torch}) == [
         "node 1 (b): no nvidia-smi; its torch sees 4 GPU(s), so the launch goes on from "
         "torch's count"]
+
+
+# what crosses the network ------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", [
+    None, {"ok": "yes"}, {"ok": True, "chosen": []}, {"ok": True, "chosen": [0, 0]},
+    {"ok": True, "chosen": [True]}, {"ok": True, "chosen": [0], "uuids": ["a", "b"]},
+    {"ok": False}, {"ok": True, "chosen": [0], "torch": {"count": "8"}},
+])
+def test_a_malformed_gpus_answer_names_the_node(reply):
+    with pytest.raises(gpuplan.TransportError) as caught:
+        gpuplan.checked(reply, "gpu-b")
+    assert "gpu-b" in str(caught.value) and "malformed" in str(caught.value)
+
+
+def test_an_answer_without_torch_is_malformed_where_the_node_was_asked_it():
+    """A wait's last answer decides ``device: auto``: one that lacks the
+    torch answer the node was asked for cannot be decided on."""
+    ended = {"ok": True, "chosen": [0]}
+    assert gpuplan.checked(ended, "a") is ended  # torch not asked: fine
+    with pytest.raises(gpuplan.TransportError, match="malformed"):
+        gpuplan.checked(ended, "a", torch=True)
+    with_torch = {**ended, "torch": TORCH_OK}
+    assert gpuplan.checked(with_torch, "a", torch=True) is with_torch
+    refused = {"ok": False, "error": "busy", "free": [1], "waitable": True}
+    with pytest.raises(gpuplan.TransportError):
+        gpuplan.checked(refused, "a", torch=True)
