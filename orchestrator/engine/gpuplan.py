@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from ..agent.node.gpus import mixed_models
+from ..agent.node.gpus import HEALTH_RULES, mixed_models
 from ..config.spec import DEFAULT_GPU_BUSY_MIB, ClusterSpec
 from ..errors import ConfigError, TransportError
 from ..plan.model import GpuChoice, NodePlan, RunPlan
@@ -43,9 +43,14 @@ def gpu_request(plan: RunPlan, node: NodePlan, spec: ClusterSpec | None,
         want = list(node.gpus)
     else:
         return None
+    policy: dict[str, Any] = {}
+    if spec is not None:
+        policy = {"busy_util": spec.gpu_busy_util, "ignore": list(spec.gpu_ignore),
+                  "exclude": [k for host, k in spec.gpu_exclude if host == node.host],
+                  **({"lock_dir": spec.gpu_lock_dir} if spec.gpu_lock_dir else {})}
     return {"want": want, "run_id": plan.run_id, "node_rank": node.node_rank,
             "busy_mib": spec.gpu_busy_mib if spec else DEFAULT_GPU_BUSY_MIB,
-            "allow_busy": allow_busy, "rehearsal": plan.device == "cpu"}
+            "allow_busy": allow_busy, "rehearsal": plan.device == "cpu", **policy}
 
 
 def wants_torch(plan: RunPlan, node: NodePlan) -> bool:
@@ -134,16 +139,55 @@ def hint(reply: dict) -> str:
         return "list the GPUs by index (gpus: 0,1), or install the NVIDIA utilities there"
     if reason == "smi-failed":
         return "run nvidia-smi on that node: the driver must answer before a GPU run can start"
-    if reason == "mig":
-        return "MIG instances are not plain indices: run under Slurm, or set " \
-               "CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"
     ready = f"gpus: {','.join(map(str, free))} are free there now" if free else ""
+    if reason in ("mig", "unhealthy", "excluded"):
+        return "; ".join(filter(None, [ready, *_fixes(reply.get("faults") or [])]))
     waiting = "--wait-gpus SECONDS waits for them" if reason in ("held", "busy", "short") else ""
     busy = "--allow-busy-gpus goes anyway" if reason == "busy" else ""
     rehearse = "or set `device: cpu` for a CPU rehearsal (the listed GPUs become CPU " \
         "processes)" if reason == "missing" else ""
     return "; ".join(part for part in (ready, waiting, busy, rehearse) if part) or \
         "see `ddp-orch check` for the node's GPUs"
+
+
+# What to do about a GPU that cannot be taken whatever the wait, by health
+# rule (``agent/node/gpus.HEALTH_RULES``): the fix on the node, as root.
+_RESET = "reset it once nothing runs on it (`sudo nvidia-smi -r -i {i}`) or reboot the node"
+RULE_FIXES = {
+    "reset": _RESET,
+    "ecc": _RESET + " (uncorrected errors count since the driver loaded)",
+    "retired_pages": _RESET + ": the pages are retired then",
+    "remapped_rows": _RESET + "; a remapping that failed does not heal: drain the node and "
+                              "have the GPU replaced",
+    "compute_mode": "`sudo nvidia-smi -i {i} -c DEFAULT` lets processes use it",
+    "unreadable": "run `nvidia-smi -q -i {i}` there: if the driver cannot read it, drain the "
+                  "node",
+}
+
+
+def _fixes(faults: "list[dict]") -> list[str]:
+    """The advice for each GPU at fault (``gpus.choose``'s ``faults``): its
+    fix on the node, once per fix, and how the file would take it anyway."""
+    out: list[str] = []
+    relaxable: list[str] = []
+    for fault in faults:
+        if not isinstance(fault, dict) or not isinstance(fault.get("index"), int):
+            continue
+        i, reason = fault["index"], fault.get("reason")
+        if reason == "mig":
+            out.append(f"GPU {i} is in MIG mode: turn it off once nothing runs on it "
+                       f"(`sudo nvidia-smi -i {i} -mig 0`, then reset it), or leave its MIG "
+                       "instances to a launcher that takes MIG UUIDs (Slurm's gres)")
+        elif reason == "excluded":
+            out.append(f"GPU {i} is taken out by gpu_policy.exclude: remove it there to use it")
+        elif reason == "unhealthy":
+            rules = [str(r) for r in fault.get("rules") or ()]
+            out += [f"GPU {i}: " + RULE_FIXES[r].format(i=i) for r in rules if r in RULE_FIXES]
+            relaxable += [r for r in rules if r in HEALTH_RULES]
+    if relaxable:
+        out.append(f"gpu_policy: {{ignore: [{', '.join(dict.fromkeys(relaxable))}]}} takes such "
+                   "GPUs anyway, at your risk")
+    return list(dict.fromkeys(out))
 
 
 def _where(spec: ClusterSpec | None, k: int) -> dict[str, Any]:

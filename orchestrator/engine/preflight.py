@@ -54,6 +54,11 @@ class NodeGpus:
     chosen: tuple[int, ...]
     free: tuple[int, ...]
     torch_sees: int | None  # None: torch not asked, or it sees none
+    lock_dir: str | None = None  # where the node keeps its GPU locks
+    notes: tuple[str, ...] = ()  # nvidia-smi's own warnings (it answered in part)
+    unreported: tuple[str, ...] = ()  # health fields this node's nvidia-smi does not know
+    ignore: tuple[str, ...] = ()  # the health rules the site relaxes (gpu_policy.ignore)
+    exclude: tuple[int, ...] = ()  # the GPUs taken out by hand (gpu_policy.exclude)
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,11 @@ def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan, spec: ClusterSpec 
     return out, info, NodeGpus(node.node_rank, node.host, answer.get("driver"),
                                tuple(answer.get("gpus") or ()), tuple(answer.get("apps") or ()),
                                tuple(answer.get("chosen") or ()), tuple(answer.get("free") or ()),
-                               info.get("count") if info.get("available") else None)
+                               info.get("count") if info.get("available") else None,
+                               answer.get("lock_dir"), tuple(answer.get("smi_notes") or ()),
+                               tuple(answer.get("unreported") or ()),
+                               tuple(asked.get("ignore") or ()),
+                               tuple(asked.get("exclude") or ()))
 
 
 def _gpu_row(node: NodePlan, plan: RunPlan, answer: dict, info: dict, result) -> CheckResult:

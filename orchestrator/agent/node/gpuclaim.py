@@ -32,6 +32,7 @@ from . import gpulocks, gpus, probes
 SMI_TIMEOUT_S = 20.0  # each nvidia-smi query; a hung driver answers never
 CLAIM_TRIES = 3  # another run may take a GPU between our look and our lock
 TORCH_TIMEOUT_S = 120.0  # a cold import of torch with CUDA on a slow disk
+NOTE_CHARS = 240  # a note of nvidia-smi's own in the reply (the controller takes 256)
 
 _holds: list[gpulocks.Holds] = []
 
@@ -43,44 +44,62 @@ def held_fds() -> list[int]:
 
 def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int,
           allow_busy: bool = False, hold: bool = True, rehearsal: bool = False,
-          lock_dir: str = gpulocks.LOCK_DIR) -> dict:
-    """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``.
+          lock_dir: str | None = None, busy_util: int = gpus.DEFAULT_BUSY_UTIL,
+          ignore: "list[str] | tuple[str, ...]" = (),
+          exclude: "list[int] | tuple[int, ...]" = ()) -> dict:
+    """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``,
+    under the site's ``gpu_policy`` (``busy_mib``, ``busy_util``, the health
+    rules it ``ignore``s, the indices it ``exclude``s, its ``lock_dir``).
 
-    ``{"ok": True, "chosen", "uuids", "models", "notes", "gpus", "driver"}``
-    (``gpus``: every GPU as nvidia-smi lists it, with ``held_by`` where
-    another run holds it), or ``{"ok": False, "reason", "error", "free",
-    "waitable"}``. Without nvidia-smi an explicit list goes as listed (with
-    a note: no busy check, no lock) and ``all``/``free`` are refused; a
-    failing nvidia-smi is a refusal with what it said. A ``rehearsal``
-    (``device: cpu``) may list indices the node lacks: each is a CPU
-    process, checked and held only where it names a GPU.
+    ``{"ok": True, "chosen", "uuids", "models", "notes", "gpus", "driver",
+    "lock_dir"}`` (``gpus``: every GPU as nvidia-smi lists it, with
+    ``held_by`` where another run holds it; ``notes``: nvidia-smi's own
+    warnings too, for a node it answered in part), or ``{"ok": False,
+    "reason", "error", "free", "waitable"}``. Without nvidia-smi an
+    explicit list goes as listed (with a note: no busy check, no lock) and
+    ``all``/``free`` are refused; a failing nvidia-smi is a refusal with
+    what it said. A ``rehearsal`` (``device: cpu``) may list indices the
+    node lacks: each is a CPU process, checked and held only where it names
+    a GPU.
     """
     found = gpus.facts(SMI_TIMEOUT_S)
     if not found["ok"]:
         return _without_smi(want, found)
     listing = found["gpus"]
+    policy = {"busy_mib": busy_mib, "busy_util": busy_util, "ignore": tuple(ignore),
+              "exclude": tuple(exclude)}
     if rehearsal and not isinstance(want, str):
         there = {gpu["index"] for gpu in listing}
         if any(k not in there for k in want):
             return _rehearsed(want, [k for k in want if k in there], run_id=run_id,
-                              node_rank=node_rank, busy_mib=busy_mib, allow_busy=allow_busy,
-                              hold=hold, lock_dir=lock_dir)
+                              node_rank=node_rank, allow_busy=allow_busy, hold=hold,
+                              lock_dir=lock_dir, **policy)
+    directory = gpulocks.lock_dir(lock_dir)
     keys = {gpu["index"]: gpus.lock_key(gpu) for gpu in listing}
+    said = [f"nvidia-smi: {note}"[:NOTE_CHARS] for note in found.get("notes") or ()]
+    facts = {"gpus": [], "apps": found["apps"], "driver": found.get("driver"),
+             "lock_dir": directory, **({"unreported": found["unreported"]}
+                                       if found.get("unreported") else {}),
+             **({"smi_notes": said} if said else {})}
     for _ in range(CLAIM_TRIES):
-        held = gpulocks.held_by_others(list(keys.values()), run_id, lock_dir)
+        held = gpulocks.held_by_others(list(keys.values()), run_id, directory)
         choice = gpus.choose(want, listing, found["apps"], threshold_mib=busy_mib, held=held,
-                             allow_busy=allow_busy)
-        shown = [{**gpu, **({"held_by": held[keys[gpu["index"]]]}
-                            if keys[gpu["index"]] in held else {})} for gpu in listing]
+                             allow_busy=allow_busy, busy_util=busy_util, ignore=ignore,
+                             exclude=exclude)
+        facts["gpus"] = [{**gpu, **({"held_by": held[keys[gpu["index"]]]}
+                                    if keys[gpu["index"]] in held else {})} for gpu in listing]
+        if choice["ok"]:
+            choice["notes"] = said + choice["notes"]
+        else:
+            choice["error"] += "".join(f"; {note}" for note in said)
         if not choice["ok"] or not hold:
-            return {**choice, "gpus": shown, "apps": found["apps"],
-                    "driver": found.get("driver")}
+            return {**choice, **facts}
         try:
             _holds.append(gpulocks.hold([keys[k] for k in choice["chosen"]],
-                                        {"run_id": run_id, "node_rank": node_rank}, lock_dir))
+                                        {"run_id": run_id, "node_rank": node_rank}, directory))
         except gpulocks.Held:
             continue  # taken since we looked: look again
-        return {**choice, "gpus": shown, "apps": found["apps"], "driver": found.get("driver")}
+        return {**choice, **facts}
     return {"ok": False, "reason": "held", "waitable": True, "free": [],
             "error": f"other runs kept taking these GPUs while this one chose ({CLAIM_TRIES} "
                      "tries)"}

@@ -227,7 +227,11 @@ def _gpus(session: Session, request: dict, stdin: Reader) -> None:
         want if isinstance(want, str) else [int(k) for k in want],
         run_id=request["run_id"], node_rank=request.get("node_rank", 0),
         busy_mib=request["busy_mib"], allow_busy=request.get("allow_busy", False),
-        hold=request.get("hold", True), rehearsal=request.get("rehearsal", False))
+        hold=request.get("hold", True), rehearsal=request.get("rehearsal", False),
+        lock_dir=request.get("lock_dir"),
+        **({"busy_util": request["busy_util"]} if "busy_util" in request else {}),
+        ignore=[str(rule) for rule in request.get("ignore", [])],
+        exclude=[int(k) for k in request.get("exclude", [])])
     seen = session.torch_answer()
     if seen is not None:
         answer["torch"] = seen

@@ -61,6 +61,7 @@ FOREIGN_FLAGS = {
     "--main_process_ip": "accelerate launch", "--main_process_port": "accelerate launch",
     "--gpu_ids": "accelerate launch", "--cpu": "accelerate launch",
     "--mpirun_hostfile": "accelerate launch",
+    "--query-remapped-rows": "nvidia-smi (GPU health: row remapping)",
 }
 # `ddp-orch` followed by a word in a message, not a command.
 NOT_COMMANDS = {"agent"}  # "the ddp-orch agent did not answer"

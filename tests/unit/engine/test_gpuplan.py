@@ -18,7 +18,8 @@ from orchestrator.plan.build import build_plan
 from orchestrator.plan.model import GpuChoice
 
 FILE = """\
-    gpu_policy: {busy_memory_mib: 2048}
+    gpu_policy: {busy_memory_mib: 2048, busy_utilization: 90, ignore: ecc, exclude: ['b:4', 'a:7', 'b:0'],
+                 lock_dir: /var/lock/gpus}
     nodes:
       - {host: a, gpus: '5,1,3'}
       - {host: b, gpus: free:2}
@@ -44,14 +45,16 @@ def gpu_spec_plan(device: str = "auto"):
 def test_each_node_is_asked_for_its_list_in_order_or_its_request():
     spec, plan = spec_plan()
     a, b, c = plan.nodes
+    policy = {"busy_util": 90, "ignore": ["ecc"], "lock_dir": "/var/lock/gpus"}
     assert gpu_request(plan, a, spec, False) == {
         "want": [5, 1, 3], "run_id": "r1", "node_rank": 0, "busy_mib": 2048,
-        "allow_busy": False, "rehearsal": True}
+        "allow_busy": False, "rehearsal": True, "exclude": [7], **policy}
     assert gpu_request(plan, b, spec, True) == {
         "want": "free:2", "run_id": "r1", "node_rank": 1, "busy_mib": 2048, "allow_busy": True,
-        "rehearsal": True}
+        "rehearsal": True, "exclude": [4, 0], **policy}
     assert gpu_request(plan, c, spec, False) is None  # CPU processes
-    assert gpu_request(plan, b, None, False)["busy_mib"] == 1024  # --local without a file
+    local = gpu_request(plan, b, None, False)  # --local without a file: the defaults
+    assert (local["busy_mib"], "busy_util" in local, "lock_dir" in local) == (1024, False, False)
 
 
 def test_torch_is_asked_on_gpu_nodes_unless_the_run_is_on_cpu():
@@ -146,9 +149,9 @@ def test_a_refusal_names_the_node_at_its_gpus_line_with_the_free_gpus_to_paste()
     with pytest.raises(ConfigError) as caught:
         refuse(plan, spec, replies, 30)
     error = caught.value
-    assert str(error).startswith("c.yaml:4: nodes[1].gpus: node 1 (b): GPU 2 is busy "
+    assert str(error).startswith("c.yaml:5: nodes[1].gpus: node 1 (b): GPU 2 is busy "
                                  "(pid 9 python (bob, 30000 MiB)) (waited 30s)")
-    assert (error.path, error.line, error.source) == ("nodes[1].gpus", 4, "c.yaml")
+    assert (error.path, error.line, error.source) == ("nodes[1].gpus", 5, "c.yaml")
     assert error.hint == ("gpus: 6,7 are free there now; --wait-gpus SECONDS waits for them; "
                           "--allow-busy-gpus goes anyway")
     with pytest.raises(ConfigError) as unwaited:
@@ -184,11 +187,50 @@ def test_refuse_passes_when_every_node_said_yes():
                            "utilities there"),
     ({"reason": "smi-failed"}, "run nvidia-smi on that node: the driver must answer before a "
                                "GPU run can start"),
-    ({"reason": "mig", "free": [0]}, "MIG instances are not plain indices: run under Slurm, or "
-                                     "set CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"),
+    ({"reason": "mig", "free": [0], "faults": [{"index": 1, "reason": "mig"}]},
+     "gpus: 0 are free there now; GPU 1 is in MIG mode: turn it off once nothing runs on it "
+     "(`sudo nvidia-smi -i 1 -mig 0`, then reset it), or leave its MIG instances to a launcher "
+     "that takes MIG UUIDs (Slurm's gres)"),
+    ({"reason": "excluded", "free": [], "faults": [{"index": 3, "reason": "excluded"}]},
+     "GPU 3 is taken out by gpu_policy.exclude: remove it there to use it"),
+    ({"reason": "unhealthy", "free": [2], "faults": [
+        {"index": 0, "reason": "unhealthy", "rules": ["ecc"]},
+        {"index": 1, "reason": "unhealthy", "rules": ["compute_mode", "unreadable"]}]},
+     "gpus: 2 are free there now; GPU 0: reset it once nothing runs on it (`sudo nvidia-smi -r "
+     "-i 0`) or reboot the node (uncorrected errors count since the driver loaded); GPU 1: "
+     "`sudo nvidia-smi -i 1 -c DEFAULT` lets processes use it; GPU 1: run `nvidia-smi -q -i 1` "
+     "there: if the driver cannot read it, drain the node; gpu_policy: {ignore: [ecc, "
+     "compute_mode]} takes such GPUs anyway, at your risk"),
 ])
 def test_each_refusal_has_its_hint(reply, words):
     assert hint(reply) == words
+
+
+@pytest.mark.parametrize("faults", [
+    [{"index": 1, "reason": "mig"}], [{"index": 3, "reason": "excluded"}],
+    [{"index": 0, "reason": "unhealthy", "rules": ["reset"]}],
+    [{"index": 0, "reason": "unhealthy", "rules": ["remapped_rows"]}],
+])
+def test_a_hint_adds_what_its_message_does_not_say(faults):
+    """The refusal says what is wrong; its hint says what to do, in words
+    the message has not used (it once repeated the MIG refusal), and never
+    sets a reserved variable the file refuses."""
+    from orchestrator.agent.node.gpus import choose
+
+    gpus = [{"index": i, "uuid": f"G{i}", "name": "H100", "memory_used_mib": 0,
+             "utilization": 0, "mig": False} for i in range(4)]
+    fault = faults[0]
+    if fault["reason"] == "mig":
+        gpus[1]["mig"] = True
+    elif fault["reason"] == "unhealthy":
+        gpus[0]["reset_required" if fault["rules"] == ["reset"] else "remapped_failed"] = True
+    refused = choose([fault["index"]], gpus, [], exclude=[3])
+    assert refused["faults"] == faults
+    advice = hint(refused)
+    message_words = set(refused["error"].lower().replace(";", " ").split())
+    new = [w for w in advice.lower().replace(";", " ").split() if w not in message_words]
+    assert len(new) >= 8, (refused["error"], advice)
+    assert "CUDA_VISIBLE_DEVICES" not in advice
 
 
 # the device --------------------------------------------------------------------------------
