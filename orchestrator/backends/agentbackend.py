@@ -131,10 +131,11 @@ class AgentBackend(LaunchBackend):
             try:
                 gpuplan.refuse(plan, self.spec, placed, wait_s)
                 device = gpuplan.decide_device(plan, self.spec, placed)
+                checked = gpuplan.gang_checks(plan, self.spec, placed)
             except ConfigError:  # nothing started: take back the run directories and holds
                 on_all(lambda k: agents[k].call("discard"), list(agents), timeout_s=30)
                 raise
-            for note in gpuplan.notes(plan, placed):
+            for note in gpuplan.notes(plan, placed) + checked:
                 console.info(note)
             handle.resolved(self.dryrun(resolve_plan(
                 plan, master_port=prepared[0][0], homes={k: a.home for k, a in agents.items()},

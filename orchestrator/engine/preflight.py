@@ -149,6 +149,11 @@ def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan, spec: ClusterSpec 
         return out, info, None
     answer = agent.reply("gpus")
     out.append(_gpu_row(node, plan, answer, info, result))
+    if answer.get("ok") and gpuplan.wants_torch(plan, node) and "torch_error" not in info:
+        for check, fatal, words in gpuplan.node_findings(info, list(answer.get("chosen") or ()),
+                                                         info.get("limits"), plan.device):
+            fix = f"; {gpuplan.arch_fix(words, node.host)}" if fatal else ""
+            out.append(result(check, not fatal, words + fix, warning=not fatal))
     return out, info, NodeGpus(node.node_rank, node.host, answer.get("driver"),
                                tuple(answer.get("gpus") or ()), tuple(answer.get("apps") or ()),
                                tuple(answer.get("chosen") or ()), tuple(answer.get("free") or ()),
@@ -171,7 +176,7 @@ def _gpu_row(node: NodePlan, plan: RunPlan, answer: dict, info: dict, result) ->
         seen = {"ok": True, **info}
         problem = gpuplan.torch_problem(seen, answer)
         if problem:
-            return result("gpus", False, f"GPUs {chosen}: {problem}; {gpuplan.NO_CUDA_FIX}")
+            return result("gpus", False, f"GPUs {chosen}: {problem}; {gpuplan.torch_fix(seen)}")
     notes = "; ".join(gpuplan.node_notes(plan, answer))
     return result("gpus", True, f"GPUs {chosen}{asked} free now" + (f"; {notes}" if notes else ""),
                   warning=bool(notes))

@@ -573,3 +573,52 @@ def test_two_unix_users_runs_meet_in_the_lock_directory(gpus_lab, tmp_path_facto
     for run in ("gpu-users-root", "gpu-users-nobody", "gpu-users-nobody2", "gpu-users-nobody3"):
         assert wait_gone(run, 20) == set()
     shutil.rmtree(shared, ignore_errors=True)
+
+
+# -- 10. the launch checks what check checks: the node's driver and its GPUs' kernels ----
+
+def test_the_launch_refuses_a_driver_that_does_not_start_and_a_gpu_without_kernels(
+        tmp_path_factory):
+    """A lab host whose CUDA driver is a stand-in (``tests/labs/fakecuda.py``,
+    the node agent's LD_LIBRARY_PATH): cuInit answers 999 (nvidia-uvm not
+    loaded) and ``device: auto`` is refused with that fix, not "install a
+    CUDA build of torch"; then a GPU of compute capability 6.1, for which
+    the lab's torch has no kernel, is refused at launch from the same probe
+    (no round trip more), and ``check`` fails its gpu-arch row."""
+    from fakecuda import fake_libcuda
+
+    _require_sshd()
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the stand-in libcuda")
+    root = tmp_path_factory.mktemp("driver")
+    smi = fake_nvidia_smi(root.parent / f"{root.name}-smi", [{"name": H100}])
+    cuda = fake_libcuda(root.parent / f"{root.name}-cuda", init=999)
+    line = f"SetEnv PATH={smi}:/usr/local/bin:/usr/bin:/bin LD_LIBRARY_PATH={cuda}"
+    with SshLab(1, extra_sshd=[line]) as lab:
+        env = lab_home(lab, root)
+        cluster = lab_cluster(lab, root, ["{host: node0, gpus: '0'}"], NOOP, name="driver")
+        ran = run_cli("up", cluster, "--run-id", "gpu-driver", "--runs-dir", str(root / "runs"),
+                      env=env, timeout=180)
+        assert ran.returncode == EXIT_REFUSED, ran.stdout + ran.stderr
+        assert ("node 0 (node0): device auto, but its torch 2.14.1+cu130 (CUDA 13.0) sees no GPU: "
+                "its CUDA driver fails cuInit with 999 (CUDA_ERROR_UNKNOWN)") in ran.stderr, \
+            ran.stderr
+        assert "sudo modprobe nvidia-uvm" in ran.stderr
+        assert "install a CUDA build of torch" not in ran.stderr
+
+        fake_libcuda(cuda, caps=("6.1",), driver=13000)
+        ran = run_cli("up", cluster, "--run-id", "gpu-arch", "--runs-dir", str(root / "runs"),
+                      env=env, timeout=180)
+        assert ran.returncode == EXIT_REFUSED, ran.stdout + ran.stderr
+        assert "nodes[0].gpus: node 0 (node0): GPU 0's compute capability 6.1 has no kernel in " \
+               "its torch (built for sm_75 " in ran.stderr, ran.stderr
+        assert "install a torch built for sm_61 on node0" in ran.stderr
+        assert "started" not in ran.stdout
+
+        check = run_cli("check", cluster, env=env, timeout=120)
+        print(check.stdout)
+        assert check.returncode == 1, check.stdout + check.stderr
+        row = next(line for line in check.stdout.splitlines() if " gpu-arch " in line)
+        assert row.split()[2:4] == ["gpu-arch", "FAIL"], row
+        for run in ("gpu-driver", "gpu-arch"):
+            assert wait_gone(run, 20, labs=[lab]) == set()

@@ -142,41 +142,30 @@ def release() -> None:
 # torch's view, in a child of the node's Python: never imported here (the agent
 # stays stdlib-only, and a torch that crashes cannot take the agent down), and
 # for a CUDA build not imported at all. Importing torch takes seconds; what
-# ``device: auto`` needs is quicker to ask: the CUDA version torch was built
-# with (its version.py, read as text) and what the driver says (libcuda's
-# cuInit, cuDeviceGetCount and cuDriverGetVersion, through ctypes), as
-# torch.cuda.is_available() asks the runtime. A build this cannot read (no
-# version.py, a ROCm build) is imported instead. With CUDA_DEVICE_ORDER=
-# PCI_BUS_ID, index i is nvidia-smi's GPU i.
-_TORCH = """\
-import ctypes, importlib.util, json, os, re
-def cuda_driver():
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return {"available": False, "why": "no CUDA driver here (%s)" % exc}
-    count, version = ctypes.c_int(0), ctypes.c_int(0)
-    rc = lib.cuInit(0)
-    if rc != 0:
-        return {"available": False, "why": "the CUDA driver does not start (cuInit: error %d)" % rc}
-    lib.cuDeviceGetCount(ctypes.byref(count))
-    lib.cuDriverGetVersion(ctypes.byref(version))
-    return {"available": count.value > 0, "count": count.value,
-            "driver_cuda": "%d.%d" % (version.value // 1000, version.value % 1000 // 10)}
+# ``device: auto`` and the launch's checks need is quicker to ask: the CUDA
+# version torch was built with (its version.py, read as text), what the driver
+# says (``probes.DRIVER_PROBE``), torch's arch list and NCCL's version. A
+# build this cannot read (no version.py, a ROCm build) is imported instead.
+# With CUDA_DEVICE_ORDER=PCI_BUS_ID, index i is nvidia-smi's GPU i.
+_TORCH = probes.DRIVER_PROBE + """\
+import importlib.util
 def from_text():
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None
-    with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as fh:
+    where = list(spec.submodule_search_locations)[0]
+    with open(os.path.join(where, "version.py")) as fh:
         text = fh.read()
     version = re.search(r"^__version__\\s*=\\s*'([^']+)'", text, re.M)
     cuda = re.search(r"^cuda\\s*(?::[^=]*)?=\\s*(?:'([^']+)'|None)", text, re.M)
     hip = re.search(r"^hip\\s*(?::[^=]*)?=\\s*'", text, re.M)
     if version is None or cuda is None or hip is not None:
         return None
-    out = {"torch": version.group(1), "cuda": cuda.group(1), "available": False}
+    out = {"torch": version.group(1), "cuda": cuda.group(1), "available": False,
+           "nccl": nccl_version()}
     if out["cuda"]:
         out.update(cuda_driver())
+        out["arch"] = arch_list(where)
         major = int(out["cuda"].split(".")[0])
         if out.get("driver_cuda") and int(out["driver_cuda"].split(".")[0]) < major:
             out.update(available=False, why="its driver supports CUDA %s, older than the "
@@ -192,6 +181,13 @@ if out is None:
            "available": bool(torch.cuda.is_available())}
     if out["available"]:
         out["count"] = torch.cuda.device_count()
+        if out["cuda"]:
+            try:
+                out["caps"] = ["%d.%d" % torch.cuda.get_device_capability(i)
+                               for i in range(out["count"])]
+                out["arch"] = torch.cuda.get_arch_list()
+            except Exception:
+                pass
 print(json.dumps(out))
 """
 

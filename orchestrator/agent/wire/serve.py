@@ -235,6 +235,7 @@ def _gpus(session: Session, request: dict, stdin: Reader) -> None:
     seen = session.torch_answer()
     if seen is not None:
         answer["torch"] = seen
+    answer["limits"] = probes.limits()  # what NCCL will have here besides the GPUs
     reply(**answer)
 
 

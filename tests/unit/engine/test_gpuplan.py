@@ -328,3 +328,76 @@ def test_an_answer_without_torch_is_malformed_where_the_node_was_asked_it():
     refused = {"ok": False, "error": "busy", "free": [1], "waitable": True}
     with pytest.raises(gpuplan.TransportError):
         gpuplan.checked(refused, "a", torch=True)
+
+
+# what the launch checks of the answers it has ------------------------------------------
+
+@pytest.mark.parametrize("cap, arch, expected", [
+    ("8.6", ["sm_75", "sm_80", "sm_86", "sm_90"], None),
+    ("8.9", ["sm_80", "sm_86", "sm_90"], None),  # sm_86 cubins run on 8.9 (same major)
+    ("9.0", ["sm_90a"], None), ("10.0", ["sm_90a", "sm_100"], None),
+    ("12.0", ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], True),
+    ("9.0", ["sm_80", "sm_86", "compute_86"], False),  # PTX, compiled at first use
+    ("6.1", ["sm_75", "sm_80"], True),  # too old for the build
+    ("8.0", ["sm_86"], True),  # a newer minor's cubin does not run on an older GPU
+    ("9.1", ["sm_90a"], True),  # an `a` cubin runs on exactly its GPU
+    (None, ["sm_80"], None), ("8.0", None, None), ("8.0", [], None), ("x", ["sm_80"], None),
+])
+def test_a_gpus_compute_capability_against_its_torchs_arch_list(cap, arch, expected):
+    from orchestrator.engine.gpuplan import kernel_problem
+
+    found = kernel_problem(cap, arch)
+    assert (found[0] if found else None) is expected
+    if expected:
+        assert "no kernel image is available" in found[1]
+
+
+def limits_reply(chosen, shm=24105, memlock=None, rdma=(), **torch):
+    return {"ok": True, "chosen": chosen, "limits": {"shm_mib": shm, "memlock_kib": memlock,
+                                                     "rdma": list(rdma)},
+            "torch": {**TORCH_OK, **torch}}
+
+
+def test_the_launch_checks_what_check_does_from_the_answers_it_has():
+    spec, plan = gpu_spec_plan()
+    fine = {0: limits_reply([0, 1], caps=["9.0", "9.0"], arch=["sm_90"]),
+            1: limits_reply([2, 3], caps=["9.0"] * 4, arch=["sm_90"])}
+    assert gpuplan.gang_checks(plan, spec, fine) == []
+    differ = {0: fine[0], 1: limits_reply([2, 3], torch="2.5.1")}
+    with pytest.raises(ConfigError) as caught:
+        gpuplan.gang_checks(plan, spec, differ)
+    assert "torch differs between nodes (node 0 (a): 2.6.0, node 1 (b): 2.5.1)" in \
+        str(caught.value)
+    assert caught.value.path == "python" and "ddp-orch check" in caught.value.hint
+    warned = gpuplan.gang_checks(plan, spec, {
+        0: limits_reply([0, 1], shm=64, nccl="2.21.5", driver_cuda="12.2"),
+        1: limits_reply([2, 3], memlock=8192, rdma=["mlx5_0"], nccl="2.20.5")})
+    assert warned[0].startswith("warning: NCCL differs between nodes (node 0 (a): 2.21.5, "
+                                "node 1 (b): 2.20.5)")
+    assert warned[1].startswith("warning: node 0 (a): its driver supports CUDA 12.2, older than "
+                                "the CUDA 12.4 its torch was built with: it runs")
+    assert warned[2].startswith("warning: node 0 (a): /dev/shm is 64 MiB for 2 ranks")
+    assert "--shm-size=1g" in warned[2]
+    assert warned[3].startswith("warning: node 1 (b): its locked-memory limit is 8192 KiB with "
+                                "InfiniBand (mlx5_0)")
+    assert len(warned) == 4
+
+
+def test_a_gpu_its_torch_has_no_kernel_for_is_refused_at_its_nodes_line():
+    spec, plan = gpu_spec_plan()
+    replies = {0: limits_reply([0, 1], caps=["9.0", "12.0"], arch=["sm_80", "sm_90"]),
+               1: limits_reply([2, 3])}
+    with pytest.raises(ConfigError) as caught:
+        gpuplan.gang_checks(plan, spec, replies)
+    assert "nodes[0].gpus: node 0 (a): GPU 1's compute capability 12.0 has no kernel in its " \
+           "torch (built for sm_80 sm_90)" in str(caught.value)
+    assert "install a torch built for sm_120 on a" in caught.value.hint
+
+
+def test_shm_is_no_matter_for_one_rank_and_memlock_none_without_infiniband():
+    from orchestrator.engine.gpuplan import limit_problems
+
+    assert limit_problems({"shm_mib": 64, "memlock_kib": 64, "rdma": []}, 1) == []
+    assert len(limit_problems({"shm_mib": 64, "memlock_kib": None, "rdma": ["mlx5_0"]}, 2)) == 1
+    assert limit_problems({"shm_mib": 512, "memlock_kib": None, "rdma": ["mlx5_0"]}, 8) == []
+    assert limit_problems(None, 8) == []
