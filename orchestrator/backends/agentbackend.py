@@ -329,7 +329,8 @@ class AgentBackend(LaunchBackend):
         node's GPU answer (or None)."""
         from ..engine import gpuplan
         from ..engine.nodehandle import BUNDLE_NAME
-        from ..engine.preflight import bind_request, interface_from, master_port_from, route_request
+        from ..engine.preflight import (bind_request, interface_from, master_port_from,
+                                        route_request, slow_link)
 
         node = plan.nodes[k]
         gpus = gpuplan.gpu_request(plan, node, self.spec, self.options.allow_busy_gpus)
@@ -352,7 +353,11 @@ class AgentBackend(LaunchBackend):
             raise TransportError(agent.host, str(made.get("error")))
         agent.put_done(f"{node.run_dir}/{BUNDLE_NAME}")
         port = master_port_from(plan, agent.reply("bind")) if k == 0 else None
-        ifname = interface_from(node, agent.reply("route")) if route is not None else None
+        routed = agent.reply("route") if route is not None else None
+        ifname = interface_from(node, routed) if routed is not None else None
+        slower = slow_link(node, routed) if routed is not None else None
+        if slower:
+            say(f"warning: {_labeller(plan)(k)}: {slower}")
         placed = None
         if gpus is not None:
             def ask(reply: object) -> dict:

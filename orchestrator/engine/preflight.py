@@ -227,6 +227,29 @@ def route_request(plan: RunPlan, node: NodePlan) -> dict | None:
             "remote_peers": not all(n.is_local for n in plan.nodes)}
 
 
+def slow_link(node: NodePlan, reply: dict) -> str | None:
+    """A warning where the interface chosen for ``node``'s ranks (``auto``,
+    the route to the master) is much slower than another of its links
+    (``agent/node/netroute.faster_link``), with the override; None where
+    the user named the interface or nothing faster is up."""
+    faster = reply.get("faster")
+    if not needs_interface(node.env) or not isinstance(faster, dict) or not reply.get("ok"):
+        return None
+    return (f"its ranks use {reply.get('ifname')} ({_speed(reply.get('speed'))}, "
+            f"{reply.get('via') or 'the route to the master'}), while {faster.get('ifname')} "
+            f"({_speed(faster.get('speed'))}, {faster.get('addr')}) is up: if the nodes reach "
+            f"each other there, set network: {{interface: {faster.get('ifname')}}} (or "
+            f"GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME={faster.get('ifname')} in this node's "
+            f"`env:`)")
+
+
+def _speed(mbps: object) -> str:
+    """``1 Gb/s``, ``100 Gb/s``, ``2.5 Gb/s``, ``100 Mb/s``."""
+    if not isinstance(mbps, int) or mbps <= 0:
+        return "speed unknown"
+    return f"{mbps} Mb/s" if mbps < 1000 else f"{mbps / 1000:g} Gb/s"
+
+
 def interface_from(node: NodePlan, reply: dict) -> str | None:
     """The interface ``node``'s ``auto`` variables get, from its agent's
     ``route`` reply; LaunchError, listing what the node has, for an
