@@ -156,6 +156,14 @@ def _device() -> ArgSpec:
                    ("auto", "cuda", "cpu"))
 
 
+def _pg_timeout() -> ArgSpec:
+    return ArgSpec("pg_timeout", int, 0,
+                   "seconds a collective may wait before torch's watchdog ends the process "
+                   "group, dumping its flight recorder (0: torch's default, 10 minutes); set "
+                   "it under the run's hang_timeout to have NCCL's own dump",
+                   minimum=0)
+
+
 def _common(*, epochs: int, batch: int, lr: float,
             num_workers: int = 0) -> tuple[ArgSpec, ...]:
     """Arguments every training workload shares (see workloads/harness).
@@ -187,6 +195,7 @@ def _common(*, epochs: int, batch: int, lr: float,
                 "shuffle the training set each epoch (one order shared by all ranks)"),
         ArgSpec("num_workers", int, num_workers, "DataLoader worker processes per rank"),
         _device(),
+        _pg_timeout(),
     )
 
 
@@ -224,7 +233,7 @@ CATALOG: dict[str, WorkloadInfo] = {
         module="workloads.noop",
         summary="init the process group, one all_reduce, exit (launch overhead)",
         seed="-",
-        args=(_device(),),
+        args=(_device(), _pg_timeout()),
         rules=_device_rules(),
     ),
     "linear": WorkloadInfo(
