@@ -308,6 +308,18 @@ CATALOG: dict[str, WorkloadInfo] = {
         ) + _checkpointing() + _image_data("50000 for CIFAR-10", "10000"),
         rules=_device_rules() + _resume_rules() + _image_size_rules(),
     ),
+    "collective": WorkloadInfo(
+        name="collective",
+        module="workloads.collective",
+        summary="a tiny all-reduce between every pair of nodes, then across the gang: the "
+                "smoke test of check --collective (each pair named, timed, its transport)",
+        seed="-",
+        args=(ArgSpec("bound", int, 30, "seconds each pair, and then the gang, may take",
+                      minimum=1),
+              ArgSpec("megabytes", int, 1, "size of the timed all-reduce, MiB", minimum=1),
+              _device(), _pg_timeout()),
+        rules=_device_rules(),
+    ),
 }
 
 

@@ -62,7 +62,8 @@ def flight_recorder_lines(run_path: str, plan: Any = None) -> list[str]:
         return []
     world = plan.get("world_size") if isinstance(plan, dict) else None
     found = missing_collective(dumps, world if isinstance(world, int) else None)
-    return [f"flight recorder: {line}" for line in found] +         [f"flight recorder dumps: {run_path}/nccl_trace/"]
+    return [f"flight recorder: {line}" for line in found] + \
+        [f"flight recorder dumps: {run_path}/nccl_trace/"]
 
 
 def slowest_rank(rows: Any, plan: Any = None) -> list[str]:
