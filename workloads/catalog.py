@@ -210,6 +210,14 @@ def _device() -> ArgSpec:
                    ("auto", "cuda", "cpu"))
 
 
+def _pg_timeout() -> ArgSpec:
+    return ArgSpec("pg_timeout", int, 0,
+                   "seconds a collective may wait before torch's watchdog ends the process "
+                   "group, dumping its flight recorder (0: torch's default, 10 minutes); set "
+                   "it under the run's hang_timeout to have NCCL's own dump",
+                   minimum=0)
+
+
 def _common(*, epochs: int, batch: int, lr: float,
             num_workers: int = 0) -> tuple[ArgSpec, ...]:
     """Arguments every training workload shares (see workloads/harness).
@@ -244,6 +252,7 @@ def _common(*, epochs: int, batch: int, lr: float,
                 "the ranks on it: on a GPU up to 4, leaving each rank one CPU; 0 on the "
                 "CPU, where the ranks compute)", minimum=-1),
         _device(),
+        _pg_timeout(),
     )
 
 
@@ -281,7 +290,7 @@ CATALOG: dict[str, WorkloadInfo] = {
         module="workloads.noop",
         summary="init the process group, one all_reduce, exit (launch overhead)",
         seed="-",
-        args=(_device(),),
+        args=(_device(), _pg_timeout()),
         rules=_device_rules(),
     ),
     "linear": WorkloadInfo(
@@ -354,6 +363,18 @@ CATALOG: dict[str, WorkloadInfo] = {
         ) + _speed("resnet", convnet=True) + _checkpointing()
         + _image_data("50000 for CIFAR-10", "10000"),
         rules=_device_rules() + _amp_rules() + _resume_rules() + _image_size_rules(),
+    ),
+    "collective": WorkloadInfo(
+        name="collective",
+        module="workloads.collective",
+        summary="a tiny all-reduce between every pair of nodes, then across the gang: the "
+                "smoke test of check --collective (each pair named, timed, its transport)",
+        seed="-",
+        args=(ArgSpec("bound", int, 30, "seconds each pair, and then the gang, may take",
+                      minimum=1),
+              ArgSpec("megabytes", int, 1, "size of the timed all-reduce, MiB", minimum=1),
+              _device(), _pg_timeout()),
+        rules=_device_rules(),
     ),
 }
 

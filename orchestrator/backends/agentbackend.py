@@ -131,13 +131,14 @@ class AgentBackend(LaunchBackend):
             try:
                 gpuplan.refuse(plan, self.spec, placed, wait_s)
                 device = gpuplan.decide_device(plan, self.spec, placed)
+                checked = gpuplan.gang_checks(plan, self.spec, placed)
             except ConfigError:  # nothing started: take back the run directories and holds
                 on_all(lambda k: agents[k].call("discard"), list(agents), timeout_s=30)
                 raise
             waited = {k: w for k, (_port, _ifname, _gpus, w) in prepared.items() if w is not None}
             if waited:
                 console.info(gpuplan.wait_over(plan, waited))
-            for note in gpuplan.notes(plan, placed):
+            for note in gpuplan.notes(plan, placed) + checked:
                 console.info(note)
             handle.resolved(self.dryrun(resolve_plan(
                 plan, master_port=prepared[0][0], homes={k: a.home for k, a in agents.items()},
@@ -336,7 +337,8 @@ class AgentBackend(LaunchBackend):
         (None: it did not)."""
         from ..engine import gpuplan
         from ..engine.nodehandle import BUNDLE_NAME
-        from ..engine.preflight import bind_request, interface_from, master_port_from, route_request
+        from ..engine.preflight import (bind_request, interface_from, master_port_from,
+                                        route_request, slow_link)
 
         node = plan.nodes[k]
         gpus = gpuplan.gpu_request(plan, node, self.spec, self.options.allow_busy_gpus)
@@ -359,11 +361,15 @@ class AgentBackend(LaunchBackend):
             raise TransportError(agent.host, str(made.get("error")))
         agent.put_done(f"{node.run_dir}/{BUNDLE_NAME}")
         port = master_port_from(plan, agent.reply("bind")) if k == 0 else None
-        ifname = interface_from(node, agent.reply("route")) if route is not None else None
+        routed = agent.reply("route") if route is not None else None
+        ifname = interface_from(node, routed) if routed is not None else None
+        slower = slow_link(node, routed) if routed is not None else None
+        if slower:
+            say(f"warning: {_labeller(plan)(k)}: {slower}")
         placed, waited = None, None
         if gpus is not None:
             def ask(reply: object) -> dict:
-                return gpuplan.checked(reply, agent.host)
+                return gpuplan.checked(reply, agent.host, torch=probe_torch)
 
             first = ask(agent.reply("gpus"))
             began = time.monotonic()

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from .. import __version__
-from ..config.limits import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT
+from ..config.limits import (BACKENDS, COLLECTIVE_BOUND_S, MAX_GPU_WAIT, MAX_HANG_TIMEOUT,
+                             MAX_RESTARTS, MIN_HANG_TIMEOUT)
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError, Signalled
 from ..records.rundir import DEFAULT_RUNS_DIR, RunDir, new_run_id, valid_run_id
@@ -272,12 +273,17 @@ launch_options = _options(
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
               help="An environment variable for every rank, over the file's env:, "
                    "repeatable: --env NCCL_DEBUG=INFO.")
+@click.option("--preflight", type=click.Choice(["collective"]), default=None,
+              help="collective: first run the collective smoke test on the run's layout "
+                   f"(`check --collective`, {COLLECTIVE_BOUND_S} s a pair); launch only if "
+                   "every pair and the gang pass.")
 @launch_options
 @friendly_errors
 def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | None, local: bool,
        workload: str | None, gpus: str | None, procs: int | None, device: str | None,
        arg_pairs: tuple[str, ...], run_id: str | None, runs_dir: str | None, rank0_only: bool,
        quiet: bool, detach: bool, max_restarts: int | None, env_pairs: tuple[str, ...],
+       preflight: str | None,
        accept_new_host_keys: bool, start_timeout: float, queue_timeout: float | None, hang_timeout: float | None,
        grace: float, wait_gpus: float | None, allow_busy_gpus: bool) -> None:
     """Launch the job in CLUSTER_FILE on its nodes (or here, with --local).
@@ -327,6 +333,8 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
     from ..records.outcome import RunState
     from ..report.summary import render_summary
 
+    if preflight == "collective":
+        _preflight_collective(spec, options, runs_dir)
     with Console("quiet" if quiet else "rank0" if rank0_only else "all") as console:
         outcome, run = _launcher(runs_dir, console, options)(spec, run_id=run_id)
         if outcome.state is RunState.RUNNING:
@@ -338,6 +346,24 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                                           run.progress()))
     sys.exit(0 if outcome.ok or outcome.state is RunState.RUNNING
              else 130 if outcome.state is RunState.INTERRUPTED else 1)
+
+
+def _preflight_collective(spec: Any, options: Any, runs_dir: str) -> None:
+    """``up --preflight collective``: the smoke test's rows, then the launch;
+    exit 1 without launching where a pair of nodes or the gang failed."""
+    from ..controller.collective import run_smoke, smoke_options
+    from ..engine.preflight import Preflight
+    from ..report.runs import render_check
+
+    click.echo(f"ddp-orch: preflight: the collective smoke test on the run's layout "
+               f"({COLLECTIVE_BOUND_S} s a pair)")
+    rows = run_smoke(spec, _launcher(runs_dir, Console("quiet"),
+                                     smoke_options(options, COLLECTIVE_BOUND_S)))
+    report = Preflight(tuple(rows))
+    click.echo(render_check(report), nl=False)
+    if not report.ok:
+        click.echo("ddp-orch: the collective smoke test failed: nothing launched")
+        sys.exit(1)
 
 
 def _launcher(runs_dir: str, console: Console, options: LaunchOptions) -> Callable[..., Any]:
@@ -542,9 +568,18 @@ def bundle(cluster_file: str | None, backend: str | None, local: bool, workload:
               help="Seconds each remote check may take.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust (and record) the key of a host seen for the first time.")
+@click.option("--collective", is_flag=True,
+              help="Then run the collective smoke test: a tiny all-reduce between every pair "
+                   "of nodes and across the gang, on the run's own layout, backend and env "
+                   "(a run of its own in the runs directory).")
+@click.option("--bound", type=click.IntRange(1, 3600), default=COLLECTIVE_BOUND_S,
+              show_default=True, metavar="SECONDS",
+              help="With --collective: seconds each pair, and then the gang, may take.")
+@click.option("--runs-dir", default=None, type=click.Path(file_okay=False), help=RUNS_DIR_HELP)
 @friendly_errors
 def check(cluster_file: str, backend: str | None, timeout: float,
-          accept_new_host_keys: bool) -> None:
+          accept_new_host_keys: bool, collective: bool, bound: int,
+          runs_dir: str | None) -> None:
     """Check every node of CLUSTER_FILE before a launch, in parallel.
 
     Reach (SSH) and the node agent, the python path, torch (and the same
@@ -564,8 +599,24 @@ def check(cluster_file: str, backend: str | None, timeout: float,
     chosen = backend_for(spec, options)
     report = chosen.check(chosen.plan("check", os.path.abspath(
         os.path.join(DEFAULT_RUNS_DIR, "check"))))
+    if collective:
+        report = _with_collective(report, spec, options, locate(runs_dir).path, bound)
     click.echo(render_check(report), nl=False)
     sys.exit(0 if report.ok else 1)
+
+
+def _with_collective(report: Any, spec: Any, options: Any, runs_dir: str, bound: int) -> Any:
+    """``report`` with the collective smoke test's rows (run whatever the
+    checks found: it names what they only suspect, a pair of nodes by its
+    collective)."""
+    import dataclasses
+
+    from ..controller.collective import run_smoke, smoke_options
+
+    console = Console("quiet", stream=sys.stderr)  # the smoke run's own lines: stdout is the table
+    launch = _launcher(runs_dir, console, smoke_options(options, bound))
+    return dataclasses.replace(report, results=report.results + tuple(
+        run_smoke(spec, launch, bound)))
 
 
 @main.command()

@@ -47,3 +47,6 @@ MIN_HANG_TIMEOUT = 10
 MAX_HANG_TIMEOUT = 7 * 86400
 MAX_RESTARTS = 100  # whole-gang restarts of one run
 MAX_GPU_WAIT = 7 * 86400
+# The collective smoke test's bound: seconds each pair of nodes, and then the
+# whole gang, may take (``check --collective``, ``up --preflight collective``).
+COLLECTIVE_BOUND_S = 30

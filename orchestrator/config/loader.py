@@ -16,6 +16,7 @@ import yaml
 
 from workloads.catalog import CATALOG
 
+from ..agent.node.gpus import HEALTH_RULES
 from ..agent.node.outputs import pattern_problem
 from ..agent.node.outputsteps import compile_pattern
 from ..agent.node.setupstamp import path_problem
@@ -44,8 +45,12 @@ MASTER_KEYS = ("addr", "port")
 NETWORK_KEYS = ("interface",)
 PROGRESS_KEYS = ("pattern",)
 MAX_PROGRESS_PATTERN = 500
-GPU_POLICY_KEYS = ("busy_memory_mib", "wait")
+GPU_POLICY_KEYS = ("busy_memory_mib", "busy_utilization", "wait", "ignore", "exclude",
+                   "lock_dir")
 MAX_BUSY_MIB = 1 << 20
+MAX_EXCLUDED = 4096
+# ``exclude: [gpu-a:3]``: a node's host (an IPv6 one in brackets) and a GPU index.
+EXCLUDE_RE = re.compile(r"^(?P<host>\[[^\]]+\]|[^:\[\]]+):(?P<index>[0-9]+)$")
 # ``free:3``: three free GPUs (1 to 1024, as many as there are indices),
 # chosen on the node at launch.
 FREE_N_RE = re.compile(r"^free:(?:[1-9][0-9]{0,2}|10[01][0-9]|102[0-4])$")
@@ -150,7 +155,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         outputs=_outputs(top["outputs"]) if "outputs" in top else (),
         progress_pattern=_progress(top["progress"]) if "progress" in top else None,
         base_dir=os.path.abspath(base_dir),
-        **(_gpu_policy(top["gpu_policy"]) if "gpu_policy" in top else {}),
+        **(_gpu_policy(top["gpu_policy"], nodes) if "gpu_policy" in top else {}),
         warnings=tuple(warnings))
     for block in blocks():
         if block.BACKEND == backend:
@@ -252,16 +257,65 @@ def _progress(field: Located) -> str | None:
     return pattern
 
 
-def _gpu_policy(field: Located) -> dict[str, Any]:
-    """``gpu_policy: {busy_memory_mib: M, wait: S}``: a GPU using more than M
-    MiB is busy; a launch waits up to S seconds for enough free GPUs."""
+def _gpu_policy(field: Located, nodes: "tuple[NodeSpec, ...]") -> dict[str, Any]:
+    """``gpu_policy:``: a GPU using more than ``busy_memory_mib`` MiB, or more
+    than ``busy_utilization`` percent utilised, is busy; a launch waits up to
+    ``wait`` seconds for enough free GPUs; the health rules the site
+    ``ignore``s; the GPUs it ``exclude``s (``host:index``, the host one of
+    the file's nodes); and the directory every node keeps its GPU locks in."""
     entries = field.mapping(GPU_POLICY_KEYS)
     out: dict[str, Any] = {}
     if "busy_memory_mib" in entries:
         out["gpu_busy_mib"] = entries["busy_memory_mib"].integer(0, MAX_BUSY_MIB)
+    if "busy_utilization" in entries:
+        out["gpu_busy_util"] = entries["busy_utilization"].integer(0, 100)
     if "wait" in entries:
         out["wait_gpus"] = float(entries["wait"].integer(0, MAX_GPU_WAIT))
+    if "ignore" in entries:
+        out["gpu_ignore"] = tuple(dict.fromkeys(
+            _choice(item, HEALTH_RULES) for item in _one_or_list(entries["ignore"])))
+    if "exclude" in entries:
+        items = _one_or_list(entries["exclude"])
+        if len(items) > MAX_EXCLUDED:
+            raise entries["exclude"].error(f"{len(items)} GPUs excluded, more than "
+                                           f"{MAX_EXCLUDED}")
+        out["gpu_exclude"] = tuple(dict.fromkeys(_excluded(item, nodes) for item in items))
+    if "lock_dir" in entries:
+        out["gpu_lock_dir"] = _lock_dir(entries["lock_dir"])
     return out
+
+
+def _one_or_list(field: Located) -> list[Located]:
+    return field.sequence() if isinstance(field.node, yaml.SequenceNode) else [field]
+
+
+def _excluded(field: Located, nodes: "tuple[NodeSpec, ...]") -> tuple[str, int]:
+    """One ``gpu_policy.exclude`` entry, ``host:index``, as (host, index)."""
+    value = field.scalar()
+    found = EXCLUDE_RE.match(value) if isinstance(value, str) else None
+    if found is None:
+        raise field.error(f"{field.describe()} is not HOST:INDEX",
+                          hint="name a node's host and a GPU index as nvidia-smi numbers "
+                               "it there: gpu-a:3 (an IPv6 host in brackets: [fd77::10]:3)")
+    host, index = found.group("host").strip("[]"), int(found.group("index"))
+    hosts = list(dict.fromkeys(node.host for node in nodes))
+    if host not in hosts:
+        raise field.error(f"{host!r} is not the host of a node in this file",
+                          hint=closest_hint(host, hosts) or f"its hosts: {', '.join(hosts)}")
+    if index > MAX_GPU_INDEX:
+        raise field.error(f"GPU index {index} is over {MAX_GPU_INDEX}")
+    return host, index
+
+
+def _lock_dir(field: Located) -> str:
+    """``gpu_policy.lock_dir``: an absolute directory, node-local (never NFS)."""
+    path = field.string()
+    if not path.startswith("/") or "\0" in path or len(path) > 4000:
+        raise field.error(f"{path!r} is not an absolute path",
+                          hint="a directory on each node's own disk that every user may "
+                               "write to, e.g. /run/lock/ddp-orch-gpus (never on NFS: flock "
+                               "there is unreliable)")
+    return path.rstrip("/") or "/"
 
 
 def _host(field: Located) -> str:

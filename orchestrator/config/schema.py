@@ -31,16 +31,18 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      NETWORK_KEYS, NODE_KEYS,
                      RESERVED_ENV, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
 from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT, MAX_WHEN_CHANGED, SETUP_KEYS
-from .loader import FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_GPU_WAIT
+from .loader import EXCLUDE_RE, FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_EXCLUDED, MAX_GPU_WAIT
+from ..agent.node.gpus import HEALTH_RULES
 from .loader import MAX_PROGRESS_PATTERN, PROGRESS_KEYS
 from .blocks import blocks
 from .limits import backend_names
-from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_PORT,
+from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_GPU_BUSY_UTIL, DEFAULT_PORT,
                    DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS)
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:ddp-orch:schema:cluster"
 
+_EXCLUDE = EXCLUDE_RE.pattern.replace("?P<host>", "?:").replace("?P<index>", "?:")  # ECMA 262
 _NON_BLANK = r"\S"  # loader's Located.string(): a string with something besides spaces
 _SCALAR = {"type": ["string", "number", "boolean", "null"]}
 
@@ -84,6 +86,7 @@ LEFT_TO_THE_LOADER = (
     "under backend: slurm, one host listed twice, or a node's GPUs asked for by what it "
     "wants (`gpus: free:2`): Slurm chooses them",
     "one host listed twice where an entry asks for `all`, `free` or `free:N`",
+    "a `gpu_policy.exclude` entry whose host is not a node's",
     "what is on disk: the identity_file, the script (inside the code directory), the code "
     "directory itself (not the filesystem root or a home directory), a `setup.when_changed` "
     "file that is a directory there",
@@ -448,11 +451,32 @@ def cluster_schema() -> dict[str, Any]:
                                 "default": DEFAULT_GPU_BUSY_MIB,
                                 "description": "A GPU using more memory than this (MiB) is "
                                                "busy, even with no process in sight."},
+            "busy_utilization": {"type": "integer", "minimum": 0, "maximum": 100,
+                                 "default": DEFAULT_GPU_BUSY_UTIL,
+                                 "description": "A GPU more utilised than this (percent) is "
+                                                "busy, even with little memory in use; 100 "
+                                                "turns the rule off."},
             "wait": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_WAIT, "default": 0,
                      "description": "Seconds a launch waits for enough free GPUs, naming who "
                                     "holds them every 30 s; 0 refuses at once. `up "
                                     "--wait-gpus` overrides."},
-        }, "gpu_policy", "What makes a GPU busy, and how long a launch waits for free ones."),
+            "ignore": {"description": "Health rules this site relaxes: a GPU that breaks only "
+                                      "these is taken (one or a list).",
+                       "oneOf": [{"enum": list(HEALTH_RULES)},
+                                 {"type": "array", "items": {"enum": list(HEALTH_RULES)}}]},
+            "exclude": {"description": "GPUs taken out by hand, HOST:INDEX (the host one of "
+                                       "the nodes'; an IPv6 one in brackets): never chosen, "
+                                       "refused when listed (one or a list).",
+                        "oneOf": [{"type": "string", "pattern": _EXCLUDE},
+                                  {"type": "array", "maxItems": MAX_EXCLUDED,
+                                   "items": {"type": "string", "pattern": _EXCLUDE}}]},
+            "lock_dir": {"type": "string", "pattern": "^/",
+                         "description": "Where every node keeps its GPU locks: a directory on "
+                                        "its own disk every user may write to (default "
+                                        "/run/lock/ddp-orch-gpus where /run/lock is, else "
+                                        "/tmp/ddp-orch-gpus)."},
+        }, "gpu_policy", "What makes a GPU busy or unfit, how long a launch waits for free "
+                         "ones, and where the locks live."),
         "nodes": {"description": "The machines in node-rank order (a list), or, under "
                                  "backend: slurm, a count of nodes that Slurm chooses.",
                   "oneOf": [

@@ -21,6 +21,9 @@ DEFAULT_SETUP_TIMEOUT = 1800.0  # seconds: a node's whole ``setup:`` (pip instal
 # A GPU using more memory than this (MiB) is busy even with no process in
 # sight (another container's job, say): a bare driver and display use less.
 DEFAULT_GPU_BUSY_MIB = 1024
+# A GPU more utilised than this (percent) is busy too: another container's
+# job at work with little memory (``agent/node/gpus.py``'s default).
+DEFAULT_GPU_BUSY_UTIL = 50
 # ``gpus:`` asked by what it wants rather than by index (``free:3``); the
 # node's agent chooses at launch (``agent/node/gpus.py``).
 GPU_REQUESTS = ("all", "free")
@@ -153,6 +156,13 @@ class ClusterSpec:
     # enough free ones (``--wait-gpus``; 0: refuse at once).
     gpu_busy_mib: int = DEFAULT_GPU_BUSY_MIB
     wait_gpus: float = 0.0
+    gpu_busy_util: int = DEFAULT_GPU_BUSY_UTIL
+    # The GPU health rules this site relaxes (``agent/node/gpus.HEALTH_RULES``),
+    # the GPUs taken out by hand as (host, index), and where every node keeps
+    # its GPU locks (None: each node's default, ``agent/node/gpulocks.lock_dir``).
+    gpu_ignore: tuple[str, ...] = ()
+    gpu_exclude: tuple[tuple[str, int], ...] = ()
+    gpu_lock_dir: str | None = None
     # What was given that is valid but likely not meant (``gpus: 4``): said by
     # the dry-run and by ``up`` before anything starts.
     warnings: tuple[str, ...] = ()

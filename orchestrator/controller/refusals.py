@@ -28,7 +28,7 @@ from workloads.catalog import CATALOG, Layout
 
 from ..engine import gpuplan
 from ..engine.options import LaunchOptions
-from ..config.spec import ClusterSpec
+from ..config.spec import LOCAL_HOSTS, ClusterSpec
 from ..errors import ConfigError
 from ..plan.model import RunPlan
 
@@ -78,7 +78,7 @@ def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
     for node in local:
         # as the launch asks; a localhost node's ``~`` is this machine's home
         seen = torch_here(os.path.expanduser(node.python)) if found.get("absent") else None
-        problem = _missing(node.gpus or (), found) if seen is None else \
+        problem = _missing(node.gpus or (), found, spec) if seen is None else \
             torch_problem(seen, {"chosen": node.gpus})
         if problem is not None and seen is not None:
             problem = f"nvidia-smi is not here, and {problem}"
@@ -98,14 +98,17 @@ def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
 NO_GPU_FIX = gpuplan.CPU_REHEARSAL
 
 
-def _missing(wanted: tuple[int, ...], found: dict) -> str | None:
+def _missing(wanted: tuple[int, ...], found: dict, spec: ClusterSpec) -> str | None:
     """Why GPUs ``wanted`` cannot be had here whatever else runs: nvidia-smi
-    fails, or does not list them (or lists them in MIG mode)."""
+    fails, or does not list them (or lists them in MIG mode, unfit or
+    excluded by the file's ``gpu_policy``)."""
     from ..agent.node import gpus as node_gpus
 
     if not found.get("ok"):
         return f"nvidia-smi failed here: {found.get('error')}"
-    answer = node_gpus.choose(list(wanted), found["gpus"], found["apps"], allow_busy=True)
+    answer = node_gpus.choose(list(wanted), found["gpus"], found["apps"], allow_busy=True,
+                              ignore=spec.gpu_ignore,
+                              exclude=[k for host, k in spec.gpu_exclude if host in LOCAL_HOSTS])
     return None if answer["ok"] else str(answer["error"])
 
 

@@ -200,7 +200,7 @@ def node_network(plan: RunPlan, node: NodePlan, agent: AgentHandle,
                  listen_s: float) -> NodeNet:
     """One node's interface, as ``up`` would choose it, its clock, and a test
     listener on the address its ranks will advertise."""
-    from .preflight import interface_from
+    from .preflight import interface_from, slow_link
 
     k = node.node_rank
 
@@ -240,7 +240,11 @@ def node_network(plan: RunPlan, node: NodePlan, agent: AgentHandle,
     loopback = _is_loopback(addr) and route_fields(plan)["remote_peers"]
     if loopback:
         detail += "; a loopback address, which ranks on other hosts cannot reach"
-    return NodeNet(row(True, detail, warning=loopback), (addr, port), chosen, addr, clock)
+    slower = slow_link(node, reply)
+    if slower:
+        detail += f"; {slower}"
+    return NodeNet(row(True, detail, warning=loopback or bool(slower)), (addr, port), chosen,
+                   addr, clock)
 
 
 def _clock(agent: AgentHandle) -> tuple[float, float]:

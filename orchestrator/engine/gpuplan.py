@@ -22,9 +22,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from ..agent.node.gpus import mixed_models
+from ..agent.node.gpus import HEALTH_RULES, mixed_models
 from ..config.spec import DEFAULT_GPU_BUSY_MIB, ClusterSpec
 from ..errors import ConfigError, TransportError
+from ..records.hints import MEMLOCK_FIX, SHM_FIX, cuda_error_words
 from ..plan.model import GpuChoice, NodePlan, RunPlan
 from ..tables import span
 
@@ -46,9 +47,14 @@ def gpu_request(plan: RunPlan, node: NodePlan, spec: ClusterSpec | None,
         want = list(node.gpus)
     else:
         return None
+    policy: dict[str, Any] = {}
+    if spec is not None:
+        policy = {"busy_util": spec.gpu_busy_util, "ignore": list(spec.gpu_ignore),
+                  "exclude": [k for host, k in spec.gpu_exclude if host == node.host],
+                  **({"lock_dir": spec.gpu_lock_dir} if spec.gpu_lock_dir else {})}
     return {"want": want, "run_id": plan.run_id, "node_rank": node.node_rank,
             "busy_mib": spec.gpu_busy_mib if spec else DEFAULT_GPU_BUSY_MIB,
-            "allow_busy": allow_busy, "rehearsal": plan.device == "cpu"}
+            "allow_busy": allow_busy, "rehearsal": plan.device == "cpu", **policy}
 
 
 def wants_torch(plan: RunPlan, node: NodePlan) -> bool:
@@ -147,10 +153,12 @@ def _brief(value: object, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def checked(reply: object, host: str) -> dict:
+def checked(reply: object, host: str, torch: bool = False) -> dict:
     """A node's ``gpus`` answer, as far as the launch reads it: what crosses
     the network is checked before it becomes the plan (``TransportError``
-    naming the node otherwise)."""
+    naming the node otherwise). ``torch``: the node's torch was asked
+    (``wants_torch``), so every answer must carry its view, the one that
+    ends a wait too: ``decide_device`` reads it."""
     def strings(value: object) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) and len(v) <= 256
                                                for v in value)
@@ -168,7 +176,8 @@ def checked(reply: object, host: str) -> dict:
         ok = isinstance(reply.get("error"), str) and isinstance(free, list) \
             and strings([str(i) for i in free])
     seen = reply.get("torch", {}) if isinstance(reply, dict) else {}
-    ok = ok and isinstance(seen, dict) and isinstance(seen.get("count", 0), int)
+    ok = ok and isinstance(seen, dict) and isinstance(seen.get("count", 0), int) \
+        and (not torch or "torch" in reply)
     if not ok:
         raise TransportError(host, f"its agent's answer about its GPUs is malformed: "
                                    f"{str(reply)[:200]}")
@@ -214,7 +223,7 @@ def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
     launch waited already."""
     reasons = {reply.get("reason") for reply in replies.values()}
     fixes = [_fix(reply) for reply in replies.values()
-             if reply.get("reason") in ("no-smi", "smi-failed", "mig")]
+             if reply.get("reason") in ("no-smi", "smi-failed", "mig", "unhealthy", "excluded")]
     if fixes:
         return "; ".join(dict.fromkeys(fixes))
     named = len(replies) > 1
@@ -235,15 +244,59 @@ def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
 
 
 def _fix(reply: dict) -> str:
-    """What to do where nvidia-smi cannot say (``no-smi``, ``smi-failed``) or
-    a GPU is in MIG mode."""
+    """What to do where nvidia-smi cannot say (``no-smi``, ``smi-failed``), or
+    about GPUs no wait frees (MIG mode, unhealthy, excluded): the free ones
+    ready to paste, then each fault's own fix."""
     reason = reply.get("reason")
     if reason == "no-smi":
         return "list the GPUs by index (gpus: 0,1), or install the NVIDIA utilities there"
     if reason == "smi-failed":
         return "run nvidia-smi on that node: the driver must answer before a GPU run can start"
-    return "MIG instances are not plain indices: run under Slurm, or set " \
-        "CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"
+    free = reply.get("free") or []
+    listed = ",".join(map(str, free))
+    ready = f'launch on those now (gpus: "{listed}")' if free else ""
+    return "; ".join(filter(None, [ready, *_fixes(reply.get("faults") or [])])) or \
+        "`ddp-orch check` shows each node's GPUs, who holds them and who uses them"
+
+
+# What to do about a GPU that cannot be taken whatever the wait, by health
+# rule (``agent/node/gpus.HEALTH_RULES``): the fix on the node, as root.
+_RESET = "reset it once nothing runs on it (`sudo nvidia-smi -r -i {i}`) or reboot the node"
+RULE_FIXES = {
+    "reset": _RESET,
+    "ecc": _RESET + " (uncorrected errors count since the driver loaded)",
+    "retired_pages": _RESET + ": the pages are retired then",
+    "remapped_rows": _RESET + "; a remapping that failed does not heal: drain the node and "
+                              "have the GPU replaced",
+    "compute_mode": "`sudo nvidia-smi -i {i} -c DEFAULT` lets processes use it",
+    "unreadable": "run `nvidia-smi -q -i {i}` there: if the driver cannot read it, drain the "
+                  "node",
+}
+
+
+def _fixes(faults: "list[dict]") -> list[str]:
+    """The advice for each GPU at fault (``gpus.choose``'s ``faults``): its
+    fix on the node, once per fix, and how the file would take it anyway."""
+    out: list[str] = []
+    relaxable: list[str] = []
+    for fault in faults:
+        if not isinstance(fault, dict) or not isinstance(fault.get("index"), int):
+            continue
+        i, reason = fault["index"], fault.get("reason")
+        if reason == "mig":
+            out.append(f"GPU {i}: turn MIG off once nothing runs on it "
+                       f"(`sudo nvidia-smi -i {i} -mig 0`, then reset it), or leave its "
+                       "instances to a launcher that takes MIG UUIDs (Slurm's gres)")
+        elif reason == "excluded":
+            out.append(f"GPU {i} is taken out by gpu_policy.exclude: remove it there to use it")
+        elif reason == "unhealthy":
+            rules = [str(r) for r in fault.get("rules") or ()]
+            out += [f"GPU {i}: " + RULE_FIXES[r].format(i=i) for r in rules if r in RULE_FIXES]
+            relaxable += [r for r in rules if r in HEALTH_RULES]
+    if relaxable:
+        out.append(f"gpu_policy: {{ignore: [{', '.join(dict.fromkeys(relaxable))}]}} takes such "
+                   "GPUs anyway, at your risk")
+    return list(dict.fromkeys(out))
 
 
 def _where(spec: ClusterSpec | None, k: int) -> dict[str, Any]:
@@ -273,8 +326,24 @@ def decide_device(plan: RunPlan, spec: ClusterSpec | None,
             node = plan.nodes[k]
             raise ConfigError(
                 f"node {k} ({node.host}): device {plan.device}, but {problem}",
-                **_where(spec, k), hint=f"{NO_CUDA_FIX} (the node's python: {node.python})")
+                **_where(spec, k), hint=f"{torch_fix(asked[k])} (the node's python: "
+                                        f"{node.python})")
     return "cuda" if plan.device == "auto" else None
+
+
+def torch_fix(seen: dict) -> str:
+    """What to do about the node's torch not seeing its GPUs (``torch_problem``):
+    its CUDA driver error's own fix, a driver older than torch's CUDA, or a
+    torch without CUDA."""
+    error = seen.get("cuda_error")
+    if isinstance(error, dict) and isinstance(error.get("code"), int):
+        fix = cuda_error_words(str(error.get("call") or "cuInit"), error["code"])[1]
+        return f"{fix}; or set `device: cpu` for a CPU rehearsal"
+    cuda, driver = str(seen.get("cuda") or ""), str(seen.get("driver_cuda") or "")
+    if cuda and driver and _minor(driver)[0] < _minor(cuda)[0]:
+        return (f"upgrade the node's NVIDIA driver to one for CUDA {cuda}, or install a torch "
+                f"built for CUDA {driver} or older there")
+    return NO_CUDA_FIX
 
 
 def torch_problem(seen: dict, reply: dict) -> str | None:
@@ -286,6 +355,9 @@ def torch_problem(seen: dict, reply: dict) -> str | None:
     count = int(seen.get("count") or 0)
     if not seen.get("available") or count == 0:
         why = f": {seen['why']}" if isinstance(seen.get("why"), str) else ""
+        error = seen.get("cuda_error")
+        if isinstance(error, dict) and isinstance(error.get("code"), int):
+            why = ": " + cuda_error_words(str(error.get("call") or "cuInit"), error["code"])[0]
         return f"its torch {seen.get('torch')} (CUDA {seen.get('cuda')}) sees no GPU{why}"
     wanted = [int(i) for i in reply.get("chosen") or ()]
     beyond = [i for i in wanted if i >= count]
@@ -293,6 +365,147 @@ def torch_problem(seen: dict, reply: dict) -> str | None:
         return (f"its torch sees {count} GPU(s) (indices 0-{count - 1}), and GPU "
                 f"{','.join(map(str, beyond))} is not among them")
     return None
+
+
+SHM_MIN_MIB = 512  # less /dev/shm than this, with 2 ranks or more on a node: NCCL runs out
+
+
+def limit_problems(limits: object, ranks: int) -> list[str]:
+    """What a node's limits (``agent/node/probes.limits``) will cost NCCL for
+    its ``ranks`` GPU ranks: a small ``/dev/shm`` (NCCL's segments between the
+    node's ranks are about 9 MiB per pair and channel; Docker gives 64 MiB),
+    a locked-memory limit where there is InfiniBand (NCCL registers its
+    buffers with the NIC)."""
+    if not isinstance(limits, dict):
+        return []
+    out = []
+    shm = limits.get("shm_mib")
+    if ranks > 1 and isinstance(shm, int) and shm < SHM_MIN_MIB:
+        out.append(f"/dev/shm is {shm} MiB for {ranks} ranks, and NCCL's shared memory between "
+                   f"them needs more: {SHM_FIX}")
+    memlock, rdma = limits.get("memlock_kib"), limits.get("rdma") or []
+    if rdma and isinstance(memlock, int):
+        out.append(f"its locked-memory limit is {memlock} KiB with InfiniBand "
+                   f"({', '.join(map(str, rdma[:4]))}): NCCL cannot register its buffers: "
+                   f"{MEMLOCK_FIX}")
+    return out
+
+
+def _arch(word: str) -> tuple[str, int, int, str] | None:
+    """``sm_86`` -> ("sm", 8, 6, ""), ``compute_90`` -> PTX 9.0, ``sm_90a`` -> 9.0 only."""
+    kind, _, rest = word.partition("_")
+    digits = rest.rstrip("af")
+    if kind not in ("sm", "compute") or not digits.isdigit() or len(digits) < 2:
+        return None
+    return kind, int(digits[:-1]), int(digits[-1]), rest[len(digits):]
+
+
+def kernel_problem(cap: object, arch: object) -> tuple[bool, str] | None:
+    """Whether a torch built for ``arch`` (``torch.cuda.get_arch_list()``) has
+    kernels for a GPU of compute capability ``cap`` ("8.6"): None when it
+    does (a cubin of the same major and no newer minor; an ``a`` one for
+    exactly that GPU), ``(False, words)`` when only PTX would be compiled at
+    first use, ``(True, words)`` when nothing runs ("no kernel image is
+    available"). Unknown values say nothing."""
+    if not isinstance(cap, str) or not isinstance(arch, list) or not arch:
+        return None
+    try:
+        major, minor = (int(part) for part in cap.split("."))
+    except ValueError:
+        return None
+    built = [a for a in map(lambda w: _arch(str(w)), arch) if a is not None]
+    if not built:
+        return None
+    for kind, a_major, a_minor, suffix in built:
+        if kind == "sm" and a_major == major and a_minor <= minor and \
+                (suffix != "a" or a_minor == minor):
+            return None
+    listed = " ".join(map(str, arch))
+    if any(kind == "compute" and (a_major, a_minor) <= (major, minor)
+           for kind, a_major, a_minor, _ in built):
+        return False, (f"compute capability {cap} has no kernel built in its torch ({listed}): "
+                       "its PTX is compiled at first use, slowly")
+    return True, (f"compute capability {cap} has no kernel in its torch (built for {listed}): "
+                  "its first kernel would fail with \"no kernel image is available\"")
+
+
+def node_findings(seen: dict, chosen: "list[int] | tuple[int, ...]", limits: object,
+                  device: str) -> list[tuple[str, bool, str]]:
+    """What a GPU node's torch answer (``seen``), its ``chosen`` GPUs and its
+    ``limits`` say against the run, as ``(check, fatal, words)``: a driver
+    older than torch's CUDA minor version; each chosen GPU's compute
+    capability against torch's arch list (fatal where nothing would run);
+    ``/dev/shm`` and locked memory for NCCL. The launch and ``check`` both
+    read them."""
+    out: list[tuple[str, bool, str]] = []
+    cuda, driver = str(seen.get("cuda") or ""), str(seen.get("driver_cuda") or "")
+    if cuda and driver and _minor(driver) < _minor(cuda) and \
+            driver.split(".")[0] == cuda.split(".")[0]:
+        out.append(("driver", False, f"its driver supports CUDA {driver}, older than the CUDA "
+                                     f"{cuda} its torch was built with: it runs (minor version "
+                                     "compatibility), but a kernel shipped as PTX only would "
+                                     "not; upgrade the driver"))
+    caps = seen.get("caps") if isinstance(seen.get("caps"), list) else []
+    for index in chosen:
+        cap = caps[index] if isinstance(index, int) and 0 <= index < len(caps) else None
+        found = kernel_problem(cap, seen.get("arch"))
+        if found is not None:
+            out.append(("gpu-arch", found[0], f"GPU {index}'s {found[1]}"))
+    if device != "cpu":
+        out += [("nccl-limits", False, problem) for problem in limit_problems(limits,
+                                                                                len(chosen))]
+    return out
+
+
+def arch_fix(words: str, host: str) -> str:
+    """What to do about a GPU its node's torch has no kernel for."""
+    cap = words.split("compute capability ", 1)[-1].split(" ", 1)[0]
+    return (f"install a torch built for sm_{cap.replace('.', '')} on {host} (a newer GPU needs "
+            f"a newer CUDA build: see pytorch.org's install matrix), or list GPUs it has "
+            f"kernels for")
+
+
+def gang_checks(plan: RunPlan, spec: ClusterSpec | None,
+                replies: Mapping[int, dict]) -> list[str]:
+    """What ``check`` checks, from the answers the launch already has (no
+    round trip more): the same torch on every GPU node (else ``ConfigError``),
+    CUDA and NCCL versions that differ (warnings), and each node's
+    ``node_findings`` (a GPU nothing would run on is refused at its node's
+    line; the rest are warnings)."""
+    from .checknet import version_rows
+
+    asked = {k: r["torch"] for k, r in replies.items()
+             if isinstance(r.get("torch"), dict) and r["torch"].get("ok")}
+    hosts = {n.node_rank: n.host for n in plan.nodes}
+    notes = []
+    for row in version_rows(asked, hosts, plan.device):
+        if not row.ok:
+            raise ConfigError(f"{row.detail} (asked as the launch chose the GPUs)",
+                              path="python", source=spec.source if spec else CLI,
+                              hint="one torch everywhere: install it on every node (each node's "
+                                   "`python:` names its interpreter); `ddp-orch check` shows "
+                                   "each node's versions")
+        if row.warning:
+            notes.append(f"warning: {row.detail}")
+    for k in sorted(replies):
+        node = plan.nodes[k]
+        label = f"node {k} ({node.host})"
+        for _check, fatal, words in node_findings(asked.get(k, {}),
+                                                  list(replies[k].get("chosen") or ()),
+                                                  replies[k].get("limits"), plan.device):
+            if fatal:
+                raise ConfigError(f"{label}: {words}", **_where(spec, k),
+                                  hint=arch_fix(words, node.host))
+            notes.append(f"warning: {label}: {words}")
+    return notes
+
+
+def _minor(version: str) -> tuple[int, int]:
+    try:
+        major, minor = version.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
 
 
 def node_notes(plan: RunPlan, reply: dict) -> list[str]:

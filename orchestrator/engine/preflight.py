@@ -54,6 +54,11 @@ class NodeGpus:
     chosen: tuple[int, ...]
     free: tuple[int, ...]
     torch_sees: int | None  # None: torch not asked, or it sees none
+    lock_dir: str | None = None  # where the node keeps its GPU locks
+    notes: tuple[str, ...] = ()  # nvidia-smi's own warnings (it answered in part)
+    unreported: tuple[str, ...] = ()  # health fields this node's nvidia-smi does not know
+    ignore: tuple[str, ...] = ()  # the health rules the site relaxes (gpu_policy.ignore)
+    exclude: tuple[int, ...] = ()  # the GPUs taken out by hand (gpu_policy.exclude)
 
 
 @dataclass(frozen=True)
@@ -144,10 +149,19 @@ def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan, spec: ClusterSpec 
         return out, info, None
     answer = agent.reply("gpus")
     out.append(_gpu_row(node, plan, answer, info, result))
+    if answer.get("ok") and gpuplan.wants_torch(plan, node) and "torch_error" not in info:
+        for check, fatal, words in gpuplan.node_findings(info, list(answer.get("chosen") or ()),
+                                                         info.get("limits"), plan.device):
+            fix = f"; {gpuplan.arch_fix(words, node.host)}" if fatal else ""
+            out.append(result(check, not fatal, words + fix, warning=not fatal))
     return out, info, NodeGpus(node.node_rank, node.host, answer.get("driver"),
                                tuple(answer.get("gpus") or ()), tuple(answer.get("apps") or ()),
                                tuple(answer.get("chosen") or ()), tuple(answer.get("free") or ()),
-                               info.get("count") if info.get("available") else None)
+                               info.get("count") if info.get("available") else None,
+                               answer.get("lock_dir"), tuple(answer.get("smi_notes") or ()),
+                               tuple(answer.get("unreported") or ()),
+                               tuple(asked.get("ignore") or ()),
+                               tuple(asked.get("exclude") or ()))
 
 
 def _gpu_row(node: NodePlan, plan: RunPlan, answer: dict, info: dict, result) -> CheckResult:
@@ -163,7 +177,7 @@ def _gpu_row(node: NodePlan, plan: RunPlan, answer: dict, info: dict, result) ->
         seen = {"ok": True, **info}
         problem = gpuplan.torch_problem(seen, answer)
         if problem:
-            return result("gpus", False, f"GPUs {chosen}: {problem}; {gpuplan.NO_CUDA_FIX}")
+            return result("gpus", False, f"GPUs {chosen}: {problem}; {gpuplan.torch_fix(seen)}")
     notes = "; ".join(gpuplan.node_notes(plan, answer))
     return result("gpus", True, f"GPUs {chosen}{asked} free now" + (f"; {notes}" if notes else ""),
                   warning=bool(notes))
@@ -213,6 +227,29 @@ def route_request(plan: RunPlan, node: NodePlan) -> dict | None:
     port = plan.master_port if isinstance(plan.master_port, int) else 0
     return {"host": plan.master_addr, "port": port,
             "remote_peers": not all(n.is_local for n in plan.nodes)}
+
+
+def slow_link(node: NodePlan, reply: dict) -> str | None:
+    """A warning where the interface chosen for ``node``'s ranks (``auto``,
+    the route to the master) is much slower than another of its links
+    (``agent/node/netroute.faster_link``), with the override; None where
+    the user named the interface or nothing faster is up."""
+    faster = reply.get("faster")
+    if not needs_interface(node.env) or not isinstance(faster, dict) or not reply.get("ok"):
+        return None
+    return (f"its ranks use {reply.get('ifname')} ({_speed(reply.get('speed'))}, "
+            f"{reply.get('via') or 'the route to the master'}), while {faster.get('ifname')} "
+            f"({_speed(faster.get('speed'))}, {faster.get('addr')}) is up: if the nodes reach "
+            f"each other there, set network: {{interface: {faster.get('ifname')}}} (or "
+            f"GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME={faster.get('ifname')} in this node's "
+            f"`env:`)")
+
+
+def _speed(mbps: object) -> str:
+    """``1 Gb/s``, ``100 Gb/s``, ``2.5 Gb/s``, ``100 Mb/s``."""
+    if not isinstance(mbps, int) or mbps <= 0:
+        return "speed unknown"
+    return f"{mbps} Mb/s" if mbps < 1000 else f"{mbps / 1000:g} Gb/s"
 
 
 def interface_from(node: NodePlan, reply: dict) -> str | None:

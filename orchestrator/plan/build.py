@@ -31,9 +31,10 @@ from .network import interface_env, resolve_interfaces
 # With it set, torchrun assumes every node has the same nproc and numbers
 # heterogeneous layouts wrongly, so it is removed from every node's env.
 UNSET_ENV = ("TORCH_ELASTIC_WORKER_IDENTICAL",)
-# PyTorch's NCCL flight recorder: on a collective timeout each rank dumps its
-# recent collectives to <run dir>/nccl_trace_rank_<RANK>, fetched with the run
-# (``NCCL_TRACE_PREFIX``). Set for GPU runs unless the user set them.
+# PyTorch's flight recorder: on a collective timeout (NCCL) or when asked (the
+# hang watchdog), each rank dumps its recent collectives to <run dir>/
+# nccl_trace_rank_<RANK>, fetched with the run (``NCCL_TRACE_PREFIX``). Set
+# for every run unless the user set them.
 NCCL_TRACE_PREFIX = "nccl_trace_rank_"
 
 
@@ -48,10 +49,18 @@ FLIGHT_RECORDER_RENAMED = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_FR_BUFFER_SIZE
 DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def flight_recorder_env(run_dir: str) -> dict[str, str]:
+def flight_recorder_env(run_dir: str, nccl: bool = True) -> dict[str, str]:
+    """The recorder on, its dumps in the node's run directory. On a GPU run
+    (``nccl``) NCCL's own variables too: a dump on a collective timeout, and
+    its pipe (``<prefix><rank>.pipe``), NCCL's trigger, which the hang
+    watchdog writes to before it stops the gang (``agent/node/stacks.py``).
+    A CPU run gets torch's new names only: torch >= 2.8 records gloo's
+    collectives under them, and the worker shim dumps them on the same ask."""
     old = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}"}
-    return {**old, **{new: old[name] for name, new in FLIGHT_RECORDER_RENAMED.items()}}
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}",
+           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}"}
+    new = {new: old[name] for name, new in FLIGHT_RECORDER_RENAMED.items()}
+    return {**old, **new} if nccl else new
 
 
 def user_flight_recorder(env: Mapping[str, str]) -> dict[str, str]:
@@ -105,8 +114,8 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
     for k, node in enumerate(spec.nodes):
         run_dir = node_run_dir(spec, k, run_id, local_run_dir, shared_run_dir)
         env = dict(node.env)
-        if device != "cpu":
-            env = {**flight_recorder_env(run_dir), **user_flight_recorder(env)}  # the user's win
+        env = {**flight_recorder_env(run_dir, nccl=device != "cpu"),
+               **user_flight_recorder(env)}  # the user's win
         if node.gpu_count is None:  # else the scheduler's GRES allocation sets it
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(node)
         env.update(DEVICE_ORDER)

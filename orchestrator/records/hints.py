@@ -31,6 +31,33 @@ _NCCL_NO_IFACE = re.compile(r"no socket interface found|No socket interface foun
 _NCCL_NET = re.compile(r"ncclSystemError|ncclRemoteError|unhandled system error"
                        r"|remote process exited or there was a network error"
                        r"|NCCL WARN (?:socket|Net|Bootstrap)|bootstrap", re.IGNORECASE)
+# NCCL's words that a connection, not the node, failed it (its "Last error:")
+_NCCL_SOCKET = re.compile(r"ncclRemoteError|remote process exited or there was a network error"
+                          r"|socket|Bootstrap|NET/|Connection (?:refused|reset|closed)"
+                          r"|Network is unreachable|timed out", re.IGNORECASE)
+# torch's words on every ncclSystemError, which name a socket whatever failed
+_NCCL_BOILERPLATE = re.compile(r"System call \(e\.g\. socket, malloc\) or external library "
+                               r"call failed or device error\.?")
+# A node's own limits and GPUs, by NCCL's and CUDA's words as they print
+# (each quoted from a public report in tests/unit/records/test_records_hints.py).
+_SHM = re.compile(r"Error while creating shared memory segment|posix_fallocate failed"
+                  r"|failed to extend /dev/shm|insufficient shared memory \(shm\)"
+                  r"|out of shared memory"
+                  r"|No space left on device.{0,80}/dev/shm|/dev/shm.{0,80}No space left",
+                  re.IGNORECASE)
+_MEMLOCK = re.compile(r"ibv_reg_mr\w* failed|Unable to register memory|ibv_create_cq\w* failed"
+                      r".{0,40}Cannot allocate memory", re.IGNORECASE)
+_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (?P<a>\d+) and rank (?P<b>\d+) "
+                            r"both on CUDA device (?P<bus>\w+)")
+_NO_KERNEL = re.compile(r"no kernel image is available for execution on the device"
+                        r"|is not compatible with the current PyTorch installation", re.IGNORECASE)
+_BUSY_DEVICE = re.compile(r"all CUDA-capable devices are busy or unavailable"
+                          r"|CUDA_ERROR_DEVICES_UNAVAILABLE", re.IGNORECASE)
+_P2P = re.compile(r"peer access is not supported|cudaIpcOpenMemHandle|P2P/IPC.{0,60}fail"
+                  r"|peer mapping resources exhausted|cudaErrorPeerAccess", re.IGNORECASE)
+# A collective that timed out, by torch's watchdog (no network words: a hang)
+_COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout"
+                                 r"|collective operation timeout", re.IGNORECASE)
 # torchrun's rendezvous store (c10d TCPStore) out of reach
 _STORE = re.compile(r"failed to connect to any network address of \((?P<host>[^,]+), "
                     r"(?P<port>\d+)\)|client socket has timed out after \d+\w* while trying "
@@ -116,6 +143,9 @@ def hint_for(texts: Iterable[str], node_rank: int, host: str,
         return (f"NCCL found no interface on {node} matching NCCL_SOCKET_IFNAME: set that "
                 f"node's own NIC in its `env:` (=NAME for an exact name), or use network: "
                 f"{{interface: auto}}; {CHECK}")
+    gpu = gpu_hint(text, node)
+    if gpu is not None:
+        return gpu
     peer = _GLOO_REMOTE.search(text) or _NCCL_REMOTE.search(text)
     if peer:
         return _peer_hint(node, peer.group("addr"), peer.group("port"), var, peers)
@@ -132,11 +162,18 @@ def hint_for(texts: Iterable[str], node_rank: int, host: str,
         return (f"{node} cannot reach the rendezvous at {where}: set `master.addr` to an "
                 f"address of node 0 that every node reaches, and open that port in its "
                 f"firewall; {CHECK}")
-    if nccl and _NCCL_NET.search(text):
+    if nccl and _NCCL_NET.search(text) and _NCCL_SOCKET.search(_NCCL_BOILERPLATE.sub("", text)):
         return (f"NCCL's connections failed on {node}: set NCCL_DEBUG=INFO in `env:` to see "
                 f"the interface and address it used, and NCCL_SOCKET_IFNAME=<the NIC the "
                 f"nodes reach each other on> in each node's `env:` (or network: "
                 f"{{interface: auto}}); {CHECK}")
+    if nccl and _NCCL_NET.search(text):
+        return (f"NCCL failed on {node} without saying which call (an \"unhandled system "
+                f"error\"): set NCCL_DEBUG=WARN in `env:` to see it; on a lab box it is most "
+                f"often {SHM_FIX}; {MEMLOCK_FIX}; {P2P_FIX}; a GPU in exclusive compute mode "
+                f"(`nvidia-smi -q -d COMPUTE`); or the interface (NCCL_SOCKET_IFNAME=<the NIC "
+                f"the nodes reach each other on>); `ddp-orch check --collective` tries NCCL "
+                f"across the run's layout")
     if _NOT_JOINED in text:
         if "no answer from the node" in text:
             return (f"{node}'s agent never answered: its login or its Python hangs (a "
@@ -149,6 +186,109 @@ def hint_for(texts: Iterable[str], node_rank: int, host: str,
     missing = _NO_MODULE.search(text)
     if missing:
         return _module_hint(node, missing.group("name"), module)
+    return None
+
+
+SHM_FIX = ("a small /dev/shm (Docker gives 64 MiB: run the container with --shm-size=1g or "
+           "--ipc=host; NCCL_SHM_DISABLE=1 goes slower without it)")
+MEMLOCK_FIX = ("a low locked-memory limit where there is InfiniBand (`ulimit -l` must be "
+               "unlimited: memlock in /etc/security/limits.conf, or docker --ulimit memlock=-1; "
+               "NCCL_IB_DISABLE=1 as a test)")
+P2P_FIX = ("GPU peer-to-peer that hangs behind an IOMMU or PCIe ACS, or on consumer cards "
+           "(NCCL_P2P_DISABLE=1 in `env:` as a test; if that works, disable ACS or the IOMMU, "
+           "or keep the variable)")
+
+# The CUDA driver API's errors a node's driver may answer its first calls with
+# (cuInit, cuDeviceGetCount), each with what it means there and its own fix.
+CUDA_DRIVER_ERRORS: dict[int, tuple[str, str, str]] = {
+    3: ("CUDA_ERROR_NOT_INITIALIZED", "the driver was not initialised",
+        "run `nvidia-smi` there: the driver must load before CUDA can"),
+    46: ("CUDA_ERROR_DEVICES_UNAVAILABLE", "every GPU is busy or unavailable (an exclusive or "
+         "prohibited compute mode)", "see `nvidia-smi -q -d COMPUTE`; `sudo nvidia-smi -c "
+         "DEFAULT` lets several processes use them"),
+    100: ("CUDA_ERROR_NO_DEVICE", "no GPU is visible to it", "a container needs the GPUs "
+          "passed in (docker --gpus all); a CUDA_VISIBLE_DEVICES set in the node's login may "
+          "hide them"),
+    101: ("CUDA_ERROR_INVALID_DEVICE", "CUDA_VISIBLE_DEVICES names a GPU there is not",
+          "unset CUDA_VISIBLE_DEVICES in the node's login: ddp-orch sets it per rank"),
+    803: ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "the loaded kernel driver and its CUDA library "
+          "differ (a driver upgraded without a reboot)", "reboot the node, or reload the "
+          "nvidia kernel modules"),
+    804: ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "a CUDA forward-compatibility library "
+          "is in use on a GPU that does not support it", "remove the cuda-compat directory "
+          "from LD_LIBRARY_PATH there, or upgrade the driver"),
+    999: ("CUDA_ERROR_UNKNOWN", "the driver does not start (usually its nvidia-uvm module is "
+          "not loaded, as after a reboot or a suspend)", "load it as root: `sudo modprobe "
+          "nvidia-uvm` (after a suspend, `sudo modprobe -r nvidia_uvm` first; `sudo "
+          "nvidia-modprobe -u -c=0` makes its device files too)"),
+}
+
+
+def cuda_error_words(call: str, code: int) -> tuple[str, str]:
+    """What a node's CUDA driver answering ``call`` with ``code`` means, and
+    its fix: from ``CUDA_DRIVER_ERRORS``, or the code itself where it is not
+    one a node's start meets."""
+    name, what, fix = CUDA_DRIVER_ERRORS.get(code, (f"error {code}", "", ""))
+    said = f"its CUDA driver fails {call} with {code} ({name})" + (f": {what}" if what else "")
+    return said, fix or ("see NVIDIA's CUDA driver API error codes; `nvidia-smi` and `dmesg` "
+                         "on that node say more")
+
+
+# A rank's own words for a CUDA driver error: torch's, CUDA's, or cuInit's.
+_CUDA_TEXTS = (
+    (999, re.compile(r"CUDA unknown error|CUDA_ERROR_UNKNOWN|cuInit\b.{0,40}\b999\b",
+                     re.IGNORECASE)),
+    (803, re.compile(r"system has unsupported display driver / cuda driver combination"
+                     r"|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH|Driver/library version mismatch",
+                     re.IGNORECASE)),
+    (804, re.compile(r"forward compatibility was attempted on non supported HW"
+                     r"|CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", re.IGNORECASE)),
+    (100, re.compile(r"no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE", re.IGNORECASE)),
+)
+_OLD_DRIVER = re.compile(r"CUDA driver version is insufficient for CUDA runtime version"
+                         r"|The NVIDIA driver on your system is too old", re.IGNORECASE)
+
+
+def gpu_hint(text: str, node: str) -> str | None:
+    """The hint for a failure a node's GPUs, driver or limits caused, from
+    NCCL's and CUDA's own words (``text``); None when they say none."""
+    duplicate = _DUPLICATE_GPU.search(text)
+    if duplicate:
+        return (f"ranks {duplicate.group('a')} and {duplicate.group('b')} on {node} both "
+                f"opened the GPU at bus {duplicate.group('bus')}: each rank must take its "
+                f"own, `torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"]))` before any "
+                f"CUDA call (ddp-orch gives the node's ranks CUDA_VISIBLE_DEVICES; a program "
+                f"that sets its own, or uses cuda:0 on every rank, puts them on one GPU)")
+    if _SHM.search(text):
+        return (f"{node} ran out of shared memory for NCCL (or a DataLoader): "
+                f"{SHM_FIX}; `ddp-orch check` says each node's /dev/shm")
+    if _MEMLOCK.search(text):
+        return (f"NCCL could not register its buffers with the InfiniBand NIC on {node}: "
+                f"{MEMLOCK_FIX}; `ddp-orch check` says each node's limit")
+    if _NO_KERNEL.search(text):
+        return (f"{node}'s torch has no kernel built for its GPU's compute capability: "
+                f"install a torch built for it there (`python -c 'import torch; "
+                f"print(torch.cuda.get_arch_list())'` lists what it has; a GPU newer than the "
+                f"torch needs a newer CUDA build); `ddp-orch check` compares them")
+    if _BUSY_DEVICE.search(text):
+        return (f"a GPU on {node} takes one process at a time (exclusive or prohibited compute "
+                f"mode), or another process holds it: `nvidia-smi -q -d COMPUTE` shows the "
+                f"mode, `sudo nvidia-smi -i N -c DEFAULT` sets it back; and no rank may touch "
+                f"another's GPU (`torch.cuda.set_device(LOCAL_RANK)` before any CUDA call)")
+    for code, words in _CUDA_TEXTS:
+        if words.search(text):
+            said, fix = cuda_error_words("to start", code)
+            return f"{node}: {said}; {fix}"
+    if _OLD_DRIVER.search(text):
+        return (f"{node}'s NVIDIA driver is older than the CUDA its torch was built with: "
+                f"upgrade the driver there, or install a torch built for the CUDA the driver "
+                f"supports (`nvidia-smi` says it, top right)")
+    if _P2P.search(text):
+        return f"GPU peer-to-peer failed on {node}: {P2P_FIX}"
+    if _COLLECTIVE_TIMEOUT.search(text) and not _NCCL_SOCKET.search(text):
+        return (f"a collective never completed on {node}: a rank that did not join it (see "
+                f"the flight recorder's dumps in nccl_trace/ and the stacks), or, on one node, "
+                f"{P2P_FIX}")
     return None
 
 

@@ -270,18 +270,27 @@ def render_gpus(node: NodeGpus) -> str:
     processes and holder, and whether the run would take it now."""
     from ..engine.preflight import holder_text
 
+    from ..agent.node.gpus import health_cell
+
     torch = f"; torch sees {node.torch_sees}" if node.torch_sees is not None else ""
-    head = f"\nnode {node.node_rank} ({node.host}) GPUs, driver {node.driver or '?'}{torch}\n"
+    locks = f"; locks in {node.lock_dir}" if node.lock_dir else ""
+    head = (f"\nnode {node.node_rank} ({node.host}) GPUs, driver {node.driver or '?'}{torch}"
+            f"{locks}\n")
     if not node.gpus:
         return head + "  (nvidia-smi lists none, or did not answer)\n\n"
-    rows = [("GPU", "MODEL", "MEMORY", "UTIL", "PROCESSES", "HELD BY", "STATE")]
+    rows = [("GPU", "MODEL", "MEMORY", "UTIL", "HEALTH", "PROCESSES", "HELD BY", "STATE")]
     for gpu in node.gpus:
         procs = [app for app in node.apps if app.get("gpu_uuid") == gpu.get("uuid")]
         rows.append((str(gpu["index"]), gpu.get("name") or "?", _memory(gpu),
                      "-" if gpu.get("utilization") is None else f"{gpu['utilization']}%",
+                     health_cell(gpu, node.ignore),
                      ", ".join(_process(app) for app in procs) or "-",
                      holder_text(gpu.get("held_by")), _gpu_state(gpu, node)))
-    return head + format_table(rows) + "\n\n"
+    said = [f"  {note}\n" for note in node.notes]
+    if node.unreported:
+        said.append(f"  not reported by this nvidia-smi (unknown, not held against a GPU): "
+                    f"{', '.join(node.unreported)}\n")
+    return head + format_table(rows) + "\n" + "".join(said) + "\n"
 
 
 def _memory(gpu: dict) -> str:
@@ -297,10 +306,16 @@ def _process(app: dict) -> str:
 
 
 def _gpu_state(gpu: dict, node: NodeGpus) -> str:
+    from ..agent.node.gpus import health
+
     if gpu["index"] in node.chosen:
         return "the run's" if gpu["index"] in node.free else "the run's (busy)"
     if gpu.get("mig"):
         return "MIG"
+    if health(gpu, node.ignore):
+        return "unfit"
+    if gpu["index"] in node.exclude:
+        return "excluded"
     if gpu.get("held_by"):
         return "held"
     return "free" if gpu["index"] in node.free else "busy"

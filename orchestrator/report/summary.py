@@ -37,6 +37,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
         hint = failure_hint(root, outcome.nodes, plan)
         if hint:
             lines.append(f"hint: {hint}")
+    lines += flight_recorder_lines(run_path, plan)
     if len(outcome.attempts) > 1 or any(a.note for a in outcome.attempts):
         lines += render_attempts(outcome.attempts)
     used = interfaces_of(plan)
@@ -52,6 +53,19 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
         lines += outputs_lines(outputs, run_path)
     lines.append(f"run directory: {run_path}")
     return "\n".join(lines) + "\n"
+
+
+def flight_recorder_lines(run_path: str, plan: Any = None) -> list[str]:
+    """What the flight recorder dumps that came home say (``report/flightrec.py``)."""
+    from .flightrec import missing_collective, read_run
+
+    dumps = read_run(run_path)
+    if not dumps:
+        return []
+    world = plan.get("world_size") if isinstance(plan, dict) else None
+    found = missing_collective(dumps, world if isinstance(world, int) else None)
+    return [f"flight recorder: {line}" for line in found] + \
+        [f"flight recorder dumps: {run_path}/nccl_trace/"]
 
 
 def slowest_rank(rows: Any, plan: Any = None) -> list[str]:

@@ -17,13 +17,29 @@ lock key), ``bus_id``, ``name``, ``memory_total``, ``memory_used``,
 as it is), ``mig`` (True, False, or None for a GPU without MIG), and
 ``processes``: ``[{"pid", "used_mib", "name"}]`` with pids the test gives.
 
+Its health, as the driver reports it (each printed as nvidia-smi prints
+it): ``ecc_errors`` (uncorrected since the driver loaded; None for a GPU
+without ECC), ``retired_pending`` and ``reset_required`` (Yes/No),
+``compute_mode`` (``Default``, ``Exclusive_Process``, ``Prohibited``),
+``throttle`` (the active clock event reasons' bits, printed in hex), and
+``remapped_pending``/``remapped_failed`` (``--query-remapped-rows``, 0/1;
+None: a GPU before Ampere, ``[N/A]``). Its faults: ``fault: "reset"``
+prints ``[GPU requires reset]`` in place of its values (``"lost"``: ``[GPU
+is lost]``); ``off_bus: True`` prints "Unable to determine the device
+handle for GPU<bus id>: Unknown Error" in place of its line and makes
+every query exit 15; ``inforom: True`` prints "WARNING: infoROM is
+corrupted at gpu <bus id>" after the rows and makes every query exit 14;
+``garbled: TEXT`` prints TEXT in place of its line.
+
 Lab hosts share this machine's filesystem and pid space, so one stand-in
 answers for all of them: for the host its SSH session came in on (the
 server address, the 3rd field of ``$SSH_CONNECTION``), ``$FAKE_SMI_HOST``
 when set, else ``"local"``; an address with no state of its own is
 ``"local"`` too (a test run from an SSH login is still local). A host's
-state is its list of GPUs, or ``{"gpus": [...], "fail", "hang", "driver"}``
-to break one host alone.
+state is its list of GPUs, or ``{"gpus": [...], "fail", "hang", "driver",
+"unknown_fields"}`` to break one host alone; ``unknown_fields`` are fields
+it refuses as an older nvidia-smi does ('Field "X" is not a valid field to
+query.', exit 2).
 """
 
 from __future__ import annotations
@@ -34,6 +50,8 @@ import os
 import secrets
 import sys
 from pathlib import Path
+
+import pytest
 
 LOCAL = ("up", "--local")
 STATE = "nvidia-smi.json"
@@ -89,6 +107,19 @@ def state(directory) -> dict:
     return json.loads((Path(directory) / STATE).read_text())
 
 
+@pytest.fixture
+def smi_on_path(tmp_path, monkeypatch):
+    """``fake(hosts, ...)``: the stand-in, first on PATH for this test, as
+    this machine's (``"local"``) whatever SSH session the tests run in."""
+    def fake(hosts, **kwargs):
+        directory = fake_nvidia_smi(tmp_path / "smi", hosts, **kwargs)
+        monkeypatch.setenv("PATH", directory + os.pathsep + os.environ["PATH"])
+        monkeypatch.delenv("SSH_CONNECTION", raising=False)
+        monkeypatch.delenv("FAKE_SMI_HOST", raising=False)
+        return directory
+    return fake
+
+
 def ssh_lab_path_line(directory) -> str:
     """An sshd_config line for ``SshLab(extra_sshd=[...])``: every SSH session
     on the lab's hosts finds the stand-in in ``directory`` first."""
@@ -100,7 +131,7 @@ def _host(name: str, spec: "list | dict", token: str, fail: dict | None, hang: b
         spec = {"gpus": spec}
     host_token = f"{token}-{hashlib.sha256(name.encode()).hexdigest()[:4]}"
     return {"driver": spec.get("driver", DRIVER), "fail": spec.get("fail", fail),
-            "hang": spec.get("hang", hang),
+            "hang": spec.get("hang", hang), "unknown_fields": spec.get("unknown_fields", []),
             "gpus": [_gpu(k, gpu, host_token) for k, gpu in enumerate(spec.get("gpus", []))]}
 
 
@@ -111,7 +142,9 @@ def _gpu(position: int, gpu: dict, token: str) -> dict:
     out = {"index": index, "uuid": f"GPU-{token}-4000-8000-{index:012x}",
            "bus_id": f"00000000:{0x18 + index:02X}:00.0", "name": MODEL,
            "memory_total": 81559, "memory_used": 0, "utilization": 0, "mig": False,
-           "processes": []}
+           "ecc_errors": 0, "retired_pending": False, "reset_required": False,
+           "compute_mode": "Default", "throttle": 0, "remapped_pending": False,
+           "remapped_failed": False, "processes": []}
     out.update(gpu)
     out["processes"] = [{"name": "python", "used_mib": None, **p} for p in out["processes"]]
     return out
@@ -124,22 +157,51 @@ import os
 import sys
 import time
 
+FAULTS = {"reset": "[GPU requires reset]", "lost": "[GPU is lost]"}
+
+
+def yes_no(v):
+    return None if v is None else ("Yes" if v else "No")
+
+
+def gpu_value(key, fmt=lambda v: v):
+    def get(g, h):
+        if g.get("fault") in FAULTS and key not in ("index", "uuid", "bus_id", "name", "mig"):
+            return FAULTS[g["fault"]]
+        return fmt(g[key])
+    return get
+
+
 GPU_FIELDS = {
-    "index": lambda g, h: g["index"],
-    "uuid": lambda g, h: g["uuid"],
-    "pci.bus_id": lambda g, h: g["bus_id"],
-    "name": lambda g, h: g["name"],
-    "memory.total": lambda g, h: g["memory_total"],
-    "memory.used": lambda g, h: g["memory_used"],
-    "utilization.gpu": lambda g, h: "[N/A]" if g["mig"] else g["utilization"],
+    "index": gpu_value("index"),
+    "uuid": gpu_value("uuid"),
+    "pci.bus_id": gpu_value("bus_id"),
+    "name": gpu_value("name"),
+    "memory.total": gpu_value("memory_total"),
+    "memory.used": gpu_value("memory_used"),
+    "utilization.gpu": lambda g, h: "[N/A]" if g["mig"] else gpu_value("utilization")(g, h),
     "mig.mode.current": lambda g, h: {True: "Enabled", False: "Disabled"}.get(g["mig"]),
     "driver_version": lambda g, h: h["driver"],
+    "ecc.errors.uncorrected.volatile.total": gpu_value("ecc_errors"),
+    "retired_pages.pending": gpu_value("retired_pending", yes_no),
+    "reset_status.reset_required": gpu_value("reset_required", yes_no),
+    "compute_mode": gpu_value("compute_mode"),
+    "clocks_throttle_reasons.active": gpu_value("throttle", lambda v: f"0x{v:016x}"),
+    "clocks_event_reasons.active": gpu_value("throttle", lambda v: f"0x{v:016x}"),
 }
 APP_FIELDS = {
     "gpu_uuid": lambda p, g: g["uuid"],
     "pid": lambda p, g: p["pid"],
     "process_name": lambda p, g: p["name"],
     "used_memory": lambda p, g: p["used_mib"],
+}
+ROW_FIELDS = {
+    "gpu_uuid": lambda g: g["uuid"],
+    "gpu_bus_id": lambda g: g["bus_id"],
+    "remapped_rows.pending": lambda g: None if g["remapped_pending"] is None
+    else int(g["remapped_pending"]),
+    "remapped_rows.failure": lambda g: None if g["remapped_failed"] is None
+    else int(g["remapped_failed"]),
 }
 
 
@@ -155,12 +217,12 @@ def host_state():
         conn = os.environ.get("SSH_CONNECTION", "").split()
         name = conn[2] if len(conn) > 2 else "local"
     return hosts.get(name) or hosts.get("local") or {"gpus": [], "fail": None, "hang": False,
-                                                     "driver": ""}
+                                                     "driver": "", "unknown_fields": []}
 
 
-def query(spec, table):
+def query(spec, table, unknown):
     fields = spec.split(",")
-    bad = [f for f in fields if f not in table]
+    bad = [f for f in fields if f not in table or f in unknown]
     if bad:
         print(f'Field "{bad[0]}" is not a valid field to query.')
         sys.exit(2)
@@ -178,25 +240,48 @@ def main(argv):
     if not gpus:
         print("No devices were found")
         sys.exit(6)
+    unknown = host.get("unknown_fields") or []
     args = dict(a.split("=", 1) if "=" in a else (a, "") for a in argv)
+    code = 15 if any(g.get("off_bus") for g in gpus) else \
+        14 if any(g.get("inforom") for g in gpus) else 0
+    reachable = [g for g in gpus if not g.get("off_bus")]
+    lost = [f"Unable to determine the device handle for GPU{g['bus_id']}: Unknown Error"
+            for g in gpus if g.get("off_bus")]
     if "-L" in args:
-        for g in gpus:
+        for g in reachable:
             print(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})")
-        return
+        for line in lost:
+            print(line)
+        sys.exit(code)
     if args.get("--format") != "csv,noheader,nounits":
         print("fake nvidia-smi: only -L and --format=csv,noheader,nounits queries")
         sys.exit(2)
+    out = []
     if "--query-gpu" in args:
-        getters = query(args["--query-gpu"], GPU_FIELDS)
-        rows = [[get(g, host) for get in getters] for g in gpus]
+        getters = query(args["--query-gpu"], GPU_FIELDS, unknown)
+        for g in gpus:
+            if g.get("off_bus"):
+                out.append(f"Unable to determine the device handle for GPU{g['bus_id']}: "
+                           "Unknown Error")
+            elif g.get("garbled"):
+                out.append(g["garbled"])
+            else:
+                out.append(", ".join(value(get(g, host)) for get in getters))
     elif "--query-compute-apps" in args:
-        getters = query(args["--query-compute-apps"], APP_FIELDS)
-        rows = [[get(p, g) for get in getters] for g in gpus for p in g["processes"]]
+        getters = query(args["--query-compute-apps"], APP_FIELDS, unknown)
+        out = [", ".join(value(get(p, g)) for get in getters)
+               for g in reachable for p in g["processes"]]
+    elif "--query-remapped-rows" in args:
+        getters = query(args["--query-remapped-rows"], ROW_FIELDS, unknown)
+        out = [", ".join(value(get(g)) for get in getters) for g in reachable]
     else:
-        print("fake nvidia-smi: only -L, --query-gpu and --query-compute-apps")
+        print("fake nvidia-smi: only -L, --query-gpu, --query-compute-apps and "
+              "--query-remapped-rows")
         sys.exit(2)
-    for row in rows:
-        print(", ".join(map(value, row)))
+    out += [f"WARNING: infoROM is corrupted at gpu {g['bus_id']}" for g in gpus if g.get("inforom")]
+    for line in out:
+        print(line)
+    sys.exit(code)
 
 
 main(sys.argv[1:])

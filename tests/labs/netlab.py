@@ -33,7 +33,11 @@ listens there, and the ssh_config ``HostName`` is that address) and
 ``blackhole``) route in ``src``'s namespace to ``dst``'s address. That
 breaks TCP between the two in both directions (from ``src`` at once; from
 ``dst`` by timeout, as ``src``'s replies have no route); the controller
-still reaches both.
+still reaches both. ``blocked=[(src, dst)]``: a firewall, as a real host's
+would be: an nftables rule in ``dst``'s namespace that drops every packet
+from ``src``'s address (``nft``, from ``scripts/install-system-deps``); both
+directions time out, and every other path (the controller, the master
+port on a third host) stays open.
 
 Every namespace, link, ``/etc/netns/NS`` directory, UTS bind mount and
 process in the lab's namespaces is removed on ``stop()`` (also after a
@@ -122,7 +126,8 @@ class NetLab(SshLab):
 
     def __init__(self, n_hosts: int = 2, *, family: str = "ipv4",
                  nics: Iterable[str] = DEFAULT_NICS, unreachable: Iterable[tuple] = (),
-                 unreachable_route: str = "unreachable", hostname_loopback: bool = True,
+                 unreachable_route: str = "unreachable", blocked: Iterable[tuple] = (),
+                 hostname_loopback: bool = True,
                  docker0: bool = True, port: int = 22, startup_timeout: float = 20.0,
                  **kwargs):
         super().__init__(n_hosts, startup_timeout=startup_timeout, **kwargs)
@@ -140,6 +145,12 @@ class NetLab(SshLab):
             if not (0 <= src < n_hosts and 0 <= dst < n_hosts) or src == dst:
                 raise ValueError(f"bad unreachable pair {(src, dst)}")
         self.unreachable_route = unreachable_route
+        self.blocked = [tuple(pair) for pair in blocked]
+        for src, dst in self.blocked:
+            if not (0 <= src < n_hosts and 0 <= dst < n_hosts) or src == dst:
+                raise ValueError(f"bad blocked pair {(src, dst)}")
+        if self.blocked and shutil.which("nft") is None:
+            lacking("nft is missing: install nftables with scripts/install-system-deps")
         self.hostname_loopback = hostname_loopback
         self.docker0 = docker0
         self.port = port
@@ -292,6 +303,18 @@ class NetLab(SshLab):
             length = 32 if self.family == "ipv4" else 128
             _run(IP, "-n", self._ns(src), "route", "add", self.unreachable_route,
                  f"{self._addr(dst)}/{length}")
+        for src, dst in self.blocked:
+            self._block(src, dst)
+
+    def _block(self, src: int, dst: int) -> None:
+        """An nftables table in ``dst``'s namespace dropping what ``src`` sends."""
+        nft = [IP, "netns", "exec", self._ns(dst), shutil.which("nft") or "nft"]
+        family = "ip" if self.family == "ipv4" else "ip6"
+        _run(*nft, "add", "table", "inet", "netlab")
+        _run(*nft, "add chain inet netlab input { type filter hook input priority 0; "
+                   "policy accept; }")
+        _run(*nft, "add", "rule", "inet", "netlab", "input", family, "saddr",
+             self._addr(src), "drop")
 
     def _ns(self, index: int) -> str:
         return f"{self.name}-{index}"

@@ -124,6 +124,15 @@ def test_one_host_cannot_reach_another_but_the_controller_reaches_both(make_net_
         assert _ssh(lab, host, "true").returncode == 0
 
 
+def test_a_firewall_in_one_host_blocks_one_pair_both_ways_and_nothing_else(make_net_lab):
+    lab = make_net_lab(3, blocked=[(1, 2)])
+    assert _tcp(lab, 1, 2) == "timeout"
+    assert _tcp(lab, 2, 1) == "timeout"  # its answers are dropped on the way back in
+    assert _tcp(lab, 0, 2) == "ok" and _tcp(lab, 1, 0) == "ok"
+    for host in lab.hosts:
+        assert _ssh(lab, host, "true").returncode == 0
+
+
 def test_ipv6_only_cluster_network(make_net_lab):
     lab = make_net_lab(2, family="ipv6", nics=["enp3s0", "eno1"])
     assert [h.addr for h in lab.hosts] == [f"fd77:{lab.net}::10", f"fd77:{lab.net}::11"]

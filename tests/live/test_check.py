@@ -248,3 +248,48 @@ def test_a_node_that_cannot_reach_the_master_fails_reach_master(make_net_lab, tm
     (why,) = details(result.stdout, "1", "reach-master")
     assert why.startswith(f"cannot open TCP to {lab.hosts[0].addr}:") and \
         "(No route to host); check master.addr and firewalls" in why, why
+
+
+# -- the collective smoke test -----------------------------------------------------------
+
+def test_the_collective_smoke_test_names_a_pair_a_firewall_blocks(make_net_lab, tmp_path):
+    """Three hosts, one CPU process each (gloo); an nftables rule in node 2's
+    namespace drops what node 1 sends: SSH and the master port on node 0
+    stay open, as on a host whose firewall opens only those. `check
+    --collective` runs the all-reduce of every pair of nodes on the run's own
+    layout and env: pairs 0-1 and 0-2 complete, timed, pair 1-2 is named
+    with the likely cause, and the gang's all-reduce is not tried. `up
+    --preflight collective` refuses to launch on it, and nothing is left."""
+    lab = make_net_lab(3, blocked=[(1, 2)])
+    env = lab_home(lab, tmp_path)
+    nodes = [f"{{host: {h.alias}, procs: 1}}" for h in lab.hosts]
+    cluster = lab_cluster(lab, tmp_path, nodes, "workload: {name: noop}\n", name="smoke")
+    runs = str(tmp_path / "runs")
+    result = run_cli("check", cluster, "--collective", "--bound", "10", "--runs-dir", runs,
+                     env=env, timeout=300)
+    print(result.stdout)
+    assert result.returncode == 1, result.stdout + result.stderr
+    smoke = [line.split(None, 4)[4] for line in result.stdout.splitlines()
+             if len(line.split()) > 4 and line.split()[2] == "collective"]
+    assert len(smoke) == 4, result.stdout
+    assert smoke[0].startswith("node 0 (node0) <-> node 1 (node1): all-reduce in "), smoke
+    assert smoke[1].startswith("node 0 (node0) <-> node 2 (node2): all-reduce in "), smoke
+    assert " GB/s" in smoke[0] and " GB/s" in smoke[1]
+    assert smoke[2].startswith("node 1 (node1) <-> node 2 (node2): "), smoke
+    assert "likely a firewall between these two hosts: Gloo's connections use ports of " \
+           "their own" in smoke[2]
+    assert smoke[3].startswith("the whole gang (3 ranks on 3 node(s), gloo): not tried: a pair "
+                               "of nodes failed"), smoke
+    table = rows(result.stdout)
+    assert table[("1", "collective")] == "FAIL" and table[("0", "collective")] == "ok"
+
+    up = run_cli("up", cluster, "--preflight", "collective", "--run-id", "smoke-up",
+                 "--runs-dir", runs, env=env, timeout=300)
+    out = up.stdout + up.stderr
+    print(out)
+    assert up.returncode == 1, out
+    assert "node 1 (node1) <-> node 2 (node2): " in up.stdout
+    assert "the collective smoke test failed: nothing launched" in up.stdout
+    assert not os.path.exists(os.path.join(runs, "smoke-up")), os.listdir(runs)
+    for run in os.listdir(runs):
+        assert wait_gone(run, 20, labs=[lab]) == set()

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -40,6 +41,8 @@ NOOP = "workload: {name: noop}\n"
 SLEEPER = "workload: {script: sleeper.py}\n"
 CPU = "device: cpu\n"
 EXIT_REFUSED = 2
+# setpriv's words for a second user that may read what root's interpreter needs
+READ_ANYWHERE = ("--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search")
 
 
 class Gpus:
@@ -533,3 +536,201 @@ def test_device_auto_on_a_torch_that_sees_no_gpu_is_refused(gpus_lab):
     assert "started" not in ran.stdout
     assert wait_gone("gpu-auto", 15, labs=[gpus_lab.lab]) == set()
     assert wait_free(keys, 10) == {}
+
+
+def test_device_auto_is_decided_after_a_wait_from_the_answer_that_ended_it(gpus_lab, busy_pids):
+    """``--wait-gpus`` with ``device: auto``: node 0's GPU is busy at first,
+    so the launch waits; the answer that ends the wait must carry the node
+    torch's view as the first one did, and the CPU-only torch of the lab is
+    then refused as without a wait. (Before, only the first ``gpus`` reply
+    carried it: the run went on, its ranks on the CPU while it held the GPU.)"""
+    [pid] = busy_pids(1)
+    busy = [{"name": H100, "memory_used": 3000, "processes": [{"pid": pid, "used_mib": 3000}]}]
+    written = gpus_lab.set(busy, [])
+    keys = gpus_lab.uuids(written, 0)
+    cluster = gpus_lab.cluster("waitauto", ["{host: node0, gpus: '0'}"], extra="")
+    proc = gpus_lab.start(cluster, "gpu-waitauto", "--wait-gpus", "90")
+    try:
+        said = wait_for_lines(proc, "waiting up to")
+        assert "node 0 (node0)" in said, said
+        gpus_lab.set(idle(1), [])
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        stop(proc)
+    assert proc.returncode == EXIT_REFUSED, out
+    assert "nodes[0].gpus: node 0 (node0): device auto, but its torch " in out, out
+    assert "started" not in out and "Traceback" not in out
+    assert wait_gone("gpu-waitauto", 15, labs=[gpus_lab.lab]) == set()
+    assert wait_free(keys, 10) == {}
+
+
+# -- 8. health, and an nvidia-smi that answers in part ------------------------------
+
+def test_an_unfit_gpu_is_never_chosen_and_a_partial_nvidia_smi_keeps_the_rest(gpus_lab):
+    """Node 0: GPU 0 has uncorrected ECC errors and no memory in use (the
+    first ``free:1`` would have taken), GPU 1 prints ``[GPU requires reset]``,
+    GPU 3 is off the bus (nvidia-smi exits 15); node 1's infoROM is
+    corrupted (exit 14, its table printed). ``free:1`` gets GPU 2 and ``all``
+    both of node 1's, each nvidia-smi warning said before the start; GPU 0
+    listed is refused with what is wrong and what to do; ``check`` shows each
+    GPU's health and where the locks live."""
+    written = gpus_lab.set([{"name": H100, "ecc_errors": 2}, {"name": H100, "fault": "reset"},
+                            {"name": H100, "memory_used": 200}, {"name": H100, "off_bus": True}],
+                           [{"name": H100}, {"name": H100, "inforom": True}])
+    keys = gpus_lab.uuids(written, 0) + gpus_lab.uuids(written, 1)
+    cluster = gpus_lab.cluster("health", ["{host: node0, gpus: 'free:1'}",
+                                          "{host: node1, gpus: all}"])
+    ran = gpus_lab.up(cluster, "gpu-health")
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 0, out
+    assert [n["gpus"] for n in gpus_lab.plan("gpu-health")["nodes"]] == [[2], [0, 1]]
+    start = out.index("started 3 processes")
+    off_bus = out.index("node 0 (node0): nvidia-smi: Unable to determine the device handle for "
+                        "GPU00000000:1B:00.0: Unknown Error")
+    inforom = out.index("node 1 (node1): nvidia-smi: WARNING: infoROM is corrupted at gpu "
+                        "00000000:19:00.0")
+    assert off_bus < start and inforom < start, out
+    assert wait_free(keys, 15) == {}
+
+    listed = gpus_lab.cluster("unfit", ["{host: node0, gpus: '0,2'}"])
+    refused = gpus_lab.up(listed, "gpu-unfit", timeout=120)
+    assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
+    err = refused.stderr
+    assert (f"nodes[0].gpus: node 0 (node0): GPU 0 ({H100}) is unfit: 2 uncorrected ECC errors "
+            "since the driver loaded; free now: 2") in err, err
+    assert "GPU 0: reset it once nothing runs on it (`sudo nvidia-smi -r -i 0`)" in err, err
+    assert "gpu_policy: {ignore: [ecc]} takes such GPUs anyway" in err and "Traceback" not in err
+    relaxed = gpus_lab.cluster("relaxed", ["{host: node0, gpus: '0,2'}"],
+                               extra=CPU + "gpu_policy: {ignore: [ecc]}\n")
+    went = gpus_lab.up(relaxed, "gpu-relaxed")
+    assert went.returncode == 0, went.stdout + went.stderr
+    assert wait_free(keys, 15) == {}
+
+    check = run_cli("check", cluster, env=gpus_lab.env, timeout=120)
+    print(check.stdout)
+    assert check.returncode == 0, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    head = next(k for k, line in enumerate(lines) if line.startswith("node 0 (node0) GPUs"))
+    assert lines[head].endswith(f"; locks in {gpulocks.lock_dir()}")
+    assert lines[head + 1].split()[:5] == ["GPU", "MODEL", "MEMORY", "UTIL", "HEALTH"]
+    rows = {line.split()[0]: line for line in lines[head + 2:head + 5]}
+    assert "2 ECC errors" in rows["0"] and rows["0"].endswith("unfit")
+    assert "needs reset" in rows["1"] and rows["1"].endswith("unfit")
+    assert rows["2"].endswith("the run's")
+    assert "  nvidia-smi: Unable to determine the device handle for GPU00000000:1B:00.0: " \
+           "Unknown Error" in lines[head + 5:head + 8]
+    for run in ("gpu-health", "gpu-unfit", "gpu-relaxed"):
+        assert wait_gone(run, 20, labs=[gpus_lab.lab]) == set()
+
+
+# -- 9. two Unix users' runs meet in the lock directory -------------------------------
+
+def test_two_unix_users_runs_meet_in_the_lock_directory(gpus_lab, tmp_path_factory):
+    """Root's run holds GPU 0 of this host; a run of another Unix user
+    (``nobody``, started with setpriv) is refused it, naming root's run, and
+    gets GPU 1 with ``free``; once root's run is over, ``nobody`` takes GPU 0.
+    Both find the same lock directory by default (``/run/lock`` where it is
+    world-writable and sticky), and a lock file root made is locked by nobody.
+    (``nobody`` keeps CAP_DAC_READ_SEARCH, to read the suite's interpreter
+    under root's home: reading only; every file it makes or locks is as uid
+    65534.)"""
+    import pwd
+    import tempfile
+
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as a second Unix user")
+    nobody = pwd.getpwnam("nobody")
+    shared = tempfile.mkdtemp(prefix="ddp-orch-users-")  # every user reads it
+    os.chmod(shared, 0o755)
+    smi = fake_nvidia_smi(os.path.join(shared, "smi"), [])
+    written = set_state(smi, [{"name": H100}, {"name": H100}])
+    keys = [g["uuid"] for g in written["hosts"]["local"]["gpus"]]
+    home = os.path.join(shared, "nobody")
+    os.mkdir(home)
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    shutil.copy(os.path.join(PROGRAMS, "sleeper.py"), shared)
+    path = {"PATH": smi + os.pathsep + os.environ["PATH"]}
+
+    def as_nobody(run_id: str, gpus: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+             *READ_ANYWHERE, "env", f"HOME={home}", f"PATH={path['PATH']}", f"PYTHONPATH={ROOT}",
+             "XDG_DATA_HOME=" + os.path.join(home, "xdg"), sys.executable, "-m", "orchestrator",
+             "up", "--local", "--gpus", gpus, "--device", "cpu", "--workload", "noop",
+             "--run-id", run_id, "--runs-dir", os.path.join(home, "runs"), "--grace", "3"],
+            cwd=ROOT, capture_output=True, text=True, timeout=180)
+
+    mine = os.path.join(shared, "root.yaml")
+    with open(mine, "w", encoding="utf-8") as fh:
+        fh.write("device: cpu\nnodes: [{host: localhost, gpus: '0'}]\n"
+                 "workload: {script: sleeper.py}\n")
+    root_run = start_cli("up", mine, "--run-id", "gpu-users-root", "--runs-dir",
+                         str(gpus_lab.root / "runs"), "--grace", "3", env=path)
+    try:
+        wait_for_lines(root_run, "training")
+        assert gpulocks.holders([keys[0]])[keys[0]]["user"] == "root"
+        refused = as_nobody("gpu-users-nobody", "0")
+        assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
+        assert f"GPU 0 ({H100}) is held by run gpu-users-root of root since" in refused.stderr
+        beside = as_nobody("gpu-users-nobody2", "free")
+        assert beside.returncode == 0, beside.stdout + beside.stderr
+        assert "GPUs 1 (free)" in beside.stdout, beside.stdout
+    finally:
+        stop(root_run)
+    after = as_nobody("gpu-users-nobody3", "0")
+    assert after.returncode == 0, after.stdout + after.stderr
+    lock = os.path.join(gpulocks.lock_dir(), gpulocks.safe_name(keys[0]))
+    assert os.stat(lock).st_uid == 0  # root's file, locked by nobody in turn
+    assert wait_free(keys, 10) == {}
+    for run in ("gpu-users-root", "gpu-users-nobody", "gpu-users-nobody2", "gpu-users-nobody3"):
+        assert wait_gone(run, 20) == set()
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+# -- 10. the launch checks what check checks: the node's driver and its GPUs' kernels ----
+
+def test_the_launch_refuses_a_driver_that_does_not_start_and_a_gpu_without_kernels(
+        tmp_path_factory):
+    """A lab host whose CUDA driver is a stand-in (``tests/labs/fakecuda.py``,
+    the node agent's LD_LIBRARY_PATH): cuInit answers 999 (nvidia-uvm not
+    loaded) and ``device: auto`` is refused with that fix, not "install a
+    CUDA build of torch"; then a GPU of compute capability 6.1, for which
+    the lab's torch has no kernel, is refused at launch from the same probe
+    (no round trip more), and ``check`` fails its gpu-arch row."""
+    from fakecuda import fake_libcuda
+
+    _require_sshd()
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the stand-in libcuda")
+    root = tmp_path_factory.mktemp("driver")
+    smi = fake_nvidia_smi(root.parent / f"{root.name}-smi", [{"name": H100}])
+    cuda = fake_libcuda(root.parent / f"{root.name}-cuda", init=999)
+    line = f"SetEnv PATH={smi}:/usr/local/bin:/usr/bin:/bin LD_LIBRARY_PATH={cuda}"
+    with SshLab(1, extra_sshd=[line]) as lab:
+        env = lab_home(lab, root)
+        cluster = lab_cluster(lab, root, ["{host: node0, gpus: '0'}"], NOOP, name="driver")
+        ran = run_cli("up", cluster, "--run-id", "gpu-driver", "--runs-dir", str(root / "runs"),
+                      env=env, timeout=180)
+        assert ran.returncode == EXIT_REFUSED, ran.stdout + ran.stderr
+        assert ("node 0 (node0): device auto, but its torch 2.14.1+cu130 (CUDA 13.0) sees no GPU: "
+                "its CUDA driver fails cuInit with 999 (CUDA_ERROR_UNKNOWN)") in ran.stderr, \
+            ran.stderr
+        assert "sudo modprobe nvidia-uvm" in ran.stderr
+        assert "install a CUDA build of torch" not in ran.stderr
+
+        fake_libcuda(cuda, caps=("6.1",), driver=13000)
+        ran = run_cli("up", cluster, "--run-id", "gpu-arch", "--runs-dir", str(root / "runs"),
+                      env=env, timeout=180)
+        assert ran.returncode == EXIT_REFUSED, ran.stdout + ran.stderr
+        assert "nodes[0].gpus: node 0 (node0): GPU 0's compute capability 6.1 has no kernel in " \
+               "its torch (built for sm_75 " in ran.stderr, ran.stderr
+        assert "install a torch built for sm_61 on node0" in ran.stderr
+        assert "started" not in ran.stdout
+
+        check = run_cli("check", cluster, env=env, timeout=120)
+        print(check.stdout)
+        assert check.returncode == 1, check.stdout + check.stderr
+        row = next(line for line in check.stdout.splitlines() if " gpu-arch " in line)
+        assert row.split()[2:4] == ["gpu-arch", "FAIL"], row
+        for run in ("gpu-driver", "gpu-arch"):
+            assert wait_gone(run, 20, labs=[lab]) == set()

@@ -88,3 +88,28 @@ def test_stacks_native_reads_every_rank_with_py_spy_and_its_c_frames(tmp_path):
         proc.send_signal(2)
         proc.communicate(timeout=60)
     assert wait_gone("spy", 15) == set()
+
+
+@pytest.mark.live
+def test_the_hang_watchdog_has_every_rank_dump_its_flight_recorder_before_it_stops_them(
+        tmp_path):
+    """Rank 2 never calls the all_reduce ranks 0-1 wait in (gloo). At the
+    hang verdict every rank is asked for its flight recorder's dump (torch
+    >= 2.8 records gloo's collectives; the worker shim dumps them when the
+    node's agent writes to its FIFO), within a short bound, before the stop;
+    the dumps come home under nccl_trace/, and the summary reads them: which
+    rank, and which collective by its sequence number, was missing."""
+    cluster = local_job(tmp_path, "frhang", "hang_rank2.py",
+                        "[{host: localhost, procs: 2}, {host: localhost, procs: 1}]")
+    runs = str(tmp_path / "runs")
+    ran = run_cli("up", cluster, "--run-id", "frhang", "--runs-dir", runs, "--grace", "3",
+                  "--hang-timeout", "10", timeout=240)
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 1, out
+    assert ("flight recorder: rank 2 never issued collective #2 (gloo:all_reduce) of process "
+            "group 0 (default_pg), which ranks 0-1 issued") in ran.stdout, out
+    traces = os.path.join(runs, "frhang", "nccl_trace")
+    assert sorted(os.listdir(traces)) == ["node-0", "node-1"]
+    assert sorted(os.listdir(os.path.join(traces, "node-0"))) == ["rank-0", "rank-1"]
+    assert os.listdir(os.path.join(traces, "node-1")) == ["rank-2"]
+    assert wait_gone("frhang", 15) == set()

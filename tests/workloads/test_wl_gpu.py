@@ -182,3 +182,31 @@ def test_a_free_gpu_is_chosen_from_the_real_nvidia_smi_and_a_second_run_is_refus
         assert "run gpu-a of" in second["error"]
     finally:
         gpuclaim.release()
+
+
+def test_the_probes_compute_capabilities_and_arch_list_are_torchs():
+    """The launch reads each GPU's compute capability from the driver and
+    torch's arch list from libtorch_python.so, without importing torch: on a
+    real GPU they must be what torch itself says."""
+    from orchestrator.agent.node import gpuclaim
+
+    seen = gpuclaim.TorchProbe().result()
+    assert seen["caps"] == ["%d.%d" % torch.cuda.get_device_capability(i)
+                            for i in range(torch.cuda.device_count())], seen
+    assert seen["arch"] == torch.cuda.get_arch_list(), seen
+    assert "cuda_error" not in seen
+
+
+def test_the_real_nvidia_smi_answers_the_health_fields_or_says_which_it_does_not():
+    from orchestrator.agent.node import gpus
+
+    facts = gpus.facts(30)
+    if facts.get("absent"):
+        pytest.skip("no nvidia-smi on this GPU machine's PATH")
+    assert facts["ok"], facts
+    for gpu in facts["gpus"]:
+        assert "unreadable" not in gpu, gpu
+        assert gpu["compute_mode"] in ("Default", "Exclusive_Process", "Prohibited",
+                                       "Exclusive_Thread") or \
+            "compute_mode" in facts.get("unreported", ()), gpu
+        assert gpus.health(gpu) == [], (gpu, "a lent machine's GPUs should be healthy")

@@ -626,3 +626,24 @@ def test_the_summary_names_the_rank_with_the_most_time_outside_collectives():
                          {"world_size": 3, "metrics": {}, **report})
     assert "slowest rank: rank 1 (node 0, vm), 42 ms/step: 32 ms/step outside collectives, " \
            "2.7x the others' median (12 ms)" in render_summary(outcome, "/runs/r")
+
+
+def test_pg_timeout_bounds_the_process_group_and_zero_keeps_torchs_default(monkeypatch):
+    """--pg-timeout: under the hang watchdog's timeout, torch's own watchdog
+    ends a collective first and dumps its flight recorder (NCCL)."""
+    import datetime
+
+    from workloads.catalog import CATALOG
+    from workloads.harness import context
+
+    assert all(info.arg("pg_timeout") is not None for info in CATALOG.values())
+    asked: list[dict] = []
+    monkeypatch.setattr(context.dist, "init_process_group",
+                        lambda backend, **kw: asked.append(kw))
+    monkeypatch.setattr(context.dist, "is_initialized", lambda: False)
+    ctx = read_context({}, cuda=no_gpu)
+    for seconds in (7, 0):
+        with context.process_group(ctx, seconds):
+            pass
+    assert asked[0]["timeout"] == datetime.timedelta(seconds=7)
+    assert "timeout" not in asked[1]  # torch's own default

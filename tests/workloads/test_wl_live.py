@@ -180,3 +180,36 @@ def test_mnist_resume_continues_exactly(tmp_path):
 
 # test_resnet_on_synthetic_data_reports_the_time_breakdown: its run and every
 # check are test_wl_orchestrated.py's test_workload_under_ddp_orch_up_local[resnet].
+
+
+def test_collective_across_two_simulated_nodes_reports_the_pair_and_the_gang(tmp_path):
+    """The collective smoke test's program, one torchrun per "node" of two
+    ranks each (gloo): the pair of nodes (their first ranks) and the whole
+    gang of 4 complete, timed, with a bus bandwidth; ranks end at once."""
+    import json
+
+    port = str(free_port())
+    result_file = str(tmp_path / "result.json")
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--node-rank", str(node), "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", port,
+               "--rdzv-backend", "static", "--max-restarts", "0",
+               "--log-dir", str(tmp_path / f"logs{node}"), "-m", "workloads.collective",
+               "--bound", "20", "--device", "cpu"]
+        env = workload_env(result_file if node == 0 else str(tmp_path / "node1.json"))
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"{out}\n{err[-3000:]}"
+    with open(result_file, encoding="utf-8") as fh:
+        got = json.load(fh)
+    assert (got["backend"], got["world_size"]) == ("gloo", 4)
+    assert [n["ranks"] for n in got["nodes"]] == [[0, 1], [2, 3]]
+    [pair] = got["pairs"]
+    assert (pair["nodes"], pair["ranks"], pair["ok"]) == ([0, 1], [0, 2], True)
+    assert pair["seconds"] > 0 and pair["busbw_gbps"] > 0
+    assert got["gang"]["ok"] is True and got["gang"]["busbw_gbps"] > 0
+    assert not os.path.exists(tmp_path / "node1.json")

@@ -250,15 +250,18 @@ def _uuid_key(uuid: str) -> str:
 
 
 @contextmanager
-def process_group(ctx: DistContext) -> Iterator[None]:
+def process_group(ctx: DistContext, timeout_s: int = 0) -> Iterator[None]:
     """Open the default process group for the body, destroy it in ``finally``.
 
     Under torchrun the group rendezvouses through env:// (MASTER_ADDR/PORT).
     Run alone, a one-process group on an in-memory HashStore is created
     instead, so every workload can use the same collectives and DDP wrapper
     whatever the world size, without opening a port or touching os.environ.
+    ``timeout_s`` (``--pg-timeout``; 0: torch's default) bounds each collective.
     """
-    extra = {}
+    import datetime
+
+    extra: dict = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s > 0 else {}
     if ctx.is_cuda:  # the device itself was set when the context was read (bind_device)
         extra["device_id"] = ctx.torch_device()  # bind NCCL to our GPU eagerly
     if ctx.launched:

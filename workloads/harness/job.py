@@ -94,7 +94,7 @@ def layout_of(ctx: DistContext) -> Layout:
 def run_job(job: Job, train: Callable[[Job], dict]) -> dict:
     """``train(job)`` inside the process group; everything it built is freed
     before the group is destroyed (see module docstring)."""
-    with process_group(job.ctx):
+    with process_group(job.ctx, getattr(job.args, "pg_timeout", 0)):
         try:
             return train(job)
         finally:

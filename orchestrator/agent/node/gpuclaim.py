@@ -32,6 +32,7 @@ from . import gpulocks, gpus, probes
 SMI_TIMEOUT_S = 20.0  # each nvidia-smi query; a hung driver answers never
 CLAIM_TRIES = 3  # another run may take a GPU between our look and our lock
 TORCH_TIMEOUT_S = 120.0  # a cold import of torch with CUDA on a slow disk
+NOTE_CHARS = 240  # a note of nvidia-smi's own in the reply (the controller takes 256)
 
 _holds: list[gpulocks.Holds] = []
 
@@ -43,44 +44,62 @@ def held_fds() -> list[int]:
 
 def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int,
           allow_busy: bool = False, hold: bool = True, rehearsal: bool = False,
-          lock_dir: str = gpulocks.LOCK_DIR) -> dict:
-    """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``.
+          lock_dir: str | None = None, busy_util: int = gpus.DEFAULT_BUSY_UTIL,
+          ignore: "list[str] | tuple[str, ...]" = (),
+          exclude: "list[int] | tuple[int, ...]" = ()) -> dict:
+    """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``,
+    under the site's ``gpu_policy`` (``busy_mib``, ``busy_util``, the health
+    rules it ``ignore``s, the indices it ``exclude``s, its ``lock_dir``).
 
-    ``{"ok": True, "chosen", "uuids", "models", "notes", "gpus", "driver"}``
-    (``gpus``: every GPU as nvidia-smi lists it, with ``held_by`` where
-    another run holds it), or ``{"ok": False, "reason", "error", "free",
-    "waitable"}``. Without nvidia-smi an explicit list goes as listed (with
-    a note: no busy check, no lock) and ``all``/``free`` are refused; a
-    failing nvidia-smi is a refusal with what it said. A ``rehearsal``
-    (``device: cpu``) may list indices the node lacks: each is a CPU
-    process, checked and held only where it names a GPU.
+    ``{"ok": True, "chosen", "uuids", "models", "notes", "gpus", "driver",
+    "lock_dir"}`` (``gpus``: every GPU as nvidia-smi lists it, with
+    ``held_by`` where another run holds it; ``notes``: nvidia-smi's own
+    warnings too, for a node it answered in part), or ``{"ok": False,
+    "reason", "error", "free", "waitable"}``. Without nvidia-smi an
+    explicit list goes as listed (with a note: no busy check, no lock) and
+    ``all``/``free`` are refused; a failing nvidia-smi is a refusal with
+    what it said. A ``rehearsal`` (``device: cpu``) may list indices the
+    node lacks: each is a CPU process, checked and held only where it names
+    a GPU.
     """
     found = gpus.facts(SMI_TIMEOUT_S)
     if not found["ok"]:
         return _without_smi(want, found)
     listing = found["gpus"]
+    policy = {"busy_mib": busy_mib, "busy_util": busy_util, "ignore": tuple(ignore),
+              "exclude": tuple(exclude)}
     if rehearsal and not isinstance(want, str):
         there = {gpu["index"] for gpu in listing}
         if any(k not in there for k in want):
             return _rehearsed(want, [k for k in want if k in there], run_id=run_id,
-                              node_rank=node_rank, busy_mib=busy_mib, allow_busy=allow_busy,
-                              hold=hold, lock_dir=lock_dir)
+                              node_rank=node_rank, allow_busy=allow_busy, hold=hold,
+                              lock_dir=lock_dir, **policy)
+    directory = gpulocks.lock_dir(lock_dir)
     keys = {gpu["index"]: gpus.lock_key(gpu) for gpu in listing}
+    said = [f"nvidia-smi: {note}"[:NOTE_CHARS] for note in found.get("notes") or ()]
+    facts = {"gpus": [], "apps": found["apps"], "driver": found.get("driver"),
+             "lock_dir": directory, **({"unreported": found["unreported"]}
+                                       if found.get("unreported") else {}),
+             **({"smi_notes": said} if said else {})}
     for _ in range(CLAIM_TRIES):
-        held = gpulocks.held_by_others(list(keys.values()), run_id, lock_dir)
+        held = gpulocks.held_by_others(list(keys.values()), run_id, directory)
         choice = gpus.choose(want, listing, found["apps"], threshold_mib=busy_mib, held=held,
-                             allow_busy=allow_busy)
-        shown = [{**gpu, **({"held_by": held[keys[gpu["index"]]]}
-                            if keys[gpu["index"]] in held else {})} for gpu in listing]
+                             allow_busy=allow_busy, busy_util=busy_util, ignore=ignore,
+                             exclude=exclude)
+        facts["gpus"] = [{**gpu, **({"held_by": held[keys[gpu["index"]]]}
+                                    if keys[gpu["index"]] in held else {})} for gpu in listing]
+        if choice["ok"]:
+            choice["notes"] = said + choice["notes"]
+        else:
+            choice["error"] += "".join(f"; {note}" for note in said)
         if not choice["ok"] or not hold:
-            return {**choice, "gpus": shown, "apps": found["apps"],
-                    "driver": found.get("driver")}
+            return {**choice, **facts}
         try:
             _holds.append(gpulocks.hold([keys[k] for k in choice["chosen"]],
-                                        {"run_id": run_id, "node_rank": node_rank}, lock_dir))
+                                        {"run_id": run_id, "node_rank": node_rank}, directory))
         except gpulocks.Held:
             continue  # taken since we looked: look again
-        return {**choice, "gpus": shown, "apps": found["apps"], "driver": found.get("driver")}
+        return {**choice, **facts}
     return {"ok": False, "reason": "held", "waitable": True, "free": [],
             "error": f"other runs kept taking these GPUs while this one chose ({CLAIM_TRIES} "
                      "tries)"}
@@ -123,41 +142,30 @@ def release() -> None:
 # torch's view, in a child of the node's Python: never imported here (the agent
 # stays stdlib-only, and a torch that crashes cannot take the agent down), and
 # for a CUDA build not imported at all. Importing torch takes seconds; what
-# ``device: auto`` needs is quicker to ask: the CUDA version torch was built
-# with (its version.py, read as text) and what the driver says (libcuda's
-# cuInit, cuDeviceGetCount and cuDriverGetVersion, through ctypes), as
-# torch.cuda.is_available() asks the runtime. A build this cannot read (no
-# version.py, a ROCm build) is imported instead. With CUDA_DEVICE_ORDER=
-# PCI_BUS_ID, index i is nvidia-smi's GPU i.
-_TORCH = """\
-import ctypes, importlib.util, json, os, re
-def cuda_driver():
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return {"available": False, "why": "no CUDA driver here (%s)" % exc}
-    count, version = ctypes.c_int(0), ctypes.c_int(0)
-    rc = lib.cuInit(0)
-    if rc != 0:
-        return {"available": False, "why": "the CUDA driver does not start (cuInit: error %d)" % rc}
-    lib.cuDeviceGetCount(ctypes.byref(count))
-    lib.cuDriverGetVersion(ctypes.byref(version))
-    return {"available": count.value > 0, "count": count.value,
-            "driver_cuda": "%d.%d" % (version.value // 1000, version.value % 1000 // 10)}
+# ``device: auto`` and the launch's checks need is quicker to ask: the CUDA
+# version torch was built with (its version.py, read as text), what the driver
+# says (``probes.DRIVER_PROBE``), torch's arch list and NCCL's version. A
+# build this cannot read (no version.py, a ROCm build) is imported instead.
+# With CUDA_DEVICE_ORDER=PCI_BUS_ID, index i is nvidia-smi's GPU i.
+_TORCH = probes.DRIVER_PROBE + """\
+import importlib.util
 def from_text():
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None
-    with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as fh:
+    where = list(spec.submodule_search_locations)[0]
+    with open(os.path.join(where, "version.py")) as fh:
         text = fh.read()
     version = re.search(r"^__version__\\s*=\\s*'([^']+)'", text, re.M)
     cuda = re.search(r"^cuda\\s*(?::[^=]*)?=\\s*(?:'([^']+)'|None)", text, re.M)
     hip = re.search(r"^hip\\s*(?::[^=]*)?=\\s*'", text, re.M)
     if version is None or cuda is None or hip is not None:
         return None
-    out = {"torch": version.group(1), "cuda": cuda.group(1), "available": False}
+    out = {"torch": version.group(1), "cuda": cuda.group(1), "available": False,
+           "nccl": nccl_version()}
     if out["cuda"]:
         out.update(cuda_driver())
+        out["arch"] = arch_list(where)
         major = int(out["cuda"].split(".")[0])
         if out.get("driver_cuda") and int(out["driver_cuda"].split(".")[0]) < major:
             out.update(available=False, why="its driver supports CUDA %s, older than the "
@@ -173,6 +181,13 @@ if out is None:
            "available": bool(torch.cuda.is_available())}
     if out["available"]:
         out["count"] = torch.cuda.device_count()
+        if out["cuda"]:
+            try:
+                out["caps"] = ["%d.%d" % torch.cuda.get_device_capability(i)
+                               for i in range(out["count"])]
+                out["arch"] = torch.cuda.get_arch_list()
+            except Exception:
+                pass
 print(json.dumps(out))
 """
 

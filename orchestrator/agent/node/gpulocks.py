@@ -1,9 +1,15 @@
 """Per-GPU locks that a run holds for its whole life, across users.
 
-One file per GPU in ``LOCK_DIR``, named by its UUID (``gpus.lock_key``),
-locked with ``flock``. The directory is node-local on purpose: locks on an
-NFS ``/home`` are unreliable, and GPU indices repeat on every host. It is
-sticky and world-writable like ``/tmp``, so every user's runs meet there.
+One file per GPU in the lock directory (``lock_dir``: ``gpu_policy.lock_dir``,
+else ``/run/lock/ddp-orch-gpus``, else ``/tmp/ddp-orch-gpus``), named by
+its UUID (``gpus.lock_key``), locked with ``flock``. The directory is
+node-local on purpose: locks on an NFS ``/home`` are unreliable, and GPU
+indices repeat on every host. It is sticky and world-writable like ``/tmp``,
+so every user's runs meet there. ``/run/lock`` first: systemd-tmpfiles
+ages files in ``/tmp`` (RHEL's 10 days), and a private ``/tmp``
+(pam_namespace, a service's PrivateTmp, a container per user) is one
+user's alone, where runs of two users would never meet; ``/run`` is
+neither, and is emptied at boot, when no run is left to hold a GPU.
 
 ``flock`` belongs to the open file description and ends with the last
 process that has it open, so a dead run's lock is gone with it (its file,
@@ -28,7 +34,10 @@ import socket
 import stat
 import time
 
-LOCK_DIR = "/tmp/ddp-orch-gpus"
+LOCK_SUBDIR = "ddp-orch-gpus"
+# Where the default lock directory is made: the first that is a directory
+# every user may make files in (world-writable and sticky, as /tmp is).
+LOCK_PARENTS = ("/run/lock", "/tmp")
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 # holders() takes each free lock for an instant to see that it is free: a
 # hold() that meets such a look retries for this long before it says held.
@@ -78,7 +87,7 @@ class Holds:
 
 
 def hold(keys: "list[str] | tuple[str, ...]", holder: dict,
-         directory: str = LOCK_DIR) -> Holds:
+         directory: str | None = None) -> Holds:
     """Lock every one of ``keys`` for ``holder`` (a dict with ``run_id``;
     ``user``, ``started``, ``pid`` and ``host`` are filled in where it lacks
     them), or none: at the first key another run holds, what was taken is
@@ -86,6 +95,7 @@ def hold(keys: "list[str] | tuple[str, ...]", holder: dict,
     held once (a second lock of it here would conflict with the first)."""
     if "run_id" not in holder:
         raise ValueError("a GPU lock's holder needs a run_id")
+    directory = lock_dir(directory)
     record = {**_me(), **holder}
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     _make_dir(directory)
@@ -105,10 +115,11 @@ def hold(keys: "list[str] | tuple[str, ...]", holder: dict,
 
 
 def holders(keys: "list[str] | tuple[str, ...]",
-            directory: str = LOCK_DIR) -> "dict[str, dict | None]":
+            directory: str | None = None) -> "dict[str, dict | None]":
     """Who holds each of ``keys`` now: None where nobody does, the holder's
     record where a run does (``{}`` when it cannot be read). Creates
     nothing: a key without a file, or no directory at all, is free."""
+    directory = lock_dir(directory)
     out: dict[str, dict | None] = {}
     for key in keys:
         try:
@@ -128,11 +139,27 @@ def holders(keys: "list[str] | tuple[str, ...]",
 
 
 def held_by_others(keys: "list[str] | tuple[str, ...]", run_id: str,
-                   directory: str = LOCK_DIR) -> dict[str, dict]:
+                   directory: str | None = None) -> dict[str, dict]:
     """The keys another run than ``run_id`` holds now, with their holders
     (an unreadable holder counts as another run)."""
     return {key: who for key, who in holders(keys, directory).items()
             if who is not None and who.get("run_id") != run_id}
+
+
+def lock_dir(given: str | None = None) -> str:
+    """The directory of this node's GPU locks: ``given`` (``gpu_policy.lock_dir``),
+    else ``ddp-orch-gpus`` in the first of ``LOCK_PARENTS`` that every user
+    may write to (world-writable and sticky)."""
+    if given:
+        return given
+    for parent in LOCK_PARENTS:
+        try:
+            info = os.stat(parent)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_mode & 0o1002 == 0o1002:
+            return os.path.join(parent, LOCK_SUBDIR)
+    return os.path.join(LOCK_PARENTS[-1], LOCK_SUBDIR)
 
 
 def safe_name(key: str) -> str:
@@ -162,8 +189,12 @@ def _me() -> dict:
 def _make_dir(directory: str) -> None:
     """``directory``, sticky and world-writable (1777) where this user owns
     it (chmod after making it: the umask takes bits off); one another user
-    made is used as it is, since only its owner may chmod it."""
-    os.makedirs(directory, 0o700, exist_ok=True)
+    made is used as it is, since only its owner may chmod it. Only the
+    directory itself is made: parents made here would be this user's alone."""
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
     info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "not a directory for GPU locks", directory)

@@ -9,7 +9,9 @@ free now, in words the user can act on. ``choose`` is pure, so every rule is
 tested without a GPU; the locks that hold the chosen GPUs for a run's life
 are in ``gpulocks``.
 
-Stdlib only, like the rest of the agent package.
+Stdlib only, like the rest of the agent package; ``subprocess`` is imported
+where nvidia-smi is run, since the loader reads ``HEALTH_RULES`` here and a
+dry-run starts no process.
 """
 
 from __future__ import annotations
@@ -17,24 +19,51 @@ from __future__ import annotations
 import collections
 import os
 import pwd
+import re
 import shutil
-import subprocess
 import time
+import typing
 
-GPU_FIELDS = ("index,uuid,pci.bus_id,name,memory.total,memory.used,utilization.gpu,"
-              "mig.mode.current,driver_version")
+# What a launch reads of each GPU, then what its health is judged on
+# (``health``). A health field an older nvidia-smi does not know is dropped
+# from the query (its value unknown, and said: ``unreported``); the fields
+# before the free-text name are what every nvidia-smi since R450 answers.
+CORE_FIELDS = ("index", "uuid", "pci.bus_id", "name", "memory.total", "memory.used",
+               "utilization.gpu", "mig.mode.current", "driver_version")
+HEALTH_FIELDS = ("ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
+                 "reset_status.reset_required", "compute_mode", "clocks_throttle_reasons.active")
+GPU_FIELDS = ",".join(CORE_FIELDS + HEALTH_FIELDS)
+# The newer name of a field, tried where nvidia-smi refuses the older one.
+FIELD_ALIASES = {"clocks_throttle_reasons.active": "clocks_event_reasons.active"}
+# Row remapping (Ampere and later) has a query of its own.
+ROW_FIELDS = "gpu_uuid,remapped_rows.pending,remapped_rows.failure"
 APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
 CSV = "--format=csv,noheader,nounits"
 # nvidia-smi's words for a value it does not have; each becomes None.
 _UNKNOWN = ("", "[N/A]", "N/A", "[Not Supported]", "[Insufficient Permissions]", "[Unknown Error]")
+# Its words for a GPU in a fault state, in place of a value: the GPU is unusable.
+FAULT_VALUES = {"[GPU requires reset]": "needs a reset", "[GPU is lost]": "is lost to the driver"}
 # Its "query unsuccessful" status, with these words when the node has no GPU.
 NO_DEVICES_EXIT = 6
 NO_DEVICES = "No devices were found"
+# Lines it prints among the rows about a GPU it could not read (exit 15, a
+# GPU off the bus) or a warning (exit 14, a corrupted infoROM).
+_SAID = ("Unable to determine the device handle", "WARNING:", "Unable to ", "GPU is lost")
+_NOT_A_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to query')
 _KILLED_WAIT_S = 1.0  # how long a killed nvidia-smi may take to go
 _ERROR_CHARS = 300
+# clocks_throttle_reasons.active bits (nvml.h) that slow a GPU that is not
+# asked to be slow: HW slowdown, SW and HW thermal slowdown, HW power brake.
+THROTTLE_BITS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
+                 0x80: "HW power brake slowdown"}
 
-REASONS = ("missing", "mig", "held", "busy", "short")
+# Why a GPU may not be taken, gravest first (``choose``'s refusals).
+REASONS = ("missing", "mig", "unhealthy", "excluded", "held", "busy", "short")
 WAITABLE = frozenset({"held", "busy", "short"})
+# The health rules a GPU is refused on, each of which ``gpu_policy.ignore``
+# may relax for a site; a line nvidia-smi could not read is never taken.
+HEALTH_RULES = ("ecc", "retired_pages", "remapped_rows", "reset", "compute_mode")
+DEFAULT_BUSY_UTIL = 50  # percent: more is another's job at work, whatever its memory
 
 
 class Unreadable(ValueError):
@@ -47,23 +76,150 @@ def facts(timeout_s: float = 10.0) -> dict:
     """What nvidia-smi says of this node's GPUs and the processes on them.
 
     ``{"ok": True, "driver", "gpus": [...], "apps": [...]}`` (see
-    ``parse_gpu`` and ``parse_app``); ``{"ok": False, "absent": True,
-    "error"}`` without nvidia-smi; ``{"ok": False, "error"}`` when it fails,
-    hangs (each call is bounded by ``timeout_s``) or answers something
-    unreadable. A node without GPUs is ok with ``gpus == []``.
+    ``parse_gpu`` and ``parse_app``), with ``notes`` (what nvidia-smi said
+    besides its rows, such as a corrupted infoROM or a GPU it could not
+    reach, and a line it printed that could not be read) and ``unreported``
+    (health fields this nvidia-smi does not know) where there are any;
+    ``{"ok": False, "absent": True, "error"}`` without nvidia-smi;
+    ``{"ok": False, "error"}`` when it fails with no readable GPU, hangs
+    (each call is bounded by ``timeout_s``) or answers nothing readable. A
+    non-zero exit with rows (exit 14, a corrupted infoROM; 15, a GPU off the
+    bus) keeps the GPUs it could read; a GPU whose line cannot be read is
+    listed as ``unreadable`` and the others stay usable. A node without
+    GPUs is ok with ``gpus == []``.
     """
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return {"ok": False, "absent": True, "error": "nvidia-smi not found on PATH"}
     try:
-        gpu_lines = _query(smi, f"--query-gpu={GPU_FIELDS}", timeout_s)
-        gpus = [parse_gpu(line) for line in gpu_lines]
-        app_lines = _query(smi, f"--query-compute-apps={APP_FIELDS}", timeout_s) if gpus else []
-        apps = [parse_app(line) for line in app_lines]
-    except (_Failed, Unreadable) as exc:
+        answer, unreported = _query_gpus(smi, timeout_s)
+    except _Failed as exc:
         return {"ok": False, "error": str(exc)}
-    drivers = [gpu.pop("driver") for gpu in gpus]  # the node's, said on every line
-    return {"ok": True, "driver": next(filter(None, drivers), None), "gpus": gpus, "apps": apps}
+    gpus, notes = read_gpu_lines(answer.rows, unreported)
+    if answer.code != 0 and not gpus:
+        return {"ok": False, "error": answer.failure}
+    if not gpus and notes:
+        return {"ok": False, "error": "; ".join(notes)[:_ERROR_CHARS * 2]}
+    said = list(answer.said)
+    apps: list[dict] = []
+    if gpus:
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            asked_apps = pool.submit(_query, smi, f"--query-compute-apps={APP_FIELDS}",
+                                     timeout_s)
+            asked_rows = pool.submit(_query, smi, f"--query-remapped-rows={ROW_FIELDS}",
+                                     timeout_s)
+        try:
+            listed = asked_apps.result()
+        except _Failed as exc:
+            return {"ok": False, "error": str(exc)}
+        if listed.code != 0 and not listed.rows and answer.code == 0:
+            return {"ok": False, "error": listed.failure}
+        for line in listed.rows:
+            try:
+                apps.append(parse_app(line))
+            except Unreadable as exc:  # a process we cannot read: its GPU's memory still counts
+                notes.append(str(exc))
+        said += listed.said
+        _add_rows(gpus, asked_rows)
+    drivers = [gpu.pop("driver", None) for gpu in gpus]  # the node's, said on every line
+    out = {"ok": True, "driver": next(filter(None, drivers), None), "gpus": gpus, "apps": apps}
+    if said or notes:
+        out["notes"] = list(dict.fromkeys([*said, *notes]))
+    if unreported:
+        out["unreported"] = unreported
+    return out
+
+
+def _query_gpus(smi: str, timeout_s: float) -> tuple["_Answer", list[str]]:
+    """``--query-gpu`` with every field this nvidia-smi knows: a health
+    field it refuses is asked under its newer name, else dropped (and
+    returned as unreported); its rows padded to ``GPU_FIELDS``."""
+    fields = list(CORE_FIELDS + HEALTH_FIELDS)
+    unreported: list[str] = []
+    while True:
+        try:
+            answer = _query(smi, "--query-gpu=" + ",".join(fields), timeout_s)
+        except _Failed as exc:
+            field = exc.not_a_field
+            if field is None or field in CORE_FIELDS or field not in fields:
+                raise
+            at = fields.index(field)
+            alias = FIELD_ALIASES.get(field)
+            if alias is not None and alias not in fields:
+                fields[at] = alias
+            else:
+                del fields[at]
+                unreported.append(next((old for old, new in FIELD_ALIASES.items()
+                                        if new == field), field))
+            continue
+        order = CORE_FIELDS + HEALTH_FIELDS
+        return (answer._replace(rows=[_padded(line, fields) for line in answer.rows]),
+                sorted(unreported, key=order.index))
+
+
+def _padded(line: str, fields: list[str]) -> str:
+    """A line of a query that left some health fields out, as if it had
+    asked every one, with ``[N/A]`` for what it did not ask."""
+    every = CORE_FIELDS + HEALTH_FIELDS
+    if fields == list(every):
+        return line
+    values = line.split(", ")
+    if len(values) < len(fields):
+        return line  # unreadable either way: parse_gpu says why
+    extra = len(values) - len(fields)  # a name with ", " in it
+    at = fields.index("name")
+    joined = values[:at] + [", ".join(values[at:at + extra + 1])] + values[at + extra + 1:]
+    by_field = dict(zip(fields, joined))
+    for old, new in FIELD_ALIASES.items():
+        if new in by_field:
+            by_field[old] = by_field.pop(new)
+    return ", ".join(by_field.get(f, "[N/A]") for f in every)
+
+
+def read_gpu_lines(lines: list[str], unreported: "list[str] | tuple[str, ...]" = ()
+                   ) -> tuple[list[dict], list[str]]:
+    """The GPUs of ``--query-gpu=GPU_FIELDS``'s lines, and a note for each
+    line that names no GPU. A line whose index can be read but whose other
+    values cannot is that GPU, ``unreadable`` (never taken); the other GPUs
+    are as they are."""
+    gpus, notes = [], []
+    for line in lines:
+        try:
+            gpus.append(parse_gpu(line))
+        except Unreadable as exc:
+            index = _leading_index(line)
+            if index is None:
+                notes.append(f"a line nvidia-smi printed cannot be read: {line[:_ERROR_CHARS]!r}")
+            else:
+                gpus.append({"index": index, "uuid": "", "bus_id": "", "name": "",
+                             "memory_total_mib": None, "memory_used_mib": None,
+                             "utilization": None, "mig": False, "unreadable": str(exc)})
+    return gpus, notes
+
+
+def _leading_index(line: str) -> int | None:
+    first = line.split(",", 1)[0].strip()
+    return int(first) if first.isdigit() and len(first) <= 4 else None
+
+
+def _add_rows(gpus: list[dict], asked: "concurrent.futures.Future") -> None:
+    """Each GPU's row remapping, from ``--query-remapped-rows`` (absent on
+    GPUs before Ampere and on old drivers: unknown, never a failure)."""
+    try:
+        rows = asked.result().rows
+    except _Failed:
+        return
+    by_uuid = {gpu.get("uuid"): gpu for gpu in gpus if gpu.get("uuid")}
+    for line in rows:
+        try:
+            uuid, pending, failed = _fields(line, ROW_FIELDS, free_text="gpu_uuid")
+        except Unreadable:
+            continue
+        if uuid in by_uuid:
+            by_uuid[uuid]["remapped_pending"] = _yes(pending)
+            by_uuid[uuid]["remapped_failed"] = _yes(failed)
 
 
 SAMPLE_FIELDS = "index,utilization.gpu,memory.used"
@@ -74,35 +230,60 @@ def sample(indices: "list[int] | tuple[int, ...]", timeout_s: float = 5.0) -> di
     ``indices`` (a value nvidia-smi withholds is None), or None when
     nvidia-smi is absent, fails or hangs (each call bounded by ``timeout_s``):
     the supervisor's heartbeat carries it, so ``status`` and the summary see
-    each rank's GPU while the run goes on."""
+    each rank's GPU while the run goes on. A line it cannot read is left out."""
     smi = shutil.which("nvidia-smi")
     if smi is None or not indices:
         return None
     wanted = set(indices)
     try:
-        out = {}
-        for line in _query(smi, f"--query-gpu={SAMPLE_FIELDS}", timeout_s):
+        rows = _query(smi, f"--query-gpu={SAMPLE_FIELDS}", timeout_s).rows
+    except _Failed:
+        return None
+    out = {}
+    for line in rows:
+        try:
             index, util, used = _fields(line, SAMPLE_FIELDS, free_text="index")
             key = _int(index, "index", line)
             if key in wanted:
                 out[str(key)] = [_int(util, "utilization.gpu", line),
                                  _int(used, "memory.used", line)]
-        return out
-    except (_Failed, Unreadable):
-        return None
+        except Unreadable:
+            continue
+    return out or None
 
 
 class _Failed(Exception):
-    """nvidia-smi did not answer a query: its words, exit status or time-out."""
+    """nvidia-smi did not answer a query: its words, or its time-out.
+    ``not_a_field``: the field it refused to query, if that is why."""
+
+    def __init__(self, words: str, not_a_field: str | None = None):
+        super().__init__(words)
+        self.not_a_field = not_a_field
 
 
-def _query(smi: str, query: str, timeout_s: float) -> list[str]:
-    """The non-empty lines ``nvidia-smi QUERY --format=csv,...`` prints.
+class _Answer(typing.NamedTuple):
+    """What one query printed: its ``rows``, what it ``said`` besides them
+    (lines about a GPU it could not read, a warning, its stderr), its exit
+    ``code``, and ``failure``: its last words and exit status, for a caller
+    that cannot go on without rows."""
+
+    rows: list[str]
+    said: list[str]
+    code: int
+    failure: str
+
+
+def _query(smi: str, query: str, timeout_s: float) -> _Answer:
+    """What ``nvidia-smi QUERY --format=csv,...`` printed, whatever its exit
+    status (the caller decides whether rows with a non-zero exit will do);
+    ``_Failed`` when it cannot be run, hangs, or refuses a field.
 
     Not ``subprocess.run``: on a time-out it waits for the killed child
     without a bound, and an nvidia-smi stuck in the driver (a GPU fallen off
     the bus) does not die; this gives up on it after ``_KILLED_WAIT_S``.
     """
+    import subprocess
+
     what = f"nvidia-smi {query.split('=', 1)[0]}"
     try:
         proc = subprocess.Popen([smi, query, CSV], stdin=subprocess.DEVNULL,
@@ -115,18 +296,27 @@ def _query(smi: str, query: str, timeout_s: float) -> list[str]:
     except subprocess.TimeoutExpired:
         _abandon(proc)
         raise _Failed(f"{what}: no answer within {timeout_s:g}s") from None
-    lines = [line.strip() for line in out.splitlines() if line.strip()]
     if proc.returncode == NO_DEVICES_EXIT and NO_DEVICES in out + err:
-        return []
+        return _Answer([], [], 0, "")
+    words = _last_line(err) or _last_line(out) or "no output"
+    failure = f"{what}: {words[:_ERROR_CHARS]} (exit {proc.returncode})"
+    refused = _NOT_A_FIELD.search(out + err)
+    if proc.returncode != 0 and refused:
+        raise _Failed(failure, refused.group("field"))
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    rows = [line for line in lines if not line.startswith(_SAID)]
+    said = [line[:_ERROR_CHARS] for line in lines if line.startswith(_SAID)]
+    said += [line.strip()[:_ERROR_CHARS] for line in err.splitlines() if line.strip()]
     if proc.returncode != 0:
-        said = _last_line(err) or _last_line(out) or "no output"
-        raise _Failed(f"{what}: {said[:_ERROR_CHARS]} (exit {proc.returncode})")
-    return lines
+        said.append(f"{what} exited {proc.returncode}")
+    return _Answer(rows, said, proc.returncode, failure)
 
 
 def _abandon(proc: subprocess.Popen) -> None:
     """Kill ``proc`` and wait a moment for it; a process that cannot die is
     left to the kernel rather than hanging the agent with it."""
+    import subprocess
+
     proc.kill()
     try:
         proc.wait(_KILLED_WAIT_S)
@@ -145,18 +335,44 @@ def _last_line(text: str) -> str:
 def parse_gpu(line: str) -> dict:
     """One line of ``--query-gpu=GPU_FIELDS``: ``{"index", "uuid", "bus_id",
     "name", "memory_total_mib", "memory_used_mib", "utilization", "mig",
-    "driver"}`` (``facts`` moves ``driver`` to the node). Unknown numbers are
-    None; ``mig`` is True only where MIG mode is enabled now."""
-    (index, uuid, bus_id, name, total, used, util, mig, driver) = \
-        _fields(line, GPU_FIELDS, free_text="name")
+    "driver"}`` (``facts`` moves ``driver`` to the node) and its health:
+    ``ecc_errors`` (uncorrected, since the driver loaded), ``retired_pending``,
+    ``reset_required``, ``compute_mode``, ``throttle`` (the active reasons'
+    bits) and ``fault`` (what nvidia-smi printed in place of a value for a
+    GPU in a fault state, as words). Unknown values are None; ``mig`` is
+    True only where MIG mode is enabled now."""
+    (index, uuid, bus_id, name, total, used, util, mig, driver,
+     ecc, retired, reset, mode, throttle) = _fields(line, GPU_FIELDS, free_text="name")
     number = _int(index, "index", line)
     if number is None:
         raise Unreadable(f"nvidia-smi gave a GPU without an index: {line[:_ERROR_CHARS]!r}")
+    faults = [FAULT_VALUES[v] for v in (total, used, util, ecc, mode, throttle)
+              if v in FAULT_VALUES]
     return {"index": number, "uuid": uuid, "bus_id": bus_id, "name": name,
             "memory_total_mib": _int(total, "memory.total", line),
             "memory_used_mib": _int(used, "memory.used", line),
             "utilization": _int(util, "utilization.gpu", line),
-            "mig": mig.lower() == "enabled", "driver": driver}
+            "mig": mig.lower() == "enabled", "driver": driver,
+            "ecc_errors": _int(ecc, "ecc.errors.uncorrected.volatile.total", line),
+            "retired_pending": _yes(retired), "reset_required": _yes(reset),
+            "compute_mode": None if mode in FAULT_VALUES else (mode or None),
+            "throttle": _bits(throttle, line), "fault": faults[0] if faults else None}
+
+
+def _yes(value: str) -> bool | None:
+    """nvidia-smi's Yes/No (or 1/0); None where it has no answer."""
+    low = value.lower()
+    return True if low in ("yes", "1", "true") else False if low in ("no", "0", "false") else None
+
+
+def _bits(value: str, line: str) -> int | None:
+    if value in _UNKNOWN or value in FAULT_VALUES:
+        return None
+    try:
+        return int(value, 16) if value.lower().startswith("0x") else int(value)
+    except ValueError:
+        raise Unreadable(f"nvidia-smi gave clocks_throttle_reasons.active {value!r}, not a "
+                         f"bitmask: {line[:_ERROR_CHARS]!r}") from None
 
 
 def parse_app(line: str) -> dict:
@@ -193,7 +409,9 @@ def _text(value: str) -> str:
 
 
 def _int(value: str, field: str, line: str) -> int | None:
-    if value in _UNKNOWN:
+    """A number nvidia-smi gave; None where it has none (a GPU in a fault
+    state has none either: ``parse_gpu`` says the fault)."""
+    if value in _UNKNOWN or value in FAULT_VALUES:
         return None
     try:
         return int(value)
@@ -215,6 +433,69 @@ def process_user(pid: int) -> str | None:
         return f"uid {uid}"
 
 
+# -- health -----------------------------------------------------------------
+
+def health(gpu: dict, ignore: "tuple[str, ...] | list[str] | frozenset[str]" = ()
+           ) -> list[tuple[str, str]]:
+    """What makes ``gpu`` unfit to take, as ``(rule, words)``, gravest
+    first: a line that could not be read, a fault state, then each of
+    ``HEALTH_RULES`` the site does not ``ignore`` (``gpu_policy.ignore``).
+    Unknown values (a GPU or a driver that does not report them) are no
+    problem: nothing is known against the GPU."""
+    out: list[tuple[str, str]] = []
+    if gpu.get("unreadable"):
+        return [("unreadable", f"its line of nvidia-smi cannot be read ({gpu['unreadable']})")]
+    if gpu.get("fault"):
+        out.append(("reset", f"nvidia-smi says it {gpu['fault']}"))
+    rules = {
+        "ecc": (gpu.get("ecc_errors") or 0) > 0 and
+        f"{gpu['ecc_errors']} uncorrected ECC error{'s' if gpu['ecc_errors'] != 1 else ''} "
+        "since the driver loaded",
+        "retired_pages": gpu.get("retired_pending") is True and
+        "memory pages pending retirement",
+        "remapped_rows": (gpu.get("remapped_failed") is True and "a failed row remapping") or
+        (gpu.get("remapped_pending") is True and "a row remapping pending"),
+        "reset": gpu.get("reset_required") is True and not gpu.get("fault") and
+        "nvidia-smi says it needs a reset",
+        "compute_mode": (gpu.get("compute_mode") or "").lower() == "prohibited" and
+        "compute mode Prohibited: no process may use it",
+    }
+    out += [(rule, words) for rule, words in rules.items() if words and rule not in ignore]
+    return out
+
+
+def cautions(gpu: dict) -> list[str]:
+    """What a run may meet on ``gpu`` although it is taken: a compute mode
+    that allows one process (a second context on it fails: "all CUDA-capable
+    devices are busy or unavailable"), and clocks held down by heat or power."""
+    out = []
+    if (gpu.get("compute_mode") or "").lower() in ("exclusive_process", "exclusive_thread"):
+        out.append(f"compute mode {gpu['compute_mode']}: one process at a time; a second CUDA "
+                   "context on it fails")
+    slow = [words for bit, words in THROTTLE_BITS.items() if (gpu.get("throttle") or 0) & bit]
+    if slow:
+        out.append(f"clocks held down ({', '.join(slow)}): it may pace every step")
+    return out
+
+
+def health_cell(gpu: dict, ignore: "tuple[str, ...] | list[str]" = ()) -> str:
+    """``check``'s HEALTH cell: ``ok``, or each problem in a few words (one
+    the site ignores marked so), then the cautions."""
+    short = {"ecc": f"{gpu.get('ecc_errors')} ECC error{'s' if gpu.get('ecc_errors') != 1 else ''}",
+             "retired_pages": "pages to retire",
+             "remapped_rows": "row remap failed" if gpu.get("remapped_failed") else
+             "row remap pending",
+             "reset": "needs reset" if gpu.get("fault") != "is lost to the driver" else "lost",
+             "compute_mode": "compute prohibited", "unreadable": "unreadable"}
+    cells = [short[rule] + (" (ignored)" if rule in ignore else "") for rule, _ in health(gpu)]
+    if (gpu.get("compute_mode") or "").lower().startswith("exclusive"):
+        cells.append("exclusive mode")
+    slow = [words for bit, words in THROTTLE_BITS.items() if (gpu.get("throttle") or 0) & bit]
+    if slow:
+        cells.append(f"throttled ({', '.join(slow)})")
+    return ", ".join(cells) or "ok"
+
+
 # -- choose ---------------------------------------------------------------
 
 def lock_key(gpu: dict) -> str:
@@ -225,29 +506,40 @@ def lock_key(gpu: dict) -> str:
 
 def choose(request: "list[int] | tuple[int, ...] | str", gpus: list[dict], apps: list[dict],
            *, threshold_mib: int = 1024, held: "dict[str, dict] | None" = None,
-           allow_busy: bool = False) -> dict:
+           allow_busy: bool = False, busy_util: int = DEFAULT_BUSY_UTIL,
+           ignore: "tuple[str, ...] | list[str]" = (),
+           exclude: "tuple[int, ...] | list[int]" = ()) -> dict:
     """The GPUs ``request`` gets on a node whose ``facts`` are ``gpus`` and
     ``apps``, where the GPUs in ``held`` (lock key -> holder, see
     ``lock_key``) are another run's now.
 
-    A GPU is busy when a compute process runs on it, or more than
-    ``threshold_mib`` of its memory is used (a launch chooses before any
-    process of its run exists, so every process is another's); it is free
-    when it is neither busy nor held nor in MIG mode. An explicit list and
-    ``"all"`` refuse MIG, held and (unless ``allow_busy``) busy GPUs; ``"free"``
-    takes every free GPU, ``"free:N"`` N of them (see ``_pick``).
+    A GPU is busy when a compute process runs on it, more than
+    ``threshold_mib`` of its memory is used, or it is more than
+    ``busy_util`` percent utilised (a launch chooses before any process of
+    its run exists, so every process is another's; another container's are
+    not listed, their memory and work are). It is unfit when ``health``
+    finds a problem the site does not ``ignore``, and out when its index is
+    in ``exclude`` (``gpu_policy.exclude``). It is free when it is none of
+    these, not held and not in MIG mode. An explicit list refuses MIG,
+    unfit, excluded, held and (unless ``allow_busy``) busy GPUs; ``"all"``
+    takes every GPU but the unfit and excluded ones (and refuses as a list
+    does); ``"free"`` takes every free GPU, ``"free:N"`` N of them (see
+    ``_pick``).
 
     ``{"ok": True, "chosen", "uuids", "models", "bus_ids", "notes"}``, or
-    ``{"ok": False, "reason", "error", "free", "waitable"}``: ``reason`` is
-    one of ``REASONS``; ``waitable`` says whether waiting could clear it.
+    ``{"ok": False, "reason", "error", "free", "waitable", "faults"}``:
+    ``reason`` is one of ``REASONS``; ``waitable`` says whether waiting
+    could clear it; ``faults`` lists each GPU at fault with its reason
+    (and the health ``rules`` it breaks), for the advice.
     """
-    node = _Node(gpus, apps, held or {}, threshold_mib)
+    node = _Node(gpus, apps, held or {}, threshold_mib, busy_util, tuple(ignore),
+                 frozenset(exclude))
     if isinstance(request, str) and request.startswith("free"):
         return _choose_free(node, _free_count(request))
     if request == "all":
         if not gpus:
-            return node.refusal([("missing", "nvidia-smi lists no GPU on this node")])
-        return _choose_listed(node, sorted(node.by_index), allow_busy)
+            return node.refusal([("missing", "nvidia-smi lists no GPU on this node", None)])
+        return _choose_all(node, allow_busy)
     if isinstance(request, str):
         raise ValueError(f"GPU request {request!r}: expected a list of indices, "
                          "'all', 'free' or 'free:N'")
@@ -268,10 +560,14 @@ class _Node:
     """One node's GPUs with what makes each unavailable, worked out once."""
 
     def __init__(self, gpus: list[dict], apps: list[dict], held: dict[str, dict],
-                 threshold_mib: int):
+                 threshold_mib: int, busy_util: int, ignore: tuple[str, ...],
+                 exclude: frozenset[int]):
         self.by_index = {gpu["index"]: gpu for gpu in gpus}
         self.held = held
         self.threshold_mib = threshold_mib
+        self.busy_util = busy_util
+        self.exclude = exclude
+        self.unfit = {gpu["index"]: health(gpu, ignore) for gpu in gpus}
         self.procs: dict[str, list[dict]] = collections.defaultdict(list)
         for app in apps:
             self.procs[app["gpu_uuid"]].append(app)
@@ -280,78 +576,115 @@ class _Node:
         return self.held.get(lock_key(gpu))
 
     def busy(self, gpu: dict) -> bool:
-        """A process runs on it, or memory is in use on it (a process of
-        another container is not listed, its memory is)."""
-        used = gpu.get("memory_used_mib")
+        """A process runs on it, or its memory or its compute is in use (a
+        process of another container is not listed; its memory and its
+        utilisation are)."""
+        used, util = gpu.get("memory_used_mib"), gpu.get("utilization")
         return bool(self.procs[gpu.get("uuid")]) or \
-            (used is not None and used > self.threshold_mib)
+            (used is not None and used > self.threshold_mib) or \
+            (util is not None and util > self.busy_util)
+
+    def takeable(self, gpu: dict) -> bool:
+        """Not in MIG mode, fit, not excluded: a GPU waiting could free."""
+        return not (gpu.get("mig") or self.unfit[gpu["index"]] or gpu["index"] in self.exclude)
 
     def is_free(self, gpu: dict) -> bool:
-        return not (gpu.get("mig") or self.holder(gpu) is not None or self.busy(gpu))
+        return self.takeable(gpu) and self.holder(gpu) is None and not self.busy(gpu)
 
     def free(self) -> list[int]:
         return sorted(i for i, gpu in self.by_index.items() if self.is_free(gpu))
 
-    def why_not(self, gpu: dict, allow_busy: bool) -> tuple[str, str] | None:
-        """Why ``gpu`` may not be taken: ``(reason, words)``; None if it may."""
+    def why_not(self, gpu: dict, allow_busy: bool) -> tuple[str, str, dict] | None:
+        """Why ``gpu`` may not be taken: ``(reason, words, fault)``; None if it may."""
+        index = gpu["index"]
         if gpu.get("mig"):
-            return "mig", (f"{_name(gpu)} is in MIG mode: its instances are not plain indices; "
-                           "run under Slurm, or set CUDA_VISIBLE_DEVICES=MIG-<uuid> yourself "
-                           "(nvidia-smi -L lists them)")
+            return "mig", (f"{_name(gpu)} is in MIG mode: ddp-orch runs one rank per whole GPU, "
+                           "and a MIG GPU is split into instances"), {"index": index,
+                                                                       "reason": "mig"}
+        problems = self.unfit[index]
+        if problems:
+            return "unhealthy", f"{_name(gpu)} is unfit: " + "; ".join(w for _, w in problems), \
+                {"index": index, "reason": "unhealthy", "rules": [r for r, _ in problems]}
+        if index in self.exclude:
+            return "excluded", f"{_name(gpu)} is taken out by gpu_policy.exclude", \
+                {"index": index, "reason": "excluded"}
         holder = self.holder(gpu)
         if holder is not None:
-            return "held", f"{_name(gpu)} is held by {describe_holder(holder)}"
+            return "held", f"{_name(gpu)} is held by {describe_holder(holder)}", None
         if self.busy(gpu) and not allow_busy:
-            return "busy", f"{_name(gpu)} is busy: {self.use(gpu)}"
+            return "busy", f"{_name(gpu)} is busy: {self.use(gpu)}", None
         return None
 
     def use(self, gpu: dict) -> str:
         """What uses ``gpu``: each process (by pid, whatever order nvidia-smi
-        gave them in), or its memory when none is visible."""
+        gave them in), or its memory or utilisation when none is visible."""
         procs = sorted(self.procs[gpu.get("uuid")], key=lambda app: app["pid"])
         if procs:
             return ", ".join(_describe_proc(p) for p in procs)
-        total = gpu.get("memory_total_mib")
-        of = f" of {total} MiB" if total is not None else ""
-        return (f"{gpu.get('memory_used_mib')} MiB{of} used, by no process visible here "
-                "(another container's?)")
+        used = gpu.get("memory_used_mib")
+        if used is not None and used > self.threshold_mib:
+            total = gpu.get("memory_total_mib")
+            of = f" of {total} MiB" if total is not None else ""
+            return f"{used} MiB{of} used, by no process visible here (another container's?)"
+        return (f"{gpu.get('utilization')}% utilised (more than gpu_policy.busy_utilization, "
+                f"{self.busy_util}%), by no process visible here (another container's?)")
 
-    def refusal(self, problems: list[tuple[str, str]], waitable: bool = True) -> dict:
-        """The answer for ``problems`` (reason, words): the first reason in
-        ``REASONS`` order, since a missing GPU matters more than a busy one;
+    def refusal(self, problems: "list[tuple[str, str, dict | None]]",
+                waitable: bool = True) -> dict:
+        """The answer for ``problems`` (reason, words, fault): the first reason
+        in ``REASONS`` order, since a missing GPU matters more than a busy one;
         waitable only when every problem could clear by waiting (and the
         caller knows of nothing else that cannot)."""
-        reasons = {reason for reason, _ in problems}
+        reasons = {reason for reason, _, _ in problems}
         free = self.free()
         ready = f"free now: {','.join(map(str, free))}" if free else "none free now"
         return {"ok": False, "reason": next(r for r in REASONS if r in reasons),
-                "error": "; ".join(words for _, words in problems) + f"; {ready}",
-                "free": free, "waitable": waitable and reasons <= WAITABLE}
+                "error": "; ".join(words for _, words, _ in problems) + f"; {ready}",
+                "free": free, "waitable": waitable and reasons <= WAITABLE,
+                "faults": [fault for _, _, fault in problems if fault]}
 
     def chosen(self, indices: list[int], notes: list[str]) -> dict:
         """The answer for ``indices``; mixed models are the gang's to say
-        (``engine/gpuplan.notes``, ``check``), from the ``models`` here."""
+        (``engine/gpuplan.notes``, ``check``), from the ``models`` here.
+        What a run may meet on a chosen GPU (``cautions``) is a note."""
         gpus = [self.by_index[i] for i in indices]
+        notes = notes + [f"{_name(gpu)}: {words}" for gpu in gpus for words in cautions(gpu)]
         return {"ok": True, "chosen": indices, "uuids": [gpu.get("uuid", "") for gpu in gpus],
                 "models": [gpu.get("name", "") for gpu in gpus],
                 "bus_ids": [gpu.get("bus_id", "") for gpu in gpus], "notes": notes,
                 "free": self.free()}
 
 
-def _choose_listed(node: _Node, indices: list[int], allow_busy: bool) -> dict:
-    """An explicit list (in the user's order: it is the ranks' order), or
-    every GPU: all of them, or a refusal naming each that may not be taken."""
+def _choose_listed(node: _Node, indices: list[int], allow_busy: bool,
+                   notes: "list[str] | None" = None) -> dict:
+    """An explicit list (in the user's order: it is the ranks' order): all
+    of them, or a refusal naming each that may not be taken."""
     missing = [i for i in indices if i not in node.by_index]
     there = ",".join(map(str, sorted(node.by_index))) or "none"
-    problems = [("missing", f"no GPU {','.join(map(str, missing))} on this node "
-                            f"(nvidia-smi lists GPUs: {there})")] if missing else []
+    problems: list[tuple[str, str, dict | None]] = [
+        ("missing", f"no GPU {','.join(map(str, missing))} on this node "
+                    f"(nvidia-smi lists GPUs: {there})", None)] if missing else []
     problems += filter(None, (node.why_not(node.by_index[i], allow_busy)
                               for i in indices if i in node.by_index))
     if problems:
         return node.refusal(problems)
-    notes = [f"{_name(node.by_index[i])} is busy, taken anyway: {node.use(node.by_index[i])}"
-             for i in indices if node.busy(node.by_index[i])]
+    notes = list(notes or []) + [
+        f"{_name(node.by_index[i])} is busy, taken anyway: {node.use(node.by_index[i])}"
+        for i in indices if node.busy(node.by_index[i])]
     return node.chosen(indices, notes)
+
+
+def _choose_all(node: _Node, allow_busy: bool) -> dict:
+    """Every GPU of the node but the unfit and excluded ones (each said in
+    a note), ascending; refused as a list is where any of those is not free."""
+    left_out = {i: node.why_not(gpu, allow_busy=True) for i, gpu in node.by_index.items()
+                if node.unfit[i] or i in node.exclude}
+    taken = sorted(i for i in node.by_index if i not in left_out)
+    if not taken:
+        return node.refusal([why for _, why in sorted(left_out.items()) if why] or
+                            [("missing", "nvidia-smi lists no usable GPU on this node", None)])
+    notes = [f"all: {why[1]}, left out" for _, why in sorted(left_out.items()) if why]
+    return _choose_listed(node, taken, allow_busy, notes)
 
 
 def _choose_free(node: _Node, count: int | None) -> dict:
@@ -359,30 +692,35 @@ def _choose_free(node: _Node, count: int | None) -> dict:
     free = [node.by_index[i] for i in node.free()]
     wanted = count or 1
     if len(free) < wanted:
-        plain = sum(not gpu.get("mig") for gpu in node.by_index.values())
-        return node.refusal([("short", _short(node, len(free), wanted, count is None, plain))],
-                            waitable=plain >= wanted)
+        plain = sum(node.takeable(gpu) for gpu in node.by_index.values())
+        return node.refusal([("short", _short(node, len(free), wanted, count is None, plain),
+                              None)], waitable=plain >= wanted)
     picked = free if count is None else _pick(free, count)
     return node.chosen(sorted(gpu["index"] for gpu in picked), [])
 
 
 def _short(node: _Node, free: int, wanted: int, every: bool, plain: int) -> str:
     """Why too few GPUs are free: how many are, what keeps each other one,
-    and whether the node has ``wanted`` GPUs outside MIG mode at all."""
+    and whether the node has ``wanted`` GPUs it could take at all."""
     asked = "free" if every else f"free:{wanted}"
     words = (f"{asked} asks for {wanted} free GPU{'s' if wanted > 1 else ''}; "
              f"{free} {'is' if free == 1 else 'are'} free on this node")
     if plain < wanted:
-        words += f", which has {plain} GPU{'' if plain == 1 else 's'} outside MIG mode"
+        outside = sum(not gpu.get("mig") for gpu in node.by_index.values())
+        which = "outside MIG mode" if outside == plain else \
+            "that may be taken at all (outside MIG mode, fit and not excluded)"
+        words += f", which has {plain} GPU{'' if plain == 1 else 's'} {which}"
     others = [node.why_not(gpu, allow_busy=False) for _, gpu in sorted(node.by_index.items())]
-    return words + "".join(f"; {why}" for _, why in filter(None, others))
+    return words + "".join(f"; {why[1]}" for why in filter(None, others))
 
 
 def _order(gpu: dict) -> tuple:
-    """The order free GPUs are taken in: least memory used, then least
-    utilisation, then lowest index (unknown values last)."""
+    """The order free GPUs are taken in: clocks not held down first, then
+    least memory used, then least utilisation, then lowest index (unknown
+    values last)."""
     used, util = gpu.get("memory_used_mib"), gpu.get("utilization")
-    return (used is None, used or 0, util is None, util or 0, gpu["index"])
+    slowed = any((gpu.get("throttle") or 0) & bit for bit in THROTTLE_BITS)
+    return (slowed, used is None, used or 0, util is None, util or 0, gpu["index"])
 
 
 def _pick(free: list[dict], count: int) -> list[dict]:

@@ -147,5 +147,52 @@ def route(host: str, port: int, remote_peers: bool) -> dict:
     owners = [name for name, a in table if a == addr]
     if not owners:
         return {"ok": False, "error": f"no interface holds {addr} ({via})", "interfaces": names}
-    return {"ok": True, "ifname": owners[0], "addr": addr, "via": via,
-            "loopback": is_loopback(addr), "interfaces": names}
+    out = {"ok": True, "ifname": owners[0], "addr": addr, "via": via,
+           "loopback": is_loopback(addr), "interfaces": names}
+    speed = link_speed(owners[0])
+    if speed is not None:
+        out["speed"] = speed
+    faster = faster_link(owners[0], table)
+    if faster is not None:
+        out["faster"] = faster
+    return out
+
+
+SYS_NET = "/sys/class/net"
+MUCH_FASTER = 4  # another link this many times as fast as the chosen one is said
+
+
+def link_speed(name: str) -> int | None:
+    """``name``'s link speed in Mb/s as the kernel reports it, None where it
+    reports none (a bridge, a virtual link, a link that is down)."""
+    try:
+        with open(os.path.join(SYS_NET, name, "speed"), encoding="ascii") as fh:
+            speed = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    return speed if speed > 0 else None
+
+
+def faster_link(chosen: str, table: "list[tuple[str, str]]") -> dict | None:
+    """The fastest other interface that is up, has an address (not loopback,
+    not IPv6 link-local) and a link at least ``MUCH_FASTER`` times as fast as
+    ``chosen``'s: ``{"ifname", "addr", "speed"}``, or None. The route to
+    the master picks the interface, and on a lab box that is often the 1 GbE
+    management link beside the data NIC."""
+    mine = link_speed(chosen)
+    if mine is None:
+        return None
+    best = None
+    for name, addr in table:
+        if name == chosen or is_loopback(addr) or addr.lower().startswith("fe80:"):
+            continue
+        try:
+            with open(os.path.join(SYS_NET, name, "operstate"), encoding="ascii") as fh:
+                up = fh.read().strip() == "up"
+        except OSError:
+            up = False
+        speed = link_speed(name) if up else None
+        if speed is not None and speed >= MUCH_FASTER * mine and \
+                (best is None or speed > best["speed"]):
+            best = {"ifname": name, "addr": addr, "speed": speed}
+    return best

@@ -15,19 +15,85 @@ import sys
 import threading
 import time
 
-# NCCL's version only where CUDA works: torch.cuda.nccl needs a CUDA build,
-# and asking it on a machine without a GPU may initialise nothing useful.
-_TORCH = ("import json, torch\n"
-          "out = {'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
-          "       'available': bool(torch.cuda.is_available())}\n"
-          "try:\n"
-          "    if out['available']:\n"
-          "        out['count'] = torch.cuda.device_count()\n"
-          "        v = torch.cuda.nccl.version()\n"
-          "        out['nccl'] = '.'.join(map(str, v)) if isinstance(v, tuple) else str(v)\n"
-          "except Exception as exc:\n"
-          "    out['nccl_error'] = type(exc).__name__\n"
-          "print(json.dumps(out))")
+# What the node's CUDA driver and torch build say, as a child interpreter of
+# the node's Python asks them without importing torch (the launch's probe,
+# ``gpuclaim.TorchProbe``) and with it (``check``'s): the driver through
+# ctypes, as torch.cuda.is_available() asks it (cuInit, then cuDeviceGetCount,
+# each return code kept: an error's code is its fix, ``records/hints.py``),
+# each GPU's compute capability in PCI bus order (nvidia-smi's), torch's arch
+# list from the string libtorch_python.so holds for get_arch_list(), and NCCL's
+# version from its wheel's metadata.
+DRIVER_PROBE = """\
+import ctypes, json, os, re
+def cuda_driver():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return {"available": False, "why": "no CUDA driver here (%s)" % exc}
+    count, version = ctypes.c_int(0), ctypes.c_int(0)
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return {"available": False, "cuda_error": {"call": "cuInit", "code": rc}}
+    rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0:
+        return {"available": False, "cuda_error": {"call": "cuDeviceGetCount", "code": rc}}
+    lib.cuDriverGetVersion(ctypes.byref(version))
+    caps = []
+    for ordinal in range(count.value):
+        dev, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0 \\
+                or lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0 \\
+                or lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0:
+            caps.append(None)
+        else:
+            caps.append("%d.%d" % (major.value, minor.value))
+    return {"available": count.value > 0, "count": count.value, "caps": caps,
+            "driver_cuda": "%d.%d" % (version.value // 1000, version.value % 1000 // 10)}
+ARCH = re.compile(rb"(?:(?:sm|compute)_\\d+[af]? )*(?:sm|compute)_\\d+[af]?")
+def arch_list(torch_dir):
+    import mmap
+    best = b""
+    try:
+        with open(os.path.join(torch_dir, "lib", "libtorch_python.so"), "rb") as fh, \\
+                mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mem:
+            at = mem.find(b"sm_")
+            while at != -1:
+                start = mem.rfind(b"\\0", max(0, at - 512), at) + 1
+                end = mem.find(b"\\0", at, at + 512)
+                if end != -1 and ARCH.fullmatch(mem[start:end]) and end - start > len(best):
+                    best = mem[start:end]
+                at = mem.find(b"sm_", at + 3)
+    except (OSError, ValueError):
+        return None
+    words = best.decode().split()
+    return words if len(words) > 1 else None
+def nccl_version():
+    from importlib import metadata
+    for name in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+"""
+
+# check's: torch imported (proof that it imports), then what the driver says.
+_TORCH = DRIVER_PROBE + """\
+import torch
+out = {"torch": torch.__version__, "cuda": torch.version.cuda,
+       "available": bool(torch.cuda.is_available())}
+try:
+    if out["cuda"]:
+        out.update({k: v for k, v in cuda_driver().items() if k != "available"})
+        out["arch"] = torch.cuda.get_arch_list()
+    if out["available"]:
+        out["count"] = torch.cuda.device_count()
+        v = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+except Exception as exc:
+    out["nccl_error"] = type(exc).__name__
+print(json.dumps(out))
+"""
 
 
 def family_of(host: str) -> int:
@@ -121,7 +187,8 @@ def probe(timeout_s: float = 60.0) -> dict:
     import subprocess  # here: only `check` probes, a launch does not pay for them
 
     out: dict = {"ok": True, "python": sys.executable,
-                 "python_version": sys.version.split()[0], **hostname_info()}
+                 "python_version": sys.version.split()[0], **hostname_info(),
+                 "limits": limits()}
     try:
         ran = subprocess.run([sys.executable, "-c", _TORCH], capture_output=True, text=True,
                              timeout=timeout_s, env=every_gpu_env())
@@ -133,6 +200,33 @@ def probe(timeout_s: float = 60.0) -> dict:
             out["torch_error"] = last[-300:]
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         out["torch_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+SHM = "/dev/shm"
+RDMA = "/sys/class/infiniband"
+
+
+def limits() -> dict:
+    """What this node gives NCCL besides its GPUs, as its ranks will have it
+    (they inherit this agent's limits): the size of ``/dev/shm`` in MiB (its
+    shared-memory transport between a node's ranks), the locked-memory limit
+    in KiB (None: unlimited; NCCL registers its buffers with an InfiniBand
+    NIC), and the RDMA devices there are."""
+    import resource
+
+    out: dict = {}
+    try:
+        found = os.statvfs(SHM)
+        out["shm_mib"] = found.f_blocks * found.f_frsize >> 20
+    except OSError:
+        out["shm_mib"] = None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    out["memlock_kib"] = None if soft == resource.RLIM_INFINITY else soft >> 10
+    try:
+        out["rdma"] = sorted(os.listdir(RDMA))[:16]
+    except OSError:
+        out["rdma"] = []
     return out
 
 

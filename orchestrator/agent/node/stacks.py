@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
 
 from . import procs
 from ..layout import SHIM_MODULE
-from ..worker.shim import STACK_SIGNAL, stacks_file
+from ..worker.shim import (STACK_SIGNAL, flight_recorder_fifo, flight_recorder_target,
+                           stacks_file)
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
 MAX_DUMP = 1 << 20  # bytes kept of one rank's dump
@@ -82,10 +84,94 @@ def armed(pid: int) -> bool:
 def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
          timeout_s: float = 5.0) -> list[dict]:
     """Every rank of the run on this node: ``rank``, ``node_rank``, ``pid``,
-    ``how`` (py-spy or faulthandler), ``text``, ``error``. ``run_dirs`` maps
-    node rank to its run directory: the nodes asked for here (a host may hold
-    several nodes, and one host may be asked for each of its nodes apart)."""
+    ``how`` (py-spy or faulthandler), ``text``, ``error``, and where its
+    flight recorder is on, ``flight_recorder``: whether it dumped
+    (``dump_flight_recorders``, asked at once beside the stacks). ``run_dirs``
+    maps node rank to its run directory: the nodes asked for here (a host
+    may hold several nodes, and one host may be asked for each of its nodes
+    apart)."""
     found = {rank: v for rank, v in workers(run_id).items() if v[1] in run_dirs}
+    recorded: dict[int, str] = {}
+    asked = threading.Thread(target=lambda: recorded.update(
+        dump_flight_recorders(found, run_dirs)), daemon=True)
+    asked.start()
+    try:
+        stacks = _dump_stacks(run_id, found, run_dirs, native, timeout_s)
+    finally:
+        asked.join(FLIGHT_RECORDER_WAIT_S + 1)
+    return [{**r, **({"flight_recorder": recorded[r["rank"]]} if r["rank"] in recorded else {})}
+            for r in stacks]
+
+
+# How long a rank's flight recorder may take to dump once asked: NCCL's
+# monitor thread reads its pipe about once a second, the shim's thread at once.
+FLIGHT_RECORDER_WAIT_S = 10.0
+NCCL_PIPE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch's own trigger, <stem><rank>.pipe
+
+
+def dump_flight_recorders(found: dict[int, tuple[int, int]], run_dirs: dict[int, str],
+                          wait_s: float = FLIGHT_RECORDER_WAIT_S) -> dict[int, str]:
+    """Ask every rank in ``found`` whose flight recorder is on to dump it
+    (the shim's FIFO, and NCCL's own pipe where torch made one), all at once,
+    and wait up to ``wait_s`` for each dump to be written: {rank: "dumped"
+    or why not}. A hang's dumps are what the watchdog's stop would lose."""
+    asked: dict[int, tuple[str, float]] = {}
+    out: dict[int, str] = {}
+    for rank, (pid, node) in found.items():
+        env = environ_of(pid)
+        target = flight_recorder_target(env, str(rank))
+        if target is None:
+            continue
+        pokes = [flight_recorder_fifo(run_dirs.get(node, ""), str(rank))]
+        if env.get(NCCL_PIPE):
+            pokes.append(f"{env[NCCL_PIPE]}{rank}.pipe")
+        before = _mtime(target)
+        if any(_poke(path) for path in pokes):
+            asked[rank] = (target, before)
+        else:
+            out[rank] = "not asked: no flight recorder trigger in place (still starting?)"
+    deadline = time.monotonic() + wait_s
+    pending = set(asked)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for rank in list(pending):
+            target, before = asked[rank]
+            if _mtime(target) > before and time.time() - _mtime(target) > SETTLE_S:
+                pending.discard(rank)
+                out[rank] = "dumped"
+    out.update({rank: f"no dump within {wait_s:g}s" for rank in pending})
+    return out
+
+
+def _poke(path: str) -> bool:
+    """Write to a FIFO someone reads, never blocking; False where nobody
+    reads it (or it is not a FIFO)."""
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader
+        return False
+    try:
+        os.write(fd, b"dump\n")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _dump_stacks(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict[int, str],
+                 native: bool, timeout_s: float) -> list[dict]:
+    """Every rank's stack: by py-spy where it is on the PATH, else (and for
+    the ranks it cannot read) by the shim's faulthandler."""
     py_spy = shutil.which("py-spy")
     results: dict[int, dict] = {}
     if py_spy:  # ranks it cannot read (ptrace not allowed) fall back to faulthandler

@@ -14,7 +14,7 @@ then answers requests (``protocol.request``) one at a time until stdin closes:
 ``route``      the interface and address this node's ranks use (``node/netroute.py``)
 ``torch``      start asking the node's torch about CUDA, in a child (``node/gpuclaim.py``)
 ``gpus``       the GPUs the run gets here, locked for its life (``node/gpuclaim.py``),
-               with torch's answer when ``torch`` was asked first
+               with torch's answer on every reply once ``torch`` was asked
 ``probe``      Python, torch, CUDA, NCCL and the host name, for ``ddp-orch check``
 ``clock``      this node's ``time.time()``, for ``ddp-orch check``'s skew check
 ``listen``     hold a test listener (an address, or all of a family) in the
@@ -49,9 +49,32 @@ from ..node.ompthreads import usable_cores
 from .protocol import (Control, Event, ProtocolError, Reader, check_request, digest, encode,
                        exit_event, message)
 
-_LOCK = threading.Lock()
-_made: list[str] = []  # run directories this agent created (for ``discard``)
-_torch_probe: list = []  # the ``torch`` request's probe, read by ``gpus``
+_LOCK = threading.Lock()  # one writer of stdout at a time: a reply, a listener's thread
+
+
+class Session:
+    """What one channel's requests share, for the agent's life on it: the run
+    directories it created (``discard`` removes only those) and the node
+    torch's view of CUDA. ``torch`` starts the probe; its answer, read once,
+    goes with every ``gpus`` reply after it: the first, and each one of a
+    wait (``--wait-gpus``), whose last answer is the one ``device: auto``
+    is decided on."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self._probe = None  # gpuclaim.TorchProbe, until its answer is read
+        self._torch: dict | None = None
+
+    def ask_torch(self) -> None:
+        from ..node import gpuclaim
+
+        self._probe, self._torch = gpuclaim.TorchProbe(), None
+
+    def torch_answer(self) -> dict | None:
+        """The probe's answer (read on first use), None when ``torch`` was not asked."""
+        if self._probe is not None:
+            self._torch, self._probe = self._probe.result(), None
+        return self._torch
 
 
 def reply(payload: bytes = b"", **fields) -> None:
@@ -67,6 +90,7 @@ def reply(payload: bytes = b"", **fields) -> None:
 
 def serve() -> int:
     stdin = Reader(0)
+    session = Session()
     refused = False
     code = None  # torchrun's exit code, once this agent has supervised a run
     with _LOCK:
@@ -122,7 +146,7 @@ def serve() -> int:
             if op == "put" and refused:
                 stdin.read_exact(request["size"])
                 raise files.TransferError("not written: the run directory was refused")
-            ANSWERS[op](request, stdin)
+            ANSWERS[op](session, request, stdin)
         except (files.TransferError, ProtocolError, OSError, KeyError, TypeError,
                 ValueError) as exc:
             refused = refused or op == "mkrun"  # pipelined uploads behind it must not land
@@ -143,31 +167,31 @@ def _refuse_spec(why: str, stdin: Reader) -> int:
             return 1
 
 
-def _put(request: dict, stdin: Reader) -> None:
+def _put(session: Session, request: dict, stdin: Reader) -> None:
     data = stdin.read_exact(request["size"])
     path = files.put(request["path"], data, size=request["size"], sha256=request["sha256"],
                      mode=request.get("mode", 0o600))
     reply(ok=True, path=path)
 
 
-def _mkrun(request: dict, stdin: Reader) -> None:
-    _made.append(files.make_run_dir(request["run_dir"], request["root"]))
-    reply(ok=True, path=_made[-1])
+def _mkrun(session: Session, request: dict, stdin: Reader) -> None:
+    session.made.append(files.make_run_dir(request["run_dir"], request["root"]))
+    reply(ok=True, path=session.made[-1])
 
 
-def _discard(request: dict, stdin: Reader) -> None:
+def _discard(session: Session, request: dict, stdin: Reader) -> None:
     import shutil
 
     from ..node import gpuclaim
 
-    for path in _made:  # only what this channel created: the launch was abandoned
+    for path in session.made:  # only what this channel created: the launch was abandoned
         shutil.rmtree(path, ignore_errors=True)
     gpuclaim.release()
-    reply(ok=True, removed=list(_made))
-    _made.clear()
+    reply(ok=True, removed=list(session.made))
+    session.made.clear()
 
 
-def _get(request: dict, stdin: Reader) -> None:
+def _get(session: Session, request: dict, stdin: Reader) -> None:
     if request.get("root") is not None:
         from ..node.outputs import inside
 
@@ -181,26 +205,24 @@ def _get(request: dict, stdin: Reader) -> None:
         reply(data, ok=True, size=len(data), sha256=digest(data))
 
 
-def _bind(request: dict, stdin: Reader) -> None:
+def _bind(session: Session, request: dict, stdin: Reader) -> None:
     # ``hold``: a launch's port, held until this agent's supervisor starts
     # torchrun (or the agent ends); `check` only asks whether it is free
     reply(**probes.bind(request["port"], request.get("host"), hold=request.get("hold", False)))
 
 
-def _route(request: dict, stdin: Reader) -> None:
+def _route(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import netroute
 
     reply(**netroute.route(request["host"], request["port"], request.get("remote_peers", True)))
 
 
-def _torch(request: dict, stdin: Reader) -> None:
-    from ..node import gpuclaim
-
-    _torch_probe[:] = [gpuclaim.TorchProbe()]
+def _torch(session: Session, request: dict, stdin: Reader) -> None:
+    session.ask_torch()
     reply(ok=True)
 
 
-def _gpus(request: dict, stdin: Reader) -> None:
+def _gpus(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import gpuclaim
 
     want = request["want"]
@@ -208,36 +230,42 @@ def _gpus(request: dict, stdin: Reader) -> None:
         want if isinstance(want, str) else [int(k) for k in want],
         run_id=request["run_id"], node_rank=request.get("node_rank", 0),
         busy_mib=request["busy_mib"], allow_busy=request.get("allow_busy", False),
-        hold=request.get("hold", True), rehearsal=request.get("rehearsal", False))
-    if _torch_probe:
-        answer["torch"] = _torch_probe.pop().result()
+        hold=request.get("hold", True), rehearsal=request.get("rehearsal", False),
+        lock_dir=request.get("lock_dir"),
+        **({"busy_util": request["busy_util"]} if "busy_util" in request else {}),
+        ignore=[str(rule) for rule in request.get("ignore", [])],
+        exclude=[int(k) for k in request.get("exclude", [])])
+    seen = session.torch_answer()
+    if seen is not None:
+        answer["torch"] = seen
+    answer["limits"] = probes.limits()  # what NCCL will have here besides the GPUs
     reply(**answer)
 
 
-def _outputs(request: dict, stdin: Reader) -> None:
+def _outputs(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import outputs
 
     reply(**outputs.collect(request["root"], [str(p) for p in request["patterns"]],
                             request["max_file"], request["max_total"]))
 
 
-def _prune(request: dict, stdin: Reader) -> None:
+def _prune(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import prune
 
     reply(**prune.prune(request["run_dir"], request["run_id"], request["node_rank"]))
 
 
-def _probe(request: dict, stdin: Reader) -> None:
+def _probe(session: Session, request: dict, stdin: Reader) -> None:
     reply(**probes.probe())
 
 
-def _clock(request: dict, stdin: Reader) -> None:
+def _clock(session: Session, request: dict, stdin: Reader) -> None:
     import time
 
     reply(ok=True, time=time.time())
 
 
-def _listen(request: dict, stdin: Reader) -> None:
+def _listen(session: Session, request: dict, stdin: Reader) -> None:
     sock = probes.listener(request["port"], addr=request.get("addr"), host=request.get("host"),
                            ifname=request.get("ifname"))
     addr, port = sock.getsockname()[:2]
@@ -248,7 +276,7 @@ def _listen(request: dict, stdin: Reader) -> None:
     reply(ok=True, addr=str(addr), port=int(port))
 
 
-def _connect(request: dict, stdin: Reader) -> None:
+def _connect(session: Session, request: dict, stdin: Reader) -> None:
     timeout = float(request.get("timeout", 5))
     if "targets" in request:
         reply(ok=True, results=probes.connect_all(request["targets"], timeout))
@@ -256,7 +284,7 @@ def _connect(request: dict, stdin: Reader) -> None:
         reply(**probes.connect(request["addr"], request["port"], timeout))
 
 
-def _stacks(request: dict, stdin: Reader) -> None:
+def _stacks(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import stacks
 
     dirs = {int(k): str(v) for k, v in request.get("run_dirs", {}).items()}
@@ -266,19 +294,19 @@ def _stacks(request: dict, stdin: Reader) -> None:
     reply(data, ok=True, sha256=digest(data))
 
 
-def _keeper(request: dict, stdin: Reader) -> None:
+def _keeper(session: Session, request: dict, stdin: Reader) -> None:
     from ..kept import daemon
 
     reply(**daemon.state(request["run_dir"]))
 
 
-def _detach(request: dict, stdin: Reader) -> None:
+def _detach(session: Session, request: dict, stdin: Reader) -> None:
     from ..kept import daemon
 
     reply(**daemon.start(request["spec"], request.get("listen", False)))
 
 
-def _down(request: dict, stdin: Reader) -> None:
+def _down(session: Session, request: dict, stdin: Reader) -> None:
     from ..kept import daemon
 
     grace_s = float(request.get("grace_s", 5))
@@ -297,7 +325,7 @@ def _down(request: dict, stdin: Reader) -> None:
 
 
 # Every request but ``supervise`` and ``follow`` (``serve`` itself handles
-# those two: they take the channel over): op -> its answer. What each takes
+# those two: they take the channel over): op -> its answer, given the session. What each takes
 # and replies is declared in ``protocol.REQUESTS``, checked before it is called.
 ANSWERS = {"put": _put, "mkrun": _mkrun, "discard": _discard, "get": _get, "bind": _bind,
            "route": _route, "torch": _torch, "gpus": _gpus, "outputs": _outputs,

@@ -22,7 +22,14 @@ script has to ask for:
   directory: a Python stack dump that works even while the rank is blocked
   inside a C call such as a gloo or NCCL collective (``ddp-orch stacks``).
   The rank's working directory is the code root, not the run directory,
-  which is the directory of ``DDP_ORCH_RESULT_FILE`` (``run_dir``).
+  which is the directory of ``DDP_ORCH_RESULT_FILE`` (``run_dir``);
+* where torch's flight recorder is on (a buffer size and a dump file in the
+  environment), a thread waits on ``stacks/rank-<RANK>.fr``, a FIFO: what
+  the node's agent writes there (``agent/node/stacks.py``, on a hang
+  verdict or ``ddp-orch stacks``) makes it dump the recorder where torch
+  would on a timeout, while the main thread is blocked in a collective
+  (which releases the GIL). torch's own pipe does it for NCCL alone; this
+  serves gloo too.
 
 Standard library only, like the rest of the agent package.
 """
@@ -72,6 +79,76 @@ def _arm_stack_dumps() -> None:
         return
     faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True, chain=False)
     _arm_stack_dumps.handle = handle  # type: ignore[attr-defined]  (never closed)
+
+
+# The flight recorder's variables, by the name torch >= 2.8 reads first.
+FLIGHT_RECORDER_BUFFER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+def flight_recorder_fifo(run_dir: str, rank: str) -> str:
+    return os.path.join(run_dir, STACKS_DIR, f"rank-{rank}.fr")
+
+
+def flight_recorder_target(environ: "dict[str, str] | os._Environ", rank: str) -> str | None:
+    """Where torch dumps rank ``rank``'s flight recorder (its prefix and the
+    rank), or None where the recorder is off in ``environ``."""
+    size = next((environ[name] for name in FLIGHT_RECORDER_BUFFER if environ.get(name)), "0")
+    prefix = next((environ[name] for name in FLIGHT_RECORDER_FILE if environ.get(name)), None)
+    return f"{prefix}{rank}" if prefix and size.strip().isdigit() and int(size) > 0 else None
+
+
+def _arm_flight_recorder_dumps() -> None:
+    """A daemon thread that dumps the recorder each time the rank's FIFO is written."""
+    import threading
+
+    rank = os.environ.get("RANK")
+    target = flight_recorder_target(os.environ, rank) if rank is not None else None
+    if target is None:
+        return
+    fifo = flight_recorder_fifo(run_dir(), rank)
+    try:
+        os.makedirs(os.path.dirname(fifo), mode=0o700, exist_ok=True)
+        if os.path.lexists(fifo):
+            os.unlink(fifo)
+        os.mkfifo(fifo, 0o600)
+    except OSError:
+        return
+    threading.Thread(target=_serve_flight_recorder, args=(fifo, target), daemon=True,
+                     name="ddp-orch-flight-recorder").start()
+
+
+def _serve_flight_recorder(fifo: str, target: str) -> None:
+    while True:
+        try:
+            with open(fifo, "rb") as fh:  # blocks until the node's agent opens it to write
+                fh.read(64)
+        except OSError:
+            return
+        dump_flight_recorder(target)
+
+
+def dump_flight_recorder(target: str) -> bool:
+    """Write the flight recorder's dump to ``target`` (atomically), as torch
+    does on a timeout: nothing where the program has not loaded
+    torch.distributed (the shim never imports torch) or the recorder has
+    nothing to say."""
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):  # torch >= 2.8 records gloo too
+        dump = getattr(c10d, name, None)
+        try:
+            data = dump() if dump is not None else None
+        except Exception:  # noqa: BLE001 (a recorder that cannot dump says nothing)
+            data = None
+        if data:
+            try:
+                with open(target + ".tmp", "wb") as fh:
+                    fh.write(data)
+                os.replace(target + ".tmp", target)
+            except OSError:
+                return False
+            return True
+    return False
 
 
 def _user_frames(tb):
@@ -182,6 +259,7 @@ def main(argv: list[str]) -> int:
         return 2
     _arm_stack_dumps()
     _flight_recorder_names(os.environ)
+    _arm_flight_recorder_dumps()
     try:
         if argv[0] == "-m":
             _run_module(argv[1], argv[2:])

@@ -80,9 +80,8 @@ def test_memory_used_by_no_process_on_a_gpu_of_unknown_size():
 
 def test_a_mig_gpu_is_refused_with_the_way_to_use_it():
     error = choose([0], [gpu(0, mig=True)], [])["error"]
-    assert error == ("GPU 0 (H100) is in MIG mode: its instances are not plain indices; run "
-                     "under Slurm, or set CUDA_VISIBLE_DEVICES=MIG-<uuid> yourself (nvidia-smi "
-                     "-L lists them); none free now")
+    assert error == ("GPU 0 (H100) is in MIG mode: ddp-orch runs one rank per whole GPU, and "
+                     "a MIG GPU is split into instances; none free now")
 
 
 def test_gpus_of_no_model_name_are_counted_as_unknown_models():

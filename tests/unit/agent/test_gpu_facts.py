@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fakesmi import fake_nvidia_smi, set_state, state
+from fakesmi import fake_nvidia_smi, set_state, smi_on_path, state  # noqa: F401 (a fixture)
 from orchestrator.agent.node import gpus
 from orchestrator.agent.node.gpus import Unreadable, choose, mixed_models, parse_app, parse_gpu
 
@@ -18,28 +18,36 @@ H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
 V100 = "Tesla V100-SXM2-32GB"
 NO_PID = 2 ** 30  # above any pid_max: never a process here
+HEALTHY = "0, No, No, Default, 0x0000000000000001"  # idle: clocks down for no work only
 
 
 # -- parsing the real CSV ---------------------------------------------------
 
 def test_a_gpu_line_as_nvidia_smi_prints_it():
     line = ("0, GPU-5f1e4c1a-9a8b-4b52-8d3e-2f4a6b7c8d9e, 00000000:18:00.0, "
-            "NVIDIA H100 80GB HBM3, 81559, 1, 3, Disabled, 550.54.15")
+            f"NVIDIA H100 80GB HBM3, 81559, 1, 3, Disabled, 550.54.15, {HEALTHY}")
     assert parse_gpu(line) == {
         "index": 0, "uuid": "GPU-5f1e4c1a-9a8b-4b52-8d3e-2f4a6b7c8d9e",
         "bus_id": "00000000:18:00.0", "name": H100, "memory_total_mib": 81559,
-        "memory_used_mib": 1, "utilization": 3, "mig": False, "driver": "550.54.15"}
+        "memory_used_mib": 1, "utilization": 3, "mig": False, "driver": "550.54.15",
+        "ecc_errors": 0, "retired_pending": False, "reset_required": False,
+        "compute_mode": "Default", "throttle": 1, "fault": None}
+    assert gpus.health(parse_gpu(line)) == [] and gpus.cautions(parse_gpu(line)) == []
 
 
 def test_unknown_values_become_none_and_mig_is_only_enabled():
     mig = parse_gpu("3, GPU-a, 00000000:3B:00.0, NVIDIA A100-SXM4-40GB, 40960, 0, [N/A], "
-                    "Enabled, 535.104.05")
+                    f"Enabled, 535.104.05, {HEALTHY}")
     assert (mig["utilization"], mig["mig"]) == (None, True)
     odd = parse_gpu("1, [N/A], 00000000:01:00.0, NVIDIA GH200 480GB, [Not Supported], "
-                    "[Not Supported], [N/A], [N/A], 560.35.03")
+                    "[Not Supported], [N/A], [N/A], 560.35.03, [N/A], [N/A], [Not Supported], "
+                    "[Unknown Error], [N/A]")
     assert (odd["uuid"], odd["memory_total_mib"], odd["memory_used_mib"], odd["mig"]) == \
         ("", None, None, False)
+    assert (odd["ecc_errors"], odd["retired_pending"], odd["reset_required"],
+            odd["compute_mode"], odd["throttle"]) == (None, None, None, None, None)
     assert gpus.lock_key(odd) == "index-1"
+    assert gpus.health(odd) == []  # nothing known against it
 
 
 def test_a_process_line_and_a_name_with_a_comma_in_it():
@@ -51,9 +59,13 @@ def test_a_process_line_and_a_name_with_a_comma_in_it():
 
 
 @pytest.mark.parametrize("line, words", [
-    ("GPU 0: NVIDIA H100 (UUID: GPU-a)", "1 values for 9 fields"),
-    ("zero, GPU-a, 0:18:00.0, H100, 81559, 1, 3, Disabled, 550", "index 'zero', not a number"),
-    ("0, GPU-a, 0:18:00.0, H100, 81559 MiB, 1, 3, Disabled, 550", "memory.total '81559 MiB'"),
+    ("GPU 0: NVIDIA H100 (UUID: GPU-a)", "1 values for 14 fields"),
+    (f"zero, GPU-a, 0:18:00.0, H100, 81559, 1, 3, Disabled, 550, {HEALTHY}",
+     "index 'zero', not a number"),
+    (f"0, GPU-a, 0:18:00.0, H100, 81559 MiB, 1, 3, Disabled, 550, {HEALTHY}",
+     "memory.total '81559 MiB'"),
+    ("0, GPU-a, 0:18:00.0, H100, 81559, 1, 3, Disabled, 550, 0, No, No, Default, hot",
+     "clocks_throttle_reasons.active 'hot', not a bitmask"),
 ])
 def test_a_line_not_in_the_asked_shape_is_unreadable(line, words):
     with pytest.raises(Unreadable, match=words):
@@ -62,20 +74,10 @@ def test_a_line_not_in_the_asked_shape_is_unreadable(line, words):
 
 # -- facts against the stand-in ----------------------------------------------
 
-@pytest.fixture
-def on_path(tmp_path, monkeypatch):
-    """``fake(hosts, ...)``: the stand-in, first on PATH, for this test."""
-    def fake(hosts, **kwargs):
-        directory = fake_nvidia_smi(tmp_path / "smi", hosts, **kwargs)
-        monkeypatch.setenv("PATH", directory + os.pathsep + os.environ["PATH"])
-        monkeypatch.delenv("SSH_CONNECTION", raising=False)
-        monkeypatch.delenv("FAKE_SMI_HOST", raising=False)
-        return directory
-    return fake
 
 
-def test_facts_reads_gpus_and_processes_with_their_users(on_path):
-    directory = on_path([{"memory_used": 20480, "utilization": 97,
+def test_facts_reads_gpus_and_processes_with_their_users(smi_on_path):
+    directory = smi_on_path([{"memory_used": 20480, "utilization": 97,
                           "processes": [{"pid": os.getpid(), "used_mib": 20000},
                                         {"pid": NO_PID, "used_mib": None, "name": "ghost"}]},
                          {"name": A100, "mig": True}])
@@ -91,42 +93,58 @@ def test_facts_reads_gpus_and_processes_with_their_users(on_path):
         {"gpu_uuid": uuids[0], "pid": NO_PID, "name": "ghost", "used_mib": None, "user": None}]
 
 
-def test_facts_sees_the_gpus_change_between_calls(on_path):
-    directory = on_path([{}])
+def test_facts_sees_the_gpus_change_between_calls(smi_on_path):
+    directory = smi_on_path([{}])
     assert len(gpus.facts()["gpus"]) == 1
     set_state(directory, [{}, {}, {}])
     assert [g["index"] for g in gpus.facts()["gpus"]] == [0, 1, 2]
 
 
-def test_no_gpu_is_an_answer_not_an_error(on_path):
-    on_path([])
+def test_no_gpu_is_an_answer_not_an_error(smi_on_path):
+    smi_on_path([])
     assert gpus.facts() == {"ok": True, "driver": None, "gpus": [], "apps": []}
 
 
-def test_a_failing_nvidia_smi_is_said_with_its_words_and_exit_status(on_path):
+def test_a_failing_nvidia_smi_is_said_with_its_words_and_exit_status(smi_on_path):
     message = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-    on_path([{}], fail={"code": 9, "message": message})
+    smi_on_path([{}], fail={"code": 9, "message": message})
     assert gpus.facts() == {"ok": False, "error": f"nvidia-smi --query-gpu: {message} (exit 9)"}
 
 
-def test_a_long_failure_is_cut_to_300_characters(on_path):
-    on_path([{}], fail={"code": 255, "message": "x" * 1000})
+def test_a_long_failure_is_cut_to_300_characters(smi_on_path):
+    smi_on_path([{}], fail={"code": 255, "message": "x" * 1000})
     error = gpus.facts()["error"]
     assert error == f"nvidia-smi --query-gpu: {'x' * 300} (exit 255)"
 
 
-def test_a_hung_nvidia_smi_is_given_up_within_the_bound(on_path):
-    on_path([{}], hang=True)
+def test_a_hung_nvidia_smi_is_given_up_within_the_bound(smi_on_path):
+    smi_on_path([{}], hang=True)
     start = time.monotonic()
     got = gpus.facts(timeout_s=0.5)
     assert got == {"ok": False, "error": "nvidia-smi --query-gpu: no answer within 0.5s"}
     assert time.monotonic() - start < 5
 
 
-def test_an_unreadable_answer_is_an_error(on_path):
-    on_path([{"memory_used": "lots"}])
+def test_a_gpu_whose_line_cannot_be_read_is_unusable_and_the_others_stay(smi_on_path):
+    smi_on_path([{}, {"memory_used": "lots"}, {"garbled": "ERR! ERR! ERR!"}, {}])
     got = gpus.facts()
-    assert not got["ok"] and "memory.used 'lots', not a number" in got["error"]
+    assert got["ok"] and [g["index"] for g in got["gpus"]] == [0, 1, 3]
+    assert got["gpus"][1]["unreadable"].startswith("nvidia-smi gave memory.used 'lots', not a "
+                                                   "number")
+    assert got["notes"] == ["a line nvidia-smi printed cannot be read: 'ERR! ERR! ERR!'"]
+    assert gpus.health(got["gpus"][1])[0][0] == "unreadable"
+    assert choose("free", got["gpus"], got["apps"])["chosen"] == [0, 3]
+    refused = choose([1], got["gpus"], got["apps"])
+    assert (refused["reason"], refused["waitable"]) == ("unhealthy", False)
+    assert "GPU 1 (unknown model) is unfit: its line of nvidia-smi cannot be read" \
+        in refused["error"]
+
+
+def test_a_node_with_no_readable_gpu_is_refused_with_what_nvidia_smi_printed(smi_on_path):
+    smi_on_path([{"garbled": "ERR!"}, {"garbled": "?"}])
+    got = gpus.facts()
+    assert got == {"ok": False, "error": "a line nvidia-smi printed cannot be read: 'ERR!'; "
+                                         "a line nvidia-smi printed cannot be read: '?'"}
 
 
 def test_no_nvidia_smi_on_path(tmp_path, monkeypatch):
@@ -161,16 +179,16 @@ def test_a_missing_gpu_is_named_with_what_there_is():
     got = choose([0, 9], FOUR, [])
     assert got == {"ok": False, "reason": "missing", "free": [0, 1, 2, 3], "waitable": False,
                    "error": "no GPU 9 on this node (nvidia-smi lists GPUs: 0,1,2,3); "
-                            "free now: 0,1,2,3"}
+                            "free now: 0,1,2,3", "faults": []}
 
 
-def test_a_mig_gpu_is_refused_with_what_to_do_instead():
+def test_a_mig_gpu_is_refused_naming_it_for_the_advice():
     got = choose([1], [gpu(0), gpu(1, A100, mig=True)], [])
     assert (got["reason"], got["waitable"], got["free"]) == ("mig", False, [0])
-    assert got["error"].startswith(f"GPU 1 ({A100}) is in MIG mode: its instances are not "
-                                   "plain indices")
-    assert "CUDA_VISIBLE_DEVICES=MIG-" in got["error"] and "Slurm" in got["error"]
-    assert got["error"].endswith("; free now: 0")
+    assert got["error"] == (f"GPU 1 ({A100}) is in MIG mode: ddp-orch runs one rank per whole "
+                            "GPU, and a MIG GPU is split into instances; free now: 0")
+    assert got["faults"] == [{"index": 1, "reason": "mig"}]
+    assert "CUDA_VISIBLE_DEVICES" not in got["error"]  # a reserved name: not advice to follow
 
 
 def test_a_held_gpu_names_its_run_user_and_start():
@@ -178,7 +196,7 @@ def test_a_held_gpu_names_its_run_user_and_start():
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(BOB["started"]))
     assert got == {"ok": False, "reason": "held", "free": [0, 1, 3], "waitable": True,
                    "error": f"GPU 2 ({H100}) is held by run r-7 of bob since {since} "
-                            "(pid 31 on gpu01); free now: 0,1,3"}
+                            "(pid 31 on gpu01); free now: 0,1,3", "faults": []}
     assert choose([2], FOUR, [], held={"GPU-2": BOB}, allow_busy=True)["reason"] == "held"
 
 
@@ -187,7 +205,8 @@ def test_a_busy_gpu_names_each_process():
     got = choose([2], FOUR, apps)
     assert got == {"ok": False, "reason": "busy", "free": [0, 1, 3], "waitable": True,
                    "error": f"GPU 2 ({H100}) is busy: pid 77 ghost (user unknown, memory "
-                            "unknown), pid 4242 python (alice, 20480 MiB); free now: 0,1,3"}
+                            "unknown), pid 4242 python (alice, 20480 MiB); free now: 0,1,3",
+                   "faults": []}
 
 
 def test_memory_used_by_no_visible_process_is_busy():
@@ -230,7 +249,7 @@ def test_all_takes_every_gpu_ascending_or_says_why_not():
     assert choose("all", FOUR, [app(1, 5)], allow_busy=True)["chosen"] == [0, 1, 2, 3]
     assert choose("all", FOUR + [gpu(4, mig=True)], [])["reason"] == "mig"
     assert choose("all", [], []) == {"ok": False, "reason": "missing", "free": [],
-                                     "waitable": False,
+                                     "waitable": False, "faults": [],
                                      "error": "nvidia-smi lists no GPU on this node; "
                                               "none free now"}
 
@@ -346,7 +365,7 @@ def test_an_unreadable_holder_is_said_as_such():
 
 
 def test_a_survivor_holding_gpu_memory_is_named_with_it(tmp_path, monkeypatch):
-    from fakesmi import fake_nvidia_smi
+    from fakesmi import smi_on_path  # noqa: F401 (a fixture)
 
     from orchestrator.agent.node.supervisor import on_gpus, visible_gpus
 

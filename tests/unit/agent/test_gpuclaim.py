@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from fakecuda import libcuda  # noqa: F401 (a fixture)
 from fakesmi import fake_nvidia_smi
 from orchestrator.agent.node import gpuclaim, gpulocks
 
@@ -89,8 +90,9 @@ def test_torchs_build_is_read_without_importing_it_and_the_driver_asked(tmp_path
     for key, value in stub_torch(tmp_path, "__version__ = '2.14.1+cpu'\n"
                                            "cuda: Optional[str] = None\nhip = None\n").items():
         monkeypatch.setenv(key, value)
-    assert gpuclaim.TorchProbe().result() == {"ok": True, "torch": "2.14.1+cpu", "cuda": None,
-                                              "available": False}
+    seen = gpuclaim.TorchProbe().result()
+    assert seen.pop("nccl", None) in (None, *installed_nccl())
+    assert seen == {"ok": True, "torch": "2.14.1+cpu", "cuda": None, "available": False}
 
 
 def test_a_cuda_build_without_a_driver_sees_no_gpu_and_says_why(tmp_path, monkeypatch):
@@ -112,3 +114,58 @@ def test_a_build_it_cannot_read_is_imported(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     assert gpuclaim.TorchProbe().result() == {"ok": True, "torch": "6.0+rocm", "cuda": None,
                                               "available": True, "count": 8}
+
+
+def installed_nccl() -> list[str]:
+    from importlib import metadata
+
+    return [d.version for d in metadata.distributions()
+            if (d.metadata["Name"] or "").lower().startswith("nvidia-nccl")]
+
+
+CUDA_BUILD = "__version__ = '2.14.1+cu124'\ncuda: Optional[str] = '12.4'\n"
+
+
+def test_the_driver_says_each_gpus_compute_capability_in_pci_order(tmp_path, monkeypatch,
+                                                                   libcuda):
+    for key, value in stub_torch(tmp_path, CUDA_BUILD).items():
+        monkeypatch.setenv(key, value)
+    libcuda(caps=("8.0", "9.0", "12.0"), driver=12080)
+    seen = gpuclaim.TorchProbe().result()
+    assert (seen["available"], seen["count"], seen["caps"], seen["driver_cuda"]) == \
+        (True, 3, ["8.0", "9.0", "12.0"], "12.8")
+    assert "cuda_error" not in seen and "why" not in seen
+
+
+@pytest.mark.parametrize("answers, error", [
+    ({"init": 999}, {"call": "cuInit", "code": 999}),
+    ({"init": 100}, {"call": "cuInit", "code": 100}),
+    ({"count_rc": 3}, {"call": "cuDeviceGetCount", "code": 3}),
+])
+def test_a_driver_that_fails_its_first_calls_says_which_and_with_what(tmp_path, monkeypatch,
+                                                                     libcuda, answers, error):
+    """cuInit's 999 is nvidia-uvm not loaded (its own fix), not a torch
+    without CUDA; cuDeviceGetCount's code is read too, not a count of 0."""
+    from orchestrator.engine.gpuplan import torch_fix, torch_problem
+
+    for key, value in stub_torch(tmp_path, CUDA_BUILD).items():
+        monkeypatch.setenv(key, value)
+    libcuda(**answers)
+    seen = gpuclaim.TorchProbe().result()
+    assert (seen["available"], seen["cuda_error"]) == (False, error)
+    problem = torch_problem(seen, {"chosen": [0]})
+    assert f"its CUDA driver fails {error['call']} with {error['code']}" in problem
+    if error["code"] == 999:
+        assert "nvidia-uvm" in torch_fix(seen) and "CUDA build of torch" not in torch_fix(seen)
+
+
+def test_a_driver_older_than_torchs_cuda_major_is_no_gpu_with_its_fix(tmp_path, monkeypatch,
+                                                                     libcuda):
+    from orchestrator.engine.gpuplan import torch_fix
+
+    for key, value in stub_torch(tmp_path, CUDA_BUILD).items():
+        monkeypatch.setenv(key, value)
+    libcuda(driver=11080)
+    seen = gpuclaim.TorchProbe().result()
+    assert seen["available"] is False and "driver supports CUDA 11.8" in seen["why"]
+    assert torch_fix(seen).startswith("upgrade the node's NVIDIA driver to one for CUDA 12.4")

@@ -232,3 +232,29 @@ def test_keys_become_safe_distinct_file_names(tmp_path, locks):
 def test_a_holder_needs_a_run_id(locks):
     with pytest.raises(ValueError, match="run_id"):
         hold(["GPU-1"], {"user": "me"}, locks)
+
+
+def test_the_lock_directory_is_in_the_first_shared_sticky_parent_or_the_one_given(
+        tmp_path, monkeypatch):
+    """/run/lock before /tmp where it is world-writable and sticky (tmpfiles
+    ages /tmp, a private /tmp is one user's alone); a parent a user cannot
+    write to, or without the sticky bit, is passed over; the site's own
+    directory wins."""
+    private, plain, shared, last = (tmp_path / n for n in ("private", "plain", "shared", "tmp"))
+    for path, mode in ((private, 0o755), (plain, 0o777), (shared, 0o1777), (last, 0o1777)):
+        path.mkdir()
+        os.chmod(path, mode)
+    monkeypatch.setattr(gpulocks, "LOCK_PARENTS", (str(tmp_path / "none"), str(private),
+                                                   str(plain), str(shared), str(last)))
+    assert gpulocks.lock_dir() == str(shared / "ddp-orch-gpus")
+    monkeypatch.setattr(gpulocks, "LOCK_PARENTS", (str(private), str(last)))
+    assert gpulocks.lock_dir() == str(last / "ddp-orch-gpus")
+    assert gpulocks.lock_dir("/srv/gpu-locks") == "/srv/gpu-locks"
+
+
+def test_a_given_lock_directory_is_made_alone_never_its_parents(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        hold(["GPU-a"], {"run_id": "r1"}, str(tmp_path / "no" / "such"))
+    assert not (tmp_path / "no").exists()
+    with hold(["GPU-a"], {"run_id": "r1"}, str(tmp_path / "locks")):
+        assert stat.S_IMODE(os.stat(tmp_path / "locks").st_mode) == 0o1777

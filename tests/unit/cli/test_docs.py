@@ -61,6 +61,8 @@ FOREIGN_FLAGS = {
     "--main_process_ip": "accelerate launch", "--main_process_port": "accelerate launch",
     "--gpu_ids": "accelerate launch", "--cpu": "accelerate launch",
     "--mpirun_hostfile": "accelerate launch",
+    "--query-remapped-rows": "nvidia-smi (GPU health: row remapping)",
+    "--shm-size": "docker run (a small /dev/shm)", "--ipc": "docker run (a small /dev/shm)",
 }
 # `ddp-orch` followed by a word in a message, not a command.
 NOT_COMMANDS = {"agent"}  # "the ddp-orch agent did not answer"

@@ -517,6 +517,7 @@ LEFT_EXAMPLES = [
     "backend: slurm\nnodes: [{host: a, procs: 1}, {host: a, procs: 1}]\n"
     "workload: {name: linear}\n",
     "nodes: [{host: a, gpus: 0}, {host: a, gpus: 'free:2'}]\nworkload: {name: linear}\n",
+    "gpu_policy: {exclude: ['b:1']}\nnodes: [{host: a, gpus: 0}]\nworkload: {name: linear}\n",
     "nodes: [{host: a, procs: 1}]\nworkload: {script: no-such-script.py}\n",
 ]
 

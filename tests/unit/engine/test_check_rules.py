@@ -240,8 +240,38 @@ def test_the_probe_reports_nccl_only_where_cuda_works(tmp_path, available, versi
     (stub / "version.py").write_text("cuda = '13.0'\n")
     (stub / "cuda" / "__init__.py").write_text(
         f"from . import nccl\ndef is_available():\n    return {available}\n"
-        "def device_count():\n    return 3\n")
+        "def device_count():\n    return 3\ndef get_arch_list():\n    return ['sm_80', "
+        "'sm_90']\n")
     (stub / "cuda" / "nccl.py").write_text(f"def version():\n    return {version!r}\n")
     ran = subprocess.run([sys.executable, "-c", probes._TORCH], capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path)}, timeout=60)
-    assert json.loads(ran.stdout) == {"torch": "2.14.1", "cuda": "13.0", **expected}
+    got = json.loads(ran.stdout)
+    # the driver's own answer, here: this machine has no libcuda
+    assert got.pop("why").startswith("no CUDA driver here")
+    assert got == {"torch": "2.14.1", "cuda": "13.0", "arch": ["sm_80", "sm_90"], **expected}
+
+
+def plan_for(text: str):
+    from orchestrator.plan.build import build_plan
+
+    spec = load_cluster_text(text, source="c.yaml")
+    return spec, build_plan(spec, run_id="r1", local_run_dir="/tmp/runs/r1")
+
+
+def test_a_slow_chosen_link_is_said_with_the_override_unless_the_user_chose_it():
+    from orchestrator.engine.preflight import slow_link
+
+    _spec, plan = plan_for("nodes: [{host: a, procs: 1}, {host: b, procs: 1}]\n"
+                           "workload: {name: linear}\n")
+    reply = {"ok": True, "ifname": "eno1", "addr": "10.0.0.5", "speed": 1000,
+             "via": "the route to 10.0.0.1",
+             "faster": {"ifname": "ens5f0", "addr": "10.1.0.5", "speed": 100000}}
+    node = plan.nodes[1]
+    assert slow_link(node, reply) == (
+        "its ranks use eno1 (1 Gb/s, the route to 10.0.0.1), while ens5f0 (100 Gb/s, 10.1.0.5) "
+        "is up: if the nodes reach each other there, set network: {interface: ens5f0} (or "
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME=ens5f0 in this node's `env:`)")
+    assert slow_link(node, {**reply, "faster": None}) is None
+    _spec, named = plan_for("network: {interface: eno1}\nnodes: [{host: a, procs: 1}, "
+                            "{host: b, procs: 1}]\nworkload: {name: linear}\n")
+    assert slow_link(named.nodes[1], reply) is None  # the user's choice

@@ -19,7 +19,8 @@ from orchestrator.plan.build import build_plan
 from orchestrator.plan.model import GpuChoice
 
 FILE = """\
-    gpu_policy: {busy_memory_mib: 2048}
+    gpu_policy: {busy_memory_mib: 2048, busy_utilization: 90, ignore: ecc, exclude: ['b:4', 'a:7', 'b:0'],
+                 lock_dir: /var/lock/gpus}
     nodes:
       - {host: a, gpus: '5,1,3'}
       - {host: b, gpus: free:2}
@@ -45,14 +46,16 @@ def gpu_spec_plan(device: str = "auto"):
 def test_each_node_is_asked_for_its_list_in_order_or_its_request():
     spec, plan = spec_plan()
     a, b, c = plan.nodes
+    policy = {"busy_util": 90, "ignore": ["ecc"], "lock_dir": "/var/lock/gpus"}
     assert gpu_request(plan, a, spec, False) == {
         "want": [5, 1, 3], "run_id": "r1", "node_rank": 0, "busy_mib": 2048,
-        "allow_busy": False, "rehearsal": True}
+        "allow_busy": False, "rehearsal": True, "exclude": [7], **policy}
     assert gpu_request(plan, b, spec, True) == {
         "want": "free:2", "run_id": "r1", "node_rank": 1, "busy_mib": 2048, "allow_busy": True,
-        "rehearsal": True}
+        "rehearsal": True, "exclude": [4, 0], **policy}
     assert gpu_request(plan, c, spec, False) is None  # CPU processes
-    assert gpu_request(plan, b, None, False)["busy_mib"] == 1024  # --local without a file
+    local = gpu_request(plan, b, None, False)  # --local without a file: the defaults
+    assert (local["busy_mib"], "busy_util" in local, "lock_dir" in local) == (1024, False, False)
 
 
 def test_torch_is_asked_on_gpu_nodes_unless_the_run_is_on_cpu():
@@ -197,9 +200,9 @@ def test_a_refusal_names_the_node_at_its_gpus_line_with_the_free_gpus_to_paste()
     with pytest.raises(ConfigError) as caught:
         refuse(plan, spec, replies, 30)
     error = caught.value
-    assert str(error).startswith("c.yaml:4: nodes[1].gpus: node 1 (b): GPU 2 is busy "
+    assert str(error).startswith("c.yaml:5: nodes[1].gpus: node 1 (b): GPU 2 is busy "
                                  "(pid 9 python (bob, 30000 MiB)); free now: 6,7 (waited 30s)")
-    assert (error.path, error.line, error.source) == ("nodes[1].gpus", 4, "c.yaml")
+    assert (error.path, error.line, error.source) == ("nodes[1].gpus", 5, "c.yaml")
     assert error.hint == ('launch on those now (gpus: "6,7"), wait longer than 30s '
                           "(--wait-gpus SECONDS) or go on the busy ones anyway "
                           "(--allow-busy-gpus; never on another run's)")
@@ -219,12 +222,12 @@ def test_a_refusal_on_two_nodes_names_both_once_each_at_their_lines():
         refuse(plan, spec, replies, 0)
     error = caught.value
     assert str(error).splitlines() == [
-        "c.yaml:3: nodes[0].gpus: node 0 (a): GPU 5 (H100) is held by run x of bob; free now: 3",
-        "  c.yaml:4: nodes[1].gpus: node 1 (b): GPU 0 (H100) is held by run x of bob; none "
+        "c.yaml:4: nodes[0].gpus: node 0 (a): GPU 5 (H100) is held by run x of bob; free now: 3",
+        "  c.yaml:5: nodes[1].gpus: node 1 (b): GPU 0 (H100) is held by run x of bob; none "
         "free now",
         '  hint: launch on those now (node 0: gpus: "3") or wait for them '
         "(--wait-gpus SECONDS)"]
-    assert (error.path, error.line) == ("nodes[0].gpus", 3)
+    assert (error.path, error.line) == ("nodes[0].gpus", 4)
 
 
 def test_a_refusal_without_a_file_is_the_gpus_option():
@@ -257,8 +260,20 @@ def test_refuse_passes_when_every_node_said_yes():
                            "utilities there"),
     ({"reason": "smi-failed"}, "run nvidia-smi on that node: the driver must answer before a "
                                "GPU run can start"),
-    ({"reason": "mig", "free": [0]}, "MIG instances are not plain indices: run under Slurm, or "
-                                     "set CUDA_VISIBLE_DEVICES=MIG-<uuid> in your own launch"),
+    ({"reason": "mig", "free": [0], "faults": [{"index": 1, "reason": "mig"}]},
+     'launch on those now (gpus: "0"); GPU 1: turn MIG off once nothing runs on it '
+     "(`sudo nvidia-smi -i 1 -mig 0`, then reset it), or leave its instances to a launcher "
+     "that takes MIG UUIDs (Slurm's gres)"),
+    ({"reason": "excluded", "free": [], "faults": [{"index": 3, "reason": "excluded"}]},
+     "GPU 3 is taken out by gpu_policy.exclude: remove it there to use it"),
+    ({"reason": "unhealthy", "free": [2], "faults": [
+        {"index": 0, "reason": "unhealthy", "rules": ["ecc"]},
+        {"index": 1, "reason": "unhealthy", "rules": ["compute_mode", "unreadable"]}]},
+     'launch on those now (gpus: "2"); GPU 0: reset' " it once nothing runs on it (`sudo nvidia-smi -r "
+     "-i 0`) or reboot the node (uncorrected errors count since the driver loaded); GPU 1: "
+     "`sudo nvidia-smi -i 1 -c DEFAULT` lets processes use it; GPU 1: run `nvidia-smi -q -i 1` "
+     "there: if the driver cannot read it, drain the node; gpu_policy: {ignore: [ecc, "
+     "compute_mode]} takes such GPUs anyway, at your risk"),
 ])
 def test_each_refusal_has_its_hint(reply, words):
     assert hint({0: reply}) == words
@@ -279,6 +294,33 @@ def test_a_hint_says_what_to_do_not_again_what_is_free():
     words = hint({0: busy})
     assert "free" not in words
     assert words.startswith('launch on those now (gpus: "0,1,2")')
+
+
+@pytest.mark.parametrize("faults", [
+    [{"index": 1, "reason": "mig"}], [{"index": 3, "reason": "excluded"}],
+    [{"index": 0, "reason": "unhealthy", "rules": ["reset"]}],
+    [{"index": 0, "reason": "unhealthy", "rules": ["remapped_rows"]}],
+])
+def test_a_hint_adds_what_its_message_does_not_say(faults):
+    """The refusal says what is wrong; its hint says what to do, in words
+    the message has not used (it once repeated the MIG refusal), and never
+    sets a reserved variable the file refuses."""
+    from orchestrator.agent.node.gpus import choose
+
+    gpus = [{"index": i, "uuid": f"G{i}", "name": "H100", "memory_used_mib": 0,
+             "utilization": 0, "mig": False} for i in range(4)]
+    fault = faults[0]
+    if fault["reason"] == "mig":
+        gpus[1]["mig"] = True
+    elif fault["reason"] == "unhealthy":
+        gpus[0]["reset_required" if fault["rules"] == ["reset"] else "remapped_failed"] = True
+    refused = choose([fault["index"]], gpus, [], exclude=[3])
+    assert refused["faults"] == faults
+    advice = hint({0: refused})
+    message_words = set(refused["error"].lower().replace(";", " ").split())
+    new = [w for w in advice.lower().replace(";", " ").split() if w not in message_words]
+    assert len(new) >= 8, (refused["error"], advice)
+    assert "CUDA_VISIBLE_DEVICES" not in advice
 
 
 # the device --------------------------------------------------------------------------------
@@ -360,8 +402,7 @@ _LISTING = [{"index": k, "name": "H100", "uuid": f"U{k}", "memory_used_mib": 0}
     ([1], _LISTING, [], {"U1": {"run_id": "r", "user": "bob"}}),  # held
     ("free:4", _LISTING, [], {"U0": {"run_id": "r", "user": "bob"}}),  # short
     ([7], _LISTING, [], {}),  # missing
-    pytest.param([0], [{**_LISTING[0], "mig": True}], [], {}, marks=pytest.mark.xfail(
-        strict=True, reason="the MIG refusal's hint repeats its message: #44 reworks it")),
+    ([0], [{**_LISTING[0], "mig": True}], [], {}),
 ], ids=["busy", "held", "short", "missing", "mig"])
 def test_each_gpu_hint_adds_what_its_message_does_not_say(request_, listing, apps, held):
     """Issue #45, on the node's own words (``gpus.choose``): no hint shares a
@@ -371,3 +412,104 @@ def test_each_gpu_hint_adds_what_its_message_does_not_say(request_, listing, app
     reply = choose(request_, listing, apps, threshold_mib=1024, held=held)
     assert not reply["ok"]
     assert not shared_words(reply["error"], hint({0: reply})), (reply["error"], hint({0: reply}))
+
+
+# what crosses the network ------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", [
+    None, {"ok": "yes"}, {"ok": True, "chosen": []}, {"ok": True, "chosen": [0, 0]},
+    {"ok": True, "chosen": [True]}, {"ok": True, "chosen": [0], "uuids": ["a", "b"]},
+    {"ok": False}, {"ok": True, "chosen": [0], "torch": {"count": "8"}},
+])
+def test_a_malformed_gpus_answer_names_the_node(reply):
+    with pytest.raises(gpuplan.TransportError) as caught:
+        gpuplan.checked(reply, "gpu-b")
+    assert "gpu-b" in str(caught.value) and "malformed" in str(caught.value)
+
+
+def test_an_answer_without_torch_is_malformed_where_the_node_was_asked_it():
+    """A wait's last answer decides ``device: auto``: one that lacks the
+    torch answer the node was asked for cannot be decided on."""
+    ended = {"ok": True, "chosen": [0]}
+    assert gpuplan.checked(ended, "a") is ended  # torch not asked: fine
+    with pytest.raises(gpuplan.TransportError, match="malformed"):
+        gpuplan.checked(ended, "a", torch=True)
+    with_torch = {**ended, "torch": TORCH_OK}
+    assert gpuplan.checked(with_torch, "a", torch=True) is with_torch
+    refused = {"ok": False, "error": "busy", "free": [1], "waitable": True}
+    with pytest.raises(gpuplan.TransportError):
+        gpuplan.checked(refused, "a", torch=True)
+
+
+# what the launch checks of the answers it has ------------------------------------------
+
+@pytest.mark.parametrize("cap, arch, expected", [
+    ("8.6", ["sm_75", "sm_80", "sm_86", "sm_90"], None),
+    ("8.9", ["sm_80", "sm_86", "sm_90"], None),  # sm_86 cubins run on 8.9 (same major)
+    ("9.0", ["sm_90a"], None), ("10.0", ["sm_90a", "sm_100"], None),
+    ("12.0", ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], True),
+    ("9.0", ["sm_80", "sm_86", "compute_86"], False),  # PTX, compiled at first use
+    ("6.1", ["sm_75", "sm_80"], True),  # too old for the build
+    ("8.0", ["sm_86"], True),  # a newer minor's cubin does not run on an older GPU
+    ("9.1", ["sm_90a"], True),  # an `a` cubin runs on exactly its GPU
+    (None, ["sm_80"], None), ("8.0", None, None), ("8.0", [], None), ("x", ["sm_80"], None),
+])
+def test_a_gpus_compute_capability_against_its_torchs_arch_list(cap, arch, expected):
+    from orchestrator.engine.gpuplan import kernel_problem
+
+    found = kernel_problem(cap, arch)
+    assert (found[0] if found else None) is expected
+    if expected:
+        assert "no kernel image is available" in found[1]
+
+
+def limits_reply(chosen, shm=24105, memlock=None, rdma=(), **torch):
+    return {"ok": True, "chosen": chosen, "limits": {"shm_mib": shm, "memlock_kib": memlock,
+                                                     "rdma": list(rdma)},
+            "torch": {**TORCH_OK, **torch}}
+
+
+def test_the_launch_checks_what_check_does_from_the_answers_it_has():
+    spec, plan = gpu_spec_plan()
+    fine = {0: limits_reply([0, 1], caps=["9.0", "9.0"], arch=["sm_90"]),
+            1: limits_reply([2, 3], caps=["9.0"] * 4, arch=["sm_90"])}
+    assert gpuplan.gang_checks(plan, spec, fine) == []
+    differ = {0: fine[0], 1: limits_reply([2, 3], torch="2.5.1")}
+    with pytest.raises(ConfigError) as caught:
+        gpuplan.gang_checks(plan, spec, differ)
+    assert "torch differs between nodes (node 0 (a): 2.6.0, node 1 (b): 2.5.1)" in \
+        str(caught.value)
+    assert caught.value.path == "python" and "ddp-orch check" in caught.value.hint
+    warned = gpuplan.gang_checks(plan, spec, {
+        0: limits_reply([0, 1], shm=64, nccl="2.21.5", driver_cuda="12.2"),
+        1: limits_reply([2, 3], memlock=8192, rdma=["mlx5_0"], nccl="2.20.5")})
+    assert warned[0].startswith("warning: NCCL differs between nodes (node 0 (a): 2.21.5, "
+                                "node 1 (b): 2.20.5)")
+    assert warned[1].startswith("warning: node 0 (a): its driver supports CUDA 12.2, older than "
+                                "the CUDA 12.4 its torch was built with: it runs")
+    assert warned[2].startswith("warning: node 0 (a): /dev/shm is 64 MiB for 2 ranks")
+    assert "--shm-size=1g" in warned[2]
+    assert warned[3].startswith("warning: node 1 (b): its locked-memory limit is 8192 KiB with "
+                                "InfiniBand (mlx5_0)")
+    assert len(warned) == 4
+
+
+def test_a_gpu_its_torch_has_no_kernel_for_is_refused_at_its_nodes_line():
+    spec, plan = gpu_spec_plan()
+    replies = {0: limits_reply([0, 1], caps=["9.0", "12.0"], arch=["sm_80", "sm_90"]),
+               1: limits_reply([2, 3])}
+    with pytest.raises(ConfigError) as caught:
+        gpuplan.gang_checks(plan, spec, replies)
+    assert "nodes[0].gpus: node 0 (a): GPU 1's compute capability 12.0 has no kernel in its " \
+           "torch (built for sm_80 sm_90)" in str(caught.value)
+    assert "install a torch built for sm_120 on a" in caught.value.hint
+
+
+def test_shm_is_no_matter_for_one_rank_and_memlock_none_without_infiniband():
+    from orchestrator.engine.gpuplan import limit_problems
+
+    assert limit_problems({"shm_mib": 64, "memlock_kib": 64, "rdma": []}, 1) == []
+    assert len(limit_problems({"shm_mib": 64, "memlock_kib": None, "rdma": ["mlx5_0"]}, 2)) == 1
+    assert limit_problems({"shm_mib": 512, "memlock_kib": None, "rdma": ["mlx5_0"]}, 8) == []
+    assert limit_problems(None, 8) == []

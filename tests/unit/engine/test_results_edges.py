@@ -56,12 +56,15 @@ def test_wanted_files_a_failed_gpu_node_s_error_files_and_flight_records():
             WantedFile(f"{R1}/torchrun/err.json", "errors/node-1/rank-2.json", 1 << 20)]}
 
 
-def test_a_stopped_node_s_flight_records_are_wanted_too_and_a_cpu_node_has_none():
+def test_a_stopped_node_s_flight_records_are_wanted_too_on_gpus_and_cpus():
     wanted = wanted_files(info_of(GPU), outcome(node_outcome(0, NodeState.STOPPED)))
     assert wanted[0][1:] == [
         WantedFile(f"{R0}/nccl_trace_rank_0", "nccl_trace/node-0/rank-0", 64 << 20),
         WantedFile(f"{R0}/nccl_trace_rank_1", "nccl_trace/node-0/rank-1", 64 << 20)]
-    assert wanted_files(info_of(CPU), outcome(node_outcome(0, NodeState.FAILED))) == {
+    cpu = wanted_files(info_of(CPU), outcome(node_outcome(0, NodeState.FAILED)))
+    assert cpu[0][0] == WantedFile(f"{R0}/result.json", "result.json", 16 << 20)
+    assert [w.local for w in cpu[0][1:]] == ["nccl_trace/node-0/rank-0"]  # its one process
+    assert wanted_files(info_of(CPU), outcome(node_outcome(0, NodeState.SUCCEEDED))) == {
         0: [WantedFile(f"{R0}/result.json", "result.json", 16 << 20)]}
 
 

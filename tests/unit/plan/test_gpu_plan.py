@@ -100,7 +100,10 @@ def test_the_flight_recorder_is_set_under_both_names_and_a_users_value_under_bot
     assert b["TORCH_NCCL_TRACE_BUFFER_SIZE"] == b["TORCH_FR_BUFFER_SIZE"] == "50"
     assert c["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == c["TORCH_FR_DUMP_TEMP_FILE"] == "/scratch/fr_"
     cpu = plan_of("device: cpu\nnodes: [{host: a, gpus: free:2}]\nworkload: {name: linear}\n")
-    assert not any(k.startswith(("TORCH_FR_", "TORCH_NCCL_")) for k in cpu.nodes[0].env)
+    assert not any(k.startswith("TORCH_NCCL_") for k in cpu.nodes[0].env)  # gloo's: the new
+    assert {k: v for k, v in cpu.nodes[0].env.items() if k.startswith("TORCH_FR_")} == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": f"~/.ddp-orch/runs/{RUN}/node-0/nccl_trace_rank_"}
 
 
 # resolved ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ def plan_of(text: str):
     return build_plan(load_cluster_text(text, source="c.yaml"), run_id="r", local_run_dir="/l")
 
 
-def test_gpu_runs_get_the_nccl_flight_recorder_unless_the_file_sets_it():
+def test_every_run_gets_the_flight_recorder_gpu_runs_nccls_too_unless_the_file_sets_it():
     plan = plan_of("nodes: [{host: a, gpus: '0,1'}, {host: b, gpus: 2}]\n"
                    "env: {TORCH_NCCL_TRACE_BUFFER_SIZE: '100'}\nworkload: {name: noop}\n")
     node = plan.nodes[1]
@@ -27,9 +27,14 @@ def test_gpu_runs_get_the_nccl_flight_recorder_unless_the_file_sets_it():
     assert node.env["TORCH_FR_DUMP_TEMP_FILE"] == prefix
     assert flight_recorder_files(node) == [
         WantedFile(f"{prefix}2", "nccl_trace/node-1/rank-2", 64 << 20)]
+    assert node.env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == prefix  # NCCL's own trigger
     cpu = plan_of("nodes: [{host: a, procs: 2}]\nworkload: {name: noop}\n")
-    assert not any(k.startswith(("TORCH_NCCL", "TORCH_FR")) for k in cpu.nodes[0].env)
-    assert flight_recorder_files(cpu.nodes[0]) == []
+    # gloo's recorder (torch >= 2.8) under the new names only: nothing of NCCL
+    assert not any(k.startswith("TORCH_NCCL") for k in cpu.nodes[0].env)
+    cpu_prefix = f"{cpu.nodes[0].run_dir}/nccl_trace_rank_"
+    assert flight_recorder_files(cpu.nodes[0]) == [
+        WantedFile(f"{cpu_prefix}{rank}", f"nccl_trace/node-0/rank-{rank}", 64 << 20)
+        for rank in (0, 1)]
 
 
 def test_a_flight_recorder_prefix_under_either_name_is_the_one_fetched():

@@ -12,7 +12,10 @@ root cause (``nodehandle._failure_reason``) before the hint reads it.
 from __future__ import annotations
 
 from orchestrator.engine.nodehandle import _failure_reason
-from orchestrator.records.hints import PYTHON, failure_hint, hint_for, transport_hint
+import pytest
+
+from orchestrator.records.hints import (CUDA_DRIVER_ERRORS, PYTHON, cuda_error_words, failure_hint,
+                                        gpu_hint, hint_for, transport_hint)
 from orchestrator.records.outcome import NodeOutcome, NodeState
 
 
@@ -155,10 +158,16 @@ def test_nccl_unreachable_peer():
     assert "192.168.19.14:52822" in hint and "NCCL_SOCKET_IFNAME" in hint
 
 
-def test_nccl_system_error_without_an_address_asks_for_nccl_debug():
+def test_an_unhandled_system_error_without_more_names_the_usual_causes_not_only_the_nic():
+    """torch's words on every ncclSystemError name a socket; a lab box's
+    usual causes are the node's own: shm, memlock, P2P, exclusive mode."""
     hint = failure_hint(failed(0, "gpu-a", NCCL_SYSTEM))
-    assert hint.startswith("NCCL's connections failed on node 0 (gpu-a)")
-    assert "NCCL_DEBUG=INFO" in hint and "NCCL_SOCKET_IFNAME=" in hint
+    assert hint.startswith("NCCL failed on node 0 (gpu-a) without saying which call")
+    assert "NCCL_DEBUG=WARN" in hint
+    for cause in ("/dev/shm", "--shm-size=1g", "ulimit -l", "NCCL_P2P_DISABLE=1",
+                  "exclusive compute mode", "NCCL_SOCKET_IFNAME="):
+        assert cause in hint, cause
+    assert hint.index("/dev/shm") < hint.index("NCCL_SOCKET_IFNAME")
 
 
 def test_nccl_without_an_interface():
@@ -270,3 +279,102 @@ def test_the_summary_and_status_read_the_runs_own_module_from_its_plan(tmp_path)
     described = RunDescription(record.state, record.outcomes, record.root_cause)
     assert "relative to the cluster file" in render_status(record, described)
     assert "relative to the cluster file" in status_json(record, described)["hint"]
+
+
+# GPUs, drivers and a node's limits: NCCL's and CUDA's words as they print ----------
+
+def nccl_last_error(last: str, kind: str = "unhandled system error",
+                    code: str = "ncclSystemError: System call (e.g. socket, malloc) or external "
+                                "library call failed or device error. ") -> str:
+    """torch's DistBackendError around NCCL's last error, as it prints one."""
+    return (f"torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+            f"ProcessGroupNCCL.cpp:1970, {kind} (run with NCCL_DEBUG=INFO for details), NCCL "
+            f"version 2.21.5\n{code}\nLast error:\n{last}")
+
+
+SHM_FULL = nccl_last_error(  # pytorch/ci-infra#490, a pod's 64 MiB /dev/shm
+    "Error while creating shared memory segment /dev/shm/nccl-WU88OE (size 9637888), error: No "
+    "space left on device (28)")
+SHM_OLD = "include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device"
+DATALOADER_SHM = ("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. It "
+                  "is possible that dataloader's workers are out of shared memory. Please try to "
+                  "raise your shared memory limit.\nERROR: Unexpected bus error encountered in "
+                  "worker. This might be caused by insufficient shared memory (shm).")
+MEMLOCK = nccl_last_error(  # NVIDIA/nccl-tests#206: `ulimit -l` was 8192
+    "misc/ibvwrap.cc:278 NCCL WARN Call to ibv_reg_mr_iova2 failed with error Cannot allocate "
+    "memory")
+DUPLICATE = nccl_last_error(  # NVIDIA/Megatron-LM#661
+    "Duplicate GPU detected : rank 3 and rank 0 both on CUDA device f000",
+    "invalid usage", "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.")
+NO_KERNEL = ("RuntimeError: CUDA error: no kernel image is available for execution on the "
+             "device\nCUDA kernel errors might be asynchronously reported at some other API "
+             "call, so the stacktrace below might be incorrect.")
+BUSY_DEVICE = "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable"
+CUDA_UNKNOWN = (  # pytorch/pytorch#49081, the driver's nvidia-uvm not loaded
+    "RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, "
+    "e.g. changing env variable CUDA_VISIBLE_DEVICES after program start. Setting the available "
+    "devices to be zero.")
+CUINIT_UNKNOWN = ("failed call to cuInit: CUDA_ERROR_UNKNOWN: unknown error")  # gbionics/jaxsim#50
+DRIVER_MISMATCH = ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some "
+                   "cuda functions before calling NumCudaDevices() that might have already set "
+                   "an error? Error 803: system has unsupported display driver / cuda driver "
+                   "combination")
+OLD_DRIVER = ("RuntimeError: The NVIDIA driver on your system is too old (found version 11040). "
+              "Please update your GPU driver by downloading and installing a new version from "
+              "the URL: http://www.nvidia.com/Download/index.aspx")
+P2P = nccl_last_error("Cuda failure 'peer access is not supported between these two devices'",
+                      "unhandled cuda error", "ncclUnhandledCudaError: Call to CUDA function "
+                      "failed.")
+WATCHDOG = ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+            "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600046 "
+            "milliseconds before timing out.")
+
+
+@pytest.mark.parametrize("text, starts, says", [
+    (SHM_FULL, "node 0 (gpu-a) ran out of shared memory for NCCL", ["--shm-size=1g", "--ipc=host",
+                                                                      "NCCL_SHM_DISABLE=1"]),
+    (SHM_OLD, "node 0 (gpu-a) ran out of shared memory", ["--shm-size=1g"]),
+    (DATALOADER_SHM, "node 0 (gpu-a) ran out of shared memory", ["--shm-size=1g"]),
+    (DATALOADER_SHM.split("\n")[0], "node 0 (gpu-a) ran out of shared memory", ["--ipc=host"]),
+    (MEMLOCK, "NCCL could not register its buffers with the InfiniBand NIC on node 0 (gpu-a)",
+     ["ulimit -l", "memlock", "--ulimit memlock=-1", "NCCL_IB_DISABLE=1"]),
+    (DUPLICATE, "ranks 3 and 0 on node 0 (gpu-a) both opened the GPU at bus f000",
+     ["LOCAL_RANK", "torch.cuda.set_device", "cuda:0"]),
+    (NO_KERNEL, "node 0 (gpu-a)'s torch has no kernel built for its GPU's compute capability",
+     ["get_arch_list", "ddp-orch check"]),
+    (BUSY_DEVICE, "a GPU on node 0 (gpu-a) takes one process at a time",
+     ["nvidia-smi -q -d COMPUTE", "-c DEFAULT"]),
+    (CUDA_UNKNOWN, "node 0 (gpu-a): its CUDA driver fails to start with 999 (CUDA_ERROR_UNKNOWN)",
+     ["nvidia-uvm", "sudo modprobe nvidia-uvm", "modprobe -r nvidia_uvm"]),
+    (CUINIT_UNKNOWN, "node 0 (gpu-a): its CUDA driver fails to start with 999", ["nvidia-uvm"]),
+    (DRIVER_MISMATCH, "node 0 (gpu-a): its CUDA driver fails to start with 803 "
+                      "(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)", ["reboot the node"]),
+    (OLD_DRIVER, "node 0 (gpu-a)'s NVIDIA driver is older than the CUDA its torch was built with",
+     ["upgrade the driver"]),
+    (P2P, "GPU peer-to-peer failed on node 0 (gpu-a)", ["NCCL_P2P_DISABLE=1", "ACS"]),
+    (WATCHDOG, "a collective never completed on node 0 (gpu-a)", ["nccl_trace/",
+                                                                   "NCCL_P2P_DISABLE=1"]),
+])
+def test_each_gpu_cause_gets_its_own_fix_not_the_network_interface(text, starts, says):
+    hint = failure_hint(failed(0, "gpu-a", text))
+    assert hint.startswith(starts), hint
+    for words in says:
+        assert words in hint, (words, hint)
+    assert "NCCL_SOCKET_IFNAME" not in hint and "install a CUDA build" not in hint
+
+
+def test_a_network_error_is_still_the_networks_and_a_gpu_rule_fits_only_its_words():
+    assert "NCCL_SOCKET_IFNAME" in failure_hint(failed(0, "gpu-a", NCCL_NO_ROUTE))
+    assert gpu_hint(NCCL_NO_ROUTE, "node 0 (gpu-a)") is None
+    assert gpu_hint(GLOO_RECV_TIMEOUT, "node 0 (lab0)") is None
+
+
+def test_every_driver_error_a_node_starts_with_has_its_own_words_and_fix():
+    fixes = {code: cuda_error_words("cuInit", code) for code in CUDA_DRIVER_ERRORS}
+    assert len({fix for _said, fix in fixes.values()}) == len(fixes)
+    said, fix = fixes[999]
+    assert said.startswith("its CUDA driver fails cuInit with 999 (CUDA_ERROR_UNKNOWN): the "
+                           "driver does not start")
+    assert "nvidia-uvm" in fix and "install a CUDA build" not in fix
+    assert cuda_error_words("cuDeviceGetCount", 2)[0] == \
+        "its CUDA driver fails cuDeviceGetCount with 2 (error 2)"

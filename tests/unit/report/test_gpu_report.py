@@ -122,13 +122,38 @@ def test_checks_gpu_table_says_which_gpus_the_run_would_take_and_who_holds_the_r
     out = render_gpus(node)
     assert out.startswith("\nnode 1 (gpu02) GPUs, driver 550.54; torch sees 4\n")
     rows = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip()}
-    assert rows["GPU"].split() == ["GPU", "MODEL", "MEMORY", "UTIL", "PROCESSES", "HELD", "BY",
-                                   "STATE"]
+    assert rows["GPU"].split() == ["GPU", "MODEL", "MEMORY", "UTIL", "HEALTH", "PROCESSES",
+                                   "HELD", "BY", "STATE"]
     assert rows["0"].split()[-2:] == ["the", "run's"] and "0.5/80.0 GiB" in rows["0"]
     assert "9 python (bob, 40000 MiB)" in rows["1"] and rows["1"].endswith("the run's (busy)")
     assert "40.0/80.0 GiB" in rows["1"] and "97%" in rows["1"]
     assert "run other of ann (pid 77 on gpu02)" in rows["2"] and rows["2"].endswith("held")
     assert rows["3"].endswith("MIG") and rows["4"].endswith("free")
+    assert [rows[k].split()[5] for k in "01234"] == ["ok"] * 5
     empty = NodeGpus(0, "a", None, (), (), (), (), None)
     assert render_gpus(empty) == ("\nnode 0 (a) GPUs, driver ?\n  (nvidia-smi lists none, or "
                                   "did not answer)\n\n")
+
+
+def test_checks_gpu_table_has_each_gpus_health_the_lock_directory_and_what_smi_said():
+    node = NodeGpus(node_rank=0, host="gpu01", driver="470.82", torch_sees=None,
+                    gpus=(gpu(0, ecc_errors=3), gpu(1, compute_mode="Exclusive_Process"),
+                          gpu(2, reset_required=True), gpu(3), gpu(4, ecc_errors=1)),
+                    apps=(), chosen=(4,), free=(0, 1, 4),
+                    lock_dir="/run/lock/ddp-orch-gpus",
+                    notes=("nvidia-smi: WARNING: infoROM is corrupted at gpu 0000:1B:00.0",),
+                    unreported=("reset_status.reset_required",), ignore=("ecc",), exclude=(3,))
+    out = render_gpus(node)
+    assert out.startswith("\nnode 0 (gpu01) GPUs, driver 470.82; locks in "
+                          "/run/lock/ddp-orch-gpus\n")
+    lines = out.splitlines()
+    rows = {line.split()[0]: line for line in lines[3:8]}
+    cells = {k: row[row.index("0%") + 2:].split("  -")[0].strip() for k, row in rows.items()}
+    assert cells == {"0": "3 ECC errors (ignored)", "1": "exclusive mode", "2": "needs reset",
+                     "3": "ok", "4": "1 ECC error (ignored)"}
+    assert [rows[k].split()[-1] for k in "0123"] == ["free", "free", "unfit", "excluded"]
+    assert rows["4"].endswith("the run's")
+    assert lines[8:10] == [
+        "  nvidia-smi: WARNING: infoROM is corrupted at gpu 0000:1B:00.0",
+        "  not reported by this nvidia-smi (unknown, not held against a GPU): "
+        "reset_status.reset_required"]
