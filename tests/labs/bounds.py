@@ -1,4 +1,4 @@
-"""The README's "gone within" bounds, measured on the run's own records.
+"""The "gone within" bounds of docs/failures.md, measured on the run's own records.
 
 Each node's supervisor records its teardown in ``supervisor.json``
 (``stopped_at``: when a stop was asked for, ``reason``, ``torn_down_at``:
@@ -66,7 +66,7 @@ def assert_gone_within(records: list[dict], fault_at: float, grace_s: float,
                        stop_within: float = AT_ONCE_S) -> float:
     """Every node's teardown: a node asked to stop is torn down a grace
     period later; every node within ``stop_within`` (the stop; "at once"
-    unless the README says otherwise) and the grace period of the fault.
+    unless docs/failures.md says otherwise) and the grace period of the fault.
     Returns the seconds from the fault to nothing left, for the log."""
     for record in records:
         assert record.get("torn_down_at"), f"no teardown recorded: {record}"

@@ -47,7 +47,7 @@ SMI_TIMEOUT_S = 20.0  # agent/node/gpuclaim.SMI_TIMEOUT_S
 @dataclass(frozen=True)
 class Fault:
     name: str  # the cell id's word
-    what: str  # what happened, in the README's words
+    what: str  # what happened, in docs/failures.md's words
     todo: str  # what to do about it
     phases: tuple[str, ...]
     backends: tuple[str, ...] = BACKENDS
@@ -66,10 +66,10 @@ GOES_ON = "goes on"  # not ours to end (Slurm's, a detached run's keepers'): `do
 @dataclass(frozen=True)
 class Expect:
     ends: str
-    shown: str = ""  # what you see (the root cause's or the refusal's words), README form
+    shown: str = ""  # what you see (the root cause's or the refusal's words, as failures.md)
     pattern: str = ""  # a regex the root cause (or the error) must match
     within_s: float = 0.0  # from the fault to the run's end and nothing of it left
-    bound: str = ""  # the bound in the README's words
+    bound: str = ""  # the bound in docs/failures.md's words
     node: int | None = 1  # the node the root cause names (None: any, as the run's)
 
     def describe(self) -> str:
@@ -135,7 +135,7 @@ class Cell:
 
 
 def expect(cell: Cell) -> Expect | Excluded:
-    """What ``cell``'s run must do: the README's promise for it."""
+    """What ``cell``'s run must do: docs/failures.md's promise for it."""
     b, o, p, f = cell.backend, cell.owner, cell.phase, cell.fault
     slurm = b == "slurm"
     keepers = o in ("kept", "detached") and not slurm  # the nodes' keepers hold the gang

@@ -6,7 +6,7 @@ promise checked:
 * the run ends as the cell expects (``Expect.ends``), within its bound from
   the fault, measured on the run's records (``state.json``'s end, each
   node's ``supervisor.json``), or goes on and succeeds;
-* the root cause (or the refusal) names node 1 in the README's words;
+* the root cause (or the refusal) names node 1 in docs/failures.md's words;
 * nothing of the run is left on any node (``procscan.wait_gone``: workers,
   torchrun, every agent, supervisor, guardian, keeper, SSH session);
 * the GPU locks are free (the cells that hold fake GPUs);

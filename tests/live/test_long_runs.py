@@ -1,7 +1,7 @@
 """Long runs on the SSH lab: ``up --detach``, ``attach``, ``status``, ``down``,
 and whole-gang restarts (``--max-restarts``), with real processes and faults.
 
-The bound the keepers promise (agent/kept/keeper.py, README "Long runs"): once
+The bound the keepers promise (agent/kept/keeper.py, docs/long-runs.md): once
 one node fails or its keeper is lost, every other node starts its teardown
 within 10 s (at once when a rank fails or a link closes), and is gone a
 grace period later: 20 s at most with the default grace. Measured on the
@@ -290,7 +290,7 @@ def test_max_restarts_restarts_an_import_error_after_the_first_step_until_an_att
         ssh_lab, tmp_path):
     """``up --max-restarts 2``: rank 1 raises ImportError at step 2 of
     attempts 0 and 1 (after a step, so it may depend on the data: restarted,
-    README "Long runs"), and attempt 2 succeeds. Was three tests, each with
+    docs/long-runs.md), and attempt 2 succeeds. Was three tests, each with
     a gang of its own, now one run that checks all they did:
     test_max_restarts_recovers_a_failure_of_the_first_attempt (a fresh port
     and kept logs per attempt, the result from the last), test_restart_rules.py's

@@ -1,6 +1,6 @@
-"""Which failures `--max-restarts` restarts, live on the SSH lab (README,
-"Long runs"): none for a usage error (exit 2) before the first step. The
-other cases share their runs with the kept-run suite, in
+"""Which failures `--max-restarts` restarts, live on the SSH lab
+(docs/long-runs.md): none for a usage error (exit 2) before the first step.
+The other cases share their runs with the kept-run suite, in
 tests/live/test_long_runs.py: no restart once a node's keeper is lost, even
 with restarts left
 (test_a_sigkilled_keeper_ends_a_detached_run_everywhere_with_restarts_left_unused),

@@ -1,5 +1,5 @@
-"""Under Slurm the job is Slurm's, not the controller's (README, "Running on
-Slurm"): it runs on when the `up` that submitted it is killed, and `status`,
+"""Under Slurm the job is Slurm's, not the controller's (docs/slurm.md,
+"Liveness is Slurm's"): it runs on when the `up` that submitted it is killed, and `status`,
 `logs --follow` and `attach` still give its output and its end, from Slurm
 (`squeue`, then `sacct`) and from the agents' own records in the shared run
 directory. On the real Slurm lab (tests/labs/slurmlab.py)."""

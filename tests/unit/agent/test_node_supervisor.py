@@ -16,7 +16,7 @@ from orchestrator.agent.wire.owner import Holder, Owner
 from orchestrator.agent.node.supervisor import Supervisor
 from fakes import FakeClock
 
-SILENCE_S = 30.0  # the README: a supervisor stops its run after 30 s without its controller
+SILENCE_S = 30.0  # docs/failures.md: a supervisor stops its run after 30 s without its controller
 
 
 class FakeWakeup:

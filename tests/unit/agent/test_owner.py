@@ -1,6 +1,7 @@
 """Who owns a run (``agent/wire/owner.py``): decided once, from the backend's
 capabilities and the options, and what each layer reads off it. The oracle
-is the README's table of rules, written out here by hand."""
+is the table of rules in docs/long-runs.md ("Who keeps a run alive"),
+written out here by hand."""
 
 from __future__ import annotations
 

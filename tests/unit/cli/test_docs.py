@@ -1,5 +1,7 @@
-"""The README's promises: its two commands, CI running the test one, and
-examples that stay true to the code (commands, flags, links, its outline).
+"""The user docs' promises: the README's two commands, CI running the test
+one, and examples that stay true to the code (commands, flags, links, the
+outline). The user docs are README.md and the guide in docs/, one page a
+topic; a number or a table is checked in the one page that holds it.
 """
 
 from __future__ import annotations
@@ -21,25 +23,24 @@ from orchestrator.config.spec import BACKENDS
 from orchestrator.engine.options import LaunchOptions
 from workloads.catalog import CATALOG
 
-DOCS = ("README.md", "docs/ARCHITECTURE.md")
+# The README is for a newcomer; the rest is reference, a page a topic.
+README_MAX_LINES = 400
+DOCS = ("README.md", *sorted(os.path.relpath(path, ROOT)
+                             for path in glob.glob(os.path.join(ROOT, "docs", "*.md"))))
+# Rendered by scripts/reliability-table, not written by hand.
+GENERATED = ("docs/reliability.md",)
 
-# The order a newcomer needs: first run, the file, here, a cluster, the runs
-# it leaves, failures, then the longer stories, then how it is built.
+# The order a newcomer needs: first run, the file, here, a cluster, Slurm,
+# the runs it leaves and the commands, failures, then where the rest is.
 OUTLINE = (
     "Quick start",
     "The cluster file",
     "Running on this machine",
     "Running on a cluster",
-    "GPUs",
+    "Running on Slurm",
     "Runs and managing them",
     "When things go wrong",
-    "Long runs",
-    "When it hangs",
-    "Running on Slurm",
-    "Networks",
-    "Your own project",
-    "Built-in workloads",
-    "How it works",
+    "The user guide",
     "Tests",
     "Benchmarks",
 )
@@ -63,9 +64,11 @@ FOREIGN_FLAGS = {
     "--mpirun_hostfile": "accelerate launch",
     "--query-remapped-rows": "nvidia-smi (GPU health: row remapping)",
     "--shm-size": "docker run (a small /dev/shm)", "--ipc": "docker run (a small /dev/shm)",
+    "--requeue": "sbatch (docs/reliability.md: Slurm's own restart)",
+    "--write": "scripts/reliability-table (it renders docs/reliability.md)",
 }
 # `ddp-orch` followed by a word in a message, not a command.
-NOT_COMMANDS = {"agent"}  # "the ddp-orch agent did not answer"
+NOT_COMMANDS = {"agent", "at"}  # "the ddp-orch agent did not answer", "runs/ of ddp-orch at"
 REPO_DIRS = ("orchestrator", "workloads", "tests", "bench", "schema", "scripts", "docs",
              "examples")
 
@@ -73,6 +76,12 @@ REPO_DIRS = ("orchestrator", "workloads", "tests", "bench", "schema", "scripts",
 def read(name: str) -> str:
     with open(os.path.join(ROOT, name), encoding="utf-8") as fh:
         return fh.read()
+
+
+def user_docs() -> str:
+    """README.md and every page of docs/, one text: where a promise is
+    looked for when it may live in any of them."""
+    return "\n\n".join(read(doc) for doc in DOCS)
 
 
 def readme_commands() -> list[str]:
@@ -167,10 +176,32 @@ def test_ci_runs_the_readme_test_command():
     assert readme_commands()[1] in ci_lines
 
 
-def test_readme_shows_the_golden_dry_run():
+def test_the_dry_run_page_shows_the_golden_dry_run():
     golden = read("tests/golden/example.text.txt")
     first_node = golden.split("\nnode 1 ")[0]
-    assert first_node in read("README.md")
+    assert first_node in read("docs/dry-run.md")
+
+
+# the README and its guide ------------------------------------------------------
+
+
+def test_the_readme_is_short_enough_for_a_newcomer():
+    lines = read("README.md").count("\n")
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines, over {README_MAX_LINES}: move reference to docs/")
+
+
+def test_every_guide_page_links_back_and_the_readme_links_every_page():
+    """Each page of docs/ says what it is and links back to the README in its
+    first paragraph; the README links every page, so none is an orphan."""
+    readme_links = set(re.findall(r"\]\((docs/[^)#\s]+)", read("README.md")))
+    for doc in DOCS[1:]:
+        assert doc in readme_links, f"the README does not link {doc}"
+        if doc in GENERATED:
+            continue
+        title, summary = read(doc).split("\n\n", 2)[:2]
+        assert title.startswith("# "), f"{doc} starts with no title"
+        assert "](../README.md" in summary, f"{doc}: no link back to the README under its title"
 
 
 # the outline and its terms -----------------------------------------------------
@@ -181,8 +212,9 @@ def test_readme_sections_come_in_the_order_a_user_needs_them():
 
 
 def test_kept_run_is_defined_once_before_any_use():
+    assert prose(user_docs()).count("**kept run**") == 1, "define the term once, in bold"
     text = prose(read("README.md"))
-    assert text.count("**kept run**") == 1, "define the term once, in bold"
+    assert text.count("**kept run**") == 1, "define the term in the README"
     definition = text.index("**kept run**")
     first_use = re.search(r"kept runs?\b", text, re.I).start()
     assert first_use == definition + 2, (
@@ -194,9 +226,9 @@ def test_kept_run_is_defined_once_before_any_use():
 def test_the_owner_rules_are_one_table_that_quotes_the_dry_run():
     """Every owner a backend decides, for every way of launching it
     (``--detach``, ``--max-restarts``), has its row quoting the dry-run's
-    owner line word for word, once in the README."""
-    text = read("README.md")
-    table = section(text, "Runs and managing them")
+    owner line word for word, once in the user docs."""
+    text = user_docs()
+    table = section(read("docs/long-runs.md"), "Who keeps a run alive")
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     lines = set()
     for name in BACKENDS:
@@ -216,9 +248,9 @@ def test_the_owner_rules_are_one_table_that_quotes_the_dry_run():
 
 def test_every_ddp_orch_subcommand_shown_exists():
     options = cli_options()
+    assert command_uses(read("README.md"), set(options))
     for doc in DOCS:
         shown = {cmd for cmd, _ in command_uses(read(doc), set(options))}
-        assert shown, doc
         unknown = shown - set(options) - NOT_COMMANDS
         assert not unknown, f"{doc} shows ddp-orch subcommands that do not exist: {unknown}"
 
@@ -245,11 +277,13 @@ def test_every_flag_mentioned_exists_somewhere():
 
 
 def test_every_relative_link_resolves():
+    """Every relative link in the README and docs/ names a file that exists,
+    and a heading of it where the link has a fragment."""
     for doc in DOCS:
         text = read(doc)
         base = os.path.dirname(os.path.join(ROOT, doc))
         links = re.findall(r"\]\(([^)\s]+)\)", without_fences(text))
-        assert links, doc
+        assert links or doc in GENERATED, doc
         for link in links:
             if re.match(r"[a-z]+:", link):
                 continue
@@ -262,12 +296,14 @@ def test_every_relative_link_resolves():
 
 
 def test_every_repository_path_shown_exists():
+    shown = 0
     for doc in DOCS:
         paths = [span for span in code_spans(read(doc))
                  if re.fullmatch(rf"(?:{'|'.join(REPO_DIRS)})/[\w./-]*", span)]
-        assert paths, doc
+        shown += len(paths)
         missing = [p for p in paths if not os.path.exists(os.path.join(ROOT, p))]
         assert not missing, f"{doc} names paths that do not exist: {missing}"
+    assert shown
 
 
 def test_every_cluster_file_key_is_in_the_readme_table():
@@ -296,7 +332,7 @@ def test_the_accelerate_launch_lines_are_accelerates_own_and_run_the_example(mon
                 "installs it")
     from accelerate.commands.launch import launch_command_parser
 
-    section_text = read("README.md").split("### Hugging Face Accelerate\n", 1)[1]
+    section_text = read("docs/own-project.md").split("## Hugging Face Accelerate\n", 1)[1]
     words = accelerate_launch_lines(section_text.split("\n## ", 1)[0])
     assert len(words) == 1, words
     args = launch_command_parser().parse_args(words[0])
@@ -317,7 +353,7 @@ UNITS = {"": 1, "s": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 def amount(text: str) -> float | None:
-    """A README number as the code keeps it: ``64 MiB`` in bytes, ``30 s``
+    """A number in the docs as the code keeps it: ``64 MiB`` in bytes, ``30 s``
     and ``30s`` in seconds, ``off``/``none`` as None, ``a second`` as 1."""
     if text in ("off", "none"):
         return None
@@ -334,8 +370,8 @@ def option(command: str, flag: str) -> click.Parameter:
 
 
 def _numbers() -> list[tuple[str, object]]:
-    """(the README's words, each number a group; where the code keeps those
-    numbers): every number with a unit the README promises of ddp-orch's own
+    """(the docs' words, each number a group; where the code keeps those
+    numbers): every number with a unit the user docs promise of ddp-orch's own
     behaviour, not its example output or the benchmarks' measurements. A
     CLI default is read through click; a constant is imported."""
     from orchestrator.agent.kept import head, keeper, peers
@@ -424,18 +460,19 @@ def _numbers() -> list[tuple[str, object]]:
 
 
 def test_every_number_the_readme_promises_is_the_codes():
-    """Each number the README promises, read from the README in its words,
-    equals the code's constant or CLI default: changing either alone fails."""
-    text = re.sub(r"\s+", " ", read("README.md"))
+    """Each number the user docs promise (the README and docs/), read in their
+    words, equals the code's constant or CLI default: changing either alone
+    fails."""
+    text = re.sub(r"\s+", " ", user_docs())
     wrong = []
     for phrase, code in _numbers():
         found = re.findall(phrase, text)
         if not found:
-            wrong.append(f"the README no longer says /{phrase}/")
+            wrong.append(f"the user docs no longer say /{phrase}/")
             continue
         want = code if isinstance(code, tuple) else (code,)
         for groups in found:
             said = tuple(amount(g) for g in ((groups,) if isinstance(groups, str) else groups))
             if said != want:
-                wrong.append(f"/{phrase}/: the README says {said}, the code {want}")
+                wrong.append(f"/{phrase}/: the docs say {said}, the code {want}")
     assert not wrong, "\n".join(wrong)

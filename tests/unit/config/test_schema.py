@@ -507,7 +507,7 @@ def test_each_builtin_argument_is_in_the_schema(name, line, ok):
 
 
 # LEFT_TO_THE_LOADER, in its order: a file for each that the loader refuses
-# and the schema passes (the README lists them).
+# and the schema passes (docs/cluster-file.md lists them).
 LEFT_EXAMPLES = [
     "nodes: [{host: a, procs: 1}]\nnodes: [{host: b, procs: 1}]\nworkload: {name: linear}\n",
     "nodes: [{host: a, procs: 2.0}]\nworkload: {name: linear, args: {epochs: 2.0}}\n",

@@ -100,7 +100,7 @@ def test_skew_beyond_the_bound_warns_and_names_both_nodes():
     rows = clock_rows({0: (0.0, 0.01), 1: (5.2, 0.01), 2: (0.1, 0.01)}, HOSTS)
     assert rows[0].ok and rows[0].warning
     assert rows[0].detail.startswith("node 1 (b)'s clock is 5.2s ahead of node 0 (a)'s")
-    assert "more than 2s" in rows[0].detail  # the README: a warning beyond 2 s
+    assert "more than 2s" in rows[0].detail  # docs/check.md: a warning beyond 2 s
 
 
 def test_a_slow_round_trip_is_not_taken_for_skew():

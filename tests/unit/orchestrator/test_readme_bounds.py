@@ -1,11 +1,12 @@
-"""The README's numbers at their boundary, driven through the code that
-enforces them: one byte over a cap is refused and the cap itself is not
-(sparse files, so a GiB costs nothing), a count one over, a secret one
-character short; a long time by a fake clock or by following the default
-from the command line to the code that waits. The oracles are the README's
-literal numbers, never the code's constants; ``unit/cli/test_docs.py``
-(``test_every_number_the_readme_promises_is_the_codes``) ties each README
-phrase to the constant or default, so these need only its literal."""
+"""The user docs' numbers (README.md and docs/) at their boundary, driven
+through the code that enforces them: one byte over a cap is refused and the
+cap itself is not (sparse files, so a GiB costs nothing), a count one over,
+a secret one character short; a long time by a fake clock or by following
+the default from the command line to the code that waits. The oracles are
+the docs' literal numbers, never the code's constants;
+``unit/cli/test_docs.py`` (``test_every_number_the_readme_promises_is_the_codes``)
+ties each docs phrase to the constant or default, so these need only its
+literal."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from orchestrator.config.loader import load_cluster_text
 from orchestrator.plan.secrets import stored_cluster_file
 
 # Each name the generator writes, with the secret-name pattern it holds
-# (README, "Secrets": *TOKEN*, *SECRET*, *PASSWORD*, *PASSWD*, *KEY*,
+# (docs/secrets.md: *TOKEN*, *SECRET*, *PASSWORD*, *PASSWD*, *KEY*,
 # *CREDENTIAL*, any case), or None: the oracle's half of the rule, written
 # out by hand rather than asked of ``is_secret``.
 NAMES = {"HF_TOKEN": "TOKEN", "hub_token": "TOKEN", "TOKENIZERS_PARALLELISM": "TOKEN",

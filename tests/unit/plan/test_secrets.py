@@ -35,7 +35,7 @@ def test_the_stored_cluster_file_masks_secrets_and_keeps_settings_readable():
     assert masked.count(MASK) == 2
 
 
-# The rule as the README's "Secrets" section and secrets.py's docstring
+# The rule as docs/secrets.md and secrets.py's docstring
 # promise it, written out as literal cases (the expected answer is never
 # computed by the code under test): a name holding TOKEN, SECRET, PASSWORD,
 # PASSWD, KEY or CREDENTIAL (any case, anywhere in the name) and a value of
