@@ -73,7 +73,7 @@ GPU_ITEM_PATTERN = rf"^{_GPU_INDEX}$"
 # zeros aside, found again further on (a backreference, as ECMA-262 has).
 GPU_DUPLICATE_PATTERN = r"(?:^|,)\s*0*([0-9]+)\s*,(?:.*,)?\s*0*\1\s*(?:,|$)"
 
-# What the loader refuses and this schema cannot say, for the README; each
+# What the loader refuses and this schema cannot say, for docs/cluster-file.md; each
 # has an example that passes the schema in tests/unit/config/test_schema.py.
 LEFT_TO_THE_LOADER = (
     "YAML itself: a key given twice, anchors and aliases (and `<<` merge keys), tags, "

@@ -162,4 +162,4 @@ def no_result(label: str, run_id: str, plan: Any) -> str:
             f"RESULT_FILE_ENV, write_json_atomic` then `write_json_atomic(os.environ["
             f"RESULT_FILE_ENV], {{\"world_size\": ..., \"timing\": {{\"samples_per_s\": ..., "
             f"\"avg_batch_s\": ..., \"train_s\": ...}}}})` (workloads.contract is on the "
-            f"nodes' PYTHONPATH; the README's compare section lists what compare reads)")
+            f"nodes' PYTHONPATH; docs/compare.md lists what compare reads)")
