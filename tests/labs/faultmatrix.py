@@ -265,6 +265,9 @@ def expect(cell: Cell) -> Expect | Excluded:
                       r"No space left|Errno 28", TORCHRUN_ENDS_S + grace_end,
                       "the grace period")
     if f == "smi_hangs":
+        if slurm and p == "connect":
+            return Excluded("Slurm gives the job its GPUs (gres): nothing asks nvidia-smi "
+                            "before the job's ranks start")
         if p == "connect":
             return Expect(REFUSED, "`node 1 (host): nvidia-smi did not answer within 20s`",
                           r"nvidia-smi", SMI_TIMEOUT_S + MARGIN_S + 10.0,

@@ -236,7 +236,10 @@ class CellRun:
         self.result.code, self.result.exited_at = self.proc.returncode, time.time()
         if self.expect.ends == GOES_ON:
             self.result.notes.append("running 45 s after the fault; ended with `down`")
-        if self.cell.owner == "detached" or self.expect.ends == GOES_ON:
+        # a run that outlives its `up` (detached; a Slurm job whose controller
+        # was killed) ends where `status` says so
+        outlives = self.cell.owner == "detached" or self.cell.fault == "controller_sigkill"
+        if outlives or self.expect.ends == GOES_ON:
             while True:
                 status = self.status()
                 if status.get("state") not in ("starting", "pending", "running"):

@@ -551,7 +551,7 @@ def test_device_auto_is_decided_after_a_wait_from_the_answer_that_ended_it(gpus_
     cluster = gpus_lab.cluster("waitauto", ["{host: node0, gpus: '0'}"], extra="")
     proc = gpus_lab.start(cluster, "gpu-waitauto", "--wait-gpus", "90")
     try:
-        said = wait_for_lines(proc, "waiting up to")
+        said = wait_for_lines(proc, "waiting for GPU 0")
         assert "node 0 (node0)" in said, said
         gpus_lab.set(idle(1), [])
         out = proc.communicate(timeout=120)[0]

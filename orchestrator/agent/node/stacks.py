@@ -104,8 +104,11 @@ def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
 
 
 # How long a rank's flight recorder may take to dump once asked: NCCL's
-# monitor thread reads its pipe about once a second, the shim's thread at once.
-FLIGHT_RECORDER_WAIT_S = 10.0
+# monitor thread reads its pipe about once a second, the shim's thread at once,
+# but a process's first dump imports torch's compiler modules, which takes
+# over 10 s with three ranks importing at once on a busy two-core machine.
+# Only a rank that does not dump makes the stop wait this long.
+FLIGHT_RECORDER_WAIT_S = 20.0
 NCCL_PIPE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch's own trigger, <stem><rank>.pipe
 
 
