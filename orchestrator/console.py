@@ -185,7 +185,7 @@ class Console:
     def close(self) -> None:
         """Wait until everything said so far is written (the terminal read it)."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._held and not self._writing)
+            self._cond.wait_for(lambda: not self._held and not self._dropped and not self._writing)
 
     def _write(self, text: str, droppable: bool = False) -> None:
         text = visible(text)

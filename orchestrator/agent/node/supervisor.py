@@ -185,7 +185,6 @@ class Supervisor:
         relay.join(timeout=2.0)
         if self.spec.secrets:  # the logs are complete: mask what they hold
             files.scrub_tree(self.log_dir, list(self.spec.secrets))
-        self.write_state(child.pid, started, code, reason, torn_down_at)
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
         full = code and probes.disk_full(self.run_dir)
         if full:  # what a full disk breaks (torchrun's error files, the logs) says little
@@ -197,6 +196,7 @@ class Supervisor:
             stopped_at=self.stopped_at, last_lines=last,
             survivors=[{"pid": p, "cmd": c} for p, c in self.survivors.items()],
             duration_s=round(time.time() - started, 3))
+        self.write_state(child.pid, started, code, reason, torn_down_at)
         self.emit(self.last_exit)
         self.wakeup.close()  # a keeper runs one Supervisor per attempt: no fds left behind
         return code
@@ -523,14 +523,19 @@ class Supervisor:
         record (wall clock, ``time.time()``): when a stop was asked for
         (``stopped_at``, None when torchrun ended on its own), why, and when
         the teardown was over (``torn_down_at``: no process of the run left
-        here but the ``survivors`` of the exit event). What bounds the time
-        from a fault to nothing left is measured on these."""
+        here but the ``survivors`` of the exit event), and the exit event
+        itself (``exit``): with no controller to hear it (a detached Slurm
+        job), ``status`` reads the node's end, failures and all, from here.
+        What bounds the time from a fault to nothing left is measured on
+        these."""
         state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
                  "started": started, "exit_code": code, "run_id": self.spec.run_id,
                  "node_rank": self.spec.node_rank}
         if torn_down_at is not None:
             state.update(stopped_at=self.stopped_at, reason=files.mask_strings(
                 reason, list(self.spec.secrets)), torn_down_at=torn_down_at)
+            if self.last_exit is not None:  # its failures are masked already
+                state["exit"] = self.last_exit
         try:
             files.put_json(os.path.join(self.run_dir, layout.SUPERVISOR_STATE), state)
         except OSError as exc:  # a full disk: the record is lost, never the run or its end

@@ -37,7 +37,7 @@ import signal
 import threading
 import time
 from abc import abstractmethod
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, NamedTuple
 
 from ...agent import layout
 from ...agent.kept.daemon import offset_of_last_lines
@@ -560,18 +560,34 @@ def _offset_of_last_lines(path: str, lines: int) -> int:
 
 def _from_agents(record: RunRecord, detail: str) -> RunDescription:
     """The agents' own records (``node-K/supervisor.json``) of a run whose
-    controller did not live to record its end; it ended when the last of
-    them was written with its exit code."""
+    controller did not live to record its end (or never followed it: a
+    detached job); it ended when the last of them was written with its exit
+    code. Each node's end is read from the exit event it recorded, as the
+    controller would have heard it (``exit_outcome``): a node the scheduler
+    stopped is stopped, and the failed one names its rank's failure."""
+    from ...agent.wire.protocol import ProtocolError, validate
+    from ...engine.nodehandle import exit_outcome
+
+    first_ranks = _first_ranks(record)
     nodes, ends = [], []
     for node in record.nodes:
         path = posixpath.join(node.run_dir, layout.SUPERVISOR_STATE)
         try:
             with open(path, encoding="utf-8") as fh:
-                code = json.load(fh).get("exit_code")
+                written = json.load(fh)
+            code = written.get("exit_code")
             if code is not None:
                 ends.append(os.path.getmtime(path))
-        except (OSError, ValueError):
-            code = None
+        except (OSError, ValueError, AttributeError):
+            written, code = {}, None
+        try:
+            event = validate(written.get("exit")) if written.get("exit") is not None else None
+        except ProtocolError:  # a record this version cannot read: its exit code says enough
+            event = None
+        if event is not None and code is not None and node.node_rank in first_ranks:
+            place = _NodePlace(node.node_rank, node.host, first_ranks[node.node_rank])
+            nodes.append(exit_outcome(place, event, False, os.path.getmtime(path)))
+            continue
         state = (NodeState.NOT_STARTED if code is None and not os.path.isdir(node.run_dir)
                  else NodeState.LOST if code is None
                  else NodeState.SUCCEEDED if code == 0 else NodeState.FAILED)
@@ -581,6 +597,23 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
     outcome = gang_outcome(record.run_id, tuple(nodes), 0.0, interrupted=False)
     return RunDescription(outcome.state, outcome.nodes, outcome.root_cause, detail,
                           ended=max(ends, default=None))
+
+
+class _NodePlace(NamedTuple):
+    """What ``exit_outcome`` reads of a node's plan."""
+
+    node_rank: int
+    host: str
+    first_rank: int
+
+
+def _first_ranks(record: RunRecord) -> dict[int, int]:
+    """Each node's first global rank, from the recorded plan ({} where it
+    cannot be read)."""
+    try:
+        return {int(n["node_rank"]): int(n["ranks"][0]) for n in record.run.plan()["nodes"]}
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return {}
 
 
 def _not_run(plan: RunPlan, why: str, started: float, *, interrupted: bool = False) -> RunOutcome:

@@ -816,6 +816,36 @@ def test_a_job_whose_controller_is_gone_ended_as_its_agents_recorded(tmp_path):
     assert [n.state for n in silent.nodes] == [NodeState.NOT_STARTED] * 2
 
 
+def test_a_detached_jobs_end_is_read_from_the_exit_events_its_agents_recorded(tmp_path):
+    """Issue #43, the fault matrix's Slurm detached cells: rank 1 raised on
+    node 1, and Slurm stopped node 0 (``got SIGTERM``). With no controller
+    to hear the exit events, both read "torchrun exited 1" and node 0 was
+    blamed; the agents record their exit events, and the root cause is node
+    1's rank, in the words the controller gives."""
+    import json as json_
+
+    record = recorded(tmp_path)
+    record.run.write_plan({"nodes": [{"node_rank": 0, "ranks": [0, 1]},
+                                     {"node_rank": 1, "ranks": [2, 3]}]})
+    stopped = {"event": "exit", "code": 1, "reason": "got SIGTERM", "failures": [],
+               "stopped_at": 1999.0, "last_lines": [], "survivors": [], "duration_s": 9.0}
+    failed = {**stopped, "reason": "torchrun exited", "stopped_at": None, "failures": [
+        {"local_rank": 1, "message": "RuntimeError: boom (train.py:3)", "timestamp": 1990.0,
+         "error_file": None}]}
+    supervisor(record, 0, json_.dumps({"exit_code": 1, "exit": stopped}), 2001.0)
+    supervisor(record, 1, json_.dumps({"exit_code": 1, "exit": failed}), 2000.0)
+    got = FakeScheduler(states=[DONE]).describe(record)
+    assert [(n.node_rank, n.state) for n in got.nodes] == [(0, NodeState.STOPPED),
+                                                           (1, NodeState.FAILED)]
+    assert got.root_cause.node_rank == 1
+    assert "rank 3 (local rank 1) failed: RuntimeError: boom (train.py:3)" in \
+        got.root_cause.reason, got.root_cause.reason
+    # an exit event this version cannot read: its exit code, as before
+    supervisor(record, 1, json_.dumps({"exit_code": 1, "exit": {"event": "exit"}}), 2000.0)
+    got = FakeScheduler(states=[DONE]).describe(record)
+    assert (got.nodes[1].state, got.nodes[1].reason) == (NodeState.FAILED, "torchrun exited 1")
+
+
 # -- cancel, stacks, reconnect ------------------------------------------------------------------------------
 
 def test_cancel_without_a_job_on_record_says_so_for_each_node(tmp_path):
