@@ -173,6 +173,10 @@ def expect(cell: Cell) -> Expect | Excluded:
         return Expect(FAILS, shown, words, TORCHRUN_ENDS_S + grace_end,
                       "the grace period, once torchrun has ended node 1's own ranks")
     if f in ("node_frozen", "link_cut"):
+        if slurm and p == "connect":  # its job step's agent never starts: its torchrun neither
+            return Expect(FAILS, "`node 1 (host): did not join the rendezvous before the start "
+                                 "timeout`", r"did not join|start timeout",
+                          START_TIMEOUT_S + grace_end + SILENCE_S, "the start timeout")
         if slurm:
             return Expect(GOES_ON, "the job stays running (Slurm owns its nodes' liveness)",
                           within_s=SILENCE_S + grace_end,

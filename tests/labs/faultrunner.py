@@ -229,13 +229,12 @@ class CellRun:
         """Until the run is over: ``up``'s exit (attached), or its nodes' end
         as ``status`` asks it (detached); then the records."""
         deadline = time.monotonic() + END_TIMEOUT_S
-        while self.proc.poll() is None:
+        while self.proc.poll() is None:  # an attached run that goes on is ended with down
             assert time.monotonic() < deadline, \
                 f"{self.cell.id}: up did not end:\n{self.output()[-3000:]}"
+            self._down_if_it_went_on()
             time.sleep(0.05)
         self.result.code, self.result.exited_at = self.proc.returncode, time.time()
-        if self.expect.ends == GOES_ON:
-            self.result.notes.append("running 45 s after the fault; ended with `down`")
         # a run that outlives its `up` (detached; a Slurm job whose controller
         # was killed) ends where `status` says so
         outlives = self.cell.owner == "detached" or self.cell.fault == "controller_sigkill"
@@ -244,15 +243,21 @@ class CellRun:
                 status = self.status()
                 if status.get("state") not in ("starting", "pending", "running"):
                     break
-                if self.expect.ends == GOES_ON and time.time() - self.result.fault_at > 45:
-                    run_cli("down", self.run_id, "--runs-dir", str(self.runs), "--grace", "3",
-                            env=self.rig.env, timeout=120)
-                    self.expect = Expect(INTERRUPTED)  # what down leaves on record
+                self._down_if_it_went_on()
                 assert time.monotonic() < deadline, f"{self.cell.id}: still live: {status}"
                 time.sleep(1.0)
         self.result.out = self.output()
         self.result.state = self.state()
         self.result.status = self.status()
+
+    def _down_if_it_went_on(self) -> None:
+        """A run that must go on (``GOES_ON``), 45 s after the fault: it did;
+        ``down`` ends it, and its record is then what down leaves."""
+        if self.expect.ends == GOES_ON and time.time() - self.result.fault_at > 45:
+            self.result.notes.append("running 45 s after the fault; ended with `down`")
+            run_cli("down", self.run_id, "--runs-dir", str(self.runs), "--grace", "3",
+                    env=self.rig.env, timeout=120)
+            self.expect = Expect(INTERRUPTED)  # what down leaves on record
 
     # -- faults -----------------------------------------------------------------
 
