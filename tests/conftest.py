@@ -140,7 +140,7 @@ def pytest_collection_modifyitems(config, items):
     _fault_matrix_share(config, items)
 
 
-FAULT_MATRIX_SHARE = 4  # cells a CI run takes, chosen by its commit, besides the regressions
+FAULT_MATRIX_SHARE = 2  # cells a CI run takes, chosen by its commit, besides the regressions
 
 
 def _fault_matrix_share(config, items) -> None:
