@@ -591,9 +591,10 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
         state = (NodeState.NOT_STARTED if code is None and not os.path.isdir(node.run_dir)
                  else NodeState.LOST if code is None
                  else NodeState.SUCCEEDED if code == 0 else NodeState.FAILED)
-        nodes.append(NodeOutcome(node.node_rank, node.host, state, code,
-                                 f"torchrun exited {code}" if code is not None else
-                                 "no exit status on record", None))
+        reason = (f"torchrun exited {code}" if code is not None
+                  else "never started: no run directory" if state is NodeState.NOT_STARTED
+                  else "the node agent ended without reporting (no exit status on record)")
+        nodes.append(NodeOutcome(node.node_rank, node.host, state, code, reason, None))
     outcome = gang_outcome(record.run_id, tuple(nodes), 0.0, interrupted=False)
     return RunDescription(outcome.state, outcome.nodes, outcome.root_cause, detail,
                           ended=max(ends, default=None))

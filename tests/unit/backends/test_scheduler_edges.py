@@ -788,6 +788,11 @@ def supervisor(record: RunRecord, k: int, text: str | None, mtime: float) -> Non
         os.utime(path, (mtime, mtime))
 
 
+# the words of an agent killed before it wrote its end, as the controller
+# gives them when it hears the agent's link close
+LOST_WORDS = "the node agent ended without reporting (no exit status on record)"
+
+
 def test_a_job_whose_controller_is_gone_ended_as_its_agents_recorded(tmp_path):
     record = recorded(tmp_path, dirs=5)
     supervisor(record, 0, '{"exit_code": 0}', 1500.0)
@@ -799,9 +804,9 @@ def test_a_job_whose_controller_is_gone_ended_as_its_agents_recorded(tmp_path):
     assert [(n.node_rank, n.state, n.exit_code, n.reason) for n in got.nodes] == [
         (0, NodeState.SUCCEEDED, 0, "torchrun exited 0"),
         (1, NodeState.FAILED, 3, "torchrun exited 3"),
-        (2, NodeState.LOST, None, "no exit status on record"),
-        (3, NodeState.LOST, None, "no exit status on record"),
-        (4, NodeState.NOT_STARTED, None, "no exit status on record")]
+        (2, NodeState.LOST, None, LOST_WORDS),
+        (3, NodeState.LOST, None, LOST_WORDS),
+        (4, NodeState.NOT_STARTED, None, "never started: no run directory")]
     assert [n.host for n in got.nodes] == ["n0", "n1", "n2", "n3", "n4"]
     assert (got.state, got.root_cause.node_rank, got.detail, got.ended) == (
         RunState.FAILED, 1, "TestQueue job 7: COMPLETED", 2000.0)
