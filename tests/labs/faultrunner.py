@@ -118,6 +118,7 @@ class CellRun:
         self.proc: subprocess.Popen | None = None
         self.result = Outcome(cell)
         self.restore: list = []  # what undoes the fault (thaw, mend), run in ``finally``
+        self.unmount: list = []  # a small disk's unmount, once the checks have read it
         self.smi = None
 
     # -- the run's files ------------------------------------------------------
@@ -356,7 +357,9 @@ class CellRun:
         os.makedirs(path, exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "fm-full", str(path)],
                        check=True)
-        self.restore.append(lambda: subprocess.run(["umount", "-l", str(path)]))
+        # the run's records live on it: `ps` and `status` read them in the checks
+        self.restore.append(lambda: _unlink(os.path.join(path, ".fill")))
+        self.unmount.append(lambda: subprocess.run(["umount", "-l", str(path)]))
 
     def fill(self, path) -> None:
         with open(os.path.join(path, ".fill"), "wb") as fh:
@@ -545,6 +548,10 @@ def run_cell(cell: Cell, rig: Rig, tmp_path) -> Outcome:
         import pytest
         pytest.skip(f"{cell.id}: {cell.expect.why}")
     run = CellRun(cell, rig, tmp_path)
-    run.run()
-    check(run)
+    try:
+        run.run()
+        check(run)
+    finally:
+        for unmount in run.unmount:
+            unmount()
     return run.result
