@@ -302,7 +302,7 @@ class CellRun:
             full = self.runs if fault == "runs_dir_full" else self.tmp / "remote"
             self.fill(full)
             if self.expect.ends == SURVIVES:  # full for a while, then someone makes room
-                return lambda: (time.sleep(10.0), _unlink(os.path.join(full, ".fill")))
+                return lambda: (time.sleep(10.0), self._on_disk("rm", "-f", f"{full}/.fill"))
             return None
         if fault == "smi_hangs":
             from fakesmi import set_state
@@ -354,20 +354,26 @@ class CellRun:
                     (self.gates / "finish").touch()
 
     def small_disk(self, path) -> None:
+        """A 64 MiB disk at ``path``: the controller's, or node 1's own (on an
+        SSH lab, in the mount namespace of node 1's sshd, which its sessions
+        share: a mount made out here does not reach it)."""
         os.makedirs(path, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "fm-full", str(path)],
-                       check=True)
+        self._on_disk("mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "fm-full", str(path),
+                     check=True)
         # the run's records live on it: `ps` and `status` read them in the checks
-        self.restore.append(lambda: _unlink(os.path.join(path, ".fill")))
-        self.unmount.append(lambda: subprocess.run(["umount", "-l", str(path)]))
+        self.restore.append(lambda: self._on_disk("rm", "-f", f"{path}/.fill"))
+        self.unmount.append(lambda: self._on_disk("umount", "-l", str(path)))
 
     def fill(self, path) -> None:
-        with open(os.path.join(path, ".fill"), "wb") as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * (1 << 20))
-            except OSError:
-                pass
+        self._on_disk("sh", "-c", f'cat /dev/zero > "{path}/.fill" 2>/dev/null; true')
+
+    def _on_disk(self, *argv: str, check: bool = False) -> None:
+        """``argv`` where the small disk is: node 1's mount namespace for a
+        node's disk on an SSH lab, else here."""
+        enter = []
+        if self.cell.fault == "node_disk_full" and self.rig.lab is not None:
+            enter = ["nsenter", "-t", str(self.rig.lab.listener_pid(1)), "-m", "--"]
+        subprocess.run([*enter, *argv], check=check)
 
     def fake_smi(self) -> str:
         from fakesmi import fake_nvidia_smi
