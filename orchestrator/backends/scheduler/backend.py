@@ -584,7 +584,7 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
             event = validate(written.get("exit")) if written.get("exit") is not None else None
         except ProtocolError:  # a record this version cannot read: its exit code says enough
             event = None
-        if event is not None and code is not None and node.node_rank in first_ranks:
+        if event is not None and code and node.node_rank in first_ranks:  # how it failed
             place = _NodePlace(node.node_rank, node.host, first_ranks[node.node_rank])
             nodes.append(exit_outcome(place, event, False, os.path.getmtime(path)))
             continue
