@@ -48,6 +48,10 @@ MAX_HELLO = 4096  # a hello is one short line
 ACCEPT_PAUSE_S = 0.1  # after an accept error (EMFILE...), before accepting again
 HEARTBEAT = message(Event.HEARTBEAT)  # what each end of a link sends every GANG_HEARTBEAT_S
 OUTBOX_MAX = 4096  # messages a link holds for a peer that does not read them
+# How long closing a link waits for its outbox to be written: the last word
+# to a peer (the head's "finished") goes before the socket does, but a
+# peer that does not read never holds the end longer than this.
+FLUSH_S = 2.0
 
 
 class Link:
@@ -67,6 +71,7 @@ class Link:
         self.on_lost = on_lost
         self.outbox: queue.Queue[bytes | None] = queue.Queue(OUTBOX_MAX)
         self.closed = threading.Event()
+        self.written = threading.Event()  # the writer has ended: its outbox is out
         self.lines = LineBuffer(max_line=MAX_LINE)
         self.pending = first  # bytes already read past the hello
         # Wall clock, for the record of a loss: when the other end was last
@@ -94,11 +99,17 @@ class Link:
             return False
 
     def close(self) -> None:
+        """What was sent goes out first (up to ``FLUSH_S``), then the socket
+        closes: a message queued just before the close (the head's last word
+        to a node) is not lost with it."""
+        if not self.closed.is_set():
+            try:
+                self.outbox.put_nowait(None)  # the writer ends once it reaches it
+            except queue.Full:
+                pass
+            if self.lost_at is None:
+                self.written.wait(FLUSH_S)
         self.closed.set()
-        try:
-            self.outbox.put_nowait(None)  # wakes the writer, which then ends
-        except queue.Full:
-            pass
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -109,18 +120,21 @@ class Link:
         """The outbox to the socket; a send that fails (the peer gone, or
         not reading for ``GANG_TIMEOUT_S``) ends the link, which the reader
         then reports."""
-        while not self.closed.is_set():
-            data = self.outbox.get()
-            if data is None:
-                return
-            try:
-                self.sock.sendall(data)
-            except OSError:
+        try:
+            while True:
+                data = self.outbox.get()
+                if data is None or self.closed.is_set():
+                    return
                 try:
-                    self.sock.shutdown(socket.SHUT_RDWR)
+                    self.sock.sendall(data)
                 except OSError:
-                    pass
-                return
+                    try:
+                        self.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+        finally:
+            self.written.set()
 
     def _beat(self) -> None:
         while not self.closed.wait(GANG_HEARTBEAT_S):
