@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
 from . import failures, gpus, guardian, probes, procs
 from .. import layout
@@ -536,7 +535,7 @@ class Supervisor:
             state.update(stopped_at=self.stopped_at, reason=files.mask_strings(
                 reason, list(self.spec.secrets)), torn_down_at=torn_down_at)
             if self.last_exit is not None:  # a file: its last lines and commands masked too
-                state["exit"] = _masked(self.last_exit, list(self.spec.secrets))
+                state["exit"] = files.mask_strings(self.last_exit, list(self.spec.secrets))
         try:
             files.put_json(os.path.join(self.run_dir, layout.SUPERVISOR_STATE), state)
         except OSError as exc:  # a full disk: the record is lost, never the run or its end
@@ -544,17 +543,6 @@ class Supervisor:
                 self.record_trouble = exc.strerror or str(exc)
                 self.write_out(f"ddp-orch: cannot write {layout.SUPERVISOR_STATE}: "
                                f"{self.record_trouble}\n".encode())
-
-
-def _masked(value: Any, secrets: list[str]) -> Any:
-    """``value`` (an exit event) with every string in it masked."""
-    if isinstance(value, str):
-        return files.mask_strings(value, secrets)
-    if isinstance(value, dict):
-        return {key: _masked(item, secrets) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_masked(item, secrets) for item in value]
-    return value
 
 
 def _await_go(sup: "Supervisor") -> None:
