@@ -17,7 +17,10 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-# faulthandler: `  File "/x/train.py", line 42 in main`
+# faulthandler: `  File "/x/train.py", line 42 in main`, under a header:
+# `Stack (most recent call first):` for one thread, `Current thread 0x...` and
+# `Thread 0x...` where it lists them all.
+_FAULTHANDLER_HEADER = re.compile(r"^(Stack|Current thread 0x|Thread 0x)")
 _FAULTHANDLER_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')
 # py-spy: `    all_reduce (torch/distributed/distributed_c10d.py:2050)`
 _PY_SPY_FRAME = re.compile(r"^\s+(\S.*?) \((.+):(\d+)\)$")
@@ -54,17 +57,19 @@ def main_thread(how: str, text: str) -> list[Frame]:
             elif current and (m := _PY_SPY_FRAME.match(line)):
                 current[1].append(Frame(m.group(1), m.group(2), int(m.group(3))))
         else:
-            if "hread 0x" in line:  # "Current thread 0x..." / "Thread 0x..."
+            if _FAULTHANDLER_HEADER.match(line):
                 current = (line, [])
                 blocks.append(current)
             elif current and (m := _FAULTHANDLER_FRAME.match(line)):
                 current[1].append(Frame(m.group(3), m.group(1), int(m.group(2))))
     if not blocks:
         return []
-    # The signal handler runs on the main thread ("Current thread"); py-spy names it.
-    main = next((b for b in blocks if b[0].startswith("Current thread") or "MainThread" in b[0]),
-                blocks[0])
-    return main[1]
+    if how == "py-spy":  # py-spy names it
+        return next((b for b in blocks if "MainThread" in b[0]), blocks[0])[1]
+    # The shim's dump is the main thread alone; where faulthandler lists every
+    # thread it lists them newest first, so the main thread is the last one
+    # ("Current thread" is whichever thread a signal landed on).
+    return blocks[-1][1]
 
 
 def where(frames: list[Frame]) -> str:

@@ -3,7 +3,7 @@
 Each worker of the run is found by its marker variables and its ``RANK``.
 Where ``py-spy`` is on the PATH it dumps every rank (``--native`` when
 asked: C++ frames too). Otherwise each rank is sent ``shim.STACK_SIGNAL``:
-the worker shim's ``faulthandler`` writes all its threads to
+the worker shim's ``faulthandler`` writes its main thread's stack to
 ``stacks/rank-<RANK>.txt`` in the node's run directory, which works while
 the rank is blocked inside a C call such as a collective. All ranks are
 asked at once and read back within ``timeout_s``.
@@ -25,7 +25,12 @@ from ..layout import SHIM_MODULE
 from ..worker.shim import (STACK_SIGNAL, flight_recorder_fifo, flight_recorder_target,
                            stacks_file)
 
-SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
+SETTLE_S = 0.2  # a complete-looking dump that has not grown for this long is done
+# faulthandler writes a dump a few bytes per write() from a signal handler, and
+# on a loaded node a rank can be descheduled mid-dump for longer than SETTLE_S
+# (three ranks importing torch's compiler for their flight recorders on two
+# cores). A dump that does not end as a whole one does is waited for this long.
+PARTIAL_SETTLE_S = 1.5
 MAX_DUMP = 1 << 20  # bytes kept of one rank's dump
 # ``py-spy --native`` reads the symbols of every library a rank has loaded
 # (libtorch's run to hundreds of MB): seconds per rank, more on a node whose
@@ -226,7 +231,11 @@ def _faulthandler(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict
             size = _size(paths[rank])
             if size != seen[rank]:
                 seen[rank], last_growth[rank] = size, time.monotonic()
-            elif size > sizes[rank] and time.monotonic() - last_growth[rank] > SETTLE_S:
+                continue
+            quiet = time.monotonic() - last_growth[rank]
+            if size > sizes[rank] and quiet > SETTLE_S and (
+                    quiet > PARTIAL_SETTLE_S
+                    or dump_looks_whole(_read_from(paths[rank], sizes[rank]))):
                 pending.discard(rank)
     out = []
     for rank in sorted(found):
@@ -238,6 +247,17 @@ def _faulthandler(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict
         out.append({"rank": rank, "node_rank": node, "pid": pid, "how": "faulthandler",
                     "text": text, "error": error})
     return out
+
+
+def dump_looks_whole(text: str) -> bool:
+    """Does a faulthandler dump end where a whole one does? The main
+    thread's outermost frame is runpy's (torchrun runs ``python -m
+    ddp_orch_shim``), and where a dump lists every thread (newest first) the
+    main thread comes last; a stack deeper than faulthandler's limit ends in
+    its ``...`` line."""
+    last = text.rstrip("\n").rpartition("\n")[2]
+    return text.endswith("\n") and (last.endswith(" in _run_module_as_main")
+                                     or last.strip() == "...")
 
 
 def _size(path: str) -> int:

@@ -17,10 +17,18 @@ script has to ask for:
   built-in workloads' ``WorkloadError``: a bad argument, a missing dataset)
   is printed as one line, ``WorkloadError: message``, not a traceback that
   every rank would repeat; the error file still holds the traceback;
-* ``faulthandler`` is registered on ``STACK_SIGNAL`` (a real-time signal)
-  for all threads, writing to ``stacks/rank-<RANK>.txt`` in the node's run
-  directory: a Python stack dump that works even while the rank is blocked
-  inside a C call such as a gloo or NCCL collective (``ddp-orch stacks``).
+* ``faulthandler`` is registered on ``STACK_SIGNAL`` (a real-time signal),
+  writing the main thread's stack to ``stacks/rank-<RANK>.txt`` in the
+  node's run directory: a Python stack dump that works even while the rank
+  is blocked inside a C call such as a gloo or NCCL collective
+  (``ddp-orch stacks``). The main thread only: from a signal handler,
+  faulthandler reads other threads' frames while they run, and a thread
+  importing a module (the flight recorder's first dump below, a data
+  loader's thread) frees objects under it: CPython then dies of SIGSEGV,
+  which a stack dump must never do to a healthy rank
+  (``tests/unit/agent/test_shim.py`` shows it). The kernel hands a
+  process-directed signal to the main thread unless that thread blocks it
+  or has one pending, so the thread the handler runs on is the main one.
   The rank's working directory is the code root, not the run directory,
   which is the directory of ``DDP_ORCH_RESULT_FILE`` (``run_dir``);
 * where torch's flight recorder is on (a buffer size and a dump file in the
@@ -77,7 +85,7 @@ def _arm_stack_dumps() -> None:
         handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
     except OSError:
         return
-    faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True, chain=False)
+    faulthandler.register(STACK_SIGNAL, file=handle, all_threads=False, chain=False)
     _arm_stack_dumps.handle = handle  # type: ignore[attr-defined]  (never closed)
 
 
