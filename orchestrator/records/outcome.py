@@ -115,13 +115,19 @@ class RunOutcome:
         return self.state is RunState.SUCCEEDED
 
 
-# What a rank says when it fails because a peer went away: the cascade of a
-# failure elsewhere, never its cause while an original failure is on record.
+# What a rank says when it fails because a peer went away, or because the
+# teardown of a failure elsewhere stopped it: the cascade of a failure
+# elsewhere, never its cause while an original failure is on record. A rank
+# SIGTERM ended says so to torchrun ("Signal 15 (SIGTERM)"), or, where the
+# program answers SIGTERM itself with ``sys.exit(128 + signum)`` as many
+# training scripts do, the shim records "SystemExit: 143": under Slurm the
+# step's teardown (--kill-on-bad-exit) can reach a rank before its node's
+# agent hears of the stop, and the node then seems to have failed first.
 # (A pattern, compiled on first use by ``re``'s own cache: ``ps`` and a
 # dry run never ask.)
 CASCADE = (r"Connection closed by peer|Connection reset by peer|Broken pipe|"
            r"remote process exited|NCCL communicator was aborted|DistNetworkError|"
-           r"Socket Timeout|Signal 15 \(SIGTERM\)")
+           r"Socket Timeout|Signal 15 \(SIGTERM\)|^SystemExit: 143\b")
 
 
 def is_cascade(outcome: NodeOutcome) -> bool:

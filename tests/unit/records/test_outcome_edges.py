@@ -58,6 +58,10 @@ def test_an_attempt_round_trips_through_its_dict():
     (["Connection reset by peer", "CUDA out of memory"], False),
     (["Signal 15 (SIGTERM) received"], True),
     (["Signal 15 SIGTERM"], False),
+    (["SystemExit: 143"], True),  # the program's own SIGTERM handler: sys.exit(128 + 15)
+    (["SystemExit: 143 (train.py:66)"], True),  # as collected: the place appended
+    (["SystemExit: 1430"], False),
+    (["SystemExit: 1"], False),
 ])
 def test_a_cascade_is_every_failure_a_peer_loss(messages, expected):
     assert is_cascade(node(0, failures=[{"message": m} for m in messages])) is expected
@@ -73,6 +77,16 @@ def test_the_root_cause_is_the_original_failure_then_the_earliest_then_the_lowes
     assert gang_outcome("r", (a, b), 3.0, interrupted=False).root_cause == b
     timed, untimed = node(2, ended=5.0), node(1, ended=None)
     assert gang_outcome("r", (untimed, timed), 3.0, interrupted=False).root_cause == timed
+
+
+def test_a_lost_node_is_the_cause_of_a_rank_the_schedulers_teardown_stopped():
+    """Slurm's step teardown (a node's agent SIGKILLed, --kill-on-bad-exit)
+    SIGTERMs node 0's rank, whose program exits 143, before node 0's agent
+    hears of the stop: the lost node came first (a loaded CI, once)."""
+    stopped = node(0, ended=5.0, failures=[{"message": "SystemExit: 143 (faultable.py:66)",
+                                                "timestamp": 4.0}])
+    lost = node(1, NodeState.LOST, ended=None, code=None)
+    assert gang_outcome("r", (stopped, lost), 3.0, interrupted=False).root_cause == lost
 
 
 def test_the_run_state_from_the_nodes():
