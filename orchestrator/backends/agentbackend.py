@@ -392,9 +392,11 @@ class AgentBackend(LaunchBackend):
         """A node whose agent vanished may still run the job: end what is left
         there over a fresh connection (its guardian should have; this checks).
 
-        Not a node that went silent (a partition, a frozen host): a fresh
-        connection would only wait out the SSH connect timeout on the same
-        dead path, and its supervisor already tears the run down by itself,
+        Not a node in ``silent``: one that went silent (a partition, a frozen
+        host) or that the teardown cut off, answering neither its stop nor its
+        kill. A fresh connection would only wait out the SSH connect timeout
+        on the same dead path, and its supervisor tears the run down by
+        itself, at once where its channel's end reaches it, else
         ``PEER_TIMEOUT_S`` after our last ping."""
         from ..engine.fanout import on_all
         from ..engine.nodehandle import describe_survivors
@@ -423,15 +425,22 @@ class AgentBackend(LaunchBackend):
 
     def fetch_results(self, info: DryRun, transports: Mapping[int, Transport],
                       outcome: RunOutcome, run: RunDir,
-                      reusable: Mapping[int, AgentHandle]) -> dict | None:
+                      reusable: Mapping[int, AgentHandle],
+                      unreachable: set[int] = frozenset()) -> dict | None:
         """What the run brings home (``results.wanted_files``): over the run's
         own channel where it is still open, else over a fresh agent. Best
-        effort; a node that cannot be reached leaves a note in its log."""
+        effort; a node that cannot be reached leaves a note in its log, and
+        one in ``unreachable`` (silent, or cut off by the teardown) is not
+        tried: a fresh connection would wait out its timeout there."""
         from ..engine.agentlink import AgentHandle
         from ..engine.fanout import on_all
         from ..engine.results import fetch_outputs, keep, wanted_files
 
         wanted = wanted_files(info, outcome)
+        for k in sorted(unreachable & set(wanted)):
+            files = ", ".join(f.remote for f in wanted.pop(k))
+            run.note(k, f"not fetched: the node could not be reached at the end of the run; "
+                        f"its files stay there ({files})")
 
         def fetch(k: int) -> None:
             agent = reusable.get(k) or AgentHandle(transports[k], info.plan.nodes[k].python,

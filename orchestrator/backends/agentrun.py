@@ -48,14 +48,17 @@ class AgentRun(RunHandle):
         reusable = {h.node.node_rank: agent for h in self.gang.handles
                     if (agent := h.release()) is not None}
         return self.backend.fetch_results(self.dryrun, self.transports, outcome, self.run,
-                                          reusable)
+                                          reusable, self._unreachable())
 
     def tidy(self, outcome: RunOutcome) -> None:
         """What a lost node left behind is ended (not when only observing)."""
         if not self.watching:
             self.backend.sweep_lost(self.dryrun, self.transports, outcome, self.run,
-                                     silent={h.node.node_rank for h in self.gang.handles
-                                             if h.partitioned})
+                                     silent=self._unreachable())
+
+    def _unreachable(self) -> set[int]:
+        """The nodes the gang gave up on or cut off (``NodeHandle.unreachable``)."""
+        return {h.node.node_rank for h in self.gang.handles if h.unreachable}
 
     def close(self, left: bool = False) -> None:
         """EOF to every agent: each exits, its supervisor tearing its run down

@@ -124,6 +124,10 @@ class NodeHandle:
         self.secret_strings = [value.decode() for value in self.secrets]
         # Facts about the node, which the gang finds out (not phases):
         self.partitioned = False  # silent for PEER_TIMEOUT_S: given up on
+        # Cut off by the teardown: it answered neither the stop nor the kill
+        # (a frozen host, a dead path), so a fresh connection would only wait
+        # out its timeout on the same way (``unreachable``).
+        self.cut_off = False
         self.timed_out = False  # not started within the start timeout
         self.ended_at: float | None = None
         self._relay: threading.Thread | None = None
@@ -366,7 +370,15 @@ class NodeHandle:
     def abort(self) -> None:
         """Cut the supervisor off. Last resort: only it can reach the workers."""
         if self.supervising and self.poll() is None:
+            self.cut_off = True
             self.channel.abort()
+
+    @property
+    def unreachable(self) -> bool:
+        """Given up on (silent) or cut off: nothing more is asked of the node
+        after the run (no fetch, no sweep); its own agent ends what is left
+        there when it no longer hears us."""
+        return self.partitioned or self.cut_off
 
     def give_up(self) -> None:
         """Silent past the peer timeout (a partition, a frozen host): it
@@ -399,6 +411,10 @@ class NodeHandle:
             state, reason = NodeState.SUCCEEDED, "exited 0"
         elif self.timed_out:
             state, reason = NodeState.FAILED, "did not join the rendezvous before the start timeout"
+        elif self.cut_off and not control:
+            state, reason = NodeState.LOST, (
+                "answered neither the stop nor the kill, so it was cut off (a frozen host, or "
+                "a dead path); its agent tears the run down there once it no longer hears us")
         elif not control and code == LOST:
             state, reason = NodeState.LOST, "connection lost without an exit status"
         elif not control:  # the agent itself died (SIGKILL, OOM killer) before reporting

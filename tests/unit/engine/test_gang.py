@@ -370,6 +370,26 @@ def test_a_node_that_ignores_stop_gets_kill_after_the_grace_period(tmp_path, clo
     assert [n.state for n in outcome.nodes] == [NodeState.STOPPED, NodeState.FAILED]
 
 
+def test_a_node_that_hears_neither_stop_nor_kill_is_cut_off_and_left_alone_after(
+        tmp_path, clock):
+    """Issue 43 (ssh-attached-teardown-node_frozen): node 1 froze as node 0's
+    failure tore the gang down. It heard neither the stop nor the kill, was
+    cut off, and is named so, not "killed by signal 15" (the cut channel's
+    own code); being unreachable, nothing more is asked of it after the run
+    (the fetch and the sweep each waited out 5 s of connect timeout there)."""
+    frozen = FakeNode(clock)
+    frozen.end = lambda code, reason: None  # hears no stop and no kill, says nothing
+    failing = FakeNode(clock, exit_at=(2.0, 1))
+    gang = start_gang(tmp_path, clock, [failing, frozen], grace_s=3.0)
+    outcome = gang.run()
+    assert frozen.aborted and len(frozen.at(Control.KILL)) == 1
+    assert outcome.nodes[1].state is NodeState.LOST
+    assert outcome.nodes[1].reason.startswith("answered neither the stop nor the kill, so it "
+                                              "was cut off"), outcome.nodes[1].reason
+    assert outcome.root_cause.node_rank == 0
+    assert [h.unreachable for h in gang.handles] == [False, True]
+
+
 def test_a_node_that_obeys_stop_is_not_killed(tmp_path, clock):
     obeying = FakeNode(clock)
     failing = FakeNode(clock, exit_at=(2.0, 1))

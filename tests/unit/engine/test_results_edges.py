@@ -219,3 +219,38 @@ def test_outputs_lines_of_few_files_and_of_none():
 ])
 def test_human(n, text):
     assert results._human(n) == text
+
+
+def test_a_node_that_could_not_be_reached_at_the_end_is_not_asked_for_its_files(tmp_path):
+    """Issue 43: a node the teardown cut off (frozen) is not dialled again
+    for its files: a fresh connection only waited out its connect timeout
+    (5 s here) before the run's end was recorded. Node 0's result still comes."""
+    from orchestrator.backends.agentbackend import AgentBackend
+    from orchestrator.engine.options import LaunchOptions
+
+    class Agent:
+        def get(self, remote, limit, root=None):
+            return b'{"ok": 1}' if remote.endswith("result.json") else None
+
+        def call(self, *args, **kwargs):
+            return {"files": [], "refused": []}
+
+    class Dialled:
+        host = "b"
+
+        def start(self, *args, **kwargs):
+            raise AssertionError("node 1 was dialled")
+
+    info = info_of(GPU)
+    run = RunDir.create(str(tmp_path), "r1")
+    class Backend(AgentBackend):
+        transport = where = None
+
+    backend = Backend(LaunchOptions())
+    lost = node_outcome(1, NodeState.LOST, [{"error_file": "e.json", "local_rank": 0}])
+    backend.fetch_results(info, {1: Dialled()}, outcome(node_outcome(0, NodeState.FAILED), lost),
+                          run, {0: Agent()}, unreachable={1})
+    log = (tmp_path / "r1" / "node-1.log").read_text()
+    assert "not fetched: the node could not be reached at the end of the run; its files " \
+           f"stay there ({R1}/nccl_trace_rank_2, {R1}/e.json)" in log
+    assert json.loads((tmp_path / "r1" / "result.json").read_text()) == {"ok": 1}
