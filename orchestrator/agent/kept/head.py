@@ -117,8 +117,7 @@ class Head(Keeper):
             why = self.final or ("node(s) " + ", ".join(map(str, missing)) +
                                  " never joined the gang's port")
             self.say(f"ddp-orch: {why}")
-            self.finishing = True
-            self._broadcast(message(Event.GANG_FINISH, state="failed"))
+            self._finish("failed")
             return 1, "interrupted" if self.final else "failed"
         restarts = self.spec.max_restarts
         port = self.sup_spec.master_port
@@ -146,8 +145,7 @@ class Head(Keeper):
             if all(c == 0 for c in codes):
                 record["state"] = "succeeded"
                 self.attempts.append(record)
-                self.finishing = True
-                self._broadcast(message(Event.GANG_FINISH, state="succeeded"))
+                self._finish("succeeded")
                 return 0, "succeeded"
             why_not = self._why_no_restart(ended)
             record["state"] = "interrupted" if self.final else "failed"
@@ -166,8 +164,7 @@ class Head(Keeper):
                      f"restarting the whole gang in {restart_backoff(attempt + 1):g}s "
                      f"({attempt + 1} of {restarts} restart(s))")
         state = "interrupted" if self.final else "failed"
-        self.finishing = True
-        self._broadcast(message(Event.GANG_FINISH, state=state))
+        self._finish(state)
         return int(self.ended.get(0, {}).get("code") or 1), state
 
     def _record(self, attempt: int, port: int, ended: dict[int, dict]) -> dict:
@@ -301,6 +298,18 @@ class Head(Keeper):
                                 final=bool(self.final)))
         if self.supervisor is not None:
             self.supervisor.request_stop(gangrule.stop_reason(reason))
+
+    def _finish(self, state: str) -> None:
+        """The gang's last word to every node, then each link closed, which
+        writes it out first (``Link.close``, up to ``FLUSH_S``). Left to the
+        keeper's exit, the sockets closed with the word still in a link's
+        outbox, and a member heard the link close without it: "lost the
+        gang's head", and its node ended interrupted (test_keeper's gang
+        tests, once in a few loaded CI runs)."""
+        self.finishing = True
+        self._broadcast(message(Event.GANG_FINISH, state=state))
+        for link in list(self.links.values()):
+            link.close()
 
     def _broadcast(self, said: dict) -> None:
         for link in list(self.links.values()):

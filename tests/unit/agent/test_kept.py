@@ -477,3 +477,46 @@ def test_a_keeper_signalled_names_who_stopped_the_run_once_not_per_node():
     assert signalled(daemon.CLOSED_CONTROLLER, "SIGTERM", 1) == \
         "lost the controller (its connection closed) on node 1"
     assert signalled("", "SIGINT", 2) == "stopped by SIGINT to node 2's keeper"
+
+
+def test_the_heads_last_word_is_written_to_every_link_before_the_keeper_can_exit(tmp_path):
+    """The head's "finished" went to each link's outbox, and the keeper
+    exited: sockets closed with the word unsent, and a member ended
+    "interrupted" ("lost the gang's head"). ``_finish`` returns only once
+    each link has written it (its writer held back here, as a loaded
+    machine does)."""
+    import socket
+    import threading
+
+    from orchestrator.agent.kept import peers
+    from orchestrator.agent.kept.head import Head
+
+    head = Head(KeeperSpec.from_dict(keeper_specs(tmp_path, 2)[0]))
+    ours, theirs = socket.socketpair()
+    release = threading.Event()
+
+    class SlowSocket:  # the writer's sendall waits until released
+        def __init__(self, sock):
+            self.sock = sock
+
+        def sendall(self, data):
+            release.wait(5)
+            return self.sock.sendall(data)
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    link = peers.Link(SlowSocket(ours), lambda msg: None, lambda why: None)
+    threading.Thread(target=link._write, daemon=True).start()
+    head.links = {1: link}
+    threading.Timer(0.3, release.set).start()
+    head._finish("succeeded")
+    try:  # the keeper's exit: its sockets close with it
+        ours.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    ours.close()
+    theirs.settimeout(5)
+    got = theirs.recv(65536)
+    assert b"finish" in got, got
+    assert head.finishing and link.closed.is_set()
