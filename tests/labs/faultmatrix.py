@@ -264,9 +264,13 @@ def expect(cell: Cell) -> Expect | Excluded:
             return Expect(REFUSED, "`connecting to the nodes failed: node 1 (host): ... No "
                                    "space left on device`", r"No space left",
                           AT_ONCE_S + MARGIN_S, "at once")
+        # Not timed from the fill: the rank's output goes to a log on that
+        # disk (torchrun's), whose last page takes lines until it is full
+        # (at this cell's pace, a line every 0.25 s: about a minute).
         return Expect(FAILS, "`root cause: node 1 (host): ... No space left on device`",
-                      r"No space left|Errno 28", TORCHRUN_ENDS_S + grace_end,
-                      "the grace period")
+                      r"No space left|Errno 28", 0.0,
+                      "a rank's next write that needs room (a log's page), then the grace "
+                      "period")
     if f == "smi_hangs":
         if slurm and p == "connect":
             return Excluded("Slurm gives the job its GPUs (gres): nothing asks nvidia-smi "
