@@ -181,21 +181,11 @@ def record_error(exc: BaseException, tb) -> None:
         "message": f"{type(exc).__name__}: {exc}",
         "extraInfo": {"py_callstack": "".join(traceback.format_exception(type(exc), exc, tb)),
                       "timestamp": str(int(time.time()))}}}
-    # Whole or not at all: on a full disk a half-written (empty) error file
-    # made torchrun itself die of a JSONDecodeError reading it, with its own
-    # traceback in place of the rank's failure (the fault matrix's
-    # ssh-attached-training-node_disk_full). Without a file, torchrun
-    # reports the exit code, and the rank's traceback in the log names it.
-    partial = f"{path}.{os.getpid()}.partial"
     try:
-        with open(partial, "w", encoding="utf-8") as fh:
+        with open(path, "w", encoding="utf-8") as fh:
             json.dump(data, fh)
-        os.replace(partial, path)
     except OSError:
-        try:
-            os.unlink(partial)
-        except OSError:
-            pass
+        pass
 
 
 def _run_script(given: str, args: list[str]) -> None:

@@ -226,27 +226,3 @@ def test_the_old_flight_recorder_names_go_where_torch_reads_the_new(monkeypatch,
     old = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
     assert (not old & set(env)) if dropped else old <= set(env)
     assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-
-
-def test_an_error_file_the_disk_cannot_take_is_left_out_not_left_empty(tmp_path, monkeypatch):
-    """A full disk: the error file's write fails part way. torchrun reading
-    the empty file it left died of a JSONDecodeError (the fault matrix's
-    ssh-attached-training-node_disk_full); no file is left instead."""
-    from orchestrator.agent.worker import shim
-
-    path = tmp_path / "error.json"
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
-
-    def full_disk(data, fh):
-        fh.write('{"message": {')
-        fh.flush()
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(shim.json, "dump", full_disk)
-    shim.record_error(OSError(28, "No space left on device"), None)
-    assert os.listdir(tmp_path) == []
-    monkeypatch.undo()
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
-    shim.record_error(RuntimeError("boom"), None)  # with room: whole, in torchrun's format
-    assert json.loads(path.read_text())["message"]["message"] == "RuntimeError: boom"
-    assert os.listdir(tmp_path) == ["error.json"]
