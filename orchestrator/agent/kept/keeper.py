@@ -68,6 +68,7 @@ from .. import layout
 from ..node import gpus, procs, stacks
 from ..node.procs import start_time
 from ..node.spec import SupervisorSpec
+from ..node.stream import Stream
 from ..gangrule import stop_reason
 from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
@@ -146,6 +147,8 @@ class Keeper(abc.ABC):
         self.over = threading.Event()  # the run has ended here
         self.followed = False  # an attached run's follower has been seen (``_watch_follower``)
         self.state_lock = threading.Lock()  # keeper.json: one writer at a time
+        self.unrecorded = ""  # why keeper.json could not be written last time, said once
+        self.stream = Stream(1)  # agent.out, which the daemon made our stdout
         # this attempt's ranks here: rank -> step, samples, when
         self.progress: dict[str, dict] = {}
 
@@ -206,6 +209,7 @@ class Keeper(abc.ABC):
         except OSError as exc:  # a full disk: the stream below still says how it ended
             self.say(f"ddp-orch: cannot record the end in {layout.KEEPER_STATE}: {exc}")
         self.emit(self.finished_message(code, state))
+        self.stream.give_back()
         return code
 
     def _on_signal(self, signum: int, _frame) -> None:
@@ -277,6 +281,7 @@ class Keeper(abc.ABC):
                 return {"code": 128 + signal.SIGTERM, "reason": stop_reason(why), "failures": [],
                         "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
             self.supervisor = sup = Supervisor(spec)
+            sup.out = self.stream
             sup.line_seen = {}  # output lines are progress: the hang rule's and status's
             sup.setup_barrier = self._setup_barrier
             # The gang hears of a failure when torchrun exits, not after this
@@ -397,16 +402,16 @@ class Keeper(abc.ABC):
         return files.mask_strings(value, self.secrets)
 
     def emit(self, said: dict) -> None:
-        try:
-            os.write(1, encode(self.masked(said)))
-        except OSError:
-            pass  # a full disk must not stop a teardown; the state is in memory
+        self._write(encode(self.masked(said)))
 
     def say(self, text: str) -> None:
+        self._write(self.masked(text).encode("utf-8", "replace") + b"\n")
+
+    def _write(self, data: bytes) -> None:
         try:
-            os.write(1, self.masked(text).encode("utf-8", "replace") + b"\n")
+            self.stream.write(data)
         except OSError:
-            pass
+            pass  # a broken stream must not stop a teardown; the state is in memory
 
     def finished_message(self, code: int, state: str) -> dict:
         """The stream's last line; one control line, however many attempts."""
@@ -429,8 +434,12 @@ class Keeper(abc.ABC):
             try:
                 files.put_json(os.path.join(self.run_dir, layout.KEEPER_STATE),
                                self.masked(payload))
+                self.unrecorded = ""
             except OSError as exc:  # a full disk: the record waits for room, the run goes on
-                self.say(f"ddp-orch: cannot write {layout.KEEPER_STATE}: {exc.strerror or exc}")
+                said = f"ddp-orch: cannot write {layout.KEEPER_STATE}: {exc.strerror or exc}"
+                if said != self.unrecorded:  # once, not at every progress report
+                    self.say(said)
+                self.unrecorded = said
 
 
 def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:

@@ -46,6 +46,7 @@ from .ompthreads import resolve_threads, usable_cores
 from .. import layout
 from .jobfile import JobSpec, Placement
 from .spec import SpecError, SupervisorSpec
+from .stream import Stream
 from ..wire.protocol import encode, exit_event
 
 SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
@@ -214,9 +215,13 @@ def run(job_path: str) -> int:
     from .supervisor import Supervisor
 
     supervisor = Supervisor(spec)
+    supervisor.out = stream = Stream(1)
     supervisor.setup_barrier = lambda sup: await_setups(job.job_dir, node_rank, len(job.nodes),
                                                         sup)
-    return supervisor.run()
+    try:
+        return supervisor.run()
+    finally:
+        stream.give_back()
 
 
 def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:

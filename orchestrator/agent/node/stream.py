@@ -1,0 +1,141 @@
+"""A node's stream on disk (``layout.STREAM``): its only voice where no
+channel holds it (a kept run's keeper, a Slurm job's node).
+
+The controller reads it (a kept run's follower relays it; a Slurm job's is
+read where it lies): nothing else carries the ranks' last lines, their
+exit or the node's end. On a full disk it would fall silent at its next
+page, just as those lines are written, and the controller would hear 30 s
+of silence instead of why; worse, a write that raised stopped the relay
+that keeps torchrun's pipes drained, so torchrun blocked and never saw its
+ranks end.
+
+So the stream keeps room of its own ahead of its end: blocks allocated to
+the file past its size (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``, which
+readers never see), renewed as it grows. Nothing else on the disk can
+take that room. Once it cannot be renewed the disk is full (``full``):
+output is written while more than ``KEEP_FOR_CONTROL`` of the room is
+left, control lines (heartbeats, exits, the end) while any is. What does
+not fit is dropped and counted, never raised to the writer, and a line
+cut short is ended before the next write, so that a control line after it
+starts whole. Where ``fallocate`` is not there (another OS, a file system
+without it) the stream is a plain file that drops what does not fit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+from ..wire.protocol import CONTROL_PREFIX
+
+AHEAD_BYTES = 256 << 10  # room kept ahead of the end
+KEEP_FOR_CONTROL = 64 << 10  # of it, what only control lines may use on a full disk
+RETRY_S = 5.0  # how often a full disk is asked again for room
+_KEEP_SIZE = 1  # FALLOC_FL_KEEP_SIZE
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _fallocate():
+    """libc's ``fallocate``, or None where there is none."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.fallocate
+    except (OSError, AttributeError, ImportError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    call.restype = ctypes.c_int
+
+    def fallocate(fd: int, offset: int, length: int) -> int:
+        """0, or the errno of the failure."""
+        return 0 if call(fd, _KEEP_SIZE, offset, length) == 0 else ctypes.get_errno()
+
+    return fallocate
+
+
+class Stream:
+    """``write``/``flush`` over the stream's file descriptor (opened with
+    ``O_APPEND``), for the node's own lines and its supervisor's relay."""
+
+    def __init__(self, fd: int, fallocate=None):
+        self.fd = fd
+        self._fallocate = fallocate if fallocate is not None else _fallocate()
+        self.lock = threading.Lock()
+        self.reserved_to = 0  # the file's blocks are allocated up to here
+        self.full = ""  # why no more room was given (the disk is full), or ""
+        self.asked_at = 0.0  # when room was last asked for, on a full disk
+        self.dropped = 0  # bytes that did not fit
+        self.torn = False  # a write stopped mid-line: the next one starts a line
+        with self.lock:
+            self._renew(self._end())
+
+    def write(self, data: bytes) -> int:
+        """``data`` appended whole, or as much as fits; never raises for a
+        full disk. A control line is one that starts with the protocol's
+        prefix."""
+        with self.lock:
+            end = self._end()
+            if self.full or end + len(data) > self.reserved_to - AHEAD_BYTES // 2:
+                self._renew(end)
+            room = self.reserved_to - end
+            control = data.startswith(CONTROL_PREFIX)
+            if self.full and self._fallocate is not None and not control \
+                    and room - len(data) < KEEP_FOR_CONTROL:
+                self.dropped += len(data)
+                return len(data)
+            out = b"\n" + data if self.torn else data
+            view = memoryview(out)
+            while view:
+                try:
+                    view = view[os.write(self.fd, view):]
+                except OSError as exc:
+                    if exc.errno not in _NO_ROOM:
+                        raise
+                    self.full = self.full or (exc.strerror or str(exc))
+                    self.dropped += len(view)
+                    self.torn = self.torn or len(view) < len(out)
+                    return len(data)
+            self.torn = False
+            if self._fallocate is None:
+                self.full = ""  # a plain file: this write found room
+            return len(data)
+
+    def flush(self) -> None:
+        """Every write went straight to the file."""
+
+    def give_back(self) -> None:
+        """The node's last line is written: the room ahead goes back to the
+        disk (a truncation to the size frees the blocks past it)."""
+        with self.lock:
+            if self._fallocate is not None and self.reserved_to:
+                try:
+                    os.ftruncate(self.fd, self._end())
+                except OSError:
+                    pass
+                self.reserved_to = 0
+
+    def _end(self) -> int:
+        try:
+            return os.fstat(self.fd).st_size
+        except OSError:
+            return self.reserved_to
+
+    def _renew(self, end: int) -> None:
+        """Room ahead of ``end`` again; on a full disk, asked at most every
+        ``RETRY_S`` (room may come back: somebody cleans up)."""
+        if self._fallocate is None:
+            return
+        now = time.monotonic()
+        if self.full and now - self.asked_at < RETRY_S:
+            return
+        self.asked_at = now
+        failed = self._fallocate(self.fd, end, AHEAD_BYTES)
+        if failed in _NO_ROOM:
+            self.full = self.full or os.strerror(failed)
+        elif failed:  # not supported here: a plain file
+            self._fallocate = None
+        else:
+            self.reserved_to, self.full = end + AHEAD_BYTES, ""
