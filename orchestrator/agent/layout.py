@@ -42,7 +42,7 @@ STACKS_DIR = "stacks"
 RENDEZVOUS = "rendezvous.json"
 SETUP_DONE_PREFIX = "setup-done-node-"  # + node rank
 # Who asks the keeper to stop, and why, written before the SIGTERM that asks
-# (``daemon.signal_keeper``): a signal does not say who sent it.
+# (``mailbox.signal_keeper``): a signal does not say who sent it.
 STOP_REQUEST = "stop.request"
 SETUP_STAMPS = ".setup-stamps"  # in the runs directory: one stamp per host and python
 

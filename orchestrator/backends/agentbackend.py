@@ -337,8 +337,8 @@ class AgentBackend(LaunchBackend):
         (None: it did not)."""
         from ..engine import gpuplan
         from ..engine.nodehandle import BUNDLE_NAME
-        from ..engine.preflight import (bind_request, interface_from, master_port_from,
-                                        route_request, slow_link)
+        from ..engine.netfacts import (bind_request, interface_from, master_port_from,
+                                       route_request, slow_link)
 
         node = plan.nodes[k]
         gpus = gpuplan.gpu_request(plan, node, self.spec, self.options.allow_busy_gpus)

@@ -21,7 +21,8 @@ from ..config.limits import (BACKENDS, COLLECTIVE_BOUND_S, MAX_GPU_WAIT, MAX_HAN
 from ..console import Console
 from ..errors import ConfigError, OrchestratorError, Signalled
 from ..records.rundir import DEFAULT_RUNS_DIR, RunDir, new_run_id, valid_run_id
-from ..records.runsdir import RUNS_DIR_ENV, locate
+from ..records.runsdir import locate
+from .options import runs_dir_option
 
 if TYPE_CHECKING:  # built by the commands that launch or plan, not by --help
     from ..engine.options import LaunchOptions
@@ -216,15 +217,9 @@ job_options = _options(
                  help="Workload argument over the file's, repeatable: --arg epochs=2."),
 )
 
-# Every command finds the same runs directory, from wherever it runs (``runsdir``).
-RUNS_DIR_HELP = ("Where the run directories are (default: the nearest runs/ of ddp-orch in "
-                 f"this directory or above, else ${RUNS_DIR_ENV}, else "
-                 "~/.local/share/ddp-orch/runs; `ddp-orch ps` says which).")
-
 # How to launch it: shared by `up` and `compare`.
 launch_options = _options(
-    click.option("--runs-dir", default=None, type=click.Path(file_okay=False),
-                 help=RUNS_DIR_HELP),
+    runs_dir_option,
     click.option("--accept-new-host-keys", is_flag=True,
                  help="Trust (and record) the key of a host seen for the first time; "
                       "a changed key is still refused."),
@@ -575,7 +570,7 @@ def bundle(cluster_file: str | None, backend: str | None, local: bool, workload:
 @click.option("--bound", type=click.IntRange(1, 3600), default=COLLECTIVE_BOUND_S,
               show_default=True, metavar="SECONDS",
               help="With --collective: seconds each pair, and then the gang, may take.")
-@click.option("--runs-dir", default=None, type=click.Path(file_okay=False), help=RUNS_DIR_HELP)
+@runs_dir_option
 @friendly_errors
 def check(cluster_file: str, backend: str | None, timeout: float,
           accept_new_host_keys: bool, collective: bool, bound: int,

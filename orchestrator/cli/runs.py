@@ -17,10 +17,8 @@ from ..records.runsdir import locate
 from ..records.store import (find_run, kept_without_controller, latest_run, list_runs,
                              read_record)
 from ..report.runs import render_ps
-from .main import RUNS_DIR_HELP
+from .options import runs_dir_option
 
-runs_dir_option = click.option("--runs-dir", default=None, type=click.Path(file_okay=False),
-                               help=RUNS_DIR_HELP)
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="As JSON, for scripts (schema/ps.schema.json, "
                                 "schema/status.schema.json).")

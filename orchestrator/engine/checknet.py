@@ -36,8 +36,9 @@ from ..errors import LaunchError, TransportError
 from ..plan.model import NodePlan, RunPlan
 from ..plan.network import GLOO_IFNAME, named_interfaces
 from .agentlink import AgentHandle
-from .preflight import CheckResult
+from .checkresult import CheckResult
 from .fanout import on_all
+from .netfacts import interface_from, master_port, slow_link
 
 CLOCK_SKEW_S = 2.0  # more between two nodes' clocks is a warning
 CONNECT_TIMEOUT_S = 5.0  # each test connection
@@ -200,8 +201,6 @@ def node_network(plan: RunPlan, node: NodePlan, agent: AgentHandle,
                  listen_s: float) -> NodeNet:
     """One node's interface, as ``up`` would choose it, its clock, and a test
     listener on the address its ranks will advertise."""
-    from .preflight import interface_from, slow_link
-
     k = node.node_rank
 
     def row(ok: bool, detail: str, warning: bool = False) -> CheckResult:
@@ -265,8 +264,6 @@ def master_rows(plan: RunPlan, agents: Mapping[int, AgentHandle], nets: Mapping[
                 timeout_s: float) -> list[CheckResult]:
     """The master port (free on node 0, in the master address's family), and
     every node's TCP connections: to it, and to every other node's listener."""
-    from .preflight import master_port
-
     host0 = plan.nodes[0].host
     try:
         port = master_port(plan, agents[0])

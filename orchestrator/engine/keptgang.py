@@ -254,7 +254,7 @@ def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
 def kept_status(record: "RunRecord", plan, replies: Mapping[int, dict],
                 unreachable: Mapping[int, str]) -> RunDescription:
     """A live detached run as its nodes' keepers say it (``status``, ``ps``):
-    ``replies`` are the nodes' ``keeper`` replies (``kept/daemon.state``),
+    ``replies`` are the nodes' ``keeper`` replies (``kept/mailbox.state``),
     ``unreachable`` why the others could not be asked. Node 0's keeper
     records every attempt once the run is over, and the attempts' outcomes
     come from that record (``attempt_outcomes``); until then each keeper

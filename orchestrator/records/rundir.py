@@ -167,17 +167,17 @@ class RunDir:
         """Who is about to signal the run's controller, and why (``down``):
         a signal does not say who sent it, and the controller tells every
         node who stopped the run. The keepers' own rule, for this directory
-        (``agent/kept/daemon.leave_stop_request``: the first one stays)."""
-        from ..agent.kept import daemon
+        (``agent/kept/mailbox.leave_stop_request``: the first one stays)."""
+        from ..agent.kept import mailbox
 
-        daemon.leave_stop_request(self.path, why)
+        mailbox.leave_stop_request(self.path, why)
 
     def stop_request(self) -> str:
         """What ``leave_stop_request`` left, as one line of printable text; ""
         for none."""
-        from ..agent.kept import daemon
+        from ..agent.kept import mailbox
 
-        return daemon.stop_request(self.path)
+        return mailbox.stop_request(self.path)
 
     def progress(self) -> Any:
         """Each rank's last step, while an attached run goes on."""

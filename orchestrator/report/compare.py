@@ -305,7 +305,7 @@ def write_report(report: dict[str, Any], directory: str) -> tuple[list[str], str
     try:
         from .plots import write_plots
 
-        plots, note = write_plots(report, directory), ""
+        plots, note = write_plots(report, runs_of(report), directory), ""
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "matplotlib":
             raise

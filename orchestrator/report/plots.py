@@ -12,18 +12,18 @@ from typing import Any
 COLORS = ("#4C72B0", "#DD8452", "#937860")
 
 
-def write_plots(report: dict[str, Any], directory: str) -> list[str]:
+def write_plots(report: dict[str, Any], runs: list[dict[str, Any]],
+                directory: str) -> list[str]:
     """Write the figures into ``directory`` (four, and the per-rank step
     times when the DDP run reported them); returns their file names. Each
-    shows every run: the baseline, node 0 alone where it ran, the cluster."""
+    shows every one of ``runs``: the baseline, node 0 alone where it ran,
+    the cluster."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
 
-    from .compare import runs_of
-
-    runs, ddp = runs_of(report), report["ddp"]
+    ddp = report["ddp"]
     rows = report.get("scaling") or []
     labels = [_label(run) for run in runs]
     colors = [COLORS[i % len(COLORS)] for i in range(len(runs))]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orchestrator.agent.kept import daemon, peers
+from orchestrator.agent.kept import daemon, mailbox, peers
 from orchestrator.agent.wire.protocol import encode
 from orchestrator.engine.keptgang import attempt_outcomes
 from orchestrator.records.outcome import NodeState, RunState
@@ -48,7 +48,7 @@ def wait_ended(specs: list[dict], timeout: float = 30) -> list[dict]:
     for spec in specs:
         run_dir = spec["supervisor"]["run_dir"]
         while True:
-            state = daemon.state(run_dir)
+            state = mailbox.state(run_dir)
             if state.get("keeper") and state["keeper"]["state"] != "running" \
                     and not state["alive"]:
                 states.append(state["keeper"])
@@ -166,7 +166,7 @@ def test_signalling_a_keeper_stops_the_gang_for_good(tmp_path):
     specs = keeper_specs(tmp_path, 2, restarts=3, env={"SLEEP": "60"})
     start_all(specs)
     wait_running(specs)
-    assert daemon.signal_keeper(specs[1]["supervisor"]["run_dir"]) is not None  # `down`
+    assert mailbox.signal_keeper(specs[1]["supervisor"]["run_dir"]) is not None  # `down`
     states = wait_ended(specs, timeout=20)
     assert [s["state"] for s in states] == ["interrupted", "interrupted"]
     assert len(states[0]["attempts"]) == 1  # no restart after a stop on purpose
@@ -234,7 +234,7 @@ def test_a_frozen_keeper_is_given_up_on_after_the_link_timeout(tmp_path):
         os.kill(replies[2]["pid"], signal.SIGCONT)
     (thawed,) = wait_ended(specs[2:], timeout=15)
     assert thawed["state"] in ("failed", "interrupted")
-    attempt = daemon.state(specs[0]["supervisor"]["run_dir"])["keeper"]["attempts"][0]
+    attempt = mailbox.state(specs[0]["supervisor"]["run_dir"])["keeper"]["attempts"][0]
     lost = attempt["nodes"]["2"]
     assert lost["lost"] == "nothing on the link for 10s", lost
     silence = lost["lost_at"] - lost["heard_at"]
@@ -366,11 +366,11 @@ def test_an_attached_kept_run_stops_when_its_follower_is_killed(tmp_path):
                  for spec in specs]
     try:
         deadline = time.monotonic() + 10
-        while not all(daemon.follower_present(s["supervisor"]["run_dir"]) for s in specs):
+        while not all(mailbox.follower_present(s["supervisor"]["run_dir"]) for s in specs):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         for spec in specs:  # each keeper has seen its follower (it looks every second)
-            wait_until(lambda: daemon.state(spec["supervisor"]["run_dir"])["keeper"].get(
+            wait_until(lambda: mailbox.state(spec["supervisor"]["run_dir"])["keeper"].get(
                 "followed"), "the keeper saw its follower", timeout=10)
         killed_at = time.time()
         for follower in followers:  # kill -9: nobody tells the keepers anything
@@ -416,7 +416,7 @@ def test_pings_keep_a_follower_past_the_peer_timeout_and_their_silence_ends_the_
     follower = subprocess.Popen([sys.executable, "-c", SMALL_PEER_TIMEOUT, run_dir, str(timeout)],
                                 cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
-        wait_until(lambda: daemon.follower_present(run_dir), "the follower follows")
+        wait_until(lambda: mailbox.follower_present(run_dir), "the follower follows")
         pinged_until = time.monotonic() + 3 * timeout
         while time.monotonic() < pinged_until:  # a ping a second, as a controller's
             follower.stdin.write(Control.PING.encode())
@@ -424,7 +424,7 @@ def test_pings_keep_a_follower_past_the_peer_timeout_and_their_silence_ends_the_
             last_ping = time.monotonic()
             time.sleep(1.0)
             assert follower.poll() is None, "the follower gave up while pings flowed"
-        assert daemon.state(run_dir)["alive"]
+        assert mailbox.state(run_dir)["alive"]
         follower.wait(timeout=timeout + 1 + AT_ONCE_S)
         gave_up_s = time.monotonic() - last_ping
         (state,) = wait_ended(specs, timeout=20)

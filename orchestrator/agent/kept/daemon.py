@@ -19,42 +19,31 @@ So a stream that goes quiet is a keeper that stopped (SIGSTOP, a hung
 host) and the controller's silence rule sees it, which a heartbeat of the
 follower's own would hide.
 
-An attached follower holds a shared lock on ``follower.lock`` in the run
-directory for as long as it runs; the kernel drops it however the follower
-ends (``kill -9`` included), so the keeper of an attached run sees its
-follower go (``follower_present``) and stops the gang itself.
-
-``signal_keeper`` is ``down``'s way in, and a follower's: the keeper is found
-by the pid and start time it records in ``keeper.json``, never by name. A
-signal does not say who sent it, so the sender first leaves its reason in
-the run directory (``STOP_REQUEST``; the first one stays), and the keeper
-records "stopped by `ddp-orch down` from HOST", the controller's own
-reason for a stop ("stopped by Ctrl-C on the controller"), or "lost the
-controller (nothing from it for 30s)" where it would say only "got
-SIGTERM".
-
-Files here are opened with ``O_NOFOLLOW``: a symlink planted in the run
-directory is refused, never written through.
+An attached follower holds the run directory's follower lock while it
+runs, and signals the keeper with its reason (the controller's own "stopped
+by Ctrl-C on the controller", or "lost the controller (nothing from it for
+30s)"); both go through the run directory, ``mailbox.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fcntl
-import json
 import os
 import signal
 import sys
 import threading
 import time
 
-from . import peers
+from . import mailbox, peers
+from .head import Head
+from .member import Member
 from .spec import KeeperSpec
 from ..node import gpuclaim, probes
 from ..node.spec import SpecError
 from .. import layout
-from ..node.procs import running, start_time
-from ..wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Reader,
+from ..node.stream import offset_of_last_lines
+from ..wire.protocol import (HEARTBEAT_S, PEER_TIMEOUT_S, Control, Reader,
                              controller_silent_for)
 
 FOLLOW_POLL_S = 0.05
@@ -115,11 +104,7 @@ def start(asked: dict, listen: bool) -> dict:
 
 def keeper_for(spec: KeeperSpec, listener=None):
     """The keeper of ``spec``'s node: node 0's is the head (listening on
-    ``listener``, the gang's port), every other node's a member. (Imported
-    here, not at the top: the keepers import this module.)"""
-    from .head import Head
-    from .member import Member
-
+    ``listener``, the gang's port), every other node's a member."""
     if spec.node_rank == 0:
         return Head(spec, listener)
     return Member(spec)
@@ -145,130 +130,8 @@ def _become_daemon(run_dir: str, keep: set[int]) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the keeper installs its own
 
 
-def _recorded(run_dir: str) -> dict | None:
-    """The keeper's ``keeper.json`` here (None: there is none); OSError or
-    ValueError when it cannot be read."""
-    try:
-        fd = os.open(os.path.join(run_dir, layout.KEEPER_STATE), os.O_RDONLY | os.O_NOFOLLOW)
-        with open(fd, encoding="utf-8") as fh:
-            recorded = json.load(fh)
-    except FileNotFoundError:
-        return None
-    if not isinstance(recorded, dict):
-        raise ValueError("not a JSON object")
-    return recorded
-
-
-def _live_pid(recorded: dict | None) -> int | None:
-    """The recorded keeper's pid, if that very process still runs (pid and
-    start time as recorded, and not a zombie: a daemon's reaper, a
-    container's pid 1 say, may reap it late or never)."""
-    try:
-        pid = int(recorded["pid"])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError):
-        return None
-    if recorded.get("start_time") is None or start_time(pid) != recorded.get("start_time"):
-        return None
-    return pid if running(pid) else None
-
-
-def keeper_pid(run_dir: str) -> int | None:
-    """The run's keeper here, if it still runs."""
-    try:
-        return _live_pid(_recorded(run_dir))
-    except (OSError, ValueError):
-        return None
-
-
-def state(run_dir: str) -> dict:
-    """``serve``'s ``keeper``: the keeper's record here, whether it still runs,
-    and this node's clock (``now``: its record's times are on it)."""
-    try:
-        recorded = _recorded(run_dir)
-    except (OSError, ValueError) as exc:
-        return {"ok": False, "error": f"{layout.KEEPER_STATE}: {exc}"}
-    return {"ok": True, "keeper": recorded, "alive": _live_pid(recorded) is not None,
-            "now": time.time()}
-
-
-def _open_lock(run_dir: str) -> int:
-    return os.open(os.path.join(run_dir, layout.FOLLOWER_LOCK),
-                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-
-def follower_present(run_dir: str) -> bool:
-    """Does an attached follower (``follow``) run for this run directory now?"""
-    try:
-        fd = _open_lock(run_dir)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True  # a follower holds it
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # and with it the lock, if we took it
-    return False
-
-
-def signal_keeper(run_dir: str, sig: int = signal.SIGTERM, why: str = "") -> int | None:
-    """Signal the run's keeper; ``why`` (who asks, and why) is left for it
-    first (``stop_request``)."""
-    pid = keeper_pid(run_dir)
-    if pid is not None:
-        if why:
-            leave_stop_request(run_dir, why)
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return None
-    return pid
-
-
-STOP_REQUEST_MAX = 200  # bytes of a stop request the keeper reads
-
-
-def leave_stop_request(run_dir: str, why: str) -> None:
-    """The first request stays: the stop it explains is the first one."""
-    try:
-        fd = os.open(os.path.join(run_dir, layout.STOP_REQUEST),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        return  # one is there already, or none can be: the keeper says which signal
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(why.encode("utf-8", "replace")[:STOP_REQUEST_MAX])
-    except OSError:
-        pass  # a full disk: the stop itself (the signal after this) matters, not its words
-
-
-def stop_request(run_dir: str) -> str:
-    """Why the keeper was asked to stop, as its sender left it ("" if none):
-    one line of printable text, capped."""
-    try:
-        fd = os.open(os.path.join(run_dir, layout.STOP_REQUEST), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return ""
-    with os.fdopen(fd, "rb") as fh:
-        text = fh.read(STOP_REQUEST_MAX).decode("utf-8", "replace")
-    return "".join(c for c in text.split("\n")[0] if c.isprintable()).strip()
-
-
-DOWN_REASON = "stopped by `ddp-orch down`"  # down says from where (its ``why``)
 SILENT_CONTROLLER = controller_silent_for(PEER_TIMEOUT_S)
 CLOSED_CONTROLLER = "lost the controller (its connection closed)"
-
-
-def stop(run_dir: str, wait_s: float, why: str = DOWN_REASON) -> int | None:
-    """SIGTERM the keeper and wait for it to tear its node down (``down``;
-    ``why``: who asks, which the keeper records)."""
-    pid = signal_keeper(run_dir, why=why)
-    deadline = time.monotonic() + wait_s
-    while pid is not None and keeper_pid(run_dir) == pid and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return pid
 
 
 def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = None,
@@ -279,15 +142,15 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
     held = None
     if attached:  # the keeper watches this lock: it goes with us, however we go
         try:
-            held = _open_lock(run_dir)
+            held = mailbox.open_lock(run_dir)
             fcntl.flock(held, fcntl.LOCK_SH)
         except OSError:
             pass
     deadline = time.monotonic() + FIND_KEEPER_S
-    pid = keeper_pid(run_dir)
-    while pid is None and time.monotonic() < deadline and not _ended(run_dir):
+    pid = mailbox.keeper_pid(run_dir)
+    while pid is None and time.monotonic() < deadline and not mailbox.ended(run_dir):
         time.sleep(FOLLOW_POLL_S)
-        pid = keeper_pid(run_dir)
+        pid = mailbox.keeper_pid(run_dir)
     gone = threading.Event()
     heard = [time.monotonic()]
 
@@ -300,16 +163,16 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
             heard[0] = time.monotonic()
             if not line and stdin.eof:
                 if attached:
-                    signal_keeper(run_dir, why=CLOSED_CONTROLLER)
+                    mailbox.signal_keeper(run_dir, why=CLOSED_CONTROLLER)
                 gone.set()
                 return
             word = Control.parse(line)
             if word is Control.STOP:  # the controller's reason for the stop, for the keeper
-                signal_keeper(run_dir, why=Control.reason(line))
+                mailbox.signal_keeper(run_dir, why=Control.reason(line))
             elif word is Control.KILL:  # a second signal: the keeper skips the grace period
-                signal_keeper(run_dir)
+                mailbox.signal_keeper(run_dir)
                 time.sleep(0.1)
-                signal_keeper(run_dir)
+                mailbox.signal_keeper(run_dir)
 
     def watchdog() -> None:
         """A controller silent for PEER_TIMEOUT_S (a frozen link: a write to it
@@ -318,7 +181,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
         while not gone.wait(1.0):
             if time.monotonic() - heard[0] > PEER_TIMEOUT_S:
                 if attached:
-                    signal_keeper(run_dir, why=SILENT_CONTROLLER)
+                    mailbox.signal_keeper(run_dir, why=SILENT_CONTROLLER)
                 os._exit(0)
 
     threading.Thread(target=listen, daemon=True).start()
@@ -335,7 +198,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
     with fh:
         fh.seek(offset_of_last_lines(fh, lines) if lines is not None else offset)
         while not gone.is_set():
-            alive = keeper_pid(run_dir) is not None
+            alive = mailbox.keeper_pid(run_dir) is not None
             data = fh.read(1 << 20)
             if not data and not full_said and time.monotonic() - sent_at > 2 * HEARTBEAT_S:
                 full = probes.disk_full(run_dir)  # the keeper cannot write the stream we follow
@@ -347,7 +210,7 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
                     out.flush()
                 except (BrokenPipeError, ValueError):
                     if attached:
-                        signal_keeper(run_dir, why=CLOSED_CONTROLLER)
+                        mailbox.signal_keeper(run_dir, why=CLOSED_CONTROLLER)
                     return
                 sent_at, whole = time.monotonic(), data.endswith(b"\n")
                 continue
@@ -356,30 +219,3 @@ def follow(run_dir: str, stdin: Reader, *, offset: int = 0, lines: int | None = 
             gone.wait(FOLLOW_POLL_S * 4)
 
 
-def _ended(run_dir: str) -> bool:
-    try:
-        return (_recorded(run_dir) or {}).get("state") not in ("running", None)
-    except (OSError, ValueError):
-        return False
-
-
-def offset_of_last_lines(fh, lines: int) -> int:
-    """Where the node's last ``lines`` lines of output begin in the stream
-    (looking back 8 MiB at most). Only output counts: the control lines
-    among it (``CONTROL_PREFIX``: heartbeats every few seconds, a
-    worker's exit, the keeper's end) are streamed, never shown, so they
-    are not among the N (``attach --lines N``)."""
-    end = fh.seek(0, os.SEEK_END)
-    start = max(0, end - (8 << 20))
-    fh.seek(start)
-    data = fh.read()
-    parts = data.split(b"\n")  # the last one: what follows the last newline
-    offset = len(data) - len(parts[-1])
-    counted = 0
-    for part in reversed(parts[:-1]):
-        if counted >= lines:
-            break
-        offset -= len(part) + 1
-        if not part.startswith(CONTROL_PREFIX):
-            counted += 1
-    return start + offset

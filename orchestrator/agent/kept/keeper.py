@@ -45,7 +45,7 @@ The run's owner (``wire/owner.py``) is the keepers. Detached: the nodes own
 the run, and the controller's channel (``serve``'s ``follow``) may come and
 go. Attached (``--max-restarts`` without ``--detach``): the follower that loses its
 controller signals the keeper, which stops the gang, as an attached run does;
-and the keeper watches its follower (``daemon.follower_present``): one that
+and the keeper watches its follower (``mailbox.follower_present``): one that
 is gone however it went (``kill -9`` included), or that never came within
 the start timeout, stops the gang too.
 """
@@ -61,7 +61,7 @@ import threading
 import time
 from typing import Iterable
 
-from . import daemon, peers
+from . import mailbox, peers
 from .attempts import compact
 from .spec import KeeperSpec
 from .. import layout
@@ -108,7 +108,7 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
 
 def signalled(said: str, name: str, node_rank: int) -> str:
     """Why a keeper stops for good on signal ``name``, from what its sender
-    left (``said``, ``daemon.signal_keeper``): ``down``'s words or the
+    left (``said``, ``mailbox.signal_keeper``): ``down``'s words or the
     controller's stop through a follower name the stopper, the same on every
     node ("stopped by `ddp-orch down` from HOST"); a follower that lost the
     controller is this node's ("... on node 1"); nothing said, the signal."""
@@ -223,7 +223,7 @@ class Keeper(abc.ABC):
         while True:
             signum = os.read(self._signalled[0], 1)[0]
             self.signals += 1
-            said = daemon.stop_request(self.run_dir) if signum == signal.SIGTERM else ""
+            said = mailbox.stop_request(self.run_dir) if signum == signal.SIGTERM else ""
             why = signalled(said, signal.Signals(signum).name, self.node_rank)
             self.stop_for_good(why, said or why, hurry=self.signals > 1)  # this node's: no "on"
 
@@ -256,7 +256,7 @@ class Keeper(abc.ABC):
         deadline = time.monotonic() + self.spec.start_timeout_s
         seen = False
         while not self.over.wait(FOLLOWER_POLL_S):
-            if daemon.follower_present(self.run_dir):
+            if mailbox.follower_present(self.run_dir):
                 if not seen:  # recorded: from now on its going stops the run
                     seen = self.followed = True
                     self.write_state("running", unless_over=True)

@@ -70,7 +70,7 @@ def _running_keeper(path: str) -> int | None:
     """The run's keeper here if it still runs: not a zombie (a daemon whose
     reaper is a container's pid 1 may stay one), and given a few seconds to
     exit when its record says the run is over."""
-    from ..kept.daemon import keeper_pid
+    from ..kept.mailbox import keeper_pid
 
     deadline = time.monotonic() + KEEPER_EXIT_S
     while True:

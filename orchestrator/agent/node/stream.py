@@ -139,3 +139,25 @@ class Stream:
             self._fallocate = None
         else:
             self.reserved_to, self.full = end + AHEAD_BYTES, ""
+
+
+def offset_of_last_lines(fh, lines: int) -> int:
+    """Where the node's last ``lines`` lines of output begin in the stream
+    (looking back 8 MiB at most). Only output counts: the control lines
+    among it (``CONTROL_PREFIX``: heartbeats every few seconds, a
+    worker's exit, the keeper's end) are streamed, never shown, so they
+    are not among the N (``attach --lines N``)."""
+    end = fh.seek(0, os.SEEK_END)
+    start = max(0, end - (8 << 20))
+    fh.seek(start)
+    data = fh.read()
+    parts = data.split(b"\n")  # the last one: what follows the last newline
+    offset = len(data) - len(parts[-1])
+    counted = 0
+    for part in reversed(parts[:-1]):
+        if counted >= lines:
+            break
+        offset -= len(part) + 1
+        if not part.startswith(CONTROL_PREFIX):
+            counted += 1
+    return start + offset

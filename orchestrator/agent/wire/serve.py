@@ -295,9 +295,9 @@ def _stacks(session: Session, request: dict, stdin: Reader) -> None:
 
 
 def _keeper(session: Session, request: dict, stdin: Reader) -> None:
-    from ..kept import daemon
+    from ..kept import mailbox
 
-    reply(**daemon.state(request["run_dir"]))
+    reply(**mailbox.state(request["run_dir"]))
 
 
 def _detach(session: Session, request: dict, stdin: Reader) -> None:
@@ -307,18 +307,18 @@ def _detach(session: Session, request: dict, stdin: Reader) -> None:
 
 
 def _down(session: Session, request: dict, stdin: Reader) -> None:
-    from ..kept import daemon
+    from ..kept import mailbox
 
     grace_s = float(request.get("grace_s", 5))
     run_dir = request.get("run_dir")
-    keeper = daemon.stop(run_dir, grace_s + 15, request.get("why") or daemon.DOWN_REASON) \
+    keeper = mailbox.stop(run_dir, grace_s + 15, request.get("why") or mailbox.DOWN_REASON) \
         if run_dir else None
     marker = procs.run_marker(request["run_id"], request["node_rank"])
     killed, survivors = procs.terminate(lambda: procs.marked_processes(marker), grace_s,
                                         still_ours=lambda pid: procs.has_marker(pid, marker))
     if keeper:  # it tore its node down and ended, or it would not
         killed.add(keeper)
-        if daemon.keeper_pid(run_dir) == keeper:
+        if mailbox.keeper_pid(run_dir) == keeper:
             survivors[keeper] = procs.command_line(keeper) + " (the run's keeper)"
     reply(ok=True, killed=sorted(killed),
           survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])

@@ -40,7 +40,7 @@ from abc import abstractmethod
 from typing import ClassVar, Mapping, NamedTuple
 
 from ...agent import layout
-from ...agent.kept.daemon import offset_of_last_lines
+from ...agent.node.stream import offset_of_last_lines
 from ...agent.layout import RENDEZVOUS as RENDEZVOUS_FILE, STREAM as STREAM_FILE
 from ...agent.node import outputs
 from ...agent.node.jobfile import JobNode, JobSpec, Placement

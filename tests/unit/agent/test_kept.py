@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from orchestrator.agent.kept import daemon, peers
+from orchestrator.agent.kept import daemon, mailbox, peers
+from orchestrator.agent.node import stream
 from orchestrator.agent.kept.keeper import attempt_spec
 from orchestrator.agent.kept.spec import KeeperSpec
 from orchestrator.agent.node.spec import SupervisorSpec
@@ -109,12 +110,12 @@ def test_a_zombie_keeper_is_not_counted_as_running(tmp_path):
     try:
         (tmp_path / "keeper.json").write_text(json.dumps(
             {"pid": process.pid, "start_time": start_time(process.pid), "state": "running"}))
-        assert daemon.keeper_pid(str(tmp_path)) == process.pid
+        assert mailbox.keeper_pid(str(tmp_path)) == process.pid
         os.kill(process.pid, signal.SIGKILL)  # not reaped: a zombie until we wait
         wait_until(lambda: open(f"/proc/{process.pid}/stat").read().rsplit(")", 1)[1].split()[0]
                    == "Z", "the keeper is a zombie", timeout=5)
-        assert daemon.keeper_pid(str(tmp_path)) is None
-        assert daemon.state(str(tmp_path))["alive"] is False
+        assert mailbox.keeper_pid(str(tmp_path)) is None
+        assert mailbox.state(str(tmp_path))["alive"] is False
     finally:
         process.kill()
         process.wait()
@@ -124,9 +125,9 @@ def test_follow_streams_from_the_last_lines(tmp_path):
     with open(tmp_path / "f", "wb") as fh:
         fh.write(b"a\nb\nc\nd\n")
     with open(tmp_path / "f", "rb") as fh:
-        assert daemon.offset_of_last_lines(fh, 2) == 4
-        assert daemon.offset_of_last_lines(fh, 0) == 8
-        assert daemon.offset_of_last_lines(fh, 10) == 0
+        assert stream.offset_of_last_lines(fh, 2) == 4
+        assert stream.offset_of_last_lines(fh, 0) == 8
+        assert stream.offset_of_last_lines(fh, 10) == 0
 
 
 def test_the_gang_port_takes_the_master_address_or_says_why_not():
@@ -184,7 +185,7 @@ def test_attempt_records_of_128_nodes_by_10_attempts_fit_one_control_line(tmp_pa
         keeper._compact_old_attempts()
     # keeper.json, and the `keeper` reply that carries it (status, ps)
     keeper.write_state("failed", 1)
-    reply = encode({"event": "reply", **daemon.state(spec["supervisor"]["run_dir"])})
+    reply = encode({"event": "reply", **mailbox.state(spec["supervisor"]["run_dir"])})
     assert len(reply) < MAX_CONTROL_LINE, len(reply)
     recorded = decode(reply)["keeper"]["attempts"]
     # the `finished` line (attach)
@@ -220,20 +221,20 @@ def test_the_restart_backoff_is_short_and_bounded():
 
 
 def test_the_last_n_lines_are_the_programs_not_the_agents_control_lines(tmp_path):
-    stream = tmp_path / "agent.out"
+    path = tmp_path / "agent.out"
     beat = encode({"event": "heartbeat", "progress": {}})
-    stream.write_bytes(b"one\ntwo\n" + beat + b"three\n" + beat + beat + b"four\n"
+    path.write_bytes(b"one\ntwo\n" + beat + b"three\n" + beat + beat + b"four\n"
                        + encode({"event": "exit", "code": 0, "reason": "torchrun exited",
                                  "failures": [], "last_lines": [], "duration_s": 1.0})
                        + encode({"event": "finished", "code": 0, "state": "succeeded"}))
-    with open(stream, "rb") as fh:
-        data = stream.read_bytes()
-        shown = data[daemon.offset_of_last_lines(fh, 2):]
+    with open(path, "rb") as fh:
+        data = path.read_bytes()
+        shown = data[stream.offset_of_last_lines(fh, 2):]
         assert [line for line in shown.splitlines() if not line.startswith(b"::")] == \
             [b"three", b"four"]
         assert shown.startswith(b"three\n")
-        assert daemon.offset_of_last_lines(fh, 0) == len(data)
-        assert daemon.offset_of_last_lines(fh, 9) == 0
+        assert stream.offset_of_last_lines(fh, 0) == len(data)
+        assert stream.offset_of_last_lines(fh, 9) == 0
 
 
 # -- a restart waits for what the last attempt left (fake clock) ---------------------------
@@ -373,15 +374,15 @@ def test_who_stops_a_keeper_is_left_for_it_and_the_first_reason_stays(tmp_path):
     `down`): its sender leaves its reason first; the first one explains the
     stop, and what the keeper reads is one printable line, capped."""
     run_dir = str(tmp_path)
-    assert daemon.stop_request(run_dir) == ""  # nobody said: the keeper names the signal
-    daemon.leave_stop_request(run_dir, daemon.DOWN_REASON)
-    daemon.leave_stop_request(run_dir, daemon.SILENT_CONTROLLER)
-    assert daemon.stop_request(run_dir) == "stopped by `ddp-orch down`"
+    assert mailbox.stop_request(run_dir) == ""  # nobody said: the keeper names the signal
+    mailbox.leave_stop_request(run_dir, mailbox.DOWN_REASON)
+    mailbox.leave_stop_request(run_dir, daemon.SILENT_CONTROLLER)
+    assert mailbox.stop_request(run_dir) == "stopped by `ddp-orch down`"
     os.unlink(tmp_path / "stop.request")
-    daemon.leave_stop_request(run_dir, "lost\x1b[2J the controller\nsecond line" + "x" * 500)
-    read = daemon.stop_request(run_dir)
+    mailbox.leave_stop_request(run_dir, "lost\x1b[2J the controller\nsecond line" + "x" * 500)
+    read = mailbox.stop_request(run_dir)
     assert read.startswith("lost[2J the controller") and "second" not in read
-    assert len(read) <= daemon.STOP_REQUEST_MAX
+    assert len(read) <= mailbox.STOP_REQUEST_MAX
 
 
 def test_a_stop_request_is_never_written_or_read_through_a_symlink(tmp_path):
@@ -389,9 +390,9 @@ def test_a_stop_request_is_never_written_or_read_through_a_symlink(tmp_path):
     target.write_text("planted reason")
     (tmp_path / "run").mkdir()
     os.symlink(target, tmp_path / "run" / "stop.request")
-    daemon.leave_stop_request(str(tmp_path / "run"), daemon.DOWN_REASON)
+    mailbox.leave_stop_request(str(tmp_path / "run"), mailbox.DOWN_REASON)
     assert target.read_text() == "planted reason"
-    assert daemon.stop_request(str(tmp_path / "run")) == ""
+    assert mailbox.stop_request(str(tmp_path / "run")) == ""
 
 
 def test_a_nodes_gang_progress_counts_ranks_with_samples_for_the_hang_rule(monkeypatch):
@@ -437,7 +438,7 @@ def test_node_0_is_the_head_and_only_the_head_records_attempts(tmp_path):
     for keeper, spec in zip(keepers, specs):
         os.makedirs(spec["supervisor"]["run_dir"])
         keeper.write_state("running")
-    recorded = [daemon.state(spec["supervisor"]["run_dir"])["keeper"] for spec in specs]
+    recorded = [mailbox.state(spec["supervisor"]["run_dir"])["keeper"] for spec in specs]
     assert [(r["node_rank"], r["attempt"], "attempts" in r) for r in recorded] == [
         (0, 1, True), (1, 0, False), (2, 0, False)]
     assert recorded[0]["attempts"][0]["master_port"] == 29500

@@ -259,7 +259,7 @@ def plan_for(text: str):
 
 
 def test_a_slow_chosen_link_is_said_with_the_override_unless_the_user_chose_it():
-    from orchestrator.engine.preflight import slow_link
+    from orchestrator.engine.netfacts import slow_link
 
     _spec, plan = plan_for("nodes: [{host: a, procs: 1}, {host: b, procs: 1}]\n"
                            "workload: {name: linear}\n")

@@ -15,8 +15,8 @@ import pytest
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.engine import preflight
 from orchestrator.engine.fanout import GroupResult
-from orchestrator.engine.preflight import (CheckResult, interface_from, master_port_from,
-                                           route_request, run_checks)
+from orchestrator.engine.netfacts import interface_from, master_port_from, route_request
+from orchestrator.engine.preflight import CheckResult, run_checks
 from orchestrator.errors import LaunchError, TransportError
 from orchestrator.plan.build import build_plan
 

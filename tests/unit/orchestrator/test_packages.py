@@ -4,7 +4,10 @@ Every import inside ``orchestrator/`` (function-level ones included) is read
 from the source, and each package may import only the packages below it in
 ``LAYERS``: the CLI on top, the node agent at the bottom importing nothing
 of the rest. A cycle between packages cannot follow this order, so it fails
-here, naming the importing module. The root holds at most eight modules.
+here, naming the importing module. Nor may modules import each other in a
+circle, inside a package or across (``import_cycles``; an import under ``if
+TYPE_CHECKING:`` runs never, so it does not count). The root holds at most
+eight modules.
 
 What the installed packages (``orchestrator``, ``workloads``) import from
 outside the standard library is their declared dependencies and nothing
@@ -125,6 +128,113 @@ def test_an_upward_or_cyclic_import_is_named(tmp_path):
     assert layer_violations(str(pkg)) == [
         "agent/x.py imports plan.model (plan is not below agent)",
         "engine/gang.py imports cli.main (cli is not below engine)"]
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (dotted, below it) -> the modules it
+    imports at run time, function-level imports included. ``from . import
+    x`` points at the module ``x`` where there is one, else at the package."""
+    files = {}
+    for folder, dirs, names in os.walk(package):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in names:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, name), package)[:-3].split(os.sep)
+                files[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = \
+                    os.path.join(folder, name)
+    top = os.path.basename(package) + "."
+    graph = {}
+    for module, path in files.items():
+        here = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
+        here = [part for part in here if part]
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        found = set()
+        for node in _runtime_nodes(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[:len(here) - (node.level - 1)]
+                    target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                elif (node.module or "").startswith(top):
+                    target = node.module[len(top):]
+                else:
+                    continue
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}" if target else alias.name
+                    found.add(sub if sub in files else target)
+            elif isinstance(node, ast.Import):
+                found |= {a.name[len(top):] for a in node.names if a.name.startswith(top)}
+        graph[module] = {m for m in found if m in files and m != module}
+    return graph
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """The modules of ``package`` that import each other in a circle, one
+    sorted list per circle (Tarjan's strongly connected components)."""
+    graph = module_graph(package)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            circle = []
+            while True:
+                other = stack.pop()
+                circle.append(other)
+                if other == module:
+                    break
+            if len(circle) > 1:
+                cycles.append(sorted(circle))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert import_cycles(PACKAGE) == []
+
+
+def test_a_circle_of_imports_is_found_even_through_a_function_but_not_for_type_checking(
+        tmp_path):
+    """The check can fail: a keeper's daemon that imports its roles inside a
+    function, while a role imports the daemon, is a circle; an import for
+    the type checker alone is not."""
+    pkg = tmp_path / "orchestrator"
+    for rel, text in {
+            "__init__.py": "", "agent/__init__.py": "", "agent/kept/__init__.py": "",
+            "agent/kept/daemon.py": "def keeper_for():\n    from .head import Head\n",
+            "agent/kept/head.py": "from . import keeper\n",
+            "agent/kept/keeper.py": "from . import daemon, peers\n",
+            "agent/kept/peers.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from .keeper import Keeper\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert import_cycles(str(pkg)) == [
+        ["agent.kept.daemon", "agent.kept.head", "agent.kept.keeper"]]
 
 
 def test_the_root_holds_at_most_eight_modules():

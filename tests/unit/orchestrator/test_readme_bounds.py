@@ -208,8 +208,8 @@ def test_check_gives_each_step_60s_and_each_data_path_connection_5s(monkeypatch,
     assert result.exit_code == 0, result.output
     assert seen[0].check_timeout_s == 60
 
-    from orchestrator.engine import preflight
-    monkeypatch.setattr(preflight, "master_port", lambda plan, agent: 29555)
+    from orchestrator.engine import checknet
+    monkeypatch.setattr(checknet, "master_port", lambda plan, agent: 29555)
     calls = []
 
     class Agent:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine.preflight import interface_from, route_request
+from orchestrator.engine.netfacts import interface_from, route_request
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.errors import ConfigError, LaunchError
 from orchestrator.plan.build import build_plan, resolve_plan

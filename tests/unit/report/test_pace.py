@@ -338,7 +338,7 @@ def test_top_of_a_finished_kept_run_shows_the_attempt_it_ended_in(tmp_path):
 
 
 def keeper(k: int, attempt: int) -> dict:
-    """A live keeper's ``keeper`` reply (``kept/daemon.state``); only node
+    """A live keeper's ``keeper`` reply (``kept/mailbox.state``); only node
     0's keeper counts the attempts, every other says 0."""
     return {"ok": True, "alive": True, "now": time.time(), "keeper": {
         "pid": 100 + k, "start_time": 1, "node_rank": k, "run_id": "r1",

@@ -1,0 +1,20 @@
+"""One row of ``ddp-orch check``, whoever makes it: the agent's checks
+(``preflight.py``, ``checknet.py``), a scheduler's (``backends/slurm/check.py``)
+or a plugin's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One row of ``ddp-orch check``; ``node_rank`` -1 (``host`` "*") for a
+    row about the whole cluster. A warning passes (``ok``) but is shown."""
+
+    node_rank: int
+    host: str
+    check: str
+    ok: bool
+    detail: str
+    warning: bool = False
