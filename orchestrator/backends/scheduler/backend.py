@@ -61,7 +61,7 @@ from ...plan.model import NodePlan, RunPlan
 from ...plan.secrets import is_secret
 from ...plan.torchrun import torchrun_argv
 from ...records.outcome import (NodeOutcome, NodeState, RunDescription, RunOutcome, RunState,
-                               gang_outcome)
+                               gang_outcome, is_cascade)
 from ...records.rundir import RunDir
 from ...records.store import NodeRecord, RunRecord, controller_alive
 from ..base import CancelResult, LaunchBackend, recorded_dryrun
@@ -344,10 +344,12 @@ class SchedulerBackend(LaunchBackend):
                 job: Job) -> NodeOutcome:
         """The scheduler's words for a node that ended without a report of
         its own: stopped by the scheduler when another node failed, or lost
-        with the job."""
+        with the job. A failure that is only a cascade (a rank the
+        scheduler's own teardown ended, ``SystemExit: 143``) is no such
+        other node: it may well be this node's loss that set it off."""
         if outcome.state is not NodeState.LOST or outcome.failures:
             return outcome
-        failed = [o for o in nodes if o.state is NodeState.FAILED]
+        failed = [o for o in nodes if o.state is NodeState.FAILED and not is_cascade(o)]
         if failed and self.stops_the_rest:
             return dataclasses.replace(
                 outcome, state=NodeState.STOPPED,

@@ -704,6 +704,18 @@ def test_a_silent_node_is_stopped_by_the_scheduler_where_it_stops_the_rest():
 FAILED_STATE = FakeState("FAILED")
 
 
+def test_a_silent_node_is_not_blamed_on_a_node_that_only_cascaded():
+    """Slurm's step teardown after node 0's agent was killed reached node 1's
+    rank first: its own SIGTERM handler exited 143. Node 1 did not fail on
+    its own, so node 0 was not 'ended by Slurm when node 1 failed'."""
+    cascaded = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1; rank 1 (local "
+                           "rank 0) failed: SystemExit: 143", None,
+                           ({"message": "SystemExit: 143", "timestamp": 5.0},))
+    got = explained(lost(0), (lost(0), cascaded), FAILED_STATE, "srun --kill-on-bad-exit")
+    assert got.state is NodeState.LOST
+    assert "without a report from this node's agent" in got.reason
+
+
 def test_a_node_with_its_own_word_is_left_as_it_said():
     failed = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None)
     reported = lost(0, failures=({"message": "boom"},))
