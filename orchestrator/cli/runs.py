@@ -188,6 +188,11 @@ def logs(run_id: str | None, node_rank: int | None, rank: int | None, last: int 
                    f"these logs end where a controller last followed it; "
                    f"`ddp-orch logs {record.run_id} --follow` streams it from its nodes",
                    err=True)
+    elif record.owner.detached and not record.results_home:
+        click.echo(f"ddp-orch logs: run {record.run_id} ended on its nodes with no controller "
+                   f"following it: these logs end where a controller last followed it; "
+                   f"`ddp-orch attach {record.run_id}` brings the rest home, with its results",
+                   err=True)
     _print_logs(record.run, nodes if node_rank is None else [node_rank], follow,
                 rank=rank, last=last)
     _say_outputs(record.run)

@@ -159,11 +159,14 @@ class Gang:
                     signal.signal(sig, handler)
         wall = time.monotonic() - started
         if self.kept:
-            return kept_outcome(self, wall)
+            outcome = kept_outcome(self, wall)
+            self._report_progress(final=True)
+            return outcome
         if self.left:
             return RunOutcome(self.plan.run_id, RunState.RUNNING, wall,
                               tuple(h.finish(timeout=0.1) for h in self.handles), None, None)
         outcomes = tuple(self._paused_words(h, h.finish()) for h in self.handles)
+        self._report_progress(final=True)  # the nodes' last heartbeats, read by finish()
         return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,
                             interrupted=self.interrupted)
 
@@ -317,7 +320,7 @@ class Gang:
             for handle in self.handles:
                 handle.go()
 
-    def _report_progress(self) -> None:
+    def _report_progress(self, final: bool = False) -> None:
         """Each rank's last step (with its samples so far, null where its step
         heartbeat says none, and its seconds per step outside collectives,
         ``compute_s`` and ``data_s``, where it says them) and progress time
@@ -328,7 +331,7 @@ class Gang:
         run, a rank with neither is listed too, as one with no output (most
         programs print on rank 0 only)."""
         now = time.monotonic()
-        if self.leaves or now - self._progress_written < PROGRESS_WRITE_S:
+        if self.leaves or not final and now - self._progress_written < PROGRESS_WRITE_S:
             # A run we leave once it has started keeps its progress on its
             # nodes (``status`` asks them): a file here would go stale.
             return
@@ -362,7 +365,8 @@ class Gang:
             self.run_dir.write_progress({"updated": wall, **attempt, "ranks": ranks})
         except OSError:
             pass  # the runs directory is full: the node logs' writer says so, once
-        if self.console.view == "quiet" and now - self._progress_shown >= QUIET_PROGRESS_S:
+        if not final and self.console.view == "quiet" \
+                and now - self._progress_shown >= QUIET_PROGRESS_S:
             self._progress_shown = now
             for h in self.handles:
                 mine = [ranks[r] for r in h.node.ranks if r in ranks]

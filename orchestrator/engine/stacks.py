@@ -34,7 +34,8 @@ MAX_STACK_BYTES = 1 << 20  # one rank's dump, as the agent caps it too
 @dataclass(frozen=True)
 class RankStack:
     """One rank's stack dump (``ddp-orch stacks``): ``how`` is py-spy or
-    faulthandler; ``error`` says why ``text`` is empty."""
+    faulthandler; ``error`` says why ``text`` is empty, or beside a text
+    what it lacks (py-spy could not read the rank, or its C frames)."""
 
     rank: int
     node_rank: int
@@ -102,6 +103,8 @@ def render_stacks(result: StacksResult, run_id: str, saved_in: str = "") -> str:
         for frame in reversed(frames):  # outermost first, as a traceback reads
             if frame.own or frame is frames[0]:
                 lines.append(f"      {frame}")
+    lines += [f"  rank {s.rank} ({s.host}): {s.error}" for s in result.ranks
+              if s.text and s.error]
     for node_rank, host, why in result.unreachable:
         lines.append(f"  node {node_rank} ({host}): no stacks: {why}")
     if not result.ranks and not result.unreachable:

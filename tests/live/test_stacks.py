@@ -71,7 +71,8 @@ def test_stacks_native_reads_every_rank_with_py_spy_and_its_c_frames(tmp_path):
         assert native.returncode == 0, native.stdout + native.stderr
         ranks = {r["rank"]: r for r in json.loads(native.stdout)["ranks"]}
         assert {rank: r["how"] for rank, r in ranks.items()} == {0: "py-spy", 1: "py-spy",
-                                                                 2: "py-spy"}
+                                                                 2: "py-spy"}, ranks
+        assert not any(r["error"] for r in ranks.values()), ranks  # every C frame was read
         for waiting in (0, 1):
             assert "c10d::Work::wait" in ranks[waiting]["text"], ranks[waiting]["text"]
             assert "wait_for_peers (hang_rank2.py:8)" in ranks[waiting]["text"]

@@ -44,9 +44,10 @@ def supervise(spec_path, run_id: str = ""):
 
 
 def control_of(handle) -> dict:
+    """The exit event: the control line after the node's last heartbeat."""
     rest = handle.stdout.read()
-    line = next(l for l in rest.splitlines(keepends=True) if l.startswith(CONTROL_PREFIX))
-    return decode(line)
+    events = [decode(l) for l in rest.splitlines(keepends=True) if l.startswith(CONTROL_PREFIX)]
+    return next(e for e in events if e["event"] == "exit")
 
 
 @pytest.mark.parametrize("line, reason", [
@@ -108,5 +109,6 @@ def test_control_line_starts_a_line_even_after_a_partial_one(tmp_path):
     assert handle.wait(timeout=20) == 0
     lines = handle.stdout.read().splitlines(keepends=True)
     assert lines[:2] == [b"one\n", b"two, no newline\n"]
-    assert lines[2].startswith(CONTROL_PREFIX) and len(lines) == 3
-    assert decode(lines[2])["code"] == 0
+    assert all(line.startswith(CONTROL_PREFIX) for line in lines[2:]) and len(lines) == 4
+    assert [decode(line)["event"] for line in lines[2:]] == ["heartbeat", "exit"]  # the last steps
+    assert decode(lines[3])["code"] == 0

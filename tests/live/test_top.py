@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import signal
 import sys
@@ -240,3 +241,32 @@ def test_top_of_a_detached_ssh_run_keeps_one_session_per_node(ssh_lab, tmp_path)
         top.wait(10)
     assert count == 8 and len(seen[0]) >= 2 and seen[0] == seen[1], seen  # two nodes
     assert run_cli("down", "watched", "--runs-dir", runs, env=env, timeout=120).returncode == 0
+
+
+
+@pytest.mark.parametrize("owner", ["attached", "kept"])
+def test_a_run_shorter_than_a_heartbeat_ends_with_every_ranks_last_step(tmp_path, owner):
+    """Ranks that step for 1.5 s, less than a node's heartbeat period (5 s):
+    the ended run's ``top`` gives each rank the last step it reported (its
+    ``progress/rank-N`` file, as the program's ``ddp_orch_progress`` left
+    it) and a mean rate. Steps travelled only in heartbeats, so a run that
+    ended between two lost them ("gang: no rate recorded", CI). A detached
+    run's ended frame has no ranks: docs/long-runs.md says so."""
+    run_id = f"short-{owner}"
+    runs = tmp_path / "runs"
+    ran = run_cli("up", "--local", "--procs", "2", "--device", "cpu", "--run-id", run_id,
+                  "--runs-dir", str(runs), *(("--max-restarts", "1") if owner == "kept" else ()),
+                  "--", PROGRAM, "--mode", "free", "--seconds", "1.5", "--slow-rank", "-1",
+                  "--compute", "0.1", timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    reported = {rank: int((runs / run_id / "node-0" / "progress" / f"rank-{rank}")
+                          .read_text().split()[0]) for rank in (0, 1)}
+    printed = {int(rank): int(step) for rank, step in
+               re.findall(r"rank (\d) step (\d+)$", ran.stdout, re.M)}  # the last of each
+    assert all(0 < reported[rank] <= printed[rank] for rank in (0, 1)), (reported, printed)
+    top = run_cli("top", run_id, "--once", "--json", "--runs-dir", str(runs))
+    assert top.returncode == 0, top.stdout + top.stderr
+    frame = json.loads(top.stdout)
+    assert frame["state"] == "succeeded", frame
+    assert {r["rank"]: r["step"] for r in frame["ranks"]} == reported, frame
+    assert frame["steps_per_s"] > 0, frame

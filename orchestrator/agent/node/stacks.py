@@ -37,6 +37,10 @@ MAX_DUMP = 1 << 20  # bytes kept of one rank's dump
 # cores the training keeps busy, so a native dump gets this many times the
 # budget of a Python one before the rank falls back to faulthandler.
 NATIVE_SLOWER = 3
+# py-spy cannot always merge a rank's native frames with its Python ones (a
+# thread caught between the two: "Failed to merge native and python frames");
+# a second look, a moment later, usually can.
+NATIVE_TRIES = 2
 
 
 def environ_of(pid: int) -> dict[str, str]:
@@ -181,32 +185,64 @@ def _dump_stacks(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict[
     """Every rank's stack: by py-spy where it is on the PATH, else (and for
     the ranks it cannot read) by the shim's faulthandler."""
     py_spy = shutil.which("py-spy")
+    if not py_spy:
+        return _faulthandler(run_id, found, run_dirs, timeout_s)
     results: dict[int, dict] = {}
-    if py_spy:  # ranks it cannot read (ptrace not allowed) fall back to faulthandler
-        spy_s = timeout_s * (NATIVE_SLOWER if native else 1)
+    spy_s = timeout_s * (NATIVE_SLOWER + 1 if native else 1)  # its Python frames after
 
-        def spy(rank: int) -> None:
-            pid, node = found[rank]
-            argv = [py_spy, "dump", "--pid", str(pid), *(["--native"] if native else [])]
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=spy_s)
-                text, error = done.stdout[-MAX_DUMP:], done.stderr.strip()[-500:] \
-                    if done.returncode else ""
-            except subprocess.TimeoutExpired:
-                text, error = "", f"py-spy took more than {spy_s:g}s"
-            results[rank] = {"rank": rank, "node_rank": node, "pid": pid, "how": "py-spy",
-                             "text": text, "error": error}
+    def spy(rank: int) -> None:
+        pid, node = found[rank]
+        text, error = _spied(py_spy, pid, native, timeout_s)
+        results[rank] = {"rank": rank, "node_rank": node, "pid": pid, "how": "py-spy",
+                         "text": text, "error": error}
 
-        threads = [threading.Thread(target=spy, args=(rank,)) for rank in found]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(spy_s + 5)
-        spied = {rank: r for rank, r in results.items() if r["text"]}
-        rest = {rank: v for rank, v in found.items() if rank not in spied}
-        return sorted([*spied.values(), *_faulthandler(run_id, rest, run_dirs, timeout_s)],
-                      key=lambda r: r["rank"])
-    return _faulthandler(run_id, found, run_dirs, timeout_s)
+    threads = [threading.Thread(target=spy, args=(rank,)) for rank in found]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(spy_s + 5)
+    spied = {rank: r for rank, r in results.items() if r["text"]}
+    rest = {rank: v for rank, v in found.items() if rank not in spied}
+    # the ranks py-spy could not read (ptrace not allowed): faulthandler's, and why
+    fallen = [{**r, "error": "; ".join(filter(None, [
+                  r["error"], f"py-spy could not read it: {results[r['rank']]['error']}"]))}
+              if r["rank"] in results else r
+              for r in _faulthandler(run_id, rest, run_dirs, timeout_s)]
+    return sorted([*spied.values(), *fallen], key=lambda r: r["rank"])
+
+
+def _spied(py_spy: str, pid: int, native: bool, timeout_s: float) -> tuple[str, str]:
+    """(dump, note) of ``pid`` by py-spy: with ``native``, ``--native`` tried
+    up to ``NATIVE_TRIES`` times within ``NATIVE_SLOWER * timeout_s``, then
+    the Python frames alone, whose note says why they lack the C frames;
+    ("", why) where py-spy read nothing within ``timeout_s`` more."""
+    errors: list[str] = []
+    if native:
+        deadline = time.monotonic() + timeout_s * NATIVE_SLOWER
+        for _ in range(NATIVE_TRIES):
+            text, error = _py_spy_dump(py_spy, pid, ["--native"], deadline - time.monotonic())
+            if text:
+                return text, ""
+            errors.append(error)
+            if time.monotonic() >= deadline:
+                break
+    text, error = _py_spy_dump(py_spy, pid, [], timeout_s)
+    if text:
+        return text, f"no C/C++ frames: py-spy --native failed: {errors[-1]}" if errors else ""
+    return "", "; ".join(dict.fromkeys([*errors, error]))
+
+
+def _py_spy_dump(py_spy: str, pid: int, flags: list[str], timeout_s: float) -> tuple[str, str]:
+    if timeout_s <= 0:
+        return "", "no time left"
+    try:
+        done = subprocess.run([py_spy, "dump", "--pid", str(pid), *flags], capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "", f"py-spy {' '.join(flags)} took more than {timeout_s:.3g}s".replace("  ", " ")
+    if done.returncode == 0 and done.stdout.strip():
+        return done.stdout[-MAX_DUMP:], ""
+    return "", (done.stderr.strip() or f"exit {done.returncode}")[-500:]
 
 
 def _faulthandler(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict[int, str],

@@ -183,6 +183,9 @@ class Supervisor:
         self.workers_done.set()  # every worker is gone: what is in the files is all
         follower.join(timeout=10.0)
         relay.join(timeout=2.0)
+        # the ranks' last steps, which a run shorter than a heartbeat's period
+        # (or ending between two) would otherwise never report
+        self.emit(message(Event.HEARTBEAT, progress=self.progress(), now=round(time.time(), 3)))
         if self.spec.secrets:  # the logs are complete: mask what they hold
             files.scrub_tree(self.log_dir, list(self.spec.secrets))
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []

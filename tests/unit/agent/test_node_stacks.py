@@ -86,3 +86,53 @@ def test_a_dump_paused_mid_write_is_read_whole(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def fake_py_spy(tmp_path, native_failures: int, python_fails: bool = False) -> str:
+    """A py-spy that fails its first ``native_failures`` ``--native`` dumps as
+    the real one sometimes does, and (``python_fails``) every plain one."""
+    count = tmp_path / "native-calls"
+    count.write_text("0")
+    script = tmp_path / "py-spy"
+    script.write_text(f"""#!/bin/sh
+case "$*" in
+  *--native*)
+    n=$(( $(cat {count}) + 1 )); echo $n > {count}
+    if [ $n -le {native_failures} ]; then
+      echo "Error: Failed to merge native and python frames (Have 3 native and 8 python)" >&2
+      exit 1
+    fi
+    echo "Thread 1 (idle): \\"MainThread\\""; echo "    c10d::Work::wait (libtorch.so)";;
+  *)
+    {"echo 'Error: Permission denied (os error 13)' >&2; exit 1" if python_fails else ""}
+    echo "Thread 1 (idle): \\"MainThread\\""; echo "    wait_for_peers (hang.py:8)";;
+esac
+""")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_native_dump_that_py_spy_cannot_merge_is_tried_again(tmp_path):
+    """CI: py-spy --native failed on 2 of 3 ranks ("Failed to merge native
+    and python frames", a thread caught between the two) and the ranks went
+    to faulthandler, with no C frames and no word why."""
+    text, note = stacks._spied(fake_py_spy(tmp_path, native_failures=1), 1, True, 5.0)
+    assert "c10d::Work::wait" in text and note == ""
+
+
+def test_python_frames_by_py_spy_say_why_they_lack_the_c_frames(tmp_path):
+    text, note = stacks._spied(fake_py_spy(tmp_path, native_failures=9), 1, True, 5.0)
+    assert "wait_for_peers (hang.py:8)" in text and "c10d" not in text
+    assert note == ("no C/C++ frames: py-spy --native failed: Error: Failed to merge native "
+                    "and python frames (Have 3 native and 8 python)")
+    assert (tmp_path / "native-calls").read_text().strip() == str(stacks.NATIVE_TRIES)
+    plain, note = stacks._spied(fake_py_spy(tmp_path, native_failures=9), 1, False, 5.0)
+    assert "wait_for_peers" in plain and note == ""
+    assert (tmp_path / "native-calls").read_text().strip() == "0"
+
+
+def test_a_rank_py_spy_cannot_read_at_all_says_each_reason_once(tmp_path):
+    text, note = stacks._spied(fake_py_spy(tmp_path, 9, python_fails=True), 1, True, 5.0)
+    assert text == "" and note == (
+        "Error: Failed to merge native and python frames (Have 3 native and 8 python); "
+        "Error: Permission denied (os error 13)")

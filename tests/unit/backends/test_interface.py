@@ -213,7 +213,7 @@ def test_every_node_is_told_who_stopped_the_run(job, monkeypatch, left, interrup
         run.leave_stop_request(left)
     calls = []
 
-    def interrupted(gang) -> None:  # the signal lands while the gang watches
+    def interrupted(gang, final: bool = False) -> None:  # the signal lands while it watches
         calls.append(1)
         if len(calls) == 1:
             raise interrupt

@@ -257,3 +257,24 @@ def test_top_of_a_live_attached_kept_run_shows_the_attempt_its_controller_keeps(
     jsonschema.validate(frame, schema("top"))
     assert (frame["state"], frame["owner"], frame["attempt"]) == ("running", "keepers", 1)
     assert [r["step"] for r in frame["ranks"]] == [9]
+
+
+def test_logs_of_a_detached_run_that_ended_unwatched_say_the_rest_is_on_its_nodes(tmp_path):
+    """A detached run's logs here end where ``up`` left it. Once its end is
+    recorded (``status`` asked its nodes) but ``attach`` has not brought the
+    logs home, ``logs`` said nothing, and a run that went on for hours
+    looked as if it stopped at its first minute."""
+    runs = tmp_path / "runs"
+    _run_with_logs(runs, "away", time.time(), rule="detached")
+    state = json.loads((runs / "away" / "state.json").read_text())
+    (runs / "away" / "state.json").write_text(json.dumps({**state, "results_home": False}))
+    env = clean_env(tmp_path)
+    away = run_cli("logs", "away", "--runs-dir", str(runs), env=env)
+    assert away.returncode == 0, away.stderr
+    assert "[node1] [rank3]: away step 2" in away.stdout
+    assert ("ddp-orch logs: run away ended on its nodes with no controller following it: "
+            "these logs end where a controller last followed it; `ddp-orch attach away` "
+            "brings the rest home, with its results") in away.stderr
+    (runs / "away" / "state.json").write_text(json.dumps({**state, "results_home": True}))
+    home = run_cli("logs", "away", "--runs-dir", str(runs), env=env)
+    assert home.returncode == 0 and "ddp-orch logs:" not in home.stderr, home.stderr

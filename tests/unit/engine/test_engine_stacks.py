@@ -83,3 +83,19 @@ def test_py_spy_dumps_are_read_too():
 def test_rank_spans_read_like_a_person_writes_them():
     assert rank_span([3]) == "rank 3"
     assert rank_span([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
+
+
+def test_a_dump_that_lacks_what_was_asked_says_so_beside_its_place():
+    """py-spy read rank 0's Python frames without the C ones, and rank 1
+    only faulthandler could: each rank's note is printed under the groups,
+    and the ranks still group by where they stand."""
+    result = StacksResult((
+        RankStack(0, 0, "lab0", "py-spy", PY_SPY_WAITING,
+                  "no C/C++ frames: py-spy --native failed: Error: Failed to merge"),
+        RankStack(1, 0, "lab0", "faulthandler", WAITING,
+                  "py-spy could not read it: Error: Permission denied (os error 13)")))
+    lines = render_stacks(result, "r").splitlines()
+    assert "  ranks 0-1 (lab0): all_reduce <- train.py:7" in lines
+    assert lines[-2:] == [
+        "  rank 0 (lab0): no C/C++ frames: py-spy --native failed: Error: Failed to merge",
+        "  rank 1 (lab0): py-spy could not read it: Error: Permission denied (os error 13)"]
