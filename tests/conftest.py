@@ -181,6 +181,18 @@ def _cap_hypothesis(items) -> None:
                                                                database=None)
 
 
+def load_script(name: str):
+    """``scripts/NAME`` (no ``.py``) imported as a module, for its functions."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"),
+                                                  os.path.join(ROOT, "scripts", name))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
 def run_cli(*args: str, cwd: str | None = None, timeout: float = 300,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m orchestrator`` as a user would, capturing its output."""

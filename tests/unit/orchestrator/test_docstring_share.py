@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import os
-
-from conftest import ROOT
+from conftest import load_script
 
 
 def share_script():
-    path = os.path.join(ROOT, "scripts", "docstring-share")
-    loader = importlib.machinery.SourceFileLoader("docstring_share", path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+    return load_script("docstring-share")
 
 
 SOURCE = '''"""A module's docstring,

@@ -3,19 +3,11 @@ a bound written there is the bound its cells are tested against."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import os
-
-from conftest import ROOT
+from conftest import load_script
 
 
 def script():
-    path = os.path.join(ROOT, "scripts", "reliability-table")
-    loader = importlib.machinery.SourceFileLoader("reliability_table", path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+    return load_script("reliability-table")
 
 
 def test_the_reliability_doc_holds_the_fault_matrixs_table_as_declared():
