@@ -239,7 +239,7 @@ def _py_spy_dump(py_spy: str, pid: int, flags: list[str], timeout_s: float) -> t
         done = subprocess.run([py_spy, "dump", "--pid", str(pid), *flags], capture_output=True,
                               text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return "", f"py-spy {' '.join(flags)} took more than {timeout_s:.3g}s".replace("  ", " ")
+        return "", f"{' '.join(['py-spy', *flags])} took more than {timeout_s:.3g}s"
     if done.returncode == 0 and done.stdout.strip():
         return done.stdout[-MAX_DUMP:], ""
     return "", (done.stderr.strip() or f"exit {done.returncode}")[-500:]

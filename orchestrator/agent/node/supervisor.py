@@ -185,7 +185,7 @@ class Supervisor:
         relay.join(timeout=2.0)
         # the ranks' last steps, which a run shorter than a heartbeat's period
         # (or ending between two) would otherwise never report
-        self.emit(message(Event.HEARTBEAT, progress=self.progress(), now=round(time.time(), 3)))
+        self.emit(self.heartbeat())
         if self.spec.secrets:  # the logs are complete: mask what they hold
             files.scrub_tree(self.log_dir, list(self.spec.secrets))
         last = [line for line in self.tail_lines() if line.strip()][-5:] if code else []
@@ -428,13 +428,17 @@ class Supervisor:
         every = self.spec.heartbeat_s
         watched = visible_gpus(self.spec.env)
         while every and not self.exited.wait(every):
-            event = message(Event.HEARTBEAT, progress=self.progress(), now=round(time.time(), 3))
+            event = self.heartbeat()
             use = gpus.sample(watched, min(every, GPU_SAMPLE_TIMEOUT_S)) if watched else None
             if use:
                 event["gpus"] = use
             elif watched:
                 watched = []  # no nvidia-smi, or it failed: not asked again
             self.emit(event)
+
+    def heartbeat(self) -> dict:
+        """A heartbeat event: the ranks' progress, dated by this node's clock."""
+        return message(Event.HEARTBEAT, progress=self.progress(), now=round(time.time(), 3))
 
     def progress(self) -> dict:
         """{rank: [last step, seconds since]} from the ranks' heartbeat files,
