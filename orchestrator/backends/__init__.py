@@ -9,7 +9,7 @@ adds its scheduler without forking. Either module is imported only when
 that backend is named, so a dry-run of a local file never loads paramiko,
 and a broken plugin cannot break ``--help`` or ``ps``.
 
-A plugin declares the interface it was built for (``interface = 1`` in
+A plugin declares the interface it was built for (``interface = 2`` in
 its class: ``INTERFACE``); a mismatch is a clear error, not an
 AttributeError in the middle of a launch.
 """
@@ -25,7 +25,7 @@ from ..config.limits import BUILTIN_BACKENDS, backend_names, plugin_backends
 from ..config.spec import ClusterSpec
 from ..engine.options import LaunchOptions
 from ..errors import ConfigError
-from .base import LaunchBackend
+from .base import Capabilities, LaunchBackend
 
 if TYPE_CHECKING:
     from ..records.store import RunRecord
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # The version of the interface a backend fills (``LaunchBackend``, and
 # ``scheduler.backend.SchedulerBackend`` for a scheduler). It goes up when a
 # method a backend must provide, or what the engine asks of it, changes.
-INTERFACE = 1
+INTERFACE = 2
 
 
 @dataclass(frozen=True)
@@ -93,49 +93,50 @@ def origin_of(name: str) -> BackendOrigin:
                          f"{dist.name} {dist.version}" if dist is not None else "a plugin")
 
 
-def backends_with(has: Callable[[type[LaunchBackend]], bool]) -> list[str]:
-    """The built-in backends' names whose class ``has`` (a capability), in
-    the registry's order."""
-    return [name for name in BUILTIN_BACKENDS if has(backend_class(name))]
+def backends_with(has: Callable[[Capabilities], bool]) -> list[str]:
+    """The built-in backends' names whose capabilities ``has``, in the
+    registry's order."""
+    return [name for name in BUILTIN_BACKENDS if has(backend_class(name).can)]
 
 
 def fit(spec: ClusterSpec, options: LaunchOptions, backend: str | None = None) -> ClusterSpec:
     """``spec`` under ``backend`` (``--backend``, over the file's choice), once
     everything the chosen backend cannot honour is refused, before anything
-    runs, from its capabilities (``LaunchBackend``'s class attributes): the
+    runs, from its capabilities (``LaunchBackend.can``): the
     one place the command line's options meet a backend's.
 
     * a backend that runs every node here (``this_machine``) with remote hosts;
     * ``--queue-timeout`` without a scheduler's queue (``queue``): the run
       would start at once, and the option would be silently moot;
-    * ``--max-restarts`` where it has no gang restarts (``no_restarts`` says
-      why, and what to do instead);
+    * ``--max-restarts`` where it has no gang restarts (``restarts``;
+      ``instead_of_restarts`` says what to do instead);
     * ``--hang-timeout`` with ``--detach`` where no keeper would watch: a
       detached run's watchdog is its keepers' head, and a backend without
       gang restarts starts no keepers, so its job would run unwatched.
     """
     if backend is not None and backend != spec.backend:
-        if backend_class(backend).this_machine and not all(n.is_local for n in spec.nodes):
+        if backend_class(backend).can.this_machine and not all(n.is_local for n in spec.nodes):
             raise ConfigError(f"--backend {backend} runs every node on this machine, but the "
                               "file lists remote hosts", path="--backend",
                               source="command line",
                               hint="use --local to run the file's workload here")
         spec = dataclasses.replace(spec, backend=backend)
     chosen = backend_class(spec.backend)
-    if options.queue_timeout_s is not None and not chosen.queue:
-        queued = backends_with(lambda cls: bool(cls.queue))
-        words = "; ".join(backend_class(name).queue for name in queued)
+    if options.queue_timeout_s is not None and not chosen.can.queue:
+        queued = backends_with(lambda can: can.queue)
+        words = "; ".join(backend_class(name).can.queue_wait for name in queued)
         raise ConfigError(f"only the {' or '.join(queued)} backend has a queue to time out "
                           f"({words}); this run uses the {spec.backend} "
                           "backend, which starts at once", path="--queue-timeout",
                           source="command line",
                           hint="drop --queue-timeout; --start-timeout bounds how long every "
                                f"node has to join (or use --backend {' or '.join(queued)})")
-    if options.max_restarts and chosen.no_restarts:
-        having = backends_with(lambda cls: not cls.no_restarts)
+    if options.max_restarts and not chosen.can.restarts:
+        having = backends_with(lambda can: can.restarts)
         raise ConfigError(f"gang restarts are for the {' and '.join(having)} backends",
-                          path="--max-restarts", source="command line", hint=chosen.no_restarts)
-    if options.detach and options.hang_timeout_s is not None and chosen.no_restarts:
+                          path="--max-restarts", source="command line",
+                          hint=chosen.can.instead_of_restarts)
+    if options.detach and options.hang_timeout_s is not None and not chosen.can.restarts:
         raise ConfigError(f"a detached {spec.backend} job has no hang watchdog: the nodes' "
                           f"keepers run it, and the {spec.backend} backend starts none",
                           path="--hang-timeout", source="command line",

@@ -120,26 +120,40 @@ class Watch:
         self.close()
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do: what the CLI, the plan and the controller ask
+    of it instead of its name. Each is a fact; a fact a user is told about
+    carries its words beside it, and a fact without them is refused here."""
+
+    # A scheduler's job owns the run (``Owner``), and what it does with it.
+    scheduler: bool = False
+    scheduler_does: str = ""  # "Slurm keeps the job"
+    # Runs wait in a queue: ``--queue-timeout`` bounds that wait.
+    queue: bool = False
+    queue_wait: str = ""  # "how long a job may wait in Slurm's queue"
+    # Gang restarts (``--max-restarts``) by the nodes' keepers; if not, why
+    # not and what to do instead.
+    restarts: bool = True
+    instead_of_restarts: str = ""
+    # Every node runs here: a file with remote hosts cannot use it (``--backend``).
+    this_machine: bool = False
+
+    def __post_init__(self) -> None:
+        for fact, words, name in ((self.scheduler, self.scheduler_does, "scheduler_does"),
+                                  (self.queue, self.queue_wait, "queue_wait"),
+                                  (not self.restarts, self.instead_of_restarts,
+                                   "instead_of_restarts")):
+            if fact and not words:
+                raise TypeError(f"Capabilities: say {name} for this capability")
+
+
 class LaunchBackend(ABC):
     """One way of starting a run's nodes. ``spec`` is None when the backend
     only serves a recorded run (``cancel``, ``describe``)."""
 
     name: ClassVar[str]
-    # What the CLI, the plan and the controller ask of a backend instead of
-    # its name. ``scheduler``: what its scheduler does with a run, in words,
-    # when the backend's job owns the run ("": no scheduler; the controller
-    # or the nodes' keepers do, ``owner``).
-    scheduler: ClassVar[str] = ""
-    # ``queue``: what its scheduler's queue is, in words ("": none; the run
-    # starts at once): ``--queue-timeout`` bounds the wait there, and a
-    # recorded job is asked of the scheduler (``describe``) even once ended.
-    queue: ClassVar[str] = ""
-    # ``no_restarts``: why it has no gang restarts, and what to do instead
-    # ("": it has them, ``--max-restarts``).
-    no_restarts: ClassVar[str] = ""
-    # ``this_machine``: every node runs here, so a file with remote hosts
-    # cannot use it (``--backend``).
-    this_machine: ClassVar[bool] = False
+    can: ClassVar[Capabilities] = Capabilities()
 
     def __init__(self, options: LaunchOptions, spec: ClusterSpec | None = None):
         self.options = options
@@ -160,9 +174,9 @@ class LaunchBackend(ABC):
         """Who owns this run, and in words, for its dry-run: decided here,
         once, from this backend's capabilities and the options; everything
         after reads the dry-run's (``agent/wire/owner.py``)."""
-        owner = Owner.decide(scheduler=bool(self.scheduler), detach=self.options.detach,
+        owner = Owner.decide(scheduler=self.can.scheduler, detach=self.options.detach,
                              max_restarts=self.options.max_restarts)
-        return owner, owner_words(owner, self.scheduler)
+        return owner, owner_words(owner, self.can.scheduler_does)
 
     def require_spec(self) -> ClusterSpec:
         if self.spec is None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..plan.model import NodePlan
 from .agentbackend import AgentBackend
+from .base import Capabilities
 
 if TYPE_CHECKING:  # (a dry run starts no transport)
     from ..transport.base import Transport
@@ -18,7 +19,7 @@ if TYPE_CHECKING:  # (a dry run starts no transport)
 
 class Backend(AgentBackend):
     name = "local"
-    this_machine = True
+    can = Capabilities(this_machine=True)
 
     def transport(self, node_rank: int, host: str, connection: Mapping[str, Any]) -> Transport:
         from ..transport.local import LocalTransport

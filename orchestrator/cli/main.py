@@ -637,14 +637,15 @@ def list_backends() -> None:
         except OrchestratorError as exc:  # a broken plugin: said, and the rest still listed
             click.echo(f"    cannot be used: {exc}\n")
             continue
-        owner = (f"a run is its scheduler's job ({cls.scheduler})" if cls.scheduler else
+        can = cls.can
+        owner = (f"a run is its scheduler's job ({can.scheduler_does})" if can.scheduler else
                  "a run is held by `up`, or by the nodes' keepers (--detach, --max-restarts)")
         click.echo(f"    {owner}")
-        click.echo(f"    queue: {cls.queue} (--queue-timeout)" if cls.queue else
+        click.echo(f"    queue: {can.queue_wait} (--queue-timeout)" if can.queue else
                    "    no queue: a run starts at once")
-        click.echo(f"    no gang restarts: {cls.no_restarts}" if cls.no_restarts else
-                   "    gang restarts (--max-restarts)")
-        click.echo("    every node on this machine" if cls.this_machine else
+        click.echo("    gang restarts (--max-restarts)" if can.restarts else
+                   f"    no gang restarts: {can.instead_of_restarts}")
+        click.echo("    every node on this machine" if can.this_machine else
                    "    nodes on other hosts")
         click.echo("")
 

@@ -91,7 +91,7 @@ class AgentHandle:
     def call(self, op: str, payload: bytes = b"", *, max_reply: int = 1 << 20,
              **fields: Any) -> dict:
         """Send one request (and its payload) and return its reply. Both are
-        checked against ``protocol.REQUESTS``: a request the agent would refuse
+        checked against ``protocol.OPS``: a request the agent would refuse
         raises ProtocolError here, and an ok reply carries its declared fields."""
         self.send(op, payload, **fields)
         return self.reply(op, max_reply=max_reply)
@@ -122,7 +122,7 @@ class AgentHandle:
                 raise TransportError(self.host, f"{op}: the data arrived corrupted "
                                                 "(checksum mismatch)")
         try:
-            return check_reply(op, reply)  # an ok reply has what ``REQUESTS`` says
+            return check_reply(op, reply)  # an ok reply has what ``OPS`` says
         except ProtocolError as exc:
             raise TransportError(self.host, f"the agent sent a malformed message: {exc}") \
                 from None

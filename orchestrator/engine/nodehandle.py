@@ -13,8 +13,8 @@ from ..agent.node.spec import SupervisorSpec
 from ..agent.wire.owner import Owner
 from ..agent.wire.files import mask_strings
 from .gpuuse import GpuUse
-from ..agent.wire.protocol import (CONTROL_PREFIX, ENDED_ON_ITS_OWN, HEARTBEAT_S, PEER_TIMEOUT_S,
-                              Control, Event, LineBuffer, ProtocolError, decode,
+from ..agent.wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Ended,
+                              Event, LineBuffer, ProtocolError, decode,
                               rank_progress)
 from ..console import AGENT_SAYS, Console  # AGENT_SAYS: a line of the agent's own
 from ..plan.dryrun import NodeLaunch
@@ -502,14 +502,14 @@ def describe_survivors(survivors: list[dict]) -> str:
 def _signalled(control: dict) -> bool:
     """The supervisor was told to stop by a signal (``got SIGTERM``): the
     scheduler's teardown (scancel, srun --kill-on-bad-exit) or an operator's."""
-    return str(control.get("reason", "")).startswith("got SIG")
+    return control.get("ended") == Ended.SIGNAL
 
 
 def _failed_on_its_own(control: dict) -> bool:
     """Did the node fail before anyone asked it to stop? Then it is a
     failure of its own, whatever the stop did next. A whole-second time
     ``t`` means "during [t, t + 1)": only a second wholly before the stop counts."""
-    if control.get("reason") == ENDED_ON_ITS_OWN:
+    if control.get("ended") == Ended.ITSELF:
         return True
     stopped_at = control.get("stopped_at")
     if stopped_at is None:

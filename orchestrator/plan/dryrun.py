@@ -98,7 +98,7 @@ class DryRun:
 
 def owner_words(owner: Owner, scheduler: str = "") -> str:
     """What ``owner`` means for this run, in words; ``scheduler``: what a
-    scheduler backend does with its job (``LaunchBackend.scheduler``)."""
+    scheduler backend does with its job (``Capabilities.scheduler_does``)."""
     if owner.holder is Holder.SCHEDULER:
         return scheduler + ("; `up` leaves once every node runs, `ddp-orch attach RUN` follows "
                             "it and `ddp-orch down RUN` cancels it" if owner.detached

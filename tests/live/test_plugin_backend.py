@@ -120,7 +120,7 @@ def test_a_broken_or_outdated_plugin_breaks_nothing_until_it_is_named(tmp_path):
            "not be loaded: ModuleNotFoundError" in listed.stdout, listed.stdout
     for name, said in [("broken", "could not be loaded: ModuleNotFoundError"),
                        ("oldqueue", "was built for backend interface 0; this ddp-orch has "
-                                    "interface 1")]:
+                                    "interface 2")]:
         path = tmp_path / f"{name}.yaml"
         path.write_text(f"backend: {name}\nnodes: [{{host: a, procs: 1}}]\n"
                         "workload: {name: noop}\n")

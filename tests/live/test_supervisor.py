@@ -62,7 +62,8 @@ def test_stop_kills_workers_in_their_own_sessions(tmp_path, line, reason):
     handle.send(line)
     code = handle.wait(timeout=20)
     assert code == 128 + 9  # the program ignores SIGTERM, so it is killed
-    assert control_of(handle)["reason"] == reason
+    control = control_of(handle)
+    assert (control["reason"], control["ended"]) == (reason, "stopped")
     assert wait_gone(run_id, 5) == set()
 
 
@@ -72,7 +73,9 @@ def test_controller_gone_means_teardown(tmp_path):
     handle = start(tmp_path, run_id)
     handle.close_stdin()
     handle.wait(timeout=20)
-    assert control_of(handle)["reason"] == "lost the controller (stdin closed)"
+    control = control_of(handle)
+    assert (control["reason"], control["ended"]) == ("lost the controller (stdin closed)",
+                                                     "controller-lost")
     assert wait_gone(run_id, 5) == set()
 
 
@@ -81,7 +84,8 @@ def test_orphans_are_removed_when_the_launcher_exits(tmp_path):
     handle = start(tmp_path, run_id, "--exit")
     assert handle.wait(timeout=20) == 3
     control = control_of(handle)
-    assert control["code"] == 3 and control["reason"] == "torchrun exited"
+    assert (control["code"], control["reason"], control["ended"]) == (3, "torchrun exited",
+                                                                      "itself")
     assert wait_gone(run_id, 5) == set()
     state = json.loads((tmp_path / "node-0" / "supervisor.json").read_text())
     assert state["exit_code"] == 3
@@ -92,7 +96,8 @@ def test_sigterm_to_the_supervisor_tears_down(tmp_path):
     handle = start(tmp_path, run_id)
     os.kill(handle.pid, 15)
     handle.wait(timeout=20)
-    assert control_of(handle)["reason"] == "got SIGTERM"
+    control = control_of(handle)
+    assert (control["reason"], control["ended"]) == ("got SIGTERM", "signal")
     assert wait_gone(run_id, 5) == set()
 
 

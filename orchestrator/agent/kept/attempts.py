@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from ..wire.protocol import ENDED_ON_ITS_OWN, MAX_CONTROL_LINE
+from ..wire.protocol import MAX_CONTROL_LINE, Ended
 
 # What one node's exit record may hold in the attempts that node 0 keeps and
 # sends: ``finished`` is one control line, and a run may have many attempts.
@@ -41,6 +41,8 @@ def compact(event: dict) -> dict:
     for key in ("stepped", "stop_asked", "survivors_gone", "setup_failed"):
         if isinstance(event.get(key), bool):
             out[key] = event[key]
+    if event.get("ended") in set(Ended):
+        out["ended"] = str(event["ended"])
     out["reason"] = str(event.get("reason", ""))[:MAX_MESSAGE]
     out["failures"] = [_failure(f, MAX_MESSAGE) for f in _list(event.get("failures"))
                        if isinstance(f, dict)][:MAX_FAILURES]
@@ -86,7 +88,7 @@ def failed_itself(entry: dict) -> bool:
         return True
     if entry.get("code") in (0, None):
         return False
-    if not entry.get("stop_asked") or entry.get("reason") == ENDED_ON_ITS_OWN:
+    if not entry.get("stop_asked") or entry.get("ended") == Ended.ITSELF:
         return True
     stopped = _num(entry.get("stopped_at"))
     stamps = [_num(f.get("timestamp")) for f in _list(entry.get("failures"))
@@ -100,7 +102,7 @@ def _brief(entry: dict, failures: int = 1, text: int = BRIEF_TEXT) -> dict:
     controller checks it as one): the outcome, and ``failures`` failures."""
     if "lost" in entry:
         return {"lost": str(entry["lost"])[:text]}
-    out = {k: entry[k] for k in ("code", "stop_asked", "stopped_at", "stepped",
+    out = {k: entry[k] for k in ("code", "ended", "stop_asked", "stopped_at", "stepped",
                                  "survivors_gone", "hung") if k in entry}
     out.update(reason=str(entry.get("reason", ""))[:text], last_lines=[],
                duration_s=_num(entry.get("duration_s")) or 0,

@@ -47,7 +47,7 @@ from .. import layout
 from .jobfile import JobSpec, Placement
 from .spec import SpecError, SupervisorSpec
 from .stream import Stream
-from ..wire.protocol import encode, exit_event
+from ..wire.protocol import Ended, encode, exit_event
 
 SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
 POLL_S = 0.05
@@ -209,8 +209,8 @@ def run(job_path: str) -> int:
             where = await_rendezvous(job.job_dir, job.start_timeout_s)
         spec = node_spec(job, node_rank, where, environ)
     except (JobNodeError, SpecError) as exc:
-        os.write(1, encode(exit_event(1, str(exc), last_lines=[f"ddp-orch: {exc}"],
-                                      duration_s=0)))
+        os.write(1, encode(exit_event(1, str(exc), Ended.REFUSED, duration_s=0,
+                                      last_lines=[f"ddp-orch: {exc}"])))
         return 1
     from .supervisor import Supervisor
 

@@ -41,7 +41,7 @@ from .. import layout
 from ..wire import files
 from ..wire.fields import is_time
 from . import nodesetup, outputsteps, setupstamp
-from ..wire.protocol import (ENDED_ON_ITS_OWN, Control, Event, LineBuffer, Reader,
+from ..wire.protocol import (Control, Ended, Event, LineBuffer, Reader,
                              controller_silent_for, encode, exit_event, message)
 from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
@@ -98,6 +98,7 @@ class Supervisor:
         self.marker = procs.run_marker(spec.run_id, spec.node_rank)
         self.grace_s = float(spec.grace_s)
         self.stop_reason = ""
+        self.stop_cause = Ended.STOPPED  # why the stop was asked, once it is
         self.stop_requested = False
         self.stopped_at: float | None = None  # when a stop was asked for, if ever
         self.guardian = None  # guardian.start(): ends the run if we die first
@@ -145,7 +146,7 @@ class Supervisor:
         if self.spec.owns_signals:  # a keeper (kept/keeper.py) handles them itself
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, lambda signum, _f: self.request_stop(
-                    f"got {signal.Signals(signum).name}"))
+                    f"got {signal.Signals(signum).name}", Ended.SIGNAL))
         self.watcher = threading.Thread(target=self.watch_stdin, daemon=True)
         if self.spec.watches_stdin:  # not under Slurm or a keeper: no controller there
             self.watcher.start()
@@ -174,9 +175,9 @@ class Supervisor:
         code = self.wait(child.pid)
         if code is None:  # stop requested before torchrun finished
             code = self.teardown(child.pid)
-            reason = self.stop_reason
+            reason, ended = self.stop_reason, self.stop_cause
         else:
-            reason = ENDED_ON_ITS_OWN
+            reason, ended = "torchrun exited", Ended.ITSELF
             self.teardown(child.pid, grace_s=min(self.grace_s, 3.0))
         torn_down_at = time.time()  # nothing of the run is left here (but survivors)
         guardian.release(self.guardian)  # the run is torn down: nothing left to guard
@@ -193,7 +194,7 @@ class Supervisor:
         if full:  # what a full disk breaks (torchrun's error files, the logs) says little
             last.append(f"ddp-orch: {full}")
         self.last_exit = exit_event(
-            code, reason, failures=failures.collect(
+            code, reason, ended, failures=failures.collect(
                 self.run_dir, self.tail_lines(), self.log_dir,
                 mask=lambda text: files.mask_strings(text, list(self.spec.secrets))),
             stopped_at=self.stopped_at, last_lines=last,
@@ -237,6 +238,7 @@ class Supervisor:
         last = [str(line) for line in done.get("last_lines", ())][-3:]
         self.last_exit = exit_event(
             code, "setup failed" if failed else self.stop_reason or "stopped during setup",
+            Ended.SETUP_FAILED if failed else self.stop_cause,
             stopped_at=self.stopped_at,
             last_lines=last + [f"ddp-orch: {done['message']}"] if failed else [],
             duration_s=round(time.time() - started, 3), setup_failed=failed)
@@ -260,13 +262,14 @@ class Supervisor:
         if timeout and not self.stop_requested and \
                 time.monotonic() - self.last_heard > timeout:
             self.controller_lost = True
-            self.request_stop(controller_silent_for(timeout))
+            self.request_stop(controller_silent_for(timeout), Ended.CONTROLLER_LOST)
         return self.stop_requested
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, cause: Ended = Ended.STOPPED) -> None:
+        """Stop the run for ``reason`` (words) and ``cause``; the first asked stands."""
         if not self.stop_requested:
             self.stopped_at = time.time()
-            self.stop_reason = reason
+            self.stop_reason, self.stop_cause = reason, cause
             self.stop_requested = True
             self.wakeup.set()
 
@@ -285,7 +288,7 @@ class Supervisor:
                 line = b""
             self.last_heard = time.monotonic()
             if not line and self.stdin.eof:
-                self.request_stop("lost the controller (stdin closed)")
+                self.request_stop("lost the controller (stdin closed)", Ended.CONTROLLER_LOST)
                 return
             word = Control.parse(line)
             if word is Control.DONE:

@@ -1,7 +1,7 @@
 """The one field checker for every record that crosses into the agent or back.
 
 A supervisor's spec, a keeper's spec, a scheduler's job file, the control
-messages and requests (``protocol.MESSAGES``, ``REQUESTS``) and a keeper's
+messages and requests (``protocol.MESSAGES``, ``OPS``) and a keeper's
 records (``kept/records.py``) all come from another process or a file on
 a node, and each is a table of ``Field``s: what a value must be, and how
 to say so. Two policies read a table:
@@ -62,6 +62,8 @@ def optional(field: Field) -> Field:
 
 
 TEXT = Field(lambda v: isinstance(v, str), "a string")
+INT = Field(is_int, "an integer")
+NUMBER = Field(is_number, "a number")
 PATH = Field(lambda v: isinstance(v, str) and bool(v), "a directory path")
 FLAG = Field(lambda v: isinstance(v, bool), "true or false")
 RECORD = Field(lambda v: isinstance(v, dict), "an object")

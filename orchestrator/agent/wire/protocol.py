@@ -16,7 +16,8 @@ installed. On that channel:
   (torchrun and its workers), relayed to the user.
 
 Every control message is checked against ``MESSAGES`` before anyone acts on
-it: a node is not trusted to send well-formed data.
+it, every request and reply against ``OPS``: a node is not trusted to send
+well-formed data, and a field's type is written once, as a ``fields.Field``.
 
 Stdlib only, like the rest of the agent package.
 """
@@ -28,12 +29,10 @@ import os
 from enum import Enum
 from typing import Any, Callable, Mapping, NamedTuple
 
-from .fields import Field, first_bad, is_count, is_time, of_types  # noqa: F401 (is_count: its importers')
+from .fields import (FLAG, INT, LIST, NUMBER, RECORD, STRINGS, TEXT, TIME, Field, count,
+                     first_bad, is_count, is_int, is_time, of_types, one_of, optional)  # noqa: F401
 
 CONTROL_PREFIX = b"::ddp-orch:: "
-# The exit event's reason when torchrun ended before any stop request: the
-# node's own outcome, which no later stop may relabel as "stopped".
-ENDED_ON_ITS_OWN = "torchrun exited"
 # Liveness while a run is attached: each side sends something at least every
 # HEARTBEAT_S (the controller ``ping``, the supervisor a heartbeat event); the
 # other side gives up after PEER_TIMEOUT_S of silence. A partition that sends
@@ -94,6 +93,21 @@ class Control(Enum):
         return "".join(c for c in text if c.isprintable())[:MAX_REASON].strip()
 
 
+class Ended(str, Enum):
+    """How a node's torchrun came to end, as its exit event says (``ended``).
+    The event's ``reason`` is words for people; whoever decides on an end
+    (stopped or failed, the root cause) reads this, never the words."""
+
+    __str__ = str.__str__
+
+    ITSELF = "itself"  # before any stop was asked: the node's own outcome, never "stopped"
+    STOPPED = "stopped"  # asked to: the controller (``stop``, ``kill``), the gang, ``down``
+    SIGNAL = "signal"  # the supervisor got SIGTERM/SIGINT/SIGHUP: scancel, srun, an operator
+    CONTROLLER_LOST = "controller-lost"  # its controller went silent, or its channel closed
+    SETUP_FAILED = "setup-failed"  # the run's ``setup:`` failed: torchrun never started
+    REFUSED = "refused"  # nothing ran: the node could not take the run (its spec, the job)
+
+
 class Event(str, Enum):
     """The ``event`` of each control message (the keys of ``MESSAGES``), by
     name; a ``str``, so it compares equal to the word a decoded message holds
@@ -123,84 +137,106 @@ class Event(str, Enum):
     GANG_STACKS_DONE = "gang-stacks-done"
 
 
-# What each control message must carry: field -> accepted types.
-_NUM = (int, float)
-MESSAGES: dict[str, dict[str, tuple[type, ...]]] = {
+# What each control message carries, by its event: field -> what its value
+# must be (``fields``; a name ending in "?" may be absent). ``validate``
+# checks every message against this and nothing else.
+_TRANSFER = Field(lambda v: is_int(v) and 0 <= v <= MAX_TRANSFER,
+                  f"a payload size (0 to {MAX_TRANSFER} bytes)")
+_FAILURE = {"local_rank": count(), "message": TEXT, "timestamp": TIME,
+            "error_file?": optional(TEXT)}
+_SURVIVOR = {"pid": INT, "cmd": TEXT}
+FAILURES = Field(lambda v: isinstance(v, list) and all(
+    isinstance(f, dict) and first_bad(f, _FAILURE) is None for f in v),
+    "a list of worker failures (local_rank, message, timestamp)")
+MESSAGES: dict[Event, dict[str, Field]] = {
     # ``cores``: the CPUs the agent may run on (``node/ompthreads.usable_cores``)
-    "hello": {"home": (str,), "pid": (int,), "python": (str,), "cores": (int,)},
-    "reply": {"ok": (bool,)},
-    "joined": {},
-    "heartbeat": {},
-    "started": {"workers": (int,)},
+    Event.HELLO: {"home": TEXT, "pid": INT, "python": TEXT, "cores": INT},
+    Event.REPLY: {"ok": FLAG, "size?": _TRANSFER},
+    Event.JOINED: {},
+    Event.HEARTBEAT: {},
+    Event.STARTED: {"workers": INT},
     # A node's ``setup:`` ended (``node/nodesetup.py``); torchrun waits for every node's.
-    "setup": {"ok": (bool,)},
-    "exit": {"code": (int,), "reason": (str,), "failures": (list,), "last_lines": (list,),
-             "duration_s": _NUM},
+    Event.SETUP: {"ok": FLAG},
+    # ``exit_event`` builds it: torchrun's code and why it ended
+    # (``ended`` is absent from a record an older agent wrote: no cause known)
+    Event.EXIT: {"code": INT, "reason": TEXT, "ended?": one_of(list(Ended)),
+                 "failures": FAILURES, "last_lines": STRINGS,
+                 "duration_s": TIME, "stopped_at?": optional(TIME),
+                 "survivors?": Field(lambda v: isinstance(v, list) and all(
+                     isinstance(x, dict) and first_bad(x, _SURVIVOR) is None for x in v),
+                     "a list of {pid, cmd} records")},
     # A kept run (``kept/keeper.py``): its node's stream (``agent.out``) marks each
     # attempt and ends with ``finished``; node 0's carries the gang's attempts.
-    "attempt": {"attempt": (int,), "master_port": (int,)},
-    "finished": {"code": (int,), "state": (str,)},
+    Event.ATTEMPT: {"attempt": INT, "master_port": INT},
+    Event.FINISHED: {"code": INT, "state": TEXT},
     # Between the keepers of a kept run, over node 0's gang port (``kept/peers.py``).
-    "gang-hello": {"node_rank": (int,), "token": (str,)},
-    "gang-start": {"attempt": (int,), "master_port": (int,)},
-    "gang-stop": {"attempt": (int,), "reason": (str,), "final": (bool,)},
-    "gang-ended": {"attempt": (int,), "exit": (dict,)},
-    "gang-failing": {"attempt": (int,), "code": (int,)},
-    "gang-finish": {"state": (str,)},
+    Event.GANG_HELLO: {"node_rank": INT, "token": TEXT},
+    Event.GANG_START: {"attempt": INT, "master_port": INT},
+    Event.GANG_STOP: {"attempt": INT, "reason": TEXT, "final": FLAG},
+    Event.GANG_ENDED: {"attempt": INT, "exit": RECORD},
+    Event.GANG_FAILING: {"attempt": INT, "code": INT},
+    Event.GANG_FINISH: {"state": TEXT},
     # A node's setup is done (to the head); every node's is (from the head).
-    "gang-setup": {"node_rank": (int,)},
-    "gang-go": {},
+    Event.GANG_SETUP: {"node_rank": INT},
+    Event.GANG_GO: {},
     # A node's torchrun has started, and its ranks' progress {rank: [step, age_s]},
     # [step, age_s, samples] or [step, age_s, samples or null, compute_s, data_s]
     # (``rank_progress``; every ``peers.GANG_HEARTBEAT_S``,
     # to the head: the start timeout, the hang rule).
-    "gang-progress": {"attempt": (int,), "started": (bool,), "progress": (dict,)},
+    Event.GANG_PROGRESS: {"attempt": INT, "started": FLAG, "progress": RECORD},
     # A hang: every node dumps its ranks' stacks into ``stacks/<stamp>/`` (from
     # the head), and says where each rank stands (to the head).
-    "gang-stacks": {"attempt": (int,), "stamp": (str,)},
-    "gang-stacks-done": {"attempt": (int,), "places": (dict,)},
+    Event.GANG_STACKS: {"attempt": INT, "stamp": TEXT},
+    Event.GANG_STACKS_DONE: {"attempt": INT, "places": RECORD},
 }
-# The requests the agent serves (``serve.py`` answers each, the controller
-# sends them through ``request``): op -> (the fields it takes, the fields
-# its reply carries when ``ok``, beside ``ok``; a failed reply carries
-# ``error``). A name ending in "?" may be left out; ``None`` for the reply:
-# the op has none (the supervisor's output follows, or the keeper's stream).
-_STR, _INT, _BOOL, _LIST, _DICT = (str,), (int,), (bool,), (list,), (dict,)
-_STR_OR_NONE = (str, type(None))
-REQUESTS: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]] | None]] = {
-    "mkrun": ({"run_dir": _STR, "root": _STR}, {"path": _STR}),
-    "discard": ({}, {"removed": _LIST}),
-    "put": ({"path": _STR, "size": _INT, "sha256": _STR, "mode?": _INT}, {"path": _STR}),
-    "get": ({"path": _STR, "max": _INT, "root?": _STR}, {"size": _INT, "sha256": _STR}),
-    "outputs": ({"root": _STR, "patterns": _LIST, "max_file": _INT, "max_total": _INT},
-                {"files": _LIST, "refused": _LIST}),
-    "prune": ({"run_dir": _STR, "run_id": _STR, "node_rank": _INT}, {"freed": _INT, "path": _STR}),
-    "bind": ({"port": _INT, "host?": _STR_OR_NONE, "hold?": _BOOL}, {"port": _INT}),
-    "route": ({"host": _STR, "port": _INT, "remote_peers?": _BOOL}, {"ifname": _STR, "addr": _STR}),
-    "torch": ({}, {}),
-    "gpus": ({"want": (str, list), "run_id": _STR, "node_rank?": _INT, "busy_mib": _INT,
-              "allow_busy?": _BOOL, "hold?": _BOOL, "rehearsal?": _BOOL, "busy_util?": _INT,
-              "ignore?": _LIST, "exclude?": _LIST, "lock_dir?": _STR}, {"gpus": _LIST}),
-    "probe": ({}, {"python": _STR}),
-    "clock": ({}, {"time": _NUM}),
-    "listen": ({"port": _INT, "addr?": _STR_OR_NONE, "host?": _STR_OR_NONE,
-                "ifname?": _STR_OR_NONE, "timeout?": _NUM}, {"addr": _STR, "port": _INT}),
+
+
+class OpSpec(NamedTuple):
+    """One request the agent serves, as both ends check it: the fields it
+    takes, and those its reply carries when ``ok`` (beside ``ok``; a failed
+    reply carries ``error``). ``replies`` is None for an op that takes the
+    channel over and has no reply: ``supervise`` (the supervisor's output
+    follows) and ``follow`` (a kept run's stream). The agent binds each op's
+    handler to its name (``serve.answers``), and refuses to start unless
+    every op here has exactly one."""
+
+    takes: dict[str, Field]
+    replies: dict[str, Field] | None
+
+
+_HOST = optional(TEXT)
+OPS: dict[str, OpSpec] = {
+    "mkrun": OpSpec({"run_dir": TEXT, "root": TEXT}, {"path": TEXT}),
+    "discard": OpSpec({}, {"removed": LIST}),
+    "put": OpSpec({"path": TEXT, "size": INT, "sha256": TEXT, "mode?": INT}, {"path": TEXT}),
+    "get": OpSpec({"path": TEXT, "max": INT, "root?": TEXT}, {"size": INT, "sha256": TEXT}),
+    "outputs": OpSpec({"root": TEXT, "patterns": LIST, "max_file": INT, "max_total": INT},
+                      {"files": LIST, "refused": LIST}),
+    "prune": OpSpec({"run_dir": TEXT, "run_id": TEXT, "node_rank": INT},
+                    {"freed": INT, "path": TEXT}),
+    "bind": OpSpec({"port": INT, "host?": _HOST, "hold?": FLAG}, {"port": INT}),
+    "route": OpSpec({"host": TEXT, "port": INT, "remote_peers?": FLAG},
+                    {"ifname": TEXT, "addr": TEXT}),
+    "torch": OpSpec({}, {}),
+    "gpus": OpSpec({"want": of_types(str, list), "run_id": TEXT, "node_rank?": INT,
+                    "busy_mib": INT, "allow_busy?": FLAG, "hold?": FLAG, "rehearsal?": FLAG,
+                    "busy_util?": INT, "ignore?": LIST, "exclude?": LIST, "lock_dir?": TEXT},
+                   {"gpus": LIST}),
+    "probe": OpSpec({}, {"python": TEXT}),
+    "clock": OpSpec({}, {"time": NUMBER}),
+    "listen": OpSpec({"port": INT, "addr?": _HOST, "host?": _HOST, "ifname?": _HOST,
+                      "timeout?": NUMBER}, {"addr": TEXT, "port": INT}),
     # one connection (addr, port), or a list of [addr, port] at once (targets: results)
-    "connect": ({"addr?": _STR, "port?": _INT, "targets?": _LIST, "timeout?": _NUM}, {}),
-    "down": ({"run_id": _STR, "node_rank": _INT, "run_dir?": _STR_OR_NONE, "grace_s?": _NUM,
-              "why?": _STR},
-             {"killed": _LIST, "survivors": _LIST}),
-    "stacks": ({"run_id": _STR, "run_dirs?": _DICT, "native?": _BOOL, "timeout?": _NUM},
-               {"size": _INT, "sha256": _STR}),
-    "keeper": ({"run_dir": _STR}, {"alive": _BOOL, "now": _NUM}),
-    "detach": ({"spec": _DICT, "listen?": _BOOL}, {"pid": _INT}),
-    "supervise": ({"spec": _DICT}, None),
-    "follow": ({"run_dir": _STR, "offset?": _INT, "lines?": (int, type(None)),
-                "attached?": _BOOL}, None),
-}
-FAILURE_FIELDS: dict[str, Field] = {
-    "local_rank": of_types(int), "message": of_types(str), "timestamp": of_types(*_NUM),
-    "error_file?": of_types(str, type(None)),
+    "connect": OpSpec({"addr?": TEXT, "port?": INT, "targets?": LIST, "timeout?": NUMBER}, {}),
+    "down": OpSpec({"run_id": TEXT, "node_rank": INT, "run_dir?": _HOST, "grace_s?": NUMBER,
+                    "why?": TEXT}, {"killed": LIST, "survivors": LIST}),
+    "stacks": OpSpec({"run_id": TEXT, "run_dirs?": RECORD, "native?": FLAG,
+                      "timeout?": NUMBER}, {"size": INT, "sha256": TEXT}),
+    "keeper": OpSpec({"run_dir": TEXT}, {"alive": FLAG, "now": NUMBER}),
+    "detach": OpSpec({"spec": RECORD, "listen?": FLAG}, {"pid": INT}),
+    "supervise": OpSpec({"spec": RECORD}, None),
+    "follow": OpSpec({"run_dir": TEXT, "offset?": INT, "lines?": optional(INT),
+                      "attached?": FLAG}, None),
 }
 
 
@@ -212,15 +248,17 @@ def message(event: Event, **fields: Any) -> dict[str, Any]:
     return validate({"event": event.value, **fields})
 
 
-def exit_event(code: int, reason: str, *, duration_s: float, failures: list | tuple = (),
-               last_lines: list | tuple = (), stopped_at: float | None = None,
-               survivors: list | tuple = (), **extra: Any) -> dict[str, Any]:
+def exit_event(code: int, reason: str, ended: Ended, *, duration_s: float,
+               failures: list | tuple = (), last_lines: list | tuple = (),
+               stopped_at: float | None = None, survivors: list | tuple = (),
+               **extra: Any) -> dict[str, Any]:
     """A node's exit event, the one shape every sender builds: torchrun's code,
-    why it ended, the worker failures (``FAILURE_FIELDS``), its last lines,
+    why it ended in words and as a cause (``Ended``), the worker failures
+    (``FAILURES``), its last lines,
     when a stop was asked for (None: never), what survived the teardown
     (``{pid, cmd}`` records) and how long the node ran; ``extra`` fields
     (``setup_failed``) ride along."""
-    return {"event": Event.EXIT.value, "code": code, "reason": reason,
+    return {"event": Event.EXIT.value, "code": code, "reason": reason, "ended": ended.value,
             "failures": list(failures), "stopped_at": stopped_at,
             "last_lines": list(last_lines), "survivors": list(survivors),
             "duration_s": duration_s, **extra}
@@ -305,43 +343,23 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError(f"malformed control line: {type(exc).__name__}") from None
 
 
-def check_fields(what: str, value: dict[str, Any],
-                 table: Mapping[str, tuple[type, ...] | Field]) -> None:
-    """The protocol's tables (``MESSAGES``, ``REQUESTS``) through the one
-    field checker (``fields.first_bad``): each field's value is one of its
-    types (a bool is no number), and a name ending in "?" may be absent.
-    ProtocolError names ``what`` and the first field that is not so."""
-    bad = first_bad(value, {name: kind if isinstance(kind, Field) else of_types(*kind)
-                            for name, kind in table.items()})
+def check_fields(what: str, value: dict[str, Any], table: Mapping[str, Field]) -> None:
+    """A message or request against its table (``MESSAGES``, ``OPS``),
+    through the one field checker (``fields.first_bad``): ProtocolError
+    names ``what`` and the first field that is missing or not what it must be."""
+    bad = first_bad(value, table)
     if bad is not None:
         raise ProtocolError(f"{what}: bad or missing {bad[0]!r}")
 
 
 def validate(message: Any) -> dict[str, Any]:
-    if not isinstance(message, dict) or message.get("event") not in MESSAGES:
-        raise ProtocolError(f"unknown control message: {str(message)[:200]}")
-    check_fields(f"{message['event']} message", message, MESSAGES[message["event"]])
-    if message["event"] == "reply" and "size" in message:
-        size = message["size"]
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_TRANSFER:
-            raise ProtocolError(f"reply announces {size!r} payload bytes")
-    if message["event"] == "exit":
-        if not is_time(message["duration_s"]):
-            raise ProtocolError("exit message: duration_s must be a number of seconds")
-        for failure in message["failures"]:
-            if not isinstance(failure, dict) or first_bad(failure, FAILURE_FIELDS) is not None \
-                    or failure["local_rank"] < 0 or not is_time(failure["timestamp"]):
-                raise ProtocolError(f"exit message: bad failure record {str(failure)[:200]}")
-        if not all(isinstance(line, str) for line in message["last_lines"]):
-            raise ProtocolError("exit message: last_lines must be strings")
-        survivors = message.get("survivors", [])
-        if not isinstance(survivors, list) or not all(
-                isinstance(x, dict) and isinstance(x.get("pid"), int)
-                and isinstance(x.get("cmd"), str) for x in survivors):
-            raise ProtocolError("exit message: survivors must be {pid, cmd} records")
-        stopped = message.get("stopped_at")
-        if stopped is not None and not is_time(stopped):
-            raise ProtocolError("exit message: stopped_at must be a time or null")
+    """``message`` when it is a control message as ``MESSAGES`` declares its
+    event; else ProtocolError."""
+    try:
+        event = Event(message.get("event"))  # type: ignore[union-attr]
+    except (AttributeError, ValueError, TypeError):
+        raise ProtocolError(f"unknown control message: {str(message)[:200]}") from None
+    check_fields(f"{event} message", message, MESSAGES[event])
     return message
 
 
@@ -353,19 +371,19 @@ def request(op: str, **fields: Any) -> bytes:
 
 
 def check_request(asked: Any) -> dict[str, Any]:
-    """A request (``{"op": ..., fields}``) as ``REQUESTS`` declares it; else
+    """A request (``{"op": ..., fields}``) as ``OPS`` declares it; else
     ProtocolError: an unknown op, or a field missing or of the wrong type."""
     op = asked.get("op") if isinstance(asked, dict) else None
-    if not isinstance(op, str) or op not in REQUESTS:
+    if not isinstance(op, str) or op not in OPS:
         raise ProtocolError(f"unknown request {op!r}")
-    check_fields(f"{op} request", asked, REQUESTS[op][0])
+    check_fields(f"{op} request", asked, OPS[op].takes)
     return asked
 
 
 def check_reply(op: str, reply: dict[str, Any]) -> dict[str, Any]:
-    """A reply to ``op``: when ``ok``, it carries the fields ``REQUESTS`` says
+    """A reply to ``op``: when ``ok``, it carries the fields ``OPS`` says
     (so the controller reads them with plain indexing); else ProtocolError."""
-    fields = REQUESTS[op][1]
+    fields = OPS[op].replies
     if reply.get("ok") and fields:
         check_fields(f"{op} reply", reply, fields)
     return reply

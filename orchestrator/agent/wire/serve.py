@@ -41,12 +41,13 @@ import json
 import os
 import sys
 import threading
+from typing import Callable
 
 from . import files
 
 from ..node import probes, procs
 from ..node.ompthreads import usable_cores
-from .protocol import (Control, Event, ProtocolError, Reader, check_request, digest, encode,
+from .protocol import (OPS, Control, Ended, Event, ProtocolError, Reader, check_request, digest, encode,
                        exit_event, message)
 
 _LOCK = threading.Lock()  # one writer of stdout at a time: a reply, a listener's thread
@@ -54,7 +55,9 @@ _LOCK = threading.Lock()  # one writer of stdout at a time: a reply, a listener'
 
 class Session:
     """What one channel's requests share, for the agent's life on it: the run
-    directories it created (``discard`` removes only those) and the node
+    directories it created (``discard`` removes only those), whether ``mkrun``
+    was refused (pipelined uploads behind it must not land), torchrun's exit
+    code once a run was supervised, whether the channel is over, and the node
     torch's view of CUDA. ``torch`` starts the probe; its answer, read once,
     goes with every ``gpus`` reply after it: the first, and each one of a
     wait (``--wait-gpus``), whose last answer is the one ``device: auto``
@@ -62,6 +65,9 @@ class Session:
 
     def __init__(self) -> None:
         self.made: list[str] = []
+        self.refused = False
+        self.code: int | None = None  # torchrun's exit code, once a run was supervised
+        self.over = False  # the agent exits now, not at EOF
         self._probe = None  # gpuclaim.TorchProbe, until its answer is read
         self._torch: dict | None = None
 
@@ -75,6 +81,23 @@ class Session:
         if self._probe is not None:
             self._torch, self._probe = self._probe.result(), None
         return self._torch
+
+
+Handler = Callable[[Session, dict, Reader], None]
+ANSWERS: dict[str, Handler] = {}
+# The ops a node still serves once a run was supervised: its files come home.
+_AFTER_A_RUN = ("get", "outputs")
+
+
+def answers(op: str) -> Callable[[Handler], Handler]:
+    """Binds a handler to ``op``, an op ``protocol.OPS`` declares (what it
+    takes is checked before the handler is called); each op has one."""
+    def bind(handler: Handler) -> Handler:
+        if op not in OPS or op in ANSWERS:
+            raise LookupError(f"{op!r}: not an op of protocol.OPS, or bound twice")
+        ANSWERS[op] = handler
+        return handler
+    return bind
 
 
 def reply(payload: bytes = b"", **fields) -> None:
@@ -91,16 +114,14 @@ def reply(payload: bytes = b"", **fields) -> None:
 def serve() -> int:
     stdin = Reader(0)
     session = Session()
-    refused = False
-    code = None  # torchrun's exit code, once this agent has supervised a run
     with _LOCK:
         sys.stdout.buffer.write(encode(message(Event.HELLO, home=probes.home(), pid=os.getpid(),
                                                python=sys.executable, cores=usable_cores())))
         sys.stdout.buffer.flush()
-    while True:
+    while not session.over:
         line = stdin.readline()
         if not line:
-            return code or 0
+            break
         try:
             request = json.loads(line)
             if not isinstance(request, dict):
@@ -116,41 +137,46 @@ def serve() -> int:
                 stdin.read_exact(request["size"])  # its payload is no request line
             reply(ok=False, error=str(exc))
             continue
-        if op == "follow":
-            from ..kept import daemon
-
-            daemon.follow(request["run_dir"], stdin, offset=request.get("offset", 0),
-                          lines=request.get("lines"), attached=request.get("attached", False))
-            return code or 0
-        if op == "supervise" and code is None:
-            from ..node.spec import SpecError
-            from ..node.supervisor import Supervisor
-
-            try:
-                supervisor = Supervisor(request.get("spec"), stdin)
-            except SpecError as exc:  # the run's end, said as any run's end is
-                code = _refuse_spec(str(exc), stdin)
-                continue
-            code = supervisor.run()
-            if supervisor.controller_lost:
-                # It went silent (a partition, a frozen host): no `done`, no
-                # `get` will come, and its EOF may take hours (TCP). Waiting
-                # for it would leave this process behind on the node.
-                return code
-            if supervisor.watcher.is_alive():
-                supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
-            continue
         try:
-            if code is not None and op not in ("get", "outputs"):
+            if session.code is not None and op not in _AFTER_A_RUN:
                 raise ValueError("after a run only `get` and `outputs` are served")
-            if op == "put" and refused:
-                stdin.read_exact(request["size"])
-                raise files.TransferError("not written: the run directory was refused")
             ANSWERS[op](session, request, stdin)
         except (files.TransferError, ProtocolError, OSError, KeyError, TypeError,
                 ValueError) as exc:
-            refused = refused or op == "mkrun"  # pipelined uploads behind it must not land
+            session.refused = session.refused or op == "mkrun"
             reply(ok=False, error=str(exc) or type(exc).__name__)
+    return session.code or 0
+
+
+@answers("supervise")
+def _supervise(session: Session, request: dict, stdin: Reader) -> None:
+    """Become the run's node supervisor: its output is the reply."""
+    from ..node.spec import SpecError
+    from ..node.supervisor import Supervisor
+
+    try:
+        supervisor = Supervisor(request["spec"], stdin)
+    except SpecError as exc:  # the run's end, said as any run's end is
+        session.code = _refuse_spec(str(exc), stdin)
+        return
+    session.code = supervisor.run()
+    if supervisor.controller_lost:
+        # It went silent (a partition, a frozen host): no `done`, no `get`
+        # will come, and its EOF may take hours (TCP). Waiting for it would
+        # leave this process behind on the node.
+        session.over = True
+    elif supervisor.watcher.is_alive():
+        supervisor.watcher.join()  # until `done` or EOF: then stdin is ours again
+
+
+@answers("follow")
+def _follow(session: Session, request: dict, stdin: Reader) -> None:
+    """Stream a kept run's ``agent.out``: the channel's last request."""
+    from ..kept import daemon
+
+    daemon.follow(request["run_dir"], stdin, offset=request.get("offset", 0),
+                  lines=request.get("lines"), attached=request.get("attached", False))
+    session.over = True
 
 
 def _refuse_spec(why: str, stdin: Reader) -> int:
@@ -158,8 +184,8 @@ def _refuse_spec(why: str, stdin: Reader) -> int:
     1, nothing ran); then, as after any run, stdin is the controller's words
     until ``done`` (or EOF). Returns the exit code."""
     with _LOCK:
-        sys.stdout.buffer.write(encode(exit_event(1, why, last_lines=[f"ddp-orch: {why}"],
-                                                  duration_s=0)))
+        sys.stdout.buffer.write(encode(exit_event(1, why, Ended.REFUSED, duration_s=0,
+                                                  last_lines=[f"ddp-orch: {why}"])))
         sys.stdout.buffer.flush()
     while True:
         line = stdin.readline()
@@ -167,18 +193,24 @@ def _refuse_spec(why: str, stdin: Reader) -> int:
             return 1
 
 
+@answers("put")
 def _put(session: Session, request: dict, stdin: Reader) -> None:
+    if session.refused:
+        stdin.read_exact(request["size"])
+        raise files.TransferError("not written: the run directory was refused")
     data = stdin.read_exact(request["size"])
     path = files.put(request["path"], data, size=request["size"], sha256=request["sha256"],
                      mode=request.get("mode", 0o600))
     reply(ok=True, path=path)
 
 
+@answers("mkrun")
 def _mkrun(session: Session, request: dict, stdin: Reader) -> None:
     session.made.append(files.make_run_dir(request["run_dir"], request["root"]))
     reply(ok=True, path=session.made[-1])
 
 
+@answers("discard")
 def _discard(session: Session, request: dict, stdin: Reader) -> None:
     import shutil
 
@@ -191,6 +223,7 @@ def _discard(session: Session, request: dict, stdin: Reader) -> None:
     session.made.clear()
 
 
+@answers("get")
 def _get(session: Session, request: dict, stdin: Reader) -> None:
     if request.get("root") is not None:
         from ..node.outputs import inside
@@ -205,23 +238,27 @@ def _get(session: Session, request: dict, stdin: Reader) -> None:
         reply(data, ok=True, size=len(data), sha256=digest(data))
 
 
+@answers("bind")
 def _bind(session: Session, request: dict, stdin: Reader) -> None:
     # ``hold``: a launch's port, held until this agent's supervisor starts
     # torchrun (or the agent ends); `check` only asks whether it is free
     reply(**probes.bind(request["port"], request.get("host"), hold=request.get("hold", False)))
 
 
+@answers("route")
 def _route(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import netroute
 
     reply(**netroute.route(request["host"], request["port"], request.get("remote_peers", True)))
 
 
+@answers("torch")
 def _torch(session: Session, request: dict, stdin: Reader) -> None:
     session.ask_torch()
     reply(ok=True)
 
 
+@answers("gpus")
 def _gpus(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import gpuclaim
 
@@ -242,6 +279,7 @@ def _gpus(session: Session, request: dict, stdin: Reader) -> None:
     reply(**answer)
 
 
+@answers("outputs")
 def _outputs(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import outputs
 
@@ -249,22 +287,26 @@ def _outputs(session: Session, request: dict, stdin: Reader) -> None:
                             request["max_file"], request["max_total"]))
 
 
+@answers("prune")
 def _prune(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import prune
 
     reply(**prune.prune(request["run_dir"], request["run_id"], request["node_rank"]))
 
 
+@answers("probe")
 def _probe(session: Session, request: dict, stdin: Reader) -> None:
     reply(**probes.probe())
 
 
+@answers("clock")
 def _clock(session: Session, request: dict, stdin: Reader) -> None:
     import time
 
     reply(ok=True, time=time.time())
 
 
+@answers("listen")
 def _listen(session: Session, request: dict, stdin: Reader) -> None:
     sock = probes.listener(request["port"], addr=request.get("addr"), host=request.get("host"),
                            ifname=request.get("ifname"))
@@ -276,6 +318,7 @@ def _listen(session: Session, request: dict, stdin: Reader) -> None:
     reply(ok=True, addr=str(addr), port=int(port))
 
 
+@answers("connect")
 def _connect(session: Session, request: dict, stdin: Reader) -> None:
     timeout = float(request.get("timeout", 5))
     if "targets" in request:
@@ -284,6 +327,7 @@ def _connect(session: Session, request: dict, stdin: Reader) -> None:
         reply(**probes.connect(request["addr"], request["port"], timeout))
 
 
+@answers("stacks")
 def _stacks(session: Session, request: dict, stdin: Reader) -> None:
     from ..node import stacks
 
@@ -294,18 +338,21 @@ def _stacks(session: Session, request: dict, stdin: Reader) -> None:
     reply(data, ok=True, sha256=digest(data))
 
 
+@answers("keeper")
 def _keeper(session: Session, request: dict, stdin: Reader) -> None:
     from ..kept import mailbox
 
     reply(**mailbox.state(request["run_dir"]))
 
 
+@answers("detach")
 def _detach(session: Session, request: dict, stdin: Reader) -> None:
     from ..kept import daemon
 
     reply(**daemon.start(request["spec"], request.get("listen", False)))
 
 
+@answers("down")
 def _down(session: Session, request: dict, stdin: Reader) -> None:
     from ..kept import mailbox
 
@@ -324,11 +371,5 @@ def _down(session: Session, request: dict, stdin: Reader) -> None:
           survivors=[{"pid": pid, "cmd": cmd} for pid, cmd in survivors.items()])
 
 
-# Every request but ``supervise`` and ``follow`` (``serve`` itself handles
-# those two: they take the channel over): op -> its answer, given the session. What each takes
-# and replies is declared in ``protocol.REQUESTS``, checked before it is called.
-ANSWERS = {"put": _put, "mkrun": _mkrun, "discard": _discard, "get": _get, "bind": _bind,
-           "route": _route, "torch": _torch, "gpus": _gpus, "outputs": _outputs,
-           "prune": _prune, "probe": _probe, "clock": _clock, "listen": _listen,
-           "connect": _connect, "stacks": _stacks, "keeper": _keeper, "detach": _detach,
-           "down": _down}
+if set(ANSWERS) != set(OPS):  # an op declared and not served, at import, not at its first use
+    raise LookupError(f"protocol.OPS without a handler here: {sorted(set(OPS) - set(ANSWERS))}")

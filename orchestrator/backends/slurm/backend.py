@@ -32,6 +32,7 @@ from ...plan.dryrun import ByHand
 from ...plan.model import NodePlan, RunPlan
 from ...plan.shell import shell_join
 from ...records.rundir import RunDir
+from ..base import Capabilities
 from ..scheduler.backend import (AGENT_FILE, JOB_FILE, SchedulerBackend, agent_argv, job_dir,
                                  read_capped)
 from . import ctl as slurmctl
@@ -44,10 +45,12 @@ SCRIPT_FILE = "job.sbatch"
 
 class Backend(SchedulerBackend):
     name = "slurm"
-    scheduler = "Slurm keeps the job"
-    queue = "how long a job may wait in Slurm's queue"
-    no_restarts = ("under Slurm, resubmit (the built-in workloads resume from --checkpoint "
-                   "with --resume), or use sbatch's --requeue")
+    can = Capabilities(
+        scheduler=True, scheduler_does="Slurm keeps the job",
+        queue=True, queue_wait="how long a job may wait in Slurm's queue",
+        restarts=False, instead_of_restarts=(
+            "under Slurm, resubmit (the built-in workloads resume from --checkpoint with "
+            "--resume), or use sbatch's --requeue"))
     placement = PLACEMENT
     job_key = "slurm_job"
     stops_the_rest = "srun --kill-on-bad-exit"

@@ -156,6 +156,7 @@ def realistic_exit(k: int, attempt: int, own: bool) -> dict:
     text = "RuntimeError: CUDA error: an illegal memory access — ünïcödé 数据 " * 40
     return {"event": "exit", "code": 1 if own else 143,
             "reason": "torchrun exited" if own else "stopped by the gang: node 5 failed (exit 1)",
+            "ended": "itself" if own else "stopped",
             "failures": [{"local_rank": r, "message": text + f" (train.py:{88 + r})",
                           "timestamp": 1.7e9 + attempt * 100 + (0 if own else 5) + r,
                           "error_file": f"/home/u/.ddp-orch/runs/r/node-{k}/" + "d" * 300}
@@ -206,7 +207,7 @@ def test_a_very_long_run_drops_its_oldest_attempts_first():
     from orchestrator.agent.kept.attempts import fit_attempts
 
     records = [{"attempt": a, "master_port": a, "state": "failed", "stop_reason": "x" * 400,
-                "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": []}}}
+                "nodes": {"0": {"code": 1, "reason": "torchrun exited", "ended": "itself", "failures": []}}}
                for a in range(5000)]
     kept, omitted = fit_attempts(records, budget=100_000)
     assert len(json.dumps(kept, separators=(",", ":"))) <= 100_000
@@ -224,7 +225,7 @@ def test_the_last_n_lines_are_the_programs_not_the_agents_control_lines(tmp_path
     path = tmp_path / "agent.out"
     beat = encode({"event": "heartbeat", "progress": {}})
     path.write_bytes(b"one\ntwo\n" + beat + b"three\n" + beat + beat + b"four\n"
-                       + encode({"event": "exit", "code": 0, "reason": "torchrun exited",
+                       + encode({"event": "exit", "code": 0, "reason": "torchrun exited", "ended": "itself",
                                  "failures": [], "last_lines": [], "duration_s": 1.0})
                        + encode({"event": "finished", "code": 0, "state": "succeeded"}))
     with open(path, "rb") as fh:
@@ -278,7 +279,7 @@ class LeftOver:
         self.exited = threading.Event()
         self.exited.set()
         self.workers_started = False
-        self.last_exit = {"code": 1, "reason": "torchrun exited", "failures": [],
+        self.last_exit = {"code": 1, "reason": "torchrun exited", "ended": "itself", "failures": [],
                           "last_lines": [], "duration_s": 3.0, "survivors": list(SURVIVORS)}
 
     def run(self) -> None:
@@ -350,9 +351,9 @@ def test_the_head_decides_a_restart_only_once_every_surviving_node_has_ended(tmp
 
     monkeypatch.setattr(head_module, "time", FakeClock())
     head = head_module.Head(KeeperSpec.from_dict(keeper_specs(tmp_path, 3)[0]))
-    stopped = {"code": 143, "reason": "got SIGTERM", "failures": []}
+    stopped = {"code": 143, "reason": "got SIGTERM", "ended": "signal", "failures": []}
     head.ended = {1: stopped}
-    late = {"code": 1, "reason": "torchrun exited", "failures": []}
+    late = {"code": 1, "reason": "torchrun exited", "ended": "itself", "failures": []}
 
     def node_2_reports() -> None:
         with head.lock:  # held by the head until it waits for the others
@@ -363,9 +364,9 @@ def test_the_head_decides_a_restart_only_once_every_surviving_node_has_ended(tmp
 
     reporter = threading.Thread(target=node_2_reports, daemon=True)
     reporter.start()
-    ended = head._await_ended(0, {"code": 0, "reason": "torchrun exited", "failures": []})
+    ended = head._await_ended(0, {"code": 0, "reason": "torchrun exited", "ended": "itself", "failures": []})
     reporter.join(10)
-    assert ended == {0: {"code": 0, "reason": "torchrun exited", "failures": []},
+    assert ended == {0: {"code": 0, "reason": "torchrun exited", "ended": "itself", "failures": []},
                      1: stopped, 2: late}
 
 

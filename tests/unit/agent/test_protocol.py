@@ -12,8 +12,10 @@ from orchestrator.agent.wire.protocol import MESSAGES, Event, ProtocolError, dec
 from noderecords import GOOD_PART
 
 
-def test_every_message_is_an_event_by_name_and_every_event_a_declared_message():
-    assert sorted(e.value for e in Event) == sorted(MESSAGES)
+def test_every_message_is_declared_by_its_event_and_every_event_a_declared_message():
+    assert list(MESSAGES) == list(Event)  # keyed by the enum, one entry each
+    with pytest.raises(ProtocolError, match="unknown control message"):
+        validate({"event": "EXIT"})  # a member's name is not its word
 
 
 def test_a_message_is_built_as_its_receiver_checks_it():
@@ -48,17 +50,26 @@ def test_an_exit_event_with_a_time_that_is_no_time_is_malformed(field, value):
 
 
 def test_every_request_the_agent_serves_is_declared_once_and_described():
-    """``REQUESTS`` is the one list of ops: ``serve`` answers exactly those
-    (``supervise`` and ``follow`` in its loop, every other in ``ANSWERS``),
-    and its docstring's table describes each of them."""
+    """``OPS`` is the one list of ops: ``serve`` binds one handler to each
+    (``supervise`` and ``follow`` too), and its docstring's table describes
+    each of them."""
     import re
 
     from orchestrator.agent.wire import serve
-    from orchestrator.agent.wire.protocol import REQUESTS
+    from orchestrator.agent.wire.protocol import OPS
 
-    assert sorted([*serve.ANSWERS, "follow", "supervise"]) == sorted(REQUESTS)
+    assert sorted(serve.ANSWERS) == sorted(OPS)
     described = re.findall(r"^``(\w+)``  ", serve.__doc__, re.M)
-    assert sorted(described) == sorted(REQUESTS)
+    assert sorted(described) == sorted(OPS)
+
+
+def test_a_handler_binds_only_to_a_declared_op_and_only_once():
+    from orchestrator.agent.wire import serve
+
+    for op in ("rm", "put"):  # undeclared; declared and bound already
+        with pytest.raises(LookupError, match=repr(op)):
+            serve.answers(op)(lambda session, request, stdin: None)
+    assert serve.ANSWERS["put"].__name__ == "_put"
 
 
 def test_a_request_is_built_as_the_agent_checks_it():

@@ -14,7 +14,8 @@ import pytest
 from conftest import ROOT
 from orchestrator.agent.node.spec import SpecError, SupervisorSpec
 from orchestrator.agent.wire.owner import Holder, Owner
-from orchestrator.agent.wire.protocol import (CONTROL_PREFIX, Control, decode, encode,
+from orchestrator.agent.wire.protocol import (CONTROL_PREFIX, Control, Ended, ProtocolError,
+                                              decode, encode,
                                               exit_event, request)
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.engine.nodehandle import supervisor_spec
@@ -104,9 +105,11 @@ def test_an_agent_given_a_bad_spec_ends_the_run_with_an_exit_event_that_says_why
 
 
 def test_the_one_exit_event_is_a_valid_protocol_message():
-    event = exit_event(3, "torchrun exited", duration_s=1.5, last_lines=["boom"],
+    event = exit_event(3, "torchrun exited", Ended.ITSELF, duration_s=1.5, last_lines=["boom"],
                        failures=[{"local_rank": 0, "message": "x", "timestamp": 5.0,
                                   "error_file": None}],
                        survivors=[{"pid": 12, "cmd": "python x.py"}], setup_failed=False)
     assert decode(encode(event)) == event
-    assert exit_event(0, "torchrun exited", duration_s=0)["stopped_at"] is None
+    assert exit_event(0, "torchrun exited", Ended.ITSELF, duration_s=0)["stopped_at"] is None
+    with pytest.raises(ProtocolError, match="exit message: bad or missing 'ended'"):
+        decode(encode({**event, "ended": "torchrun exited"}))  # a cause is a word of Ended

@@ -15,8 +15,8 @@ import pytest
 
 from fakes import QuietChannel
 from orchestrator.agent.wire.owner import Holder, Owner
-from orchestrator.agent.wire.protocol import Control, encode
-from orchestrator.backends.base import LaunchBackend
+from orchestrator.agent.wire.protocol import Control, Ended, encode, exit_event
+from orchestrator.backends.base import Capabilities, LaunchBackend
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.errors import Signalled
 from orchestrator.config.loader import load_cluster_text
@@ -30,9 +30,8 @@ from orchestrator.records.rundir import RunDir
 RESULT = {"loss": 0.25}
 
 
-def exit_event(code: int, reason: str = "torchrun exited") -> bytes:
-    return encode({"event": "exit", "code": code, "reason": reason, "duration_s": 0.1,
-                   "last_lines": [], "failures": []})
+def exit_line(code: int, reason: str = "torchrun exited", ended: Ended = Ended.ITSELF) -> bytes:
+    return encode(exit_event(code, reason, ended, duration_s=0.1))
 
 
 class FakeAgent(QuietChannel):
@@ -60,12 +59,12 @@ class FakeAgent(QuietChannel):
         self.emit(f"[rank{spec.first_rank}]: training\n".encode()
                   + encode({"event": "started", "workers": spec.nproc}))
         if self.code is not None:
-            threading.Timer(self.after_s, self.emit, (exit_event(self.code),)).start()
+            threading.Timer(self.after_s, self.emit, (exit_line(self.code),)).start()
 
     def send_control(self, word: Control, reason: str = "") -> None:
         self.sent.append(word)
         if word in (Control.STOP, Control.KILL) and not self.ended:
-            self.emit(exit_event(143, reason or "got SIGTERM"))
+            self.emit(exit_line(143, reason or "stopped by the controller", Ended.STOPPED))
 
     def read_chunk(self, size: int) -> bytes:
         return self.chunks.get(timeout=10)
@@ -104,7 +103,7 @@ class FakeBackend(LaunchBackend):
         self.codes = codes
         self.after_s = 0.0
         if scheduled:  # a scheduler's backend: its job owns the run (``owner``)
-            self.scheduler = "the fake queue keeps the job"
+            self.can = Capabilities(scheduler=True, scheduler_does="the fake queue keeps the job")
         self.calls: list[str] = []
         self.agents: dict[int, FakeAgent] = {}
 

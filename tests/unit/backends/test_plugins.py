@@ -80,8 +80,8 @@ def test_a_plugin_that_fits_is_the_backend_a_file_names(plugins):
 
 @pytest.mark.parametrize("name, said", [
     ("old", "backend 'old' (plug-old 2.0 (plug.old:Backend)) was built for backend interface "
-            "0; this ddp-orch has interface 1"),
-    ("silent", "was built for backend interface None; this ddp-orch has interface 1"),
+            "0; this ddp-orch has interface 2"),
+    ("silent", "was built for backend interface None; this ddp-orch has interface 2"),
     ("broken", "backend 'broken' (plug-broken 2.0 (plug.broken:Backend)) could not be loaded: "
                "ImportError: No module named 'plug'"),
     ("notaclass", "is not a LaunchBackend class"),

@@ -1,6 +1,6 @@
 """The registry is the one list of backend names: the CLI, the plan, the
 engine, the controller, the reports and the node agent ask a backend class
-(``LaunchBackend``'s capabilities) or read what it wrote, never its name."""
+(``LaunchBackend.can``, its ``Capabilities``) or read what it wrote, never its name."""
 
 import ast
 import os
@@ -40,7 +40,21 @@ def test_no_backend_name_or_scheduler_variable_is_written_outside_the_backends(p
 
 
 def test_each_capability_is_declared_by_the_backend_that_has_it():
-    assert backends_with(lambda cls: bool(cls.queue)) == ["slurm"]
-    assert backends_with(lambda cls: not cls.no_restarts) == ["local", "ssh"]
-    assert backends_with(lambda cls: cls.this_machine) == ["local"]
-    assert backends_with(lambda cls: bool(cls.scheduler)) == ["slurm"]
+    assert backends_with(lambda can: can.queue) == ["slurm"]
+    assert backends_with(lambda can: can.restarts) == ["local", "ssh"]
+    assert backends_with(lambda can: can.this_machine) == ["local"]
+    assert backends_with(lambda can: can.scheduler) == ["slurm"]
+
+
+@pytest.mark.parametrize("facts, words", [
+    ({"scheduler": True}, "scheduler_does"), ({"queue": True}, "queue_wait"),
+    ({"restarts": False}, "instead_of_restarts")])
+def test_a_capability_a_user_is_told_about_is_refused_without_its_words(facts, words):
+    """A fact is read as a fact, never from its words; so a backend that
+    says it has a queue must say what the queue's wait is, or a refusal
+    would read "only the slurm or  backend has a queue"."""
+    from orchestrator.backends.base import Capabilities
+
+    with pytest.raises(TypeError, match=f"say {words}"):
+        Capabilities(**facts)
+    assert Capabilities(**facts, **{words: "in words"})

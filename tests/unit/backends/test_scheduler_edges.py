@@ -844,9 +844,9 @@ def test_a_detached_jobs_end_is_read_from_the_exit_events_its_agents_recorded(tm
     record = recorded(tmp_path)
     record.run.write_plan({"nodes": [{"node_rank": 0, "ranks": [0, 1]},
                                      {"node_rank": 1, "ranks": [2, 3]}]})
-    stopped = {"event": "exit", "code": 1, "reason": "got SIGTERM", "failures": [],
+    stopped = {"event": "exit", "code": 1, "reason": "got SIGTERM", "ended": "signal", "failures": [],
                "stopped_at": 1999.0, "last_lines": [], "survivors": [], "duration_s": 9.0}
-    failed = {**stopped, "reason": "torchrun exited", "stopped_at": None, "failures": [
+    failed = {**stopped, "reason": "torchrun exited", "ended": "itself", "stopped_at": None, "failures": [
         {"local_rank": 1, "message": "RuntimeError: boom (train.py:3)", "timestamp": 1990.0,
          "error_file": None}]}
     supervisor(record, 0, json_.dumps({"exit_code": 1, "exit": stopped}), 2001.0)

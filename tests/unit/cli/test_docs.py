@@ -234,7 +234,7 @@ def test_the_owner_rules_are_one_table_that_quotes_the_dry_run():
     for name in BACKENDS:
         cls = backend_class(name)
         for detach in (False, True):
-            for restarts in ((0, 1) if not cls.no_restarts else (0,)):
+            for restarts in ((0, 1) if cls.can.restarts else (0,)):
                 owner, words = cls(LaunchOptions(detach=detach, max_restarts=restarts)).owner()
                 lines.add(f'"{owner}: {words}"')
     assert len(lines) == 5  # controller, keepers (attached, detached), scheduler (both)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from orchestrator.agent.wire.protocol import Control, encode, exit_event
+from orchestrator.agent.wire.protocol import Control, Ended, encode, exit_event
 from orchestrator.backends.slurm import ctl as slurmctl
 from orchestrator.backends.scheduler import job as slurmjob
 from orchestrator.backends.slurm import Backend as SlurmBackend
@@ -107,7 +107,7 @@ def test_a_node_handle_steers_its_node_with_control_words_through_the_channel(tm
     handle.ping()
     assert channel.sent[-1] is Control.KILL
     channel.feed(b"a line\n" + encode(exit_event(137, "killed by the controller",
-                                                 duration_s=1.0)) + b"after the exit\n")
+                                                 Ended.STOPPED, duration_s=1.0)) + b"after the exit\n")
     outcome = handle.finish(timeout=10)
     assert outcome.state is NodeState.STOPPED and outcome.exit_code == 137
     assert channel.left_over == b"after the exit\n"  # the agent's again, unread
@@ -119,7 +119,7 @@ def test_after_the_exit_event_the_channel_is_released_with_done_by_the_channel(t
     handle = _handle(channel, tmp_path)
     handle.start(supervisor_spec(handle.launch, "r1", 29500, 5.0))
     assert handle.release() is None  # no exit event yet: the run is not over
-    channel.feed(encode(exit_event(0, "torchrun exited", duration_s=2.0)))
+    channel.feed(encode(exit_event(0, "torchrun exited", Ended.ITSELF, duration_s=2.0)))
     assert handle.finish(timeout=10).state is NodeState.SUCCEEDED
     assert handle.release() == "the agent"
     handle.abort()  # the run is over: nothing to cut

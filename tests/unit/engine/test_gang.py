@@ -19,7 +19,8 @@ import time as real_time
 
 import pytest
 
-from orchestrator.agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, Control, encode
+from orchestrator.agent.wire.protocol import (HEARTBEAT_S, PEER_TIMEOUT_S, Control, Ended, encode,
+                                            exit_event)
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.console import Console
 from orchestrator.engine import gang as gang_module
@@ -34,9 +35,8 @@ from orchestrator.records.rundir import RunDir
 from fakes import FakeClock, QuietChannel
 
 
-def exit_line(code: int, reason: str) -> bytes:
-    return encode({"event": "exit", "code": code, "reason": reason, "duration_s": 0.1,
-                   "last_lines": [], "failures": []})
+def exit_line(code: int, reason: str, ended: Ended) -> bytes:
+    return encode(exit_event(code, reason, ended, duration_s=0.1))
 
 
 class GangClock(FakeClock):
@@ -128,10 +128,10 @@ class FakeNode(QuietChannel):
             self.buffer.append(data)
             self.cond.notify_all()
 
-    def end(self, code: int, reason: str) -> None:
+    def end(self, code: int, reason: str, ended: Ended = Ended.STOPPED) -> None:
         if not self.ended:
             self.ended = True
-            self.emit(exit_line(code, reason))
+            self.emit(exit_line(code, reason, ended))
 
     def due(self, now: float) -> None:
         if self.ended:
@@ -139,7 +139,7 @@ class FakeNode(QuietChannel):
         while self.script and self.script[0][0] <= now:
             self.emit(self.script.pop(0)[1])
         if self.exit_at is not None and self.exit_at[0] <= now:
-            self.end(self.exit_at[1], "torchrun exited")
+            self.end(self.exit_at[1], "torchrun exited", Ended.ITSELF)
             return
         while self.next_beat <= now:
             self.emit(encode({"event": "heartbeat"}))
@@ -177,7 +177,7 @@ class FakeNode(QuietChannel):
         if word is Control.KILL:
             self.end(137, "killed")
         elif word is Control.STOP and not self.ignores_stop:
-            self.end(143, "got SIGTERM")
+            self.end(143, "got SIGTERM", Ended.SIGNAL)
 
     def at(self, word: Control) -> list[float]:
         return [t for w, t in self.sent if w is word]
@@ -269,7 +269,7 @@ def test_a_node_silent_just_before_another_fails_is_lost_at_once_as_the_root_cau
     the moment its silence reaches the timeout, named as silent, and is the
     root cause: its silence began before node 0's failure."""
     frozen = FakeNode(clock)
-    cascade = encode({"event": "exit", "code": 1, "reason": "torchrun exited",
+    cascade = encode({"event": "exit", "code": 1, "reason": "torchrun exited", "ended": "itself",
                       "duration_s": 0.1, "last_lines": [], "failures": [
                           {"local_rank": 0, "timestamp": clock.time() + 39.4,
                            "message": "RuntimeError: [../gloo/transport/tcp/pair.cc:534] "
@@ -282,7 +282,7 @@ def test_a_node_silent_just_before_another_fails_is_lost_at_once_as_the_root_cau
             original(now)
 
     frozen.due = due
-    frozen.end = lambda code, reason: None  # frozen: it hears no stop, and says nothing
+    frozen.end = lambda code, reason, ended=None: None  # frozen: it hears no stop, and says nothing
     outcome = start_gang(tmp_path, clock, [other, frozen], grace_s=10.0).run()
     assert outcome.nodes[1].state is NodeState.LOST, outcome.nodes[1]
     assert outcome.nodes[1].reason.startswith(f"nothing from the node for {PEER_TIMEOUT_S:g}s")
@@ -378,7 +378,7 @@ def test_a_node_that_hears_neither_stop_nor_kill_is_cut_off_and_left_alone_after
     own code); being unreachable, nothing more is asked of it after the run
     (the fetch and the sweep each waited out 5 s of connect timeout there)."""
     frozen = FakeNode(clock)
-    frozen.end = lambda code, reason: None  # hears no stop and no kill, says nothing
+    frozen.end = lambda code, reason, ended=None: None  # hears no stop and no kill, says nothing
     failing = FakeNode(clock, exit_at=(2.0, 1))
     gang = start_gang(tmp_path, clock, [failing, frozen], grace_s=3.0)
     outcome = gang.run()

@@ -12,7 +12,7 @@ from keepers import _plan
 def test_the_recorded_attempts_read_back_as_outcomes():
     recorded = [{"attempt": 0, "master_port": 1, "state": "failed", "restart": "",
                  "no_restart": "node 0 failed with ImportError before the first step",
-                 "nodes": {"0": {"code": 1, "reason": "torchrun exited", "failures": [
+                 "nodes": {"0": {"code": 1, "reason": "torchrun exited", "ended": "itself", "failures": [
                      {"local_rank": 0, "message": "ImportError: x", "timestamp": 1.0,
                       "error_file": None}], "last_lines": []},
                      "1": {"lost": "the link closed"}}}]
@@ -74,7 +74,7 @@ def test_a_finished_detached_run_is_what_node_0_recorded_and_bad_fields_are_note
                  "no_restart": "", "stop_reason": "", "nodes": {
                      "0": {"code": 143, "reason": "stopped", "failures": [], "last_lines": [],
                            "duration_s": 1.0, "stop_asked": True},
-                     "1": {"code": 1, "reason": "torchrun exited", "failures": [
+                     "1": {"code": 1, "reason": "torchrun exited", "ended": "itself", "failures": [
                          {"local_rank": 0, "message": "ValueError: boom", "timestamp": 5.0,
                           "error_file": None}], "last_lines": [], "duration_s": 1.0}}}]
     replies = {0: {"ok": True, "alive": False, "now": 1.0,

@@ -17,7 +17,7 @@ from orchestrator.records.outcome import NodeState
 from orchestrator.records.rundir import RunDir
 from orchestrator.engine.nodehandle import _failure_reason
 
-EXIT = {"event": "exit", "code": 1, "reason": "torchrun exited", "duration_s": 1.5,
+EXIT = {"event": "exit", "code": 1, "reason": "torchrun exited", "ended": "itself", "duration_s": 1.5,
         "last_lines": ["boom"], "failures": [
             {"local_rank": 0, "message": "RuntimeError: x", "timestamp": 5, "error_file": None}]}
 

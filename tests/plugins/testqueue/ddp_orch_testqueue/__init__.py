@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from orchestrator.agent.node.jobfile import Placement
+from orchestrator.backends.base import Capabilities
 from orchestrator.backends.scheduler.backend import SchedulerBackend, agent_argv, job_dir
 from orchestrator.engine.preflight import CheckResult, Preflight
 
@@ -60,10 +61,11 @@ class QueueState:
 
 class Backend(SchedulerBackend):
     name = "testqueue"
-    interface = 1  # the ddp-orch backend interface this was built for
-    scheduler = "the test queue keeps the job"
-    queue = "how long a job may wait in the test queue"
-    no_restarts = "the test queue reruns nothing; submit again"
+    interface = 2  # the ddp-orch backend interface this was built for
+    can = Capabilities(scheduler=True, scheduler_does="the test queue keeps the job",
+                       queue=True, queue_wait="how long a job may wait in the test queue",
+                       restarts=False,
+                       instead_of_restarts="the test queue reruns nothing; submit again")
     placement = Placement(scheduler="TestQueue", node_name="TESTQUEUE_NODENAME",
                           node_index="TESTQUEUE_NODEID", gpus="TESTQUEUE_GPUS",
                           whole_node="a node of your own")
