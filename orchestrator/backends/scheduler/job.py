@@ -132,10 +132,14 @@ class Job:
             self.refresh()
 
     def wait_ended(self, timeout_s: float) -> bool:
+        """Whether the job has left the queue within ``timeout_s``: asked at
+        once (the nodes' exit events usually come as it ends), then every 0.1 s."""
         deadline = time.monotonic() + timeout_s
-        while not self.ended and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while not self.ended:
             self.refresh()
+            if self.ended or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         return self.ended
 
     def cancel(self, signal: str | None = None) -> None:

@@ -97,13 +97,16 @@ def test_a_cancel_is_sent_once_per_kind_and_a_plain_one_is_term():
     assert over.scheduler.cancels == []  # nothing left to cancel
 
 
-def test_waiting_for_the_end_looks_every_tenth_of_a_second_until_the_timeout(clock):
+def test_waiting_for_the_end_looks_at_once_then_every_tenth_of_a_second_until_the_timeout(
+        clock):
     job = Job("7", FakeScheduler(states=[RUNNING]), poll=False)
     assert job.wait_ended(1.0) is False and clock.now == 1001.0
     backend = FakeScheduler(states=[RUNNING, RUNNING, DONE])
     job = Job("7", backend, poll=False)
-    assert job.wait_ended(1.0) is True and clock.now == 1001.3  # ended at the third look
-    assert job.wait_ended(1.0) is True and clock.now == 1001.3  # over: no look
+    assert job.wait_ended(1.0) is True and clock.now == 1001.2  # ended at the third look
+    assert job.wait_ended(1.0) is True and clock.now == 1001.2  # over: no look
+    ended = Job("7", FakeScheduler(states=[DONE]), poll=False)
+    assert ended.wait_ended(1.0) is True and clock.now == 1001.2  # gone at the first look
 
 
 def test_a_streams_wait_is_the_jobs_and_its_end_is_lost_without_a_word(clock):
