@@ -88,7 +88,7 @@ def recorded_dryrun(record: RunRecord) -> DryRun:
     from ..plan.render import dryrun_from_dict
 
     data = record.run.plan()
-    try:  # the record's owner: the same, but one read from before owners knows its backend
+    try:  # the owner as the run's record says it (the plan's says the same)
         return replace(dryrun_from_dict(data), owner=record.owner)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LaunchError(f"run {record.run_id} has no readable plan.json ({exc}); it never "

@@ -120,7 +120,6 @@ def dryrun_to_dict(info: DryRun) -> dict[str, Any]:
     plan = info.plan
     return {
         "backend": info.backend, "owner": info.owner.to_json(),
-        "liveness": info.owner.liveness(info.backend),
         "max_restarts": info.max_restarts,
         "run_id": plan.run_id, "name": plan.name, "world_size": plan.world_size,
         "master_addr": plan.master_addr, "master_port": plan.master_port,
@@ -197,9 +196,7 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
                    outputs=tuple(map(str, data.get("outputs") or ())))
     return DryRun(backend=plan.backend, plan=plan, nodes=tuple(nodes),
                   extras=dict(data.get("extras") or {}),
-                  # before owners, the word (``recorded_dryrun`` takes the record's owner)
-                  owner=Owner.from_json(data["owner"]) if "owner" in data
-                  else Owner.from_liveness(data.get("liveness")),
+                  owner=Owner.from_json(data["owner"]),
                   max_restarts=int(data.get("max_restarts", 0)))
 
 

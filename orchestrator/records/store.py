@@ -133,6 +133,7 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
     else:
         wall = max(0.0, ended - running_since) if running_since is not None else None
     payload: dict[str, Any] = {
+        "version": RECORD_VERSION,
         "run_id": run_id, "backend": backend, "state": state.value, "started": started,
         "owner": owner.to_json(),
         "controller_pid": os.getpid(),
@@ -265,6 +266,9 @@ def read_record(run: RunDir) -> RunRecord | None:
         return damaged(run, f"cannot be read: {exc}")
     if not isinstance(data, dict):
         return damaged(run, f"holds a {type(data).__name__}, not a run's record")
+    version = data.get("version", RECORD_VERSION if "owner" in data else 1)
+    if version != RECORD_VERSION:
+        return other_version(run, version, data)
     try:
         state = RunState(data.get("state"))
         pid = data.get("controller_pid")
@@ -273,8 +277,7 @@ def read_record(run: RunDir) -> RunRecord | None:
         started = data.get("started")
         root = data.get("root_cause")
         backend = str(data.get("backend", "ssh"))
-        owner = Owner.from_json(data["owner"]) if "owner" in data else Owner.from_liveness(
-            data.get("rule"), scheduler=backend in _SCHEDULERS_BEFORE_OWNERS)
+        owner = Owner.from_json(data["owner"])
         record = RunRecord(
             run_id=os.path.basename(run.path), run=run, state=state,
             backend=backend, started=started,
@@ -310,6 +313,11 @@ def read_record(run: RunDir) -> RunRecord | None:
         return damaged(run, str(exc) or type(exc).__name__, data)
 
 
+# The shape of ``state.json``. 1: before run owners (a ``rule`` word); 2: an
+# ``owner`` and this field. A record of another version is listed, never guessed at.
+RECORD_VERSION = 2
+
+
 def damaged(run: RunDir, why: str, data: Mapping[str, Any] | None = None) -> RunRecord:
     """A run whose ``state.json`` cannot be read, as ``ps`` lists it: its
     id, the backend if the record still says one, when the record was last
@@ -325,10 +333,19 @@ def damaged(run: RunDir, why: str, data: Mapping[str, Any] | None = None) -> Run
                      error=f"its record is damaged: {STATE_FILE} {why}"[:500])
 
 
-# Runs recorded before owners (``agent/wire/owner.py``) said ``rule``, a word
-# that does not tell a detached Slurm job from a detached run its keepers hold;
-# Slurm was the only scheduler then. A record names its backend; this reads it.
-_SCHEDULERS_BEFORE_OWNERS = frozenset({"slurm"})
+def other_version(run: RunDir, version: Any, data: Mapping[str, Any]) -> RunRecord:
+    """A run recorded by a ddp-orch whose records this one does not read, as
+    ``ps`` lists it: ``damaged``, saying which version wrote it and what to
+    do, never read as a guess of what it meant."""
+    older = isinstance(version, int) and not isinstance(version, bool) \
+        and version < RECORD_VERSION
+    said = (f"recorded by an older ddp-orch (record version {version}"
+            + (", before run owners" if version == 1 else "") + ")" if older else
+            f"recorded by a newer ddp-orch (record version {str(version)[:20]})")
+    record = damaged(run, "", data)
+    return replace(record, error=(
+        f"{said}; this ddp-orch reads version {RECORD_VERSION}: run `ddp-orch ps`, `status` "
+        "or `down` with the ddp-orch that wrote it"))
 
 
 def _number(value: Any) -> float | None:

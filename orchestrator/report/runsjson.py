@@ -23,7 +23,7 @@ from .gpus import node_gpus
 from .pace import marked
 from .runs import live_progress, next_step
 
-VERSION = 1
+VERSION = 2
 _EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.INTERRUPTED: 130}
 
 
@@ -63,7 +63,6 @@ def run_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
         "state": record.state.value,
         "backend": record.backend or None,
         "owner": record.owner.to_json(),
-        "liveness": record.owner.liveness(record.backend),  # the word before owners
         "started": record.started,
         "ended": record.ended,
         "waited_s": record.waited_s,

@@ -20,7 +20,8 @@ def schema(name: str) -> dict:
 def record(runs_dir, run_id: str, started: float, state: str = "succeeded") -> None:
     run = RunDir.create(str(runs_dir), run_id)
     with open(run.file("state.json"), "w", encoding="utf-8") as fh:
-        json.dump({"run_id": run_id, "backend": "local", "state": state, "started": started,
+        json.dump({"version": 2, "run_id": run_id, "backend": "local", "state": state,
+                   "owner": {"holder": "controller", "detached": False}, "started": started,
                    "ended": started + 2, "wall_s": 2.0, "nodes": []}, fh)
 
 

@@ -103,7 +103,8 @@ def test_a_detached_run_goes_on_without_its_controller_restarts_and_attach_follo
     assert state["owner"] == {"holder": "keepers", "detached": True}
     assert state["state"] == "running"
     plan = json.loads((tmp_path / "runs" / "det" / "plan.json").read_text())
-    assert plan["liveness"] == "detached" and plan["max_restarts"] == 1
+    assert plan["owner"] == {"holder": "keepers", "detached": True} \
+        and plan["max_restarts"] == 1
 
     status = cli(env, tmp_path, "status", "det")
     assert " running " in status.stdout.splitlines()[1], status.stdout
@@ -396,8 +397,8 @@ def test_a_sigkilled_controller_still_ends_an_attached_run_with_restarts(ssh_lab
     proc = start_cli("up", cluster, "--run-id", "att", "--runs-dir", str(tmp_path / "runs"),
                      "--grace", "3", "--max-restarts", "2", env=env)
     wait_for_lines(proc, "step 3 attempt 0", 2)  # every rank
-    assert json.loads((tmp_path / "runs" / "att" / "plan.json").read_text())["liveness"] \
-        == "attached"
+    assert json.loads((tmp_path / "runs" / "att" / "plan.json").read_text())["owner"] \
+        == {"holder": "keepers", "detached": False}
     # (that the controller's pings keep a follower content past the peer
     # timeout: test_keeper.py's test_pings_keep_a_follower_past_the_peer_timeout...)
     assert keeper(tmp_path, "att", 0)["state"] == "running" and run_pids("att")

@@ -85,14 +85,6 @@ class Owner:
         job's) must be refused for this run; "" when ``holder`` owns it."""
         return "" if self.holder is holder else f"the run's owner is {self}, not the {holder}"
 
-    def liveness(self, backend: str) -> str:
-        """The word of the ``liveness`` field documented before owners
-        (``docs/runs-json.md``): ``attached``, ``detached``, or a
-        scheduler backend's name."""
-        if self.detached:
-            return "detached"
-        return backend if self.holder is Holder.SCHEDULER else "attached"
-
     def __str__(self) -> str:
         return f"{self.holder.value}, detached" if self.detached else self.holder.value
 
@@ -111,15 +103,3 @@ class Owner:
         if not isinstance(detached, bool):
             raise OwnerError(f"'detached' is {detached!r}: true or false")
         return cls(Holder(holder), detached)
-
-    @classmethod
-    def from_liveness(cls, word: str | None, scheduler: bool = False) -> Owner:
-        """The owner of a run recorded before owners, from its ``liveness``
-        word (``rule`` in ``state.json``): ``attached`` (or none), ``detached``,
-        or a scheduler backend's name. ``scheduler``: the run's backend was a
-        scheduler's, which ``detached`` alone does not say."""
-        if word not in (None, "", "attached", "detached"):
-            return cls(Holder.SCHEDULER)
-        if word == "detached":
-            return cls(Holder.SCHEDULER if scheduler else Holder.KEEPERS, detached=True)
-        return cls(Holder.SCHEDULER) if scheduler else cls()

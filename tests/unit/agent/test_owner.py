@@ -40,18 +40,17 @@ def test_each_backend_decides_through_the_one_function(name, options, owner):
     assert backend_class(name)(options).owner()[0] == owner
 
 
-@pytest.mark.parametrize("owner, ends, silence, word", [
-    (Owner(C), True, True, "attached"),
-    (Owner(K), True, False, "attached"),
-    (Owner(K, detached=True), False, False, "detached"),
-    (Owner(S), False, False, "slurm"),
-    (Owner(S, detached=True), False, False, "detached"),
+@pytest.mark.parametrize("owner, ends, silence", [
+    (Owner(C), True, True),
+    (Owner(K), True, False),
+    (Owner(K, detached=True), False, False),
+    (Owner(S), False, False),
+    (Owner(S, detached=True), False, False),
 ])
-def test_what_each_owner_means(owner, ends, silence, word):
-    """Whether the run stops with its controller, whether a node's silence
-    is a loss, and the ``liveness`` word ``ps --json`` kept from before."""
-    assert (owner.ends_with_controller, owner.peer_timeout_applies,
-            owner.liveness("slurm")) == (ends, silence, word)
+def test_what_each_owner_means(owner, ends, silence):
+    """Whether the run stops with its controller, and whether a node's
+    silence is a loss."""
+    assert (owner.ends_with_controller, owner.peer_timeout_applies) == (ends, silence)
 
 
 def test_an_owner_crosses_the_wire_unchanged_and_a_bad_one_is_named():
@@ -68,12 +67,3 @@ def test_an_owner_crosses_the_wire_unchanged_and_a_bad_one_is_named():
                        ({"holder": "controller", "detached": True}, "cannot be detached")]:
         with pytest.raises(OwnerError, match=named.replace("{", r"\{").replace("}", r"\}")):
             Owner.from_json(bad)
-
-
-@pytest.mark.parametrize("word, scheduler, owner", [
-    (None, False, Owner(C)), ("attached", False, Owner(C)),
-    ("detached", False, Owner(K, detached=True)), ("detached", True, Owner(S, detached=True)),
-    ("slurm", True, Owner(S)), ("pbs", False, Owner(S)),
-])
-def test_a_liveness_word_from_before_owners_reads_as_the_owner_it_meant(word, scheduler, owner):
-    assert Owner.from_liveness(word, scheduler=scheduler) == owner

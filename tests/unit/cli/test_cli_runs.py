@@ -93,13 +93,14 @@ def test_the_run_schemas_are_valid_and_status_holds_every_key_of_a_ps_run():
         "starting, pending (a scheduler's job waiting in its queue) and running are live")
 
 
-def _run_with_logs(runs, run_id: str, started: float, rule: str = "attached") -> None:
+def _run_with_logs(runs, run_id: str, started: float, detached: bool = False) -> None:
     """A recorded run of two nodes (ranks 0-1 on node 0, 2-3 on node 1)
     with a log each: rank lines and torchrun's own unprefixed lines."""
     record(runs, run_id, started)
     run = runs / run_id
     state = json.loads((run / "state.json").read_text())
-    state.update(rule=rule, nodes=[{"node_rank": k, "host": f"h{k}", "run_dir": f"/r/{k}"}
+    state.update(owner={"holder": "keepers" if detached else "controller",
+                        "detached": detached}, nodes=[{"node_rank": k, "host": f"h{k}", "run_dir": f"/r/{k}"}
                                    for k in (0, 1)])
     (run / "state.json").write_text(json.dumps(state))
     (run / "plan.json").write_text(json.dumps({"world_size": 4, "nodes": [
@@ -113,7 +114,7 @@ def _run_with_logs(runs, run_id: str, started: float, rule: str = "attached") ->
 def test_status_logs_and_attach_without_a_run_id_take_the_latest_and_say_which(tmp_path):
     runs = tmp_path / "runs"
     now = time.time()
-    _run_with_logs(runs, "older-detached", now - 60, rule="detached")
+    _run_with_logs(runs, "older-detached", now - 60, detached=True)
     _run_with_logs(runs, "newest", now)
     _run_with_logs(runs, "oldest", now - 120)
     env = clean_env(tmp_path)
@@ -265,7 +266,7 @@ def test_logs_of_a_detached_run_that_ended_unwatched_say_the_rest_is_on_its_node
     logs home, ``logs`` said nothing, and a run that went on for hours
     looked as if it stopped at its first minute."""
     runs = tmp_path / "runs"
-    _run_with_logs(runs, "away", time.time(), rule="detached")
+    _run_with_logs(runs, "away", time.time(), detached=True)
     state = json.loads((runs / "away" / "state.json").read_text())
     (runs / "away" / "state.json").write_text(json.dumps({**state, "results_home": False}))
     env = clean_env(tmp_path)

@@ -188,11 +188,6 @@ _DETACHED_JOB = {"holder": "scheduler", "detached": True}
     ({"owner": _JOB}, RunState.RUNNING, False),
     ({"owner": _DETACHED}, RunState.RUNNING, True),
     ({"owner": _DETACHED_JOB}, RunState.RUNNING, True),
-    # recorded before owners: the ``rule`` word, and the backend it names
-    ({"rule": "attached"}, RunState.INTERRUPTED, False),
-    ({"rule": "slurm", "backend": "slurm"}, RunState.RUNNING, False),
-    ({"rule": "detached"}, RunState.RUNNING, True),
-    ({"rule": "detached", "backend": "slurm"}, RunState.RUNNING, True),
 ])
 def test_only_an_attached_run_ends_with_its_dead_controller(tmp_path, sleeper, written, state,
                                                             detached):
@@ -213,19 +208,31 @@ def test_only_an_attached_run_ends_with_its_dead_controller(tmp_path, sleeper, w
     assert kept_without_controller(record) is (state is RunState.RUNNING)
 
 
-@pytest.mark.parametrize("written, owner", [
-    ({"rule": "attached", "backend": "ssh"}, Owner()),
-    ({"backend": "local"}, Owner()),  # older still: no word at all
-    ({"rule": "detached", "backend": "ssh"}, Owner(Holder.KEEPERS, detached=True)),
-    ({"rule": "slurm", "backend": "slurm"}, Owner(Holder.SCHEDULER)),
-    ({"rule": "detached", "backend": "slurm"}, Owner(Holder.SCHEDULER, detached=True)),
+_V1 = "record version 1, before run owners"
+
+
+@pytest.mark.parametrize("written, said", [
+    ({"rule": "detached", "backend": "ssh"}, f"an older ddp-orch ({_V1})"),
+    ({"backend": "local"}, f"an older ddp-orch ({_V1})"),
+    ({"version": 3, "owner": _JOB}, "a newer ddp-orch (record version 3)"),
+    ({"version": "2", "owner": _JOB}, "a newer ddp-orch (record version 2)"),
 ])
-def test_a_run_recorded_before_owners_reads_back_with_the_owner_it_had(tmp_path, written, owner):
+def test_a_run_recorded_by_another_record_version_is_listed_with_what_to_do_not_guessed(
+        tmp_path, written, said):
+    """Before owners a ``rule`` word stood for the owner, and it did not tell
+    a detached Slurm job from a detached run its keepers held: such a run,
+    or one a newer ddp-orch wrote, reads as damaged, naming who wrote it and
+    what to read it with; nothing acts on a guess of its owner."""
     run = recorded_run(tmp_path, os.getpid())
     data = json.loads(open(run.file(STATE_FILE)).read())
     data.pop("owner")
+    assert data.pop("version") == 2  # what this ddp-orch writes
     run.write_json(STATE_FILE, {**data, **written})
-    assert read_record(run).owner == owner
+    record = read_record(run)
+    assert (record.state, record.backend) == (RunState.DAMAGED,
+                                              written.get("backend", data["backend"]))
+    assert record.error == (f"recorded by {said}; this ddp-orch reads version 2: run "
+                            "`ddp-orch ps`, `status` or `down` with the ddp-orch that wrote it")
 
 
 # -- not allowed to signal ------------------------------------------------------
