@@ -1,26 +1,11 @@
 """What the user sees while a run goes: node output and ddp-orch's own lines.
 
-Node lines are prefixed with node rank and host; worker lines already
-carry torchrun's ``[rankN]:`` prefix. Views: ``all`` (default), ``rank0``
-(only rank 0's lines) and ``quiet`` (only ddp-orch's messages and the
-summary). Every view shows the milestones (``milestone``: the start) and
-the node agents' own lines (``AGENT_SAYS``: a keeper's "attempt 0 failed
-...; restarting"), so a quiet run still says that it started and that it
-restarted. Logs on disk always keep everything.
-
-When ranks fail, torchrun ends with a report of its own: a traceback of
-torchrun itself and, for every failed rank, its traceback again (read from
-the error files), 30 lines and more per rank after the ranks printed theirs.
-The console shows one line in its place (``TorchrunReport``); the node's log
-keeps it, and the summary names the root cause from the same error files.
-So too torchrun's own traceback when a signal stops it (``SignalException``:
-every node ddp-orch stops, and every node on Ctrl-C), about 30 lines each.
-
-Some lines of torchrun's and of c10d's say nothing a user can act on, and
-no view shows them (``noise``): c10d's warning, once per connection to the
-rendezvous store (torchrun's and every rank's), that a peer's address has
-no host name where reverse DNS does not answer, and torchrun's note that it
-has no error file of its own to copy a rank's into.
+Views: ``all`` (default), ``rank0`` and ``quiet`` (ddp-orch's messages and
+the summary). Every view shows the milestones and the agents' own lines
+(``AGENT_SAYS``), so a quiet run still says it started and restarted.
+torchrun's failure report (30 lines and more per rank) and its traceback
+on a signal become one line (``TorchrunReport``); lines no user can act on
+are hidden (``noise``). The logs on disk keep everything.
 """
 
 from __future__ import annotations
@@ -43,10 +28,8 @@ _VISIBLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))
 
 
 def visible(text: str) -> str:
-    """``text`` as a terminal may show it: control characters as visible
-    text, tab and newline as they are. Every line of ddp-orch's output goes
-    through it (node lines, the summary, ``status``, ``logs``, ``down``):
-    much of what those show came from a node."""
+    """``text`` as a terminal may show it: control characters made visible, tab
+    and newline kept. All output goes through it: much of it came from a node."""
     return text.translate(_VISIBLE)
 
 
@@ -65,12 +48,9 @@ _MAX_HELD = 2000  # lines of an unfinished traceback held back before it is show
 
 
 class TorchrunReport:
-    """Takes torchrun's failure report out of one node's lines.
-
-    torchrun's own lines carry no ``[rankN]:`` prefix. Its report is a
-    traceback ending in ``ChildFailedError:``, then a table between two
-    rulers. A traceback is held until its exception line: torchrun's
-    report is replaced by one line; any other traceback is shown as it was.
+    """Takes torchrun's failure report out of one node's lines. A traceback is
+    held until its exception line: one ending in ``ChildFailedError:`` becomes
+    one line; any other is shown as it was.
     """
 
     def __init__(self, node_rank: int):
@@ -109,22 +89,17 @@ class TorchrunReport:
 
 
 def noise(line: str) -> bool:
-    """Is ``line`` one of torchrun's or c10d's that no view shows (``_NOISE``)?
-    The node's log keeps it."""
+    """Is ``line`` one of torchrun's or c10d's that no view shows (the log keeps it)?"""
     return _NOISE.search(line) is not None
 
 
 class Console:
-    """``view`` as above; ``rank``: only that rank's lines (``rank0`` is
-    ``rank=0``; ``logs --rank N --follow``).
+    """``view`` as above; ``rank``: only that rank's lines.
 
-    Nothing that calls it ever waits on the terminal: lines go to a buffer
-    that a writer thread empties into ``stream``. A terminal that stops
-    reading (``| less``, Ctrl-S, a pipe into ``sleep``) would otherwise
-    stop the relays that read the nodes, and with them the heartbeats:
-    a healthy run would be judged lost after 30 s. Past ``HELD_MAX_BYTES``
-    held, node lines are dropped and counted (the logs keep them), never
-    ddp-orch's own. ``close`` (or leaving ``with``) waits until all is written.
+    Never waits on the terminal: a writer thread empties a buffer into
+    ``stream``, since a terminal that stops reading would stop the relays and
+    their heartbeats. Past ``HELD_MAX_BYTES`` node lines are dropped and
+    counted, never ddp-orch's own.
     """
 
     HELD_MAX_BYTES = 16 << 20
@@ -151,8 +126,7 @@ class Console:
         self.close()
 
     def node_lines(self, node_rank: int, host: str, text: str) -> None:
-        """A block of complete lines (what the relay read in one go), in one
-        write: a flush per line would cost more than the lines themselves."""
+        """A block of complete lines in one write: a flush per line costs more than the lines."""
         if self.view == "quiet" and AGENT_SAYS not in text:
             return
         lines = (text[:-1] if text.endswith("\n") else text).split("\n")
@@ -175,8 +149,7 @@ class Console:
             self._write(f"ddp-orch: {message}\n")
 
     def milestone(self, message: str) -> None:
-        """ddp-orch's own line that every view shows: the run started (the
-        restarts and the end are the agents' lines and the summary)."""
+        """ddp-orch's own line that every view shows: the run started."""
         self._write(f"{AGENT_SAYS}{message}\n")
 
     def always(self, text: str) -> None:

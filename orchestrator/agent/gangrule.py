@@ -1,28 +1,19 @@
 """When a gang must stop, and why: the one stop rule of every gang.
 
-A gang is followed by whoever owns it: the controller (``engine/gang.py``,
-an attached run) or node 0's keeper (``agent/kept/head.py``, a kept run:
-``--detach``, ``--max-restarts``). Both take a snapshot of their nodes
-(``NodeView``) and ask ``judge``; the rule is written here once:
+The controller (an attached run) and node 0's keeper (a kept run) both
+snapshot their nodes (``NodeView``) and ask ``judge``. In order:
 
-1. **peer loss**: a node still running that cannot be heard (its keeper's
-   link is gone, or nothing came from it for the peer timeout, where the
-   liveness is ours to watch: not under Slurm, which owns it);
-2. **first failure stops all**: a node whose torchrun exited non-zero (the
-   lowest node rank among those that have, named);
+1. **peer loss**: a running node that cannot be heard (where liveness is
+   ours to watch: not under Slurm);
+2. **first failure stops all**: a node whose torchrun exited non-zero;
 3. **the hang rule**: once every node has started, no rank's progress (a
-   step heartbeat, or a line) for ``hang_timeout_s``; only nodes still
-   running count (one that exited 0 while rank 0 writes a checkpoint is not
-   hung). The rank that went quiet first is named for when the stacks
-   cannot tell (``stackgroups``);
-4. **the start timeout**: the rendezvous has not completed (a node not
-   joined, else not started) ``start_timeout_s`` after the start, counted
-   only once every node's ``setup:`` is done.
+   step or a line) for ``hang_timeout_s``, among nodes still running (one
+   that exited 0 while rank 0 checkpoints is not hung);
+4. **the start timeout**: the rendezvous not complete ``start_timeout_s``
+   after every node's ``setup:`` is done.
 
-Pure: no I/O, no threads, no clock of its own; callers pass ``now`` (any
-monotonic clock, the same for every call) and keep the ``Clock`` that
-``tick`` returns. Each verdict carries the words the user sees.
-Stdlib only, like the rest of the agent package.
+Pure: callers pass ``now`` (one monotonic clock) and keep the ``Clock``
+that ``tick`` returns.
 """
 
 from __future__ import annotations
@@ -43,12 +34,9 @@ class Stop(enum.Enum):
 
 @dataclass(frozen=True)
 class NodeView:
-    """One node, as its follower sees it now. ``label`` names it to the user
-    (``node 1 (host)`` for the controller, ``node 1`` for the keepers);
-    ``heard_s``: seconds since it was last heard, None where its liveness is
-    not ours to watch; ``lost``: why it cannot be heard, when its follower
-    knows already (a keeper's link closed); ``progress``: (rank, time of its
-    last progress) on the caller's clock."""
+    """One node as its follower sees it now: ``heard_s`` is seconds since it
+    was last heard (None where its liveness is not ours to watch); ``lost``
+    why it cannot be heard; ``progress``: (rank, time) on the caller's clock."""
 
     node_rank: int
     label: str
@@ -84,9 +72,8 @@ class Clock:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Stop the gang: ``why`` in the words the user sees; ``nodes``: the
-    nodes to blame (the failed, lost or missing ones; for a hang, the nodes
-    still running, narrowed by ``hang_words`` once the stacks are in)."""
+    """Stop the gang: ``why`` in the user's words; ``nodes`` to blame (for a
+    hang, narrowed by ``hang_words`` once the stacks are in)."""
 
     stop: Stop
     why: str
@@ -96,9 +83,8 @@ class Verdict:
 
 
 def tick(clock: Clock, nodes: Sequence[NodeView], now: float) -> Clock:
-    """The clock after this snapshot: the start timeout counts again from
-    now while some node's ``setup:`` is running; the hang rule counts from
-    the moment every node had started."""
+    """The clock after this snapshot: the start timeout restarts while a
+    ``setup:`` runs; the hang rule counts from when every node had started."""
     if not all(n.setup_done for n in nodes):
         clock = replace(clock, start_from=now)
     if clock.all_started_at is None and nodes and all(n.started for n in nodes):
@@ -107,10 +93,8 @@ def tick(clock: Clock, nodes: Sequence[NodeView], now: float) -> Clock:
 
 
 def stop_reason(why: str) -> str:
-    """A node's reason for its end when its gang was stopped for ``why``:
-    ``stopped: node 1 (b) failed (exit 1)``; a reason that names its
-    stopper already (``stopped by Ctrl-C on the controller``, ``stopped by
-    `ddp-orch down` from HOST``) as it is."""
+    """A node's reason for its end when its gang stopped for ``why``
+    (``stopped: node 1 (b) failed (exit 1)``); one naming its stopper stays."""
     return why if why.startswith("stopped") else f"stopped: {why}"
 
 
@@ -176,10 +160,8 @@ def _start_overdue(nodes: Sequence[NodeView], timeouts: Timeouts, clock: Clock,
 
 def hang_words(verdict: Verdict, places: dict[int, str] | None,
                ranks_of: dict[int, Sequence[int]]) -> tuple[str, tuple[int, ...]]:
-    """A hang's root cause once the ranks' stacks are in (``places``: rank ->
-    where its main thread stands, ``stackgroups.place``), and the nodes to
-    blame: those of the odd ranks, else of the rank that went quiet first,
-    else every node still running. ``ranks_of``: each running node's ranks."""
+    """A hang's root cause from the ranks' stacks (``places``), and the nodes
+    to blame: the odd ranks', else the first quiet rank's, else all running."""
     why = hang_summary(places, verdict.idle_s, verdict.quiet_first)
     odd = set(odd_of(places)) if places else set()
     if not odd and verdict.quiet_first is not None:

@@ -1,11 +1,6 @@
 """What the local and SSH backends share: nodes reached through a transport,
-each running the node agent.
-
-A subclass says only how to reach a node (``transport``) and how to show it
-(``where``); everything else is here: connecting to every node at once
-(the agent's hello gives each node's home), choosing the master port on
-node 0, the resolved dry-run, uploads, the gang, fetching rank 0's result
-and the error files, ``check`` and ``down``.
+each running the node agent. A subclass says only how to reach a node
+(``transport``) and how to show it (``where``).
 """
 
 from __future__ import annotations
@@ -57,8 +52,8 @@ class AgentBackend(LaunchBackend):
         return {}
 
     def reach(self, node: NodePlan) -> tuple[str, ...]:
-        """The argv that runs a command on ``node`` from this machine, for
-        the shell dry-run (``ByHand.reach``); () for a node on this machine."""
+        """The argv that runs a command on ``node``, for the shell dry-run; ()
+        for this machine."""
         return ()
 
     # -- the interface -------------------------------------------------------
@@ -88,11 +83,9 @@ class AgentBackend(LaunchBackend):
                       by_hand=ByHand(reach={k: argv for k, argv in reach.items() if argv}))
 
     def submit(self, info: DryRun, run: RunDir, console: Console) -> "AgentRun":
-        """Open an agent on every node at once, each given its run directory,
-        the code and (node 0) the master port behind its start; resolve the
-        dry-run with what they found. The supervisors (or keepers) start
-        when the engine follows. A failure half-way closes every agent
-        (each exits: nothing runs there yet)."""
+        """Open an agent on every node at once and resolve the dry-run with
+        what they found; the supervisors start when the engine follows. A
+        failure half-way closes every agent (nothing runs there yet)."""
         from ..engine import gpuplan
         from ..engine.agentlink import open_agents
         from ..engine.bundle import build_bundle, stand_ins
@@ -191,9 +184,8 @@ class AgentBackend(LaunchBackend):
             for k in range(len(record.nodes))]
 
     def prune(self, record: RunRecord) -> list[PruneResult]:
-        """Each node's run directory removed by its agent (``agent/node/prune.py``,
-        which refuses a run alive there), all at once; one inside the local
-        run directory goes with it."""
+        """Each node's run directory removed by its agent, which refuses a run
+        alive there."""
         from ..engine.fanout import on_all
 
         remote = [n for n in record.nodes if not in_local_run_dir(record, n)]
@@ -215,8 +207,7 @@ class AgentBackend(LaunchBackend):
         return sorted(out, key=lambda r: r.node_rank)
 
     def describe(self, record: RunRecord) -> RunDescription:
-        """A detached run's state is its nodes': node 0's keeper records every
-        attempt once the run is over; until then each keeper says how far it is."""
+        """A detached run's state, as its nodes' keepers say it."""
         if not record.owner.detached or not record.live:
             return super().describe(record)  # its records say it: no engine to import
         return self.kept_status(record, lambda node: self._ask(
@@ -227,8 +218,7 @@ class AgentBackend(LaunchBackend):
 
     def kept_status(self, record: RunRecord, ask: Callable[["NodeRecord"], dict]
                     ) -> RunDescription:
-        """A detached run as its keepers say it, each node's ``keeper``
-        reply from ``ask`` (every node at once)."""
+        """A detached run from each node's ``keeper`` reply (every node at once)."""
         from ..engine.fanout import on_all
         from ..engine.keptgang import kept_status
 
@@ -249,8 +239,7 @@ class AgentBackend(LaunchBackend):
 
     def stacks_of(self, run_id: str, nodes: Sequence[NodeRecord],
                   native: bool = False) -> StacksResult:
-        """One agent per host (a host may hold several nodes), all at once; each
-        dumps the run's ranks there (``agent/node/stacks.py``)."""
+        """One agent per host (a host may hold several nodes), all at once."""
         from ..engine.fanout import on_all
         from ..engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 
@@ -288,9 +277,7 @@ class AgentBackend(LaunchBackend):
     # -- helpers ------------------------------------------------------------
 
     def _ask(self, run: str, node: NodeRecord, op: str, /, **fields: Any) -> dict:
-        """One request to a recorded node over a fresh agent (marked as run
-        ``run``'s), which then exits (``down``, ``status``, ``stacks``:
-        commands about a run, not in it)."""
+        """One request to a recorded node over a fresh agent, which then exits."""
         transport = self.transport(node.node_rank, node.host, node.connection)
         try:
             return _call(transport, node.python, run, op, **fields)
@@ -298,8 +285,8 @@ class AgentBackend(LaunchBackend):
             transport.close()
 
     def _not_joined(self, info: DryRun, hung: list[int], console: Console) -> RunOutcome:
-        """Nodes whose agent never answered within the start timeout (a hung
-        interpreter, a login that never finishes) fail the run as not joined."""
+        """Nodes whose agent never answered within the start timeout fail the
+        run as not joined."""
         from ..records.outcome import NodeOutcome, NodeState, gang_outcome
 
         label = _labeller(info.plan)
@@ -317,8 +304,7 @@ class AgentBackend(LaunchBackend):
         return gang_outcome(info.plan.run_id, nodes, timeout, interrupted=False)
 
     def _wait_gpus_s(self) -> float:
-        """How long a launch waits for free GPUs: ``--wait-gpus``, else the
-        file's ``gpu_policy.wait``."""
+        """Seconds to wait for free GPUs: ``--wait-gpus``, else ``gpu_policy.wait``."""
         if self.options.wait_gpus_s is not None:
             return self.options.wait_gpus_s
         return self.spec.wait_gpus if self.spec else 0.0
@@ -327,14 +313,9 @@ class AgentBackend(LaunchBackend):
                  say: Callable[[str], None]
                  ) -> tuple[int | None, str | None, dict | None, float | None]:
         """Everything a node needs before its supervisor starts, sent in one go
-        behind the agent itself (no round trip waits on the node's shell):
-        torch's view of the GPUs first (its import overlaps the rest), its new
-        run directory, the code bundle, on node 0 the master port check, the
-        interface its ranks use (``plan/network.py``) and its GPUs, held for
-        the run (``engine/gpuplan.py``), waiting up to ``wait_s`` for them.
-        Returns the port (node 0, else None), the interface (or None), the
-        node's GPU answer (or None) and how long it waited for its GPUs
-        (None: it did not)."""
+        behind the agent (no round trip waits on the node's shell); torch is
+        asked first, so its import overlaps the rest. Returns the port (node
+        0), the interface, the GPU answer and the GPU wait (None: none)."""
         from ..engine import gpuplan
         from ..engine.nodehandle import BUNDLE_NAME
         from ..engine.netfacts import (bind_request, interface_from, master_port_from,
@@ -380,8 +361,7 @@ class AgentBackend(LaunchBackend):
         return port, ifname, placed, waited
 
     def _root(self, node: NodePlan) -> str:
-        """Where a node's run directory may be created: the workdir, or for a
-        node on this machine, the local run directory it lives in."""
+        """Where a node's run directory may be created."""
         return os.path.dirname(node.run_dir) if node.is_local else self.require_spec().workdir
 
     def _node_transport(self, node: NodePlan) -> Transport:
@@ -390,14 +370,10 @@ class AgentBackend(LaunchBackend):
     def sweep_lost(self, info: DryRun, transports: Mapping[int, Transport],
                    outcome: RunOutcome, run: RunDir, silent: set[int] = frozenset()) -> None:
         """A node whose agent vanished may still run the job: end what is left
-        there over a fresh connection (its guardian should have; this checks).
-
-        Not a node in ``silent``: one that went silent (a partition, a frozen
-        host) or that the teardown cut off, answering neither its stop nor its
-        kill. A fresh connection would only wait out the SSH connect timeout
-        on the same dead path, and its supervisor tears the run down by
-        itself, at once where its channel's end reaches it, else
-        ``PEER_TIMEOUT_S`` after our last ping."""
+        there over a fresh connection (its guardian should have). Not a node
+        in ``silent``: a fresh connection would only wait out the connect
+        timeout on the same dead path, and its supervisor tears the run down
+        itself, at most ``PEER_TIMEOUT_S`` after our last ping."""
         from ..engine.fanout import on_all
         from ..engine.nodehandle import describe_survivors
         from ..records.outcome import NodeState
@@ -427,11 +403,9 @@ class AgentBackend(LaunchBackend):
                       outcome: RunOutcome, run: RunDir,
                       reusable: Mapping[int, AgentHandle],
                       unreachable: set[int] = frozenset()) -> dict | None:
-        """What the run brings home (``results.wanted_files``): over the run's
-        own channel where it is still open, else over a fresh agent. Best
-        effort; a node that cannot be reached leaves a note in its log, and
-        one in ``unreachable`` (silent, or cut off by the teardown) is not
-        tried: a fresh connection would wait out its timeout there."""
+        """Bring home ``results.wanted_files``, over the run's channel where
+        still open, else a fresh agent. Best effort: a failure is a note in
+        the node's log; nodes in ``unreachable`` are not tried."""
         from ..engine.agentlink import AgentHandle
         from ..engine.fanout import on_all
         from ..engine.results import fetch_outputs, keep, wanted_files
@@ -472,11 +446,9 @@ class AgentBackend(LaunchBackend):
 
 class _KeeperWatch(Watch):
     """A detached run's keepers asked again and again (``top``) through one
-    agent per node, opened at the first look and kept: one SSH session per
-    node for the life of the watch, not one per refresh. An agent whose call
-    fails is closed, and the next look opens another; one still answering a
-    look that gave up on it (``check_timeout_s``) is not asked again until
-    it has answered."""
+    agent per node, kept between looks: one SSH session, not one per
+    refresh. A failed agent is reopened at the next look; a slow one is not
+    asked again until it has answered."""
 
     def __init__(self, backend: AgentBackend):
         super().__init__(backend)
@@ -528,8 +500,7 @@ def _close_agent(agent: "AgentHandle") -> None:
 
 
 def _call(transport: Transport, python: str, run: str, op: str, /, **fields: Any) -> dict:
-    """One request over a fresh agent on ``transport`` (marked as run
-    ``run``'s), which then exits."""
+    """One request over a fresh agent (marked as run ``run``'s), which then exits."""
     from ..engine.agentlink import AgentHandle
 
     agent = AgentHandle(transport, python, run_id=run)

@@ -1,39 +1,15 @@
 """The launch backend interface: one per way of starting nodes.
 
-torchx's ``Scheduler`` is the model: ``submit = schedule(submit_dryrun(...))``.
-A backend turns a plan into a ``DryRun`` with no I/O (what ``--dry-run``
-prints), and ``submit`` starts exactly that object. It only starts nodes
-and finds them again; following a run to its end and bringing its results
-home is the engine's, the same for every backend (``engine/run.py``), so
-the controller, the CLI and the run records never know which backend they
-hold.
+Modelled on torchx's ``Scheduler``: ``submit = schedule(submit_dryrun(...))``.
+``dryrun`` turns a plan into a ``DryRun`` with no I/O (what ``--dry-run``
+prints), and ``submit`` starts exactly that object. A backend only starts
+nodes and finds them again; following a run and bringing its results home
+is the engine's, so the controller, the CLI and the records never know
+which backend they hold.
 
-A backend implements:
-
-=====================================  =======================================
-``dryrun(plan) -> DryRun``             pure: each node's env and exact command
-``submit(info, run, console)``         start the nodes; a ``RunHandle`` on them
-``reconnect(record, lines=)``          ``ddp-orch attach``: a handle on a detached run
-``cancel(record)``                     ``ddp-orch down``: end what still runs
-``check(plan) -> Preflight``           ``ddp-orch check``: what would break a launch
-``describe(record)``                   ``ddp-orch status``: the run as it is now
-                                       (default: its records)
-=====================================  =======================================
-
-and may offer, where its nodes allow it (the default refuses, or does
-what needs no node):
-
-=====================================  =======================================
-``stacks(record)``                     ``ddp-orch stacks``: every rank's stack now
-``prune(record)``                      ``ddp-orch prune``: remove the nodes' run dirs
-=====================================  =======================================
-
-Every backend then has, without writing them:
-
-=====================================  =======================================
-``launch(info, run, console)``         submit + ``follow`` + ``collect``
-``attach(record, console)``            reconnect + ``follow`` + ``collect``
-=====================================  =======================================
+A backend implements ``dryrun``, ``submit``, ``reconnect``, ``cancel`` and
+``check``; it may override ``describe``, ``stacks`` and ``prune``.
+``launch`` and ``attach`` are the same for every backend.
 """
 
 from __future__ import annotations
@@ -99,10 +75,8 @@ OnRunning = Callable[["RunHandle"], None]
 
 
 class Watch:
-    """One run looked at again and again (``ddp-orch top``): ``look`` is
-    ``describe``, and a backend that must reach its nodes for it keeps
-    what it opened from one look to the next (``AgentBackend``: one agent
-    per node for the life of the watch), closed by ``close``."""
+    """One run looked at again and again (``ddp-orch top``). A backend that
+    must reach its nodes keeps what it opened between looks, until ``close``."""
 
     def __init__(self, backend: "LaunchBackend"):
         self.backend = backend
@@ -171,9 +145,8 @@ class LaunchBackend(ABC):
         return None
 
     def owner(self) -> tuple[Owner, str]:
-        """Who owns this run, and in words, for its dry-run: decided here,
-        once, from this backend's capabilities and the options; everything
-        after reads the dry-run's (``agent/wire/owner.py``)."""
+        """Who owns this run, and in words: decided here, once; everything
+        after reads the dry-run's."""
         owner = Owner.decide(scheduler=self.can.scheduler, detach=self.options.detach,
                              max_restarts=self.options.max_restarts)
         return owner, owner_words(owner, self.can.scheduler_does)
@@ -194,9 +167,8 @@ class LaunchBackend(ABC):
 
     @abstractmethod
     def reconnect(self, record: RunRecord, *, lines: int | None = None) -> RunHandle:
-        """A handle on a recorded run that goes on without its controller,
-        to be observed (never stopped); ``lines``: follow each node from its
-        last N lines (None: from the start)."""
+        """A handle on a detached run, to observe (never stop); ``lines``:
+        follow each node from its last N lines (None: from the start)."""
 
     @abstractmethod
     def cancel(self, record: RunRecord) -> list[CancelResult]:
@@ -207,16 +179,13 @@ class LaunchBackend(ABC):
         """Every check a launch depends on, on every node, without launching."""
 
     def stacks(self, record: RunRecord, native: bool = False) -> StacksResult:
-        """Every live rank's stack, from every node at once (``ddp-orch stacks``).
-        Optional: a backend offers it where it can reach a live run's ranks."""
+        """Every live rank's stack, from every node at once. Optional."""
         raise LaunchError(f"the {self.name} backend cannot dump stacks")
 
     def prune(self, record: RunRecord) -> list[PruneResult]:
-        """Remove an ended run's node directories (``ddp-orch prune``).
-        Optional, as only a backend that reaches the nodes can; here:
-        nodes whose directory lies inside the local run directory (local
-        nodes, a Slurm job's shared one) go with it; a backend that reaches
-        other nodes removes theirs (``AgentBackend.prune``)."""
+        """Remove an ended run's node directories. Optional: by default only
+        those inside the local run directory go; a backend that reaches
+        other nodes removes theirs."""
         return [PruneResult(n.node_rank, n.host, remote=False) for n in record.nodes
                 if in_local_run_dir(record, n)] + [
             PruneResult(n.node_rank, n.host, error=f"the {self.name} backend cannot reach it")
@@ -238,10 +207,8 @@ class LaunchBackend(ABC):
 
     def launch(self, info: DryRun, run: RunDir, console: Console,
                on_running: OnRunning = lambda handle: None) -> RunOutcome:
-        """Run ``info`` to its end: submit + follow + collect. ``on_running``
-        gets the handle when its records are worth keeping (``follow``).
-        The handle is closed whatever happens: a run not left to its nodes
-        is ended (Ctrl-C, an error); not meant to be overridden."""
+        """Submit + follow + collect. The handle is closed whatever happens,
+        so a run not left to its nodes is ended; not meant to be overridden."""
         from ..engine.run import collect, follow
         from ..records.outcome import RunState
 
@@ -255,8 +222,7 @@ class LaunchBackend(ABC):
 
     def attach(self, record: RunRecord, console: Console, *, lines: int | None = None
                ) -> RunOutcome:
-        """Follow a detached run from its nodes until it ends (or Ctrl-C, which
-        leaves it), bringing its results home: reconnect + follow + collect."""
+        """Reconnect + follow + collect; Ctrl-C leaves the run going."""
         from ..engine.run import collect, follow
 
         handle = self.reconnect(record, lines=lines)
@@ -267,8 +233,7 @@ class LaunchBackend(ABC):
 
 
 def in_local_run_dir(record: RunRecord, node: NodeRecord) -> bool:
-    """Whether a node's run directory lies inside the local run directory
-    (a node on this machine, or a Slurm job's shared directory)."""
+    """Whether a node's run directory lies inside the local run directory."""
     import os
 
     local = os.path.realpath(record.run.path)

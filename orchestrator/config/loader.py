@@ -1,8 +1,5 @@
-"""Cluster file → ``ClusterSpec``, with every error pointing at its line.
-
-The schema lives here, as code that reads one field at a time; each reader
-names the field path it is reading, so an error in ``nodes[1].gpus`` says
-so, with the line, what was given and how to fix it.
+"""Cluster file → ``ClusterSpec``; each reader names its field path, so an
+error in ``nodes[1].gpus`` says so, with the line, the value and a fix.
 """
 
 from __future__ import annotations
@@ -199,8 +196,7 @@ def _choice(field: Located, choices: tuple[str, ...]) -> str:
 
 
 def _device(field: Located) -> str:
-    """``device:``; ``gpu`` (or the like) is a person meaning ``cuda``, not a
-    misspelt ``cpu``, however close the letters."""
+    """``device:``; ``gpu`` means ``cuda``, never a misspelt ``cpu``."""
     if str(field.scalar()).lower() in ("gpu", "gpus", "nvidia", "cuda:0"):
         raise field.error(f"{field.scalar()!r} is not one of {', '.join(DEVICES)}",
                           hint="did you mean 'cuda'? (GPUs; `cpu` runs on the CPU)")
@@ -238,8 +234,7 @@ def _network(field: Located) -> str:
 
 
 def _progress(field: Located) -> str | None:
-    """``progress: {pattern: REGEX}``: a rank's step in its output lines, for
-    a program that prints its progress in its own words."""
+    """``progress: {pattern: REGEX}``: a rank's step, in a program's own words."""
     entries = field.mapping(PROGRESS_KEYS)
     if "pattern" not in entries:
         return None
@@ -258,11 +253,8 @@ def _progress(field: Located) -> str | None:
 
 
 def _gpu_policy(field: Located, nodes: "tuple[NodeSpec, ...]") -> dict[str, Any]:
-    """``gpu_policy:``: a GPU using more than ``busy_memory_mib`` MiB, or more
-    than ``busy_utilization`` percent utilised, is busy; a launch waits up to
-    ``wait`` seconds for enough free GPUs; the health rules the site
-    ``ignore``s; the GPUs it ``exclude``s (``host:index``, the host one of
-    the file's nodes); and the directory every node keeps its GPU locks in."""
+    """``gpu_policy:``: busy thresholds (MiB, percent), the launch ``wait``
+    (seconds), ``ignore``d health rules, ``exclude``d GPUs and ``lock_dir``."""
     entries = field.mapping(GPU_POLICY_KEYS)
     out: dict[str, Any] = {}
     if "busy_memory_mib" in entries:
@@ -319,8 +311,7 @@ def _lock_dir(field: Located) -> str:
 
 
 def _host(field: Located) -> str:
-    """A host name or address; an IPv6 address bare (``fd77::10``) or in
-    brackets (``[fd77::10]``, kept bare: torchrun and ssh take it so)."""
+    """A host name or address; IPv6 in brackets is kept bare, as torchrun and ssh take it."""
     host = field.string()
     if not HOST_RE.match(host):
         raise field.error(f"{host!r} is not a host name or address")
@@ -376,8 +367,7 @@ def _env(field: Located, base: Mapping[str, str] | None = None) -> dict[str, str
 
 
 def env_name_problem(name: str) -> tuple[str, str | None] | None:
-    """Why ``name`` cannot be set by the user (the file's ``env:`` or
-    ``up --env``), with a hint; None if it can."""
+    """Why the user cannot set ``name``, with a hint; None if they can."""
     if not ENV_NAME_RE.match(name):
         return "not a valid environment variable name", None
     if name in RESERVED_ENV or name.startswith("DDP_ORCH_"):
@@ -431,10 +421,8 @@ def _identity_file(field: Located) -> str:
 
 def _placed_nodes(field: Located, python: str | None, env: Mapping[str, str],
                   placer) -> tuple[NodeSpec, ...]:
-    """``nodes: {count: N, gpus: G}`` or ``{count: N, procs: P}``: N nodes that
-    the scheduler (``placer``'s backend) chooses, each running G GPU processes
-    (from its allocation) or P CPU ones; named by ``placer.placed_host``
-    until the job runs."""
+    """``nodes: {count: N, gpus: G | procs: P}``: N nodes the scheduler places,
+    named by ``placer.placed_host`` until the job runs."""
     entries = field.mapping(COUNT_KEYS)
     if "count" not in entries:
         raise field.error("missing 'count'", hint="nodes: {count: 2, gpus: 8} lets Slurm choose "
@@ -495,10 +483,8 @@ def _gpus(field: Located) -> tuple[int, ...] | str:
 
 
 def one_index_warning(raw: Any, gpus: tuple[int, ...] | str, where: str) -> str | None:
-    """What ``gpus: 4`` (or ``"4"``, ``--gpus 4``; ``raw`` as given, ``gpus``
-    as parsed) means, and how to ask for four GPUs: one index, where a
-    torchrun or SkyPilot user may mean a count. None for anything else, and
-    for 0 and 1 (one GPU either way)."""
+    """A warning that ``gpus: 4`` is one index where a torchrun or SkyPilot user
+    may mean a count; None otherwise, and for 0 and 1."""
     one = (isinstance(raw, int) and not isinstance(raw, bool)) or \
         (isinstance(raw, str) and bool(_DIGITS_RE.match(raw.strip())))
     if not one or isinstance(gpus, str) or gpus[0] < 2:
@@ -511,11 +497,8 @@ def one_index_warning(raw: Any, gpus: tuple[int, ...] | str, where: str) -> str 
 
 def parse_gpus(raw: Any) -> tuple[int, ...] | str:
     """``"3,4,5"``, ``[3, 4, 5]`` or ``3`` → (3, 4, 5), in the user's order;
-    ``all``, ``free`` and ``free:N`` stay words, for the node to resolve at launch
-    (``agent/node/gpus.py``).
-
-    Raises ``ValueError(message, hint)``; callers add the field and line.
-    """
+    ``all``, ``free`` and ``free:N`` stay words for the node to resolve.
+    Raises ``ValueError(message, hint)``; callers add the field and line."""
     if isinstance(raw, str) and raw in GPU_REQUESTS:
         return raw
     if isinstance(raw, str) and raw.startswith("free:"):
@@ -584,8 +567,7 @@ def _gpu_field(item: Located) -> Located:
 
 
 def _workload(field: Located, base_dir: str) -> WorkloadSpec:
-    """``workload:``: a built-in ``name``, or the user's ``script`` or ``module``
-    run from ``code`` (default: the script's directory, else this file's)."""
+    """``workload:``: a built-in ``name``, or a ``script`` or ``module`` run from ``code``."""
     entries = field.mapping(WORKLOAD_KEYS)
     base_dir = os.path.abspath(base_dir)
     given = [key for key in PROGRAM_KEYS if key in entries]
@@ -635,10 +617,8 @@ def _workload(field: Located, base_dir: str) -> WorkloadSpec:
 
 
 def script_in(root: str, raw: str, under_code: bool) -> str:
-    """The absolute path of the script ``raw``, relative to ``root`` (the code
-    directory when ``under_code``, else the cluster file's); a file that
-    exists and, under a code directory, lies inside it. ``ValueError(message,
-    hint)`` otherwise."""
+    """The absolute path of script ``raw`` under ``root``, inside the code
+    directory when ``under_code``; else ``ValueError(message, hint)``."""
     script = os.path.normpath(os.path.join(root, os.path.expanduser(raw)))
     if not os.path.isfile(script):
         raise ValueError(f"script {raw!r} not found (looked for {script})",
@@ -660,8 +640,7 @@ def _module(field: Located) -> str:
 
 
 def module_name(module: str) -> str:
-    """``module`` if ``python -m`` takes it (``pkg.train``); else
-    ``ValueError(message, hint)``."""
+    """``module`` if ``python -m`` takes it; else ``ValueError(message, hint)``."""
     if len(module) > MAX_MODULE_NAME or not MODULE_RE.match(module):
         hint = "a module is named with dots, without .py: pkg.train for pkg/train.py" \
             if module.endswith(".py") or "/" in module else \
@@ -671,10 +650,8 @@ def module_name(module: str) -> str:
 
 
 def module_found(module: str, code: str) -> bool:
-    """Whether ``python -m module`` would find it in ``code``: its source
-    file, its package directory with an ``__init__`` or a ``__main__``, or
-    its top package's directory (a namespace package). A few stat calls:
-    no walk, no import."""
+    """Whether ``python -m module`` would find it in ``code`` (a namespace
+    package too): a few stat calls, no walk, no import."""
     parts = module.split(".")
     path = os.path.join(code, *parts)
     return (os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py"))
@@ -683,11 +660,9 @@ def module_found(module: str, code: str) -> bool:
 
 
 def module_warning(module: str, code: str, where: str, given: str) -> str | None:
-    """What to say when ``module`` is not in the code directory ``code``
-    (``given``: where that directory came from), or None when it is there.
-    A warning, not a refusal: ``setup:`` may install the module on the
-    nodes, or the node's Python may have it; but otherwise every rank fails
-    with ``No module named ...``, and nothing there points at ``code:``."""
+    """A warning when ``module`` is not in ``code``, or None. Not a refusal: setup
+    or the node's Python may provide it; else every rank fails with
+    ``No module named ...``, with nothing pointing at ``code:``."""
     if module_found(module, code):
         return None
     rel = "/".join(module.split("."))
@@ -700,8 +675,8 @@ def module_warning(module: str, code: str, where: str, given: str) -> str | None
 
 
 def code_dir(field: Located, base_dir: str) -> str:
-    """``workload.code``: a directory relative to the cluster file, which is
-    uploaded to every node, so not the filesystem root nor a home directory."""
+    """``workload.code``, relative to the cluster file; uploaded to every node,
+    so never ``/`` nor a home directory."""
     raw = field.string()
     path = os.path.normpath(os.path.join(base_dir, os.path.expanduser(raw)))
     if not os.path.exists(path):
@@ -729,9 +704,8 @@ def _default_code(field: Located, directory: str, what: str) -> str:
 
 
 def too_broad(directory: str) -> str | None:
-    """Why ``directory`` may not be uploaded whole (the filesystem root, the
-    user's home or a directory holding it), or None. The bundle holds to the
-    same rule (``engine/bundle.py``)."""
+    """Why ``directory`` may not be uploaded whole (the root, the home or above
+    it), or None. The bundle keeps the same rule."""
     real = os.path.realpath(directory)
     home = os.path.realpath(os.path.expanduser("~"))
     if os.path.dirname(real) == real:
@@ -744,8 +718,7 @@ def too_broad(directory: str) -> str | None:
 
 
 def _args(field: Located) -> dict[str, Any] | tuple[str, ...]:
-    """``args:`` as a mapping (``{epochs: 10}``, rendered as flags) or a list,
-    passed verbatim."""
+    """``args:`` as a mapping (rendered as flags) or a list, passed verbatim."""
     if isinstance(field.node, yaml.SequenceNode):
         return _arg_list(field)
     if not isinstance(field.node, yaml.MappingNode):
@@ -763,8 +736,7 @@ def _args(field: Located) -> dict[str, Any] | tuple[str, ...]:
 
 
 def _arg_list(field: Located) -> tuple[str, ...]:
-    """``args: [configs/x.yaml, --lr=0.1, -v, -v, 50]``: each item one argument,
-    exactly as written in the file (``50`` is ``"50"``, ``0.10`` stays ``0.10``)."""
+    """``args: [...]``: each item one argument, exactly as written (``0.10`` stays ``0.10``)."""
     words = []
     for item in field.sequence():
         hint = ("each item is one argument, as written: [configs/x.yaml, --lr=0.1, -v, 50]; "
@@ -795,13 +767,9 @@ _YAML_BOOL_WORDS = {True: ("true", "yes", "on", "y"), False: ("false", "no", "of
 
 
 def check_workload_args(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """``args`` checked against the catalog, as the workload takes them;
-    ``ValueError(key, message, hint)``.
-
-    YAML reads ``amp: off`` (and ``--arg amp=off``) as false; for a string
-    argument one of whose choices YAML reads so, the value is that choice,
-    as the user wrote it.
-    """
+    """``args`` checked against the catalog; ``ValueError(key, message, hint)``.
+    YAML reads ``amp: off`` as false; for a string argument with such a
+    choice, the value is that choice as the user wrote it."""
     info = CATALOG[name]
     checked = dict(args)
     for key, value in args.items():
@@ -841,19 +809,14 @@ def _matches_type(kind: type, value: Any) -> bool:
 
 
 def cuda_without_gpus(device: str, nodes: "tuple[NodeSpec, ...] | list[NodeSpec]") -> bool:
-    """The one rule of ``device`` against the nodes, for a cluster file and
-    for ``up --local`` (``localmode.py``) alike: a ``procs:`` node runs CPU
-    processes, which have no GPU and cannot join a CUDA job. (The plan would
-    otherwise run such a job on CPU without a word.)"""
+    """A ``procs:`` node runs CPU processes, which cannot join a CUDA job (the
+    plan would otherwise run it on CPU without a word)."""
     return device == "cuda" and any(node.procs is not None for node in nodes)
 
 
 def workdir_unused(backend: str, nodes: "tuple[NodeSpec, ...] | list[NodeSpec]") -> str | None:
-    """Why ``workdir:`` would reach no node, or None. It is where runs live on
-    the nodes ddp-orch reaches over SSH; a localhost node's files are in the
-    run directory on this machine (``runs/<run id>/node-<k>``, moved with
-    ``up --runs-dir``), and under Slurm every node's are, on the shared file
-    system (``plan/build.py``'s ``node_run_dir``)."""
+    """Why ``workdir:`` would reach no node, or None: it is for SSH nodes only;
+    localhost and Slurm nodes keep their files in the run directory."""
     for block in blocks():
         if block.BACKEND == backend and block.WORKDIR_UNUSED:
             return block.WORKDIR_UNUSED
@@ -894,9 +857,8 @@ _WHEN_CHANGED_EXAMPLE = ("setup: {commands: [pip install -r requirements.txt], "
 
 
 def _setup_block(field: Located, workload: WorkloadSpec, warnings: list[str]) -> dict[str, Any]:
-    """``setup:``: its commands (``_setup``), or a mapping of ``commands`` and
-    ``when_changed``, the files under the code root whose content, with the
-    commands, env and python, decides whether a node runs its setup again."""
+    """``setup:``: commands, or ``commands`` and ``when_changed``, the files whose
+    content decides whether a node runs its setup again."""
     if not isinstance(field.node, yaml.MappingNode):
         return {"setup": _setup(field)}
     entries = field.mapping(SETUP_KEYS)
@@ -909,9 +871,8 @@ def _setup_block(field: Located, workload: WorkloadSpec, warnings: list[str]) ->
 
 
 def _when_changed(field: Located, workload: WorkloadSpec, warnings: list[str]) -> tuple[str, ...]:
-    """``setup.when_changed``: one file or a list, relative to the code root.
-    A directory is refused; a file the code directory lacks is a warning (it
-    is weighed as missing, so the setup runs again once it is there)."""
+    """``setup.when_changed``: files under the code root. A directory is refused;
+    a missing file is a warning (weighed as missing until it exists)."""
     items = [field] if not isinstance(field.node, yaml.SequenceNode) else field.sequence()
     if not items:
         raise field.error("no files are listed",
@@ -946,9 +907,7 @@ def _when_changed(field: Located, workload: WorkloadSpec, warnings: list[str]) -
 
 
 def _setup(field: Located) -> tuple[str | tuple[str, ...], ...]:
-    """``setup:``: one command, or a list of them. A string is shell text for
-    the node's ``sh -c`` (as SkyPilot's ``setup``); a list is one argv, run as
-    it is, no shell."""
+    """``setup:``: a string is shell text for ``sh -c``; a list is one argv, no shell."""
     items = [field] if not isinstance(field.node, yaml.SequenceNode) else field.sequence()
     if len(items) > MAX_SETUP_COMMANDS:
         raise field.error(f"{len(items)} setup commands, more than {MAX_SETUP_COMMANDS}",

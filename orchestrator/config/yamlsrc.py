@@ -1,8 +1,5 @@
-"""YAML with line numbers: every value knows its field path and its line.
-
-PyYAML's ``compose`` keeps the source position of each node; plain
-``safe_load`` throws it away. ``Located`` wraps a composed node so the
-validator can say ``cluster.yaml:14: nodes[1].gpus: ...`` for any value.
+"""YAML with line numbers: every value knows its field path and its line
+(``safe_load`` drops them), so errors read ``cluster.yaml:14: nodes[1].gpus: ...``.
 """
 
 from __future__ import annotations
@@ -72,11 +69,9 @@ class Located:
         return out
 
     def _refuse_split_value(self, index: int) -> None:
-        """``{host: a, gpus: 0,1}``: in a one-line ``{...}`` mapping a comma
-        ends the value, so YAML reads ``gpus: 0`` and a key ``1`` with no
-        value. An unknown digit-only key without a value, right after a plain
-        value, is that split: said so, at the key whose value was cut, with
-        the value the user meant, quoted."""
+        """``{host: a, gpus: 0,1}``: in a one-line mapping the comma ends the value,
+        leaving a digit-only key with no value. Said so, at the key whose value
+        was cut, with the value the user meant, quoted."""
         entries = self.node.value
         if not (getattr(self.node, "flow_style", False) and index > 0
                 and _bare_number_key(*entries[index])):
@@ -109,11 +104,8 @@ class Located:
         return [self._child(item, f"[{i}]") for i, item in enumerate(self.node.value)]
 
     def value(self) -> Any:
-        """The plain Python value of this node (scalars, lists, mappings).
-
-        Each scalar is read first, so a value YAML cannot turn into Python
-        (``2020-13-45``, ``!!int abc``, a 5000-digit number) is reported at
-        its own line instead of escaping as some other exception.
+        """The plain Python value of this node. Each scalar is read first, so a value
+        YAML cannot convert (``2020-13-45``) is reported at its own line.
         """
         for node in _scalar_nodes(self.node):
             self._read_scalar(node)
@@ -255,18 +247,11 @@ def line_at(text: str, position: int) -> int:
 
 
 def _compose_fast(text: str) -> tuple[yaml.SafeLoader, yaml.Node] | None:
-    """``text`` composed by libyaml, where PyYAML has it (``CSafeLoader``)
-    and the text is plain: ASCII, printable, no tabs. Else, or if libyaml
-    finds anything wrong, None: the pure-Python parser then reads it and
-    words any error as before.
-
-    Why: PyYAML's own scanner reads a commented cluster file a character at
-    a time, about 30 ms for ``cluster.yaml.example``, most of a dry run's
-    work; libyaml takes under 1 ms. For the files both accept, both give the
-    same nodes, tags, marks and values, but for two things: libyaml writes
-    a plain scalar's style as "" where PyYAML writes None, which is set back
-    here, and it marks an omitted value (``gpus:`` and nothing) where the
-    next token starts, so a file with one is PyYAML's.
+    """``text`` composed by libyaml (``CSafeLoader``) when PyYAML has it and the
+    text is plain (ASCII, printable, no tabs); else, or on any problem, None,
+    and the pure-Python parser reads it. Why: about 30 ms against under 1 ms
+    for ``cluster.yaml.example``. libyaml's "" style is set back to None, and a
+    file with an omitted value (``gpus:``) is left to PyYAML, which marks it right.
     """
     fast = getattr(yaml, "CSafeLoader", None)
     if fast is None or not text.isascii() or "\t" in text \

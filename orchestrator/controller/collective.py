@@ -1,16 +1,8 @@
 """The collective smoke test: ``check --collective`` and ``up --preflight collective``.
 
-Before anything is trained, the run's own layout (its nodes, GPUs or CPU
-processes, env, interfaces, backend and ``device`` decision) runs the
-built-in ``collective`` workload (``workloads/collective.py``): a tiny
-all-reduce between every pair of nodes on a group of its own, then one
-across the whole gang. It is launched as any run is (``session.up``: the
-same GPU choice, locks, teardown and records), without the file's
-``setup:`` and ``outputs:``, and bounded: each pair and the gang get
-``bound_s``, and the run a hang timeout above that. Its result becomes
-``check`` rows (``smoke_rows``): each pair of nodes, whether it completed
-within the bound, its bus bandwidth and, on NCCL, the transport it chose;
-a pair that hangs is named, with the likely cause.
+The run's own layout runs the built-in ``collective`` workload, launched as
+any run is (``session.up``) but bounded: a tiny all-reduce between every
+pair of nodes, then across the gang, so a pair that hangs is named.
 """
 
 from __future__ import annotations
@@ -33,8 +25,8 @@ CLUSTER = (-1, "*")
 
 
 def smoke_spec(spec: ClusterSpec, bound_s: int = DEFAULT_BOUND_S) -> ClusterSpec:
-    """``spec``'s layout, env and backend running the ``collective`` workload:
-    no ``setup:``, ``outputs:`` or restarts; NCCL at INFO into its files."""
+    """``spec``'s layout, env and backend running ``collective``: no ``setup:``,
+    ``outputs:`` or restarts; NCCL at INFO into its files."""
     return dataclasses.replace(
         spec, name=f"{spec.name}-{NAME}"[:64],
         workload=WorkloadSpec(name=NAME, script=None, args={"bound": int(bound_s)}),
@@ -43,16 +35,14 @@ def smoke_spec(spec: ClusterSpec, bound_s: int = DEFAULT_BOUND_S) -> ClusterSpec
 
 
 def smoke_options(options: LaunchOptions, bound_s: int = DEFAULT_BOUND_S) -> LaunchOptions:
-    """The launch's options for the smoke run: attached, no restarts, and a
-    hang timeout that ends it if the program's own bounds do not."""
+    """Attached, no restarts, and a hang timeout in case the program's own bounds fail."""
     return dataclasses.replace(options, detach=False, max_restarts=0,
                                hang_timeout_s=float(bound_s * 3 + 60))
 
 
 def run_smoke(spec: ClusterSpec, launch: Callable[..., Any],
               bound_s: int = DEFAULT_BOUND_S) -> list[CheckResult]:
-    """Launch the smoke run with ``launch(spec) -> (outcome, run)`` and say
-    what it found, as ``check`` rows."""
+    """Launch the smoke run with ``launch`` and say what it found, as ``check`` rows."""
     from ..errors import OrchestratorError
 
     try:
@@ -65,9 +55,8 @@ def run_smoke(spec: ClusterSpec, launch: Callable[..., Any],
 
 def smoke_rows(result: Mapping[str, Any] | None, hosts: Mapping[int, str],
                outcome: Any = None, run_path: str = "") -> list[CheckResult]:
-    """Rows for the smoke test's ``result`` (``workloads/collective.py``):
-    one per pair of nodes and one for the gang; where there is no result,
-    one row with the run's root cause and its hint."""
+    """Rows for the smoke test's ``result``: one per pair of nodes and one for
+    the gang; without a result, one row with the root cause and its hint."""
     if not isinstance(result, Mapping) or not isinstance(result.get("pairs"), list):
         return [CheckResult(*CLUSTER, NAME, False, _no_result(outcome, run_path))]
     backend = str(result.get("backend") or "?")

@@ -1,16 +1,7 @@
-"""``ddp-orch compare``'s two runs: which specs, and launching or reusing them.
+"""``ddp-orch compare``'s runs: which specs, and launching or reusing them.
 
-Seed 001's experiment as a command: the file's workload runs once as a
-single process on node 0's first device (the baseline), once on node 0
-alone where the cluster has other nodes and node 0 more than one device
-(N GPUs of one node), and once on the full cluster, with the same workload
-arguments, so the same global batch and the same number of samples. ``--baseline dp`` (seed 002) makes the
-baseline the ``mlp`` workload's ``nn.DataParallel``: one process driving
-all of node 0's listed GPUs, against DDP on the cluster; it needs at least
-two GPUs on node 0 and is refused before anything starts otherwise.
-
-The report itself (summaries, differences, tables, plots) is
-``report/compare.py``: it reads results and launches nothing.
+``--baseline dp`` makes the baseline mlp's ``nn.DataParallel`` over node 0's
+GPUs; it is refused before anything starts unless node 0 has two or more.
 """
 
 from __future__ import annotations
@@ -35,14 +26,10 @@ THREADS_VAR = "OMP_NUM_THREADS"
 
 
 def one_thread_per_cpu_process(spec: ClusterSpec) -> ClusterSpec:
-    """Each CPU process of ``spec`` on one intra-op thread, unless its env
-    sets ``OMP_NUM_THREADS``.
-
-    torchrun gives every process 1 thread when a node runs several, and
-    torch's default (all cores) when it runs one, so the 1-process baseline
-    would use every core and each DDP process one: the speed-up would then
-    measure threads, not processes (on a loaded 2-core machine a tiny
-    resnet showed 526% efficiency). GPU processes are left as they are.
+    """Each CPU process of ``spec`` on one intra-op thread, unless its env sets
+    ``OMP_NUM_THREADS``. torchrun gives a lone process every core and several
+    one each, so the speed-up would measure threads, not processes (526%
+    efficiency on a loaded 2-core machine). GPU processes are left as they are.
     """
     nodes = tuple(node if node.procs is None or THREADS_VAR in node.env else
                   dataclasses.replace(node, env={**node.env, THREADS_VAR: "1"})
@@ -74,10 +61,8 @@ def baseline_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
 
 
 def node_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec | None:
-    """The job on node 0 alone, as the file gives node 0 (all its devices),
-    between the baseline and the cluster; None where it would repeat one of
-    them: a cluster of one node, node 0 with one process, a DataParallel
-    baseline (which is node 0's GPUs already)."""
+    """The job on node 0 alone, all its devices; None where it would repeat the
+    baseline or the cluster (one node, one process, a DataParallel baseline)."""
     first = spec.nodes[0]
     if kind != "single" or len(spec.nodes) < 2 or first.nproc == 1:
         return None
@@ -86,15 +71,13 @@ def node_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec | None:
 
 
 def ddp_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
-    """The cluster side: the job as given, its CPU processes on one thread
-    each as the baseline's; against a DataParallel baseline, mlp's ``mode``
-    set to ddp explicitly."""
+    """The cluster side: the job as given, CPU processes on one thread each;
+    against a DataParallel baseline, mlp's ``mode`` set to ddp."""
     return with_args(spec, {"mode": "ddp"}) if kind == "dp" else one_thread_per_cpu_process(spec)
 
 
 def check_dp_baseline(spec: ClusterSpec) -> None:
-    """Refuse ``--baseline dp`` where it cannot run: it is the mlp workload's
-    ``--mode dp``, one process over at least two GPUs of node 0."""
+    """Refuse ``--baseline dp`` unless node 0 has two GPUs or more for mlp's ``--mode dp``."""
     where = "--baseline dp"
     if spec.workload.name != "mlp":
         given = spec.workload.name or spec.workload.module or spec.workload.script or "?"
@@ -117,9 +100,8 @@ def check_dp_baseline(spec: ClusterSpec) -> None:
 
 
 def load_run(label: str, run_id: str, runs_dir: str) -> RunSummary:
-    """A finished run's result, reused as the ``label`` side; ``LaunchError``
-    if it did not succeed or wrote no result. Cheap: the CLI loads reused
-    runs before it launches anything."""
+    """A finished run's result reused as the ``label`` side; ``LaunchError`` if it
+    failed or wrote none. Cheap: loaded before anything is launched."""
     record = find_run(runs_dir, run_id)
     result = record.run.result()
     if record.state is RunState.SUCCEEDED and not isinstance(result, dict):
@@ -144,10 +126,8 @@ def launch_run(label: str, spec: ClusterSpec, launch: Any) -> RunSummary:
 
 
 def no_result(label: str, run_id: str, plan: Any) -> str:
-    """Why a run that succeeded is no side of a comparison: its program
-    wrote no result file. A built-in workload always writes one; a user's
-    script writes one only if it follows the contract
-    (``workloads/contract.py``), which no one can tell before it runs."""
+    """Why a run that succeeded is no side: it wrote no result file, as a user's
+    script does unless it follows ``workloads/contract.py``."""
     try:
         node0 = plan["nodes"][0]
         where = f" (for this run {node0['env'][contract.RESULT_FILE_ENV]} on node 0, " \

@@ -1,19 +1,11 @@
 """``ddp-orch down RUN``: end whatever of a run still runs, from its records.
 
-A live controller of the run is asked to stop first (SIGTERM, which ``up``
-turns into its graceful teardown); then the run's backend cancels what is
-left on the nodes (``LaunchBackend.cancel``), never by process name.
-Running it twice is harmless: the second time there is nothing left.
-Either way the run's records name the stopper (``stopper``): the words are
-left in the run directory before the controller's signal, and go with the
-cancel to a detached run's keepers.
-
-The controller is signalled only if it still is the recorded process
-(``records.store.controller_alive``: same host, boot, start time and
-command line), never just because its pid is alive: after a reboot, or
-long after the run, that pid is someone else's. Where the kernel has pidfds
-(Linux >= 5.3), the process is pinned with ``pidfd_open`` before the check,
-so the pid cannot be reused between check and signal.
+A live controller gets SIGTERM (``up``'s graceful teardown) first; then the
+backend cancels what is left on the nodes, never by process name. Running
+it twice is harmless. The controller is signalled only if it still is the
+recorded process (``controller_alive``), never on a live pid alone, and is
+pinned with ``pidfd_open`` where the kernel can, so its pid cannot be
+reused between the check and the signal.
 """
 
 from __future__ import annotations
@@ -40,9 +32,7 @@ def stopper() -> str:
 def down(record: RunRecord, grace_s: float = 5.0,
          note: Note | None = None) -> tuple[bool, list[CancelResult]]:
     """Stop the run's controller (if alive) and its processes on every node.
-
-    ``note`` gets a line for what could not be done about the controller
-    (the CLI prints it); the nodes are cancelled either way.
+    ``note`` gets a line for what could not be done about the controller.
     """
     stopped_controller = _stop_controller(record, grace_s + 15, note or (lambda _: None))
     backend = backend_of(record, LaunchOptions(grace_s=grace_s,

@@ -1,19 +1,10 @@
 """``ddp-orch prune``: remove ended runs, here and on their nodes.
 
-Every run uploads its code to every node and leaves a node run directory
-there (``<workdir>/runs/<run id>/node-<k>``), and a local run directory
-here. ``prune`` removes both for runs that have ended, and says how many
-bytes it freed. A run is never pruned while it is alive:
-
-* its record must say it ended (``read_record``: a live run whose
-  controller is gone reads as interrupted, its nodes tore it down);
-* a detached run, or a Slurm job, is asked about first (its backend's
-  ``describe``: the keepers, ``squeue``), and kept while that says live;
-* each node's agent checks once more that no process of the run (nor its
-  keeper) lives there before it removes the directory (``agent/node/prune.py``).
-
-A node that cannot be reached keeps the local run directory too, so a later
-``prune`` can still find that node's directory from the record.
+A run is never pruned while alive: its record must say it ended, a
+detached run or Slurm job is asked of its backend first, and each node's
+agent checks that no process of the run lives there before removing its
+directory. A node that cannot be reached keeps the local run directory
+too, so a later ``prune`` can still find it from the record.
 """
 
 from __future__ import annotations
@@ -66,8 +57,7 @@ class Pruned:
 
 
 def ended_at(record: RunRecord) -> float | None:
-    """When the run ended, as recorded (its start, its wait, then its wall
-    time), or the time its ``state.json`` was last written."""
+    """When the run ended, as recorded, else when its ``state.json`` was last written."""
     since = record.running_since
     if since is not None and record.wall_s is not None and not record.live:
         return since + float(record.wall_s)
@@ -78,8 +68,7 @@ def ended_at(record: RunRecord) -> float | None:
 
 
 def still_live(record: RunRecord) -> str:
-    """Why ``record`` counts as alive ("" if it has ended). A run its
-    backend must be asked about (a detached run, a Slurm job) is asked."""
+    """Why ``record`` counts as alive, its backend asked where needed; "" if it ended."""
     scheduled = record.owner.holder is Holder.SCHEDULER
     if record.live and record.owner.ends_with_controller:
         return f"it is {record.state} (its controller runs)"
@@ -96,14 +85,9 @@ def still_live(record: RunRecord) -> str:
 
 def prune_run(record: RunRecord, older_than_s: float | None, now: float | None = None, *,
               forget_unreachable: bool = False) -> Pruned:
-    """Remove one run here and on its nodes, unless it is alive or too new.
-
-    A node that cannot be reached keeps the run (its record is how a later
-    prune finds that node's directory), except where nothing of the run can
-    be there: a run refused before it started (no ``plan.json``: its nodes
-    were connecting when it ended, and took back what they had prepared), or
-    where the user says so (``forget_unreachable``: the node's directory,
-    if any, is named and left)."""
+    """Remove one run here and on its nodes, unless it is alive or too new. An
+    unreachable node keeps the run, unless nothing of it can be there (no
+    ``plan.json``) or ``forget_unreachable`` says so."""
     now = time.time() if now is None else now
     if older_than_s is not None:
         ended = ended_at(record)

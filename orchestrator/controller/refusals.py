@@ -1,22 +1,10 @@
 """What a launch would fail on, found before anything starts.
 
-``prepare`` (``session.py``) runs ``refuse`` for ``--dry-run`` and for
-``up`` alike, before ``up`` records a run, so both refuse the same input
-with the same ``ConfigError`` (exit 2) and neither leaves a run behind:
-
-* the GPUs of a localhost node that this machine does not have (or has in
-  MIG mode), as its nvidia-smi lists them, in the words the node's agent
-  would refuse them with at launch (``gpus.choose``). Whether they are busy
-  or held is the launch's to say (``engine/gpuplan.py``): it may change by
-  then. Without nvidia-smi the launch asks torch instead. A remote node's
-  GPUs are its agent's to see, at launch or in ``check``;
-* a built-in workload's rules (``workloads/catalog.py``'s ``Rule``): its
-  arguments against the world size, the device and restarts, in the words
-  every rank would use after the start. Facts only the ranks can see (the
-  GPUs of a remote node under ``device: auto``) leave a rule to them.
-
-The upload cap on the code directory is the backends' dry-run's own
-(``bundle.code_notes``), inside ``prepare`` as well.
+``refuse`` runs for ``--dry-run`` and ``up`` alike, before a run is
+recorded, so both refuse the same input with the same ``ConfigError``: a
+localhost node's GPUs this machine lacks (busy or held is the launch's to
+say: it may change by then), and a built-in workload's rules on the world
+size, device and restarts, where the controller can know them.
 """
 
 from __future__ import annotations
@@ -51,24 +39,21 @@ def refuse(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions,
            gpus_here: Callable[[], dict] = _gpus_here,
            torch_here: Callable[[str], dict] = _torch_here) -> None:
     """Raise ``ConfigError`` for the first thing the launch would fail on;
-    ``gpus_here`` asks this machine's nvidia-smi (``gpus.facts``), and
-    where there is none, ``torch_here`` its torch (``gpuclaim.TorchProbe``)."""
+    ``gpus_here`` asks nvidia-smi, and without one ``torch_here`` asks torch."""
     _local_gpus(spec, plan, gpus_here, torch_here)
     if plan.world_size_known:  # else once the nodes chose (``refuse_resolved``)
         _workload_rules(spec, plan, options)
 
 
 def refuse_resolved(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) -> None:
-    """A built-in's rules on a plan whose nodes chose their GPUs at launch
-    (``gpus: all`` or ``free``), before any rank starts: the world size is
-    known only then."""
+    """A built-in's rules on a plan whose nodes chose their GPUs at launch: only
+    then is the world size known."""
     _workload_rules(spec, plan, options)
 
 
 def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
                 torch_here: Callable[[str], dict]) -> None:
-    """A localhost node's listed GPUs must be here unless the run is on CPU
-    (``check`` asks the same question of every node's agent)."""
+    """A localhost node's listed GPUs must be here, unless the run is on CPU."""
     local = [node for node in plan.nodes if node.is_local and node.gpus is not None]
     if plan.device == "cpu" or not local:
         return
@@ -100,8 +85,7 @@ NO_GPU_FIX = gpuplan.CPU_REHEARSAL
 
 def _missing(wanted: tuple[int, ...], found: dict, spec: ClusterSpec) -> str | None:
     """Why GPUs ``wanted`` cannot be had here whatever else runs: nvidia-smi
-    fails, or does not list them (or lists them in MIG mode, unfit or
-    excluded by the file's ``gpu_policy``)."""
+    fails, or does not list them fit for use (MIG mode, excluded)."""
     from ..agent.node import gpus as node_gpus
 
     if not found.get("ok"):
@@ -139,15 +123,9 @@ def _workload_rules(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) ->
 
 def layout(spec: ClusterSpec, plan: RunPlan, device_arg: str | None, *,
            restarts: bool) -> Layout:
-    """What the controller knows of where the ranks run (``catalog.Layout``),
-    for the rank that fares worst: a rule refuses if any rank would.
-
-    The device each rank uses is the workload's ``--device`` if given, else
-    the plan's (``cpu`` with any ``procs:`` node). The GPUs a rank sees are
-    its node's CUDA_VISIBLE_DEVICES: none on a ``procs:`` node, the listed
-    ones (or Slurm's GRES count) on a GPU node, once CUDA is in use: certain
-    with ``cuda``, and with ``auto`` only when every node is this machine's
-    (whose GPUs ``_local_gpus`` found present).
+    """What the controller knows of where the ranks run (``catalog.Layout``), for
+    the rank that fares worst. A rank's GPUs count only where CUDA is certain:
+    ``cuda``, or ``auto`` with every node on this machine.
     """
     wanted = device_arg or plan.device
     seen = [0 if given.procs is not None else

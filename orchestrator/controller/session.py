@@ -1,16 +1,9 @@
 """A run's life on the controller: spec -> plan -> backend -> record.
 
-``prepare`` is what ``--dry-run`` shows: the backend's ``DryRun`` of the
-plan, after the refusals of what is knowable before launch
-(``refusals.py``, the code directory's upload cap). ``up`` runs that same
-object: only then does it create the run directory, record the run, hand
-the dry-run to the backend's ``launch`` (submit, then the engine's follow
-and collect; the handle's records are kept as soon as the nodes are
-submitted, and again once they run, when ``up`` says which ranks went to
-which node and GPU) and record how it ended, whatever
-happens: a launch that raises (a busy port) leaves its error in the record,
-for ``status``. So input that is refused leaves no run behind, in a dry-run
-or not. Nothing here knows which backend it holds.
+``up`` runs the very ``DryRun`` that ``prepare`` shows, and only then
+creates the run directory and records the run, so refused input leaves no
+run behind. How the run ended is recorded whatever happens: a launch that
+raises leaves its error in the record, for ``status``.
 """
 
 from __future__ import annotations
@@ -39,8 +32,8 @@ if TYPE_CHECKING:
 
 def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
             local_run_dir: str) -> tuple[LaunchBackend, DryRun]:
-    """The backend for ``spec`` and its dry-run of the plan; ``ConfigError``
-    for what the launch would be refused for (``refusals.py``)."""
+    """The backend for ``spec`` and its dry-run; ``ConfigError`` for what the
+    launch would refuse."""
     backend = backend_for(spec, options)
     plan = backend.plan(run_id, local_run_dir)
     refuse(spec, plan, options)
@@ -73,8 +66,7 @@ def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
     running_since = None  # once every node runs: the wait for them is over
 
     def record(state: RunState, outcome: RunOutcome | None = None, error: str = "") -> None:
-        """Into state.json; a runs directory that cannot take it (full) does
-        not stop the run or hide its end: said, and the run goes on."""
+        """Into state.json; a full runs directory does not stop the run or hide its end."""
         try:
             write_state(run, run_id=info.plan.run_id, backend=backend.name, state=state,
                         started=started, nodes=nodes, outcome=outcome, owner=info.owner,

@@ -1,14 +1,8 @@
 """The controller's end of a node agent: one exec channel, requests and replies.
 
-``AgentHandle`` starts the agent through a node's transport (``python -c
-BOOT``, then the package on stdin; see ``orchestrator.agent.wire.bootstrap``),
-waits for its hello (which carries the node's home directory), and then
-sends requests and reads the replies with the framing both sides import
-from ``orchestrator.agent.wire.protocol``. Files move over the same channel,
-checked by size and SHA-256 on both ends, so a node needs no SFTP. After
-``supervise`` the channel carries the supervisor's output, which
-``NodeHandle`` relays: an ``AgentHandle`` is a node channel
-(``channel.NodeChannel``).
+The agent arrives over the node's transport (``python -c BOOT``, then the
+package on stdin), so a node needs no install; files move over the same
+channel, checked by SHA-256 on both ends, so it needs no SFTP either.
 """
 
 from __future__ import annotations
@@ -37,17 +31,9 @@ class AgentHandle:
 
     def __init__(self, transport: Transport, python: str, *, wait: bool = True,
                  run_id: str | None = None, boot: bool = True):
-        """Start the agent; with ``wait``, also wait for its hello (``await_hello``).
-
-        With ``run_id`` the agent carries the run's own marker
-        (``procs.own_marker``), and so does everything it starts (the
-        supervisor it becomes, its guardian, a keeper): one scan of /proc
-        finds every process of the run, ddp-orch's own included.
-
-        Without ``boot`` only the node's command starts; ``boot()`` then
-        sends the agent itself, which a node that never reads its stdin
-        (a hung interpreter) leaves blocked on a full pipe: whoever holds
-        the handle meanwhile can still ``close`` (and so abort) it."""
+        """Start the agent; with ``wait``, also wait for its hello. ``run_id``
+        marks it and all it starts (``procs.own_marker``). Without ``boot``,
+        a later ``boot()`` that blocks can still be aborted by ``close``."""
         self.transport = transport
         self.host = transport.host
         self.python = python
@@ -64,8 +50,7 @@ class AgentHandle:
             self.boot(wait)
 
     def boot(self, wait: bool = True) -> "AgentHandle":
-        """Send the agent's package (``bootstrap.payload``); with ``wait``,
-        wait for its hello too."""
+        """Send the agent's package; with ``wait``, wait for its hello too."""
         self.process.send(bootstrap.payload(["serve"]))
         if wait:
             self.await_hello()
@@ -82,30 +67,26 @@ class AgentHandle:
 
     @property
     def cores(self) -> int:
-        """The CPUs the node's agent may run on: its ranks' share of them is
-        their ``OMP_NUM_THREADS`` (``agent/node/ompthreads.py``)."""
+        """The CPUs the node's agent may run on (its ranks' ``OMP_NUM_THREADS``)."""
         return self.hello["cores"]
 
     # -- requests -----------------------------------------------------------
 
     def call(self, op: str, payload: bytes = b"", *, max_reply: int = 1 << 20,
              **fields: Any) -> dict:
-        """Send one request (and its payload) and return its reply. Both are
-        checked against ``protocol.OPS``: a request the agent would refuse
-        raises ProtocolError here, and an ok reply carries its declared fields."""
+        """Send one request and return its reply, both checked against
+        ``protocol.OPS`` (ProtocolError here, not a refusal there)."""
         self.send(op, payload, **fields)
         return self.reply(op, max_reply=max_reply)
 
     def send(self, op: str, payload: bytes = b"", **fields: Any) -> None:
-        """Send a request without waiting: the agent answers requests in order,
-        so several can be in flight (before its hello, too: they wait in the
-        channel while the node's shell and Python start)."""
+        """Send a request without waiting: the agent answers in order, so
+        several can be in flight, before its hello too."""
         self.process.send(request(op, **fields) + payload)
 
     def reply(self, op: str, *, max_reply: int = 1 << 20) -> dict:
-        """The next reply, with ``data`` when it carries bytes (at most
-        ``max_reply``, checked against its SHA-256). A node that announces
-        more is cut off, not read."""
+        """The next reply, with ``data`` checked against its SHA-256. A node
+        that announces more than ``max_reply`` is cut off, not read."""
         if not self.hello:
             self.await_hello()
         reply = self._message("reply")
@@ -142,8 +123,8 @@ class AgentHandle:
         return str(reply.get("path", path))
 
     def get(self, path: str, max_bytes: int, root: str | None = None) -> bytes | None:
-        """The regular file at ``path`` on the node, or None if there is none;
-        with ``root``, the node refuses a path whose links lead out of it."""
+        """The regular file at ``path`` on the node, or None; with ``root``, a
+        path whose links lead out of it is refused."""
         reply = self.call("get", path=path, max=max_bytes, max_reply=max_bytes,
                           **({"root": root} if root is not None else {}))
         if reply["ok"]:
@@ -174,8 +155,7 @@ class AgentHandle:
         self.process.abort()
 
     def release(self) -> "AgentHandle":
-        """The supervisor's run is over and reported: ``done`` gives the
-        channel back to the agent's ``serve`` loop, for requests."""
+        """Give the channel back to the agent's request loop, the run reported."""
         self.send_control(Control.DONE)
         return self
 
@@ -192,13 +172,9 @@ class AgentHandle:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """EOF to the agent: it exits (a supervisor tears its run down first).
-
-        A node that never reads its stdin (a hung interpreter) leaves a send
-        blocked on a full pipe, holding the stream's lock, and the EOF would
-        wait on that lock forever: after ``timeout_s`` the command is aborted
-        instead, which also ends the blocked send. An agent that never said
-        hello (a hung login or interpreter) runs nothing to tear down: it is
-        aborted at once."""
+        A send blocked on a node that never reads its stdin holds the lock
+        the EOF needs, so after ``timeout_s`` the command is aborted; one
+        that never said hello is aborted at once."""
         if not self.hello:
             self.process.abort()
             return
@@ -217,8 +193,8 @@ class AgentHandle:
     # -- replies ------------------------------------------------------------
 
     def _message(self, expected: str) -> dict:
-        """The next control message, which must be ``expected``; what the node
-        prints besides (a login shell's warnings) is kept for errors."""
+        """The next control message, which must be ``expected``; other output
+        (a login shell's warnings) is kept for errors."""
         while True:
             try:
                 line = self.reader.readline()
@@ -260,13 +236,9 @@ class AgentHandle:
 def open_agents(transports: Mapping[int, Transport], pythons: Mapping[int, str],
                 timeout_s: float, first: Callable[[int, "AgentHandle"], Any] | None = None,
                 run_id: str | None = None) -> tuple[GroupResult, dict[int, AgentHandle]]:
-    """Start an agent on every node at once and wait up to ``timeout_s`` for
-    each to answer. ``first(k, agent)``, if given, runs as soon as node k's
-    agent is started, before its hello: it may send requests (they are
-    pipelined behind the agent's own upload) and collect their replies; its
-    value is the node's result. Returns the group result and every agent
-    that was started, answering or not, so the caller can close them all (a
-    hung node's process included). ``run_id`` marks them (``AgentHandle``)."""
+    """Start an agent on every node at once; ``first(k, agent)`` runs before
+    its hello. Returns the result and every agent started, answering or
+    not, so the caller can close them all."""
     started: dict[int, AgentHandle] = {}
 
     def open_one(k: int) -> Any:

@@ -1,72 +1,36 @@
 """The code bundle shipped to every node, so nodes need no ddp-orch install.
 
-One gzipped tar per run, unpacked by the node supervisor into the node's
-run directory::
+One gzipped tar per run, unpacked into the node's run directory: the
+built-in workloads, the worker shim and the step report under ``code/``,
+and the code directory (``workload.code``), if any, as ``project/``, the
+workers' working directory.
 
-    code/workloads/...    the built-in workloads package (and the contract)
-    code/ddp_orch_shim.py the worker shim
-    code/ddp_orch_progress.py  a program's step report (``agent/worker/progress.py``)
-    project/...           the user's code directory (``workload.code``; by
-                          default the script's directory), if any: the
-                          workers' working directory on the node
+The code directory goes to *every* node, so each path in it is filtered,
+in this order:
 
-What of the code directory is uploaded
---------------------------------------
-
-The code directory goes to *every* node, so it is filtered, in this
-order, for each path relative to it (``scan_script_dir`` does the walk, and
-``build_bundle`` adds exactly the files it lists):
-
-1. Never: ``.git``, virtualenvs, caches and the like (``_SKIP_DIRS``,
-   ``*.pyc``), anything that is not a regular file (symlinks, devices,
-   sockets; a symlinked directory is not followed), and the control files
-   ``.gitignore``, ``.ddp-orch-ignore`` and ``.ddp-orch-include`` at the top.
-   Nothing re-admits these.
-2. Ignored: what ``.gitignore`` or ``.ddp-orch-ignore`` at the top of the
-   script directory matches (their patterns are read in that order, the last
-   match wins, so ``!name`` in ``.ddp-orch-ignore`` un-ignores what
-   ``.gitignore`` ignores). An ignored directory is not entered.
-3. Skipped as secret-looking, unless ``.ddp-orch-include`` names it: any path
-   with a component starting with ``.`` (``.ssh/id_ed25519``, ``.env``,
-   ``.aws/credentials``) and files named like keys or credentials
-   (``_SECRET_NAMES``: ``*.pem``, ``*.key``, ``id_rsa*``, ``credentials`` ...,
-   case-insensitive). Including a directory includes what is in it (minus
-   1 and 2); a later ``!pattern`` in the include file takes a path back out.
-   These paths are listed in ``ScriptDirScan.skipped`` and in the dry-run.
-4. Everything else is uploaded; the total is capped at
-   ``MAX_SCRIPT_DIR_BYTES``, checked by the dry-run (``code_notes``), so
-   ``--dry-run`` and ``up`` refuse an oversized directory alike, before
-   anything starts. The cluster file that launches the run, when it
-   lies in the code directory (as most people keep it), is uploaded with
-   its secrets masked (``stand_ins``), as the run directory stores it: its
+1. Never: ``_SKIP_DIRS``, ``*.pyc``, anything not a regular file (a
+   symlinked directory is not followed) and the control files at the top
+   (``.gitignore``, ``.ddp-orch-ignore``, ``.ddp-orch-include``).
+2. Ignored: what ``.gitignore`` then ``.ddp-orch-ignore`` at the top match;
+   the last match wins, so ``!name`` in the second un-ignores. An ignored
+   directory is not entered, so nothing under it can be un-ignored.
+3. Held back as secret-looking, unless ``.ddp-orch-include`` names it (or a
+   directory above it): a component starting with ``.``, or a key's or
+   credentials' name (``_SECRET_NAMES``, case-insensitive).
+4. The rest is uploaded, up to ``MAX_SCRIPT_DIR_BYTES``, checked by the
+   dry-run so that ``--dry-run`` and ``up`` refuse alike. The cluster file,
+   if it lies there, goes with its secrets masked (``stand_ins``): its
    ``env`` would otherwise reach every node in clear.
 
-A code directory that is the filesystem root, the user's home directory or
-a directory above it is refused outright (``config.loader.too_broad``, the
-loader's rule for ``workload.code``).
-
-Pattern syntax (a subset of gitignore, matched with ``fnmatch``)
-----------------------------------------------------------------
-
-* one pattern per line; blank lines and lines starting with ``#`` are
-  ignored; trailing spaces are stripped; ``\\#`` and ``\\!`` start a pattern
-  with a literal ``#`` or ``!``;
-* ``!pattern`` negates: a path it matches is not ignored (not included, in
-  ``.ddp-orch-include``); the last matching line decides. As in git, nothing
-  under an ignored directory can be un-ignored, since it is never entered;
-* a trailing ``/`` makes the pattern match directories only;
-* a pattern with a ``/`` elsewhere (leading or in the middle) is anchored to
-  the code directory: ``/build`` is the top ``build`` only, ``docs/*.md``
-  only files directly in the top ``docs``;
-* ``**`` as a whole path component matches any number of directories:
-  ``**/tmp/*.log``, ``a/**/b``; a trailing ``/**`` matches everything inside;
-* otherwise the pattern matches the base name at any depth (``*.ckpt``,
-  ``data/``);
-* within a component, ``*``, ``?`` and ``[...]`` are ``fnmatch``'s (case
-  sensitive); ``*`` never crosses a ``/``.
-
-Not supported: ``.gitignore`` files below the top, the global git excludes
-and ``.git/info/exclude``, and escaped trailing spaces.
+Patterns are a subset of gitignore, matched per component with ``fnmatch``
+(case sensitive; ``*`` never crosses a ``/``): blank lines, ``#`` lines and
+trailing spaces are ignored (``\\#``, ``\\!`` start a literal one); ``!``
+negates; a trailing ``/`` matches directories only; any other ``/`` anchors
+the pattern to the code directory (``/build``, ``docs/*.md``), else it
+matches the base name at any depth; ``**`` as a whole component matches
+any number of directories (``a/**``: everything inside ``a``). Not
+supported: ``.gitignore`` below the top, git's global and
+``.git/info/exclude`` excludes, escaped trailing spaces.
 """
 
 from __future__ import annotations
@@ -210,13 +174,8 @@ def _secret_looking(name: str) -> bool:
 
 @dataclass(frozen=True)
 class ScriptDirScan:
-    """What of a code directory goes to every node.
-
-    ``files``: (relative posix path, size in bytes) of each file uploaded,
-    sorted by path; ``total_bytes`` their sum; ``skipped``: relative paths
-    held back as dotfiles or secret-looking (not ignore-file matches,
-    caches, links or devices).
-    """
+    """What of a code directory goes to every node. ``files``: (relative
+    posix path, bytes), sorted; ``skipped``: held back as secret-looking."""
 
     directory: str
     files: tuple[tuple[str, int], ...]
@@ -227,9 +186,7 @@ class ScriptDirScan:
     ignored: tuple[tuple[str, int | None], ...] = ()
 
     def summary(self, max_names: int = 10) -> str:
-        """One line for the dry-run, e.g. ``code dir   /x: 12 files, 3.4 MiB
-        uploaded to each node; 2 skipped as secret-looking: .ssh/id_ed25519, .env;
-        held back by .gitignore/.ddp-orch-ignore: data/ (20.0 MiB)``."""
+        """The dry-run's ``code dir`` line: what goes, what was held back."""
         count = len(self.files)
         line = (f"code dir   {self.directory}: {count} file{'' if count == 1 else 's'}, "
                 f"{human_size(self.total_bytes)} uploaded to each node")
@@ -248,9 +205,8 @@ class ScriptDirScan:
         return tuple(sorted(self.files, key=lambda f: (-f[1], f[0]))[:n])
 
     def check_size(self, program: str = "your program", source: str = "") -> None:
-        """Raise ConfigError (bad input: exit 2) if more than
-        ``MAX_SCRIPT_DIR_BYTES`` would be uploaded; ``program`` names what
-        runs (``train.py``, ``python -m pkg.train``) for the fix."""
+        """Raise ConfigError (exit 2) past ``MAX_SCRIPT_DIR_BYTES``;
+        ``program`` names what runs, for the hint."""
         if self.total_bytes <= MAX_SCRIPT_DIR_BYTES:
             return
         rows = "\n".join(f"  {human_size(size):>10}  {rel}" for rel, size in self.largest(10))
@@ -291,11 +247,8 @@ def _refuse_broad(directory: str) -> None:
 
 
 def scan_script_dir(directory: str) -> ScriptDirScan:
-    """Walk ``directory`` once under the rules in the module doc.
-
-    Raises LaunchError for the filesystem root or a directory that is or holds
-    the user's home; the size cap is ``ScriptDirScan.check_size``'s.
-    """
+    """Walk ``directory`` once under the rules in the module doc; refuses
+    the filesystem root and the user's home or above (LaunchError)."""
     directory = os.path.abspath(directory)
     _refuse_broad(directory)
     ignore = _read_patterns(directory, IGNORE_FILES)
@@ -402,10 +355,8 @@ def stand_ins(spec: ClusterSpec | None) -> dict[str, bytes]:
 
 def build_bundle(path: str, code: str | None = None,
                  replaced: Mapping[str, bytes] | None = None) -> int:
-    """Write the bundle to ``path``: the built-ins, the shim, the step
-    report and the code directory ``code`` (if any, under ``project/``);
-    returns its size in bytes. A file whose real path is in ``replaced`` (``stand_ins``) carries
-    that text instead."""
+    """Write the bundle to ``path``; its size in bytes. A file whose real
+    path is in ``replaced`` (``stand_ins``) carries that text instead."""
     import tarfile
 
     replaced = replaced or {}
@@ -443,10 +394,9 @@ def build_bundle(path: str, code: str | None = None,
 
 
 def code_notes(plan: RunPlan, source: str = "") -> tuple[str, ...]:
-    """The dry-run's line on the code directory (none for a built-in
-    workload, which has none). A script the upload would leave out
-    (ignored, a link, secret-looking) and a directory over the upload cap
-    are refused here, before anything starts."""
+    """The dry-run's line on the code directory (none for a built-in). A
+    script the upload would leave out, or a directory over the cap, is
+    refused here, before anything starts."""
     if plan.code is None:
         return ()
     scan = scan_script_dir(plan.code)

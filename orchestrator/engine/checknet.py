@@ -1,26 +1,12 @@
 """The network half of ``ddp-orch check``: what the ranks' own connections need.
 
 Reaching node 0's master port is not enough: after the rendezvous every
-rank connects to every other over the interface its node chose (Gloo's
-full mesh, NCCL's rings), so ``check`` proves that path too:
-
-* each node chooses its interface exactly as ``up`` does (the agent's
-  ``route``, and the refusal of a user-set name the node lacks), and the
-  table shows it with its address;
-* each node listens on that address (a port of its own, the address's
-  family), and every other node opens a TCP connection to it, all at once,
-  each within ``CONNECT_TIMEOUT_S``; the failing pairs are shown (a node no
-  other reaches as one row), or one row when every pair connects;
-* the master port: free on node 0 (bound in the master address's family)
-  and reachable from every node;
-* warnings, which do not fail the check: a host name that resolves to
-  loopback (Gloo would advertise it), clocks more than ``CLOCK_SKEW_S``
-  apart, CUDA or NCCL versions that differ between nodes (torch that
-  differs fails).
-
-The rules that turn measurements into rows are pure functions
-(``version_rows``, ``clock_rows``, ``pair_rows``, ``hostname_row``),
-tested without a cluster; ``network_checks`` gathers the measurements.
+rank connects to every other over the interface its node chose (Gloo's full
+mesh, NCCL's rings), so ``check`` has each node choose its interface as
+``up`` does and listen there, and every other node connect to it, all at
+once. Loopback host names, clock skew and differing CUDA or NCCL versions
+only warn. The rules that turn measurements into rows are pure, tested
+without a cluster.
 """
 
 from __future__ import annotations
@@ -61,10 +47,8 @@ class NodeNet:
 
 def version_rows(versions: Mapping[int, Mapping[str, object]], hosts: Mapping[int, str],
                  device: str = "auto") -> list[CheckResult]:
-    """Rows for what differs between nodes, from each node's ``probe`` reply
-    (``torch``, ``cuda``, ``nccl``): torch that differs fails; CUDA or NCCL
-    that differ warn (not on a CPU run, which uses neither); one ok row when
-    all agree. Nodes whose torch did not import are left out."""
+    """Rows for what differs between nodes: torch fails; CUDA or NCCL warn,
+    except on a CPU run, which uses neither."""
     known = {k: v for k, v in versions.items() if "torch_error" not in v and v.get("torch")}
     if len(known) < 2:
         return []
@@ -92,17 +76,15 @@ def version_rows(versions: Mapping[int, Mapping[str, object]], hosts: Mapping[in
 
 
 def clock_offset(t_sent: float, node_time: float, t_received: float) -> tuple[float, float]:
-    """(the node's clock minus this machine's, the round trip): the node read
-    its clock somewhere inside the round trip, so the offset is known to
-    within half of it."""
+    """(the node's clock minus ours, the round trip): the offset is known to
+    within half the round trip."""
     return node_time - (t_sent + t_received) / 2, t_received - t_sent
 
 
 def clock_rows(clocks: Mapping[int, tuple[float, float]], hosts: Mapping[int, str],
                bound_s: float = CLOCK_SKEW_S) -> list[CheckResult]:
-    """One row on how far apart the nodes' clocks are, from each node's
-    ``(offset, round trip)`` against this machine: a warning when two nodes
-    are surely more than ``bound_s`` apart (the round trips taken off)."""
+    """One row on the nodes' clocks: a warning when two are surely (round
+    trips taken off) more than ``bound_s`` apart."""
     if len(clocks) < 2:
         return []
     ahead = max(clocks, key=lambda k: clocks[k][0])
@@ -124,10 +106,8 @@ def clock_rows(clocks: Mapping[int, tuple[float, float]], hosts: Mapping[int, st
 
 def pair_rows(hosts: Mapping[int, str], endpoints: Mapping[int, tuple[str, int]],
               results: Mapping[tuple[int, int], str | None]) -> list[CheckResult]:
-    """Rows for the node-to-node connections: ``results[(j, k)]`` is None when
-    node j reached node k's ``endpoints[k]``, else the error. One row when
-    every pair connects; else one row per failing pair, and with more than 2
-    nodes one row for a node that no other reaches (not N rows for it)."""
+    """Rows for the node-to-node connections (``results[(j, k)]``: None, or
+    the error): one per failing pair, one for a node no other reaches."""
     if not results:
         return []
     failing = {pair: err for pair, err in results.items() if err is not None}
@@ -162,10 +142,8 @@ def _nodes(ranks: Sequence[int], hosts: Mapping[int, str]) -> str:
 
 def hostname_row(node: NodePlan, info: Mapping[str, object], net: NodeNet | None,
                  remote_peers: bool) -> CheckResult | None:
-    """A warning for a node whose host name resolves to loopback (Debian and
-    Ubuntu map it to 127.0.1.1): Gloo, left to itself, advertises that
-    address, and ranks on other hosts cannot reach it. None otherwise, or
-    when every rank runs on this one host."""
+    """A warning for a host name that resolves to loopback (Debian's
+    127.0.1.1): Gloo would advertise it, and other hosts cannot reach it."""
     addrs = info.get("hostname_addrs") or []
     if not remote_peers or not addrs or not _is_loopback(str(addrs[0])):
         return None
@@ -190,8 +168,7 @@ def _is_loopback(addr: str) -> bool:
 # -- measurements ------------------------------------------------------------
 
 def route_fields(plan: RunPlan) -> dict:
-    """The ``route`` request of ``check``: the one ``up`` sends (``preflight.
-    route_request``), asked of every node, also where nothing waits for it."""
+    """The ``route`` request ``up`` sends, asked of every node."""
     port = plan.master_port if isinstance(plan.master_port, int) else 0
     return {"host": plan.master_addr, "port": port,
             "remote_peers": not all(n.is_local for n in plan.nodes)}
@@ -199,7 +176,7 @@ def route_fields(plan: RunPlan) -> dict:
 
 def node_network(plan: RunPlan, node: NodePlan, agent: AgentHandle,
                  listen_s: float) -> NodeNet:
-    """One node's interface, as ``up`` would choose it, its clock, and a test
+    """One node's interface as ``up`` would choose it, its clock, and a test
     listener on the address its ranks will advertise."""
     k = node.node_rank
 
@@ -247,8 +224,7 @@ def node_network(plan: RunPlan, node: NodePlan, agent: AgentHandle,
 
 
 def _clock(agent: AgentHandle) -> tuple[float, float]:
-    """The node's clock offset from this machine's, from the sample with the
-    shortest round trip of ``CLOCK_SAMPLES``."""
+    """The node's clock offset, from the sample with the shortest round trip."""
     best: tuple[float, float] | None = None
     for _ in range(CLOCK_SAMPLES):
         sent = time.time()
@@ -262,8 +238,8 @@ def _clock(agent: AgentHandle) -> tuple[float, float]:
 
 def master_rows(plan: RunPlan, agents: Mapping[int, AgentHandle], nets: Mapping[int, NodeNet],
                 timeout_s: float) -> list[CheckResult]:
-    """The master port (free on node 0, in the master address's family), and
-    every node's TCP connections: to it, and to every other node's listener."""
+    """The master port (free on node 0) and every node's TCP connections:
+    to it, and to every other node's listener."""
     host0 = plan.nodes[0].host
     try:
         port = master_port(plan, agents[0])
@@ -322,8 +298,7 @@ def _describe(exc: BaseException) -> str:
 
 def network_rows(plan: RunPlan, agents: Mapping[int, AgentHandle],
                  infos: Mapping[int, Mapping[str, object]], timeout_s: float) -> list[CheckResult]:
-    """Every network row of ``check``, for the nodes whose agents answer
-    (``infos``: their ``probe`` replies); the master port and the pairs only
+    """Every network row of ``check``; the master port and the pairs only
     when every node answers."""
     hosts = {n.node_rank: n.host for n in plan.nodes}
     done = on_all(lambda k: node_network(plan, plan.nodes[k], agents[k], timeout_s + 30),

@@ -1,20 +1,11 @@
 """The launch's GPUs, from the controller's side: what each node is asked,
 how long to wait, and the gang's one decision from the nodes' answers.
 
-Every GPU node's agent gets a ``gpus`` request before anything starts
-(``agent/node/gpuclaim.py``): its list, or ``all``/``free``/``free:N``,
-checked against nvidia-smi and the other runs' holds, and locked for the
-run. Its answers become the plan's launch-time facts (``plan.model.GpuChoice``,
-``plan.build.resolve_plan``): the indices each node's ranks take, their
-UUIDs and models. A refusal names every node that refused, once each, at
-its line in the cluster file: the GPU, who uses it and which GPUs are free;
-its hint says what to do about them all. A wait says, every 30 s, a short
-line per waiting node (what it waits for, who holds it), and its end.
-
-``device: auto`` is decided here, once for the gang: CUDA on every node, or
-a refusal naming the node whose torch cannot (no CUDA build, fewer GPUs
-than listed). Never a silent CPU fallback in one process while the rest
-of the gang waits for it on NCCL.
+Each GPU node's agent locks the GPUs it grants for the run; its answers
+become the plan's launch-time facts (``plan.model.GpuChoice``). ``device:
+auto`` is decided here, once for the gang: CUDA on every node, or a
+refusal naming the node whose torch cannot. Never a silent CPU fallback in
+one process while the rest of the gang waits for it on NCCL.
 """
 
 from __future__ import annotations
@@ -58,17 +49,14 @@ def gpu_request(plan: RunPlan, node: NodePlan, spec: ClusterSpec | None,
 
 
 def wants_torch(plan: RunPlan, node: NodePlan) -> bool:
-    """Is the node's torch asked whether it sees its GPUs? Wherever the run
-    uses CUDA (``cuda``, and ``auto``, decided here): not on a CPU rehearsal."""
+    """Is the node's torch asked whether it sees its GPUs? Not on a CPU rehearsal."""
     return plan.device != "cpu" and (node.gpus is not None or node.gpu_request is not None)
 
 
 def wait_for_gpus(first: dict, ask: Callable[[], dict], wait_s: float,
                   say: Callable[[str], None], label: str, want: Any = None) -> dict:
-    """The node's answer once it is not a refusal that waiting could clear,
-    or once ``wait_s`` is over; ``ask`` asks again. Says every ``WAIT_SAY_S``,
-    in one short line, what the node waits for and who holds or uses it
-    (``waiting_words``; ``want``: the node's request)."""
+    """The node's answer once waiting could not clear it, or ``wait_s`` is
+    over; says every ``WAIT_SAY_S`` what it waits for and who holds it."""
     reply = first
     deadline = time.monotonic() + wait_s
     said = None
@@ -83,9 +71,7 @@ def wait_for_gpus(first: dict, ask: Callable[[], dict], wait_s: float,
 
 
 def wait_over(plan: RunPlan, waited: Mapping[int, float]) -> str:
-    """The end of a wait, said once every node has its GPUs: ``GPUs free
-    after 2m10s on node 0 (gpu-a): starting`` (``waited``: each node that
-    waited, and how long)."""
+    """The end of a wait: ``GPUs free after 2m10s on node 0 (gpu-a): starting``."""
     return "GPUs free after " + ", ".join(
         f"{span(s)} on node {k} ({plan.nodes[k].host})" for k, s in sorted(waited.items())) + \
         ": starting"
@@ -95,12 +81,8 @@ MAX_HOLDERS_SAID = 3  # a wait's line names this many holders, then counts the r
 
 
 def waiting_words(reply: dict, want: Any = None) -> str:
-    """``waiting for free:2 (none free): GPUs 1,2 held by run a of bob; GPU 0
-    busy: pid 4 python (alice)``: what a node waits for and who keeps each
-    GPU it waits on, each holder once, from its refusal's GPU listing (the
-    refusal's own words, whole, where it has none). The listing came from
-    the node: what is not a GPU with an index is left out, and each name
-    is cut short (``_brief``)."""
+    """``waiting for free:2 (none free): GPUs 1,2 held by run a of bob``. The
+    listing came from the node: only indexed GPUs count, each name cut short."""
     wanted = (f"GPU{'s' if len(want) > 1 else ''} {','.join(map(str, want))}"
               if isinstance(want, list) else str(want) if want else "its GPUs")
     free = reply.get("free") or []
@@ -127,8 +109,7 @@ def waiting_words(reply: dict, want: Any = None) -> str:
 
 
 def _keeper(gpu: dict, apps: list) -> str:
-    """Who keeps ``gpu`` from the run, briefly: the run holding it, the
-    processes on it, or its memory in use; "" for one that is free."""
+    """Who keeps ``gpu`` from the run, briefly; "" for one that is free."""
     holder = gpu.get("held_by")
     if isinstance(holder, dict):
         return f"held by run {_brief(holder.get('run_id'))} of {_brief(holder.get('user'))}"
@@ -147,18 +128,14 @@ def _keeper(gpu: dict, apps: list) -> str:
 
 
 def _brief(value: object, width: int = 60) -> str:
-    """A value a node sent, as a wait's line shows it: ``?`` for none, cut
-    to ``width`` characters."""
+    """A value a node sent: ``?`` for none, cut to ``width`` characters."""
     text = "?" if value is None or value == "" else str(value)
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def checked(reply: object, host: str, torch: bool = False) -> dict:
-    """A node's ``gpus`` answer, as far as the launch reads it: what crosses
-    the network is checked before it becomes the plan (``TransportError``
-    naming the node otherwise). ``torch``: the node's torch was asked
-    (``wants_torch``), so every answer must carry its view, the one that
-    ends a wait too: ``decide_device`` reads it."""
+    """A node's ``gpus`` answer, checked before it becomes the plan; with
+    ``torch``, every answer (the one ending a wait too) must carry torch's view."""
     def strings(value: object) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) and len(v) <= 256
                                                for v in value)
@@ -194,9 +171,8 @@ def choices(replies: Mapping[int, dict]) -> dict[int, GpuChoice]:
 
 def refuse(plan: RunPlan, spec: ClusterSpec | None, replies: Mapping[int, dict],
            wait_s: float) -> None:
-    """``ConfigError`` naming every node that refused its GPUs, once each,
-    each at its ``gpus:`` line (the first in the error's head, the others
-    on a line of their own), with what to do for all of them."""
+    """``ConfigError`` naming every node that refused its GPUs, each at its
+    ``gpus:`` line, with one hint for them all."""
     refused = [k for k in sorted(replies) if not replies[k].get("ok")]
     if not refused:
         return
@@ -217,10 +193,8 @@ CPU_REHEARSAL = "set `device: cpu` for a CPU rehearsal (the listed GPUs become C
 
 
 def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
-    """What to do about the GPU refusals in ``replies`` (by node rank), in
-    words their messages do not have: the GPUs free now as ``gpus:`` takes
-    them, and the options that wait or go anyway; ``wait_s``: how long the
-    launch waited already."""
+    """What to do about the GPU refusals in ``replies``: the free GPUs as
+    ``gpus:`` takes them, and the options that wait or go anyway."""
     reasons = {reply.get("reason") for reply in replies.values()}
     fixes = [_fix(reply) for reply in replies.values()
              if reply.get("reason") in ("no-smi", "smi-failed", "mig", "unhealthy", "excluded")]
@@ -244,9 +218,8 @@ def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
 
 
 def _fix(reply: dict) -> str:
-    """What to do where nvidia-smi cannot say (``no-smi``, ``smi-failed``), or
-    about GPUs no wait frees (MIG mode, unhealthy, excluded): the free ones
-    ready to paste, then each fault's own fix."""
+    """What to do where nvidia-smi cannot say, or about GPUs no wait frees
+    (MIG, unhealthy, excluded)."""
     reason = reply.get("reason")
     if reason == "no-smi":
         return "list the GPUs by index (gpus: 0,1), or install the NVIDIA utilities there"
@@ -275,8 +248,7 @@ RULE_FIXES = {
 
 
 def _fixes(faults: "list[dict]") -> list[str]:
-    """The advice for each GPU at fault (``gpus.choose``'s ``faults``): its
-    fix on the node, once per fix, and how the file would take it anyway."""
+    """Each GPU fault's fix on the node, once per fix, and how to take it anyway."""
     out: list[str] = []
     relaxable: list[str] = []
     for fault in faults:
@@ -314,9 +286,8 @@ def _place(spec: ClusterSpec | None, k: int) -> str:
 
 def decide_device(plan: RunPlan, spec: ClusterSpec | None,
                   replies: Mapping[int, dict]) -> str | None:
-    """The gang's device once every GPU node's torch has answered: ``cuda``
-    for ``auto`` when each sees its GPUs (None: nothing to decide), or a
-    ``ConfigError`` naming the node that cannot."""
+    """``cuda`` for ``auto`` when every node's torch sees its GPUs (None:
+    nothing to decide), else ``ConfigError`` naming the node that cannot."""
     asked = {k: reply["torch"] for k, reply in replies.items() if "torch" in reply}
     if not asked:
         return None
@@ -332,9 +303,7 @@ def decide_device(plan: RunPlan, spec: ClusterSpec | None,
 
 
 def torch_fix(seen: dict) -> str:
-    """What to do about the node's torch not seeing its GPUs (``torch_problem``):
-    its CUDA driver error's own fix, a driver older than torch's CUDA, or a
-    torch without CUDA."""
+    """What to do about the node's torch not seeing its GPUs (``torch_problem``)."""
     error = seen.get("cuda_error")
     if isinstance(error, dict) and isinstance(error.get("code"), int):
         fix = cuda_error_words(str(error.get("call") or "cuInit"), error["code"])[1]
@@ -371,11 +340,8 @@ SHM_MIN_MIB = 512  # less /dev/shm than this, with 2 ranks or more on a node: NC
 
 
 def limit_problems(limits: object, ranks: int) -> list[str]:
-    """What a node's limits (``agent/node/probes.limits``) will cost NCCL for
-    its ``ranks`` GPU ranks: a small ``/dev/shm`` (NCCL's segments between the
-    node's ranks are about 9 MiB per pair and channel; Docker gives 64 MiB),
-    a locked-memory limit where there is InfiniBand (NCCL registers its
-    buffers with the NIC)."""
+    """What a node's limits cost NCCL: a small ``/dev/shm`` (about 9 MiB per
+    rank pair and channel; Docker gives 64 MiB), capped memlock with InfiniBand."""
     if not isinstance(limits, dict):
         return []
     out = []
@@ -401,12 +367,9 @@ def _arch(word: str) -> tuple[str, int, int, str] | None:
 
 
 def kernel_problem(cap: object, arch: object) -> tuple[bool, str] | None:
-    """Whether a torch built for ``arch`` (``torch.cuda.get_arch_list()``) has
-    kernels for a GPU of compute capability ``cap`` ("8.6"): None when it
-    does (a cubin of the same major and no newer minor; an ``a`` one for
-    exactly that GPU), ``(False, words)`` when only PTX would be compiled at
-    first use, ``(True, words)`` when nothing runs ("no kernel image is
-    available"). Unknown values say nothing."""
+    """Whether torch's ``arch`` list has kernels for capability ``cap`` ("8.6"):
+    None when it does (or unknown), ``(False, words)`` when only PTX would be
+    compiled at first use, ``(True, words)`` when nothing would run."""
     if not isinstance(cap, str) or not isinstance(arch, list) or not arch:
         return None
     try:
@@ -431,12 +394,8 @@ def kernel_problem(cap: object, arch: object) -> tuple[bool, str] | None:
 
 def node_findings(seen: dict, chosen: "list[int] | tuple[int, ...]", limits: object,
                   device: str) -> list[tuple[str, bool, str]]:
-    """What a GPU node's torch answer (``seen``), its ``chosen`` GPUs and its
-    ``limits`` say against the run, as ``(check, fatal, words)``: a driver
-    older than torch's CUDA minor version; each chosen GPU's compute
-    capability against torch's arch list (fatal where nothing would run);
-    ``/dev/shm`` and locked memory for NCCL. The launch and ``check`` both
-    read them."""
+    """``(check, fatal, words)`` for a GPU node: driver, each chosen GPU's
+    arch, NCCL's limits. Shared by the launch and ``check``."""
     out: list[tuple[str, bool, str]] = []
     cuda, driver = str(seen.get("cuda") or ""), str(seen.get("driver_cuda") or "")
     if cuda and driver and _minor(driver) < _minor(cuda) and \
@@ -467,11 +426,8 @@ def arch_fix(words: str, host: str) -> str:
 
 def gang_checks(plan: RunPlan, spec: ClusterSpec | None,
                 replies: Mapping[int, dict]) -> list[str]:
-    """What ``check`` checks, from the answers the launch already has (no
-    round trip more): the same torch on every GPU node (else ``ConfigError``),
-    CUDA and NCCL versions that differ (warnings), and each node's
-    ``node_findings`` (a GPU nothing would run on is refused at its node's
-    line; the rest are warnings)."""
+    """``check``'s checks from the answers the launch already has: differing
+    torch or a GPU nothing runs on is a ``ConfigError``, the rest warnings."""
     from .checknet import version_rows
 
     asked = {k: r["torch"] for k, r in replies.items()
@@ -509,16 +465,14 @@ def _minor(version: str) -> tuple[int, int]:
 
 
 def node_notes(plan: RunPlan, reply: dict) -> list[str]:
-    """A node's notes on its GPUs, less, on a CPU rehearsal, the missing
-    nvidia-smi (nothing of a GPU is used then)."""
+    """A node's notes on its GPUs, less a missing nvidia-smi on a CPU rehearsal."""
     if plan.device == "cpu" and reply.get("smi") == "absent":
         return []
     return list(reply.get("notes") or ())
 
 
 def notes(plan: RunPlan, replies: Mapping[int, dict]) -> list[str]:
-    """What the launch says of its GPUs before any rank starts: a node
-    without nvidia-smi, and GPU models that differ across the gang."""
+    """What the launch says of its GPUs before any rank starts."""
     models = [m for k in sorted(replies) for m in replies[k].get("models") or ()]
     mixed = mixed_models(models)  # the gang's, which says each node's too
     out = [f"node {k} ({plan.nodes[k].host}): {note}"

@@ -1,14 +1,9 @@
 """``ddp-orch check`` for backends that reach nodes through an agent (local, ssh).
 
-Every check runs on all nodes in parallel, each node with a deadline, and
-each failure names the node and what to do. The order follows what a
-launch needs: reach the node and start the agent, run its Python with
-torch (the same torch everywhere), see its GPUs; then the network
-(``checknet.py``): the interface each node's ranks use, a free master port
-on node 0 reachable from every node, and every node reaching every other
-on its ranks' address. Warnings (an ``~/.ssh/config`` keyword that applies
-to a node but is not used, a host name on loopback, clock skew, CUDA or
-NCCL versions that differ) are shown and pass.
+Every check runs on all nodes in parallel, each with a deadline, in the
+order a launch needs them: reach the node, its Python and torch, its GPUs,
+then the network (``checknet.py``). Each failure names the node and what to
+do; warnings are shown and pass.
 """
 
 from __future__ import annotations
@@ -30,9 +25,7 @@ from .fanout import on_all
 
 @dataclass(frozen=True)
 class NodeGpus:
-    """A node's GPUs as ``check`` shows them: nvidia-smi's facts, each GPU
-    with its processes and the run that holds it (``held_by``), and which
-    of them the run would get now (``chosen``)."""
+    """A node's GPUs as ``check`` shows them, and which the run would get now."""
 
     node_rank: int
     host: str
@@ -112,8 +105,7 @@ def _describe(exc: BaseException) -> str:
 
 def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan, spec: ClusterSpec | None
            ) -> tuple[list[CheckResult], dict, NodeGpus | None]:
-    """The node's python, torch and GPU rows, its ``probe`` reply, and its
-    GPUs for the table (None for a ``procs:`` node)."""
+    """The node's python, torch and GPU rows, its ``probe`` reply and its GPUs."""
     def result(check: str, ok: bool, detail: str, warning: bool = False) -> CheckResult:
         return CheckResult(node.node_rank, node.host, check, ok, detail, warning)
 
@@ -151,9 +143,8 @@ def _probe(node: NodePlan, agent: AgentHandle, plan: RunPlan, spec: ClusterSpec 
 
 
 def _gpu_row(node: NodePlan, plan: RunPlan, answer: dict, info: dict, result) -> CheckResult:
-    """The ``gpus`` row: what a launch would get now, or its refusal in the
-    words ``up`` would use; and, where the run uses CUDA, whether the
-    node's torch sees them (``device: auto`` is decided on that)."""
+    """The ``gpus`` row: what a launch would get now, or ``up``'s refusal, and
+    whether the node's torch sees them (``device: auto`` is decided on that)."""
     if not answer.get("ok"):
         return result("gpus", False,
                       f"{answer.get('error')}; {gpuplan.hint({node.node_rank: answer})}")

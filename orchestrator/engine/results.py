@@ -1,14 +1,10 @@
 """What a finished run brings home, for every backend.
 
-Rank 0's ``result.json``, the torchrun error files of failed ranks, the
-NCCL flight recorder's dumps of failed GPU nodes, and the run's
-``outputs:`` from node 0's code root (``fetch_outputs``, after a success
-and after a failure alike). ``wanted_files`` lists
-them per node, each with its size cap; a backend moves the bytes (over the
-agent's channel, or from the shared directory under Slurm) and ``keep``
-writes them into the run directory with the node's secrets masked. An
-error file named by a node's report must lie inside that node's run
-directory (``inside``); a missing file is simply not there.
+Rank 0's ``result.json``, failed ranks' torchrun error files and NCCL
+flight recorder dumps, and node 0's ``outputs:``, after a success and a
+failure alike. A backend moves the bytes; ``keep`` writes them into the run
+directory with the node's secrets masked. A path a node's report names must
+lie inside that node's run directory (``inside``).
 """
 
 from __future__ import annotations
@@ -63,8 +59,7 @@ FLIGHT_RECORDER_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_T
 
 
 def flight_recorder_files(node: NodePlan) -> list[WantedFile]:
-    """The NCCL flight recorder's dumps a failed GPU node may have left
-    (``plan.build.flight_recorder_env``), one per rank."""
+    """The NCCL flight recorder's dumps a failed GPU node may have left, one per rank."""
     prefix = next((node.env[name] for name in FLIGHT_RECORDER_FILE_VARS if node.env.get(name)),
                   None)
     if not prefix:
@@ -74,8 +69,7 @@ def flight_recorder_files(node: NodePlan) -> list[WantedFile]:
 
 
 def inside(directory: str, name: object) -> str | None:
-    """``directory/name`` if, as a path, it stays inside ``directory``; None
-    for anything else a node's report might name (absolute paths, ``..``)."""
+    """``directory/name`` if it stays inside ``directory``, else None."""
     if not isinstance(name, str) or not name:
         return None
     path = posixpath.normpath(posixpath.join(directory, name))
@@ -100,15 +94,10 @@ MAX_OUTPUTS_BYTES = 1 << 30  # all of them together
 
 def fetch_outputs(info: DryRun, run: RunDir, listing: Callable[..., dict],
                   get: Callable[[str, int], bytes | None]) -> dict | None:
-    """Bring node 0's ``outputs:`` home into ``<run dir>/outputs/``, as they
-    lie under its code root, and record what happened in ``outputs.json``
-    (which the summary, ``status`` and ``logs`` read). ``listing(**request)``
-    is node 0's ``outputs`` answer (``agent/node/outputs.collect``), ``get(path,
-    limit)`` a file's bytes: over the agent's channel, or from the shared run
-    directory. None when the run has no ``outputs:``.
-
-    Nothing a node names is trusted: each path must be a plain relative
-    path, and its bytes are written below ``outputs/`` only, secrets masked."""
+    """Bring node 0's ``outputs:`` into ``<run dir>/outputs/`` and record what
+    happened in ``outputs.json``. ``listing`` and ``get`` reach the node
+    however the backend does. Nothing a node names is trusted: each path
+    must be plain and relative, and lands below ``outputs/``, secrets masked."""
     plan = info.plan
     if not plan.outputs:
         return None
@@ -165,8 +154,7 @@ MAX_OUTPUT_FILES = 1000
 
 
 def _plain_relative(rel: object) -> bool:
-    """A relative posix path of plain names: no ``..``, ``.``, empty part,
-    leading ``/``, backslash or control character."""
+    """A relative posix path of plain names (no ``..``, backslash or control character)."""
     if not isinstance(rel, str) or not rel or len(rel) > 4096:
         return False
     if any(ord(ch) < 32 for ch in rel) or "\\" in rel:
@@ -179,8 +167,7 @@ def _list(value: object) -> list:
 
 
 def outputs_lines(record: object, run_path: str) -> list[str]:
-    """What the summary, ``status`` and ``logs`` say of a run's outputs
-    (``outputs.json``): where they are, and what did not come home."""
+    """What the summary, ``status`` and ``logs`` say of a run's outputs."""
     if not isinstance(record, dict):
         return []
     where = os.path.join(run_path, OUTPUTS_DIR)

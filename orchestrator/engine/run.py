@@ -1,19 +1,6 @@
 """Follow a running run to its end and bring its results home: the half of
-a launch that every backend shares.
-
-A backend starts a run's nodes (``submit``) or finds a running one again
-(``reconnect``) and hands back a ``RunHandle``: the run's resolved dry-run,
-its node channels, whether it was started here, and its records. From there the engine does the
-rest the same way for every backend:
-
-* ``follow(handle, console, options)`` runs the gang to its end (or until
-  it is left to its nodes) and returns the ``RunOutcome``;
-* ``collect(handle, outcome)`` brings rank 0's result, the error files and
-  the outputs home (``results.py``; the handle moves the bytes).
-
-So ``launch`` is submit + follow + collect and ``attach`` is reconnect +
-follow + collect (``backends/base.py``). ``new_gang`` is the one place that
-builds a gang.
+a launch that every backend shares. A backend hands over a ``RunHandle``;
+``follow`` runs the gang and ``collect`` brings the results home.
 """
 
 from __future__ import annotations
@@ -36,8 +23,7 @@ from .stacks import StacksResult
 def node_records(info: DryRun, connection: Mapping[str, Any] | None = None
                  ) -> tuple[NodeRecord, ...]:
     """What ``state.json`` keeps of each node so that ``cancel`` finds it
-    again: where it is, and how it is reached (the dry-run's connection,
-    plus ``connection``: what a submit learnt, such as a scheduler's job)."""
+    again; ``connection``: what a submit learnt (a scheduler's job)."""
     return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.node.python,
                             {**n.connection, **(connection or {})}) for n in info.nodes)
 
@@ -45,15 +31,10 @@ def node_records(info: DryRun, connection: Mapping[str, Any] | None = None
 class RunHandle(ABC):
     """A running run, as ``submit`` or ``reconnect`` hands it to the engine.
 
-    ``dryrun`` is the run as resolved so far and ``records`` what ``cancel``
-    needs (a scheduler's job id included): both are final once ``running``
-    has returned None. ``channels`` are the nodes' channels by node rank
-    (agents, keeper followers, a job's node streams). ``pending``: submitted
-    but not running yet (a queued job), so its records are worth keeping
-    before ``running`` waits. ``watching``: the run was started elsewhere
-    (``reconnect``); the gang follows it and stops nothing. Who owns the
-    run is the dry-run's ``owner``. ``gang`` is set by
-    ``follow``; ``ended`` is an outcome reached before any gang formed.
+    ``dryrun`` and ``records`` (what ``cancel`` needs) are final once
+    ``running`` has returned None. ``pending``: submitted but not running
+    yet, so its records are kept before ``running`` waits. ``watching``:
+    started elsewhere; the gang stops nothing.
     """
 
     def __init__(self, dryrun: DryRun, run: RunDir, *, watching: bool = False,
@@ -78,30 +59,24 @@ class RunHandle(ABC):
         return self.ended
 
     def settle(self, outcome: RunOutcome) -> RunOutcome:
-        """The outcome once the gang is over, in the backend's words (a
-        scheduler's view of each node's end)."""
+        """The outcome once the gang is over, in the backend's words."""
         return outcome
 
     @abstractmethod
     def fetch(self, outcome: RunOutcome) -> dict | None:
-        """Move the files ``results.wanted_files`` names into the run directory
-        (``results.keep``, ``results.fetch_outputs``); rank 0's result."""
+        """Bring ``results.wanted_files`` into the run directory; rank 0's result."""
 
     def tidy(self, outcome: RunOutcome) -> None:
         """After the results are home: clean up what the run left behind."""
 
     @abstractmethod
     def close(self, left: bool = False) -> None:
-        """Let go of the nodes. Unless ``left`` (the run goes on without us:
-        detached, or only observed), end what this handle started and
-        still runs; harmless when repeated."""
+        """Let go of the nodes; unless ``left`` (the run goes on without us),
+        end what this handle started. Harmless when repeated."""
 
 
 def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gang:
-    """The gang that follows ``handle``'s channels as its dry-run's owner
-    says: the one place a gang is built. The setup barrier is each
-    channel's own (``go`` is a no-op where the nodes hold it), so no
-    backend needs a flag here."""
+    """The gang that follows ``handle``'s channels: the one place a gang is built."""
     info, run, channels = handle.dryrun, handle.run, handle.channels
     if handle.watching:  # ``attach``: follow what runs, start and stop nothing
         return Gang(info, run, channels, console, watching=True, grace_s=options.grace_s,
@@ -114,9 +89,8 @@ def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gan
 def follow(handle: RunHandle, console: Console, options: LaunchOptions,
            on_running: Callable[[RunHandle], None] = lambda handle: None) -> RunOutcome:
     """Run ``handle``'s gang to its end, or until it is left to its nodes
-    (state RUNNING). ``on_running`` gets the handle whenever its records
-    are worth keeping: once a pending job is submitted, and once every node
-    runs with its launch-time facts resolved (before the gang starts)."""
+    (RUNNING). ``on_running`` gets the handle whenever its records are worth
+    keeping: once submitted if pending, and before the gang starts."""
     if handle.pending:
         on_running(handle)
     ended = handle.running(console)
@@ -136,10 +110,9 @@ def follow(handle: RunHandle, console: Console, options: LaunchOptions,
 
 
 def collect(handle: RunHandle, outcome: RunOutcome, console: Console) -> RunOutcome:
-    """``outcome`` with rank 0's result, once the run's files are home; a run
-    that goes on, or ended before its gang formed, brings nothing. A run
-    directory that cannot take the files (full) leaves them on the nodes,
-    and says so: the run's end stands."""
+    """``outcome`` with rank 0's result, once the run's files are home. A
+    full run directory leaves them on the nodes, and says so: the run's end
+    stands."""
     if handle.gang is None or outcome.state is RunState.RUNNING:
         return outcome
     try:

@@ -1,15 +1,9 @@
 """``ddp-orch stacks``: every rank's stack, grouped, with the odd ones marked.
 
-The grouping itself is ``agent/stackgroups.py`` (pure, stdlib: a kept run's
-head keeper names the odd rank of a hang with it too); here, each rank's host
-and the rendering.
-
-A rank's dump (faulthandler's or py-spy's text) is reduced to its main
-thread's frames. Ranks whose main threads stand at the same place (the
-innermost frame and the innermost frame of the user's own code) form a
-group; the largest group is what most ranks are doing, and every other
-group is marked as the odd one out, which in a hang is usually the rank
-that stopped calling collectives::
+Ranks whose main threads stand at the same place (the innermost frame, and
+the innermost of the user's code) form a group. The largest is what most
+ranks do; any other is marked odd, which in a hang is usually the rank that
+stopped calling collectives::
 
     ranks 0-1 (lab0, lab1): all_reduce <- train.py:42
   ! rank 2 (lab1): sleep <- train.py:17
@@ -33,9 +27,8 @@ MAX_STACK_BYTES = 1 << 20  # one rank's dump, as the agent caps it too
 
 @dataclass(frozen=True)
 class RankStack:
-    """One rank's stack dump (``ddp-orch stacks``): ``how`` is py-spy or
-    faulthandler; ``error`` says why ``text`` is empty, or beside a text
-    what it lacks (py-spy could not read the rank, or its C frames)."""
+    """One rank's stack dump: ``how`` is py-spy or faulthandler; ``error``
+    says why ``text`` is empty, or what it lacks."""
 
     rank: int
     node_rank: int
@@ -52,8 +45,7 @@ class StacksResult:
 
 
 def rank_stacks(reported: object, nodes: Sequence[NodeRecord]) -> list[RankStack]:
-    """The agent's per-rank dumps (``agent/node/stacks.py``) as ``RankStack``s:
-    checked, with each text capped, and each rank's host from the records."""
+    """The agent's per-rank dumps, checked and capped, each with its host."""
     out = []
     for r in reported if isinstance(reported, list) else ():
         if not (isinstance(r, dict) and isinstance(r.get("rank"), int)
@@ -78,8 +70,7 @@ def groups(result: StacksResult) -> list[tuple[str, list[RankStack]]]:
 
 
 def odd_ranks(result: StacksResult) -> list[RankStack]:
-    """The ranks outside the largest group; none when all agree, and none when
-    the largest groups tie (two ranks in two places: no majority to differ from)."""
+    """The ranks outside the largest group; none when the largest groups tie."""
     by_rank = {s.rank: s for s in result.ranks}
     return [by_rank[r] for r in odd_of(_places(result))]
 
@@ -121,8 +112,8 @@ def hang_summary(result: StacksResult | None, idle_s: float,
 
 
 def keep(run_path: str, result: StacksResult, run_id: str) -> tuple[str, str]:
-    """Write each rank's dump and the summary under ``stacks/<time>/`` of the
-    run directory; returns that directory and the summary (which names it)."""
+    """Write each dump and the summary under the run's ``stacks/<time>/``;
+    returns that directory and the summary."""
     import time
 
     saved = os.path.join(run_path, "stacks", time.strftime("%Y%m%d-%H%M%S"))

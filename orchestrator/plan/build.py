@@ -1,13 +1,8 @@
 """The rank plan: pure code from a ``ClusterSpec`` to what every node runs.
 
-No I/O happens here. ``build_plan`` is what ``--dry-run`` renders, and
-``resolve_plan`` fills in the two things only a launch can know (a free
-master port and each node's home directory) and returns the same
-structure, which the backend then consumes. torchx's
-``schedule(submit_dryrun(...))`` is the model.
-
-Rank layout: nodes in file order get node ranks 0..N-1; global ranks are
-prefix sums of the per-node process counts (3 + 4 -> ranks 0-2 and 3-6).
+``build_plan`` is what ``--dry-run`` renders; ``resolve_plan`` fills in what
+only a launch knows and returns the same structure. Global ranks are prefix
+sums of the per-node process counts, nodes in file order.
 """
 
 from __future__ import annotations
@@ -50,12 +45,9 @@ DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def flight_recorder_env(run_dir: str, nccl: bool = True) -> dict[str, str]:
-    """The recorder on, its dumps in the node's run directory. On a GPU run
-    (``nccl``) NCCL's own variables too: a dump on a collective timeout, and
-    its pipe (``<prefix><rank>.pipe``), NCCL's trigger, which the hang
-    watchdog writes to before it stops the gang (``agent/node/stacks.py``).
-    A CPU run gets torch's new names only: torch >= 2.8 records gloo's
-    collectives under them, and the worker shim dumps them on the same ask."""
+    """The recorder on, dumping into the node's run directory. A GPU run also
+    gets NCCL's dump on timeout and its pipe, which the hang watchdog writes to
+    before it stops the gang; a CPU run gets torch's new names (gloo, torch >= 2.8)."""
     old = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}",
            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}"}
@@ -64,9 +56,8 @@ def flight_recorder_env(run_dir: str, nccl: bool = True) -> dict[str, str]:
 
 
 def user_flight_recorder(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with a flight-recorder value the user gave under one name
-    given under the other too, so whichever name the node's torch reads
-    first, it reads the user's."""
+    """``env`` with a flight-recorder value given under one name set under the
+    other too, so the node's torch reads the user's either way."""
     out = dict(env)
     for old, new in FLIGHT_RECORDER_RENAMED.items():
         if old in env and new not in env:
@@ -77,9 +68,8 @@ def user_flight_recorder(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def visible_devices(node: NodeSpec) -> str:
-    """A node's CUDA_VISIBLE_DEVICES as planned: its indices in the user's
-    order, empty for CPU processes, and for ``gpus: free:N`` a placeholder
-    that the launch replaces with the node's choice (``resolve_plan``)."""
+    """A node's planned CUDA_VISIBLE_DEVICES: its indices in the user's order,
+    empty for CPU, and a placeholder for ``gpus: free:N`` until the launch."""
     if node.gpu_request is not None:
         return f"<{node.gpu_request}: chosen at launch>"
     return ",".join(map(str, node.gpus)) if node.gpus is not None else ""
@@ -87,12 +77,9 @@ def visible_devices(node: NodeSpec) -> str:
 
 def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: str,
                  shared: bool = False) -> str:
-    """Local nodes live inside the local run directory; remote ones under
-    workdir, unless the nodes share the local run directory (``shared``:
-    Slurm's compute nodes see the submit host's file system).
-
-    Each node gets its own directory even on a shared host or file system,
-    so two "nodes" on one machine never write over each other.
+    """Local nodes live in the local run directory; remote ones under workdir,
+    unless ``shared`` (Slurm). Each node gets its own directory, so two
+    "nodes" on one machine never write over each other.
     """
     if shared or spec.nodes[node_rank].is_local:
         return f"{local_run_dir}/node-{node_rank}"
@@ -102,10 +89,7 @@ def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: 
 def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
                master_addr: str | None = None, shared_run_dir: bool = False) -> RunPlan:
     """The rank plan for ``spec``; pure, so dry-run and launch agree.
-
-    ``master_addr`` is the backend's default for a file without one (node
-    0's address as the nodes see it); ``shared_run_dir`` puts every node's
-    run directory inside the local one (see ``node_run_dir``).
+    ``master_addr``: the backend's default, for a file without one.
     """
     master_addr = spec.master_addr or master_addr or _default_master(spec)
     device = "cpu" if any(n.procs is not None for n in spec.nodes) else spec.device
@@ -153,8 +137,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
 
 
 def rank_plans(nodes: "list[NodePlan] | tuple[NodePlan, ...]") -> tuple[RankPlan, ...]:
-    """Every rank, node by node: its GPU index, and once the node's agent
-    has looked (``resolve_plan``), that GPU's UUID and model."""
+    """Every rank, node by node: its GPU index, and its UUID and model once resolved."""
     def at(values: tuple, i: int):
         return values[i] if i < len(values) else None
 
@@ -166,9 +149,8 @@ def rank_plans(nodes: "list[NodePlan] | tuple[NodePlan, ...]") -> tuple[RankPlan
 
 
 def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
-    """What every worker runs, from its code root: the built-in's module, or
-    the user's module or script (relative to ``workload.code``), then the
-    arguments (a list verbatim; a mapping as flags)."""
+    """What every worker runs from its code root: the built-in's module, or the
+    user's module or script, then the arguments."""
     args = workload.args if isinstance(workload.args, tuple) else args_to_argv(workload.args)
     if workload.name is not None:
         return Entrypoint(module=CATALOG[workload.name].module, script=None, args=tuple(args))
@@ -180,17 +162,13 @@ def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
 
 
 def setup_argv(command: str | tuple[str, ...]) -> tuple[str, ...]:
-    """A ``setup:`` command as the node runs it: a string is shell text for
-    ``sh -c`` (as SkyPilot's ``setup``), a list is the argv itself."""
+    """A ``setup:`` command as the node runs it: a string via ``sh -c``, a list as argv."""
     return ("sh", "-c", command) if isinstance(command, str) else tuple(command)
 
 
 def setup_path_first(python: str) -> str | None:
-    """The directory put first on ``PATH`` for a node's setup commands: that
-    of its ``python:`` when it is a path (absolute, or under the node's
-    ``~/``, which the launch fills in as it does ``workdir``'s), so ``pip``
-    and ``python`` in a setup command are the run's own (a virtualenv's, a
-    conda env's), as if it were activated; None for a bare name."""
+    """The directory first on ``PATH`` for setup commands: that of ``python:``
+    when it is a path, so ``pip`` is the run's own; None for a bare name."""
     if not python.startswith(("/", "~/")):
         return None
     return python.rsplit("/", 1)[0] or "/"
@@ -209,23 +187,11 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
                  gpus: Mapping[int, GpuChoice] | None = None,
                  device: str | None = None,
                  cores: Mapping[int, int] | None = None) -> RunPlan:
-    """Fill in the launch-time facts: the master port, each node's ``~`` (in
-    its run directory, its env and its ``python:``, so ``~/venv/bin/python``
-    is that node's own venv), the interface each node's agent found for
-    its ranks (``interfaces``, for the ``auto`` ones: ``network.py``) and
-    each node's usable cores (``cores``), whose share per rank becomes its
-    ``OMP_NUM_THREADS`` (``agent/node/ompthreads.py``);
-    under a scheduler that places the nodes, also their hosts and the
-    master address, which are known only once the job runs.
-
-    ``gpus``: each GPU node's choice (``gpus: free:N`` and the like, or a
-    list as found there), which sets its process count, the ranks after it
-    and its CUDA_VISIBLE_DEVICES; ``device``: the gang's device, once the
-    launch decided ``auto`` for every node at once.
-
-    Pure as well: the backend finds these facts. Every path and env value
-    is rewritten the same way, so nothing the dry-run showed changes except
-    those facts.
+    """Fill in the launch-time facts: the master port, each node's ``~``, the
+    interface found for ``auto`` (``interfaces``), usable ``cores`` (for
+    ``OMP_NUM_THREADS``), the ``gpus`` each node chose, the ``device`` for
+    ``auto``, and the hosts a scheduler placed. Pure as well: nothing the
+    dry-run showed changes except those facts.
     """
     def fix(value: str, home: str) -> str:
         if value == "~" or value.startswith("~/"):

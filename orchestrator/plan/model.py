@@ -1,9 +1,6 @@
 """The rank plan's types: frozen facts about a run, with no backend in them.
 
-``*Plan`` objects are derived data. They say who runs what (ranks, hosts,
-devices, environment, rendezvous endpoint, entrypoint), never how a
-backend reaches a node: SSH settings, batch scripts and transports belong
-to the backends, which turn a plan into a ``DryRun`` (``dryrun.py``).
+They say who runs what, never how a backend reaches a node.
 """
 
 from __future__ import annotations
@@ -25,12 +22,9 @@ BUILTIN_DIR = "code"
 
 @dataclass(frozen=True)
 class Entrypoint:
-    """What every worker runs: ``python -m module ARGS`` or ``python script ARGS``,
-    in the node's code root (``NodePlan.code_root``), as torchrun runs it there.
-
-    ``script`` is the script's path relative to the code directory (posix),
-    so ``argv`` is what you would type after torchrun in your project's
-    root: ``train.py --lr 0.1``, ``scripts/train.py``, ``-m pkg.train``.
+    """What every worker runs, in the node's code root, as torchrun runs it:
+    ``argv`` is what you would type after torchrun in your project's root
+    (``train.py --lr 0.1``, ``-m pkg.train``).
     """
 
     module: str | None
@@ -44,8 +38,8 @@ class Entrypoint:
 
 @dataclass(frozen=True)
 class GpuChoice:
-    """The GPUs a node's agent chose (or found listed) at launch, in the order
-    the ranks take them; UUIDs and models where nvidia-smi answered."""
+    """The GPUs a node's agent chose at launch, in the ranks' order; UUIDs and
+    models where nvidia-smi answered."""
 
     indices: tuple[int, ...]
     uuids: tuple[str, ...] = ()
@@ -101,8 +95,7 @@ class NodePlan:
 
     @property
     def nproc_known(self) -> bool:
-        """False while ``gpus: all`` or ``free`` waits for the launch to say
-        how many (``free:N`` is N from the start)."""
+        """False while ``gpus: all`` or ``free`` waits for the launch (``free:N`` is N)."""
         return not (self.gpus_pending and self.gpu_request in ("all", "free"))
 
     @property
@@ -119,8 +112,7 @@ class NodePlan:
 
     @property
     def code_root(self) -> str:
-        """The node's copy of the uploaded code: the one helper for "the code
-        root of node X" (setup's working directory, where outputs are found)."""
+        """The node's copy of the uploaded code: the one helper for a node's code root."""
         return f"{self.run_dir}/{self.code_rel}"
 
     @property
@@ -159,6 +151,5 @@ class RunPlan:
 
     @property
     def world_size_known(self) -> bool:
-        """False while a node's ``gpus: all`` or ``free`` waits for the launch
-        to say how many (``free:N`` is N from the start)."""
+        """False while a node's ``gpus: all`` or ``free`` waits for the launch to say how many."""
         return all(node.nproc_known for node in self.nodes)

@@ -1,21 +1,10 @@
 """The socket-interface variables of each node: Gloo's and NCCL's.
 
-A node's collectives must use the interface its peers can reach it on
-(``agent/node/netroute.py`` says why the libraries' own picks fail on real
-hosts). The rule, per node and per variable:
-
-* the user's value wins, from the cluster-wide or the node's ``env`` (or
-  ``network: {interface: NAME}``, which sets both to NAME everywhere); it is
-  checked to exist on the node before anything starts (``unknown_interfaces``);
-* otherwise, with ``network: {interface: auto}`` (the default), the plan
-  holds ``auto``, as the dry-run shows it, and the launch replaces it with
-  the interface the node's agent found (``resolve_interfaces``), a launch-time
-  fact like the master port;
-* ``network: {interface: off}`` sets nothing: the libraries choose.
-
-``NCCL_SOCKET_IFNAME`` gets the exact-match form ``=NAME``, so that ``eth0``
-does not also match ``eth0.100``; ``GLOO_SOCKET_IFNAME`` takes names only.
-Pure code, like the rest of the plan.
+Per node and variable: the user's value (``env``, or ``network: {interface:
+NAME}``) wins, checked to exist before anything starts; with ``auto`` (the
+default) the plan holds ``auto`` and the launch puts in the interface the
+node's agent found; ``off`` sets nothing. ``NCCL_SOCKET_IFNAME`` gets
+``=NAME``, so that ``eth0`` does not also match ``eth0.100``.
 """
 
 from __future__ import annotations
@@ -30,8 +19,7 @@ OFF = "off"  # network: {interface: off}: the libraries choose
 
 
 def interface_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
-    """What the plan adds to a node whose env is ``env`` under the cluster
-    file's ``network.interface`` ``setting`` (auto, off or a name)."""
+    """What the plan adds to a node's ``env`` under ``network.interface`` ``setting``."""
     if setting == OFF:
         return {}
     return {var: AUTO if setting == AUTO else value_for(var, setting)

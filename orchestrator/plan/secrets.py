@@ -1,18 +1,12 @@
 """Secret masking: what never reaches a terminal, a stored file or a log in clear.
 
-**The rule** (``is_secret``, the only place that decides): an environment
-entry is a secret when its name looks secret (``*TOKEN*``, ``*SECRET*``,
+**The rule** (``is_secret``, the only place that decides): an env entry is
+a secret when its name looks secret (``*TOKEN*``, ``*SECRET*``,
 ``*PASSWORD*``, ``*KEY*``, ...) *and* its value could be a credential: at
-least ``MIN_SECRET_CHARS`` characters, not a number, and not a word of
-ordinary settings (``false``, ``disabled``...). So ``HF_TOKEN=hf_...`` is
-a secret and ``TOKENIZERS_PARALLELISM=false`` is not: masking the word
-``false`` would mangle every line that prints it, JSON included.
-
-A secret's value is masked in every rendering of a plan (dry-run, stored
-plan and cluster file), scrubbed from node output and fetched files, and
-masked string by string inside control messages, never in their framing.
-Nodes mask only the values the controller lists in their spec (its
-``secrets``), so the rule is the same on local, SSH, kept and Slurm runs.
+least ``MIN_SECRET_CHARS`` characters, not a number, and not a settings
+word (``false``, ``disabled``...), whose masking would mangle every line
+that prints it. Nodes mask only the values the controller lists in their
+spec, so the rule is the same for every backend.
 """
 
 from __future__ import annotations
@@ -62,37 +56,25 @@ def scrub(line: bytes, secrets: tuple[bytes, ...]) -> bytes:
 
 
 def stored_cluster_file(spec: "ClusterSpec") -> str:
-    """A ``ClusterSpec``'s file as it is stored in the run directory and
-    uploaded: ``masked_cluster_file`` with every env the file holds (its
-    top-level env too: a secret there that every node overrides is still
-    one, wherever else the file spells it)."""
+    """A ``ClusterSpec``'s file as stored and uploaded, masked with every env it
+    holds (a top-level secret that every node overrides is still one)."""
     return masked_cluster_file(spec.text, (spec.env, *(node.env for node in spec.nodes)))
 
 
 def masked_cluster_file(text: str, envs: Iterable[Mapping[str, str]]) -> str:
-    """The cluster file ``text`` as it may be stored or uploaded: the secret
-    env entries masked by their place in the YAML, and the secrets of
-    ``envs`` (the file's top-level env and each node's resolved env) by
-    value wherever else they appear (``mask_cluster_text``)."""
+    """The cluster file ``text`` as it may be stored: secret env entries masked
+    by their place, and the secrets of ``envs`` by value elsewhere."""
     values = {v for env in envs for v in secret_values(env)}
     return mask_cluster_text(text, tuple(v.decode() for v in values))
 
 
 def mask_cluster_text(text: str, values: Iterable[str] = ()) -> str:
-    """The cluster file's text with the values of secret-looking ``env``
-    entries replaced, wherever and however the YAML spells them, and every
-    other scalar and comment holding one of ``values`` masked there; what
-    comes out parses to the same structure with the secrets replaced.
-
-    Masking the text by value misses what the text spells differently from
-    the value (``"s3cr\\u0065t"``, a hex integer, a folded block), and breaks
-    the YAML where the mask lands bare (``[s3cr3t]`` would become an alias,
-    ``[********]``), so the work is done on the YAML nodes themselves: the
-    top-level ``env`` and every node's, and any scalar
-    whose value holds a secret, each replaced whole by a double-quoted
-    scalar that keeps its anchor, so a later alias (``*t``) still finds it.
-    An alias points at its anchor's node, so the anchored original is masked
-    too. Only comments, which no node covers, are masked by value in the text.
+    """The cluster file's text with secret ``env`` values, and any scalar or
+    comment holding one of ``values``, masked; it parses to the same structure.
+    Done on the YAML nodes, since masking by value misses other spellings
+    (``"s3cr\\u0065t"``) and can break the YAML (``[********]``): each scalar
+    becomes a double-quoted one keeping its anchor, so aliases still resolve.
+    Only comments are masked by value in the text.
     """
     import yaml  # only here: a dry run never stores the file
 

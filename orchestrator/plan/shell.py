@@ -1,30 +1,13 @@
 """The dry-run as shell lines that start the run by hand (``--format shell``).
 
-They run as printed, in order, and do what ``up`` does:
-
-1. on this machine, ``ddp-orch bundle`` (the ddp-orch that printed the
-   lines, by its path: the CLI gives that argv) writes the code bundle
-   ``up`` uploads (the built-in workloads, the worker shim, the user's
-   ``workload.code``), and each node's run directory gets it unpacked: over
-   the backend's own way in (``ssh``) for a remote node, in place for a
-   node that shares this machine's files;
-2. under a scheduler, an allocation of the job's nodes (``salloc``), whose
-   shell runs each node's line as a step there (``srun``);
-3. each node's line: in its code root, ``setup:``, the interface choice,
-   then torchrun with the run's env, exactly the dry-run's argv.
-
-What only a launch knows is said, and the lines settle it the way the
-launch does: an ``auto`` master port is ``$MASTER_PORT`` with its stated
-default (one port for every node; ``up`` picks a free one on node 0); an
-``auto`` interface is found with iproute2, as each node's agent finds it;
-a master address known only once a job runs is node 0's host name, as
-node 0's agent publishes it; each rank's ``OMP_NUM_THREADS`` is the node's
-cores (``nproc``, not swayed by a value the shell already has) over its
-ranks, as the launch sets it. Secret env values are never printed: a line
-takes each from the node's environment and stops if it is not set. Paths
-on the nodes are absolute; paths on this machine are as given, from the
-directory the dry-run ran in. The backends say how they reach their nodes
-(``DryRun.by_hand``); nothing here knows which backend it renders.
+They run as printed, in order, and do what ``up`` does: ``ddp-orch bundle``
+writes the code bundle here and each node's run directory gets it unpacked;
+under a scheduler, ``salloc`` and a ``srun`` step per node; each node's
+line runs ``setup:``, the interface choice, then torchrun with exactly the
+dry-run's argv. What only a launch knows is settled as the launch does:
+``$MASTER_PORT`` with a default, the interface via iproute2,
+``OMP_NUM_THREADS`` from ``nproc``. Secret env values are never printed: a
+line takes each from the node's environment and stops if it is unset.
 """
 
 from __future__ import annotations
@@ -48,10 +31,8 @@ ADDR_WORD = '"$MASTER_ADDR"'  # node 0's host name, once the job runs
 
 
 def shell_word(word: str) -> str:
-    """``shlex.quote``, except a leading ``~/`` stays expandable by the shell.
-
-    ``'~/x'`` would reach the program as a literal tilde; ``"$HOME"/'x'``
-    is what the user meant. ``NAME=~/x`` (an env word) is handled the same.
+    """``shlex.quote``, except a leading ``~/`` (also in ``NAME=~/x``) stays
+    expandable: ``'~/x'`` would reach the program as a literal tilde.
     """
     name, eq, value = word.partition("=")
     if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and value.startswith("~/"):
@@ -68,9 +49,7 @@ def shell_join(words: Sequence[str]) -> str:
 
 def render_shell(info: DryRun, bundle: Sequence[str] = (),
                  bundle_path: str = "bundle.tar.gz") -> str:
-    """The lines; ``bundle`` is the ``ddp-orch bundle ...`` argv that writes
-    this run's bundle to ``bundle_path`` on this machine (the CLI gives its
-    own job options)."""
+    """The lines; ``bundle`` is the argv that writes the bundle to ``bundle_path`` here."""
     plan, hand = info.plan, info.by_hand
     bundle = tuple(bundle) or ("ddp-orch", "bundle", "--output", bundle_path,
                                info.source or "CLUSTER_FILE")
@@ -124,8 +103,8 @@ def render_shell(info: DryRun, bundle: Sequence[str] = (),
 
 
 def _unpack(node: NodeLaunch, reach: Sequence[str], bundle_path: str) -> str:
-    """The line that unpacks the bundle into ``node``'s run directory, from
-    this machine: over ``reach`` (the bundle on its stdin), else in place."""
+    """The line that unpacks the bundle into ``node``'s run directory: over
+    ``reach``, else in place."""
     run_dir = shell_word(node.run_dir)
     if reach:
         remote = f"mkdir -p {run_dir} && tar -xzf - -C {run_dir}"
@@ -146,11 +125,9 @@ _FIND_CORES = 'cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" && '
 
 
 def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False) -> str:
-    """One line that starts this node by hand, in its code root. An ``auto``
-    interface variable is found by the line itself (``$ifname``), as the
-    node's agent would find it; ``master_addr`` is shell text already (a
-    literal address, or ``$MASTER_ADDR``) when it is not a plain word;
-    ``auto_port``: the port is ``$MASTER_PORT`` (``PORT_WORD``)."""
+    """One line that starts this node by hand, in its code root. ``master_addr``
+    is shell text already when not a plain word; ``auto_port``: the port is
+    ``$MASTER_PORT``."""
     env = node.env
     auto = [k for k in IFNAME_VARS if env.get(k) == AUTO]
     env_words = ["env", *(shell_word(w) for name in node.unset_env for w in ("-u", name))]
@@ -184,9 +161,8 @@ def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False)
 
 
 def _torchrun_words(argv: Sequence[str], addr: str | None, port: str | None) -> str:
-    """``argv`` as shell words, with torchrun's master address and port (the
-    words after ``--master-addr`` and ``--master-port``, before the shim)
-    replaced by shell text when given."""
+    """``argv`` as shell words, torchrun's master address and port replaced by
+    shell text when given."""
     words = [shell_word(w) for w in argv]
     end = argv.index(SHIM) if SHIM in argv else len(argv)
     for i in range(end - 1):

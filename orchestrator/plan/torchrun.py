@@ -1,7 +1,9 @@
 """The torchrun command line, built from plan facts in this one place.
 
-Nothing reads an argv back: whoever needs the port, the run directory or
-the process count reads the plan.
+Whoever needs the port, the run directory or the process count reads the
+plan, not the argv. One reader edits it: a kept run's keeper swaps the
+values of ``--master-port`` and ``--log-dir`` for each restart
+(``keeper.attempt_spec``), by flag, before ``-m ddp_orch_shim``.
 """
 
 from __future__ import annotations

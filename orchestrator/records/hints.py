@@ -1,11 +1,7 @@
 """What to try after a failure: one hint per kind of failure, read from its own words.
 
-The root cause keeps the rank's own line (``RuntimeError: Gloo
-connectFullMesh failed with ... remote=[127.0.1.1]:7569``); the summary adds
-the hint these rules find for it, naming the node and the exact setting to
-try. Each rule fits one failure: a hint that fits none is better left out
-than a wrong one. Pure functions of the text, tested on real error lines
-(``tests/unit/records/test_records_hints.py``).
+Each rule fits one failure and names the node and the exact setting to
+try: no hint beats a wrong one. Pure functions of the text.
 """
 
 from __future__ import annotations
@@ -80,20 +76,16 @@ class Failed(Protocol):
 
 
 def failure_hint(root: Failed, nodes: Sequence[Failed] = (), plan: Any = None) -> str | None:
-    """The hint for ``root``, the run's root cause, or None when no rule fits.
-    ``nodes`` (every node of the run) lets a hint name the peer at fault;
-    ``plan`` (the run's ``plan.json``) tells the run's own module, whose
-    absence is a matter of ``code:`` (``run_module``)."""
+    """The hint for ``root``, the run's root cause, or None. ``nodes`` lets a
+    hint name the peer at fault; ``plan`` gives the run's own module."""
     return hint_for(_own_words(root), root.node_rank, root.host,
                     [(n.node_rank, n.host) for n in nodes if n.node_rank != root.node_rank],
                     module=run_module(plan))
 
 
 def run_module(plan: Any) -> str | None:
-    """The user's ``module:`` (``python -m``) a run ran, from its recorded
-    ``plan.json``: the word after the shim's ``-m`` in node 0's argv, when
-    it is the run's workload (a built-in's module, ``workloads.linear``, is
-    not ``linear``); None for a script, a built-in or no record."""
+    """The user's ``module:`` a run ran, from its ``plan.json`` (node 0's ``-m``
+    word, if it is the workload); None for a script, a built-in or no record."""
     try:
         argv = [str(word) for word in plan["nodes"][0]["argv"]]
         at = argv.index(SHIM_MODULE)
@@ -112,9 +104,8 @@ _NETWORK = (_GLOO_REMOTE, _NCCL_REMOTE, _GLOO_NO_IFACE, _NCCL_NO_IFACE, _NCCL_NE
 
 
 def is_network_failure(root: Failed) -> bool:
-    """Whether ``root``'s own words say the network failed it (the summary
-    then lists each node's interface; after any other failure that list is
-    noise)."""
+    """Whether ``root``'s own words say the network failed it (only then does
+    the summary list each node's interface)."""
     return any(rule.search(text) for rule in _NETWORK for text in _own_words(root))
 
 
@@ -126,9 +117,8 @@ def _own_words(root: Failed) -> list[str]:
 
 def hint_for(texts: Iterable[str], node_rank: int, host: str,
              peers: Sequence[tuple[int, str]] = (), module: str | None = None) -> str | None:
-    """The hint for a failure of node ``node_rank`` (``host``) whose own words
-    are ``texts``; ``peers``: the run's other nodes, (rank, host);
-    ``module``: the run's own ``module:``, if it ran one."""
+    """The hint for a failure of node ``node_rank`` (``host``) from its own
+    words ``texts``; ``peers``: the other nodes, as (rank, host)."""
     text = "\n".join(t for t in texts if t)
     node = f"node {node_rank} ({host})"
     nccl = "nccl" in text.lower() and "gloo" not in text.lower()
@@ -225,9 +215,8 @@ CUDA_DRIVER_ERRORS: dict[int, tuple[str, str, str]] = {
 
 
 def cuda_error_words(call: str, code: int) -> tuple[str, str]:
-    """What a node's CUDA driver answering ``call`` with ``code`` means, and
-    its fix: from ``CUDA_DRIVER_ERRORS``, or the code itself where it is not
-    one a node's start meets."""
+    """What a CUDA driver answering ``call`` with ``code`` means, and its fix
+    (``CUDA_DRIVER_ERRORS``, else the code itself)."""
     name, what, fix = CUDA_DRIVER_ERRORS.get(code, (f"error {code}", "", ""))
     said = f"its CUDA driver fails {call} with {code} ({name})" + (f": {what}" if what else "")
     return said, fix or ("see NVIDIA's CUDA driver API error codes; `nvidia-smi` and `dmesg` "
@@ -250,8 +239,8 @@ _OLD_DRIVER = re.compile(r"CUDA driver version is insufficient for CUDA runtime 
 
 
 def gpu_hint(text: str, node: str) -> str | None:
-    """The hint for a failure a node's GPUs, driver or limits caused, from
-    NCCL's and CUDA's own words (``text``); None when they say none."""
+    """The hint for a failure the GPUs, driver or limits caused, from NCCL's and
+    CUDA's words; else None."""
     duplicate = _DUPLICATE_GPU.search(text)
     if duplicate:
         return (f"ranks {duplicate.group('a')} and {duplicate.group('b')} on {node} both "
@@ -337,9 +326,8 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 def transport_hint(message: str) -> str:
-    """What to do about a node the controller could not start its agent on,
-    from the transport's message (``""`` when nothing fits: no hint beats a
-    wrong one, such as blaming the Python for a host name that does not resolve)."""
+    """What to do about a node whose agent could not start, from the transport's
+    message; ``""`` when nothing fits (no hint beats a wrong one)."""
     if "cannot resolve host name" in message:
         return ("check the host name for a typo, its `HostName` in ~/.ssh/config, and that "
                 "this machine's DNS or /etc/hosts knows it")

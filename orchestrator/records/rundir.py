@@ -1,23 +1,10 @@
-"""The local run directory: the record of one launch on the controller.
-
-Layout of ``<runs-dir>/<run-id>/`` (created 0700; ``runsdir`` says which
-runs directory, and marks it)::
-
-    cluster.yaml     the cluster file as given
-    plan.json        the resolved plan (secret env values masked)
-    state.json       the run's state and each node's outcome (``store.py``)
-    .reserve         room kept for the last state.json on a full disk
-    progress.json    each rank's last step, while an attached run goes on
-    node-<k>.log     everything node k printed
-    result.json      rank 0's result, fetched from node 0
-    outputs.json     what came home (``outputs/``), what was refused
-    stop.request     who asked the controller to stop (``down``), left before its signal
-    bundle.tar.gz    the code shipped to every node
-    node-<k>/        node k's own run directory, for nodes on this machine
-
-``RunDir`` names each record once and reads it (``plan()``, ``state()``,
-``result()``, ``progress()``, ``outputs()``): whoever reads a run asks it,
-never a path of their own. A record that is missing or unreadable is None.
+"""The local run directory, ``<runs-dir>/<run-id>/`` (0700): the record of
+one launch on the controller. It holds ``cluster.yaml`` as given,
+``plan.json`` (secrets masked), ``state.json``, ``.reserve`` (room for the
+last state on a full disk), ``progress.json``, ``node-<k>.log``,
+``result.json`` (rank 0's), ``outputs.json``, stop.request (who asked it
+to stop), ``bundle.tar.gz`` and ``node-<k>/`` for nodes on this machine.
+``RunDir`` names each record once: readers never build a path of their own.
 """
 
 from __future__ import annotations
@@ -86,9 +73,8 @@ class RunDir:
         return run
 
     def reserve(self) -> None:
-        """Room kept for the run's last record: a file of ``RESERVE_BYTES``
-        that ``write_state`` gives up when the disk is full, so a run that
-        filled its runs directory (its node logs) still records its end."""
+        """A file of ``RESERVE_BYTES`` that ``write_state`` gives up on a full disk,
+        so a run that filled its runs directory still records its end."""
         try:
             with open(self.file(RESERVE_FILE), "wb") as fh:
                 fh.write(b"\0" * RESERVE_BYTES)
@@ -97,8 +83,7 @@ class RunDir:
 
     @staticmethod
     def refuse_taken(runs_dir: str, run_id: str) -> None:
-        """What ``create`` would refuse, said without creating anything (the
-        dry-run refuses what ``up`` refuses)."""
+        """What ``create`` would refuse, without creating anything (for the dry-run)."""
         if os.path.lexists(os.path.join(runs_dir, run_id)):
             raise taken(runs_dir, run_id)
 
@@ -109,9 +94,8 @@ class RunDir:
         return self.file(f"node-{node_rank}.log")
 
     def note(self, node_rank: int, text: str) -> None:
-        """A line of ddp-orch's own in a node's log (what it could not fetch,
-        say); a log that cannot take it (a full disk) loses the note, never
-        the run's end that it was written on the way to."""
+        """A line of ddp-orch's own in a node's log; a full disk loses the note,
+        never the run's end."""
         try:
             with open(self.node_log(node_rank), "a", encoding="utf-8") as fh:
                 fh.write(f"ddp-orch: {text}\n")
@@ -126,8 +110,7 @@ class RunDir:
         write_json_atomic(self.file(name), payload)
 
     def load_json(self, name: str) -> Any:
-        """The record ``name``; ``FileNotFoundError``, another ``OSError`` or
-        ``ValueError`` (not JSON) when it cannot be had."""
+        """The record ``name``; ``OSError`` or ``ValueError`` when it cannot be had."""
         with open(self.file(name), encoding="utf-8") as fh:
             return json.load(fh)
 
@@ -164,17 +147,14 @@ class RunDir:
         return self.file(STATE_FILE)
 
     def leave_stop_request(self, why: str) -> None:
-        """Who is about to signal the run's controller, and why (``down``):
-        a signal does not say who sent it, and the controller tells every
-        node who stopped the run. The keepers' own rule, for this directory
-        (``agent/kept/mailbox.leave_stop_request``: the first one stays)."""
+        """Who is about to signal the run's controller, and why: a signal does not
+        say who sent it. The keepers' rule: the first request stays."""
         from ..agent.kept import mailbox
 
         mailbox.leave_stop_request(self.path, why)
 
     def stop_request(self) -> str:
-        """What ``leave_stop_request`` left, as one line of printable text; ""
-        for none."""
+        """What ``leave_stop_request`` left, as one printable line; "" for none."""
         from ..agent.kept import mailbox
 
         return mailbox.stop_request(self.path)

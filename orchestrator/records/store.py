@@ -1,24 +1,11 @@
 """``state.json``: the one module that writes and reads a run's state.
 
-Everything about recorded runs (``ps``, ``status``, ``logs``, ``down``,
-``compare --baseline-run``) reads through ``read_record``, so it survives a
-controller restart and there is one vocabulary (``outcome.RunState``). An
-attached run (its ``owner``) recorded as live whose controller process is gone is
-shown as ``interrupted``: its agents saw the controller's connection close
-and tore their nodes down. A detached run is the nodes' to keep, and a Slurm
-job Slurm's: their state comes from them (``LaunchBackend.describe``), not
-from a controller (``kept_without_controller``), and so does when it ended
-(``ended``), which ``status`` or ``attach`` records once they learn it. A
-run that failed before it started has no outcome of its nodes: its
-``error`` says why.
-
-"Gone" is judged by the controller's identity, not its pid alone
-(``controller_alive``): a pid is reused after a reboot or once the
-controller exits, so ``write_state`` records the controller's host, boot id,
-process start time and command line too. A run recorded by another host
-(a runs directory shared between machines) cannot be judged from here, and
-keeps its recorded state. Records from before this (no ``controller``)
-fall back to "is the pid alive".
+Every reader goes through ``read_record``, so it survives a controller
+restart and shares one vocabulary (``outcome.RunState``). A live attached
+run whose controller is gone reads as ``interrupted``; a detached run or a
+scheduler's job gets its state from its backend (``kept_without_controller``).
+"Gone" is judged by the controller's identity (host, boot id, start time,
+command line), since a pid alone is reused.
 """
 
 from __future__ import annotations
@@ -39,8 +26,7 @@ IDENTITY_KEYS = ("boot_id", "start_time", "cmdline")
 
 
 def _this_host() -> str:
-    """This machine's host name, as ``socket.gethostname()`` gives it on
-    Linux (uname's node name), without importing socket for ``ps``."""
+    """This machine's host name (uname's node name), without importing socket for ``ps``."""
     return os.uname().nodename
 
 
@@ -109,17 +95,10 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
                 nodes: Sequence[NodeRecord], outcome: RunOutcome | None = None,
                 owner: Owner = Owner(), ended: float | None = None, error: str = "",
                 results_home: bool | None = None, running_since: float | None = None) -> None:
-    """``ended``: when the run ended, if not now (a detached run that ended
-    before anyone asked); ``error``: why there is no ``outcome`` for a run
-    that is over (it failed before it started); ``results_home``: whether
-    a controller brought its results home (default: once it is over, as
-    the launching controller does unless the run is detached);
-    ``running_since``: when the run itself started, after the wait for its
-    nodes (None: not yet, or unknown where there is an ``outcome``).
-
-    ``waited_s`` is that wait, and ``wall_s`` the run's own time from then:
-    ``started + waited_s + wall_s`` is about ``ended``. A run that never
-    started waited until it ended, and has no wall time of its own."""
+    """``ended``: when it ended, if not now; ``error``: why a finished run has no
+    ``outcome``; ``results_home``: whether its results came home (default:
+    once over); ``running_since``: when the run started, after the wait for
+    its nodes. ``started + waited_s + wall_s`` is about ``ended``."""
     over = not state.live
     ended = (ended or time.time()) if over else None
     if running_since is not None:
@@ -159,10 +138,8 @@ def write_state(run: RunDir, *, run_id: str, backend: str, state: RunState, star
 
 def record_end(record: RunRecord, outcome: RunOutcome, *, ended: float | None = None,
                results_home: bool) -> None:
-    """Write how a recorded run ended, learnt after its controller left (a
-    detached run: ``status`` asked its nodes, or ``attach`` followed it).
-    ``ended``: when it ended, as its nodes recorded (default: now);
-    ``results_home``: whether its results were brought home (``attach``)."""
+    """Record how a detached run ended, learnt after its controller left
+    (``status`` or ``attach``); ``ended`` defaults to now."""
     started = record.started or time.time()
     write_state(record.run, run_id=record.run_id, backend=record.backend, state=outcome.state,
                 started=started, nodes=record.nodes, outcome=outcome,
@@ -183,12 +160,9 @@ def process_alive(pid: int | None) -> bool:
 
 
 def process_identity(pid: int) -> dict[str, Any] | None:
-    """What tells process ``pid`` apart from a later one with the same pid:
-    ``{"pid", "host", "boot_id", "start_time", "cmdline"}``, or None when
-    there is no such process or /proc does not show it.
-
-    ``start_time`` is field 22 of ``/proc/<pid>/stat`` (clock ticks since
-    boot), ``cmdline`` the NUL-split ``/proc/<pid>/cmdline``.
+    """What tells ``pid`` apart from a later process with the same pid (host,
+    boot id, ``/proc/<pid>/stat`` start time in clock ticks, cmdline), or
+    None when /proc does not show it.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -221,11 +195,8 @@ def recorded_elsewhere(record: RunRecord) -> bool:
 
 
 def controller_alive(record: RunRecord) -> bool:
-    """Whether the run's controller is still running, here.
-
-    True only if its pid is alive on this host, since the same boot, with
-    the same start time and command line as recorded. Old records without
-    ``controller`` fall back to ``process_alive(controller_pid)``.
+    """Whether the run's controller still runs here: same pid, host, boot, start
+    time and command line. Records without ``controller`` check the pid only.
     """
     return _controller_alive(record.controller_pid, record.controller)
 
@@ -250,13 +221,8 @@ def _controller_alive(pid: Any, info: Mapping[str, Any]) -> bool:
 
 
 def read_record(run: RunDir) -> RunRecord | None:
-    """The run's record; None when ``state.json`` is missing (not a run, or
-    one whose directory is being made), and a ``DAMAGED`` one, saying why,
-    when it is there but cannot be read: a run never vanishes from ``ps``.
-
-    A live attached run whose controller is gone (``controller_alive``)
-    reads as ``interrupted``; one whose controller ran on another host keeps
-    its recorded state, since from here we cannot tell.
+    """The run's record; None without ``state.json``, and a ``DAMAGED`` record
+    saying why when it cannot be read: a run never vanishes from ``ps``.
     """
     try:
         data = run.load_json(STATE_FILE)
@@ -319,9 +285,8 @@ RECORD_VERSION = 2
 
 
 def damaged(run: RunDir, why: str, data: Mapping[str, Any] | None = None) -> RunRecord:
-    """A run whose ``state.json`` cannot be read, as ``ps`` lists it: its
-    id, the backend if the record still says one, when the record was last
-    written, and ``error`` saying what is wrong with it."""
+    """A run whose ``state.json`` cannot be read, as ``ps`` lists it, with
+    ``error`` saying why."""
     try:
         written: float | None = os.path.getmtime(run.state_file())
     except OSError:
@@ -334,9 +299,8 @@ def damaged(run: RunDir, why: str, data: Mapping[str, Any] | None = None) -> Run
 
 
 def other_version(run: RunDir, version: Any, data: Mapping[str, Any]) -> RunRecord:
-    """A run recorded by a ddp-orch whose records this one does not read, as
-    ``ps`` lists it: ``damaged``, saying which version wrote it and what to
-    do, never read as a guess of what it meant."""
+    """A run written by a ddp-orch whose records this one cannot read:
+    ``damaged``, saying which version wrote it, never read as a guess."""
     older = isinstance(version, int) and not isinstance(version, bool) \
         and version < RECORD_VERSION
     said = (f"recorded by an older ddp-orch (record version {version}"
@@ -354,19 +318,16 @@ def _number(value: Any) -> float | None:
 
 
 def kept_without_controller(record: RunRecord) -> bool:
-    """Whether ``record`` is a live run that goes on with no controller to
-    record its end, so that only its backend (``describe``, ``attach``) can
-    say how it is now: a detached run, its nodes' keepers hold it; a
-    scheduler's job whose controller is gone (killed, or the machine that
-    ran ``up`` went down), the scheduler holds it."""
+    """Whether ``record`` is live with no controller to record its end (a
+    detached run, or a scheduler's job whose controller is gone): only its
+    backend can say how it is."""
     if not record.live or record.owner.ends_with_controller:
         return False
     return record.owner.detached or not controller_alive(record)
 
 
 def list_runs(runs_dir: str) -> Iterator[RunRecord]:
-    """Every recorded run under ``runs_dir``, newest first: by the time each
-    started (run ids are names, which need not sort by time)."""
+    """Every recorded run, newest first by start time (run ids need not sort by time)."""
     if not os.path.isdir(runs_dir):
         return
     root = os.path.abspath(runs_dir)
@@ -381,9 +342,8 @@ AMBIGUOUS_SHOWN = 10  # the runs an ambiguous prefix lists, newest first
 
 def latest_run(runs_dir: str, which: Callable[[RunRecord], bool] = lambda record: True,
                what: str = "run") -> RunRecord:
-    """The newest recorded run ``which`` accepts: what ``status``, ``logs``
-    and ``attach`` mean without a run id (as ``sky logs`` does), or a
-    ConfigError naming the runs directory."""
+    """The newest recorded run ``which`` accepts (what a command means without a
+    run id), or a ConfigError naming the runs directory."""
     for record in list_runs(runs_dir):
         if which(record):
             return record

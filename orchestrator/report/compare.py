@@ -1,24 +1,10 @@
 """``ddp-orch compare``'s report: two runs' results side by side.
 
-What the two runs are and how they are launched is the controller's
-(``controller/compare.py``); this module only reads results and renders.
-
-Seed 001's experiment as a command: the file's workload runs once as a
-single process on node 0's first device (the baseline), once on node 0
-alone where the cluster has more nodes and node 0 more than one device,
-and once on the full cluster, with the same workload arguments, so the
-same global batch and the same number of samples. The report gives each
-run's total and per-step time, the step's split into data, compute and the
-all-reduce's exposed wait, throughput, speed-up, scaling efficiency
-(speed-up / world size) against the world size, and the final
-loss/accuracy.
-
-A speed-up is only a comparison when both sides solve the same learning
-problem, so the report shows each side's effective learning rate, global
-batch and data source, and names every difference (``differences``): a
-learning rate scaled by the world size (``lr_scaling=linear``) with the
-same global batch, a real dataset on one side and a synthetic one on the
-other, runs reused with other arguments.
+The workload runs as one process on node 0's first device (the baseline),
+on node 0 alone where that differs, and on the full cluster, with the same
+global batch and samples. A speed-up is only a comparison when both sides
+solve the same learning problem, so the report names every difference
+(``differences``): learning rate, global batch, data source, arguments.
 """
 
 from __future__ import annotations
@@ -125,8 +111,7 @@ def _float(value: Any) -> float | None:
 
 
 def differences(base: RunSummary, ddp: RunSummary) -> list[str]:
-    """Each way the two sides differ as a learning problem, in words; empty
-    when they train the same workload, arguments, learning rate and data."""
+    """Each way the two sides differ as a learning problem, in words; empty if none."""
     out = []
     if base.workload != ddp.workload:
         out.append(f"workload: {base.workload} vs {ddp.workload}")
@@ -155,9 +140,8 @@ def _same(a: float, b: float) -> bool:
 
 def comparison(base: RunSummary, ddp: RunSummary,
                node: RunSummary | None = None) -> dict[str, Any]:
-    """report.json's content: the runs and the derived ratios; ``node`` is
-    the run on node 0 alone, where there was one (``scaling`` has a row
-    for every run, in order of size)."""
+    """report.json's content: the runs and the derived ratios; ``node`` is the
+    run on node 0 alone, where there was one."""
     speedup = base.train_s / ddp.train_s if ddp.train_s > 0 else float("nan")
     runs = [base, *([node] if node is not None else []), ddp]
     differences_ = differences(base, ddp)
@@ -178,11 +162,9 @@ def comparison(base: RunSummary, ddp: RunSummary,
 
 
 def scaling_row(base: RunSummary, run: RunSummary) -> dict[str, Any]:
-    """One run against the baseline: its speed-up, the efficiency per
-    device, and its average step split into waiting for data, computing and
-    the all-reduce's exposed wait (None where the run did not measure it:
-    not DDP, or a result from before it was measured), in seconds and as
-    shares of the step."""
+    """One run against the baseline: speed-up, efficiency per device, and its
+    step split into data, compute and exposed all-reduce wait (None where
+    not measured), in seconds and as shares."""
     speedup = base.train_s / run.train_s if run.train_s > 0 else float("nan")
     allreduce = run.avg_allreduce_s
     compute = run.avg_compute_s - (allreduce or 0.0)
@@ -221,10 +203,8 @@ def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_table(report: dict[str, Any]) -> str:
-    """The runs side by side; the scaling table (speed-up, efficiency and
-    the step's split, per run); then the speed-up line, each run's data
-    source and a warning for every difference between the runs
-    (``differences``). Three parts, a blank line between them."""
+    """The runs side by side, the scaling table, then the notes (speed-up, data
+    sources, differences), a blank line between them."""
     table, scaling, notes = _parts(report)
     return f"{table}\n\n{scaling}\n\n" + "\n".join(notes) + "\n"
 
@@ -260,8 +240,7 @@ def _parts(report: dict[str, Any]) -> tuple[str, str, list[str]]:
 
 
 def render_scaling(report: dict[str, Any]) -> str:
-    """Seed 001's figures per run: world size, nodes, speed-up over the
-    baseline, efficiency per device, and the step's split."""
+    """Per run: world size, nodes, speed-up, efficiency per device, the step's split."""
     lines = ["| run | world size | nodes | speed-up | efficiency | data | compute | all-reduce |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in report.get("scaling", ()):
@@ -318,10 +297,8 @@ def write_report(report: dict[str, Any], directory: str) -> tuple[list[str], str
 
 
 def missing_matplotlib(baseline_run: str, ddp_run: str, node_run: str | None = None) -> str:
-    """What to do when the plots' matplotlib is missing: the exact command
-    for the Python running ddp-orch, with the version floor of the
-    ``report`` extra (pyproject.toml), and how to draw the plots of these
-    runs afterwards without training again."""
+    """What to do without matplotlib: the install command for this Python, with
+    the ``report`` extra's floor, and how to plot these runs without training again."""
     return ("matplotlib is not installed, so the report has no plots; install it into the "
             f"Python running ddp-orch with `{sys.executable} -m pip install "
             f"'{_report_requirement()}'` (or, in a checkout of ddp-orch, pip install -e "
@@ -331,8 +308,7 @@ def missing_matplotlib(baseline_run: str, ddp_run: str, node_run: str | None = N
 
 
 def _report_requirement() -> str:
-    """The ``report`` extra's matplotlib requirement, from the installed
-    package's metadata when there is one."""
+    """The ``report`` extra's matplotlib requirement, from installed metadata if any."""
     try:
         from importlib.metadata import PackageNotFoundError, requires
 

@@ -1,28 +1,15 @@
 """Which rank holds the gang back: one rule for ``top``, ``status`` and the summary.
 
-In synchronous DDP every rank steps at the same rate, because each
-all-reduce waits for the slowest rank; the step rate names nobody. The rank
-that holds the others back is the one that spends the most time *outside*
-collectives: loading its data and computing before the gradients'
-all-reduce. So the rule (``stragglers``) takes the best evidence there is:
+In synchronous DDP every rank steps at the rate of the slowest, so the rank
+that holds the others back is the one spending most time outside
+collectives. The evidence, best first:
 
-1. each rank's seconds per step outside collectives (``compute_s`` +
-   ``data_s``, from its step heartbeat: the built-ins report them, and so
-   does a program that passes them to the step report,
-   ``agent/worker/progress.py``);
-2. otherwise each rank's step rate, where ranks report their steps on
-   their own and do not move in lock-step (in lock-step the rates agree and
-   this names nobody, as it should);
-3. and, whatever else is known, a rank whose progress stopped while others
-   go on (``STOPPED_S``).
+1. each rank's seconds per step outside collectives (``compute_s`` + ``data_s``);
+2. otherwise its step rate, where ranks do not move in lock-step;
+3. always, a rank whose progress stopped while others go on (``STOPPED_S``).
 
-A rank is compared with the median of the *other* ranks, so that in a gang
-of two the slow one is still named. A rank that never reported progress is
-silent: shown as such, never marked (most programs print on rank 0 only).
-
-Pure: the callers bring the observations (a live run's rows, or a
-finished run's per-rank step times: ``from_step_times``), and
-``PaceWindow`` turns a sequence of snapshots into rates.
+A rank is compared with the median of the *other* ranks, so a gang of two
+still names the slow one. A rank that never reported is never marked.
 """
 
 from __future__ import annotations
@@ -50,9 +37,8 @@ OUTSIDE, RATE, STOPPED = "outside-collectives", "step-rate", "stopped"
 
 @dataclass(frozen=True)
 class RankPace:
-    """What is known of one rank's pace now: its seconds since its last
-    progress (None: it never made any), its seconds per step outside
-    collectives, and its step rate over the window (None where unknown)."""
+    """One rank's pace now: seconds since its last progress (None: never),
+    seconds per step outside collectives, and step rate over the window."""
 
     rank: int
     age_s: float | None
@@ -69,9 +55,8 @@ class RankPace:
 
 @dataclass(frozen=True)
 class Straggler:
-    """A rank named as holding the gang back: by which evidence, how far
-    from the others (``vs_others``, a ratio >= 1; 0 for a stopped rank) and
-    why, in words."""
+    """A rank named as holding the gang back: by which evidence, ``vs_others``
+    (a ratio >= 1; 0 when stopped) and why."""
 
     rank: int
     evidence: str  # OUTSIDE, RATE or STOPPED
@@ -80,8 +65,7 @@ class Straggler:
 
 
 def pace_of(seen: dict[str, Any]) -> dict[str, float]:
-    """``compute_s`` and ``data_s`` of a rank's record, where both are
-    numbers of seconds >= 0; else {}."""
+    """``compute_s`` and ``data_s`` of a rank's record, where both are seconds >= 0; else {}."""
     times = [seen.get(key) for key in PACE_KEYS]
     if all(is_time(t) for t in times):
         return dict(zip(PACE_KEYS, (float(t) for t in times)))
@@ -89,8 +73,7 @@ def pace_of(seen: dict[str, Any]) -> dict[str, float]:
 
 
 def stragglers(ranks: Sequence[RankPace]) -> tuple[Straggler, ...]:
-    """The ranks that hold the gang back, the worst first: stopped ranks,
-    then the slow ones by rule 1 (or, lacking its evidence, rule 2)."""
+    """The ranks that hold the gang back, worst first: stopped, then rule 1 (else 2)."""
     ages = {r.rank: r.age_s for r in ranks if r.age_s is not None}
     stopped = []
     for rank, age in ages.items():
@@ -154,17 +137,15 @@ def _times(ratio: float) -> str:
 
 
 class PaceWindow:
-    """Each rank's (time, step, samples) over the last ``WINDOW_S``, from
-    successive snapshots: its steps and samples per second."""
+    """Each rank's steps and samples per second over the last ``WINDOW_S``."""
 
     def __init__(self, window_s: float = WINDOW_S):
         self.window_s = window_s
         self.seen: dict[int, deque] = {}
 
     def add(self, at: float, rank: int, step: object, samples: object) -> None:
-        """``rank`` reported ``step`` (and ``samples``) at ``at``, its own
-        progress time: the rates are over the times the ranks reported, not
-        the times they were looked at (a heartbeat comes every few seconds)."""
+        """``rank`` reported ``step`` (and ``samples``) at ``at``, its own time:
+        rates are over report times, not the times they were looked at."""
         if not isinstance(step, int) or isinstance(step, bool):
             return
         points = self.seen.setdefault(rank, deque())
@@ -194,10 +175,8 @@ class PaceWindow:
 
 
 def from_step_times(rows: object) -> list[RankPace]:
-    """``RankPace`` of each rank of a finished run's ``rank_step_times`` (the
-    built-ins' result): its time outside collectives where it has it
-    (``forward_mean_s``, ``data_mean_s``: rule 1), else its mean step time
-    as a rate (rule 2; in DDP's lock-step these agree and name nobody)."""
+    """``RankPace`` of each rank of a finished run's ``rank_step_times``: time
+    outside collectives where known (rule 1), else mean step time (rule 2)."""
     out = []
     for row in rows if isinstance(rows, list) else ():
         if not (isinstance(row, dict) and isinstance(row.get("rank"), int)):
@@ -212,14 +191,12 @@ def from_step_times(rows: object) -> list[RankPace]:
 
 
 def marked(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
-    """{rank: why} for the stragglers among ``live_progress`` rows seen once
-    (``status``: no rates, so rules 1 and 3)."""
+    """{rank: why} for stragglers among ``live_progress`` rows seen once (rules 1 and 3)."""
     return {s.rank: s.why for s in stragglers(paces(rows))}
 
 
 def paces(rows: Iterable[dict[str, Any]], window: PaceWindow | None = None) -> list[RankPace]:
-    """``RankPace`` of each ``live_progress`` row (``report/runs.py``), with
-    its rate from ``window`` where given."""
+    """``RankPace`` of each ``live_progress`` row, with its rate from ``window`` if given."""
     out = []
     for row in rows:
         pace = pace_of(row)

@@ -24,8 +24,7 @@ PS_WHY_WIDTH = 70  # the ROOT CAUSE column of ``ps``: status shows it whole
 
 
 def render_ps(records: list[RunRecord], where: RunsDir | None = None) -> str:
-    """The ``ps`` table, newest first as given, then which runs directory it
-    read and why (``runsdir.locate``)."""
+    """The ``ps`` table, newest first, then which runs directory it read and why."""
     text = _runs_table(records, why=True)
     if where is not None:
         text += f"runs directory: {where.shown} ({where.source})\n"
@@ -33,9 +32,8 @@ def render_ps(records: list[RunRecord], where: RunsDir | None = None) -> str:
 
 
 def _runs_table(records: list[RunRecord], why: bool) -> str:
-    """A row per run: when ``up`` started it, how long it WAITED for its
-    nodes (connecting, its GPUs, a scheduler's queue), then its own
-    DURATION: the two add up to its end."""
+    """A row per run: when it started, how long it WAITED for its nodes, then its
+    own DURATION; the two add up to its end."""
     rows = [("RUN", "BACKEND", "STATE", "STARTED", "WAITED", "DURATION", "NODES", "EXIT CODES")
             + (("ROOT CAUSE",) if why else ())]
     for r in records:
@@ -50,8 +48,7 @@ def _runs_table(records: list[RunRecord], why: bool) -> str:
 
 
 def why_failed(record: RunRecord) -> str:
-    """Why a run that is over did not succeed, on one line: the error that
-    stopped it before it started, or its root cause; "" when there is none."""
+    """Why an ended run did not succeed, on one line: its error or root cause; "" if none."""
     if record.error:
         return " ".join(line.strip() for line in record.error.splitlines() if line.strip())
     root = record.root_cause
@@ -63,8 +60,7 @@ def _brief(text: str, width: int) -> str:
 
 
 def next_step(record: RunRecord, described: RunDescription) -> str:
-    """What to run next for a detached run: follow it while it runs; once it
-    has ended unwatched, ``attach`` brings its results home."""
+    """What to run next for a detached run: follow it while live, ``attach`` once it ended."""
     if not record.owner.detached:
         return ""
     if described.state.live:
@@ -125,10 +121,8 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
 
 
 def progress_words(rank: dict) -> str:
-    """A rank's progress for ``status`` (a ``live_progress`` entry): its step,
-    with its samples so far where its step heartbeat says them, and its last
-    progress (a step heartbeat or an output line); a rank that made none has
-    "no output yet", never a stall (most programs print on rank 0 only)."""
+    """A rank's progress for ``status``: step, samples, last progress; a rank
+    that made none has "no output yet", never a stall (most print on rank 0 only)."""
     ago = rank["last_progress_s_ago"]
     if ago is None:
         return "no output yet"
@@ -139,15 +133,10 @@ def progress_words(rank: dict) -> str:
 
 
 def live_progress(record: RunRecord, described: RunDescription | None = None) -> list[dict]:
-    """Each rank's last step of a live run, rank by rank: as its nodes
-    recorded it where no controller keeps it (a detached run:
-    ``described.progress``), else as its controller keeps it
-    (``progress.json``): ``{"rank", "node_rank", "host", "step", "samples",
-    "last_progress_s_ago", "last_output_s_ago", "last_step_s_ago"}``
-    (``samples``: null where the rank's step heartbeat says none; the last
-    step's own time, which a rate is over, where a record has it), with its
-    GPU's use and its ``compute_s`` and ``data_s`` (``pace_of``) where they
-    were reported."""
+    """Each rank's last step of a live run, from its nodes (a detached run) or
+    its controller (``progress.json``): ``{"rank", "node_rank", "host", "step",
+    "samples", "last_progress_s_ago", "last_output_s_ago", "last_step_s_ago"}``,
+    with its GPU's use, ``compute_s`` and ``data_s`` where reported."""
     if not record.state.live:
         return []
     if described is not None and described.progress:
@@ -174,9 +163,7 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
 
 def live_attempt(record: RunRecord, described: RunDescription | None = None) -> int | None:
     """The attempt a live kept run is in (0, then 1, 2 ... after each gang
-    restart): as node 0's keeper says it (a detached run:
-    ``described.attempt``), else as its controller keeps it
-    (``progress.json``); None where neither says (not kept, or not yet)."""
+    restart), from node 0's keeper or its controller; None where neither says."""
     if not record.state.live:
         return None
     if described is not None and described.attempt is not None:
@@ -187,12 +174,9 @@ def live_attempt(record: RunRecord, described: RunDescription | None = None) -> 
 
 
 def final_progress(record: RunRecord) -> list[dict]:
-    """An ended run's ranks as its controller last recorded them
-    (``progress.json``: an attached run's), each with its mean rates over
-    the run's own time, from its start after the wait to the rank's last
-    step report: ``mean_steps_per_s`` and ``mean_samples_per_s`` (None
-    where it reported none). [] for a live run, and where no controller
-    kept its ranks (a detached run's keepers, a Slurm job's nodes)."""
+    """An ended run's ranks as its controller last recorded them, with
+    ``mean_steps_per_s`` and ``mean_samples_per_s`` over the run's own time.
+    [] for a live run, and where no controller kept its ranks."""
     progress = record.run.progress()
     since = record.running_since
     if record.state.live or since is None or not (
@@ -220,8 +204,7 @@ def final_progress(record: RunRecord) -> list[dict]:
 
 
 def render_detached(outcome: RunOutcome, run_path: str) -> str:
-    """What ``up --detach`` prints once every node has started (or what
-    ``attach`` prints when it leaves a run that goes on)."""
+    """What ``up --detach`` (or ``attach``, leaving) prints once every node started."""
     run = outcome.run_id
     hosts = ", ".join(f"node {n.node_rank} ({n.host})" for n in outcome.nodes)
     return (f"\nrun {run} is running on {hosts}, kept by the nodes' agents; this "
@@ -253,8 +236,7 @@ def render_down(record: RunRecord, stopped_controller: bool, nodes: list[CancelR
 
 
 def render_check(report: Preflight) -> str:
-    """The check table (STATUS ok, warn or FAIL) and its verdict: warnings
-    are shown but pass (exit 0); a failure fails (exit 1)."""
+    """The check table and its verdict: warnings pass (exit 0), a failure fails (exit 1)."""
     rows = [("NODE", "HOST", "CHECK", "STATUS", "DETAIL")]
     rows += [(str(r.node_rank) if r.node_rank >= 0 else "-", r.host, r.check,
               ("warn" if r.warning else "ok") if r.ok else "FAIL", r.detail)
@@ -266,8 +248,8 @@ def render_check(report: Preflight) -> str:
 
 
 def render_gpus(node: NodeGpus) -> str:
-    """One node's GPUs for ``check``: each with its memory, utilisation,
-    processes and holder, and whether the run would take it now."""
+    """One node's GPUs for ``check``: memory, use, processes and holder, and
+    whether the run would take each now."""
     from ..engine.preflight import holder_text
 
     from ..agent.node.gpus import health_cell

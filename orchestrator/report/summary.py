@@ -20,10 +20,8 @@ _KEY_METRICS = 8
 
 def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
                    outputs: Any = None, progress: Any = None) -> str:
-    """The summary; ``plan`` is the run's ``plan.json`` (the resolved plan),
-    from which a run the network failed lists the interface each node's ranks used;
-    ``outputs`` its ``outputs.json`` (what of ``outputs:`` came home);
-    ``progress`` its ``progress.json`` (each rank's GPU use over the run)."""
+    """The summary; ``plan`` (``plan.json``) names the interfaces after a network
+    failure, ``outputs`` what came home, ``progress`` each rank's GPU use."""
     lines = ["", f"run {outcome.run_id}: {outcome.state.value.upper()} in {outcome.wall_s:.1f}s"]
     rows = [("NODE", "HOST", "STATUS", "EXIT", "DETAIL")]
     for node in outcome.nodes:
@@ -69,9 +67,8 @@ def flight_recorder_lines(run_path: str, plan: Any = None) -> list[str]:
 
 
 def slowest_rank(rows: Any, plan: Any = None) -> list[str]:
-    """``slowest rank: ...`` for the rank that held the gang back, by the
-    rule ``top`` and ``status`` use (``report/pace.py``) on each rank's step
-    times (``rank_step_times``); none where no rank stands out."""
+    """``slowest rank: ...`` by ``top``'s rule on ``rank_step_times``; none if
+    no rank stands out."""
     named = stragglers(from_step_times(rows))
     if not named:
         return []
@@ -83,17 +80,14 @@ def slowest_rank(rows: Any, plan: Any = None) -> list[str]:
 
 
 def _outputs_to_tell(outputs: Any) -> bool:
-    """Whether a run that did not succeed has anything of its ``outputs:``
-    to tell: files that came home, or why some did not. "0 files" and
-    patterns that matched nothing explain nothing after a failure, which
-    came before the program wrote them."""
+    """Whether a failed run's ``outputs:`` have anything to tell: "0 files"
+    explains nothing after a failure that came before the program wrote them."""
     return isinstance(outputs, dict) and bool(outputs.get("files") or outputs.get("error")
                                               or outputs.get("refused"))
 
 
 def _plan_host(plan: Any, node_rank: Any) -> str | None:
-    """Node ``node_rank``'s host as the cluster file names it (the workload
-    knows only the machine's own host name)."""
+    """Node ``node_rank``'s host as the cluster file names it, not the machine's own name."""
     for node in (plan or {}).get("nodes", ()) if isinstance(plan, dict) else ():
         if isinstance(node, dict) and node.get("node_rank") == node_rank \
                 and isinstance(node.get("host"), str):
@@ -102,9 +96,8 @@ def _plan_host(plan: Any, node_rank: Any) -> str | None:
 
 
 def gpu_summary(plan: Any, progress: Any = None) -> list[str]:
-    """The GPUs each node's ranks used (chosen or listed), a warning when
-    their models differ (the slowest model paces every step), and the rank
-    whose GPU sat far below the others (``gpuuse.idle_rank``)."""
+    """The GPUs each node's ranks used, a warning when the models differ (the
+    slowest paces every step), and a rank whose GPU sat far below the others."""
     lines = [line.strip() for line in gpu_lines(plan)]
     nodes = plan.get("nodes") or () if isinstance(plan, dict) else ()
     mixed = mixed_models([m for node in nodes if isinstance(node, dict)
@@ -119,8 +112,7 @@ def gpu_summary(plan: Any, progress: Any = None) -> list[str]:
 
 
 def interfaces_of(plan: Any) -> dict[int, str]:
-    """{node rank: interface} its ranks were given (``GLOO_SOCKET_IFNAME``), from
-    a ``plan.json``; empty when there is none or it is not a plan."""
+    """{node rank: interface} from a ``plan.json``'s ``GLOO_SOCKET_IFNAME``; empty if none."""
     out = {}
     for node in (plan or {}).get("nodes", ()) if isinstance(plan, dict) else ():
         env = node.get("env") if isinstance(node, dict) else None
@@ -132,8 +124,7 @@ def interfaces_of(plan: Any) -> dict[int, str]:
 
 
 def render_attempts(attempts) -> list[str]:
-    """``attempts: 2`` and one line per attempt: its state, root cause and
-    what followed (a restart, or why there was none)."""
+    """``attempts: 2`` and a line per attempt: its state, root cause and what followed."""
     out = [f"attempts: {len(attempts)}"]
     for a in attempts:
         cause = (f": node {a.root_cause.node_rank} ({a.root_cause.host}): {a.root_cause.reason}"
@@ -144,12 +135,9 @@ def render_attempts(attempts) -> list[str]:
 
 
 def data_lines(result: dict[str, Any]) -> list[str]:
-    """``data: ...``, where the run's training data came from (the result's
-    ``data`` and ``data_source``), and a hint when a built-in workload fell
-    back to synthetic data because ``data_dir`` was not found: a relative
-    one is read from the ranks' working directory on each node, which is
-    rarely where the dataset is. Empty for a result without ``data`` (a
-    user's script need not say) and for noop's ``none``."""
+    """``data: ...``, where the training data came from, and a hint when a
+    built-in fell back to synthetic data: a relative ``data_dir`` is read from
+    the ranks' working directory. Empty for a result without ``data``."""
     data, source = result.get("data"), result.get("data_source")
     if not isinstance(data, str) or data == "none":  # noop moves no data
         return []
@@ -166,10 +154,8 @@ def data_lines(result: dict[str, Any]) -> list[str]:
 
 
 def speed_lines(result: dict[str, Any]) -> list[str]:
-    """``speed: ...``: what each of a built-in's speed options came to
-    (its result's ``speed``: amp, TF32, channels_last, cuDNN's benchmark,
-    the tutorial's settings, the loader's workers); none where the result
-    has none (a user's script, linear, toy, noop)."""
+    """``speed: ...``: what each of a built-in's speed options came to (amp,
+    TF32, ...); none where the result has none."""
     speed = result.get("speed")
     return [f"speed: {describe_speed(speed)}"] if isinstance(speed, dict) and speed else []
 

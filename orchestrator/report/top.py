@@ -1,19 +1,9 @@
 """``ddp-orch top``: every rank of a live run on one screen.
 
-A frame (``TopFrame``) is built from what ``status`` reads, with no channel
-of its own: a run followed by its controller has ``progress.json``, which
-the controller rewrites every few seconds from its nodes' heartbeats; a
-detached run's keepers keep each rank's last step in ``keeper.json``, and a
-Slurm job no controller follows has its nodes' heartbeats in their streams
-(the backend's ``Watch.look``). Rates come from the frames before it
-(``pace.PaceWindow``), the marks from ``pace.stragglers``, the GPU models
-from the recorded plan. Rendering is plain text: a table, one line per rank
-in a narrow terminal, one row per node (its worst rank) when the ranks do
-not fit; colour only where the caller allows it.
-
-An ended run's frame says when and how it ended, with its mean rates over
-the run (``report.runs.final_progress``; where no controller kept its
-ranks, rank 0's result's own timing), not a window's.
+A frame is built from what ``status`` reads, with no channel of its own
+(``progress.json``, the keepers' ``keeper.json``, a Slurm job's streams);
+rates come from the frames before it (``pace.PaceWindow``). An ended run's
+frame shows its mean rates over the run, not a window's.
 """
 
 from __future__ import annotations
@@ -54,8 +44,7 @@ class RankRow:
 
 @dataclass(frozen=True)
 class TopFrame:
-    """One refresh: the run, its ranks, the gang's throughput and the
-    slowest rank (the first straggler)."""
+    """One refresh: the run, its ranks, the gang's throughput, the slowest rank."""
 
     run_id: str
     state: str
@@ -88,10 +77,8 @@ class TopFrame:
 def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceWindow,
                 now: float | None = None, attempts: Sequence[object] = (),
                 attempt: int | None = None) -> TopFrame:
-    """A frame of ``record`` from its ranks' rows (``report.runs.live_progress``),
-    adding them to ``window`` first; ``attempt``, the attempt a live kept run
-    is in (``report.runs.live_attempt``), else the last of ``attempts``, a
-    kept run's attempts as its nodes say them now (else the record's)."""
+    """A frame of ``record`` from its ranks' rows, added to ``window`` first;
+    ``attempt``: the live attempt, else the last of ``attempts``."""
     now = time.time() if now is None else now
     for row in rows:  # a rate is over the step reports' own times
         ago = row.get("last_step_s_ago")
@@ -139,8 +126,7 @@ def _rounded(value: float | None, digits: int) -> float | None:
 
 
 def _result_rates(record: RunRecord) -> tuple[float | None, float | None]:
-    """The gang's samples and steps per second over the run as rank 0's
-    result says them (the built-ins' ``timing``), where it says them."""
+    """The gang's samples and steps per second over the run, from rank 0's result."""
     result = record.run.result()
     timing = result.get("timing") if isinstance(result, dict) else None
     if not isinstance(timing, dict):
@@ -174,8 +160,7 @@ def _ended(record: RunRecord) -> str:
 
 def render(frame: TopFrame, width: int = 120, height: int = 50,
            mark=lambda text: text) -> str:
-    """The frame as text for a terminal ``width`` x ``height``; ``mark``
-    styles a straggler's words (colour, where the terminal takes it)."""
+    """The frame as text for ``width`` x ``height``; ``mark`` styles a straggler's words."""
     lines = [_header(frame)]
     rows = frame.ranks
     per_node = len(rows) + 6 > height

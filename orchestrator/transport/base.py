@@ -1,13 +1,10 @@
 """One interface for running commands on a node, whatever the node is.
 
-``LocalTransport`` (subprocess) and ``SshTransport`` (paramiko) implement it
-with the same signatures and the same result types, the way fabric's
-``Connection.run`` and ``local`` do. The backends never know which one they
-hold.
-
-Commands are argv tuples. They are turned into a shell string exactly once,
-by ``shell_command`` below, at the transport boundary; values are never
-concatenated into shell text anywhere else.
+``LocalTransport`` and ``SshTransport`` share signatures and result types,
+as fabric's ``Connection.run`` and ``local`` do, so the backends never know
+which one they hold. Commands are argv tuples, turned into shell text once,
+by ``shell_command``; values are never concatenated into shell text
+anywhere else.
 """
 
 from __future__ import annotations
@@ -39,21 +36,15 @@ class CommandResult:
 
 
 class ProcessHandle(ABC):
-    """A command started with ``Transport.start`` and still owned by us.
-
-    ``stdout`` carries the command's stdout and stderr merged, as bytes, so
-    the relay keeps the order in which the program wrote its lines.
-    Closing stdin is the "controller is gone" signal the node supervisor
-    listens for.
-    """
+    """A command started with ``Transport.start``. ``stdout`` is stdout and
+    stderr merged, so lines keep their order; closing stdin tells the node
+    supervisor its controller is gone."""
 
     stdout: BinaryIO
 
     def read_chunk(self, size: int) -> bytes:
         """Up to ``size`` bytes of output, as soon as any is there; b"" at EOF.
-
-        Use either this or ``stdout``, not both: they do not share a buffer.
-        """
+        Use this or ``stdout``, not both: they do not share a buffer."""
         return self.stdout.read1(size)
 
     @abstractmethod
@@ -85,9 +76,8 @@ class ProcessHandle(ABC):
 
 
 class Transport(ABC):
-    """Runs commands on one node. That is all a node must allow: files move
-    over a command's stdin and stdout (``engine.agentlink``), so no SFTP
-    or other file service is needed there."""
+    """Runs commands on one node: all a node must allow, as files move over
+    a command's stdin and stdout (no SFTP)."""
 
     host: str
     # What the way to the node was configured with but will not use (an
@@ -104,11 +94,8 @@ class Transport(ABC):
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             cwd: str | None = None, timeout: float = 30.0) -> CommandResult:
-        """Run ``argv`` to completion and collect its merged output.
-
-        The output is drained on a thread so that a command that hangs
-        without closing its output still times out.
-        """
+        """Run ``argv`` to completion and collect its merged output, drained on
+        a thread so that a command that hangs with its output open still times out."""
         started = time.monotonic()
         handle = self.start(argv, env=env, cwd=cwd)
         handle.close_stdin()
@@ -137,19 +124,11 @@ def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   cwd: str | None = None, merge_stderr: bool = False) -> str:
     """The one place where an argv becomes shell text (for SSH exec).
 
-    Every word is quoted with ``shlex.quote``; ``env`` is passed through
-    ``env(1)`` as NAME=VALUE words, so a value full of quotes, ``$()``,
-    backticks, ``;`` or newlines reaches the program verbatim and runs
-    nothing. One exception: the program itself (``argv[0]``), when it starts
-    with ``~/`` (``python: ~/venv/bin/python``), is under the node's home,
-    so it becomes ``"$HOME"/'rest'`` for the node's shell to fill in, as the
-    shell dry-run writes it (``plan/shell.py``). Its arguments, ``~`` or
-    not, arrive verbatim.
-
-    ``merge_stderr``: the program's stderr goes to its stdout pipe (``2>&1``
-    on the ``exec``), so one stream keeps the order its lines were written
-    in; a wrapper program in front of ``argv`` would hide the program from
-    the rule above.
+    Each word is quoted (``shlex.quote``) and ``env`` goes through ``env(1)``,
+    so any value reaches the program verbatim and runs nothing. One exception:
+    a program (``argv[0]``) starting with ``~/`` becomes ``"$HOME"/'rest'``
+    for the node's shell to fill in. ``merge_stderr`` adds ``2>&1`` to the
+    ``exec``, so one stream keeps the order the lines were written in.
     """
     for name in env or {}:
         if not name or "=" in name or not name.replace("_", "a").isalnum():
@@ -171,10 +150,8 @@ def _home_word(program: str) -> str:
 
 
 def home_expanded(argv: Sequence[str]) -> list[str]:
-    """``argv`` with a leading ``~/`` of its program expanded to this
-    machine's home: what ``shell_command`` makes of it on a node whose shell
-    reads it, for a transport that starts its command without a shell
-    (``LocalTransport``). The arguments stay as they are."""
+    """``argv`` with its program's leading ``~/`` expanded here, as
+    ``shell_command`` has the node's shell do, for a transport with no shell."""
     words = list(argv)
     if words and words[0].startswith("~/"):
         words[0] = os.path.expanduser(words[0])

@@ -1,27 +1,17 @@
 """The transport for remote nodes: one paramiko SSH connection per node.
 
-Same signatures and result types as ``LocalTransport``. What SSH adds, and
-how this module handles it:
+Settings are resolved once (``sshconfig``); ProxyJump tunnels a
+``direct-tcpip`` channel through the hop's connection. Host keys are
+checked as OpenSSH does: a changed key is always refused. The connection
+opens on first use, is shared by all threads and reopens if it died;
+keepalives plus ``TCP_USER_TIMEOUT`` make a silently dead link fail within
+about three keepalive intervals. Every failure a user can cause becomes a
+``TransportError`` naming the node and the fix, never a traceback.
 
-* Settings are resolved once, up front (``orchestrator.transport.sshconfig``):
-  cluster file values, then ``~/.ssh/config``, then defaults; ProxyJump is
-  applied by tunnelling a ``direct-tcpip`` channel through the jump host's
-  connection.
-* Host keys are checked against known_hosts like OpenSSH does; unknown keys
-  are refused unless ``strict_host_keys="accept-new"``, changed keys always.
-* The connection is opened lazily on first use, shared by all threads, and
-  reopened on next use if it died. Keepalives plus ``TCP_USER_TIMEOUT`` make
-  a silently dead link fail within about three keepalive intervals.
-* Every failure a user can cause (unreachable, auth, host key, no exec)
-  becomes a ``TransportError`` naming the node and the fix, never a paramiko
-  traceback.
-
-Exit codes from ``SshProcessHandle.poll()``: the remote exit status (0-255);
-``-N`` if the remote command was killed by signal N (as ``subprocess``
-reports it); ``EXIT_ABORTED`` (-15) after ``abort()``; ``EXIT_CONNECTION_LOST``
-(255, what ``ssh`` itself exits with) when the channel closed without any
-status, i.e. the connection dropped. ``handle.connection_lost`` tells 255
-from a remote ``exit 255``.
+``SshProcessHandle.poll()``: the remote status (0-255); ``-N`` if killed by
+signal N; ``EXIT_ABORTED`` after ``abort()``; ``EXIT_CONNECTION_LOST`` (255,
+as ``ssh`` exits) when the channel closed with no status, which
+``handle.connection_lost`` tells from a remote ``exit 255``.
 """
 
 from __future__ import annotations
@@ -52,12 +42,9 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def _handle_channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
-    """Record ``exit-signal``, which paramiko ignores, then let paramiko go on.
-
-    sshd sends ``exit-signal`` instead of ``exit-status`` when the command is
-    killed (OOM killer, ``kill -9``); without this, that looks exactly like a
-    dropped connection.
-    """
+    """Record ``exit-signal``, which paramiko ignores: sshd sends it instead
+    of ``exit-status`` for a killed command, which would otherwise look like
+    a dropped connection."""
     start = m.packet.tell()
     if m.get_text() == "exit-signal":
         m.get_boolean()
@@ -79,14 +66,12 @@ class SshProcessHandle(ProcessHandle):
         self.stdout = channel.makefile("rb")  # type: ignore[assignment]
 
     def read_chunk(self, size: int) -> bytes:
-        """The channel's data as it arrives, straight from paramiko's buffer
-        (``stdout.readline`` would cost a Python loop per line)."""
+        """The channel's data as it arrives, straight from paramiko's buffer."""
         return self._channel.recv(size)
 
     def wait(self, timeout: float | None = None) -> int:
-        """Block on paramiko's exit-status event instead of polling; an
-        aborted channel is over at once (its status may never come: a frozen
-        peer sends nothing, and waiting for it only delays the teardown)."""
+        """Block on paramiko's exit-status event; an aborted channel is over
+        at once (a frozen peer may never send its status)."""
         if self._aborted:
             return EXIT_ABORTED
         if not self._channel.status_event.wait(timeout):
@@ -123,15 +108,10 @@ class SshProcessHandle(ProcessHandle):
         return self.poll() == EXIT_CONNECTION_LOST and self._channel.exit_status < 0
 
     def abort(self) -> None:
-        """Ask sshd to SIGTERM the command, then drop the channel.
-
-        Dropping the channel alone only closes the command's stdin/stdout
-        (EOF, then SIGPIPE on its next write); a command that does neither
-        would linger, so the RFC 4254 "signal" request comes first. It hits
-        the command (``exec``'d by the shell), not its children: a command
-        with children (the node supervisor) must clean them up on SIGTERM
-        or EOF. Servers that do not support "signal" ignore it.
-        """
+        """Ask sshd to SIGTERM the command (RFC 4254 "signal"), then drop the
+        channel: dropping alone leaves a command that neither reads nor
+        writes running. The signal reaches the command, not its children,
+        and servers without "signal" ignore it."""
         self._aborted = True
         channel = self._channel
         try:
@@ -149,15 +129,10 @@ class SshProcessHandle(ProcessHandle):
 
 
 class SshTransport(Transport):
-    """Runs commands and moves files on one node over SSH (paramiko).
-
-    Arguments are the cluster file's per-node SSH settings; ``None`` means
-    "not set here", so ``~/.ssh/config`` (``ssh_config``; ``None`` to ignore
-    it) and then the defaults apply. ``strict_host_keys`` is ``"yes"`` or
-    ``"accept-new"``; ``known_hosts`` is one path or several (the first one
-    receives keys accepted under accept-new). ``keepalive_s=0`` disables
-    keepalives. Construction does no I/O except reading the config file.
-    """
+    """Runs commands and moves files on one node over SSH. An argument left
+    ``None`` falls back to ``~/.ssh/config``, then the defaults; the first
+    ``known_hosts`` receives keys accepted under accept-new. Construction
+    does no I/O but reading the config file."""
 
     def __init__(self, host: str, *, user: str | None = None, port: int | None = None,
                  identity_file: str | None = None, connect_timeout: float | None = None,

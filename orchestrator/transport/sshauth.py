@@ -1,13 +1,10 @@
 """SSH host keys and login, the way OpenSSH does them (paramiko underneath).
 
-* Host keys: checked against every known_hosts file of the target under
-  ``[host]:port``; an unknown key is refused unless ``accept-new`` (then it
-  is recorded), a changed key always, each with the command that fixes it.
-  A key marked ``@revoked`` for the host is refused always, before all else.
-  known_hosts lines are parsed here, not by paramiko's ``HostKeys`` (which
-  fails on marker lines and knows no wildcards), with OpenSSH's name matching.
-* Login: public keys only, in OpenSSH's order: identity files, then the
-  ssh-agent, then ``~/.ssh/id_*``; the error lists every key tried.
+Host keys: an unknown key is refused unless ``accept-new``, a changed or
+``@revoked`` one always, each with the command that fixes it. known_hosts
+is parsed here, not by paramiko's ``HostKeys``, which gives up on a whole
+file at a marker line and knows no wildcards. Login: public keys only, in
+OpenSSH's order; the error lists every key tried.
 """
 
 from __future__ import annotations
@@ -117,12 +114,8 @@ def authenticate(connection: paramiko.Transport, target: SshTarget, host: str) -
 
 
 def revoked_entry(paths, name: str, key: paramiko.PKey) -> tuple[str, int] | None:
-    """(file, line number) of the first ``@revoked`` line for host ``name`` whose
-    key is ``key``, across known_hosts ``paths``; None if there is none.
-
-    Line format: ``@revoked <hostpatterns> <keytype> <base64> [comment]``.
-    Unreadable files and malformed lines are skipped, like OpenSSH does.
-    """
+    """(file, line number) of the first ``@revoked`` line for ``name`` and
+    ``key`` across ``paths``, or None; bad lines are skipped, as OpenSSH does."""
     blob = key.asbytes()
     for path in paths:
         for number, fields in _known_hosts_entries(path):
@@ -138,13 +131,9 @@ def revoked_entry(paths, name: str, key: paramiko.PKey) -> tuple[str, int] | Non
 
 
 def host_pattern_matches(patterns: str, name: str) -> bool:
-    """Whether ``name`` (``host`` or ``[host]:port``) matches a known_hosts host field.
-
-    As OpenSSH's ``match_hostname``: a hashed field (``|1|salt|hash``) is a
-    single name compared by hash; otherwise a comma list of patterns with
-    ``*`` and ``?`` wildcards (brackets are literal, for ``[host]:port``),
-    case-insensitive, where any matching ``!pattern`` vetoes the whole field.
-    """
+    """Whether ``name`` (``host`` or ``[host]:port``) matches a known_hosts
+    host field, as OpenSSH's ``match_hostname``: hashed, or wildcards where
+    brackets are literal and a matching ``!pattern`` vetoes the field."""
     name = name.lower()
     if patterns.startswith("|"):
         try:
@@ -166,14 +155,8 @@ def host_pattern_matches(patterns: str, name: str) -> bool:
 
 
 def _known_keys(target: SshTarget) -> dict[str, tuple[paramiko.PKey, str]]:
-    """Key type -> (recorded key, file) for ``target`` across its known_hosts files.
-
-    Loaded file by file so a mismatch can name the file to fix. We parse the
-    lines ourselves: paramiko's ``HostKeys.load`` gives up on a whole file at
-    the first ``@revoked``/``@cert-authority`` line (``InvalidHostKey``), and
-    knows no wildcards or negations. Marker lines and lines we cannot parse
-    are skipped; hashed names and ``[host]:port`` match as in OpenSSH.
-    """
+    """Key type -> (recorded key, file) for ``target``, file by file so a
+    mismatch can name the file to fix; marker and bad lines skipped."""
     found: dict[str, tuple[paramiko.PKey, str]] = {}
     name = target.known_hosts_name
     for path in target.known_hosts:
@@ -188,8 +171,7 @@ def _known_keys(target: SshTarget) -> dict[str, tuple[paramiko.PKey, str]]:
 
 
 def _known_hosts_entries(path: str):
-    """(line number, whitespace-split fields) of each non-comment line of ``path``;
-    nothing if it cannot be read (missing, a directory, no permission)."""
+    """(line number, fields) of each non-comment line of ``path``; nothing if unreadable."""
     try:
         with open(path, "rb") as f:
             data = f.read().decode("utf-8", "surrogateescape")
@@ -219,9 +201,8 @@ def _append_known_host(path: str, name: str, key: paramiko.PKey) -> None:
 
 
 def _prefer_key_types(connection: paramiko.Transport, known_types: list[str]) -> None:
-    """Ask the server first for a host key type we already know (as OpenSSH and
-    paramiko's SSHClient do); otherwise a host with several keys may show one
-    we have no record of and look "changed"."""
+    """Ask first for a host key type we know: a host with several keys may
+    otherwise show one we have no record of and look "changed"."""
     wanted: list[str] = []
     for key_type in known_types:
         wanted += ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" \

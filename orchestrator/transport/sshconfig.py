@@ -1,31 +1,15 @@
 """Work out where and how to SSH to a node, without touching the network.
 
-Resolution order, per setting, is the one a user of ``ssh`` expects:
+Each setting comes, as a user of ``ssh`` expects, from the cluster file,
+else ``~/.ssh/config`` (with its ``Include`` files), else the defaults.
+paramiko's ``SSHConfig`` only parses the file; applying it is done here
+alone, so it can be unit-tested on a config file.
 
-1. explicit values from the cluster file (the keyword arguments below);
-2. ``~/.ssh/config`` (or the ``ssh_config`` path given, with the files its
-   ``Include`` lines name): ``HostName``,
-   ``Port``, ``User``, ``IdentityFile``, ``IdentitiesOnly``, ``ProxyJump``,
-   ``UserKnownHostsFile``, ``ConnectTimeout``, ``StrictHostKeyChecking``;
-3. defaults: port 22, the current user, ``~/.ssh/known_hosts``, and (at
-   connect time) the ssh-agent and the default key files.
-
-paramiko's ``SSHConfig`` only parses the file; applying what it finds is our
-job, and this module is the one place that does it, so it can be unit-tested
-on a config file alone.
-
-Nothing in the file is dropped in silence. A keyword that applies to a host
-and is neither used above (``USED``) nor one that cannot change a
-non-interactive connection (``IGNORED``, each group with its reason) is a
-warning naming the keyword, its file and line, and the host
-(``SshTarget.warnings``: ``check`` shows them as rows, ``up`` prints them,
-the dry-run notes node 0's when its ``HostName`` is the master address).
-``Match`` is evaluated by paramiko where it can (``host``, ``originalhost``,
-``user``, ``localuser``, ``all``, ``canonical``, ``final``); a block with
-any other criterion (``exec``, ``localnetwork``, ``address`` ...) is not
-applied, with a warning for each host whose other criteria it matches:
-paramiko would take an unknown criterion as matched, and would run an
-``exec`` command only where the optional ``invoke`` is installed.
+Nothing in the file is dropped in silence: a keyword that applies to a host
+and is neither ``USED`` nor ``IGNORED`` (with the reason) is a warning
+naming its file, line and host. A ``Match`` block with a criterion paramiko
+cannot evaluate (``exec``, ``address`` ...) is not applied, with a warning:
+paramiko would take an unknown criterion as matched.
 """
 
 from __future__ import annotations
@@ -50,12 +34,8 @@ _MAX_JUMPS = 8
 @dataclass(frozen=True)
 class SshTarget:
     """Everything needed to open one SSH connection, fully resolved.
-
-    ``name`` is the node as the user wrote it (used in error messages);
-    ``hostname``/``port`` are what we actually connect to and what the host
-    key is looked up under in known_hosts. ``jump`` is the (already resolved)
-    host to tunnel through, which may itself have a ``jump``.
-    """
+    ``name``: the node as written, for messages; ``hostname``/``port``: what
+    is connected to and looked up in known_hosts; ``jump``: the hop before."""
 
     name: str
     hostname: str
@@ -92,12 +72,8 @@ def resolve_target(host: str, *, user: str | None = None, port: int | None = Non
                    ssh_config: str | None = DEFAULT_SSH_CONFIG,
                    proxy_jump: str | None = None) -> SshTarget:
     """Resolve ``host`` (a name or an ssh_config alias) into an ``SshTarget``.
-
-    ``ssh_config=None`` ignores any config file; a missing file is ignored
-    like ``ssh`` does. ``proxy_jump`` uses ProxyJump syntax
-    (``[user@]host[:port][,...]``, or ``none``). Raises ``ValueError`` for
-    settings we cannot honour (so the caller can name the node in its error).
-    """
+    Raises ``ValueError`` for what cannot be honoured, so the caller can
+    name the node."""
     config = load_config(ssh_config)
     return _resolve(host, config, user=user, port=port, identity_file=identity_file,
                     connect_timeout=connect_timeout, strict_host_keys=strict_host_keys,
@@ -189,12 +165,8 @@ def parse_jump_spec(spec: str) -> tuple[str | None, str, int | None]:
 
 
 def _strict_from_config(value: str | None) -> str:
-    """Map StrictHostKeyChecking onto the two modes we support.
-
-    We never accept a *changed* key, so OpenSSH's ``no``/``off`` become
-    ``accept-new`` (the closest mode that is still safe); ``ask`` becomes
-    ``yes`` since there is nobody to ask.
-    """
+    """Map StrictHostKeyChecking onto our two modes. A *changed* key is never
+    accepted, so ``no``/``off`` become ``accept-new``; ``ask`` is ``yes``."""
     value = (value or "yes").lower()
     return "accept-new" if value in ("accept-new", "no", "off") else "yes"
 
@@ -272,12 +244,8 @@ class _Block:
 
 
 class SshConfig:
-    """An ssh config file read once (``load_config``), looked up per host.
-
-    paramiko's lookup chooses the blocks and the values; each block carries a
-    keyword of ours, so the lookup also says which blocks applied, and the
-    warnings name the lines of those blocks that ddp-orch does not use.
-    """
+    """An ssh config file read once, looked up per host. Each block carries
+    a keyword of ours, so paramiko's lookup also says which blocks applied."""
 
     def __init__(self, lines: Sequence[_Line] = (), source: str = ""):
         self.blocks: list[_Block] = [_Block(None)]
@@ -300,8 +268,8 @@ class SshConfig:
         self._looked_up: dict[str, tuple[dict, tuple[str, ...]]] = {}
 
     def lookup(self, host: str) -> tuple[dict, tuple[str, ...]]:
-        """``host``'s settings (paramiko's lookup, lower-case keys) and the
-        warnings about what applies to it but is not used; once per host."""
+        """``host``'s settings (lower-case keys) and the warnings about what
+        applies to it but is not used."""
         if host not in self._looked_up:
             found = self._paramiko.lookup(host)
             applied = sorted(int(key[len(_MARK):]) for key in found if key.startswith(_MARK))
@@ -358,8 +326,7 @@ def _criteria(header: _Line) -> list[tuple[str, list[str]]]:
 
 
 def _evaluable_header(block: _Block) -> str:
-    """The block's ``Match`` line with only the criteria paramiko evaluates,
-    so the lookup says whether the rest would let the block apply."""
+    """The block's ``Match`` line with only the criteria paramiko evaluates."""
     assert block.header is not None
     kept = [word for criterion, words in _criteria(block.header)
             if criterion in MATCH_EVALUATED for word in words]
@@ -370,8 +337,7 @@ _CONFIGS: dict[tuple[str, int, int], SshConfig] = {}
 
 
 def load_config(path: str | None) -> SshConfig:
-    """The config file at ``path`` (with its Includes), read once per process
-    while it is unchanged; an empty one for None or a missing file."""
+    """The config at ``path``, cached while unchanged; empty for None or a missing file."""
     if path is None:
         return SshConfig()
     path = _expand(path)
@@ -395,13 +361,9 @@ _MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 
 
 def _read(path: str, depth: int = 0) -> list[_Line]:
-    """The file's settings, each with its file and line, with each
-    ``Include`` replaced by what it names, as ``ssh`` reads it: paramiko
-    returns the keyword unread, so a host that only an included file
-    describes would resolve as its bare name. Like OpenSSH, a relative path
-    is taken under ``~/.ssh``, wildcards expand in sorted order, a pattern
-    matching nothing is no error, and an included file's ``Host`` lines
-    start blocks of their own."""
+    """The file's settings, each with its file and line, ``Include``
+    expanded as OpenSSH does: paramiko leaves it unread, so a host only an
+    included file describes would resolve as its bare name."""
     if depth > _MAX_INCLUDE_DEPTH:
         raise ValueError(f"Include nested deeper than {_MAX_INCLUDE_DEPTH} (a loop?) at {path}")
     with open(path, encoding="utf-8", errors="replace") as fh:
@@ -434,7 +396,7 @@ def _expand(path: str) -> str:
 
 def config_hostname(host: str, ssh_config: str | None = DEFAULT_SSH_CONFIG
                     ) -> tuple[str, tuple[str, ...]]:
-    """The ``HostName`` that ``~/.ssh/config`` gives alias ``host`` (else
-    ``host``), with the warnings about what applies to it but is not used."""
+    """The ``HostName`` ``~/.ssh/config`` gives alias ``host`` (else ``host``),
+    with its warnings."""
     options, warnings = load_config(ssh_config).lookup(host)
     return options.get("hostname", host), warnings

@@ -1,17 +1,10 @@
 """Node 0's keeper: the head of a kept run's gang.
 
-Every other node's keeper links to it (``peers.Gate``). The head starts
-each attempt everywhere (``gang-start``), judges the gang's rule
-(``gangrule``: a failure, a lost link, the start timeout, a hang) on what
-the nodes report, stops every node on the first verdict (``gang-stop``),
-waits for every node's end, records the attempt (``attempts.py``) and
-decides on a restart (``restarts.py``): after ``restart_backoff(n)``
-seconds (1 s before the first restart, doubling, at most
-``MAX_BACKOFF_S``), once every node is still linked; else it ends the run
-(``gang-finish``). On a hang it first asks every node for its ranks'
-stacks (``gang-stacks``) and names the odd rank's node.
-
-Stdlib only, like the rest of the agent package.
+It starts each attempt everywhere, judges ``gangrule`` on what the nodes
+report, stops every node on the first verdict, records the attempt and
+decides on a restart (``restarts.py``) once every node is still linked;
+else it ends the run. On a hang it first gathers every node's stacks and
+names the odd rank's node.
 """
 
 from __future__ import annotations
@@ -88,9 +81,8 @@ class Head(Keeper):
                 self.lock.notify_all()
 
     def fitted_attempts(self) -> dict:
-        """``{"attempts": [...]}`` (masked, and cut to
-        ``ATTEMPTS_BUDGET``), with ``attempts_omitted`` when the oldest
-        records had to go; ``{}`` before the first attempt has ended."""
+        """``{"attempts": [...]}``, masked and cut to ``ATTEMPTS_BUDGET``
+        (``attempts_omitted`` where old ones went); ``{}`` before the first."""
         if not self.attempts:
             return {}
         attempts, omitted = fit_attempts(self.masked(self.attempts))
@@ -168,8 +160,7 @@ class Head(Keeper):
         return int(self.ended.get(0, {}).get("code") or 1), state
 
     def _record(self, attempt: int, port: int, ended: dict[int, dict]) -> dict:
-        """Node 0's record of one attempt: each node's (``compact``) exit
-        record, ``stop_asked`` when the head stopped it."""
+        """Node 0's record of one attempt: each node's exit record, ``stop_asked``."""
         return {"attempt": attempt, "master_port": port,
                 "stop_reason": str(self.stop_for.get(attempt, ""))[:MAX_MESSAGE],
                 "nodes": {str(k): {**e, "stop_asked": k in self.stop_asked,
@@ -195,9 +186,8 @@ class Head(Keeper):
         return ""
 
     def _await_ended(self, attempt: int, mine: dict) -> dict[int, dict]:
-        """Every node's end of ``attempt``, node 0's being ``mine``: its exit
-        event, or ``{"lost": why}`` for a node whose link is gone, or that has
-        not reported ``ENDED_WAIT_S`` past the grace period once stopped."""
+        """Every node's end of ``attempt``: its exit event, or ``{"lost": why}``
+        where its link is gone or it is ``ENDED_WAIT_S`` late once stopped."""
         with self.lock:
             self.ended[0] = mine
             self._judge()
@@ -218,9 +208,8 @@ class Head(Keeper):
                                else max(0.01, deadline - time.monotonic()))
 
     def _compact_old_attempts(self) -> None:
-        """Past ``FULL_ATTEMPTS``, an attempt keeps the nodes that failed by
-        themselves or were lost (the root cause is among them) in brief,
-        the others bare (``attempts.shrink``): the memory a long run holds is bounded."""
+        """Past ``FULL_ATTEMPTS``, old attempts keep their failed or lost nodes
+        in brief, the rest bare, so a long run's memory stays bounded."""
         while self.shrunk < len(self.attempts) - FULL_ATTEMPTS:
             self.attempts[self.shrunk] = shrink(self.attempts[self.shrunk], 2)
             self.shrunk += 1
@@ -301,11 +290,8 @@ class Head(Keeper):
 
     def _finish(self, state: str) -> None:
         """The gang's last word to every node, then each link closed, which
-        writes it out first (``Link.close``, up to ``FLUSH_S``). Left to the
-        keeper's exit, the sockets closed with the word still in a link's
-        outbox, and a member heard the link close without it: "lost the
-        gang's head", and its node ended interrupted (test_keeper's gang
-        tests, once in a few loaded CI runs)."""
+        writes it out first: a member that saw its link close without the
+        word would end as having "lost the gang's head"."""
         self.finishing = True
         self._broadcast(message(Event.GANG_FINISH, state=state))
         for link in list(self.links.values()):
@@ -316,8 +302,7 @@ class Head(Keeper):
             link.send(said)
 
     def _progress_from(self, k: int, attempt: int, started: bool, progress: object) -> None:
-        """Node ``k``'s report; {rank: [step, age_s]} or {rank: [step,
-        age_s, samples]} (``rank_progress``) on its clock, kept as times on ours."""
+        """Node ``k``'s report (``rank_progress``), its ages kept as times on ours."""
         now = time.monotonic()
         seen = {}
         for key, value in list(progress.items() if isinstance(progress, dict) else ())[:4096]:
@@ -339,9 +324,8 @@ class Head(Keeper):
                 self._judge()
 
     def _judge(self) -> None:
-        """Holding the lock: the gang's rule (``gangrule``) on what is
-        known of this attempt; on a verdict, the attempt stops (a hang: once
-        every node's stacks are dumped)."""
+        """Holding the lock: ``gangrule`` on this attempt; a verdict stops it
+        (a hang: once every node's stacks are dumped)."""
         if self.current in self.stop_for or self.hanging:
             return
         now = time.monotonic()
@@ -374,10 +358,8 @@ class Head(Keeper):
         self._stop_all(verdict.why)
 
     def _on_hang(self, attempt: int, verdict: gangrule.Verdict) -> None:
-        """Every node dumps its ranks' stacks (kept in its run
-        directory, ``stacks/<stamp>/``) and says where each rank stands;
-        the odd rank's node is named, and the attempt stops (a failure like
-        any other for the restart rule)."""
+        """Every node dumps its ranks' stacks; the odd rank's node is named,
+        and the attempt stops (a failure like any other for restarts)."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.say(f"ddp-orch: {verdict.why.split(';')[0]}; dumping every rank's stack")
         with self.lock:

@@ -1,53 +1,19 @@
 """A node's side of a kept run: one that needs no controller to stay a gang.
 
 ``up --detach`` and ``up --max-restarts N`` start a keeper on every node
-instead of a supervisor on the controller's channel (``serve``'s
-``detach``): a daemon in a session of its own, writing everything it has
-to say into ``agent.out`` in its run directory, so the controller may go
-away and come back (``attach``, ``logs --follow``, ``status``).
+instead of a supervisor on the controller's channel: a daemon in a session
+of its own that writes all it says into ``agent.out``, so the controller
+may go away and come back (``attach``, ``logs --follow``, ``status``).
 
-The keepers hold the gang among themselves (``peers.py``): node 0 is the
-head; every other node, a member, links to it. An attempt is one torchrun
-per node (a ``Supervisor`` each, as in an attached run). The head:
+The keepers hold the gang among themselves (``peers.py``): node 0's is the
+head (``head.py``), which runs the attempts and decides on restarts; every
+other node's is a member (``member.py``). This is what every keeper does.
 
-* starts each attempt on every node (``gang-start``, with the attempt's
-  master port: the controller's for attempt 0, a freshly bound one after);
-* on the first node whose torchrun fails, or whose link is lost, tells
-  every other node to stop (``gang-stop``), which each does at once
-  (SIGTERM, the grace period, SIGKILL);
-* once every node has ended, starts the next attempt if the run failed,
-  restarts are left and ``restarts`` sees no reason against it (no process
-  of the last attempt is left on any node: each node waits up to
-  ``SURVIVOR_WAIT_S`` for what would not die), after a backoff of
-  ``restart_backoff(n)`` seconds (1 s before the first restart, doubling,
-  at most ``MAX_BACKOFF_S``) and a last check that every node is still
-  linked; else ends the run (``gang-finish``) and records every attempt.
-
-Every attempt has a start timeout (the run's ``start_timeout_s``): a node
-whose torchrun has spawned no worker by then (with torchrun's static
-rendezvous, a node of the gang is missing) stops the attempt.
-
-What node 0 records of the attempts is bounded by construction
-(``attempts.py``).
-
-The roles: this module is what every node's keeper does (run its attempts,
-answer signals, report its ranks' progress, write keeper.json); node 0's
-keeper is the head (``head.py``), every other node's a member
-(``member.py``); ``daemon.keeper_for`` picks one.
-
-A node that loses its head stops too: so however one node goes (its rank
-fails, its keeper is SIGKILLed, its host freezes), every other node starts
-its teardown within ``peers.GANG_TIMEOUT_S`` (at once when the link
-closes) and is gone a grace period later: at most 10 s + the grace
-period (10 s by default), 20 s in all.
-
-The run's owner (``wire/owner.py``) is the keepers. Detached: the nodes own
-the run, and the controller's channel (``serve``'s ``follow``) may come and
-go. Attached (``--max-restarts`` without ``--detach``): the follower that loses its
-controller signals the keeper, which stops the gang, as an attached run does;
-and the keeper watches its follower (``mailbox.follower_present``): one that
-is gone however it went (``kill -9`` included), or that never came within
-the start timeout, stops the gang too.
+A node that loses its head stops too, so however one node goes (a rank
+fails, its keeper is SIGKILLed, its host freezes) every other node starts
+its teardown within ``peers.GANG_TIMEOUT_S`` and is gone a grace period
+later: 20 s in all by default. Attached (``--max-restarts`` without
+``--detach``), a keeper whose follower is gone stops the gang too.
 """
 
 from __future__ import annotations
@@ -84,13 +50,10 @@ MAX_PROGRESS_RANKS = 256
 
 
 def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> SupervisorSpec:
-    """The supervisor spec of one attempt: the dry-run's for attempt 0; later,
-    the fresh master port, a torchrun log directory of the attempt's own (the
-    run directory keeps every attempt's) and ``DDP_ORCH_RESTART_COUNT``.
-    The argv is the dry-run's with exactly two values of torchrun's own
-    options swapped, by flag; nothing after ``-m ddp_orch_shim`` (the user's
-    program and its arguments) is touched. Its owner is the dry-run's, the
-    keepers."""
+    """One attempt's supervisor spec: the dry-run's for attempt 0; later, a
+    fresh master port, the attempt's own torchrun log directory and
+    ``DDP_ORCH_RESTART_COUNT``. Only torchrun's own two options are swapped
+    in the argv: the user's program and its arguments are never touched."""
     log_dir = os.path.join(spec.run_dir, layout.attempt_logs(attempt))
     swap = {"--master-port": str(master_port), "--log-dir": log_dir}
     argv = list(spec.argv)
@@ -108,10 +71,8 @@ def attempt_spec(spec: SupervisorSpec, attempt: int, master_port: int) -> Superv
 
 def signalled(said: str, name: str, node_rank: int) -> str:
     """Why a keeper stops for good on signal ``name``, from what its sender
-    left (``said``, ``mailbox.signal_keeper``): ``down``'s words or the
-    controller's stop through a follower name the stopper, the same on every
-    node ("stopped by `ddp-orch down` from HOST"); a follower that lost the
-    controller is this node's ("... on node 1"); nothing said, the signal."""
+    left (``said``): the stopper's words, the same on every node; a lost
+    controller, this node's ("... on node 1"); else the signal."""
     if said.startswith("stopped by"):
         return said
     if said:
@@ -121,8 +82,7 @@ def signalled(said: str, name: str, node_rank: int) -> str:
 
 class Keeper(abc.ABC):
     """What every node's keeper does; ``run()`` returns the node's last
-    torchrun code. A role (``head.Head`` on node 0, ``member.Member`` on
-    every other node: ``keeper_for``) holds the gang."""
+    torchrun code. Its role (``head.Head``, ``member.Member``) holds the gang."""
 
     def __init__(self, spec: KeeperSpec):
         self.spec = spec
@@ -176,13 +136,11 @@ class Keeper(abc.ABC):
         """This node's ``setup:`` is done (the gang's barrier)."""
 
     def fitted_attempts(self) -> dict:
-        """The attempts' records for keeper.json and the ``finished`` line
-        (only the head keeps them)."""
+        """The attempts' records for keeper.json (only the head keeps them)."""
         return {}
 
     def attempts_done(self) -> int:
-        """How many attempts have ended, as keeper.json says (``attempt``;
-        only the head keeps count)."""
+        """How many attempts have ended (only the head keeps count)."""
         return 0
 
     # -- every node -------------------------------------------------------------
@@ -213,10 +171,8 @@ class Keeper(abc.ABC):
         return code
 
     def _on_signal(self, signum: int, _frame) -> None:
-        """``down`` (SIGTERM), Ctrl-C on a foreground run, a hangup: stop the
-        run for good; a second signal skips the grace period. A handler may
-        run between any two bytecodes of the main thread, even inside a lock,
-        so it only writes a byte; ``_on_signals`` acts on it."""
+        """Stop for good; a second signal skips the grace period. A handler
+        may run inside a lock, so it only writes a byte for ``_on_signals``."""
         os.write(self._signalled[1], bytes([signum]))
 
     def _on_signals(self) -> None:
@@ -241,18 +197,15 @@ class Keeper(abc.ABC):
         self.on_local_stop()
 
     def _beat(self) -> None:
-        """A heartbeat in the stream every ``HEARTBEAT_S`` while no attempt's
-        supervisor beats (before the first, between two): the stream goes
-        quiet only when this process does (stopped, or its host hung), and
-        then its follower's controller sees the silence."""
+        """A heartbeat every ``HEARTBEAT_S`` while no supervisor beats, so the
+        stream goes quiet only when this process does."""
         while not self.over.wait(HEARTBEAT_S):
             if self.supervisor is None:
                 self.emit(message(Event.HEARTBEAT))
 
     def _watch_follower(self) -> None:
-        """The attached rule, held by the keeper itself: once its follower
-        (the controller's channel, ``daemon.follow``) is gone, however it went,
-        or if none came within the start timeout, the run stops."""
+        """Stop the run once the follower (``daemon.follow``) is gone, however
+        it went (``kill -9`` too), or if none came within the start timeout."""
         deadline = time.monotonic() + self.spec.start_timeout_s
         seen = False
         while not self.over.wait(FOLLOWER_POLL_S):
@@ -299,11 +252,9 @@ class Keeper(abc.ABC):
         return event
 
     def _report_progress(self, sup: Supervisor, attempt: int) -> None:
-        """Until this attempt ends here: whether torchrun has started and the
-        ranks' progress, to the head (node 0: to itself), every
-        ``GANG_HEARTBEAT_S``: what the gang's start timeout and hang rule
-        are judged on (``_judge``); and the ranks' steps into keeper.json
-        for ``status`` (``_record_progress``), from the same look."""
+        """Until this attempt ends here, every ``GANG_HEARTBEAT_S``: the ranks'
+        progress to the head, for the start timeout and the hang rule, and
+        into keeper.json for ``status``."""
         self.progress = {}
         watched = visible_gpus(sup.spec.env)
         while not sup.exited.wait(peers.GANG_HEARTBEAT_S):
@@ -315,8 +266,7 @@ class Keeper(abc.ABC):
             self.tell_progress(attempt, sup.workers_started, _progress_of(sup))
 
     def _dump_stacks(self, stamp: str) -> dict[int, str]:
-        """This node's ranks' stacks, kept in ``stacks/<stamp>/rank-N.txt``;
-        where each rank stands."""
+        """This node's ranks' stacks, kept in ``stacks/<stamp>/``; where each stands."""
         out = {}
         try:
             dumped = stacks.dump(self.sup_spec.run_id, {self.node_rank: self.run_dir})
@@ -334,18 +284,9 @@ class Keeper(abc.ABC):
 
     def _record_progress(self, heartbeats: dict, use: dict | None = None,
                          lines: dict | None = None, ranks: Iterable[int] = ()) -> None:
-        """Each rank's last step, its samples so far (null where its step
-        heartbeat says none: ``Supervisor.progress``), its seconds per step
-        outside collectives where it says them (``compute_s``, ``data_s``)
-        and when it made progress (this node's clock) into keeper.json, as
-        the heartbeats carry them and its output
-        lines (``lines``: rank -> wall time of its last line, the supervisor's
-        ``line_seen``) show it, with its GPU's use now (``use``: rank ->
-        ``gpu``, ``gpu_util``, ``gpu_mem_mib``): a detached run has no
-        controller to keep ``progress.json``, so ``status`` reads them from
-        here (``describe``). ``ranks``: this node's ranks once its workers
-        run, each listed even with nothing (a rank with no output yet).
-        Written only when something changed."""
+        """Each rank's progress and GPU use into keeper.json, on a change: a
+        detached run has no controller to keep ``progress.json``, so
+        ``status`` reads them here."""
         now = time.time()
         use = use or {}
         lines = {str(rank): at for rank, at in (lines or {}).items()}
@@ -367,20 +308,16 @@ class Keeper(abc.ABC):
             self.write_state("running", unless_over=True)
 
     def _setup_barrier(self, sup: Supervisor) -> None:
-        """The gang's barrier after ``setup:`` (the supervisor's
-        ``setup_barrier``): a node tells the head its setup is done and waits
-        for ``gang-go``; the head sends it once every node's is. A stop (a
-        node's setup failed, a signal, a lost link) ends the wait."""
+        """The gang's barrier after ``setup:``: tell the head, wait for
+        ``gang-go``; a stop (a failed setup, a signal, a lost link) ends it."""
         self.setup_done_here()
         while not (self.setup_go.wait(0.25) or sup.stop_requested or self.final):
             pass
 
     def _await_survivors(self, sup: Supervisor) -> None:
-        """Processes of the attempt that would not die (``procs.terminate``'s
-        survivors: uninterruptible sleep, a GPU's driver still releasing
-        them): wait up to ``SURVIVOR_WAIT_S`` for them to go; the exit record
-        keeps those still there, which rules out a restart
-        (``restarts.survivors_left``)."""
+        """Wait up to ``SURVIVOR_WAIT_S`` for processes that would not die
+        (uninterruptible sleep, a driver still releasing them); any left rule
+        out a restart (``restarts.survivors_left``)."""
         last = sup.last_exit
         if not last or not last.get("survivors"):
             return
@@ -443,8 +380,7 @@ class Keeper(abc.ABC):
 
 
 def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:
-    """Each of this node's ranks' GPU in a sample (``gpus.sample``): rank ->
-    its index, utilisation and memory now."""
+    """Rank -> its GPU's index, utilisation and memory in ``use``."""
     if not use:
         return {}
     visible = visible_gpus(sup.spec.env)
@@ -458,10 +394,8 @@ def _rank_gpus(sup: Supervisor, use: dict | None) -> dict[str, dict]:
 
 
 def _progress_of(sup: Supervisor) -> dict:
-    """{rank: [step, age_s]}, or [step, age_s, samples] where the rank's
-    heartbeat says its samples, or [step, age_s, samples, compute_s, data_s]
-    (``Supervisor.progress``): the ranks' heartbeats and their output lines
-    (``line_seen``), the younger of the two: what the hang rule counts."""
+    """``Supervisor.progress``, each rank's age the younger of its heartbeat
+    and its last output line: what the hang rule counts."""
     progress = sup.progress()
     now = time.time()
     for rank, at in dict(sup.line_seen or {}).items():

@@ -1,29 +1,15 @@
 """The keepers' own wire: node 0's gang port and one TCP link per other node.
 
-A kept run (``keeper.py``) has no controller to hold the gang together, so
-the node agents hold it themselves: node 0 (the head) listens on a port of
-its own, every other node connects to it, and from then on both ends of
-each link send a heartbeat every ``GANG_HEARTBEAT_S``. A link is lost when
-it closes (a keeper killed with SIGKILL: the kernel closes its socket at
-once) or when nothing arrives on it for ``GANG_TIMEOUT_S`` (a frozen node, a
-partition that sends no FIN or RST). Either way the other side learns it
-within ``GANG_TIMEOUT_S``, and the run's teardown starts there.
+A kept run has no controller to hold the gang, so the node agents do: node
+0 (the head) listens, every other node connects, and both ends of each link
+send a heartbeat every ``GANG_HEARTBEAT_S``. A link is lost when it closes
+(a SIGKILLed keeper's socket closes at once) or is silent for
+``GANG_TIMEOUT_S`` (a frozen node, a partition): either way the other side
+learns it within ``GANG_TIMEOUT_S`` and starts the run's teardown.
 
-Messages are the control lines of ``protocol`` (the same framing, the same
-checks); the first line on a link must be ``gang-hello`` with the run's
-token, which the controller sent to every node over its own channel, so
-nobody else on the network can join the gang or stop it. Any line that does
-not decode (``protocol.decode`` turns every parse failure into
-ProtocolError) ends its link as lost, "a malformed message".
-
-The gang port is exposed as little as the run allows (``listener``,
-``Gate``): it exists only when there is more than one node, it listens
-only on the address the other nodes use to reach node 0 (the run's master
-address), it is closed once every node has joined, and until then the
-connections waiting for their hello are few (``MAX_PENDING``; the oldest
-gives way to a new one) and are read by one thread, so a flood of idle or
-hostile connections costs neither threads nor file descriptors beyond that
-cap, and an ``accept`` error (EMFILE, ECONNABORTED) only pauses accepting.
+Messages are ``protocol``'s control lines; the first on a link must be
+``gang-hello`` with the run's token, so nobody else on the network can join
+or stop the gang. A line that does not decode ends its link as lost.
 """
 
 from __future__ import annotations
@@ -55,14 +41,10 @@ FLUSH_S = 2.0
 
 
 class Link:
-    """One end of a head-to-node link: send messages, hand received ones to
+    """One end of a head-to-node link: received messages go to
     ``on_message(msg)``; ``on_lost(why)`` once, when the link is gone.
-
-    ``send`` never waits on the network: a message goes to the link's
-    outbox, which a thread of its own writes. The head sends while it holds
-    its lock (a stop to every node); a frozen peer whose window is full
-    would otherwise hold that lock for ``GANG_TIMEOUT_S`` per link, and every
-    other node's loss and every verdict behind it."""
+    ``send`` never waits on the network (a thread writes the outbox): the
+    head sends holding its lock, which a frozen peer must not hold up."""
 
     def __init__(self, sock: socket.socket, on_message: Callable[[dict], None],
                  on_lost: Callable[[str], None], first: bytes = b""):
@@ -87,9 +69,7 @@ class Link:
         return self
 
     def send(self, message: dict) -> bool:
-        """False when the link is gone (the reader reports it), or when its
-        peer has read nothing of ``OUTBOX_MAX`` messages (the reader's
-        timeout will say it is lost)."""
+        """False when the link is gone, or its peer has read none of ``OUTBOX_MAX``."""
         if self.closed.is_set():
             return False
         try:
@@ -99,9 +79,8 @@ class Link:
             return False
 
     def close(self) -> None:
-        """What was sent goes out first (up to ``FLUSH_S``), then the socket
-        closes: a message queued just before the close (the head's last word
-        to a node) is not lost with it."""
+        """What was sent goes out first (up to ``FLUSH_S``), so the head's last
+        word to a node is not lost with the socket."""
         if not self.closed.is_set():
             try:
                 self.outbox.put_nowait(None)  # the writer ends once it reaches it
@@ -117,9 +96,7 @@ class Link:
         self.sock.close()
 
     def _write(self) -> None:
-        """The outbox to the socket; a send that fails (the peer gone, or
-        not reading for ``GANG_TIMEOUT_S``) ends the link, which the reader
-        then reports."""
+        """The outbox to the socket; a failed send ends the link."""
         try:
             while True:
                 data = self.outbox.get()
@@ -170,19 +147,12 @@ class Link:
 
 
 def listener(addr: str, avoid: int | None = None) -> tuple[socket.socket, str]:
-    """Node 0's gang port, on ``addr`` (the run's master address: where the
-    other nodes reach node 0), on any free port but ``avoid``; and a note
-    (empty, or why it listens elsewhere). ``avoid`` is the master port: it
-    was only probed, so it is free, and the kernel may well hand it out
-    again, right before torchrun's store needs it.
-
-    ``addr`` is resolved here, on node 0, and the first of its addresses
-    that this host has is used. Where it has none of them (node 0 is
-    reached through NAT), or a name resolves here only to a loopback address
-    while the other nodes resolve it elsewhere (Debian's ``127.0.1.1 host``
-    line in ``/etc/hosts``), listening there would keep the gang from
-    forming: then, and only then, it listens on every interface and says so
-    (the hello's token still keeps strangers out)."""
+    """Node 0's gang port on ``addr`` (the run's master address), on any free
+    port but ``avoid`` (the master port: only probed, so the kernel may hand
+    it out again before torchrun's store needs it); and a note. Where this
+    host has none of ``addr``'s addresses (NAT), or it resolves here only to
+    loopback (Debian's ``127.0.1.1 host``), it listens on every interface
+    and says so: the hello's token still keeps strangers out."""
     candidates, note = _bind_candidates(addr)
     for family, host in candidates:
         try:
@@ -234,11 +204,10 @@ def _bind_candidates(addr: str) -> tuple[list[tuple[int, str]], str]:
 
 
 class Gate:
-    """Node 0's gang port until every node has joined: new connections,
-    each with ``GANG_TIMEOUT_S`` to send its hello, at most ``MAX_PENDING``
-    at a time (a new one closes the oldest), all read by this one thread;
-    ``on_hello(node_rank, conn, rest)`` for each that says a right one.
-    ``close()`` stops it, and closes the port and every waiting connection."""
+    """Node 0's gang port until every node has joined: each connection has
+    ``GANG_TIMEOUT_S`` to say its hello, at most ``MAX_PENDING`` wait (a new
+    one closes the oldest), all read by one thread, so a flood of hostile
+    connections costs nothing past that cap."""
 
     def __init__(self, sock: socket.socket, token: str, nnodes: int,
                  on_hello: Callable[[int, socket.socket, bytes], None]):
@@ -336,9 +305,8 @@ class Gate:
 
 
 def accept_hello(conn: socket.socket, token: str, nnodes: int) -> tuple[int, bytes]:
-    """The node rank a new connection says it is, once its ``gang-hello``
-    carries the run's token, within ``GANG_TIMEOUT_S`` in all; raises
-    ProtocolError (or socket.timeout) otherwise."""
+    """The node rank a connection's ``gang-hello`` names, with the run's token,
+    within ``GANG_TIMEOUT_S``; ProtocolError (or socket.timeout) otherwise."""
     deadline = time.monotonic() + GANG_TIMEOUT_S
     data = b""
     while b"\n" not in data:
@@ -354,9 +322,8 @@ def accept_hello(conn: socket.socket, token: str, nnodes: int) -> tuple[int, byt
 
 
 def check_hello(data: bytes, token: str, nnodes: int) -> tuple[int, bytes]:
-    """``data`` (a whole first line, and what came after it): the node rank
-    its ``gang-hello`` names, and the rest; ProtocolError unless the hello
-    carries the run's token and a rank of this run."""
+    """The node rank ``data``'s ``gang-hello`` names, and what followed it;
+    ProtocolError unless it carries the run's token and a rank of this run."""
     line, rest = data.split(b"\n", 1)
     hello = decode(line + b"\n")
     try:

@@ -1,24 +1,14 @@
 """A node's part in a launch's GPUs: what it has, what the run gets, held.
 
-The controller asks every node at once, before anything starts (the
-``gpus`` request, ``agent/wire/serve.py``). Here the node's own facts
-(``gpus.facts``: nvidia-smi's CSV) and the other runs' holds
-(``gpulocks``) turn the request (``[3, 4, 5]``, ``all``, ``free``,
-``free:N``) into indices, or a refusal in words the user can act on; the
-chosen GPUs are then locked for the run's whole life.
+The controller asks every node at once, before anything starts. The
+node's facts (``gpus.facts``) and the other runs' holds (``gpulocks``)
+turn the request into indices, or a refusal the user can act on; the
+chosen GPUs stay locked for the run's whole life. The locks pass, by
+``held_fds()``, to the guardian and a kept run's keeper, which outlive a
+SIGKILLed agent, and go with the last descriptor: nothing to clean up.
 
-The locks belong to this process (the agent that becomes the node's
-supervisor, or forks its keeper) and to every process given ``held_fds()``:
-the guardian, and a kept run's keeper, which outlive a SIGKILLed agent.
-A flock goes with the last descriptor of its open file, so nothing is left
-to clean up however the run ends.
-
-torch is asked too (``TorchProbe``), in a child interpreter of the node's
-Python started first thing, so its import overlaps the uploads: whether
-its build has CUDA and how many GPUs it sees, for the gang's one decision
-on ``device: auto`` (``engine/gpuplan.py``).
-
-Standard library only, like the rest of the agent package.
+torch is asked too (``TorchProbe``), in a child started first thing so its
+import overlaps the uploads, for the gang's decision on ``device: auto``.
 """
 
 from __future__ import annotations
@@ -48,19 +38,12 @@ def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int
           ignore: "list[str] | tuple[str, ...]" = (),
           exclude: "list[int] | tuple[int, ...]" = ()) -> dict:
     """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``,
-    under the site's ``gpu_policy`` (``busy_mib``, ``busy_util``, the health
-    rules it ``ignore``s, the indices it ``exclude``s, its ``lock_dir``).
+    under the site's ``gpu_policy``: ``choose``'s answer, with every GPU
+    (``gpus``, ``held_by`` where another run holds it) and the driver.
 
-    ``{"ok": True, "chosen", "uuids", "models", "notes", "gpus", "driver",
-    "lock_dir"}`` (``gpus``: every GPU as nvidia-smi lists it, with
-    ``held_by`` where another run holds it; ``notes``: nvidia-smi's own
-    warnings too, for a node it answered in part), or ``{"ok": False,
-    "reason", "error", "free", "waitable"}``. Without nvidia-smi an
-    explicit list goes as listed (with a note: no busy check, no lock) and
-    ``all``/``free`` are refused; a failing nvidia-smi is a refusal with
-    what it said. A ``rehearsal`` (``device: cpu``) may list indices the
-    node lacks: each is a CPU process, checked and held only where it names
-    a GPU.
+    Without nvidia-smi an explicit list goes as listed (noted: no busy
+    check, no lock) and ``all``/``free`` are refused. A ``rehearsal``
+    (``device: cpu``) may list indices the node lacks: CPU processes.
     """
     found = gpus.facts(SMI_TIMEOUT_S)
     if not found["ok"]:
@@ -202,9 +185,8 @@ class TorchProbe:
                                       stderr=subprocess.PIPE, text=True)
 
     def result(self, timeout_s: float = TORCH_TIMEOUT_S) -> dict:
-        """``{"ok": True, "torch", "cuda", "available", "count"}`` (and
-        ``why`` it sees no GPU, where the driver said), or ``{"ok": False,
-        "error"}`` with the last line the child said."""
+        """``{"ok": True, "torch", "cuda", "available", "count"}``, or
+        ``{"ok": False, "error"}`` with the child's last line."""
         try:
             out, err = self.child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

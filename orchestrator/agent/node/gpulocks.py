@@ -1,24 +1,13 @@
 """Per-GPU locks that a run holds for its whole life, across users.
 
-One file per GPU in the lock directory (``lock_dir``: ``gpu_policy.lock_dir``,
-else ``/run/lock/ddp-orch-gpus``, else ``/tmp/ddp-orch-gpus``), named by
-its UUID (``gpus.lock_key``), locked with ``flock``. The directory is
-node-local on purpose: locks on an NFS ``/home`` are unreliable, and GPU
-indices repeat on every host. It is sticky and world-writable like ``/tmp``,
-so every user's runs meet there. ``/run/lock`` first: systemd-tmpfiles
-ages files in ``/tmp`` (RHEL's 10 days), and a private ``/tmp``
-(pam_namespace, a service's PrivateTmp, a container per user) is one
-user's alone, where runs of two users would never meet; ``/run`` is
-neither, and is emptied at boot, when no run is left to hold a GPU.
+One ``flock``ed file per GPU in a node-local directory (NFS locks are
+unreliable, GPU indices repeat per host), sticky and world-writable so
+every user's runs meet there. ``/run/lock`` comes before ``/tmp``: tmpfiles
+ages ``/tmp``, and a private ``/tmp`` is one user's alone.
 
-``flock`` belongs to the open file description and ends with the last
-process that has it open, so a dead run's lock is gone with it (its file,
-left behind, blocks nobody), and a child given the descriptors
-(``Holds.fds`` through ``pass_fds``) keeps the lock after the agent that
-took it has gone. The file holds the holder as one JSON line, for the
-words of a refusal only: the lock decides, never the file.
-
-Stdlib only, like the rest of the agent package.
+``flock`` ends with the last process that has the file open, so a dead
+run's lock is gone with it, and a child given the descriptors keeps it.
+The file's holder record is only for a refusal's words: the lock decides.
 """
 
 from __future__ import annotations
@@ -47,8 +36,7 @@ _OPEN_TRIES = 50  # creations and removals racing ours, before giving up
 
 
 class Held(Exception):
-    """``key`` is another run's now; ``holder`` is its record, None where
-    the file does not hold one that can be read."""
+    """``key`` is another run's now; ``holder`` its record, None if unreadable."""
 
     def __init__(self, key: str, holder: dict | None):
         super().__init__(f"{key} is held by another run")
@@ -58,12 +46,8 @@ class Held(Exception):
 
 class Holds:
     """The locks one ``hold`` took: ``keys`` and their descriptors ``fds``.
-
-    ``release`` unlocks and closes; as a context manager it releases on
-    exit. ``close`` only closes this process's descriptors: a child given
-    ``fds`` with ``pass_fds`` then holds the locks alone (unlocking here
-    would unlock them for that child too, as they share the description).
-    """
+    ``close`` only closes this process's descriptors, so a child given
+    ``fds`` holds the locks alone (``release`` would unlock them for it too)."""
 
     def __init__(self, keys: list[str], fds: list[int]):
         self.keys = keys
@@ -88,11 +72,9 @@ class Holds:
 
 def hold(keys: "list[str] | tuple[str, ...]", holder: dict,
          directory: str | None = None) -> Holds:
-    """Lock every one of ``keys`` for ``holder`` (a dict with ``run_id``;
-    ``user``, ``started``, ``pid`` and ``host`` are filled in where it lacks
-    them), or none: at the first key another run holds, what was taken is
-    let go and ``Held`` names that key and its holder. A key given twice is
-    held once (a second lock of it here would conflict with the first)."""
+    """Lock every one of ``keys`` for ``holder``, or none: at the first key
+    another run holds, what was taken is let go and ``Held`` names it. A key
+    given twice is held once (a second lock here would conflict)."""
     if "run_id" not in holder:
         raise ValueError("a GPU lock's holder needs a run_id")
     directory = lock_dir(directory)
@@ -116,9 +98,8 @@ def hold(keys: "list[str] | tuple[str, ...]", holder: dict,
 
 def holders(keys: "list[str] | tuple[str, ...]",
             directory: str | None = None) -> "dict[str, dict | None]":
-    """Who holds each of ``keys`` now: None where nobody does, the holder's
-    record where a run does (``{}`` when it cannot be read). Creates
-    nothing: a key without a file, or no directory at all, is free."""
+    """Who holds each of ``keys``: None, or the holder's record (``{}`` if
+    unreadable). Creates nothing: a key without a file is free."""
     directory = lock_dir(directory)
     out: dict[str, dict | None] = {}
     for key in keys:
@@ -140,16 +121,13 @@ def holders(keys: "list[str] | tuple[str, ...]",
 
 def held_by_others(keys: "list[str] | tuple[str, ...]", run_id: str,
                    directory: str | None = None) -> dict[str, dict]:
-    """The keys another run than ``run_id`` holds now, with their holders
-    (an unreadable holder counts as another run)."""
+    """The keys another run than ``run_id`` holds (an unreadable holder counts)."""
     return {key: who for key, who in holders(keys, directory).items()
             if who is not None and who.get("run_id") != run_id}
 
 
 def lock_dir(given: str | None = None) -> str:
-    """The directory of this node's GPU locks: ``given`` (``gpu_policy.lock_dir``),
-    else ``ddp-orch-gpus`` in the first of ``LOCK_PARENTS`` that every user
-    may write to (world-writable and sticky)."""
+    """``given``, else ``ddp-orch-gpus`` in the first of ``LOCK_PARENTS`` all may write."""
     if given:
         return given
     for parent in LOCK_PARENTS:
@@ -164,8 +142,7 @@ def lock_dir(given: str | None = None) -> str:
 
 def safe_name(key: str) -> str:
     """The lock file's name for ``key``: the key itself where it is a plain
-    file name (a UUID, ``index-3``), else its safe characters and a hash of
-    the whole, so two keys never share a file."""
+    name, else its safe characters and a hash, so keys never share a file."""
     if _SAFE.fullmatch(key):
         return key + ".lock"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -188,9 +165,8 @@ def _me() -> dict:
 
 def _make_dir(directory: str) -> None:
     """``directory``, sticky and world-writable (1777) where this user owns
-    it (chmod after making it: the umask takes bits off); one another user
-    made is used as it is, since only its owner may chmod it. Only the
-    directory itself is made: parents made here would be this user's alone."""
+    it; one another user made is used as it is. Parents are not made: they
+    would be this user's alone."""
     try:
         os.mkdir(directory, 0o700)
     except FileExistsError:
@@ -203,15 +179,11 @@ def _make_dir(directory: str) -> None:
 
 
 def _open(path: str, create: bool) -> int:
-    """A descriptor of the lock file ``path``, never through a link.
-
-    An existing file is opened without O_CREAT: with
-    ``fs.protected_regular`` (Debian's default) O_CREAT fails on another
-    user's file in a sticky directory even when it exists. Otherwise it is
-    made with O_EXCL, mode 0666 whatever the umask, for every user's runs.
-    Read-only where the file does not let this user write it: flock needs
-    no write access, only the holder's record is then left unwritten.
-    """
+    """A descriptor of the lock file ``path``, never through a link. An
+    existing file is opened without O_CREAT, which ``fs.protected_regular``
+    refuses on another user's file in a sticky directory; a new one is mode
+    0666 for every user's runs. Read-only where this user may not write:
+    flock needs no write access."""
     flags = os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(_OPEN_TRIES):
         for mode in (os.O_RDWR, os.O_RDONLY):
@@ -263,8 +235,7 @@ def _lock(fd: int) -> bool:
 
 
 def _write_holder(fd: int, line: bytes) -> None:
-    """Replace the file's record with ``line``; skipped on a read-only
-    descriptor (another user's file this user may only lock)."""
+    """Replace the file's record with ``line``; skipped on a read-only descriptor."""
     if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
         return
     os.ftruncate(fd, 0)
@@ -272,8 +243,7 @@ def _write_holder(fd: int, line: bytes) -> None:
 
 
 def _read_holder(fd: int) -> dict | None:
-    """The record in the lock file, None where there is none to read (being
-    written this instant, or written by something else)."""
+    """The lock file's record; None where there is none to read (mid-write, foreign)."""
     try:
         record = json.loads(os.pread(fd, 65536, 0).decode())
     except (OSError, UnicodeDecodeError, ValueError):

@@ -1,17 +1,10 @@
 """A node's GPUs as nvidia-smi reports them, and which of them a run may take.
 
-On a shared machine an index the user typed may belong to someone else's
-job, be in MIG mode, or be held by another run of ddp-orch. ``facts`` asks
-nvidia-smi once per launch for what is there and what runs on it;
-``choose`` turns a request (``[3, 4]``, ``"all"``, ``"free"``, ``"free:N"``)
-into indices, or into a refusal that says who uses what and which GPUs are
-free now, in words the user can act on. ``choose`` is pure, so every rule is
-tested without a GPU; the locks that hold the chosen GPUs for a run's life
-are in ``gpulocks``.
-
-Stdlib only, like the rest of the agent package; ``subprocess`` is imported
-where nvidia-smi is run, since the loader reads ``HEALTH_RULES`` here and a
-dry-run starts no process.
+On a shared machine a GPU may be another job's, in MIG mode, or held by
+another run. ``facts`` asks nvidia-smi once per launch; ``choose`` (pure, so
+tested without a GPU) turns a request into indices, or into a refusal the
+user can act on. ``subprocess`` is imported only where nvidia-smi runs: a
+dry-run reads ``HEALTH_RULES`` here and starts no process.
 """
 
 from __future__ import annotations
@@ -73,21 +66,10 @@ class Unreadable(ValueError):
 # -- facts ----------------------------------------------------------------
 
 def facts(timeout_s: float = 10.0) -> dict:
-    """What nvidia-smi says of this node's GPUs and the processes on them.
-
-    ``{"ok": True, "driver", "gpus": [...], "apps": [...]}`` (see
-    ``parse_gpu`` and ``parse_app``), with ``notes`` (what nvidia-smi said
-    besides its rows, such as a corrupted infoROM or a GPU it could not
-    reach, and a line it printed that could not be read) and ``unreported``
-    (health fields this nvidia-smi does not know) where there are any;
-    ``{"ok": False, "absent": True, "error"}`` without nvidia-smi;
-    ``{"ok": False, "error"}`` when it fails with no readable GPU, hangs
-    (each call is bounded by ``timeout_s``) or answers nothing readable. A
-    non-zero exit with rows (exit 14, a corrupted infoROM; 15, a GPU off the
-    bus) keeps the GPUs it could read; a GPU whose line cannot be read is
-    listed as ``unreadable`` and the others stay usable. A node without
-    GPUs is ok with ``gpus == []``.
-    """
+    """What nvidia-smi says of this node's GPUs and the processes on them;
+    ``{"ok": False, "error"}`` when it is absent, fails, hangs past
+    ``timeout_s`` or answers nothing readable. A non-zero exit with rows (a
+    corrupted infoROM, a GPU off the bus) keeps the GPUs it could read."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return {"ok": False, "absent": True, "error": "nvidia-smi not found on PATH"}
@@ -133,9 +115,8 @@ def facts(timeout_s: float = 10.0) -> dict:
 
 
 def _query_gpus(smi: str, timeout_s: float) -> tuple["_Answer", list[str]]:
-    """``--query-gpu`` with every field this nvidia-smi knows: a health
-    field it refuses is asked under its newer name, else dropped (and
-    returned as unreported); its rows padded to ``GPU_FIELDS``."""
+    """``--query-gpu`` with every field this nvidia-smi knows; a refused
+    health field is tried by its newer name, else returned as unreported."""
     fields = list(CORE_FIELDS + HEALTH_FIELDS)
     unreported: list[str] = []
     while True:
@@ -160,8 +141,7 @@ def _query_gpus(smi: str, timeout_s: float) -> tuple["_Answer", list[str]]:
 
 
 def _padded(line: str, fields: list[str]) -> str:
-    """A line of a query that left some health fields out, as if it had
-    asked every one, with ``[N/A]`` for what it did not ask."""
+    """``line`` as if every field was asked, ``[N/A]`` for those left out."""
     every = CORE_FIELDS + HEALTH_FIELDS
     if fields == list(every):
         return line
@@ -180,10 +160,8 @@ def _padded(line: str, fields: list[str]) -> str:
 
 def read_gpu_lines(lines: list[str], unreported: "list[str] | tuple[str, ...]" = ()
                    ) -> tuple[list[dict], list[str]]:
-    """The GPUs of ``--query-gpu=GPU_FIELDS``'s lines, and a note for each
-    line that names no GPU. A line whose index can be read but whose other
-    values cannot is that GPU, ``unreadable`` (never taken); the other GPUs
-    are as they are."""
+    """The GPUs of ``--query-gpu``'s lines, and a note per line naming no GPU;
+    a GPU whose line is otherwise unreadable is marked so (never taken)."""
     gpus, notes = [], []
     for line in lines:
         try:
@@ -205,8 +183,7 @@ def _leading_index(line: str) -> int | None:
 
 
 def _add_rows(gpus: list[dict], asked: "concurrent.futures.Future") -> None:
-    """Each GPU's row remapping, from ``--query-remapped-rows`` (absent on
-    GPUs before Ampere and on old drivers: unknown, never a failure)."""
+    """Each GPU's row remapping; none (pre-Ampere, old drivers) is unknown."""
     try:
         rows = asked.result().rows
     except _Failed:
@@ -226,11 +203,8 @@ SAMPLE_FIELDS = "index,utilization.gpu,memory.used"
 
 
 def sample(indices: "list[int] | tuple[int, ...]", timeout_s: float = 5.0) -> dict | None:
-    """``{index: [utilization %, memory used MiB]}`` now for the GPUs
-    ``indices`` (a value nvidia-smi withholds is None), or None when
-    nvidia-smi is absent, fails or hangs (each call bounded by ``timeout_s``):
-    the supervisor's heartbeat carries it, so ``status`` and the summary see
-    each rank's GPU while the run goes on. A line it cannot read is left out."""
+    """``{index: [utilization %, memory used MiB]}`` now for ``indices``, or
+    None when nvidia-smi is absent, fails or hangs (the heartbeat's)."""
     smi = shutil.which("nvidia-smi")
     if smi is None or not indices:
         return None
@@ -253,8 +227,7 @@ def sample(indices: "list[int] | tuple[int, ...]", timeout_s: float = 5.0) -> di
 
 
 class _Failed(Exception):
-    """nvidia-smi did not answer a query: its words, or its time-out.
-    ``not_a_field``: the field it refused to query, if that is why."""
+    """nvidia-smi gave no answer; ``not_a_field``: the field it refused, if any."""
 
     def __init__(self, words: str, not_a_field: str | None = None):
         super().__init__(words)
@@ -262,10 +235,8 @@ class _Failed(Exception):
 
 
 class _Answer(typing.NamedTuple):
-    """What one query printed: its ``rows``, what it ``said`` besides them
-    (lines about a GPU it could not read, a warning, its stderr), its exit
-    ``code``, and ``failure``: its last words and exit status, for a caller
-    that cannot go on without rows."""
+    """One query's ``rows``, what it ``said`` besides them (warnings,
+    stderr), its exit ``code``, and ``failure`` for a caller that needs rows."""
 
     rows: list[str]
     said: list[str]
@@ -274,14 +245,10 @@ class _Answer(typing.NamedTuple):
 
 
 def _query(smi: str, query: str, timeout_s: float) -> _Answer:
-    """What ``nvidia-smi QUERY --format=csv,...`` printed, whatever its exit
-    status (the caller decides whether rows with a non-zero exit will do);
-    ``_Failed`` when it cannot be run, hangs, or refuses a field.
-
-    Not ``subprocess.run``: on a time-out it waits for the killed child
-    without a bound, and an nvidia-smi stuck in the driver (a GPU fallen off
-    the bus) does not die; this gives up on it after ``_KILLED_WAIT_S``.
-    """
+    """What ``nvidia-smi QUERY`` printed, whatever its exit status;
+    ``_Failed`` when it cannot run, hangs, or refuses a field. Not
+    ``subprocess.run``, which waits without bound for the killed child: an
+    nvidia-smi stuck in the driver (a GPU off the bus) does not die."""
     import subprocess
 
     what = f"nvidia-smi {query.split('=', 1)[0]}"
@@ -313,8 +280,7 @@ def _query(smi: str, query: str, timeout_s: float) -> _Answer:
 
 
 def _abandon(proc: subprocess.Popen) -> None:
-    """Kill ``proc`` and wait a moment for it; a process that cannot die is
-    left to the kernel rather than hanging the agent with it."""
+    """Kill ``proc``; one that cannot die is left to the kernel, not awaited."""
     import subprocess
 
     proc.kill()
@@ -333,14 +299,8 @@ def _last_line(text: str) -> str:
 
 
 def parse_gpu(line: str) -> dict:
-    """One line of ``--query-gpu=GPU_FIELDS``: ``{"index", "uuid", "bus_id",
-    "name", "memory_total_mib", "memory_used_mib", "utilization", "mig",
-    "driver"}`` (``facts`` moves ``driver`` to the node) and its health:
-    ``ecc_errors`` (uncorrected, since the driver loaded), ``retired_pending``,
-    ``reset_required``, ``compute_mode``, ``throttle`` (the active reasons'
-    bits) and ``fault`` (what nvidia-smi printed in place of a value for a
-    GPU in a fault state, as words). Unknown values are None; ``mig`` is
-    True only where MIG mode is enabled now."""
+    """One line of ``--query-gpu=GPU_FIELDS``, with its health; unknown values
+    are None. ``ecc_errors`` counts uncorrected errors since the driver loaded."""
     (index, uuid, bus_id, name, total, used, util, mig, driver,
      ecc, retired, reset, mode, throttle) = _fields(line, GPU_FIELDS, free_text="name")
     number = _int(index, "index", line)
@@ -376,9 +336,8 @@ def _bits(value: str, line: str) -> int | None:
 
 
 def parse_app(line: str) -> dict:
-    """One line of ``--query-compute-apps=APP_FIELDS``: ``{"gpu_uuid", "pid",
-    "name", "used_mib", "user"}``; ``user`` is the owner of ``/proc/<pid>``,
-    None where that pid is not visible here (another container's)."""
+    """One line of ``--query-compute-apps``; ``user`` is None where the pid
+    is not visible here (another container's)."""
     gpu_uuid, pid, name, used = _fields(line, APP_FIELDS, free_text="process_name")
     number = _int(pid, "pid", line)
     if number is None:
@@ -388,10 +347,8 @@ def parse_app(line: str) -> dict:
 
 
 def _fields(line: str, fields: str, free_text: str) -> list[str]:
-    """The ``", "``-separated values of ``line``, one per field, ``""`` where
-    nvidia-smi has none. A free-text field (a model or a process name) may
-    hold ``", "`` itself: the values around it are counted from both ends,
-    and it keeps what is left."""
+    """``line``'s values, one per field; a free-text field (a model or
+    process name) may hold ``", "`` itself and keeps what the others leave."""
     names = fields.split(",")
     values = [value.strip() for value in line.split(", ")]
     if len(values) < len(names):
@@ -409,8 +366,7 @@ def _text(value: str) -> str:
 
 
 def _int(value: str, field: str, line: str) -> int | None:
-    """A number nvidia-smi gave; None where it has none (a GPU in a fault
-    state has none either: ``parse_gpu`` says the fault)."""
+    """A number nvidia-smi gave; None where it has none."""
     if value in _UNKNOWN or value in FAULT_VALUES:
         return None
     try:
@@ -421,8 +377,7 @@ def _int(value: str, field: str, line: str) -> int | None:
 
 
 def process_user(pid: int) -> str | None:
-    """The user who owns process ``pid`` here: a name, ``uid N`` without
-    one, None when ``/proc/<pid>`` is not there to ask."""
+    """Who owns process ``pid``: a name, ``uid N``, or None if not visible."""
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
@@ -437,11 +392,8 @@ def process_user(pid: int) -> str | None:
 
 def health(gpu: dict, ignore: "tuple[str, ...] | list[str] | frozenset[str]" = ()
            ) -> list[tuple[str, str]]:
-    """What makes ``gpu`` unfit to take, as ``(rule, words)``, gravest
-    first: a line that could not be read, a fault state, then each of
-    ``HEALTH_RULES`` the site does not ``ignore`` (``gpu_policy.ignore``).
-    Unknown values (a GPU or a driver that does not report them) are no
-    problem: nothing is known against the GPU."""
+    """What makes ``gpu`` unfit, as ``(rule, words)``, gravest first. An
+    unknown value is no problem: nothing is known against the GPU."""
     out: list[tuple[str, str]] = []
     if gpu.get("unreadable"):
         return [("unreadable", f"its line of nvidia-smi cannot be read ({gpu['unreadable']})")]
@@ -465,9 +417,8 @@ def health(gpu: dict, ignore: "tuple[str, ...] | list[str] | frozenset[str]" = (
 
 
 def cautions(gpu: dict) -> list[str]:
-    """What a run may meet on ``gpu`` although it is taken: a compute mode
-    that allows one process (a second context on it fails: "all CUDA-capable
-    devices are busy or unavailable"), and clocks held down by heat or power."""
+    """What a run may meet on ``gpu`` although it is taken: an exclusive
+    compute mode (a second CUDA context fails), clocks held down."""
     out = []
     if (gpu.get("compute_mode") or "").lower() in ("exclusive_process", "exclusive_thread"):
         out.append(f"compute mode {gpu['compute_mode']}: one process at a time; a second CUDA "
@@ -479,8 +430,7 @@ def cautions(gpu: dict) -> list[str]:
 
 
 def health_cell(gpu: dict, ignore: "tuple[str, ...] | list[str]" = ()) -> str:
-    """``check``'s HEALTH cell: ``ok``, or each problem in a few words (one
-    the site ignores marked so), then the cautions."""
+    """``check``'s HEALTH cell: ``ok``, or each problem and caution, briefly."""
     short = {"ecc": f"{gpu.get('ecc_errors')} ECC error{'s' if gpu.get('ecc_errors') != 1 else ''}",
              "retired_pages": "pages to retire",
              "remapped_rows": "row remap failed" if gpu.get("remapped_failed") else
@@ -499,8 +449,7 @@ def health_cell(gpu: dict, ignore: "tuple[str, ...] | list[str]" = ()) -> str:
 # -- choose ---------------------------------------------------------------
 
 def lock_key(gpu: dict) -> str:
-    """The name a GPU is held under (``gpulocks``): its UUID, which no other
-    GPU anywhere has; ``index-N`` for a GPU whose UUID nvidia-smi withholds."""
+    """The name a GPU is held under: its UUID, unique anywhere, else ``index-N``."""
     return gpu.get("uuid") or f"index-{gpu['index']}"
 
 
@@ -509,28 +458,15 @@ def choose(request: "list[int] | tuple[int, ...] | str", gpus: list[dict], apps:
            allow_busy: bool = False, busy_util: int = DEFAULT_BUSY_UTIL,
            ignore: "tuple[str, ...] | list[str]" = (),
            exclude: "tuple[int, ...] | list[int]" = ()) -> dict:
-    """The GPUs ``request`` gets on a node whose ``facts`` are ``gpus`` and
-    ``apps``, where the GPUs in ``held`` (lock key -> holder, see
-    ``lock_key``) are another run's now.
+    """The GPUs ``request`` gets, given the node's ``facts`` and the GPUs
+    other runs hold (``held``: lock key -> holder).
 
-    A GPU is busy when a compute process runs on it, more than
-    ``threshold_mib`` of its memory is used, or it is more than
-    ``busy_util`` percent utilised (a launch chooses before any process of
-    its run exists, so every process is another's; another container's are
-    not listed, their memory and work are). It is unfit when ``health``
-    finds a problem the site does not ``ignore``, and out when its index is
-    in ``exclude`` (``gpu_policy.exclude``). It is free when it is none of
-    these, not held and not in MIG mode. An explicit list refuses MIG,
-    unfit, excluded, held and (unless ``allow_busy``) busy GPUs; ``"all"``
-    takes every GPU but the unfit and excluded ones (and refuses as a list
-    does); ``"free"`` takes every free GPU, ``"free:N"`` N of them (see
-    ``_pick``).
-
-    ``{"ok": True, "chosen", "uuids", "models", "bus_ids", "notes"}``, or
-    ``{"ok": False, "reason", "error", "free", "waitable", "faults"}``:
-    ``reason`` is one of ``REASONS``; ``waitable`` says whether waiting
-    could clear it; ``faults`` lists each GPU at fault with its reason
-    (and the health ``rules`` it breaks), for the advice.
+    Busy: a process runs on it, or over ``threshold_mib`` is used, or over
+    ``busy_util`` percent (a launch chooses before its ranks exist, so any
+    process is another's; another container's are not listed, their use
+    is). A list refuses each GPU that is not free (busy passes with
+    ``allow_busy``); ``"all"`` leaves out unfit and excluded ones. A
+    refusal's ``waitable`` says whether waiting could clear it.
     """
     node = _Node(gpus, apps, held or {}, threshold_mib, busy_util, tuple(ignore),
                  frozenset(exclude))
@@ -576,9 +512,7 @@ class _Node:
         return self.held.get(lock_key(gpu))
 
     def busy(self, gpu: dict) -> bool:
-        """A process runs on it, or its memory or its compute is in use (a
-        process of another container is not listed; its memory and its
-        utilisation are)."""
+        """A process runs on it, or its memory or its compute is in use."""
         used, util = gpu.get("memory_used_mib"), gpu.get("utilization")
         return bool(self.procs[gpu.get("uuid")]) or \
             (used is not None and used > self.threshold_mib) or \
@@ -616,8 +550,7 @@ class _Node:
         return None
 
     def use(self, gpu: dict) -> str:
-        """What uses ``gpu``: each process (by pid, whatever order nvidia-smi
-        gave them in), or its memory or utilisation when none is visible."""
+        """What uses ``gpu``: its processes by pid, else its memory or utilisation."""
         procs = sorted(self.procs[gpu.get("uuid")], key=lambda app: app["pid"])
         if procs:
             return ", ".join(_describe_proc(p) for p in procs)
@@ -631,10 +564,8 @@ class _Node:
 
     def refusal(self, problems: "list[tuple[str, str, dict | None]]",
                 waitable: bool = True) -> dict:
-        """The answer for ``problems`` (reason, words, fault): the first reason
-        in ``REASONS`` order, since a missing GPU matters more than a busy one;
-        waitable only when every problem could clear by waiting (and the
-        caller knows of nothing else that cannot)."""
+        """The answer for ``problems``: the gravest reason (``REASONS``
+        order); waitable only when every problem could clear by waiting."""
         reasons = {reason for reason, _, _ in problems}
         free = self.free()
         ready = f"free now: {','.join(map(str, free))}" if free else "none free now"
@@ -644,9 +575,8 @@ class _Node:
                 "faults": [fault for _, _, fault in problems if fault]}
 
     def chosen(self, indices: list[int], notes: list[str]) -> dict:
-        """The answer for ``indices``; mixed models are the gang's to say
-        (``engine/gpuplan.notes``, ``check``), from the ``models`` here.
-        What a run may meet on a chosen GPU (``cautions``) is a note."""
+        """The answer for ``indices``, its ``cautions`` as notes; mixed models
+        are the gang's to judge (``engine/gpuplan.notes``)."""
         gpus = [self.by_index[i] for i in indices]
         notes = notes + [f"{_name(gpu)}: {words}" for gpu in gpus for words in cautions(gpu)]
         return {"ok": True, "chosen": indices, "uuids": [gpu.get("uuid", "") for gpu in gpus],
@@ -657,8 +587,7 @@ class _Node:
 
 def _choose_listed(node: _Node, indices: list[int], allow_busy: bool,
                    notes: "list[str] | None" = None) -> dict:
-    """An explicit list (in the user's order: it is the ranks' order): all
-    of them, or a refusal naming each that may not be taken."""
+    """An explicit list, in the user's (the ranks') order, or a refusal."""
     missing = [i for i in indices if i not in node.by_index]
     there = ",".join(map(str, sorted(node.by_index))) or "none"
     problems: list[tuple[str, str, dict | None]] = [
@@ -675,8 +604,7 @@ def _choose_listed(node: _Node, indices: list[int], allow_busy: bool,
 
 
 def _choose_all(node: _Node, allow_busy: bool) -> dict:
-    """Every GPU of the node but the unfit and excluded ones (each said in
-    a note), ascending; refused as a list is where any of those is not free."""
+    """Every GPU but the unfit and excluded ones (each noted), as a list."""
     left_out = {i: node.why_not(gpu, allow_busy=True) for i, gpu in node.by_index.items()
                 if node.unfit[i] or i in node.exclude}
     taken = sorted(i for i in node.by_index if i not in left_out)
@@ -700,8 +628,7 @@ def _choose_free(node: _Node, count: int | None) -> dict:
 
 
 def _short(node: _Node, free: int, wanted: int, every: bool, plain: int) -> str:
-    """Why too few GPUs are free: how many are, what keeps each other one,
-    and whether the node has ``wanted`` GPUs it could take at all."""
+    """Why too few GPUs are free, and whether ``wanted`` ever could be."""
     asked = "free" if every else f"free:{wanted}"
     words = (f"{asked} asks for {wanted} free GPU{'s' if wanted > 1 else ''}; "
              f"{free} {'is' if free == 1 else 'are'} free on this node")
@@ -715,9 +642,8 @@ def _short(node: _Node, free: int, wanted: int, every: bool, plain: int) -> str:
 
 
 def _order(gpu: dict) -> tuple:
-    """The order free GPUs are taken in: clocks not held down first, then
-    least memory used, then least utilisation, then lowest index (unknown
-    values last)."""
+    """Free GPUs' order: unthrottled first, then least memory used, least
+    utilised, lowest index (unknowns last)."""
     used, util = gpu.get("memory_used_mib"), gpu.get("utilization")
     slowed = any((gpu.get("throttle") or 0) & bit for bit in THROTTLE_BITS)
     return (slowed, used is None, used or 0, util is None, util or 0, gpu["index"])
@@ -725,13 +651,8 @@ def _order(gpu: dict) -> tuple:
 
 def _pick(free: list[dict], count: int) -> list[dict]:
     """``count`` of the ``free`` GPUs, of one model where possible: ranks on
-    mixed models all run at the pace of the slowest.
-
-    The model is the one with the most free GPUs, up to ``count``; between
-    models that supply as many, the one whose best GPU comes first in
-    ``_order``. Its best GPUs are taken first, and when it has fewer than
-    ``count`` the rest come from the other models, in ``_order``.
-    """
+    mixed models all run at the slowest's pace. The model with the most free
+    GPUs (up to ``count``) wins; any rest come from others, in ``_order``."""
     ordered = sorted(free, key=_order)
     supply = collections.Counter(gpu.get("name", "") for gpu in ordered)
     model = max(supply, key=lambda name: (min(supply[name], count),
@@ -742,9 +663,8 @@ def _pick(free: list[dict], count: int) -> list[dict]:
 
 
 def mixed_models(names: "list[str] | tuple[str, ...]") -> str | None:
-    """One line for a list of models with more than one in it
-    (``mixed GPU models: 2x H100, 1x A100: the slowest paces every step``),
-    most numerous first; None for one model or none."""
+    """``mixed GPU models: 2x H100, 1x A100: the slowest paces every step``,
+    or None for one model or none."""
     counts = collections.Counter(names)
     if len(counts) < 2:
         return None

@@ -1,35 +1,19 @@
 """The agent on a node that a scheduler started: one task of a Slurm step.
 
-Under Slurm nobody opens a channel to the node. ``srun`` starts one agent
-per node (``python agent.pyz job JOB.json``), and everything the
-controller would have sent lives in the job's run directory, on a file
-system that the login host and the compute nodes share:
+Under Slurm nobody opens a channel to the node: ``srun`` starts one agent
+per node, and what the controller would have sent lives in the job's run
+directory, on a shared file system: ``JOB.json`` (every node's spec),
+``rendezvous.json`` (written by node 0 once it has a free port) and
+``node-K/agent.out`` (read by the controller as it reads an SSH channel).
 
-* ``JOB.json``: every node's supervisor spec, as the controller built it
-  (``jobfile.JobSpec``, checked as it is read);
-* ``rendezvous.json``: written here, by node 0, once it has a free port;
-* ``node-K/agent.out``: this node's output and control lines, which the
-  controller tails exactly as it reads an SSH channel (``protocol``).
+This node's entry in the plan is the one whose host is the scheduler's
+name for it where the file pinned hosts, else its index in the allocation.
+The master address and port are known only inside the job: they replace
+two exact placeholder words in the argv, and nothing else is parsed.
 
-Which entry of the plan is this node: the one whose host is the
-scheduler's name for this node when the file pinned the hosts, else the
-node's index in the allocation, which is how the scheduler numbers the
-hosts it chose. The job file says which environment variables hold them
-(``jobfile.Placement``: the backend that wrote it knows its scheduler; this
-agent reads only the names it was given).
-
-The master address and port are known only inside the job. The argv the
-controller built carries two exact placeholder words for them
-(``Placement.addr_slot``, ``port_slot``); they are replaced word for word,
-nothing else is parsed.
-
-The scheduler owns the run (its spec's ``owner``, as the dry-run decided
-it): there is no controller on stdin, so stdin EOF is not a
-reason to stop. ``scancel`` (SIGTERM to every task), ``srun
---kill-on-bad-exit`` (the same when a node fails) and the supervisor's own
-teardown end the run. Secret env values never touch the shared disk: they
-reach the job through sbatch's environment (``SECRET_PREFIX``) and are moved
-into the node's spec here, out of the workers' environment.
+There is no controller on stdin, so its EOF is no reason to stop:
+``scancel`` and ``srun --kill-on-bad-exit`` end the run. Secret env values
+never touch the shared disk: they come through sbatch's environment.
 """
 
 from __future__ import annotations
@@ -116,10 +100,8 @@ def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
 
 
 def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
-    """The supervisor spec of this node, with the master filled in, the
-    secrets taken from the environment sbatch passed on, and each rank's
-    share of the cores the scheduler gave the task (``ompthreads``); its
-    owner is the job file's (the scheduler: stdin is /dev/null)."""
+    """This node's supervisor spec: the master filled in, the secrets taken
+    from sbatch's environment, and each rank's share of the task's cores."""
     node = job.nodes[node_rank]
     spec = node.spec
     place = job.placement
@@ -150,17 +132,14 @@ def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> Super
 
 
 def at_home(path: str, home: str) -> str:
-    """``path`` with a leading ``~`` made this node's ``home``: a ``python:``
-    under ``~/`` names each node's own interpreter, and under Slurm no
-    controller asks a node for its home before the job runs (over SSH the
-    launch fills it in, ``plan.build.resolve_plan``)."""
+    """``path`` with a leading ``~`` made this node's ``home``: under Slurm no
+    controller asks a node for its home before the job runs."""
     return home + path[1:] if path == "~" or path.startswith("~/") else path
 
 
 def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
-    """``env`` with its ``auto`` interface variables set to the interface this
-    node reaches the rendezvous through (``netroute``): chosen here, on the
-    node, as the controller's agents choose it over SSH."""
+    """``env`` with its ``auto`` interface variables set to the one this node
+    reaches the rendezvous through, chosen here as it is over SSH."""
     found = netroute.route(str(where["addr"]), int(where["port"]), remote_peers)
     if not found["ok"]:
         raise JobNodeError(f"cannot choose the interface the ranks use: {found['error']}; set "
@@ -171,9 +150,7 @@ def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
 
 def check_gpus(pinned: str | None, allocated: str | None, place: Placement) -> None:
     """The user's GPU indices must be among those the scheduler gave the job
-    on this node (``place.gpus`` names the variable; under Slurm
-    ``SLURM_STEP_GPUS``: physical indices, per node), or they may be another
-    job's."""
+    on this node, or they may be another job's."""
     if not pinned or allocated is None:
         return
     mine = set(allocated.split(","))
@@ -225,10 +202,9 @@ def run(job_path: str) -> int:
 
 
 def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
-    """The job's barrier after ``setup:``: this node's file says its setup is
-    done; torchrun starts once every node's is there. A node whose setup
-    fails exits, and ``srun --kill-on-bad-exit`` (SIGTERM: a stop) ends the
-    wait of the others."""
+    """The job's barrier after ``setup:``: torchrun starts once every node's
+    file says its setup is done. A failed setup exits its node, and
+    ``srun --kill-on-bad-exit`` then stops the others' wait."""
     path = os.path.join(job_dir, f"{layout.SETUP_DONE_PREFIX}{node_rank}")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f"{time.time()}\n")
@@ -240,10 +216,9 @@ def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
 
 
 def stacks(job_path: str, out_prefix: str, native: bool = False) -> int:
-    """``ddp-orch stacks`` on a Slurm node (an ``srun --overlap`` step in the
-    job): dump this node's ranks into ``OUT_PREFIX-node-K.json`` (a file in
-    the shared directory, not stdout, where srun may interleave the nodes'
-    long lines)."""
+    """``ddp-orch stacks`` on a Slurm node: dump this node's ranks into
+    ``OUT_PREFIX-node-K.json`` in the shared directory, not stdout, where
+    srun may interleave the nodes' long lines."""
     from .stacks import dump
 
     job = JobSpec.read(job_path)

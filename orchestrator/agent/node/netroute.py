@@ -1,29 +1,16 @@
 """Which network interface a node's collectives must use, found on the node.
 
-Gloo and NCCL pick an interface for the ranks' own connections by
-themselves, and on real machines they often pick wrong:
+Left to themselves Gloo and NCCL often pick wrong: Gloo binds the address
+the host name resolves to (``127.0.1.1`` on Debian and Ubuntu: loopback);
+NCCL may pick ``docker0``, the same address on every host; and the cluster
+NIC's name differs between hosts, so no one name fits.
 
-* Gloo, with no ``GLOO_SOCKET_IFNAME``, binds the address the host name
-  resolves to, and Debian and Ubuntu map the host name to ``127.0.1.1``:
-  every rank then tells its peers to call it on loopback
-  (pytorch/gloo#223);
-* NCCL's own pick may be ``docker0``, which has the same address on every
-  host and reaches nothing;
-* the cluster NIC is ``eth0`` on one host and ``ens5`` on another, so no
-  one name fits the whole cluster (NVIDIA/nccl#286 allows a name per node).
-
-So each node finds its own (``route``): the interface and address through
-which it reaches the rendezvous endpoint, which is also the one its peers
-reach it on. The kernel's routing table decides, as it will for the real
-traffic: a UDP socket ``connect``ed to the endpoint sends nothing and
-reports the source address the kernel chose. That address's interface
-comes from the kernel's own address table (rtnetlink ``RTM_GETADDR``).
-Node 0 reaching its own address gets that address, and so its NIC; when
-the endpoint is loopback to this node although peers elsewhere must reach
-it (its name resolves to 127.0.1.1 here), the address the controller
-reached this node on stands in (``SSH_CONNECTION``'s server address).
-
-Stdlib only, like the rest of the agent package.
+So each node finds its own (``route``): the interface through which it
+reaches the rendezvous endpoint, which is also the one its peers reach it
+on. The kernel's routing table decides, as for the real traffic: a UDP
+socket ``connect``ed to the endpoint sends nothing and reports the source
+address. Where the endpoint is loopback here although peers elsewhere must
+reach it, the address the controller reached this node on stands in.
 """
 
 from __future__ import annotations
@@ -113,8 +100,7 @@ def is_loopback(addr: str) -> bool:
 
 def _facing_peers(addr: str, via: str) -> tuple[str, str]:
     """This node's address for peers elsewhere when the rendezvous is
-    loopback here: the one the controller reached it on, else the default
-    route's source (a documentation address: nothing is sent)."""
+    loopback here: the controller's way in, else the default route's source."""
     reached = os.environ.get("SSH_CONNECTION", "").split()
     if len(reached) == 4 and not is_loopback(reached[2]):
         return reached[2].split("%", 1)[0], "the address this host was reached on"
@@ -128,9 +114,7 @@ def _facing_peers(addr: str, via: str) -> tuple[str, str]:
 
 def route(host: str, port: int, remote_peers: bool) -> dict:
     """The interface and address this node's collectives should use to reach
-    the rendezvous at ``host:port``: ``{"ok", "ifname", "addr", "via",
-    "interfaces"}``; ``remote_peers``: some rank runs on another host, so
-    loopback will not do."""
+    ``host:port``; ``remote_peers``: some rank is elsewhere, so not loopback."""
     names = interfaces()
     try:
         table = addresses()
@@ -174,11 +158,9 @@ def link_speed(name: str) -> int | None:
 
 
 def faster_link(chosen: str, table: "list[tuple[str, str]]") -> dict | None:
-    """The fastest other interface that is up, has an address (not loopback,
-    not IPv6 link-local) and a link at least ``MUCH_FASTER`` times as fast as
-    ``chosen``'s: ``{"ifname", "addr", "speed"}``, or None. The route to
-    the master picks the interface, and on a lab box that is often the 1 GbE
-    management link beside the data NIC."""
+    """The fastest other usable interface, at least ``MUCH_FASTER`` times as
+    fast as ``chosen``, or None: the route to the master often picks a lab
+    box's 1 GbE management link beside the data NIC."""
     mine = link_speed(chosen)
     if mine is None:
         return None

@@ -97,9 +97,8 @@ print(json.dumps(out))
 
 
 def family_of(host: str) -> int:
-    """The address family torchrun's store would use for ``host``: that of an
-    address literal, else of the first address the name resolves to here
-    (AF_INET when it does not resolve: the bind then tests what it can)."""
+    """The family torchrun's store would use for ``host``: its literal's, else
+    that of its first address here (AF_INET where it does not resolve)."""
     literal = host.strip("[]").split("%", 1)[0]
     try:
         return socket.AF_INET6 if ipaddress.ip_address(literal).version == 6 \
@@ -120,20 +119,8 @@ def _wildcard(family: int) -> str:
 
 def bind(port: int, host: str | None = None, *, hold: bool = False) -> dict:
     """Can torchrun's store listen on ``port``? 0 asks the kernel for a free one.
-    The socket has the family of the master address ``host`` (IPv4 without
-    one), bound to every address of that family, as the store's server is.
-
-    A port that a finished run left in TIME_WAIT is free for the store (it
-    sets SO_REUSEADDR), and so it is for this check; a port someone listens
-    on is busy either way.
-
-    ``hold``: keep the port bound in this process until ``release_ports``
-    (the supervisor's, right before torchrun starts): between the check and
-    the store's bind, ``setup:`` may take half an hour, and another job's
-    store would otherwise be free to take it. Bound without SO_REUSEADDR
-    where it can be, a hold that no other store's bind can share; not
-    listening, so a node that connects early is refused and retries.
-    """
+    ``hold``: keep it bound (not listening) until ``release_ports``, as
+    ``setup:`` may take half an hour and another job's store could take it."""
     family = family_of(host) if host else socket.AF_INET
     sock = None
     try:
@@ -180,9 +167,8 @@ _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 
 
 def probe(timeout_s: float = 60.0) -> dict:
-    """This Python and its torch: its version, the CUDA it was built with,
-    and whether it sees GPUs (indices in PCI bus order, as nvidia-smi's).
-    The GPUs themselves are the ``gpus`` request's (``gpuclaim.py``)."""
+    """This Python and its torch: version, CUDA build, and the GPUs it sees
+    (in PCI bus order, as nvidia-smi's)."""
     import json
     import subprocess  # here: only `check` probes, a launch does not pay for them
 
@@ -208,11 +194,9 @@ RDMA = "/sys/class/infiniband"
 
 
 def limits() -> dict:
-    """What this node gives NCCL besides its GPUs, as its ranks will have it
-    (they inherit this agent's limits): the size of ``/dev/shm`` in MiB (its
-    shared-memory transport between a node's ranks), the locked-memory limit
-    in KiB (None: unlimited; NCCL registers its buffers with an InfiniBand
-    NIC), and the RDMA devices there are."""
+    """What this node gives NCCL besides GPUs, as its ranks inherit it:
+    ``/dev/shm`` in MiB, the locked-memory limit in KiB (None: unlimited),
+    and its RDMA devices."""
     import resource
 
     out: dict = {}
@@ -231,18 +215,16 @@ def limits() -> dict:
 
 
 def every_gpu_env() -> dict[str, str]:
-    """This agent's environment for a child that asks torch or CUDA about the
-    node's GPUs: every GPU visible, in nvidia-smi's order (PCI bus), so that
-    index i is nvidia-smi's GPU i whatever the login's CUDA_VISIBLE_DEVICES."""
+    """An environment with every GPU visible in nvidia-smi's order, so index
+    i is nvidia-smi's GPU i whatever the login's CUDA_VISIBLE_DEVICES."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
 
 
 def hostname_info() -> dict:
-    """This host's name and the addresses it resolves to here, in the
-    resolver's order: Gloo, without GLOO_SOCKET_IFNAME, advertises the first
-    (Debian and Ubuntu map the name to 127.0.1.1)."""
+    """This host's name and its addresses in the resolver's order: Gloo without
+    GLOO_SOCKET_IFNAME advertises the first (127.0.1.1 on Debian)."""
     name = socket.gethostname()
     try:
         found = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
@@ -265,10 +247,8 @@ def interface_address(ifname: str, prefer: int = socket.AF_INET) -> str | None:
 
 def listener(port: int, addr: str | None = None, host: str | None = None,
              ifname: str | None = None) -> socket.socket:
-    """A socket listening on ``port`` (0: any free one), OSError if it cannot:
-    on ``addr``; or on the address of interface ``ifname``; or on every
-    address of the family of ``host`` (the master address; IPv4 without
-    one), as torchrun's store does. For ``serve_listener``."""
+    """A socket listening on ``port`` (0: any): on ``addr``, on ``ifname``'s
+    address, or on every address of ``host``'s family, as the store does."""
     if addr is None and ifname is not None:
         addr = interface_address(ifname, family_of(host) if host else socket.AF_INET)
         if addr is None:
@@ -309,8 +289,7 @@ def connect(addr: str, port: int, timeout_s: float) -> dict:
 
 
 def connect_all(targets: list, timeout_s: float) -> list[dict]:
-    """``connect`` to every ``[addr, port]`` of ``targets`` at once, each
-    within ``timeout_s``; the results in the same order."""
+    """``connect`` to every ``[addr, port]`` of ``targets`` at once; results in order."""
     results: list[dict] = [{"ok": False, "error": f"no answer within {timeout_s:g}s"}
                            for _ in targets]
 
@@ -332,9 +311,8 @@ def home() -> str:
 
 
 def disk_full(path: str) -> str:
-    """Why the run failed, when it may be that ``path``'s disk is full: the
-    ranks' output, torchrun's error files and our records fail with it in
-    ways that hide the cause; "" when there is room (or no way to tell)."""
+    """Why the run failed where ``path``'s disk may be full, which hides its
+    own cause; "" when there is room (or no way to tell)."""
     try:
         stat = os.statvfs(path)
     except OSError:

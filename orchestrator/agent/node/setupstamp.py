@@ -1,32 +1,17 @@
 """``setup: {commands, when_changed}``: whether a node runs its setup again.
 
 Each run gets a fresh code root, so a setup whose effect lives outside it
-(a ``pip install`` into the node's Python, a cache) would otherwise be
-redone, at its full cost, on every run. With ``when_changed`` the node keeps
-a stamp of its last *successful* setup, and skips the setup while these
-inputs are what they were then:
+(a ``pip install``, a cache) would be redone on every run. With
+``when_changed`` the node keeps a stamp of its last successful setup and
+skips the setup while its inputs are unchanged: each listed file's
+content, the commands, the cluster file's env (values hashed, so secrets
+stay off the disk) and the node's Python.
 
-* the content of each listed file, as uploaded for this run (relative to
-  the code root; a missing file counts, as missing);
-* the setup commands, each argv as the node runs it;
-* the env the cluster file gives (names and values; values are hashed,
-  never stored, so a secret in ``env:`` stays off the disk);
-* the Python that runs the agent, the node's ``python:`` (its path and
-  version).
-
-The stamp is one JSON file per host and Python in ``SETUP_STAMPS`` beside
-the node's runs (``stamp_path``): the runs directory outlives every run in
-it. It is removed before a setup runs and written (atomically) only once
-it succeeded on every node (past the gang's barrier: two nodes on one host
-share a stamp), so a failed or stopped setup, which may have left the Python
-half-changed, is never skipped. One stamp per host and Python, not one per
+The stamp is removed before a setup runs and written only once it
+succeeded on every node (two nodes on one host share it), so a setup that
+failed half-way is never skipped. One stamp per host and Python, not per
 set of inputs: after B's requirements replaced A's, going back to A must
 run again.
-
-The rule on the paths (``path_problem``) is shared with the loader, which
-refuses a bad one at its line; the decision (``verdict``) and the stamp's
-content (``fingerprint``) are pure functions of their inputs. Stdlib only,
-like the rest of the agent package.
 """
 
 from __future__ import annotations
@@ -45,10 +30,9 @@ _MISSING = "missing"  # a listed file's digest when the node has no such file
 
 
 def path_problem(path: object) -> str:
-    """Why ``path`` cannot name a file under the code root ("" if it can):
-    not a path, absolute, ``~``, a ``..`` that climbs out, a glob, or the
-    root itself. The loader refuses such a path at load time; the node checks
-    again (it crossed a boundary)."""
+    """Why ``path`` cannot name a file under the code root ("" if it can).
+    The loader refuses such a path; the node checks again, as it crossed a
+    boundary."""
     if not isinstance(path, str) or not path:
         return "is not a path"
     if any(ord(ch) < 32 for ch in path):
@@ -79,9 +63,7 @@ def _canonical(value: object) -> bytes:
 
 
 def file_digest(root: str, path: str) -> str:
-    """The sha256 of ``root/path``'s content, or ``"missing"`` when there is
-    no such regular file (a directory, a device and a bad path count as
-    missing too: they are no file's content)."""
+    """The sha256 of ``root/path``'s content, or ``"missing"`` where it is no regular file."""
     if path_problem(path):
         return _MISSING
     import hashlib
@@ -101,8 +83,7 @@ def file_digest(root: str, path: str) -> str:
 
 def fingerprint(files: dict[str, str], commands: list[list[str]], env: dict[str, str],
                 python: tuple[str, str]) -> dict:
-    """What a stamp holds of the inputs: each file's digest (``file_digest``),
-    and one sha256 each of the commands, the env and the python. Pure."""
+    """What a stamp holds: each file's digest, a sha256 each of the commands, env, python."""
     return {"files": dict(sorted(files.items())),
             "commands": _sha(_canonical([list(argv) for argv in commands])),
             "env": _sha(_canonical(dict(sorted(env.items())))),
@@ -110,9 +91,7 @@ def fingerprint(files: dict[str, str], commands: list[list[str]], env: dict[str,
 
 
 def changed(stamp: dict | None, now: dict) -> list[str]:
-    """The inputs that differ from ``stamp``'s (a file by its path, then
-    ``commands``, ``env``, ``python``); every one of them for no stamp, or a
-    stamp of another version or shape. Pure."""
+    """The inputs that differ from ``stamp``'s; all of them without a usable stamp."""
     before = stamp.get("inputs") if isinstance(stamp, dict) \
         and stamp.get("version") == STAMP_VERSION else None
     if not isinstance(before, dict) or not isinstance(before.get("files"), dict):
@@ -124,8 +103,7 @@ def changed(stamp: dict | None, now: dict) -> list[str]:
 
 
 def verdict(stamp: dict | None, now: dict) -> tuple[bool, str]:
-    """(skip, the node's line about it). Pure: ``stamp`` as read (None: no
-    stamp), ``now`` the ``fingerprint`` of this run's inputs."""
+    """(skip, the node's line about it), from ``stamp`` and ``now``'s ``fingerprint``."""
     diff = changed(stamp, now)
     if not diff:
         files = _named(list(now["files"]) or ["the files"])
@@ -151,15 +129,13 @@ def _when(at: object) -> str:
 
 
 def this_python() -> tuple[str, str]:
-    """The interpreter running the agent (the node's ``python:``): its path
-    and version."""
+    """The interpreter running the agent: its path and version."""
     return sys.executable, sys.version
 
 
 def stamp_path(run_dir: str, host: str, python: str) -> str:
-    """The stamp of ``host``'s setups with ``python``: in ``SETUP_STAMPS`` of
-    the runs directory that holds ``run_dir`` (``<runs>/<run id>/node-<k>``),
-    which a Slurm job's nodes may share, hence the host in its name."""
+    """The stamp of ``host``'s setups with ``python``, in the runs directory:
+    a Slurm job's nodes may share it, hence the host in its name."""
     runs = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
     key = _sha(_canonical([host, python]))[:24]
     return os.path.join(runs, layout.SETUP_STAMPS, f"{key}.json")
@@ -188,8 +164,7 @@ def forget(path: str) -> str:
 
 
 def write_stamp(path: str, now: dict, at: float) -> str:
-    """Record a successful setup of ``now``'s inputs, atomically (a reader
-    sees the old stamp or the new one, never a part): "" or why not."""
+    """Record a successful setup of ``now``'s inputs, atomically: "" or why not."""
     data = _canonical({"version": STAMP_VERSION, "at": at, "inputs": now})
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
@@ -210,8 +185,7 @@ def write_stamp(path: str, now: dict, at: float) -> str:
 
 
 class NodeStamp:
-    """One node's stamp for one run: what the supervisor asks before and
-    after its setup (``Supervisor.prepare``)."""
+    """One node's stamp for one run, asked before and after its setup."""
 
     def __init__(self, run_dir: str, cwd: str, commands: list[list[str]],
                  when_changed: dict, env: dict[str, str]):

@@ -1,14 +1,9 @@
 """Stack dumps of a run's ranks on this node (``ddp-orch stacks``).
 
-Each worker of the run is found by its marker variables and its ``RANK``.
-Where ``py-spy`` is on the PATH it dumps every rank (``--native`` when
-asked: C++ frames too). Otherwise each rank is sent ``shim.STACK_SIGNAL``:
-the worker shim's ``faulthandler`` writes its main thread's stack to
-``stacks/rank-<RANK>.txt`` in the node's run directory, which works while
-the rank is blocked inside a C call such as a collective. All ranks are
-asked at once and read back within ``timeout_s``.
-
-Standard library only, like the rest of the agent package.
+By ``py-spy`` where it is on the PATH (``--native``: C++ frames too); else
+each rank gets ``shim.STACK_SIGNAL`` and the shim's ``faulthandler``
+writes its stack, which works while the rank is blocked in a collective.
+All ranks are asked at once and read back within ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -58,11 +53,9 @@ def environ_of(pid: int) -> dict[str, str]:
 
 
 def workers(run_id: str) -> dict[int, tuple[int, int]]:
-    """{global rank: (pid, node rank)} of the run's worker processes here.
-
-    A rank's forked children (DataLoader workers) share its environment and
-    command line: of the candidates for one rank, the one whose parent is not
-    itself a candidate is the rank."""
+    """{global rank: (pid, node rank)} of the run's workers here. A rank's
+    DataLoader workers share its environment: the rank is the candidate
+    whose parent is no candidate."""
     candidates: dict[int, tuple[int, int]] = {}
     parents = {}
     for pid, ppid, state in procs.proc_table():  # one scan: the parents and the candidates
@@ -93,12 +86,9 @@ def armed(pid: int) -> bool:
 def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
          timeout_s: float = 5.0) -> list[dict]:
     """Every rank of the run on this node: ``rank``, ``node_rank``, ``pid``,
-    ``how`` (py-spy or faulthandler), ``text``, ``error``, and where its
-    flight recorder is on, ``flight_recorder``: whether it dumped
-    (``dump_flight_recorders``, asked at once beside the stacks). ``run_dirs``
-    maps node rank to its run directory: the nodes asked for here (a host
-    may hold several nodes, and one host may be asked for each of its nodes
-    apart)."""
+    ``how``, ``text``, ``error`` and, where its flight recorder is on,
+    whether it dumped. ``run_dirs``: node rank -> run directory, for the
+    nodes asked for (one host may hold several)."""
     found = {rank: v for rank, v in workers(run_id).items() if v[1] in run_dirs}
     recorded: dict[int, str] = {}
     asked = threading.Thread(target=lambda: recorded.update(
@@ -123,10 +113,9 @@ NCCL_PIPE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch's own trigger, <stem><ran
 
 def dump_flight_recorders(found: dict[int, tuple[int, int]], run_dirs: dict[int, str],
                           wait_s: float = FLIGHT_RECORDER_WAIT_S) -> dict[int, str]:
-    """Ask every rank in ``found`` whose flight recorder is on to dump it
-    (the shim's FIFO, and NCCL's own pipe where torch made one), all at once,
-    and wait up to ``wait_s`` for each dump to be written: {rank: "dumped"
-    or why not}. A hang's dumps are what the watchdog's stop would lose."""
+    """Ask every rank in ``found`` whose flight recorder is on to dump it, at
+    once, waiting up to ``wait_s``: {rank: "dumped" or why not}. A hang's
+    dumps are what the watchdog's stop would lose."""
     asked: dict[int, tuple[str, float]] = {}
     out: dict[int, str] = {}
     for rank, (pid, node) in found.items():
@@ -182,8 +171,7 @@ def _mtime(path: str) -> float:
 
 def _dump_stacks(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict[int, str],
                  native: bool, timeout_s: float) -> list[dict]:
-    """Every rank's stack: by py-spy where it is on the PATH, else (and for
-    the ranks it cannot read) by the shim's faulthandler."""
+    """Every rank's stack by py-spy where it can, else by the shim's faulthandler."""
     py_spy = shutil.which("py-spy")
     if not py_spy:
         return _faulthandler(run_id, found, run_dirs, timeout_s)
@@ -212,10 +200,8 @@ def _dump_stacks(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict[
 
 
 def _spied(py_spy: str, pid: int, native: bool, timeout_s: float) -> tuple[str, str]:
-    """(dump, note) of ``pid`` by py-spy: with ``native``, ``--native`` tried
-    up to ``NATIVE_TRIES`` times within ``NATIVE_SLOWER * timeout_s``, then
-    the Python frames alone, whose note says why they lack the C frames;
-    ("", why) where py-spy read nothing within ``timeout_s`` more."""
+    """(dump, note) of ``pid`` by py-spy: ``--native`` tried a few times where
+    asked, then Python frames alone (noted); ("", why) where it read none."""
     errors: list[str] = []
     if native:
         deadline = time.monotonic() + timeout_s * NATIVE_SLOWER
@@ -286,11 +272,8 @@ def _faulthandler(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict
 
 
 def dump_looks_whole(text: str) -> bool:
-    """Does a faulthandler dump end where a whole one does? The main
-    thread's outermost frame is runpy's (torchrun runs ``python -m
-    ddp_orch_shim``), and where a dump lists every thread (newest first) the
-    main thread comes last; a stack deeper than faulthandler's limit ends in
-    its ``...`` line."""
+    """Does a faulthandler dump end where a whole one does: in runpy's frame
+    (the main thread, listed last), or in the ``...`` of a deep stack?"""
     last = text.rstrip("\n").rpartition("\n")[2]
     return text.endswith("\n") and (last.endswith(" in _run_module_as_main")
                                      or last.strip() == "...")

@@ -1,27 +1,15 @@
 """ddp-orch node supervisor: runs one node's torchrun and owns its teardown.
 
-Part of the agent package (stdlib only), which the controller ships to every
-node with each run (``wire/bootstrap.py``), so a node needs nothing but Python
-and torch. The agent's ``serve`` loop becomes the supervisor when the
-controller sends ``supervise`` with the node's spec.
+torchrun starts each worker in a session of its own, so killing torchrun's
+process group leaves workers running (and holding GPUs). The supervisor
+makes itself a child subreaper, so every process of the run stays its
+descendant even when orphaned, and also finds the run's processes by marker
+variables in their environment. It tears them all down (SIGTERM, a grace
+period, SIGKILL) on ``stop``, on stdin EOF (the controller or its SSH link
+is gone), on SIGTERM, SIGINT or SIGHUP, and when torchrun exits.
 
-Why it exists: torchrun starts each worker in a session of its own, so
-killing torchrun's process group leaves workers running (and holding GPUs).
-The supervisor makes itself a child subreaper, so every process of the run
-stays its descendant even when orphaned, and it also finds the run's
-processes by the marker variables in their environment. It tears them all
-down (SIGTERM, a grace period, SIGKILL) when
-
-* the controller sends ``stop`` on stdin,
-* stdin reaches EOF: the controller died or the SSH connection dropped,
-* it gets SIGTERM, SIGINT or SIGHUP,
-* torchrun exits (leftover workers are removed).
-
-Its output is torchrun's own output and the workers' lines, each prefixed
-``[rankN]: `` (torchrun runs with ``--redirects 3``; ``WorkerLogs`` follows
-the files), then one control line (``protocol.encode``) carrying
-the exit code, the reason and the root cause read from torchrun's error
-files.
+Its output is torchrun's and the workers' lines, each prefixed ``[rankN]: ``,
+then one control line: the exit code, the reason and the root cause.
 """
 
 from __future__ import annotations
@@ -54,9 +42,8 @@ _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (W
 
 
 def _pace(words: list[str]) -> list[float] | None:
-    """``[compute_s, data_s]`` from a step file's last two words, each a
-    number of seconds (``fields.is_time``, as the controller's
-    ``rank_progress`` checks them; rounded to the microsecond); else None."""
+    """``[compute_s, data_s]`` from a step file's last two words, checked as
+    the controller checks them (``fields.is_time``); else None."""
     if len(words) != 2:
         return None
     try:
@@ -69,9 +56,8 @@ def _pace(words: list[str]) -> list[float] | None:
 
 
 def _output_steps(pattern: str | None) -> outputsteps.OutputSteps:
-    """The file's ``progress: {pattern:}`` (checked where it was loaded); one
-    that cannot serve here (a job file edited by hand) gives way to the
-    default patterns, with a note in the node's output."""
+    """The file's ``progress:`` pattern; one that cannot serve here (a job
+    file edited by hand) gives way to the defaults, with a note."""
     try:
         return outputsteps.OutputSteps(pattern)
     except ValueError as exc:
@@ -83,8 +69,7 @@ def _output_steps(pattern: str | None) -> outputsteps.OutputSteps:
 
 class Supervisor:
     def __init__(self, spec: SupervisorSpec | dict, stdin: Reader | None = None):
-        """``spec`` as built (a ``SupervisorSpec``) or as it arrived (its
-        JSON form: checked here, SpecError if it is not one)."""
+        """``spec`` as built or as JSON (checked: SpecError if it is not one)."""
         self.spec = spec = spec if isinstance(spec, SupervisorSpec) \
             else SupervisorSpec.from_dict(spec)
         self.stdin = stdin or Reader(0)  # what serve left of stdin, if it read ahead
@@ -207,8 +192,7 @@ class Supervisor:
 
     def prepare(self, env: dict, started: float) -> bool:
         """The run's ``setup:`` here, then the wait for every node's; False
-        when torchrun must not start (a failure, a stop), after the exit event
-        that says why (``setup_failed`` in it: no restart runs it again)."""
+        when torchrun must not start, after the exit event that says why."""
         setup = self.spec.setup
         commands = [list(argv) for argv in setup["commands"]]
         stamp = skip = None
@@ -254,10 +238,8 @@ class Supervisor:
 
     def controller_silent(self) -> bool:
         """Whether the run must stop: asked for, or the controller silent for
-        the peer timeout (a frozen link: no FIN, no RST, only missing pings),
-        when the run stops and our output is dropped from then on. Asked in
-        every phase (``setup:``, the wait for every node's, torchrun's run),
-        so a partition is over here within the same bound whenever it comes."""
+        the peer timeout (a frozen link sends no FIN, only misses pings).
+        Asked in every phase, so a partition ends it within one bound."""
         timeout = self.spec.peer_timeout_s
         if timeout and not self.stop_requested and \
                 time.monotonic() - self.last_heard > timeout:
@@ -274,13 +256,9 @@ class Supervisor:
             self.wakeup.set()
 
     def watch_stdin(self) -> None:
-        """``stop``: graceful teardown; ``kill``: no grace; EOF (the controller
-        is gone): graceful teardown too; ``done`` (the controller has the exit
-        event): stop reading, the channel goes back to the ``serve`` loop.
-
-        Raw reads on fd 0 (``protocol.Reader``), not ``sys.stdin``: a daemon
-        thread blocked in a buffered read aborts the interpreter at exit.
-        """
+        """``stop`` and EOF: graceful teardown; ``kill``: no grace; ``done``:
+        the channel goes back to ``serve``. Raw reads on fd 0: a daemon thread
+        blocked in a buffered read aborts the interpreter at exit."""
         while True:
             try:
                 line = self.stdin.readline().strip()
@@ -334,18 +312,8 @@ class Supervisor:
 
     def write_out(self, data: bytes, control: bool = False) -> None:
         """Whole lines only (one writer at a time), so control lines stay whole.
-
-        A controller that is gone (killed, or its SSH link dropped) closes our
-        stdout: the output is dropped, the relay keeps draining torchrun so it
-        never blocks on a full pipe, and stdin EOF drives the teardown. One
-        that went silent (no FIN, no RST) is noticed by its missing pings
-        (``controller_silent``), and from then on output is dropped too.
-
-        Short of that, every write waits its turn, however long the pipe
-        stays full (a slow link, a controller under load): a control line
-        dropped here would be an exit event lost, and a node that ended
-        with a code reported as lost.
-        """
+        Dropped once the controller is gone or silent; short of that every
+        write waits its turn, as a dropped control line could lose an exit."""
         if data and self.masks and not control:
             data = files.mask(data, self.masks)
         if data and control and self.controller_lost:
@@ -401,14 +369,10 @@ class Supervisor:
                 pass
 
     def wait(self, pid: int) -> int | None:
-        """torchrun's exit code, or None once a stop is requested.
-
-        On the way it reports two milestones for the controller's start
-        timeout: ``joined`` once torchrun holds an established TCP connection
-        to the master port (its agent reached the rendezvous store), and
-        ``started`` once torchrun has spawned workers, which with the static
-        rendezvous happens only after every node has joined.
-        """
+        """torchrun's exit code, or None once a stop is requested. On the way
+        it reports ``joined`` (torchrun connected to the master port) and
+        ``started`` (workers spawned: with static rendezvous, after every
+        node joined), for the controller's start timeout."""
         milestones = ["joined", "started"]
         while True:
             if self.exited.is_set():
@@ -422,12 +386,10 @@ class Supervisor:
             self.wakeup.wait(0.25 if milestones else 1.0)
 
     def send_heartbeats(self) -> None:
-        """A heartbeat event every ``heartbeat_s`` while torchrun runs, so the
-        controller can tell a quiet run from a silent partition; with each,
-        the node's GPUs' utilisation and memory (``gpus.sample``), until
-        nvidia-smi first fails to answer within its bound, and this node's
-        wall clock (``now``: a heartbeat read later from a job's stream,
-        ``scheduler/job.stream_progress``, dates its ranks' progress by it)."""
+        """A heartbeat every ``heartbeat_s`` while torchrun runs, so the
+        controller can tell a quiet run from a silent partition; with the
+        GPUs' use (until nvidia-smi first fails) and this node's clock, which
+        dates the ranks' progress when a job's stream is read later."""
         every = self.spec.heartbeat_s
         watched = visible_gpus(self.spec.env)
         while every and not self.exited.wait(every):
@@ -444,16 +406,8 @@ class Supervisor:
         return message(Event.HEARTBEAT, progress=self.progress(), now=round(time.time(), 3))
 
     def progress(self) -> dict:
-        """{rank: [last step, seconds since]} from the ranks' heartbeat files,
-        or where a rank has none, from its output lines (``outputsteps``),
-        (``workloads.contract.heartbeat``, ``agent/worker/progress.step``), with
-        the rank's samples so far as a third item, ``[step, age, samples]``,
-        where its file has a good one (``"<step> <time> <samples>"``), and its
-        seconds per step outside collectives, ``[step, age, samples or None,
-        compute_s, data_s]``, where it has those (``"<step> <time> <samples
-        or -> <compute_s> <data_s>"``); the age is this node's own clock. A
-        file is read up to PROGRESS_READ characters: a line cut there keeps
-        its step, not what follows it."""
+        """{rank: [step, age_s]} from the ranks' step files, else their output
+        lines (``outputsteps``), with samples and pace where the file says them."""
         directory = os.path.join(self.run_dir, layout.PROGRESS_DIR)
         now = time.time()
         out = self.output_steps.progress(now)  # a rank's own step report wins (below)
@@ -530,14 +484,9 @@ class Supervisor:
     def write_state(self, child_pid: int, started: float, code: int | None,
                     reason: str = "", torn_down_at: float | None = None) -> None:
         """``supervisor.json``; once the run is over here, also its teardown
-        record (wall clock, ``time.time()``): when a stop was asked for
-        (``stopped_at``, None when torchrun ended on its own), why, and when
-        the teardown was over (``torn_down_at``: no process of the run left
-        here but the ``survivors`` of the exit event), and the exit event
-        itself (``exit``): with no controller to hear it (a detached Slurm
-        job), ``status`` reads the node's end, failures and all, from here.
-        What bounds the time from a fault to nothing left is measured on
-        these."""
+        record (wall clock: ``stopped_at``, why, ``torn_down_at``) and the
+        exit event: with no controller to hear it (a detached Slurm job),
+        ``status`` reads the node's end from here."""
         state = {"supervisor_pid": os.getpid(), "torchrun_pid": child_pid,
                  "started": started, "exit_code": code, "run_id": self.spec.run_id,
                  "node_rank": self.spec.node_rank}
@@ -556,9 +505,7 @@ class Supervisor:
 
 
 def _await_go(sup: "Supervisor") -> None:
-    """The controller's barrier: ``go`` on stdin once every node's setup is
-    done, or a stop. Without a controller on stdin (no barrier was set)
-    there is nobody to wait for."""
+    """The controller's barrier: ``go`` once every node's setup is done, or a stop."""
     if not sup.spec.watches_stdin:
         return
     while not (sup.go.is_set() or sup.controller_silent()):
@@ -566,12 +513,8 @@ def _await_go(sup: "Supervisor") -> None:
 
 
 class _Wakeup:
-    """Wakes the main thread, from other threads and from signal handlers.
-
-    A pipe, not a ``threading.Event``: signal handlers run on the main
-    thread, and setting an Event there deadlocks if the handler interrupted
-    that thread while it held the Event's lock.
-    """
+    """Wakes the main thread, also from signal handlers: a pipe, as setting a
+    ``threading.Event`` in a handler that interrupted its lock deadlocks."""
 
     def __init__(self):
         self._read, self._write = os.pipe()
@@ -630,9 +573,8 @@ def visible_gpus(env: dict) -> list[int]:
 
 
 def on_gpus(survivors: dict[int, str]) -> dict[int, str]:
-    """``survivors`` (pid -> command line), each that still holds GPU memory
-    said so: a process in the D state inside the driver keeps its GPU busy
-    for the next run, and this names it."""
+    """``survivors`` (pid -> command line), those still holding GPU memory
+    said so: one stuck in the driver keeps its GPU busy for the next run."""
     found = gpus.facts(GPU_SAMPLE_TIMEOUT_S)
     held: dict[int, list[str]] = {}
     for app in found.get("apps") or () if found.get("ok") else ():

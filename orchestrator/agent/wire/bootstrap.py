@@ -1,18 +1,12 @@
 """How the agent reaches a node: a few lines of Python, then the package over stdin.
 
-The controller runs ``python -c BOOT`` on the node through its transport
-(an exec channel, or a local subprocess) and writes ``payload(argv)`` to
-its stdin: one header line, then this package's source, compressed. BOOT
-checks the checksum, imports the package from memory under the name
-``ddp_orch_agent`` and runs its ``main(argv)`` in the same process. Nothing
-is written to the node's disk and nothing needs to be installed there, and
-the process that waits for the upload is the one that then serves it, so a
-remote shell's start overlaps the controller's other work.
-
-BOOT reads stdin with raw ``os.read``, the header byte by byte and the
-source to its exact size, so the agent finds the rest of stdin (its
-requests) untouched. EOF before the source arrives means the launch was
-abandoned: BOOT exits 0 having done nothing.
+The controller runs ``python -c BOOT`` on the node and writes
+``payload(argv)`` to its stdin: a header line, then this package's source,
+compressed. BOOT checks it, imports it from memory and runs its ``main``
+in the same process: nothing is written to or installed on the node, and a
+remote shell's start overlaps the controller's other work. BOOT reads stdin
+raw and to the exact size, so the agent finds its requests untouched; EOF
+before the source means the launch was abandoned.
 """
 
 from __future__ import annotations
@@ -93,19 +87,13 @@ ZIPAPP_MAIN = "from ddp_orch_agent.__main__ import main\nimport sys\nsys.exit(ma
 
 
 def zipapp(path: str, cache_dir: str | None = None) -> str:
-    """Write this package as a zipapp (``python agent.pyz job JOB.json``), for
-    nodes that a scheduler starts from a shared directory. Written whole to a
-    temporary name, then renamed. Returns its SHA-256.
+    """Write this package as a zipapp, atomically, for nodes a scheduler
+    starts from a shared directory; returns its SHA-256.
 
-    Beside each module's source goes its code, compiled by this Python as a
-    checked hash-based ``.pyc`` (PEP 552): a node whose Python is this one
-    imports it without compiling (about 0.1 s of every node's start, on the
-    way to torchrun), and any other Python, or a ``.pyc`` whose source hash
-    does not match, falls back to the source (zipimport tries the next
-    suffix). Compiling costs the controller about as much once, so the
-    archive is kept in ``cache_dir`` (``zipapp_cache_dir``) by the digest of
-    the sources and this Python's magic number; a cache that cannot be
-    written is only slower."""
+    Each module goes with a checked hash-based ``.pyc``, so a node running
+    this Python skips compiling (about 0.1 s of its start); any other Python
+    falls back to the source. The archive is cached in ``cache_dir`` by the
+    sources' digest and this Python's magic number."""
     modules = sources()
     key = digest(json.dumps(modules, sort_keys=True).encode() + _magic())[:24]
     cache_dir = zipapp_cache_dir() if cache_dir is None else cache_dir
@@ -166,8 +154,7 @@ def _build_zipapp(modules: dict[str, str]) -> bytes:
 
 
 def _write_atomically(path: str, data: bytes) -> None:
-    """``data`` at ``path``, whole or not at all (two controllers may write
-    one cache file at once: each its own temporary name)."""
+    """``data`` at ``path``, whole or not at all: two controllers may write one."""
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "wb") as fh:
         fh.write(data)
@@ -175,11 +162,8 @@ def _write_atomically(path: str, data: bytes) -> None:
 
 
 def command(python: str) -> list[str]:
-    """The argv that starts BOOT with ``python`` on a node.
-
-    ``-I -S``: no site-packages, no ``PYTHON*`` variables, no current
-    directory on the path. The agent needs only the standard library, so a
-    node's sitecustomize, a stray ``PYTHONPATH`` or a package that shadows a
-    stdlib module cannot change what it does.
-    """
+    """The argv that starts BOOT with ``python`` on a node. ``-I -S``: the
+    agent needs only the standard library, so a node's sitecustomize, a
+    stray ``PYTHONPATH`` or a package shadowing a stdlib module cannot
+    change what it does."""
     return [python, "-I", "-S", "-c", BOOT]

@@ -1,26 +1,13 @@
 """Who owns a run: the one answer every layer reads, decided once.
 
-A run is held by one of three (``Holder``):
+A run is held by the **controller** (``ddp-orch up``, attached: its nodes
+stop when it goes), the nodes' **keepers** (for ``--max-restarts`` or
+``--detach``: they hold the gang themselves), or a **scheduler** (Slurm:
+its job holds the nodes, their liveness and signals). ``detached``: the
+controller leaves once every node has started.
 
-* the **controller** (``ddp-orch up``, attached): it supervises every node
-  over its channel, judges the gang's rule and tears the gang down; its
-  nodes stop when it goes;
-* the nodes' **keepers** (``agent/kept/``): they hold the gang and its rule
-  themselves, for gang restarts (``--max-restarts``) or ``--detach``;
-* a **scheduler** (Slurm): its job holds the nodes, their liveness and their
-  signals; the controller submits, follows and cancels.
-
-``detached`` says whether the controller leaves once every node has started
-(``up --detach``); the run then goes on without it, and ``attach`` follows it.
-
-``Owner.decide`` is the one place this is decided (from the backend's
-capabilities and the options: ``LaunchBackend.owner``). The result is carried
-in the dry-run, recorded in ``state.json``, and sent to the nodes as it is,
-in the supervisor's spec, the keeper's spec and a scheduler's job file
-(``to_json``); the gang's watch loop, the supervisor and the keepers read it,
-and nothing re-derives it.
-
-Standard library only: it ships with the agent.
+``Owner.decide`` decides it once; the result travels in the dry-run,
+``state.json`` and every node's spec, and nothing re-derives it.
 """
 
 from __future__ import annotations
@@ -55,10 +42,9 @@ class Owner:
 
     @classmethod
     def decide(cls, *, scheduler: bool, detach: bool, max_restarts: int) -> Owner:
-        """A scheduler's backend: its job holds the run. Otherwise gang
-        restarts or ``--detach`` need the nodes' keepers, since the
-        controller may be gone when the gang must be restarted or stopped;
-        else the controller holds it."""
+        """A scheduler's job holds the run; else restarts or ``--detach`` need
+        the keepers, as the controller may be gone when the gang must be
+        restarted or stopped; else the controller holds it."""
         if scheduler:
             return cls(Holder.SCHEDULER, detach)
         if detach or max_restarts > 0:
@@ -67,17 +53,15 @@ class Owner:
 
     @property
     def ends_with_controller(self) -> bool:
-        """Does the run stop when its controller goes (Ctrl-C, kill, a lost
-        link)? An attached run the controller or the keepers hold: yes. A
-        detached run, or a scheduler's job: no, it goes on."""
+        """Does the run stop when its controller goes? Only an attached run
+        that the controller or the keepers hold."""
         return not self.detached and self.holder is not Holder.SCHEDULER
 
     @property
     def peer_timeout_applies(self) -> bool:
-        """Is a node's silence a loss? Only where the controller pings it.
-        A scheduler owns its nodes' liveness (and a job's node streams come
-        through a shared file system, which may hold bytes back for as long
-        as the check would wait); the keepers judge their own gang."""
+        """Is a node's silence a loss? Only where the controller pings it: a
+        scheduler owns its nodes' liveness (and its shared files may hold
+        bytes back), and the keepers judge their own gang."""
         return self.holder is Holder.CONTROLLER
 
     def not_held_by(self, holder: Holder) -> str:

@@ -1,40 +1,25 @@
 """Your program's step, for ddp-orch: ``ddp_orch_progress.step(n, samples=None,
 compute_s=None, data_s=None)``.
 
-The bundle ships this file as ``code/ddp_orch_progress.py``, on every rank's
-``PYTHONPATH`` on every node and backend, so a script run by ddp-orch
+The bundle puts this file on every rank's ``PYTHONPATH``, so a script
 reports its step from its own loop in one line, also on a rank that prints
-nothing (most programs print on rank 0 only)::
+nothing::
 
     import ddp_orch_progress
     ...
         ddp_orch_progress.step(step, samples=seen)  # samples= is optional
 
-``samples``, where given, is how many training samples this rank has
-processed so far (cumulative, an int >= 0); ``status`` shows it after the
-step. A value that is no such count (negative, not an integer, a bool) is
-left out, and the step still recorded.
+``samples``: training samples this rank has processed so far (cumulative).
+``compute_s`` and ``data_s``: this step's seconds computing before the
+gradients' all-reduce (where every rank waits for the slowest, so it is
+left out) and waiting for the batch; both or neither. ``ddp-orch top``
+names the rank that spends the most there as the one holding the gang
+back. A bad value is left out, and the step still recorded.
 
-``compute_s`` and ``data_s``, where given, are this step's seconds spent
-outside collectives: computing before the gradients' all-reduce (the
-forward pass and the loss; DDP's all-reduce runs inside ``backward()``,
-where every rank waits for the slowest, so that is left out) and waiting
-for the batch. The record holds their means over the steps since the last
-write. ``ddp-orch top`` names the rank that spends the most time there as
-the one that holds the gang back (``report/pace.py``). Both or neither: a
-bad one (negative, not a number) leaves out the pair.
-
-That is the step heartbeat the built-in workloads send
-(``workloads/contract.py``'s ``heartbeat``), by the same channel: a file
-``progress/rank-<RANK>`` holding ``"<step> <time>"``, ``"<step> <time>
-<samples>"``, or ``"<step> <time> <samples or -> <compute_s> <data_s>"``, in
-the node's run directory (the directory of
-``DDP_ORCH_RESULT_FILE``), which the node agent reads
-(``agent/node/supervisor.py``'s ``progress``). ddp-orch counts it as the
-rank's progress: ``status``, ``up --quiet``'s progress line, the hang
-watchdog. Without ddp-orch (no ``DDP_ORCH_RESULT_FILE``) it returns at
-once. It is standard library only and stands alone, so a project that also
-runs under plain ``torchrun`` copies it in, beside its script.
+The record is the built-in workloads' heartbeat file, which the node agent
+reads as the rank's progress (``status``, the hang watchdog). Without
+ddp-orch it returns at once. It stands alone (standard library only), so a
+project that also runs under plain ``torchrun`` can copy it in.
 """
 
 from __future__ import annotations
@@ -54,11 +39,8 @@ _pace = [0.0, 0.0, 0]  # compute and data seconds since the last write, over thi
 
 def step(n: int, samples: int | None = None, compute_s: float | None = None,
          data_s: float | None = None) -> None:
-    """Record that this rank reached step ``n``, having processed ``samples``
-    training samples so far where given, and spent ``compute_s`` and
-    ``data_s`` seconds on this step outside collectives where given (best
-    effort: an error writing it never reaches the training loop; a bad
-    ``samples`` or pair of times is left out)."""
+    """Record that this rank reached step ``n`` (best effort: an error
+    writing it never reaches the training loop)."""
     result = os.environ.get(RESULT_FILE_ENV)
     if not result:
         return

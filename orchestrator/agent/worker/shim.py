@@ -1,45 +1,24 @@
 """The worker shim: every rank runs the user's program through this module.
 
-torchrun starts ``python -m ddp_orch_shim <script.py | -m module> ARGS``
-(the bundle ships this file as ``code/ddp_orch_shim.py``). The shim runs
-the program as a fresh ``__main__``, as Python itself does, so
-``sys.argv``, ``__file__``, ``sys.path[0]`` and relative imports are what
-plain ``python script.py`` or ``python -m module`` would give
-(``tests/unit/agent/test_shim.py`` compares them), and it adds two things no user
-script has to ask for:
+torchrun starts ``python -m ddp_orch_shim <script.py | -m module> ARGS``.
+The shim runs the program as a fresh ``__main__``, so ``sys.argv``,
+``__file__``, ``sys.path[0]`` and relative imports are what plain ``python
+script.py`` or ``python -m module`` gives, and adds what no script has to
+ask for:
 
-* an uncaught exception is written to torchrun's error file
-  (``TORCHELASTIC_ERROR_FILE``) in torchrun's own format (type and message,
-  traceback, timestamp), as ``@record`` would, then reported and the process
-  ends with exit code 1, as Python does; the traceback it prints starts at
-  the user's first frame, not at this module's. An exception whose class
-  says its message is the whole story (``ONE_LINE_ERROR`` true, as the
-  built-in workloads' ``WorkloadError``: a bad argument, a missing dataset)
-  is printed as one line, ``WorkloadError: message``, not a traceback that
-  every rank would repeat; the error file still holds the traceback;
-* ``faulthandler`` is registered on ``STACK_SIGNAL`` (a real-time signal),
-  writing the main thread's stack to ``stacks/rank-<RANK>.txt`` in the
-  node's run directory: a Python stack dump that works even while the rank
-  is blocked inside a C call such as a gloo or NCCL collective
-  (``ddp-orch stacks``). The main thread only: from a signal handler,
-  faulthandler reads other threads' frames while they run, and a thread
-  importing a module (the flight recorder's first dump below, a data
-  loader's thread) frees objects under it: CPython then dies of SIGSEGV,
-  which a stack dump must never do to a healthy rank
-  (``tests/unit/agent/test_shim.py`` shows it). The kernel hands a
-  process-directed signal to the main thread unless that thread blocks it
-  or has one pending, so the thread the handler runs on is the main one.
-  The rank's working directory is the code root, not the run directory,
-  which is the directory of ``DDP_ORCH_RESULT_FILE`` (``run_dir``);
-* where torch's flight recorder is on (a buffer size and a dump file in the
-  environment), a thread waits on ``stacks/rank-<RANK>.fr``, a FIFO: what
-  the node's agent writes there (``agent/node/stacks.py``, on a hang
-  verdict or ``ddp-orch stacks``) makes it dump the recorder where torch
-  would on a timeout, while the main thread is blocked in a collective
-  (which releases the GIL). torch's own pipe does it for NCCL alone; this
-  serves gloo too.
-
-Standard library only, like the rest of the agent package.
+* an uncaught exception goes to torchrun's error file in torchrun's format,
+  as ``@record`` would, and the traceback printed starts at the user's
+  first frame. One whose class sets ``ONE_LINE_ERROR`` (a bad argument, a
+  missing dataset) prints as one line, not a traceback every rank repeats;
+* ``faulthandler`` on ``STACK_SIGNAL`` writes the main thread's stack to
+  ``stacks/rank-<RANK>.txt``, even while the rank is blocked in a C call
+  such as a collective (``ddp-orch stacks``). The main thread only: reading
+  other threads' frames from a handler can crash CPython (SIGSEGV) while
+  one imports, and a dump must never kill a healthy rank;
+* where torch's flight recorder is on, a thread waits on the FIFO
+  ``stacks/rank-<RANK>.fr``: a write there from the agent makes it dump the
+  recorder while the main thread is blocked in a collective. torch's own
+  pipe does it for NCCL alone; this serves gloo too.
 """
 
 from __future__ import annotations
@@ -63,9 +42,8 @@ ONE_LINE_ERROR = "ddp_orch_one_line"  # workloads/contract.py's: a class attribu
 
 
 def run_dir() -> str:
-    """The node's run directory: where ddp-orch put this rank's result file
-    (as ``workloads/contract.py`` finds its progress files), else the
-    working directory (the shim run by hand)."""
+    """The node's run directory, where the result file is (the rank's working
+    directory is the code root); the working directory when run by hand."""
     result = os.environ.get(RESULT_FILE_ENV)
     return os.path.dirname(os.path.abspath(result)) if result else os.getcwd()
 
@@ -138,9 +116,8 @@ def _serve_flight_recorder(fifo: str, target: str) -> None:
 
 def dump_flight_recorder(target: str) -> bool:
     """Write the flight recorder's dump to ``target`` (atomically), as torch
-    does on a timeout: nothing where the program has not loaded
-    torch.distributed (the shim never imports torch) or the recorder has
-    nothing to say."""
+    does on a timeout; nothing where the program has not loaded
+    torch.distributed (the shim never imports torch)."""
     c10d = sys.modules.get("torch._C._distributed_c10d")
     for name in ("_dump_fr_trace", "_dump_nccl_trace"):  # torch >= 2.8 records gloo too
         dump = getattr(c10d, name, None)
@@ -171,9 +148,8 @@ def _user_frames(tb):
 
 
 def record_error(exc: BaseException, tb) -> None:
-    """torchrun's error-file format (``torch.distributed.elastic``'s
-    ``ErrorHandler.record_exception``), so torchrun's summary and ddp-orch's
-    root cause quote the exception."""
+    """torchrun's error-file format, so torchrun's summary and ddp-orch's root
+    cause quote the exception."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
@@ -189,10 +165,8 @@ def record_error(exc: BaseException, tb) -> None:
 
 
 def _run_script(given: str, args: list[str]) -> None:
-    """What ``python script.py ARGS`` does: ``sys.argv[0]`` as given, an
-    absolute ``__file__``, the script's directory first on ``sys.path``, and
-    a fresh ``__main__`` module (``runpy.run_path`` would make argv[0] the
-    absolute path too)."""
+    """What ``python script.py ARGS`` does (``runpy.run_path`` would make
+    argv[0] absolute)."""
     import builtins
     import importlib.machinery
     import types
@@ -210,11 +184,9 @@ def _run_script(given: str, args: list[str]) -> None:
 
 
 def _run_module(name: str, args: list[str]) -> None:
-    """What ``python -m name ARGS`` does: the module (a package's
-    ``__main__``) runs as a fresh ``__main__`` that stays in ``sys.modules``
-    (``runpy.run_module`` would put the shim back when it returns, and a
-    later pickle of a ``__main__`` class, in an atexit handler say, would
-    fail), with ``sys.argv[0]`` its file."""
+    """What ``python -m name ARGS`` does. The fresh ``__main__`` stays in
+    ``sys.modules``: ``runpy.run_module`` would put the shim back, and a
+    later pickle of a ``__main__`` class (in an atexit handler) would fail."""
     import builtins
     import importlib.util
     import types
@@ -241,9 +213,8 @@ FLIGHT_RECORDER_RENAMED_IN = (2, 8)
 
 
 def _flight_recorder_names(environ: "dict[str, str] | os._Environ") -> None:
-    """Drop an old flight-recorder variable that its new name duplicates,
-    where the installed torch reads the new name (its metadata says which,
-    without importing it); left as they are where torch is older or unknown."""
+    """Drop an old flight-recorder variable its new name duplicates, where the
+    installed torch reads the new name (its metadata says, without an import)."""
     from importlib import metadata
 
     try:

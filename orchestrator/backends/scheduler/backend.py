@@ -1,30 +1,10 @@
 """The scheduler base: a run as one job of a batch scheduler, over a shared directory.
 
-A scheduler (Slurm, PBS, LSF, a site's own queue) places, starts, signals
-and accounts for the nodes; we never imitate it. What every such backend
-shares lives here, and a scheduler fills in a few methods
-(``SchedulerBackend``): ``submit_job``, ``job_state``, ``cancel_job``, its
-``placement`` variables and the hand-started lines (``by_hand``).
-
-The controller runs where jobs are submitted (a login host) and writes
-everything the job needs into the run directory, which must be on a file
-system the compute nodes share:
-
-* ``agent.pyz``: the node agent (stdlib only), as a zipapp;
-* ``bundle.tar.gz``: the workload code, unpacked by each node's agent;
-* ``job.json``: every node's supervisor spec, secrets left out, and where
-  a node finds its place (``placement``: the variables the scheduler sets
-  in each task);
-* whatever the scheduler's own submission needs (``submit_job``);
-* ``job.id``: the job's id, written the moment the scheduler answers, with
-  Ctrl-C held off until then, so no job is queued that ``down`` cannot find.
-
-The job starts one node agent per node (``agent_argv``). While it waits in
-the queue the run is PENDING; once it runs, every node's
-``node-K/agent.out`` is read as it grows (``job.JobStream``), so the gang,
-the output, the root cause and the summary are the same as over SSH.
-Teardown is the scheduler's cancel. The master is node 0, whose agent
-publishes its address and a free port in ``rendezvous.json``.
+The scheduler places, starts, signals and accounts for the nodes; we never
+imitate it. The controller writes the agent, the bundle, ``job.json`` and
+``job.id`` into the run directory, which the compute nodes must share, and
+reads each node's ``node-K/agent.out`` as it grows, so the gang and its
+summary are the same as over SSH.
 """
 
 from __future__ import annotations
@@ -74,10 +54,8 @@ STATE_GIVE_UP_S = 120.0  # asking for the job's state failing that long while qu
 
 
 class interrupts_held:
-    """Ctrl-C and SIGTERM (which ``up`` treats alike) wait until the block
-    is over; ``raise_if_interrupted`` then raises the ``KeyboardInterrupt``
-    one of them asked for. Off the main thread signals are not ours: the
-    block runs as it is."""
+    """Ctrl-C and SIGTERM wait until the block is over (main thread only);
+    ``raise_if_interrupted`` then raises."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -101,24 +79,20 @@ class interrupts_held:
 
 
 def job_dir(plan: RunPlan) -> str:
-    """The job's shared directory: the local run directory, which holds every
-    node's run directory (``build_plan(..., shared_run_dir=True)``)."""
+    """The job's shared directory: the local run directory, holding every node's."""
     return posixpath.dirname(plan.nodes[0].run_dir)
 
 
 def agent_argv(plan: RunPlan) -> list[str]:
-    """What each of the job's tasks runs: node 0's python, isolated, on the
-    agent zipapp, told the job file; the agent finds its node from there."""
+    """What each task runs: the agent zipapp on the job file, which tells it its node."""
     directory = job_dir(plan)
     return [plan.nodes[0].python, "-I", "-S", f"{directory}/{AGENT_FILE}", "job",
             f"{directory}/{JOB_FILE}"]
 
 
 class SchedulerBackend(LaunchBackend):
-    """A backend whose runs are one job of a scheduler. A subclass names
-    the scheduler (``scheduler``: what it does with a job, in words; the
-    backend's ``placement.scheduler`` is its name in messages) and fills
-    in the abstract methods; the rest is shared."""
+    """A backend whose runs are one job of a scheduler. A subclass fills in
+    the abstract methods; ``placement.scheduler`` is its name in messages."""
 
     # Where a node's agent finds its place in the job (``jobnode.node_rank_here``,
     # ``check_gpus``): the variables the scheduler sets for each task, and the
@@ -134,10 +108,9 @@ class SchedulerBackend(LaunchBackend):
 
     @abstractmethod
     def submit_job(self, plan: RunPlan, run: RunDir, env: dict[str, str]) -> str:
-        """Submit the job whose files are in ``run`` (its ``job_dir``): one
-        task per node, each running ``agent_argv(plan)`` with ``env``
-        (which carries the secrets and the run's marker) and the
-        placement variables set. Returns the job id."""
+        """Submit the job in ``run``: one task per node, each running
+        ``agent_argv(plan)`` with ``env`` (it carries the secrets and the
+        run's marker) and the placement variables set. Returns the job id."""
 
     @abstractmethod
     def job_state(self, job_id: str) -> JobState | None:
@@ -162,8 +135,7 @@ class SchedulerBackend(LaunchBackend):
         return ""
 
     def accounted(self, job_id: str) -> str:
-        """How a job the queue no longer lists ended, from the scheduler's
-        accounts, in its words ("": it keeps none, or none of this job)."""
+        """How a job the queue no longer lists ended, in the scheduler's words ("": unknown)."""
         return ""
 
     def job_stacks(self, job_id: str, nodes, run_id: str, native: bool = False) -> StacksResult:
@@ -210,9 +182,9 @@ class SchedulerBackend(LaunchBackend):
     # -- submit and reconnect ----------------------------------------------------
 
     def submit(self, info: DryRun, run: RunDir, console: Console) -> "JobRun":
-        """The job's files in the run directory, then the submission; the
-        handle waits in the queue and finds the rendezvous once the engine
-        follows. Nothing is submitted when the job cannot run as planned."""
+        """Write the job's files and submit it; nothing is submitted when the
+        job cannot run as planned. The id is on record before Ctrl-C acts,
+        so no job is queued that ``down`` cannot find."""
         plan = info.plan
         started = time.monotonic()
         problems = [r for r in self.check(plan).results if not r.ok]
@@ -237,8 +209,8 @@ class SchedulerBackend(LaunchBackend):
         return handle
 
     def reconnect(self, record: RunRecord, *, lines: int | None = None) -> "JobRun":
-        """Follow a detached job's node streams (``agent.out`` in the shared run
-        directory) until the job ends; Ctrl-C leaves it to the scheduler."""
+        """Follow a detached job's node streams until it ends; Ctrl-C leaves
+        it to the scheduler."""
         job_id = self.job_of(record)
         if job_id is None:
             raise LaunchError(f"run {record.run_id} has no {self.placement.scheduler} job "
@@ -251,8 +223,8 @@ class SchedulerBackend(LaunchBackend):
         return handle
 
     def job_of(self, record: RunRecord) -> str | None:
-        """The run's job id: from its nodes' records, or, where the
-        controller ended before it recorded them, from ``JOB_ID_FILE``."""
+        """The run's job id: from its nodes' records, else ``JOB_ID_FILE``
+        (the controller ended before it recorded them)."""
         for node in record.nodes:
             job_id = node.connection.get(self.job_key)
             if job_id:
@@ -262,8 +234,7 @@ class SchedulerBackend(LaunchBackend):
         return written.strip() if written.strip().isalnum() else None
 
     def await_running(self, job: Job, console: Console) -> str:
-        """Wait while the job is queued, showing the scheduler's reason; ""
-        once it runs (or ended: the streams tell), else why it never ran."""
+        """Wait while the job is queued; "" once it runs or ended, else why it never ran."""
         name = self.placement.scheduler
         shown = None
         limit = self.options.queue_timeout_s
@@ -342,11 +313,9 @@ class SchedulerBackend(LaunchBackend):
 
     def explain(self, outcome: NodeOutcome, nodes: tuple[NodeOutcome, ...],
                 job: Job) -> NodeOutcome:
-        """The scheduler's words for a node that ended without a report of
-        its own: stopped by the scheduler when another node failed, or lost
-        with the job. A failure that is only a cascade (a rank the
-        scheduler's own teardown ended, ``SystemExit: 143``) is no such
-        other node: it may well be this node's loss that set it off."""
+        """The scheduler's words for a node that ended without a report. A
+        cascade (``SystemExit: 143``) is no failed other node: this node's
+        loss may have set it off."""
         if outcome.state is not NodeState.LOST or outcome.failures:
             return outcome
         failed = [o for o in nodes if o.state is NodeState.FAILED and not is_cascade(o)]
@@ -361,10 +330,8 @@ class SchedulerBackend(LaunchBackend):
         return dataclasses.replace(outcome, reason=reason)
 
     def write_job(self, info: DryRun, run: RunDir) -> dict[str, str]:
-        """agent.pyz, the bundle and job.json in the run directory; returns
-        the submission's environment, which carries the secrets and the
-        run's own marker (``procs.own_marker``: each node's agent is a
-        process of the run, found as one)."""
+        """Write agent.pyz, the bundle and job.json (secrets left out); returns
+        the submission's env: the secrets and the run's marker."""
         plan = info.plan
         bootstrap.zipapp(run.file(AGENT_FILE))
         build_bundle(run.file(BUNDLE_NAME), plan.code, stand_ins(self.spec))
@@ -388,9 +355,8 @@ class SchedulerBackend(LaunchBackend):
         return env
 
     def collect(self, info: DryRun, outcome: RunOutcome, run: RunDir) -> dict | None:
-        """What the run brings home (``results.wanted_files``), read from the
-        shared run directory: no symlink, no file larger than its cap, and
-        nothing whose real path leaves the node's run directory."""
+        """Bring home ``results.wanted_files`` from the shared directory:
+        nothing over its cap, nothing whose real path leaves the node's."""
         for k, wanted in wanted_files(info, outcome).items():
             root = os.path.realpath(info.plan.nodes[k].run_dir)
             for file in wanted:
@@ -474,11 +440,8 @@ class SchedulerBackend(LaunchBackend):
 
 
 class JobRun(RunHandle):
-    """A scheduler's job: its node streams are the gang's channels, the
-    scheduler holds their liveness (the run's owner), and the job id lives
-    here and in the records (for ``down`` while it waits in the queue).
-    Submitted, it is pending: the engine's ``running`` waits in the queue,
-    then for node 0's rendezvous."""
+    """A scheduler's job, its node streams the gang's channels; ``running``
+    waits in the queue, then for node 0's rendezvous."""
 
     def __init__(self, backend: SchedulerBackend, info: DryRun, run: RunDir, job: Job,
                  started: float, *, watching: bool = False,
@@ -526,8 +489,7 @@ class JobRun(RunHandle):
         return None
 
     def settle(self, outcome: RunOutcome) -> RunOutcome:
-        """Once the gang is over: the job gone from the queue, each node's end
-        explained with the scheduler's view."""
+        """Wait for the job to leave the queue; explain each node's end."""
         job, plan = self.job, self.dryrun.plan
         if not job.wait_ended(self.backend.options.grace_s + 30):
             job.cancel()
@@ -542,8 +504,7 @@ class JobRun(RunHandle):
         return self.backend.collect(self.dryrun, outcome, self.run)
 
     def close(self, left: bool = False) -> None:
-        """Unless the job was left to the scheduler (``--detach``, ``attach``):
-        cancel what of it is still queued or running."""
+        """Cancel the job, unless it was left to the scheduler (``--detach``, ``attach``)."""
         try:
             if not left and not self.job.ended:
                 self.job.cancel()
@@ -561,12 +522,9 @@ def _offset_of_last_lines(path: str, lines: int) -> int:
 
 
 def _from_agents(record: RunRecord, detail: str) -> RunDescription:
-    """The agents' own records (``node-K/supervisor.json``) of a run whose
-    controller did not live to record its end (or never followed it: a
-    detached job); it ended when the last of them was written with its exit
-    code. Each node's end is read from the exit event it recorded, as the
-    controller would have heard it (``exit_outcome``): a node the scheduler
-    stopped is stopped, and the failed one names its rank's failure."""
+    """A run's end from its agents' records (``node-K/supervisor.json``),
+    where no controller recorded it: each node's exit event read as the
+    controller would have heard it (``exit_outcome``)."""
     from ...agent.wire.protocol import ProtocolError, validate
     from ...engine.nodehandle import exit_outcome
 
@@ -611,8 +569,7 @@ class _NodePlace(NamedTuple):
 
 
 def _first_ranks(record: RunRecord) -> dict[int, int]:
-    """Each node's first global rank, from the recorded plan ({} where it
-    cannot be read)."""
+    """Each node's first global rank, from the recorded plan ({}: unreadable)."""
     try:
         return {int(n["node_rank"]): int(n["ranks"][0]) for n in record.run.plan()["nodes"]}
     except (OSError, ValueError, TypeError, KeyError, IndexError):

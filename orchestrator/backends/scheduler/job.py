@@ -1,19 +1,10 @@
 """A submitted job as the gang sees it: its state, and each node's stream.
 
-Under a scheduler the controller holds no channel to a node. Each node's
-agent writes its output and control lines to ``node-K/agent.out`` in the
-shared run directory (``agent/node/jobnode.py``), and ``JobStream`` reads
-that file as it grows: a node channel (``engine/channel.NodeChannel``), so
-``NodeHandle`` relays and judges a scheduled node exactly as it does an SSH
-one. The control words the handle sends become the scheduler's own
-controls (``SchedulerBackend.cancel_job``): ``stop`` is a plain cancel (the
-scheduler's SIGTERM to every task, then its grace), ``kill`` a cancel with
-SIGKILL, and pings are not needed, because the scheduler owns the nodes'
-liveness (``Owner.peer_timeout_applies``).
-
-``Job`` asks the scheduler for the job's state (``SchedulerBackend.job_state``)
-on one thread for the whole job; a stream ends when its file has no more
-bytes and the job is over.
+Under a scheduler the controller holds no channel to a node: ``JobStream``
+reads the node's ``agent.out`` in the shared run directory as it grows, a
+node channel like an SSH one. ``stop`` and ``kill`` become the scheduler's
+cancel (plain, or SIGKILL); no pings, as the scheduler owns the nodes'
+liveness. A stream ends when its file has no more bytes and the job is over.
 """
 
 from __future__ import annotations
@@ -132,8 +123,7 @@ class Job:
             self.refresh()
 
     def wait_ended(self, timeout_s: float) -> bool:
-        """Whether the job has left the queue within ``timeout_s``: asked at
-        once (the nodes' exit events usually come as it ends), then every 0.1 s."""
+        """Whether the job has left the queue within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while not self.ended:
             self.refresh()
@@ -174,8 +164,7 @@ class JobStream:
         """The agent was started by the scheduler with its spec (``job.json``)."""
 
     def send_control(self, word: Control, reason: str = "") -> None:
-        """A stop is the job's cancel (its nodes' tasks get SIGTERM: the
-        scheduler carries no reason)."""
+        """A stop is the job's cancel; the scheduler carries no reason."""
         if word is Control.STOP:
             self.job.cancel()
         elif word is Control.KILL:
@@ -204,11 +193,8 @@ class JobStream:
 
     def read_chunk(self, size: int) -> bytes:
         """The next bytes of the file; b"" once the job is over and nothing
-        more has appeared for SETTLE_S, or once the stream is closed.
-
-        The file is opened afresh for every look: on NFS, an open is what
-        makes another host's writes visible (close-to-open consistency).
-        """
+        more came for SETTLE_S, or once closed. Opened afresh for every look:
+        on NFS an open is what makes another host's writes visible."""
         quiet_since = None
         while not self._closed:
             data = self._read(size)
@@ -241,13 +227,9 @@ class JobStream:
 
 
 def stream_progress(record: RunRecord) -> tuple[dict, ...]:
-    """Each rank's last step as the last heartbeat in its node's stream says
-    (``agent.out`` in the shared run directory): ``status`` and ``top`` of a
-    job that no controller follows, whose ``progress.json`` nobody keeps.
-    Rank by rank, ``{rank, node_rank, host, step, samples, last_progress,
-    last_output}`` with its ``compute_s`` and ``data_s`` where reported;
-    ``last_progress`` on the node's clock (the heartbeat's ``now``), and no
-    output time (the lines are not counted here)."""
+    """Each rank's last step from its node stream's last heartbeat, for a
+    job no controller follows (nobody keeps its ``progress.json``).
+    ``last_progress`` is on the node's clock; no output time."""
     ranks = []
     for node in record.nodes:
         beat = _last_heartbeat(posixpath.join(node.run_dir, STREAM))
