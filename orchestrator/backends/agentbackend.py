@@ -408,7 +408,7 @@ class AgentBackend(LaunchBackend):
         the node's log; nodes in ``unreachable`` are not tried."""
         from ..engine.agentlink import AgentHandle
         from ..engine.fanout import on_all
-        from ..engine.results import fetch_outputs, keep, wanted_files
+        from ..engine.results import fetch_outputs, store_fetched, wanted_files
 
         wanted = wanted_files(info, outcome)
         for k in sorted(unreachable & set(wanted)):
@@ -427,7 +427,7 @@ class AgentBackend(LaunchBackend):
                         run.note(k, f"not fetched: {exc.message}")
                         continue
                     if data is not None:
-                        keep(run, info, k, file, data)
+                        store_fetched(run, info, k, file, data)
                 if k == 0:  # the run's outputs: node 0's, under its code root
                     fetch_outputs(info, run, lambda **request: agent.call(
                         "outputs", **request), lambda path, limit: agent.get(

@@ -310,14 +310,14 @@ def stacks(run_id: str, native: bool, as_json: bool, runs_dir: str | None) -> No
 
     from ..backends import backend_of
     from ..engine.options import LaunchOptions
-    from ..engine.stacks import keep
+    from ..engine.stacks import save_stacks
 
     record = find_run(locate(runs_dir).path, run_id)
     if not record.state.live:
         raise ConfigError(f"run {record.run_id} is {record.state}: no rank is running",
                           hint="stacks are dumped from a live run; see `ddp-orch status`")
     result = backend_of(record, LaunchOptions()).stacks(record, native=native)
-    saved, text = keep(record.run.path, result, record.run_id)
+    saved, text = save_stacks(record.run.path, result, record.run_id)
     if as_json:
         click.echo(json.dumps({"run_id": record.run_id, "saved_in": saved,
                                "ranks": [dataclasses.asdict(s) for s in result.ranks],

@@ -43,7 +43,7 @@ from .fanout import on_all
 from .gpuuse import rank_gpu
 from .keptgang import Keepers, begin_kept, contact_lost, kept_outcome
 from .nodehandle import NodeHandle, supervisor_spec
-from .stacks import StacksResult, keep
+from .stacks import StacksResult, save_stacks
 
 
 PROGRESS_WRITE_S = 2.0  # progress.json at most this often
@@ -296,7 +296,7 @@ class Gang:
             except Exception as exc:  # noqa: BLE001 (the hang is still the cause)
                 self.console.info(f"could not dump the ranks' stacks: {exc}")
         if result is not None and result.ranks:
-            saved, _text = keep(self.run_dir.path, result, self.plan.run_id)
+            saved, _text = save_stacks(self.run_dir.path, result, self.plan.run_id)
             self.console.info(f"stacks of every rank kept in {saved}")
         places = {s.rank: place(s.how, s.text, s.error) for s in result.ranks} \
             if result is not None else None

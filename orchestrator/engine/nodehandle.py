@@ -152,7 +152,7 @@ class NodeHandle:
         self.watch_output = False  # count output lines as progress (a stream read live)
         # A kept run (agent/kept/keeper.py): the stream holds every attempt; its
         # end is the keeper's ``finished`` event, not one attempt's ``exit``.
-        self.kept = False
+        self.relays_keeper = False
         self.attempt = 0
         self.exits: list[dict] = []  # each attempt's exit event, in a kept run
         self.log_mode = "ab"  # "wb": the stream is the node's whole log (attach from the start)
@@ -177,7 +177,7 @@ class NodeHandle:
 
     def follow(self, **request) -> None:
         """Relay a kept run's stream (``agent/kept/daemon.follow``) from this channel."""
-        self.kept = True
+        self.relays_keeper = True
         self.channel = KeeperFollower(self.agent, request)
         self.channel.supervise()
         self.advance(NodePhase.SUPERVISED)
@@ -267,7 +267,7 @@ class NodeHandle:
         elif event["event"] == Event.SETUP:
             if event["ok"]:
                 self.advance(NodePhase.SET_UP)
-        elif event["event"] == Event.EXIT and self.kept:
+        elif event["event"] == Event.EXIT and self.relays_keeper:
             self.exits.append(event)
         elif event["event"] in (Event.EXIT, Event.FINISHED):
             self.control = event

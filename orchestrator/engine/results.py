@@ -2,7 +2,7 @@
 
 Rank 0's ``result.json``, failed ranks' torchrun error files and NCCL
 flight recorder dumps, and node 0's ``outputs:``, after a success and a
-failure alike. A backend moves the bytes; ``keep`` writes them into the run
+failure alike. A backend moves the bytes; ``store_fetched`` writes them into the run
 directory with the node's secrets masked. A path a node's report names must
 lie inside that node's run directory (``inside``).
 """
@@ -77,7 +77,7 @@ def inside(directory: str, name: object) -> str | None:
     return path if path.startswith(root.rstrip("/") + "/") else None
 
 
-def keep(run: RunDir, info: DryRun, node_rank: int, wanted: WantedFile, data: bytes) -> None:
+def store_fetched(run: RunDir, info: DryRun, node_rank: int, wanted: WantedFile, data: bytes) -> None:
     """Write a fetched file into the run directory, the node's secrets masked."""
     data = scrub(data, secret_values(info.nodes[node_rank].env))
     path = run.file(wanted.local)

@@ -111,7 +111,7 @@ def hang_summary(result: StacksResult | None, idle_s: float,
     return _hang_summary(_places(result) if result is not None else None, idle_s, quiet_first)
 
 
-def keep(run_path: str, result: StacksResult, run_id: str) -> tuple[str, str]:
+def save_stacks(run_path: str, result: StacksResult, run_id: str) -> tuple[str, str]:
     """Write each dump and the summary under the run's ``stacks/<time>/``;
     returns that directory and the summary."""
     import time

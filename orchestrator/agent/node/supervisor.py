@@ -286,11 +286,11 @@ class Supervisor:
         control line from ``emit`` always starts a line of its own."""
         lines = LineBuffer(max_line=TAIL_BYTES)
         for chunk in iter(lambda: stream.read1(65536), b""):
-            self.keep(lines.feed(chunk))
+            self.relay_block(lines.feed(chunk))
         rest = lines.flush()
-        self.keep(rest + b"\n" if rest else b"")
+        self.relay_block(rest + b"\n" if rest else b"")
 
-    def keep(self, block: bytes) -> None:
+    def relay_block(self, block: bytes) -> None:
         self.write_out(block)
         self.tail = (self.tail + block)[-TAIL_BYTES:]
 

@@ -31,7 +31,7 @@ from ...config.spec import AUTO_PORT
 from ...console import Console
 from ...engine.bundle import build_bundle, code_notes, stand_ins
 from ...engine.nodehandle import BUNDLE_NAME, supervisor_spec
-from ...engine.results import fetch_outputs, keep, wanted_files
+from ...engine.results import fetch_outputs, store_fetched, wanted_files
 from ...engine.run import RunHandle, node_records
 from ...engine.stacks import StacksResult
 from ...errors import LaunchError
@@ -368,7 +368,7 @@ class SchedulerBackend(LaunchBackend):
                     run.note(k, str(exc))
                     continue
                 if data is not None:
-                    keep(run, info, k, file, data)
+                    store_fetched(run, info, k, file, data)
         root = info.plan.nodes[0].code_root  # the shared directory: read here, checked the same
 
         def get(path: str, limit: int) -> bytes | None:

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.engine import results
-from orchestrator.engine.results import (WantedFile, fetch_outputs, inside, keep, outputs_lines,
+from orchestrator.engine.results import (WantedFile, fetch_outputs, inside, outputs_lines, store_fetched,
                                          wanted_files)
 from orchestrator.errors import TransportError
 from orchestrator.plan.build import build_plan
@@ -97,7 +97,7 @@ def test_inside(directory, name, expected):
 def test_keep_writes_the_file_with_the_node_s_secrets_masked(tmp_path):
     info = info_of(CPU, env={"HF_TOKEN": "hf_abcdefghijkl"})
     run = RunDir(str(tmp_path))
-    keep(run, info, 0, WantedFile("x", "errors/node-0/rank-0.json", 1), b"t=hf_abcdefghijkl;")
+    store_fetched(run, info, 0, WantedFile("x", "errors/node-0/rank-0.json", 1), b"t=hf_abcdefghijkl;")
     assert (tmp_path / "errors/node-0/rank-0.json").read_bytes() == b"t=********;"
     assert stat.S_IMODE(os.stat(tmp_path / "errors/node-0").st_mode) == 0o700
 
