@@ -1,8 +1,5 @@
-"""Typed errors. The library raises these; only the CLI prints and exits.
-
-Every user-facing error says what was given and how to fix it, so the CLI
-can print ``str(error)`` and nothing else: no traceback for user mistakes.
-"""
+"""Typed errors. The library raises these; only the CLI prints ``str(error)``
+(what was given and how to fix it, no traceback) and exits."""
 
 from __future__ import annotations
 
@@ -14,11 +11,8 @@ class OrchestratorError(Exception):
 
 
 class ConfigError(OrchestratorError):
-    """A cluster file or command-line value is wrong.
-
-    ``source`` is the file (or "command line"), ``line`` its 1-based line
-    when known, ``path`` the field path such as ``nodes[1].gpus``.
-    """
+    """A cluster file or command-line value is wrong: ``source`` the file (or
+    "command line"), ``line`` 1-based if known, ``path`` as ``nodes[1].gpus``."""
 
     exit_code = 2
 
@@ -40,11 +34,7 @@ class ConfigError(OrchestratorError):
 
 
 class TransportError(OrchestratorError):
-    """A node could not be reached, or a command or transfer on it failed.
-
-    ``host`` names the node, ``message`` what happened, ``hint`` what to
-    enable or fix there.
-    """
+    """A node could not be reached, or a command or transfer on it failed."""
 
     def __init__(self, host: str, message: str, hint: str = ""):
         self.host = host
@@ -58,9 +48,8 @@ class LaunchError(OrchestratorError):
 
 
 class Signalled(KeyboardInterrupt):
-    """A signal the CLI turns into its Ctrl-C teardown (``up``'s SIGTERM:
-    ``ddp-orch down``, a plain ``kill``), with its number, so that the run
-    says who stopped it."""
+    """A signal (``ddp-orch down``, a plain ``kill``) the CLI turns into its
+    Ctrl-C teardown; its number says who stopped the run."""
 
     def __init__(self, signum: int):
         self.signum = signum

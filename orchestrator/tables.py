@@ -1,5 +1,4 @@
-"""Plain-text tables for the terminal: left-aligned columns, two spaces apart,
-and the durations in them and in ddp-orch's lines (``span``)."""
+"""Plain-text tables for the terminal, and the durations in them (``span``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """``python -m orchestrator.agent serve`` (or ``ddp_orch_agent`` on a node).
 
-``serve`` is what the controller runs (see ``wire/serve.py``);
-``supervise SPEC.json`` runs a node supervisor from a spec file directly,
-for tests and for starting a node by hand; ``job JOB.json`` is one node of
-a Slurm job (``node/jobnode.py``), run from the zipapp the controller writes
-into the job's shared run directory.
+``serve`` is what the controller runs; ``supervise SPEC.json`` runs a
+supervisor by hand or in tests; ``job JOB.json`` is one node of a Slurm job.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Where each rank's stack stands, grouped, and the odd ranks named.
 
-Pure (no I/O, stdlib only), because two sides read stacks: the controller
-(``ddp-orch stacks``, the attached hang watchdog, ``engine/stacks.py``) and
-a kept run's head keeper (``agent/kept/head.py``), which names the odd
-rank of a hang with no controller there. A rank's dump (faulthandler's or
-py-spy's text) is reduced to its main thread's frames; ranks whose main
-threads stand at the same place (the innermost frame and the innermost
-frame of the user's own code) form a group; the largest group is what most
-ranks are doing, and every other group is the odd one out.
+Pure, because the controller and a kept run's head keeper (a hang with no
+controller there) both read stacks. Ranks whose main threads stand at the
+same place (the innermost frame, and the innermost of the user's code) form
+a group; the largest is what most ranks do, and the others are odd.
 """
 
 from __future__ import annotations
@@ -35,9 +31,7 @@ class Frame:
 
     @property
     def own(self) -> bool:
-        """The user's code: not an installed package, the stdlib or the shim.
-        py-spy shows installed code by package-relative paths
-        (``torch/distributed/...``), the user's by full path or bare name."""
+        """The user's code: not an installed package, the stdlib or the shim."""
         if _LIBRARY.search(self.file):
             return False
         return self.file.startswith("/") or "/" not in self.file
@@ -120,9 +114,8 @@ def rank_span(ranks: list[int]) -> str:
 
 def hang_summary(places: Mapping[int, str] | None, idle_s: float,
                  quiet_first: int | None = None) -> str:
-    """The root cause of a hang: ``hang: no progress for 20s; ranks 0-1 wait in
-    all_reduce <- train.py:42; rank 2 is elsewhere: sleep <- train.py:17``.
-    Without an odd group, the rank that went quiet first is named."""
+    """The root cause of a hang (``hang: no progress for 20s; ranks 0-1 wait in
+    all_reduce <- train.py:42; rank 2 is elsewhere: ...``), or who went quiet first."""
     head = f"hang: no progress for {idle_s:.0f}s"
     found = group_places(places) if places else []
     if not found:

@@ -1,17 +1,10 @@
 """Launch backends, by the name a cluster file's ``backend:`` gives.
 
-A built-in backend is a module here defining ``Backend``, a
-``LaunchBackend`` (``base.py``), listed in the one registry,
-``config.limits.BUILTIN_BACKENDS``. A backend from outside the tree is an
-installed distribution's entry point in the ``ddp_orch.backends`` group
-(``config.limits.PLUGIN_GROUP``), as torchx finds its schedulers: a site
-adds its scheduler without forking. Either module is imported only when
-that backend is named, so a dry-run of a local file never loads paramiko,
-and a broken plugin cannot break ``--help`` or ``ps``.
-
-A plugin declares the interface it was built for (``interface = 2`` in
-its class: ``INTERFACE``); a mismatch is a clear error, not an
-AttributeError in the middle of a launch.
+Built in (``config.limits.BUILTIN_BACKENDS``) or a plugin's entry point in
+the ``ddp_orch.backends`` group, so a site adds its scheduler without
+forking. Imported only when named: a dry-run never loads paramiko and a
+broken plugin cannot break ``--help``. A plugin declaring another
+``INTERFACE`` is a clear error, not an AttributeError mid-launch.
 """
 
 from __future__ import annotations
@@ -94,25 +87,15 @@ def origin_of(name: str) -> BackendOrigin:
 
 
 def backends_with(has: Callable[[Capabilities], bool]) -> list[str]:
-    """The built-in backends' names whose capabilities ``has``, in the
-    registry's order."""
+    """The built-in backends whose capabilities ``has``, in registry order."""
     return [name for name in BUILTIN_BACKENDS if has(backend_class(name).can)]
 
 
 def fit(spec: ClusterSpec, options: LaunchOptions, backend: str | None = None) -> ClusterSpec:
-    """``spec`` under ``backend`` (``--backend``, over the file's choice), once
-    everything the chosen backend cannot honour is refused, before anything
-    runs, from its capabilities (``LaunchBackend.can``): the
-    one place the command line's options meet a backend's.
-
-    * a backend that runs every node here (``this_machine``) with remote hosts;
-    * ``--queue-timeout`` without a scheduler's queue (``queue``): the run
-      would start at once, and the option would be silently moot;
-    * ``--max-restarts`` where it has no gang restarts (``restarts``;
-      ``instead_of_restarts`` says what to do instead);
-    * ``--hang-timeout`` with ``--detach`` where no keeper would watch: a
-      detached run's watchdog is its keepers' head, and a backend without
-      gang restarts starts no keepers, so its job would run unwatched.
+    """``spec`` under ``backend`` (``--backend`` over the file's choice), once
+    every option the backend cannot honour (``LaunchBackend.can``) is refused
+    before anything runs: the one place the command line's options meet a
+    backend's, so that none is silently moot.
     """
     if backend is not None and backend != spec.backend:
         if backend_class(backend).can.this_machine and not all(n.is_local for n in spec.nodes):
@@ -151,9 +134,7 @@ def get_backend(name: str, options: LaunchOptions,
 
 
 def backend_of(record: "RunRecord", options: LaunchOptions) -> LaunchBackend:
-    """The backend a recorded run runs on, for every command that asks it
-    (``status``, ``attach``, ``down``, ``stacks``, ``top``, ``prune``); a
-    damaged record (``RunState.DAMAGED``) names none, and says so."""
+    """The backend a recorded run runs on; a damaged record names none, and says so."""
     from ..records.outcome import RunState  # not for a dry-run, which reads no record
 
     if record.state is RunState.DAMAGED:

@@ -1,8 +1,7 @@
 """The local backend: every node is a subprocess on this machine.
 
-``up --local`` and cluster files whose hosts are all ``localhost`` use it.
-It runs the same agent, gang and records as the SSH backend, so a
-heterogeneous layout can be rehearsed on one machine.
+The same agent, gang and records as the SSH backend, so a heterogeneous
+layout can be rehearsed on one machine.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The SSH backend: one connection per node (paramiko), the agent over exec.
 
-Nodes need sshd (exec sessions; no SFTP subsystem) and Python with torch.
-``localhost`` nodes in an SSH cluster (a rehearsal with node 0 on this
-machine) run as local subprocesses. SSH settings come from the cluster
-file's ``ssh:``, then ``~/.ssh/config``, then defaults; they are recorded
-per node so that ``down`` can reach the nodes again.
+Nodes need sshd (no SFTP) and Python with torch; ``localhost`` nodes run as
+local subprocesses. SSH settings are recorded per node so that ``down`` can
+reach the nodes again.
 """
 
 from __future__ import annotations
@@ -31,11 +29,9 @@ class Backend(AgentBackend):
     master_addr_warnings: tuple[str, ...] = ()
 
     def default_master_addr(self) -> str | None:
-        """Node 0's ``HostName`` from ``~/.ssh/config``: its host may be an alias
-        that the other nodes cannot resolve. Reads a local file, no network;
-        paramiko is imported only when needed, to keep dry-runs fast. What
-        the file says of the host but ddp-orch does not use (a ``Match exec``
-        that might set another HostName) becomes a note of the dry-run."""
+        """Node 0's ``HostName`` from ``~/.ssh/config``: its host may be an
+        alias the other nodes cannot resolve. What the file says of the host but
+        ddp-orch does not use becomes a note of the dry-run."""
         first = self.require_spec().nodes[0]
         if self.spec.master_addr is not None or first.is_local:
             return None
@@ -70,8 +66,7 @@ class Backend(AgentBackend):
                             strict_host_keys=strict, connect_timeout=ssh.connect_timeout)
 
     def reach(self, node: NodePlan) -> tuple[str, ...]:
-        """OpenSSH's ``ssh`` with the file's settings for the node (the rest
-        comes from ``~/.ssh/config``, as it does for the launch)."""
+        """OpenSSH's ``ssh`` with the file's settings for the node."""
         if node.is_local:
             return ()
         ssh = self.require_spec().nodes[node.node_rank].ssh

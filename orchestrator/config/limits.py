@@ -1,11 +1,7 @@
 """Names and bounds that the cluster file and the command line share.
 
-The CLI builds its options (``--backend``, ``--hang-timeout``,
-``--max-restarts``, ``--wait-gpus``) from these before it knows whether the
-command will read a cluster file at all, so this module imports nothing:
-``ddp-orch --help`` and ``ps`` must not pay for ``config.spec``'s dataclasses.
-The installed plugins' names are read (``importlib.metadata``) only when a
-name is not a built-in's, or when every name is listed.
+It imports nothing, so the CLI builds its options (``--help``, ``ps``) without
+paying for ``config.spec``'s dataclasses; plugins' names are read only when needed.
 """
 
 # The registry of built-in launch backends, the one list of them: a name
@@ -38,8 +34,7 @@ def plugin_backends() -> dict:
 
 
 def backend_names() -> tuple[str, ...]:
-    """Every backend a cluster file may name here: the built-ins, then the
-    installed plugins' (the grammar, the schema and the messages list these)."""
+    """Every backend a cluster file may name here: the built-ins, then the plugins'."""
     return BACKENDS + tuple(sorted(plugin_backends()))
 # Progress reaches the controller with the agents' heartbeats (every 5 s), so a
 # shorter hang timeout would take a quiet but healthy run for a hung one.

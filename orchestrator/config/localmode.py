@@ -1,8 +1,5 @@
-"""``up --local``: the same job on this machine, without SSH.
-
-The local spec is an ordinary ``ClusterSpec`` with one ``localhost`` node,
-so it goes through the same plan, launch and records as a cluster run.
-"""
+"""``up --local``: the same job on this machine, without SSH: an ordinary
+``ClusterSpec`` with one ``localhost`` node, so plan, launch and records are the same."""
 
 from __future__ import annotations
 
@@ -27,9 +24,8 @@ INTERPRETERS = ("python", "python3", "torchrun")
 def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | None,
                procs: int | None, device: str | None, args: Mapping[str, Any],
                program: tuple[str, ...] | None = None) -> ClusterSpec:
-    """One localhost node running ``base``'s workload (or ``workload``, or
-    ``program``: the words after ``--``, from the current directory without
-    a file)."""
+    """One localhost node running ``base``'s workload, or ``workload``, or
+    ``program`` (the words after ``--``; without a file, in the current directory)."""
     if gpus is not None and procs is not None:
         raise ConfigError("give --gpus or --procs, not both", source=CLI)
     if program is not None:
@@ -76,8 +72,7 @@ def local_spec(base: ClusterSpec | None, *, workload: str | None, gpus: str | No
 
 def _check_device(chosen: str, node: NodeSpec, device: str | None, procs: int | None,
                   base: ClusterSpec | None) -> None:
-    """The loader's rule (``cuda_without_gpus``), said in the options' words:
-    ``--device cuda`` (or the file's ``device: cuda``) with CPU processes."""
+    """The loader's ``cuda_without_gpus`` rule, said in the options' words."""
     if not cuda_without_gpus(chosen, (node,)):
         return
     count = f"{node.procs} CPU process{'' if node.procs == 1 else 'es'}"
@@ -100,11 +95,8 @@ def _default_procs(base: ClusterSpec | None) -> int:
 
 
 def _local_python(python: str) -> str:
-    """The cluster's interpreter, unless it is the bare default: then ours.
-
-    A local run should use the Python that has torch next to ddp-orch (the
-    venv it was installed in), not whatever ``python3`` is first on PATH.
-    """
+    """The cluster's interpreter, unless it is the bare default: then ours, whose
+    venv has torch beside ddp-orch (not whatever ``python3`` is first on PATH)."""
     import sys
 
     return sys.executable if python == "python3" else python
@@ -118,10 +110,8 @@ def with_args(spec: ClusterSpec, args: Mapping[str, Any]) -> ClusterSpec:
 
 
 def with_env(spec: ClusterSpec, pairs: tuple[str, ...]) -> ClusterSpec:
-    """``spec`` with ``up --env KEY=VALUE`` over every node's env: the
-    command line wins over the file's top-level and per-node ``env:``, under
-    the same name rules (``env_name_problem``); the plan masks secret names
-    whichever way they came."""
+    """``spec`` with ``up --env KEY=VALUE`` over every node's env: the command
+    line wins over the file's ``env:``, under the same name rules."""
     given: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -142,9 +132,8 @@ def with_env(spec: ClusterSpec, pairs: tuple[str, ...]) -> ClusterSpec:
 
 
 def with_program(spec: ClusterSpec, words: tuple[str, ...]) -> ClusterSpec:
-    """``spec`` running ``words`` (``ddp-orch up FILE -- PROGRAM ARGS``)
-    instead of its workload, from the same code directory. A run name that
-    was the old workload's default follows the new one."""
+    """``spec`` running ``words`` (``up FILE -- PROGRAM ARGS``) from the same code
+    directory; a run name that was the old workload's default follows the new one."""
     workload = program_workload(spec.workload, words, spec.base_dir)
     name = default_name(workload) if spec.name == default_name(spec.workload) else spec.name
     return dataclasses.replace(spec, workload=workload, name=name)
@@ -152,10 +141,9 @@ def with_program(spec: ClusterSpec, words: tuple[str, ...]) -> ClusterSpec:
 
 def program_workload(base: WorkloadSpec | None, words: tuple[str, ...],
                      base_dir: str) -> WorkloadSpec:
-    """The workload of ``-- PROGRAM ARGS``, as torchrun takes it: ``train.py
-    ARGS`` (relative to the code directory) or ``-m pkg.train ARGS``, the
-    arguments verbatim. The code directory is ``base``'s (a built-in
-    workload has none: then ``base_dir``, the cluster file's directory)."""
+    """The workload of ``-- PROGRAM ARGS``, as torchrun takes it (``train.py ARGS``
+    or ``-m pkg.train ARGS``), in ``base``'s code directory, else ``base_dir``
+    (a built-in workload has none)."""
     code = base.code if base is not None and base.code else os.path.abspath(base_dir)
     usage = ("PROGRAM is your script, relative to the code directory (-- train.py --lr 0.1), "
              "or a module (-- -m pkg.train --lr 0.1); ddp-orch's own options go before --")

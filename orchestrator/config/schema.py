@@ -1,22 +1,12 @@
-"""The cluster file as a JSON Schema (Draft 2020-12), for editors.
+"""The cluster file as a JSON Schema (Draft 2020-12), for editors: ``ddp-orch
+schema`` prints it and ``schema/cluster.schema.json`` is a checked-in copy, so
+yaml-language-server can complete keys and flag mistakes as the file is typed.
 
-``ddp-orch schema`` prints it and ``schema/cluster.schema.json`` is a
-checked-in copy, so yaml-language-server can complete keys and flag
-mistakes as the file is typed (see the modeline on the first line of
-``cluster.yaml.example``).
-
-The loader (``loader.py``) stays the authority: it reports every error with
-its line and a hint. The schema checks each value (keys, types, ranges,
-patterns, choices, a GPU listed twice), which keys a mapping needs, each
-built-in workload's arguments, and the rules between fields that JSON
-Schema can say (``device: cuda`` with a ``procs:`` node, ``backend: local``
-with a remote host, Slurm's layout, a ``workdir`` no node uses, a localhost
-node 0 among remote nodes without ``master.addr``). What it cannot say is
-``LEFT_TO_THE_LOADER``, each with an example in ``tests/unit/config/test_schema.py``.
-
-Key lists, choices, limits and name patterns come from the loader, ``spec``
-and the workload catalog, so the two cannot drift apart. Stdlib and project
-imports only: the controller never imports torch.
+The loader stays the authority (every error with its line and a hint). The
+schema says what JSON Schema can: values, required keys, each built-in
+workload's arguments and the rules between fields; the rest is
+``LEFT_TO_THE_LOADER``. Key lists, choices, limits and patterns come from the
+loader, ``spec`` and the workload catalog, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -48,10 +38,8 @@ _SCALAR = {"type": ["string", "number", "boolean", "null"]}
 
 
 def index_regex(top: int) -> str:
-    """A regex (no anchors) for the whole numbers 0..``top``, leading zeros allowed.
-
-    ``index_regex(1023)`` -> ``0*(?:[0-9]{1,3}|10[0-1][0-9]|102[0-2]|1023)``.
-    """
+    """A regex (no anchors) for the whole numbers 0..``top``, leading zeros allowed:
+    ``index_regex(1023)`` -> ``0*(?:[0-9]{1,3}|10[0-1][0-9]|102[0-2]|1023)``."""
     digits = str(top)
     shorter = len(digits) - 1
     parts = [] if not shorter else ["[0-9]"] if shorter == 1 else [f"[0-9]{{1,{shorter}}}"]
@@ -279,10 +267,8 @@ def _workload() -> dict[str, Any]:
 
 
 def _builtin_args(info: Any) -> dict[str, Any]:
-    """The arguments of a built-in workload as the loader checks them
-    (``loader.check_workload_args``): its names, '-' or '_' between words,
-    and nothing else; each value of its type, in its choices, above its
-    minimum."""
+    """A built-in workload's arguments as ``loader.check_workload_args`` checks
+    them: its names only ('-' or '_' between words), each value valid."""
     return {"type": "object", "additionalProperties": False,
             "description": f"The arguments of {info.name} (`ddp-orch workloads`).",
             "patternProperties": {"^" + arg.name.replace("_", "[-_]") + "$": _arg_value(arg)
@@ -364,9 +350,8 @@ _ALL_LOCAL = {"type": "array", "items": {"properties": {"host": _LOCALHOST}}}
 
 
 def _between_fields() -> list[dict[str, Any]]:
-    """The loader's rules between fields (``_check_layout``, and each backend
-    block's ``check_layout``), as far as JSON Schema says them; each puts its
-    error on the field the loader names."""
+    """The loader's rules between fields, as far as JSON Schema says them; each
+    puts its error on the field the loader names."""
     cpu_node = {"type": "object", "required": ["procs"]}
     remote_node = {"type": "object", "required": ["host"],
                    "properties": {"host": {"not": _LOCALHOST}}}

@@ -1,8 +1,5 @@
-"""What the user asked for: the validated contents of a cluster file.
-
-``*Spec`` objects are user input after validation, nothing derived. The
-rank plan (``plan/build.py``) is computed from them by pure code.
-"""
+"""What the user asked for: a cluster file's validated contents, nothing derived
+(the rank plan, ``plan/build.py``, is computed from them by pure code)."""
 
 from __future__ import annotations
 
@@ -47,8 +44,7 @@ class SshSpec:
 
 
 def requested_count(request: str) -> int | None:
-    """How many GPUs ``free:N`` asks for; None for ``all`` and ``free``,
-    whose count only the node knows."""
+    """How many GPUs ``free:N`` asks for; None where only the node knows (all, free)."""
     return int(request.split(":", 1)[1]) if request.startswith("free:") else None
 
 
@@ -92,14 +88,10 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """What every rank runs: a built-in workload by ``name``, or the user's
-    program from ``code`` (the directory uploaded to every node, absolute
-    here, and the workers' working directory there): a ``script`` (absolute
-    path, inside ``code``) or a ``module`` (``python -m``).
-
-    ``args`` is a mapping (``{epochs: 10}`` -> ``--epochs 10``) or, given as
-    a list, the arguments verbatim (a tuple of strings).
-    """
+    """What every rank runs: a built-in workload by ``name``, or from ``code``
+    (absolute; uploaded, the workers' working directory) a ``script`` inside it or
+    a ``module``. ``args``: a mapping (``{epochs: 10}`` -> ``--epochs 10``) or a
+    tuple of strings passed verbatim."""
 
     name: str | None
     script: str | None
@@ -169,8 +161,7 @@ class ClusterSpec:
 
     @property
     def all_warnings(self) -> tuple[str, ...]:
-        """Every warning the dry-run and ``up`` say: the layout's, then the
-        workload's (the program that runs, the file's or ``-- PROGRAM``)."""
+        """Every warning the dry-run and ``up`` say: the layout's, then the workload's."""
         return (*self.warnings, *self.workload.warnings)
 
     def block(self, key: str) -> Any:

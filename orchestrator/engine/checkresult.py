@@ -1,6 +1,4 @@
-"""One row of ``ddp-orch check``, whoever makes it: the agent's checks
-(``preflight.py``, ``checknet.py``), a scheduler's (``backends/slurm/check.py``)
-or a plugin's."""
+"""One row of ``ddp-orch check``, whoever makes it: the agent, a scheduler or a plugin."""
 
 from __future__ import annotations
 
@@ -9,8 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One row of ``ddp-orch check``; ``node_rank`` -1 (``host`` "*") for a
-    row about the whole cluster. A warning passes (``ok``) but is shown."""
+    """One row of ``ddp-orch check``; ``node_rank`` -1 (``host`` "*") is about
+    the whole cluster. A warning passes (``ok``) but is shown."""
 
     node_rank: int
     host: str

@@ -1,10 +1,8 @@
 """Run one function on every node at once: the launch, ``check`` and ``down`` all do.
 
-Like fabric's ``GroupResult``: every node's value or error, never a first
-error that hides the others. Each node gets its own thread (they wait on
-the network, not the CPU) and the group a deadline; a node still busy at
-the deadline is reported as timed out, and the caller closes its
-connection, which ends the thread's wait.
+Every node's value or error, never a first error that hides the others.
+A thread per node (they wait on the network) and a deadline for the group:
+a node still busy then is timed out, and the caller closes its connection.
 """
 
 from __future__ import annotations

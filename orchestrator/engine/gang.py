@@ -1,23 +1,9 @@
 """Follow a resolved dry-run on its nodes as one gang, as its owner says.
 
-One gang, one watch loop, for every backend and every way a run is held.
-What the gang may do is its dry-run's ``owner`` (``agent/wire/owner.py``),
-and whether this controller started the run or only watches it (``attach``):
-
-* the controller's run, or a scheduler's job it submitted (``controls``):
-  every node's agent, which has the code already (see
-  ``AgentBackend.launch``), becomes its supervisor, all in parallel; the
-  gang watches them and stops them all on the rule's verdict
-  (``agent/gangrule.py``: a lost node, the first failure, a hang, the start
-  timeout). Whatever happens (success, failure, Ctrl-C, an exception), the
-  ``finally`` block stops every node still running: ``stop`` on stdin, a
-  deadline, ``kill``, then the channel is cut, which the supervisors also
-  treat as "tear down".
-* the keepers' run (``kept``): they hold the gang (and the same rule); the gang
-  starts them (``keptgang.py``) or follows what runs (``attach``), and its
-  outcome is node 0's record of every attempt.
-* a scheduler's job it only watches (``watching``, ``attach``): watch it
-  end, stop nothing; Ctrl-C only leaves.
+One watch loop for every backend and way a run is held: the controller's
+run (stopped on the rule's verdict, ``agent/gangrule.py``, and torn down in
+a ``finally`` whatever happens), a kept run (the keepers hold the gang), or
+a job we only watch (``attach``: stop nothing; Ctrl-C only leaves).
 """
 
 from __future__ import annotations
@@ -55,17 +41,9 @@ PAUSE_SETTLE_S = 2.0  # after a pause, the relays' time to read what came meanwh
 
 
 class Gang:
-    """One run of a resolved ``DryRun`` on its nodes, followed as its
-    ``owner`` says; ``run()`` returns its ``RunOutcome``.
-
-    ``watching``: the run was started elsewhere (``attach``); follow it from
-    ``lines`` before the end of each node's stream. A detached owner: leave
-    once every node has started (the run is the keepers' or the scheduler's
-    from then on). ``keepers``: the keepers' run to start here, with the
-    dry-run's gang restarts. A node's
-    silence is a loss only where the owner lets it count
-    (``Owner.peer_timeout_applies``: a scheduler owns its nodes' liveness).
-    The stop decisions are ``agent/gangrule.py``'s."""
+    """One run of a resolved ``DryRun``; ``run()`` returns its ``RunOutcome``.
+    A node's silence is a loss only where ``Owner.peer_timeout_applies`` (a
+    scheduler owns its nodes' liveness)."""
 
     def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
                  console: Console, *, watching: bool = False, grace_s: float = 10.0,
@@ -118,8 +96,7 @@ class Gang:
         self.stop_why = ""  # who stopped the gang and why, each node's reason for its end
 
     def run(self) -> RunOutcome:
-        """Start the nodes (their agents have the code already) or their
-        keepers, or follow what runs; watch; tear down what is ours."""
+        """Start the nodes or their keepers, or follow what runs; watch; tear down ours."""
         started = time.monotonic()
         by_rank = {h.node.node_rank: h for h in self.handles}
         if self.kept:
@@ -171,9 +148,8 @@ class Gang:
                             interrupted=self.interrupted)
 
     def _paused_words(self, handle: NodeHandle, outcome: NodeOutcome) -> NodeOutcome:
-        """A node that stopped its run because we were silent, while we were
-        paused past the peer timeout (SIGSTOP, Ctrl-Z, a machine asleep):
-        lost to us, and the run's end says why, on our side."""
+        """A node that stopped because we were paused past the peer timeout
+        is lost to us, and its end says why, on our side."""
         if self.paused_s < PEER_TIMEOUT_S or handle.partitioned:
             return outcome
         reason = (handle.control or {}).get("reason")
@@ -183,8 +159,7 @@ class Gang:
         return dataclasses.replace(outcome, state=NodeState.LOST, reason=self.paused_words())
 
     def paused_words(self) -> str:
-        """Why the nodes stopped, when we were paused past the peer timeout
-        ("" when we were not): they stopped because we were silent."""
+        """Why the nodes stopped if we were paused past the peer timeout, else ""."""
         if self.paused_s < PEER_TIMEOUT_S:
             return ""
         return (f"stopped its run after {PEER_TIMEOUT_S:g}s without hearing from ddp-orch, "
@@ -192,9 +167,7 @@ class Gang:
                 "keep it awake while the run goes on, or use `up --detach`")
 
     def _interrupted(self, exc: KeyboardInterrupt) -> None:
-        """Ctrl-C, or a signal (``down``): ours to stop (a run we control, or a
-        kept run started attached), else we only leave. Every node is told
-        who stopped it (``stopper``)."""
+        """Ctrl-C or a signal (``down``): stop what is ours, else only leave."""
         if self.controls:
             self._hurry_on_signals()
         elif self.watching or self.leaves:
@@ -214,9 +187,8 @@ class Gang:
         return f"node {node_rank} ({self.plan.nodes[node_rank].host})"
 
     def _watch(self) -> None:
-        """Until the gang is over (or, detached, has started); on a stop
-        verdict (``gangrule``) ask every node to stop and return: the
-        teardown (or the keepers) enforce the deadline."""
+        """Until the gang is over (or, detached, has started); on a stop verdict
+        ask every node to stop and return: the teardown enforces the deadline."""
         clock = Clock(time.monotonic())
         looked = (time.monotonic(), time.time())
         while True:
@@ -258,8 +230,7 @@ class Gang:
             self._changed.wait(0.5)  # woken at once when a node ends
 
     def _view(self, handle: NodeHandle) -> NodeView:
-        """A node as the rule sees it. A kept run's node has no end of its
-        own to judge here (each attempt's is its keepers')."""
+        """A node as the rule sees it; a kept run's node has no end to judge here."""
         return NodeView(handle.node.node_rank, self.label(handle.node.node_rank),
                         code=handle.poll() if self.controls else None,
                         joined=handle.joined, started=handle.started,
@@ -287,8 +258,7 @@ class Gang:
             self.await_finish()
 
     def _hang(self, verdict: Verdict, by_rank: Mapping[int, NodeHandle]) -> str:
-        """Dump every rank's stack, keep them in the run directory, and mark
-        the nodes of the odd ranks; the hang's root cause."""
+        """Dump and keep every rank's stack, mark the odd ranks' nodes; the root cause."""
         result = None
         if self.dump_stacks is not None:
             try:
@@ -307,10 +277,8 @@ class Gang:
         return why
 
     def _release_setup(self) -> None:
-        """Once every node's ``setup:`` has succeeded, each is told to go,
-        where the controller holds the barrier (an attached run; a Slurm
-        job's files and a kept run's gang hold their own). A node whose setup
-        fails ends with its exit event, which stops the gang like any failure."""
+        """Tell every node to go once all setups succeeded, where the controller
+        holds the barrier (a Slurm job and a kept run hold their own)."""
         if self.controls and self.plan.setup \
                 and all(h.setup_ok for h in self.handles):
             if not any(h.go_sent for h in self.handles):
@@ -321,15 +289,9 @@ class Gang:
                 handle.go()
 
     def _report_progress(self, final: bool = False) -> None:
-        """Each rank's last step (with its samples so far, null where its step
-        heartbeat says none, and its seconds per step outside collectives,
-        ``compute_s`` and ``data_s``, where it says them) and progress time
-        into ``progress.json`` (for ``status`` of a live run), and with
-        ``--quiet`` one line per node now and then, so a long quiet run still
-        shows it is alive. Progress is a step heartbeat or an output line
-        (``NodeHandle.progress``, the hang rule's); once a node's workers
-        run, a rank with neither is listed too, as one with no output (most
-        programs print on rank 0 only)."""
+        """Each rank's progress into ``progress.json`` (``status`` of a live run),
+        and with ``--quiet`` a line per node now and then. A rank with no progress
+        is listed too, once its node runs: most programs print on rank 0 only."""
         now = time.monotonic()
         if self.leaves or not final and now - self._progress_written < PROGRESS_WRITE_S:
             # A run we leave once it has started keeps its progress on its
@@ -374,14 +336,13 @@ class Gang:
                     self.console.always(progress_line(h.node.node_rank, h.node.host, mine, wall))
 
     def _ping(self) -> None:
-        """``ping`` every node while the gang runs (see ``protocol.HEARTBEAT_S``)."""
+        """``ping`` every node while the gang runs."""
         while not self._over.wait(HEARTBEAT_S):
             for handle in self.handles:
                 handle.ping()
 
     def stop_all(self, why: str) -> None:
-        """Stop every node for ``why`` (the gang rule's verdict), which each
-        records as its reason (``stop_reason``)."""
+        """Stop every node for ``why``, which each records as its reason."""
         self.console.info(f"{why}; stopping every node")
         self.stop_why = self.stop_why or stop_reason(why)
         for handle in self.handles:
@@ -399,10 +360,8 @@ class Gang:
             pass
 
     def await_finish(self) -> None:
-        """A kept run: until every keeper we can still hear has finished
-        (``poll`` gives the code of its ``finished`` event), bounded by the
-        grace period. A node we lost cannot tell us: its keeper stops on its
-        own, and waiting for its word would only add the bound."""
+        """A kept run: until every keeper we can still hear has finished, within
+        the grace period. A lost node's keeper stops on its own."""
         wait_all([h for h in self.handles if not h.partitioned], self.grace_s + 30.0)
 
     def _teardown(self) -> None:
@@ -429,11 +388,8 @@ class Gang:
 
 
     def _await_stopped(self, handles: list[NodeHandle], timeout_s: float) -> None:
-        """Until every node has ended, ``timeout_s``, or a second Ctrl-C.
-        A node that turns silent meanwhile (it went silent just before
-        another node's failure stopped the gang) is given up on at once, as
-        the rule gives up on one that is silent first: waiting out the grace
-        period for a stop it cannot hear would only delay the end."""
+        """Until every node has ended, ``timeout_s``, or a second Ctrl-C. A node
+        that turns silent meanwhile is given up on at once: it cannot hear the stop."""
         deadline = time.monotonic() + timeout_s
         while any(h.poll() is None for h in handles) and time.monotonic() < deadline \
                 and not self._hurried:
@@ -445,9 +401,8 @@ class Gang:
 
 
 def stopper(exc: BaseException, run: RunDir) -> str:
-    """Who stopped the run with ``exc`` (a ``KeyboardInterrupt``, or the CLI's
-    ``Signalled``): the words ``down`` left before its signal (its command
-    and host), else the signal to the controller, else Ctrl-C."""
+    """Who stopped the run: the words ``down`` left, else the signal to the
+    controller, else Ctrl-C."""
     asked = run.stop_request()
     if asked:
         return asked
@@ -465,9 +420,8 @@ def wait_all(handles: list[NodeHandle], timeout_s: float) -> None:
 
 
 def progress_line(node_rank: int, host: str, ranks: list[dict], wall: float) -> str:
-    """``--quiet``'s line for one node: its ranks' steps and its latest
-    progress (``progress.json``'s records of its ranks, ``wall`` now); a
-    rank that made none is counted as having no output, not as stalled."""
+    """``--quiet``'s line for one node; a rank with no progress counts as
+    having no output, not as stalled."""
     stamps = [r["last_progress"] for r in ranks if r["last_progress"] is not None]
     silent = len(ranks) - len(stamps)
     head = f"ddp-orch: node {node_rank} ({host}): {len(ranks)} rank(s)"

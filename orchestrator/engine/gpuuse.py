@@ -1,10 +1,6 @@
-"""Each rank's GPU while the run goes on, from the nodes' heartbeats.
-
-A node's supervisor samples its GPUs with every heartbeat (utilisation and
-memory, ``agent/node/gpus.sample``). Here the samples of one node are kept
-(``GpuUse``) and put on each rank (``rank_gpu``) for ``progress.json``,
-hence ``status`` and the progress line; and at the end the rank whose GPU
-sat far below the others is named (``idle_rank``), for the summary.
+"""Each rank's GPU while the run goes on, from the nodes' heartbeats:
+per rank for ``progress.json`` (``rank_gpu``), and at the end the rank
+whose GPU sat far below the others (``idle_rank``).
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ IDLE_MEDIAN_MIN = 20.0
 
 @dataclass
 class GpuUse:
-    """One node's GPU samples: the latest per GPU index, and the running
-    mean of utilisation and the peak memory over the run."""
+    """One node's GPU samples: the latest per index, mean utilisation, peak memory."""
 
     now: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
     util_sum: dict[int, float] = field(default_factory=dict)
@@ -31,8 +26,8 @@ class GpuUse:
     mem_peak: dict[int, int] = field(default_factory=dict)
 
     def add(self, sample: object) -> None:
-        """A heartbeat's ``gpus``: ``{"3": [util %, memory MiB]}``; anything
-        else in it is ignored (it crossed the network)."""
+        """A heartbeat's ``gpus``, ``{"3": [util %, memory MiB]}``; anything else
+        is ignored (it crossed the network)."""
         if not isinstance(sample, dict):
             return
         for key, value in list(sample.items())[:MAX_GPUS]:
@@ -58,8 +53,7 @@ def _count(value: object) -> bool:
 
 
 def rank_gpu(use: GpuUse, gpu: int | None) -> dict[str, Any]:
-    """What ``progress.json`` says of a rank's GPU ``gpu``: nothing for a
-    rank without one, or before its node's first sample."""
+    """What ``progress.json`` says of a rank's GPU; nothing before a sample."""
     if gpu is None or gpu not in use.now:
         return {}
     util, used = use.now[gpu]
@@ -70,8 +64,7 @@ def rank_gpu(use: GpuUse, gpu: int | None) -> dict[str, Any]:
 
 
 def idle_rank(ranks: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The rank whose GPU sat far below the others over the run, in words,
-    from ``progress.json``'s ranks (``gpu_util_mean``); None when no rank
+    """The rank whose GPU sat far below the others, in words; None when none
     stands out or fewer than two were sampled."""
     means = {int(rank): float(seen["gpu_util_mean"]) for rank, seen in ranks.items()
              if isinstance(seen, Mapping) and isinstance(seen.get("gpu_util_mean"), (int, float))

@@ -1,29 +1,11 @@
 """The controller's side of a kept run: start the keepers, judge from node 0's record.
 
-A kept run (``up --detach``, ``up --max-restarts N``) is held together by
-its nodes' keepers (``agent/kept/keeper.py``), not by the controller. Here the
-controller:
-
-* starts them: node 0's first (its reply is the gang's port), then the
-  rest at once, each with the node's supervisor spec, exactly the
-  dry-run's, and the run's random gang token;
-* follows each node's stream (``agent.out``, through ``serve``'s
-  ``follow``) with the same ``NodeHandle`` relay as an attached run, so the
-  output, the logs and the progress look the same;
-* returns when every node has started (``--detach``) or when every
-  keeper has finished, and builds the outcome from node 0's record of
-  every attempt.
-* reads a detached run's state back from its keepers' records for
-  ``status`` and ``ps`` (``kept_status``), with the same outcomes of
-  every attempt (``attempt_outcomes``).
-
-These are helpers of the one gang (``gang.py``, a run its keepers own), which
-follows the nodes in its one watch loop. ``attach`` is the same gang
-without the start: it follows what runs. Ctrl-C while attached with
-restarts stops the run (the attached rule); Ctrl-C in ``attach`` only
-leaves it. The keepers judge each attempt themselves, with the rule the
-controller uses (``agent/gangrule.py``), the hang rule included
-(``hang_timeout_s`` in ``keeper_spec``).
+A kept run (``up --detach``, ``--max-restarts N``) is held together by its
+nodes' keepers, not by the controller, which starts them (node 0's first:
+its reply is the gang's port), follows each node's stream with the same
+``NodeHandle`` relay as an attached run, and builds the outcome from the
+record node 0 keeps of every attempt. The keepers judge each attempt with
+the controller's rule (``agent/gangrule.py``), the hang rule included.
 """
 
 from __future__ import annotations
@@ -50,8 +32,7 @@ if TYPE_CHECKING:
 def keeper_spec(sup: SupervisorSpec, *, nnodes: int, token: str, master_addr: str,
                 gang_port: int, max_restarts: int, start_timeout_s: float,
                 hang_timeout_s: float | None = None) -> KeeperSpec:
-    """A node's keeper's spec: its supervisor's (the dry-run's, with the
-    run's owner), and the gang's."""
+    """A node's keeper's spec: its supervisor's and the gang's."""
     return KeeperSpec(sup, nnodes, start_timeout_s, GangPort(master_addr, gang_port, token),
                       max_restarts, hang_timeout_s)
 
@@ -65,7 +46,7 @@ class Keepers:
 
 def begin_kept(gang, by_rank: Mapping) -> None:
     """Start the keepers (unless attaching), then follow every node. On any
-    failure, keepers that nobody would follow are ended, and the channels closed."""
+    failure, keepers nobody would follow are ended and the channels closed."""
     try:
         if gang.keepers is not None:
             _start_keepers(gang, by_rank)
@@ -87,7 +68,7 @@ def begin_kept(gang, by_rank: Mapping) -> None:
 
 def _down_started(gang, by_rank: Mapping) -> None:
     """``down`` on every node whose keeper was started, over the channel
-    that started it (still answering requests: no ``follow`` was sent)."""
+    that started it (no ``follow`` sent yet, so it still answers)."""
     def down(k: int) -> None:
         node = by_rank[k].node
         by_rank[k].agent.call("down", run_id=gang.plan.run_id, node_rank=k,
@@ -135,11 +116,9 @@ def _start_keepers(gang, by_rank: Mapping) -> None:
 
 def contact_lost(gang) -> bool:
     """A node's follower gone or silent: True once the gang has acted on it.
-    Where the nodes own the run (detached, attach) the controller leaves it
-    to them; an attached kept run stops, as an attached run does: that
-    node's follower stops its keeper (``daemon.follow``: its controller is
-    silent, or gone), we stop the rest through theirs, and the outcome names
-    the node we lost (``kept_outcome``), not the stop it caused."""
+    Where the nodes own the run (detached, attach) we leave it to them; an
+    attached kept run stops, and the outcome names the node we lost, not the
+    stop it caused."""
     gone = [h for h in gang.handles if h.control is None and h.poll() is not None]
     silent = [h for h in gang.handles if h.silent and h not in gone]
     if not (gone or silent):
@@ -167,8 +146,8 @@ def contact_lost(gang) -> bool:
 
 
 def kept_outcome(gang, wall_s: float) -> RunOutcome:
-    """From node 0's record of every attempt (its ``finished`` event), or
-    while the run goes on (detached, left), what is known so far."""
+    """From node 0's record of every attempt, or what is known so far while
+    the run goes on."""
     plan = gang.plan
     for handle in gang.handles:
         if handle.control is not None:
@@ -218,11 +197,8 @@ def _so_far(handle, lost: Mapping[int, str] | None = None) -> NodeOutcome:
 
 def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
                      ) -> list[tuple[AttemptOutcome, tuple[NodeOutcome, ...]]]:
-    """Node 0's record of each attempt as outcomes; each node's part is its
-    supervisor's exit event, ``stop_asked`` when the head stopped it, or
-    ``lost`` when its keeper could not be heard. The record is checked first
-    (``agent/kept/records.py``): what is malformed is left out, with a line in
-    ``notes``."""
+    """Node 0's record of each attempt as outcomes. The record is checked
+    first: what is malformed is left out, with a line in ``notes``."""
     out = []
     for entry in clean_attempts(recorded, [] if notes is None else notes):
         nodes = []
@@ -253,12 +229,9 @@ def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
 
 def kept_status(record: "RunRecord", plan, replies: Mapping[int, dict],
                 unreachable: Mapping[int, str]) -> RunDescription:
-    """A live detached run as its nodes' keepers say it (``status``, ``ps``):
-    ``replies`` are the nodes' ``keeper`` replies (``kept/mailbox.state``),
-    ``unreachable`` why the others could not be asked. Node 0's keeper
-    records every attempt once the run is over, and the attempts' outcomes
-    come from that record (``attempt_outcomes``); until then each keeper
-    says how far its node is, and each rank's last step (``progress``)."""
+    """A live detached run as its nodes' keepers say it (``status``, ``ps``).
+    Once over, outcomes come from node 0's record; until then each keeper
+    says how far its node is. A bad record is a note, never a crash."""
     notes: dict[int, list[str]] = {k: [] for k in range(len(record.nodes))}
     # Each keeper's record, checked field by field: a node's bad record
     # is ignored with a note, never a crash of ``status`` or ``ps``.
@@ -306,9 +279,8 @@ def kept_status(record: "RunRecord", plan, replies: Mapping[int, dict],
 
 def _kept_progress(record: "RunRecord", replies: Mapping[int, dict],
                    kept_by: Mapping[int, dict]) -> tuple[dict, ...]:
-    """Each rank's last step as the live nodes' keepers recorded it (cleaned:
-    ``clean_keeper_state``), rank by rank, its time moved from the node's
-    clock to this one by what the node's clock said when it replied."""
+    """Each rank's last step as the live keepers recorded it, its times
+    moved from the node's clock to ours."""
     ranks = []
     for k, kept in kept_by.items():
         reply = replies[k]

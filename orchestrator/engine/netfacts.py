@@ -1,7 +1,6 @@
-"""What a node's network answers (node 0's ``bind``, each node's ``route``)
-mean for a run: its master port, and the interface its ranks use. Read
-alike by ``up`` (``backends/agentbackend.py``) and by ``check``
-(``checknet.py``), so that ``check`` proves the choice the launch makes."""
+"""What a node's network answers mean for a run: its master port and its
+ranks' interface. Read alike by ``up`` and ``check``, so that ``check``
+proves the choice the launch makes."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ from .agentlink import AgentHandle
 
 
 def bind_request(plan: RunPlan, hold: bool = False) -> dict:
-    """Node 0's ``bind`` request: the master port (0: any free one), in the
-    master address's family (``agent/node/probes.py``); ``hold``: a
-    launch's, kept bound on the node until torchrun's store takes it."""
+    """Node 0's ``bind`` request (port 0: any free one); ``hold``: keep it bound
+    until torchrun's store takes it."""
     return {"port": 0 if plan.master_port == AUTO_PORT else int(plan.master_port),
             "host": plan.master_addr, "hold": hold}
 
@@ -35,9 +33,8 @@ def master_port_from(plan: RunPlan, reply: dict) -> int:
 
 
 def route_request(plan: RunPlan, node: NodePlan) -> dict | None:
-    """The ``route`` request for ``node``'s agent (``agent/node/netroute.py``), or
-    None when its interface variables need nothing of the node: none waits
-    for ``auto`` and none the user set is to be checked."""
+    """The ``route`` request for ``node``'s agent, or None when its interface
+    variables need nothing of the node."""
     if not (needs_interface(node.env) or named_interfaces(node.env)):
         return None
     port = plan.master_port if isinstance(plan.master_port, int) else 0
@@ -46,10 +43,8 @@ def route_request(plan: RunPlan, node: NodePlan) -> dict | None:
 
 
 def slow_link(node: NodePlan, reply: dict) -> str | None:
-    """A warning where the interface chosen for ``node``'s ranks (``auto``,
-    the route to the master) is much slower than another of its links
-    (``agent/node/netroute.faster_link``), with the override; None where
-    the user named the interface or nothing faster is up."""
+    """A warning where ``auto`` chose an interface much slower than another
+    link the node has up; None where the user named it or none is faster."""
     faster = reply.get("faster")
     if not needs_interface(node.env) or not isinstance(faster, dict) or not reply.get("ok"):
         return None
@@ -69,10 +64,8 @@ def _speed(mbps: object) -> str:
 
 
 def interface_from(node: NodePlan, reply: dict) -> str | None:
-    """The interface ``node``'s ``auto`` variables get, from its agent's
-    ``route`` reply; LaunchError, listing what the node has, for an
-    interface the user set that the node lacks or a node with no route to
-    the rendezvous (the caller names the node, as ``on_all`` does)."""
+    """The interface ``node``'s ``auto`` variables get; LaunchError for a set
+    interface the node lacks, or no route to the rendezvous."""
     present = [str(n) for n in reply.get("interfaces") or ()]
     unknown = unknown_interfaces(node.env, present)
     if unknown:

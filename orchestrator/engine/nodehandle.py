@@ -33,18 +33,9 @@ LOST = 255
 
 
 class NodePhase(enum.IntEnum):
-    """How far a node's run has come: one value where there were six flags.
-
-    Ordered, and forward only (``NEXT``): the agent's events move it, and a
-    late or repeated event never moves it back. A node may skip phases (a run
-    without ``setup:`` goes from SUPERVISED to JOINED; torchrun's STARTED
-    implies JOINED), and a kept run's new attempt goes back to SET_UP, since
-    its torchrun starts afresh and its setup is done. Whether a node has
-    ended is its exit status (``NodeHandle.poll``), not a phase: an ended node
-    keeps the phase it reached, which the gang rule reads (had it started?).
-    What the controller asked of it is ``Ask``; facts about the node
-    (partitioned, timed out) and the relay's settings (kept, watch_output)
-    are neither, and are attributes of their own."""
+    """How far a node's run has come: forward only (``NEXT``), skipping allowed.
+    A kept run's new attempt goes back to SET_UP. An ended node keeps the
+    phase it reached, which the gang rule reads."""
 
     NEW = 0         # nothing asked of the node yet (the gang may never start it)
     SUPERVISED = 1  # its supervisor runs: its ``setup:``, if any, then torchrun
@@ -68,10 +59,7 @@ ATTEMPT_FROM = frozenset({NodePhase.SET_UP, NodePhase.JOINED, NodePhase.STARTED}
 
 
 class Ask(enum.IntEnum):
-    """What the controller asked of a node's run, the strongest so far: a
-    graceful stop, then a kill (which also closes its stdin, so its channel
-    is not reused). Apart from ``NodePhase``: a node asked to stop keeps the
-    phase it had reached."""
+    """What the controller asked of a node's run, the strongest so far."""
 
     NOTHING = 0
     STOP = 1
@@ -80,9 +68,7 @@ class Ask(enum.IntEnum):
 
 def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
                     grace_s: float, owner: Owner = Owner()) -> SupervisorSpec:
-    """What the node supervisor runs: the dry-run's env and argv, verbatim,
-    and the run's owner as the dry-run decided it; a Slurm job and a keeper
-    derive theirs from it."""
+    """What the node supervisor runs: the dry-run's env and argv, verbatim."""
     node = launch.node
     return SupervisorSpec(
         run_id=run_id, node_rank=node.node_rank, run_dir=node.run_dir,
@@ -101,11 +87,8 @@ def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
 
 
 class NodeHandle:
-    """Turns a node's agent into its supervisor and relays what it prints.
-
-    It talks to the node through its channel (``channel.NodeChannel``) only;
-    ``agent`` is what the gang was given for the node, for the requests
-    around the run (a kept run's ``detach`` and ``down``, ``close``)."""
+    """Turns a node's agent into its supervisor and relays what it prints;
+    ``agent`` serves the requests around the run (``detach``, ``down``)."""
 
     def __init__(self, launch: NodeLaunch, agent: NodeChannel, run: RunDir, console: Console,
                  on_change: Callable[[], None] = lambda: None):
@@ -158,9 +141,7 @@ class NodeHandle:
         self.log_mode = "ab"  # "wb": the stream is the node's whole log (attach from the start)
 
     def advance(self, to: NodePhase) -> bool:
-        """Move to phase ``to`` where ``NEXT`` allows it; False (and no
-        move) otherwise: an event out of order, or one repeated, changes
-        nothing (the node's events are its word, not ours)."""
+        """Move to ``to`` where ``NEXT`` allows it; an event out of order changes nothing."""
         if to not in NEXT[self.phase]:
             return False
         self.phase = to
@@ -193,15 +174,9 @@ class NodeHandle:
         self._relay.start()
 
     def _relay_output(self) -> None:
-        """Copy what the node prints to its log and the console; act on the
-        supervisor's control lines, up to its exit event.
-
-        Whole blocks of lines at a time: one log write and one console write
-        per read, not per line. Per-line relaying cost seconds of controller
-        CPU on a chatty job (bench/log_relay.py). Control lines always start
-        a line of their own (the supervisor sees to it). After the exit event
-        the channel is the agent's again (``release``); whatever followed it
-        goes back to the agent's reader.
+        """Copy the node's output to its log and the console, and act on control
+        lines up to the exit event. A block of lines per write: per-line relaying
+        cost seconds of CPU on a chatty job.
         """
         secrets = self.secrets
         lines = LineBuffer()
@@ -235,8 +210,7 @@ class NodeHandle:
         self.on_change()
 
     def _take_control(self, block: bytes) -> tuple[bytes, bytes]:
-        """Output lines of ``block`` (with notes about bad control lines) and
-        what follows the exit event, if it is in ``block``."""
+        """``block``'s output lines, and what follows the exit event if it is there."""
         if CONTROL_PREFIX not in block:
             return block, b""
         kept = []
@@ -252,9 +226,8 @@ class NodeHandle:
 
     def _on_event(self, line: bytes) -> bytes:
         """Act on a control line; a malformed one is logged, never trusted.
-        Decoded first, then secret values are masked in every string in it
-        (never in its framing: a "secret" may read like JSON) before
-        anything keeps or shows it."""
+        Secrets are masked in its decoded strings, never in its framing (a
+        "secret" may read like JSON)."""
         try:
             event = mask_strings(decode(line), self.secret_strings)
         except ProtocolError as exc:
@@ -287,9 +260,7 @@ class NodeHandle:
         return b""
 
     def _on_progress(self, progress: object) -> None:
-        """A heartbeat's {rank: [step, age_s]}, {rank: [step, age_s,
-        samples]} or {rank: [step, age_s, samples, compute_s, data_s]}
-        (``rank_progress``; the node's own clock for the age)."""
+        """A heartbeat's {rank: entry} (``rank_progress``; ages on the node's clock)."""
         if not isinstance(progress, dict):
             return
         now = time.monotonic()
@@ -309,8 +280,7 @@ class NodeHandle:
             _keep(self.pace, rank, entry.pace)
 
     def poll(self) -> int | None:
-        """torchrun's exit code once the node's run is over (its exit event,
-        or the channel's own status when it ended without one)."""
+        """torchrun's exit code once the run is over; None before."""
         if not self.supervising:
             return None
         code = self.control["code"] if self.control is not None else self.channel.poll()
@@ -324,8 +294,7 @@ class NodeHandle:
             self.channel.send_control(Control.GO)
 
     def stop(self, why: str = "") -> None:
-        """Ask the supervisor for a graceful teardown (SIGTERM, grace, SIGKILL);
-        ``why``: who stopped the run and why, the node's reason for its end."""
+        """Ask for a graceful teardown; ``why`` becomes the node's reason for its end."""
         if self.supervising and self.poll() is None and not self.stop_sent:
             self.asked = Ask.STOP
             self.channel.send_control(Control.STOP, why)
@@ -340,8 +309,7 @@ class NodeHandle:
 
     @property
     def heard_s(self) -> float:
-        """Seconds since the node was last heard (a loss past PEER_TIMEOUT_S
-        where the run's owner lets silence count: ``Owner.peer_timeout_applies``)."""
+        """Seconds since the node was last heard."""
         return time.monotonic() - self.last_heard
 
     def drain(self, timeout: float) -> None:
@@ -361,8 +329,7 @@ class NodeHandle:
 
     def release(self) -> AgentHandle | None:
         """After the exit event: give the channel back to the agent, for
-        fetching files. None when the channel is gone or was cut (or was
-        a kept run's follower, which ends with the stream)."""
+        fetching files; None when it is gone, cut or a kept run's follower."""
         if self.control is None or self.killed or self.channel.poll() is not None:
             return None
         return self.channel.release()
@@ -375,16 +342,12 @@ class NodeHandle:
 
     @property
     def unreachable(self) -> bool:
-        """Given up on (silent) or cut off: nothing more is asked of the node
-        after the run (no fetch, no sweep); its own agent ends what is left
-        there when it no longer hears us."""
+        """Given up on or cut off: nothing more is asked of the node after the run."""
         return self.partitioned or self.cut_off
 
     def give_up(self) -> None:
-        """Silent past the peer timeout (a partition, a frozen host): it
-        cannot hear a stop, and its agent gives up on us too. Its end is
-        dated when it was last heard: its silence began there, before any
-        failure it caused on the other nodes."""
+        """Silent past the peer timeout: it cannot hear a stop. Its end is
+        dated when last heard, before any failure it caused elsewhere."""
         if self.poll() is None:
             self.partitioned = True
             self.ended_at = time.time() - self.heard_s
@@ -430,13 +393,9 @@ class NodeHandle:
 
 
 class NodeLog:
-    """A node's log in the run directory, written as its relay reads it.
-
-    A log that cannot be written (the runs directory full, its disk gone
-    read-only) never stops the relay, which also carries the node's
-    heartbeats and its exit event: the trouble is said once, the output is
-    still shown, and writing resumes once there is room. Unbuffered, so a
-    failed write leaves nothing half-held to fail again."""
+    """A node's log, written as its relay reads it. A failed write (disk full)
+    never stops the relay, which also carries the exit event: the trouble is
+    said once, and writing resumes when it can."""
 
     def __init__(self, path: str, mode: str, say: Callable[[str], None]):
         self.path, self.say, self.trouble = path, say, ""
@@ -476,8 +435,8 @@ class NodeLog:
 
 def exit_outcome(node: NodePlan, control: dict, stop_sent: bool,
                  ended_at: float | None) -> NodeOutcome:
-    """How a node ended, from its supervisor's exit event: succeeded, stopped
-    (asked to, and not failed before that), or failed with the first failure."""
+    """How a node ended, from its exit event: succeeded, stopped (asked to,
+    and not failed before that), or failed with the first failure."""
     code = int(control.get("code", 1))
     failures = tuple(control.get("failures", ()))
     if code == 0:
@@ -500,15 +459,13 @@ def describe_survivors(survivors: list[dict]) -> str:
 
 
 def _signalled(control: dict) -> bool:
-    """The supervisor was told to stop by a signal (``got SIGTERM``): the
-    scheduler's teardown (scancel, srun --kill-on-bad-exit) or an operator's."""
+    """The supervisor was stopped by a signal: the scheduler's or an operator's."""
     return control.get("ended") == Ended.SIGNAL
 
 
 def _failed_on_its_own(control: dict) -> bool:
-    """Did the node fail before anyone asked it to stop? Then it is a
-    failure of its own, whatever the stop did next. A whole-second time
-    ``t`` means "during [t, t + 1)": only a second wholly before the stop counts."""
+    """Did the node fail before anyone asked it to stop? A whole-second time
+    ``t`` means "during [t, t + 1)", so only a second wholly before counts."""
     if control.get("ended") == Ended.ITSELF:
         return True
     stopped_at = control.get("stopped_at")
@@ -520,10 +477,8 @@ def _failed_on_its_own(control: dict) -> bool:
 
 def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
                     last_lines: list[str]) -> str:
-    """``torchrun exited 1; rank 2 (local rank 1) failed: RuntimeError: ...``
-    (``; the same on ranks 0, 1`` when other ranks failed with the same
-    message), or with no worker failure on record, torchrun's own last line
-    (say, no torch)."""
+    """``torchrun exited 1; rank 2 (local rank 1) failed: ...``, or with no
+    worker failure on record, torchrun's own last line."""
     if not failures and last_lines and last_lines[-1].startswith(AGENT_SAYS):
         return last_lines[-1][len(AGENT_SAYS):].strip()[-500:]  # torchrun never ran
     if not failures:

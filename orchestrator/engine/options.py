@@ -1,10 +1,7 @@
 """How to launch, from the command line: ``LaunchOptions``.
 
-A module of its own, with nothing but the standard library behind it, so
-that the CLI, the controller and the backends' capability checks name the
-options without loading the engine that acts on them (``engine/run.py``):
-``ddp-orch --help``, ``ps`` and ``up --dry-run`` stay a fraction of a
-second (``bench/cli_latency.py``).
+Stdlib only, so the CLI and the backends name the options without loading
+the engine: ``--help``, ``ps`` and ``up --dry-run`` stay fast.
 """
 
 from __future__ import annotations

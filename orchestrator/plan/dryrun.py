@@ -1,8 +1,5 @@
-"""What a backend will run, before it runs it: the dry-run is this object.
-
-A backend's ``dryrun(plan)`` builds a ``DryRun``; ``--dry-run`` renders it
-(``render.py``) and ``launch`` consumes the same object, so what the user
-previewed is what runs. (torchx calls it ``AppDryRunInfo``.)
+"""What a backend will run, before it runs it: ``--dry-run`` renders a ``DryRun``
+and ``launch`` consumes the same object, so what the user previewed is what runs.
 """
 
 from __future__ import annotations
@@ -56,18 +53,11 @@ class NodeLaunch:
 
 @dataclass(frozen=True)
 class ByHand:
-    """What starting the run by hand needs beyond each node's command: how
-    the backend reaches its nodes, as shell lines (``--format shell``,
-    ``plan/shell.py``). Shown only; launch never reads it.
-
-    ``reach``: node rank -> the argv that runs a command on that node from
-    this machine (``ssh ... HOST``); a node without one shares this
-    machine's files (a local node, a Slurm job's shared directory).
-    ``allocate``: a scheduler's argv that opens a shell holding the job's
-    nodes (``salloc ...``); ``step``: node rank -> the argv that runs a
-    command on that node from that shell (``srun ...``); ``master_host``:
-    the argv that prints node 0's address there, for a master address
-    known only once the job runs.
+    """How to reach the nodes by hand, as shell lines (``--format shell``); shown
+    only, launch never reads it. By node rank, ``reach`` runs a command on a node
+    from here (none: it shares this machine's files) and ``step`` from the shell
+    ``allocate`` opens (``srun``, ``salloc``); ``master_host`` prints node 0's
+    address there, for a master address known only once the job runs.
     """
 
     reach: Mapping[int, tuple[str, ...]] = field(default_factory=dict)

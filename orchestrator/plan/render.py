@@ -1,8 +1,5 @@
-"""Renderings of a ``DryRun``: text (dry-run), json, and shell lines (``shell.py``).
-
-All three read the ``DryRun`` a backend built, the same object its launch
-consumes. Secret-looking env values are masked (``secrets.py``); the shell
-lines take them from the nodes' environment instead.
+"""Renderings of a ``DryRun``: text, json and shell lines. Secret-looking env values
+are masked; the shell lines take them from the nodes' environment instead.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ def _port_text(plan: RunPlan) -> str:
 
 
 def render(info: DryRun, fmt: str, **shell: Any) -> str:
-    """``--dry-run --format FMT``: text, json or shell (``shell.py``, which
-    takes ``shell``: how to write the bundle)."""
+    """``--dry-run --format FMT``; ``shell``: how the shell lines write the bundle."""
     if fmt == "shell":
         return render_shell(info, **shell)
     return {"text": render_text, "json": render_json}[fmt](info)
@@ -97,9 +93,8 @@ def _world_size(plan: RunPlan) -> str:
 
 
 def _rank_table(plan: RunPlan) -> str:
-    """Each rank's node, host and GPU; the GPU's model and UUID once the
-    launch has them. A node whose GPUs are chosen at launch is one row
-    saying what it asked for."""
+    """Each rank's node, host and GPU (model and UUID once known); a node whose
+    GPUs are chosen at launch is one row saying what it asked for."""
     known = any(r.gpu_model for r in plan.ranks)
     rows = [("RANK", "NODE", "HOST", "LOCAL_RANK", "GPU", *(("MODEL", "UUID") if known else ()))]
     for node in plan.nodes:
@@ -158,10 +153,9 @@ def render_json(info: DryRun) -> str:
 
 
 def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
-    """A recorded run's dry-run (``plan.json``, from ``dryrun_to_dict``), read
-    back for ``attach``: the nodes' argv are recorded whole, so the entrypoint
-    is not rebuilt; masked env values stay masked. Raises KeyError,
-    TypeError or ValueError on a record that does not fit."""
+    """A recorded run's dry-run (``plan.json``), read back for ``attach``: argv as
+    recorded, masked env values still masked. Raises KeyError, TypeError or
+    ValueError on a record that does not fit."""
     from .model import Entrypoint, NodePlan, RankPlan, RunPlan
 
     when_changed = tuple(map(str, data.get("setup_when_changed") or ()))
@@ -201,8 +195,7 @@ def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
 
 
 def _code_rel(run_dir: str, code_root: object) -> str:
-    """A recorded node's code root, relative to its run directory ("code" in
-    records from before it was recorded)."""
+    """A recorded node's code root, relative to its run directory ("code" if unrecorded)."""
     if isinstance(code_root, str) and code_root.startswith(run_dir.rstrip("/") + "/"):
         return code_root[len(run_dir.rstrip("/")) + 1:]
     return "code"

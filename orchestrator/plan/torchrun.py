@@ -1,9 +1,6 @@
-"""The torchrun command line, built from plan facts in this one place.
-
-Whoever needs the port, the run directory or the process count reads the
-plan, not the argv. One reader edits it: a kept run's keeper swaps the
-values of ``--master-port`` and ``--log-dir`` for each restart
-(``keeper.attempt_spec``), by flag, before ``-m ddp_orch_shim``.
+"""The torchrun command line, built from plan facts in this one place: read the
+plan, not the argv. Only a kept run's keeper edits it, swapping ``--master-port``
+and ``--log-dir`` by flag for each restart (``keeper.attempt_spec``).
 """
 
 from __future__ import annotations
@@ -22,15 +19,10 @@ NPROC_AT_LAUNCH = "<chosen at launch>"
 def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
     """``python -m torch.distributed.run ...`` for ``node``, static rendezvous.
 
-    Each node passes its own ``--node-rank`` and ``--nproc-per-node``, which
-    is what makes heterogeneous layouts (3 + 4) number their ranks as prefix
-    sums. Workers write to files (``--redirects 3``), which the node agent
-    follows and relays as whole, rank-prefixed lines. Each worker runs the
-    user's program through the shim (``SHIM``), transparently, in the node's
-    code root (torchrun's working directory: ``node.code_root``), so the
-    program's words are the user's own (``train.py``, ``-m pkg.train``);
-    every path of ddp-orch's own here is absolute. A process count only
-    the launch knows is said so (``NPROC_AT_LAUNCH``), never a 0.
+    Per-node ``--node-rank`` and ``--nproc-per-node`` make a mixed layout (3 + 4)
+    number ranks as prefix sums. Workers write to files (``--redirects 3``) the
+    agent relays, and run the program through ``SHIM`` in ``node.code_root``, so
+    its words are the user's own; ddp-orch's own paths are absolute.
     """
     return (node.python, *TORCHRUN,
             "--nnodes", str(len(plan.nodes)), "--node-rank", str(node.node_rank),

@@ -1,8 +1,5 @@
-"""How a run and its nodes ended: one vocabulary, used everywhere.
-
-``RunState`` and ``NodeState`` are the only words for states: the backends
-produce them, ``state.json`` stores them (``store.py``), and ``ps``,
-``status``, ``logs``, ``down`` and the summary read them back.
+"""How a run and its nodes ended: ``RunState`` and ``NodeState`` are the only
+words for states, from the backends through ``state.json`` to every command.
 """
 
 from __future__ import annotations
@@ -140,17 +137,11 @@ def gang_outcome(run_id: str, nodes: tuple[NodeOutcome, ...], wall_s: float, *,
                  interrupted: bool) -> RunOutcome:
     """The run's state and root cause from its nodes' outcomes.
 
-    The root cause is the originating failure, by the best evidence there is,
-    in this order:
-
-    1. a node whose failures are not all peer-loss cascades (``CASCADE``:
-       a gloo "Connection closed by peer" after another rank died) comes
-       before one whose failures all are;
-    2. then the earliest failure time: the worker's error file or traceback
-       as written (sub-second), or torchrun's whole-second time rounded down
-       (a rank killed by a signal), or, for a node with no worker failure
-       (lost, not joined), when the controller last heard from it;
-    3. then the lower node rank.
+    The root cause is the originating failure, by the best evidence there is:
+    a node whose failures are not all peer-loss cascades (``CASCADE``) first,
+    then the earliest failure time (the worker's error file, sub-second; else
+    torchrun's, a whole second rounded down; else, for a node with no worker
+    failure, when the controller last heard from it), then the lower node rank.
     """
     failed = [o for o in nodes if o.state.failed]
     root = min(failed, key=lambda o: (is_cascade(o), o.first_failure_ts or float("inf"),

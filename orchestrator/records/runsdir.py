@@ -1,21 +1,9 @@
 """Which runs directory a command uses, wherever it is started from.
 
-A relative ``runs/`` made ``ps`` see nothing from any other directory. Now
-every command (``up``, ``ps``, ``status``, ``attach``...) finds the same
-one, the first of:
-
-1. ``--runs-dir DIR``, as given;
-2. the nearest ``runs/`` that ddp-orch made, in the current directory or
-   one above it, as git finds ``.git``: it holds ``MARKER``, written
-   whenever a run is created in it (a ``runs/`` from before the marker
-   counts too when a run directory in it holds a ``state.json``);
-3. ``$DDP_ORCH_RUNS_DIR``;
-4. ``$XDG_DATA_HOME/ddp-orch/runs``, by default
-   ``~/.local/share/ddp-orch/runs``.
-
-So runs kept beside a project are found from anywhere inside it, and the
-rest go to one place of the user's, found from anywhere at all. ``ps``
-says which one it read, and why (``RunsDir.source``).
+The first of: ``--runs-dir``; the nearest ``runs/`` of ddp-orch
+(``is_runs_dir``) at or above the current directory, as git finds
+``.git``; ``$DDP_ORCH_RUNS_DIR``; ``user_default``. So runs kept beside a
+project are found from anywhere inside it, and the rest from anywhere at all.
 """
 
 from __future__ import annotations
@@ -88,8 +76,8 @@ def find_above(start: str) -> str | None:
 
 
 def is_runs_dir(path: str) -> bool:
-    """Whether ``path`` is a runs directory ddp-orch made: it holds ``MARKER``,
-    or (made before the marker) a run directory with a ``state.json``."""
+    """Whether ddp-orch made ``path``: it holds ``MARKER``, or (made before
+    the marker) a run directory with a ``state.json``."""
     if os.path.isfile(os.path.join(path, MARKER)):
         return True
     try:
@@ -102,13 +90,9 @@ def is_runs_dir(path: str) -> bool:
 
 
 def mark(runs_dir: str) -> None:
-    """Leave ``MARKER`` in ``runs_dir`` so that ``find_above`` finds it, and,
-    with it, a ``.gitignore`` of everything: a ``runs/`` made inside a git
-    project ignores itself, as a venv does (a runs directory is logs,
-    bundles and results, never source). Both only once, when ddp-orch first
-    uses the directory, so a ``.gitignore`` the user changed or removed
-    later stays as they left it. Best effort (a read-only runs directory
-    still holds runs)."""
+    """Leave ``MARKER`` in ``runs_dir`` and a ``.gitignore`` of everything (a
+    runs directory is never source), once only, so a ``.gitignore`` the user
+    changed later stays. Best effort: a read-only runs directory still works."""
     if _create(os.path.join(runs_dir, MARKER), MARKER_TEXT):
         _create(os.path.join(runs_dir, ".gitignore"), GITIGNORE_TEXT)
 

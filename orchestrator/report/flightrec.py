@@ -1,14 +1,7 @@
 """What a hung run's flight recorder dumps say: which rank, and which
-collective by its sequence number, was missing.
-
-Each rank's dump (``nccl_trace/node-K/rank-R``, brought home from the node
-that torch or the worker shim wrote it on) is torch's pickle of plain
-dicts, lists and numbers. It crossed from a node, so it is read with an
-unpickler that builds no object but those (``read_dump``), under a size cap.
-``missing_collective`` compares the ranks' process groups: a rank whose
-last issued collective is behind the others' is the one that never called
-the next; every rank having issued the same one that none completed is a
-collective that hangs in the library (the network, P2P).
+collective by its sequence number, was missing. A dump is torch's pickle of
+plain data from a node, so it is read with an unpickler that builds nothing
+else (``read_dump``), under a size cap.
 """
 
 from __future__ import annotations
@@ -25,8 +18,7 @@ TRACE_DIR = "nccl_trace"
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, strings and numbers only: a dump names
-    no class (torch's writer emits none), and one that does is not read."""
+    """Builds plain data only: torch's writer names no class; a dump that does is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"a flight recorder dump names {module}.{name}")
@@ -44,8 +36,7 @@ def read_dump(data: bytes) -> dict | None:
 
 
 def read_run(run_path: str) -> dict[int, dict | None]:
-    """{global rank: its dump (None: unreadable)} of every dump the run
-    brought home (``nccl_trace/node-K/rank-R``)."""
+    """{global rank: its dump (None: unreadable)} of every dump brought home."""
     out: dict[int, dict | None] = {}
     root = os.path.join(run_path, TRACE_DIR)
     try:
@@ -71,9 +62,8 @@ def read_run(run_path: str) -> dict[int, dict | None]:
 
 
 def _groups(dump: dict) -> dict[str, dict]:
-    """{process group id: {"name", "last", "names": {seq: collective}}}
-    from a dump's entries (a pg_status, where torch wrote one, wins for the
-    last sequence number issued)."""
+    """{process group id: {"name", "last", "completed", "names": {seq: collective}}}
+    of a dump's entries; its pg_status, where torch wrote one, wins."""
     groups: dict[str, dict] = {}
     for entry in dump.get("entries") or ():
         if not isinstance(entry, dict) or entry.get("is_p2p"):
@@ -108,10 +98,9 @@ def _pg_name(entry: dict) -> str:
 
 def missing_collective(dumps: Mapping[int, dict | None], world_size: int | None = None
                        ) -> list[str]:
-    """One line per finding, from every rank's dump: the ranks whose last
-    collective in a process group is behind the others' (they never issued
-    the next, by its sequence number and name), or a collective that every
-    rank issued and none completed; and the ranks that left no dump."""
+    """One line per finding: the ranks whose last collective in a process group
+    is behind the others' (they never issued the next), a collective every rank
+    issued and none completed (a hang in the library), and ranks with no dump."""
     lines: list[str] = []
     readable = {rank: dump for rank, dump in dumps.items() if dump is not None}
     groups = {rank: _groups(dump) for rank, dump in readable.items()}

@@ -1,5 +1,4 @@
-"""A run's GPUs as its recorded plan (``plan.json``) has them, for
-``status``, ``status --json``/``ps --json`` and the summary alike."""
+"""A run's GPUs as its recorded plan (``plan.json``) has them."""
 
 from __future__ import annotations
 
@@ -8,9 +7,8 @@ from typing import Any
 
 
 def node_gpus(planned: dict | None) -> dict[str, Any]:
-    """A node's GPUs as its recorded plan (``plan.json``) has them: indices,
-    the request they were chosen by, their models and UUIDs (what a GPU
-    monitor such as DCGM keys on); nulls where none."""
+    """A node's recorded GPUs: indices, the request that chose them, models and
+    UUIDs (what a GPU monitor such as DCGM keys on); nulls where none."""
     planned = planned or {}
     gpus = planned.get("gpus")
     ok = isinstance(gpus, list) and all(isinstance(i, int) and not isinstance(i, bool)
@@ -27,10 +25,8 @@ def _strings(value: object) -> list[str]:
 
 
 def gpu_lines(plan: object) -> list[str]:
-    """Each GPU node's GPUs as the launch recorded them: ``node 0 (gpu01):
-    GPUs 3,4,5 (free:3), 3x NVIDIA H100 80GB HBM3``. A CPU rehearsal's
-    plain list says nothing new (the indices are CPU processes), so its
-    nodes are named only where the GPUs were chosen or looked at."""
+    """Each GPU node's GPUs as the launch recorded them. A CPU rehearsal's nodes
+    are named only where GPUs were chosen or looked at: its indices are processes."""
     lines = []
     rehearsal = isinstance(plan, dict) and plan.get("device") == "cpu"
     for node in _nodes(plan):
@@ -43,12 +39,9 @@ def gpu_lines(plan: object) -> list[str]:
 
 
 def rank_lines(plan: object) -> list[str]:
-    """Which ranks went where, a line per node, in the plan's order (rank i
-    of a node on its i-th GPU): ``ranks 0-2: node 0 (gpu01), GPUs 3,4,5
-    (free:3), 3x NVIDIA H100 80GB HBM3``; what ``up`` says once the nodes
-    have chosen, before the first rank's output. A node without indices
-    runs CPU processes, or, on a GPU run, one process per GPU its
-    scheduler allocates (``nodes: {count: N, gpus: G}``)."""
+    """Which ranks went where, a line per node (rank i of a node on its i-th GPU),
+    as ``up`` says once the nodes have chosen. A node without indices runs CPU
+    processes or, on a GPU run, one per GPU its scheduler allocates."""
     device = plan.get("device") if isinstance(plan, dict) else None
     lines = []
     for node in _nodes(plan):

@@ -1,8 +1,5 @@
-"""PNG plots for ``ddp-orch compare`` (matplotlib, imported only here).
-
-matplotlib is an optional extra (``pip install 'ddp-orch[report]'``); when
-it is missing, compare still writes report.md and report.json and says so.
-"""
+"""PNG plots for ``ddp-orch compare``. matplotlib is an optional extra, imported
+only here; without it, compare still writes report.md and report.json."""
 
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ COLORS = ("#4C72B0", "#DD8452", "#937860")
 
 def write_plots(report: dict[str, Any], runs: list[dict[str, Any]],
                 directory: str) -> list[str]:
-    """Write the figures into ``directory`` (four, and the per-rank step
-    times when the DDP run reported them); returns their file names. Each
-    shows every one of ``runs``: the baseline, node 0 alone where it ran,
-    the cluster."""
+    """Write the figures into ``directory``, each showing every one of ``runs``;
+    returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed

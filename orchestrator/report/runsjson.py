@@ -1,14 +1,9 @@
 """``ps --json`` and ``status --json``: recorded runs for scripts.
 
-The shape is a promise to scripts: ``schema/ps.schema.json`` and
-``schema/status.schema.json`` describe it (``docs/runs-json.md`` explains
-it), and a test checks real outputs against them. Keys may be added;
-renaming or removing one, or changing what it holds, raises ``VERSION``.
-
-Times are seconds since the epoch (``time.time()``); durations are
-seconds. A run's ``exit_code`` is what ``up`` or ``attach`` exits with
-for its outcome (0 succeeded, 1 failed, 130 interrupted; null while it
-runs); each node's is its torchrun's.
+The shape is a promise (``schema/ps.schema.json``, ``schema/status.schema.json``):
+keys may be added; renaming or removing one, or changing what it holds, raises
+``VERSION``. Times are seconds since the epoch, durations seconds. A run's
+``exit_code`` is what ``up`` exits with (null while it runs); a node's, torchrun's.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ _EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.INTERRUPTED: 
 
 
 def ps_json(records: list[RunRecord], where: RunsDir) -> dict[str, Any]:
-    """``ps --json``: the runs directory read, and why, then every run in it,
-    newest first."""
+    """``ps --json``: the runs directory read, and why, then its runs, newest first."""
     return {"version": VERSION, "runs_dir": where.shown, "runs_dir_source": where.source,
             "runs": [run_json(r, RunDescription(r.state, r.outcomes, r.root_cause,
                                                 attempts=r.attempts)) for r in records]}
@@ -98,8 +92,7 @@ def _attempt(attempt: AttemptOutcome) -> dict[str, Any]:
 
 
 def _result(record: RunRecord) -> dict[str, Any] | None:
-    """Rank 0's result as brought home (``result.json``): where it is, its
-    world size, metrics and timing; null until it is home."""
+    """Rank 0's ``result.json`` as brought home; null until it is home."""
     result = record.run.result()
     if not isinstance(result, dict):
         return None
@@ -112,7 +105,6 @@ def _result(record: RunRecord) -> dict[str, Any] | None:
 
 
 def _with_marks(ranks: list[dict]) -> list[dict]:
-    """Each rank with ``straggler``: why it holds the gang back (``report/pace.py``'s
-    rule, as ``status`` and ``top`` apply it), or null."""
+    """Each rank with ``straggler``: why it holds the gang back (``marked``), or null."""
     slow = marked(ranks)
     return [{**rank, "straggler": slow.get(rank["rank"])} for rank in ranks]

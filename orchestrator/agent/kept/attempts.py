@@ -1,17 +1,10 @@
 """Node 0's record of a kept run's attempts, bounded by construction.
 
-The head keeps one record per attempt (``head.Head``): each node's exit
-record as it reported it, capped field by field (``compact``), so one record
-is bounded whatever a node sent. What one ``finished`` line or one
-keeper.json (the ``keeper`` reply) carries of them is cut to
-``ATTEMPTS_BUDGET`` bytes, the oldest detail first (``fit_attempts``), and
-past ``FULL_ATTEMPTS`` an old attempt keeps less detail (``shrink``), so the
-memory a long run holds is bounded too. The nodes most likely to be the root
-cause (``failed_itself``) keep their detail longest. The controller reads the
-records back with ``records.py``'s checks and builds the attempts' outcomes
-from them (``engine/keptgang.attempt_outcomes``).
-
-Stdlib only, like the rest of the agent package.
+Each node's exit record is capped field by field (``compact``), whatever it
+sent. What one ``finished`` line or keeper.json carries is cut to
+``ATTEMPTS_BUDGET`` bytes, oldest detail first (``fit_attempts``), and past
+``FULL_ATTEMPTS`` old attempts keep less (``shrink``), so a long run's memory
+is bounded too. Likely root causes (``failed_itself``) keep detail longest.
 """
 
 from __future__ import annotations
@@ -31,9 +24,7 @@ ATTEMPTS_BUDGET = MAX_CONTROL_LINE // 2
 
 
 def compact(event: dict) -> dict:
-    """A node's exit record, capped (``MAX_*``) for the attempts node 0 keeps:
-    only the fields the outcome is built from, each of a known type and
-    size, so one record is bounded whatever a node sent."""
+    """A node's exit record, capped (``MAX_*``): only the outcome's fields, checked."""
     out: dict = {} if _int(event.get("code")) is None else {"code": event["code"]}
     out["duration_s"] = _num(event.get("duration_s")) or 0
     if _num(event.get("stopped_at")) is not None:
@@ -82,8 +73,7 @@ def _failure(failure: dict, size: int) -> dict:
 
 def failed_itself(entry: dict) -> bool:
     """A node record that may be the root cause: lost, or failed before it
-    was asked to stop (the controller's rule, ``exit_outcome``: torchrun
-    ended on its own, or a failure is stamped before the stop)."""
+    was asked to stop (the controller's rule, ``exit_outcome``)."""
     if "lost" in entry or entry.get("hung"):
         return True
     if entry.get("code") in (0, None):
@@ -98,8 +88,7 @@ def failed_itself(entry: dict) -> bool:
 
 
 def _brief(entry: dict, failures: int = 1, text: int = BRIEF_TEXT) -> dict:
-    """A node record with its detail dropped, still a whole exit record (the
-    controller checks it as one): the outcome, and ``failures`` failures."""
+    """A node record without its detail, still a whole exit record."""
     if "lost" in entry:
         return {"lost": str(entry["lost"])[:text]}
     out = {k: entry[k] for k in ("code", "ended", "stop_asked", "stopped_at", "stepped",
@@ -115,10 +104,8 @@ def _brief(entry: dict, failures: int = 1, text: int = BRIEF_TEXT) -> dict:
 
 
 def shrink(record: dict, level: int) -> dict:
-    """An attempt's record with less detail: level 1, every node's record
-    brief; level 2, the nodes that failed by themselves or were lost (the
-    root cause is among them) brief, the others bare (their outcome only);
-    level 3, only the nodes that failed by themselves or were lost."""
+    """An attempt's record with less detail: level 1, every node brief; level 2,
+    only ``failed_itself`` nodes brief, the others bare; level 3, only those."""
     nodes = dict(record.get("nodes") or {})
     kept = {k: _brief(e) if level == 1 or failed_itself(e) else _brief(e, 0, 80)
             for k, e in nodes.items() if level < 3 or failed_itself(e)}
@@ -133,16 +120,10 @@ def _size(value) -> int:
 
 
 def fit_attempts(attempts: list[dict], budget: int = ATTEMPTS_BUDGET) -> tuple[list[dict], int]:
-    """The attempts' records, cut to ``budget`` bytes of JSON, the oldest
-    detail first; and how many of the oldest records had to go entirely.
-
-    In order, until they fit: every attempt but the last with brief node
-    records, oldest first; then with only the nodes that failed by
-    themselves or were lost in detail and the others bare; then the last
-    attempt (the run's outcome, node by node) brief; then the oldest
-    attempts dropped; then the last attempt at less detail, then with only
-    its failed and lost nodes, then without its nodes from the highest rank
-    down (``nodes_omitted`` counts them)."""
+    """The attempts' records cut to ``budget`` bytes of JSON, and how many of
+    the oldest were dropped. Cut until they fit: older attempts shrunk, oldest
+    first; then the last (the run's outcome) brief; then the oldest dropped;
+    then the last shrunk further, its nodes dropped from the highest rank."""
     out = list(attempts)
     sizes = [_size(a) for a in out]
 

@@ -1,21 +1,10 @@
 """A kept run's mailbox: its run directory, where the keeper and whoever
-asks of it (``down``, a follower, the controller's ``keeper`` request)
-meet without a channel.
+asks of it (``down``, a follower, the controller) meet without a channel.
 
-* ``keeper.json`` (``layout.KEEPER_STATE``): the keeper's pid and start
-  time, its state and every attempt. The keeper is found by these, never by
-  name (``keeper_pid``).
-* ``follower.lock`` (``layout.FOLLOWER_LOCK``): held, shared, by every
-  attached follower for as long as it runs. The kernel drops it however the
-  follower ends (``kill -9`` included), so the keeper sees it go
-  (``follower_present``) and stops the gang itself.
-* the stop request (``layout.STOP_REQUEST``): a signal does not say who
-  sent it, so the sender leaves its reason first (the first one stays), and
-  the keeper records "stopped by `ddp-orch down` from HOST" where it would
-  say only "got SIGTERM" (``signal_keeper``).
-
-Files here are opened with ``O_NOFOLLOW``: a symlink planted in the run
-directory is refused, never written through.
+The keeper is found by its recorded pid and start time, never by name.
+Every attached follower holds ``layout.FOLLOWER_LOCK``: the kernel drops it
+however the follower ends (``kill -9`` too), so the keeper sees it go.
+Files are opened with ``O_NOFOLLOW``: a planted symlink is refused.
 """
 
 from __future__ import annotations
@@ -33,8 +22,7 @@ DOWN_REASON = "stopped by `ddp-orch down`"  # down says from where (its ``why``)
 
 
 def recorded(run_dir: str) -> dict | None:
-    """The keeper's ``keeper.json`` here (None: there is none); OSError or
-    ValueError when it cannot be read."""
+    """``keeper.json`` here, or None; OSError or ValueError if unreadable."""
     try:
         fd = os.open(os.path.join(run_dir, layout.KEEPER_STATE), os.O_RDONLY | os.O_NOFOLLOW)
         with open(fd, encoding="utf-8") as fh:
@@ -47,9 +35,8 @@ def recorded(run_dir: str) -> dict | None:
 
 
 def _live_pid(record: dict | None) -> int | None:
-    """The recorded keeper's pid, if that very process still runs (pid and
-    start time as recorded, and not a zombie: a daemon's reaper, a
-    container's pid 1 say, may reap it late or never)."""
+    """The recorded keeper's pid, if that very process still runs (same start
+    time, not a zombie: a container's pid 1 may reap it late or never)."""
     try:
         pid = int(record["pid"])  # type: ignore[index]
     except (KeyError, TypeError, ValueError):
@@ -68,8 +55,7 @@ def keeper_pid(run_dir: str) -> int | None:
 
 
 def state(run_dir: str) -> dict:
-    """``serve``'s ``keeper``: the keeper's record here, whether it still runs,
-    and this node's clock (``now``: its record's times are on it)."""
+    """``serve``'s ``keeper``: the record, whether it runs, and ``now`` (its clock)."""
     try:
         record = recorded(run_dir)
     except (OSError, ValueError) as exc:
@@ -101,8 +87,7 @@ def follower_present(run_dir: str) -> bool:
 
 
 def signal_keeper(run_dir: str, sig: int = signal.SIGTERM, why: str = "") -> int | None:
-    """Signal the run's keeper; ``why`` (who asks, and why) is left for it
-    first (``stop_request``)."""
+    """Signal the run's keeper, leaving ``why`` (who asks) for it first."""
     pid = keeper_pid(run_dir)
     if pid is not None:
         if why:
@@ -132,8 +117,7 @@ def leave_stop_request(run_dir: str, why: str) -> None:
 
 
 def stop_request(run_dir: str) -> str:
-    """Why the keeper was asked to stop, as its sender left it ("" if none):
-    one line of printable text, capped."""
+    """Why the keeper was asked to stop ("" if none): one printable line."""
     try:
         fd = os.open(os.path.join(run_dir, layout.STOP_REQUEST), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -144,8 +128,7 @@ def stop_request(run_dir: str) -> str:
 
 
 def stop(run_dir: str, wait_s: float, why: str = DOWN_REASON) -> int | None:
-    """SIGTERM the keeper and wait for it to tear its node down (``down``;
-    ``why``: who asks, which the keeper records)."""
+    """SIGTERM the keeper and wait for it to tear its node down."""
     pid = signal_keeper(run_dir, why=why)
     deadline = time.monotonic() + wait_s
     while pid is not None and keeper_pid(run_dir) == pid and time.monotonic() < deadline:

@@ -1,16 +1,9 @@
 """The shape of a kept run's records, checked wherever they are read.
 
-Node 0's keeper keeps the gang's attempts (``head.py``, ``attempts.py``) and every keeper
-its state (``keeper.json``); the controller reads them back from the
-``finished`` line, the ``keeper`` reply (``status``, ``ps``) and ``attach``.
-They come from a node and from a file on it, so they are checked field by
-field like any control message (``protocol.validate``): a field of the
-wrong type, a time that is no time (``1e300``, ``NaN``), an attempt or a
-node's part that is not a record, is dropped, and a note says so. What is
-left is safe to use with plain indexing; a reader never raises on a node's
-bad record.
-
-Stdlib only, like the rest of the agent package.
+They come from a node, so they are checked field by field like any control
+message: a field of the wrong type, a time that is no time (``1e300``,
+``NaN``), a part that is not a record, is dropped with a note. What is left
+is safe to index; a reader never raises on a node's bad record.
 """
 
 from __future__ import annotations
@@ -76,8 +69,7 @@ def clean_part(part: Any, what: str, notes: list[str]) -> dict | None:
 
 
 def clean_attempts(attempts: Any, notes: list[str]) -> list[dict]:
-    """Node 0's attempts, each checked (``_ATTEMPT_FIELDS``) with each node's
-    part (``clean_part``); what fails is dropped, and ``notes`` says what."""
+    """Node 0's attempts, checked; what fails is dropped, with a note."""
     if not isinstance(attempts, list):
         notes.append("ignored node 0's attempts: not a list")
         return []
@@ -101,8 +93,7 @@ def clean_attempts(attempts: Any, notes: list[str]) -> list[dict]:
 
 
 def clean_keeper_state(recorded: Any, notes: list[str]) -> dict | None:
-    """A keeper's ``keeper.json`` as read: None if it is not a record, else
-    its fields checked (``_KEEPER_FIELDS``) and its attempts cleaned."""
+    """A keeper's ``keeper.json`` as read, checked (None: not a record)."""
     if recorded is None:
         return None
     if not isinstance(recorded, dict):
@@ -117,11 +108,8 @@ def clean_keeper_state(recorded: Any, notes: list[str]) -> dict | None:
 
 
 def clean_progress(progress: dict, notes: list[str]) -> dict[str, dict]:
-    """A keeper's ranks' last steps: ``{rank: {"step", "last_progress"}}``,
-    each rank's record whole (both fields, of their type) or dropped, with
-    ``last_output`` and ``samples`` where each is good, its ``compute_s`` and
-    ``data_s`` where both are, and
-    its GPU (``gpu``, ``gpu_util``, ``gpu_mem_mib``) where all three are good."""
+    """A keeper's ranks' last steps: a rank without a good ``step`` and
+    ``last_progress`` is dropped; the pace and GPU fields come all or none."""
     out = {}
     for rank, seen in progress.items():
         what = f"the keeper's progress of rank {shown(rank)}"

@@ -1,12 +1,8 @@
 """What a node's keeper is started with, typed: ``KeeperSpec``.
 
-The controller builds one per node (``engine/keptgang.keeper_spec``) around
-the node's ``SupervisorSpec``; it crosses the wire as JSON (``to_dict``, in
-``serve``'s ``detach``) and is checked on arrival (``from_dict``), before
-the keeper forks: a bad spec is a ``SpecError`` naming the field, never a
-KeyError inside a daemon nobody watches.
-
-Stdlib only, like the rest of the agent package.
+It crosses the wire as JSON and is checked before the keeper forks: a bad
+spec is a ``SpecError`` naming the field, never a KeyError inside a daemon
+nobody watches.
 """
 
 from __future__ import annotations
@@ -43,9 +39,7 @@ class KeeperSpec:
 
     @property
     def owner(self) -> Owner:
-        """The run's owner, the keepers (its supervisor spec's): detached, the
-        nodes own the run and the controller may come and go; attached, the
-        controller's follower holds it too."""
+        """The run's owner, the keepers (attached: the controller's follower too)."""
         return self.supervisor.owner
 
     def to_dict(self) -> dict:
@@ -57,8 +51,7 @@ class KeeperSpec:
 
     @classmethod
     def from_dict(cls, data: object) -> "KeeperSpec":
-        """The spec ``data`` describes; SpecError naming the first field that
-        is missing or not what it must be."""
+        """The spec ``data`` describes; SpecError naming the first bad field."""
         if not isinstance(data, dict):
             raise SpecError(f"bad keeper spec: not an object: {str(data)[:200]}")
         why = fields.why_bad(data, _FIELDS)

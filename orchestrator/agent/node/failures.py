@@ -1,14 +1,10 @@
-"""A node's worker failures, from what torchrun leaves: error files, its
-summary, and each rank's own stderr.
+"""A node's worker failures, from torchrun's error files, its summary and
+each rank's own stderr.
 
-torchrun writes an error file only for scripts decorated with ``@record``,
-which few are; otherwise its summary names one failed rank with a useless
-"To enable traceback see ..." and a whole-second time. So each failure is
-refined from the failing rank's ``stderr.log``: its last exception line as
-the message, and the file's modification time (sub-second: when the
-traceback was written) as the time. A rank killed by a signal writes no
-traceback; it keeps the summary's time, rounded down, which is never later
-than the real death. ``records/outcome.py`` orders failures by these times.
+torchrun writes error files only for ``@record`` scripts, and its summary
+has a useless message and a whole-second time. So a failure is refined from
+the rank's ``stderr.log``: its last exception line, and its sub-second write
+time. A rank killed by a signal keeps the summary's time, rounded down.
 """
 
 from __future__ import annotations
@@ -33,11 +29,8 @@ MAX_MESSAGE = 2000  # characters of a failure's message kept: its end, where the
 
 def collect(run_dir: str, torchrun_tail: list[str], log_dir: str | None = None,
             mask: Callable[[str], str] = lambda text: text) -> list[dict]:
-    """Worker failures, earliest first: ``local_rank``, ``message``,
-    ``timestamp`` (float), ``error_file`` (relative to ``run_dir``, or None).
-    ``log_dir`` is torchrun's (default ``RUN_DIR/torchrun``). Each message
-    is masked (``mask``) *before* it is cut to ``MAX_MESSAGE``: a secret
-    that straddled the cut would otherwise keep its tail in clear."""
+    """Worker failures, earliest first, each message masked *before* the cut
+    to ``MAX_MESSAGE``: a secret cut in two would keep its tail in clear."""
     found = _collect(run_dir, torchrun_tail, log_dir)
     return [dict(f, message=mask(f["message"])[-MAX_MESSAGE:]) for f in found]
 
@@ -90,9 +83,7 @@ def _refine(log_dir: str, failure: dict) -> dict:
 
 
 def _from_stderr(log_dir: str) -> list[dict]:
-    """Every rank that ended on an exception, from its stderr alone: for when
-    torchrun left neither error files nor a summary (it was stopped while
-    handling its workers' failure)."""
+    """Ranks that ended on an exception, from stderr alone (torchrun left nothing)."""
     out = []
     for path in glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "stderr.log")):
         traceback = _last_exception(path)
@@ -125,8 +116,7 @@ def _last_exception(path: str) -> tuple[str, float] | None:
 
 
 def _last_line(path: str) -> str:
-    """The last line a rank wrote to its stderr (``train.py: error:
-    unrecognized arguments: --x``, as argparse says before exit 2), or ""."""
+    """The last line a rank wrote to its stderr (argparse's, before exit 2), or ""."""
     try:
         with open(path, "rb") as fh:
             fh.seek(max(0, os.path.getsize(path) - STDERR_TAIL))
@@ -138,8 +128,7 @@ def _last_line(path: str) -> str:
 
 
 def _user_frame(traceback_lines: list[str]) -> str:
-    """``train.py:42``: the innermost frame outside installed packages and
-    the stdlib (else the innermost frame at all), or ""."""
+    """``train.py:42``: the innermost frame of the user's code (else any), or ""."""
     frames = [m for m in map(_FRAME_LINE.match, traceback_lines) if m]
     own = [m for m in frames if not re.search(r"/(site|dist)-packages/|/lib/python3", m.group(1))]
     where = (own or frames or [None])[-1]

@@ -1,12 +1,8 @@
 """The variables that select the interface for Gloo's and NCCL's own
-connections: their names, the value that selects one interface, and the
-interfaces a user's value requires.
+connections, and the interfaces a user's value requires.
 
-The node finds the interface itself (``netroute.route``); the plan decides
-who sets these variables (``plan/network.py``) and writes ``auto`` until the
-node has found it. Pure, apart from ``netroute``'s socket work, so the
-dry-run reads these without loading it. Stdlib only, like the rest of the
-agent package.
+The plan writes ``auto`` until the node has found its interface. Pure (no
+socket work), so the dry-run reads it without ``netroute``.
 """
 
 from __future__ import annotations
@@ -32,10 +28,8 @@ def resolve_interfaces(env: Mapping[str, str], ifname: str | None) -> dict[str, 
 
 
 def named_interfaces(env: Mapping[str, str]) -> dict[str, list[str]]:
-    """{variable: interface names it requires to exist}, for the values the
-    user set. Gloo takes a comma-separated list of exact names; NCCL a list
-    of prefixes (``eth`` matches ``eth0``), ``=`` for exact names, ``^``
-    for exclusions (never required, so not checked)."""
+    """{variable: interface names it requires}, for the values the user set:
+    Gloo's are exact names, NCCL's prefixes (``=``: exact; ``^``: excluded, unchecked)."""
     out = {}
     for var in IFNAME_VARS:
         value = env.get(var)
@@ -46,8 +40,7 @@ def named_interfaces(env: Mapping[str, str]) -> dict[str, list[str]]:
 
 
 def unknown_interfaces(env: Mapping[str, str], present: list[str]) -> list[str]:
-    """``VAR=VALUE`` for each user-set variable that names no interface of
-    the node, whose interfaces are ``present``."""
+    """``VAR=VALUE`` for each user-set variable that names no interface in ``present``."""
     bad = []
     for var, names in named_interfaces(env).items():
         exact = var == GLOO_IFNAME or env[var].startswith("=")

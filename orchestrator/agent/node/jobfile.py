@@ -1,13 +1,8 @@
 """A scheduler job's file (``job.json``), typed: ``JobSpec``.
 
-The scheduler backend writes it into the job's shared run directory
-(``backends/scheduler/backend.write_job``) and every node's agent reads it
-(``jobnode.run``): it is all a node started by the scheduler is told, since
-no controller opens a channel to it. It is read back as any message from
-elsewhere is: checked field by field (``from_dict``), a bad file a
-``SpecError`` naming the field, never a KeyError in a node's agent.
-
-Stdlib only, like the rest of the agent package.
+It is all a node the scheduler started is told (no controller opens a
+channel to it), so it is checked field by field like any message: a bad
+file is a ``SpecError`` naming the field, never a KeyError in a node's agent.
 """
 
 from __future__ import annotations
@@ -22,10 +17,8 @@ from .spec import SpecError, SupervisorSpec
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where a node's agent finds its place in the job: the environment
-    variables the scheduler sets for each task, and the words its messages
-    use (the backend that writes the file knows its scheduler; the agent
-    reads only these names)."""
+    """Where a node's agent finds its place in the job: the scheduler's
+    variables for each task, and its words for messages."""
 
     scheduler: str  # its name, for messages ("Slurm")
     node_name: str  # the variable with the scheduler's name for this node
@@ -47,9 +40,8 @@ class Placement:
 
 @dataclasses.dataclass(frozen=True)
 class JobNode:
-    """One node of the job: its host as the cluster file pinned it (or a
-    placeholder), its supervisor spec, and the names of its secret env
-    values, which reach it through the scheduler's environment instead."""
+    """One node of the job: its host (or a placeholder), its supervisor spec,
+    and its secret env names (the values come in the scheduler's environment)."""
 
     host: str
     spec: SupervisorSpec
@@ -86,8 +78,7 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: object) -> "JobSpec":
-        """The job ``data`` describes; SpecError naming the first field that is
-        missing or not what it must be."""
+        """The job ``data`` describes; SpecError naming the first bad field."""
         if not isinstance(data, dict):
             raise SpecError(f"bad job file: not an object: {str(data)[:200]}")
         why = fields.why_bad(data, _FIELDS)

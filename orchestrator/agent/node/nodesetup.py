@@ -1,20 +1,9 @@
 """A run's ``setup:`` on one node: its commands, in the code root, before torchrun.
 
-The supervisor runs them (``Supervisor.run``) on every path alike (an
-attached run, a kept run's first attempt, a Slurm job's node), so what a
-setup does, how it is shown and how it fails is written here once:
-
-* each command is an argv (``plan.build.setup_argv``: a string of the
-  cluster file is ``sh -c STRING``, a list is run as it is), run in turn in
-  the node's code root with the run's environment, stdin closed, in a
-  session of its own (so a timeout or a stop ends all it started);
-* its output is relayed line by line, each line prefixed ``[setup]: ``,
-  so it reaches the console under the node's prefix and the node log;
-* the first command that fails (exits non-zero, or is still running when
-  the node's whole setup has used its timeout) ends the setup; the report
-  names the command and carries its last lines.
-
-Stdlib only, like the rest of the agent package.
+Every path (attached, kept, a Slurm job's node) runs it here alike. Each
+command runs in a session of its own, so a timeout or a stop ends all it
+started. The first command that fails, or outlasts the node's setup
+timeout, ends the setup; the report names it with its last lines.
 """
 
 from __future__ import annotations
@@ -44,15 +33,10 @@ def shown(argv: list[str]) -> str:
 def run_setup(commands: list[list[str]], cwd: str, env: dict[str, str], timeout_s: float,
               write: Callable[[bytes], None], stopped: Callable[[], bool],
               on_start: Callable[[int], None] = lambda pid: None) -> dict:
-    """Run ``commands`` in ``cwd``; ``write`` gets their output (whole lines,
-    prefixed) and ddp-orch's own lines about them; ``stopped()`` is asked
-    every 0.2 s at most and, once true, ends the command running.
-
-    Returns ``{"ok": True, "duration_s"}``, or ``{"ok": False, "stopped":
-    bool, "code", "command", "last_lines", "message", "duration_s"}``:
-    ``message`` is one line naming the command, how it ended and its last
-    lines (``REPORT_CHARS`` at most).
-    """
+    """Run ``commands`` in ``cwd``; ``write`` gets their output, prefixed;
+    ``stopped()`` (asked every 0.2 s at most) ends the command running. Returns
+    ``{"ok": True, "duration_s"}`` or ``{"ok": False, "stopped", "code",
+    "command", "last_lines", "message", "duration_s"}``."""
     began = time.monotonic()
     deadline = began + timeout_s
     for i, argv in enumerate(commands):
@@ -74,8 +58,7 @@ def run_setup(commands: list[list[str]], cwd: str, env: dict[str, str], timeout_
 
 def failure_message(command: str, how: str, last: list[str]) -> str:
     """``setup failed: `CMD` exited 1; last lines: a | b``, cut to
-    ``REPORT_CHARS`` from the front of the last lines (the command and how
-    it ended always show)."""
+    ``REPORT_CHARS`` from the front of the last lines."""
     head = f"setup failed: `{command}` {how}"
     if not last:
         return head[:REPORT_CHARS]

@@ -1,21 +1,8 @@
 """A run's ``outputs:`` on node 0: which files under the code root come home.
 
-``collect`` expands the cluster file's paths and globs under the node's
-code root and decides, file by file, what may be brought home; the
-controller then fetches each file (``serve``'s ``get``, with the root, so
-the node checks it again) or, under Slurm, reads it from the shared run
-directory through the same two functions. What crosses is checked:
-
-* a match must stay inside the code root, with no symbolic link anywhere on
-  its way down from the root (a link is refused, never followed: it could
-  lead anywhere on the node);
-* only regular files come home: a directory that matches brings the regular
-  files under it (not following links), and a device, FIFO or socket is
-  refused;
-* each file is capped (``max_file``), and so are the files' total
-  (``max_total``) and count (``MAX_FILES``): what is over is refused, named.
-
-Stdlib only, like the rest of the agent package.
+Only regular files inside the code root, with no symbolic link on the way
+down (a link could lead anywhere on the node), each file, their total and
+their count capped; what is refused is named. A fetch is checked again.
 """
 
 from __future__ import annotations
@@ -30,10 +17,8 @@ MAX_PATH = 400  # characters of a path brought home: the reply stays one control
 
 
 def pattern_problem(pattern: str) -> str:
-    """Why ``pattern`` cannot name files under the code root ("" if it can):
-    not a path, absolute, ``~``, a ``..`` that climbs out, or the whole root.
-    The one rule: the loader refuses such a pattern at load time, and node 0
-    checks it again (it crossed a boundary), then every match (``collect``)."""
+    """Why ``pattern`` cannot name files under the code root ("" if it can).
+    The loader and node 0 both apply this one rule."""
     if not isinstance(pattern, str) or not pattern:
         return "is not a path"
     if any(ord(ch) < 32 for ch in pattern):
@@ -50,10 +35,9 @@ def pattern_problem(pattern: str) -> str:
 
 
 def collect(root: str, patterns: list[str], max_file: int, max_total: int) -> dict:
-    """``{"ok": True, "files": [{"path", "size"}], "refused": [{"path", "why"}],
-    "refused_more": N, "unmatched": [pattern], "total": bytes}``, paths
-    relative to ``root`` (posix); or ``{"ok": False, "error"}`` when the
-    code root itself is not there."""
+    """``{"ok": True, "files", "refused", "refused_more", "unmatched",
+    "total"}``, paths relative to ``root`` (posix); or ``{"ok": False,
+    "error"}`` when the code root itself is not there."""
     root = os.path.expanduser(root)
     try:
         info = os.lstat(root)

@@ -1,20 +1,10 @@
 """A rank's step read from the lines it prints, for programs that make no step report.
 
-Most programs print their progress rather than report it: ``step 120 loss
-2.31``, tqdm's ``120/500 [00:10<00:30, 12.0it/s]``, Lightning's ``Epoch 1:
-24%|██▍ | 120/500 [...]`` and the transformers Trainer's bar. The supervisor
-feeds every worker line here, and a rank without a step report of its own
-(``workloads.contract.heartbeat``, which always wins) gets the last step its
-lines said, in the heartbeat's progress: so the straggler rule's step rate,
-``status`` and the quiet line work for any program, under every owner.
-
-A bar that starts again (a new epoch, a second bar) counts on from where the
-last one ended: the step only goes up, as a rate needs. ``progress:
-{pattern: REGEX}`` in the cluster file replaces the default patterns (its
-first group, or the group named ``step``, is the step), given to the node as
-``PATTERN_ENV`` in the run's env.
-
-Pure and standard library only, like the rest of the agent package.
+Most programs print progress (``step 120 loss 2.31``, tqdm's ``120/500 [``)
+rather than report it; a rank without a report of its own gets the last step
+its lines said, so the straggler rule and ``status`` work for any program. A
+bar that starts again counts on from where the last one ended: a rate needs
+a step that only goes up.
 """
 
 from __future__ import annotations
@@ -45,8 +35,7 @@ def compile_pattern(pattern: str | None) -> "re.Pattern[bytes]":
 
 
 class OutputSteps:
-    """Each rank's last step as its output said it, and the wall time of
-    that line (the supervisor's clock)."""
+    """Each rank's last step as its output said it, and when (the supervisor's clock)."""
 
     def __init__(self, pattern: str | None = None):
         self.pattern = compile_pattern(pattern)
@@ -55,9 +44,8 @@ class OutputSteps:
         self.bars: dict[int, tuple[int, int]] = {}  # rank -> (counted before this bar, last raw)
 
     def feed(self, block: bytes, at: float) -> None:
-        """Whole worker lines (``[rankN]: ...``, as ``WorkerLogs`` gives
-        them): the last step each rank's lines say. One scan of the block
-        finds the lines that say one; the rest cost nothing more."""
+        """Whole worker lines (``[rankN]: ...``): the last step each rank's
+        lines say, in one scan of the block."""
         for found in self.pattern.finditer(block):
             start = block.rfind(b"\n", 0, found.start()) + 1
             end = block.find(b"\n", start)
@@ -83,7 +71,6 @@ class OutputSteps:
         self.said[rank] = (min(before + raw, MAX_STEP), at)
 
     def progress(self, now: float) -> dict[str, list]:
-        """{rank: [step, seconds since the line that said it]}, as the
-        heartbeat's progress has it."""
+        """{rank: [step, seconds since the line that said it]}."""
         return {str(rank): [step, round(max(0.0, now - at), 3)]
                 for rank, (step, at) in self.said.items()}

@@ -1,11 +1,8 @@
 """The processes of a run on one node, found through /proc and signalled.
 
-Used by the node supervisor (and ``supervisor.py --down``): torchrun puts
-each worker in a session of its own, so a process group does not reach
-them. A run's processes are found two ways, as descendants of the
-supervisor (a child subreaper, so orphans stay its descendants) and by the
-marker variables in their environment. Stdlib only, Linux; shipped to every
-node next to ``supervisor.py``.
+torchrun puts each worker in a session of its own, so a process group does
+not reach them: they are found as descendants of the supervisor (a child
+subreaper, so orphans stay its descendants) and by marker variables. Linux.
 """
 
 from __future__ import annotations
@@ -20,12 +17,9 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def terminate(find, grace_s: float, hurry: threading.Event | None = None,
               still_ours=None) -> tuple[set[int], dict[int, str]]:
-    """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (cut short when
-    ``hurry`` is set), then SIGKILL until nothing is left (new forks
-    included). Returns every pid signalled, and the survivors, by pid with
-    their command line: what would not die (a process in uninterruptible
-    sleep, one we may not signal, a fork loop faster than us), so that they
-    are reported instead of silently left behind."""
+    """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (less once
+    ``hurry`` is set), then SIGKILL until nothing is left. Returns every pid
+    signalled, and the survivors' command lines, to be reported."""
     seen = set(find())
     signal_all(seen, signal.SIGTERM, still_ours)
     deadline = time.monotonic() + grace_s
@@ -64,9 +58,7 @@ def command_line(pid: int) -> str:
 
 
 def run_marker(run_id: str, node_rank: int | str) -> tuple[str, str]:
-    """The marker variables of one node's part of a run (the plan sets them
-    on every process it starts): what finds its processes on this node, to
-    end them. ddp-orch's own processes do not carry them (``OWN_MARKER``)."""
+    """The variables the plan sets on a node's processes of a run, to find them."""
     return (f"DDP_ORCH_RUN_ID={run_id}", f"DDP_ORCH_NODE_RANK={node_rank}")
 
 
@@ -81,14 +73,12 @@ OWN_MARKER = "DDP_ORCH_RUN"
 
 
 def own_marker(run_id: str | None) -> dict[str, str]:
-    """The environment that marks a process ddp-orch starts for ``run_id``
-    (none without one)."""
+    """The environment that marks a process ddp-orch starts for ``run_id``."""
     return {OWN_MARKER: run_id} if run_id else {}
 
 
 def running(pid: int) -> bool:
-    """Whether ``pid`` is a process that still runs: not gone, not a zombie
-    (one whose parent has not reaped it yet, as a daemon's may never be)."""
+    """Whether ``pid`` still runs: not gone, and not an unreaped zombie."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -161,9 +151,8 @@ def has_marker(pid: int, marker: tuple[str, ...]) -> bool:
 
 
 def signal_all(pids: set[int], sig: int, still_ours=None) -> None:
-    """Send ``sig`` to ``pids``. Where the kernel has pidfds, each process is
-    pinned first and ``still_ours(pid)`` checked after, so a pid that ended
-    and was reused between the /proc scan and the signal is never hit."""
+    """Send ``sig`` to ``pids``; with pidfds each is pinned, then checked with
+    ``still_ours(pid)``, so a pid reused since the /proc scan is never hit."""
     for pid in pids:
         fd = None
         try:
@@ -204,10 +193,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
 
 
 def reap(pid: int, block: bool = False) -> int | None:
-    """Exit code of our child ``pid`` if it has exited, reaping it.
-
-    Death by signal N is reported the way shells do, as 128 + N.
-    """
+    """Our child ``pid``'s exit code once it has exited, reaping it (signal N: 128 + N)."""
     try:
         done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
     except ChildProcessError:

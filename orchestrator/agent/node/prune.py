@@ -1,18 +1,9 @@
 """``ddp-orch prune`` on a node: remove one ended run's node directory.
 
 The controller asks only for runs its records say have ended; the node
-checks again before it removes anything, and refuses:
-
-* a path that is not a run's node directory (``.../<run id>/node-<k>``, a
-  real directory, not a link);
-* a run that is still alive here: a process with the run's marker variables
-  (``DDP_ORCH_RUN_ID``/``DDP_ORCH_NODE_RANK``: torchrun, a worker, a setup
-  command), or a kept run's keeper.
-
-It says how many bytes it freed, then removes ``<run id>/`` too once no
-node directory is left in it.
-
-Stdlib only, like the rest of the agent package.
+checks again, and refuses a path that is not a real ``<run id>/node-<k>``
+directory of ours, or a run still alive here (a process with its marker
+variables, or its keeper). ``<run id>/`` goes too once it holds no node's.
 """
 
 from __future__ import annotations
@@ -67,9 +58,8 @@ def prune(run_dir: str, run_id: str, node_rank: int) -> dict:
 
 
 def _running_keeper(path: str) -> int | None:
-    """The run's keeper here if it still runs: not a zombie (a daemon whose
-    reaper is a container's pid 1 may stay one), and given a few seconds to
-    exit when its record says the run is over."""
+    """The run's keeper here if it still runs, given a few seconds to exit
+    when its record says the run is over."""
     from ..kept.mailbox import keeper_pid
 
     deadline = time.monotonic() + KEEPER_EXIT_S

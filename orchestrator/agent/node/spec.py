@@ -1,15 +1,7 @@
 """What a node supervisor runs, typed: ``SupervisorSpec``, and who owns its run.
 
-The controller builds one per node from the dry-run
-(``engine/nodehandle.supervisor_spec``); a Slurm job
-(``backends/scheduler/backend.write_job``, then ``jobnode.node_spec`` on the
-node) and a kept run's keeper (``keeper.attempt_spec``) derive theirs from
-it with ``dataclasses.replace``. It crosses the wire as JSON (``to_dict``)
-and is checked on arrival (``from_dict``), like every other message: a bad
-spec is a ``SpecError`` that names the field, never a KeyError halfway
-through a run.
-
-Stdlib only, like the rest of the agent package.
+It is checked on arrival like every other message: a bad spec is a
+``SpecError`` naming the field, never a KeyError halfway through a run.
 """
 
 from __future__ import annotations

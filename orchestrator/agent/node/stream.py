@@ -1,24 +1,11 @@
 """A node's stream on disk (``layout.STREAM``): its only voice where no
 channel holds it (a kept run's keeper, a Slurm job's node).
 
-The controller reads it (a kept run's follower relays it; a Slurm job's is
-read where it lies): nothing else carries the ranks' last lines, their
-exit or the node's end. On a full disk it would fall silent at its next
-page, just as those lines are written, and the controller would hear 30 s
-of silence instead of why; worse, a write that raised stopped the relay
-that keeps torchrun's pipes drained, so torchrun blocked and never saw its
-ranks end.
-
-So the stream keeps room of its own ahead of its end: blocks allocated to
-the file past its size (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``, which
-readers never see), renewed as it grows. Nothing else on the disk can
-take that room. Once it cannot be renewed the disk is full (``full``):
-output is written while more than ``KEEP_FOR_CONTROL`` of the room is
-left, control lines (heartbeats, exits, the end) while any is. What does
-not fit is dropped and counted, never raised to the writer, and a line
-cut short is ended before the next write, so that a control line after it
-starts whole. Where ``fallocate`` is not there (another OS, a file system
-without it) the stream is a plain file that drops what does not fit.
+A full disk must not silence it as the ranks' last lines are written, nor
+make a write raise (that would stop the relay draining torchrun's pipes).
+So it keeps room ahead of its end (``fallocate``, unseen by readers): control
+lines may use it all, output all but ``KEEP_FOR_CONTROL``. What does not fit
+is dropped and counted.
 """
 
 from __future__ import annotations
@@ -57,8 +44,7 @@ def _fallocate():
 
 
 class Stream:
-    """``write``/``flush`` over the stream's file descriptor (opened with
-    ``O_APPEND``), for the node's own lines and its supervisor's relay."""
+    """``write``/``flush`` over the stream's ``O_APPEND`` descriptor."""
 
     def __init__(self, fd: int, fallocate=None):
         self.fd = fd
@@ -73,9 +59,7 @@ class Stream:
             self._renew(self._end())
 
     def write(self, data: bytes) -> int:
-        """``data`` appended whole, or as much as fits; never raises for a
-        full disk. A control line is one that starts with the protocol's
-        prefix."""
+        """``data`` appended whole, or what fits; never raises for a full disk."""
         with self.lock:
             end = self._end()
             if self.full or end + len(data) > self.reserved_to - AHEAD_BYTES // 2:
@@ -107,8 +91,7 @@ class Stream:
         """Every write went straight to the file."""
 
     def give_back(self) -> None:
-        """The node's last line is written: the room ahead goes back to the
-        disk (a truncation to the size frees the blocks past it)."""
+        """The node's last line is written: give the room ahead back."""
         with self.lock:
             if self._fallocate is not None and self.reserved_to:
                 try:
@@ -124,8 +107,7 @@ class Stream:
             return self.reserved_to
 
     def _renew(self, end: int) -> None:
-        """Room ahead of ``end`` again; on a full disk, asked at most every
-        ``RETRY_S`` (room may come back: somebody cleans up)."""
+        """Room ahead of ``end`` again; on a full disk, asked every ``RETRY_S`` at most."""
         if self._fallocate is None:
             return
         now = time.monotonic()
@@ -142,11 +124,8 @@ class Stream:
 
 
 def offset_of_last_lines(fh, lines: int) -> int:
-    """Where the node's last ``lines`` lines of output begin in the stream
-    (looking back 8 MiB at most). Only output counts: the control lines
-    among it (``CONTROL_PREFIX``: heartbeats every few seconds, a
-    worker's exit, the keeper's end) are streamed, never shown, so they
-    are not among the N (``attach --lines N``)."""
+    """Where the node's last ``lines`` lines of output begin (looking back
+    8 MiB at most); control lines are never shown, so they do not count."""
     end = fh.seek(0, os.SEEK_END)
     start = max(0, end - (8 << 20))
     fh.seek(start)

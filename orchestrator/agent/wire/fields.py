@@ -1,20 +1,9 @@
 """The one field checker for every record that crosses into the agent or back.
 
-A supervisor's spec, a keeper's spec, a scheduler's job file, the control
-messages and requests (``protocol.MESSAGES``, ``OPS``) and a keeper's
-records (``kept/records.py``) all come from another process or a file on
-a node, and each is a table of ``Field``s: what a value must be, and how
-to say so. Two policies read a table:
-
-* ``first_bad``: a spec or a message is refused whole, naming its first
-  field that is missing or not what it must be (the spec's ``SpecError``,
-  the protocol's ``ProtocolError``);
-* ``keep_good``: a record is read field by field, and a bad field is
-  dropped with a note (``status`` shows what a keeper's record got wrong,
-  never raises on it).
-
-A name ending in "?" may be absent. A bool is never a number here, as in
-JSON it is not. Stdlib only, like the rest of the agent package.
+Each record is a table of ``Field``s, read by one of two policies:
+``first_bad`` refuses a spec or a message whole, naming its first bad field;
+``keep_good`` drops a record's bad fields with a note, never raising. A name
+ending in "?" may be absent. A bool is never a number here, as in JSON.
 """
 
 from __future__ import annotations
@@ -39,9 +28,8 @@ def is_number(value: Any) -> bool:
 
 
 def is_time(value: Any) -> bool:
-    """A number that is a wall-clock time or a duration: finite, not negative
-    and below 1e11 (year 5138), so ``time.localtime`` and arithmetic on it
-    cannot fail, and no bool."""
+    """A wall-clock time or a duration: finite, 0 or more and below 1e11
+    (year 5138), so ``time.localtime`` and arithmetic on it cannot fail."""
     return is_number(value) and math.isfinite(value) and 0 <= value < 1e11
 
 
@@ -95,8 +83,7 @@ def one_of(values: Iterable[Any]) -> Field:
 
 
 def first_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> tuple[str, Field] | None:
-    """The first field of ``fields`` that ``data`` lacks (unless its name ends
-    in "?") or holds a value of the wrong kind; None when every one is good."""
+    """The first field ``data`` lacks (but for a "?" one) or holds wrong."""
     for name, field in fields.items():
         key = name[:-1] if name.endswith("?") else name
         if key != name and key not in data:
@@ -107,9 +94,8 @@ def first_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> tuple[str
 
 
 def why_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> str | None:
-    """``first_bad``'s field in words, as a refused spec says it: ``'port'
-    is '70000': a port (0 to 65535)`` (an absent field reads 'None'); None
-    when every field is good."""
+    """``first_bad``'s field in words, ``'port' is '70000': a port (0 to
+    65535)``; None when every field is good."""
     bad = first_bad(data, fields)
     if bad is None:
         return None
@@ -125,8 +111,7 @@ def unknown(data: Mapping[str, Any], fields: Mapping[str, Field], *also: str) ->
 
 def keep_good(record: Mapping[str, Any], fields: Mapping[str, Field], what: str,
               notes: list[str]) -> dict:
-    """``record`` less each field present with a value of the wrong kind,
-    with a note for each dropped one: the policy for a node's records."""
+    """``record`` less each field present with a bad value, noting each."""
     out = dict(record)
     for name, field in fields.items():
         key = name.rstrip("?")

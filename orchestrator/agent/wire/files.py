@@ -1,11 +1,8 @@
 """File transfer on the node side: ``put`` and ``get`` over the agent's channel.
 
-Both check what crosses: a ``put`` is written under a temporary name with
-its final mode set before any byte lands, checked against the size and
-SHA-256 the controller announced, then renamed into place, so nothing
-half-written or corrupted is ever used. A ``get`` sends only a regular
-file (no symlink is followed, no device is read) up to the size the
-controller accepts.
+A ``put`` is checked against the size and SHA-256 announced and renamed into
+place, so nothing half-written or corrupted is ever used. A ``get`` sends
+only a regular file, up to the size the controller accepts.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ def expand(path: str) -> str:
 
 
 def private_dirs(directory: str) -> None:
-    """``mkdir -p``, every directory it creates 0700 (``os.makedirs`` gives
-    only the last one its mode), so a run's files are never readable by others."""
+    """``mkdir -p``, each new directory 0700 (``os.makedirs`` sets only the last's)."""
     missing = []
     while directory and not os.path.isdir(directory):
         missing.append(directory)
@@ -42,11 +38,9 @@ def private_dirs(directory: str) -> None:
 
 
 def make_run_dir(run_dir: str, root: str) -> str:
-    """Create ``run_dir`` (0700) under ``root``, refusing what another user could
-    have prepared: an existing run directory (a run id used twice, or planted),
-    and a ``root`` or directory between that is not ours alone (another owner,
-    or group/world-writable): in a shared ``workdir`` such as ``/tmp/x``, whoever
-    owns a directory on the way can swap what the run executes."""
+    """Create ``run_dir`` (0700) under ``root``, refusing one that exists (used
+    twice, or planted) and a directory on the way that is not ours alone: in a
+    shared ``workdir`` (``/tmp/x``) its owner could swap what the run executes."""
     run_dir, root = expand(run_dir).rstrip("/"), expand(root).rstrip("/")
     if not run_dir.startswith(root + "/"):
         raise TransferError(f"{run_dir} is not under {root}")
@@ -87,18 +81,14 @@ def put(path: str, data: bytes, *, size: int, sha256: str, mode: int = 0o600) ->
 
 
 def put_json(path: str, value: object) -> str:
-    """Write ``value`` as JSON to ``path`` atomically, through no symlink
-    (``put``): the records a node keeps (``supervisor.json``, ``keeper.json``)."""
+    """Write ``value`` as JSON to ``path`` atomically, through no symlink."""
     data = json.dumps(value).encode()
     return put(path, data, size=len(data), sha256=digest(data))
 
 
 def get(path: str, max_bytes: int = MAX_TRANSFER) -> bytes | None:
-    """The bytes of the regular file at ``path``; None if there is none.
-
-    A symlink, a directory or a device is refused (TransferError), and so is
-    a file larger than ``max_bytes``.
-    """
+    """The bytes of the regular file at ``path`` (None: there is none);
+    TransferError for anything else there, or a file over ``max_bytes``."""
     path = expand(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -131,8 +121,7 @@ def mask(data: bytes, values: list[bytes]) -> bytes:
 
 
 def mask_strings(value, secrets: list[str]):
-    """``value`` (JSON-like: dicts, lists, strings) with each secret masked in
-    every string in it; keys and other values as they were."""
+    """``value`` (JSON-like) with each secret masked in every string in it."""
     if isinstance(value, str):
         for secret in sorted(secrets, key=len, reverse=True):
             if secret:

@@ -1,25 +1,10 @@
 """The wire between the controller and a node agent; both sides import it.
 
-One exec channel per node carries everything, so a node needs nothing but
-``sshd`` (or a local subprocess) and Python: no SFTP subsystem, no agent
-installed. On that channel:
-
-* **stdin, controller to agent**: request lines, ``{"op": ...}`` as one JSON
-  object per line, each followed by exactly ``size`` bytes of payload when
-  it says so (``put``). Once the agent supervises a run, the lines are just
-  the ``Control`` words: ``ping`` (every ``HEARTBEAT_S``), ``go`` (every
-  node's ``setup:`` is done: torchrun may start), ``stop`` (with who asked
-  and why, ``Control.reason``), ``kill`` and ``done``.
-* **stdout, agent to controller**: control lines, ``CONTROL_PREFIX`` and a
-  JSON object, each a line of its own, followed by ``size`` payload bytes
-  when a reply says so (``get``). Everything else on stdout is node output
-  (torchrun and its workers), relayed to the user.
-
-Every control message is checked against ``MESSAGES`` before anyone acts on
-it, every request and reply against ``OPS``: a node is not trusted to send
-well-formed data, and a field's type is written once, as a ``fields.Field``.
-
-Stdlib only, like the rest of the agent package.
+One exec channel per node carries requests and ``Control`` words down and
+control lines (``CONTROL_PREFIX`` and JSON) up, amid node output, so a node
+needs only ``sshd`` and Python. A node is not trusted to send well-formed
+data: everything is checked against ``MESSAGES`` or ``OPS`` before anyone
+acts on it. Stdlib only, like the rest of the agent package.
 """
 
 from __future__ import annotations
@@ -43,8 +28,7 @@ PEER_TIMEOUT_S = 30.0
 
 
 def controller_silent_for(timeout_s: float) -> str:
-    """A node's words when its controller went silent past ``timeout_s``:
-    the supervisor's stop reason, and a follower's for its keeper."""
+    """A node's stop reason when its controller went silent past ``timeout_s``."""
     return f"lost the controller (nothing from it for {timeout_s:g}s)"
 MAX_CONTROL_LINE = 1 << 20  # a longer control line is a broken or hostile node
 MAX_TRANSFER = 1 << 30  # no single put/get is larger (bundles are capped far below)
@@ -55,13 +39,9 @@ MAX_REASON = 300  # characters of the reason a ``stop`` carries
 
 
 class Control(Enum):
-    """The words a node's stdin carries once its agent supervises a run (or
-    follows a kept one): one word a line, from the controller to the node;
-    ``stop`` may carry, after a space, who stopped the run and why (``stopped
-    by Ctrl-C on the controller``, ``stopped: node 1 (b) failed (exit 1)``),
-    which the node records as its reason. Every sender writes
-    ``word.encode()`` and every reader ``Control.parse`` (and
-    ``Control.reason``); nobody matches the bytes themselves."""
+    """The words on a node's stdin once its agent supervises (or follows) a
+    run, one a line. ``stop`` may carry who stopped the run and why. Senders
+    use ``encode``, readers ``parse`` and ``reason``; nobody matches the bytes."""
 
     PING = "ping"  # the controller is still there (every HEARTBEAT_S)
     GO = "go"  # every node's ``setup:`` is done: torchrun may start
@@ -70,15 +50,13 @@ class Control(Enum):
     DONE = "done"  # the controller has the exit event: the channel is the agent's again
 
     def encode(self, reason: str = "") -> bytes:
-        """The word as its line on the wire, with ``reason`` (one line of
-        printable text, at most ``MAX_REASON`` characters) after it."""
+        """The word's line, with ``reason`` (printable, at most ``MAX_REASON``)."""
         said = "".join(c for c in reason if c.isprintable())[:MAX_REASON].strip()
         return (f"{self.value} {said}" if said else self.value).encode("utf-8") + b"\n"
 
     @classmethod
     def parse(cls, line: bytes) -> "Control | None":
-        """The word on ``line`` (surrounding whitespace and a reason after it
-        ignored); None for anything else (an empty line, a stray word)."""
+        """The word on ``line``, any reason ignored; None for anything else."""
         try:
             return cls(line.strip().split(b" ", 1)[0].decode("ascii"))
         except (ValueError, UnicodeDecodeError):
@@ -86,17 +64,15 @@ class Control(Enum):
 
     @staticmethod
     def reason(line: bytes) -> str:
-        """The reason ``line`` carries after its word ("" for none), as a
-        node may record it: printable, at most ``MAX_REASON`` characters."""
+        """The reason after ``line``'s word ("" for none), printable and capped."""
         said = line.strip().split(b" ", 1)[1:]
         text = said[0].decode("utf-8", "replace") if said else ""
         return "".join(c for c in text if c.isprintable())[:MAX_REASON].strip()
 
 
 class Ended(str, Enum):
-    """How a node's torchrun came to end, as its exit event says (``ended``).
-    The event's ``reason`` is words for people; whoever decides on an end
-    (stopped or failed, the root cause) reads this, never the words."""
+    """How a node's torchrun ended (the exit event's ``ended``). Whoever decides
+    on an end reads this, never the event's ``reason`` words."""
 
     __str__ = str.__str__
 
@@ -109,9 +85,7 @@ class Ended(str, Enum):
 
 
 class Event(str, Enum):
-    """The ``event`` of each control message (the keys of ``MESSAGES``), by
-    name; a ``str``, so it compares equal to the word a decoded message holds
-    (and formats as that word)."""
+    """Each control message's ``event``; a ``str``, so it equals the decoded word."""
 
     __str__ = str.__str__
 
@@ -192,13 +166,9 @@ MESSAGES: dict[Event, dict[str, Field]] = {
 
 
 class OpSpec(NamedTuple):
-    """One request the agent serves, as both ends check it: the fields it
-    takes, and those its reply carries when ``ok`` (beside ``ok``; a failed
-    reply carries ``error``). ``replies`` is None for an op that takes the
-    channel over and has no reply: ``supervise`` (the supervisor's output
-    follows) and ``follow`` (a kept run's stream). The agent binds each op's
-    handler to its name (``serve.answers``), and refuses to start unless
-    every op here has exactly one."""
+    """One request the agent serves: the fields it takes, and those an ``ok``
+    reply carries. ``replies`` is None for an op that takes the channel over
+    and has no reply (``supervise``, ``follow``)."""
 
     takes: dict[str, Field]
     replies: dict[str, Field] | None
@@ -241,10 +211,8 @@ OPS: dict[str, OpSpec] = {
 
 
 def message(event: Event, **fields: Any) -> dict[str, Any]:
-    """A control message: ``event`` with ``fields``, checked as its receiver
-    checks it (``validate``), so a sender cannot build one that every
-    receiver would drop. Every sender builds its messages here (the exit
-    event through ``exit_event``)."""
+    """A control message, checked as its receiver checks it (``validate``), so
+    no sender can build one every receiver would drop."""
     return validate({"event": event.value, **fields})
 
 
@@ -252,12 +220,7 @@ def exit_event(code: int, reason: str, ended: Ended, *, duration_s: float,
                failures: list | tuple = (), last_lines: list | tuple = (),
                stopped_at: float | None = None, survivors: list | tuple = (),
                **extra: Any) -> dict[str, Any]:
-    """A node's exit event, the one shape every sender builds: torchrun's code,
-    why it ended in words and as a cause (``Ended``), the worker failures
-    (``FAILURES``), its last lines,
-    when a stop was asked for (None: never), what survived the teardown
-    (``{pid, cmd}`` records) and how long the node ran; ``extra`` fields
-    (``setup_failed``) ride along."""
+    """A node's exit event, the one shape every sender builds."""
     return {"event": Event.EXIT.value, "code": code, "reason": reason, "ended": ended.value,
             "failures": list(failures), "stopped_at": stopped_at,
             "last_lines": list(last_lines), "survivors": list(survivors),
@@ -265,11 +228,8 @@ def exit_event(code: int, reason: str, ended: Ended, *, duration_s: float,
 
 
 class RankProgress(NamedTuple):
-    """A rank's entry in a heartbeat's or a ``gang-progress``'s progress, read
-    (``rank_progress``): its step, the seconds since it reported it (the
-    node's clock), its training samples so far, and its last seconds per
-    step outside collectives, computing and waiting for data (None: not
-    reported)."""
+    """A rank's progress entry, read: its step, age on the node's clock, samples
+    so far, and seconds per step outside collectives (None: not reported)."""
 
     step: Any
     age_s: float
@@ -284,13 +244,8 @@ class RankProgress(NamedTuple):
 
 
 def rank_progress(value: Any) -> RankProgress | None:
-    """A rank's entry in a heartbeat's or a ``gang-progress``'s progress
-    (``Supervisor.progress``): ``[step, age_s]``, ``[step, age_s,
-    samples]`` with the training samples the rank reported, or ``[step,
-    age_s, samples or null, compute_s, data_s]`` with its seconds per step
-    outside collectives too; None for anything else, an entry to ignore
-    (another length, an age or time that is no number of seconds, samples
-    that are no count). The step is the caller's to check."""
+    """A rank's entry, ``[step, age_s]``, ``[step, age_s, samples]`` or with
+    ``compute_s, data_s`` too; None for anything else. The step is the caller's to check."""
     if not (isinstance(value, list) and len(value) in (2, 3, 5)):
         return None
     if not all(is_time(t) for t in (value[1], *value[3:])):
@@ -324,8 +279,7 @@ def encode(message: dict[str, Any]) -> bytes:
 
 def decode(line: bytes) -> dict[str, Any]:
     """A control line's message, checked against ``MESSAGES``; else ProtocolError,
-    whatever is wrong with it (never another exception: a line nested deeply
-    enough to exhaust the parser's recursion is malformed too)."""
+    never another exception (a line deep enough to exhaust recursion included)."""
     if not line.startswith(CONTROL_PREFIX):
         raise ProtocolError("not a control line")
     if len(line) > MAX_CONTROL_LINE:
@@ -344,17 +298,14 @@ def decode(line: bytes) -> dict[str, Any]:
 
 
 def check_fields(what: str, value: dict[str, Any], table: Mapping[str, Field]) -> None:
-    """A message or request against its table (``MESSAGES``, ``OPS``),
-    through the one field checker (``fields.first_bad``): ProtocolError
-    names ``what`` and the first field that is missing or not what it must be."""
+    """``value`` against its table; ProtocolError names the first bad field."""
     bad = first_bad(value, table)
     if bad is not None:
         raise ProtocolError(f"{what}: bad or missing {bad[0]!r}")
 
 
 def validate(message: Any) -> dict[str, Any]:
-    """``message`` when it is a control message as ``MESSAGES`` declares its
-    event; else ProtocolError."""
+    """``message`` if it is a control message as ``MESSAGES`` declares; else ProtocolError."""
     try:
         event = Event(message.get("event"))  # type: ignore[union-attr]
     except (AttributeError, ValueError, TypeError):
@@ -364,15 +315,13 @@ def validate(message: Any) -> dict[str, Any]:
 
 
 def request(op: str, **fields: Any) -> bytes:
-    """One request line for the agent's ``serve`` loop, checked as the agent
-    checks it (``check_request``): a request the agent would refuse is the
-    controller's bug, raised here."""
+    """One request line, checked as the agent checks it: a request it would
+    refuse is the controller's bug, raised here."""
     return json.dumps(check_request({"op": op, **fields}), separators=(",", ":")).encode() + b"\n"
 
 
 def check_request(asked: Any) -> dict[str, Any]:
-    """A request (``{"op": ..., fields}``) as ``OPS`` declares it; else
-    ProtocolError: an unknown op, or a field missing or of the wrong type."""
+    """A request as ``OPS`` declares it; else ProtocolError."""
     op = asked.get("op") if isinstance(asked, dict) else None
     if not isinstance(op, str) or op not in OPS:
         raise ProtocolError(f"unknown request {op!r}")
@@ -381,8 +330,8 @@ def check_request(asked: Any) -> dict[str, Any]:
 
 
 def check_reply(op: str, reply: dict[str, Any]) -> dict[str, Any]:
-    """A reply to ``op``: when ``ok``, it carries the fields ``OPS`` says
-    (so the controller reads them with plain indexing); else ProtocolError."""
+    """A reply to ``op``; an ``ok`` one carries the fields ``OPS`` says, so they
+    can be indexed; else ProtocolError."""
     fields = OPS[op].replies
     if reply.get("ok") and fields:
         check_fields(f"{op} reply", reply, fields)
@@ -396,12 +345,8 @@ def digest(data: bytes) -> str:
 
 
 class LineBuffer:
-    """Turns a byte stream into blocks of whole lines.
-
-    ``feed`` returns every complete line received so far, as one block (one
-    write downstream instead of one per line); a partial last line waits for
-    its newline, unless it grows past ``max_line``, when it is passed on as
-    is. ``flush`` returns what is left at the end of the stream.
+    """Turns a byte stream into blocks of whole lines; a partial line waits for
+    its newline unless it outgrows ``max_line``.
     """
 
     def __init__(self, max_line: int = 1 << 20):
@@ -424,12 +369,8 @@ class LineBuffer:
 
 
 class Reader:
-    """Buffered reads from a file descriptor, by line or by exact size.
-
-    Both sides read requests and replies this way, so a payload is never
-    split from its header however the bytes arrive. ``fd`` is read with raw
-    ``os.read`` (never a buffered file object), so whoever reads the same fd
-    next, through this reader, misses nothing.
+    """Buffered reads from a file descriptor, by line or by exact size. Raw
+    ``os.read``, so whoever reads the fd next, through this reader, misses nothing.
     """
 
     def __init__(self, read: Callable[[int], bytes] | int):

@@ -1,17 +1,10 @@
 """The Slurm backend: ``sbatch`` one job, ``srun`` one node agent per node.
 
-Slurm fills in the scheduler base (``backends/scheduler/``): how a job is
-submitted (``sbatch --parsable`` with a batch script that ``exec``s one
-``srun`` task per node, each running the node agent), how its state is asked
-(``squeue``, then ``sacct``), how it is cancelled (``scancel``), the
-variables each task finds its place by (``PLACEMENT``), the hand-started
-lines (``salloc``, one ``srun`` step per node) and, for ``stacks``, one more
-``srun --overlap`` step. ``srun --kill-on-bad-exit`` stops the other nodes
-when one fails even if the controller is gone.
-
-Node ranks: a pinned node list keeps the file's order, and each agent finds
-its entry by its Slurm node name; with ``nodes: {count: N}`` node K is the
-allocation's K-th host (``SLURM_NODEID``).
+It fills in the scheduler base: submit, ask (``squeue``, then ``sacct``),
+cancel (``scancel``), and the variables each task finds its place by
+(``PLACEMENT``). ``srun --kill-on-bad-exit`` stops the other nodes when one
+fails, even if the controller is gone. With ``nodes: {count: N}`` node K is
+the allocation's K-th host (``SLURM_NODEID``).
 """
 
 from __future__ import annotations
@@ -92,7 +85,7 @@ class Backend(SchedulerBackend):
                    and "CUDA_VISIBLE_DEVICES" not in plan.nodes[0].env else ""))
 
     def sbatch_argv(self, plan: RunPlan) -> list[str]:
-        """``sbatch --parsable ...``: every option as one argv word, never shell text."""
+        """``sbatch --parsable ...``: every option one argv word, never shell text."""
         directory = job_dir(plan)
         # --no-requeue: a requeued job would rerun over this run's files.
         return ["sbatch", "--parsable", f"--job-name=ddp-orch-{plan.name}",
@@ -120,10 +113,9 @@ class Backend(SchedulerBackend):
         return argv
 
     def by_hand(self, plan: RunPlan) -> ByHand:
-        """The shell dry-run's way in: an interactive allocation with the
-        job's own options (``salloc``), one step per node (``srun``, placed
-        by name or, for nodes Slurm chooses, by their index), and node 0's
-        host name for a master address the file leaves to the job."""
+        """The shell dry-run's way in: ``salloc`` with the job's options, one
+        ``srun`` step per node, and node 0's host name where the job picks the
+        master address."""
         cpus = self._cpu_procs()
         placed = self.require_spec().placed
         step = {n.node_rank: ("srun", "--nodes=1", "--ntasks=1",
@@ -158,8 +150,8 @@ class Backend(SchedulerBackend):
     # -- stacks and check ----------------------------------------------------------
 
     def job_stacks(self, job_id: str, nodes, run_id: str, native: bool = False) -> StacksResult:
-        """One more step in the running job (``srun --overlap``), one task per
-        node: each node's agent dumps its ranks into the shared directory."""
+        """One more step in the running job (``srun --overlap``): each node's
+        agent dumps its ranks into the shared directory."""
         directory = posixpath.dirname(nodes[0].run_dir)
         hosts = [n.host for n in nodes]
         prefix = f"{directory}/stacks-step-{os.getpid()}-{int(time.time() * 1000)}"
@@ -192,8 +184,7 @@ class Backend(SchedulerBackend):
 
 
 def _gres_gpus(spec) -> int:
-    """GPUs to ask Slurm for on each node: the count, or enough for the highest
-    pinned index (CUDA_VISIBLE_DEVICES then names the user's GPUs in that set)."""
+    """GPUs to ask for per node: the count, or enough for the highest pinned index."""
     if any(n.gpu_count for n in spec.nodes):
         return max(n.gpu_count or 0 for n in spec.nodes)
     pinned = [max(n.gpus) + 1 for n in spec.nodes if n.gpus]

@@ -1,11 +1,6 @@
 """The Slurm backend's preflight: what would make Slurm refuse a job, or
 the job fail at once, found with ``sinfo`` alone (``check``, and ``up``
 before it submits anything).
-
-sbatch is there; the partition exists; each pinned node exists, is usable,
-has the pinned GPU indices in its GRES and the CPUs a CPU node asks for; a
-count of nodes fits the partition; and the run directory is one the compute
-nodes see (``shared_dir_problem``).
 """
 
 from __future__ import annotations
@@ -27,9 +22,7 @@ SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "cep
 
 
 def slurm_checks(spec: ClusterSpec, plan: RunPlan, job_dir: str) -> list[CheckResult]:
-    """What would make Slurm refuse the job, or the job fail at once,
-    found with sinfo alone (no job is started); ``job_dir`` is where the run
-    directory will be."""
+    """The preflight's rows; ``job_dir`` is where the run directory will be."""
     here = "slurm"
     if not slurmctl.available("sbatch"):
         return [CheckResult(-1, here, "sbatch", False, "sbatch is not found on this machine; "
@@ -93,9 +86,8 @@ def _node_check(k: int, node: NodeSpec, info: slurmctl.NodeInfo | None) -> Check
 def shared_dir_problem(path: str, nodes) -> str | None:
     """Why the compute nodes may not see ``path``, or None.
 
-    It is seen when every node is this very machine, or when it is on a
-    network or cluster file system. A local disk or tmpfs (``/tmp``) on a
-    submit host is invisible to the compute nodes.
+    Seen when every node is this machine, or on a network or cluster file
+    system; a local disk or tmpfs on a submit host is invisible to them.
     """
     this_host = socket.gethostname().split(".")[0]
     nodes = list(nodes)

@@ -1,10 +1,7 @@
 """The Slurm commands the Slurm backend runs, and what their output means.
 
-Each function runs one client command as an argv (no shell) and parses its
-delimited output: ``squeue``/``sinfo`` with an explicit ``-o`` format and
-``|`` between fields, ``sacct --parsable2``. Not ``--json``: in Slurm 22.05
+Argv only (no shell); delimited output, not ``--json``: in Slurm 22.05
 ``squeue --json`` ignores ``-j`` and ``sacct --json`` misreports exit codes.
-The environment is the caller's (``SLURM_CONF`` and the like pass through).
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ class JobState:
 
     @property
     def hosts(self) -> tuple[str, ...]:
-        """The allocation's hosts in Slurm's order (SLURM_NODEID); () until
-        it has them (squeue shows the reason in parentheses until then)."""
+        """The allocation's hosts in SLURM_NODEID order; () until it has them."""
         if not self.nodelist or self.nodelist.startswith("("):
             return ()
         return tuple(hostnames(self.nodelist))
@@ -92,10 +88,8 @@ def available(command: str = "sbatch") -> bool:
 def run(argv: list[str], *, env: Mapping[str, str] | None = None,
         timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run one Slurm client command; a missing one is a ``SlurmError`` with the fix.
-
-    In a session of its own: a Ctrl-C at the terminal is the controller's
-    to act on (it cancels what was submitted), not a kill of ``sbatch``
-    halfway through a submission whose answer would then be lost."""
+    In a session of its own, so a Ctrl-C is the controller's to act on, not a
+    kill of ``sbatch`` halfway through a submission."""
     if not available(argv[0]):
         raise SlurmError(argv[0], "not found on this machine",
                          hint="run ddp-orch where sbatch works: a login or submit host of the "
@@ -132,8 +126,7 @@ def submit(argv: list[str], env: Mapping[str, str]) -> str:
 
 
 def job_state(job_id: str) -> JobState | None:
-    """The job as squeue knows it, ended jobs included for ``MinJobAge``
-    seconds; None once Slurm has forgotten it."""
+    """The job as squeue knows it (ended ones for ``MinJobAge``); None once forgotten."""
     done = run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T|%r|%N"])
     if done.returncode != 0:
         if "Invalid job id" in (done.stderr or ""):
@@ -162,8 +155,8 @@ def accounting(job_id: str) -> tuple[str, str] | None:
 
 
 def cancel(job_id: str, signal: str | None = None) -> None:
-    """``scancel``: SIGTERM to every task, Slurm's KillWait, SIGKILL; or
-    ``--signal`` to every process of the job (``--full``)."""
+    """``scancel``: SIGTERM, Slurm's KillWait, SIGKILL; or ``signal`` to every
+    process of the job."""
     argv = ["scancel", *(("--full", f"--signal={signal}") if signal else ()), job_id]
     done = run(argv)
     if done.returncode != 0 and "already completing or completed" not in (done.stderr or "") \

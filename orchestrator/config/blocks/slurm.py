@@ -1,9 +1,5 @@
-"""``slurm:``: the Slurm backend's block of a cluster file (``blocks``).
-
-Its settings are sbatch options; the rules of the Slurm layout (one agent
-per Slurm node, no SSH, one python) are checked here too, in the loader
-(``check_layout``) and in the schema (``schema_rules``).
-"""
+"""``slurm:``: the Slurm backend's block of a cluster file: sbatch options, and
+the rules of the Slurm layout (one agent per Slurm node, no SSH, one python)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ PLACED_WORDS = "nodes: {count: N} (Slurm places the nodes)"
 
 
 def placed_host(node_rank: int) -> str:
-    """The host of a node that Slurm places (``nodes: {count: N}``), until the
-    job starts and the allocation names it."""
+    """A placed node's host until the job starts and the allocation names it."""
     return f"<slurm node {node_rank}>"
 
 
@@ -143,8 +138,7 @@ def check_layout(spec: Any, top: Mapping[str, Located], node_keys: tuple[str, ..
 
 
 def schema(mapping: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """``$defs.slurm``; ``mapping`` is the schema's helper for a mapping of
-    these keys (``schema._mapping``)."""
+    """``$defs.slurm``, built with the schema's ``mapping`` helper."""
     name = {"type": "string", "pattern": NAME_RE.pattern}
     return mapping(KEYS, {
         "partition": {**name, "description": "sbatch --partition."},
@@ -162,8 +156,8 @@ def schema(mapping: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 
 def schema_rules(given: Callable[[str, Any], dict[str, Any]], localhost: dict[str, Any],
                  backends: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The loader's rules of this block and layout (``load_cluster_text``'s
-    "need backend: slurm", ``check_layout``) as JSON Schema says them."""
+    """The loader's rules of this block and layout (``check_layout``, "need
+    backend: slurm") as JSON Schema says them."""
     slurm = {"anyOf": [given("backend", "slurm"),
                        {"not": {"required": ["backend"]},
                         "anyOf": [{"required": ["slurm"]},
