@@ -169,19 +169,22 @@ def test_a_free_gpu_is_chosen_from_the_real_nvidia_smi_and_a_second_run_is_refus
         pytest.skip("no nvidia-smi on this GPU machine's PATH")
     assert facts["ok"], facts
     listed = {g["index"]: g for g in facts["gpus"]}
-    locks = str(tmp_path / "locks")
+    from orchestrator.agent.node.holdings import Holdings
+
+    locks, holdings = str(tmp_path / "locks"), Holdings()
     first = gpuclaim.claim("all", run_id="gpu-a", node_rank=0, busy_mib=1 << 20,
-                           allow_busy=True, lock_dir=locks)
+                           allow_busy=True, lock_dir=locks, holdings=holdings)
     try:
         assert first["ok"], first
         assert first["chosen"] == sorted(listed)
         assert first["uuids"] == [listed[k]["uuid"] for k in first["chosen"]]
         second = gpuclaim.claim([first["chosen"][0]], run_id="gpu-b", node_rank=0,
-                                busy_mib=1 << 20, allow_busy=True, lock_dir=locks)
+                                busy_mib=1 << 20, allow_busy=True, lock_dir=locks,
+                                holdings=Holdings())
         assert (second["ok"], second["reason"]) == (False, "held"), second
         assert "run gpu-a of" in second["error"]
     finally:
-        gpuclaim.release()
+        holdings.release_gpus()
 
 
 def test_the_probes_compute_capabilities_and_arch_list_are_torchs():

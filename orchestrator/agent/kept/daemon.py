@@ -39,7 +39,8 @@ from . import mailbox, peers
 from .head import Head
 from .member import Member
 from .spec import KeeperSpec
-from ..node import gpuclaim, probes
+from ..node import probes
+from ..node.holdings import Holdings
 from ..node.spec import SpecError
 from .. import layout
 from ..node.stream import offset_of_last_lines
@@ -50,7 +51,7 @@ FOLLOW_POLL_S = 0.05
 FIND_KEEPER_S = 10.0  # a keeper just started writes keeper.json within this
 
 
-def start(asked: dict, listen: bool) -> dict:
+def start(asked: dict, listen: bool, holdings: Holdings | None = None) -> dict:
     """Fork the keeper off as a daemon; its pid, and node 0's gang port
     (none for a run of one node: there is nobody to link to it). The port
     listens on the address the other nodes reach node 0 at, the gang's
@@ -61,6 +62,7 @@ def start(asked: dict, listen: bool) -> dict:
         spec = KeeperSpec.from_dict(asked)
     except SpecError as exc:
         return {"ok": False, "error": str(exc)}
+    holdings = holdings or Holdings()
     run_dir = spec.supervisor.run_dir
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
     sock = None
@@ -77,17 +79,17 @@ def start(asked: dict, listen: bool) -> dict:
             os.setsid()
             if os.fork() > 0:
                 os._exit(0)
-            # The run's GPU locks stay with the keeper, across restarts (``gpuclaim``).
+            # The run's GPU locks and port stay with the keeper, across restarts.
             _become_daemon(run_dir, keep={write_end, sock.fileno() if sock else -1,
-                                          *gpuclaim.held_fds(), *probes.held_fds()})
+                                          *holdings.fds()})
             os.write(write_end, str(os.getpid()).encode())
             os.close(write_end)
-            code = keeper_for(spec, sock).run()
+            code = keeper_for(spec, sock, holdings).run()
         except BaseException as exc:  # noqa: BLE001 (a daemon reports, then ends)
             os.write(2, f"ddp-orch: keeper failed to start: {exc!r}\n".encode())
         os._exit(code)
     os.close(write_end)
-    probes.release_ports()  # the keeper holds the master port now, for its torchrun
+    holdings.release_ports()  # the keeper holds the master port now, for its torchrun
     os.waitpid(child, 0)
     with os.fdopen(read_end, "rb") as fh:
         said = fh.read()
@@ -102,12 +104,13 @@ def start(asked: dict, listen: bool) -> dict:
     return {"ok": True, "pid": int(said), "gang_port": port}
 
 
-def keeper_for(spec: KeeperSpec, listener=None):
+def keeper_for(spec: KeeperSpec, listener=None, holdings: Holdings | None = None):
     """The keeper of ``spec``'s node: node 0's is the head (listening on
-    ``listener``, the gang's port), every other node's a member."""
+    ``listener``, the gang's port), every other node's a member; it takes
+    over what the agent held for the run (``holdings``)."""
     if spec.node_rank == 0:
-        return Head(spec, listener)
-    return Member(spec)
+        return Head(spec, listener, holdings)
+    return Member(spec, holdings)
 
 
 def _become_daemon(run_dir: str, keep: set[int]) -> None:

@@ -21,6 +21,7 @@ from .spec import KeeperSpec
 from .restarts import setup_failed, survivors_left, will_recur
 from .. import gangrule
 from ..node import probes
+from ..node.holdings import Holdings
 from ..wire.protocol import Event, message, rank_progress
 
 ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
@@ -37,8 +38,9 @@ def restart_backoff(restart: int) -> float:
 class Head(Keeper):
     """Node 0's keeper; ``keep`` leads the gang through its attempts."""
 
-    def __init__(self, spec: KeeperSpec, listener: socket.socket | None = None):
-        super().__init__(spec)
+    def __init__(self, spec: KeeperSpec, listener: socket.socket | None = None,
+                 holdings: Holdings | None = None):
+        super().__init__(spec, holdings)
         self.listener = listener  # the gang's port, bound by the daemon
         self.attempts: list[dict] = []  # one record per attempt (``attempts.py``)
         self.shrunk = 0  # how many of the oldest attempts hold less detail
@@ -120,7 +122,7 @@ class Head(Keeper):
                     self.attempts[-1].update(restart="", no_restart=why_not)
                     self.say(f"ddp-orch: no restart after all: {why_not}")
                     break
-                port = _fresh_port(gang.addr)
+                port = _fresh_port(self.holdings, gang.addr)
             with self.lock:
                 self.current, self.ended, self.stop_asked = attempt, {}, set()
                 self.failing, self.reported, self.hung = {}, {}, {}
@@ -406,10 +408,10 @@ class Head(Keeper):
         self._broadcast(message(Event.GANG_GO))
 
 
-def _fresh_port(master_addr: str | None = None) -> int:
+def _fresh_port(holdings: Holdings, master_addr: str | None = None) -> int:
     """A free port for the next attempt's rendezvous, as ``bind`` checks it,
     in the family of the master address (an IPv6 master gets an IPv6 port)."""
-    found = probes.bind(0, master_addr, hold=True)  # this keeper's supervisor lets it go
+    found = probes.bind(0, master_addr, holdings=holdings)  # its supervisor lets it go
     if not found["ok"]:
         raise OSError(f"no free port for the next attempt: {found['error']}")
     return found["port"]

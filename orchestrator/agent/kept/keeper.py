@@ -32,6 +32,7 @@ from .attempts import compact
 from .spec import KeeperSpec
 from .. import layout
 from ..node import gpus, procs, stacks
+from ..node.holdings import Holdings
 from ..node.procs import start_time
 from ..node.spec import SupervisorSpec
 from ..node.stream import Stream
@@ -39,7 +40,7 @@ from ..gangrule import stop_reason
 from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
 from ..wire import files
-from ..wire.protocol import HEARTBEAT_S, Event, encode, message, pace_fields
+from ..wire.protocol import HEARTBEAT_S, Ended, Event, encode, message, pace_fields
 
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
 FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
@@ -84,8 +85,9 @@ class Keeper(abc.ABC):
     """What every node's keeper does; ``run()`` returns the node's last
     torchrun code. Its role (``head.Head``, ``member.Member``) holds the gang."""
 
-    def __init__(self, spec: KeeperSpec):
+    def __init__(self, spec: KeeperSpec, holdings: Holdings | None = None):
         self.spec = spec
+        self.holdings = holdings or Holdings()  # the run's port and GPU locks, from the agent
         self.sup_spec = spec.supervisor
         self.node_rank = self.sup_spec.node_rank
         self.nnodes = spec.nnodes
@@ -231,9 +233,10 @@ class Keeper(abc.ABC):
             self.current = attempt
             why = self.final or self.stop_for.get(attempt)
             if why:  # stopped before it started: nothing to run
-                return {"code": 128 + signal.SIGTERM, "reason": stop_reason(why), "failures": [],
+                return {"code": 128 + signal.SIGTERM, "reason": stop_reason(why),
+                        "ended": Ended.STOPPED.value, "failures": [],
                         "last_lines": [], "duration_s": 0, "stopped_at": time.time()}
-            self.supervisor = sup = Supervisor(spec)
+            self.supervisor = sup = Supervisor(spec, holdings=self.holdings)
             sup.out = self.stream
             sup.line_seen = {}  # output lines are progress: the hang rule's and status's
             sup.setup_barrier = self._setup_barrier

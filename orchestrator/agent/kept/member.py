@@ -1,14 +1,8 @@
 """Every other node's keeper: a member of a kept run's gang.
 
-It links to the head (node 0, ``peers.connect``) and does what the head
-says: runs each attempt it starts (``gang-start``), stops on ``gang-stop``,
-dumps its ranks' stacks on ``gang-stacks``, and ends on ``gang-finish``.
-It tells the head of its torchrun's failure (``gang-failing``), its end
-(``gang-ended``), its ranks' progress (``gang-progress``), its setup
-(``gang-setup``) and a stop for good (a signal, a follower gone). A member
-that loses its head stops at once: a gang cannot go on without node 0.
-
-Stdlib only, like the rest of the agent package.
+It links to the head (node 0), runs the attempts the head starts, and tells
+it of its failures, progress and end. A member that loses its head stops at
+once: a gang cannot go on without node 0.
 """
 
 from __future__ import annotations
@@ -21,14 +15,15 @@ from . import peers
 from .keeper import Keeper
 from .spec import KeeperSpec
 from ..gangrule import stop_reason
+from ..node.holdings import Holdings
 from ..wire.protocol import Event, message
 
 
 class Member(Keeper):
     """A keeper on a node other than node 0; ``keep`` follows the head."""
 
-    def __init__(self, spec: KeeperSpec):
-        super().__init__(spec)
+    def __init__(self, spec: KeeperSpec, holdings: Holdings | None = None):
+        super().__init__(spec, holdings)
         self.head: peers.Link | None = None  # the link to node 0, once made
         self.inbox: queue.Queue = queue.Queue()  # the head's gang-start and gang-finish
 

@@ -3,9 +3,9 @@
 The controller asks every node at once, before anything starts. The
 node's facts (``gpus.facts``) and the other runs' holds (``gpulocks``)
 turn the request into indices, or a refusal the user can act on; the
-chosen GPUs stay locked for the run's whole life. The locks pass, by
-``held_fds()``, to the guardian and a kept run's keeper, which outlive a
-SIGKILLed agent, and go with the last descriptor: nothing to clean up.
+chosen GPUs stay locked for the run's whole life (``Holdings``). The locks
+pass to the guardian and a kept run's keeper, which outlive a SIGKILLed
+agent, and go with the last descriptor: nothing to clean up.
 
 torch is asked too (``TorchProbe``), in a child started first thing so its
 import overlaps the uploads, for the gang's decision on ``device: auto``.
@@ -18,26 +18,19 @@ import subprocess
 import sys
 
 from . import gpulocks, gpus, probes
+from .holdings import Holdings
 
 SMI_TIMEOUT_S = 20.0  # each nvidia-smi query; a hung driver answers never
 CLAIM_TRIES = 3  # another run may take a GPU between our look and our lock
 TORCH_TIMEOUT_S = 120.0  # a cold import of torch with CUDA on a slow disk
 NOTE_CHARS = 240  # a note of nvidia-smi's own in the reply (the controller takes 256)
 
-_holds: list[gpulocks.Holds] = []
-
-
-def held_fds() -> list[int]:
-    """The descriptors of the GPU locks this process holds, for ``pass_fds``."""
-    return [fd for holds in _holds for fd in holds.fds]
-
-
 def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int,
-          allow_busy: bool = False, hold: bool = True, rehearsal: bool = False,
+          allow_busy: bool = False, holdings: Holdings | None = None, rehearsal: bool = False,
           lock_dir: str | None = None, busy_util: int = gpus.DEFAULT_BUSY_UTIL,
           ignore: "list[str] | tuple[str, ...]" = (),
           exclude: "list[int] | tuple[int, ...]" = ()) -> dict:
-    """The GPUs ``want`` gets here, locked for run ``run_id`` when ``hold``,
+    """The GPUs ``want`` gets here, locked for run ``run_id`` into ``holdings`` if given,
     under the site's ``gpu_policy``: ``choose``'s answer, with every GPU
     (``gpus``, ``held_by`` where another run holds it) and the driver.
 
@@ -55,7 +48,7 @@ def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int
         there = {gpu["index"] for gpu in listing}
         if any(k not in there for k in want):
             return _rehearsed(want, [k for k in want if k in there], run_id=run_id,
-                              node_rank=node_rank, allow_busy=allow_busy, hold=hold,
+                              node_rank=node_rank, allow_busy=allow_busy, holdings=holdings,
                               lock_dir=lock_dir, **policy)
     directory = gpulocks.lock_dir(lock_dir)
     keys = {gpu["index"]: gpus.lock_key(gpu) for gpu in listing}
@@ -75,10 +68,10 @@ def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int
             choice["notes"] = said + choice["notes"]
         else:
             choice["error"] += "".join(f"; {note}" for note in said)
-        if not choice["ok"] or not hold:
+        if not choice["ok"] or holdings is None:
             return {**choice, **facts}
         try:
-            _holds.append(gpulocks.hold([keys[k] for k in choice["chosen"]],
+            holdings.gpu_locks.append(gpulocks.hold([keys[k] for k in choice["chosen"]],
                                         {"run_id": run_id, "node_rank": node_rank}, directory))
         except gpulocks.Held:
             continue  # taken since we looked: look again
@@ -114,12 +107,6 @@ def _without_smi(want: "list[int] | str", found: dict) -> dict:
             "notes": ["nvidia-smi is not on this node's PATH: GPUs "
                       f"{','.join(map(str, want))} are taken as listed, with no busy check "
                       "and no hold against other runs"]}
-
-
-def release() -> None:
-    """Let go of every GPU this process holds (a launch abandoned)."""
-    while _holds:
-        _holds.pop().release()
 
 
 # torch's view, in a child of the node's Python: never imported here (the agent

@@ -28,7 +28,7 @@ import json
 import subprocess
 import sys
 
-from . import gpuclaim, procs, scrub
+from . import procs, scrub
 from ..wire.protocol import Control
 
 _MAIN = """
@@ -75,20 +75,21 @@ _guard()
 """
 
 
-def start(marker: tuple[str, str], grace_s: float) -> subprocess.Popen:
+def start(marker: tuple[str, str], grace_s: float,
+          gpu_fds: list[int] | tuple[int, ...] = ()) -> subprocess.Popen:
     """The guardian for the run marked ``marker``; ``arm`` it, and write
     ``done`` to it (``release``) once the supervisor has torn the run down
-    itself."""
+    itself. ``gpu_fds``: the run's GPU locks, which it holds too."""
     future = "from __future__ import annotations\n"
     source = future + "\n".join(module.__loader__.get_source(module.__name__).replace(future, "")
                                 for module in (procs, scrub)) \
         + f"\n_DONE = {Control.DONE.encode().strip()!r}\n" + _MAIN
-    # It holds the run's GPU locks too (``gpuclaim``): they outlive a killed
-    # supervisor until the guardian has ended the run's processes.
+    # The run's GPU locks outlive a killed supervisor until the guardian has
+    # ended the run's processes.
     return subprocess.Popen([sys.executable, "-I", "-S", "-c", source, *marker, str(grace_s)],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
-                            pass_fds=gpuclaim.held_fds())
+                            pass_fds=tuple(gpu_fds))
 
 
 def arm(guardian: subprocess.Popen, log_dir: str, secrets: list[str],

@@ -28,6 +28,7 @@ import time
 from . import ifvars, netroute
 from .ompthreads import resolve_threads, usable_cores
 from .. import layout
+from .holdings import Holdings
 from .jobfile import JobSpec, Placement
 from .spec import SpecError, SupervisorSpec
 from .stream import Stream
@@ -64,12 +65,12 @@ def node_rank_here(job: JobSpec, environ: dict) -> int:
 
 
 def publish_rendezvous(job_dir: str, addr: str | None, port: int | None,
-                       node_name: str = "") -> dict:
+                       node_name: str = "", holdings: Holdings | None = None) -> dict:
     """Node 0: choose the address and a free port, and tell the others."""
     from .probes import bind
 
     if not port:
-        found = bind(0, addr, hold=True)  # until this node's supervisor starts torchrun
+        found = bind(0, addr, holdings=holdings)  # until this node's supervisor starts torchrun
         if not found["ok"]:
             raise JobNodeError(f"no free port for the rendezvous: {found['error']}")
         port = found["port"]
@@ -178,10 +179,11 @@ def run(job_path: str) -> int:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
+    holdings = Holdings()
     try:
         if node_rank == 0:
             where = publish_rendezvous(job.job_dir, job.master_addr, job.master_port,
-                                       environ.get(job.placement.node_name, ""))
+                                       environ.get(job.placement.node_name, ""), holdings)
         else:
             where = await_rendezvous(job.job_dir, job.start_timeout_s)
         spec = node_spec(job, node_rank, where, environ)
@@ -191,7 +193,7 @@ def run(job_path: str) -> int:
         return 1
     from .supervisor import Supervisor
 
-    supervisor = Supervisor(spec)
+    supervisor = Supervisor(spec, holdings=holdings)
     supervisor.out = stream = Stream(1)
     supervisor.setup_barrier = lambda sup: await_setups(job.job_dir, node_rank, len(job.nodes),
                                                         sup)

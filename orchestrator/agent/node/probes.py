@@ -14,6 +14,10 @@ import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .holdings import Holdings
 
 # What the node's CUDA driver and torch build say, as a child interpreter of
 # the node's Python asks them without importing torch (the launch's probe,
@@ -117,10 +121,10 @@ def _wildcard(family: int) -> str:
     return "::" if family == socket.AF_INET6 else ""
 
 
-def bind(port: int, host: str | None = None, *, hold: bool = False) -> dict:
+def bind(port: int, host: str | None = None, *, holdings: Holdings | None = None) -> dict:
     """Can torchrun's store listen on ``port``? 0 asks the kernel for a free one.
-    ``hold``: keep it bound (not listening) until ``release_ports``, as
-    ``setup:`` may take half an hour and another job's store could take it."""
+    Given ``holdings``, it stays bound (not listening) in them until torchrun
+    starts (``Holdings.release_ports``)."""
     family = family_of(host) if host else socket.AF_INET
     sock = None
     try:
@@ -141,26 +145,11 @@ def bind(port: int, host: str | None = None, *, hold: bool = False) -> dict:
                                           f"{exc.strerror or exc}"}
         return {"ok": False, "error": exc.strerror or str(exc)}
     found = sock.getsockname()[1]
-    if hold:
-        _held.append(sock)
+    if holdings is not None:
+        holdings.ports.append(sock)
     else:
         sock.close()
     return {"ok": True, "port": found}
-
-
-# Master ports found free and held for torchrun's store (``bind(hold=True)``):
-# process state, as the sockets are; a forked keeper keeps its copy (``held_fds``).
-_held: list[socket.socket] = []
-
-
-def held_fds() -> list[int]:
-    return [sock.fileno() for sock in _held]
-
-
-def release_ports() -> None:
-    """Let torchrun's store have the ports held for it: right before it starts."""
-    while _held:
-        _held.pop().close()
 
 
 _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}

@@ -31,6 +31,7 @@ from ..wire.fields import is_time
 from . import nodesetup, outputsteps, setupstamp
 from ..wire.protocol import (Control, Ended, Event, LineBuffer, Reader,
                              controller_silent_for, encode, exit_event, message)
+from .holdings import Holdings
 from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
 
@@ -68,11 +69,14 @@ def _output_steps(pattern: str | None) -> outputsteps.OutputSteps:
 
 
 class Supervisor:
-    def __init__(self, spec: SupervisorSpec | dict, stdin: Reader | None = None):
-        """``spec`` as built or as JSON (checked: SpecError if it is not one)."""
+    def __init__(self, spec: SupervisorSpec | dict, stdin: Reader | None = None,
+                 holdings: Holdings | None = None):
+        """``spec`` as built or as JSON (checked: SpecError if it is not one);
+        ``holdings``: the port and GPU locks held for this run, if any."""
         self.spec = spec = spec if isinstance(spec, SupervisorSpec) \
             else SupervisorSpec.from_dict(spec)
         self.stdin = stdin or Reader(0)  # what serve left of stdin, if it read ahead
+        self.holdings = holdings or Holdings()
         self.run_dir = spec.run_dir
         # torchrun's --log-dir: each attempt of a kept run has its own (kept/keeper.py)
         self.log_dir = spec.log_dir or os.path.join(self.run_dir, layout.TORCHRUN_LOGS)
@@ -125,7 +129,7 @@ class Supervisor:
         if self.spec.bundle:
             _extract(self.spec.bundle, self.run_dir)
         procs.become_subreaper()
-        self.guardian = guardian.start(self.marker, self.grace_s)
+        self.guardian = guardian.start(self.marker, self.grace_s, self.holdings.gpu_fds())
         guardian.arm(self.guardian, self.log_dir, list(self.spec.secrets),
                      os.path.join(self.run_dir, layout.GUARDIAN_RECORD))
         if self.spec.owns_signals:  # a keeper (kept/keeper.py) handles them itself
@@ -145,7 +149,7 @@ class Supervisor:
         self.setup_over.set()
         # torchrun, and so every worker, starts in the node's code root
         # (``NodePlan.code_root``: the uploaded project, or the built-ins' code/)
-        probes.release_ports()  # node 0's master port, held since it was found free
+        self.holdings.release_ports()  # node 0's master port, held since it was found free
         child = subprocess.Popen(list(self.spec.argv), env=env,
                                  cwd=self.spec.cwd or self.run_dir,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

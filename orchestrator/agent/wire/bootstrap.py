@@ -11,6 +11,7 @@ before the source means the launch was abandoned.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import zlib
@@ -55,7 +56,6 @@ from ddp_orch_agent.__main__ import main
 sys.exit(main(head["argv"]))
 """
 
-_cache: dict[str, bytes] = {}
 
 
 def sources() -> dict[str, str]:
@@ -74,11 +74,15 @@ def sources() -> dict[str, str]:
     return out
 
 
+@functools.cache
+def _blob() -> bytes:
+    """This package's sources, compressed: the same for every node of a launch."""
+    return zlib.compress(json.dumps(sources()).encode(), 6)
+
+
 def payload(argv: list[str]) -> bytes:
     """What to write to BOOT's stdin to run the agent with ``argv``."""
-    if "blob" not in _cache:
-        _cache["blob"] = zlib.compress(json.dumps(sources()).encode(), 6)
-    blob = _cache["blob"]
+    blob = _blob()
     head = {"size": len(blob), "sha256": digest(blob), "argv": argv}
     return json.dumps(head).encode() + b"\n" + blob
 

@@ -46,6 +46,7 @@ from typing import Callable
 from . import files
 
 from ..node import probes, procs
+from ..node.holdings import Holdings
 from ..node.ompthreads import usable_cores
 from .protocol import (OPS, Control, Ended, Event, ProtocolError, Reader, check_request, digest, encode,
                        exit_event, message)
@@ -68,6 +69,7 @@ class Session:
         self.refused = False
         self.code: int | None = None  # torchrun's exit code, once a run was supervised
         self.over = False  # the agent exits now, not at EOF
+        self.holdings = Holdings()  # the master port and GPU locks, for its supervisor
         self._probe = None  # gpuclaim.TorchProbe, until its answer is read
         self._torch: dict | None = None
 
@@ -155,7 +157,7 @@ def _supervise(session: Session, request: dict, stdin: Reader) -> None:
     from ..node.supervisor import Supervisor
 
     try:
-        supervisor = Supervisor(request["spec"], stdin)
+        supervisor = Supervisor(request["spec"], stdin, holdings=session.holdings)
     except SpecError as exc:  # the run's end, said as any run's end is
         session.code = _refuse_spec(str(exc), stdin)
         return
@@ -214,11 +216,9 @@ def _mkrun(session: Session, request: dict, stdin: Reader) -> None:
 def _discard(session: Session, request: dict, stdin: Reader) -> None:
     import shutil
 
-    from ..node import gpuclaim
-
     for path in session.made:  # only what this channel created: the launch was abandoned
         shutil.rmtree(path, ignore_errors=True)
-    gpuclaim.release()
+    session.holdings.release_gpus()
     reply(ok=True, removed=list(session.made))
     session.made.clear()
 
@@ -242,7 +242,8 @@ def _get(session: Session, request: dict, stdin: Reader) -> None:
 def _bind(session: Session, request: dict, stdin: Reader) -> None:
     # ``hold``: a launch's port, held until this agent's supervisor starts
     # torchrun (or the agent ends); `check` only asks whether it is free
-    reply(**probes.bind(request["port"], request.get("host"), hold=request.get("hold", False)))
+    reply(**probes.bind(request["port"], request.get("host"),
+                        holdings=session.holdings if request.get("hold", False) else None))
 
 
 @answers("route")
@@ -267,7 +268,7 @@ def _gpus(session: Session, request: dict, stdin: Reader) -> None:
         want if isinstance(want, str) else [int(k) for k in want],
         run_id=request["run_id"], node_rank=request.get("node_rank", 0),
         busy_mib=request["busy_mib"], allow_busy=request.get("allow_busy", False),
-        hold=request.get("hold", True), rehearsal=request.get("rehearsal", False),
+        holdings=session.holdings if request.get("hold", True) else None, rehearsal=request.get("rehearsal", False),
         lock_dir=request.get("lock_dir"),
         **({"busy_util": request["busy_util"]} if "busy_util" in request else {}),
         ignore=[str(rule) for rule in request.get("ignore", [])],
@@ -349,7 +350,7 @@ def _keeper(session: Session, request: dict, stdin: Reader) -> None:
 def _detach(session: Session, request: dict, stdin: Reader) -> None:
     from ..kept import daemon
 
-    reply(**daemon.start(request["spec"], request.get("listen", False)))
+    reply(**daemon.start(request["spec"], request.get("listen", False), session.holdings))
 
 
 @answers("down")

@@ -11,6 +11,7 @@ import pytest
 from fakecuda import libcuda  # noqa: F401 (a fixture)
 from fakesmi import fake_nvidia_smi
 from orchestrator.agent.node import gpuclaim, gpulocks
+from orchestrator.agent.node.holdings import Holdings
 
 
 @pytest.fixture
@@ -19,9 +20,15 @@ def node(tmp_path, monkeypatch):
     directory = fake_nvidia_smi(tmp_path / "smi", [{}, {}, {"memory_used": 9000}, {}])
     monkeypatch.setenv("PATH", directory + os.pathsep + os.environ["PATH"])
     locks = str(tmp_path / "locks")
-    yield lambda want, **kw: gpuclaim.claim(want, run_id=kw.pop("run_id", "r1"), node_rank=0,
-                                            busy_mib=1024, lock_dir=locks, **kw), locks
-    gpuclaim.release()
+    holdings = Holdings()
+
+    def claim(want, hold=True, **kw):
+        return gpuclaim.claim(want, run_id=kw.pop("run_id", "r1"), node_rank=0, busy_mib=1024,
+                              lock_dir=locks, holdings=holdings if hold else None, **kw)
+
+    claim.holdings = holdings
+    yield claim, locks
+    holdings.release_gpus()
 
 
 def held(locks: str, answer: dict) -> dict:
@@ -39,7 +46,7 @@ def test_a_claim_holds_what_it_chose_and_another_run_gets_the_rest(node):
     refused = claim([1], run_id="r3")
     assert not refused["ok"] and refused["reason"] == "held" and refused["waitable"]
     assert "run r1 of" in refused["error"]
-    gpuclaim.release()
+    claim.holdings.release_gpus()
     assert set(held(locks, first).values()) == {None}
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from fakesmi import DRIVER, fake_nvidia_smi, state
 from orchestrator.agent.node import gpuclaim, gpulocks
+from orchestrator.agent.node.holdings import Holdings
 
 
 @pytest.fixture
@@ -22,13 +23,17 @@ def node(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", smi + os.pathsep + os.environ["PATH"])
     locks = str(tmp_path / "locks")
 
-    def claim(want, **kw):
-        kw = {"run_id": "r1", "node_rank": 2, "busy_mib": 1024, "lock_dir": locks, **kw}
+    holdings = Holdings()
+
+    def claim(want, hold=True, **kw):
+        kw = {"run_id": "r1", "node_rank": 2, "busy_mib": 1024, "lock_dir": locks,
+              "holdings": holdings if hold else None, **kw}
         return gpuclaim.claim(want, **kw)
 
     claim.locks, claim.uuids = locks, [g["uuid"] for g in state(smi)["hosts"]["local"]["gpus"]]
+    claim.holdings = holdings
     yield claim
-    gpuclaim.release()
+    holdings.release_gpus()
 
 
 def test_an_answer_has_every_gpu_the_processes_and_the_driver_and_the_hold_its_node(node):
@@ -52,7 +57,7 @@ def test_another_runs_hold_is_shown_on_its_gpu(node):
 def test_the_busy_threshold_is_the_requests_and_busy_gpus_are_refused_unless_allowed(node):
     assert node([2], busy_mib=100)["reason"] == "busy"  # 500 MiB used is over 100
     assert node([2], busy_mib=1024)["ok"]  # and under 1024
-    gpuclaim.release()
+    node.holdings.release_gpus()
     assert node([2], busy_mib=100, allow_busy=True)["ok"]
 
 
@@ -112,7 +117,7 @@ def test_a_rehearsals_real_gpus_are_claimed_as_asked(node):
                                    "runs a CPU process")
     holder = gpulocks.holders([node.uuids[2]], node.locks)[node.uuids[2]]
     assert (holder["run_id"], holder["node_rank"]) == ("r1", 2)
-    gpuclaim.release()
+    node.holdings.release_gpus()
     node([0, 8], rehearsal=True, hold=False)
     assert gpulocks.holders([node.uuids[0]], node.locks)[node.uuids[0]] is None
 

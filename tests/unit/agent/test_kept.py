@@ -272,7 +272,7 @@ def a_head(tmp_path):
 class LeftOver:
     """A supervisor whose attempt ended with processes that would not die."""
 
-    def __init__(self, spec=None):
+    def __init__(self, spec=None, holdings=None):
         import threading
 
         self.spec = spec

@@ -75,3 +75,35 @@ def test_the_module_keeps_no_state_of_a_channel():
                and name != "ANSWERS" and value is not getattr(protocol, name, None)}
     assert mutable == {}
     assert all(isinstance(fn, types.FunctionType) for fn in serve.ANSWERS.values())
+
+
+def test_no_agent_module_keeps_mutable_state_of_its_own():
+    """Ports and GPU locks held for a run live in a ``Holdings`` a session,
+    a Slurm node or a keeper owns, never in a module: a module-level list
+    was how one session's hold leaked into the next (``--wait-gpus``).
+    A module may keep declared tables (UPPER_CASE), nothing else mutable.
+    (``agent/worker`` is not the agent: it runs in the user's ranks, where
+    ``ddp_orch_progress.step`` is a function the training loop calls.)"""
+    import importlib
+    import pkgutil
+
+    import orchestrator.agent as agent
+
+    found = []
+    for info in pkgutil.walk_packages(agent.__path__, "orchestrator.agent."):
+        if info.name.startswith("orchestrator.agent.worker"):
+            continue
+        module = importlib.import_module(info.name)
+        found += [f"{info.name}.{name}" for name, value in vars(module).items()
+                  if isinstance(value, (list, dict, set)) and not name.startswith("__")
+                  and not name.isupper() and getattr(value, "__module__", None) is None
+                  and not any(value is vars(other).get(name) for other in _imported(module))]
+    assert found == [], "keep it in a Holdings or a Session, not in the module"
+
+
+def _imported(module) -> list:
+    """The modules ``module`` took names from (a table imported is its owner's)."""
+    import sys
+
+    return [m for n, m in sys.modules.items()
+            if n.startswith("orchestrator.agent") and m is not module]

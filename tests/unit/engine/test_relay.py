@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from orchestrator.agent.node import probes, workerlogs
+from orchestrator.agent.node.holdings import Holdings
 from orchestrator.agent.wire.protocol import LineBuffer
 from orchestrator.console import Console
 
@@ -270,7 +271,8 @@ def test_a_held_master_port_is_no_other_stores_until_released():
     bound it only after ``setup:``, minutes later; another job's store
     (SO_REUSEADDR, as torch's TCPStore binds) could take it meanwhile.
     Held, it cannot; released (right before torchrun starts), it can."""
-    found = probes.bind(0, "127.0.0.1", hold=True)
+    holdings = Holdings()
+    found = probes.bind(0, "127.0.0.1", holdings=holdings)
     assert found["ok"], found
     try:
         other = socket.socket()
@@ -279,7 +281,7 @@ def test_a_held_master_port_is_no_other_stores_until_released():
             other.bind(("", found["port"]))
         assert probes.bind(found["port"], "127.0.0.1")["ok"] is False
     finally:
-        probes.release_ports()
+        holdings.release_ports()
     store = socket.socket()
     store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     with store:
