@@ -242,7 +242,7 @@ def read_record(run: RunDir) -> RunRecord | None:
         controller = controller if isinstance(controller, dict) else {}
         started = data.get("started")
         root = data.get("root_cause")
-        backend = str(data.get("backend", "ssh"))
+        backend = str(data["backend"])
         owner = Owner.from_json(data["owner"])
         record = RunRecord(
             run_id=os.path.basename(run.path), run=run, state=state,
