@@ -156,14 +156,21 @@ def test_dropped_connection_is_reported_and_the_next_call_reconnects(make_ssh_la
 @live
 def test_one_connection_shared_by_many_threads(make_ssh_lab):
     lab = make_ssh_lab(1)
-    outputs = []
+    outputs, errors = [], []
+
+    def echo(i: int) -> None:
+        try:
+            outputs.append(transport.run(["echo", str(i)]).output)
+        except Exception as exc:  # noqa: BLE001 (said in the assertion, not lost with the thread)
+            errors.append(f"{i}: {exc!r}")
+
     with _transport(lab) as transport:
-        threads = [threading.Thread(target=lambda i=i: outputs.append(
-            transport.run(["echo", str(i)]).output)) for i in range(8)]
+        threads = [threading.Thread(target=echo, args=(i,)) for i in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(60)
+        assert errors == []
         assert sorted(outputs) == sorted(f"{i}\n" for i in range(8))
         assert len(lab.session_pids(0)) == 1  # one sshd session process: one connection
 
