@@ -102,10 +102,8 @@ def zipapp(path: str, cache_dir: str | None = None) -> str:
     key = digest(json.dumps(modules, sort_keys=True).encode() + _magic())[:24]
     cache_dir = zipapp_cache_dir() if cache_dir is None else cache_dir
     cached = os.path.join(cache_dir, f"agent-{key}.pyz") if cache_dir else ""
-    try:
-        with open(cached, "rb") as fh:
-            data = fh.read()
-    except OSError:
+    data = _read_cached(cached, modules)
+    if data is None:
         data = _build_zipapp(modules)
         if cached:
             try:
@@ -134,6 +132,36 @@ def _magic() -> bytes:
     return importlib.util.MAGIC_NUMBER
 
 
+def _read_cached(path: str, modules: dict[str, str]) -> bytes | None:
+    """The cached archive if it is whole and holds exactly these sources; a
+    file cut short, damaged or of other sources is built again (None)."""
+    import io
+    import zipfile
+
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            if zf.testzip() is not None:
+                return None
+            held = {n: zf.read(n) for n in zf.namelist() if n.endswith(".py")}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+    return data if held == _entries(modules) else None
+
+
+def _entries(modules: dict[str, str]) -> dict[str, bytes]:
+    """The archive's sources by their names in it, ``__main__.py`` included."""
+    out = {}
+    for name, source in modules.items():
+        package = any(k.startswith(name + ".") for k in modules)
+        out[name.replace(".", "/") + ("/__init__.py" if package else ".py")] = \
+            source.encode("utf-8")
+    return {**out, "__main__.py": ZIPAPP_MAIN.encode("utf-8")}
+
+
 def _build_zipapp(modules: dict[str, str]) -> bytes:
     import importlib.util
     import io
@@ -143,17 +171,15 @@ def _build_zipapp(modules: dict[str, str]) -> bytes:
     stamp = (1980, 1, 1, 0, 0, 0)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, source in modules.items():
-            package = any(k.startswith(name + ".") for k in modules)
-            inner = name.replace(".", "/") + ("/__init__.py" if package else ".py")
-            raw = source.encode("utf-8")
+        for inner, raw in _entries(modules).items():
             zf.writestr(zipfile.ZipInfo(inner, stamp), raw)
+            if inner == "__main__.py":  # run as the archive's script: never imported
+                continue
             code = compile(raw, "agent.pyz/" + inner, "exec", dont_inherit=True)
             # PEP 552: magic, flags 0b11 (hash-based, checked), the source's hash, the code
             zf.writestr(zipfile.ZipInfo(inner + "c", stamp),
                         _magic() + (0b11).to_bytes(4, "little")
                         + importlib.util.source_hash(raw) + marshal.dumps(code))
-        zf.writestr(zipfile.ZipInfo("__main__.py", stamp), ZIPAPP_MAIN)
     return buffer.getvalue()
 
 

@@ -92,6 +92,33 @@ def test_the_archive_is_built_once_per_sources_and_python_then_read_from_the_cac
     assert built == [1] and len(list(cache.iterdir())) == 2  # new sources, a new entry
 
 
+@pytest.mark.parametrize("damage", [
+    lambda data: data[:len(data) // 2],  # cut short
+    lambda data: _edited(data),  # whole, but not these sources
+    lambda data: b"not a zip",
+])
+def test_a_cached_archive_that_is_not_whole_or_not_these_sources_is_built_again(
+        tmp_path, damage):
+    cache = tmp_path / "cache"
+    good = bootstrap.zipapp(str(tmp_path / "a.pyz"), cache_dir=str(cache))
+    (kept,) = cache.iterdir()
+    kept.write_bytes(damage(kept.read_bytes()))
+    assert bootstrap.zipapp(str(tmp_path / "b.pyz"), cache_dir=str(cache)) == good
+    assert kept.read_bytes() == (tmp_path / "a.pyz").read_bytes()  # the cache mended too
+
+
+def _edited(data: bytes) -> bytes:
+    """``data``'s archive, whole, with one source changed."""
+    import io
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            raw = src.read(info)
+            dst.writestr(info, raw + b"\n# edited\n" if info.filename == MODULE else raw)
+    return out.getvalue()
+
+
 def test_a_cache_that_cannot_be_written_only_costs_the_build(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
