@@ -82,6 +82,12 @@ def one_of(values: Iterable[Any]) -> Field:
     return Field(lambda v: v in values, "one of " + ", ".join(map(str, values)))
 
 
+def records_of(table: Mapping[str, Field], wanted: str) -> Field:
+    """A list of objects, each with ``table``'s fields."""
+    return Field(lambda v: isinstance(v, list) and all(
+        isinstance(x, dict) and first_bad(x, table) is None for x in v), wanted)
+
+
 def first_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> tuple[str, Field] | None:
     """The first field ``data`` lacks (but for a "?" one) or holds wrong."""
     for name, field in fields.items():

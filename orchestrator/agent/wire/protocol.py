@@ -15,7 +15,8 @@ from enum import Enum
 from typing import Any, Callable, Mapping, NamedTuple
 
 from .fields import (FLAG, INT, LIST, NUMBER, RECORD, STRINGS, TEXT, TIME, Field, count,
-                     first_bad, is_count, is_int, is_time, of_types, one_of, optional)  # noqa: F401
+                     first_bad, is_count, is_int, is_time, of_types, one_of, optional,
+                     records_of)  # noqa: F401
 
 CONTROL_PREFIX = b"::ddp-orch:: "
 # Liveness while a run is attached: each side sends something at least every
@@ -119,9 +120,7 @@ _TRANSFER = Field(lambda v: is_int(v) and 0 <= v <= MAX_TRANSFER,
 _FAILURE = {"local_rank": count(), "message": TEXT, "timestamp": TIME,
             "error_file?": optional(TEXT)}
 _SURVIVOR = {"pid": INT, "cmd": TEXT}
-FAILURES = Field(lambda v: isinstance(v, list) and all(
-    isinstance(f, dict) and first_bad(f, _FAILURE) is None for f in v),
-    "a list of worker failures (local_rank, message, timestamp)")
+FAILURES = records_of(_FAILURE, "a list of worker failures (local_rank, message, timestamp)")
 MESSAGES: dict[Event, dict[str, Field]] = {
     # ``cores``: the CPUs the agent may run on (``node/ompthreads.usable_cores``)
     Event.HELLO: {"home": TEXT, "pid": INT, "python": TEXT, "cores": INT},
@@ -136,9 +135,7 @@ MESSAGES: dict[Event, dict[str, Field]] = {
     Event.EXIT: {"code": INT, "reason": TEXT, "ended?": one_of(list(Ended)),
                  "failures": FAILURES, "last_lines": STRINGS,
                  "duration_s": TIME, "stopped_at?": optional(TIME),
-                 "survivors?": Field(lambda v: isinstance(v, list) and all(
-                     isinstance(x, dict) and first_bad(x, _SURVIVOR) is None for x in v),
-                     "a list of {pid, cmd} records")},
+                 "survivors?": records_of(_SURVIVOR, "a list of {pid, cmd} records")},
     # A kept run (``kept/keeper.py``): its node's stream (``agent.out``) marks each
     # attempt and ends with ``finished``; node 0's carries the gang's attempts.
     Event.ATTEMPT: {"attempt": INT, "master_port": INT},
