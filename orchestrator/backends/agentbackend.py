@@ -287,20 +287,18 @@ class AgentBackend(LaunchBackend):
     def _not_joined(self, info: DryRun, hung: list[int], console: Console) -> RunOutcome:
         """Nodes whose agent never answered within the start timeout fail the
         run as not joined."""
-        from ..records.outcome import NodeOutcome, NodeState, gang_outcome
+        from ..engine.nodestate import NodeFacts, NodePhase, node_outcome
+        from ..records.outcome import EndReason, gang_outcome
 
         label = _labeller(info.plan)
         timeout = self.options.start_timeout_s
         console.info(f"the rendezvous did not complete within {timeout:g}s; not joined: "
                      + ", ".join(label(k) for k in hung) + "; stopping every node")
-        now = time.time()
-        nodes = tuple(
-            NodeOutcome(n.node_rank, n.host, NodeState.FAILED, None,
-                        f"did not join the rendezvous before the start timeout (no answer "
-                        f"from the node within {timeout:g}s)", now)
-            if n.node_rank in hung else
-            NodeOutcome(n.node_rank, n.host, NodeState.NOT_STARTED, None, "never started", None)
-            for n in info.plan.nodes)
+        no_answer = NodeFacts(ended_at=time.time(), found=EndReason.NO_ANSWER, words=(
+            f"did not join the rendezvous before the start timeout (no answer from the node "
+            f"within {timeout:g}s)"))
+        nodes = tuple(node_outcome(n, no_answer if n.node_rank in hung else NodeFacts(),
+                                   NodePhase.NEW) for n in info.plan.nodes)
         return gang_outcome(info.plan.run_id, nodes, timeout, interrupted=False)
 
     def _wait_gpus_s(self) -> float:
@@ -375,7 +373,7 @@ class AgentBackend(LaunchBackend):
         timeout on the same dead path, and its supervisor tears the run down
         itself, at most ``PEER_TIMEOUT_S`` after our last ping."""
         from ..engine.fanout import on_all
-        from ..engine.nodehandle import describe_survivors
+        from ..engine.nodestate import describe_survivors
         from ..records.outcome import NodeState
 
         lost = [o.node_rank for o in outcome.nodes

@@ -8,7 +8,7 @@ a job we only watch (``attach``: stop nothing; Ctrl-C only leaves).
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import os
 import signal
 import threading
@@ -18,11 +18,10 @@ from typing import Callable, Mapping
 from ..agent.gangrule import (Clock, NodeView, Stop, Timeouts, Verdict, hang_words, judge,
                               stop_reason, tick)
 from ..agent.stackgroups import place
-from ..agent.wire.owner import Holder
-from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, controller_silent_for, pace_fields
+from ..agent.wire.protocol import HEARTBEAT_S, PEER_TIMEOUT_S, pace_fields
 from ..console import Console
 from ..plan.dryrun import DryRun
-from ..records.outcome import NodeOutcome, NodeState, RunOutcome, RunState, gang_outcome
+from ..records.outcome import EndReason, RunOutcome, RunState, gang_outcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .fanout import on_all
@@ -40,9 +39,18 @@ PAUSED_S = 10.0
 PAUSE_SETTLE_S = 2.0  # after a pause, the relays' time to read what came meanwhile
 
 
+class Part(enum.Enum):
+    """The controller's part in a gang: decided once, from the run's owner
+    and whether ``attach`` only watches."""
+
+    JUDGE = "judge"  # it holds the gang: judges the rule, holds the setup barrier, tears down
+    KEEPERS = "keepers"  # the keepers hold it: we start them and follow, and stop them on Ctrl-C
+    WATCH = "watch"  # only watching (attach): stop nothing; Ctrl-C only leaves
+
+
 class Gang:
     """One run of a resolved ``DryRun``; ``run()`` returns its ``RunOutcome``.
-    A node's silence is a loss only where ``Owner.peer_timeout_applies`` (a
+    A node's silence is a loss only where ``Owner.pings`` (a
     scheduler owns its nodes' liveness)."""
 
     def __init__(self, info: DryRun, run: RunDir, agents: Mapping[int, AgentHandle],
@@ -55,14 +63,8 @@ class Gang:
         self.run_dir = run
         self.console = console
         self.owner = info.owner
-        # The keepers hold the gang (they judge it; we start or follow them)...
-        self.kept = self.owner.holder is Holder.KEEPERS
-        # ...else, unless only watching, the controller does: it judges the
-        # gang's rule, releases the setup barrier and tears the gang down.
-        self.controls = not self.kept and not watching
-        self.watching = watching
-        # Detached and started here: leave once every node has started.
-        self.leaves = self.owner.detached and not watching
+        self.part = Part.WATCH if watching else Part.KEEPERS if self.owner.keepers_hold \
+            else Part.JUDGE
         self.grace_s = grace_s
         self.start_timeout_s = start_timeout_s
         # The hang rule: no rank's progress (a heartbeat or a line) for this
@@ -71,13 +73,10 @@ class Gang:
         self.hang_timeout_s = hang_timeout_s
         self.dump_stacks = dump_stacks
         # A kept run to start here: its gang restarts, as the dry-run says.
-        self.keepers = Keepers(info.max_restarts) if self.kept and not watching else None
+        self.keepers = Keepers(info.max_restarts) if self.part is Part.KEEPERS else None
         self.lines = lines  # where to follow a kept run from (attach)
         self.keepers_started: set[int] = set()
         self.lost_contact = ""  # why the controller left a kept run, when not asked to
-        # A kept run's nodes whose followers went silent or were cut, and how
-        # (``keptgang.contact_lost``): the outcome names them
-        self.lost_nodes: dict[int, str] = {}
         self._progress_written = self._progress_shown = time.monotonic()
         self._changed = threading.Event()  # some node's command ended
         self._over = threading.Event()  # the gang is done: stop pinging
@@ -95,25 +94,34 @@ class Gang:
         self.paused_s = 0.0  # the longest we were stopped ourselves, by the watch's clock
         self.stop_why = ""  # who stopped the gang and why, each node's reason for its end
 
+    @property
+    def judges(self) -> bool:
+        return self.part is Part.JUDGE
+
+    @property
+    def leaves(self) -> bool:
+        """Detached and started here: we leave once every node has started."""
+        return self.owner.detached and self.part is not Part.WATCH
+
     def run(self) -> RunOutcome:
         """Start the nodes or their keepers, or follow what runs; watch; tear down ours."""
         started = time.monotonic()
         by_rank = {h.node.node_rank: h for h in self.handles}
-        if self.kept:
+        if self.owner.keepers_hold:
             begin_kept(self, by_rank)
         try:
-            if not self.kept:
+            if not self.owner.keepers_hold:
                 port = int(self.plan.master_port)
                 on_all(lambda k: by_rank[k].start(
                     supervisor_spec(by_rank[k].launch, self.plan.run_id, port, self.grace_s,
                                     self.owner)),
                     by_rank).values("starting the nodes", self.label)
-            if self.controls and self.plan.setup:
+            if self.judges and self.plan.setup:
                 # no rank exists yet: each node runs its setup first (_release_setup)
                 self.console.milestone(f"running setup: on {len(self.handles)} node(s) before "
                                        f"their {self.plan.world_size} processes start; logs "
                                        f"in {self.run_dir.path}")
-            elif self.controls:
+            elif self.judges:
                 self.console.milestone(f"started {self.plan.world_size} processes on "
                                        f"{len(self.handles)} node(s); logs in {self.run_dir.path}")
             # The nodes hear us (``ping``): a supervisor, or an attached kept
@@ -125,9 +133,9 @@ class Gang:
         finally:
             self._over.set()
             try:
-                if self.controls and not self.left:
+                if self.judges and not self.left:
                     self._teardown()
-                elif self.kept:
+                elif self.owner.keepers_hold:
                     for handle in self.handles:
                         if self.left or handle.control is None:
                             handle.agent.close(timeout_s=2.0)  # the follower leaves; the run goes on
@@ -135,28 +143,20 @@ class Gang:
                 for sig, handler in self._handlers.items():
                     signal.signal(sig, handler)
         wall = time.monotonic() - started
-        if self.kept:
+        if self.owner.keepers_hold:
             outcome = kept_outcome(self, wall)
             self._report_progress(final=True)
             return outcome
         if self.left:
             return RunOutcome(self.plan.run_id, RunState.RUNNING, wall,
                               tuple(h.finish(timeout=0.1) for h in self.handles), None, None)
-        outcomes = tuple(self._paused_words(h, h.finish()) for h in self.handles)
+        if self.paused_words():  # the nodes that stopped as we were paused: why, on our side
+            for handle in self.handles:
+                handle.facts.find(EndReason.PAUSED, self.paused_words())
+        outcomes = tuple(h.finish() for h in self.handles)
         self._report_progress(final=True)  # the nodes' last heartbeats, read by finish()
         return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,
                             interrupted=self.interrupted)
-
-    def _paused_words(self, handle: NodeHandle, outcome: NodeOutcome) -> NodeOutcome:
-        """A node that stopped because we were paused past the peer timeout
-        is lost to us, and its end says why, on our side."""
-        if self.paused_s < PEER_TIMEOUT_S or handle.partitioned:
-            return outcome
-        reason = (handle.control or {}).get("reason")
-        if reason != controller_silent_for(PEER_TIMEOUT_S) and not (
-                handle.control is None and outcome.state is NodeState.LOST):
-            return outcome
-        return dataclasses.replace(outcome, state=NodeState.LOST, reason=self.paused_words())
 
     def paused_words(self) -> str:
         """Why the nodes stopped if we were paused past the peer timeout, else ""."""
@@ -168,9 +168,9 @@ class Gang:
 
     def _interrupted(self, exc: KeyboardInterrupt) -> None:
         """Ctrl-C or a signal (``down``): stop what is ours, else only leave."""
-        if self.controls:
+        if self.judges:
             self._hurry_on_signals()
-        elif self.watching or self.leaves:
+        elif self.part is Part.WATCH or self.leaves:
             self.left = True
             return
         self.interrupted = True
@@ -178,7 +178,7 @@ class Gang:
         self.console.always(f"ddp-orch: interrupted by {who}; stopping every node "
                             "(press Ctrl-C again to kill at once)")
         self.stop_why = f"stopped by {who}"
-        if self.kept:  # the keepers stop the run; they report its end
+        if self.owner.keepers_hold:  # the keepers stop the run; they report its end
             for handle in self.handles:
                 handle.stop(self.stop_why)
             self.await_finish()
@@ -201,7 +201,7 @@ class Gang:
                 time.sleep(PAUSE_SETTLE_S)
             looked = (time.monotonic(), time.time())
             self._changed.clear()
-            if self.kept:
+            if self.owner.keepers_hold:
                 if all(h.control is not None for h in self.handles):  # every keeper finished
                     return
                 if contact_lost(self):
@@ -216,7 +216,7 @@ class Gang:
             views = [self._view(h) for h in self.handles]
             clock = tick(clock, views, now)
             verdict = None
-            if self.controls:
+            if self.judges:
                 verdict = judge(views, Timeouts(self.start_timeout_s, PEER_TIMEOUT_S,
                                                 self.hang_timeout_s), clock, now)
             elif self.keepers is not None and all(h.attempt == 0 for h in self.handles):
@@ -232,11 +232,11 @@ class Gang:
     def _view(self, handle: NodeHandle) -> NodeView:
         """A node as the rule sees it; a kept run's node has no end to judge here."""
         return NodeView(handle.node.node_rank, self.label(handle.node.node_rank),
-                        code=handle.poll() if self.controls else None,
+                        code=handle.poll() if self.judges else None,
                         joined=handle.joined, started=handle.started,
                         setup_done=not self.plan.setup or handle.setup_ok,
-                        heard_s=handle.heard_s if self.controls
-                        and self.owner.peer_timeout_applies else None,
+                        heard_s=handle.heard_s if self.judges
+                        and self.owner.pings else None,
                         progress=tuple((rank, at) for rank, (_step, at)
                                        in dict(handle.progress).items()))
 
@@ -250,11 +250,11 @@ class Gang:
                 handle.give_up()
         elif verdict.stop is Stop.START_TIMEOUT:
             for handle in blamed:
-                handle.timed_out = True
+                handle.facts.find(EndReason.START_TIMEOUT)
         elif verdict.stop is Stop.HANG:
             why = self._hang(verdict, by_rank)
         self.stop_all(why)
-        if self.kept:
+        if self.owner.keepers_hold:
             self.await_finish()
 
     def _hang(self, verdict: Verdict, by_rank: Mapping[int, NodeHandle]) -> str:
@@ -273,13 +273,13 @@ class Gang:
         ranks_of = {k: by_rank[k].node.ranks for k in verdict.nodes}
         why, blamed = hang_words(verdict, places, ranks_of)
         for k in blamed:
-            by_rank[k].hung_reason = why
+            by_rank[k].facts.find(EndReason.HUNG, why)
         return why
 
     def _release_setup(self) -> None:
         """Tell every node to go once all setups succeeded, where the controller
         holds the barrier (a Slurm job and a kept run hold their own)."""
-        if self.controls and self.plan.setup \
+        if self.judges and self.plan.setup \
                 and all(h.setup_ok for h in self.handles):
             if not any(h.go_sent for h in self.handles):
                 self.console.milestone(f"setup: done on every node; started "
@@ -322,7 +322,7 @@ class Gang:
         if not ranks:
             return
         # a kept run's attempt, as its keepers announce each one (``top``)
-        attempt = {"attempt": max(h.attempt for h in self.handles)} if self.kept else {}
+        attempt = {"attempt": max(h.attempt for h in self.handles)} if self.owner.keepers_hold else {}
         try:
             self.run_dir.write_progress({"updated": wall, **attempt, "ranks": ranks})
         except OSError:
@@ -362,13 +362,13 @@ class Gang:
     def await_finish(self) -> None:
         """A kept run: until every keeper we can still hear has finished, within
         the grace period. A lost node's keeper stops on its own."""
-        wait_all([h for h in self.handles if not h.partitioned], self.grace_s + 30.0)
+        wait_all([h for h in self.handles if not h.given_up], self.grace_s + 30.0)
 
     def _teardown(self) -> None:
         """Stop what still runs: gracefully, then SIGKILL through the
         supervisors, then cut them off. A 2nd Ctrl-C skips the grace period."""
         running = [h for h in self.handles
-                   if h.supervising and not h.partitioned and h.poll() is None]
+                   if h.supervising and not h.given_up and h.poll() is None]
         if not running:
             return
         try:
@@ -393,7 +393,7 @@ class Gang:
         deadline = time.monotonic() + timeout_s
         while any(h.poll() is None for h in handles) and time.monotonic() < deadline \
                 and not self._hurried:
-            if self.owner.peer_timeout_applies:
+            if self.owner.pings:
                 for handle in handles:
                     if handle.silent:
                         handle.give_up()

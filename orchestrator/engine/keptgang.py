@@ -20,10 +20,11 @@ from ..agent.kept.spec import GangPort, KeeperSpec
 from ..agent.node.spec import SupervisorSpec
 from ..agent.wire.protocol import PEER_TIMEOUT_S, is_time
 from ..errors import TransportError
-from ..records.outcome import AttemptOutcome, NodeOutcome, NodeState, RunDescription, RunOutcome, \
-    RunState, gang_outcome
+from ..records.outcome import AttemptOutcome, EndReason, NodeOutcome, RunDescription, \
+    RunOutcome, RunState, gang_outcome
 from .fanout import on_all
-from .nodehandle import exit_outcome, supervisor_spec
+from .nodehandle import supervisor_spec
+from .nodestate import Ask, NodeFacts, NodePlace, node_outcome
 
 if TYPE_CHECKING:
     from ..records.store import RunRecord
@@ -53,7 +54,8 @@ def begin_kept(gang, by_rank: Mapping) -> None:
         for handle in gang.handles:  # from the start, the stream is the whole log
             handle.log_mode = "ab" if gang.keepers is not None or gang.lines is not None \
                 else "wb"
-        attached = gang.keepers is not None and not gang.owner.detached
+        # the run ends with this controller: it started the keepers, attached
+        attached = gang.keepers is not None and gang.owner.ends_with_controller
         on_all(lambda k: by_rank[k].follow(
             run_dir=by_rank[k].node.run_dir, attached=attached,
             **({"lines": gang.lines} if gang.lines is not None else {"offset": 0})),
@@ -124,15 +126,13 @@ def contact_lost(gang) -> bool:
     if not (gone or silent):
         return False
     for handle in gone:  # its follower ended: the link dropped, or we were paused too long
-        gang.lost_nodes[handle.node.node_rank] = gang.paused_words() or (
+        handle.facts.find(EndReason.FOLLOWER_LOST, gang.paused_words() or (
             "lost contact with the node's follower (a dropped connection); its keeper "
-            "stops the run there on its own")
+            "stops the run there on its own"))
     for handle in silent:
-        gang.lost_nodes[handle.node.node_rank] = (
+        handle.facts.find(EndReason.SILENT, (
             f"nothing from the node for {PEER_TIMEOUT_S:g}s (a silent partition or a frozen "
-            f"node); its keeper stops the run there after {PEER_TIMEOUT_S:g}s without us")
-    for handle in gone + silent:
-        handle.partitioned = True
+            f"node); its keeper stops the run there after {PEER_TIMEOUT_S:g}s without us"))
     names = ", ".join(gang.label(h.node.node_rank) for h in gone + silent)
     if gang.leaves or gang.keepers is None:
         gang.left = True
@@ -154,45 +154,39 @@ def kept_outcome(gang, wall_s: float) -> RunOutcome:
             handle.drain(5.0)
     head = gang.handles[0].control if gang.handles else None
     if gang.left:
-        nodes = tuple(_so_far(h, gang.lost_nodes) for h in gang.handles)
+        nodes = tuple(_so_far(h) for h in gang.handles)
         return RunOutcome(plan.run_id, RunState.RUNNING, wall_s, nodes, None, None)
     if head is None:  # node 0 is out of reach: what each node said, or lost
-        return gang_outcome(plan.run_id,
-                            tuple(_so_far(h, gang.lost_nodes) for h in gang.handles),
+        return gang_outcome(plan.run_id, tuple(_so_far(h) for h in gang.handles),
                             wall_s, interrupted=gang.interrupted)
     notes: list[str] = []
     attempts = attempt_outcomes(plan, head.get("attempts") or [], notes)
     for note in notes:  # node 0's record is checked, never trusted
         gang.run_dir.note(0, note)
-    last = attempts[-1][1] if attempts else \
-        tuple(_so_far(h, gang.lost_nodes) for h in gang.handles)
+    last = attempts[-1][1] if attempts else tuple(_so_far(h) for h in gang.handles)
     # The nodes we lost: the keepers record a stop on purpose (ours, and the
     # lost node's follower's); the run failed, and they are why.
-    by_rank = {h.node.node_rank: h for h in gang.handles}
-    last = tuple(_so_far(by_rank[o.node_rank], gang.lost_nodes)
-                 if o.node_rank in gang.lost_nodes and o.node_rank in by_rank else o
-                 for o in last)
-    stopped_by_us = bool(gang.lost_nodes) and not gang.interrupted
+    lost = {h.node.node_rank: h for h in gang.handles if h.given_up}
+    last = tuple(_so_far(lost[o.node_rank]) if o.node_rank in lost else o for o in last)
+    stopped_by_us = bool(lost) and not gang.interrupted
+    interrupted = head.get("state") == RunState.INTERRUPTED and not stopped_by_us
     outcome = gang_outcome(plan.run_id, last, wall_s,
-                           interrupted=gang.interrupted or (head.get("state") == "interrupted"
-                                                            and not stopped_by_us))
+                           interrupted=gang.interrupted or interrupted)
     return RunOutcome(outcome.run_id, outcome.state, wall_s, outcome.nodes,
                       outcome.root_cause, None, tuple(a for a, _ in attempts))
 
 
-def _so_far(handle, lost: Mapping[int, str] | None = None) -> NodeOutcome:
+def _so_far(handle) -> NodeOutcome:
+    """A kept run's node as its follower knows it: its last attempt's end,
+    lost, or still running."""
+    if handle.given_up:
+        return node_outcome(handle.node, handle.facts, handle.phase, handle.asked)
     if handle.exits and handle.control is not None:
-        return exit_outcome(handle.node, handle.exits[-1], handle.stop_sent, handle.ended_at)
-    if handle.partitioned:
-        how = (lost or {}).get(handle.node.node_rank) or (
-            "lost contact with the node's follower (a dropped connection or a silent "
-            "partition); its keeper stops on its own")
-        return NodeOutcome(handle.node.node_rank, handle.node.host, NodeState.LOST, None,
-                           how, None)
+        return node_outcome(handle.node, NodeFacts(handle.exits[-1], ended_at=handle.facts.ended_at),
+                            handle.phase, handle.asked)
     state = "started" if handle.started else "joined" if handle.joined else "starting"
-    return NodeOutcome(handle.node.node_rank, handle.node.host, NodeState.NOT_STARTED
-                       if not handle.supervising else NodeState.STOPPED, None,
-                       f"running (attempt {handle.attempt}, {state})", None)
+    facts = NodeFacts(found=EndReason.RUNNING, words=f"running (attempt {handle.attempt}, {state})")
+    return node_outcome(handle.node, facts, handle.phase)
 
 
 def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
@@ -207,18 +201,17 @@ def attempt_outcomes(plan, recorded: object, notes: list[str] | None = None,
             if not isinstance(part, dict):
                 part = {"lost": "no report"}
             if part.get("hung"):  # the keepers' hang rule named this node
-                nodes.append(NodeOutcome(node.node_rank, node.host, NodeState.FAILED,
-                                         part.get("code"), part["hung"],
-                                         part.get("stopped_at")))
+                facts = NodeFacts(code=part.get("code"), ended_at=part.get("stopped_at"),
+                                  found=EndReason.HUNG, words=part["hung"])
             elif "lost" in part:
-                nodes.append(NodeOutcome(node.node_rank, node.host, NodeState.LOST, None,
-                                         f"its keeper could not be heard: {part['lost']}",
-                                         None))
+                facts = NodeFacts(found=EndReason.KEEPER_UNHEARD,
+                                  words=f"its keeper could not be heard: {part['lost']}")
             else:
-                nodes.append(exit_outcome(node, part, bool(part.get("stop_asked")),
-                                          part.get("stopped_at")))
+                facts = NodeFacts(part, ended_at=part.get("stopped_at"))
+            nodes.append(node_outcome(node, facts, asked=Ask.STOP if part.get("stop_asked")
+                                      else Ask.NOTHING))
         ran = gang_outcome(plan.run_id, tuple(nodes), 0.0,
-                           interrupted=entry.get("state") == "interrupted")
+                           interrupted=entry.get("state") == RunState.INTERRUPTED)
         note = "restarting" if entry.get("restart") else \
             f"no restart: {entry['no_restart']}" if entry.get("no_restart") else ""
         out.append((AttemptOutcome(int(entry.get("attempt", len(out))),
@@ -239,13 +232,13 @@ def kept_status(record: "RunRecord", plan, replies: Mapping[int, dict],
                for k, reply in replies.items()}
     noted = [f"  node {k}: {note}" for k in sorted(notes) for note in notes[k]]
     head = kept_by.get(0) or {}
-    if head.get("state") not in (None, "running") and isinstance(head.get("attempts"), list):
+    if head.get("state") not in (None, RunState.RUNNING) and isinstance(head.get("attempts"), list):
         for k in sorted(notes):  # the run is over: said once, as the record settles
             for note in notes[k]:
                 record.run.note(k, note)
         attempts = attempt_outcomes(plan, head["attempts"])
         ran = gang_outcome(record.run_id, attempts[-1][1] if attempts else (), 0.0,
-                           interrupted=head["state"] == "interrupted")
+                           interrupted=head["state"] == RunState.INTERRUPTED)
         ended = head.get("updated")
         return RunDescription(ran.state, ran.nodes, ran.root_cause,
                               "\n".join([f"ended {_when(ended)}, as node 0's keeper "
@@ -260,13 +253,13 @@ def kept_status(record: "RunRecord", plan, replies: Mapping[int, dict],
                          f"{unreachable.get(k, 'no answer')}")
         elif reply.get("alive"):
             lines.append(f"  node {k} ({node.host}): running, attempt {kept.get('attempt', 0)}")
-        elif kept.get("state") not in (None, "running"):
+        elif kept.get("state") not in (None, RunState.RUNNING):
             lines.append(f"  node {k} ({node.host}): {kept['state']} "
                          f"(exit {kept.get('code')})")
         else:  # recorded as running, but its keeper is not: killed
-            gone.append(NodeOutcome(k, node.host, NodeState.LOST, kept.get("code"),
-                                    "its keeper is gone without finishing (killed?)",
-                                    kept.get("updated")))
+            facts = NodeFacts(code=kept.get("code"), ended_at=kept.get("updated"),
+                              found=EndReason.KEEPER_GONE)
+            gone.append(node_outcome(NodePlace(k, node.host), facts))
             lines.append(f"  node {k} ({node.host}): its keeper is gone without finishing")
     detail = "the nodes say:\n" + "\n".join(lines + noted)
     # Over only on firm ground: every node answered and no keeper runs.

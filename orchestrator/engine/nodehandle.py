@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import re
 import threading
 import time
@@ -13,59 +12,21 @@ from ..agent.node.spec import SupervisorSpec
 from ..agent.wire.owner import Owner
 from ..agent.wire.files import mask_strings
 from .gpuuse import GpuUse
-from ..agent.wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control, Ended,
+from ..agent.wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control,
                               Event, LineBuffer, ProtocolError, decode,
                               rank_progress)
 from ..console import AGENT_SAYS, Console  # AGENT_SAYS: a line of the agent's own
 from ..plan.dryrun import NodeLaunch
 from ..plan.build import setup_path_first
-from ..plan.model import NodePlan
 from ..plan.secrets import scrub, secret_values
-from ..records.outcome import NodeOutcome, NodeState
+from ..records.outcome import EndReason, NodeOutcome
 from ..records.rundir import RunDir
 from .agentlink import AgentHandle
 from .channel import KeeperFollower, NodeChannel
+from .nodestate import ATTEMPT_FROM, NEXT, Ask, NodeFacts, NodePhase, node_outcome
 
 BUNDLE_NAME = layout.BUNDLE  # in each node's run directory
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # torchrun's prefix
-# Exit code ProcessHandle.poll gives when the connection died without a status.
-LOST = 255
-
-
-class NodePhase(enum.IntEnum):
-    """How far a node's run has come: forward only (``NEXT``), skipping allowed.
-    A kept run's new attempt goes back to SET_UP. An ended node keeps the
-    phase it reached, which the gang rule reads."""
-
-    NEW = 0         # nothing asked of the node yet (the gang may never start it)
-    SUPERVISED = 1  # its supervisor runs: its ``setup:``, if any, then torchrun
-    SET_UP = 2      # past its ``setup:`` (it succeeded); torchrun waits for GO
-    GO = 3          # told to go: every node's setup succeeded (the controller's barrier)
-    JOINED = 4      # torchrun reached the rendezvous store on node 0
-    STARTED = 5     # torchrun spawned its workers: the rendezvous completed
-
-
-NEXT: dict[NodePhase, frozenset[NodePhase]] = {
-    NodePhase.NEW: frozenset({NodePhase.SUPERVISED}),
-    NodePhase.SUPERVISED: frozenset({NodePhase.SET_UP, NodePhase.JOINED, NodePhase.STARTED}),
-    # a kept run's gang holds its own barrier: no GO from us before torchrun
-    NodePhase.SET_UP: frozenset({NodePhase.GO, NodePhase.JOINED, NodePhase.STARTED}),
-    NodePhase.GO: frozenset({NodePhase.JOINED, NodePhase.STARTED}),
-    NodePhase.JOINED: frozenset({NodePhase.STARTED}),
-    NodePhase.STARTED: frozenset(),
-}
-# A kept run's next attempt: torchrun again, after the setup it already did.
-ATTEMPT_FROM = frozenset({NodePhase.SET_UP, NodePhase.JOINED, NodePhase.STARTED})
-
-
-class Ask(enum.IntEnum):
-    """What the controller asked of a node's run, the strongest so far."""
-
-    NOTHING = 0
-    STOP = 1
-    KILL = 2
-
-
 def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
                     grace_s: float, owner: Owner = Owner()) -> SupervisorSpec:
     """What the node supervisor runs: the dry-run's env and argv, verbatim."""
@@ -101,18 +62,11 @@ class NodeHandle:
         self.console = console
         self.phase = NodePhase.NEW  # how far its run has come (``advance``)
         self.asked = Ask.NOTHING  # what the controller asked of it
-        self.control: dict | None = None
+        self.control: dict | None = None  # its exit event (a kept run's: ``finished``)
         self.last_heard = time.monotonic()  # the node's last bytes (a heartbeat at least)
         self.secrets = secret_values(launch.env)
         self.secret_strings = [value.decode() for value in self.secrets]
-        # Facts about the node, which the gang finds out (not phases):
-        self.partitioned = False  # silent for PEER_TIMEOUT_S: given up on
-        # Cut off by the teardown: it answered neither the stop nor the kill
-        # (a frozen host, a dead path), so a fresh connection would only wait
-        # out its timeout on the same way (``unreachable``).
-        self.cut_off = False
-        self.timed_out = False  # not started within the start timeout
-        self.ended_at: float | None = None
+        self.facts = NodeFacts()  # what is known of its end (``node_outcome``)
         self._relay: threading.Thread | None = None
         # Per global rank: (last step, monotonic time of its last progress): a
         # step heartbeat (workloads.contract.heartbeat, ddp_orch_progress.step)
@@ -130,7 +84,6 @@ class NodeHandle:
         self.step_at: dict[int, float] = {}
         self.output_at: dict[int, float] = {}
         self.gpu_use = GpuUse()  # its GPUs' utilisation and memory, from its heartbeats
-        self.hung_reason = ""  # a fact: set by the hang watchdog on the odd rank's node
         # Settings of the relay, set before it runs:
         self.watch_output = False  # count output lines as progress (a stream read live)
         # A kept run (agent/kept/keeper.py): the stream holds every attempt; its
@@ -284,8 +237,8 @@ class NodeHandle:
         if not self.supervising:
             return None
         code = self.control["code"] if self.control is not None else self.channel.poll()
-        if code is not None and self.ended_at is None:
-            self.ended_at = time.time()
+        if code is not None and self.facts.ended_at is None:
+            self.facts.ended_at = time.time()
         return code
 
     def go(self) -> None:
@@ -337,20 +290,25 @@ class NodeHandle:
     def abort(self) -> None:
         """Cut the supervisor off. Last resort: only it can reach the workers."""
         if self.supervising and self.poll() is None:
-            self.cut_off = True
+            self.facts.find(EndReason.CUT_OFF)
             self.channel.abort()
+
+    @property
+    def given_up(self) -> bool:
+        """Lost to the controller (silent, or its follower gone): nothing more is asked of it."""
+        return self.facts.found in (EndReason.SILENT, EndReason.FOLLOWER_LOST)
 
     @property
     def unreachable(self) -> bool:
         """Given up on or cut off: nothing more is asked of the node after the run."""
-        return self.partitioned or self.cut_off
+        return self.given_up or self.facts.found is EndReason.CUT_OFF
 
     def give_up(self) -> None:
         """Silent past the peer timeout: it cannot hear a stop. Its end is
         dated when last heard, before any failure it caused elsewhere."""
         if self.poll() is None:
-            self.partitioned = True
-            self.ended_at = time.time() - self.heard_s
+            self.facts.find(EndReason.SILENT)
+            self.facts.ended_at = time.time() - self.heard_s
             self.abort()
 
     def finish(self, timeout: float = 5.0) -> NodeOutcome:
@@ -358,38 +316,10 @@ class NodeHandle:
         if self._relay is not None:
             self._relay.join(timeout)
         code = self.poll()
-        control = self.control or {}
-        failures = tuple(control.get("failures", ()))
-        if not self.supervising:
-            state, reason = NodeState.NOT_STARTED, "never started"
-        elif self.hung_reason:
-            state, reason = NodeState.FAILED, self.hung_reason
-        elif self.partitioned:
-            state, reason = NodeState.LOST, (
-                f"nothing from the node for {PEER_TIMEOUT_S:g}s (a silent partition or a frozen "
-                f"node); its agent tears the run down after {PEER_TIMEOUT_S:g}s without us")
-        elif code is None:
-            state, reason = NodeState.LOST, "still running when the controller gave up on it"
-        elif code == 0:
-            state, reason = NodeState.SUCCEEDED, "exited 0"
-        elif self.timed_out:
-            state, reason = NodeState.FAILED, "did not join the rendezvous before the start timeout"
-        elif self.cut_off and not control:
-            state, reason = NodeState.LOST, (
-                "answered neither the stop nor the kill, so it was cut off (a frozen host, or "
-                "a dead path); its agent tears the run down there once it no longer hears us")
-        elif not control and code == LOST:
-            state, reason = NodeState.LOST, "connection lost without an exit status"
-        elif not control:  # the agent itself died (SIGKILL, OOM killer) before reporting
-            how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
-            state, reason = NodeState.LOST, (f"the node agent ended without reporting ({how}); "
-                                             "its guardian tears the run down there")
-        else:
-            return exit_outcome(self.node, control, self.stop_sent, self.ended_at)
-        if control.get("survivors"):
-            reason += "; " + describe_survivors(control["survivors"])
-        return NodeOutcome(self.node.node_rank, self.node.host, state, code, reason,
-                           self.ended_at, failures)
+        self.facts.event = self.control
+        if self.control is None:
+            self.facts.code = code
+        return node_outcome(self.node, self.facts, self.phase, self.asked)
 
 
 class NodeLog:
@@ -431,67 +361,6 @@ class NodeLog:
             self.trouble = exc.strerror or str(exc)
             self.say(f"cannot write {self.path}: {self.trouble}; its lines are shown here, "
                      "not kept, until it can be written again")
-
-
-def exit_outcome(node: NodePlan, control: dict, stop_sent: bool,
-                 ended_at: float | None) -> NodeOutcome:
-    """How a node ended, from its exit event: succeeded, stopped (asked to,
-    and not failed before that), or failed with the first failure."""
-    code = int(control.get("code", 1))
-    failures = tuple(control.get("failures", ()))
-    if code == 0:
-        state, reason = NodeState.SUCCEEDED, "exited 0"
-    elif (stop_sent or _signalled(control)) and not _failed_on_its_own(control):
-        state, reason = NodeState.STOPPED, control.get("reason", "stopped by the controller")
-    else:
-        state, reason = NodeState.FAILED, _failure_reason(
-            code, failures, node.first_rank, control.get("last_lines") or [])
-    if control.get("survivors"):
-        reason += "; " + describe_survivors(control["survivors"])
-    return NodeOutcome(node.node_rank, node.host, state, code, reason, ended_at, failures)
-
-
-def describe_survivors(survivors: list[dict]) -> str:
-    """``2 process(es) survived the teardown: pid 12 (python x.py), ...``"""
-    shown = ", ".join(f"pid {s['pid']} ({s['cmd'][:80]})" for s in survivors[:5])
-    more = f" and {len(survivors) - 5} more" if len(survivors) > 5 else ""
-    return f"{len(survivors)} process(es) survived the teardown: {shown}{more}"
-
-
-def _signalled(control: dict) -> bool:
-    """The supervisor was stopped by a signal: the scheduler's or an operator's."""
-    return control.get("ended") == Ended.SIGNAL
-
-
-def _failed_on_its_own(control: dict) -> bool:
-    """Did the node fail before anyone asked it to stop? A whole-second time
-    ``t`` means "during [t, t + 1)", so only a second wholly before counts."""
-    if control.get("ended") == Ended.ITSELF:
-        return True
-    stopped_at = control.get("stopped_at")
-    if stopped_at is None:
-        return False
-    return any(f["timestamp"] + (1 if float(f["timestamp"]).is_integer() else 0) <= stopped_at
-               for f in control.get("failures", ()))
-
-
-def _failure_reason(code: int, failures: tuple[dict, ...], first_rank: int,
-                    last_lines: list[str]) -> str:
-    """``torchrun exited 1; rank 2 (local rank 1) failed: ...``, or with no
-    worker failure on record, torchrun's own last line."""
-    if not failures and last_lines and last_lines[-1].startswith(AGENT_SAYS):
-        return last_lines[-1][len(AGENT_SAYS):].strip()[-500:]  # torchrun never ran
-    if not failures:
-        return f"torchrun exited {code}" + (f": {last_lines[-1].strip()[-300:]}" if last_lines else "")
-    first = failures[0]
-    rank = first_rank + first["local_rank"]
-    message = first["message"].strip().splitlines()
-    same = sorted(first_rank + f["local_rank"] for f in failures[1:]
-                  if f["message"] == first["message"])
-    also = f"; the same on rank{'s' if len(same) > 1 else ''} {', '.join(map(str, same))}" \
-        if same else ""
-    return (f"torchrun exited {code}; rank {rank} (local rank {first['local_rank']}) failed: "
-            f"{message[-1] if message else '?'}{also}")
 
 
 def _keep(seen: dict, rank: int, value: object) -> None:

@@ -1,7 +1,8 @@
-"""What to try after a failure: one hint per kind of failure, read from its own words.
+"""What to try after a failure: one hint per kind of failure, read from its
+typed reason and, for what the ranks said, their own words.
 
 Each rule fits one failure and names the node and the exact setting to
-try: no hint beats a wrong one. Pure functions of the text.
+try: no hint beats a wrong one. Pure functions of the outcome.
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ import ipaddress
 import re
 from typing import Any, Iterable, Protocol, Sequence
 
+from typing import TYPE_CHECKING
+
 from ..agent.layout import SHIM_MODULE
+
+if TYPE_CHECKING:
+    from .outcome import EndReason
 
 
 CHECK = "`ddp-orch check` shows the interface each node uses and tests every pair of nodes"
@@ -61,7 +67,6 @@ _STORE = re.compile(r"failed to connect to any network address of \((?P<host>[^,
 _NO_TORCH = re.compile(r"No module named '?torch'?(?![\w.])")
 # ModuleNotFoundError's words, and the shim's and `python -m`'s (no quotes)
 _NO_MODULE = re.compile(r"No module named '?(?P<name>[A-Za-z_][\w.]*?)'?(?![\w.])")
-_NOT_JOINED = "did not join the rendezvous before the start timeout"
 # Docker's default bridge: the same address on every host, reaching nothing
 _DOCKER = ipaddress.ip_network("172.17.0.0/16")
 
@@ -72,12 +77,23 @@ class Failed(Protocol):
     node_rank: int
     host: str
     reason: str
+    why: EndReason
     failures: tuple
 
 
 def failure_hint(root: Failed, nodes: Sequence[Failed] = (), plan: Any = None) -> str | None:
     """The hint for ``root``, the run's root cause, or None. ``nodes`` lets a
     hint name the peer at fault; ``plan`` gives the run's own module."""
+    from .outcome import EndReason  # a dry run's hints (``CHECK``) need no outcome
+
+    node = f"node {root.node_rank} ({root.host})"
+    if root.why is EndReason.NO_ANSWER:
+        return (f"{node}'s agent never answered: its login or its Python hangs (a "
+                f"shell profile waiting for input, a stuck mount); try `ssh {root.host} "
+                f"true` by hand")
+    if root.why is EndReason.START_TIMEOUT:
+        return (f"{node} never reached the rendezvous: usually `master.addr` is not "
+                f"reachable from that node, or a firewall blocks the master port; {CHECK}")
     return hint_for(_own_words(root), root.node_rank, root.host,
                     [(n.node_rank, n.host) for n in nodes if n.node_rank != root.node_rank],
                     module=run_module(plan))
@@ -95,18 +111,19 @@ def run_module(plan: Any) -> str | None:
     return module if module is not None and module == plan.get("workload") else None
 
 
-# What says a failure was the network's: the rules above, and a node gone
-# silent (a partition or a frozen host) or its connection lost.
+# What the ranks say when the network failed them. A node gone silent, never
+# joined or its connection lost says it by its reason (``NETWORK_REASONS``).
 _NETWORK = (_GLOO_REMOTE, _NCCL_REMOTE, _GLOO_NO_IFACE, _NCCL_NO_IFACE, _NCCL_NET, _STORE,
-            re.compile(re.escape(_NOT_JOINED)),
-            re.compile(r"nothing from the node for|connection lost|Connection closed by peer"
-                       r"|Connection reset by peer|No route to host"))
+            re.compile(r"Connection closed by peer|Connection reset by peer|No route to host"))
 
 
 def is_network_failure(root: Failed) -> bool:
-    """Whether ``root``'s own words say the network failed it (only then does
-    the summary list each node's interface)."""
-    return any(rule.search(text) for rule in _NETWORK for text in _own_words(root))
+    """Whether ``root`` failed by the network, by its reason or its ranks' own
+    words (only then does the summary list each node's interface)."""
+    from .outcome import NETWORK_REASONS
+
+    return root.why in NETWORK_REASONS or any(
+        rule.search(text) for rule in _NETWORK for text in _own_words(root))
 
 
 def _own_words(root: Failed) -> list[str]:
@@ -164,13 +181,6 @@ def hint_for(texts: Iterable[str], node_rank: int, host: str,
                 f"(`nvidia-smi -q -d COMPUTE`); or the interface (NCCL_SOCKET_IFNAME=<the NIC "
                 f"the nodes reach each other on>); `ddp-orch check --collective` tries NCCL "
                 f"across the run's layout")
-    if _NOT_JOINED in text:
-        if "no answer from the node" in text:
-            return (f"{node}'s agent never answered: its login or its Python hangs (a "
-                    f"shell profile waiting for input, a stuck mount); try `ssh {host} "
-                    f"true` by hand")
-        return (f"{node} never reached the rendezvous: usually `master.addr` is not "
-                f"reachable from that node, or a firewall blocks the master port; {CHECK}")
     if _NO_TORCH.search(text):
         return f"{node} has no torch for its `python:`: {PYTHON}"
     missing = _NO_MODULE.search(text)

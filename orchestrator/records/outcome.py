@@ -5,28 +5,13 @@ words for states, from the backends through ``state.json`` to every command.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from ..agent.wire.runstate import RunState
 
-class RunState(str, Enum):
-    STARTING = "starting"
-    PENDING = "pending"  # a scheduler's job, submitted, waiting in its queue for nodes
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    # state.json is there but cannot be read (cut short, edited by hand, a
-    # field out of its domain): listed, never guessed at (``store.read_record``)
-    DAMAGED = "damaged"
-
-    @property
-    def live(self) -> bool:
-        return self in (RunState.STARTING, RunState.PENDING, RunState.RUNNING)
-
-    def __str__(self) -> str:
-        return self.value
+__all__ = ["RunState"]  # a run's states, which the keepers on the nodes record too
 
 
 class NodeState(str, Enum):
@@ -44,9 +29,42 @@ class NodeState(str, Enum):
         return self.value
 
 
+class EndReason(str, Enum):
+    """Why a node ended: the typed cause every outcome carries. Its words
+    (the outcome's ``reason``) are rendered from it, never parsed back."""
+
+    __str__ = str.__str__
+
+    EXITED = "exited"  # torchrun exited 0
+    FAILED = "failed"  # torchrun failed on its own: a rank, its setup, or the node refused it
+    STOPPED = "stopped"  # asked to stop, or signalled, before it failed itself
+    HUNG = "hung"  # the hang rule named one of its ranks
+    START_TIMEOUT = "start-timeout"  # did not join the rendezvous before the start timeout
+    NO_ANSWER = "no-answer"  # its agent never answered within the start timeout
+    NOT_RUN = "not-run"  # its scheduler's job ended before any rendezvous
+    SILENT = "silent"  # nothing heard from it for the peer timeout
+    PAUSED = "paused"  # it stopped because the controller was paused past the peer timeout
+    CUT_OFF = "cut-off"  # it answered neither the stop nor the kill
+    CONNECTION_LOST = "connection-lost"  # the connection died without an exit status
+    AGENT_DIED = "agent-died"  # its agent ended without reporting
+    GIVEN_UP = "given-up"  # still running when the controller gave up on it
+    KEEPER_UNHEARD = "keeper-unheard"  # a kept run's node its keepers could not hear
+    KEEPER_GONE = "keeper-gone"  # a kept run's keeper ended without finishing
+    FOLLOWER_LOST = "follower-lost"  # the controller lost a kept run's node
+    SCHEDULER_ENDED = "scheduler-ended"  # its scheduler's job ended without its report
+    SCHEDULER_STOPPED = "scheduler-stopped"  # its scheduler ended it when another node failed
+    NEVER_STARTED = "never-started"
+    RUNNING = "running"  # still runs: the controller left it to its keeper
+
+
+# Reasons that say the network, or a node out of reach, ended the run.
+NETWORK_REASONS = frozenset({EndReason.START_TIMEOUT, EndReason.NO_ANSWER, EndReason.SILENT,
+                             EndReason.CONNECTION_LOST})
+
+
 @dataclass(frozen=True)
 class NodeOutcome:
-    """How one node ended, and the worker failures its agent reported."""
+    """How one node ended, why, and the worker failures its agent reported."""
 
     node_rank: int
     host: str
@@ -55,6 +73,7 @@ class NodeOutcome:
     reason: str
     ended_at: float | None  # time.time() when the controller saw it end
     failures: tuple[dict, ...] = ()
+    why: EndReason = field(kw_only=True)
 
     @property
     def first_failure_ts(self) -> float | None:
@@ -64,6 +83,7 @@ class NodeOutcome:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["state"] = self.state.value
+        out["why"] = self.why.value
         out["failures"] = list(self.failures)
         return out
 
@@ -72,7 +92,7 @@ class NodeOutcome:
         return cls(node_rank=int(data["node_rank"]), host=str(data["host"]),
                    state=NodeState(data["state"]), exit_code=data.get("exit_code"),
                    reason=str(data.get("reason", "")), ended_at=data.get("ended_at"),
-                   failures=tuple(data.get("failures") or ()))
+                   failures=tuple(data.get("failures") or ()), why=EndReason(data["why"]))
 
 
 @dataclass(frozen=True)

@@ -232,7 +232,7 @@ def read_record(run: RunDir) -> RunRecord | None:
         return damaged(run, f"cannot be read: {exc}")
     if not isinstance(data, dict):
         return damaged(run, f"holds a {type(data).__name__}, not a run's record")
-    version = data.get("version", RECORD_VERSION if "owner" in data else 1)
+    version = data.get("version", 2 if "owner" in data else 1)
     if version != RECORD_VERSION:
         return other_version(run, version, data)
     try:
@@ -280,8 +280,9 @@ def read_record(run: RunDir) -> RunRecord | None:
 
 
 # The shape of ``state.json``. 1: before run owners (a ``rule`` word); 2: an
-# ``owner`` and this field. A record of another version is listed, never guessed at.
-RECORD_VERSION = 2
+# ``owner``; 3: each node outcome's ``why``. A record of another version is
+# listed, never guessed at.
+RECORD_VERSION = 3
 
 
 def damaged(run: RunDir, why: str, data: Mapping[str, Any] | None = None) -> RunRecord:

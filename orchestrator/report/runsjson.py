@@ -78,7 +78,8 @@ def _node(node_rank: int, host: str, outcome: NodeOutcome | None) -> dict[str, A
     return {"node_rank": node_rank, "host": host,
             "state": outcome.state.value if outcome else None,
             "exit_code": outcome.exit_code if outcome else None,
-            "reason": outcome.reason if outcome else None}
+            "reason": outcome.reason if outcome else None,
+            "why": outcome.why.value if outcome else None}
 
 
 def _outcome(outcome: NodeOutcome | None) -> dict[str, Any] | None:

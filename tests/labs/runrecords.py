@@ -7,6 +7,7 @@ import os
 
 from conftest import ROOT
 from orchestrator.records.rundir import RunDir
+from orchestrator.records.store import RECORD_VERSION
 
 
 SCHEMAS = os.path.join(ROOT, "schema")
@@ -20,7 +21,7 @@ def schema(name: str) -> dict:
 def record(runs_dir, run_id: str, started: float, state: str = "succeeded") -> None:
     run = RunDir.create(str(runs_dir), run_id)
     with open(run.file("state.json"), "w", encoding="utf-8") as fh:
-        json.dump({"version": 2, "run_id": run_id, "backend": "local", "state": state,
+        json.dump({"version": RECORD_VERSION, "run_id": run_id, "backend": "local", "state": state,
                    "owner": {"holder": "controller", "detached": False}, "started": started,
                    "ended": started + 2, "wall_s": 2.0, "nodes": []}, fh)
 

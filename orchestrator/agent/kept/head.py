@@ -23,6 +23,7 @@ from .. import gangrule
 from ..node import probes
 from ..node.holdings import Holdings
 from ..wire.protocol import Event, message, rank_progress
+from ..wire.runstate import RunState
 
 ENDED_WAIT_S = 60.0  # after a stop, how long the head waits for a node's report
 MAX_BACKOFF_S = 30.0
@@ -111,8 +112,8 @@ class Head(Keeper):
             why = self.final or ("node(s) " + ", ".join(map(str, missing)) +
                                  " never joined the gang's port")
             self.say(f"ddp-orch: {why}")
-            self._finish("failed")
-            return 1, "interrupted" if self.final else "failed"
+            self._finish(RunState.FAILED)
+            return 1, RunState.INTERRUPTED if self.final else RunState.FAILED
         restarts = self.spec.max_restarts
         port = self.sup_spec.master_port
         for attempt in range(restarts + 1):
@@ -137,17 +138,17 @@ class Head(Keeper):
             codes = [e.get("code") for e in ended.values()]
             record = self._record(attempt, port, ended)
             if all(c == 0 for c in codes):
-                record["state"] = "succeeded"
+                record["state"] = RunState.SUCCEEDED
                 self.attempts.append(record)
-                self._finish("succeeded")
-                return 0, "succeeded"
+                self._finish(RunState.SUCCEEDED)
+                return 0, RunState.SUCCEEDED
             why_not = self._why_no_restart(ended)
-            record["state"] = "interrupted" if self.final else "failed"
+            record["state"] = RunState.INTERRUPTED if self.final else RunState.FAILED
             record["restart"] = "" if why_not or attempt == restarts else "restarting"
             record["no_restart"] = why_not if attempt < restarts else ""
             self.attempts.append(record)
             self._compact_old_attempts()
-            self.write_state("running")
+            self.write_state(RunState.RUNNING)
             if why_not or attempt == restarts:
                 break
             # no stop was needed when every node failed on its own: name the failures
@@ -157,7 +158,7 @@ class Head(Keeper):
             self.say(f"ddp-orch: attempt {attempt} failed ({why}); "
                      f"restarting the whole gang in {restart_backoff(attempt + 1):g}s "
                      f"({attempt + 1} of {restarts} restart(s))")
-        state = "interrupted" if self.final else "failed"
+        state = RunState.INTERRUPTED if self.final else RunState.FAILED
         self._finish(state)
         return int(self.ended.get(0, {}).get("code") or 1), state
 
@@ -290,7 +291,7 @@ class Head(Keeper):
         if self.supervisor is not None:
             self.supervisor.request_stop(gangrule.stop_reason(reason))
 
-    def _finish(self, state: str) -> None:
+    def _finish(self, state: RunState) -> None:
         """The gang's last word to every node, then each link closed, which
         writes it out first: a member that saw its link close without the
         word would end as having "lost the gang's head"."""

@@ -41,6 +41,7 @@ from ..node.supervisor import GPU_SAMPLE_TIMEOUT_S, Supervisor, visible_gpus
 from ..stackgroups import place
 from ..wire import files
 from ..wire.protocol import HEARTBEAT_S, Ended, Event, encode, message, pace_fields
+from ..wire.runstate import RunState
 
 SURVIVOR_WAIT_S = 30.0  # how long a node waits for what would not die before it reports
 FOLLOWER_POLL_S = 1.0  # how often an attached keeper looks for its follower
@@ -153,7 +154,7 @@ class Keeper(abc.ABC):
         threading.Thread(target=self._on_signals, daemon=True, name="keeper-signals").start()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        self.write_state("running")
+        self.write_state(RunState.RUNNING)
         threading.Thread(target=self._beat, daemon=True, name="keeper-beat").start()
         if not self.spec.owner.detached:
             threading.Thread(target=self._watch_follower, daemon=True,
@@ -162,7 +163,7 @@ class Keeper(abc.ABC):
             code, state = self.keep()
         except Exception as exc:  # noqa: BLE001 (recorded, then the keeper ends)
             self.say(f"ddp-orch: keeper failed: {type(exc).__name__}: {exc}")
-            code, state = 1, "failed"
+            code, state = 1, RunState.FAILED
         self.over.set()
         try:  # the record first: whoever reads the finished line finds the end recorded
             self.write_state(state, code)
@@ -214,7 +215,7 @@ class Keeper(abc.ABC):
             if mailbox.follower_present(self.run_dir):
                 if not seen:  # recorded: from now on its going stops the run
                     seen = self.followed = True
-                    self.write_state("running", unless_over=True)
+                    self.write_state(RunState.RUNNING, unless_over=True)
             elif seen or time.monotonic() > deadline:
                 why = (f"the controller's follower on node {self.node_rank} is gone"
                        if seen else f"no controller followed node {self.node_rank} within "
@@ -308,7 +309,7 @@ class Keeper(abc.ABC):
                           **use.get(rank, {})}
         if seen and seen != self.progress:
             self.progress = seen
-            self.write_state("running", unless_over=True)
+            self.write_state(RunState.RUNNING, unless_over=True)
 
     def _setup_barrier(self, sup: Supervisor) -> None:
         """The gang's barrier after ``setup:``: tell the head, wait for
@@ -353,11 +354,11 @@ class Keeper(abc.ABC):
         except OSError:
             pass  # a broken stream must not stop a teardown; the state is in memory
 
-    def finished_message(self, code: int, state: str) -> dict:
+    def finished_message(self, code: int, state: RunState) -> dict:
         """The stream's last line; one control line, however many attempts."""
         return message(Event.FINISHED, code=code, state=state, **self.fitted_attempts())
 
-    def write_state(self, state: str, code: int | None = None,
+    def write_state(self, state: RunState, code: int | None = None,
                     unless_over: bool = False) -> None:
         """keeper.json; ``unless_over``: not once the run has ended here (a
         thread other than the main one must never write over the end)."""

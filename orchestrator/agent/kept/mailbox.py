@@ -17,6 +17,7 @@ import time
 
 from .. import layout
 from ..node.procs import running, start_time
+from ..wire.runstate import RunState
 
 DOWN_REASON = "stopped by `ddp-orch down`"  # down says from where (its ``why``)
 
@@ -139,6 +140,6 @@ def stop(run_dir: str, wait_s: float, why: str = DOWN_REASON) -> int | None:
 def ended(run_dir: str) -> bool:
     """Whether the keeper's record says its run has ended here."""
     try:
-        return (recorded(run_dir) or {}).get("state") not in ("running", None)
+        return (recorded(run_dir) or {}).get("state") not in (RunState.RUNNING, None)
     except (OSError, ValueError):
         return False

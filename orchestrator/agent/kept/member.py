@@ -17,6 +17,7 @@ from .spec import KeeperSpec
 from ..gangrule import stop_reason
 from ..node.holdings import Holdings
 from ..wire.protocol import Event, message
+from ..wire.runstate import RunState
 
 
 class Member(Keeper):
@@ -56,10 +57,10 @@ class Member(Keeper):
         while True:
             said = self.inbox.get()
             if said is None:
-                return code, "failed" if not self.final else "interrupted"
+                return code, RunState.FAILED if not self.final else RunState.INTERRUPTED
             if said["event"] == Event.GANG_FINISH:
                 self.head.close()
-                return code, said["state"]
+                return code, RunState(said["state"])
             if said["event"] == Event.GANG_START:
                 ended = self.run_attempt(said["attempt"], said["master_port"])
                 code = int(ended.get("code") or 0)

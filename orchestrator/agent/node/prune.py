@@ -16,6 +16,7 @@ import time
 
 from . import procs
 from .. import layout
+from ..wire.runstate import RunState
 
 KEEPER_EXIT_S = 10.0  # how long a keeper whose run is over may take to exit
 
@@ -69,7 +70,7 @@ def _running_keeper(path: str) -> int | None:
             return None
         try:
             with open(os.path.join(path, layout.KEEPER_STATE), encoding="utf-8") as fh:
-                over = json.load(fh).get("state") not in (None, "running")
+                over = json.load(fh).get("state") not in (None, RunState.RUNNING)
         except (OSError, ValueError, AttributeError):
             over = False
         if not over or time.monotonic() > deadline:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..wire import fields
-from ..wire.owner import Holder, Owner, OwnerError
-from ..wire.protocol import PEER_TIMEOUT_S
+from ..wire.owner import Owner, OwnerError
 
 
 class SpecError(ValueError):
@@ -37,27 +36,11 @@ class SupervisorSpec:
     # "when_changed": {"paths", "env"} or absent (``setupstamp.py``: skipped while unchanged)}
     setup: dict | None = None
     log_dir: str | None = None  # torchrun's --log-dir (a keeper's attempt: its own); else run_dir/torchrun
-    # Who owns the run (``wire/owner.py``), as the dry-run decided it. The
-    # supervisor reads its holder: the controller pings on stdin, and stdin's
-    # EOF or PEER_TIMEOUT_S of silence tears the run down; a keeper handles
-    # the signals itself (it stops, or restarts, the gang); a scheduler's
-    # signals (scancel, srun --kill-on-bad-exit) are the stop, stdin is /dev/null.
+    # Who owns the run (``wire/owner.py``), as the dry-run decided it; the
+    # supervisor asks it: does the controller ping on stdin (``pings``), or
+    # do keepers handle the signals (``keepers_hold``)? Else a scheduler's
+    # signals (scancel, srun --kill-on-bad-exit) are the stop.
     owner: Owner = Owner()
-
-    @property
-    def peer_timeout_s(self) -> float | None:
-        """Silence from the controller past this tears the run down (None: never)."""
-        return PEER_TIMEOUT_S if self.owner.holder is Holder.CONTROLLER else None
-
-    @property
-    def watches_stdin(self) -> bool:
-        """The controller's words (``protocol.Control``) arrive on stdin."""
-        return self.owner.holder is Holder.CONTROLLER
-
-    @property
-    def owns_signals(self) -> bool:
-        """SIGTERM, SIGINT and SIGHUP stop the run (not under a keeper: it handles them)."""
-        return self.owner.holder is not Holder.KEEPERS
 
     def to_dict(self) -> dict:
         """The JSON form (``from_dict`` reads it back)."""

@@ -29,7 +29,7 @@ from .. import layout
 from ..wire import files
 from ..wire.fields import is_time
 from . import nodesetup, outputsteps, setupstamp
-from ..wire.protocol import (Control, Ended, Event, LineBuffer, Reader,
+from ..wire.protocol import (PEER_TIMEOUT_S, Control, Ended, Event, LineBuffer, Reader,
                              controller_silent_for, encode, exit_event, message)
 from .holdings import Holdings
 from .spec import SupervisorSpec
@@ -107,7 +107,7 @@ class Supervisor:
         # or a keeper's agent.out); over a channel the controller masks what
         # it receives. Output is masked as bytes; control lines string by
         # string before they are encoded, so they stay valid JSON.
-        self.secrets = [v for v in spec.secrets if v] if not spec.watches_stdin else []
+        self.secrets = [v for v in spec.secrets if v] if not spec.owner.pings else []
         self.masks = [v.encode() for v in self.secrets]
         # ``setup:`` (nodesetup.py): once it has succeeded here, torchrun waits for
         # every node's (``setup_barrier``: the controller's ``go`` on stdin by
@@ -132,12 +132,12 @@ class Supervisor:
         self.guardian = guardian.start(self.marker, self.grace_s, self.holdings.gpu_fds())
         guardian.arm(self.guardian, self.log_dir, list(self.spec.secrets),
                      os.path.join(self.run_dir, layout.GUARDIAN_RECORD))
-        if self.spec.owns_signals:  # a keeper (kept/keeper.py) handles them itself
+        if not self.spec.owner.keepers_hold:  # a keeper (kept/keeper.py) handles them itself
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, lambda signum, _f: self.request_stop(
                     f"got {signal.Signals(signum).name}", Ended.SIGNAL))
         self.watcher = threading.Thread(target=self.watch_stdin, daemon=True)
-        if self.spec.watches_stdin:  # not under Slurm or a keeper: no controller there
+        if self.spec.owner.pings:  # not under Slurm or a keeper: no controller there
             self.watcher.start()
         env = {k: v for k, v in os.environ.items() if k not in self.spec.unset_env}
         env.update(self.spec.env)
@@ -244,11 +244,10 @@ class Supervisor:
         """Whether the run must stop: asked for, or the controller silent for
         the peer timeout (a frozen link sends no FIN, only misses pings).
         Asked in every phase, so a partition ends it within one bound."""
-        timeout = self.spec.peer_timeout_s
-        if timeout and not self.stop_requested and \
-                time.monotonic() - self.last_heard > timeout:
+        if self.spec.owner.pings and not self.stop_requested and \
+                time.monotonic() - self.last_heard > PEER_TIMEOUT_S:
             self.controller_lost = True
-            self.request_stop(controller_silent_for(timeout), Ended.CONTROLLER_LOST)
+            self.request_stop(controller_silent_for(PEER_TIMEOUT_S), Ended.CONTROLLER_LOST)
         return self.stop_requested
 
     def request_stop(self, reason: str, cause: Ended = Ended.STOPPED) -> None:
@@ -510,7 +509,7 @@ class Supervisor:
 
 def _await_go(sup: "Supervisor") -> None:
     """The controller's barrier: ``go`` once every node's setup is done, or a stop."""
-    if not sup.spec.watches_stdin:
+    if not sup.spec.owner.pings:
         return
     while not (sup.go.is_set() or sup.controller_silent()):
         sup.wakeup.wait(0.5)

@@ -58,11 +58,19 @@ class Owner:
         return not self.detached and self.holder is not Holder.SCHEDULER
 
     @property
-    def peer_timeout_applies(self) -> bool:
-        """Is a node's silence a loss? Only where the controller pings it: a
-        scheduler owns its nodes' liveness (and its shared files may hold
-        bytes back), and the keepers judge their own gang."""
+    def pings(self) -> bool:
+        """Does the controller ping the nodes, and so is silence a loss both
+        ways? Its words reach each supervisor on stdin, and PEER_TIMEOUT_S
+        without them stops the run there. Only where the controller holds
+        the run: a scheduler owns its nodes' liveness (and its shared files
+        may hold bytes back), and the keepers judge their own gang."""
         return self.holder is Holder.CONTROLLER
+
+    @property
+    def keepers_hold(self) -> bool:
+        """Do the nodes' keepers hold the gang? They judge it, restart it and
+        handle the supervisors' signals; the controller starts or follows them."""
+        return self.holder is Holder.KEEPERS
 
     def not_held_by(self, holder: Holder) -> str:
         """Why a spec meant for ``holder``'s nodes (a keeper's, a scheduler

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from .fields import (FLAG, INT, LIST, NUMBER, RECORD, STRINGS, TEXT, TIME, Field, count,
                      first_bad, is_count, is_int, is_time, of_types, one_of, optional,
                      records_of)  # noqa: F401
+from .runstate import KEPT_STATES
 
 CONTROL_PREFIX = b"::ddp-orch:: "
 # Liveness while a run is attached: each side sends something at least every
@@ -139,14 +140,14 @@ MESSAGES: dict[Event, dict[str, Field]] = {
     # A kept run (``kept/keeper.py``): its node's stream (``agent.out``) marks each
     # attempt and ends with ``finished``; node 0's carries the gang's attempts.
     Event.ATTEMPT: {"attempt": INT, "master_port": INT},
-    Event.FINISHED: {"code": INT, "state": TEXT},
+    Event.FINISHED: {"code": INT, "state": one_of(KEPT_STATES)},
     # Between the keepers of a kept run, over node 0's gang port (``kept/peers.py``).
     Event.GANG_HELLO: {"node_rank": INT, "token": TEXT},
     Event.GANG_START: {"attempt": INT, "master_port": INT},
     Event.GANG_STOP: {"attempt": INT, "reason": TEXT, "final": FLAG},
     Event.GANG_ENDED: {"attempt": INT, "exit": RECORD},
     Event.GANG_FAILING: {"attempt": INT, "code": INT},
-    Event.GANG_FINISH: {"state": TEXT},
+    Event.GANG_FINISH: {"state": one_of(KEPT_STATES)},
     # A node's setup is done (to the head); every node's is (from the head).
     Event.GANG_SETUP: {"node_rank": INT},
     Event.GANG_GO: {},

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from abc import abstractmethod
-from typing import ClassVar, Mapping, NamedTuple
+from typing import ClassVar, Mapping
 
 from ...agent import layout
 from ...agent.node.stream import offset_of_last_lines
@@ -31,6 +31,7 @@ from ...config.spec import AUTO_PORT
 from ...console import Console
 from ...engine.bundle import build_bundle, code_notes, stand_ins
 from ...engine.nodehandle import BUNDLE_NAME, supervisor_spec
+from ...engine.nodestate import NodeFacts, NodePlace, node_outcome
 from ...engine.results import fetch_outputs, store_fetched, wanted_files
 from ...engine.run import RunHandle, node_records
 from ...engine.stacks import StacksResult
@@ -40,8 +41,8 @@ from ...plan.dryrun import ByHand, DryRun, NodeLaunch
 from ...plan.model import NodePlan, RunPlan
 from ...plan.secrets import is_secret
 from ...plan.torchrun import torchrun_argv
-from ...records.outcome import (NodeOutcome, NodeState, RunDescription, RunOutcome, RunState,
-                               gang_outcome, is_cascade)
+from ...records.outcome import (EndReason, NodeOutcome, NodeState, RunDescription, RunOutcome,
+                               RunState, gang_outcome, is_cascade)
 from ...records.rundir import RunDir
 from ...records.store import NodeRecord, RunRecord, controller_alive
 from ..base import CancelResult, LaunchBackend, recorded_dryrun
@@ -318,16 +319,19 @@ class SchedulerBackend(LaunchBackend):
         loss may have set it off."""
         if outcome.state is not NodeState.LOST or outcome.failures:
             return outcome
+        place = NodePlace(outcome.node_rank, outcome.host)
         failed = [o for o in nodes if o.state is NodeState.FAILED and not is_cascade(o)]
         if failed and self.stops_the_rest:
-            return dataclasses.replace(
-                outcome, state=NodeState.STOPPED,
-                reason=f"ended by {self.placement.scheduler} when node {failed[0].node_rank} "
-                       f"failed ({self.stops_the_rest})")
-        state = job.state.state if job.state else "no longer listed"
-        reason = (f"the {self.placement.scheduler} job ended ({state}) without a report from "
-                  f"this node's agent (killed, or the node failed)")
-        return dataclasses.replace(outcome, reason=reason)
+            words = (f"ended by {self.placement.scheduler} when node {failed[0].node_rank} "
+                     f"failed ({self.stops_the_rest})")
+            why = EndReason.SCHEDULER_STOPPED
+        else:
+            state = job.state.state if job.state else "no longer listed"
+            words = (f"the {self.placement.scheduler} job ended ({state}) without a report "
+                     f"from this node's agent (killed, or the node failed)")
+            why = EndReason.SCHEDULER_ENDED
+        return node_outcome(place, NodeFacts(code=outcome.exit_code, ended_at=outcome.ended_at,
+                                             found=why, words=words))
 
     def write_job(self, info: DryRun, run: RunDir) -> dict[str, str]:
         """Write agent.pyz, the bundle and job.json (secrets left out); returns
@@ -526,7 +530,6 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
     where no controller recorded it: each node's exit event read as the
     controller would have heard it (``exit_outcome``)."""
     from ...agent.wire.protocol import ProtocolError, validate
-    from ...engine.nodehandle import exit_outcome
 
     first_ranks = _first_ranks(record)
     nodes, ends = [], []
@@ -544,28 +547,20 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
             event = validate(written.get("exit")) if written.get("exit") is not None else None
         except ProtocolError:  # a record this version cannot read: its exit code says enough
             event = None
-        if event is not None and code and node.node_rank in first_ranks:  # how it failed
-            place = _NodePlace(node.node_rank, node.host, first_ranks[node.node_rank])
-            nodes.append(exit_outcome(place, event, False, os.path.getmtime(path)))
-            continue
-        state = (NodeState.NOT_STARTED if code is None and not os.path.isdir(node.run_dir)
-                 else NodeState.LOST if code is None
-                 else NodeState.SUCCEEDED if code == 0 else NodeState.FAILED)
-        reason = (f"torchrun exited {code}" if code is not None
-                  else "never started: no run directory" if state is NodeState.NOT_STARTED
-                  else "the node agent ended without reporting (no exit status on record)")
-        nodes.append(NodeOutcome(node.node_rank, node.host, state, code, reason, None))
+        place = NodePlace(node.node_rank, node.host, first_ranks.get(node.node_rank, 0))
+        if code is None:
+            facts = NodeFacts(found=EndReason.NEVER_STARTED, words="never started: no run "
+                              "directory") if not os.path.isdir(node.run_dir) else NodeFacts(
+                found=EndReason.AGENT_DIED,
+                words="the node agent ended without reporting (no exit status on record)")
+        elif event is not None and code and node.node_rank in first_ranks:  # how it failed
+            facts = NodeFacts(event, ended_at=os.path.getmtime(path))
+        else:
+            facts = NodeFacts({"code": code})
+        nodes.append(node_outcome(place, facts))
     outcome = gang_outcome(record.run_id, tuple(nodes), 0.0, interrupted=False)
     return RunDescription(outcome.state, outcome.nodes, outcome.root_cause, detail,
                           ended=max(ends, default=None))
-
-
-class _NodePlace(NamedTuple):
-    """What ``exit_outcome`` reads of a node's plan."""
-
-    node_rank: int
-    host: str
-    first_rank: int
 
 
 def _first_ranks(record: RunRecord) -> dict[int, int]:
@@ -577,8 +572,9 @@ def _first_ranks(record: RunRecord) -> dict[int, int]:
 
 
 def _not_run(plan: RunPlan, why: str, started: float, *, interrupted: bool = False) -> RunOutcome:
-    state = NodeState.NOT_STARTED if interrupted else NodeState.FAILED
-    nodes = tuple(NodeOutcome(n.node_rank, n.host, state, None, why, None) for n in plan.nodes)
+    facts = NodeFacts(found=EndReason.NEVER_STARTED if interrupted else EndReason.NOT_RUN,
+                      words=why)
+    nodes = tuple(node_outcome(n, facts) for n in plan.nodes)
     return gang_outcome(plan.run_id, nodes, time.monotonic() - started, interrupted=interrupted)
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from ...agent.layout import STREAM
 from ...agent.wire.protocol import (CONTROL_PREFIX, Control, Event, ProtocolError, decode,
                                     is_time, pace_fields, rank_progress)
-from ...engine.nodehandle import LOST
+from ...engine.nodestate import LOST
 from ...errors import OrchestratorError
 
 if TYPE_CHECKING:

@@ -50,7 +50,7 @@ def test_each_backend_decides_through_the_one_function(name, options, owner):
 def test_what_each_owner_means(owner, ends, silence):
     """Whether the run stops with its controller, and whether a node's
     silence is a loss."""
-    assert (owner.ends_with_controller, owner.peer_timeout_applies) == (ends, silence)
+    assert (owner.ends_with_controller, owner.pings) == (ends, silence)
 
 
 def test_an_owner_crosses_the_wire_unchanged_and_a_bad_one_is_named():

@@ -38,7 +38,7 @@ def _launch() -> NodeLaunch:
 
 def test_the_controllers_spec_crosses_the_wire_and_back_unchanged():
     spec = supervisor_spec(_launch(), "r1", 29500, 5.0)
-    assert spec.owner == Owner(Holder.CONTROLLER) and spec.peer_timeout_s == 30.0
+    assert spec.owner == Owner(Holder.CONTROLLER) and spec.owner.pings
     wire = json.loads(json.dumps(spec.to_dict()))
     assert wire["owner"] == {"holder": "controller", "detached": False}
     assert SupervisorSpec.from_dict(wire) == spec
@@ -48,18 +48,19 @@ def test_the_controllers_spec_crosses_the_wire_and_back_unchanged():
     assert SupervisorSpec.from_dict(kept.to_dict()) == kept
 
 
-@pytest.mark.parametrize("owner, stdin, signals, peer_timeout", [
-    (Owner(Holder.CONTROLLER), True, True, 30.0),
-    (Owner(Holder.KEEPERS), False, False, None),
-    (Owner(Holder.KEEPERS, detached=True), False, False, None),
-    (Owner(Holder.SCHEDULER), False, True, None),
-    (Owner(Holder.SCHEDULER, detached=True), False, True, None),
+@pytest.mark.parametrize("owner, pings, keepers", [
+    (Owner(Holder.CONTROLLER), True, False),
+    (Owner(Holder.KEEPERS), False, True),
+    (Owner(Holder.KEEPERS, detached=True), False, True),
+    (Owner(Holder.SCHEDULER), False, False),
+    (Owner(Holder.SCHEDULER, detached=True), False, False),
 ])
-def test_the_owner_alone_decides_stdin_signals_and_the_peer_timeout(owner, stdin, signals,
-                                                                    peer_timeout):
+def test_the_owner_alone_decides_stdin_signals_and_the_peer_timeout(owner, pings, keepers):
+    """The spec carries the owner and nothing derived from it: stdin and the
+    peer timeout are the controller's pings, the signals a keeper's."""
     spec = dataclasses.replace(SupervisorSpec.from_dict(GOOD), owner=owner)
-    assert (spec.watches_stdin, spec.owns_signals, spec.peer_timeout_s) == \
-        (stdin, signals, peer_timeout)
+    assert (spec.owner.pings, spec.owner.keepers_hold) == (pings, keepers)
+    assert not {"watches_stdin", "owns_signals", "peer_timeout_s"} & set(dir(spec))
 
 
 @pytest.mark.parametrize("change, named", [

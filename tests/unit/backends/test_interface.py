@@ -24,7 +24,7 @@ from orchestrator.console import Console
 from orchestrator.engine.run import RunHandle, collect, follow, node_records
 from orchestrator.plan.dryrun import DryRun, NodeLaunch
 from orchestrator.plan.torchrun import torchrun_argv
-from orchestrator.records.outcome import NodeState, RunState
+from orchestrator.records.outcome import EndReason, NodeState, RunState
 from orchestrator.records.rundir import RunDir
 
 RESULT = {"loss": 0.25}
@@ -281,7 +281,7 @@ def test_a_pending_job_is_recorded_when_submitted_and_one_that_never_runs_brings
     info, run = job("queued")
     backend = FakeBackend(LaunchOptions(grace_s=1.0), (0, 0))
     backend.never_ran = gang_outcome(info.plan.run_id, tuple(
-        NodeOutcome(n.node_rank, n.host, NodeState.FAILED, None, "queue timeout", None)
+        NodeOutcome(n.node_rank, n.host, NodeState.FAILED, None, "queue timeout", None, why=EndReason.FAILED)
         for n in info.plan.nodes), 0.0, interrupted=False)
 
     def submit(info, run, console):

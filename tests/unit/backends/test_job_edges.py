@@ -18,7 +18,7 @@ from fakesched import Clock, FakeScheduler, FakeState, fake_time
 from orchestrator.agent.wire.protocol import Event, encode, message
 from orchestrator.backends.scheduler import job as jobmod
 from orchestrator.backends.scheduler.job import TAIL_BYTES, Job, JobStream, stream_progress
-from orchestrator.engine.nodehandle import LOST
+from orchestrator.engine.nodestate import LOST
 from orchestrator.errors import OrchestratorError
 from orchestrator.records.outcome import RunState
 from orchestrator.records.rundir import RunDir

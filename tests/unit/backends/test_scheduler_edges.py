@@ -34,7 +34,7 @@ from orchestrator.engine.preflight import CheckResult
 from orchestrator.errors import LaunchError, OrchestratorError
 from orchestrator.plan.dryrun import ByHand
 from orchestrator.plan.render import dryrun_to_dict
-from orchestrator.records.outcome import NodeOutcome, NodeState, RunOutcome, RunState
+from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, RunOutcome, RunState
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import NodeRecord, RunRecord
 
@@ -525,19 +525,19 @@ def test_ctrl_c_while_queued_or_starting_cancels_the_job(tmp_path, clock, monkey
 
 
 def lost(k: int, **more) -> NodeOutcome:
-    return NodeOutcome(k, f"n{k}", NodeState.LOST, None, "no word", None, **more)
+    return NodeOutcome(k, f"n{k}", NodeState.LOST, None, "no word", None, **more, why=EndReason.AGENT_DIED)
 
 
 def test_settle_explains_each_silent_node_with_the_schedulers_view(tmp_path, clock):
     backend, run, handle = submitted(tmp_path, clock, [DONE])
     handle.streams = handle._streams(handle.dryrun)
     handle.job.refresh()
-    failed = NodeOutcome(0, "n0", NodeState.FAILED, 1, "torchrun exited 1", 995.0)
+    failed = NodeOutcome(0, "n0", NodeState.FAILED, 1, "torchrun exited 1", 995.0, why=EndReason.FAILED)
     settled = handle.settle(RunOutcome("r", RunState.FAILED, 3.0, (failed, lost(1)), failed,
                                        None))
     assert settled.nodes == (failed, dataclasses.replace(lost(1), reason=(
         "the TestQueue job ended (COMPLETED) without a report from this node's agent "
-        "(killed, or the node failed)")))
+        "(killed, or the node failed)"), why=EndReason.SCHEDULER_ENDED))
     assert (settled.state, settled.root_cause, settled.wall_s) == (RunState.FAILED, failed,
                                                                    10.0)
     assert settled.run_id == "r"
@@ -618,8 +618,8 @@ def test_a_finished_job_brings_home_its_result_error_files_and_outputs_masked(tm
                 {"local_rank": 0, "error_file": "torchrun/big.json"},
                 {"local_rank": 1, "error_file": "torchrun/err.json"})
     outcome = RunOutcome("r", RunState.FAILED, 3.0, (
-        NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None),
-        NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, failures)),
+        NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None, why=EndReason.EXITED),
+        NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, failures, why=EndReason.FAILED)),
         None, None)
     listing = sched.outputs.collect
 
@@ -673,7 +673,7 @@ def test_outputs_that_changed_since_listed_are_refused_in_the_transfers_words(tm
 
     monkeypatch.setattr(sched.outputs, "collect", listed_then_changed)
     done = RunOutcome("r", RunState.SUCCEEDED, 1.0, (
-        NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None),), None, None)
+        NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None, why=EndReason.EXITED),), None, None)
     assert backend.collect(info, done, run) is None
     record = json.loads(open(run.file("outputs.json")).read())
     assert record["refused"] == [
@@ -691,7 +691,7 @@ def explained(outcome, nodes, state, stops=""):
 
 
 def test_a_silent_node_is_stopped_by_the_scheduler_where_it_stops_the_rest():
-    failed = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None)
+    failed = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, why=EndReason.FAILED)
     got = explained(lost(0), (lost(0), failed), FAILED_STATE, "srun --kill-on-bad-exit")
     assert (got.state, got.reason) == (NodeState.STOPPED, "ended by TestQueue when node 1 "
                                                           "failed (srun --kill-on-bad-exit)")
@@ -710,14 +710,14 @@ def test_a_silent_node_is_not_blamed_on_a_node_that_only_cascaded():
     its own, so node 0 was not 'ended by Slurm when node 1 failed'."""
     cascaded = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1; rank 1 (local "
                            "rank 0) failed: SystemExit: 143", None,
-                           ({"message": "SystemExit: 143", "timestamp": 5.0},))
+                           ({"message": "SystemExit: 143", "timestamp": 5.0},), why=EndReason.FAILED)
     got = explained(lost(0), (lost(0), cascaded), FAILED_STATE, "srun --kill-on-bad-exit")
     assert got.state is NodeState.LOST
     assert "without a report from this node's agent" in got.reason
 
 
 def test_a_node_with_its_own_word_is_left_as_it_said():
-    failed = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None)
+    failed = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, why=EndReason.FAILED)
     reported = lost(0, failures=({"message": "boom"},))
     assert explained(failed, (failed,), FAILED_STATE, "stops") is failed
     assert explained(reported, (reported, failed), FAILED_STATE, "stops") is reported
@@ -727,7 +727,7 @@ def test_a_node_with_its_own_word_is_left_as_it_said():
 
 # -- describe --------------------------------------------------------------------------------------------
 
-FAILED_1 = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", 950.0)
+FAILED_1 = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", 950.0, why=EndReason.FAILED)
 
 
 def recorded(tmp_path, *, job: str | None = "7", state=RunState.RUNNING, pid=None, dirs=2,
@@ -814,7 +814,7 @@ def test_a_job_whose_controller_is_gone_ended_as_its_agents_recorded(tmp_path):
     # node 4: never started (no directory)
     got = FakeScheduler(states=[DONE]).describe(record)
     assert [(n.node_rank, n.state, n.exit_code, n.reason) for n in got.nodes] == [
-        (0, NodeState.SUCCEEDED, 0, "torchrun exited 0"),
+        (0, NodeState.SUCCEEDED, 0, "exited 0"),
         (1, NodeState.FAILED, 3, "torchrun exited 3"),
         (2, NodeState.LOST, None, LOST_WORDS),
         (3, NodeState.LOST, None, LOST_WORDS),

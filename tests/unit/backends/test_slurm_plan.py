@@ -282,7 +282,7 @@ def test_the_master_slots_are_replaced_word_for_word_and_secrets_come_from_sbatc
     assert spec.master_port == 12345 and spec.env["K"] == "v4lue"
     assert spec.secrets == ("v4lue",)
     assert set(environ) <= set(spec.unset_env)  # not passed on to the workers
-    assert spec.owner == Owner(Holder.SCHEDULER) and not spec.watches_stdin
+    assert spec.owner == Owner(Holder.SCHEDULER) and not spec.owner.pings
 
 
 def test_a_python_under_home_is_the_nodes_own_under_slurm():

@@ -16,7 +16,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.records.rundir import RunDir
 
 OWNER = {"holder": "controller", "detached": False}
-from orchestrator.records.store import list_runs
+from orchestrator.records.store import RECORD_VERSION, list_runs
 
 
 def test_a_run_id_already_taken_is_a_clear_error_not_a_traceback(tmp_path):
@@ -56,7 +56,8 @@ def test_ps_lists_the_newest_run_first_by_start_time_not_by_name(tmp_path):
                             ("aaa-20261124-120700", now - 20)):
         run = RunDir.create(str(tmp_path), run_id)
         with open(run.file("state.json"), "w", encoding="utf-8") as fh:
-            json.dump({"run_id": run_id, "backend": "local", "state": "succeeded", "owner": OWNER,
+            json.dump({"version": RECORD_VERSION, "run_id": run_id, "backend": "local",
+                       "state": "succeeded", "owner": OWNER,
                        "started": started, "nodes": []}, fh)
     assert [r.run_id for r in list_runs(str(tmp_path))] == [
         "short-20261124-120735", "aaa-20261124-120700", "sleepy-20261124-120647"]

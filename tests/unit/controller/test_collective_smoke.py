@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from types import SimpleNamespace
 
+from orchestrator.records.outcome import EndReason
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.controller.collective import smoke_options, smoke_rows, smoke_spec
 from orchestrator.engine.options import LaunchOptions
@@ -66,7 +67,7 @@ def test_a_gang_that_fails_after_every_pair_passed_is_within_a_node():
 
 
 def test_a_smoke_run_with_no_result_says_its_root_cause_and_hint():
-    root = SimpleNamespace(node_rank=1, host="gpu-b", failures=(),
+    root = SimpleNamespace(node_rank=1, host="gpu-b", failures=(), why=EndReason.FAILED,
                            reason="torchrun exited 1; rank 4 (local rank 0) failed: "
                                   "RuntimeError: CUDA error: no kernel image is available for "
                                   "execution on the device")

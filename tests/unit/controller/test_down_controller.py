@@ -214,8 +214,10 @@ _V1 = "record version 1, before run owners"
 @pytest.mark.parametrize("written, said", [
     ({"rule": "detached", "backend": "ssh"}, f"an older ddp-orch ({_V1})"),
     ({"backend": "local"}, f"an older ddp-orch ({_V1})"),
-    ({"version": 3, "owner": _JOB}, "a newer ddp-orch (record version 3)"),
-    ({"version": "2", "owner": _JOB}, "a newer ddp-orch (record version 2)"),
+    ({"version": 4, "owner": _JOB}, "a newer ddp-orch (record version 4)"),
+    ({"version": "3", "owner": _JOB}, "a newer ddp-orch (record version 3)"),
+    ({"version": 2, "owner": _JOB}, "an older ddp-orch (record version 2)"),
+    ({"owner": _JOB}, "an older ddp-orch (record version 2)"),
 ])
 def test_a_run_recorded_by_another_record_version_is_listed_with_what_to_do_not_guessed(
         tmp_path, written, said):
@@ -226,12 +228,12 @@ def test_a_run_recorded_by_another_record_version_is_listed_with_what_to_do_not_
     run = recorded_run(tmp_path, os.getpid())
     data = json.loads(open(run.file(STATE_FILE)).read())
     data.pop("owner")
-    assert data.pop("version") == 2  # what this ddp-orch writes
+    assert data.pop("version") == 3  # what this ddp-orch writes
     run.write_json(STATE_FILE, {**data, **written})
     record = read_record(run)
     assert (record.state, record.backend) == (RunState.DAMAGED,
                                               written.get("backend", data["backend"]))
-    assert record.error == (f"recorded by {said}; this ddp-orch reads version 2: run "
+    assert record.error == (f"recorded by {said}; this ddp-orch reads version 3: run "
                             "`ddp-orch ps`, `status` or `down` with the ddp-orch that wrote it")
 
 

@@ -292,7 +292,7 @@ def test_a_node_silent_just_before_another_fails_is_lost_at_once_as_the_root_cau
 
 
 def test_a_schedulers_node_silent_past_the_peer_timeout_is_not_lost(tmp_path, clock):
-    """A scheduler owns its nodes' liveness (``Owner.peer_timeout_applies``):
+    """A scheduler owns its nodes' liveness (``Owner.pings``):
     the node silent from 10 s on is not lost; the gang waits for its end."""
     frozen = FakeNode(clock, exit_at=(4 * PEER_TIMEOUT_S, 0))
     other = FakeNode(clock, exit_at=(4 * PEER_TIMEOUT_S, 0))
@@ -489,7 +489,8 @@ def test_progress_json_of_a_kept_run_says_the_attempt_its_keepers_announced(tmp_
     def written(kept: bool, attempts: tuple[int, ...]) -> dict:
         run = RunDir.create(str(tmp_path / f"runs-{kept}-{len(attempts)}"), "r")
         gang = SimpleNamespace(
-            leaves=False, _progress_written=float("-inf"), kept=kept, run_dir=run,
+            leaves=False, _progress_written=float("-inf"), run_dir=run,
+            owner=Owner(Holder.KEEPERS if kept else Holder.CONTROLLER),
             plan=SimpleNamespace(ranks=()), console=SimpleNamespace(view="plain"),
             handles=[handle(k, a) for k, a in enumerate(attempts)])
         Gang._report_progress(gang)

@@ -9,13 +9,14 @@ import json
 import pytest
 
 from orchestrator.agent.wire.protocol import CONTROL_PREFIX, ProtocolError, Reader, decode, encode
-from orchestrator.engine.nodehandle import ATTEMPT_FROM, NEXT, Ask, NodeHandle, NodePhase
+from orchestrator.engine.nodehandle import NodeHandle
+from orchestrator.engine.nodestate import ATTEMPT_FROM, NEXT, Ask, NodePhase
 from orchestrator.console import Console
 from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.model import NodePlan
 from orchestrator.records.outcome import NodeState
 from orchestrator.records.rundir import RunDir
-from orchestrator.engine.nodehandle import _failure_reason
+from orchestrator.engine.nodestate import _failure_reason
 
 EXIT = {"event": "exit", "code": 1, "reason": "torchrun exited", "ended": "itself", "duration_s": 1.5,
         "last_lines": ["boom"], "failures": [

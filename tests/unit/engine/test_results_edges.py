@@ -17,7 +17,7 @@ from orchestrator.engine.results import (WantedFile, fetch_outputs, inside, outp
 from orchestrator.errors import TransportError
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.dryrun import DryRun, NodeLaunch
-from orchestrator.records.outcome import NodeOutcome, NodeState, RunOutcome, RunState
+from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, RunOutcome, RunState
 from orchestrator.records.rundir import RunDir
 
 GPU = "nodes:\n  - {host: a, gpus: [0, 1]}\n  - {host: b, gpus: [2]}\nworkload: {name: linear}\n"
@@ -38,7 +38,8 @@ def outcome(*nodes: NodeOutcome) -> RunOutcome:
 
 
 def node_outcome(rank: int, state: NodeState, failures=()) -> NodeOutcome:
-    return NodeOutcome(rank, "h", state, 1, "", None, tuple(failures))
+    return NodeOutcome(rank, "h", state, 1, "", None, tuple(failures),
+                       why=EndReason.FAILED if state.failed else EndReason.STOPPED)
 
 
 def test_wanted_files_a_failed_gpu_node_s_error_files_and_flight_records():

@@ -23,6 +23,7 @@ from orchestrator.agent.gangrule import Clock, NodeView, Stop, Timeouts, judge
 from orchestrator.agent.kept import keeper, peers
 from orchestrator.agent.node import outputs
 from orchestrator.agent.wire import files
+from orchestrator.agent.wire.owner import Owner
 from orchestrator.agent.wire.protocol import PEER_TIMEOUT_S
 from orchestrator.backends import backend_for
 from orchestrator.engine.options import LaunchOptions
@@ -182,7 +183,7 @@ def test_up_defaults_reach_the_run_grace_10s_start_timeout_300s(monkeypatch, tmp
     info = dryrun_of(options=options)
     spec = supervisor_spec(info.nodes[1], "r1", 29500, options.grace_s)
     # each node: SIGTERM, 10 s, SIGKILL; a heartbeat every 5 s; 30 s of silence
-    assert (spec.grace_s, spec.heartbeat_s, spec.peer_timeout_s) == (10, 5, 30)
+    assert (spec.grace_s, spec.heartbeat_s, spec.owner.pings, PEER_TIMEOUT_S) == (10, 5, True, 30)
     timeouts = Timeouts(options.start_timeout_s, PEER_TIMEOUT_S)
     waiting = [NodeView(0, "node 0", joined=True, started=True), NodeView(1, "node 1")]
     assert judge(waiting, timeouts, Clock(0.0), 300.0) is None
@@ -288,7 +289,7 @@ def test_quiet_shows_a_progress_line_per_node_every_15s(monkeypatch):
                              gpu_use=SimpleNamespace(now={}),
                              node=SimpleNamespace(ranks=[0], node_rank=0, host="a"))
     me = SimpleNamespace(_progress_written=1000.0, _progress_shown=1000.0, handles=[handle],
-                         leaves=False, kept=False,
+                         leaves=False, owner=Owner(),
                          plan=SimpleNamespace(ranks=[SimpleNamespace(rank=0, gpu=None)]),
                          run_dir=SimpleNamespace(write_progress=lambda record: None),
                          console=SimpleNamespace(view="quiet", always=lines.append))

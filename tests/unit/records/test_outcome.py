@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.records.outcome import NodeOutcome, NodeState, RunState, gang_outcome
+from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, RunState, gang_outcome
 
 GLOO = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1"
 NCCL = "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 3"
@@ -19,16 +19,16 @@ VALUE = "ValueError: bad batch at step 17"
 def failed(k: int, *stamped: tuple[str, float], ended_at: float = 1000.0) -> NodeOutcome:
     return NodeOutcome(k, f"h{k}", NodeState.FAILED, 1, "torchrun exited 1", ended_at,
                        tuple({"local_rank": i, "message": m, "timestamp": t, "error_file": None}
-                             for i, (m, t) in enumerate(stamped)))
+                             for i, (m, t) in enumerate(stamped)), why=EndReason.FAILED)
 
 
 def stopped(k: int) -> NodeOutcome:
-    return NodeOutcome(k, f"h{k}", NodeState.STOPPED, 143, "stopped by the controller", 1000.0)
+    return NodeOutcome(k, f"h{k}", NodeState.STOPPED, 143, "stopped by the controller", 1000.0, why=EndReason.STOPPED)
 
 
 def lost(k: int, heard_at: float) -> NodeOutcome:
     return NodeOutcome(k, f"h{k}", NodeState.LOST, None, "nothing from the node for 30s",
-                       heard_at)
+                       heard_at, why=EndReason.SILENT)
 
 
 def root_of(*nodes: NodeOutcome, interrupted: bool = False) -> tuple[RunState, int | None]:
@@ -82,5 +82,5 @@ def test_stopped_nodes_are_never_the_root_cause():
     """Stopped nodes ended because of the others; a run with a stopped node
     and no failure still failed (someone else's teardown), with no root cause."""
     assert root_of(stopped(0), failed(1, (GLOO, 99.0))) == (RunState.FAILED, 1)
-    assert root_of(stopped(0), NodeOutcome(1, "h1", NodeState.SUCCEEDED, 0, "exited 0", 5.0)) \
+    assert root_of(stopped(0), NodeOutcome(1, "h1", NodeState.SUCCEEDED, 0, "exited 0", 5.0, why=EndReason.EXITED)) \
         == (RunState.FAILED, None)

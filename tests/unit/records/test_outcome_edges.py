@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.records.outcome import (AttemptOutcome, NodeOutcome, NodeState, RunState,
-                                          gang_outcome, is_cascade)
+from orchestrator.engine.nodestate import STATE_OF
+from orchestrator.records.outcome import (AttemptOutcome, EndReason, NodeOutcome, NodeState,
+                                          RunState, gang_outcome, is_cascade)
 
 
 def node(rank: int, state: NodeState = NodeState.FAILED, *, ended=None, failures=(), code=1):
     return NodeOutcome(node_rank=rank, host=f"h{rank}", state=state, exit_code=code, reason="r",
-                       ended_at=ended, failures=tuple(failures))
+                       ended_at=ended, failures=tuple(failures),
+                       why=next(w for w, s in STATE_OF.items() if s is state))
 
 
 def test_the_state_words():
@@ -34,10 +36,12 @@ def test_a_node_outcome_round_trips_through_its_dict():
     outcome = node(2, NodeState.LOST, ended=7.5, failures=[{"message": "m", "timestamp": 1.0}], code=None)
     data = outcome.to_dict()
     assert data == {"node_rank": 2, "host": "h2", "state": "lost", "exit_code": None, "reason": "r",
-                    "ended_at": 7.5, "failures": [{"message": "m", "timestamp": 1.0}]}
+                    "ended_at": 7.5, "failures": [{"message": "m", "timestamp": 1.0}],
+                    "why": "silent"}
     assert NodeOutcome.from_dict(data) == outcome
-    assert NodeOutcome.from_dict({"node_rank": "1", "host": "h", "state": "stopped"}) == NodeOutcome(
-        1, "h", NodeState.STOPPED, None, "", None, ())
+    assert NodeOutcome.from_dict({"node_rank": "1", "host": "h", "state": "stopped",
+                                  "why": "stopped"}) == NodeOutcome(
+        1, "h", NodeState.STOPPED, None, "", None, (), why=EndReason.STOPPED)
 
 
 def test_an_attempt_round_trips_through_its_dict():

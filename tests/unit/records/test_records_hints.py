@@ -6,17 +6,17 @@ GLOO_SOCKET_IFNAME the hosts lack; GLOO_SOCKET_IFNAME=docker0; node 1 with
 no route to node 0. The NCCL lines are quoted from public reports
 (pytorch/pytorch, NVIDIA/nccl, awslabs/awsome-distributed-ai issues): this
 machine has no GPU. Each failure goes through the code that builds the
-root cause (``nodehandle._failure_reason``) before the hint reads it.
+root cause (``nodestate._failure_reason``) before the hint reads it.
 """
 
 from __future__ import annotations
 
-from orchestrator.engine.nodehandle import _failure_reason
+from orchestrator.engine.nodestate import _failure_reason
 import pytest
 
 from orchestrator.records.hints import (CUDA_DRIVER_ERRORS, PYTHON, cuda_error_words, failure_hint,
                                         gpu_hint, hint_for, transport_hint)
-from orchestrator.records.outcome import NodeOutcome, NodeState
+from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState
 
 
 GLOO_LOOPBACK = (
@@ -86,11 +86,11 @@ def failed(node_rank: int, host: str, message: str, code: int = 1) -> NodeOutcom
     failure = {"local_rank": 0, "message": message + " (train.py:12)", "timestamp": 1.0,
                "error_file": "torchrun/x/attempt_0/0/error.json"}
     reason = _failure_reason(code, (failure,), node_rank, [])
-    return NodeOutcome(node_rank, host, NodeState.FAILED, code, reason, 2.0, (failure,))
+    return NodeOutcome(node_rank, host, NodeState.FAILED, code, reason, 2.0, (failure,), why=EndReason.FAILED)
 
 
 def stopped(node_rank: int, host: str) -> NodeOutcome:
-    return NodeOutcome(node_rank, host, NodeState.STOPPED, -15, "stopped", 2.0)
+    return NodeOutcome(node_rank, host, NodeState.STOPPED, -15, "stopped", 2.0, why=EndReason.STOPPED)
 
 
 def test_the_root_cause_keeps_the_ranks_own_line():
@@ -183,19 +183,20 @@ def test_store_out_of_reach_names_the_rendezvous():
 
 def test_a_node_that_never_joined():
     root = NodeOutcome(1, "lab1", NodeState.FAILED, None,
-                       "did not join the rendezvous before the start timeout", 5.0)
+                       "did not join the rendezvous before the start timeout", 5.0,
+                       why=EndReason.START_TIMEOUT)
     hint = failure_hint(root)
     assert hint.startswith("node 1 (lab1) never reached the rendezvous")
     assert "master.addr" in hint and "firewall" in hint
     silent = NodeOutcome(1, "lab1", NodeState.FAILED, None,
                          "did not join the rendezvous before the start timeout (no answer "
-                         "from the node within 30s)", 5.0)
+                         "from the node within 30s)", 5.0, why=EndReason.NO_ANSWER)
     assert "agent never answered" in failure_hint(silent)
 
 
 def test_no_torch_gets_the_python_hint_and_nothing_else_does():
     root = NodeOutcome(0, "lab0", NodeState.FAILED, 1, "torchrun exited 1: "
-                       "ModuleNotFoundError: No module named 'torch'", 1.0)
+                       "ModuleNotFoundError: No module named 'torch'", 1.0, why=EndReason.FAILED)
     assert PYTHON in failure_hint(root)
     assert failure_hint(failed(0, "lab0", "RuntimeError: planned crash")) is None
     assert PYTHON not in failure_hint(failed(0, "lab0", "ModuleNotFoundError: No module named "

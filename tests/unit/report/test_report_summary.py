@@ -3,7 +3,7 @@ run's outcome (the live run of it stays in tests/live/test_summary.py)."""
 
 from __future__ import annotations
 
-from orchestrator.records.outcome import RunOutcome, RunState
+from orchestrator.records.outcome import EndReason, RunOutcome, RunState
 from orchestrator.report.summary import render_summary
 from orchestrator.report.summary import interfaces_of
 
@@ -64,11 +64,12 @@ def test_the_summary_of_a_failed_run_lists_each_nodes_interface():
     assert interfaces_of(None) == {} and interfaces_of([1]) == {}
 
 
-def failed_run(reason: str, failures: tuple = ()) -> RunOutcome:
+def failed_run(reason: str, failures: tuple = (), why: EndReason = EndReason.FAILED,
+               ) -> RunOutcome:
     from orchestrator.records.outcome import NodeOutcome, NodeState
 
-    root = NodeOutcome(1, "gpu-b", NodeState.FAILED, 1, reason, 10.0, failures)
-    other = NodeOutcome(0, "gpu-a", NodeState.STOPPED, None, "stopped by the controller", 10.5)
+    root = NodeOutcome(1, "gpu-b", NodeState.FAILED, 1, reason, 10.0, failures, why=why)
+    other = NodeOutcome(0, "gpu-a", NodeState.STOPPED, None, "stopped by the controller", 10.5, why=EndReason.STOPPED)
     return RunOutcome("r", RunState.FAILED, 12.0, (other, root), root, None)
 
 
@@ -83,8 +84,11 @@ def test_the_interfaces_are_listed_after_a_network_failure_only():
     network = [
         failed_run("torchrun exited 1; rank 2 (local rank 0) failed: RuntimeError: Gloo "
                    "connectFullMesh failed with ... remote=[127.0.1.1]:7569"),
-        failed_run("nothing from the node for 30s (a silent partition or a frozen node)"),
-        failed_run("did not join the rendezvous before the start timeout (no answer)"),
+        failed_run("nothing from the node for 30s (a silent partition or a frozen node)",
+                   why=EndReason.SILENT),
+        failed_run("did not join the rendezvous before the start timeout",
+                   why=EndReason.START_TIMEOUT),
+        failed_run("connection lost without an exit status", why=EndReason.CONNECTION_LOST),
         failed_run("torchrun exited 1", ({"message": "socketStartConnect: Connect to "
                                                      "10.0.0.2<45763> failed"},)),
     ]
@@ -92,7 +96,9 @@ def test_the_interfaces_are_listed_after_a_network_failure_only():
         assert line in render_summary(outcome, "/runs/r", INTERFACES), outcome.root_cause.reason
     for reason in ("torchrun exited 1; rank 2 (local rank 0) failed: ValueError: bad batch",
                    "torchrun exited 1; rank 0 (local rank 0) failed: SIGKILL",
-                   "setup failed: pip install exited 1"):
+                   "setup failed: pip install exited 1",
+                   # our words alone, with no reason to say them, say nothing
+                   "nothing from the node for 30s (a silent partition or a frozen node)"):
         assert "network:" not in render_summary(failed_run(reason), "/runs/r", INTERFACES), reason
 
 

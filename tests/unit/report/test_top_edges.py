@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 
-from orchestrator.records.outcome import NodeOutcome, NodeState, RunState
+from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, RunState
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import RunRecord
 from orchestrator.report.pace import OUTSIDE, PaceWindow, Straggler
@@ -83,7 +83,7 @@ def test_the_gangs_rates_are_rounded_and_its_pace_is_its_slowest_ranks(tmp_path)
 
 
 def test_an_ended_run_says_how_and_its_elapsed_time_stops_at_its_end(tmp_path):
-    cause = NodeOutcome(1, "b", NodeState.FAILED, 1, "torchrun exited 1", None)
+    cause = NodeOutcome(1, "b", NodeState.FAILED, 1, "torchrun exited 1", None, why=EndReason.FAILED)
     failed = record(tmp_path, None, state=RunState.FAILED, ended=1100.04, root_cause=cause)
     frame = build_frame(failed, [], PaceWindow(), now=5000.0)
     assert (frame.ended, frame.elapsed_s, frame.live) == (
