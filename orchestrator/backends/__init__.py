@@ -1,8 +1,8 @@
-"""Launch backends, by the name a cluster file's ``backend:`` gives.
+"""The registry of launch backends, by the name a cluster file's ``backend:`` gives.
 
-Built in (``config.limits.BUILTIN_BACKENDS``) or a plugin's entry point in
-the ``ddp_orch.backends`` group, so a site adds its scheduler without
-forking. Imported only when named: a dry-run never loads paramiko and a
+Built in (``BUILTIN``: each name of ``config.limits.BACKENDS`` is the module
+of that name here) or a plugin's entry point in the ``ddp_orch.backends``
+group, so a site adds its scheduler without forking. Imported only when named: a dry-run never loads paramiko and a
 broken plugin cannot break ``--help``. A plugin declaring another
 ``INTERFACE`` is a clear error, not an AttributeError mid-launch.
 """
@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..config.limits import BUILTIN_BACKENDS, backend_names, plugin_backends
+from ..config.limits import BACKENDS, PLUGIN_GROUP, backend_names, entry_points_of
 from ..config.spec import ClusterSpec
 from ..engine.options import LaunchOptions
 from ..errors import ConfigError
@@ -27,6 +27,14 @@ if TYPE_CHECKING:
 # ``scheduler.backend.SchedulerBackend`` for a scheduler). It goes up when a
 # method a backend must provide, or what the engine asks of it, changes.
 INTERFACE = 2
+# Each built-in backend's module: ``backend: NAME`` is ``backends/NAME``.
+BUILTIN = {name: f"{__name__}.{name}" for name in BACKENDS}
+
+
+def plugin_backends() -> dict:
+    """The plugins' backends' entry points by name, none loaded."""
+    return {name: ep for name, ep in entry_points_of(PLUGIN_GROUP).items()
+            if name not in BUILTIN}
 
 
 @dataclass(frozen=True)
@@ -43,8 +51,8 @@ class BackendOrigin:
 
 def backend_class(name: str) -> type[LaunchBackend]:
     """The class of backend ``name``, importing its module now."""
-    if name in BUILTIN_BACKENDS:
-        return importlib.import_module(BUILTIN_BACKENDS[name][0]).Backend
+    if name in BUILTIN:
+        return importlib.import_module(BUILTIN[name]).Backend
     entry = plugin_backends().get(name)
     if entry is None:
         from ..config.yamlsrc import closest_hint
@@ -78,8 +86,8 @@ def backend_class(name: str) -> type[LaunchBackend]:
 
 def origin_of(name: str) -> BackendOrigin:
     """Where backend ``name`` comes from, without importing it."""
-    if name in BUILTIN_BACKENDS:
-        return BackendOrigin(True, BUILTIN_BACKENDS[name][0])
+    if name in BUILTIN:
+        return BackendOrigin(True, BUILTIN[name])
     entry = plugin_backends()[name]
     dist = getattr(entry, "dist", None)
     return BackendOrigin(False, entry.value,
@@ -88,7 +96,7 @@ def origin_of(name: str) -> BackendOrigin:
 
 def backends_with(has: Callable[[Capabilities], bool]) -> list[str]:
     """The built-in backends whose capabilities ``has``, in registry order."""
-    return [name for name in BUILTIN_BACKENDS if has(backend_class(name).can)]
+    return [name for name in BUILTIN if has(backend_class(name).can)]
 
 
 def fit(spec: ClusterSpec, options: LaunchOptions, backend: str | None = None) -> ClusterSpec:

@@ -1,41 +1,38 @@
 """Names and bounds that the cluster file and the command line share.
 
-It imports nothing, so the CLI builds its options (``--help``, ``ps``) without
-paying for ``config.spec``'s dataclasses; plugins' names are read only when needed.
+It imports almost nothing, so the CLI builds its options (``--help``, ``ps``)
+without paying for ``config.spec``'s dataclasses; plugins' names are read
+only when needed.
 """
 
-# The registry of built-in launch backends, the one list of them: a name
-# (what a cluster file's ``backend:`` and ``--backend`` say) -> the module
-# that defines its ``Backend`` class, and the module of its own top-level
-# block of a cluster file (``config/blocks/``), if it has one.
-BUILTIN_BACKENDS = {
-    "local": ("orchestrator.backends.local", None),
-    "ssh": ("orchestrator.backends.ssh", None),
-    "slurm": ("orchestrator.backends.slurm", "orchestrator.config.blocks.slurm"),
-}
-BACKENDS = tuple(BUILTIN_BACKENDS)
-# Backends from outside the tree: installed distributions' entry points in
-# this group, ``name = "package.module:BackendClass"``, as torchx finds its
-# schedulers. Only their names are read until one is named (``backends``).
+import functools
+
+# The words a cluster file's ``backend:`` (and ``--backend``) may say: the
+# built-in backends (the registry, ``backends/__init__.py``, loads each from
+# the module of its name), then the plugins' names.
+BACKENDS = ("local", "ssh", "slurm")
+# Installed distributions' entry points, as torchx finds its schedulers:
+# ``name = "package.module:BackendClass"`` in PLUGIN_GROUP, and a plugin's own
+# top-level block of a cluster file, ``key = "package.module"``, in BLOCK_GROUP.
 PLUGIN_GROUP = "ddp_orch.backends"
-_plugins: dict | None = None
+BLOCK_GROUP = "ddp_orch.blocks"
 
 
-def plugin_backends() -> dict:
-    """The installed entry points of ``PLUGIN_GROUP`` by name, none loaded
-    (a built-in's name is the built-in's: a plugin cannot take it)."""
-    global _plugins
-    if _plugins is None:
-        from importlib.metadata import entry_points
+@functools.cache
+def entry_points_of(group: str) -> dict:
+    """The installed entry points of ``group`` by name, none loaded. Read once,
+    and only when asked: a file naming only built-ins never pays for it."""
+    from importlib.metadata import entry_points
 
-        _plugins = {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)
-                    if ep.name not in BUILTIN_BACKENDS}
-    return _plugins
+    return {ep.name: ep for ep in entry_points(group=group)}
 
 
 def backend_names() -> tuple[str, ...]:
-    """Every backend a cluster file may name here: the built-ins, then the plugins'."""
-    return BACKENDS + tuple(sorted(plugin_backends()))
+    """Every backend a cluster file may name here: the built-ins, then the
+    plugins' (a built-in's name is the built-in's)."""
+    return BACKENDS + tuple(sorted(set(entry_points_of(PLUGIN_GROUP)) - set(BACKENDS)))
+
+
 # Progress reaches the controller with the agents' heartbeats (every 5 s), so a
 # shorter hang timeout would take a quiet but healthy run for a hung one.
 MIN_HANG_TIMEOUT = 10

@@ -25,10 +25,11 @@ from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, 
                    ClusterSpec, NodeSpec, SshSpec, WorkloadSpec, default_backend)
 from .yamlsrc import Located, closest_hint, line_at, parse, shown
 
-# The core keys, and each backend's block after the key it follows (``blocks``).
-TOP_KEYS = top_keys(("name", "master", "ssh", "python", "workdir", "env", "device", "backend",
-                     "hang_timeout", "max_restarts", "network", "gpu_policy", "nodes", "workload",
-                     "setup", "setup_timeout", "outputs", "progress"))
+CORE_KEYS = ("name", "master", "ssh", "python", "workdir", "env", "device", "backend",
+             "hang_timeout", "max_restarts", "network", "gpu_policy", "nodes", "workload",
+             "setup", "setup_timeout", "outputs", "progress")
+# The core keys, and each built-in backend's block after the key it follows.
+TOP_KEYS = top_keys(CORE_KEYS)
 MAX_SETUP_COMMANDS = 100
 SETUP_KEYS = ("commands", "when_changed")  # ``setup:`` as a mapping
 MAX_WHEN_CHANGED = 100
@@ -107,7 +108,9 @@ def _decode(data: bytes, path: str) -> str:
 def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".") -> ClusterSpec:
     """Validate cluster-file ``text``; relative script paths resolve from ``base_dir``."""
     root = parse(text, source)
-    top = root.mapping(TOP_KEYS)
+    plugins = _names_a_plugin(root)
+    known = blocks(plugins)
+    top = root.mapping(top_keys(CORE_KEYS, plugins) if plugins else TOP_KEYS)
     ssh_default = _ssh(top["ssh"], SshSpec()) if "ssh" in top else SshSpec()
     python = _python(top["python"]) if "python" in top else None
     env = _env(top["env"]) if "env" in top else {}
@@ -115,7 +118,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         raise root.error("missing 'nodes'", hint="list at least one node with host and gpus")
     placed = top["nodes"].has_key("count")  # nodes: {count: N, ...}: a scheduler places them
     # The backend whose block says it places nodes (``PLACES_NODES``): it names them.
-    placer = next((block for block in blocks() if block.PLACES_NODES), None) if placed else None
+    placer = _placer(known, top) if placed else None
     warnings: list[str] = []
     nodes = _placed_nodes(top["nodes"], python, env, placer) if placed else \
         _nodes(top["nodes"], ssh_default, python, env, warnings)
@@ -125,7 +128,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     workload = _workload(top["workload"], base_dir)
     master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
     device = _device(top["device"]) if "device" in top else "auto"
-    given = [block for block in blocks() if block.KEY in top]
+    given = [block for block in known if block.KEY in top]
     if "backend" in top:
         backend = top["backend"].scalar() if top["backend"].scalar() in BACKENDS \
             else _choice(top["backend"], backend_names())  # a plugin's, or a mistake
@@ -140,7 +143,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         workdir=_workdir(top["workdir"]) if "workdir" in top else DEFAULT_WORKDIR,
         device=device, env=env, nodes=nodes, workload=workload, source=source, text=text,
         blocks={block.KEY: block.load(top[block.KEY]) if block.KEY in top else block.Spec()
-                for block in blocks() if block.KEY in top or block.BACKEND == backend},
+                for block in known if block.KEY in top or block.BACKEND == backend},
         placed=placed,
         hang_timeout=float(top["hang_timeout"].integer(MIN_HANG_TIMEOUT, MAX_HANG_TIMEOUT))
         if "hang_timeout" in top else None,
@@ -154,11 +157,11 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         base_dir=os.path.abspath(base_dir),
         **(_gpu_policy(top["gpu_policy"], nodes) if "gpu_policy" in top else {}),
         warnings=tuple(warnings))
-    for block in blocks():
+    for block in known:
         if block.BACKEND == backend:
             block.check_layout(spec, top, NODE_KEYS)
     _check_layout(spec, top)
-    for block in blocks():
+    for block in known:
         if block.BACKEND != backend and (block.KEY in top or (placed and block.PLACES_NODES)):
             where = top[block.KEY] if block.KEY in top else top["nodes"]
             what = f"{block.KEY}: settings" if block.KEY in top else block.PLACED_WORDS
@@ -814,10 +817,34 @@ def cuda_without_gpus(device: str, nodes: "tuple[NodeSpec, ...] | list[NodeSpec]
     return device == "cuda" and any(node.procs is not None for node in nodes)
 
 
+def _names_a_plugin(root: Located) -> bool:
+    """Whether the file needs the plugins' blocks: it names a backend that is
+    not built in, or has a top-level key the built-ins do not know."""
+    node = root.node
+    if not isinstance(node, yaml.MappingNode):
+        return False
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        if key.value not in TOP_KEYS or (key.value == "backend"
+                                        and isinstance(value, yaml.ScalarNode)
+                                        and value.value not in BACKENDS):
+            return True
+    return False
+
+
+def _placer(known: tuple, top: Mapping[str, Located]):
+    """The block that places ``nodes: {count: N}``: the named backend's, if it
+    places nodes, else the first that does."""
+    placing = [block for block in known if block.PLACES_NODES]
+    named = top["backend"].scalar() if "backend" in top else None
+    return next((b for b in placing if b.BACKEND == named), placing[0] if placing else None)
+
+
 def workdir_unused(backend: str, nodes: "tuple[NodeSpec, ...] | list[NodeSpec]") -> str | None:
     """Why ``workdir:`` would reach no node, or None: it is for SSH nodes only;
     localhost and Slurm nodes keep their files in the run directory."""
-    for block in blocks():
+    for block in blocks(plugins=backend not in BACKENDS):
         if block.BACKEND == backend and block.WORKDIR_UNUSED:
             return block.WORKDIR_UNUSED
     if all(node.is_local for node in nodes):

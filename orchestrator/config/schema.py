@@ -19,12 +19,12 @@ from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTE
                      MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_MODULE_NAME,
                      MAX_NODES, MAX_RESTARTS, MIN_HANG_TIMEOUT, MAX_PROCS, MODULE_RE, NAME_RE,
                      NETWORK_KEYS, NODE_KEYS,
-                     RESERVED_ENV, SSH_KEYS, TOP_KEYS, WORKLOAD_KEYS)
+                     RESERVED_ENV, SSH_KEYS, CORE_KEYS, WORKLOAD_KEYS)
 from .loader import MAX_OUTPUTS, MAX_SETUP_COMMANDS, MAX_SETUP_TIMEOUT, MAX_WHEN_CHANGED, SETUP_KEYS
 from .loader import EXCLUDE_RE, FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_EXCLUDED, MAX_GPU_WAIT
 from ..agent.node.gpus import HEALTH_RULES
 from .loader import MAX_PROGRESS_PATTERN, PROGRESS_KEYS
-from .blocks import blocks
+from .blocks import blocks, top_keys
 from .limits import backend_names
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_GPU_BUSY_UTIL, DEFAULT_PORT,
                    DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS)
@@ -364,7 +364,7 @@ def _between_fields() -> list[dict[str, Any]]:
          "if": {"properties": {"nodes": {"type": "array", "contains": remote_node}},
                 "required": ["nodes"]},
          "then": {"properties": {"backend": {"not": {"const": "local"}}}}},
-        *[rule for block in blocks()
+        *[rule for block in blocks(plugins=True)
           for rule in block.schema_rules(_given, _LOCALHOST, BACKENDS)],
         {"description": "workdir is where runs live on remote nodes: not with every node "
                         "localhost (their files are in the local run directory)",
@@ -381,8 +381,9 @@ def _between_fields() -> list[dict[str, Any]]:
 
 
 def cluster_schema() -> dict[str, Any]:
-    """The JSON Schema of a cluster file (a fresh dict on every call)."""
-    top = _keyed(TOP_KEYS, {
+    """The JSON Schema of a cluster file (a fresh dict on every call), with the
+    installed plugins' backends and blocks."""
+    top = _keyed(top_keys(CORE_KEYS, plugins=True), {
         "name": {"type": ["string", "number"], "pattern": NAME_RE.pattern,
                  "description": "Run name, used in run ids (letters, digits, '.', '_' or '-'; "
                                 "at most 64); default: the workload's name."},
@@ -402,7 +403,7 @@ def cluster_schema() -> dict[str, Any]:
                                    "plugin's (`ddp-orch backends`); default: slurm "
                                    "with a slurm: block or a node count, else local when every "
                                    "host is localhost, else ssh."},
-        **{block.KEY: {"$ref": f"#/$defs/{block.KEY}"} for block in blocks()},
+        **{block.KEY: {"$ref": f"#/$defs/{block.KEY}"} for block in blocks(plugins=True)},
         "hang_timeout": {"type": "integer", "minimum": MIN_HANG_TIMEOUT,
                          "maximum": MAX_HANG_TIMEOUT,
                          "description": "Seconds without progress from any rank (output or a "
@@ -505,7 +506,7 @@ def cluster_schema() -> dict[str, Any]:
             "env": _env(),
             "node": _node(),
             "placed": _placed(),
-            **{block.KEY: block.schema(_mapping) for block in blocks()},
+            **{block.KEY: block.schema(_mapping) for block in blocks(plugins=True)},
             "workload": _workload(),
         },
     }

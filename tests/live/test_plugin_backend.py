@@ -31,18 +31,16 @@ PROGRAM = os.path.join(ROOT, "tests", "programs", "rank_exit.py")
 pytestmark = pytest.mark.live
 
 
-def queue_env(tmp_path, *more: str, hold: bool = False) -> dict[str, str]:
+def queue_env(tmp_path, *more: str) -> dict[str, str]:
     """The plugin on PYTHONPATH (and any ``more``), the queue's directory."""
-    env = {"PYTHONPATH": os.pathsep.join([ROOT, PLUGIN, *more]),
-           "TESTQUEUE_DIR": str(tmp_path / "queue")}
-    if hold:
-        env["TESTQUEUE_HOLD"] = "1"
-    return env
+    return {"PYTHONPATH": os.pathsep.join([ROOT, PLUGIN, *more]),
+            "TESTQUEUE_DIR": str(tmp_path / "queue")}
 
 
-def cluster(tmp_path, *args: str, name: str = "tq") -> str:
+def cluster(tmp_path, *args: str, name: str = "tq", block: str = "") -> str:
+    """A cluster file for the plugin; ``block``: its own top-level block's lines."""
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"name: {name}\nbackend: testqueue\npython: {sys.executable}\n"
+    path.write_text(f"name: {name}\nbackend: testqueue\n{block}python: {sys.executable}\n"
                     "master: {addr: 127.0.0.1}\n"
                     "nodes: [{host: tq0, procs: 1}, {host: tq1, procs: 1}]\n"
                     f"workload: {{script: {PROGRAM}, args: {json.dumps(list(args))}}}\n")
@@ -87,12 +85,27 @@ def test_the_plugin_is_listed_and_planned_only_where_it_is_installed(tmp_path):
     assert "--master-port '<free port on testqueue node 0>'" in dry.stdout
     schema = json.loads(run_cli("schema", env=env).stdout)
     assert schema["properties"]["backend"]["enum"] == ["local", "ssh", "slurm", "testqueue"]
+    # its own block of the cluster file: in the schema, and checked by the loader
+    assert schema["properties"]["testqueue"] == {"$ref": "#/$defs/testqueue"}
+    assert schema["$defs"]["testqueue"]["properties"]["hold"]["type"] == "boolean"
+    for block, said in [("testqueue: {hold: 3}\n", "hold is 3: true or false"),
+                        ("testqueue: {hol: true}\n", "did you mean 'hold'")]:
+        bad = run_cli("up", cluster(tmp_path, block=block), "--dry-run", env=env)
+        assert bad.returncode == 2 and said in bad.stderr, bad.stderr
+    held = run_cli("up", cluster(tmp_path, block="testqueue: {hold: true}\n"), "--dry-run",
+                   env=env)
+    assert held.returncode == 0, held.stderr
     # Without the distribution on the path there is no such backend: said, exit 2.
     bare = run_cli("backends")
     assert "testqueue" not in bare.stdout
     unknown = run_cli("up", cluster(tmp_path), "--dry-run")
     assert unknown.returncode == 2 and "'testqueue' is not one of local, ssh, slurm" \
         in unknown.stderr, unknown.stderr
+    stray = tmp_path / "stray.yaml"  # a plugin's block, with no plugin to read it
+    stray.write_text("testqueue: {hold: true}\nnodes: [{host: a, procs: 1}]\n"
+                     "workload: {name: noop}\n")
+    unread = run_cli("up", str(stray), "--dry-run")
+    assert unread.returncode == 2 and "testqueue" in unread.stderr, unread.stderr
     assert "Traceback" not in unknown.stderr
 
 
@@ -130,9 +143,11 @@ def test_a_broken_or_outdated_plugin_breaks_nothing_until_it_is_named(tmp_path):
 
 
 def test_a_queued_job_is_pending_then_streams_its_output_and_succeeds(tmp_path):
-    env = queue_env(tmp_path, hold=True)
+    env = queue_env(tmp_path)
     runs = str(tmp_path / "runs")
-    up = start_cli("up", cluster(tmp_path, "--seconds", "1"), "--run-id", "tq-ok",
+    # the plugin's own block of the cluster file holds the job
+    up = start_cli("up", cluster(tmp_path, "--seconds", "1", block="testqueue: {hold: true}\n"),
+                   "--run-id", "tq-ok",
                    "--runs-dir", runs, env=env)
     try:
         wait_state(tmp_path, ("PENDING",))
@@ -189,9 +204,9 @@ def test_detach_then_status_attach_and_down(tmp_path):
     assert followed.returncode == 0, followed.stderr
     assert "run tq-det: SUCCEEDED" in followed.stdout
     # down: a job still waiting in the queue is cancelled there
-    held = {**env, "TESTQUEUE_HOLD": "1"}
-    left = start_cli("up", cluster(tmp_path), "--detach", "--run-id", "tq-down",
-                     "--runs-dir", runs, env=held)  # waits in the queue: nothing runs yet
+    held = cluster(tmp_path, name="held", block="testqueue: {hold: true}\n")
+    left = start_cli("up", held, "--detach", "--run-id", "tq-down",
+                     "--runs-dir", runs, env=env)  # waits in the queue: nothing runs yet
     try:
         wait_state(tmp_path, ("PENDING",), job="2")
         deadline = time.monotonic() + 30

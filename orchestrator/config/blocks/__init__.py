@@ -13,6 +13,9 @@ schema (they iterate ``blocks()``). A block module defines:
 * ``WORKDIR_UNUSED``: why ``workdir:`` reaches no node ("" when it does).
 
 These modules import nothing above ``config``: config sits below the backends.
+A plugin brings its own block the same way, as an entry point in
+``ddp_orch.blocks`` (``KEY = "package.module"``); it is read only for a file
+that names a plugin's backend or a key the built-ins do not know.
 """
 
 from __future__ import annotations
@@ -20,21 +23,50 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..limits import BUILTIN_BACKENDS
+from ...errors import ConfigError
+from ..limits import BLOCK_GROUP, entry_points_of
 
-# From the one registry of backends (``limits.BUILTIN_BACKENDS``): each
-# built-in backend's block module, if it has one.
-BLOCK_MODULES = tuple(block for _module, block in BUILTIN_BACKENDS.values() if block)
-
-
-def blocks() -> tuple[ModuleType, ...]:
-    """Every backend block module, in the registry's order."""
-    return tuple(importlib.import_module(name) for name in BLOCK_MODULES)
+# The built-in backends' blocks, one module each here.
+BLOCK_MODULES = ("orchestrator.config.blocks.slurm",)
+# What a block module must define (a plugin's is checked for it when loaded).
+NEEDS = ("KEY", "AFTER", "BACKEND", "Spec", "load", "PLACES_NODES", "PLACED_WORDS",
+         "placed_host", "check_layout", "schema_rules", "schema", "WORKDIR_UNUSED")
 
 
-def top_keys(core: tuple[str, ...]) -> tuple[str, ...]:
+def blocks(plugins: bool = False) -> tuple[ModuleType, ...]:
+    """Every backend block module: the built-ins', then, with ``plugins``, the
+    installed plugins' (entry points in ``BLOCK_GROUP``, ``key = "pkg.module"``)."""
+    found = tuple(importlib.import_module(name) for name in BLOCK_MODULES)
+    if plugins:
+        found += tuple(_plugin_block(name, ep, found)
+                       for name, ep in sorted(entry_points_of(BLOCK_GROUP).items()))
+    return found
+
+
+def _plugin_block(name: str, entry, builtin: tuple[ModuleType, ...]) -> ModuleType:
+    """A plugin's block module, refused by name where it does not fit."""
+    dist = getattr(entry, "dist", None)
+    origin = f"{dist.name} {dist.version}" if dist is not None else entry.value
+    try:
+        module = entry.load()
+    except Exception as exc:  # noqa: BLE001 (whatever a plugin raises, said as its fault)
+        raise ConfigError(f"the cluster-file block {name!r} of {origin} could not be loaded: "
+                          f"{type(exc).__name__}: {exc}", hint="reinstall the plugin, or "
+                          "ask its authors") from None
+    missing = [attr for attr in NEEDS if not hasattr(module, attr)]
+    if missing or module.KEY != name or name in {b.KEY for b in builtin}:
+        why = (f"it lacks {', '.join(missing)}" if missing else
+               f"its KEY is {getattr(module, 'KEY', None)!r}, not its entry point's name"
+               if module.KEY != name else "a built-in block has that key")
+        raise ConfigError(f"the cluster-file block {name!r} of {origin} does not fit: {why}",
+                          hint="see docs/adding-a-backend.md, on a plugin's own block")
+    return module
+
+
+def top_keys(core: tuple[str, ...], plugins: bool = False) -> tuple[str, ...]:
     """The cluster file's top-level keys: ``core``, each block's key after its ``AFTER``."""
     keys = list(core)
-    for block in blocks():
-        keys.insert(keys.index(block.AFTER) + 1, block.KEY)
+    for block in blocks(plugins):
+        keys.insert(keys.index(block.AFTER) + 1 if block.AFTER in keys else len(keys),
+                    block.KEY)
     return tuple(keys)

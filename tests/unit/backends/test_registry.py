@@ -59,3 +59,24 @@ def test_a_capability_a_user_is_told_about_is_refused_without_its_words(facts, w
     with pytest.raises(TypeError, match=f"say {words}"):
         Capabilities(**facts)
     assert Capabilities(**facts, **{words: "in words"})
+
+
+def test_only_the_registry_knows_where_a_backend_lives():
+    """Below the backends, config says which names a file may give; which
+    module implements each is the registry's (``backends/__init__.py``)."""
+    found = []
+    for folder, _dirs, files in os.walk(os.path.join(ROOT, "orchestrator")):
+        if os.path.relpath(folder, ROOT).startswith(os.path.join("orchestrator", "backends")):
+            continue
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            tree = ast.parse(open(path, encoding="utf-8").read())
+            found += [f"{os.path.relpath(path, ROOT)}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                      and "orchestrator.backends" in node.value and id(node)
+                      not in _docstrings(tree)]
+    assert found == []
+    from orchestrator import backends
+
+    assert set(backends.BUILTIN) == NAMES
+    assert all(backends.backend_class(name).name == name for name in backends.BUILTIN)

@@ -8,7 +8,8 @@ few methods a scheduler has: submit, state, cancel, placement variables.
 
 The "scheduler" is a queue in a directory (``$TESTQUEUE_DIR``): a job is a
 sub-directory, and a runner process (``runner.py``) per job holds it while
-a ``hold`` file is there (PENDING), then starts one task per node on this
+a ``hold`` file is there (PENDING: the plugin's own cluster-file block,
+``block.py``, says ``testqueue: {hold: true}``), then starts one task per node on this
 machine, each running the node agent with its placement variables set
 (RUNNING), and records how it ended. A ``cancel`` file is its scancel.
 """
@@ -27,7 +28,6 @@ from orchestrator.backends.scheduler.backend import SchedulerBackend, agent_argv
 from orchestrator.engine.preflight import CheckResult, Preflight
 
 QUEUE_ENV = "TESTQUEUE_DIR"  # where the queue keeps its jobs
-HOLD_ENV = "TESTQUEUE_HOLD"  # set: a job waits in the queue until its hold file goes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +86,11 @@ class Backend(SchedulerBackend):
             json.dump({"argv": agent_argv(plan), "hosts": [n.host for n in plan.nodes],
                        "cwd": job_dir(plan), "placement": dataclasses.asdict(self.placement)},
                       fh)
-        if os.environ.get(HOLD_ENV):
+        # the plugin's own block of the cluster file (``block.py``): testqueue: {hold: true}
+        hold = self.spec is not None and self.spec.block("testqueue").hold
+        if hold:
             open(os.path.join(job, "hold"), "w").close()
-        _write_state(job, {"state": "PENDING", "reason": "Held" if os.environ.get(HOLD_ENV)
-                           else "Priority"})
+        _write_state(job, {"state": "PENDING", "reason": "Held" if hold else "Priority"})
         with open(os.path.join(job, "runner.log"), "wb") as log:
             subprocess.Popen([sys.executable, "-m", "ddp_orch_testqueue.runner", job],
                              env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
