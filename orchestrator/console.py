@@ -1,11 +1,8 @@
 """What the user sees while a run goes: node output and ddp-orch's own lines.
 
-Views: ``all`` (default), ``rank0`` and ``quiet`` (ddp-orch's messages and
-the summary). Every view shows the milestones and the agents' own lines
-(``AGENT_SAYS``), so a quiet run still says it started and restarted.
-torchrun's failure report (30 lines and more per rank) and its traceback
-on a signal become one line (``TorchrunReport``); lines no user can act on
-are hidden (``noise``). The logs on disk keep everything.
+Every view shows the agents' own lines (``AGENT_SAYS``), so a quiet run
+still says it started and restarted. torchrun's failure report (30 lines
+and more per rank) becomes one line; the logs on disk keep everything.
 """
 
 from __future__ import annotations
@@ -48,10 +45,8 @@ _MAX_HELD = 2000  # lines of an unfinished traceback held back before it is show
 
 
 class TorchrunReport:
-    """Takes torchrun's failure report out of one node's lines. A traceback is
-    held until its exception line: one ending in ``ChildFailedError:`` becomes
-    one line; any other is shown as it was.
-    """
+    """Takes torchrun's failure report out of one node's lines: a traceback ending
+    in ``ChildFailedError:`` becomes one line; any other is shown as it was."""
 
     def __init__(self, node_rank: int):
         self.node_rank = node_rank
@@ -94,13 +89,9 @@ def noise(line: str) -> bool:
 
 
 class Console:
-    """``view`` as above; ``rank``: only that rank's lines.
-
-    Never waits on the terminal: a writer thread empties a buffer into
-    ``stream``, since a terminal that stops reading would stop the relays and
-    their heartbeats. Past ``HELD_MAX_BYTES`` node lines are dropped and
-    counted, never ddp-orch's own.
-    """
+    """``rank``: only that rank's lines. Never waits on the terminal: one that
+    stops reading would stop the relays and their heartbeats. Past
+    ``HELD_MAX_BYTES`` node lines are dropped and counted, never ddp-orch's own."""
 
     HELD_MAX_BYTES = 16 << 20
 

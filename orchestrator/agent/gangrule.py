@@ -63,8 +63,7 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class Clock:
-    """What the rule remembers between snapshots: when the start timeout
-    began to count, and when every node had first started."""
+    """What the rule remembers between snapshots."""
 
     start_from: float
     all_started_at: float | None = None

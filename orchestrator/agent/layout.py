@@ -1,12 +1,9 @@
 """Every file ddp-orch keeps in a node's run directory, named once.
 
-The supervisor, its guardian, a kept run's keeper and follower, a Slurm
-job's agents and the controller all read what the others write; each name
-here is the one they agree on. ``RENDEZVOUS`` and ``SETUP_DONE_PREFIX``
-files lie in a Slurm job's shared directory instead, and ``SETUP_STAMPS``
-in the runs directory, where it outlives every run. The worker shim and
-``worker/progress.py`` keep their own copies of ``STACKS_DIR`` and
-``PROGRESS_DIR``: they run in the workers, without the agent package.
+A run's processes and the controller read what the others write; each name
+here is the one they agree on. The worker shim and ``worker/progress.py``
+keep their own copies of ``STACKS_DIR`` and ``PROGRESS_DIR``: they run in
+the workers, without the agent package.
 """
 
 SUPERVISOR_STATE = "supervisor.json"

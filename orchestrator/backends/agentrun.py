@@ -1,10 +1,6 @@
-"""The run of an ``AgentBackend``: the nodes' agents this controller holds
-open, as the engine follows them (``engine/run.py``'s ``RunHandle``).
-
-Apart from ``agentbackend.py`` because it is the engine's side: the backend
-module loads without the engine (a dry-run, ``ps``), this one when a run
-starts or is reached again.
-"""
+"""The run of an ``AgentBackend``, as the engine follows it. Apart from
+``agentbackend.py`` so that the backend loads without the engine (a dry-run,
+``ps``); this module loads only when a run starts or is reached again."""
 
 from __future__ import annotations
 
@@ -24,9 +20,8 @@ if TYPE_CHECKING:
 
 
 class AgentRun(RunHandle):
-    """A run whose nodes' agents this controller holds open: the gang's
-    channels, then the fetch's (an agent whose supervisor ended cleanly
-    serves it on the same channel, ``NodeHandle.release``)."""
+    """A run whose nodes' agents this controller holds open: the gang's channels,
+    then the fetch's (an agent whose supervisor ended cleanly serves it)."""
 
     def __init__(self, backend: AgentBackend, info: DryRun, run: RunDir,
                  transports: dict[int, Transport], agents: dict[int, AgentHandle], *,
@@ -57,7 +52,6 @@ class AgentRun(RunHandle):
                                      silent=self._unreachable())
 
     def _unreachable(self) -> set[int]:
-        """The nodes the gang gave up on or cut off (``NodeHandle.unreachable``)."""
         return {h.node.node_rank for h in self.gang.handles if h.unreachable}
 
     def close(self, left: bool = False) -> None:

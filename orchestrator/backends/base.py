@@ -1,15 +1,9 @@
-"""The launch backend interface: one per way of starting nodes.
-
-Modelled on torchx's ``Scheduler``: ``submit = schedule(submit_dryrun(...))``.
-``dryrun`` turns a plan into a ``DryRun`` with no I/O (what ``--dry-run``
-prints), and ``submit`` starts exactly that object. A backend only starts
-nodes and finds them again; following a run and bringing its results home
-is the engine's, so the controller, the CLI and the records never know
-which backend they hold.
+"""The launch backend interface: one per way of starting nodes. As torchx's
+``Scheduler``, ``dryrun`` turns a plan into a ``DryRun`` with no I/O and ``submit``
+starts exactly that object. Following a run is the engine's, never a backend's.
 
 A backend implements ``dryrun``, ``submit``, ``reconnect``, ``cancel`` and
 ``check``; it may override ``describe``, ``stacks`` and ``prune``.
-``launch`` and ``attach`` are the same for every backend.
 """
 
 from __future__ import annotations
@@ -75,8 +69,7 @@ OnRunning = Callable[["RunHandle"], None]
 
 
 class Watch:
-    """One run looked at again and again (``ddp-orch top``). A backend that
-    must reach its nodes keeps what it opened between looks, until ``close``."""
+    """One run looked at again and again (``top``): what it opens stays open until ``close``."""
 
     def __init__(self, backend: "LaunchBackend"):
         self.backend = backend
@@ -96,9 +89,8 @@ class Watch:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do: what the CLI, the plan and the controller ask
-    of it instead of its name. Each is a fact; a fact a user is told about
-    carries its words beside it, and a fact without them is refused here."""
+    """What a backend can do, asked instead of its name; a fact a user is told
+    about must carry its words beside it."""
 
     # A scheduler's job owns the run (``Owner``), and what it does with it.
     scheduler: bool = False
@@ -123,8 +115,7 @@ class Capabilities:
 
 
 class LaunchBackend(ABC):
-    """One way of starting a run's nodes. ``spec`` is None when the backend
-    only serves a recorded run (``cancel``, ``describe``)."""
+    """One way of starting a run's nodes; ``spec`` is None when it serves a recorded run."""
 
     name: ClassVar[str]
     can: ClassVar[Capabilities] = Capabilities()
@@ -145,8 +136,7 @@ class LaunchBackend(ABC):
         return None
 
     def owner(self) -> tuple[Owner, str]:
-        """Who owns this run, and in words: decided here, once; everything
-        after reads the dry-run's."""
+        """Who owns this run, and in words: decided once; later steps read the dry-run's."""
         owner = Owner.decide(scheduler=self.can.scheduler, detach=self.options.detach,
                              max_restarts=self.options.max_restarts)
         return owner, owner_words(owner, self.can.scheduler_does)
@@ -183,17 +173,16 @@ class LaunchBackend(ABC):
         raise LaunchError(f"the {self.name} backend cannot dump stacks")
 
     def prune(self, record: RunRecord) -> list[PruneResult]:
-        """Remove an ended run's node directories. Optional: by default only
-        those inside the local run directory go; a backend that reaches
-        other nodes removes theirs."""
+        """Remove an ended run's node directories. Optional: by default only those
+        inside the local run directory go; a backend that reaches its nodes removes theirs."""
         return [PruneResult(n.node_rank, n.host, remote=False) for n in record.nodes
                 if in_local_run_dir(record, n)] + [
             PruneResult(n.node_rank, n.host, error=f"the {self.name} backend cannot reach it")
             for n in record.nodes if not in_local_run_dir(record, n)]
 
     def describe(self, record: RunRecord) -> RunDescription:
-        """The run's state from its records; backends whose nodes or scheduler
-        outlive the controller (a detached run, a job) ask them."""
+        """The run's state from its records; a backend whose nodes outlive the controller
+        asks them."""
         from ..records.outcome import RunDescription
 
         return RunDescription(record.state, record.outcomes, record.root_cause,
@@ -233,7 +222,6 @@ class LaunchBackend(ABC):
 
 
 def in_local_run_dir(record: RunRecord, node: NodeRecord) -> bool:
-    """Whether a node's run directory lies inside the local run directory."""
     import os
 
     local = os.path.realpath(record.run.path)

@@ -1,8 +1,5 @@
-"""The local backend: every node is a subprocess on this machine.
-
-The same agent, gang and records as the SSH backend, so a heterogeneous
-layout can be rehearsed on one machine.
-"""
+"""The local backend: every node a subprocess here, with the same agent, gang and
+records as SSH, so a heterogeneous layout can be rehearsed on one machine."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The SSH backend: one connection per node (paramiko), the agent over exec.
-
-Nodes need sshd (no SFTP) and Python with torch; ``localhost`` nodes run as
-local subprocesses. SSH settings are recorded per node so that ``down`` can
-reach the nodes again.
-"""
+"""The SSH backend: one connection per node (paramiko), the agent over exec; nodes
+need sshd (no SFTP) and Python with torch. SSH settings are recorded per node so
+that ``down`` can reach the nodes again."""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ class Backend(AgentBackend):
     master_addr_warnings: tuple[str, ...] = ()
 
     def default_master_addr(self) -> str | None:
-        """Node 0's ``HostName`` from ``~/.ssh/config``: its host may be an
-        alias the other nodes cannot resolve. What the file says of the host but
-        ddp-orch does not use becomes a note of the dry-run."""
+        """Node 0's ``HostName`` from ``~/.ssh/config``: its host may be an alias the
+        other nodes cannot resolve. What ddp-orch does not use of its entry becomes a note."""
         first = self.require_spec().nodes[0]
         if self.spec.master_addr is not None or first.is_local:
             return None

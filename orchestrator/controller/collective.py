@@ -1,9 +1,6 @@
-"""The collective smoke test: ``check --collective`` and ``up --preflight collective``.
-
-The run's own layout runs the built-in ``collective`` workload, launched as
-any run is (``session.up``) but bounded: a tiny all-reduce between every
-pair of nodes, then across the gang, so a pair that hangs is named.
-"""
+"""The collective smoke test (``check --collective``, ``up --preflight collective``):
+the run's own layout runs a tiny, bounded all-reduce between every pair of nodes,
+then across the gang, so a pair that hangs is named."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ CLUSTER = (-1, "*")
 
 
 def smoke_spec(spec: ClusterSpec, bound_s: int = DEFAULT_BOUND_S) -> ClusterSpec:
-    """``spec``'s layout, env and backend running ``collective``: no ``setup:``,
-    ``outputs:`` or restarts; NCCL at INFO into its files."""
+    """``spec``'s layout, env and backend running ``collective``, and nothing else of it."""
     return dataclasses.replace(
         spec, name=f"{spec.name}-{NAME}"[:64],
         workload=WorkloadSpec(name=NAME, script=None, args={"bound": int(bound_s)}),
@@ -42,7 +38,6 @@ def smoke_options(options: LaunchOptions, bound_s: int = DEFAULT_BOUND_S) -> Lau
 
 def run_smoke(spec: ClusterSpec, launch: Callable[..., Any],
               bound_s: int = DEFAULT_BOUND_S) -> list[CheckResult]:
-    """Launch the smoke run with ``launch`` and say what it found, as ``check`` rows."""
     from ..errors import OrchestratorError
 
     try:
@@ -104,7 +99,6 @@ def _measured(said: Mapping[str, Any], transports: object) -> str:
 
 
 def _pair_cause(backend: str, bound: object) -> str:
-    """The likely cause of a pair of nodes that does not complete."""
     which = "NCCL's" if backend == "nccl" else "Gloo's"
     return (f"likely a firewall between these two hosts: {which} connections use ports of "
             "their own, not SSH's or the master port; allow TCP between the two nodes' "

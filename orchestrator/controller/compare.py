@@ -1,8 +1,4 @@
-"""``ddp-orch compare``'s runs: which specs, and launching or reusing them.
-
-``--baseline dp`` makes the baseline mlp's ``nn.DataParallel`` over node 0's
-GPUs; it is refused before anything starts unless node 0 has two or more.
-"""
+"""``ddp-orch compare``'s runs: which specs, and launching or reusing them."""
 
 from __future__ import annotations
 
@@ -26,11 +22,9 @@ THREADS_VAR = "OMP_NUM_THREADS"
 
 
 def one_thread_per_cpu_process(spec: ClusterSpec) -> ClusterSpec:
-    """Each CPU process of ``spec`` on one intra-op thread, unless its env sets
-    ``OMP_NUM_THREADS``. torchrun gives a lone process every core and several
-    one each, so the speed-up would measure threads, not processes (526%
-    efficiency on a loaded 2-core machine). GPU processes are left as they are.
-    """
+    """Each CPU process on one intra-op thread, unless its env sets ``OMP_NUM_THREADS``:
+    torchrun gives a lone process every core, so the speed-up would measure threads,
+    not processes (526% efficiency on a loaded 2-core machine)."""
     nodes = tuple(node if node.procs is None or THREADS_VAR in node.env else
                   dataclasses.replace(node, env={**node.env, THREADS_VAR: "1"})
                   for node in spec.nodes)
@@ -61,8 +55,7 @@ def baseline_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
 
 
 def node_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec | None:
-    """The job on node 0 alone, all its devices; None where it would repeat the
-    baseline or the cluster (one node, one process, a DataParallel baseline)."""
+    """The job on node 0 alone; None where it would repeat the baseline or the cluster."""
     first = spec.nodes[0]
     if kind != "single" or len(spec.nodes) < 2 or first.nproc == 1:
         return None
@@ -71,8 +64,7 @@ def node_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec | None:
 
 
 def ddp_spec(spec: ClusterSpec, kind: str = "single") -> ClusterSpec:
-    """The cluster side: the job as given, CPU processes on one thread each;
-    against a DataParallel baseline, mlp's ``mode`` set to ddp."""
+    """The cluster side; against a DataParallel baseline, mlp's ``mode`` set to ddp."""
     return with_args(spec, {"mode": "ddp"}) if kind == "dp" else one_thread_per_cpu_process(spec)
 
 
@@ -100,8 +92,7 @@ def check_dp_baseline(spec: ClusterSpec) -> None:
 
 
 def load_run(label: str, run_id: str, runs_dir: str) -> RunSummary:
-    """A finished run's result reused as the ``label`` side; ``LaunchError`` if it
-    failed or wrote none. Cheap: loaded before anything is launched."""
+    """A finished run's result as the ``label`` side, loaded before anything launches."""
     record = find_run(runs_dir, run_id)
     result = record.run.result()
     if record.state is RunState.SUCCEEDED and not isinstance(result, dict):
@@ -126,8 +117,7 @@ def launch_run(label: str, spec: ClusterSpec, launch: Any) -> RunSummary:
 
 
 def no_result(label: str, run_id: str, plan: Any) -> str:
-    """Why a run that succeeded is no side: it wrote no result file, as a user's
-    script does unless it follows ``workloads/contract.py``."""
+    """Why a run that succeeded is no side: it wrote no result, as a user's script may not."""
     try:
         node0 = plan["nodes"][0]
         where = f" (for this run {node0['env'][contract.RESULT_FILE_ENV]} on node 0, " \

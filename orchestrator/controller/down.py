@@ -1,12 +1,7 @@
-"""``ddp-orch down RUN``: end whatever of a run still runs, from its records.
-
-A live controller gets SIGTERM (``up``'s graceful teardown) first; then the
-backend cancels what is left on the nodes, never by process name. Running
-it twice is harmless. The controller is signalled only if it still is the
-recorded process (``controller_alive``), never on a live pid alone, and is
-pinned with ``pidfd_open`` where the kernel can, so its pid cannot be
-reused between the check and the signal.
-"""
+"""``ddp-orch down RUN``: SIGTERM to a live controller first, then the backend
+cancels what is left, never by process name. The controller is signalled only
+while it still is the recorded process, pinned by a pidfd where the kernel can,
+so its pid cannot be reused between the check and the signal."""
 
 from __future__ import annotations
 
@@ -31,9 +26,8 @@ def stopper() -> str:
 
 def down(record: RunRecord, grace_s: float = 5.0,
          note: Note | None = None) -> tuple[bool, list[CancelResult]]:
-    """Stop the run's controller (if alive) and its processes on every node.
-    ``note`` gets a line for what could not be done about the controller.
-    """
+    """Stop the run's controller (if alive) and its processes on every node; ``note``
+    gets a line for what could not be done about the controller."""
     stopped_controller = _stop_controller(record, grace_s + 15, note or (lambda _: None))
     backend = backend_of(record, LaunchOptions(grace_s=grace_s,
                                                stopped_by=f"stopped by {stopper()}"))

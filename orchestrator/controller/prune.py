@@ -1,11 +1,7 @@
-"""``ddp-orch prune``: remove ended runs, here and on their nodes.
-
-A run is never pruned while alive: its record must say it ended, a
-detached run or Slurm job is asked of its backend first, and each node's
-agent checks that no process of the run lives there before removing its
-directory. A node that cannot be reached keeps the local run directory
-too, so a later ``prune`` can still find it from the record.
-"""
+"""``ddp-orch prune``: remove ended runs, here and on their nodes. Never a live one:
+its record must say it ended, a backend that outlives the controller is asked, and
+each node's agent checks that no process of it lives there. An unreachable node
+keeps the local run directory too, so a later ``prune`` can still find it."""
 
 from __future__ import annotations
 
@@ -85,9 +81,8 @@ def still_live(record: RunRecord) -> str:
 
 def prune_run(record: RunRecord, older_than_s: float | None, now: float | None = None, *,
               forget_unreachable: bool = False) -> Pruned:
-    """Remove one run here and on its nodes, unless it is alive or too new. An
-    unreachable node keeps the run, unless nothing of it can be there (no
-    ``plan.json``) or ``forget_unreachable`` says so."""
+    """Remove one run here and on its nodes, unless alive or too new. An unreachable node
+    keeps it, unless it never started (no ``plan.json``) or ``forget_unreachable`` says so."""
     now = time.time() if now is None else now
     if older_than_s is not None:
         ended = ended_at(record)
@@ -138,7 +133,6 @@ def render_pruned(results: list[Pruned]) -> str:
 
 
 def record_dir(record: RunRecord, node_rank: int) -> str:
-    """Where node ``node_rank`` keeps the run, as recorded."""
     return next((n.run_dir for n in record.nodes if n.node_rank == node_rank), "?")
 
 

@@ -1,11 +1,6 @@
-"""What a launch would fail on, found before anything starts.
-
-``refuse`` runs for ``--dry-run`` and ``up`` alike, before a run is
-recorded, so both refuse the same input with the same ``ConfigError``: a
-localhost node's GPUs this machine lacks (busy or held is the launch's to
-say: it may change by then), and a built-in workload's rules on the world
-size, device and restarts, where the controller can know them.
-"""
+"""What a launch would fail on, found before anything starts, for ``--dry-run`` and
+``up`` alike. GPUs busy or held are not refused here: that is the launch's to say,
+as it may change by then."""
 
 from __future__ import annotations
 
@@ -46,8 +41,7 @@ def refuse(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions,
 
 
 def refuse_resolved(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) -> None:
-    """A built-in's rules on a plan whose nodes chose their GPUs at launch: only
-    then is the world size known."""
+    """A built-in's rules once the nodes chose their GPUs: only then is the world size known."""
     _workload_rules(spec, plan, options)
 
 
@@ -84,8 +78,7 @@ NO_GPU_FIX = gpuplan.CPU_REHEARSAL
 
 
 def _missing(wanted: tuple[int, ...], found: dict, spec: ClusterSpec) -> str | None:
-    """Why GPUs ``wanted`` cannot be had here whatever else runs: nvidia-smi
-    fails, or does not list them fit for use (MIG mode, excluded)."""
+    """Why GPUs ``wanted`` cannot be had here whatever else runs (MIG mode, excluded)."""
     from ..agent.node import gpus as node_gpus
 
     if not found.get("ok"):
@@ -123,10 +116,8 @@ def _workload_rules(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) ->
 
 def layout(spec: ClusterSpec, plan: RunPlan, device_arg: str | None, *,
            restarts: bool) -> Layout:
-    """What the controller knows of where the ranks run (``catalog.Layout``), for
-    the rank that fares worst. A rank's GPUs count only where CUDA is certain:
-    ``cuda``, or ``auto`` with every node on this machine.
-    """
+    """Where the ranks run, for the rank that fares worst. A rank's GPUs count only
+    where CUDA is certain: ``cuda``, or ``auto`` with every node on this machine."""
     wanted = device_arg or plan.device
     seen = [0 if given.procs is not None else
             given.gpu_count if given.gpu_count is not None else node.nproc

@@ -1,10 +1,6 @@
-"""A run's life on the controller: spec -> plan -> backend -> record.
-
-``up`` runs the very ``DryRun`` that ``prepare`` shows, and only then
-creates the run directory and records the run, so refused input leaves no
-run behind. How the run ended is recorded whatever happens: a launch that
-raises leaves its error in the record, for ``status``.
-"""
+"""A run's life on the controller. ``up`` runs the very ``DryRun`` that ``prepare``
+shows and records the run only then, so refused input leaves no run behind; how
+it ended is recorded whatever happens (a launch that raises: with its error)."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ if TYPE_CHECKING:
 
 def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
             local_run_dir: str) -> tuple[LaunchBackend, DryRun]:
-    """The backend for ``spec`` and its dry-run; ``ConfigError`` for what the
-    launch would refuse."""
+    """The backend for ``spec`` and its dry-run; ``ConfigError`` for what launch refuses."""
     backend = backend_for(spec, options)
     plan = backend.plan(run_id, local_run_dir)
     refuse(spec, plan, options)

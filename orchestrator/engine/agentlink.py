@@ -1,9 +1,6 @@
 """The controller's end of a node agent: one exec channel, requests and replies.
-
-The agent arrives over the node's transport (``python -c BOOT``, then the
-package on stdin), so a node needs no install; files move over the same
-channel, checked by SHA-256 on both ends, so it needs no SFTP either.
-"""
+The agent and files arrive over the node's transport, files checked by SHA-256
+on both ends, so a node needs no install and no SFTP."""
 
 from __future__ import annotations
 
@@ -31,9 +28,8 @@ class AgentHandle:
 
     def __init__(self, transport: Transport, python: str, *, wait: bool = True,
                  run_id: str | None = None, boot: bool = True):
-        """Start the agent; with ``wait``, also wait for its hello. ``run_id``
-        marks it and all it starts (``procs.own_marker``). Without ``boot``,
-        a later ``boot()`` that blocks can still be aborted by ``close``."""
+        """Start the agent. Without ``boot``, the caller holds the handle
+        first, so a ``boot()`` that blocks can still be aborted by ``close``."""
         self.transport = transport
         self.host = transport.host
         self.python = python
@@ -74,19 +70,17 @@ class AgentHandle:
 
     def call(self, op: str, payload: bytes = b"", *, max_reply: int = 1 << 20,
              **fields: Any) -> dict:
-        """Send one request and return its reply, both checked against
-        ``protocol.OPS`` (ProtocolError here, not a refusal there)."""
+        """One request and its reply, both checked against ``protocol.OPS``."""
         self.send(op, payload, **fields)
         return self.reply(op, max_reply=max_reply)
 
     def send(self, op: str, payload: bytes = b"", **fields: Any) -> None:
-        """Send a request without waiting: the agent answers in order, so
-        several can be in flight, before its hello too."""
+        """Send without waiting: the agent answers in order, so several
+        requests can be in flight, before its hello too."""
         self.process.send(request(op, **fields) + payload)
 
     def reply(self, op: str, *, max_reply: int = 1 << 20) -> dict:
-        """The next reply, with ``data`` checked against its SHA-256. A node
-        that announces more than ``max_reply`` is cut off, not read."""
+        """The next reply; a node announcing more than ``max_reply`` is cut off, not read."""
         if not self.hello:
             self.await_hello()
         reply = self._message("reply")
@@ -123,8 +117,8 @@ class AgentHandle:
         return str(reply.get("path", path))
 
     def get(self, path: str, max_bytes: int, root: str | None = None) -> bytes | None:
-        """The regular file at ``path`` on the node, or None; with ``root``, a
-        path whose links lead out of it is refused."""
+        """The file at ``path`` on the node, or None; with ``root``, a path
+        whose links lead out of it is refused."""
         reply = self.call("get", path=path, max=max_bytes, max_reply=max_bytes,
                           **({"root": root} if root is not None else {}))
         if reply["ok"]:
@@ -173,8 +167,7 @@ class AgentHandle:
     def close(self, timeout_s: float = 5.0) -> None:
         """EOF to the agent: it exits (a supervisor tears its run down first).
         A send blocked on a node that never reads its stdin holds the lock
-        the EOF needs, so after ``timeout_s`` the command is aborted; one
-        that never said hello is aborted at once."""
+        the EOF needs, so after ``timeout_s`` the command is aborted."""
         if not self.hello:
             self.process.abort()
             return
@@ -237,8 +230,7 @@ def open_agents(transports: Mapping[int, Transport], pythons: Mapping[int, str],
                 timeout_s: float, first: Callable[[int, "AgentHandle"], Any] | None = None,
                 run_id: str | None = None) -> tuple[GroupResult, dict[int, AgentHandle]]:
     """Start an agent on every node at once; ``first(k, agent)`` runs before
-    its hello. Returns the result and every agent started, answering or
-    not, so the caller can close them all."""
+    its hello. Every agent started comes back, so the caller can close them all."""
     started: dict[int, AgentHandle] = {}
 
     def open_one(k: int) -> Any:

@@ -1,36 +1,24 @@
 """The code bundle shipped to every node, so nodes need no ddp-orch install.
 
-One gzipped tar per run, unpacked into the node's run directory: the
-built-in workloads, the worker shim and the step report under ``code/``,
-and the code directory (``workload.code``), if any, as ``project/``, the
-workers' working directory.
+One gzipped tar per run, unpacked into the node's run directory; the code
+directory (``workload.code``) becomes ``project/``, the workers' cwd.
 
 The code directory goes to *every* node, so each path in it is filtered,
 in this order:
 
-1. Never: ``_SKIP_DIRS``, ``*.pyc``, anything not a regular file (a
-   symlinked directory is not followed) and the control files at the top
-   (``.gitignore``, ``.ddp-orch-ignore``, ``.ddp-orch-include``).
-2. Ignored: what ``.gitignore`` then ``.ddp-orch-ignore`` at the top match;
-   the last match wins, so ``!name`` in the second un-ignores. An ignored
-   directory is not entered, so nothing under it can be un-ignored.
+1. Never: ``_SKIP_DIRS``, bytecode, anything not a regular file (a
+   symlinked directory is not followed) and the control files at the top.
+2. Ignored: what the ignore files at the top match, the last match winning.
+   An ignored directory is not entered, so nothing under it can be un-ignored.
 3. Held back as secret-looking, unless ``.ddp-orch-include`` names it (or a
-   directory above it): a component starting with ``.``, or a key's or
-   credentials' name (``_SECRET_NAMES``, case-insensitive).
-4. The rest is uploaded, up to ``MAX_SCRIPT_DIR_BYTES``, checked by the
-   dry-run so that ``--dry-run`` and ``up`` refuse alike. The cluster file,
-   if it lies there, goes with its secrets masked (``stand_ins``): its
-   ``env`` would otherwise reach every node in clear.
+   directory above it).
+4. The rest, up to ``MAX_SCRIPT_DIR_BYTES``. The cluster file goes with its
+   secrets masked (``stand_ins``): its ``env`` would otherwise reach every
+   node in clear.
 
 Patterns are a subset of gitignore, matched per component with ``fnmatch``
-(case sensitive; ``*`` never crosses a ``/``): blank lines, ``#`` lines and
-trailing spaces are ignored (``\\#``, ``\\!`` start a literal one); ``!``
-negates; a trailing ``/`` matches directories only; any other ``/`` anchors
-the pattern to the code directory (``/build``, ``docs/*.md``), else it
-matches the base name at any depth; ``**`` as a whole component matches
-any number of directories (``a/**``: everything inside ``a``). Not
-supported: ``.gitignore`` below the top, git's global and
-``.git/info/exclude`` excludes, escaped trailing spaces.
+(case sensitive; ``*`` never crosses a ``/``). Not supported: ``.gitignore``
+below the top, git's global excludes, escaped trailing spaces.
 """
 
 from __future__ import annotations
@@ -205,8 +193,7 @@ class ScriptDirScan:
         return tuple(sorted(self.files, key=lambda f: (-f[1], f[0]))[:n])
 
     def check_size(self, program: str = "your program", source: str = "") -> None:
-        """Raise ConfigError (exit 2) past ``MAX_SCRIPT_DIR_BYTES``;
-        ``program`` names what runs, for the hint."""
+        """Raise ConfigError (exit 2) past ``MAX_SCRIPT_DIR_BYTES``."""
         if self.total_bytes <= MAX_SCRIPT_DIR_BYTES:
             return
         rows = "\n".join(f"  {human_size(size):>10}  {rel}" for rel, size in self.largest(10))
@@ -247,8 +234,7 @@ def _refuse_broad(directory: str) -> None:
 
 
 def scan_script_dir(directory: str) -> ScriptDirScan:
-    """Walk ``directory`` once under the rules in the module doc; refuses
-    the filesystem root and the user's home or above (LaunchError)."""
+    """Walk ``directory`` under the module doc's rules; refuses ``/`` and ``~`` or above."""
     directory = os.path.abspath(directory)
     _refuse_broad(directory)
     ignore = _read_patterns(directory, IGNORE_FILES)
@@ -394,9 +380,8 @@ def build_bundle(path: str, code: str | None = None,
 
 
 def code_notes(plan: RunPlan, source: str = "") -> tuple[str, ...]:
-    """The dry-run's line on the code directory (none for a built-in). A
-    script the upload would leave out, or a directory over the cap, is
-    refused here, before anything starts."""
+    """The dry-run's line on the code directory. A script the upload would
+    leave out, or a directory over the cap, is refused before anything starts."""
     if plan.code is None:
         return ()
     scan = scan_script_dir(plan.code)

@@ -1,8 +1,5 @@
-"""What the gang needs of one node's stream: the node channel, declared.
-
-A ``NodeHandle`` never learns what carries its words: an ``AgentHandle``,
-a ``KeeperFollower`` or a ``JobStream`` (where ``stop`` is a cancel).
-"""
+"""What the gang needs of one node's stream: the node channel, declared, so a
+``NodeHandle`` never learns what carries its words."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The network half of ``ddp-orch check``: what the ranks' own connections need.
-
-Reaching node 0's master port is not enough: after the rendezvous every
-rank connects to every other over the interface its node chose (Gloo's full
-mesh, NCCL's rings), so ``check`` has each node choose its interface as
-``up`` does and listen there, and every other node connect to it, all at
-once. Loopback host names, clock skew and differing CUDA or NCCL versions
-only warn. The rules that turn measurements into rows are pure, tested
-without a cluster.
-"""
+"""The network half of ``ddp-orch check``. Reaching node 0's master port is not
+enough: after the rendezvous every rank connects to every other over the
+interface its node chose, so each node chooses it as ``up`` does and listens
+there, and every other connects."""
 
 from __future__ import annotations
 
@@ -47,8 +41,7 @@ class NodeNet:
 
 def version_rows(versions: Mapping[int, Mapping[str, object]], hosts: Mapping[int, str],
                  device: str = "auto") -> list[CheckResult]:
-    """Rows for what differs between nodes: torch fails; CUDA or NCCL warn,
-    except on a CPU run, which uses neither."""
+    """Rows for what differs between nodes: torch fails; CUDA or NCCL warn (not on CPU)."""
     known = {k: v for k, v in versions.items() if "torch_error" not in v and v.get("torch")}
     if len(known) < 2:
         return []
@@ -106,8 +99,7 @@ def clock_rows(clocks: Mapping[int, tuple[float, float]], hosts: Mapping[int, st
 
 def pair_rows(hosts: Mapping[int, str], endpoints: Mapping[int, tuple[str, int]],
               results: Mapping[tuple[int, int], str | None]) -> list[CheckResult]:
-    """Rows for the node-to-node connections (``results[(j, k)]``: None, or
-    the error): one per failing pair, one for a node no other reaches."""
+    """Rows for the node-to-node connections: one per failing pair, one per node none reaches."""
     if not results:
         return []
     failing = {pair: err for pair, err in results.items() if err is not None}
@@ -238,8 +230,7 @@ def _clock(agent: AgentHandle) -> tuple[float, float]:
 
 def master_rows(plan: RunPlan, agents: Mapping[int, AgentHandle], nets: Mapping[int, NodeNet],
                 timeout_s: float) -> list[CheckResult]:
-    """The master port (free on node 0) and every node's TCP connections:
-    to it, and to every other node's listener."""
+    """The master port (free on node 0) and every node's TCP connections to it and its peers."""
     host0 = plan.nodes[0].host
     try:
         port = master_port(plan, agents[0])
@@ -298,8 +289,7 @@ def _describe(exc: BaseException) -> str:
 
 def network_rows(plan: RunPlan, agents: Mapping[int, AgentHandle],
                  infos: Mapping[int, Mapping[str, object]], timeout_s: float) -> list[CheckResult]:
-    """Every network row of ``check``; the master port and the pairs only
-    when every node answers."""
+    """Every network row of ``check``; master port and pairs only when all nodes answer."""
     hosts = {n.node_rank: n.host for n in plan.nodes}
     done = on_all(lambda k: node_network(plan, plan.nodes[k], agents[k], timeout_s + 30),
                   sorted(agents), timeout_s=timeout_s)

@@ -1,9 +1,6 @@
 """Run one function on every node at once: the launch, ``check`` and ``down`` all do.
-
-Every node's value or error, never a first error that hides the others.
-A thread per node (they wait on the network) and a deadline for the group:
-a node still busy then is timed out, and the caller closes its connection.
-"""
+Every node's value or error comes back, never a first error that hides the
+others; a node still busy at the deadline is timed out, and the caller closes it."""
 
 from __future__ import annotations
 

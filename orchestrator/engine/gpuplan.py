@@ -1,11 +1,7 @@
 """The launch's GPUs, from the controller's side: what each node is asked,
-how long to wait, and the gang's one decision from the nodes' answers.
-
-Each GPU node's agent locks the GPUs it grants for the run; its answers
-become the plan's launch-time facts (``plan.model.GpuChoice``). ``device:
-auto`` is decided here, once for the gang: CUDA on every node, or a
-refusal naming the node whose torch cannot. Never a silent CPU fallback in
-one process while the rest of the gang waits for it on NCCL.
+how long to wait, and the gang's one decision, ``device: auto``: CUDA on
+every node, or a refusal naming the node whose torch cannot. Never a silent
+CPU fallback in one process while the rest of the gang waits for it on NCCL.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ CLI = "command line"
 
 def gpu_request(plan: RunPlan, node: NodePlan, spec: ClusterSpec | None,
                 allow_busy: bool) -> dict[str, Any] | None:
-    """The ``gpus`` request for ``node``; None for CPU processes (``procs:``)
-    and for GPUs a scheduler allocates."""
+    """The ``gpus`` request for ``node``; None for CPU processes and scheduler GPUs."""
     if node.gpu_request is not None:
         want: Any = node.gpu_request
     elif node.gpus is not None:
@@ -55,8 +50,7 @@ def wants_torch(plan: RunPlan, node: NodePlan) -> bool:
 
 def wait_for_gpus(first: dict, ask: Callable[[], dict], wait_s: float,
                   say: Callable[[str], None], label: str, want: Any = None) -> dict:
-    """The node's answer once waiting could not clear it, or ``wait_s`` is
-    over; says every ``WAIT_SAY_S`` what it waits for and who holds it."""
+    """The node's answer once no wait can clear it, or ``wait_s`` is over."""
     reply = first
     deadline = time.monotonic() + wait_s
     said = None
@@ -171,8 +165,7 @@ def choices(replies: Mapping[int, dict]) -> dict[int, GpuChoice]:
 
 def refuse(plan: RunPlan, spec: ClusterSpec | None, replies: Mapping[int, dict],
            wait_s: float) -> None:
-    """``ConfigError`` naming every node that refused its GPUs, each at its
-    ``gpus:`` line, with one hint for them all."""
+    """``ConfigError`` naming every refusing node at its ``gpus:`` line, one hint for all."""
     refused = [k for k in sorted(replies) if not replies[k].get("ok")]
     if not refused:
         return
@@ -193,8 +186,7 @@ CPU_REHEARSAL = "set `device: cpu` for a CPU rehearsal (the listed GPUs become C
 
 
 def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
-    """What to do about the GPU refusals in ``replies``: the free GPUs as
-    ``gpus:`` takes them, and the options that wait or go anyway."""
+    """What to do about the GPU refusals: take the free ones, wait, or go anyway."""
     reasons = {reply.get("reason") for reply in replies.values()}
     fixes = [_fix(reply) for reply in replies.values()
              if reply.get("reason") in ("no-smi", "smi-failed", "mig", "unhealthy", "excluded")]
@@ -218,8 +210,7 @@ def hint(replies: Mapping[int, dict], wait_s: float = 0.0) -> str:
 
 
 def _fix(reply: dict) -> str:
-    """What to do where nvidia-smi cannot say, or about GPUs no wait frees
-    (MIG, unhealthy, excluded)."""
+    """What to do where nvidia-smi cannot say, or about GPUs no wait frees."""
     reason = reply.get("reason")
     if reason == "no-smi":
         return "list the GPUs by index (gpus: 0,1), or install the NVIDIA utilities there"
@@ -394,8 +385,7 @@ def kernel_problem(cap: object, arch: object) -> tuple[bool, str] | None:
 
 def node_findings(seen: dict, chosen: "list[int] | tuple[int, ...]", limits: object,
                   device: str) -> list[tuple[str, bool, str]]:
-    """``(check, fatal, words)`` for a GPU node: driver, each chosen GPU's
-    arch, NCCL's limits. Shared by the launch and ``check``."""
+    """``(check, fatal, words)`` for a GPU node; shared by the launch and ``check``."""
     out: list[tuple[str, bool, str]] = []
     cuda, driver = str(seen.get("cuda") or ""), str(seen.get("driver_cuda") or "")
     if cuda and driver and _minor(driver) < _minor(cuda) and \
@@ -426,8 +416,8 @@ def arch_fix(words: str, host: str) -> str:
 
 def gang_checks(plan: RunPlan, spec: ClusterSpec | None,
                 replies: Mapping[int, dict]) -> list[str]:
-    """``check``'s checks from the answers the launch already has: differing
-    torch or a GPU nothing runs on is a ``ConfigError``, the rest warnings."""
+    """``check``'s checks from the launch's answers: differing torch or a GPU
+    nothing runs on is a ``ConfigError``, the rest warnings."""
     from .checknet import version_rows
 
     asked = {k: r["torch"] for k, r in replies.items()

@@ -1,7 +1,5 @@
-"""Each rank's GPU while the run goes on, from the nodes' heartbeats:
-per rank for ``progress.json`` (``rank_gpu``), and at the end the rank
-whose GPU sat far below the others (``idle_rank``).
-"""
+"""Each rank's GPU while the run goes on, from the nodes' heartbeats, and at
+the end the rank whose GPU sat far below the others."""
 
 from __future__ import annotations
 

@@ -33,8 +33,7 @@ def master_port_from(plan: RunPlan, reply: dict) -> int:
 
 
 def route_request(plan: RunPlan, node: NodePlan) -> dict | None:
-    """The ``route`` request for ``node``'s agent, or None when its interface
-    variables need nothing of the node."""
+    """The ``route`` request for ``node``'s agent; None when its env needs nothing of it."""
     if not (needs_interface(node.env) or named_interfaces(node.env)):
         return None
     port = plan.master_port if isinstance(plan.master_port, int) else 0

@@ -1,8 +1,6 @@
-"""How to launch, from the command line: ``LaunchOptions``.
-
-Stdlib only, so the CLI and the backends name the options without loading
-the engine: ``--help``, ``ps`` and ``up --dry-run`` stay fast.
-"""
+"""How to launch, from the command line. Stdlib only, so the CLI and backends
+name the options without loading the engine: ``--help``, ``ps`` and
+``up --dry-run`` stay fast."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``ddp-orch check`` for backends that reach nodes through an agent (local, ssh).
-
-Every check runs on all nodes in parallel, each with a deadline, in the
-order a launch needs them: reach the node, its Python and torch, its GPUs,
-then the network (``checknet.py``). Each failure names the node and what to
-do; warnings are shown and pass.
-"""
+"""``ddp-orch check`` for backends that reach nodes through an agent (local, ssh):
+every check on all nodes in parallel, each with a deadline, in the order a
+launch needs them. Warnings are shown and pass."""
 
 from __future__ import annotations
 
@@ -60,8 +56,7 @@ class Preflight:
 def run_checks(plan: RunPlan, transports: Mapping[int, Transport],
                reach_label: Callable[[NodePlan], str], timeout_s: float = 60.0,
                spec: ClusterSpec | None = None) -> Preflight:
-    """All checks; a node that cannot be reached is skipped for the rest.
-    ``spec``'s ``gpu_policy`` says which GPUs are busy."""
+    """All checks; a node that cannot be reached is skipped for the rest."""
     agents: dict[int, AgentHandle] = {}
     started: dict[int, AgentHandle] = {}  # answering or not: all are closed at the end
     results: list[CheckResult] = []

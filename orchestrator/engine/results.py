@@ -1,11 +1,7 @@
-"""What a finished run brings home, for every backend.
-
-Rank 0's ``result.json``, failed ranks' torchrun error files and NCCL
-flight recorder dumps, and node 0's ``outputs:``, after a success and a
-failure alike. A backend moves the bytes; ``store_fetched`` writes them into the run
-directory with the node's secrets masked. A path a node's report names must
-lie inside that node's run directory (``inside``).
-"""
+"""What a finished run brings home, for every backend, after a success and a
+failure alike. A backend moves the bytes; what lands in the run directory
+has the node's secrets masked, and a path a node names must stay inside its
+run directory."""
 
 from __future__ import annotations
 
@@ -94,10 +90,9 @@ MAX_OUTPUTS_BYTES = 1 << 30  # all of them together
 
 def fetch_outputs(info: DryRun, run: RunDir, listing: Callable[..., dict],
                   get: Callable[[str, int], bytes | None]) -> dict | None:
-    """Bring node 0's ``outputs:`` into ``<run dir>/outputs/`` and record what
-    happened in ``outputs.json``. ``listing`` and ``get`` reach the node
-    however the backend does. Nothing a node names is trusted: each path
-    must be plain and relative, and lands below ``outputs/``, secrets masked."""
+    """Bring node 0's ``outputs:`` into ``<run dir>/outputs/``, recorded in
+    ``outputs.json``. Nothing a node names is trusted: each path must be
+    plain and relative, and lands below ``outputs/``, secrets masked."""
     plan = info.plan
     if not plan.outputs:
         return None

@@ -1,7 +1,5 @@
 """Follow a running run to its end and bring its results home: the half of
-a launch that every backend shares. A backend hands over a ``RunHandle``;
-``follow`` runs the gang and ``collect`` brings the results home.
-"""
+a launch that every backend shares, given a ``RunHandle``."""
 
 from __future__ import annotations
 
@@ -22,20 +20,15 @@ from .stacks import StacksResult
 
 def node_records(info: DryRun, connection: Mapping[str, Any] | None = None
                  ) -> tuple[NodeRecord, ...]:
-    """What ``state.json`` keeps of each node so that ``cancel`` finds it
-    again; ``connection``: what a submit learnt (a scheduler's job)."""
+    """What ``state.json`` keeps of each node so that ``cancel`` finds it again."""
     return tuple(NodeRecord(n.node_rank, n.host, n.run_dir, n.node.python,
                             {**n.connection, **(connection or {})}) for n in info.nodes)
 
 
 class RunHandle(ABC):
     """A running run, as ``submit`` or ``reconnect`` hands it to the engine.
-
-    ``dryrun`` and ``records`` (what ``cancel`` needs) are final once
-    ``running`` has returned None. ``pending``: submitted but not running
-    yet, so its records are kept before ``running`` waits. ``watching``:
-    started elsewhere; the gang stops nothing.
-    """
+    ``dryrun`` and ``records`` are final once ``running`` has returned None;
+    a ``pending`` run's records are kept before ``running`` waits."""
 
     def __init__(self, dryrun: DryRun, run: RunDir, *, watching: bool = False,
                  channels: Mapping[int, Any] | None = None,
@@ -71,8 +64,7 @@ class RunHandle(ABC):
 
     @abstractmethod
     def close(self, left: bool = False) -> None:
-        """Let go of the nodes; unless ``left`` (the run goes on without us),
-        end what this handle started. Harmless when repeated."""
+        """Let go of the nodes, and unless ``left`` end what this handle started; repeatable."""
 
 
 def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gang:
@@ -88,9 +80,8 @@ def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gan
 
 def follow(handle: RunHandle, console: Console, options: LaunchOptions,
            on_running: Callable[[RunHandle], None] = lambda handle: None) -> RunOutcome:
-    """Run ``handle``'s gang to its end, or until it is left to its nodes
-    (RUNNING). ``on_running`` gets the handle whenever its records are worth
-    keeping: once submitted if pending, and before the gang starts."""
+    """Run ``handle``'s gang to its end, or until it is left to its nodes.
+    ``on_running`` gets the handle whenever its records are worth keeping."""
     if handle.pending:
         on_running(handle)
     ended = handle.running(console)
@@ -110,9 +101,8 @@ def follow(handle: RunHandle, console: Console, options: LaunchOptions,
 
 
 def collect(handle: RunHandle, outcome: RunOutcome, console: Console) -> RunOutcome:
-    """``outcome`` with rank 0's result, once the run's files are home. A
-    full run directory leaves them on the nodes, and says so: the run's end
-    stands."""
+    """``outcome`` with rank 0's result, once the run's files are home. A full
+    run directory leaves them on the nodes: the run's end stands."""
     if handle.gang is None or outcome.state is RunState.RUNNING:
         return outcome
     try:

@@ -1,12 +1,8 @@
 """``ddp-orch stacks``: every rank's stack, grouped, with the odd ones marked.
 
-Ranks whose main threads stand at the same place (the innermost frame, and
-the innermost of the user's code) form a group. The largest is what most
-ranks do; any other is marked odd, which in a hang is usually the rank that
-stopped calling collectives::
-
-    ranks 0-1 (lab0, lab1): all_reduce <- train.py:42
-  ! rank 2 (lab1): sleep <- train.py:17
+Ranks whose main threads stand at the same place form a group. Any group
+but the largest is marked odd: in a hang, usually the rank that stopped
+calling collectives.
 """
 
 from __future__ import annotations
@@ -112,8 +108,7 @@ def hang_summary(result: StacksResult | None, idle_s: float,
 
 
 def save_stacks(run_path: str, result: StacksResult, run_id: str) -> tuple[str, str]:
-    """Write each dump and the summary under the run's ``stacks/<time>/``;
-    returns that directory and the summary."""
+    """Write each dump and the summary under the run's ``stacks/<time>/``."""
     import time
 
     saved = os.path.join(run_path, "stacks", time.strftime("%Y%m%d-%H%M%S"))

@@ -1,8 +1,6 @@
-"""The rank plan: pure code from a ``ClusterSpec`` to what every node runs.
-
-``build_plan`` is what ``--dry-run`` renders; ``resolve_plan`` fills in what
-only a launch knows and returns the same structure. Global ranks are prefix
-sums of the per-node process counts, nodes in file order.
+"""The rank plan: pure code from a ``ClusterSpec`` to what every node runs;
+``resolve_plan`` fills in only what a launch knows. Global ranks are prefix
+sums of the nodes' process counts, in file order.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def flight_recorder_env(run_dir: str, nccl: bool = True) -> dict[str, str]:
-    """The recorder on, dumping into the node's run directory. A GPU run also
-    gets NCCL's dump on timeout and its pipe, which the hang watchdog writes to
-    before it stops the gang; a CPU run gets torch's new names (gloo, torch >= 2.8)."""
+    """The recorder on, dumping into the node's run directory; a GPU run also
+    gets the pipe the hang watchdog writes to before it stops the gang."""
     old = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}",
            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{run_dir}/{NCCL_TRACE_PREFIX}"}
@@ -77,10 +74,8 @@ def visible_devices(node: NodeSpec) -> str:
 
 def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: str,
                  shared: bool = False) -> str:
-    """Local nodes live in the local run directory; remote ones under workdir,
-    unless ``shared`` (Slurm). Each node gets its own directory, so two
-    "nodes" on one machine never write over each other.
-    """
+    """Each node its own directory, so two "nodes" on one machine never write
+    over each other; a local node's lies in the local run directory."""
     if shared or spec.nodes[node_rank].is_local:
         return f"{local_run_dir}/node-{node_rank}"
     return f"{spec.workdir}/runs/{run_id}/node-{node_rank}"
@@ -88,9 +83,7 @@ def node_run_dir(spec: ClusterSpec, node_rank: int, run_id: str, local_run_dir: 
 
 def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
                master_addr: str | None = None, shared_run_dir: bool = False) -> RunPlan:
-    """The rank plan for ``spec``; pure, so dry-run and launch agree.
-    ``master_addr``: the backend's default, for a file without one.
-    """
+    """The rank plan for ``spec``; pure, so dry-run and launch agree."""
     master_addr = spec.master_addr or master_addr or _default_master(spec)
     device = "cpu" if any(n.procs is not None for n in spec.nodes) else spec.device
     starts = [0, *itertools.accumulate(node.nproc for node in spec.nodes)]
@@ -149,8 +142,7 @@ def rank_plans(nodes: "list[NodePlan] | tuple[NodePlan, ...]") -> tuple[RankPlan
 
 
 def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
-    """What every worker runs from its code root: the built-in's module, or the
-    user's module or script, then the arguments."""
+    """What every worker runs from its code root: a module or script, then its arguments."""
     args = workload.args if isinstance(workload.args, tuple) else args_to_argv(workload.args)
     if workload.name is not None:
         return Entrypoint(module=CATALOG[workload.name].module, script=None, args=tuple(args))
@@ -187,12 +179,8 @@ def resolve_plan(plan: RunPlan, *, master_port: int, homes: Mapping[int, str],
                  gpus: Mapping[int, GpuChoice] | None = None,
                  device: str | None = None,
                  cores: Mapping[int, int] | None = None) -> RunPlan:
-    """Fill in the launch-time facts: the master port, each node's ``~``, the
-    interface found for ``auto`` (``interfaces``), usable ``cores`` (for
-    ``OMP_NUM_THREADS``), the ``gpus`` each node chose, the ``device`` for
-    ``auto``, and the hosts a scheduler placed. Pure as well: nothing the
-    dry-run showed changes except those facts.
-    """
+    """Fill in the launch-time facts, the keyword arguments. Pure as well:
+    nothing the dry-run showed changes except those facts."""
     def fix(value: str, home: str) -> str:
         if value == "~" or value.startswith("~/"):
             return home + value[1:]

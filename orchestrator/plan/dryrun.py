@@ -1,6 +1,5 @@
 """What a backend will run, before it runs it: ``--dry-run`` renders a ``DryRun``
-and ``launch`` consumes the same object, so what the user previewed is what runs.
-"""
+and ``launch`` consumes the same object, so what the user previewed is what runs."""
 
 from __future__ import annotations
 
@@ -54,11 +53,9 @@ class NodeLaunch:
 @dataclass(frozen=True)
 class ByHand:
     """How to reach the nodes by hand, as shell lines (``--format shell``); shown
-    only, launch never reads it. By node rank, ``reach`` runs a command on a node
-    from here (none: it shares this machine's files) and ``step`` from the shell
-    ``allocate`` opens (``srun``, ``salloc``); ``master_host`` prints node 0's
-    address there, for a master address known only once the job runs.
-    """
+    only, launch never reads it. ``reach`` runs a command on a node from here
+    (none: it shares this machine's files), ``step`` from the shell ``allocate``
+    opens; ``master_host`` prints node 0's address there, known only then."""
 
     reach: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     allocate: tuple[str, ...] = ()
@@ -87,8 +84,7 @@ class DryRun:
 
 
 def owner_words(owner: Owner, scheduler: str = "") -> str:
-    """What ``owner`` means for this run, in words; ``scheduler``: what a
-    scheduler backend does with its job (``Capabilities.scheduler_does``)."""
+    """What ``owner`` means for this run, in words, for the dry-run."""
     if owner.holder is Holder.SCHEDULER:
         return scheduler + ("; `up` leaves once every node runs, `ddp-orch attach RUN` follows "
                             "it and `ddp-orch down RUN` cancels it" if owner.detached

@@ -1,7 +1,5 @@
-"""The rank plan's types: frozen facts about a run, with no backend in them.
-
-They say who runs what, never how a backend reaches a node.
-"""
+"""The rank plan's types: frozen facts about a run, with no backend in them:
+they say who runs what, never how a backend reaches a node."""
 
 from __future__ import annotations
 
@@ -22,10 +20,8 @@ BUILTIN_DIR = "code"
 
 @dataclass(frozen=True)
 class Entrypoint:
-    """What every worker runs, in the node's code root, as torchrun runs it:
-    ``argv`` is what you would type after torchrun in your project's root
-    (``train.py --lr 0.1``, ``-m pkg.train``).
-    """
+    """What every worker runs as torchrun runs it: ``argv`` is what you would
+    type after torchrun in your project's root (``train.py --lr 0.1``)."""
 
     module: str | None
     script: str | None
@@ -38,8 +34,7 @@ class Entrypoint:
 
 @dataclass(frozen=True)
 class GpuChoice:
-    """The GPUs a node's agent chose at launch, in the ranks' order; UUIDs and
-    models where nvidia-smi answered."""
+    """The GPUs a node's agent chose at launch, in the ranks' order."""
 
     indices: tuple[int, ...]
     uuids: tuple[str, ...] = ()

@@ -1,9 +1,7 @@
 """The socket-interface variables of each node: Gloo's and NCCL's.
 
-Per node and variable: the user's value (``env``, or ``network: {interface:
-NAME}``) wins, checked to exist before anything starts; with ``auto`` (the
-default) the plan holds ``auto`` and the launch puts in the interface the
-node's agent found; ``off`` sets nothing. ``NCCL_SOCKET_IFNAME`` gets
+The user's value wins, checked to exist before anything starts; ``auto``
+waits for the interface the node's agent finds. ``NCCL_SOCKET_IFNAME`` gets
 ``=NAME``, so that ``eth0`` does not also match ``eth0.100``.
 """
 

@@ -1,6 +1,5 @@
 """Renderings of a ``DryRun``: text, json and shell lines. Secret-looking env values
-are masked; the shell lines take them from the nodes' environment instead.
-"""
+are masked; the shell lines take them from the nodes' environment instead."""
 
 from __future__ import annotations
 
@@ -153,9 +152,8 @@ def render_json(info: DryRun) -> str:
 
 
 def dryrun_from_dict(data: dict[str, Any]) -> DryRun:
-    """A recorded run's dry-run (``plan.json``), read back for ``attach``: argv as
-    recorded, masked env values still masked. Raises KeyError, TypeError or
-    ValueError on a record that does not fit."""
+    """A recorded run's dry-run (``plan.json``), read back for ``attach``, masked
+    env values still masked; KeyError, TypeError or ValueError if it does not fit."""
     from .model import Entrypoint, NodePlan, RankPlan, RunPlan
 
     when_changed = tuple(map(str, data.get("setup_when_changed") or ()))

@@ -1,12 +1,9 @@
 """Secret masking: what never reaches a terminal, a stored file or a log in clear.
 
-**The rule** (``is_secret``, the only place that decides): an env entry is
-a secret when its name looks secret (``*TOKEN*``, ``*SECRET*``,
-``*PASSWORD*``, ``*KEY*``, ...) *and* its value could be a credential: at
-least ``MIN_SECRET_CHARS`` characters, not a number, and not a settings
-word (``false``, ``disabled``...), whose masking would mangle every line
-that prints it. Nodes mask only the values the controller lists in their
-spec, so the rule is the same for every backend.
+``is_secret`` alone decides: a secret-looking name *and* a value that could
+be a credential, not a number or a settings word, whose masking would mangle
+every line that prints it. Nodes mask only the values the controller lists
+in their spec, so the rule is the same for every backend.
 """
 
 from __future__ import annotations
@@ -70,12 +67,9 @@ def masked_cluster_file(text: str, envs: Iterable[Mapping[str, str]]) -> str:
 
 def mask_cluster_text(text: str, values: Iterable[str] = ()) -> str:
     """The cluster file's text with secret ``env`` values, and any scalar or
-    comment holding one of ``values``, masked; it parses to the same structure.
-    Done on the YAML nodes, since masking by value misses other spellings
-    (``"s3cr\\u0065t"``) and can break the YAML (``[********]``): each scalar
-    becomes a double-quoted one keeping its anchor, so aliases still resolve.
-    Only comments are masked by value in the text.
-    """
+    comment holding one of ``values``, masked, parsing to the same structure.
+    Done on the YAML nodes: masking by value misses other spellings
+    (``"s3cr\\u0065t"``) and can break the YAML (``[********]``)."""
     import yaml  # only here: a dry run never stores the file
 
     secrets = tuple(sorted({v for v in values if v}, key=len, reverse=True))

@@ -1,13 +1,9 @@
 """The dry-run as shell lines that start the run by hand (``--format shell``).
 
-They run as printed, in order, and do what ``up`` does: ``ddp-orch bundle``
-writes the code bundle here and each node's run directory gets it unpacked;
-under a scheduler, ``salloc`` and a ``srun`` step per node; each node's
-line runs ``setup:``, the interface choice, then torchrun with exactly the
-dry-run's argv. What only a launch knows is settled as the launch does:
-``$MASTER_PORT`` with a default, the interface via iproute2,
-``OMP_NUM_THREADS`` from ``nproc``. Secret env values are never printed: a
-line takes each from the node's environment and stops if it is unset.
+They run as printed, in order, and do what ``up`` does, with exactly the
+dry-run's torchrun argv; what only a launch knows is settled as the launch
+does. Secret env values are never printed: a line takes each from the
+node's environment and stops if it is unset.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ ADDR_WORD = '"$MASTER_ADDR"'  # node 0's host name, once the job runs
 
 def shell_word(word: str) -> str:
     """``shlex.quote``, except a leading ``~/`` (also in ``NAME=~/x``) stays
-    expandable: ``'~/x'`` would reach the program as a literal tilde.
-    """
+    expandable: ``'~/x'`` would reach the program as a literal tilde."""
     name, eq, value = word.partition("=")
     if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and value.startswith("~/"):
         return f"{name}=" + shell_word(value)
@@ -103,8 +98,7 @@ def render_shell(info: DryRun, bundle: Sequence[str] = (),
 
 
 def _unpack(node: NodeLaunch, reach: Sequence[str], bundle_path: str) -> str:
-    """The line that unpacks the bundle into ``node``'s run directory: over
-    ``reach``, else in place."""
+    """The line that unpacks the bundle into ``node``'s run directory, over ``reach``."""
     run_dir = shell_word(node.run_dir)
     if reach:
         remote = f"mkdir -p {run_dir} && tar -xzf - -C {run_dir}"
@@ -125,9 +119,8 @@ _FIND_CORES = 'cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" && '
 
 
 def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False) -> str:
-    """One line that starts this node by hand, in its code root. ``master_addr``
-    is shell text already when not a plain word; ``auto_port``: the port is
-    ``$MASTER_PORT``."""
+    """One line that starts this node by hand, in its code root; ``master_addr``
+    is shell text already when not a plain word."""
     env = node.env
     auto = [k for k in IFNAME_VARS if env.get(k) == AUTO]
     env_words = ["env", *(shell_word(w) for name in node.unset_env for w in ("-u", name))]
@@ -161,8 +154,7 @@ def node_shell_line(node: NodeLaunch, master_addr: str, auto_port: bool = False)
 
 
 def _torchrun_words(argv: Sequence[str], addr: str | None, port: str | None) -> str:
-    """``argv`` as shell words, torchrun's master address and port replaced by
-    shell text when given."""
+    """``argv`` as shell words, the master address and port as shell text when given."""
     words = [shell_word(w) for w in argv]
     end = argv.index(SHIM) if SHIM in argv else len(argv)
     for i in range(end - 1):

@@ -1,7 +1,6 @@
 """The torchrun command line, built from plan facts in this one place: read the
 plan, not the argv. Only a kept run's keeper edits it, swapping ``--master-port``
-and ``--log-dir`` by flag for each restart (``keeper.attempt_spec``).
-"""
+and ``--log-dir`` by flag for each restart (``keeper.attempt_spec``)."""
 
 from __future__ import annotations
 
@@ -18,12 +17,9 @@ NPROC_AT_LAUNCH = "<chosen at launch>"
 
 def torchrun_argv(plan: RunPlan, node: NodePlan) -> tuple[str, ...]:
     """``python -m torch.distributed.run ...`` for ``node``, static rendezvous.
-
-    Per-node ``--node-rank`` and ``--nproc-per-node`` make a mixed layout (3 + 4)
-    number ranks as prefix sums. Workers write to files (``--redirects 3``) the
-    agent relays, and run the program through ``SHIM`` in ``node.code_root``, so
-    its words are the user's own; ddp-orch's own paths are absolute.
-    """
+    Per-node ``--node-rank`` and ``--nproc-per-node`` make a mixed layout
+    (3 + 4) number ranks as prefix sums. The program runs through ``SHIM`` in
+    ``node.code_root``, so its words are the user's own; ours are absolute."""
     return (node.python, *TORCHRUN,
             "--nnodes", str(len(plan.nodes)), "--node-rank", str(node.node_rank),
             "--nproc-per-node", str(node.nproc) if node.nproc_known else NPROC_AT_LAUNCH,

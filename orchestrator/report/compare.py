@@ -1,11 +1,6 @@
-"""``ddp-orch compare``'s report: two runs' results side by side.
-
-The workload runs as one process on node 0's first device (the baseline),
-on node 0 alone where that differs, and on the full cluster, with the same
-global batch and samples. A speed-up is only a comparison when both sides
-solve the same learning problem, so the report names every difference
-(``differences``): learning rate, global batch, data source, arguments.
-"""
+"""``ddp-orch compare``'s report: two runs' results side by side. A speed-up is
+only a comparison when both sides solve the same learning problem, so the report
+names every difference."""
 
 from __future__ import annotations
 
@@ -140,8 +135,7 @@ def _same(a: float, b: float) -> bool:
 
 def comparison(base: RunSummary, ddp: RunSummary,
                node: RunSummary | None = None) -> dict[str, Any]:
-    """report.json's content: the runs and the derived ratios; ``node`` is the
-    run on node 0 alone, where there was one."""
+    """report.json's content; ``node``: the run on node 0 alone, where there was one."""
     speedup = base.train_s / ddp.train_s if ddp.train_s > 0 else float("nan")
     runs = [base, *([node] if node is not None else []), ddp]
     differences_ = differences(base, ddp)
@@ -162,9 +156,8 @@ def comparison(base: RunSummary, ddp: RunSummary,
 
 
 def scaling_row(base: RunSummary, run: RunSummary) -> dict[str, Any]:
-    """One run against the baseline: speed-up, efficiency per device, and its
-    step split into data, compute and exposed all-reduce wait (None where
-    not measured), in seconds and as shares."""
+    """One run against the baseline; its step split into data, compute and exposed
+    all-reduce wait (None where not measured), in seconds and as shares."""
     speedup = base.train_s / run.train_s if run.train_s > 0 else float("nan")
     allreduce = run.avg_allreduce_s
     compute = run.avg_compute_s - (allreduce or 0.0)
@@ -203,14 +196,12 @@ def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_table(report: dict[str, Any]) -> str:
-    """The runs side by side, the scaling table, then the notes (speed-up, data
-    sources, differences), a blank line between them."""
+    """The runs side by side, the scaling table, then the notes."""
     table, scaling, notes = _parts(report)
     return f"{table}\n\n{scaling}\n\n" + "\n".join(notes) + "\n"
 
 
 def _parts(report: dict[str, Any]) -> tuple[str, str, list[str]]:
-    """render_table's three parts: the runs' table, the scaling table, the notes."""
     runs = runs_of(report)
     lines = ["| metric | " + " | ".join(run.get("title", run["label"]) for run in runs) + " |",
              "| --- |" + " ---: |" * len(runs)]
@@ -240,7 +231,6 @@ def _parts(report: dict[str, Any]) -> tuple[str, str, list[str]]:
 
 
 def render_scaling(report: dict[str, Any]) -> str:
-    """Per run: world size, nodes, speed-up, efficiency per device, the step's split."""
     lines = ["| run | world size | nodes | speed-up | efficiency | data | compute | all-reduce |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in report.get("scaling", ()):
@@ -297,8 +287,7 @@ def write_report(report: dict[str, Any], directory: str) -> tuple[list[str], str
 
 
 def missing_matplotlib(baseline_run: str, ddp_run: str, node_run: str | None = None) -> str:
-    """What to do without matplotlib: the install command for this Python, with
-    the ``report`` extra's floor, and how to plot these runs without training again."""
+    """What to do without matplotlib: install it, then plot these runs without training again."""
     return ("matplotlib is not installed, so the report has no plots; install it into the "
             f"Python running ddp-orch with `{sys.executable} -m pip install "
             f"'{_report_requirement()}'` (or, in a checkout of ddp-orch, pip install -e "

@@ -1,8 +1,6 @@
-"""What a hung run's flight recorder dumps say: which rank, and which
-collective by its sequence number, was missing. A dump is torch's pickle of
-plain data from a node, so it is read with an unpickler that builds nothing
-else (``read_dump``), under a size cap.
-"""
+"""What a hung run's flight recorder dumps say: which rank missed which collective.
+A dump is torch's pickle, from a node: it is read by an unpickler that builds plain
+data only, under a size cap."""
 
 from __future__ import annotations
 
@@ -98,9 +96,8 @@ def _pg_name(entry: dict) -> str:
 
 def missing_collective(dumps: Mapping[int, dict | None], world_size: int | None = None
                        ) -> list[str]:
-    """One line per finding: the ranks whose last collective in a process group
-    is behind the others' (they never issued the next), a collective every rank
-    issued and none completed (a hang in the library), and ranks with no dump."""
+    """One line per finding: ranks that never issued a process group's next collective,
+    a collective every rank issued and none completed, and ranks with no dump."""
     lines: list[str] = []
     readable = {rank: dump for rank, dump in dumps.items() if dump is not None}
     groups = {rank: _groups(dump) for rank, dump in readable.items()}

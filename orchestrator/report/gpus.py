@@ -39,9 +39,8 @@ def gpu_lines(plan: object) -> list[str]:
 
 
 def rank_lines(plan: object) -> list[str]:
-    """Which ranks went where, a line per node (rank i of a node on its i-th GPU),
-    as ``up`` says once the nodes have chosen. A node without indices runs CPU
-    processes or, on a GPU run, one per GPU its scheduler allocates."""
+    """Which ranks went where, a line per node (rank i of a node on its i-th GPU), as
+    ``up`` says once the nodes have chosen."""
     device = plan.get("device") if isinstance(plan, dict) else None
     lines = []
     for node in _nodes(plan):

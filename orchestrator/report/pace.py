@@ -1,15 +1,10 @@
 """Which rank holds the gang back: one rule for ``top``, ``status`` and the summary.
 
-In synchronous DDP every rank steps at the rate of the slowest, so the rank
-that holds the others back is the one spending most time outside
-collectives. The evidence, best first:
-
-1. each rank's seconds per step outside collectives (``compute_s`` + ``data_s``);
-2. otherwise its step rate, where ranks do not move in lock-step;
-3. always, a rank whose progress stopped while others go on (``STOPPED_S``).
-
-A rank is compared with the median of the *other* ranks, so a gang of two
-still names the slow one. A rank that never reported is never marked.
+In synchronous DDP every rank steps at the slowest's rate. The evidence, best
+first: (1) seconds per step outside collectives; (2) else the step rate, where
+ranks do not move in lock-step; (3) always, a rank whose progress stopped while
+others go on. A rank is compared with the median of the *other* ranks, so a gang
+of two still names the slow one.
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ OUTSIDE, RATE, STOPPED = "outside-collectives", "step-rate", "stopped"
 
 @dataclass(frozen=True)
 class RankPace:
-    """One rank's pace now: seconds since its last progress (None: never),
-    seconds per step outside collectives, and step rate over the window."""
+    """One rank's pace now; ``age_s`` None: it never reported."""
 
     rank: int
     age_s: float | None
@@ -55,8 +49,7 @@ class RankPace:
 
 @dataclass(frozen=True)
 class Straggler:
-    """A rank named as holding the gang back: by which evidence, ``vs_others``
-    (a ratio >= 1; 0 when stopped) and why."""
+    """A rank named as holding the gang back; ``vs_others`` >= 1 (0 when stopped)."""
 
     rank: int
     evidence: str  # OUTSIDE, RATE or STOPPED
@@ -144,8 +137,7 @@ class PaceWindow:
         self.seen: dict[int, deque] = {}
 
     def add(self, at: float, rank: int, step: object, samples: object) -> None:
-        """``rank`` reported ``step`` (and ``samples``) at ``at``, its own time:
-        rates are over report times, not the times they were looked at."""
+        """``at`` is the report's own time: rates are over those, not when they were seen."""
         if not isinstance(step, int) or isinstance(step, bool):
             return
         points = self.seen.setdefault(rank, deque())
@@ -175,8 +167,7 @@ class PaceWindow:
 
 
 def from_step_times(rows: object) -> list[RankPace]:
-    """``RankPace`` of each rank of a finished run's ``rank_step_times``: time
-    outside collectives where known (rule 1), else mean step time (rule 2)."""
+    """A finished run's ``rank_step_times``: rule 1 where times are known, else rule 2."""
     out = []
     for row in rows if isinstance(rows, list) else ():
         if not (isinstance(row, dict) and isinstance(row.get("rank"), int)):
@@ -196,7 +187,6 @@ def marked(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
 
 
 def paces(rows: Iterable[dict[str, Any]], window: PaceWindow | None = None) -> list[RankPace]:
-    """``RankPace`` of each ``live_progress`` row, with its rate from ``window`` if given."""
     out = []
     for row in rows:
         pace = pace_of(row)

@@ -11,8 +11,7 @@ COLORS = ("#4C72B0", "#DD8452", "#937860")
 
 def write_plots(report: dict[str, Any], runs: list[dict[str, Any]],
                 directory: str) -> list[str]:
-    """Write the figures into ``directory``, each showing every one of ``runs``;
-    returns their file names."""
+    """Write the figures into ``directory``; returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed

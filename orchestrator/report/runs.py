@@ -32,8 +32,7 @@ def render_ps(records: list[RunRecord], where: RunsDir | None = None) -> str:
 
 
 def _runs_table(records: list[RunRecord], why: bool) -> str:
-    """A row per run: when it started, how long it WAITED for its nodes, then its
-    own DURATION; the two add up to its end."""
+    """A row per run; WAITED (for its nodes) and DURATION add up to its end."""
     rows = [("RUN", "BACKEND", "STATE", "STARTED", "WAITED", "DURATION", "NODES", "EXIT CODES")
             + (("ROOT CAUSE",) if why else ())]
     for r in records:
@@ -121,8 +120,7 @@ def render_status(record: RunRecord, described: RunDescription) -> str:
 
 
 def progress_words(rank: dict) -> str:
-    """A rank's progress for ``status``: step, samples, last progress; a rank
-    that made none has "no output yet", never a stall (most print on rank 0 only)."""
+    """A rank's progress; one with none is "no output yet", never a stall (most print on rank 0)."""
     ago = rank["last_progress_s_ago"]
     if ago is None:
         return "no output yet"
@@ -133,10 +131,8 @@ def progress_words(rank: dict) -> str:
 
 
 def live_progress(record: RunRecord, described: RunDescription | None = None) -> list[dict]:
-    """Each rank's last step of a live run, from its nodes (a detached run) or
-    its controller (``progress.json``): ``{"rank", "node_rank", "host", "step",
-    "samples", "last_progress_s_ago", "last_output_s_ago", "last_step_s_ago"}``,
-    with its GPU's use, ``compute_s`` and ``data_s`` where reported."""
+    """Each rank's last step of a live run, from its nodes (a detached run) or its
+    controller (``progress.json``)."""
     if not record.state.live:
         return []
     if described is not None and described.progress:
@@ -162,8 +158,7 @@ def live_progress(record: RunRecord, described: RunDescription | None = None) ->
 
 
 def live_attempt(record: RunRecord, described: RunDescription | None = None) -> int | None:
-    """The attempt a live kept run is in (0, then 1, 2 ... after each gang
-    restart), from node 0's keeper or its controller; None where neither says."""
+    """The attempt a live kept run is in (0, then 1 more per gang restart); None if unknown."""
     if not record.state.live:
         return None
     if described is not None and described.attempt is not None:
@@ -174,9 +169,8 @@ def live_attempt(record: RunRecord, described: RunDescription | None = None) -> 
 
 
 def final_progress(record: RunRecord) -> list[dict]:
-    """An ended run's ranks as its controller last recorded them, with
-    ``mean_steps_per_s`` and ``mean_samples_per_s`` over the run's own time.
-    [] for a live run, and where no controller kept its ranks."""
+    """An ended run's ranks as its controller last recorded them, with mean rates
+    over the run's own time; [] for a live run, or where no controller kept them."""
     progress = record.run.progress()
     since = record.running_since
     if record.state.live or since is None or not (
@@ -248,8 +242,7 @@ def render_check(report: Preflight) -> str:
 
 
 def render_gpus(node: NodeGpus) -> str:
-    """One node's GPUs for ``check``: memory, use, processes and holder, and
-    whether the run would take each now."""
+    """One node's GPUs for ``check``, and whether the run would take each now."""
     from ..engine.preflight import holder_text
 
     from ..agent.node.gpus import health_cell

@@ -1,10 +1,8 @@
-"""``ps --json`` and ``status --json``: recorded runs for scripts.
-
-The shape is a promise (``schema/ps.schema.json``, ``schema/status.schema.json``):
-keys may be added; renaming or removing one, or changing what it holds, raises
-``VERSION``. Times are seconds since the epoch, durations seconds. A run's
-``exit_code`` is what ``up`` exits with (null while it runs); a node's, torchrun's.
-"""
+"""``ps --json`` and ``status --json``: recorded runs for scripts. The shape is a
+promise (``schema/ps.schema.json``, ``schema/status.schema.json``): keys may be
+added; renaming, removing or changing one raises ``VERSION``. Times are seconds
+since the epoch. A run's ``exit_code`` is what ``up`` exits with (null while it
+runs); a node's, torchrun's."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ def ps_json(records: list[RunRecord], where: RunsDir) -> dict[str, Any]:
 
 
 def status_json(record: RunRecord, described: RunDescription) -> dict[str, Any]:
-    """``status --json``: a run as ``ps --json`` shows it, and what ``status``
-    adds: the backend's detail, attempts, live progress, a hint, what next."""
+    """``status --json``: a run as ``ps --json`` shows it, and what ``status`` adds."""
     root = described.root_cause
     return {"version": VERSION, **run_json(record, described),
             "detail": described.detail or None,

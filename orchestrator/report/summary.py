@@ -54,7 +54,7 @@ def render_summary(outcome: RunOutcome, run_path: str, plan: Any = None,
 
 
 def flight_recorder_lines(run_path: str, plan: Any = None) -> list[str]:
-    """What the flight recorder dumps that came home say (``report/flightrec.py``)."""
+    """What the flight recorder dumps that came home say."""
     from .flightrec import missing_collective, read_run
 
     dumps = read_run(run_path)
@@ -67,8 +67,7 @@ def flight_recorder_lines(run_path: str, plan: Any = None) -> list[str]:
 
 
 def slowest_rank(rows: Any, plan: Any = None) -> list[str]:
-    """``slowest rank: ...`` by ``top``'s rule on ``rank_step_times``; none if
-    no rank stands out."""
+    """``slowest rank: ...`` by ``top``'s rule; none if no rank stands out."""
     named = stragglers(from_step_times(rows))
     if not named:
         return []
@@ -124,7 +123,6 @@ def interfaces_of(plan: Any) -> dict[int, str]:
 
 
 def render_attempts(attempts) -> list[str]:
-    """``attempts: 2`` and a line per attempt: its state, root cause and what followed."""
     out = [f"attempts: {len(attempts)}"]
     for a in attempts:
         cause = (f": node {a.root_cause.node_rank} ({a.root_cause.host}): {a.root_cause.reason}"
@@ -135,9 +133,8 @@ def render_attempts(attempts) -> list[str]:
 
 
 def data_lines(result: dict[str, Any]) -> list[str]:
-    """``data: ...``, where the training data came from, and a hint when a
-    built-in fell back to synthetic data: a relative ``data_dir`` is read from
-    the ranks' working directory. Empty for a result without ``data``."""
+    """Where the data came from, and a hint when a built-in fell back to synthetic
+    data: a relative ``data_dir`` is read from the ranks' working directory."""
     data, source = result.get("data"), result.get("data_source")
     if not isinstance(data, str) or data == "none":  # noop moves no data
         return []
@@ -154,8 +151,7 @@ def data_lines(result: dict[str, Any]) -> list[str]:
 
 
 def speed_lines(result: dict[str, Any]) -> list[str]:
-    """``speed: ...``: what each of a built-in's speed options came to (amp,
-    TF32, ...); none where the result has none."""
+    """``speed: ...``: what a built-in's speed options (amp, TF32, ...) came to."""
     speed = result.get("speed")
     return [f"speed: {describe_speed(speed)}"] if isinstance(speed, dict) and speed else []
 

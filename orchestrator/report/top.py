@@ -1,10 +1,6 @@
-"""``ddp-orch top``: every rank of a live run on one screen.
-
-A frame is built from what ``status`` reads, with no channel of its own
-(``progress.json``, the keepers' ``keeper.json``, a Slurm job's streams);
-rates come from the frames before it (``pace.PaceWindow``). An ended run's
-frame shows its mean rates over the run, not a window's.
-"""
+"""``ddp-orch top``: every rank of a live run on one screen, built from what
+``status`` reads, with no channel of its own. Rates come from the frames before;
+an ended run shows its mean rates over the run."""
 
 from __future__ import annotations
 
@@ -77,8 +73,7 @@ class TopFrame:
 def build_frame(record: RunRecord, rows: Sequence[dict[str, Any]], window: PaceWindow,
                 now: float | None = None, attempts: Sequence[object] = (),
                 attempt: int | None = None) -> TopFrame:
-    """A frame of ``record`` from its ranks' rows, added to ``window`` first;
-    ``attempt``: the live attempt, else the last of ``attempts``."""
+    """A frame of ``record`` from its ranks' rows, added to ``window`` first."""
     now = time.time() if now is None else now
     for row in rows:  # a rate is over the step reports' own times
         ago = row.get("last_step_s_ago")

@@ -1,6 +1,2 @@
-"""Transports: how the controller runs a command on a node (see ``base.Transport``).
-
-``LocalTransport`` for this machine, ``SshTransport`` (paramiko, imported
-only when a remote node needs it) for the rest. Which one a node gets is
-its backend's decision (``orchestrator/backends``).
-"""
+"""Transports: how the controller runs a command on a node (``base.Transport``).
+Nothing is imported here, so paramiko loads only when a remote node needs it."""

@@ -1,10 +1,7 @@
-"""One interface for running commands on a node, whatever the node is.
-
-``LocalTransport`` and ``SshTransport`` share signatures and result types,
-as fabric's ``Connection.run`` and ``local`` do, so the backends never know
-which one they hold. Commands are argv tuples, turned into shell text once,
-by ``shell_command``; values are never concatenated into shell text
-anywhere else.
+"""One interface for running commands on a node, whatever the node is, so the
+backends never know which transport they hold. Commands are argv tuples,
+turned into shell text once, by ``shell_command``; values are never
+concatenated into shell text anywhere else.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ class CommandResult:
 
 
 class ProcessHandle(ABC):
-    """A command started with ``Transport.start``. ``stdout`` is stdout and
-    stderr merged, so lines keep their order; closing stdin tells the node
-    supervisor its controller is gone."""
+    """A started command. ``stdout`` has stderr merged, so lines keep their
+    order; closing stdin tells the node supervisor its controller is gone."""
 
     stdout: BinaryIO
 
@@ -122,14 +118,10 @@ class Transport(ABC):
 
 def shell_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   cwd: str | None = None, merge_stderr: bool = False) -> str:
-    """The one place where an argv becomes shell text (for SSH exec).
-
-    Each word is quoted (``shlex.quote``) and ``env`` goes through ``env(1)``,
-    so any value reaches the program verbatim and runs nothing. One exception:
-    a program (``argv[0]``) starting with ``~/`` becomes ``"$HOME"/'rest'``
-    for the node's shell to fill in. ``merge_stderr`` adds ``2>&1`` to the
-    ``exec``, so one stream keeps the order the lines were written in.
-    """
+    """The one place where an argv becomes shell text (for SSH exec). Each
+    word is quoted and ``env`` goes through ``env(1)``, so any value reaches
+    the program verbatim and runs nothing; only the program's leading ``~/``
+    is left to the node's shell. ``2>&1`` keeps one stream in written order."""
     for name in env or {}:
         if not name or "=" in name or not name.replace("_", "a").isalnum():
             raise ValueError(f"invalid environment variable name {name!r}")

@@ -1,17 +1,11 @@
-"""The transport for remote nodes: one paramiko SSH connection per node.
-
-Settings are resolved once (``sshconfig``); ProxyJump tunnels a
-``direct-tcpip`` channel through the hop's connection. Host keys are
-checked as OpenSSH does: a changed key is always refused. The connection
-opens on first use, is shared by all threads and reopens if it died;
-keepalives plus ``TCP_USER_TIMEOUT`` make a silently dead link fail within
-about three keepalive intervals. Every failure a user can cause becomes a
-``TransportError`` naming the node and the fix, never a traceback.
+"""The transport for remote nodes: one paramiko SSH connection per node,
+opened on first use, shared by all threads and reopened if it died. Every
+failure a user can cause becomes a ``TransportError`` naming the node and
+the fix, never a traceback.
 
 ``SshProcessHandle.poll()``: the remote status (0-255); ``-N`` if killed by
 signal N; ``EXIT_ABORTED`` after ``abort()``; ``EXIT_CONNECTION_LOST`` (255,
-as ``ssh`` exits) when the channel closed with no status, which
-``handle.connection_lost`` tells from a remote ``exit 255``.
+as ``ssh`` exits) when the channel closed with no status.
 """
 
 from __future__ import annotations
@@ -42,9 +36,8 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def _handle_channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
-    """Record ``exit-signal``, which paramiko ignores: sshd sends it instead
-    of ``exit-status`` for a killed command, which would otherwise look like
-    a dropped connection."""
+    """Record ``exit-signal``, which paramiko ignores: sshd sends it instead of
+    ``exit-status`` for a killed command, which would look like a dropped link."""
     start = m.packet.tell()
     if m.get_text() == "exit-signal":
         m.get_boolean()
@@ -109,9 +102,8 @@ class SshProcessHandle(ProcessHandle):
 
     def abort(self) -> None:
         """Ask sshd to SIGTERM the command (RFC 4254 "signal"), then drop the
-        channel: dropping alone leaves a command that neither reads nor
-        writes running. The signal reaches the command, not its children,
-        and servers without "signal" ignore it."""
+        channel: dropping alone leaves a command that neither reads nor writes
+        running. The signal misses its children; some servers ignore it."""
         self._aborted = True
         channel = self._channel
         try:
@@ -129,10 +121,9 @@ class SshProcessHandle(ProcessHandle):
 
 
 class SshTransport(Transport):
-    """Runs commands and moves files on one node over SSH. An argument left
-    ``None`` falls back to ``~/.ssh/config``, then the defaults; the first
-    ``known_hosts`` receives keys accepted under accept-new. Construction
-    does no I/O but reading the config file."""
+    """Runs commands on one node over SSH. An argument left ``None`` falls back
+    to ``~/.ssh/config``, then the defaults; keys accepted under accept-new go
+    to the first ``known_hosts``. Construction reads the config file, no more."""
 
     def __init__(self, host: str, *, user: str | None = None, port: int | None = None,
                  identity_file: str | None = None, connect_timeout: float | None = None,

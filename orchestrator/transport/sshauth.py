@@ -1,10 +1,8 @@
 """SSH host keys and login, the way OpenSSH does them (paramiko underneath).
 
-Host keys: an unknown key is refused unless ``accept-new``, a changed or
-``@revoked`` one always, each with the command that fixes it. known_hosts
-is parsed here, not by paramiko's ``HostKeys``, which gives up on a whole
-file at a marker line and knows no wildcards. Login: public keys only, in
-OpenSSH's order; the error lists every key tried.
+known_hosts is parsed here, not by paramiko's ``HostKeys``, which gives up on
+a whole file at a marker line and knows no wildcards. Login is public keys
+only; the error lists every key tried.
 """
 
 from __future__ import annotations
@@ -131,9 +129,8 @@ def revoked_entry(paths, name: str, key: paramiko.PKey) -> tuple[str, int] | Non
 
 
 def host_pattern_matches(patterns: str, name: str) -> bool:
-    """Whether ``name`` (``host`` or ``[host]:port``) matches a known_hosts
-    host field, as OpenSSH's ``match_hostname``: hashed, or wildcards where
-    brackets are literal and a matching ``!pattern`` vetoes the field."""
+    """Whether ``name`` (``host`` or ``[host]:port``) matches a known_hosts host
+    field as OpenSSH's ``match_hostname`` does: hashed, or wildcards; ``!`` vetoes."""
     name = name.lower()
     if patterns.startswith("|"):
         try:

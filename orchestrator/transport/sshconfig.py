@@ -2,13 +2,10 @@
 
 Each setting comes, as a user of ``ssh`` expects, from the cluster file,
 else ``~/.ssh/config`` (with its ``Include`` files), else the defaults.
-paramiko's ``SSHConfig`` only parses the file; applying it is done here
-alone, so it can be unit-tested on a config file.
 
 Nothing in the file is dropped in silence: a keyword that applies to a host
-and is neither ``USED`` nor ``IGNORED`` (with the reason) is a warning
-naming its file, line and host. A ``Match`` block with a criterion paramiko
-cannot evaluate (``exec``, ``address`` ...) is not applied, with a warning:
+and is neither ``USED`` nor ``IGNORED`` is a warning. A ``Match`` block with
+a criterion paramiko cannot evaluate is not applied, with a warning:
 paramiko would take an unknown criterion as matched.
 """
 
@@ -33,9 +30,8 @@ _MAX_JUMPS = 8
 
 @dataclass(frozen=True)
 class SshTarget:
-    """Everything needed to open one SSH connection, fully resolved.
-    ``name``: the node as written, for messages; ``hostname``/``port``: what
-    is connected to and looked up in known_hosts; ``jump``: the hop before."""
+    """One SSH connection, fully resolved: ``name`` is the node as written, for
+    messages; ``hostname`` and ``port`` are dialled and looked up in known_hosts."""
 
     name: str
     hostname: str
@@ -71,9 +67,8 @@ def resolve_target(host: str, *, user: str | None = None, port: int | None = Non
                    known_hosts: str | Sequence[str] | None = None,
                    ssh_config: str | None = DEFAULT_SSH_CONFIG,
                    proxy_jump: str | None = None) -> SshTarget:
-    """Resolve ``host`` (a name or an ssh_config alias) into an ``SshTarget``.
-    Raises ``ValueError`` for what cannot be honoured, so the caller can
-    name the node."""
+    """Resolve ``host`` (a name or an ssh_config alias); ``ValueError`` for
+    what cannot be honoured, so the caller can name the node."""
     config = load_config(ssh_config)
     return _resolve(host, config, user=user, port=port, identity_file=identity_file,
                     connect_timeout=connect_timeout, strict_host_keys=strict_host_keys,
@@ -268,8 +263,7 @@ class SshConfig:
         self._looked_up: dict[str, tuple[dict, tuple[str, ...]]] = {}
 
     def lookup(self, host: str) -> tuple[dict, tuple[str, ...]]:
-        """``host``'s settings (lower-case keys) and the warnings about what
-        applies to it but is not used."""
+        """``host``'s settings (lower-case keys) and warnings on what goes unused."""
         if host not in self._looked_up:
             found = self._paramiko.lookup(host)
             applied = sorted(int(key[len(_MARK):]) for key in found if key.startswith(_MARK))
@@ -361,9 +355,8 @@ _MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 
 
 def _read(path: str, depth: int = 0) -> list[_Line]:
-    """The file's settings, each with its file and line, ``Include``
-    expanded as OpenSSH does: paramiko leaves it unread, so a host only an
-    included file describes would resolve as its bare name."""
+    """The file's settings with file and line, ``Include`` expanded: paramiko
+    leaves it unread, and an included host would resolve as its bare name."""
     if depth > _MAX_INCLUDE_DEPTH:
         raise ValueError(f"Include nested deeper than {_MAX_INCLUDE_DEPTH} (a loop?) at {path}")
     with open(path, encoding="utf-8", errors="replace") as fh:
@@ -396,7 +389,6 @@ def _expand(path: str) -> str:
 
 def config_hostname(host: str, ssh_config: str | None = DEFAULT_SSH_CONFIG
                     ) -> tuple[str, tuple[str, ...]]:
-    """The ``HostName`` ``~/.ssh/config`` gives alias ``host`` (else ``host``),
-    with its warnings."""
+    """The ``HostName`` ``~/.ssh/config`` gives alias ``host``, with its warnings."""
     options, warnings = load_config(ssh_config).lookup(host)
     return options.get("hostname", host), warnings

@@ -1,4 +1,1 @@
-"""One node's run: the supervisor of torchrun and its teardown, the guardian,
-finding the run's processes, worker failures and logs, probes, the route to
-the master, ``setup:``, ``outputs:``, stack dumps, pruning, and a node that a
-scheduler started (``jobnode``)."""
+"""One node's run: torchrun's supervisor and what it needs on the node."""

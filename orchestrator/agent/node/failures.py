@@ -94,8 +94,7 @@ def _from_stderr(log_dir: str) -> list[dict]:
 
 
 def _last_exception(path: str) -> tuple[str, float] | None:
-    """The last exception line of a rank's stderr, with the user's frame
-    (``RuntimeError: boom (train.py:42)``), and the file's write time."""
+    """The last exception line of a rank's stderr, with the user's frame, and its write time."""
     try:
         with open(path, "rb") as fh:
             fh.seek(max(0, os.path.getsize(path) - STDERR_TAIL))

@@ -1,14 +1,12 @@
 """A node's part in a launch's GPUs: what it has, what the run gets, held.
 
-The controller asks every node at once, before anything starts. The
-node's facts (``gpus.facts``) and the other runs' holds (``gpulocks``)
-turn the request into indices, or a refusal the user can act on; the
-chosen GPUs stay locked for the run's whole life (``Holdings``). The locks
-pass to the guardian and a kept run's keeper, which outlive a SIGKILLed
-agent, and go with the last descriptor: nothing to clean up.
+The controller asks every node at once, before anything starts. The chosen
+GPUs stay locked for the run's whole life; the locks pass to the guardian
+and a kept run's keeper, which outlive a SIGKILLed agent, and go with the
+last descriptor: nothing to clean up.
 
 torch is asked too (``TorchProbe``), in a child started first thing so its
-import overlaps the uploads, for the gang's decision on ``device: auto``.
+import overlaps the uploads, for ``device: auto``.
 """
 
 from __future__ import annotations
@@ -30,13 +28,11 @@ def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int
           lock_dir: str | None = None, busy_util: int = gpus.DEFAULT_BUSY_UTIL,
           ignore: "list[str] | tuple[str, ...]" = (),
           exclude: "list[int] | tuple[int, ...]" = ()) -> dict:
-    """The GPUs ``want`` gets here, locked for run ``run_id`` into ``holdings`` if given,
-    under the site's ``gpu_policy``: ``choose``'s answer, with every GPU
-    (``gpus``, ``held_by`` where another run holds it) and the driver.
+    """``choose``'s answer for ``want``, locked into ``holdings`` if given,
+    with every GPU (``held_by`` where another run holds it) and the driver.
 
-    Without nvidia-smi an explicit list goes as listed (noted: no busy
-    check, no lock) and ``all``/``free`` are refused. A ``rehearsal``
-    (``device: cpu``) may list indices the node lacks: CPU processes.
+    Without nvidia-smi a list goes as listed, unchecked and unlocked. A
+    ``rehearsal`` (``device: cpu``) may list indices the node lacks: CPU processes.
     """
     found = gpus.facts(SMI_TIMEOUT_S)
     if not found["ok"]:
@@ -82,8 +78,7 @@ def claim(want: "list[int] | str", *, run_id: str, node_rank: int, busy_mib: int
 
 
 def _rehearsed(want: list[int], real: list[int], **claiming) -> dict:
-    """A CPU rehearsal's list where some indices name no GPU here: the real
-    ones are claimed as usual, the others go as CPU processes."""
+    """A CPU rehearsal's list where some indices name no GPU here: those run CPU processes."""
     answer = claim(real, **claiming) if real else {"ok": True, "notes": [], "gpus": []}
     if not answer["ok"]:
         return answer
@@ -163,8 +158,7 @@ print(json.dumps(out))
 
 
 class TorchProbe:
-    """torch's view of this node's GPUs, asked in a child process started
-    at once and read when the launch needs it (``result``)."""
+    """torch's view of this node's GPUs, asked in a child started at once."""
 
     def __init__(self, python: str = sys.executable) -> None:
         self.child = subprocess.Popen([python, "-c", _TORCH], env=probes.every_gpu_env(),
@@ -172,8 +166,7 @@ class TorchProbe:
                                       stderr=subprocess.PIPE, text=True)
 
     def result(self, timeout_s: float = TORCH_TIMEOUT_S) -> dict:
-        """``{"ok": True, "torch", "cuda", "available", "count"}``, or
-        ``{"ok": False, "error"}`` with the child's last line."""
+        """torch's answer, or ``{"ok": False, "error"}`` with the child's last line."""
         try:
             out, err = self.child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

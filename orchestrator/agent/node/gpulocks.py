@@ -1,13 +1,11 @@
 """Per-GPU locks that a run holds for its whole life, across users.
 
 One ``flock``ed file per GPU in a node-local directory (NFS locks are
-unreliable, GPU indices repeat per host), sticky and world-writable so
-every user's runs meet there. ``/run/lock`` comes before ``/tmp``: tmpfiles
-ages ``/tmp``, and a private ``/tmp`` is one user's alone.
-
-``flock`` ends with the last process that has the file open, so a dead
-run's lock is gone with it, and a child given the descriptors keeps it.
-The file's holder record is only for a refusal's words: the lock decides.
+unreliable, GPU indices repeat per host), world-writable so every user's
+runs meet there: ``/run/lock`` before ``/tmp``, which tmpfiles ages and which
+may be private. ``flock`` ends with the last process that has the file open,
+so a dead run's lock goes with it. The holder record is only for a refusal's
+words: the lock decides.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ class Held(Exception):
 
 
 class Holds:
-    """The locks one ``hold`` took: ``keys`` and their descriptors ``fds``.
-    ``close`` only closes this process's descriptors, so a child given
-    ``fds`` holds the locks alone (``release`` would unlock them for it too)."""
+    """The locks one ``hold`` took. ``close`` leaves them held by a child
+    given ``fds``; ``release`` would unlock them for it too."""
 
     def __init__(self, keys: list[str], fds: list[int]):
         self.keys = keys
@@ -72,9 +69,8 @@ class Holds:
 
 def hold(keys: "list[str] | tuple[str, ...]", holder: dict,
          directory: str | None = None) -> Holds:
-    """Lock every one of ``keys`` for ``holder``, or none: at the first key
-    another run holds, what was taken is let go and ``Held`` names it. A key
-    given twice is held once (a second lock here would conflict)."""
+    """Lock all of ``keys`` for ``holder``, or none (``Held``). A key given
+    twice is held once: a second lock here would conflict."""
     if "run_id" not in holder:
         raise ValueError("a GPU lock's holder needs a run_id")
     directory = lock_dir(directory)
@@ -98,8 +94,7 @@ def hold(keys: "list[str] | tuple[str, ...]", holder: dict,
 
 def holders(keys: "list[str] | tuple[str, ...]",
             directory: str | None = None) -> "dict[str, dict | None]":
-    """Who holds each of ``keys``: None, or the holder's record (``{}`` if
-    unreadable). Creates nothing: a key without a file is free."""
+    """Who holds each of ``keys``: None, or the record (``{}`` if unreadable)."""
     directory = lock_dir(directory)
     out: dict[str, dict | None] = {}
     for key in keys:
@@ -141,8 +136,7 @@ def lock_dir(given: str | None = None) -> str:
 
 
 def safe_name(key: str) -> str:
-    """The lock file's name for ``key``: the key itself where it is a plain
-    name, else its safe characters and a hash, so keys never share a file."""
+    """``key`` as a file name; an unsafe key gets a hash, so keys never share a file."""
     if _SAFE.fullmatch(key):
         return key + ".lock"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -164,9 +158,8 @@ def _me() -> dict:
 
 
 def _make_dir(directory: str) -> None:
-    """``directory``, sticky and world-writable (1777) where this user owns
-    it; one another user made is used as it is. Parents are not made: they
-    would be this user's alone."""
+    """Mode 1777 where this user owns it. Parents are not made: they would
+    be this user's alone."""
     try:
         os.mkdir(directory, 0o700)
     except FileExistsError:
@@ -179,11 +172,10 @@ def _make_dir(directory: str) -> None:
 
 
 def _open(path: str, create: bool) -> int:
-    """A descriptor of the lock file ``path``, never through a link. An
-    existing file is opened without O_CREAT, which ``fs.protected_regular``
-    refuses on another user's file in a sticky directory; a new one is mode
-    0666 for every user's runs. Read-only where this user may not write:
-    flock needs no write access."""
+    """A descriptor of ``path``, never through a link. An existing file is
+    opened without O_CREAT, which ``fs.protected_regular`` refuses on another
+    user's file in a sticky directory. Read-only where this user may not
+    write: flock needs no write access."""
     flags = os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(_OPEN_TRIES):
         for mode in (os.O_RDWR, os.O_RDONLY):
@@ -224,8 +216,7 @@ def _try_lock(fd: int) -> bool:
 
 
 def _lock(fd: int) -> bool:
-    """Lock ``fd``, retrying a moment: a conflict that short is
-    ``holders`` looking, not a run holding it."""
+    """Lock ``fd``, retrying a moment: so short a conflict is ``holders`` looking."""
     deadline = time.monotonic() + _LOOK_RETRY_S
     while not _try_lock(fd):
         if time.monotonic() >= deadline:

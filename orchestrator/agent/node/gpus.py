@@ -1,10 +1,8 @@
 """A node's GPUs as nvidia-smi reports them, and which of them a run may take.
 
-On a shared machine a GPU may be another job's, in MIG mode, or held by
-another run. ``facts`` asks nvidia-smi once per launch; ``choose`` (pure, so
-tested without a GPU) turns a request into indices, or into a refusal the
-user can act on. ``subprocess`` is imported only where nvidia-smi runs: a
-dry-run reads ``HEALTH_RULES`` here and starts no process.
+``choose`` is pure, so it is tested without a GPU. ``subprocess`` is imported
+only where nvidia-smi runs: a dry-run reads ``HEALTH_RULES`` here and starts
+no process.
 """
 
 from __future__ import annotations
@@ -66,10 +64,9 @@ class Unreadable(ValueError):
 # -- facts ----------------------------------------------------------------
 
 def facts(timeout_s: float = 10.0) -> dict:
-    """What nvidia-smi says of this node's GPUs and the processes on them;
-    ``{"ok": False, "error"}`` when it is absent, fails, hangs past
-    ``timeout_s`` or answers nothing readable. A non-zero exit with rows (a
-    corrupted infoROM, a GPU off the bus) keeps the GPUs it could read."""
+    """This node's GPUs and the processes on them, or ``{"ok": False, "error"}``.
+    A non-zero exit with rows (a corrupted infoROM, a GPU off the bus) keeps
+    the GPUs it could read."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return {"ok": False, "absent": True, "error": "nvidia-smi not found on PATH"}
@@ -115,8 +112,7 @@ def facts(timeout_s: float = 10.0) -> dict:
 
 
 def _query_gpus(smi: str, timeout_s: float) -> tuple["_Answer", list[str]]:
-    """``--query-gpu`` with every field this nvidia-smi knows; a refused
-    health field is tried by its newer name, else returned as unreported."""
+    """``--query-gpu`` with every field this nvidia-smi knows, and those it refused."""
     fields = list(CORE_FIELDS + HEALTH_FIELDS)
     unreported: list[str] = []
     while True:
@@ -160,8 +156,7 @@ def _padded(line: str, fields: list[str]) -> str:
 
 def read_gpu_lines(lines: list[str], unreported: "list[str] | tuple[str, ...]" = ()
                    ) -> tuple[list[dict], list[str]]:
-    """The GPUs of ``--query-gpu``'s lines, and a note per line naming no GPU;
-    a GPU whose line is otherwise unreadable is marked so (never taken)."""
+    """The GPUs of ``--query-gpu``'s lines (an unreadable one marked, never taken), and notes."""
     gpus, notes = [], []
     for line in lines:
         try:
@@ -203,8 +198,7 @@ SAMPLE_FIELDS = "index,utilization.gpu,memory.used"
 
 
 def sample(indices: "list[int] | tuple[int, ...]", timeout_s: float = 5.0) -> dict | None:
-    """``{index: [utilization %, memory used MiB]}`` now for ``indices``, or
-    None when nvidia-smi is absent, fails or hangs (the heartbeat's)."""
+    """``{index: [utilization %, memory used MiB]}`` for ``indices``; None if nvidia-smi fails."""
     smi = shutil.which("nvidia-smi")
     if smi is None or not indices:
         return None
@@ -235,8 +229,7 @@ class _Failed(Exception):
 
 
 class _Answer(typing.NamedTuple):
-    """One query's ``rows``, what it ``said`` besides them (warnings,
-    stderr), its exit ``code``, and ``failure`` for a caller that needs rows."""
+    """One query's answer; ``said`` is its warnings and stderr, not rows."""
 
     rows: list[str]
     said: list[str]
@@ -245,8 +238,7 @@ class _Answer(typing.NamedTuple):
 
 
 def _query(smi: str, query: str, timeout_s: float) -> _Answer:
-    """What ``nvidia-smi QUERY`` printed, whatever its exit status;
-    ``_Failed`` when it cannot run, hangs, or refuses a field. Not
+    """What ``nvidia-smi QUERY`` printed, whatever its exit status. Not
     ``subprocess.run``, which waits without bound for the killed child: an
     nvidia-smi stuck in the driver (a GPU off the bus) does not die."""
     import subprocess
@@ -320,7 +312,6 @@ def parse_gpu(line: str) -> dict:
 
 
 def _yes(value: str) -> bool | None:
-    """nvidia-smi's Yes/No (or 1/0); None where it has no answer."""
     low = value.lower()
     return True if low in ("yes", "1", "true") else False if low in ("no", "0", "false") else None
 
@@ -336,8 +327,7 @@ def _bits(value: str, line: str) -> int | None:
 
 
 def parse_app(line: str) -> dict:
-    """One line of ``--query-compute-apps``; ``user`` is None where the pid
-    is not visible here (another container's)."""
+    """One line of ``--query-compute-apps``; ``user`` is None for another container's pid."""
     gpu_uuid, pid, name, used = _fields(line, APP_FIELDS, free_text="process_name")
     number = _int(pid, "pid", line)
     if number is None:
@@ -366,7 +356,6 @@ def _text(value: str) -> str:
 
 
 def _int(value: str, field: str, line: str) -> int | None:
-    """A number nvidia-smi gave; None where it has none."""
     if value in _UNKNOWN or value in FAULT_VALUES:
         return None
     try:
@@ -417,8 +406,7 @@ def health(gpu: dict, ignore: "tuple[str, ...] | list[str] | frozenset[str]" = (
 
 
 def cautions(gpu: dict) -> list[str]:
-    """What a run may meet on ``gpu`` although it is taken: an exclusive
-    compute mode (a second CUDA context fails), clocks held down."""
+    """What a run may meet on ``gpu`` although it is taken: exclusive mode, slowed clocks."""
     out = []
     if (gpu.get("compute_mode") or "").lower() in ("exclusive_process", "exclusive_thread"):
         out.append(f"compute mode {gpu['compute_mode']}: one process at a time; a second CUDA "
@@ -458,15 +446,11 @@ def choose(request: "list[int] | tuple[int, ...] | str", gpus: list[dict], apps:
            allow_busy: bool = False, busy_util: int = DEFAULT_BUSY_UTIL,
            ignore: "tuple[str, ...] | list[str]" = (),
            exclude: "tuple[int, ...] | list[int]" = ()) -> dict:
-    """The GPUs ``request`` gets, given the node's ``facts`` and the GPUs
-    other runs hold (``held``: lock key -> holder).
+    """The GPUs ``request`` gets; ``held`` maps lock key to holder.
 
-    Busy: a process runs on it, or over ``threshold_mib`` is used, or over
-    ``busy_util`` percent (a launch chooses before its ranks exist, so any
-    process is another's; another container's are not listed, their use
-    is). A list refuses each GPU that is not free (busy passes with
-    ``allow_busy``); ``"all"`` leaves out unfit and excluded ones. A
-    refusal's ``waitable`` says whether waiting could clear it.
+    A launch chooses before its ranks exist, so any process on a GPU is
+    another's. Another container's processes are not listed, so memory over
+    ``threshold_mib`` or use over ``busy_util`` percent is busy too.
     """
     node = _Node(gpus, apps, held or {}, threshold_mib, busy_util, tuple(ignore),
                  frozenset(exclude))
@@ -483,7 +467,6 @@ def choose(request: "list[int] | tuple[int, ...] | str", gpus: list[dict], apps:
 
 
 def _free_count(request: str) -> int | None:
-    """None for ``"free"`` (every free GPU), N for ``"free:N"``."""
     if request == "free":
         return None
     head, _, count = request.partition(":")
@@ -512,7 +495,6 @@ class _Node:
         return self.held.get(lock_key(gpu))
 
     def busy(self, gpu: dict) -> bool:
-        """A process runs on it, or its memory or its compute is in use."""
         used, util = gpu.get("memory_used_mib"), gpu.get("utilization")
         return bool(self.procs[gpu.get("uuid")]) or \
             (used is not None and used > self.threshold_mib) or \
@@ -575,8 +557,7 @@ class _Node:
                 "faults": [fault for _, _, fault in problems if fault]}
 
     def chosen(self, indices: list[int], notes: list[str]) -> dict:
-        """The answer for ``indices``, its ``cautions`` as notes; mixed models
-        are the gang's to judge (``engine/gpuplan.notes``)."""
+        """The answer for ``indices``; mixed models are the gang's to judge."""
         gpus = [self.by_index[i] for i in indices]
         notes = notes + [f"{_name(gpu)}: {words}" for gpu in gpus for words in cautions(gpu)]
         return {"ok": True, "chosen": indices, "uuids": [gpu.get("uuid", "") for gpu in gpus],
@@ -616,7 +597,6 @@ def _choose_all(node: _Node, allow_busy: bool) -> dict:
 
 
 def _choose_free(node: _Node, count: int | None) -> dict:
-    """``"free"`` (``count`` None: every free GPU) or ``"free:N"``."""
     free = [node.by_index[i] for i in node.free()]
     wanted = count or 1
     if len(free) < wanted:
@@ -642,8 +622,7 @@ def _short(node: _Node, free: int, wanted: int, every: bool, plain: int) -> str:
 
 
 def _order(gpu: dict) -> tuple:
-    """Free GPUs' order: unthrottled first, then least memory used, least
-    utilised, lowest index (unknowns last)."""
+    """Free GPUs' order: unthrottled, least used, lowest index; unknowns last."""
     used, util = gpu.get("memory_used_mib"), gpu.get("utilization")
     slowed = any((gpu.get("throttle") or 0) & bit for bit in THROTTLE_BITS)
     return (slowed, used is None, used or 0, util is None, util or 0, gpu["index"])
@@ -651,8 +630,7 @@ def _order(gpu: dict) -> tuple:
 
 def _pick(free: list[dict], count: int) -> list[dict]:
     """``count`` of the ``free`` GPUs, of one model where possible: ranks on
-    mixed models all run at the slowest's pace. The model with the most free
-    GPUs (up to ``count``) wins; any rest come from others, in ``_order``."""
+    mixed models all run at the slowest's pace."""
     ordered = sorted(free, key=_order)
     supply = collections.Counter(gpu.get("name", "") for gpu in ordered)
     model = max(supply, key=lambda name: (min(supply[name], count),

@@ -1,25 +1,18 @@
 """A second process per node that ends the run if its supervisor dies.
 
-The supervisor can be killed with SIGKILL (the OOM killer, an operator), and
-then nothing of it runs to tear the run down: torchrun and its workers,
-each in a session of its own, train on. So the supervisor starts a guardian
-first: a tiny interpreter in a session of its own, running ``procs``,
-``scrub`` and the few lines below, whose stdin is a pipe that only the
-supervisor holds. Its first line there is the guardian's orders (``arm``):
-the torchrun log directory and the secrets to mask in it, which never go
-on a command line (``ps`` shows those to everyone). When the supervisor
-ends, however it ends, the kernel closes that pipe. A supervisor that
-finished its own teardown writes ``done`` first and the guardian leaves;
-otherwise the guardian finds the run's processes by their marker
-variables and ends them (SIGTERM, the grace period, SIGKILL), then masks
-the secrets in the logs they left, as the supervisor would have, and
-writes ``guardian.json`` beside ``supervisor.json``: when its teardown was
-over and what it ended (what bounds "a killed supervisor's run is gone at
-once" is measured on it).
+A supervisor killed with SIGKILL (the OOM killer, an operator) runs no
+teardown, and torchrun and its workers, each in a session of its own, train
+on. So the supervisor first starts a guardian, in a session of its own,
+whose stdin is a pipe only the supervisor holds: the kernel closes it when
+the supervisor ends, however it ends. Its orders (``arm``) hold secrets, so
+they go on that pipe, never on a command line that ``ps`` shows to all. A
+supervisor that tore the run down writes ``done`` first; otherwise the
+guardian ends the run's marked processes, masks the secrets in their logs
+and writes ``guardian.json``, on which a killed supervisor's teardown time
+is measured.
 
-It needs no files: its source is this package's ``procs`` and ``scrub``
-modules, read through the modules' loader (from memory on a node), and
-``_MAIN``.
+It needs no files: its source is ``procs``, ``scrub`` and ``_MAIN``, read
+through the modules' loader (from memory on a node).
 """
 
 from __future__ import annotations
@@ -77,9 +70,7 @@ _guard()
 
 def start(marker: tuple[str, str], grace_s: float,
           gpu_fds: list[int] | tuple[int, ...] = ()) -> subprocess.Popen:
-    """The guardian for the run marked ``marker``; ``arm`` it, and write
-    ``done`` to it (``release``) once the supervisor has torn the run down
-    itself. ``gpu_fds``: the run's GPU locks, which it holds too."""
+    """The guardian for the run marked ``marker``; it holds the GPU locks ``gpu_fds`` too."""
     future = "from __future__ import annotations\n"
     source = future + "\n".join(module.__loader__.get_source(module.__name__).replace(future, "")
                                 for module in (procs, scrub)) \
@@ -94,8 +85,7 @@ def start(marker: tuple[str, str], grace_s: float,
 
 def arm(guardian: subprocess.Popen, log_dir: str, secrets: list[str],
         record: str | None = None) -> None:
-    """Tell the guardian where torchrun's logs are and what to mask in them,
-    and where to record its teardown if it has to do one (``record``)."""
+    """Tell the guardian where torchrun's logs are, what to mask, and its teardown's ``record``."""
     try:
         guardian.stdin.write(json.dumps({"log_dir": log_dir, "secrets": secrets,
                                          "record": record}).encode() + b"\n")

@@ -10,10 +10,8 @@ from . import gpulocks
 class Holdings:
     """Node 0's master port, bound and not listening (``setup:`` may take half
     an hour, and another job's store could take the port meanwhile), and the
-    run's GPU locks. One per serve session, Slurm node or keeper, handed to
-    its supervisor, never module state: a second session, or a test, holds
-    only its own. A forked keeper and the guardian get the descriptors
-    (``fds``, ``gpu_fds``); a lock goes with its last descriptor."""
+    run's GPU locks. One per serve session, Slurm node or keeper, never module
+    state: a second session, or a test, holds only its own."""
 
     def __init__(self) -> None:
         self.ports: list[socket.socket] = []

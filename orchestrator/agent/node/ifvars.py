@@ -1,8 +1,6 @@
 """The variables that select the interface for Gloo's and NCCL's own
-connections, and the interfaces a user's value requires.
-
-The plan writes ``auto`` until the node has found its interface. Pure (no
-socket work), so the dry-run reads it without ``netroute``.
+connections, and the interfaces a user's value requires. Pure (no socket
+work), so the dry-run reads it without ``netroute``.
 """
 
 from __future__ import annotations

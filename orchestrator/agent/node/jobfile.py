@@ -17,8 +17,7 @@ from .spec import SpecError, SupervisorSpec
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where a node's agent finds its place in the job: the scheduler's
-    variables for each task, and its words for messages."""
+    """Where a node's agent finds its place in the job, in the scheduler's words."""
 
     scheduler: str  # its name, for messages ("Slurm")
     node_name: str  # the variable with the scheduler's name for this node
@@ -40,8 +39,7 @@ class Placement:
 
 @dataclasses.dataclass(frozen=True)
 class JobNode:
-    """One node of the job: its host (or a placeholder), its supervisor spec,
-    and its secret env names (the values come in the scheduler's environment)."""
+    """One node of the job; its secrets' values come in the scheduler's environment."""
 
     host: str
     spec: SupervisorSpec

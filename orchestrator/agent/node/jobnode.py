@@ -1,15 +1,10 @@
 """The agent on a node that a scheduler started: one task of a Slurm step.
 
-Under Slurm nobody opens a channel to the node: ``srun`` starts one agent
-per node, and what the controller would have sent lives in the job's run
-directory, on a shared file system: ``JOB.json`` (every node's spec),
-``rendezvous.json`` (written by node 0 once it has a free port) and
-``node-K/agent.out`` (read by the controller as it reads an SSH channel).
-
-This node's entry in the plan is the one whose host is the scheduler's
-name for it where the file pinned hosts, else its index in the allocation.
-The master address and port are known only inside the job: they replace
-two exact placeholder words in the argv, and nothing else is parsed.
+Under Slurm nobody opens a channel to the node: what the controller would
+have sent lives in the job's run directory, on a shared file system, and
+``node-K/agent.out`` is read as an SSH channel would be. The master address
+and port are known only inside the job: they replace two exact placeholder
+words in the argv, and nothing else is parsed.
 
 There is no controller on stdin, so its EOF is no reason to stop:
 ``scancel`` and ``srun --kill-on-bad-exit`` end the run. Secret env values
@@ -47,8 +42,7 @@ def secret_variable(node_rank: int, name: str) -> str:
 
 
 def node_rank_here(job: JobSpec, environ: dict) -> int:
-    """This node's rank in the plan, from what the scheduler set for the task
-    (in the variables the job file's ``placement`` names)."""
+    """This node's rank in the plan, from the task variables ``placement`` names."""
     place = job.placement
     if job.placed:
         node_id = environ.get(place.node_index, "")
@@ -139,8 +133,7 @@ def at_home(path: str, home: str) -> str:
 
 
 def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
-    """``env`` with its ``auto`` interface variables set to the one this node
-    reaches the rendezvous through, chosen here as it is over SSH."""
+    """``env`` with its ``auto`` interfaces set to the one reaching the rendezvous."""
     found = netroute.route(str(where["addr"]), int(where["port"]), remote_peers)
     if not found["ok"]:
         raise JobNodeError(f"cannot choose the interface the ranks use: {found['error']}; set "
@@ -150,8 +143,7 @@ def with_interface(env: dict, where: dict, remote_peers: bool) -> dict:
 
 
 def check_gpus(pinned: str | None, allocated: str | None, place: Placement) -> None:
-    """The user's GPU indices must be among those the scheduler gave the job
-    on this node, or they may be another job's."""
+    """The user's GPU indices must be the job's here, or they may be another job's."""
     if not pinned or allocated is None:
         return
     mine = set(allocated.split(","))
@@ -204,8 +196,7 @@ def run(job_path: str) -> int:
 
 
 def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
-    """The job's barrier after ``setup:``: torchrun starts once every node's
-    file says its setup is done. A failed setup exits its node, and
+    """The job's barrier after ``setup:``. A failed setup exits its node, and
     ``srun --kill-on-bad-exit`` then stops the others' wait."""
     path = os.path.join(job_dir, f"{layout.SETUP_DONE_PREFIX}{node_rank}")
     with open(path, "w", encoding="utf-8") as fh:
@@ -218,9 +209,8 @@ def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
 
 
 def stacks(job_path: str, out_prefix: str, native: bool = False) -> int:
-    """``ddp-orch stacks`` on a Slurm node: dump this node's ranks into
-    ``OUT_PREFIX-node-K.json`` in the shared directory, not stdout, where
-    srun may interleave the nodes' long lines."""
+    """``ddp-orch stacks`` on a Slurm node: into ``OUT_PREFIX-node-K.json``,
+    not stdout, where srun may interleave the nodes' long lines."""
     from .stacks import dump
 
     job = JobSpec.read(job_path)

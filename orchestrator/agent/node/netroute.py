@@ -3,14 +3,9 @@
 Left to themselves Gloo and NCCL often pick wrong: Gloo binds the address
 the host name resolves to (``127.0.1.1`` on Debian and Ubuntu: loopback);
 NCCL may pick ``docker0``, the same address on every host; and the cluster
-NIC's name differs between hosts, so no one name fits.
-
-So each node finds its own (``route``): the interface through which it
-reaches the rendezvous endpoint, which is also the one its peers reach it
-on. The kernel's routing table decides, as for the real traffic: a UDP
-socket ``connect``ed to the endpoint sends nothing and reports the source
-address. Where the endpoint is loopback here although peers elsewhere must
-reach it, the address the controller reached this node on stands in.
+NIC's name differs between hosts, so no one name fits. So each node takes
+the interface through which it reaches the rendezvous, as the kernel's
+routing table chooses for the real traffic.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ _IFA_ADDRESS, _IFA_LOCAL = 1, 2
 
 
 def addresses() -> list[tuple[str, str]]:
-    """Every (interface name, address) of this host, IPv4 and IPv6, from the
-    kernel (rtnetlink); an IPv6 link-local address carries no ``%scope``."""
+    """Every (interface name, address) here, from rtnetlink; link-local ones lack ``%scope``."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
         sock.settimeout(5.0)
         request = struct.pack("=LHHLL", 16 + 8, _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
@@ -78,7 +72,6 @@ def _named(found: dict[tuple[int, str], None]) -> list[tuple[str, str]]:
 
 
 def interfaces() -> list[str]:
-    """This host's interface names, in the kernel's order."""
     return [name for _index, name in socket.if_nameindex()]
 
 
@@ -113,8 +106,7 @@ def _facing_peers(addr: str, via: str) -> tuple[str, str]:
 
 
 def route(host: str, port: int, remote_peers: bool) -> dict:
-    """The interface and address this node's collectives should use to reach
-    ``host:port``; ``remote_peers``: some rank is elsewhere, so not loopback."""
+    """The interface and address reaching ``host:port``; not loopback with ``remote_peers``."""
     names = interfaces()
     try:
         table = addresses()
@@ -147,8 +139,7 @@ MUCH_FASTER = 4  # another link this many times as fast as the chosen one is sai
 
 
 def link_speed(name: str) -> int | None:
-    """``name``'s link speed in Mb/s as the kernel reports it, None where it
-    reports none (a bridge, a virtual link, a link that is down)."""
+    """``name``'s link speed in Mb/s, or None (a bridge, a virtual link, a link down)."""
     try:
         with open(os.path.join(SYS_NET, name, "speed"), encoding="ascii") as fh:
             speed = int(fh.read().strip())

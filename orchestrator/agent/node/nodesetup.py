@@ -33,10 +33,8 @@ def shown(argv: list[str]) -> str:
 def run_setup(commands: list[list[str]], cwd: str, env: dict[str, str], timeout_s: float,
               write: Callable[[bytes], None], stopped: Callable[[], bool],
               on_start: Callable[[int], None] = lambda pid: None) -> dict:
-    """Run ``commands`` in ``cwd``; ``write`` gets their output, prefixed;
-    ``stopped()`` (asked every 0.2 s at most) ends the command running. Returns
-    ``{"ok": True, "duration_s"}`` or ``{"ok": False, "stopped", "code",
-    "command", "last_lines", "message", "duration_s"}``."""
+    """Run ``commands`` in ``cwd``; ``write`` gets their output, prefixed, and
+    ``stopped()`` (asked every 0.2 s at most) ends the command running."""
     began = time.monotonic()
     deadline = began + timeout_s
     for i, argv in enumerate(commands):
@@ -57,8 +55,7 @@ def run_setup(commands: list[list[str]], cwd: str, env: dict[str, str], timeout_
 
 
 def failure_message(command: str, how: str, last: list[str]) -> str:
-    """``setup failed: `CMD` exited 1; last lines: a | b``, cut to
-    ``REPORT_CHARS`` from the front of the last lines."""
+    """``setup failed: `CMD` exited 1; last lines: a | b``, ``REPORT_CHARS`` at most."""
     head = f"setup failed: `{command}` {how}"
     if not last:
         return head[:REPORT_CHARS]
@@ -74,8 +71,7 @@ def failure_message(command: str, how: str, last: list[str]) -> str:
 def _run_one(argv: list[str], cwd: str, env: dict[str, str], deadline: float,
              write: Callable[[bytes], None], stopped: Callable[[], bool],
              on_start: Callable[[int], None], timeout_s: float) -> tuple[int, bytes, str]:
-    """(exit code, the output's tail, "" or why it was ended: "stopped",
-    "timed out after Ns (setup_timeout)")."""
+    """(exit code, the output's tail, "" or why it was ended)."""
     try:
         child = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

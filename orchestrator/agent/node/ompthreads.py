@@ -2,9 +2,8 @@
 
 torchrun sets 1 where a node runs several ranks (with a banner saying so)
 and leaves torch's default, every core, where it runs one: neither suits a
-shared box. So the plan sets the node's usable cores over its ranks, as
-Accelerate does; a user's own value wins. The cores are known only at
-launch (the agent's hello), so the plan holds ``AT_LAUNCH`` until then.
+shared box. So the node's usable cores are shared over its ranks, as
+Accelerate does; a user's own value wins.
 """
 
 from __future__ import annotations

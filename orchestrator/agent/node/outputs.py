@@ -17,8 +17,7 @@ MAX_PATH = 400  # characters of a path brought home: the reply stays one control
 
 
 def pattern_problem(pattern: str) -> str:
-    """Why ``pattern`` cannot name files under the code root ("" if it can).
-    The loader and node 0 both apply this one rule."""
+    """Why ``pattern`` cannot name files under the code root, or ""; the loader asks too."""
     if not isinstance(pattern, str) or not pattern:
         return "is not a path"
     if any(ord(ch) < 32 for ch in pattern):
@@ -35,9 +34,8 @@ def pattern_problem(pattern: str) -> str:
 
 
 def collect(root: str, patterns: list[str], max_file: int, max_total: int) -> dict:
-    """``{"ok": True, "files", "refused", "refused_more", "unmatched",
-    "total"}``, paths relative to ``root`` (posix); or ``{"ok": False,
-    "error"}`` when the code root itself is not there."""
+    """The files ``patterns`` bring home, relative to ``root``, and those
+    refused; not ``ok`` only where the code root itself is not there."""
     root = os.path.expanduser(root)
     try:
         info = os.lstat(root)

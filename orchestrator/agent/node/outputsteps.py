@@ -23,8 +23,7 @@ MAX_STEP = 10 ** 15
 
 
 def compile_pattern(pattern: str | None) -> "re.Pattern[bytes]":
-    """The pattern as the node matches it, on bytes; ``ValueError`` saying
-    why a user's pattern cannot serve (the loader asks this too)."""
+    """The pattern as the node matches it, on bytes; ``ValueError`` says why it cannot serve."""
     try:
         compiled = re.compile((pattern or DEFAULT_PATTERN).encode())
     except re.error as exc:
@@ -44,8 +43,7 @@ class OutputSteps:
         self.bars: dict[int, tuple[int, int]] = {}  # rank -> (counted before this bar, last raw)
 
     def feed(self, block: bytes, at: float) -> None:
-        """Whole worker lines (``[rankN]: ...``): the last step each rank's
-        lines say, in one scan of the block."""
+        """Whole worker lines (``[rankN]: ...``), in one scan of the block."""
         for found in self.pattern.finditer(block):
             start = block.rfind(b"\n", 0, found.start()) + 1
             end = block.find(b"\n", start)

@@ -1,8 +1,7 @@
 """Small node-side checks: ports, Python and torch, GPUs, reaching the master.
 
-Used by a launch (the master port) and by ``ddp-orch check``. torch is
-probed in a child interpreter, never imported here: the agent stays
-stdlib-only, and a torch that crashes on import cannot take it down.
+torch is probed in a child interpreter, never imported here: the agent
+stays stdlib-only, and a torch that crashes on import cannot take it down.
 """
 
 from __future__ import annotations
@@ -122,9 +121,8 @@ def _wildcard(family: int) -> str:
 
 
 def bind(port: int, host: str | None = None, *, holdings: Holdings | None = None) -> dict:
-    """Can torchrun's store listen on ``port``? 0 asks the kernel for a free one.
-    Given ``holdings``, it stays bound (not listening) in them until torchrun
-    starts (``Holdings.release_ports``)."""
+    """Can torchrun's store listen on ``port`` (0: any free one)? Given
+    ``holdings``, it stays bound, not listening, until torchrun starts."""
     family = family_of(host) if host else socket.AF_INET
     sock = None
     try:
@@ -156,8 +154,7 @@ _FAMILY_NAMES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
 
 
 def probe(timeout_s: float = 60.0) -> dict:
-    """This Python and its torch: version, CUDA build, and the GPUs it sees
-    (in PCI bus order, as nvidia-smi's)."""
+    """This Python and its torch: version, CUDA build and the GPUs it sees."""
     import json
     import subprocess  # here: only `check` probes, a launch does not pay for them
 
@@ -204,8 +201,7 @@ def limits() -> dict:
 
 
 def every_gpu_env() -> dict[str, str]:
-    """An environment with every GPU visible in nvidia-smi's order, so index
-    i is nvidia-smi's GPU i whatever the login's CUDA_VISIBLE_DEVICES."""
+    """Every GPU visible in nvidia-smi's order, whatever the login's CUDA_VISIBLE_DEVICES."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
@@ -236,8 +232,7 @@ def interface_address(ifname: str, prefer: int = socket.AF_INET) -> str | None:
 
 def listener(port: int, addr: str | None = None, host: str | None = None,
              ifname: str | None = None) -> socket.socket:
-    """A socket listening on ``port`` (0: any): on ``addr``, on ``ifname``'s
-    address, or on every address of ``host``'s family, as the store does."""
+    """A socket on ``port`` (0: any): on one address, or all of a family as the store does."""
     if addr is None and ifname is not None:
         addr = interface_address(ifname, family_of(host) if host else socket.AF_INET)
         if addr is None:
@@ -256,8 +251,7 @@ def listener(port: int, addr: str | None = None, host: str | None = None,
 
 
 def serve_listener(sock: socket.socket, timeout_s: float, stop: threading.Event) -> None:
-    """Accept (and close) connections until ``stop`` is set or ``timeout_s``
-    passes; the port is free again at once."""
+    """Accept and close connections until ``stop`` or ``timeout_s``; the port frees at once."""
     sock.settimeout(0.2)
     deadline = time.monotonic() + timeout_s
     with sock:
@@ -269,7 +263,6 @@ def serve_listener(sock: socket.socket, timeout_s: float, stop: threading.Event)
 
 
 def connect(addr: str, port: int, timeout_s: float) -> dict:
-    """Can this node open a TCP connection to ``addr:port``?"""
     try:
         socket.create_connection((addr, port), timeout=timeout_s).close()
     except OSError as exc:

@@ -17,9 +17,8 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def terminate(find, grace_s: float, hurry: threading.Event | None = None,
               still_ours=None) -> tuple[set[int], dict[int, str]]:
-    """SIGTERM what ``find()`` returns, wait up to ``grace_s`` (less once
-    ``hurry`` is set), then SIGKILL until nothing is left. Returns every pid
-    signalled, and the survivors' command lines, to be reported."""
+    """SIGTERM what ``find()`` returns, then SIGKILL after ``grace_s`` (sooner
+    once ``hurry`` is set); the pids signalled and the survivors' commands."""
     seen = set(find())
     signal_all(seen, signal.SIGTERM, still_ours)
     deadline = time.monotonic() + grace_s

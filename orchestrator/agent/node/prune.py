@@ -22,8 +22,7 @@ KEEPER_EXIT_S = 10.0  # how long a keeper whose run is over may take to exit
 
 
 def prune(run_dir: str, run_id: str, node_rank: int) -> dict:
-    """``{"ok": True, "freed": bytes, "path"}`` (``freed`` 0 and ``gone`` when
-    there was nothing), or ``{"ok": False, "error", "live": bool}``."""
+    """The bytes ``freed``, or a refusal whose ``live`` says the run still runs here."""
     path = os.path.expanduser(run_dir).rstrip("/")
     if os.path.basename(path) != f"node-{node_rank}" \
             or os.path.basename(os.path.dirname(path)) != run_id:

@@ -1,10 +1,9 @@
 """Masking secrets in the files a run leaves on a node (torchrun's per-rank
 logs and error files).
 
-Free of package imports on purpose: the guardian (``guardian.py``) runs
-this module's source as plain text in a bare interpreter, so that a run
-whose supervisor or keeper was killed (SIGKILL, the OOM killer) has its
-logs scrubbed too, not only a run that ended cleanly.
+Free of package imports on purpose: the guardian runs this source in a bare
+interpreter, so a run whose supervisor or keeper was killed has its logs
+scrubbed too.
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ MASK = b"********"
 
 
 def scrub_tree(directory: str, secrets: list[str], mask: bytes = MASK) -> int:
-    """Mask ``secrets`` in every regular file under ``directory``, each file
-    rewritten atomically with its mode kept (a symlink is never followed),
-    so a run directory keeps no secret in clear, a localhost node's inside
-    the controller's run directory included. Returns how many files changed."""
+    """Mask ``secrets`` in every regular file under ``directory``, never
+    through a symlink, each rewritten atomically with its mode kept; returns
+    how many files changed."""
     values = sorted({s.encode() for s in secrets if s}, key=len, reverse=True)
     changed = 0
     for root, _dirs, names in os.walk(directory) if values else ():
@@ -43,9 +41,8 @@ def scrub_tree(directory: str, secrets: list[str], mask: bytes = MASK) -> int:
 
 
 def write_atomically(path: str, data: bytes, mode: int) -> None:
-    """``data`` into ``path`` whole or not at all: written beside it (never
-    through a symlink), given ``mode`` whatever the umask, then renamed over
-    it. Every file the agent writes on a node goes through here."""
+    """``data`` into ``path`` whole or not at all, never through a symlink, in
+    ``mode`` whatever the umask. Every file the agent writes on a node goes here."""
     partial = f"{path}.part-{os.getpid()}"
     try:
         os.unlink(partial)  # a leftover of a crashed writer with our pid

@@ -2,16 +2,13 @@
 
 Each run gets a fresh code root, so a setup whose effect lives outside it
 (a ``pip install``, a cache) would be redone on every run. With
-``when_changed`` the node keeps a stamp of its last successful setup and
-skips the setup while its inputs are unchanged: each listed file's
-content, the commands, the cluster file's env (values hashed, so secrets
-stay off the disk) and the node's Python.
+``when_changed`` it is skipped while its inputs are unchanged; env values
+are hashed, so secrets stay off the disk.
 
 The stamp is removed before a setup runs and written only once it
-succeeded on every node (two nodes on one host share it), so a setup that
-failed half-way is never skipped. One stamp per host and Python, not per
-set of inputs: after B's requirements replaced A's, going back to A must
-run again.
+succeeded, so a setup that failed half-way is never skipped. One stamp per
+host and Python, not per set of inputs: after B's requirements replaced
+A's, going back to A must run again.
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ _MISSING = "missing"  # a listed file's digest when the node has no such file
 
 
 def path_problem(path: object) -> str:
-    """Why ``path`` cannot name a file under the code root ("" if it can).
-    The loader refuses such a path; the node checks again, as it crossed a
-    boundary."""
+    """Why ``path`` cannot name a file under the code root, or "". The loader
+    refuses such a path too; the node checks again, as it crossed a boundary."""
     if not isinstance(path, str) or not path:
         return "is not a path"
     if any(ord(ch) < 32 for ch in path):
@@ -129,7 +125,6 @@ def _when(at: object) -> str:
 
 
 def this_python() -> tuple[str, str]:
-    """The interpreter running the agent: its path and version."""
     return sys.executable, sys.version
 
 
@@ -142,8 +137,7 @@ def stamp_path(run_dir: str, host: str, python: str) -> str:
 
 
 def read_stamp(path: str) -> dict | None:
-    """The stamp at ``path``; None where there is none or it is unreadable
-    (the setup then runs, which is always safe)."""
+    """The stamp at ``path``, or None: the setup then runs, which is always safe."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)

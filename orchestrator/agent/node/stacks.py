@@ -1,9 +1,7 @@
 """Stack dumps of a run's ranks on this node (``ddp-orch stacks``).
 
-By ``py-spy`` where it is on the PATH (``--native``: C++ frames too); else
-each rank gets ``shim.STACK_SIGNAL`` and the shim's ``faulthandler``
-writes its stack, which works while the rank is blocked in a collective.
-All ranks are asked at once and read back within ``timeout_s``.
+By ``py-spy`` where it is on the PATH, else by the shim's ``faulthandler``,
+which works while the rank is blocked in a collective.
 """
 
 from __future__ import annotations
@@ -53,9 +51,8 @@ def environ_of(pid: int) -> dict[str, str]:
 
 
 def workers(run_id: str) -> dict[int, tuple[int, int]]:
-    """{global rank: (pid, node rank)} of the run's workers here. A rank's
-    DataLoader workers share its environment: the rank is the candidate
-    whose parent is no candidate."""
+    """{global rank: (pid, node rank)} here. A rank's DataLoader workers share
+    its environment: the rank is the candidate whose parent is no candidate."""
     candidates: dict[int, tuple[int, int]] = {}
     parents = {}
     for pid, ppid, state in procs.proc_table():  # one scan: the parents and the candidates
@@ -85,10 +82,7 @@ def armed(pid: int) -> bool:
 
 def dump(run_id: str, run_dirs: dict[int, str], native: bool = False,
          timeout_s: float = 5.0) -> list[dict]:
-    """Every rank of the run on this node: ``rank``, ``node_rank``, ``pid``,
-    ``how``, ``text``, ``error`` and, where its flight recorder is on,
-    whether it dumped. ``run_dirs``: node rank -> run directory, for the
-    nodes asked for (one host may hold several)."""
+    """Every rank here; ``run_dirs``: node rank -> run directory (a host may hold several)."""
     found = {rank: v for rank, v in workers(run_id).items() if v[1] in run_dirs}
     recorded: dict[int, str] = {}
     asked = threading.Thread(target=lambda: recorded.update(
@@ -113,9 +107,8 @@ NCCL_PIPE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch's own trigger, <stem><ran
 
 def dump_flight_recorders(found: dict[int, tuple[int, int]], run_dirs: dict[int, str],
                           wait_s: float = FLIGHT_RECORDER_WAIT_S) -> dict[int, str]:
-    """Ask every rank in ``found`` whose flight recorder is on to dump it, at
-    once, waiting up to ``wait_s``: {rank: "dumped" or why not}. A hang's
-    dumps are what the watchdog's stop would lose."""
+    """{rank: "dumped" or why not} for each rank whose flight recorder is on.
+    A hang's dumps are what the watchdog's stop would lose."""
     asked: dict[int, tuple[str, float]] = {}
     out: dict[int, str] = {}
     for rank, (pid, node) in found.items():
@@ -145,8 +138,7 @@ def dump_flight_recorders(found: dict[int, tuple[int, int]], run_dirs: dict[int,
 
 
 def _poke(path: str) -> bool:
-    """Write to a FIFO someone reads, never blocking; False where nobody
-    reads it (or it is not a FIFO)."""
+    """Write to a FIFO without blocking; False where nobody reads it."""
     try:
         if not stat.S_ISFIFO(os.stat(path).st_mode):
             return False
@@ -200,8 +192,7 @@ def _dump_stacks(run_id: str, found: dict[int, tuple[int, int]], run_dirs: dict[
 
 
 def _spied(py_spy: str, pid: int, native: bool, timeout_s: float) -> tuple[str, str]:
-    """(dump, note) of ``pid`` by py-spy: ``--native`` tried a few times where
-    asked, then Python frames alone (noted); ("", why) where it read none."""
+    """(dump, note) of ``pid`` by py-spy, ``--native`` first where asked; ("", why) if none."""
     errors: list[str] = []
     if native:
         deadline = time.monotonic() + timeout_s * NATIVE_SLOWER

@@ -3,9 +3,8 @@ channel holds it (a kept run's keeper, a Slurm job's node).
 
 A full disk must not silence it as the ranks' last lines are written, nor
 make a write raise (that would stop the relay draining torchrun's pipes).
-So it keeps room ahead of its end (``fallocate``, unseen by readers): control
-lines may use it all, output all but ``KEEP_FOR_CONTROL``. What does not fit
-is dropped and counted.
+So it keeps room ahead of its end, unseen by readers: control lines may use
+it all, output all but ``KEEP_FOR_CONTROL``; what does not fit is dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _fallocate():
-    """libc's ``fallocate``, or None where there is none."""
     try:
         import ctypes
 
@@ -37,7 +35,6 @@ def _fallocate():
     call.restype = ctypes.c_int
 
     def fallocate(fd: int, offset: int, length: int) -> int:
-        """0, or the errno of the failure."""
         return 0 if call(fd, _KEEP_SIZE, offset, length) == 0 else ctypes.get_errno()
 
     return fallocate

@@ -1,8 +1,5 @@
 """Worker output for the node supervisor: torchrun's per-rank log files,
-followed and turned into whole, rank-prefixed lines.
-
-Stdlib only; shipped to every node next to ``supervisor.py``.
-"""
+followed and turned into whole, rank-prefixed lines."""
 
 from __future__ import annotations
 
@@ -12,16 +9,10 @@ import time
 
 
 class WorkerLogs:
-    """Follows the per-rank stdout/stderr files of ``torchrun --redirects``
-    and returns their new lines, whole and prefixed with ``[rankN]: ``.
-
-    Instead of torchrun's ``--tee``: its tailer prints and flushes line by
-    line, and when it reads a file in the middle of a write it prints the
-    two halves of the line as two lines. Here a partial last line waits for
-    its newline, unless it stays partial for ``STALE_S`` (a progress bar
-    redrawn with ``\r``), and the prefix goes in with one ``bytes.replace``
-    (once: a line that has it already, as torch's tracebacks do, keeps one).
-    """
+    """Follows the per-rank files of ``torchrun --redirects``, not ``--tee``,
+    whose tailer splits a line it reads mid-write in two. Here a partial last
+    line waits for its newline, unless it stays partial for ``STALE_S`` (a
+    progress bar redrawn with ``\r``)."""
 
     def __init__(self, log_dir: str, rdzv_id: str, first_rank: int, nproc: int):
         # torchrun's layout: <log-dir>/<rdzv-id>_<random>/attempt_<n>/<local rank>/

@@ -1,9 +1,8 @@
 """How an address and a port are written together, one rule for both sides.
 
-The controller's dry-run, its hints and ``check``, and the keepers' links
-all print ``host:port``; an IPv6 literal needs its brackets there. Pure and
-stdlib-free on purpose: the dry-run loads it, and ``socket`` (which the
-probes need) costs more than the whole rule.
+An IPv6 literal needs its brackets. Pure and stdlib-free on purpose: the
+dry-run loads it, and ``socket`` (which the probes need) costs more than
+the whole rule.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """How the agent reaches a node: a few lines of Python, then the package over stdin.
 
-The controller runs ``python -c BOOT`` on the node and writes
-``payload(argv)`` to its stdin: a header line, then this package's source,
-compressed. BOOT checks it, imports it from memory and runs its ``main``
-in the same process: nothing is written to or installed on the node, and a
-remote shell's start overlaps the controller's other work. BOOT reads stdin
-raw and to the exact size, so the agent finds its requests untouched; EOF
-before the source means the launch was abandoned.
+BOOT imports the package from memory: nothing is written to or installed on
+the node, and a remote shell's start overlaps the controller's other work.
+It reads stdin raw and to the exact size, so the agent finds its requests
+untouched; EOF before the source means the launch was abandoned.
 """
 
 from __future__ import annotations
@@ -59,8 +56,7 @@ sys.exit(main(head["argv"]))
 
 
 def sources() -> dict[str, str]:
-    """This package's modules and sub-packages, by the names they get on the
-    node (a package is its ``__init__``'s source under the package's name)."""
+    """This package's modules by the names they get on the node (``__init__`` as its package)."""
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = {}
     for folder, dirs, names in os.walk(top):
@@ -91,13 +87,10 @@ ZIPAPP_MAIN = "from ddp_orch_agent.__main__ import main\nimport sys\nsys.exit(ma
 
 
 def zipapp(path: str, cache_dir: str | None = None) -> str:
-    """Write this package as a zipapp, atomically, for nodes a scheduler
-    starts from a shared directory; returns its SHA-256.
-
-    Each module goes with a checked hash-based ``.pyc``, so a node running
-    this Python skips compiling (about 0.1 s of its start); any other Python
-    falls back to the source. The archive is cached in ``cache_dir`` by the
-    sources' digest and this Python's magic number."""
+    """Write this package as a zipapp for nodes a scheduler starts from a
+    shared directory; returns its SHA-256. Each module goes with a checked
+    hash-based ``.pyc``, so a node running this Python skips compiling
+    (about 0.1 s of its start)."""
     modules = sources()
     key = digest(json.dumps(modules, sort_keys=True).encode() + _magic())[:24]
     cache_dir = zipapp_cache_dir() if cache_dir is None else cache_dir
@@ -116,8 +109,7 @@ def zipapp(path: str, cache_dir: str | None = None) -> str:
 
 
 def zipapp_cache_dir(env: dict | None = None) -> str:
-    """``$XDG_CACHE_HOME/ddp-orch`` (an absolute one), else ``~/.cache/ddp-orch``;
-    "" when there is no home to keep it in."""
+    """``$XDG_CACHE_HOME/ddp-orch``, else ``~/.cache/ddp-orch``; "" without a home."""
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
@@ -133,8 +125,7 @@ def _magic() -> bytes:
 
 
 def _read_cached(path: str, modules: dict[str, str]) -> bytes | None:
-    """The cached archive if it is whole and holds exactly these sources; a
-    file cut short, damaged or of other sources is built again (None)."""
+    """The cached archive if it is whole and holds exactly these sources."""
     import io
     import zipfile
 
@@ -192,8 +183,7 @@ def _write_atomically(path: str, data: bytes) -> None:
 
 
 def command(python: str) -> list[str]:
-    """The argv that starts BOOT with ``python`` on a node. ``-I -S``: the
-    agent needs only the standard library, so a node's sitecustomize, a
-    stray ``PYTHONPATH`` or a package shadowing a stdlib module cannot
-    change what it does."""
+    """The argv that starts BOOT on a node. ``-I -S``: the agent needs only
+    the standard library, so a node's sitecustomize, a stray ``PYTHONPATH``
+    or a package shadowing a stdlib module cannot change what it does."""
     return [python, "-I", "-S", "-c", BOOT]

@@ -45,7 +45,6 @@ def of_types(*types: type) -> Field:
 
 
 def optional(field: Field) -> Field:
-    """``field``, or null."""
     return Field(lambda v: v is None or field.check(v), f"{field.wanted} or null")
 
 
@@ -100,8 +99,7 @@ def first_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> tuple[str
 
 
 def why_bad(data: Mapping[str, Any], fields: Mapping[str, Field]) -> str | None:
-    """``first_bad``'s field in words, ``'port' is '70000': a port (0 to
-    65535)``; None when every field is good."""
+    """``first_bad``'s field in words; None when every field is good."""
     bad = first_bad(data, fields)
     if bad is None:
         return None

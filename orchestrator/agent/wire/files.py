@@ -87,8 +87,7 @@ def put_json(path: str, value: object) -> str:
 
 
 def get(path: str, max_bytes: int = MAX_TRANSFER) -> bytes | None:
-    """The bytes of the regular file at ``path`` (None: there is none);
-    TransferError for anything else there, or a file over ``max_bytes``."""
+    """The regular file at ``path``, or None if absent; TransferError for anything else."""
     path = expand(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -1,29 +1,26 @@
 """The agent's request loop: what a node does for the controller, on one channel.
 
-It starts by saying hello (the node's home, pid, Python and usable cores),
-then answers requests (``protocol.request``) one at a time until stdin closes:
+It says hello, then answers requests one at a time until stdin closes:
 
 =============  ==============================================================
 ``mkrun``      create the run directory, refusing one that exists or a root not ours
 ``discard``    remove the run directories this agent created (a launch abandoned)
 ``put``        receive a file (size and SHA-256 checked), write it atomically
 ``get``        send a regular file back, size-capped (and, given a root, inside it)
-``outputs``    which files of a run's ``outputs:`` may come home (``node/outputs.py``)
-``prune``      remove an ended run's node directory, never a live one (``node/prune.py``)
-``bind``       can the master port be bound here (0: pick a free one), in its family
-``route``      the interface and address this node's ranks use (``node/netroute.py``)
-``torch``      start asking the node's torch about CUDA, in a child (``node/gpuclaim.py``)
-``gpus``       the GPUs the run gets here, locked for its life (``node/gpuclaim.py``),
-               with torch's answer on every reply once ``torch`` was asked
+``outputs``    which files of a run's ``outputs:`` may come home
+``prune``      remove an ended run's node directory, never a live one
+``bind``       can the master port be bound here (0: pick a free one)
+``route``      the interface and address this node's ranks use
+``torch``      start asking the node's torch about CUDA, in a child
+``gpus``       the GPUs the run gets here, locked for its life, with torch's answer
 ``probe``      Python, torch, CUDA, NCCL and the host name, for ``ddp-orch check``
 ``clock``      this node's ``time.time()``, for ``ddp-orch check``'s skew check
-``listen``     hold a test listener (an address, or all of a family) in the
-               background, until stdin closes or its timeout; replies with its port
-``connect``    open TCP connections (one, or a list at once), for ``ddp-orch check``
+``listen``     hold a test listener in the background; replies with its port
+``connect``    open TCP connections (one, or a list at once)
 ``down``       end a run's processes here, found by their marker variables
-``stacks``     dump the run's ranks' stacks here (``node/stacks.py``)
+``stacks``     dump the run's ranks' stacks here
 ``supervise``  become the run's node supervisor; the reply is its output
-``detach``     start the node's keeper of a kept run, as a daemon (``kept/daemon.py``)
+``detach``     start the node's keeper of a kept run, as a daemon
 ``follow``     stream a kept run's ``agent.out``; the agent's last request
 ``keeper``     a kept run's ``keeper.json`` here, and whether its keeper runs
 =============  ==============================================================
@@ -55,14 +52,10 @@ _LOCK = threading.Lock()  # one writer of stdout at a time: a reply, a listener'
 
 
 class Session:
-    """What one channel's requests share, for the agent's life on it: the run
-    directories it created (``discard`` removes only those), whether ``mkrun``
-    was refused (pipelined uploads behind it must not land), torchrun's exit
-    code once a run was supervised, whether the channel is over, and the node
-    torch's view of CUDA. ``torch`` starts the probe; its answer, read once,
-    goes with every ``gpus`` reply after it: the first, and each one of a
-    wait (``--wait-gpus``), whose last answer is the one ``device: auto``
-    is decided on."""
+    """What one channel's requests share. ``discard`` removes only the run
+    directories in ``made``; after a refused ``mkrun``, pipelined uploads must
+    not land. torch's answer goes with every ``gpus`` reply, so the last of a
+    ``--wait-gpus`` wait is the one ``device: auto`` is decided on."""
 
     def __init__(self) -> None:
         self.made: list[str] = []
@@ -92,8 +85,7 @@ _AFTER_A_RUN = ("get", "outputs")
 
 
 def answers(op: str) -> Callable[[Handler], Handler]:
-    """Binds a handler to ``op``, an op ``protocol.OPS`` declares (what it
-    takes is checked before the handler is called); each op has one."""
+    """Binds a handler to ``op``, one of ``protocol.OPS``, which checks what it takes."""
     def bind(handler: Handler) -> Handler:
         if op not in OPS or op in ANSWERS:
             raise LookupError(f"{op!r}: not an op of protocol.OPS, or bound twice")
@@ -103,7 +95,6 @@ def answers(op: str) -> Callable[[Handler], Handler]:
 
 
 def reply(payload: bytes = b"", **fields) -> None:
-    """One reply control line, and its payload right after it."""
     if payload:
         fields["size"] = len(payload)
     said = message(Event.REPLY, **fields)
@@ -152,7 +143,6 @@ def serve() -> int:
 
 @answers("supervise")
 def _supervise(session: Session, request: dict, stdin: Reader) -> None:
-    """Become the run's node supervisor: its output is the reply."""
     from ..node.spec import SpecError
     from ..node.supervisor import Supervisor
 
@@ -173,7 +163,6 @@ def _supervise(session: Session, request: dict, stdin: Reader) -> None:
 
 @answers("follow")
 def _follow(session: Session, request: dict, stdin: Reader) -> None:
-    """Stream a kept run's ``agent.out``: the channel's last request."""
     from ..kept import daemon
 
     daemon.follow(request["run_dir"], stdin, offset=request.get("offset", 0),
@@ -182,9 +171,8 @@ def _follow(session: Session, request: dict, stdin: Reader) -> None:
 
 
 def _refuse_spec(why: str, stdin: Reader) -> int:
-    """A ``supervise`` whose spec is not one: the exit event says why (code
-    1, nothing ran); then, as after any run, stdin is the controller's words
-    until ``done`` (or EOF). Returns the exit code."""
+    """A ``supervise`` whose spec is not one: the exit event says why; then,
+    as after any run, stdin is the controller's until ``done`` or EOF."""
     with _LOCK:
         sys.stdout.buffer.write(encode(exit_event(1, why, Ended.REFUSED, duration_s=0,
                                                   last_lines=[f"ddp-orch: {why}"])))

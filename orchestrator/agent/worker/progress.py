@@ -16,10 +16,9 @@ left out) and waiting for the batch; both or neither. ``ddp-orch top``
 names the rank that spends the most there as the one holding the gang
 back. A bad value is left out, and the step still recorded.
 
-The record is the built-in workloads' heartbeat file, which the node agent
-reads as the rank's progress (``status``, the hang watchdog). Without
-ddp-orch it returns at once. It stands alone (standard library only), so a
-project that also runs under plain ``torchrun`` can copy it in.
+It feeds ``status`` and the hang watchdog; without ddp-orch it returns at
+once. It stands alone (standard library only), so a project that also runs
+under plain ``torchrun`` can copy it in.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ _pace = [0.0, 0.0, 0]  # compute and data seconds since the last write, over thi
 
 def step(n: int, samples: int | None = None, compute_s: float | None = None,
          data_s: float | None = None) -> None:
-    """Record that this rank reached step ``n`` (best effort: an error
-    writing it never reaches the training loop)."""
+    """Record that this rank reached step ``n``; an error never reaches the training loop."""
     result = os.environ.get(RESULT_FILE_ENV)
     if not result:
         return
@@ -71,10 +69,8 @@ def _seconds(value: object) -> bool:
 
 
 def _fields(samples: object, pace: list) -> str:
-    """What follows ``<step> <time>``: `` <samples>`` for a count (an integer
-    >= 0, not a bool), and with the times of ``pace`` (compute and data
-    seconds summed over its steps) `` <samples or -> <compute_s> <data_s>``,
-    their means per step."""
+    """What follows ``<step> <time>``: `` <samples>``, and with ``pace``
+    `` <samples or -> <compute_s> <data_s>``, the mean seconds per step."""
     good = isinstance(samples, numbers.Integral) and not isinstance(samples, bool) \
         and samples >= 0
     counted = f" {int(samples)}" if good else ""

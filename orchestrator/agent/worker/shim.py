@@ -1,24 +1,20 @@
 """The worker shim: every rank runs the user's program through this module.
 
 torchrun starts ``python -m ddp_orch_shim <script.py | -m module> ARGS``.
-The shim runs the program as a fresh ``__main__``, so ``sys.argv``,
-``__file__``, ``sys.path[0]`` and relative imports are what plain ``python
-script.py`` or ``python -m module`` gives, and adds what no script has to
-ask for:
+The program runs as a fresh ``__main__``, as plain ``python`` runs it, with
+what no script has to ask for:
 
-* an uncaught exception goes to torchrun's error file in torchrun's format,
-  as ``@record`` would, and the traceback printed starts at the user's
-  first frame. One whose class sets ``ONE_LINE_ERROR`` (a bad argument, a
-  missing dataset) prints as one line, not a traceback every rank repeats;
-* ``faulthandler`` on ``STACK_SIGNAL`` writes the main thread's stack to
-  ``stacks/rank-<RANK>.txt``, even while the rank is blocked in a C call
-  such as a collective (``ddp-orch stacks``). The main thread only: reading
-  other threads' frames from a handler can crash CPython (SIGSEGV) while
-  one imports, and a dump must never kill a healthy rank;
-* where torch's flight recorder is on, a thread waits on the FIFO
-  ``stacks/rank-<RANK>.fr``: a write there from the agent makes it dump the
-  recorder while the main thread is blocked in a collective. torch's own
-  pipe does it for NCCL alone; this serves gloo too.
+* an uncaught exception goes to torchrun's error file, as ``@record`` would,
+  its traceback starting at the user's first frame. One whose class sets
+  ``ONE_LINE_ERROR`` (a bad argument) prints as one line, not a traceback
+  every rank repeats;
+* ``faulthandler`` on ``STACK_SIGNAL`` writes the main thread's stack even
+  while the rank is blocked in a C call such as a collective. The main
+  thread only: reading other threads' frames from a handler can crash
+  CPython while one imports, and a dump must never kill a healthy rank;
+* where torch's flight recorder is on, a write to the FIFO
+  ``stacks/rank-<RANK>.fr`` dumps it while the main thread is blocked.
+  torch's own pipe does it for NCCL alone; this serves gloo too.
 """
 
 from __future__ import annotations
@@ -42,8 +38,7 @@ ONE_LINE_ERROR = "ddp_orch_one_line"  # workloads/contract.py's: a class attribu
 
 
 def run_dir() -> str:
-    """The node's run directory, where the result file is (the rank's working
-    directory is the code root); the working directory when run by hand."""
+    """The node's run directory (a rank's cwd is the code root); cwd when run by hand."""
     result = os.environ.get(RESULT_FILE_ENV)
     return os.path.dirname(os.path.abspath(result)) if result else os.getcwd()
 
@@ -77,8 +72,7 @@ def flight_recorder_fifo(run_dir: str, rank: str) -> str:
 
 
 def flight_recorder_target(environ: "dict[str, str] | os._Environ", rank: str) -> str | None:
-    """Where torch dumps rank ``rank``'s flight recorder (its prefix and the
-    rank), or None where the recorder is off in ``environ``."""
+    """Where torch dumps rank ``rank``'s flight recorder; None where it is off."""
     size = next((environ[name] for name in FLIGHT_RECORDER_BUFFER if environ.get(name)), "0")
     prefix = next((environ[name] for name in FLIGHT_RECORDER_FILE if environ.get(name)), None)
     return f"{prefix}{rank}" if prefix and size.strip().isdigit() and int(size) > 0 else None
@@ -115,9 +109,8 @@ def _serve_flight_recorder(fifo: str, target: str) -> None:
 
 
 def dump_flight_recorder(target: str) -> bool:
-    """Write the flight recorder's dump to ``target`` (atomically), as torch
-    does on a timeout; nothing where the program has not loaded
-    torch.distributed (the shim never imports torch)."""
+    """Dump the flight recorder to ``target``, as torch does on a timeout;
+    nothing before the program loads torch.distributed (the shim never does)."""
     c10d = sys.modules.get("torch._C._distributed_c10d")
     for name in ("_dump_fr_trace", "_dump_nccl_trace"):  # torch >= 2.8 records gloo too
         dump = getattr(c10d, name, None)
@@ -148,8 +141,7 @@ def _user_frames(tb):
 
 
 def record_error(exc: BaseException, tb) -> None:
-    """torchrun's error-file format, so torchrun's summary and ddp-orch's root
-    cause quote the exception."""
+    """torchrun's error-file format, so its summary and ddp-orch's root cause quote it."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
@@ -165,8 +157,7 @@ def record_error(exc: BaseException, tb) -> None:
 
 
 def _run_script(given: str, args: list[str]) -> None:
-    """What ``python script.py ARGS`` does (``runpy.run_path`` would make
-    argv[0] absolute)."""
+    """What ``python script.py ARGS`` does; ``runpy.run_path`` would make argv[0] absolute."""
     import builtins
     import importlib.machinery
     import types
@@ -213,8 +204,7 @@ FLIGHT_RECORDER_RENAMED_IN = (2, 8)
 
 
 def _flight_recorder_names(environ: "dict[str, str] | os._Environ") -> None:
-    """Drop an old flight-recorder variable its new name duplicates, where the
-    installed torch reads the new name (its metadata says, without an import)."""
+    """Drop an old flight-recorder variable its new name duplicates, where torch reads the new."""
     from importlib import metadata
 
     try:

@@ -1,11 +1,6 @@
-"""A submitted job as the gang sees it: its state, and each node's stream.
-
-Under a scheduler the controller holds no channel to a node: ``JobStream``
-reads the node's ``agent.out`` in the shared run directory as it grows, a
-node channel like an SSH one. ``stop`` and ``kill`` become the scheduler's
-cancel (plain, or SIGKILL); no pings, as the scheduler owns the nodes'
-liveness. A stream ends when its file has no more bytes and the job is over.
-"""
+"""A submitted job as the gang sees it: its state, and each node's stream, read
+from the shared run directory as it grows (the controller holds no channel to a
+node). No pings: the scheduler owns the nodes' liveness."""
 
 from __future__ import annotations
 
@@ -87,7 +82,6 @@ class Job:
             self.start_polling()
 
     def start_polling(self) -> None:
-        """Ask the scheduler now, then every STATE_POLL_S on a thread of its own."""
         self.refresh()
         self._thread = threading.Thread(target=self._poll, daemon=True,
                                         name=f"job-{self.job_id}")
@@ -123,7 +117,6 @@ class Job:
             self.refresh()
 
     def wait_ended(self, timeout_s: float) -> bool:
-        """Whether the job has left the queue within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while not self.ended:
             self.refresh()
@@ -192,9 +185,8 @@ class JobStream:
         return None
 
     def read_chunk(self, size: int) -> bytes:
-        """The next bytes of the file; b"" once the job is over and nothing
-        more came for SETTLE_S, or once closed. Opened afresh for every look:
-        on NFS an open is what makes another host's writes visible."""
+        """The next bytes; b"" once closed, or once the job is over and nothing came for
+        SETTLE_S. Opened afresh each look: on NFS an open makes other hosts' writes visible."""
         quiet_since = None
         while not self._closed:
             data = self._read(size)
@@ -227,9 +219,8 @@ class JobStream:
 
 
 def stream_progress(record: RunRecord) -> tuple[dict, ...]:
-    """Each rank's last step from its node stream's last heartbeat, for a
-    job no controller follows (nobody keeps its ``progress.json``).
-    ``last_progress`` is on the node's clock; no output time."""
+    """Each rank's last step from its stream's last heartbeat, for a job no controller
+    follows (none keeps its ``progress.json``); ``last_progress`` is the node's clock."""
     ranks = []
     for node in record.nodes:
         beat = _last_heartbeat(posixpath.join(node.run_dir, STREAM))
@@ -248,7 +239,6 @@ def stream_progress(record: RunRecord) -> tuple[dict, ...]:
 
 
 def _last_heartbeat(path: str) -> dict | None:
-    """The last heartbeat message in the last ``TAIL_BYTES`` of ``path``."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)

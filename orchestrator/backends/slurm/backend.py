@@ -1,11 +1,6 @@
-"""The Slurm backend: ``sbatch`` one job, ``srun`` one node agent per node.
-
-It fills in the scheduler base: submit, ask (``squeue``, then ``sacct``),
-cancel (``scancel``), and the variables each task finds its place by
-(``PLACEMENT``). ``srun --kill-on-bad-exit`` stops the other nodes when one
-fails, even if the controller is gone. With ``nodes: {count: N}`` node K is
-the allocation's K-th host (``SLURM_NODEID``).
-"""
+"""The Slurm backend: ``sbatch`` one job, ``srun`` one node agent per node, with
+``--kill-on-bad-exit`` so the other nodes stop when one fails, even with the
+controller gone. With ``nodes: {count: N}`` node K is the allocation's K-th host."""
 
 from __future__ import annotations
 
@@ -94,7 +89,6 @@ class Backend(SchedulerBackend):
                 *self._resources(plan), f"{directory}/{SCRIPT_FILE}"]
 
     def _resources(self, plan: RunPlan) -> list[str]:
-        """The job's nodes, GPUs, CPUs and the file's ``slurm:`` options."""
         spec = self.require_spec()
         slurm = spec.block("slurm") or SlurmSpec()
         argv = []
@@ -113,9 +107,8 @@ class Backend(SchedulerBackend):
         return argv
 
     def by_hand(self, plan: RunPlan) -> ByHand:
-        """The shell dry-run's way in: ``salloc`` with the job's options, one
-        ``srun`` step per node, and node 0's host name where the job picks the
-        master address."""
+        """The shell dry-run's way in: ``salloc``, an ``srun`` step per node, and node
+        0's host name where the job picks the master address."""
         cpus = self._cpu_procs()
         placed = self.require_spec().placed
         step = {n.node_rank: ("srun", "--nodes=1", "--ntasks=1",

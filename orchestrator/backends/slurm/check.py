@@ -1,7 +1,5 @@
-"""The Slurm backend's preflight: what would make Slurm refuse a job, or
-the job fail at once, found with ``sinfo`` alone (``check``, and ``up``
-before it submits anything).
-"""
+"""The Slurm backend's preflight: what would make Slurm refuse a job, or the job
+fail at once, found with ``sinfo`` alone."""
 
 from __future__ import annotations
 
@@ -84,11 +82,8 @@ def _node_check(k: int, node: NodeSpec, info: slurmctl.NodeInfo | None) -> Check
 
 
 def shared_dir_problem(path: str, nodes) -> str | None:
-    """Why the compute nodes may not see ``path``, or None.
-
-    Seen when every node is this machine, or on a network or cluster file
-    system; a local disk or tmpfs on a submit host is invisible to them.
-    """
+    """Why the compute nodes may not see ``path``, or None: a local disk or tmpfs
+    on a submit host is invisible to them; a network or cluster file system is not."""
     this_host = socket.gethostname().split(".")[0]
     nodes = list(nodes)
     if nodes and all(n.hostname.split(".")[0] == this_host for n in nodes):
@@ -102,7 +97,6 @@ def shared_dir_problem(path: str, nodes) -> str | None:
 
 
 def _mount_of(path: str) -> tuple[str, str]:
-    """The mount point and file system type that hold ``path``."""
     path = os.path.abspath(path)
     best = ("/", "")
     try:

@@ -1,8 +1,6 @@
-"""The Slurm commands the Slurm backend runs, and what their output means.
-
-Argv only (no shell); delimited output, not ``--json``: in Slurm 22.05
-``squeue --json`` ignores ``-j`` and ``sacct --json`` misreports exit codes.
-"""
+"""The Slurm commands the backend runs (argv, no shell) and their delimited output:
+not ``--json``, as in Slurm 22.05 ``squeue --json`` ignores ``-j`` and ``sacct --json``
+misreports exit codes."""
 
 from __future__ import annotations
 
@@ -87,9 +85,8 @@ def available(command: str = "sbatch") -> bool:
 
 def run(argv: list[str], *, env: Mapping[str, str] | None = None,
         timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run one Slurm client command; a missing one is a ``SlurmError`` with the fix.
-    In a session of its own, so a Ctrl-C is the controller's to act on, not a
-    kill of ``sbatch`` halfway through a submission."""
+    """One Slurm client command, in a session of its own: a Ctrl-C is then the
+    controller's to act on, not a kill of ``sbatch`` halfway through a submission."""
     if not available(argv[0]):
         raise SlurmError(argv[0], "not found on this machine",
                          hint="run ddp-orch where sbatch works: a login or submit host of the "
@@ -155,8 +152,7 @@ def accounting(job_id: str) -> tuple[str, str] | None:
 
 
 def cancel(job_id: str, signal: str | None = None) -> None:
-    """``scancel``: SIGTERM, Slurm's KillWait, SIGKILL; or ``signal`` to every
-    process of the job."""
+    """``scancel``: SIGTERM, Slurm's KillWait, SIGKILL; or ``signal`` to every process."""
     argv = ["scancel", *(("--full", f"--signal={signal}") if signal else ()), job_id]
     done = run(argv)
     if done.returncode != 0 and "already completing or completed" not in (done.stderr or "") \
@@ -173,7 +169,6 @@ def hostnames(nodelist: str) -> list[str]:
 
 
 def nodes(names: Iterable[str] = (), partition: str | None = None) -> dict[str, NodeInfo]:
-    """Slurm's nodes (those named, or of ``partition``, or all) by name."""
     argv = ["sinfo", "-h", "-N", "-o", "%N|%n|%T|%c|%G"]
     names = list(names)
     if names:
