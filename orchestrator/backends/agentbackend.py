@@ -90,7 +90,7 @@ class AgentBackend(LaunchBackend):
         from ..engine.agentlink import open_agents
         from ..engine.bundle import build_bundle, stand_ins
         from ..engine.fanout import on_all
-        from ..engine.nodehandle import BUNDLE_NAME
+        from ..engine.nodespec import BUNDLE_NAME
         from ..plan.build import resolve_plan
         from .agentrun import AgentRun
 
@@ -315,7 +315,7 @@ class AgentBackend(LaunchBackend):
         asked first, so its import overlaps the rest. Returns the port (node
         0), the interface, the GPU answer and the GPU wait (None: none)."""
         from ..engine import gpuplan
-        from ..engine.nodehandle import BUNDLE_NAME
+        from ..engine.nodespec import BUNDLE_NAME
         from ..engine.netfacts import (bind_request, interface_from, master_port_from,
                                        route_request, slow_link)
 

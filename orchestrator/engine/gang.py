@@ -27,7 +27,8 @@ from .agentlink import AgentHandle
 from .fanout import on_all
 from .gpuuse import rank_gpu
 from .keptgang import Keepers, begin_kept, contact_lost, kept_outcome
-from .nodehandle import NodeHandle, supervisor_spec
+from .nodehandle import NodeHandle
+from .nodespec import supervisor_spec
 from .stacks import StacksResult, save_stacks
 
 

@@ -4,7 +4,6 @@ the end the rank whose GPU sat far below the others."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any, Mapping
 
 MAX_GPUS = 1024  # a sample naming more than this many GPUs is not believed
@@ -69,6 +68,8 @@ def idle_rank(ranks: Mapping[str, Mapping[str, Any]]) -> str | None:
              and str(rank).isdigit()}
     if len(means) < 2:
         return None
+    from statistics import median  # only at a run's end: its import is not free
+
     middle = median(means.values())
     rank, low = min(means.items(), key=lambda kv: (kv[1], kv[0]))
     if middle < IDLE_MEDIAN_MIN or low >= IDLE_SHARE * middle:

@@ -23,7 +23,7 @@ from ..errors import TransportError
 from ..records.outcome import AttemptOutcome, EndReason, NodeOutcome, RunDescription, \
     RunOutcome, RunState, gang_outcome
 from .fanout import on_all
-from .nodehandle import supervisor_spec
+from .nodespec import supervisor_spec
 from .nodestate import Ask, NodeFacts, NodePlace, node_outcome
 
 if TYPE_CHECKING:

@@ -7,17 +7,14 @@ import threading
 import time
 from typing import Callable
 
-from ..agent import layout
 from ..agent.node.spec import SupervisorSpec
-from ..agent.wire.owner import Owner
 from ..agent.wire.files import mask_strings
 from .gpuuse import GpuUse
-from ..agent.wire.protocol import (CONTROL_PREFIX, HEARTBEAT_S, PEER_TIMEOUT_S, Control,
+from ..agent.wire.protocol import (CONTROL_PREFIX, PEER_TIMEOUT_S, Control,
                               Event, LineBuffer, ProtocolError, decode,
                               rank_progress)
 from ..console import AGENT_SAYS, Console  # AGENT_SAYS: a line of the agent's own
 from ..plan.dryrun import NodeLaunch
-from ..plan.build import setup_path_first
 from ..plan.secrets import scrub, secret_values
 from ..records.outcome import EndReason, NodeOutcome
 from ..records.rundir import RunDir
@@ -25,28 +22,7 @@ from .agentlink import AgentHandle
 from .channel import KeeperFollower, NodeChannel
 from .nodestate import ATTEMPT_FROM, NEXT, Ask, NodeFacts, NodePhase, node_outcome
 
-BUNDLE_NAME = layout.BUNDLE  # in each node's run directory
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # torchrun's prefix
-def supervisor_spec(launch: NodeLaunch, run_id: str, master_port: int,
-                    grace_s: float, owner: Owner = Owner()) -> SupervisorSpec:
-    """What the node supervisor runs: the dry-run's env and argv, verbatim."""
-    node = launch.node
-    return SupervisorSpec(
-        run_id=run_id, node_rank=node.node_rank, run_dir=node.run_dir,
-        cwd=node.code_root,  # torchrun's and so every worker's working directory
-        first_rank=node.first_rank, nproc=node.nproc, master_port=master_port,
-        argv=tuple(launch.argv), env=dict(launch.env), unset_env=tuple(launch.unset_env),
-        bundle=BUNDLE_NAME, grace_s=grace_s, heartbeat_s=HEARTBEAT_S,
-        secrets=tuple(value.decode() for value in secret_values(launch.env)),
-        setup={"commands": [list(argv) for argv in launch.setup], "cwd": node.code_root,
-               "timeout_s": launch.setup_timeout_s, "path_first": setup_path_first(node.python),
-               **({"when_changed": {"paths": list(launch.setup_when_changed),
-                                    "env": [k for k in node.user_env if k in launch.env]}}
-                  if launch.setup_when_changed else {})}
-        if launch.setup else None,
-        owner=owner)
-
-
 class NodeHandle:
     """Turns a node's agent into its supervisor and relays what it prints;
     ``agent`` serves the requests around the run (``detach``, ``down``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..console import Console
 from ..errors import LaunchError
@@ -13,9 +13,11 @@ from ..plan.dryrun import DryRun
 from ..records.outcome import RunOutcome, RunState
 from ..records.rundir import RunDir
 from ..records.store import NodeRecord
-from .gang import Gang
 from .options import LaunchOptions
-from .stacks import StacksResult
+
+if TYPE_CHECKING:  # a scheduler's job is submitted before the gang that follows it is loaded
+    from .gang import Gang
+    from .stacks import StacksResult
 
 
 def node_records(info: DryRun, connection: Mapping[str, Any] | None = None
@@ -69,6 +71,8 @@ class RunHandle(ABC):
 
 def new_gang(handle: RunHandle, console: Console, options: LaunchOptions) -> Gang:
     """The gang that follows ``handle``'s channels: the one place a gang is built."""
+    from .gang import Gang
+
     info, run, channels = handle.dryrun, handle.run, handle.channels
     if handle.watching:  # ``attach``: follow what runs, start and stop nothing
         return Gang(info, run, channels, console, watching=True, grace_s=options.grace_s,

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from abc import abstractmethod
-from typing import ClassVar, Mapping
+from typing import TYPE_CHECKING, ClassVar, Mapping
 
 from ...agent import layout
 from ...agent.node.stream import offset_of_last_lines
@@ -30,11 +30,10 @@ from ...agent.wire import bootstrap, files
 from ...config.spec import AUTO_PORT
 from ...console import Console
 from ...engine.bundle import build_bundle, code_notes, stand_ins
-from ...engine.nodehandle import BUNDLE_NAME, supervisor_spec
+from ...engine.nodespec import BUNDLE_NAME, supervisor_spec
 from ...engine.nodestate import NodeFacts, NodePlace, node_outcome
 from ...engine.results import fetch_outputs, store_fetched, wanted_files
 from ...engine.run import RunHandle, node_records
-from ...engine.stacks import StacksResult
 from ...errors import LaunchError
 from ...plan.build import build_plan, resolve_plan
 from ...plan.dryrun import ByHand, DryRun, NodeLaunch
@@ -47,6 +46,9 @@ from ...records.rundir import RunDir
 from ...records.store import NodeRecord, RunRecord, controller_alive
 from ..base import CancelResult, LaunchBackend, recorded_dryrun
 from .job import Job, JobState, JobStream, stream_progress
+
+if TYPE_CHECKING:
+    from ...engine.stacks import StacksResult
 
 AGENT_FILE = "agent.pyz"
 JOB_FILE = "job.json"

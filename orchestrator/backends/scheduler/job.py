@@ -18,7 +18,7 @@ from ...errors import OrchestratorError
 if TYPE_CHECKING:
     from ...records.store import RunRecord
 
-POLL_S = 0.1  # how often a quiet stream file is looked at
+POLL_S = 0.05  # how often a quiet stream file is looked at (an open and a read)
 STATE_POLL_S = 1.0  # how often the scheduler is asked
 # After the job has ended, how long a stream still waits for bytes to show up:
 # a network file system may show a file's last writes to other hosts late.

@@ -8,14 +8,12 @@ import json
 import os
 import posixpath
 import time
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ...agent.layout import STREAM as STREAM_FILE
 from ...agent.node.jobfile import Placement
 from ...agent.node.procs import own_marker
 from ...config.blocks.slurm import SlurmSpec
-from ...engine.preflight import Preflight
-from ...engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
 from ...plan.dryrun import ByHand
 from ...plan.model import NodePlan, RunPlan
 from ...plan.shell import shell_join
@@ -24,7 +22,10 @@ from ..base import Capabilities
 from ..scheduler.backend import (AGENT_FILE, JOB_FILE, SchedulerBackend, agent_argv, job_dir,
                                  read_capped)
 from . import ctl as slurmctl
-from .check import slurm_checks
+
+if TYPE_CHECKING:  # `up` submits before it loads what follows, checks or dumps a run
+    from ...engine.preflight import Preflight
+    from ...engine.stacks import StacksResult
 
 PLACEMENT = Placement(scheduler="Slurm", node_name="SLURMD_NODENAME", node_index="SLURM_NODEID",
                       gpus="SLURM_STEP_GPUS", whole_node="slurm: {extra: [--exclusive]}")
@@ -145,6 +146,8 @@ class Backend(SchedulerBackend):
     def job_stacks(self, job_id: str, nodes, run_id: str, native: bool = False) -> StacksResult:
         """One more step in the running job (``srun --overlap``): each node's
         agent dumps its ranks into the shared directory."""
+        from ...engine.stacks import STACKS_TIMEOUT_S, StacksResult, rank_stacks
+
         directory = posixpath.dirname(nodes[0].run_dir)
         hosts = [n.host for n in nodes]
         prefix = f"{directory}/stacks-step-{os.getpid()}-{int(time.time() * 1000)}"
@@ -173,6 +176,9 @@ class Backend(SchedulerBackend):
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), missing)
 
     def check(self, plan: RunPlan) -> Preflight:
+        from ...engine.preflight import Preflight
+        from .check import slurm_checks
+
         return Preflight(tuple(slurm_checks(self.require_spec(), plan, job_dir(plan))))
 
 

@@ -208,7 +208,7 @@ def test_a_listed_file_the_code_lacks_is_a_warning_at_its_line(tmp_path):
 
 def test_the_plan_and_dry_run_carry_when_changed_to_every_nodes_supervisor(tmp_path):
     from orchestrator.backends import backend_for
-    from orchestrator.engine.nodehandle import supervisor_spec
+    from orchestrator.engine.nodespec import supervisor_spec
     from orchestrator.engine.options import LaunchOptions
 
     spec = project_spec(tmp_path, "setup:\n  commands: pip install -r requirements.txt\n"
@@ -305,7 +305,7 @@ def test_a_file_without_setup_or_outputs_shows_neither():
 
 
 def test_the_supervisor_spec_carries_setup_in_the_code_root():
-    from orchestrator.engine.nodehandle import supervisor_spec
+    from orchestrator.engine.nodespec import supervisor_spec
 
     info = dryrun_of("setup: [make]\nsetup_timeout: 30\n")
     spec = supervisor_spec(info.nodes[1], "r1", 29500, 5.0)

@@ -18,7 +18,7 @@ from orchestrator.agent.wire.protocol import (CONTROL_PREFIX, Control, Ended, Pr
                                               decode, encode,
                                               exit_event, request)
 from orchestrator.config.loader import load_cluster_text
-from orchestrator.engine.nodehandle import supervisor_spec
+from orchestrator.engine.nodespec import supervisor_spec
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.torchrun import torchrun_argv

@@ -386,7 +386,7 @@ def test_a_project_runs_under_slurm_with_the_same_argv_and_code_root(tmp_path):
         assert node["spec"]["cwd"] == f"{run.path}/node-{k}/project"
         where = {"addr": "127.0.0.1", "port": 12345}
         assert node_spec(JobSpec.from_dict(job), k, where, {}).cwd == node["spec"]["cwd"]
-    from orchestrator.engine.nodehandle import BUNDLE_NAME
+    from orchestrator.engine.nodespec import BUNDLE_NAME
 
     with tarfile.open(run.file(BUNDLE_NAME)) as tar:
         assert {"project/proj/train.py", "project/configs/x.yaml"} <= set(tar.getnames())

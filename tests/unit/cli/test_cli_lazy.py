@@ -62,7 +62,12 @@ NEVER = {"torch", "paramiko", "cryptography", "orchestrator.engine.gang",
                                     "orchestrator.cli.runs", "socket",
                                     "orchestrator.agent.node.netroute",
                                     "orchestrator.agent.worker.shim", "difflib"}),
-], ids=["help", "ps", "dry-run"])
+    # a Slurm job is written and submitted before `up` loads what follows it (the gang, its
+    # nodes' relay), what checks a cluster or dumps stacks: that import overlaps the job's start
+    (("up", "--dry-run", "--backend", "slurm", "--workload", "noop", "--local"),
+     {"orchestrator.engine.preflight", "orchestrator.engine.stacks",
+      "orchestrator.engine.checknet", "orchestrator.engine.keptgang", "statistics"}),
+], ids=["help", "ps", "dry-run", "slurm-dry-run"])
 def test_a_command_that_starts_nothing_loads_none_of_what_it_does_not_use(argv, unused, tmp_path):
     loaded = modules_of(*argv, runs_dir=str(tmp_path / "runs"))
     assert "orchestrator.cli.main" in loaded  # the probe ran the command

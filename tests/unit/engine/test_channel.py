@@ -18,7 +18,8 @@ from orchestrator.backends.slurm import Backend as SlurmBackend
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.console import Console
 from orchestrator.engine.channel import KeeperFollower, NodeChannel
-from orchestrator.engine.nodehandle import NodeHandle, supervisor_spec
+from orchestrator.engine.nodehandle import NodeHandle
+from orchestrator.engine.nodespec import supervisor_spec
 from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.model import NodePlan
 from orchestrator.records.outcome import NodeState

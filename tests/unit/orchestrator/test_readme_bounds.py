@@ -31,7 +31,7 @@ from orchestrator.cli.main import main as cli
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.engine import checknet, gang, gpuplan
 from orchestrator.engine.bundle import scan_script_dir
-from orchestrator.engine.nodehandle import supervisor_spec
+from orchestrator.engine.nodespec import supervisor_spec
 from orchestrator.engine.results import fetch_outputs, wanted_files
 from orchestrator.errors import ConfigError
 from orchestrator.plan.secrets import MASK, is_secret, mask_env

@@ -301,7 +301,7 @@ def test_every_attempt_of_a_kept_run_starts_the_same_program_in_the_same_code_ro
     """A kept run's keeper restarts from the supervisor spec the dry-run made:
     the same working directory, the program's words untouched."""
     from orchestrator.agent.kept.keeper import attempt_spec
-    from orchestrator.engine.nodehandle import supervisor_spec
+    from orchestrator.engine.nodespec import supervisor_spec
     from orchestrator.plan.dryrun import NodeLaunch
 
     plan = resolve_plan(project_plan(project, "code: .\nmodule: proj.train\nargs: [50, 10]\n"),
@@ -323,7 +323,7 @@ def test_a_python_under_home_is_each_nodes_own_in_the_dry_run_and_at_launch():
     on PATH for setup), and the launch fills in each node's own home, as it
     does for ``workdir``'s ``~``, in torchrun's argv and setup's PATH."""
     from orchestrator.controller.session import prepare
-    from orchestrator.engine.nodehandle import supervisor_spec
+    from orchestrator.engine.nodespec import supervisor_spec
     from orchestrator.engine.options import LaunchOptions
     from orchestrator.plan.render import render_text
     from orchestrator.plan.shell import render_shell
