@@ -94,14 +94,13 @@ def zipapp(path: str, cache_dir: str | None = None) -> str:
     modules = sources()
     key = digest(json.dumps(modules, sort_keys=True).encode() + _magic())[:24]
     cache_dir = zipapp_cache_dir() if cache_dir is None else cache_dir
-    cached = os.path.join(cache_dir, f"agent-{key}.pyz") if cache_dir else ""
-    data = _read_cached(cached, modules)
+    data = _read_cached(cache_dir, key) if cache_dir else None
     if data is None:
         data = _build_zipapp(modules)
-        if cached:
+        if cache_dir:
             try:
                 os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-                _write_atomically(cached, data)
+                _write_atomically(os.path.join(cache_dir, _cached_name(key, data)), data)
             except OSError:
                 pass
     _write_atomically(path, data)
@@ -124,23 +123,28 @@ def _magic() -> bytes:
     return importlib.util.MAGIC_NUMBER
 
 
-def _read_cached(path: str, modules: dict[str, str]) -> bytes | None:
-    """The cached archive if it is whole and holds exactly these sources."""
-    import io
-    import zipfile
+def _cached_name(key: str, data: bytes) -> str:
+    """A cached archive's name: its sources' and Python's ``key``, then its own digest."""
+    return f"agent-{key}-{digest(data)[:32]}.pyz"
 
-    if not path:
-        return None
+
+def _read_cached(cache_dir: str, key: str) -> bytes | None:
+    """A cached archive of these sources for this Python, if its bytes are the
+    ones its name records: one cut short, damaged or edited is not used (and
+    is written again). A digest, not a read of every member: ~2 ms, not ~30."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            if zf.testzip() is not None:
-                return None
-            held = {n: zf.read(n) for n in zf.namelist() if n.endswith(".py")}
-    except (OSError, ValueError, zipfile.BadZipFile):
+        names = sorted(n for n in os.listdir(cache_dir) if n.startswith(f"agent-{key}-"))
+    except OSError:
         return None
-    return data if held == _entries(modules) else None
+    for name in names:
+        try:
+            with open(os.path.join(cache_dir, name), "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        if name == _cached_name(key, data):
+            return data
+    return None
 
 
 def _entries(modules: dict[str, str]) -> dict[str, bytes]:
