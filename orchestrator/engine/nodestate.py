@@ -16,7 +16,7 @@ from typing import Mapping, NamedTuple, Protocol
 
 from ..agent.wire.protocol import PEER_TIMEOUT_S, Ended
 from ..console import AGENT_SAYS
-from ..records.outcome import EndReason, NodeOutcome, NodeState
+from ..records.outcome import EndReason, NodeOutcome, NodeState, WorkerFailure
 
 # Exit code ProcessHandle.poll gives when the connection died without a status.
 LOST = 255
@@ -151,23 +151,23 @@ def node_outcome(node: Place, facts: NodeFacts, phase: NodePhase = NodePhase.SUP
     """How a node ended, from its state: the one place an outcome is made."""
     event = facts.event
     code = _code(event) if event is not None else facts.code
-    why, words = _reason(facts, event, code, phase, asked)
+    failures = tuple(WorkerFailure.from_dict(f) for f in (event or {}).get("failures", ()))
+    why, words = _reason(facts, event, failures, code, phase, asked)
     state = STATE_OF[why]
     if why is EndReason.RUNNING and phase is NodePhase.NEW:
         state = NodeState.NOT_STARTED
     if not words and why in (EndReason.FAILED, EndReason.STOPPED) and event is not None:
-        words = _event_words(why, code, event, node.first_rank)
+        words = _event_words(why, code, event, failures, node.first_rank)
     reason = words or WORDS[why]
     survivors = (event or {}).get("survivors")
     if survivors:
         reason += "; " + describe_survivors(survivors)
-    failures = tuple((event or {}).get("failures", ()))
     return NodeOutcome(node.node_rank, node.host, state, code, reason, facts.ended_at,
                        failures, why=why)
 
 
-def _reason(facts: NodeFacts, event: Mapping | None, code: int | None, phase: NodePhase,
-            asked: Ask) -> tuple[EndReason, str]:
+def _reason(facts: NodeFacts, event: Mapping | None, failures: tuple[WorkerFailure, ...],
+            code: int | None, phase: NodePhase, asked: Ask) -> tuple[EndReason, str]:
     """The end's reason, and its own words where they are not ``WORDS``'."""
     found = facts.found
     if found in DECISIVE:
@@ -192,7 +192,7 @@ def _reason(facts: NodeFacts, event: Mapping | None, code: int | None, phase: No
         return EndReason.AGENT_DIED, (f"the node agent ended without reporting ({how}); "
                                       "its guardian tears the run down there")
     if (asked >= Ask.STOP or event.get("ended") == Ended.SIGNAL) \
-            and not _failed_on_its_own(event):
+            and not _failed_on_its_own(event, failures):
         return EndReason.STOPPED, ""
     return EndReason.FAILED, ""
 
@@ -201,12 +201,12 @@ def _code(event: Mapping) -> int:
     return int(event.get("code", 1))
 
 
-def _event_words(why: EndReason, code: int | None, event: Mapping, first_rank: int) -> str:
+def _event_words(why: EndReason, code: int | None, event: Mapping,
+                 failures: tuple[WorkerFailure, ...], first_rank: int) -> str:
     """A stop's words as the node gave them; a failure's from its first failed rank."""
     if why is EndReason.STOPPED:
         return str(event.get("reason") or WORDS[why])
-    return _failure_reason(code, tuple(event.get("failures", ())), first_rank,
-                           event.get("last_lines") or [])
+    return _failure_reason(code, failures, first_rank, event.get("last_lines") or [])
 
 
 def describe_survivors(survivors: list[dict]) -> str:
@@ -216,7 +216,7 @@ def describe_survivors(survivors: list[dict]) -> str:
     return f"{len(survivors)} process(es) survived the teardown: {shown}{more}"
 
 
-def _failed_on_its_own(event: Mapping) -> bool:
+def _failed_on_its_own(event: Mapping, failures: tuple[WorkerFailure, ...]) -> bool:
     """Did the node fail before anyone asked it to stop? A whole-second time
     ``t`` means "during [t, t + 1)", so only a second wholly before counts."""
     if event.get("ended") == Ended.ITSELF:
@@ -224,11 +224,11 @@ def _failed_on_its_own(event: Mapping) -> bool:
     stopped_at = event.get("stopped_at")
     if stopped_at is None:
         return False
-    return any(f["timestamp"] + (1 if float(f["timestamp"]).is_integer() else 0) <= stopped_at
-               for f in event.get("failures", ()))
+    return any(f.timestamp + (1 if f.timestamp.is_integer() else 0) <= stopped_at
+               for f in failures)
 
 
-def _failure_reason(code: int | None, failures: tuple[dict, ...], first_rank: int,
+def _failure_reason(code: int | None, failures: tuple[WorkerFailure, ...], first_rank: int,
                     last_lines: list[str]) -> str:
     """``torchrun exited 1; rank 2 (local rank 1) failed: ...``, or with no
     worker failure on record, torchrun's own last line."""
@@ -237,11 +237,10 @@ def _failure_reason(code: int | None, failures: tuple[dict, ...], first_rank: in
     if not failures:
         return f"torchrun exited {code}" + (f": {last_lines[-1].strip()[-300:]}" if last_lines else "")
     first = failures[0]
-    rank = first_rank + first["local_rank"]
-    message = first["message"].strip().splitlines()
-    same = sorted(first_rank + f["local_rank"] for f in failures[1:]
-                  if f["message"] == first["message"])
+    rank = first_rank + first.local_rank
+    message = first.message.strip().splitlines()
+    same = sorted(first_rank + f.local_rank for f in failures[1:] if f.message == first.message)
     also = f"; the same on rank{'s' if len(same) > 1 else ''} {', '.join(map(str, same))}" \
         if same else ""
-    return (f"torchrun exited {code}; rank {rank} (local rank {first['local_rank']}) failed: "
+    return (f"torchrun exited {code}; rank {rank} (local rank {first.local_rank}) failed: "
             f"{message[-1] if message else '?'}{also}")

@@ -39,9 +39,9 @@ def wanted_files(info: DryRun, outcome: RunOutcome) -> dict[int, list[WantedFile
         if node_outcome.state is not NodeState.SUCCEEDED:
             wanted.setdefault(node.node_rank, []).extend(flight_recorder_files(node))
         for failure in node_outcome.failures:
-            source = inside(node.run_dir, failure.get("error_file"))
-            local_rank = failure.get("local_rank")
-            if source and isinstance(local_rank, int) and 0 <= local_rank < node.nproc:
+            source = inside(node.run_dir, failure.error_file)
+            local_rank = failure.local_rank
+            if source and 0 <= local_rank < node.nproc:
                 rank = node.first_rank + local_rank
                 wanted.setdefault(node.node_rank, []).append(WantedFile(
                     source, f"errors/node-{node.node_rank}/rank-{rank}.json",

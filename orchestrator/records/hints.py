@@ -128,8 +128,7 @@ def is_network_failure(root: Failed) -> bool:
 
 def _own_words(root: Failed) -> list[str]:
     """What a failed node said of itself: its reason and its ranks' messages."""
-    return [root.reason, *(str(f.get("message", "")) for f in root.failures
-                           if isinstance(f, dict))]
+    return [root.reason, *(f.message for f in root.failures)]
 
 
 def hint_for(texts: Iterable[str], node_rank: int, host: str,

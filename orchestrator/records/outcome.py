@@ -63,6 +63,24 @@ NETWORK_REASONS = frozenset({EndReason.START_TIMEOUT, EndReason.NO_ANSWER, EndRe
 
 
 @dataclass(frozen=True)
+class WorkerFailure:
+    """One rank's failure as its node's agent reported it (checked on arrival
+    by the protocol's ``FAILURES``): ``timestamp`` is the worker's error file's
+    time, or torchrun's, a whole second rounded down."""
+
+    local_rank: int
+    message: str
+    timestamp: float
+    error_file: str | None = None  # the worker's error file on its node, if it wrote one
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "WorkerFailure":
+        error_file = data.get("error_file")
+        return cls(int(data["local_rank"]), str(data["message"]), float(data["timestamp"]),
+                   None if error_file is None else str(error_file))
+
+
+@dataclass(frozen=True)
 class NodeOutcome:
     """How one node ended, why, and the worker failures its agent reported."""
 
@@ -72,19 +90,19 @@ class NodeOutcome:
     exit_code: int | None
     reason: str
     ended_at: float | None  # time.time() when the controller saw it end
-    failures: tuple[dict, ...] = ()
+    failures: tuple[WorkerFailure, ...] = ()
     why: EndReason = field(kw_only=True)
 
     @property
     def first_failure_ts(self) -> float | None:
-        stamps = [f["timestamp"] for f in self.failures if f.get("timestamp")]
+        stamps = [f.timestamp for f in self.failures if f.timestamp]
         return min(stamps) if stamps else self.ended_at
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["state"] = self.state.value
         out["why"] = self.why.value
-        out["failures"] = list(self.failures)
+        out["failures"] = list(out["failures"])  # each a dict (``asdict``)
         return out
 
     @classmethod
@@ -92,7 +110,8 @@ class NodeOutcome:
         return cls(node_rank=int(data["node_rank"]), host=str(data["host"]),
                    state=NodeState(data["state"]), exit_code=data.get("exit_code"),
                    reason=str(data.get("reason", "")), ended_at=data.get("ended_at"),
-                   failures=tuple(data.get("failures") or ()), why=EndReason(data["why"]))
+                   failures=tuple(WorkerFailure.from_dict(f) for f in data.get("failures") or ()),
+                   why=EndReason(data["why"]))
 
 
 @dataclass(frozen=True)
@@ -150,7 +169,7 @@ CASCADE = (r"Connection closed by peer|Connection reset by peer|Broken pipe|"
 def is_cascade(outcome: NodeOutcome) -> bool:
     """Every worker failure the node reported is a peer-loss cascade."""
     return bool(outcome.failures) and all(
-        re.search(CASCADE, str(f.get("message", "")), re.IGNORECASE) for f in outcome.failures)
+        re.search(CASCADE, f.message, re.IGNORECASE) for f in outcome.failures)
 
 
 def gang_outcome(run_id: str, nodes: tuple[NodeOutcome, ...], wall_s: float, *,

@@ -34,7 +34,8 @@ from orchestrator.engine.preflight import CheckResult
 from orchestrator.errors import LaunchError, OrchestratorError
 from orchestrator.plan.dryrun import ByHand
 from orchestrator.plan.render import dryrun_to_dict
-from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, RunOutcome, RunState
+from orchestrator.records.outcome import (EndReason, NodeOutcome, NodeState, RunOutcome,
+                                          RunState, WorkerFailure)
 from orchestrator.records.rundir import RunDir
 from orchestrator.records.store import NodeRecord, RunRecord
 
@@ -613,10 +614,10 @@ def test_a_finished_job_brings_home_its_result_error_files_and_outputs_masked(tm
     (node1 / "torchrun" / "dir.json").mkdir()
     (node1 / "torchrun" / "big.json").write_bytes(b"x" * ((1 << 20) + 1))  # over 1 MiB
     os.symlink("/etc/hostname", node1 / "torchrun" / "out.json")
-    failures = ({"local_rank": 0, "error_file": "torchrun/out.json"},
-                {"local_rank": 0, "error_file": "torchrun/dir.json"},
-                {"local_rank": 0, "error_file": "torchrun/big.json"},
-                {"local_rank": 1, "error_file": "torchrun/err.json"})
+    failures = (WorkerFailure(0, "m", 1.0, "torchrun/out.json"),
+                WorkerFailure(0, "m", 1.0, "torchrun/dir.json"),
+                WorkerFailure(0, "m", 1.0, "torchrun/big.json"),
+                WorkerFailure(1, "m", 1.0, "torchrun/err.json"))
     outcome = RunOutcome("r", RunState.FAILED, 3.0, (
         NodeOutcome(0, "n0", NodeState.SUCCEEDED, 0, "torchrun exited 0", None, why=EndReason.EXITED),
         NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, failures, why=EndReason.FAILED)),
@@ -710,7 +711,7 @@ def test_a_silent_node_is_not_blamed_on_a_node_that_only_cascaded():
     its own, so node 0 was not 'ended by Slurm when node 1 failed'."""
     cascaded = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1; rank 1 (local "
                            "rank 0) failed: SystemExit: 143", None,
-                           ({"message": "SystemExit: 143", "timestamp": 5.0},), why=EndReason.FAILED)
+                           (WorkerFailure(0, "SystemExit: 143", 5.0),), why=EndReason.FAILED)
     got = explained(lost(0), (lost(0), cascaded), FAILED_STATE, "srun --kill-on-bad-exit")
     assert got.state is NodeState.LOST
     assert "without a report from this node's agent" in got.reason
@@ -718,7 +719,7 @@ def test_a_silent_node_is_not_blamed_on_a_node_that_only_cascaded():
 
 def test_a_node_with_its_own_word_is_left_as_it_said():
     failed = NodeOutcome(1, "n1", NodeState.FAILED, 1, "torchrun exited 1", None, why=EndReason.FAILED)
-    reported = lost(0, failures=({"message": "boom"},))
+    reported = lost(0, failures=(WorkerFailure(0, "boom", 1.0),))
     assert explained(failed, (failed,), FAILED_STATE, "stops") is failed
     assert explained(reported, (reported, failed), FAILED_STATE, "stops") is reported
     assert explained(lost(0), (lost(0),), None).reason.startswith(

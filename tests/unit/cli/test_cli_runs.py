@@ -191,6 +191,12 @@ DAMAGES = [  # what was done to a good state.json, and words the listing must sa
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "nodes"}
                              | {"nodes": [{"host": "a"}]}), "lacks 'node_rank'"),
     (lambda text: json.dumps({**json.loads(text), "state": "exploded"}), "'exploded'"),
+    # a node outcome's worker failure without its time, and one with an unknown reason
+    (lambda text: json.dumps({**json.loads(text), "outcomes": [
+        {"node_rank": 0, "host": "h", "state": "failed", "why": "failed",
+         "failures": [{"local_rank": 0, "message": "boom"}]}]}), "lacks 'timestamp'"),
+    (lambda text: json.dumps({**json.loads(text), "outcomes": [
+        {"node_rank": 0, "host": "h", "state": "failed", "why": "gremlins"}]}), "'gremlins'"),
 ]
 
 
@@ -210,7 +216,7 @@ def test_a_damaged_record_is_listed_as_damaged_with_why_and_pruned_only_when_tol
     listed = run_cli("ps", "--runs-dir", str(runs), env=env)
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:-1]}
-    assert sorted(rows) == ["bad-0", "bad-1", "bad-2", "bad-3", "bad-4", "good-1"]
+    assert sorted(rows) == [f"bad-{k}" for k in range(len(DAMAGES))] + ["good-1"]
     assert " damaged " not in rows["good-1"]
     as_json = run_cli("ps", "--runs-dir", str(runs), "--json", env=env)
     shown = {r["run_id"]: r for r in json.loads(as_json.stdout)["runs"]}

@@ -14,7 +14,7 @@ from orchestrator.engine.nodestate import ATTEMPT_FROM, NEXT, Ask, NodePhase
 from orchestrator.console import Console
 from orchestrator.plan.dryrun import NodeLaunch
 from orchestrator.plan.model import NodePlan
-from orchestrator.records.outcome import NodeState
+from orchestrator.records.outcome import NodeState, WorkerFailure
 from orchestrator.records.rundir import RunDir
 from orchestrator.engine.nodestate import _failure_reason
 
@@ -252,7 +252,7 @@ def test_a_secret_in_an_event_is_masked_before_the_outcome_says_it(tmp_path):
     outcome, _log, _console, _, _ = relay(tmp_path, data, 7, env={"HF_TOKEN": SECRET})
     assert outcome.reason == \
         "torchrun exited 1; rank 3 (local rank 1) failed: ValueError: bad token ********"
-    assert SECRET not in json.dumps(outcome.failures)
+    assert SECRET not in json.dumps(outcome.to_dict()["failures"])
 
 
 def test_a_malformed_control_line_quoting_a_secret_is_noted_without_it(tmp_path):
@@ -362,9 +362,8 @@ def test_a_stream_that_ends_without_an_exit_event_is_a_lost_node(tmp_path, code,
 MESSAGE = "WorkloadError: --data real: no MNIST at /r/code/data/MNIST/raw (datasets.py:134)"
 
 
-def failure(local_rank: int, message: str = MESSAGE, at: float = 1.0) -> dict:
-    return {"local_rank": local_rank, "message": message, "timestamp": at,
-            "error_file": f"torchrun/x/attempt_0/{local_rank}/error.json"}
+def failure(local_rank: int, message: str = MESSAGE, at: float = 1.0) -> WorkerFailure:
+    return WorkerFailure(local_rank, message, at, f"torchrun/x/attempt_0/{local_rank}/error.json")
 
 
 def test_the_reason_names_the_first_failure_and_the_ranks_that_failed_the_same_way():

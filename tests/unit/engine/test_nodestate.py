@@ -13,7 +13,7 @@ from conftest import ROOT
 from orchestrator.agent.wire.protocol import Ended
 from orchestrator.engine.nodestate import (DECISIVE, FINDINGS, LOST, STATE_OF, WORDS, Ask,
                                            NodeFacts, NodePhase, NodePlace, node_outcome)
-from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState
+from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, WorkerFailure
 
 NODE = NodePlace(1, "h1", first_rank=4)
 FAILURE = {"local_rank": 1, "message": "ValueError: bad batch", "timestamp": 100.0,
@@ -45,7 +45,7 @@ def test_what_the_node_said_decides_unless_the_controller_found_more():
     failed = outcome(NodeFacts({"code": 1, "failures": [FAILURE], "ended": Ended.ITSELF}))
     assert (failed.state, failed.why) == (NodeState.FAILED, EndReason.FAILED)
     assert failed.reason == "torchrun exited 1; rank 5 (local rank 1) failed: ValueError: bad batch"
-    assert failed.failures == (FAILURE,)
+    assert failed.failures == (WorkerFailure(1, "ValueError: bad batch", 100.0),)
     # asked to stop, it stopped: its own words; but a failure of its own stays one
     stopped = outcome(NodeFacts({"code": 143, "reason": "stopped: node 0 failed"}),
                       asked=Ask.STOP)

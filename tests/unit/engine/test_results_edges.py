@@ -17,7 +17,8 @@ from orchestrator.engine.results import (WantedFile, fetch_outputs, inside, outp
 from orchestrator.errors import TransportError
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.dryrun import DryRun, NodeLaunch
-from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, RunOutcome, RunState
+from orchestrator.records.outcome import (EndReason, NodeOutcome, NodeState, RunOutcome,
+                                          RunState, WorkerFailure)
 from orchestrator.records.rundir import RunDir
 
 GPU = "nodes:\n  - {host: a, gpus: [0, 1]}\n  - {host: b, gpus: [2]}\nworkload: {name: linear}\n"
@@ -43,12 +44,11 @@ def node_outcome(rank: int, state: NodeState, failures=()) -> NodeOutcome:
 
 
 def test_wanted_files_a_failed_gpu_node_s_error_files_and_flight_records():
-    failures = [{"error_file": "torchrun/err.json", "local_rank": 0},
-                {"error_file": "../node-0/x.json", "local_rank": 0},
-                {"error_file": "e.json", "local_rank": 1},
-                {"error_file": "e.json", "local_rank": "0"},
-                {"error_file": "e.json", "local_rank": -1},
-                {"local_rank": 0}]
+    failures = [WorkerFailure(0, "m", 1.0, "torchrun/err.json"),
+                WorkerFailure(0, "m", 1.0, "../node-0/x.json"),
+                WorkerFailure(1, "m", 1.0, "e.json"),
+                WorkerFailure(-1, "m", 1.0, "e.json"),
+                WorkerFailure(0, "m", 1.0)]
     wanted = wanted_files(info_of(GPU), outcome(node_outcome(0, NodeState.SUCCEEDED),
                                                 node_outcome(1, NodeState.FAILED, failures)))
     assert wanted == {
@@ -248,7 +248,7 @@ def test_a_node_that_could_not_be_reached_at_the_end_is_not_asked_for_its_files(
         transport = where = None
 
     backend = Backend(LaunchOptions())
-    lost = node_outcome(1, NodeState.LOST, [{"error_file": "e.json", "local_rank": 0}])
+    lost = node_outcome(1, NodeState.LOST, [WorkerFailure(0, "m", 1.0, "e.json")])
     backend.fetch_results(info, {1: Dialled()}, outcome(node_outcome(0, NodeState.FAILED), lost),
                           run, {0: Agent()}, unreachable={1})
     log = (tmp_path / "r1" / "node-1.log").read_text()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, RunState, gang_outcome
+from orchestrator.records.outcome import (EndReason, NodeOutcome, NodeState, RunState,
+                                          WorkerFailure, gang_outcome)
 
 GLOO = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1"
 NCCL = "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 3"
@@ -18,7 +19,7 @@ VALUE = "ValueError: bad batch at step 17"
 
 def failed(k: int, *stamped: tuple[str, float], ended_at: float = 1000.0) -> NodeOutcome:
     return NodeOutcome(k, f"h{k}", NodeState.FAILED, 1, "torchrun exited 1", ended_at,
-                       tuple({"local_rank": i, "message": m, "timestamp": t, "error_file": None}
+                       tuple(WorkerFailure(i, m, t)
                              for i, (m, t) in enumerate(stamped)), why=EndReason.FAILED)
 
 

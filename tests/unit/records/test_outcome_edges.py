@@ -7,7 +7,11 @@ import pytest
 
 from orchestrator.engine.nodestate import STATE_OF
 from orchestrator.records.outcome import (AttemptOutcome, EndReason, NodeOutcome, NodeState,
-                                          RunState, gang_outcome, is_cascade)
+                                          RunState, WorkerFailure, gang_outcome, is_cascade)
+
+
+def fail(at: float, message: str = "m") -> WorkerFailure:
+    return WorkerFailure(0, message, at)
 
 
 def node(rank: int, state: NodeState = NodeState.FAILED, *, ended=None, failures=(), code=1):
@@ -26,17 +30,18 @@ def test_the_state_words():
 
 
 def test_the_first_failure_is_the_earliest_stamped_one_else_the_end():
-    assert node(0, ended=50.0, failures=[{"timestamp": 30.0}, {"timestamp": 20.0}, {}]
+    assert node(0, ended=50.0, failures=[fail(30.0), fail(20.0), fail(0.0)]
                 ).first_failure_ts == 20.0
-    assert node(0, ended=50.0, failures=[{"timestamp": 0}]).first_failure_ts == 50.0
+    assert node(0, ended=50.0, failures=[fail(0.0)]).first_failure_ts == 50.0
     assert node(0, ended=None).first_failure_ts is None
 
 
 def test_a_node_outcome_round_trips_through_its_dict():
-    outcome = node(2, NodeState.LOST, ended=7.5, failures=[{"message": "m", "timestamp": 1.0}], code=None)
+    outcome = node(2, NodeState.LOST, ended=7.5, failures=[fail(1.0, "m")], code=None)
     data = outcome.to_dict()
     assert data == {"node_rank": 2, "host": "h2", "state": "lost", "exit_code": None, "reason": "r",
-                    "ended_at": 7.5, "failures": [{"message": "m", "timestamp": 1.0}],
+                    "ended_at": 7.5, "failures": [{"local_rank": 0, "message": "m", "timestamp": 1.0,
+                                                  "error_file": None}],
                     "why": "silent"}
     assert NodeOutcome.from_dict(data) == outcome
     assert NodeOutcome.from_dict({"node_rank": "1", "host": "h", "state": "stopped",
@@ -68,12 +73,12 @@ def test_an_attempt_round_trips_through_its_dict():
     (["SystemExit: 1"], False),
 ])
 def test_a_cascade_is_every_failure_a_peer_loss(messages, expected):
-    assert is_cascade(node(0, failures=[{"message": m} for m in messages])) is expected
+    assert is_cascade(node(0, failures=[fail(1.0, m) for m in messages])) is expected
 
 
 def test_the_root_cause_is_the_original_failure_then_the_earliest_then_the_lowest_rank():
-    cascade = node(0, ended=1.0, failures=[{"message": "Broken pipe", "timestamp": 1.0}])
-    original = node(1, ended=9.0, failures=[{"message": "boom", "timestamp": 5.0}])
+    cascade = node(0, ended=1.0, failures=[fail(1.0, "Broken pipe")])
+    original = node(1, ended=9.0, failures=[fail(5.0, "boom")])
     assert gang_outcome("r", (cascade, original), 3.0, interrupted=False).root_cause == original
     early, late = node(3, ended=2.0), node(1, ended=4.0)
     assert gang_outcome("r", (late, early), 3.0, interrupted=False).root_cause == early
@@ -87,8 +92,7 @@ def test_a_lost_node_is_the_cause_of_a_rank_the_schedulers_teardown_stopped():
     """Slurm's step teardown (a node's agent SIGKILLed, --kill-on-bad-exit)
     SIGTERMs node 0's rank, whose program exits 143, before node 0's agent
     hears of the stop: the lost node came first (a loaded CI, once)."""
-    stopped = node(0, ended=5.0, failures=[{"message": "SystemExit: 143 (faultable.py:66)",
-                                                "timestamp": 4.0}])
+    stopped = node(0, ended=5.0, failures=[fail(4.0, "SystemExit: 143 (faultable.py:66)")])
     lost = node(1, NodeState.LOST, ended=None, code=None)
     assert gang_outcome("r", (stopped, lost), 3.0, interrupted=False).root_cause == lost
 

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.records.hints import (CUDA_DRIVER_ERRORS, PYTHON, cuda_error_words, failure_hint,
                                         gpu_hint, hint_for, transport_hint)
-from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState
+from orchestrator.records.outcome import EndReason, NodeOutcome, NodeState, WorkerFailure
 
 
 GLOO_LOOPBACK = (
@@ -85,8 +85,10 @@ def failed(node_rank: int, host: str, message: str, code: int = 1) -> NodeOutcom
     controller builds for it (the shim's error file adds the user's frame)."""
     failure = {"local_rank": 0, "message": message + " (train.py:12)", "timestamp": 1.0,
                "error_file": "torchrun/x/attempt_0/0/error.json"}
-    reason = _failure_reason(code, (failure,), node_rank, [])
-    return NodeOutcome(node_rank, host, NodeState.FAILED, code, reason, 2.0, (failure,), why=EndReason.FAILED)
+    typed = WorkerFailure.from_dict(failure)
+    reason = _failure_reason(code, (typed,), node_rank, [])
+    return NodeOutcome(node_rank, host, NodeState.FAILED, code, reason, 2.0, (typed,),
+                       why=EndReason.FAILED)
 
 
 def stopped(node_rank: int, host: str) -> NodeOutcome:

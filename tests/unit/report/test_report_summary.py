@@ -3,7 +3,7 @@ run's outcome (the live run of it stays in tests/live/test_summary.py)."""
 
 from __future__ import annotations
 
-from orchestrator.records.outcome import EndReason, RunOutcome, RunState
+from orchestrator.records.outcome import EndReason, RunOutcome, RunState, WorkerFailure
 from orchestrator.report.summary import render_summary
 from orchestrator.report.summary import interfaces_of
 
@@ -89,8 +89,8 @@ def test_the_interfaces_are_listed_after_a_network_failure_only():
         failed_run("did not join the rendezvous before the start timeout",
                    why=EndReason.START_TIMEOUT),
         failed_run("connection lost without an exit status", why=EndReason.CONNECTION_LOST),
-        failed_run("torchrun exited 1", ({"message": "socketStartConnect: Connect to "
-                                                     "10.0.0.2<45763> failed"},)),
+        failed_run("torchrun exited 1", (WorkerFailure(0, "socketStartConnect: Connect to "
+                                                          "10.0.0.2<45763> failed", 1.0),)),
     ]
     for outcome in network:
         assert line in render_summary(outcome, "/runs/r", INTERFACES), outcome.root_cause.reason
