@@ -84,19 +84,9 @@ class Failed(Protocol):
 def failure_hint(root: Failed, nodes: Sequence[Failed] = (), plan: Any = None) -> str | None:
     """The hint for ``root``, the run's root cause, or None. ``nodes`` lets a
     hint name the peer at fault; ``plan`` gives the run's own module."""
-    from .outcome import EndReason  # a dry run's hints (``CHECK``) need no outcome
-
-    node = f"node {root.node_rank} ({root.host})"
-    if root.why is EndReason.NO_ANSWER:
-        return (f"{node}'s agent never answered: its login or its Python hangs (a "
-                f"shell profile waiting for input, a stuck mount); try `ssh {root.host} "
-                f"true` by hand")
-    if root.why is EndReason.START_TIMEOUT:
-        return (f"{node} never reached the rendezvous: usually `master.addr` is not "
-                f"reachable from that node, or a firewall blocks the master port; {CHECK}")
     return hint_for(_own_words(root), root.node_rank, root.host,
                     [(n.node_rank, n.host) for n in nodes if n.node_rank != root.node_rank],
-                    module=run_module(plan))
+                    module=run_module(plan), why=root.why)
 
 
 def run_module(plan: Any) -> str | None:
@@ -132,9 +122,13 @@ def _own_words(root: Failed) -> list[str]:
 
 
 def hint_for(texts: Iterable[str], node_rank: int, host: str,
-             peers: Sequence[tuple[int, str]] = (), module: str | None = None) -> str | None:
+             peers: Sequence[tuple[int, str]] = (), module: str | None = None,
+             why: "EndReason | None" = None) -> str | None:
     """The hint for a failure of node ``node_rank`` (``host``) from its own
-    words ``texts``; ``peers``: the other nodes, as (rank, host)."""
+    words ``texts`` and, where there is one, its end's reason ``why``;
+    ``peers``: the other nodes, as (rank, host)."""
+    from .outcome import EndReason  # a dry run's hints (``CHECK``) need no outcome
+
     text = "\n".join(t for t in texts if t)
     node = f"node {node_rank} ({host})"
     nccl = "nccl" in text.lower() and "gloo" not in text.lower()
@@ -180,6 +174,13 @@ def hint_for(texts: Iterable[str], node_rank: int, host: str,
                 f"(`nvidia-smi -q -d COMPUTE`); or the interface (NCCL_SOCKET_IFNAME=<the NIC "
                 f"the nodes reach each other on>); `ddp-orch check --collective` tries NCCL "
                 f"across the run's layout")
+    if why is EndReason.NO_ANSWER:
+        return (f"{node}'s agent never answered: its login or its Python hangs (a "
+                f"shell profile waiting for input, a stuck mount); try `ssh {host} "
+                f"true` by hand")
+    if why is EndReason.START_TIMEOUT:
+        return (f"{node} never reached the rendezvous: usually `master.addr` is not "
+                f"reachable from that node, or a firewall blocks the master port; {CHECK}")
     if _NO_TORCH.search(text):
         return f"{node} has no torch for its `python:`: {PYTHON}"
     missing = _NO_MODULE.search(text)

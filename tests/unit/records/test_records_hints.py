@@ -11,6 +11,8 @@ root cause (``nodestate._failure_reason``) before the hint reads it.
 
 from __future__ import annotations
 
+import dataclasses
+
 from orchestrator.engine.nodestate import _failure_reason
 import pytest
 
@@ -194,6 +196,12 @@ def test_a_node_that_never_joined():
                          "did not join the rendezvous before the start timeout (no answer "
                          "from the node within 30s)", 5.0, why=EndReason.NO_ANSWER)
     assert "agent never answered" in failure_hint(silent)
+    # the reason decides, not the words: the same words under another reason say nothing
+    assert failure_hint(dataclasses.replace(root, why=EndReason.FAILED)) is None
+    # what the node's ranks said is more precise than "never joined": it wins
+    store = dataclasses.replace(root, failures=(WorkerFailure(0, STORE_UNREACHABLE, 4.0),))
+    assert failure_hint(store).startswith("node 1 (lab1) cannot reach the rendezvous at "
+                                          "10.77.84.10:29555")
 
 
 def test_no_torch_gets_the_python_hint_and_nothing_else_does():
