@@ -557,6 +557,8 @@ def _from_agents(record: RunRecord, detail: str) -> RunDescription:
                 words="the node agent ended without reporting (no exit status on record)")
         elif event is not None and code and node.node_rank in first_ranks:  # how it failed
             facts = NodeFacts(event, ended_at=os.path.getmtime(path))
+        elif code == 0:  # as its record says it
+            facts = NodeFacts({"code": 0}, found=EndReason.EXITED, words="torchrun exited 0")
         else:
             facts = NodeFacts({"code": code})
         nodes.append(node_outcome(place, facts))

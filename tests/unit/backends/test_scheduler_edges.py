@@ -815,7 +815,7 @@ def test_a_job_whose_controller_is_gone_ended_as_its_agents_recorded(tmp_path):
     # node 4: never started (no directory)
     got = FakeScheduler(states=[DONE]).describe(record)
     assert [(n.node_rank, n.state, n.exit_code, n.reason) for n in got.nodes] == [
-        (0, NodeState.SUCCEEDED, 0, "exited 0"),
+        (0, NodeState.SUCCEEDED, 0, "torchrun exited 0"),
         (1, NodeState.FAILED, 3, "torchrun exited 3"),
         (2, NodeState.LOST, None, LOST_WORDS),
         (3, NodeState.LOST, None, LOST_WORDS),
