@@ -11,17 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..wire import fields
-from ..wire.fields import (TEXT, TIME, Field, count, is_int, is_number, of_types, one_of,
-                          optional, shown)
+from ..wire.fields import TEXT, TIME, Field, count, is_int, is_number, of_types, optional, shown
 from ..wire.protocol import PACE_KEYS, ProtocolError, validate
-from ..wire.runstate import KEPT_STATES
 
 _RANK, _INT = count(0), of_types(int)
 # field -> what it must be, for what a keeper writes; a field that is not is
 # dropped, with a note (``fields.keep_good``).
 _KEEPER_FIELDS = {
     "pid": count(1), "start_time": _INT, "node_rank": _RANK,
-    "run_id": TEXT, "owner?": fields.RECORD, "state": one_of(KEPT_STATES), "code": optional(_INT),
+    # ``state``: a RunState word as the keepers write it; text here, so that a
+    # record with another word still settles the run (a note says what was shown)
+    "run_id": TEXT, "owner?": fields.RECORD, "state": TEXT, "code": optional(_INT),
     "attempt": _RANK, "updated": TIME, "attempts": fields.LIST, "progress": fields.RECORD,
 }
 # A rank's last step in the keeper's ``progress`` (``keeper._record_progress``):
@@ -44,7 +44,7 @@ _GPU_FIELDS = {"gpu": Field(lambda v: is_int(v) and 0 <= v < 1 << 20, "a GPU ind
                "gpu_util": optional(Field(lambda v: is_int(v) and 0 <= v <= 100, "a percentage")),
                "gpu_mem_mib": optional(Field(lambda v: is_int(v) and 0 <= v < 1 << 40, "MiB"))}
 _ATTEMPT_FIELDS = {
-    "attempt": _RANK, "master_port": fields.PORT, "state": one_of(KEPT_STATES), "stop_reason": TEXT,
+    "attempt": _RANK, "master_port": fields.PORT, "state": TEXT, "stop_reason": TEXT,
     "restart": TEXT, "no_restart": TEXT, "nodes": fields.RECORD,
 }
 # A node's part of an attempt beyond its exit event (``protocol``'s checks).
