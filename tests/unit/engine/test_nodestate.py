@@ -117,3 +117,14 @@ def test_an_outcome_is_made_in_one_place():
             made += [os.path.relpath(path, ROOT) for node in ast.walk(tree)
                      if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "NodeOutcome"]
     assert sorted(set(made)) == ["orchestrator/engine/nodestate.py"]
+
+
+def test_a_kept_runs_node_left_running_is_not_started_until_supervised():
+    """``ps`` of a run the controller left: a node it never reached has not
+    started, one it follows is running (a stop is not asked of it)."""
+    facts = NodeFacts(found=EndReason.RUNNING, words="running (attempt 0, starting)")
+    never = outcome(facts, phase=NodePhase.NEW)
+    assert (never.state, never.why, never.reason) == (
+        NodeState.NOT_STARTED, EndReason.RUNNING, "running (attempt 0, starting)")
+    for phase in (NodePhase.SUPERVISED, NodePhase.GO, NodePhase.STARTED):
+        assert outcome(facts, phase=phase).state is NodeState.STOPPED
