@@ -104,7 +104,7 @@ def test_the_hang_watchdog_has_every_rank_dump_its_flight_recorder_before_it_sto
                         "[{host: localhost, procs: 2}, {host: localhost, procs: 1}]")
     runs = str(tmp_path / "runs")
     ran = run_cli("up", cluster, "--run-id", "frhang", "--runs-dir", runs, "--grace", "3",
-                  "--hang-timeout", "10", timeout=240)
+                  "--hang-timeout", "20", timeout=240)
     out = ran.stdout + ran.stderr
     assert ran.returncode == 1, out
     assert ("flight recorder: rank 2 never issued collective #2 (gloo:all_reduce) of process "
