@@ -14,7 +14,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..config.limits import BACKENDS, PLUGIN_GROUP, backend_names, entry_points_of
+from ..config.limits import (BACKENDS, PLUGIN_GROUP, backend_names, distribution_of,
+                             entry_points_of)
 from ..config.spec import ClusterSpec
 from ..engine.options import LaunchOptions
 from ..errors import ConfigError
@@ -89,9 +90,7 @@ def origin_of(name: str) -> BackendOrigin:
     if name in BUILTIN:
         return BackendOrigin(True, BUILTIN[name])
     entry = plugin_backends()[name]
-    dist = getattr(entry, "dist", None)
-    return BackendOrigin(False, entry.value,
-                         f"{dist.name} {dist.version}" if dist is not None else "a plugin")
+    return BackendOrigin(False, entry.value, distribution_of(entry) or "a plugin")
 
 
 def backends_with(has: Callable[[Capabilities], bool]) -> list[str]:

@@ -27,6 +27,12 @@ def entry_points_of(group: str) -> dict:
     return {ep.name: ep for ep in entry_points(group=group)}
 
 
+def distribution_of(entry) -> str:
+    """``name version`` of the distribution an entry point comes from ("" if unknown)."""
+    dist = getattr(entry, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else ""
+
+
 def backend_names() -> tuple[str, ...]:
     """Every backend a cluster file may name here: the built-ins, then the
     plugins' (a built-in's name is the built-in's)."""

@@ -151,9 +151,10 @@ class Gang:
         if self.left:
             return RunOutcome(self.plan.run_id, RunState.RUNNING, wall,
                               tuple(h.finish(timeout=0.1) for h in self.handles), None, None)
-        if self.paused_words():  # the nodes that stopped as we were paused: why, on our side
+        paused = self.paused_words()
+        if paused:  # the nodes that stopped as we were paused: why, on our side
             for handle in self.handles:
-                handle.facts.find(EndReason.PAUSED, self.paused_words())
+                handle.facts.find(EndReason.PAUSED, paused)
         outcomes = tuple(h.finish() for h in self.handles)
         self._report_progress(final=True)  # the nodes' last heartbeats, read by finish()
         return gang_outcome(self.plan.run_id, outcomes, time.monotonic() - started,

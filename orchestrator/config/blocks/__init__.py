@@ -24,7 +24,7 @@ import importlib
 from types import ModuleType
 
 from ...errors import ConfigError
-from ..limits import BLOCK_GROUP, entry_points_of
+from ..limits import BLOCK_GROUP, distribution_of, entry_points_of
 
 # The built-in backends' blocks, one module each here.
 BLOCK_MODULES = ("orchestrator.config.blocks.slurm",)
@@ -45,8 +45,7 @@ def blocks(plugins: bool = False) -> tuple[ModuleType, ...]:
 
 def _plugin_block(name: str, entry, builtin: tuple[ModuleType, ...]) -> ModuleType:
     """A plugin's block module, refused by name where it does not fit."""
-    dist = getattr(entry, "dist", None)
-    origin = f"{dist.name} {dist.version}" if dist is not None else entry.value
+    origin = distribution_of(entry) or entry.value
     try:
         module = entry.load()
     except Exception as exc:  # noqa: BLE001 (whatever a plugin raises, said as its fault)
