@@ -398,24 +398,3 @@ def build_parser(name: str) -> argparse.ArgumentParser:
                              "(default: $DDP_ORCH_RESULT_FILE, else none)")
     return parser
 
-
-def args_to_argv(args: Mapping[str, Any]) -> tuple[str, ...]:
-    """Render ``{epochs: 10, amp: true}`` as ``--epochs 10 --amp``.
-
-    Used for built-in workloads and user scripts alike. Booleans become
-    ``--x`` / ``--no-x``; a list passes each item as its own value after
-    one flag; ``None`` passes the bare flag.
-    """
-    argv: list[str] = []
-    for key, value in args.items():
-        flag = "--" + str(key).replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif value is None:
-            argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            argv.append(flag)
-            argv.extend(str(v) for v in value)
-        else:
-            argv.extend((flag, str(value)))
-    return tuple(argv)

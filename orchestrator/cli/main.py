@@ -653,9 +653,9 @@ def list_backends() -> None:
 @main.command("workloads")
 def list_workloads() -> None:
     """List the built-in workloads and their arguments."""
-    from workloads.catalog import CATALOG
+    from ..config.catalog import builtin
 
-    for info in CATALOG.values():
+    for info in builtin().workloads.values():
         click.echo(f"{info.name:<8} {info.summary}  (seed {info.seed}, python -m {info.module})")
         for arg in info.args:
             choices = f" [{'|'.join(map(str, arg.choices))}]" if arg.choices else ""

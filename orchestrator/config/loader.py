@@ -11,14 +11,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from workloads.catalog import CATALOG
-
 from ..agent.node.gpus import HEALTH_RULES
 from ..agent.node.outputs import pattern_problem
 from ..agent.node.outputsteps import compile_pattern
 from ..agent.node.setupstamp import path_problem
 from ..errors import ConfigError
 from .blocks import blocks, top_keys
+from .catalog import Catalog, Workload, builtin
 from .limits import backend_names
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS,
                    LOCAL_HOSTS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT,
@@ -79,7 +78,7 @@ RESERVED_ENV = frozenset({
 })
 
 
-def load_cluster_file(path: str) -> ClusterSpec:
+def load_cluster_file(path: str, catalog: Catalog | None = None) -> ClusterSpec:
     """Read and validate a cluster file; raise ``ConfigError`` on any problem."""
     try:
         with open(path, "rb") as fh:
@@ -90,7 +89,8 @@ def load_cluster_file(path: str) -> ClusterSpec:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     text = _decode(data, path)
-    return load_cluster_text(text, source=path, base_dir=os.path.dirname(os.path.abspath(path)))
+    return load_cluster_text(text, source=path, base_dir=os.path.dirname(os.path.abspath(path)),
+                             catalog=catalog)
 
 
 def _decode(data: bytes, path: str) -> str:
@@ -105,8 +105,11 @@ def _decode(data: bytes, path: str) -> str:
                           hint="save the file as UTF-8 (a cluster file is plain text)") from None
 
 
-def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".") -> ClusterSpec:
-    """Validate cluster-file ``text``; relative script paths resolve from ``base_dir``."""
+def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".",
+                      catalog: Catalog | None = None) -> ClusterSpec:
+    """Validate cluster-file ``text``; relative script paths resolve from ``base_dir``;
+    ``workload: {name}`` is one of ``catalog``'s (the built-in workloads' by default)."""
+    catalog = catalog or builtin()
     root = parse(text, source)
     plugins = _names_a_plugin(root)
     known = blocks(plugins)
@@ -125,7 +128,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
     if "workload" not in top:
         raise root.error("missing 'workload'",
                          hint="add `workload: {name: linear}` (see `ddp-orch workloads`)")
-    workload = _workload(top["workload"], base_dir)
+    workload = _workload(top["workload"], base_dir, catalog)
     master_addr, master_port = _master(top["master"]) if "master" in top else (None, AUTO_PORT)
     device = _device(top["device"]) if "device" in top else "auto"
     given = [block for block in known if block.KEY in top]
@@ -156,7 +159,7 @@ def load_cluster_text(text: str, *, source: str = "<text>", base_dir: str = ".")
         progress_pattern=_progress(top["progress"]) if "progress" in top else None,
         base_dir=os.path.abspath(base_dir),
         **(_gpu_policy(top["gpu_policy"], nodes) if "gpu_policy" in top else {}),
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), catalog=catalog)
     for block in known:
         if block.BACKEND == backend:
             block.check_layout(spec, top, NODE_KEYS)
@@ -569,14 +572,14 @@ def _gpu_field(item: Located) -> Located:
     return item.mapping(NODE_KEYS)["gpus"]
 
 
-def _workload(field: Located, base_dir: str) -> WorkloadSpec:
+def _workload(field: Located, base_dir: str, catalog: Catalog) -> WorkloadSpec:
     """``workload:``: a built-in ``name``, or a ``script`` or ``module`` run from ``code``."""
     entries = field.mapping(WORKLOAD_KEYS)
     base_dir = os.path.abspath(base_dir)
     given = [key for key in PROGRAM_KEYS if key in entries]
     if len(given) != 1:
         both = f"; {given[0]!r} and {given[1]!r} are both given" if given else ""
-        hint = "built-in workloads: " + ", ".join(CATALOG) if "name" in given or not given \
+        hint = "built-in workloads: " + catalog.names() if "name" in given or not given \
             else "script: train.py runs `python train.py`, module: pkg.train runs `python -m " \
                  "pkg.train`, both from the code directory"
         raise field.error("give exactly one of 'name' (a built-in workload), 'script' (your "
@@ -588,15 +591,16 @@ def _workload(field: Located, base_dir: str) -> WorkloadSpec:
                 "'code' goes with 'script' or 'module': a built-in workload brings its own",
                 hint="remove code:, or run your own program with script: or module:")
         name = entries["name"].string()
-        if name not in CATALOG:
-            close = closest_hint(name, CATALOG)
+        if name not in catalog:
+            close = closest_hint(name, catalog)
             raise entries["name"].error(f"unknown workload {name!r}",
-                                        hint=close or "built-in workloads: " + ", ".join(CATALOG))
+                                        hint=close or "built-in workloads: " + catalog.names())
         if isinstance(args, tuple):
             raise entries["args"].error(
                 "a built-in workload takes its args as a mapping (ddp-orch checks each one)",
                 hint=f"e.g. args: {{epochs: 10}}; `ddp-orch workloads` lists {name}'s arguments")
-        args = _check_builtin_args(name, entries["args"] if "args" in entries else None, args)
+        args = _check_builtin_args(catalog[name], entries["args"] if "args" in entries else None,
+                                   args)
         return WorkloadSpec(name=name, script=None, args=args)
     code = code_dir(entries["code"], base_dir) if "code" in entries else None
     if "module" in entries:
@@ -755,11 +759,11 @@ def _arg_list(field: Located) -> tuple[str, ...]:
     return tuple(words)
 
 
-def _check_builtin_args(name: str, field: Located | None,
+def _check_builtin_args(info: Workload, field: Located | None,
                         args: Mapping[str, Any]) -> dict[str, Any]:
     entries = field.mapping(None) if field is not None else {}
     try:
-        return check_workload_args(name, args)
+        return check_workload_args(info, args)
     except ValueError as exc:
         key, message, hint = exc.args
         raise entries[key].error(message, hint) from None
@@ -769,11 +773,11 @@ def _check_builtin_args(name: str, field: Located | None,
 _YAML_BOOL_WORDS = {True: ("true", "yes", "on", "y"), False: ("false", "no", "off", "n")}
 
 
-def check_workload_args(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """``args`` checked against the catalog; ``ValueError(key, message, hint)``.
+def check_workload_args(info: Workload, args: Mapping[str, Any]) -> dict[str, Any]:
+    """``args`` checked against workload ``info``'s; ``ValueError(key, message, hint)``.
     YAML reads ``amp: off`` as false; for a string argument with such a
     choice, the value is that choice as the user wrote it."""
-    info = CATALOG[name]
+    name = info.name
     checked = dict(args)
     for key, value in args.items():
         spec = info.arg(key)

@@ -7,9 +7,8 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from workloads.catalog import CATALOG
-
 from ..errors import ConfigError
+from .catalog import builtin
 from .loader import (check_workload_args, cuda_without_gpus, default_name, env_name_problem,
                      module_name, module_warning, one_index_warning, parse_gpus, script_in,
                      too_broad)
@@ -187,10 +186,11 @@ def program_workload(base: WorkloadSpec | None, words: tuple[str, ...],
 def choose_workload(base: ClusterSpec | None, name: str | None,
                     args: Mapping[str, Any]) -> WorkloadSpec:
     """The file's workload (or the built-in ``name``) with ``args`` merged, checked."""
+    catalog = base.catalog if base is not None else builtin()
     if name is not None:
-        if name not in CATALOG:
+        if name not in catalog:
             raise ConfigError(f"unknown workload {name!r}", path="--workload", source=CLI,
-                              hint=closest_hint(name, CATALOG) or "see `ddp-orch workloads`")
+                              hint=closest_hint(name, catalog) or "see `ddp-orch workloads`")
         chosen = WorkloadSpec(name=name, script=None, args={})
     else:
         chosen = base.workload
@@ -202,7 +202,7 @@ def choose_workload(base: ClusterSpec | None, name: str | None,
     merged = {**chosen.args, **args} if not isinstance(chosen.args, tuple) else chosen.args
     if chosen.name is not None:
         try:
-            merged = check_workload_args(chosen.name, merged)
+            merged = check_workload_args(catalog[chosen.name], merged)
         except ValueError as exc:
             key, message, hint = exc.args
             raise ConfigError(message, path=f"--arg {key}", source=CLI, hint=hint) from None

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from workloads.catalog import CATALOG
-
 from .loader import (COUNT_KEYS, DEVICES, ENV_NAME_RE, HOST_RE, IFNAME_RE, MASTER_KEYS,
                      MAX_CONNECT_TIMEOUT, MAX_GPU_INDEX, MAX_HANG_TIMEOUT, MAX_MODULE_NAME,
                      MAX_NODES, MAX_RESTARTS, MIN_HANG_TIMEOUT, MAX_PROCS, MODULE_RE, NAME_RE,
@@ -25,6 +23,7 @@ from .loader import EXCLUDE_RE, FREE_N_RE, GPU_POLICY_KEYS, MAX_BUSY_MIB, MAX_EX
 from ..agent.node.gpus import HEALTH_RULES
 from .loader import MAX_PROGRESS_PATTERN, PROGRESS_KEYS
 from .blocks import blocks, top_keys
+from .catalog import Catalog, builtin
 from .limits import backend_names
 from .spec import (AUTO_PORT, BACKENDS, DEFAULT_GPU_BUSY_MIB, DEFAULT_GPU_BUSY_UTIL, DEFAULT_PORT,
                    DEFAULT_SETUP_TIMEOUT, DEFAULT_WORKDIR, GPU_REQUESTS, LOCAL_HOSTS)
@@ -219,9 +218,9 @@ def _master() -> dict[str, Any]:
     }, "master", "Where torchrun's static rendezvous listens (global rank 0).")
 
 
-def _workload() -> dict[str, Any]:
+def _workload(catalog: Catalog) -> dict[str, Any]:
     return _mapping(WORKLOAD_KEYS, {
-        "name": {"enum": list(CATALOG),
+        "name": {"enum": list(catalog),
                  "description": "A built-in workload (`ddp-orch workloads` lists them and their "
                                 "arguments)."},
         "script": {"type": "string", "pattern": _NON_BLANK,
@@ -263,7 +262,7 @@ def _workload() -> dict[str, Any]:
                                             "required": ["args"]}]}}},
                *({"if": {"properties": {"name": {"const": name}}, "required": ["name"]},
                   "then": {"properties": {"args": _builtin_args(info)}}}
-                 for name, info in CATALOG.items())])
+                 for name, info in catalog.workloads.items())])
 
 
 def _builtin_args(info: Any) -> dict[str, Any]:
@@ -380,9 +379,10 @@ def _between_fields() -> list[dict[str, Any]]:
     ]
 
 
-def cluster_schema() -> dict[str, Any]:
+def cluster_schema(catalog: Catalog | None = None) -> dict[str, Any]:
     """The JSON Schema of a cluster file (a fresh dict on every call), with the
-    installed plugins' backends and blocks."""
+    installed plugins' backends and blocks, and ``catalog``'s workloads (the
+    built-in ones by default)."""
     top = _keyed(top_keys(CORE_KEYS, plugins=True), {
         "name": {"type": ["string", "number"], "pattern": NAME_RE.pattern,
                  "description": "Run name, used in run ids (letters, digits, '.', '_' or '-'; "
@@ -507,6 +507,6 @@ def cluster_schema() -> dict[str, Any]:
             "node": _node(),
             "placed": _placed(),
             **{block.KEY: block.schema(_mapping) for block in blocks(plugins=True)},
-            "workload": _workload(),
+            "workload": _workload(catalog or builtin()),
         },
     }

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 # The launch backends and the bounds the command line shares: ``limits``, so
 # that the CLI builds its options without this module's dataclasses.
 from .limits import BACKENDS, MAX_GPU_WAIT, MAX_HANG_TIMEOUT, MAX_RESTARTS, MIN_HANG_TIMEOUT  # noqa: F401
+from .catalog import Catalog, builtin
 
 AUTO_PORT = "auto"
 LOCAL_HOSTS = frozenset({"localhost"})
@@ -158,6 +159,9 @@ class ClusterSpec:
     # What was given that is valid but likely not meant (``gpus: 4``): said by
     # the dry-run and by ``up`` before anything starts.
     warnings: tuple[str, ...] = ()
+    # The workloads ``workload.name`` was checked against: the plan and the
+    # refusals read this one.
+    catalog: Catalog = field(default_factory=builtin, compare=False, repr=False)
 
     @property
     def all_warnings(self) -> tuple[str, ...]:

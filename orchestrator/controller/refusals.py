@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping
 
-from workloads.catalog import CATALOG, Layout
-
 from ..engine import gpuplan
 from ..engine.options import LaunchOptions
 from ..config.spec import LOCAL_HOSTS, ClusterSpec
@@ -98,7 +96,7 @@ def _workload_rules(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) ->
     name = spec.workload.name
     if name is None or not isinstance(spec.workload.args, Mapping):
         return
-    info = CATALOG[name]
+    info = spec.catalog[name]
     args = {key.replace("-", "_"): value for key, value in spec.workload.args.items()}
     found = info.refusal(args, layout(spec, plan, args.get("device"),
                                       restarts=options.max_restarts > 0))
@@ -115,18 +113,20 @@ def _workload_rules(spec: ClusterSpec, plan: RunPlan, options: LaunchOptions) ->
 
 
 def layout(spec: ClusterSpec, plan: RunPlan, device_arg: str | None, *,
-           restarts: bool) -> Layout:
-    """Where the ranks run, for the rank that fares worst. A rank's GPUs count only
-    where CUDA is certain: ``cuda``, or ``auto`` with every node on this machine."""
+           restarts: bool) -> Any:
+    """Where the ranks run, for the rank that fares worst (the catalog's
+    ``layout``). A rank's GPUs count only where CUDA is certain: ``cuda``, or
+    ``auto`` with every node on this machine."""
+    where = spec.catalog.layout
     wanted = device_arg or plan.device
     seen = [0 if given.procs is not None else
             given.gpu_count if given.gpu_count is not None else node.nproc
             for given, node in zip(spec.nodes, plan.nodes)]
     if wanted == "cpu":
-        return Layout(plan.world_size, device="cpu", gpus=0, restarts=restarts)
+        return where(plan.world_size, device="cpu", gpus=0, restarts=restarts)
     if min(seen) == 0:  # CPU processes: CUDA_VISIBLE_DEVICES is empty there
-        return Layout(plan.world_size, device="cpu" if wanted == "auto" else None, gpus=0,
+        return where(plan.world_size, device="cpu" if wanted == "auto" else None, gpus=0,
                       restarts=restarts)
     if wanted == "cuda" or all(node.is_local for node in plan.nodes):
-        return Layout(plan.world_size, device="cuda", gpus=min(seen), restarts=restarts)
-    return Layout(plan.world_size, restarts=restarts)
+        return where(plan.world_size, device="cuda", gpus=min(seen), restarts=restarts)
+    return where(plan.world_size, restarts=restarts)

@@ -9,13 +9,13 @@ import dataclasses
 import itertools
 import os
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from workloads import contract
-from workloads.catalog import CATALOG, args_to_argv
 
 from ..agent.node.outputsteps import PATTERN_ENV as PROGRESS_PATTERN_ENV
 from ..agent.node.ompthreads import AT_LAUNCH, OMP_VAR, resolve_threads
+from ..config.catalog import Catalog
 from ..config.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from .model import (BUILTIN_DIR, PROJECT_DIR, Entrypoint, GpuChoice, NodePlan, RankPlan,
                     RunPlan)
@@ -116,7 +116,7 @@ def build_plan(spec: ClusterSpec, *, run_id: str, local_run_dir: str,
             user_env=tuple(sorted(node.env))))
     ranks = rank_plans(nodes)
     workload = spec.workload
-    entrypoint = entrypoint_of(workload)
+    entrypoint = entrypoint_of(workload, spec.catalog)
     return RunPlan(run_id=run_id, name=spec.name, backend=spec.backend,
                    world_size=spec.world_size, master_addr=master_addr,
                    master_port=spec.master_port, device=device,
@@ -141,16 +141,35 @@ def rank_plans(nodes: "list[NodePlan] | tuple[NodePlan, ...]") -> tuple[RankPlan
         for n in nodes for i in range(n.nproc))
 
 
-def entrypoint_of(workload: WorkloadSpec) -> Entrypoint:
+def entrypoint_of(workload: WorkloadSpec, catalog: Catalog) -> Entrypoint:
     """What every worker runs from its code root: a module or script, then its arguments."""
     args = workload.args if isinstance(workload.args, tuple) else args_to_argv(workload.args)
     if workload.name is not None:
-        return Entrypoint(module=CATALOG[workload.name].module, script=None, args=tuple(args))
+        return Entrypoint(module=catalog[workload.name].module, script=None, args=tuple(args))
     script = None
     if workload.script is not None:
         script = os.path.relpath(workload.script, workload.code or os.path.dirname(
             workload.script)).replace(os.sep, "/")
     return Entrypoint(module=workload.module, script=script, args=tuple(args))
+
+
+def args_to_argv(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """``{epochs: 10, amp: true}`` as ``--epochs 10 --amp``, as a workload's
+    argparse reads it: a boolean is ``--x``/``--no-x``, a list one flag with
+    each item a value, ``None`` the bare flag."""
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is None:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv.append(flag)
+            argv.extend(str(v) for v in value)
+        else:
+            argv.extend((flag, str(value)))
+    return tuple(argv)
 
 
 def setup_argv(command: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -17,8 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from workloads.contract import write_json_atomic
-
+from ..agent.node.scrub import write_atomically
 from ..errors import ConfigError
 from .runsdir import mark
 
@@ -107,7 +106,9 @@ class RunDir:
             fh.write(text)
 
     def write_json(self, name: str, payload: Any) -> None:
-        write_json_atomic(self.file(name), payload)
+        """Whole or not at all: ``ps`` may read it at any moment."""
+        text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=True) + "\n"
+        write_atomically(self.file(name), text.encode(), 0o600)
 
     def load_json(self, name: str) -> Any:
         """The record ``name``; ``OSError`` or ``ValueError`` when it cannot be had."""

@@ -11,7 +11,7 @@ from ..records.hints import failure_hint, is_network_failure
 from ..records.outcome import RunOutcome
 from ..tables import format_table
 from ..agent.node.gpus import mixed_models
-from workloads.catalog import describe_speed
+from ..config.catalog import builtin
 from .gpus import gpu_lines, node_gpus
 from .pace import from_step_times, stragglers
 
@@ -153,7 +153,7 @@ def data_lines(result: dict[str, Any]) -> list[str]:
 def speed_lines(result: dict[str, Any]) -> list[str]:
     """``speed: ...``: what a built-in's speed options (amp, TF32, ...) came to."""
     speed = result.get("speed")
-    return [f"speed: {describe_speed(speed)}"] if isinstance(speed, dict) and speed else []
+    return [f"speed: {builtin().describe_speed(speed)}"] if isinstance(speed, dict) and speed else []
 
 
 def _metrics_line(result: dict[str, Any]) -> str:

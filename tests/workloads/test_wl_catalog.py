@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from wl_support import ROOT, workload_env
-from workloads.catalog import CATALOG, args_to_argv, build_parser
+from orchestrator.plan.build import args_to_argv
+from workloads.catalog import CATALOG, build_parser
 
 WORKLOADS = ("noop", "linear", "toy", "mlp", "mnist", "resnet")
 

@@ -12,7 +12,8 @@ from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.controller.session import prepare
 from orchestrator.errors import ConfigError
-from workloads.catalog import CATALOG, args_to_argv
+from orchestrator.plan.build import args_to_argv
+from workloads.catalog import CATALOG
 from workloads.harness.context import WorkloadError
 from workloads.harness.job import start
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 MASK = b"********"
 
@@ -42,8 +43,10 @@ def scrub_tree(directory: str, secrets: list[str], mask: bytes = MASK) -> int:
 
 def write_atomically(path: str, data: bytes, mode: int) -> None:
     """``data`` into ``path`` whole or not at all, never through a symlink, in
-    ``mode`` whatever the umask. Every file the agent writes on a node goes here."""
-    partial = f"{path}.part-{os.getpid()}"
+    ``mode`` whatever the umask. Every file the agent writes on a node goes
+    here, and the controller's run records: the partial file is the writing
+    thread's own, so two threads may write one record."""
+    partial = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
     try:
         os.unlink(partial)  # a leftover of a crashed writer with our pid
     except FileNotFoundError:

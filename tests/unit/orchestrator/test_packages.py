@@ -42,6 +42,11 @@ OUTSIDE_IMPORTS = {
 }
 # Needed by the examples and their tests only, never by what is installed.
 EXAMPLES_ONLY = "accelerate"
+# What the core may import of ``workloads``: the contract both sides speak
+# (environment names, the result file's keys) anywhere; the catalog only
+# through its one interface; the package itself only to ship it.
+WORKLOADS_SEAMS = {"workloads.contract": None, "workloads.catalog": {"config/catalog.py"},
+                   "workloads": {"engine/bundle.py"}}
 
 
 def _imports(package: str, path: str) -> list[str]:
@@ -235,6 +240,51 @@ def test_a_circle_of_imports_is_found_even_through_a_function_but_not_for_type_c
         (pkg / rel).write_text(text)
     assert import_cycles(str(pkg)) == [
         ["agent.kept.daemon", "agent.kept.head", "agent.kept.keeper"]]
+
+
+def workloads_imports(package: str) -> list[str]:
+    """Every import of ``workloads`` by a file of ``package`` that
+    ``WORKLOADS_SEAMS`` does not allow, as ``file imports module``."""
+    bad = []
+    for folder, dirs, names in os.walk(package):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, package).replace(os.sep, "/")
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    targets = [node.module] if node.module != "workloads" else \
+                        [f"workloads.{a.name}" for a in node.names]
+                else:
+                    continue
+                for target in targets:
+                    if target.split(".")[0] != "workloads":
+                        continue
+                    allowed = WORKLOADS_SEAMS.get(target, set())
+                    if allowed is not None and rel not in allowed:
+                        bad.append(f"{rel} imports {target}")
+    return sorted(bad)
+
+
+def test_the_core_reads_the_workloads_through_the_contract_and_the_catalog_only():
+    assert workloads_imports(PACKAGE) == []
+
+
+def test_a_workload_imported_past_its_seam_is_named(tmp_path):
+    """The check can fail: the plan reading the catalog, or a workload's
+    module, itself; the contract stays allowed anywhere."""
+    pkg = tmp_path / "orchestrator"
+    for rel, text in {"plan/build.py": "from workloads import contract, catalog\n",
+                      "report/summary.py": "def f():\n    import workloads.mnist\n",
+                      "config/catalog.py": "from workloads import catalog\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert workloads_imports(str(pkg)) == ["plan/build.py imports workloads.catalog",
+                                           "report/summary.py imports workloads.mnist"]
 
 
 def test_the_root_holds_at_most_eight_modules():

@@ -7,6 +7,7 @@ import dataclasses
 import textwrap
 
 from orchestrator.config.loader import load_cluster_text
+from orchestrator.config.catalog import builtin
 from orchestrator.plan.build import (build_plan, entrypoint_of, node_run_dir, resolve_plan,
                                      setup_argv, setup_path_first)
 from orchestrator.plan.model import GpuChoice
@@ -71,10 +72,10 @@ def test_setup_path_first_is_the_directory_of_an_absolute_python():
 def test_a_script_without_a_code_directory_is_relative_to_its_own_directory():
     workload = spec_of("nodes:\n  - {host: a, gpus: 0}\nworkload: {name: linear}\n").workload
     bare = dataclasses.replace(workload, name=None, script="/p/scripts/train.py", code=None)
-    entry = entrypoint_of(bare)
+    entry = entrypoint_of(bare, builtin())
     assert (entry.module, entry.script) == (None, "train.py")
     module = dataclasses.replace(workload, name=None, module="pkg.train", script=None, code=None)
-    assert entrypoint_of(module).script is None
+    assert entrypoint_of(module, builtin()).script is None
 
 
 def test_resolve_rewrites_only_a_leading_tilde_and_keeps_an_unknown_home():

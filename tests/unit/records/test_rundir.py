@@ -35,20 +35,20 @@ def test_the_last_state_is_recorded_on_a_full_disk_in_the_room_kept_for_it(tmp_p
     its end: state.json is written in the room ``.reserve`` kept, once."""
     run = RunDir.create(str(tmp_path / "runs"), "r9")
     assert os.path.getsize(run.file(".reserve")) == 256 << 10
-    real = rundir_module.write_json_atomic
+    real = rundir_module.write_atomically
     full = {"on": True}
 
-    def write(path, payload):
+    def write(path, data, mode):
         if full["on"] and os.path.exists(run.file(".reserve")):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, payload)
+        return real(path, data, mode)
 
-    monkeypatch.setattr(rundir_module, "write_json_atomic", write)
+    monkeypatch.setattr(rundir_module, "write_atomically", write)
     run.write_state({"state": "failed"})
     assert run.state() == {"state": "failed"} and not os.path.exists(run.file(".reserve"))
     with pytest.raises(OSError):  # no room kept any more: said, not hidden
-        monkeypatch.setattr(rundir_module, "write_json_atomic",
-                            lambda path, payload: (_ for _ in ()).throw(
+        monkeypatch.setattr(rundir_module, "write_atomically",
+                            lambda path, data, mode: (_ for _ in ()).throw(
                                 OSError(errno.ENOSPC, "No space left on device")))
         run.write_state({"state": "succeeded"})
 
