@@ -104,6 +104,12 @@ def fit(spec: ClusterSpec, options: LaunchOptions, backend: str | None = None) -
     before anything runs: the one place the command line's options meet a
     backend's, so that none is silently moot.
     """
+    return choose(spec, options, backend).spec
+
+
+def choose(spec: ClusterSpec, options: LaunchOptions,
+           backend: str | None = None) -> LaunchBackend:
+    """The backend that runs ``spec`` with ``options``, as ``fit`` chose it."""
     if backend is not None and backend != spec.backend:
         if backend_class(backend).can.this_machine and not all(n.is_local for n in spec.nodes):
             raise ConfigError(f"--backend {backend} runs every node on this machine, but the "
@@ -132,12 +138,7 @@ def fit(spec: ClusterSpec, options: LaunchOptions, backend: str | None = None) -
                           path="--hang-timeout", source="command line",
                           hint="follow the job (drop --detach) to keep the watchdog, or "
                                "drop --hang-timeout (or hang_timeout:)")
-    return spec
-
-
-def get_backend(name: str, options: LaunchOptions,
-                spec: ClusterSpec | None = None) -> LaunchBackend:
-    return backend_class(name)(options, spec)
+    return chosen(options, spec)
 
 
 def backend_of(record: "RunRecord", options: LaunchOptions) -> LaunchBackend:
@@ -149,9 +150,5 @@ def backend_of(record: "RunRecord", options: LaunchOptions) -> LaunchBackend:
                           hint=f"`ddp-orch prune {record.run_id}` removes it here; what it "
                                "started on its nodes, if anything, cannot be found without "
                                "its record")
-    return get_backend(record.backend, options)
+    return backend_class(record.backend)(options)
 
-
-def backend_for(spec: ClusterSpec, options: LaunchOptions) -> LaunchBackend:
-    """The backend ``spec`` names (``backend:``, or its default)."""
-    return get_backend(spec.backend, options, spec)

@@ -315,23 +315,30 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             max_restarts=max_restarts if max_restarts is not None
                             else spec.max_restarts, wait_gpus_s=wait_gpus,
                             allow_busy_gpus=allow_busy_gpus)
-    from ..backends import fit
+    if dry_run and run_id is not None:
+        RunDir.refuse_taken(runs_dir, run_id)  # what `up --run-id` would refuse
+    from ..controller.session import prepare, run_dir_of
 
-    spec = fit(spec, options, backend)
+    # Prepared once: the dry-run shows what the launch runs. Its shell lines
+    # `cd` on the nodes, so there the local run directory is absolute.
+    run_id = run_id or new_run_id(spec.name)
+    shown_dir = f"{runs_dir.rstrip('/')}/{run_id}"
+    chosen, info = prepare(spec, options, backend=backend, run_id=run_id, local_run_dir=(
+        shown_dir if dry_run and fmt != "shell" else run_dir_of(runs_dir, run_id)))
     if dry_run:
-        if run_id is not None:
-            RunDir.refuse_taken(runs_dir, run_id)  # what `up --run-id` would refuse
-        _dry_run(spec, options, run_id or new_run_id(spec.name), runs_dir, fmt or "text",
+        _dry_run(info, shown_dir, fmt or "text",
                  _job_words(cluster_file, backend, local, workload, gpus, procs, device,
                             arg_pairs, program))
         return
+    from ..controller.session import launch
     from ..records.outcome import RunState
     from ..report.summary import render_summary
 
     if preflight == "collective":
-        _preflight_collective(spec, options, runs_dir)
+        _preflight_collective(chosen.require_spec(), options, runs_dir)
     with Console("quiet" if quiet else "rank0" if rank0_only else "all") as console:
-        outcome, run = _launcher(runs_dir, console, options)(spec, run_id=run_id)
+        signal.signal(signal.SIGTERM, _interrupt)  # `ddp-orch down`, kill: tear down like Ctrl-C
+        outcome, run = launch(chosen, info, runs_dir=runs_dir, console=console)
         if outcome.state is RunState.RUNNING:
             from ..report.runs import render_detached
 
@@ -475,18 +482,12 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise Signalled(signum)
 
 
-def _dry_run(spec: Any, options: LaunchOptions, run_id: str, runs_dir: str, fmt: str,
-             job_words: list[str]) -> None:
-    """Print the dry-run. The shell lines ``cd`` on the nodes, so there the
-    local run directory is absolute; on this machine they write the bundle
+def _dry_run(info: Any, local_run_dir: str, fmt: str, job_words: list[str]) -> None:
+    """Print the dry-run. Its shell lines write the bundle on this machine
     with this very ddp-orch (``self_argv``: a bare ``ddp-orch`` is not on
     PATH after ``.venv/bin/ddp-orch``) and this command's own job options."""
-    from ..controller.session import prepare
     from ..plan.render import render
 
-    local_run_dir = f"{runs_dir.rstrip('/')}/{run_id}"
-    _backend, info = prepare(spec, options, run_id=run_id, local_run_dir=os.path.abspath(
-        local_run_dir) if fmt == "shell" else local_run_dir)
     bundle_path = f"{local_run_dir}/{BUNDLE_FILE}"
     shell = {"bundle": (*self_argv(), "bundle", "--output", bundle_path, *job_words),
              "bundle_path": bundle_path} if fmt == "shell" else {}
@@ -541,18 +542,17 @@ def bundle(cluster_file: str | None, backend: str | None, local: bool, workload:
     `up --dry-run --format shell` prints this command and the lines that
     unpack it into each node's run directory.
     """
-    from ..backends import fit
     from ..controller.session import prepare
     from ..engine.bundle import build_bundle, human_size, stand_ins
     from ..engine.options import LaunchOptions
 
     program = click.get_current_context().meta.get(PROGRAM_META)
-    spec = fit(_spec_from_options(cluster_file, local, workload, gpus, procs, device,
-                                  arg_pairs, program), LaunchOptions(), backend)
-    _backend, info = prepare(spec, LaunchOptions(), run_id="bundle",  # the same checks as up
-                             local_run_dir=os.path.dirname(os.path.abspath(output)))
+    chosen, info = prepare(_spec_from_options(cluster_file, local, workload, gpus, procs, device,
+                                              arg_pairs, program), LaunchOptions(),
+                           backend=backend, run_id="bundle",  # the same checks as up
+                           local_run_dir=os.path.dirname(os.path.abspath(output)))
     os.makedirs(os.path.dirname(os.path.abspath(output)), mode=0o700, exist_ok=True)
-    size = build_bundle(output, info.plan.code, stand_ins(spec))
+    size = build_bundle(output, info.plan.code, stand_ins(chosen.require_spec()))
     click.echo(f"wrote {output} ({human_size(size)})")
 
 
@@ -584,14 +584,14 @@ def check(cluster_file: str, backend: str | None, timeout: float,
     Warnings (a host name on loopback, clock skew, CUDA or NCCL versions
     that differ) pass; exits 1 if anything fails.
     """
-    from ..backends import backend_for, fit
+    from ..backends import choose
     from ..config.loader import load_cluster_file
     from ..engine.options import LaunchOptions
     from ..report.runs import render_check
 
     options = LaunchOptions(accept_new_host_keys=accept_new_host_keys, check_timeout_s=timeout)
-    spec = fit(load_cluster_file(cluster_file), options, backend)
-    chosen = backend_for(spec, options)
+    chosen = choose(load_cluster_file(cluster_file), options, backend)
+    spec = chosen.require_spec()
     report = chosen.check(chosen.plan("check", os.path.abspath(
         os.path.join(DEFAULT_RUNS_DIR, "check"))))
     if collective:

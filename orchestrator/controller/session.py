@@ -1,6 +1,7 @@
-"""A run's life on the controller. ``up`` runs the very ``DryRun`` that ``prepare``
-shows and records the run only then, so refused input leaves no run behind; how
-it ended is recorded whatever happens (a launch that raises: with its error)."""
+"""A run's life on the controller, top to bottom: ``prepare`` takes the spec to its
+backend, plan, refusals and dry-run, once; ``launch`` runs that very ``DryRun`` and
+records the run only then, so refused input leaves no run behind; how it ended is
+recorded whatever happens (a launch that raises: with its error)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..backends import backend_for
+from ..backends import choose
 from ..backends.base import LaunchBackend
 from ..engine.options import LaunchOptions
 from ..config.spec import ClusterSpec
@@ -26,29 +27,44 @@ if TYPE_CHECKING:
     from ..records.outcome import RunOutcome
 
 
-def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str,
-            local_run_dir: str) -> tuple[LaunchBackend, DryRun]:
-    """The backend for ``spec`` and its dry-run; ``ConfigError`` for what launch refuses."""
-    backend = backend_for(spec, options)
-    plan = backend.plan(run_id, local_run_dir)
+def prepare(spec: ClusterSpec, options: LaunchOptions, *, run_id: str, local_run_dir: str,
+            backend: str | None = None) -> tuple[LaunchBackend, DryRun]:
+    """The backend that runs ``spec`` (``backend`` over the file's) and its dry-run;
+    ``ConfigError`` for what the launch would refuse."""
+    chosen = choose(spec, options, backend)
+    spec = chosen.require_spec()
+    plan = chosen.plan(run_id, local_run_dir)
     refuse(spec, plan, options)
-    info = backend.dryrun(plan)
-    return backend, dataclasses.replace(info, notes=(*spec.all_warnings, *info.notes))
+    info = chosen.dryrun(plan)
+    return chosen, dataclasses.replace(info, notes=(*spec.all_warnings, *info.notes))
 
 
 def up(spec: ClusterSpec, *, runs_dir: str, console: Console,
        options: LaunchOptions = LaunchOptions(),
        run_id: str | None = None) -> tuple[RunOutcome, RunDir]:
-    """Launch ``spec`` and return how it ended, with its run directory."""
+    """Prepare and launch ``spec``: the runs a command derives from its own
+    (``compare``'s, the collective smoke test)."""
+    run_id = run_id or new_run_id(spec.name)
+    backend, info = prepare(spec, options, run_id=run_id,
+                            local_run_dir=run_dir_of(runs_dir, run_id))
+    return launch(backend, info, runs_dir=runs_dir, console=console)
+
+
+def run_dir_of(runs_dir: str, run_id: str) -> str:
+    """Where a launched run's records go: absolute, as the nodes' commands name it."""
+    return os.path.abspath(os.path.join(runs_dir, run_id))
+
+
+def launch(backend: LaunchBackend, info: DryRun, *, runs_dir: str,
+           console: Console) -> tuple[RunOutcome, RunDir]:
+    """Launch the dry-run ``prepare`` made and return how it ended, with its run directory."""
     # the engine and the records: for a launch, not a dry-run
     from ..engine.run import node_records
     from ..plan.secrets import stored_cluster_file
     from ..records.outcome import RunState
     from ..records.store import write_state
 
-    run_id = run_id or new_run_id(spec.name)
-    backend, info = prepare(spec, options, run_id=run_id,
-                            local_run_dir=os.path.abspath(os.path.join(runs_dir, run_id)))
+    spec, options, run_id = backend.require_spec(), backend.options, info.plan.run_id
     for warning in spec.all_warnings:
         console.info(warning)
     try:

@@ -44,11 +44,11 @@ def spec_of(extra: str):
 
 
 def dryrun_of(extra: str):
-    from orchestrator.backends import backend_for
+    from orchestrator.backends import choose
     from orchestrator.engine.options import LaunchOptions
 
     spec = spec_of(extra)
-    backend = backend_for(spec, LaunchOptions())
+    backend = choose(spec, LaunchOptions())
     return backend.dryrun(backend.plan("r1", "/tmp/runs/r1"))
 
 
@@ -207,13 +207,13 @@ def test_a_listed_file_the_code_lacks_is_a_warning_at_its_line(tmp_path):
 
 
 def test_the_plan_and_dry_run_carry_when_changed_to_every_nodes_supervisor(tmp_path):
-    from orchestrator.backends import backend_for
+    from orchestrator.backends import choose
     from orchestrator.engine.nodespec import supervisor_spec
     from orchestrator.engine.options import LaunchOptions
 
     spec = project_spec(tmp_path, "setup:\n  commands: pip install -r requirements.txt\n"
                                   "  when_changed: [requirements.txt]\n")
-    backend = backend_for(spec, LaunchOptions())
+    backend = choose(spec, LaunchOptions())
     info = backend.dryrun(backend.plan("r1", "/tmp/runs/r1"))
     assert info.plan.setup_when_changed == ("requirements.txt",)
     text = render_text(info)

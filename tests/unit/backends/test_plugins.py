@@ -88,7 +88,7 @@ def test_a_plugin_that_fits_is_the_backend_a_file_names(plugins):
     spec = load_cluster_text("backend: good\nnodes: [{host: a, procs: 1}]\n"
                              "workload: {name: noop}\n")
     assert spec.backend == "good"
-    assert backends.backend_for(spec, LaunchOptions()).__class__ is Good
+    assert backends.choose(spec, LaunchOptions()).__class__ is Good
     assert plugins == ["good"]
 
 

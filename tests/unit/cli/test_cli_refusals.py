@@ -54,15 +54,17 @@ def smi_path(tmp_path):
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_the_dry_run_and_up_refuse_alike_and_record_nothing(case, tmp_path, smi_path):
+    """And before a collective smoke test, which would launch runs of its own."""
     argv, expected = REFUSED[case]
     runs = tmp_path / "runs"
     env = {"PATH": smi_path[case]} if case in smi_path else None
     dry = run_cli(*argv, "--dry-run", "--runs-dir", str(runs), env=env)
     real = run_cli(*argv, "--runs-dir", str(runs), env=env)
-    for result in (dry, real):
+    smoked = run_cli(*argv, "--preflight", "collective", "--runs-dir", str(runs), env=env)
+    for result in (dry, real, smoked):
         assert result.returncode == 2 and result.stdout == "", (result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
-    assert dry.stderr == real.stderr
+    assert dry.stderr == real.stderr == smoked.stderr
     assert dry.stderr.startswith(f"ddp-orch: error: command line: {expected}"), dry.stderr
     assert "\n  hint: " in dry.stderr
     assert not runs.exists() or os.listdir(runs) == []

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from orchestrator.backends import backend_for
+from orchestrator.backends import choose
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_file, load_cluster_text
 from orchestrator.config.localmode import local_spec
@@ -29,7 +29,7 @@ def smi(*indices: int, mig: tuple = ()) -> dict:
 
 def refusal(spec, options=LaunchOptions(), gpus_here=lambda: NO_SMI,
             torch_here=lambda python: CPU_TORCH) -> ConfigError:
-    plan = backend_for(spec, options).plan("r", "/tmp/r")
+    plan = choose(spec, options).plan("r", "/tmp/r")
     with pytest.raises(ConfigError) as caught:
         refuse(spec, plan, options, gpus_here, torch_here)
     return caught.value
@@ -127,7 +127,7 @@ def test_a_localhost_node_asking_for_missing_gpus_is_refused_unless_the_run_is_o
     assert "nvidia-smi failed here: nvidia-smi --query-gpu: driver gone (exit 9)" in \
         refusal(spec, gpus_here=lambda: failing).message
     assert "in MIG mode" in refusal(spec, gpus_here=lambda: smi(0, 1, mig=(1,))).message
-    plan = backend_for(spec, LaunchOptions()).plan("r", "/tmp/r")
+    plan = choose(spec, LaunchOptions()).plan("r", "/tmp/r")
     refuse(spec, plan, LaunchOptions(), lambda: smi(1, 0), lambda python: CPU_TORCH)
     seen = {"ok": True, "torch": "2.14.1", "cuda": "13.0", "available": True, "count": 2}
     refuse(spec, plan, LaunchOptions(), lambda: NO_SMI, lambda python: seen)  # torch's count

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends import backend_for
+from orchestrator.backends import choose
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.controller.refusals import refuse, refuse_resolved
@@ -19,7 +19,7 @@ DP = "workload: {name: mlp, args: {mode: dp}}\n"
 
 def planned(nodes: str):
     spec = load_cluster_text(f"nodes: {nodes}\n" + DP, source="c.yaml")
-    return spec, backend_for(spec, LaunchOptions()).plan("r", "/tmp/r")
+    return spec, choose(spec, LaunchOptions()).plan("r", "/tmp/r")
 
 
 def never(*args):

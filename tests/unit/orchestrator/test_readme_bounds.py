@@ -25,7 +25,8 @@ from orchestrator.agent.node import outputs
 from orchestrator.agent.wire import files
 from orchestrator.agent.wire.owner import Owner
 from orchestrator.agent.wire.protocol import PEER_TIMEOUT_S
-from orchestrator.backends import backend_for
+from orchestrator.backends import choose
+from orchestrator.controller import session
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.cli.main import main as cli
 from orchestrator.config.loader import load_cluster_text
@@ -51,7 +52,7 @@ def sparse(path, size: int):
 
 def dryrun_of(extra: str = "", options: LaunchOptions | None = None):
     spec = load_cluster_text(NODES + textwrap.dedent(extra), source="c.yaml")
-    backend = backend_for(spec, options or LaunchOptions())
+    backend = choose(spec, options or LaunchOptions())
     return backend.dryrun(backend.plan("r1", "/tmp/runs/r1"))
 
 
@@ -169,11 +170,11 @@ def test_at_most_16_connections_wait_for_their_hello(monkeypatch):
 def test_up_defaults_reach_the_run_grace_10s_start_timeout_300s(monkeypatch, tmp_path):
     seen = []
 
-    def launcher(runs_dir, console, options):
-        seen.append(options)
+    def launch(backend, info, *, runs_dir, console):
+        seen.append(backend.options)
         raise SystemExit(0)
 
-    monkeypatch.setattr(sys.modules["orchestrator.cli.main"], "_launcher", launcher)
+    monkeypatch.setattr(session, "launch", launch)
     result = CliRunner().invoke(cli, [
         "up", "--local", "--workload", "linear", "--procs", "2", "--runs-dir", str(tmp_path)],
         prog_name="ddp-orch")
@@ -198,11 +199,11 @@ def test_up_defaults_reach_the_run_grace_10s_start_timeout_300s(monkeypatch, tmp
 def test_check_gives_each_step_60s_and_each_data_path_connection_5s(monkeypatch, tmp_path):
     seen = []
 
-    def chosen(spec, options):
+    def chosen(spec, options, backend=None):
         seen.append(options)
         raise SystemExit(0)
 
-    monkeypatch.setattr(sys.modules["orchestrator.backends"], "backend_for", chosen)
+    monkeypatch.setattr(sys.modules["orchestrator.backends"], "choose", chosen)
     cluster = tmp_path / "c.yaml"
     cluster.write_text(NODES)
     result = CliRunner().invoke(cli, ["check", str(cluster)], prog_name="ddp-orch")

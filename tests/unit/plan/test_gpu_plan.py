@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from orchestrator.backends import backend_for
+from orchestrator.backends import choose
 from orchestrator.engine.options import LaunchOptions
 from orchestrator.config.loader import load_cluster_text
 from orchestrator.plan.build import build_plan, resolve_plan
@@ -46,7 +46,7 @@ def resolved(plan, gpus=CHOSEN, device=None):
 
 def dryrun(text: str, gpus=None, device=None):
     spec = spec_of(text)
-    backend = backend_for(spec, LaunchOptions())
+    backend = choose(spec, LaunchOptions())
     plan = backend.plan(RUN, f"/tmp/runs/{RUN}")
     if gpus is not None:
         plan = resolved(plan, gpus, device)
