@@ -26,7 +26,7 @@ from .base import (CancelResult, LaunchBackend, PruneResult, Watch, in_local_run
 if TYPE_CHECKING:
     from ..console import Console
     from ..engine.agentlink import AgentHandle
-    from ..engine.preflight import Preflight
+    from ..engine.checkresult import Preflight
     from ..engine.stacks import StacksResult
     from ..plan.model import NodePlan, RunPlan
     from ..records.outcome import RunDescription, RunOutcome

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the engine loads when a run starts, not for a dry-run or --
     from ..config.spec import ClusterSpec
     from ..console import Console
     from ..engine.options import LaunchOptions
-    from ..engine.preflight import Preflight
+    from ..engine.checkresult import Preflight
     from ..engine.run import RunHandle
     from ..engine.stacks import StacksResult
     from ..plan.dryrun import DryRun

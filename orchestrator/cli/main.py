@@ -331,14 +331,15 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             arg_pairs, program))
         return
     from ..controller.session import launch
-    from ..records.outcome import RunState
-    from ..report.summary import render_summary
 
     if preflight == "collective":
         _preflight_collective(chosen.require_spec(), options, runs_dir)
     with Console("quiet" if quiet else "rank0" if rank0_only else "all") as console:
         signal.signal(signal.SIGTERM, _interrupt)  # `ddp-orch down`, kill: tear down like Ctrl-C
         outcome, run = launch(chosen, info, runs_dir=runs_dir, console=console)
+        from ..records.outcome import RunState  # the summary's modules: once the run is over
+        from ..report.summary import render_summary
+
         if outcome.state is RunState.RUNNING:
             from ..report.runs import render_detached
 
@@ -354,7 +355,7 @@ def _preflight_collective(spec: Any, options: Any, runs_dir: str) -> None:
     """``up --preflight collective``: the smoke test's rows, then the launch;
     exit 1 without launching where a pair of nodes or the gang failed."""
     from ..controller.collective import run_smoke, smoke_options
-    from ..engine.preflight import Preflight
+    from ..engine.checkresult import Preflight
     from ..report.runs import render_check
 
     click.echo(f"ddp-orch: preflight: the collective smoke test on the run's layout "

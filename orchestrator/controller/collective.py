@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 from ..config.limits import COLLECTIVE_BOUND_S
 from ..config.spec import ClusterSpec, WorkloadSpec
 from ..engine.options import LaunchOptions
-from ..engine.preflight import CheckResult
+from ..engine.checkresult import CheckResult
 
 DEFAULT_BOUND_S = COLLECTIVE_BOUND_S
 NAME = "collective"

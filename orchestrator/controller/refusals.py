@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping
 
-from ..engine import gpuplan
 from ..engine.options import LaunchOptions
 from ..config.spec import LOCAL_HOSTS, ClusterSpec
 from ..errors import ConfigError
@@ -49,7 +48,7 @@ def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
     local = [node for node in plan.nodes if node.is_local and node.gpus is not None]
     if plan.device == "cpu" or not local:
         return
-    from ..engine.gpuplan import torch_problem
+    from ..engine.gpuplan import CPU_REHEARSAL, torch_problem  # GPUs here: a local run's
 
     found = gpus_here()
     for node in local:
@@ -69,10 +68,7 @@ def _local_gpus(spec: ClusterSpec, plan: RunPlan, gpus_here: Callable[[], dict],
                                    "listed GPU), or run --procs N")
         raise ConfigError(f"node {node.node_rank} (localhost) lists {_listed(node.gpus)}, but "
                           f"{problem}", path=f"nodes[{node.node_rank}].gpus",
-                          source=spec.source, line=given.line, hint=NO_GPU_FIX)
-
-
-NO_GPU_FIX = gpuplan.CPU_REHEARSAL
+                          source=spec.source, line=given.line, hint=CPU_REHEARSAL)
 
 
 def _missing(wanted: tuple[int, ...], found: dict, spec: ClusterSpec) -> str | None:

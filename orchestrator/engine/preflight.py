@@ -4,7 +4,6 @@ launch needs them. Warnings are shown and pass."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ..agent.node.gpus import describe_holder, mixed_models
@@ -15,42 +14,9 @@ from ..transport.base import Transport
 from . import gpuplan
 from .agentlink import AgentHandle, open_agents
 from .checknet import network_rows, version_rows
-from .checkresult import CheckResult  # a backend's own check makes these rows too
+# a backend's own check makes these rows too (a plugin imports them from here)
+from .checkresult import CheckResult, NodeGpus, Preflight  # noqa: F401
 from .fanout import on_all
-
-
-@dataclass(frozen=True)
-class NodeGpus:
-    """A node's GPUs as ``check`` shows them, and which the run would get now."""
-
-    node_rank: int
-    host: str
-    driver: str | None
-    gpus: tuple[dict, ...]
-    apps: tuple[dict, ...]
-    chosen: tuple[int, ...]
-    free: tuple[int, ...]
-    torch_sees: int | None  # None: torch not asked, or it sees none
-    lock_dir: str | None = None  # where the node keeps its GPU locks
-    notes: tuple[str, ...] = ()  # nvidia-smi's own warnings (it answered in part)
-    unreported: tuple[str, ...] = ()  # health fields this node's nvidia-smi does not know
-    ignore: tuple[str, ...] = ()  # the health rules the site relaxes (gpu_policy.ignore)
-    exclude: tuple[int, ...] = ()  # the GPUs taken out by hand (gpu_policy.exclude)
-
-
-@dataclass(frozen=True)
-class Preflight:
-    results: tuple[CheckResult, ...]
-    gpus: tuple[NodeGpus, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """Nothing failed (warnings do not count)."""
-        return all(r.ok for r in self.results)
-
-    @property
-    def warnings(self) -> int:
-        return sum(r.ok and r.warning for r in self.results)
 
 
 def run_checks(plan: RunPlan, transports: Mapping[int, Transport],

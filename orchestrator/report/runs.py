@@ -17,7 +17,7 @@ from .pace import marked, pace_of
 
 if TYPE_CHECKING:  # `ps` and `status` read records; `check` loads the preflight
     from ..backends.base import CancelResult
-    from ..engine.preflight import NodeGpus, Preflight
+    from ..engine.checkresult import NodeGpus, Preflight
 
 
 PS_WHY_WIDTH = 70  # the ROOT CAUSE column of ``ps``: status shows it whole

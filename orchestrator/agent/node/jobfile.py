@@ -14,6 +14,14 @@ from ..wire import fields
 from ..wire.owner import Holder
 from .spec import SpecError, SupervisorSpec
 
+# A secret of node k's env travels beside the job file, never in it: as the
+# submission's variable SECRET_PREFIX + k + "_" + its name (``jobnode.node_spec``).
+SECRET_PREFIX = "DDP_ORCH_SECRET_"
+
+
+def secret_variable(node_rank: int, name: str) -> str:
+    return f"{SECRET_PREFIX}{node_rank}_{name}"
+
 
 @dataclasses.dataclass(frozen=True)
 class Placement:

@@ -24,21 +24,16 @@ from . import ifvars, netroute
 from .ompthreads import resolve_threads, usable_cores
 from .. import layout
 from .holdings import Holdings
-from .jobfile import JobSpec, Placement
+from .jobfile import SECRET_PREFIX, JobSpec, Placement, secret_variable
 from .spec import SpecError, SupervisorSpec
 from .stream import Stream
 from ..wire.protocol import Ended, encode, exit_event
 
-SECRET_PREFIX = "DDP_ORCH_SECRET_"  # + node rank + "_" + the variable's name
 POLL_S = 0.05
 
 
 class JobNodeError(Exception):
     """This node cannot take part (not in the plan, no rendezvous)."""
-
-
-def secret_variable(node_rank: int, name: str) -> str:
-    return f"{SECRET_PREFIX}{node_rank}_{name}"
 
 
 def node_rank_here(job: JobSpec, environ: dict) -> int:

@@ -205,21 +205,34 @@ FLIGHT_RECORDER_RENAMED_IN = (2, 8)
 
 def _flight_recorder_names(environ: "dict[str, str] | os._Environ") -> None:
     """Drop an old flight-recorder variable its new name duplicates, where torch reads the new."""
-    from importlib import metadata
-
-    try:
-        version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return
+    version = torch_version()
     try:
         major_minor = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
-    except ValueError:
+    except (AttributeError, ValueError):  # no torch found, or a version of another form
         return
     if major_minor < FLIGHT_RECORDER_RENAMED_IN:
         return
     for old, new in FLIGHT_RECORDER_OLD.items():
         if old in environ and environ.get(new) == environ[old]:
             del environ[old]
+
+
+def torch_version() -> str | None:
+    """The version of the torch this rank would import, from its ``version.py``:
+    importing torch, or ``importlib.metadata`` (some 50 ms reading every
+    installed package's metadata), would delay every rank's start."""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("torch")  # not sys.modules: where torch is, not what ran
+    for folder in (spec.submodule_search_locations or ()) if spec is not None else ():
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("__version__"):
+                        return line.rsplit("=", 1)[1].strip().strip("'\"")
+        except OSError:
+            continue
+    return None
 
 
 def main(argv: list[str]) -> int:

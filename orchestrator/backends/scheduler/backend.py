@@ -23,8 +23,7 @@ from ...agent import layout
 from ...agent.node.stream import offset_of_last_lines
 from ...agent.layout import RENDEZVOUS as RENDEZVOUS_FILE, STREAM as STREAM_FILE
 from ...agent.node import outputs
-from ...agent.node.jobfile import JobNode, JobSpec, Placement
-from ...agent.node.jobnode import secret_variable
+from ...agent.node.jobfile import JobNode, JobSpec, Placement, secret_variable
 from ...agent.node.procs import own_marker
 from ...agent.wire import bootstrap, files
 from ...config.spec import AUTO_PORT

@@ -24,7 +24,7 @@ from ..scheduler.backend import (AGENT_FILE, JOB_FILE, SchedulerBackend, agent_a
 from . import ctl as slurmctl
 
 if TYPE_CHECKING:  # `up` submits before it loads what follows, checks or dumps a run
-    from ...engine.preflight import Preflight
+    from ...engine.checkresult import Preflight
     from ...engine.stacks import StacksResult
 
 PLACEMENT = Placement(scheduler="Slurm", node_name="SLURMD_NODENAME", node_index="SLURM_NODEID",
@@ -176,7 +176,7 @@ class Backend(SchedulerBackend):
         return StacksResult(tuple(sorted(ranks, key=lambda r: r.rank)), missing)
 
     def check(self, plan: RunPlan) -> Preflight:
-        from ...engine.preflight import Preflight
+        from ...engine.checkresult import Preflight
         from .check import slurm_checks
 
         return Preflight(tuple(slurm_checks(self.require_spec(), plan, job_dir(plan))))

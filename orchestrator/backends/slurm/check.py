@@ -11,7 +11,7 @@ from ...config.blocks.slurm import SlurmSpec
 from ...config.spec import ClusterSpec, NodeSpec
 from ...plan.model import RunPlan
 from . import ctl as slurmctl
-from ...engine.preflight import CheckResult
+from ...engine.checkresult import CheckResult
 
 # File systems every node of a cluster sees the same way.
 SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs",

@@ -212,13 +212,16 @@ def test_stack_dumps_go_to_the_run_directory_not_the_working_directory(tmp_path,
 
 @pytest.mark.parametrize("version, dropped", [("2.14.1+cu130", True), ("2.8.0", True),
                                                ("2.7.1", False), ("2.5.0a0", False)])
-def test_the_old_flight_recorder_names_go_where_torch_reads_the_new(monkeypatch, version,
-                                                                   dropped):
-    from importlib import metadata
-
+def test_the_old_flight_recorder_names_go_where_torch_reads_the_new(monkeypatch, tmp_path,
+                                                                   version, dropped):
+    """The version is the one in the version.py of the torch on the path."""
     from orchestrator.agent.worker import shim
 
-    monkeypatch.setattr(metadata, "version", lambda name: version)
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (tmp_path / "torch" / "version.py").write_text(
+        f"from typing import Optional\n__all__ = ['__version__']\n__version__ = '{version}'\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000",
            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/r/fr_", "TORCH_FR_DUMP_TEMP_FILE": "/r/fr_",
            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
@@ -226,3 +229,16 @@ def test_the_old_flight_recorder_names_go_where_torch_reads_the_new(monkeypatch,
     old = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
     assert (not old & set(env)) if dropped else old <= set(env)
     assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+
+
+def test_the_torch_version_is_read_without_importing_torch(monkeypatch, tmp_path):
+    from importlib import metadata
+
+    from orchestrator.agent.worker import shim
+
+    assert shim.torch_version().split("+")[0] == metadata.version("torch").split("+")[0]
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert shim.torch_version() is None  # no torch: the names are left alone
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000"}
+    shim._flight_recorder_names(env)
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" in env
