@@ -93,7 +93,10 @@ def marked_processes(marker: tuple[str, ...]) -> set[int]:
 
 
 def connected_to(pid: int, port: int) -> bool:
-    """Does ``pid`` hold an ESTABLISHED TCP connection to remote ``port``?"""
+    """Does ``pid`` hold an ESTABLISHED TCP connection to remote ``port``?
+    The kernel's TCP tables are read only once it holds a socket: a read
+    walks every hash bucket (10 ms here, more on a big node), and torchrun
+    opens none while it imports torch."""
     inodes = set()
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -102,7 +105,7 @@ def connected_to(pid: int, port: int) -> bool:
                 inodes.add(target[8:-1])
     except OSError:
         return False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in ("/proc/net/tcp", "/proc/net/tcp6") if inodes else ():
         try:
             with open(table, encoding="ascii") as fh:
                 rows = fh.read().splitlines()[1:]
@@ -125,6 +128,22 @@ def become_subreaper() -> None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # the marker scan still finds the run's processes
+
+
+def children_of(pid: int) -> list[int]:
+    """``pid``'s live children, from its threads' ``children`` files: a scan
+    of every process (``proc_table``) only where the kernel has none."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        found = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as fh:
+                found += [int(child) for child in fh.read().split()]
+    except FileNotFoundError:  # no CONFIG_PROC_CHILDREN, or pid is gone
+        return [p for p, ppid, state in proc_table() if ppid == pid and state != "Z"]
+    except OSError:
+        return []
+    return [child for child in found if running(child)]
 
 
 def proc_table():

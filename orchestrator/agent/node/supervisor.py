@@ -447,7 +447,7 @@ class Supervisor:
             milestones.pop(0)
             self.emit(message(Event.JOINED))
         if milestones and milestones[0] == "started":
-            workers = [p for p, ppid, state in procs.proc_table() if ppid == pid and state != "Z"]
+            workers = procs.children_of(pid)
             if workers:
                 milestones.pop(0)
                 self.workers_started = True

@@ -50,8 +50,8 @@ def supervisor(tmp_path, monkeypatch, holder: Holder, pings: list[float],
     clock = FakeClock()
     monkeypatch.setattr(supervisor_module, "time", clock)
     monkeypatch.setattr(supervisor_module.procs, "connected_to", lambda pid, port: started)
-    monkeypatch.setattr(supervisor_module.procs, "proc_table",
-                        lambda: [(1000, 999999, "S")] if started else [])
+    monkeypatch.setattr(supervisor_module.procs, "children_of",
+                        lambda pid: [1000] if started and pid == 999999 else [])
     spec = SupervisorSpec(run_id="r", node_rank=0, run_dir=str(tmp_path), first_rank=0, nproc=1,
                           master_port=29500, argv=("torchrun",), env={}, unset_env=(),
                           bundle=None, grace_s=3.0, heartbeat_s=5.0, owner=Owner(holder))

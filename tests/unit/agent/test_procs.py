@@ -5,7 +5,10 @@ signalled; grace periods are short, bounds generous."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -92,3 +95,58 @@ def test_what_cannot_be_killed_is_reported_and_the_call_returns():
             proc.kill()
         proc.wait(10)
         proc.stdout.close()
+
+
+# A parent of three children: one started from a second thread, one that has
+# exited and is left unreaped (a zombie). It prints their pids, then waits.
+PARENT = ("import json, subprocess, sys, threading, time\n"
+          "sleep = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+          "kids = [subprocess.Popen(sleep)]\n"
+          "t = threading.Thread(target=lambda: kids.append(subprocess.Popen(sleep)))\n"
+          "t.start(); t.join()\n"
+          "gone = subprocess.Popen([sys.executable, '-c', 'pass'])\n"
+          "while open(f'/proc/{gone.pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z':\n"
+          "    time.sleep(0.01)\n"
+          "print(json.dumps([k.pid for k in kids]), flush=True)\n"
+          "print('ready', flush=True)\n"
+          "try:\n    time.sleep(60)\nfinally:\n    [k.kill() for k in kids]\n")
+
+
+def test_the_live_children_are_found_whichever_thread_started_them():
+    proc = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE)
+    try:
+        kids = json.loads(proc.stdout.readline())
+        assert proc.stdout.readline() == b"ready\n"
+        assert sorted(procs.children_of(proc.pid)) == sorted(kids)
+        table = [p for p, ppid, state in procs.proc_table() if ppid == proc.pid and state != "Z"]
+        assert sorted(table) == sorted(kids)  # the scan, where the kernel has no children files
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+    assert procs.children_of(proc.pid) == []
+
+
+def test_a_connection_is_found_by_its_remote_port_and_no_table_read_without_a_socket(
+        child, monkeypatch):
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    connected = child("import socket, sys, time\n"
+                      f"s = socket.create_connection(('127.0.0.1', {port}))\n"
+                      "print('ready', flush=True)\n"
+                      "time.sleep(60)\n")
+    idle = child(OBEYS_TERM)
+    try:
+        peer, _ = listener.accept()
+        assert procs.connected_to(connected.pid, port)
+        assert not procs.connected_to(connected.pid, port + 1)
+        assert not procs.connected_to(os.getpid(), port)  # listening is not connected
+
+        def no_tables(path, *args, **kwargs):
+            raise AssertionError(f"read {path}")
+
+        monkeypatch.setattr(procs, "open", no_tables, raising=False)
+        assert not procs.connected_to(idle.pid, port)  # no socket: the tables are not read
+        peer.close()
+    finally:
+        listener.close()
