@@ -40,12 +40,15 @@ from _common import (BASE_ENV, DDP_ORCH, ORCH_ENV, PYTHON, BenchError, compare, 
 TARGET = 1.05
 
 
-# One idle GPU per host, each host's UUID its own (lab hosts share /tmp, where
-# the GPU locks live): what nvidia-smi's CSV says, and nothing more.
+# One idle, healthy GPU per host, each host's UUID its own (lab hosts share
+# /tmp, where the GPU locks live): every field the agent asks for
+# (``agent/node/gpus.GPU_FIELDS``, its health last), and nothing more; no
+# processes, no remapped rows. ``tests/unit/orchestrator/test_bench_stand_ins.py``
+# holds it to the agent's fields.
 STAND_IN_SMI = """#!/bin/sh
 case "$1" in
   --query-gpu=*) set -- $SSH_CONNECTION
-                 printf '0, GPU-bench-%s, 00000000:01:00.0, Stand-in GPU, 81559, 1, 0, Disabled, 550.54\\n' "$3";;
+                 printf '0, GPU-bench-%s, 00000000:01:00.0, Stand-in GPU, 81559, 1, 0, Disabled, 550.54, 0, No, No, Default, 0x0000000000000000\\n' "$3";;
 esac
 """
 
