@@ -216,16 +216,18 @@ def main() -> None:
             runs.append(time.perf_counter() - t)
         smi_s = sorted(runs)[25]
         from orchestrator.agent.node import gpuclaim
+        from orchestrator.agent.node.holdings import Holdings
 
         claims = []
         os.environ["PATH"] = f"{os.path.dirname(smi)}:{os.environ['PATH']}"
         os.environ["SSH_CONNECTION"] = f"127.0.0.1 1 {L.lab.hosts[0].addr} 22"
         for i in range(50):  # the node-side work: look, choose, hold (then let go)
             t = time.perf_counter()
+            held = Holdings()  # what a node's agent holds for its run
             answer = gpuclaim.claim("free:1", run_id=f"bench-claim-{i}", node_rank=0,
-                                    busy_mib=1024, lock_dir=str(root / "locks"))
+                                    busy_mib=1024, lock_dir=str(root / "locks"), holdings=held)
             claims.append(time.perf_counter() - t)
-            gpuclaim.release()
+            held.release_gpus()
             if not answer["ok"]:
                 raise BenchError(f"the gpus op on the stand-in: {answer}")
         claim_s = sorted(claims)[25]
