@@ -317,7 +317,7 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                             allow_busy_gpus=allow_busy_gpus)
     if dry_run and run_id is not None:
         RunDir.refuse_taken(runs_dir, run_id)  # what `up --run-id` would refuse
-    from ..controller.session import prepare, run_dir_of
+    from ..controller.session import launch, prepare, run_dir_of
 
     # Prepared once: the dry-run shows what the launch runs. Its shell lines
     # `cd` on the nodes, so there the local run directory is absolute.
@@ -330,8 +330,6 @@ def up(cluster_file: str | None, dry_run: bool, fmt: str | None, backend: str | 
                  _job_words(cluster_file, backend, local, workload, gpus, procs, device,
                             arg_pairs, program))
         return
-    from ..controller.session import launch
-
     if preflight == "collective":
         _preflight_collective(chosen.require_spec(), options, runs_dir)
     with Console("quiet" if quiet else "rank0" if rank0_only else "all") as console:
