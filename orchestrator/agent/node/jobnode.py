@@ -29,7 +29,10 @@ from .spec import SpecError, SupervisorSpec
 from .stream import Stream
 from ..wire.protocol import Ended, encode, exit_event
 
-POLL_S = 0.05
+# How often a node looks for node 0's rendezvous file: an open that fails, and
+# every node's torchrun waits for the last to find it.
+RENDEZVOUS_POLL_S = 0.01
+SETUP_POLL_S = 0.2  # how often the setup barrier's files are looked at
 
 
 class JobNodeError(Exception):
@@ -86,7 +89,7 @@ def await_rendezvous(job_dir: str, timeout_s: float) -> dict:
         if time.monotonic() > deadline:
             raise JobNodeError(f"node 0 did not publish the rendezvous ({path}) within "
                                f"{timeout_s:g}s")
-        time.sleep(POLL_S)
+        time.sleep(RENDEZVOUS_POLL_S)
 
 
 def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> SupervisorSpec:
@@ -200,7 +203,7 @@ def await_setups(job_dir: str, node_rank: int, nnodes: int, sup) -> None:
         if all(os.path.exists(os.path.join(job_dir, f"{layout.SETUP_DONE_PREFIX}{k}"))
                for k in range(nnodes)):
             return
-        sup.wakeup.wait(POLL_S * 4)
+        sup.wakeup.wait(SETUP_POLL_S)
 
 
 def stacks(job_path: str, out_prefix: str, native: bool = False) -> int:

@@ -36,7 +36,11 @@ from .spec import SupervisorSpec
 from .workerlogs import WorkerLogs
 
 TAIL_BYTES = 65536  # how much of torchrun's own output is kept for failure reports
-FOLLOW_POLL_S = 0.02  # how often idle worker log files are looked at
+# How often the worker log files are looked at: soon after output, then less
+# often while the ranks stay quiet (torchrun's own tailer looks every 0.1 s).
+# Every look is CPU taken from ranks that may share the node's cores.
+FOLLOW_POLL_S = 0.02
+FOLLOW_IDLE_S = 0.1
 PROGRESS_READ = 64  # characters of a rank's step report read ("<step> <time> [<samples> ...]\n")
 GPU_SAMPLE_TIMEOUT_S = 3.0  # one nvidia-smi query in a heartbeat; it delays the beat at most this
 _RANK_LINE = re.compile(rb"^\[rank(\d+)\]:", re.MULTILINE)  # a worker's line (WorkerLogs)
@@ -300,9 +304,11 @@ class Supervisor:
     def follow_workers(self) -> None:
         """Relay the workers' log files until every worker is gone."""
         logs = WorkerLogs(self.log_dir, self.spec.run_id, self.spec.first_rank, self.spec.nproc)
+        pause = FOLLOW_POLL_S
         while not self.workers_done.is_set():
             data = logs.read()
             if data:
+                pause = FOLLOW_POLL_S
                 now = time.time()
                 if self.line_seen is not None:
                     for rank in set(_RANK_LINE.findall(data)):
@@ -310,7 +316,8 @@ class Supervisor:
                 self.output_steps.feed(data, now)
                 self.write_out(data)
             else:
-                self.workers_done.wait(FOLLOW_POLL_S)
+                self.workers_done.wait(pause)
+                pause = min(pause * 2, FOLLOW_IDLE_S)
         self.write_out(logs.read(final=True))
 
     def write_out(self, data: bytes, control: bool = False) -> None:

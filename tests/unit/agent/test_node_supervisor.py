@@ -204,3 +204,45 @@ def test_a_control_line_waits_behind_output_on_a_slow_pipe_and_is_never_dropped(
     burst.join()
     time.sleep(0.2)
     assert b'"code":4' in sup.out.written[-1]  # a paused controller finds it on waking
+
+
+class ScriptedLogs:
+    """Worker logs that give ``script``'s chunks, one per look; b"" once it is spent."""
+
+    def __init__(self, script: list[bytes]):
+        self.script = list(script)
+
+    def read(self, final: bool = False) -> bytes:
+        return self.script.pop(0) if self.script and not final else b""
+
+
+class CountedWait:
+    """``workers_done``: records each wait's timeout; set after ``waits`` waits."""
+
+    def __init__(self, waits: int):
+        self.waits, self.timeouts = waits, []
+
+    def is_set(self) -> bool:
+        return len(self.timeouts) >= self.waits
+
+    def wait(self, timeout: float) -> bool:
+        self.timeouts.append(timeout)
+        return self.is_set()
+
+
+def test_quiet_workers_are_looked_at_less_often_and_never_later_than_a_tenth_of_a_second(
+        tmp_path, monkeypatch):
+    """Each look at the log files is CPU taken from ranks that may share the
+    node's cores: while the ranks are quiet, the looks thin out from 20 ms to
+    0.1 s (torchrun's own tailer's pace), and the first look after output
+    comes 20 ms later again, so a burst of lines is not relayed in 0.1 s steps."""
+    sup, _ = supervisor(tmp_path, monkeypatch, Holder.CONTROLLER, pings=[])
+    sup.out = SlowPipe(stall_s=0.0)
+    script = [b""] * 6 + [b"[rank0]: a\n"] + [b""] * 3
+    monkeypatch.setattr(supervisor_module, "WorkerLogs",
+                        lambda *a: ScriptedLogs(script))
+    sup.workers_done = CountedWait(waits=9)
+    sup.follow_workers()
+    assert sup.workers_done.timeouts == pytest.approx(
+        [0.02, 0.04, 0.08, 0.1, 0.1, 0.1, 0.02, 0.04, 0.08])
+    assert b"[rank0]: a\n" in b"".join(sup.out.written)
