@@ -332,8 +332,10 @@ def _normalize(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 def stand_ins(spec: ClusterSpec | None) -> dict[str, bytes]:
     """{absolute path: contents} of the files the bundle carries in another
-    form than on disk: the cluster file ``spec`` came from, secrets masked."""
-    if spec is None or not spec.text or not os.path.isfile(spec.source):
+    form than on disk: the cluster file ``spec`` came from, secrets masked.
+    Only an uploaded project can hold it: a built-in workload's bundle needs none."""
+    if spec is None or spec.workload.code is None or not spec.text \
+            or not os.path.isfile(spec.source):
         return {}
     text = stored_cluster_file(spec)
     return {os.path.realpath(spec.source): text.encode()}

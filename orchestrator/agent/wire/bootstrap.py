@@ -94,17 +94,18 @@ def zipapp(path: str, cache_dir: str | None = None) -> str:
     modules = sources()
     key = digest(json.dumps(modules, sort_keys=True).encode() + _magic())[:24]
     cache_dir = zipapp_cache_dir() if cache_dir is None else cache_dir
-    data = _read_cached(cache_dir, key) if cache_dir else None
-    if data is None:
+    cached = _read_cached(cache_dir, key) if cache_dir else None
+    if cached is None:
         data = _build_zipapp(modules)
+        cached = data, digest(data)
         if cache_dir:
             try:
                 os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-                _write_atomically(os.path.join(cache_dir, _cached_name(key, data)), data)
+                _write_atomically(os.path.join(cache_dir, _cached_name(key, cached[1])), data)
             except OSError:
                 pass
-    _write_atomically(path, data)
-    return digest(data)
+    _write_atomically(path, cached[0])
+    return cached[1]
 
 
 def zipapp_cache_dir(env: dict | None = None) -> str:
@@ -123,15 +124,16 @@ def _magic() -> bytes:
     return importlib.util.MAGIC_NUMBER
 
 
-def _cached_name(key: str, data: bytes) -> str:
+def _cached_name(key: str, sha256: str) -> str:
     """A cached archive's name: its sources' and Python's ``key``, then its own digest."""
-    return f"agent-{key}-{digest(data)[:32]}.pyz"
+    return f"agent-{key}-{sha256[:32]}.pyz"
 
 
-def _read_cached(cache_dir: str, key: str) -> bytes | None:
-    """A cached archive of these sources for this Python, if its bytes are the
-    ones its name records: one cut short, damaged or edited is not used (and
-    is written again). A digest, not a read of every member: ~2 ms, not ~30."""
+def _read_cached(cache_dir: str, key: str) -> tuple[bytes, str] | None:
+    """A cached archive of these sources for this Python, and its digest, if
+    its bytes are the ones its name records: one cut short, damaged or edited
+    is not used (and is written again). A digest, not a read of every member:
+    ~2 ms, not ~30."""
     try:
         names = sorted(n for n in os.listdir(cache_dir) if n.startswith(f"agent-{key}-"))
     except OSError:
@@ -142,8 +144,9 @@ def _read_cached(cache_dir: str, key: str) -> bytes | None:
                 data = fh.read()
         except OSError:
             continue
-        if name == _cached_name(key, data):
-            return data
+        sha256 = digest(data)
+        if name == _cached_name(key, sha256):
+            return data, sha256
     return None
 
 
