@@ -186,9 +186,18 @@ def samples_table(samples: Sequence[Samples], baseline: Samples | None = None) -
 
 
 def ratio_range(a: Samples, b: Samples) -> str:
-    """The ratio of medians, with the ratio of the minima and of the maxima."""
-    return (f"ratio of medians {a.median / b.median:.3f} "
-            f"(min/min {a.lo / b.lo:.3f}, max/max {a.hi / b.hi:.3f})")
+    """The ratio of medians, with the ratio of the minima and of the maxima, and
+    the ratios of each rep's two runs (``compare`` runs them back to back):
+    their median and middle half show how far this machine's drift alone moves
+    one rep's ratio, which the ratio of medians does not."""
+    out = (f"ratio of medians {a.median / b.median:.3f} "
+           f"(min/min {a.lo / b.lo:.3f}, max/max {a.hi / b.hi:.3f})")
+    if len(a.values) == len(b.values) >= 4:
+        paired = sorted(x / y for x, y in zip(a.values, b.values))
+        q1, _, q3 = statistics.quantiles(paired, n=4)
+        out += (f"; per-rep ratios: median {statistics.median(paired):.3f}, "
+                f"middle half {q1:.3f}-{q3:.3f}")
+    return out
 
 
 def result_line(name: str, ratio: float, target: float, note: str = "") -> bool:
