@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 POLL_S = 0.05  # how often a quiet stream file is looked at (an open and a read)
 STATE_POLL_S = 1.0  # how often the scheduler is asked
+END_POLL_FIRST_S, END_POLL_S = 0.02, 0.1  # while waiting for the job to leave the queue
 # After the job has ended, how long a stream still waits for bytes to show up:
 # a network file system may show a file's last writes to other hosts late.
 SETTLE_S = 5.0
@@ -117,12 +118,18 @@ class Job:
             self.refresh()
 
     def wait_ended(self, timeout_s: float) -> bool:
+        """Ask at once, then 20 ms later, then at doubling pauses up to
+        ``END_POLL_S``: a run's job leaves the queue a few ms after its last
+        agent's exit, which is when this is asked."""
         deadline = time.monotonic() + timeout_s
+        pause = END_POLL_FIRST_S
         while not self.ended:
             self.refresh()
-            if self.ended or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if self.ended or now >= deadline:
                 break
-            time.sleep(0.1)
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, END_POLL_S)
         return self.ended
 
     def cancel(self, signal: str | None = None) -> None:

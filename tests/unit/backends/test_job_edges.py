@@ -97,16 +97,21 @@ def test_a_cancel_is_sent_once_per_kind_and_a_plain_one_is_term():
     assert over.scheduler.cancels == []  # nothing left to cancel
 
 
-def test_waiting_for_the_end_looks_at_once_then_every_tenth_of_a_second_until_the_timeout(
-        clock):
-    job = Job("7", FakeScheduler(states=[RUNNING]), poll=False)
-    assert job.wait_ended(1.0) is False and clock.now == 1001.0
-    backend = FakeScheduler(states=[RUNNING, RUNNING, DONE])
+def test_waiting_for_the_end_looks_at_once_then_soon_then_every_tenth_of_a_second(clock):
+    """The wait is asked as the last agent exits, and the job leaves the queue
+    a few ms later: the second look comes 20 ms after the first (not 0.1 s,
+    which every launch would pay), the pauses double to 0.1 s, and the
+    timeout is kept to the ms."""
+    backend = FakeScheduler(states=[RUNNING])
     job = Job("7", backend, poll=False)
-    assert job.wait_ended(1.0) is True and clock.now == 1001.2  # ended at the third look
-    assert job.wait_ended(1.0) is True and clock.now == 1001.2  # over: no look
+    assert job.wait_ended(1.0) is False and clock.now == pytest.approx(1001.0)
+    assert len(backend.asked) == 13  # at 0, .02, .06, .14, then every 0.1 s, and at 1.0
+    clock.now = 1000.0
+    job = Job("7", FakeScheduler(states=[RUNNING, RUNNING, DONE]), poll=False)
+    assert job.wait_ended(1.0) is True and clock.now == pytest.approx(1000.06)  # third look
+    assert job.wait_ended(1.0) is True and clock.now == pytest.approx(1000.06)  # over: no look
     ended = Job("7", FakeScheduler(states=[DONE]), poll=False)
-    assert ended.wait_ended(1.0) is True and clock.now == 1001.2  # gone at the first look
+    assert ended.wait_ended(1.0) is True and clock.now == pytest.approx(1000.06)  # gone at once
 
 
 def test_a_streams_wait_is_the_jobs_and_its_end_is_lost_without_a_word(clock):
