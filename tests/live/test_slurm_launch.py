@@ -108,6 +108,20 @@ def test_count_mode_with_cpu_processes(slurm_lab, tmp_path):
         assert "s3cr3t-t0ken-value" not in (run / name).read_text(), name
 
 
+def test_each_ranks_threads_are_the_cpus_slurm_allocated_not_the_whole_node(slurm_lab, tmp_path):
+    """The lab binds no task to its CPUs (task/none), as many sites don't: a
+    one-rank node was given one CPU (``--cpus-per-task=1``), so its rank runs
+    one thread, not one per core of the machine it shares with other jobs."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core here: the whole node and the allocation are the same")
+    path = cluster(tmp_path, "slurm-omp", "[{host: node1, procs: 1}, {host: node2, procs: 1}]",
+                   "workload: {script: echo_env.py}\n", program="echo_env.py")
+    result = up(slurm_lab, tmp_path, path, "slurm-omp")
+    assert result.returncode == 0, result.stdout + result.stderr
+    res = json.loads((tmp_path / "runs" / "slurm-omp" / "result.json").read_text())
+    assert [r["omp_num_threads"] for r in res["ranks"]] == ["1", "1"]
+
+
 def test_a_rank_that_raises_is_the_root_cause_and_nothing_stays_queued(slurm_lab, tmp_path):
     path = cluster(tmp_path, "slurm-raise", "[{host: node1, procs: 1}, {host: node2, procs: 2}]",
                    "workload: {script: fail_on_rank.py, args: {rank: 2}}\n",

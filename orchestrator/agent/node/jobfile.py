@@ -32,6 +32,7 @@ class Placement:
     node_index: str  # the variable with this node's index in the allocation
     gpus: str  # the variable with the GPUs allocated on this node
     whole_node: str  # how the cluster file asks for a node whole, for a message
+    cpus: str = ""  # the variable with the CPUs the scheduler gave this node's task, if any
 
     # Until the job runs, the master's address and port in the argv the
     # controller built are these exact placeholder words; node 0's agent

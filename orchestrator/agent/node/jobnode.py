@@ -21,7 +21,7 @@ import sys
 import time
 
 from . import ifvars, netroute
-from .ompthreads import resolve_threads, usable_cores
+from .ompthreads import resolve_threads, task_cores
 from .. import layout
 from .holdings import Holdings
 from .jobfile import SECRET_PREFIX, JobSpec, Placement, secret_variable
@@ -112,7 +112,8 @@ def node_spec(job: JobSpec, node_rank: int, where: dict, environ: dict) -> Super
     check_gpus(env.get("CUDA_VISIBLE_DEVICES"), environ.get(place.gpus), place)
     if any(env.get(var) == ifvars.AUTO for var in ifvars.IFNAME_VARS):
         env = with_interface(env, where, len(job.nodes) > 1)
-    env = resolve_threads(env, usable_cores(), spec.nproc)  # the cores the task was given
+    env = resolve_threads(env, task_cores(environ.get(place.cpus) if place.cpus else None),
+                          spec.nproc)
     argv = [slots.get(word, word) for word in spec.argv]
     home = environ.get("HOME") or os.path.expanduser("~")
     argv[:1] = [at_home(word, home) for word in argv[:1]]

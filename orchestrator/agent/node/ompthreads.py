@@ -24,6 +24,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def task_cores(allocated: str | None) -> int:
+    """The cores a scheduler's task may use: its affinity, but no more than
+    the CPUs the scheduler ``allocated`` to it. A site that does not bind
+    tasks to their CPUs leaves every core in the affinity, and a rank that
+    used them all would take CPUs the scheduler gave to other jobs."""
+    cores = usable_cores()
+    return min(cores, int(allocated)) if allocated and allocated.isdigit() \
+        and int(allocated) > 0 else cores
+
+
 def per_rank(cores: int, nproc: int) -> int:
     """Each of ``nproc`` ranks' share of ``cores`` (``MAX_CORES`` at most), at least 1."""
     return max(1, min(cores, MAX_CORES) // max(1, nproc))

@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # `up` submits before it loads what follows, checks or dumps 
     from ...engine.stacks import StacksResult
 
 PLACEMENT = Placement(scheduler="Slurm", node_name="SLURMD_NODENAME", node_index="SLURM_NODEID",
-                      gpus="SLURM_STEP_GPUS", whole_node="slurm: {extra: [--exclusive]}")
+                      gpus="SLURM_STEP_GPUS", whole_node="slurm: {extra: [--exclusive]}",
+                      cpus="SLURM_CPUS_PER_TASK")
 SCRIPT_FILE = "job.sbatch"
 
 

@@ -300,17 +300,30 @@ def test_a_python_under_home_is_the_nodes_own_under_slurm():
     assert here.setup["path_first"] == "/home/u/venv/bin"
 
 
-def test_each_ranks_threads_are_its_share_of_the_cores_slurm_gave_the_task():
+def test_each_ranks_threads_are_its_share_of_the_cores_slurm_gave_the_task(monkeypatch):
     """No controller asks a Slurm node for its cores before the job runs: the
     node fills in ``OMP_NUM_THREADS`` from its task's affinity, over its
-    ranks; a value the user set is left as it is."""
+    ranks, but never past the CPUs Slurm allocated to the task (a site that
+    does not bind tasks leaves the whole node in the affinity); a value the
+    user set is left as it is."""
+    from orchestrator.agent.node import ompthreads
+
+    monkeypatch.setattr(ompthreads, "usable_cores", lambda: 12)  # an unbound task's affinity
     job = _job_file()
     job["nodes"][0]["spec"].update(nproc=3, env={"OMP_NUM_THREADS": "<cores / ranks, at launch>"})
     job["nodes"][1]["spec"] = {**job["nodes"][1]["spec"], "env": {"OMP_NUM_THREADS": "5"}}
-    here = node_spec(JobSpec.from_dict(job), 0, {"addr": "host0", "port": 1}, {})
-    assert here.env["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 3))
+
+    def threads(environ: dict) -> str:
+        return node_spec(JobSpec.from_dict(job), 0, {"addr": "host0", "port": 1},
+                         environ).env["OMP_NUM_THREADS"]
+
+    assert threads({}) == "4"  # a GPU job asks for no CPUs: the affinity's 12 over 3 ranks
+    assert threads({"SLURM_CPUS_PER_TASK": "6"}) == "2"
+    assert threads({"SLURM_CPUS_PER_TASK": "1"}) == "1"  # at least one thread
+    assert threads({"SLURM_CPUS_PER_TASK": "48"}) == "4"  # a bound task's affinity is smaller
+    assert threads({"SLURM_CPUS_PER_TASK": "x"}) == threads({"SLURM_CPUS_PER_TASK": "0"}) == "4"
     there = node_spec(JobSpec.from_dict(job), 1, {"addr": "host0", "port": 1},
-                      {secret_variable(1, "K"): "v"})
+                      {secret_variable(1, "K"): "v", "SLURM_CPUS_PER_TASK": "1"})
     assert there.env["OMP_NUM_THREADS"] == "5"
 
 
