@@ -88,6 +88,9 @@ def follow(handle: RunHandle, console: Console, options: LaunchOptions,
     ``on_running`` gets the handle whenever its records are worth keeping."""
     if handle.pending:
         on_running(handle)
+        # The gang's modules load while the scheduler queues the job, not as
+        # its ranks start, when every CPU-ms is taken from them.
+        from . import gang  # noqa: F401
     ended = handle.running(console)
     if ended is not None:
         return ended

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from ...records.store import RunRecord
 
 POLL_S = 0.05  # how often a quiet stream file is looked at (an open and a read)
+# After a stream gave something, the next looks come sooner, doubling back to
+# POLL_S: a node's exit event follows its last lines within a few ms, and the
+# launch waits for it.
+STREAM_SOON_S = 0.01
 STATE_POLL_S = 1.0  # how often the scheduler is asked
 END_POLL_FIRST_S, END_POLL_S = 0.02, 0.1  # while waiting for the job to leave the queue
 # After the job has ended, how long a stream still waits for bytes to show up:
@@ -159,6 +163,7 @@ class JobStream:
         self.seen = False  # the node has written its stream at all
         self.offset = 0
         self._closed = False
+        self._pause = POLL_S  # the next quiet look's pause
 
     def supervise(self, spec: object) -> None:
         """The agent was started by the scheduler with its spec (``job.json``)."""
@@ -198,12 +203,14 @@ class JobStream:
         while not self._closed:
             data = self._read(size)
             if data:
+                self._pause = STREAM_SOON_S
                 return data
             if self.job.ended:
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since > SETTLE_S:
                     return b""
-            time.sleep(POLL_S)
+            time.sleep(self._pause)
+            self._pause = min(self._pause * 2, POLL_S)
         return b""
 
     def _read(self, size: int) -> bytes:

@@ -146,6 +146,33 @@ def test_an_ended_jobs_stream_waits_settle_s_of_quiet_then_ends(tmp_path, clock,
     assert stream.read_chunk(10) == b"" and clock.now == 1000.625
 
 
+def test_a_stream_that_just_gave_lines_is_looked_at_again_soon(tmp_path, clock):
+    """A node's exit event comes a few ms after its last lines: after data
+    the pauses are 10, 20 and 40 ms, then POLL_S (50 ms) while it stays
+    quiet, and soon again after the next data."""
+    path = tmp_path / "agent.out"
+    path.write_bytes(b"last line\n")
+    stream = JobStream(str(path), Job("7", FakeScheduler(states=[RUNNING]), poll=False), "n1")
+    looks = []
+
+    def write_after(n: int, data: bytes):
+        def on_sleep():
+            looks.append(clock.now)
+            if len(looks) == n:
+                with open(path, "ab") as fh:
+                    fh.write(data)
+        return on_sleep
+
+    assert stream.read_chunk(64) == b"last line\n" and clock.now == 1000.0  # there: no pause
+    clock.on_sleep = write_after(6, b"exit\n")
+    assert stream.read_chunk(64) == b"exit\n"
+    assert looks == [1000.01, 1000.03, 1000.07, 1000.12, 1000.17, 1000.22]
+    looks.clear()
+    clock.on_sleep = write_after(2, b"more\n")
+    assert stream.read_chunk(64) == b"more\n"
+    assert looks == [1000.23, 1000.25]
+
+
 # -- the last heartbeat of a stream --------------------------------------------------------------
 
 def node_record(where: Path, k: int, data: bytes) -> NodeRecord:
