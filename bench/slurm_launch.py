@@ -22,6 +22,12 @@ two slurmd on this machine):
 Target: ddp-orch/floor <= 1.05 (median wall time). No assertion: a missed
 target prints MISS, and the exit code is 0.
 
+Slurm allocates a batch job at its scheduler's next pass, not when it is
+submitted (``sched_interval=1`` in the lab): every job of either variant
+waits 0 to 1 s in the queue, about +-0.3 s a rep on a floor of about 4 s.
+A median of 5 reps moves by a few percent from run to run; ``--reps 12``
+moves less.
+
     .venv/bin/python bench/slurm_launch.py [--reps 5]
 """
 
